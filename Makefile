@@ -1,0 +1,43 @@
+# Two entry points, each self-contained on a fresh machine and safe to repeat:
+#   make demo   venv + install + Redis 8.6 (built once, cached) + the demo
+#   make test   the same set-up + the whole test suite
+# Other targets: setup, redis, wheel, bench, typecheck, clean.
+
+PYTHON  ?= python3
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.lbs-installed
+# Everything that changes what `pip install -e` builds.
+SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.pxd src/_lbscore/*.h)
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup redis wheel bench typecheck clean
+
+demo: setup
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo
+
+test: setup
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest $(PYTEST_ARGS)
+
+setup: $(STAMP)
+
+$(STAMP): $(SOURCES)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+redis:
+	@scripts/redis.sh
+
+wheel: setup
+	$(PY) -m build --wheel --outdir dist
+
+bench: setup
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks --benchmark-disable-gc $(PYTEST_ARGS)
+
+typecheck: setup
+	$(PY) -m mypy
+
+clean:
+	rm -rf build dist $(VENV) src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html

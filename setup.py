@@ -1,0 +1,62 @@
+"""Build the compiled core, ``_lbscore._core``.
+
+Metadata lives in pyproject.toml; this file only declares the extension and
+its build modes, chosen by environment variables at build time:
+
+  LBS_DEBUG=1     line tracing, Cython annotation (HTML beside the .pyx),
+                  -O0 -g, and the core's debug-only invariant checks
+                  (the LBS_DEBUG C macro, see src/_lbscore/debug.h).
+  LBS_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer (run the
+                  tests with LD_PRELOAD=$(gcc -print-file-name=libasan.so)).
+"""
+
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() not in ("", "0", "false", "no")
+
+
+DEBUG = _flag("LBS_DEBUG")
+SANITIZE = _flag("LBS_SANITIZE")
+
+define_macros = []
+extra_compile_args = ["-O2"]
+extra_link_args = []
+directives = {
+    "language_level": 3,
+    "freethreading_compatible": True,
+    "embedsignature": True,
+}
+if DEBUG:
+    define_macros += [("LBS_DEBUG", "1"), ("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
+    extra_compile_args = ["-O0", "-g3"]
+    directives.update(linetrace=True, boundscheck=True, wraparound=True)
+if SANITIZE:
+    flags = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    extra_compile_args += flags
+    extra_link_args += flags
+
+# Every compiled module is listed here, and only here.
+EXTENSIONS = [
+    Extension(
+        "_lbscore._core",
+        ["src/_lbscore/_core.pyx"],
+        include_dirs=["src/_lbscore"],
+        define_macros=define_macros,
+        extra_compile_args=extra_compile_args,
+        extra_link_args=extra_link_args,
+    ),
+]
+
+setup(
+    ext_modules=cythonize(
+        EXTENSIONS,
+        compiler_directives=directives,
+        annotate=DEBUG,
+        include_path=["src/_lbscore"],
+    ),
+)

@@ -1,0 +1,23 @@
+"""Compiled core of lbs (private: use the ``lbs`` package).
+
+Everything here lives in one extension module, ``_lbscore._core``; this
+package only re-exports it.
+"""
+
+from ._core import (
+    DEBUG_BUILD,
+    decode_input,
+    encode_input,
+    pack_command,
+    pack_commands,
+    try_decode_input,
+)
+
+__all__ = [
+    "DEBUG_BUILD",
+    "decode_input",
+    "encode_input",
+    "pack_command",
+    "pack_commands",
+    "try_decode_input",
+]

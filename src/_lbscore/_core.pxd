@@ -1,0 +1,8 @@
+# One compilation unit, as in asyncpg's protocol: every concern's .pxd is
+# included here so calls between concerns stay C calls.
+include "debug.pxd"
+
+include "errors.pxd"
+include "buffer.pxd"
+include "packer.pxd"
+include "inputs.pxd"

@@ -1,0 +1,13 @@
+cdef class WriteBuffer:
+    """A growable byte buffer: the one allocation a batch of commands is encoded into."""
+
+    cdef:
+        char *_buf
+        Py_ssize_t _size      # bytes allocated
+        Py_ssize_t _length    # bytes written
+
+    cdef inline int _ensure(self, Py_ssize_t extra) except -1
+    cdef int write(self, const char *data, Py_ssize_t n) except -1
+    cdef int write_byte(self, char c) except -1
+    cdef int write_len_header(self, char kind, Py_ssize_t n) except -1
+    cdef bytes to_bytes(self)

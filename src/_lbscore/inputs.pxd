@@ -1,0 +1,1 @@
+cdef tuple decode_input_c(object raw)

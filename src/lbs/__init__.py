@@ -1,0 +1,66 @@
+"""lbs: spread work over Redis Streams with exclusive per-stream locks, and never lose it.
+
+Producers register *data streams* in a load-balancer stream (LBS); consumers
+of the service's group take them round-robin, each under an exclusive lock.
+See the README for the whole picture.
+"""
+
+from __future__ import annotations
+
+try:
+    import _lbscore
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "lbs's compiled core (_lbscore) is missing or was built for another Python. "
+        "Install lbs from a wheel, or build it in place with `pip install -e .` "
+        "(needs a C compiler; Cython comes from the build requirements). "
+        f"Original error: {exc}"
+    ) from exc
+
+from _lbscore import decode_input, encode_input, try_decode_input
+
+from ._keys import INPUT_FIELD, dead_letter_stream, group_name, input_stream, lock_key
+from .exceptions import (
+    ConfigurationError,
+    DataError,
+    InterfaceError,
+    InternalError,
+    InvalidInputError,
+    LbsError,
+    ProtocolError,
+    ServerError,
+    ServerNotFoundError,
+    ServerStartError,
+)
+from .producer import Producer
+
+try:
+    from importlib.metadata import PackageNotFoundError as _NotFound
+    from importlib.metadata import version as _version
+
+    __version__: str = _version("lbs")
+except _NotFound:  # pragma: no cover - running from a tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "INPUT_FIELD",
+    "ConfigurationError",
+    "DataError",
+    "InterfaceError",
+    "InternalError",
+    "InvalidInputError",
+    "LbsError",
+    "Producer",
+    "ProtocolError",
+    "ServerError",
+    "ServerNotFoundError",
+    "ServerStartError",
+    "__version__",
+    "dead_letter_stream",
+    "decode_input",
+    "encode_input",
+    "group_name",
+    "input_stream",
+    "lock_key",
+    "try_decode_input",
+]

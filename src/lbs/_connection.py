@@ -1,0 +1,23 @@
+"""Turning the ``redis`` argument of the public API into a client."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import redis.asyncio as aioredis
+
+from .exceptions import ConfigurationError
+
+#: What the public API accepts as ``redis``: a redis.asyncio client, or a URL.
+RedisLike = Union["aioredis.Redis", str]
+
+
+def resolve_client(redis: RedisLike) -> tuple[aioredis.Redis, bool]:
+    """Return ``(client, owned)``; ``owned`` clients are closed by lbs."""
+    if isinstance(redis, str):
+        return aioredis.Redis.from_url(redis), True
+    if isinstance(redis, aioredis.Redis):
+        return redis, False
+    raise ConfigurationError(
+        f"redis must be a redis.asyncio.Redis client or a URL string, got {type(redis).__name__}"
+    )

@@ -1,0 +1,47 @@
+"""Key and field names of the wire format, shared with the Go client.
+
+Every key of one service carries the hash tag ``{<service>-input}``, so the
+load-balancer stream, its locks and its bookkeeping live in one cluster slot
+and multi-key scripts stay legal on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from .exceptions import ConfigurationError
+
+#: The field of an LBS entry that holds the JSON assignment.
+INPUT_FIELD = "lbs-input"
+
+
+def validate_service(service: str) -> str:
+    """Return ``service`` if it can name an LBS, else raise ConfigurationError."""
+    if not isinstance(service, str) or not service:
+        raise ConfigurationError(f"service must be a non-empty str, got {service!r}")
+    if any(c in service for c in "{}"):
+        # A brace would change the hash tag and split the service over slots.
+        raise ConfigurationError(f"service must not contain '{{' or '}}': {service!r}")
+    return service
+
+
+def input_stream(service: str) -> str:
+    """The load-balancer stream: ``<service>-input``."""
+    return f"{service}-input"
+
+
+def group_name(service: str) -> str:
+    """The consumer group every consumer of the service reads in."""
+    return f"{service}-group"
+
+
+def hash_tag(service: str) -> str:
+    return "{" + input_stream(service) + "}"
+
+
+def lock_key(service: str, entry_id: str) -> str:
+    """The exclusive lock of one assignment: ``lock:{<service>-input}:<entry id>``."""
+    return f"lock:{hash_tag(service)}:{entry_id}"
+
+
+def dead_letter_stream(service: str) -> str:
+    """Where poison pills go: ``{<service>-input}:dlq``."""
+    return f"{hash_tag(service)}:dlq"

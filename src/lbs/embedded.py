@@ -1,0 +1,512 @@
+"""Throwaway redis-server processes for demos and tests.
+
+:class:`RedisServer` starts one server and :class:`RedisClusterServers` a
+Redis Cluster (masters, optionally replicas) on free loopback ports, each in
+its own temporary directory, and stops them again. They never touch port 6379
+or a system Redis, and a server dies with the process that started it (Linux
+``PR_SET_PDEATHSIG``), so even ``kill -9`` of a test run leaves nothing behind.
+
+Binaries are found by :func:`find_redis_server`: ``$LBS_REDIS_SERVER``, then
+``redis-server`` on PATH, then builds cached by ``scripts/redis.sh`` under
+``~/.cache/lbs/redis/<version>/bin/``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from .exceptions import ConfigurationError, ServerNotFoundError, ServerStartError
+
+__all__ = [
+    "RedisClusterServers",
+    "RedisServer",
+    "find_redis_server",
+    "redis_server_version",
+]
+
+Version = tuple[int, ...]
+
+#: Oldest server lbs's own features are built for (XREADGROUP CLAIM).
+MIN_VERSION: Version = (8, 4)
+
+_VERSION_RE = re.compile(rb"v=(\d+(?:\.\d+)*)")
+
+
+@functools.lru_cache(maxsize=None)
+def redis_server_version(binary: str) -> Version | None:
+    """The version a redis-server binary reports, or None if it cannot run."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _VERSION_RE.search(out)
+    return tuple(int(p) for p in m.group(1).split(b".")) if m else None
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "lbs" / "redis"
+
+
+def _candidates(env_var: str) -> Iterable[str]:
+    explicit = os.environ.get(env_var)
+    if explicit:
+        yield explicit
+    on_path = shutil.which("redis-server")
+    if on_path:
+        yield on_path
+    cache = _cache_dir()
+    if cache.is_dir():
+        builds = []
+        for d in cache.iterdir():
+            if re.fullmatch(r"\d+(\.\d+)*", d.name):
+                builds.append((tuple(int(p) for p in d.name.split(".")), d))
+        for _, d in sorted(builds, reverse=True):
+            yield str(d / "bin" / "redis-server")
+    yield "/usr/bin/redis-server"
+
+
+def find_redis_server(
+    min_version: Version | None = MIN_VERSION,
+    below_version: Version | None = None,
+    env_var: str = "LBS_REDIS_SERVER",
+) -> str:
+    """Return the path of a redis-server with ``min_version <= version < below_version``.
+
+    Looks at ``$env_var``, PATH, the cache of ``scripts/redis.sh`` and
+    ``/usr/bin``, in that order. Raises :class:`~lbs.ServerNotFoundError` with
+    what to do when none fits.
+    """
+    seen: list[str] = []
+    for path in _candidates(env_var):
+        version = redis_server_version(path)
+        if version is None:
+            continue
+        seen.append(f"{path} ({'.'.join(map(str, version))})")
+        if min_version is not None and version < min_version:
+            continue
+        if below_version is not None and version >= below_version:
+            continue
+        return path
+    wanted = []
+    if min_version:
+        wanted.append(">= " + ".".join(map(str, min_version)))
+    if below_version:
+        wanted.append("< " + ".".join(map(str, below_version)))
+    hint = (
+        "run scripts/redis.sh (it builds Redis 8.6 into ~/.cache/lbs) "
+        if min_version and min_version >= (8, 0)
+        else "install Debian's redis-server package "
+    )
+    raise ServerNotFoundError(
+        f"no redis-server {' and '.join(wanted)} found"
+        + (f" (saw: {', '.join(seen)})" if seen else "")
+        + f"; {hint}or set {env_var} to one"
+    )
+
+
+# ------------------------------------------------------------------ ports ----
+
+def _ephemeral_floor() -> int:
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return low
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+_taken_ports: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def free_port(with_bus: bool = False) -> int:
+    """A free loopback port below the ephemeral range.
+
+    Ports from the ephemeral range can be handed to outgoing connections at
+    any moment, so they are avoided. With ``with_bus`` the cluster bus port
+    (port + 10000) must be free and below the ephemeral range too.
+    """
+    top = _ephemeral_floor() - (10000 if with_bus else 0)
+    low = 10000
+    if top - low < 1000:
+        raise ServerStartError(f"no usable port range below the ephemeral floor {top}")
+    with _ports_lock:
+        for _ in range(200):
+            port = random.randrange(low, top)
+            if port in _taken_ports or (with_bus and port + 10000 in _taken_ports):
+                continue
+            if _port_is_free(port) and (not with_bus or _port_is_free(port + 10000)):
+                _taken_ports.add(port)
+                return port
+    raise ServerStartError("could not find a free loopback port")
+
+
+# --------------------------------------------------------------- processes ----
+
+_PR_SET_PDEATHSIG = 1
+_live: set[RedisServer] = set()
+
+
+def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the child
+    # The server gets SIGKILL when the thread that started it dies, however
+    # that happens (kill -9 included): the guarantee that nothing leaks. Note
+    # "thread": start servers from a thread that outlives them (the main one).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_live):
+        server.stop()
+
+
+class RedisServer:
+    """One redis-server process on a free loopback port, in its own temp directory.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    ``config`` entries are passed as ``--<name> <value>`` arguments, e.g.
+    ``{"notify-keyspace-events": "Kx"}``.
+    """
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        *,
+        port: int | None = None,
+        config: Mapping[str, str] | None = None,
+        cluster: bool = False,
+        start_timeout: float = 15.0,
+        kill_with_parent: bool = True,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self.host = "127.0.0.1"
+        self._fixed_port = port
+        self.port = port or 0
+        self.config = dict(config or {})
+        self.cluster = cluster
+        self.start_timeout = start_timeout
+        self.kill_with_parent = kill_with_parent
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def version(self) -> Version:
+        v = redis_server_version(self.binary)
+        assert v is not None
+        return v
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def log_path(self) -> Path:
+        assert self._dir is not None
+        return Path(self._dir.name) / "redis.log"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        """A synchronous redis-py client for this server."""
+        return redis.Redis(host=self.host, port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def _argv(self) -> list[str]:
+        assert self._dir is not None
+        args = {
+            "port": str(self.port),
+            "bind": self.host,
+            "dir": self._dir.name,
+            "logfile": "redis.log",
+            "save": "",
+            "appendonly": "no",
+            "daemonize": "no",
+            "protected-mode": "yes",
+        }
+        if self.cluster:
+            args.update({
+                "cluster-enabled": "yes",
+                "cluster-config-file": "nodes.conf",
+                "cluster-node-timeout": "2000",
+            })
+        args.update(self.config)
+        argv = [self.binary]
+        for name, value in args.items():
+            argv += [f"--{name}", value]
+        return argv
+
+    def start(self) -> RedisServer:
+        """Start the server and wait until it answers PING. Idempotent."""
+        if self.process is not None:
+            return self
+        attempts = 1 if self._fixed_port else 5
+        last = ""
+        for _ in range(attempts):
+            self._dir = tempfile.TemporaryDirectory(prefix="lbs-redis-")
+            self.port = self._fixed_port or free_port(with_bus=self.cluster)
+            self.process = subprocess.Popen(
+                self._argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                preexec_fn=functools.partial(_die_with_parent, os.getpid()) if self.kill_with_parent else None,
+            )
+            _live.add(self)
+            try:
+                self._wait_ready()
+                return self
+            except ServerStartError as exc:
+                last = str(exc)
+                self.stop()
+                if "in use" not in last:
+                    break
+        raise ServerStartError(last)
+
+    def _wait_ready(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + self.start_timeout
+        with self.client(socket_connect_timeout=0.5, socket_timeout=1) as c:
+            while True:
+                if self.process.poll() is not None:
+                    raise ServerStartError(
+                        f"redis-server on port {self.port} exited with code "
+                        f"{self.process.returncode}: {self._log_tail()}"
+                    )
+                try:
+                    if c.ping():
+                        return
+                except redis.exceptions.BusyLoadingError:
+                    pass
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"redis-server on port {self.port} did not answer within "
+                        f"{self.start_timeout}s: {self._log_tail()}"
+                    )
+                time.sleep(0.01)
+
+    def _log_tail(self, lines: int = 8) -> str:
+        text = ""
+        if self.process is not None and self.process.stderr is not None and self.process.poll() is not None:
+            text = self.process.stderr.read().decode(errors="replace")
+        try:
+            text += self.log_path.read_text(errors="replace")
+        except OSError:
+            pass
+        return " | ".join(text.strip().splitlines()[-lines:]) or "(no log output)"
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash, for tests); :meth:`stop` still cleans up."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout``) and remove its files."""
+        proc, self.process = self.process, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+        _live.discard(self)
+        with _ports_lock:
+            _taken_ports.discard(self.port)
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        v = ".".join(map(str, redis_server_version(self.binary) or ()))
+        return f"<RedisServer {v} {self.url} pid={self.pid}>"
+
+
+class RedisClusterServers:
+    """A Redis Cluster of ``masters`` masters (16384 slots split evenly) and
+    ``replicas`` replicas per master, on free loopback ports.
+
+    Built with CLUSTER ADDSLOTSRANGE, MEET and REPLICATE, then waited on
+    until every node reports ``cluster_state:ok`` and knows every other node.
+    """
+
+    SLOTS = 16384
+
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 0,
+        binary: str | None = None,
+        *,
+        config: Mapping[str, str] | None = None,
+        start_timeout: float = 30.0,
+    ) -> None:
+        if masters < 1 or replicas < 0:
+            raise ConfigurationError("a cluster needs masters >= 1 and replicas >= 0")
+        self.binary = binary or find_redis_server()
+        self.masters_count = masters
+        self.replicas_count = replicas
+        self.config = dict(config or {})
+        self.start_timeout = start_timeout
+        self.nodes: list[RedisServer] = []
+
+    @property
+    def masters(self) -> list[RedisServer]:
+        return self.nodes[: self.masters_count]
+
+    @property
+    def replicas(self) -> list[RedisServer]:
+        return self.nodes[self.masters_count :]
+
+    @property
+    def url(self) -> str:
+        """A URL of one node; redis-py's RedisCluster discovers the rest."""
+        return self.nodes[0].url
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        return [(n.host, n.port) for n in self.nodes]
+
+    def start(self) -> RedisClusterServers:
+        if self.nodes:
+            return self
+        try:
+            total = self.masters_count * (1 + self.replicas_count)
+            for _ in range(total):
+                node = RedisServer(self.binary, cluster=True, config=self.config)
+                self.nodes.append(node.start())
+            self._form()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _form(self) -> None:
+        clients = [n.client(decode_responses=True) for n in self.nodes]
+        try:
+            ids = [c.execute_command("CLUSTER", "MYID") for c in clients]
+            per = self.SLOTS // self.masters_count
+            for i, c in enumerate(clients[: self.masters_count]):
+                first = i * per
+                last = self.SLOTS - 1 if i == self.masters_count - 1 else first + per - 1
+                c.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+            first_node = self.nodes[0]
+            for c in clients[1:]:
+                c.execute_command("CLUSTER", "MEET", first_node.host, first_node.port)
+            self._wait(clients, lambda c: c.info("cluster")["cluster_known_nodes"] == len(self.nodes),
+                       "every node to know every other node")
+            for r, c in enumerate(clients[self.masters_count :]):
+                master_id = ids[r % self.masters_count]
+                self._wait([c], lambda c, m=master_id: m in c.execute_command("CLUSTER", "NODES"),
+                           "replicas to learn their master")
+                c.execute_command("CLUSTER", "REPLICATE", master_id)
+            self._wait(clients, self._node_ready, "cluster_state:ok on every node")
+        finally:
+            for c in clients:
+                c.close()
+
+    def _node_ready(self, c: redis.Redis) -> bool:
+        info = c.info("cluster")
+        if info["cluster_state"] != "ok" or info["cluster_slots_ok"] != self.SLOTS:
+            return False
+        if info["cluster_known_nodes"] != len(self.nodes):
+            return False
+        if self.replicas_count:
+            roles = [line.split()[2] for line in c.execute_command("CLUSTER", "NODES").splitlines()]
+            if sum("slave" in r for r in roles) != len(self.replicas):
+                return False
+        return True
+
+    def _wait(self, clients: list[redis.Redis], ready: object, what: str) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while not all(ready(c) for c in clients):  # type: ignore[operator]
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"cluster did not converge within {self.start_timeout}s: waiting for {what}")
+            time.sleep(0.05)
+
+    def client(self, **kwargs: object) -> redis.RedisCluster:
+        """A synchronous redis-py RedisCluster client."""
+        n = self.nodes[0]
+        return redis.RedisCluster(host=n.host, port=n.port, **kwargs)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        self.nodes = []
+
+    def __enter__(self) -> RedisClusterServers:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<RedisClusterServers masters={self.masters_count} replicas={self.replicas_count} nodes={[n.port for n in self.nodes]}>"
+
+
+def _main(argv: list[str] | None = None) -> int:  # pragma: no cover - manual use
+    """``python -m lbs.embedded``: print the redis-server that would be used."""
+    try:
+        print(find_redis_server())
+    except ServerNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(_main())

@@ -1,0 +1,80 @@
+"""Registering data streams in the load-balancer stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Union
+
+from _lbscore import encode_input
+
+from . import _keys
+from ._connection import RedisLike, resolve_client
+
+#: One data stream to register: its name, or ``(name, info)``.
+StreamSpec = Union[str, "tuple[str, Mapping[str, Any] | None]"]
+
+
+class Producer:
+    """Registers data streams in the LBS ``<service>-input`` for consumers to pick up.
+
+    Each registration is one LBS entry whose field ``lbs-input`` holds
+    ``{"DataStreamName": name, "Info": info}``, the Go client's wire format.
+    ``redis`` is a ``redis.asyncio.Redis`` client (left open by :meth:`close`)
+    or a URL (lbs opens the client and closes it).
+    """
+
+    def __init__(self, redis: RedisLike, service: str) -> None:
+        self.service = _keys.validate_service(service)
+        self.stream = _keys.input_stream(service)
+        self._redis, self._owned = resolve_client(redis)
+
+    async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
+        """Register data stream ``name``; return the LBS entry id.
+
+        Raises :class:`lbs.InvalidInputError` if ``name`` is empty or ``info``
+        cannot be encoded as a JSON object.
+        """
+        payload = encode_input(name, dict(info) if info is not None else None)
+        entry_id = await self._redis.xadd(self.stream, {_keys.INPUT_FIELD: payload})
+        return _as_str(entry_id)
+
+    async def add_streams(self, streams: Iterable[StreamSpec]) -> list[str]:
+        """Register many data streams in one round trip; return their entry ids in order.
+
+        Every payload is encoded before anything is sent, so a bad one
+        raises :class:`lbs.InvalidInputError` and registers nothing.
+        """
+        payloads = []
+        for spec in streams:
+            if isinstance(spec, str):
+                name, info = spec, None
+            else:
+                name, info = spec
+            payloads.append(encode_input(name, dict(info) if info is not None else None))
+        if not payloads:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for payload in payloads:
+            pipe.xadd(self.stream, {_keys.INPUT_FIELD: payload})
+        return [_as_str(i) for i in await pipe.execute()]
+
+    async def close(self) -> None:
+        """Close the Redis client if lbs opened it from a URL."""
+        if self._owned:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _as_str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
