@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -55,39 +56,44 @@ async def _consume(
     stream, group = _keys.input_stream(service), _keys.group_name(service)
     while not all_done.is_set():
         reply = await r.xreadgroup(group, consumer, {stream: ">"}, count=1, block=100)
-        for _, entries in _stream_entries(reply):
-            for entry_id, fields in entries:
-                entry_id = entry_id.decode()
-                name, info, reason = try_decode_input(fields.get(_keys.INPUT_FIELD.encode()))
-                if reason is not None:
-                    result.invalid += 1
-                    out(f"{consumer}: entry {entry_id} is not a valid assignment ({reason})")
-                    continue
-                lock = _keys.lock_key(service, entry_id)
-                if not await r.set(lock, consumer, nx=True, px=10_000):
-                    out(f"{consumer}: {name} is locked by someone else, skipping")
-                    continue
-                events = await r.xrange(name)
-                total = sum(int(f[b"value"]) for _, f in events)
-                await asyncio.sleep(0.02)  # the application's work
-                # Done: release the lock, ack and delete the assignment, in one round trip.
-                pipe = r.pipeline(transaction=True)
-                pipe.delete(lock).xack(stream, group, entry_id).xdel(stream, entry_id)
-                await pipe.execute()
-                result.processed[consumer] += 1
-                out(f"{consumer}: {name} (entry {entry_id}, info {info}) -> "
-                    f"{len(events)} events, sum {total}; lock released, entry acked and deleted")
-                if sum(result.processed.values()) + result.invalid >= result.registered:
-                    all_done.set()
+        for raw_id, fields in _entries(reply):
+            entry_id = raw_id.decode()
+            name, info, reason = try_decode_input(fields.get(_keys.INPUT_FIELD.encode()))
+            if name is None:
+                result.invalid += 1
+                out(f"{consumer}: entry {entry_id} is not a valid assignment ({reason})")
+                continue
+            lock = _keys.lock_key(service, entry_id)
+            if not await r.set(lock, consumer, nx=True, px=10_000):
+                out(f"{consumer}: {name} is locked by someone else, skipping")
+                continue
+            events: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(name)  # type: ignore[assignment]
+            total = sum(int(f[b"value"]) for _, f in events)
+            await asyncio.sleep(0.02)  # the application's work
+            # Done: release the lock, ack and delete the assignment, in one round trip.
+            pipe = r.pipeline(transaction=True)
+            pipe.delete(lock)
+            pipe.xack(stream, group, entry_id)
+            pipe.xdel(stream, entry_id)
+            await pipe.execute()
+            result.processed[consumer] += 1
+            out(f"{consumer}: {name} (entry {entry_id}, info {info}) -> "
+                f"{len(events)} events, sum {total}; lock released, entry acked and deleted")
+            if sum(result.processed.values()) + result.invalid >= result.registered:
+                all_done.set()
 
 
-def _stream_entries(reply: object) -> list[tuple[object, list[tuple[bytes, dict[bytes, bytes]]]]]:
-    # redis-py returns a dict under RESP3 and a list of pairs under RESP2.
+def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The (id, fields) pairs of an XREADGROUP reply.
+
+    redis-py gives ``[[stream, entries]]`` under RESP2 and
+    ``{stream: [entries]}`` under RESP3.
+    """
     if not reply:
         return []
     if isinstance(reply, dict):
-        return [(k, v[0] if v and isinstance(v[0], list) else v) for k, v in reply.items()]
-    return list(reply)  # type: ignore[call-overload]
+        return [e for wrapped in reply.values() for entries in wrapped for e in entries]
+    return [e for _, entries in reply for e in entries]
 
 
 async def run_demo(

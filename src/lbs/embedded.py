@@ -30,8 +30,11 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .exceptions import ConfigurationError, ServerNotFoundError, ServerStartError
 
@@ -261,6 +264,11 @@ class RedisServer:
                 "cluster-enabled": "yes",
                 "cluster-config-file": "nodes.conf",
                 "cluster-node-timeout": "2000",
+                # Replicas sync at once instead of waiting 5 s for more of them.
+                "repl-diskless-sync-delay": "0",
+                # CLUSTER SLOTS hides a replica until its replication offset
+                # moves, which with no writes takes a master PING: 10 s by default.
+                "repl-ping-replica-period": "1",
             })
         args.update(self.config)
         argv = [self.binary]
@@ -298,7 +306,10 @@ class RedisServer:
     def _wait_ready(self) -> None:
         assert self.process is not None
         deadline = time.monotonic() + self.start_timeout
-        with self.client(socket_connect_timeout=0.5, socket_timeout=1) as c:
+        # No client-side retries: redis-py 8 backs off for seconds on a refused
+        # connection, and this loop is the retry.
+        no_retry = Retry(NoBackoff(), 0)
+        with self.client(socket_connect_timeout=0.5, socket_timeout=1, retry=no_retry) as c:
             while True:
                 if self.process.poll() is not None:
                     raise ServerStartError(
@@ -371,6 +382,19 @@ class RedisServer:
         return f"<RedisServer {v} {self.url} pid={self.pid}>"
 
 
+def _cmd(c: redis.Redis, *args: str | int) -> Any:
+    """One raw command (redis-py leaves execute_command untyped)."""
+    return c.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _cluster_info(c: redis.Redis) -> dict[str, str]:
+    raw = _cmd(c, "CLUSTER", "INFO")
+    if isinstance(raw, dict):  # redis-py already parsed it
+        return {k: str(v) for k, v in raw.items()}
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
 class RedisClusterServers:
     """A Redis Cluster of ``masters`` masters (16384 slots split evenly) and
     ``replicas`` replicas per master, on free loopback ports.
@@ -433,37 +457,41 @@ class RedisClusterServers:
     def _form(self) -> None:
         clients = [n.client(decode_responses=True) for n in self.nodes]
         try:
-            ids = [c.execute_command("CLUSTER", "MYID") for c in clients]
+            ids = [_cmd(c, "CLUSTER", "MYID") for c in clients]
             per = self.SLOTS // self.masters_count
             for i, c in enumerate(clients[: self.masters_count]):
                 first = i * per
                 last = self.SLOTS - 1 if i == self.masters_count - 1 else first + per - 1
-                c.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+                _cmd(c, "CLUSTER", "ADDSLOTSRANGE", first, last)
             first_node = self.nodes[0]
             for c in clients[1:]:
-                c.execute_command("CLUSTER", "MEET", first_node.host, first_node.port)
-            self._wait(clients, lambda c: c.info("cluster")["cluster_known_nodes"] == len(self.nodes),
+                _cmd(c, "CLUSTER", "MEET", first_node.host, first_node.port)
+            self._wait(clients, lambda c: _cluster_info(c)["cluster_known_nodes"] == str(len(self.nodes)),
                        "every node to know every other node")
             for r, c in enumerate(clients[self.masters_count :]):
                 master_id = ids[r % self.masters_count]
-                self._wait([c], lambda c, m=master_id: m in c.execute_command("CLUSTER", "NODES"),
+                self._wait([c], lambda c, m=master_id: m in _cmd(c, "CLUSTER", "NODES"),
                            "replicas to learn their master")
-                c.execute_command("CLUSTER", "REPLICATE", master_id)
+                _cmd(c, "CLUSTER", "REPLICATE", master_id)
             self._wait(clients, self._node_ready, "cluster_state:ok on every node")
         finally:
             for c in clients:
                 c.close()
 
     def _node_ready(self, c: redis.Redis) -> bool:
-        info = c.info("cluster")
-        if info["cluster_state"] != "ok" or info["cluster_slots_ok"] != self.SLOTS:
+        info = _cluster_info(c)
+        if info["cluster_state"] != "ok" or info["cluster_slots_ok"] != str(self.SLOTS):
             return False
-        if info["cluster_known_nodes"] != len(self.nodes):
+        if info["cluster_known_nodes"] != str(len(self.nodes)):
             return False
         if self.replicas_count:
-            roles = [line.split()[2] for line in c.execute_command("CLUSTER", "NODES").splitlines()]
-            if sum("slave" in r for r in roles) != len(self.replicas):
+            # Replicas count once their initial sync is done: until then
+            # CLUSTER SLOTS leaves them out and clients cannot see them.
+            if c.info("replication").get("master_link_status", "up") != "up":
                 return False
+            for slot_range in _cmd(c, "CLUSTER", "SLOTS"):
+                if len(slot_range) - 3 < self.replicas_count:
+                    return False
         return True
 
     def _wait(self, clients: list[redis.Redis], ready: object, what: str) -> None:

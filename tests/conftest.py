@@ -1,0 +1,135 @@
+"""Test harness: real redis-server processes, started and always stopped here.
+
+Fixtures (session-scoped servers, shared by every test that asks):
+
+* ``redis_server``  a single Redis >= 8.4 (``--redis-url`` uses an existing one);
+* ``redis_cluster`` a 3-master Redis Cluster;
+* ``redis7_server`` Debian's Redis 7.0 for fallback tests: skipped with a
+  reason when absent, a failure when ``LBS_REQUIRE_REDIS7=1`` (CI sets it).
+
+Per test: ``service`` (a unique service name, so tests never share keys and
+nothing is flushed), ``r`` (a ``redis.asyncio`` client on ``redis_server``).
+
+Servers are ``lbs.embedded`` processes: free loopback ports below the
+ephemeral range, their own temp dirs, and ``PR_SET_PDEATHSIG`` so they die
+with this process even on ``kill -9``. SIGTERM is turned into
+KeyboardInterrupt so pytest runs its teardown then too.
+
+Markers are set from the directory: ``tests/unit`` -> unit (no server),
+``tests/integration`` -> integration, ``tests/typing`` -> typing,
+``tests/packaging`` -> packaging.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from lbs.embedded import (
+    RedisClusterServers,
+    RedisServer,
+    find_redis_server,
+    redis_server_version,
+)
+from lbs.exceptions import ServerNotFoundError
+
+TESTS = Path(__file__).parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("lbs")
+    group.addoption(
+        "--redis-url", default=None,
+        help="run integration tests against this Redis (>= 8.4) instead of starting one",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (a CI timeout, `kill`) would end the process without teardown;
+    # as KeyboardInterrupt, pytest stops the servers first.
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(TESTS.parent).parts
+        if len(parts) > 1 and parts[0] == "tests":
+            kind = parts[1]
+            if kind in ("unit", "integration", "typing", "packaging"):
+                item.add_marker(kind)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a test needs to know of a server: where it is and what it is."""
+
+    url: str
+    version: tuple[int, ...]
+    server: RedisServer | None = None  # None when --redis-url points elsewhere
+
+
+def _version_of(url: str) -> tuple[int, ...]:
+    import redis
+
+    with redis.Redis.from_url(url) as c:
+        return tuple(int(p) for p in str(c.info("server")["redis_version"]).split("."))
+
+
+@pytest.fixture(scope="session")
+def redis_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
+    """A Redis >= 8.4 for the whole session."""
+    url = request.config.getoption("--redis-url")
+    if url:
+        yield ServerInfo(url, _version_of(url))
+        return
+    with RedisServer(config={"notify-keyspace-events": "Kgx"}) as server:
+        yield ServerInfo(server.url, server.version, server)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A 3-master Redis Cluster (no replicas) for the whole session."""
+    with RedisClusterServers(masters=3, config={"notify-keyspace-events": "Kgx"}) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis7_server() -> Iterator[ServerInfo]:
+    """Debian's Redis 7.x, to test the fallbacks for servers without 8.x commands."""
+    try:
+        binary = find_redis_server(min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER")
+    except ServerNotFoundError as exc:
+        if os.environ.get("LBS_REQUIRE_REDIS7") == "1":
+            pytest.fail(f"LBS_REQUIRE_REDIS7=1 but {exc}")
+        pytest.skip(f"Redis 7 fallback tests need Debian's redis-server 7.x: {exc}")
+    with RedisServer(binary, config={"notify-keyspace-events": "Kgx"}) as server:
+        version = redis_server_version(binary)
+        assert version is not None
+        yield ServerInfo(server.url, version, server)
+
+
+@pytest.fixture
+def service(request: pytest.FixtureRequest) -> str:
+    """A service name no other test uses: isolation by namespace, never by FLUSHDB."""
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]
+    return f"t-{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def r(redis_server: ServerInfo) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()

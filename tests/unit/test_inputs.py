@@ -1,0 +1,84 @@
+"""The lbs-input codec: the Go client's wire format, and bad input as data."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import lbs
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+infos = st.dictionaries(st.text(max_size=10), json_values, max_size=5)
+names = st.text(min_size=1, max_size=30)
+
+
+@given(names, infos)
+def test_round_trip(name: str, info: dict[str, Any]) -> None:
+    assert lbs.decode_input(lbs.encode_input(name, info)) == (name, info)
+
+
+def test_encoding_is_the_go_clients_compact_json() -> None:
+    # json.Marshal of the Go client's struct: compact, field order fixed.
+    assert lbs.encode_input("session-1", {"k": "v"}) == b'{"DataStreamName":"session-1","Info":{"k":"v"}}'
+    assert lbs.encode_input("s") == b'{"DataStreamName":"s","Info":{}}'
+    assert lbs.encode_input("é") == '{"DataStreamName":"é","Info":{}}'.encode()
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (b'{"DataStreamName":"a","Info":null}', ("a", {})),  # Go's nil map
+        (b'{"DataStreamName":"a"}', ("a", {})),
+        ('{"DataStreamName":"a","Info":{"x":[1,2]}}', ("a", {"x": [1, 2]})),
+        (b'{"Info":{},"DataStreamName":"a","Extra":1}', ("a", {})),  # unknown fields ignored, like Go
+    ],
+)
+def test_decode_accepts_what_go_sends(raw: bytes | str, expected: tuple[str, dict[str, Any]]) -> None:
+    assert lbs.decode_input(raw) == expected
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (None, "no lbs-input field"),
+        (b"", "not valid JSON"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"[1,2]", "not a JSON object"),
+        (b'{"DataStreamName":""}', "DataStreamName"),
+        (b'{"DataStreamName":7}', "DataStreamName"),
+        (b'{"DataStreamName":"a","Info":[1]}', "Info is not a JSON object"),
+        (12, "unexpected type"),
+    ],
+)
+def test_bad_input_gives_a_reason(raw: object, reason: str) -> None:
+    name, info, why = lbs.try_decode_input(raw)  # type: ignore[arg-type]
+    assert name is None and info is None
+    assert why is not None and reason in why
+    with pytest.raises(lbs.InvalidInputError, match=reason):
+        lbs.decode_input(raw)  # type: ignore[arg-type]
+
+
+@given(st.binary(max_size=200))
+def test_random_bytes_never_raise_from_try_decode(raw: bytes) -> None:
+    name, info, why = lbs.try_decode_input(raw)
+    assert (why is None) == (name is not None)
+    if why is None:
+        assert json.loads(raw)["DataStreamName"] == name
+
+
+@pytest.mark.parametrize(
+    "name, info",
+    [("", None), (None, None), (3, None), ("a", [1]), ("a", {"x": object()}), ("a", {"x": float("nan")})],
+    ids=repr,
+)
+def test_encode_refuses_what_the_wire_cannot_carry(name: Any, info: Any) -> None:
+    with pytest.raises(lbs.InvalidInputError):
+        lbs.encode_input(name, info)

@@ -1,0 +1,71 @@
+"""The RESP encoder against redis-py's own (PythonRespSerializer), byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from redis._parsers.encoders import Encoder
+from redis.connection import PythonRespSerializer
+
+import lbs
+from _lbscore import pack_command, pack_commands
+
+_redis_py = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+
+
+def redis_py_pack(*args: object) -> bytes:
+    return b"".join(bytes(chunk) for chunk in _redis_py.pack(*args))
+
+
+# Arguments of every kind redis-py accepts: bytes (empty and large included),
+# str (any non-surrogate text), int (beyond 64 bits too) and float.
+text = st.text(st.characters(exclude_categories=("Cs",)), max_size=50)
+args = st.one_of(
+    st.binary(max_size=50),
+    st.binary(min_size=6000, max_size=20000),
+    text,
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+# The command name: redis-py splits it on spaces ("CONFIG GET"), so must we.
+names = st.one_of(st.sampled_from(["SET", "XADD", "CONFIG GET", "xreadgroup"]), st.binary(min_size=1, max_size=12))
+
+
+@given(name=names, rest=st.lists(args, max_size=8))
+@settings(max_examples=400)
+def test_pack_command_equals_redis_py(name: object, rest: list[object]) -> None:
+    assert pack_command(name, *rest) == redis_py_pack(name, *rest)
+
+
+@given(st.lists(st.tuples(names, st.lists(args, max_size=4)), max_size=6))
+def test_pack_commands_is_the_concatenation(commands: list[tuple[object, list[object]]]) -> None:
+    batch = [(name, *rest) for name, rest in commands]
+    assert pack_commands(batch) == b"".join(redis_py_pack(*c) for c in batch)
+
+
+def test_known_bytes() -> None:
+    assert pack_command("SET", "k", 1) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n1\r\n"
+    assert pack_command(b"GET", b"") == b"*2\r\n$3\r\nGET\r\n$0\r\n\r\n"
+
+
+def test_buffer_types_are_sent_as_bytes() -> None:
+    assert pack_command("SET", bytearray(b"ab"), memoryview(b"cd")) == redis_py_pack("SET", b"ab", b"cd")
+
+
+@pytest.mark.parametrize("bad", [True, None, object(), [1], {"a": 1}], ids=repr)
+def test_unencodable_argument_is_a_data_error(bad: object) -> None:
+    with pytest.raises(lbs.DataError, match="Invalid input of type"):
+        pack_command("SET", "k", bad)
+
+
+def test_empty_command_is_a_data_error() -> None:
+    with pytest.raises(lbs.DataError):
+        pack_command()
+    with pytest.raises(lbs.DataError):
+        pack_commands([()])
+
+
+def test_lone_surrogate_fails_like_str_encode() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        pack_command("SET", "k", "\ud800")
