@@ -16,8 +16,9 @@ PYTEST_ARGS ?=
 demo: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo
 
+# The suite, plus every benchmark once with timing off so none can rot.
 test: setup
-	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest $(PYTEST_ARGS)
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest tests benchmarks --benchmark-disable $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

@@ -1,4 +1,5 @@
-"""Test harness: real redis-server processes, started and always stopped here.
+"""Test harness for tests/ and benchmarks/: real redis-server processes, started
+and always stopped here.
 
 Fixtures (session-scoped servers, shared by every test that asks):
 
@@ -41,7 +42,7 @@ from lbs.embedded import (
 )
 from lbs.exceptions import ServerNotFoundError
 
-TESTS = Path(__file__).parent
+ROOT = Path(__file__).parent
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -63,7 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        parts = Path(str(item.fspath)).relative_to(TESTS.parent).parts
+        try:
+            parts = Path(str(item.fspath)).relative_to(ROOT).parts
+        except ValueError:
+            continue
         if len(parts) > 1 and parts[0] == "tests":
             kind = parts[1]
             if kind in ("unit", "integration", "typing", "packaging"):

@@ -1,0 +1,46 @@
+"""Registering 100 data streams: lbs.Producer against plain redis-py, same server, one run."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+import lbs
+
+from .data import stream_specs
+
+N = 100
+
+
+@pytest.mark.benchmark(group=f"register {N} data streams")
+@pytest.mark.parametrize("impl", ["lbs add_streams", "redis-py pipeline", "redis-py one by one"])
+def bench_register(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any, impl: str) -> None:
+    r = aioredis.Redis.from_url(redis_server.url)
+    service = f"bench-{impl.replace(' ', '-')}"
+    stream = lbs.input_stream(service)
+    producer = lbs.Producer(r, service)
+    specs = stream_specs(N)
+
+    async def with_lbs() -> int:
+        return len(await producer.add_streams(specs))
+
+    async def pipeline() -> int:
+        pipe = r.pipeline(transaction=False)
+        for name, info in specs:
+            pipe.xadd(stream, {"lbs-input": lbs.encode_input(name, info)})
+        return len(await pipe.execute())
+
+    async def one_by_one() -> int:
+        for name, info in specs:
+            await r.xadd(stream, {"lbs-input": lbs.encode_input(name, info)})
+        return N
+
+    fn = {"lbs add_streams": with_lbs, "redis-py pipeline": pipeline, "redis-py one by one": one_by_one}[impl]
+    try:
+        assert benchmark(lambda: loop.run_until_complete(fn())) == N
+    finally:
+        loop.run_until_complete(r.delete(stream))
+        loop.run_until_complete(r.aclose())
