@@ -57,6 +57,9 @@ setup(
         EXTENSIONS,
         compiler_directives=directives,
         annotate=DEBUG,
+        # The generated C differs by mode (line tracing), and a .c left by a
+        # build in the other mode looks up to date: always regenerate.
+        force=True,
         include_path=["src/_lbscore"],
     ),
 )
