@@ -6,6 +6,8 @@ package only re-exports it.
 
 from ._core import (
     DEBUG_BUILD,
+    Entry,
+    EntryParser,
     decode_input,
     encode_input,
     pack_command,
@@ -15,6 +17,8 @@ from ._core import (
 
 __all__ = [
     "DEBUG_BUILD",
+    "Entry",
+    "EntryParser",
     "decode_input",
     "encode_input",
     "pack_command",

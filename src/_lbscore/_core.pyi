@@ -12,3 +12,31 @@ def decode_input(raw: bytes | str) -> tuple[str, dict[str, Any]]: ...
 def try_decode_input(
     raw: bytes | bytearray | memoryview | str | None,
 ) -> tuple[str, dict[str, Any], None] | tuple[None, None, str]: ...
+
+class Entry:
+    """One LBS entry; ``error`` is the reason when it is not a valid assignment."""
+
+    id: str
+    stream: str | None
+    info: dict[str, Any] | None
+    retry_count: int
+    original_id: str | None
+    error: str | None
+    fields: dict[bytes, bytes]
+    idle_ms: int
+    delivery_count: int
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def claimed(self) -> bool: ...
+
+class EntryParser:
+    def __init__(
+        self,
+        input_field: str = "lbs-input",
+        retry_field: str = "_retry_count",
+        original_field: str = "_original_id",
+        max_input_bytes: int = 65536,
+    ) -> None: ...
+    def parse_entries(self, entries: Iterable[Sequence[Any]]) -> list[Entry]: ...
+    def parse_xreadgroup(self, reply: Any) -> list[Entry]: ...

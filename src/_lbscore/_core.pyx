@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""lbs's compiled core: RESP encoding and the lbs-input codec.
+"""lbs's compiled core: RESP encoding, the lbs-input codec, LBS entry parsing.
 
 Private: import the public names from ``lbs``.
 """
@@ -8,6 +8,7 @@ include "errors.pyx"
 include "buffer.pyx"
 include "packer.pyx"
 include "inputs.pyx"
+include "entries.pyx"
 
 #: True when this module was built with LBS_DEBUG=1 (invariant checks on).
 DEBUG_BUILD = bool(LBS_DEBUG)

@@ -19,7 +19,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from _lbscore import decode_input, encode_input, try_decode_input
 
-from ._keys import INPUT_FIELD, dead_letter_stream, group_name, input_stream, lock_key
+from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input_stream, lock_key
+from .client import Client, Held, consumer_id_from_env
+from .config import Config
 from .exceptions import (
     ConfigurationError,
     DataError,
@@ -27,12 +29,19 @@ from .exceptions import (
     InternalError,
     InvalidInputError,
     LbsError,
+    LockError,
+    LockLostError,
+    NotHeldError,
     ProtocolError,
+    RedisOperationError,
     ServerError,
     ServerNotFoundError,
     ServerStartError,
 )
+from .hookspecs import hookimpl
+from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer
+from .sync import SyncClient
 
 try:
     from importlib.metadata import PackageNotFoundError as _NotFound
@@ -44,22 +53,36 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
 
 __all__ = [
     "INPUT_FIELD",
+    "Client",
+    "Config",
     "ConfigurationError",
     "DataError",
+    "DoneStatus",
+    "Held",
     "InterfaceError",
     "InternalError",
     "InvalidInputError",
     "LbsError",
+    "LockError",
+    "LockLostError",
+    "NotHeldError",
+    "Notification",
+    "NotificationType",
     "Producer",
     "ProtocolError",
+    "RedisOperationError",
     "ServerError",
     "ServerNotFoundError",
     "ServerStartError",
+    "SyncClient",
     "__version__",
+    "consumer_id_from_env",
     "dead_letter_stream",
     "decode_input",
     "encode_input",
+    "fence_key",
     "group_name",
+    "hookimpl",
     "input_stream",
     "lock_key",
     "try_decode_input",

@@ -45,3 +45,8 @@ def lock_key(service: str, entry_id: str) -> str:
 def dead_letter_stream(service: str) -> str:
     """Where poison pills go: ``{<service>-input}:dlq``."""
     return f"{hash_tag(service)}:dlq"
+
+
+def fence_key(service: str) -> str:
+    """The fencing-token counter: ``{<service>-input}:fence``. It only ever grows."""
+    return f"{hash_tag(service)}:fence"

@@ -7,14 +7,21 @@
     │   ├── ConfigurationError   a setting or argument is invalid (also ValueError)
     │   └── DataError            a value cannot be sent to Redis (also TypeError)
     ├── InvalidInputError        an lbs-input value breaks the wire format (also ValueError)
+    ├── LockError                an assignment's lock is not (or no longer) ours
+    │   ├── LockLostError        the lock expired or was taken while we held it
+    │   └── NotHeldError         done/hand-back for a stream this client never held
+    ├── RedisOperationError      a Redis command of lbs failed (carries operation and cause)
     ├── ServerError              Redis could not be used as lbs needs
     │   ├── ServerNotFoundError  no suitable redis-server binary (embedded servers)
     │   └── ServerStartError     an embedded redis-server did not come up
     └── InternalError            a bug in lbs: an invariant of the core broke
         └── ProtocolError        bytes that are not valid RESP
 
-Errors from redis-py itself (connection refused, timeouts) are not wrapped
-here yet; the client issue adds that mapping in one table.
+The Go client's sentinel errors map onto these: config -> ConfigurationError,
+input -> InvalidInputError, lock -> LockError, redis operation ->
+RedisOperationError. Errors of redis-py raised inside a client operation are
+wrapped in RedisOperationError, with the redis-py exception as ``cause``
+(and ``__cause__``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,10 @@ __all__ = [
     "ConfigurationError",
     "DataError",
     "InvalidInputError",
+    "LockError",
+    "LockLostError",
+    "NotHeldError",
+    "RedisOperationError",
     "ServerError",
     "ServerNotFoundError",
     "ServerStartError",
@@ -51,6 +62,27 @@ class DataError(InterfaceError, TypeError):
 
 class InvalidInputError(LbsError, ValueError):
     """Raised when an ``lbs-input`` value is not ``{"DataStreamName": str, "Info": {...}}``."""
+
+
+class LockError(LbsError):
+    """Raised when an assignment's lock is not, or no longer, held by this client."""
+
+
+class LockLostError(LockError):
+    """Raised when a lock expired or was taken over while this client held it."""
+
+
+class NotHeldError(LockError, InterfaceError):
+    """Raised when a client is asked to finish or hand back a stream it does not hold."""
+
+
+class RedisOperationError(LbsError):
+    """Raised when a Redis command issued by lbs fails; ``operation`` says which, ``cause`` why."""
+
+    def __init__(self, operation: str, cause: BaseException) -> None:
+        super().__init__(f"{operation} failed: {type(cause).__name__}: {cause}")
+        self.operation = operation
+        self.cause = cause
 
 
 class ServerError(LbsError):

@@ -1,0 +1,21 @@
+cdef class Entry:
+    cdef:
+        readonly str id            # entry id in the LBS, "<ms>-<seq>"
+        readonly object stream     # data stream name (str), None when malformed
+        readonly object info       # dict, None when malformed
+        readonly long long retry_count
+        readonly object original_id  # str or None: the id of the first delivery
+        readonly object error      # str reason when malformed, else None
+        readonly dict fields       # the entry's raw fields, for re-queue and dead letters
+        readonly long long idle_ms         # XREADGROUP CLAIM: ms since last delivery (-1: not claimed)
+        readonly long long delivery_count  # XREADGROUP CLAIM: deliveries so far (0: new entry)
+
+
+cdef class EntryParser:
+    cdef:
+        bytes _input_field
+        bytes _retry_field
+        bytes _original_field
+        Py_ssize_t _max_input_bytes
+
+    cdef Entry parse_one(self, object raw_id, object raw_fields, object extra)

@@ -1,0 +1,51 @@
+"""The Lua scripts in ``scripts/``, registered on a client.
+
+Each file is ``<name>-<number of keys>.lua`` (``n`` for a variable count) and
+opens with a header documenting KEYS, ARGV and outputs. redis-py's Script
+objects run them with EVALSHA and reload them after a NOSCRIPT (a restart or
+a failover), also inside pipelines.
+"""
+
+from __future__ import annotations
+
+import enum
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+
+SCRIPT_NAMES = ("take-n", "extend-n", "done-2", "requeue-3")
+
+
+@lru_cache(maxsize=None)
+def source(name: str) -> str:
+    return resources.files("lbs").joinpath("scripts").joinpath(f"{name}.lua").read_text()
+
+
+class Scripts:
+    """The scripts, registered on one client."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.take: Any = redis.register_script(source("take-n"))
+        self.extend: Any = redis.register_script(source("extend-n"))
+        self.done: Any = redis.register_script(source("done-2"))
+        self.requeue: Any = redis.register_script(source("requeue-3"))
+
+
+class DoneCode(enum.IntEnum):
+    """Outputs of ``done-2.lua``."""
+
+    DONE = 1
+    LOCK_EXPIRED = 2
+    LOCK_LOST = 3
+
+
+class RequeueCode(enum.IntEnum):
+    """First element of the output of ``requeue-3.lua``."""
+
+    TRIMMED = -1
+    SKIPPED = 0
+    REQUEUED = 1
+    DEAD_LETTERED = 2
+    DROPPED = 3

@@ -1,0 +1,665 @@
+"""The consumer: assignment, fenced locks, one batched heartbeat, done, hand-back.
+
+Three tasks run per client, whatever the number of held streams:
+
+* the **reader** reads the LBS with ``XREADGROUP ... >`` up to the free
+  capacity, parses the batch in the compiled core, takes every lock of the
+  batch (and dead-letters malformed entries) in one round trip, and sends
+  STREAM_ADDED notifications;
+* the **heartbeat** extends every held lock and refreshes the pending idle
+  time of their entries, one round trip per tick;
+* ``run()`` (optional) turns notifications into handler calls.
+
+State: ``_held`` maps entry id to a :class:`Held` record; ``_by_stream``
+maps a data stream name to the entry ids held for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import pluggy
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from _lbscore import Entry, EntryParser
+
+from . import _keys
+from ._connection import RedisLike, resolve_client
+from ._scripts import DoneCode, RequeueCode, Scripts
+from .config import Config
+from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
+from .notifications import DoneStatus, Mailbox, Notification, NotificationType
+from .plugins import make_plugin_manager
+
+__all__ = ["Client", "Held", "consumer_id_from_env"]
+
+log = logging.getLogger("lbs.client")
+
+CONSUMER_PREFIX = "redis-consumer-"
+#: Keyspace-event flags recovery needs: K (keyspace channel), g (del), x (expired).
+KEYSPACE_FLAGS = "Kgx"
+#: How many recently disowned streams ``done_stream`` still recognises.
+TOMBSTONES = 10_000
+
+Handler = Callable[[Notification], Awaitable[Any]]
+
+
+def consumer_id_from_env(explicit: str | None = None) -> str:
+    """The consumer id: ``explicit``, else ``$POD_NAME``, else ``$POD_IP``,
+    prefixed ``redis-consumer-`` (the Go client's rule)."""
+    raw = explicit or os.environ.get("POD_NAME") or os.environ.get("POD_IP")
+    if not raw:
+        raise ConfigurationError(
+            "no consumer id: pass consumer_id=..., or set POD_NAME or POD_IP in the environment"
+        )
+    if any(c.isspace() for c in raw):
+        raise ConfigurationError(f"consumer id must not contain whitespace: {raw!r}")
+    return raw if raw.startswith(CONSUMER_PREFIX) else CONSUMER_PREFIX + raw
+
+
+@dataclass(slots=True, eq=False)
+class Held:
+    """A stream this client holds: its entry, its lock and the lock's value."""
+
+    entry_id: str
+    stream: str
+    info: dict[str, Any]
+    retry_count: int
+    token: int
+    value: str  # "<token>:<consumer id>", what the lock key holds
+    lock_key: str
+    task: asyncio.Task[Any] | None = field(default=None, repr=False)  # the run() handler, if any
+
+
+class _Log(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Puts the consumer id in every record (message prefix and ``record.consumer_id``)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        kwargs.setdefault("extra", {}).update(extra)
+        return f"[{extra.get('consumer_id')}] {msg}", kwargs
+
+
+class Client:
+    """A consumer of the service's load-balancer stream.
+
+    ::
+
+        client = lbs.Client("redis://...", "orders", consumer_id="worker-1")
+        await client.start()
+        async for note in client.notifications():
+            if note.type is lbs.NotificationType.STREAM_ADDED:
+                ...  # process note.stream
+                await client.done_stream(note.stream)
+
+    or let :meth:`run` call a handler per stream. ``redis`` is a
+    ``redis.asyncio.Redis`` client (left open) or a URL (opened and closed by
+    the client). Use ``async with`` or call :meth:`close`, which hands every
+    held stream back at once.
+    """
+
+    def __init__(
+        self,
+        redis: RedisLike,
+        service: str,
+        consumer_id: str | None = None,
+        config: Config | None = None,
+        *,
+        plugins: Iterable[object] = (),
+        load_entrypoint_plugins: bool = True,
+    ) -> None:
+        self.service = _keys.validate_service(service)
+        self.config = config if config is not None else Config()
+        if not isinstance(self.config, Config):
+            raise ConfigurationError(f"config must be an lbs.Config, got {type(self.config).__name__}")
+        self.id = consumer_id_from_env(consumer_id)
+        self.stream_key = _keys.input_stream(service)
+        self.group = _keys.group_name(service)
+        self.fence_key = _keys.fence_key(service)
+        dlq = self.config.dead_letter_stream
+        self.dead_letter_key = _keys.dead_letter_stream(service) if dlq is None else dlq
+        self._redis, self._owned = resolve_client(redis)
+        self._scripts = Scripts(self._redis)
+        prefix = self.config.field_prefix
+        self.retry_field = prefix + "retry_count"
+        self.original_field = prefix + "original_id"
+        self._parser = EntryParser(_keys.INPUT_FIELD, self.retry_field, self.original_field,
+                                   self.config.max_input_bytes)
+        self.pm: pluggy.PluginManager = make_plugin_manager(plugins, load_entrypoints=load_entrypoint_plugins)
+        self.log = _Log(log, {"consumer_id": self.id})
+
+        self._held: dict[str, Held] = {}
+        self._by_stream: dict[str, list[str]] = {}
+        self._tombstones: OrderedDict[str, Held] = OrderedDict()
+        self._mailbox: Mailbox[Notification] = Mailbox(self.config.notification_buffer)
+        self._capacity = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self._started = False
+        self._closed = False
+        self._use_xackdel = False
+        self.server_version: tuple[int, ...] = ()
+        self.keyspace_events_configured = False
+
+    # ----------------------------------------------------------- plumbing ---
+
+    def _hook(self, name: str, **kwargs: Any) -> None:
+        try:
+            getattr(self.pm.hook, name)(client=self, **kwargs)
+        except Exception:  # a plugin bug must not break the client
+            self.log.exception("plugin hook %s raised", name)
+
+    @property
+    def held(self) -> int:
+        """How many data streams this client holds now."""
+        return len(self._held)
+
+    def held_streams(self) -> list[Held]:
+        """The held streams (a snapshot)."""
+        return list(self._held.values())
+
+    def _add_held(self, h: Held) -> None:
+        self._held[h.entry_id] = h
+        self._by_stream.setdefault(h.stream, []).append(h.entry_id)
+
+    def _drop_held(self, h: Held) -> bool:
+        """Forget ``h``; False if it was not (or no longer) held."""
+        if self._held.get(h.entry_id) is not h:
+            return False
+        del self._held[h.entry_id]
+        ids = self._by_stream.get(h.stream)
+        if ids is not None:
+            ids.remove(h.entry_id)
+            if not ids:
+                del self._by_stream[h.stream]
+        self._capacity.set()
+        return True
+
+    def _tombstone(self, h: Held) -> None:
+        self._tombstones[h.stream] = h
+        self._tombstones.move_to_end(h.stream)
+        while len(self._tombstones) > TOMBSTONES:
+            self._tombstones.popitem(last=False)
+
+    # ------------------------------------------------------------- start ---
+
+    async def start(self) -> None:
+        """Create the group if needed, configure keyspace events, start reading.
+
+        Idempotent. Raises :class:`lbs.RedisOperationError` if Redis is unreachable.
+        """
+        if self._started:
+            return
+        if self._closed:
+            raise ConfigurationError("a closed client cannot be started again")
+        try:
+            await self._ensure_group()
+            await self._detect_features()
+        except RedisError as exc:
+            raise RedisOperationError("start", exc) from exc
+        if self.config.configure_keyspace_events:
+            await self._configure_keyspace_events()
+        self._started = True
+        self._reader = asyncio.create_task(self._read_loop(), name=f"lbs-reader-{self.id}")
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"lbs-heartbeat-{self.id}")
+        self.log.info("started on %s (group %s, Redis %s)", self.stream_key, self.group,
+                      ".".join(map(str, self.server_version)) or "?")
+        self._hook("lbs_client_started")
+
+    async def _ensure_group(self) -> None:
+        # Id 0, not $: assignments added before any consumer existed are delivered.
+        try:
+            await self._redis.xgroup_create(self.stream_key, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def _detect_features(self) -> None:
+        info = await self._redis.info("server")
+        raw = str(info.get("redis_version", "0"))
+        try:
+            self.server_version = tuple(int(p) for p in raw.split("."))
+        except ValueError:
+            self.server_version = ()
+        self._use_xackdel = self.server_version >= (8, 2)
+
+    async def _configure_keyspace_events(self) -> None:
+        try:
+            reply = await self._redis.config_get("notify-keyspace-events")
+            current = _text(next(iter(reply.values()), b"")) if reply else ""
+            have = set(current)
+            if "A" in have:
+                have |= set("g$lshzxetd")
+            missing = "".join(f for f in KEYSPACE_FLAGS if f not in have)
+            if missing:
+                await self._redis.config_set("notify-keyspace-events", current + missing)
+            self.keyspace_events_configured = True
+        except RedisError as exc:
+            self.log.warning(
+                "cannot configure notify-keyspace-events (%s); set it to include %r out of band. "
+                "Recovery falls back to its other paths.", exc, KEYSPACE_FLAGS)
+
+    # ------------------------------------------------------------ reading ---
+
+    async def _read_loop(self) -> None:
+        cfg = self.config
+        failures = 0
+        delay = cfg.read_retry_initial
+        block_ms = max(1, int(cfg.read_block * 1000))
+        while not self._stopping.is_set():
+            free = cfg.max_streams - len(self._held)
+            if free <= 0:
+                self._capacity.clear()
+                try:
+                    await asyncio.wait_for(self._capacity.wait(), cfg.read_block)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            try:
+                reply = await self._redis.xreadgroup(
+                    self.group, self.id, {self.stream_key: ">"}, count=min(cfg.read_count, free), block=block_ms
+                )
+                entries = self._parser.parse_xreadgroup(reply)
+                if entries:
+                    await self._take(entries)
+            except asyncio.CancelledError:
+                raise
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    self.log.warning("group %s or stream %s vanished; recreating it", self.group, self.stream_key)
+                    try:
+                        await self._ensure_group()
+                        continue
+                    except RedisError as again:
+                        exc = again  # type: ignore[assignment]
+                failures, delay = await self._read_failed(exc, failures, delay)
+                if failures < 0:
+                    return
+                continue
+            except (RedisError, OSError) as exc:
+                failures, delay = await self._read_failed(exc, failures, delay)
+                if failures < 0:
+                    return
+                continue
+            failures, delay = 0, cfg.read_retry_initial
+
+    async def _read_failed(self, exc: BaseException, failures: int, delay: float) -> tuple[int, float]:
+        """Back off after a failed read; returns (-1, 0) when the reader gives up."""
+        cfg = self.config
+        failures += 1
+        if cfg.read_max_retries >= 0 and failures > cfg.read_max_retries:
+            self.log.error("reader giving up after %d failed reads: %s", failures, exc)
+            self._hook("lbs_reader_terminated", error=exc)
+            self._mailbox.put_nowait(Notification(NotificationType.STREAM_TERMINATED, reason=str(exc)))
+            return -1, 0.0
+        sleep = random.uniform(delay / 2, delay)  # jitter, so a fleet does not retry in step
+        self.log.warning("read failed (%s: %s); retry %d in %.2fs", type(exc).__name__, exc, failures, sleep)
+        try:
+            await asyncio.wait_for(self._stopping.wait(), sleep)
+        except asyncio.TimeoutError:
+            pass
+        return failures, min(delay * 2, cfg.read_retry_max)
+
+    async def _take(self, entries: list[Entry]) -> None:
+        """Lock every good entry and dead-letter every malformed one: one round trip."""
+        good = [e for e in entries if e.error is None]
+        bad = [e for e in entries if e.error is not None]
+        pipe = self._redis.pipeline(transaction=False)
+        if good:
+            keys = [self.fence_key, *(_keys.lock_key(self.service, e.id) for e in good)]
+            await self._scripts.take(keys=keys, args=[self.id, self.config.lock_ttl_ms], client=pipe)
+        for e in bad:
+            await self._requeue_call(pipe, e.id, _keys.lock_key(self.service, e.id), mode="any", value="",
+                                     count_retry=False, reason=str(e.error), force_dead_letter=True)
+        results = await pipe.execute()
+        offset = 0
+        if good:
+            tokens = results[0]
+            offset = 1
+            for e, tok in zip(good, tokens):
+                if isinstance(tok, int):
+                    assert e.stream is not None and e.info is not None
+                    h = Held(e.id, e.stream, e.info, e.retry_count, tok, f"{tok}:{self.id}",
+                             _keys.lock_key(self.service, e.id))
+                    self._add_held(h)
+                    self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
+                    note = Notification(NotificationType.STREAM_ADDED, h.stream, h.entry_id, h.info,
+                                        h.retry_count, h.token)
+                    self._hook("lbs_stream_started", notification=note)
+                    await self._mailbox.put(note)
+                else:
+                    # Someone holds this entry's lock (a slow holder whose entry was
+                    # claimed away): leave it pending; it is theirs.
+                    self.log.warning("entry %s (%s) is locked by %r; leaving it to its holder",
+                                     e.id, e.stream, _text(tok))
+        for e, res in zip(bad, results[offset:]):
+            code, detail = int(res[0]), _text(res[1])
+            self.log.warning("entry %s is malformed (%s): %s", e.id, e.error,
+                             "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
+                             else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
+                             else f"left alone ({detail})")
+            if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
+                self._hook("lbs_stream_dead_lettered", entry_id=e.id, reason=str(e.error),
+                           dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
+
+    async def _requeue_call(self, pipe: Any, entry_id: str, lock_key: str, *, mode: str, value: str,
+                            count_retry: bool, reason: str, force_dead_letter: bool = False) -> Any:
+        cfg = self.config
+        return await self._scripts.requeue(
+            keys=[self.stream_key, self.dead_letter_key or _keys.dead_letter_stream(self.service), lock_key],
+            args=[self.group, entry_id, mode, value, 1 if count_retry else 0, cfg.max_retries,
+                  self.retry_field, self.original_field, reason, self.id,
+                  1 if force_dead_letter else 0, 1 if self.dead_letter_key else 0, cfg.field_prefix],
+            client=pipe,
+        )
+
+    # ---------------------------------------------------------- heartbeat ---
+
+    async def _heartbeat_loop(self) -> None:
+        every = self.config.heartbeat_every
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), every)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await self.heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.log.warning("heartbeat failed: %s", exc)
+
+    async def heartbeat(self) -> int:
+        """Extend every held lock now, in one round trip; return how many were lost.
+
+        The heartbeat task calls this every ``Config.heartbeat_every`` seconds.
+        """
+        snapshot = list(self._held.values())
+        if not snapshot:
+            return 0
+        started = time.perf_counter()
+        chunk = self.config.heartbeat_chunk
+        pipe = self._redis.pipeline(transaction=False)
+        parts = [snapshot[i:i + chunk] for i in range(0, len(snapshot), chunk)]
+        for part in parts:
+            keys = [self.stream_key, *(h.lock_key for h in part)]
+            args = [self.config.lock_ttl_ms, self.group, self.id,
+                    *(h.value for h in part), *(h.entry_id for h in part)]
+            await self._scripts.extend(keys=keys, args=args, client=pipe)
+        try:
+            results = await pipe.execute()
+        except RedisError as exc:
+            raise RedisOperationError("heartbeat", exc) from exc
+        lost: list[Held] = []
+        for part, positions in zip(parts, results):
+            lost.extend(part[int(p) - 1] for p in positions)
+        for h in lost:
+            if self._drop_held(h):
+                self._disown(h, "lock expired or taken while held (heartbeat missed)")
+        self._hook("lbs_locks_extended", extended=len(snapshot) - len(lost), lost=len(lost),
+                   seconds=time.perf_counter() - started)
+        return len(lost)
+
+    def _disown(self, h: Held, reason: str) -> None:
+        self._tombstone(h)
+        self.log.warning("lost the lock of %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason)
+        self._hook("lbs_stream_disowned", stream=h.stream, entry_id=h.entry_id, token=h.token)
+        if h.task is not None and not h.task.done():
+            h.task.cancel()
+        self._mailbox.put_nowait(Notification(NotificationType.STREAM_DISOWNED, h.stream, h.entry_id, h.info,
+                                              h.retry_count, h.token, reason))
+
+    # --------------------------------------------------------------- done ---
+
+    def _find(self, stream: str, entry_id: str | None) -> Held | None:
+        if entry_id is not None:
+            h = self._held.get(entry_id)
+            return h if h is not None and h.stream == stream else None
+        ids = self._by_stream.get(stream)
+        return self._held[ids[0]] if ids else None
+
+    async def done_stream(self, stream: str, entry_id: str | None = None) -> DoneStatus:
+        """Finish a data stream: release its lock, ack and delete its entry, in one call.
+
+        With several assignments of one name held, ``entry_id`` picks one (the
+        oldest otherwise). Returns :class:`lbs.DoneStatus`: ``DONE``, or a lost
+        lock (``LOCK_EXPIRED``: acked now, no duplicate; ``LOCK_LOST``: the
+        stream was handed on and may be processed twice). Raises
+        :class:`lbs.NotHeldError` for a stream this client never held (or
+        already finished) and :class:`lbs.RedisOperationError` if Redis fails,
+        in which case the lock expires and recovery takes over.
+        """
+        h = self._find(stream, entry_id)
+        if h is not None:
+            self._drop_held(h)
+        else:
+            h = self._tombstones.get(stream)
+            if h is None or (entry_id is not None and h.entry_id != entry_id):
+                raise NotHeldError(f"{self.id} does not hold data stream {stream!r}")
+            del self._tombstones[stream]
+        try:
+            code = await self._scripts.done(
+                keys=[self.stream_key, h.lock_key],
+                args=[self.group, h.entry_id, h.value, 1 if self._use_xackdel else 0],
+            )
+        except RedisError as exc:
+            raise RedisOperationError("done_stream", exc) from exc
+        status = {DoneCode.DONE: DoneStatus.DONE, DoneCode.LOCK_EXPIRED: DoneStatus.LOCK_EXPIRED}.get(
+            DoneCode(int(code)), DoneStatus.LOCK_LOST)
+        if status.lost:
+            self.log.warning("done_stream(%s): %s (entry %s, token %d)", stream, status.value, h.entry_id, h.token)
+        self._hook("lbs_lock_released", stream=h.stream, entry_id=h.entry_id, token=h.token, status=status)
+        return status
+
+    # ---------------------------------------------------------- hand-back ---
+
+    async def hand_back(self, stream: str, entry_id: str | None = None, *, count_retry: bool = False,
+                        reason: str = "handed back") -> str:
+        """Give a held stream back to the LBS as a fresh entry, now.
+
+        With ``count_retry`` its ``_retry_count`` goes up, and past
+        ``Config.max_retries`` it goes to the dead-letter stream instead.
+        Returns the new entry id ("" when dead-lettered, dropped or the lock
+        was already lost).
+        """
+        h = self._find(stream, entry_id)
+        if h is None:
+            raise NotHeldError(f"{self.id} does not hold data stream {stream!r}")
+        self._drop_held(h)
+        return (await self._hand_back_many([h], count_retry=count_retry, reason=reason))[0]
+
+    async def _hand_back_many(self, items: list[Held], *, count_retry: bool, reason: str) -> list[str]:
+        if not items:
+            return []
+        pipe = self._redis.pipeline(transaction=False)
+        for h in items:
+            await self._requeue_call(pipe, h.entry_id, h.lock_key, mode="owned", value=h.value,
+                                     count_retry=count_retry, reason=reason)
+        try:
+            results = await pipe.execute()
+        except RedisError as exc:
+            raise RedisOperationError("hand back", exc) from exc
+        out = []
+        for h, res in zip(items, results):
+            code, detail = int(res[0]), _text(res[1])
+            if code == RequeueCode.REQUEUED:
+                self._hook("lbs_stream_handed_back", stream=h.stream, entry_id=h.entry_id,
+                           new_entry_id=detail, retry_counted=count_retry)
+                out.append(detail)
+            elif code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
+                self.log.warning("%s (entry %s) is out of retries: dead-lettered (%s)", h.stream, h.entry_id, reason)
+                self._hook("lbs_stream_dead_lettered", entry_id=h.entry_id, reason=reason,
+                           dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
+                out.append("")
+            else:
+                self.log.warning("could not hand back %s (entry %s): %s", h.stream, h.entry_id, detail)
+                out.append("")
+        return out
+
+    async def claim(self, entry_id: str) -> bool:
+        """Recover the assignment ``entry_id`` now if its lock is gone (Go parity).
+
+        It goes back to the LBS with one more retry counted (or to the
+        dead-letter stream past ``max_retries``). Returns True if this call
+        did it, False if its lock is alive or someone else already recovered it.
+        """
+        try:
+            res = await self._requeue_call(
+                self._redis, entry_id, _keys.lock_key(self.service, entry_id), mode="absent", value="",
+                count_retry=True, reason=f"claimed by {self.id}")
+        except RedisError as exc:
+            raise RedisOperationError("claim", exc) from exc
+        return int(res[0]) in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
+
+    # ------------------------------------------------------ notifications ---
+
+    async def notifications(self) -> AsyncIterator[Notification]:
+        """Notifications in order, until the client is closed.
+
+        Meant for one consumer at a time. The buffer is bounded
+        (``Config.notification_buffer``): while it is full the reader waits.
+        """
+        while True:
+            note = await self._mailbox.get()
+            if note is None:
+                return
+            yield note
+
+    async def next_notification(self, timeout: float | None = None) -> Notification | None:
+        """The next notification, or None when closed (or after ``timeout`` seconds)."""
+        try:
+            return await asyncio.wait_for(self._mailbox.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    # ---------------------------------------------------------------- run ---
+
+    async def run(self, handler: Handler, concurrency: int | None = None) -> None:
+        """Call ``await handler(notification)`` for every assigned stream until closed.
+
+        When the handler returns, the stream is finished with
+        :meth:`done_stream`; when it raises, the stream is handed back with a
+        retry counted (so a stream that always fails ends in the dead-letter
+        stream). A disowned stream's handler is cancelled. At most
+        ``concurrency`` handlers run at once (default ``Config.max_streams``).
+        Returns after :meth:`close`.
+        """
+        limit = asyncio.Semaphore(concurrency or self.config.max_streams)
+        await self.start()
+        async for note in self.notifications():
+            if note.type is not NotificationType.STREAM_ADDED:
+                continue
+            h = self._held.get(note.entry_id)
+            if h is None:
+                continue
+            await limit.acquire()
+            task = asyncio.create_task(self._handle(handler, note, h, limit), name=f"lbs-handler-{note.stream}")
+            h.task = task
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    async def _handle(self, handler: Handler, note: Notification, h: Held, limit: asyncio.Semaphore) -> None:
+        try:
+            await handler(note)
+        except asyncio.CancelledError:
+            return  # disowned, or close() ran out of drain time: the stream is not ours to finish
+        except Exception as exc:
+            self.log.warning("handler failed on %s (entry %s): %r; handing it back", note.stream, note.entry_id, exc)
+            if self._held.get(h.entry_id) is h:
+                self._drop_held(h)
+                try:
+                    await self._hand_back_many([h], count_retry=True, reason=f"handler raised {exc!r}"[:500])
+                except RedisOperationError as err:
+                    self.log.error("hand-back of %s failed (%s); its lock will expire", note.stream, err)
+            return
+        finally:
+            h.task = None
+            limit.release()
+        if self._held.get(h.entry_id) is h:
+            try:
+                await self.done_stream(h.stream, h.entry_id)
+            except RedisOperationError as err:
+                self.log.error("done_stream(%s) failed (%s); its lock will expire", note.stream, err)
+
+    # -------------------------------------------------------------- close ---
+
+    async def close(self) -> None:
+        """Stop reading, hand every held stream back to the LBS at once, and stop.
+
+        Handed-back streams become fresh entries (no retry counted, lock
+        released), so another consumer gets them without waiting for a TTL.
+        Running ``run()`` handlers get ``Config.drain_timeout`` seconds to
+        finish first. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        self._capacity.set()
+        if self._reader is not None:
+            self._reader.cancel()  # interrupts a blocked XREADGROUP at once
+            await asyncio.gather(self._reader, return_exceptions=True)
+        running = [t for t in self._handlers if not t.done()]
+        if running and self.config.drain_timeout > 0:
+            await asyncio.wait(running, timeout=self.config.drain_timeout)
+        for t in running:
+            t.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
+        self._mailbox.close(discard=True)
+        handed = list(self._held.values())
+        for h in handed:
+            self._drop_held(h)
+        handed_back = 0
+        try:
+            results = await self._hand_back_many(handed, count_retry=False, reason=f"{self.id} shut down")
+            handed_back = sum(1 for r in results if r)
+        except RedisOperationError as exc:
+            self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+        self.log.info("closed; handed back %d streams", handed_back)
+        self._hook("lbs_client_closed", handed_back=handed_back)
+        if self._owned:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> Client:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<lbs.Client {self.id} service={self.service!r} held={len(self._held)}>"
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+# Connection-level errors, for callers that want to tell them apart.
+TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)

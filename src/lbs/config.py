@@ -1,0 +1,106 @@
+"""Every tunable of the client, with its default, in one validated object."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from .exceptions import ConfigurationError
+
+__all__ = ["Config"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Settings of an :class:`lbs.Client`. Durations are in seconds.
+
+    Invalid values raise :class:`lbs.ConfigurationError` when the Config is
+    built, with the field's name in the message.
+    """
+
+    #: Lock expiry. A consumer that stops heartbeating loses its streams after this long.
+    lock_ttl: float = 10.0
+    #: Seconds between heartbeats; ``None`` means ``lock_ttl / 2``.
+    heartbeat_interval: float | None = None
+    #: Locks extended per script call. A tick sends all its calls in one round
+    #: trip; slicing keeps each script short so Redis can serve others between them.
+    heartbeat_chunk: int = 10_000
+    #: Most data streams this consumer holds at once; reads never exceed the free capacity.
+    max_streams: int = 100
+    #: Most entries one XREADGROUP asks for (capped by the free capacity).
+    read_count: int = 100
+    #: How long one XREADGROUP blocks. Bounded, so shutdown is prompt even without cancellation.
+    read_block: float = 1.0
+    #: First back-off after a failed read; doubles, with jitter, up to ``read_retry_max``.
+    read_retry_initial: float = 0.1
+    #: Longest back-off between failed reads.
+    read_retry_max: float = 30.0
+    #: Failed reads in a row before the reader gives up with STREAM_TERMINATED:
+    #: ``-1`` retries forever, ``0`` gives up at the first failure.
+    read_max_retries: int = -1
+    #: Prefix of the fields lbs manages in entries (``_retry_count``, ``_original_id``).
+    field_prefix: str = "_"
+    #: Where poison pills and malformed entries go. ``None``: ``{<service>-input}:dlq``.
+    #: ``""``: log and drop them (an explicit opt-in to losing them).
+    dead_letter_stream: str | None = None
+    #: Failed attempts (``_retry_count``) after which an assignment is dead-lettered.
+    max_retries: int = 3
+    #: Largest ``lbs-input`` value accepted; a bigger one is dead-lettered.
+    max_input_bytes: int = 65_536
+    #: Notifications buffered before the reader waits for the application (backpressure).
+    notification_buffer: int = 1024
+    #: On ``close()``, how long to let running ``run()`` handlers finish before
+    #: their streams are handed back.
+    drain_timeout: float = 0.0
+    #: Add the keyspace-event flags recovery listens to (``Kgx``) to the server's
+    #: ``notify-keyspace-events`` at start, keeping everyone else's flags.
+    configure_keyspace_events: bool = True
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+                raise ConfigurationError(f"Config.{name} must be a positive number, got {v!r}")
+
+        def at_least(name: str, low: int) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ConfigurationError(f"Config.{name} must be an integer >= {low}, got {v!r}")
+
+        for name in ("lock_ttl", "read_block", "read_retry_initial", "read_retry_max"):
+            positive(name)
+        if self.lock_ttl < 0.01:
+            raise ConfigurationError(f"Config.lock_ttl must be at least 0.01 s, got {self.lock_ttl!r}")
+        if self.heartbeat_interval is not None:
+            positive("heartbeat_interval")
+            if self.heartbeat_interval >= self.lock_ttl:
+                raise ConfigurationError(
+                    f"Config.heartbeat_interval ({self.heartbeat_interval}) must be shorter than "
+                    f"lock_ttl ({self.lock_ttl}), or every lock expires between heartbeats"
+                )
+        if self.read_retry_max < self.read_retry_initial:
+            raise ConfigurationError("Config.read_retry_max must be >= read_retry_initial")
+        for name in ("max_streams", "read_count", "heartbeat_chunk", "notification_buffer", "max_input_bytes"):
+            at_least(name, 1)
+        at_least("read_max_retries", -1)
+        at_least("max_retries", -1)
+        if not isinstance(self.drain_timeout, (int, float)) or self.drain_timeout < 0:
+            raise ConfigurationError(f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}")
+        if not isinstance(self.field_prefix, str) or not self.field_prefix:
+            raise ConfigurationError("Config.field_prefix must be a non-empty str")
+        if self.dead_letter_stream is not None and not isinstance(self.dead_letter_stream, str):
+            raise ConfigurationError("Config.dead_letter_stream must be a str or None")
+
+    @property
+    def heartbeat_every(self) -> float:
+        """The effective heartbeat interval in seconds."""
+        return self.heartbeat_interval if self.heartbeat_interval is not None else self.lock_ttl / 2
+
+    @property
+    def lock_ttl_ms(self) -> int:
+        return max(1, int(self.lock_ttl * 1000))
+
+    def replace(self, **changes: object) -> Config:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

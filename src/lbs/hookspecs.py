@@ -1,0 +1,162 @@
+"""Hook specifications: how plugins observe and extend an :class:`lbs.Client`.
+
+Implement hooks in any object or module decorated with :data:`lbs.hookimpl`
+and pass it to ``lbs.Client(..., plugins=[...])``, or publish it under the
+entry-point group ``lbs``. An implementation may accept any subset of a
+hook's arguments. Hooks are called synchronously on the client's event loop
+thread, so keep them quick; an exception in a hook is logged and never
+breaks the client.
+
+Every hook here is 1:N (all implementations are called, results ignored).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .client import Client
+    from .notifications import DoneStatus, Notification
+
+#: The project name: marker name and entry-point group.
+NAME = "lbs"
+
+hookspec = pluggy.HookspecMarker(NAME)
+hookimpl = pluggy.HookimplMarker(NAME)
+
+
+# --------------------------------------------------------------- lifecycle ---
+
+@hookspec
+def lbs_client_started(client: Client) -> None:
+    """Called once when :meth:`lbs.Client.start` has created the group and
+    started the reader and the heartbeat.
+
+    :param client: the client.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_client_closed(client: Client, handed_back: int) -> None:
+    """Called once at the end of :meth:`lbs.Client.close`.
+
+    :param client: the client.
+    :param handed_back: how many held streams were handed back to the LBS.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_reader_terminated(client: Client, error: BaseException) -> None:
+    """Called when the reader gives up after ``Config.read_max_retries``
+    failed reads in a row, just before STREAM_TERMINATED is sent.
+
+    :param client: the client.
+    :param error: the last error.
+
+    .. versionadded:: 0.1
+    """
+
+
+# ------------------------------------------------------------------- locks ---
+
+@hookspec
+def lbs_lock_acquired(client: Client, stream: str, entry_id: str, token: int) -> None:
+    """Called when the reader took an assignment's lock, before STREAM_ADDED.
+
+    :param client: the client.
+    :param stream: the data stream's name.
+    :param entry_id: the LBS entry id.
+    :param token: the lock's fencing token.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float) -> None:
+    """Called after each heartbeat tick (one per tick, not per lock).
+
+    :param client: the client.
+    :param extended: locks extended (and pending idle times refreshed).
+    :param lost: locks found no longer ours; each also gets
+        :func:`lbs_stream_disowned`.
+    :param seconds: how long the tick's round trip took.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_lock_released(client: Client, stream: str, entry_id: str, token: int, status: DoneStatus) -> None:
+    """Called when :meth:`lbs.Client.done_stream` finished an assignment.
+
+    :param client: the client.
+    :param stream: the data stream's name.
+    :param entry_id: the LBS entry id.
+    :param token: the fencing token the lock had.
+    :param status: what ``done_stream`` found (``DONE`` or a lost lock).
+
+    .. versionadded:: 0.1
+    """
+
+
+# ----------------------------------------------------------------- streams ---
+
+@hookspec
+def lbs_stream_started(client: Client, notification: Notification) -> None:
+    """Called when a STREAM_ADDED notification is about to be delivered.
+
+    :param client: the client.
+    :param notification: the notification.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_stream_disowned(client: Client, stream: str, entry_id: str, token: int) -> None:
+    """Called when the heartbeat found a held lock no longer ours, before
+    STREAM_DISOWNED is sent.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_stream_handed_back(client: Client, stream: str, entry_id: str, new_entry_id: str, retry_counted: bool) -> None:
+    """Called when a held stream went back to the LBS as a fresh entry:
+    on ``close()`` (``retry_counted`` False) or after a ``run()`` handler
+    raised (True).
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_stream_dead_lettered(client: Client, entry_id: str, reason: str, dead_letter_id: str) -> None:
+    """Called when an entry went to the dead-letter stream (malformed, or out
+    of retries). ``dead_letter_id`` is empty when dead letters are dropped
+    (``Config.dead_letter_stream = ""``).
+
+    .. versionadded:: 0.1
+    """
+
+
+__all__ = ["NAME", "hookimpl", "hookspec",
+    "lbs_client_started",
+    "lbs_client_closed",
+    "lbs_reader_terminated",
+    "lbs_lock_acquired",
+    "lbs_locks_extended",
+    "lbs_lock_released",
+    "lbs_stream_started",
+    "lbs_stream_disowned",
+    "lbs_stream_handed_back",
+    "lbs_stream_dead_lettered",
+]

@@ -1,0 +1,129 @@
+"""What the client tells the application: notifications, and the outcome of ``done_stream``."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+__all__ = ["DoneStatus", "Notification", "NotificationType"]
+
+
+class NotificationType(enum.Enum):
+    """The kinds of :class:`Notification` (the Go client's names)."""
+
+    #: A data stream was assigned to this consumer; its lock is held.
+    STREAM_ADDED = "StreamAdded"
+    #: A stream's lock expired and recovery put it back in circulation (informational).
+    STREAM_EXPIRED = "StreamExpired"
+    #: This consumer lost a stream's lock (it stalled past the TTL): stop working on it.
+    STREAM_DISOWNED = "StreamDisowned"
+    #: The reader gave up (read retries exhausted); no more streams will come.
+    STREAM_TERMINATED = "StreamTerminated"
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One event for the application.
+
+    ``token`` is the fencing token of the lock (it only grows across the
+    service), so downstream systems can refuse writes from a holder that lost
+    its lock. ``reason`` explains STREAM_DISOWNED and STREAM_TERMINATED.
+    """
+
+    type: NotificationType
+    stream: str = ""
+    entry_id: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    retry_count: int = 0
+    token: int = 0
+    reason: str = ""
+
+
+class DoneStatus(enum.Enum):
+    """What :meth:`lbs.Client.done_stream` found."""
+
+    #: The lock was ours: released, and the entry acked and deleted in one step.
+    DONE = "done"
+    #: Our lock had expired, but nobody else had the stream: the entry is now
+    #: acked and deleted, so it will not be processed again.
+    LOCK_EXPIRED = "lock_expired"
+    #: Our lock had expired and the stream was handed on (re-queued, or locked
+    #: by someone else): nothing was acked, and the stream may be processed twice.
+    LOCK_LOST = "lock_lost"
+
+    @property
+    def lost(self) -> bool:
+        """True when the lock was no longer ours at the end."""
+        return self is not DoneStatus.DONE
+
+
+T = TypeVar("T")
+
+
+class Mailbox(Generic[T]):
+    """A bounded single-reader queue that can be closed while writers still write.
+
+    ``put`` waits while the box is full (backpressure on the reader of Redis);
+    ``put_nowait`` never waits, for senders that must not stall (the
+    heartbeat), whose volume is bounded by the held streams anyway. After
+    ``close`` puts are refused (False) and ``get`` returns None once drained.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self._items: deque[T] = deque()
+        self._maxsize = maxsize
+        self._closed = False
+        self._readable = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def _update(self) -> None:
+        if self._items or self._closed:
+            self._readable.set()
+        else:
+            self._readable.clear()
+        if self._closed or len(self._items) < self._maxsize:
+            self._writable.set()
+        else:
+            self._writable.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def put(self, item: T) -> bool:
+        while not self._closed and len(self._items) >= self._maxsize:
+            await self._writable.wait()
+        return self.put_nowait(item)
+
+    def put_nowait(self, item: T) -> bool:
+        if self._closed:
+            return False
+        self._items.append(item)
+        self._update()
+        return True
+
+    async def get(self) -> T | None:
+        while not self._items and not self._closed:
+            await self._readable.wait()
+        if self._items:
+            item = self._items.popleft()
+            self._update()
+            return item
+        return None
+
+    def close(self, *, discard: bool = False) -> list[T]:
+        """Close; with ``discard``, drop and return what was not yet read."""
+        self._closed = True
+        dropped: list[T] = []
+        if discard:
+            dropped = list(self._items)
+            self._items.clear()
+        self._update()
+        return dropped
