@@ -123,6 +123,12 @@ def redis7_server() -> Iterator[ServerInfo]:
         yield ServerInfo(server.url, version, server)
 
 
+@pytest.fixture(params=["redis8", "redis7"])
+def any_server(request: pytest.FixtureRequest) -> ServerInfo:
+    """The test runs twice: on Redis 8.x and on Debian's 7.0 (the fallbacks)."""
+    return request.getfixturevalue("redis_server" if request.param == "redis8" else "redis7_server")
+
+
 @pytest.fixture
 def service(request: pytest.FixtureRequest) -> str:
     """A service name no other test uses: isolation by namespace, never by FLUSHDB."""

@@ -198,7 +198,9 @@ def _stop_all() -> None:
 class RedisServer:
     """One redis-server process on a free loopback port, in its own temp directory.
 
-    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    Use as a context manager, or call :meth:`start` and :meth:`stop`. Start
+    (and restart) it from a thread that outlives it, such as the main thread:
+    the kernel kills the server when the starting *thread* exits.
     ``config`` entries are passed as ``--<name> <value>`` arguments, e.g.
     ``{"notify-keyspace-events": "Kx"}``.
     """
@@ -276,6 +278,15 @@ class RedisServer:
             argv += [f"--{name}", value]
         return argv
 
+    def _spawn(self) -> None:
+        self.process = subprocess.Popen(
+            self._argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()) if self.kill_with_parent else None,
+        )
+
     def start(self) -> RedisServer:
         """Start the server and wait until it answers PING. Idempotent."""
         if self.process is not None:
@@ -285,13 +296,7 @@ class RedisServer:
         for _ in range(attempts):
             self._dir = tempfile.TemporaryDirectory(prefix="lbs-redis-")
             self.port = self._fixed_port or free_port(with_bus=self.cluster)
-            self.process = subprocess.Popen(
-                self._argv(),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                preexec_fn=functools.partial(_die_with_parent, os.getpid()) if self.kill_with_parent else None,
-            )
+            self._spawn()
             _live.add(self)
             try:
                 self._wait_ready()
@@ -339,6 +344,24 @@ class RedisServer:
         except OSError:
             pass
         return " | ".join(text.strip().splitlines()[-lines:]) or "(no log output)"
+
+    def restart(self, *, save: bool = True) -> RedisServer:
+        """Shut the server down (saving its data to its RDB file unless ``save``
+        is False) and start it again on the same port and directory."""
+        proc = self.process
+        if proc is None:
+            raise ServerStartError("restart() needs a running server")
+        with self.client(socket_timeout=10) as c:
+            try:
+                c.shutdown(save=save, nosave=not save)
+            except redis.exceptions.ConnectionError:
+                pass  # the server closes the connection as it exits
+        proc.wait(timeout=30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+        self._spawn()
+        self._wait_ready()
+        return self
 
     def kill(self) -> None:
         """SIGKILL the server (a crash, for tests); :meth:`stop` still cleans up."""

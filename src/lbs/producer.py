@@ -6,10 +6,13 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Union
 
+from redis.exceptions import RedisError
+
 from _lbscore import encode_input
 
 from . import _keys
 from ._connection import RedisLike, resolve_client
+from .exceptions import RedisOperationError
 
 #: One data stream to register: its name, or ``(name, info)``.
 StreamSpec = Union[str, "tuple[str, Mapping[str, Any] | None]"]
@@ -33,17 +36,23 @@ class Producer:
         """Register data stream ``name``; return the LBS entry id.
 
         Raises :class:`lbs.InvalidInputError` if ``name`` is empty or ``info``
-        cannot be encoded as a JSON object.
+        cannot be encoded as a JSON object, :class:`lbs.RedisOperationError`
+        if Redis fails.
         """
         payload = encode_input(name, dict(info) if info is not None else None)
-        entry_id = await self._redis.xadd(self.stream, {_keys.INPUT_FIELD: payload})
+        try:
+            entry_id = await self._redis.xadd(self.stream, {_keys.INPUT_FIELD: payload})
+        except RedisError as exc:
+            raise RedisOperationError("add_stream", exc) from exc
         return _as_str(entry_id)
 
     async def add_streams(self, streams: Iterable[StreamSpec]) -> list[str]:
         """Register many data streams in one round trip; return their entry ids in order.
 
         Every payload is encoded before anything is sent, so a bad one
-        raises :class:`lbs.InvalidInputError` and registers nothing.
+        raises :class:`lbs.InvalidInputError` and registers nothing. A Redis
+        failure raises :class:`lbs.RedisOperationError`; part of the batch may
+        then have been registered.
         """
         payloads = []
         for spec in streams:
@@ -57,7 +66,13 @@ class Producer:
         pipe = self._redis.pipeline(transaction=False)
         for payload in payloads:
             pipe.xadd(self.stream, {_keys.INPUT_FIELD: payload})
-        return [_as_str(i) for i in await pipe.execute()]
+        try:
+            ids = await pipe.execute()
+        except RedisError as exc:
+            # Some entries of the batch may have been added: XADD is not
+            # idempotent before Redis 8.6's IDMP, so a retry can duplicate.
+            raise RedisOperationError("add_streams", exc) from exc
+        return [_as_str(i) for i in ids]
 
     async def close(self) -> None:
         """Close the Redis client if lbs opened it from a URL."""

@@ -1,0 +1,51 @@
+"""Small helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import lbs
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, every: float = 0.02) -> None:
+    """Poll Redis state until ``check`` is true; fail after ``timeout`` seconds.
+
+    For state that no event announces (a key's expiry, a pending count);
+    notifications are awaited directly instead.
+    """
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {check}")
+        await asyncio.sleep(every)
+
+
+async def take(client: lbs.Client, n: int, timeout: float = 10.0,
+               kind: lbs.NotificationType = lbs.NotificationType.STREAM_ADDED) -> list[lbs.Notification]:
+    """The next ``n`` notifications of ``kind`` (others are skipped)."""
+    out: list[lbs.Notification] = []
+
+    async def collect() -> None:
+        async for note in client.notifications():
+            if note.type is kind:
+                out.append(note)
+                if len(out) == n:
+                    return
+
+    await asyncio.wait_for(collect(), timeout)
+    return out
+
+
+def client(url: str, service: str, consumer: str = "c1", **config: object) -> lbs.Client:
+    """A client with test-friendly defaults: short blocks, no entry-point plugins."""
+    config.setdefault("read_block", 0.1)
+    return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**config),  # type: ignore[arg-type]
+                      load_entrypoint_plugins=False)
+
+
+async def produce(url: str, service: str, *names: str) -> list[str]:
+    """Register data streams through a short-lived producer."""
+    async with lbs.Producer(url, service) as producer:
+        return await producer.add_streams(names)

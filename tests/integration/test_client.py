@@ -1,0 +1,428 @@
+"""The client against real Redis 8.x and 7.0: assignment, locks, heartbeat, done, hand-back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from _helpers import client, eventually, produce, take
+
+import lbs
+from lbs.embedded import RedisServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def rr(any_server: Any) -> Any:
+    c = aioredis.Redis.from_url(any_server.url)
+    try:
+        yield c
+    finally:
+        await c.aclose()
+
+
+async def test_round_robin_each_stream_held_by_exactly_one_consumer(any_server: Any, service: str) -> None:
+    names = [f"s{i}" for i in range(20)]
+    a, b = client(any_server.url, service, "a", read_count=1), client(any_server.url, service, "b", read_count=1)
+    await a.start()
+    await b.start()
+    try:
+        await produce(any_server.url, service, *names)
+        got_a, got_b = [], []
+
+        async def drain(c: lbs.Client, into: list[str]) -> None:
+            async for note in c.notifications():
+                into.append(note.stream)
+                if len(got_a) + len(got_b) == len(names):
+                    return
+
+        tasks = [asyncio.create_task(drain(a, got_a)), asyncio.create_task(drain(b, got_b))]
+        done, pending = await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        for t in pending:
+            t.cancel()
+        assert sorted(got_a + got_b) == sorted(names)
+        assert not set(got_a) & set(got_b)
+        assert got_a and got_b, "both consumers must get work"
+        assert {h.stream for h in a.held_streams()} == set(got_a)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_streams_added_before_any_consumer_are_delivered(any_server: Any, service: str) -> None:
+    await produce(any_server.url, service, "early-1", "early-2")
+    c = client(any_server.url, service)
+    await c.start()
+    try:
+        notes = await take(c, 2)
+        assert [n.stream for n in notes] == ["early-1", "early-2"]
+        assert all(n.token > 0 and n.retry_count == 0 for n in notes)
+    finally:
+        await c.close()
+
+
+async def test_max_streams_is_never_exceeded(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(10)])
+    c = client(any_server.url, service, max_streams=3)
+    await c.start()
+    try:
+        first = await take(c, 3)
+        # The reader holds 3 and reads nothing more: the other 7 stay unread.
+        await asyncio.sleep(0.3)
+        assert c.held == 3
+        info = await rr.xinfo_groups(lbs.input_stream(service))
+        assert info[0]["pending"] == 3
+        assert info[0].get("lag", 7) == 7
+        assert await c.done_stream(first[0].stream) is lbs.DoneStatus.DONE
+        (fourth,) = await take(c, 1)
+        assert fourth.stream == "s3" and c.held == 3
+    finally:
+        await c.close()
+
+
+async def test_malformed_entries_are_dead_lettered_and_the_reader_keeps_serving(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    stream = lbs.input_stream(service)
+    bad = [
+        {"lbs-input": "not json"},
+        {"lbs-input": json.dumps({"Info": {}})},
+        {"wrong-field": json.dumps({"DataStreamName": "x"})},
+        {"lbs-input": b"\xff\xfe"},
+        {"lbs-input": json.dumps({"DataStreamName": "big", "Info": {"pad": "x" * 600}})},
+        {"lbs-input": json.dumps({"DataStreamName": "r"}), "_retry_count": "lots"},
+    ]
+    c = client(any_server.url, service, max_input_bytes=512)
+    await c.start()
+    try:
+        await rr.xadd(stream, {"lbs-input": lbs.encode_input("good-1")})
+        for fields in bad:
+            await rr.xadd(stream, fields)  # type: ignore[arg-type]
+        await rr.xadd(stream, {"lbs-input": lbs.encode_input("good-2")})
+        notes = await take(c, 2)
+        assert [n.stream for n in notes] == ["good-1", "good-2"]
+        dlq = await rr.xrange(lbs.dead_letter_stream(service))
+        assert len(dlq) == len(bad)
+        reasons = [f[b"_reason"].decode() for _, f in dlq]
+        for expected in ("not valid JSON", "DataStreamName", "no lbs-input field", "not UTF-8",
+                         "more than the limit", "_retry_count"):
+            assert any(expected in r for r in reasons), (expected, reasons)
+        assert all(f[b"_consumer"] == c.id.encode() for _, f in dlq)
+        # Malformed entries are acked and deleted; only the two good ones stay pending.
+        assert (await rr.xpending(stream, lbs.group_name(service)))["pending"] == 2
+        assert await rr.xlen(stream) == 2
+    finally:
+        await c.close()
+
+
+async def test_heartbeat_keeps_locks_and_pending_entries_fresh(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    await lbs.Producer(rr, service).add_stream("kept")
+    c = client(any_server.url, service, lock_ttl=0.4)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        lock = lbs.lock_key(service, note.entry_id)
+        await asyncio.sleep(1.2)  # three TTLs: only heartbeats keep the lock
+        assert await rr.get(lock) == f"{note.token}:{c.id}".encode()
+        pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
+        assert pending[0]["time_since_delivered"] < 400
+        assert pending[0]["times_delivered"] == 1  # JUSTID refresh does not count deliveries
+    finally:
+        await c.close()
+
+
+async def test_one_heartbeat_round_trip_for_many_locks(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(250)])
+    c = client(any_server.url, service, max_streams=250, heartbeat_chunk=100, lock_ttl=30)
+    await c.start()
+    try:
+        await take(c, 250)
+        assert await c.heartbeat() == 0
+        pipe = rr.pipeline(transaction=False)
+        for h in c.held_streams():
+            pipe.pttl(lbs.lock_key(service, h.entry_id))
+        ttls = await pipe.execute()
+        assert min(ttls) > 29_000
+    finally:
+        await c.close()
+
+
+async def test_tokens_strictly_increase_across_retakes(any_server: Any, service: str) -> None:
+    await produce(any_server.url, service, "s")
+    tokens = []
+    for consumer in ("a", "b", "a"):
+        c = client(any_server.url, service, consumer)
+        await c.start()
+        (note,) = await take(c, 1)
+        tokens.append(note.token)
+        await c.close()  # hands it back for the next round
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3
+
+
+async def test_same_consumer_id_cannot_touch_anothers_lock(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # Two processes with one pod name: same consumer id, different tokens.
+    await lbs.Producer(rr, service).add_stream("shared")
+    first = client(any_server.url, service, "pod")
+    second = client(any_server.url, service, "pod")
+    await first.start()
+    await second.start()
+    try:
+        (note,) = await take(first, 1)
+        lock = lbs.lock_key(service, note.entry_id)
+        impostor = lbs.Held(note.entry_id, "shared", {}, 0, note.token + 1000, f"{note.token + 1000}:{second.id}", lock)
+        second._add_held(impostor)  # as if the second process believed it held it
+        assert await second.heartbeat() == 1  # not extended: not its token
+        assert await second.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
+        assert await rr.get(lock) == f"{note.token}:{first.id}".encode()
+        assert await first.done_stream("shared") is lbs.DoneStatus.DONE
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_done_stream_of_an_unknown_stream_is_not_held(any_server: Any, service: str) -> None:
+    c = client(any_server.url, service)
+    await c.start()
+    try:
+        with pytest.raises(lbs.NotHeldError):
+            await c.done_stream("never-seen")
+    finally:
+        await c.close()
+
+
+async def test_done_releases_acks_and_deletes(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    await lbs.Producer(rr, service).add_stream("s")
+    c = client(any_server.url, service)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        assert await c.done_stream("s") is lbs.DoneStatus.DONE
+        assert await rr.exists(lbs.lock_key(service, note.entry_id)) == 0
+        assert await rr.xlen(lbs.input_stream(service)) == 0
+        assert (await rr.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"] == 0
+        assert c.held == 0
+        with pytest.raises(lbs.NotHeldError):
+            await c.done_stream("s")
+    finally:
+        await c.close()
+
+
+async def test_close_hands_streams_back_and_another_consumer_gets_them_at_once(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await lbs.Producer(rr, service).add_streams(["x", "y", "z"])
+    a = client(any_server.url, service, "a", lock_ttl=60)
+    await a.start()
+    first = await take(a, 3)
+    await a.close()
+    assert await rr.exists(*(lbs.lock_key(service, n.entry_id) for n in first)) == 0
+    b = client(any_server.url, service, "b", lock_ttl=60)
+    await b.start()
+    try:
+        again = await take(b, 3, timeout=2)  # far less than the 60 s TTL
+        assert sorted(n.stream for n in again) == ["x", "y", "z"]
+        assert all(n.retry_count == 0 for n in again)  # a hand-back is not a failure
+        originals = {f[b"_original_id"].decode() for _, f in await rr.xrange(lbs.input_stream(service))}
+        assert originals == {n.entry_id for n in first}
+    finally:
+        await b.close()
+
+
+async def test_nogroup_mid_run_is_survived(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    c = client(any_server.url, service)
+    await c.start()
+    try:
+        await rr.xgroup_destroy(lbs.input_stream(service), lbs.group_name(service))
+        await rr.delete(lbs.input_stream(service))
+        await lbs.Producer(rr, service).add_stream("after")
+        # The group is recreated at 0, so the entry added meanwhile is delivered.
+        (note,) = await take(c, 1)
+        assert note.stream == "after"
+    finally:
+        await c.close()
+
+
+async def test_go_client_entries_written_by_redis_cli_are_consumed(any_server: Any, service: str) -> None:
+    assert any_server.server is not None
+    cli = Path(any_server.server.binary).with_name("redis-cli")
+    if not cli.exists():
+        pytest.skip(f"no redis-cli beside {any_server.server.binary}")
+    payload = '{"DataStreamName":"go-stream","Info":{"tenant":"t1","n":3}}'
+    subprocess.run([str(cli), "-p", str(any_server.server.port), "XADD", lbs.input_stream(service), "*",
+                    "lbs-input", payload], check=True, capture_output=True)
+    c = client(any_server.url, service)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        assert (note.stream, note.info) == ("go-stream", {"tenant": "t1", "n": 3})
+    finally:
+        await c.close()
+
+
+async def test_run_finishes_streams_and_hands_failures_back_until_dead_lettered(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await lbs.Producer(rr, service).add_streams(["ok-1", "ok-2", "poison"])
+    c = client(any_server.url, service, max_retries=2)
+    seen: list[tuple[str, int]] = []
+    dead = asyncio.Event()
+
+    class Watch:
+        @lbs.hookimpl
+        def lbs_stream_dead_lettered(self, entry_id: str, reason: str) -> None:
+            dead.set()
+
+    c.pm.register(Watch())
+
+    async def handler(note: lbs.Notification) -> None:
+        seen.append((note.stream, note.retry_count))
+        if note.stream == "poison":
+            raise RuntimeError("always fails")
+
+    runner = asyncio.create_task(c.run(handler, concurrency=2))
+    try:
+        await asyncio.wait_for(dead.wait(), 10)
+    finally:
+        await c.close()
+        await asyncio.wait_for(runner, 10)
+    assert [rc for s, rc in seen if s == "poison"] == [0, 1, 2]
+    assert {s for s, _ in seen} == {"ok-1", "ok-2", "poison"}
+    (dl,) = await rr.xrange(lbs.dead_letter_stream(service))
+    fields = dl[1]
+    assert fields[b"_retry_count"] == b"3" and b"always fails" in fields[b"_reason"]
+    assert await rr.xlen(lbs.input_stream(service)) == 0
+
+
+async def test_notifications_are_bounded(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(6)])
+    c = client(any_server.url, service, notification_buffer=2)
+    await c.start()
+    try:
+        await eventually(lambda: _true(len(c._mailbox) == 2))
+        await asyncio.sleep(0.2)
+        assert len(c._mailbox) == 2  # the reader waits for the application
+        assert len(await take(c, 6)) == 6
+    finally:
+        await c.close()
+
+
+async def _true(v: bool) -> bool:
+    return v
+
+
+async def test_hooks_see_the_lifecycle(any_server: Any, service: str) -> None:
+    calls: list[str] = []
+
+    class Recorder:
+        @lbs.hookimpl
+        def lbs_client_started(self) -> None:
+            calls.append("started")
+
+        @lbs.hookimpl
+        def lbs_lock_acquired(self, stream: str, token: int) -> None:
+            calls.append(f"acquired {stream}")
+
+        @lbs.hookimpl
+        def lbs_locks_extended(self, extended: int, lost: int) -> None:
+            calls.append(f"extended {extended}/{lost}")
+
+        @lbs.hookimpl
+        def lbs_lock_released(self, stream: str, status: lbs.DoneStatus) -> None:
+            calls.append(f"released {stream} {status.value}")
+
+        @lbs.hookimpl
+        def lbs_client_closed(self, handed_back: int) -> None:
+            calls.append(f"closed {handed_back}")
+
+        @lbs.hookimpl
+        def lbs_stream_started(self) -> None:
+            raise RuntimeError("a broken plugin must not break the client")
+
+    await produce(any_server.url, service, "a", "b")
+    c = lbs.Client(any_server.url, service, "c", lbs.Config(read_block=0.1), plugins=[Recorder()],
+                   load_entrypoint_plugins=False)
+    await c.start()
+    await take(c, 2)
+    await c.heartbeat()
+    await c.done_stream("a")
+    await c.close()
+    assert calls == ["started", "acquired a", "acquired b", "extended 2/0", "released a done", "closed 1"]
+
+
+async def test_keyspace_flags_are_added_without_removing_others(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    await rr.config_set("notify-keyspace-events", "Elh")
+    try:
+        c = client(any_server.url, service)
+        await c.start()
+        await c.close()
+        flags = (await rr.config_get("notify-keyspace-events"))[b"notify-keyspace-events" if b"notify-keyspace-events"
+                                                                  in await rr.config_get("notify-keyspace-events")
+                                                                  else "notify-keyspace-events"]
+        flags = flags.decode() if isinstance(flags, bytes) else flags
+        assert c.keyspace_events_configured
+        assert set("Elh") <= set(flags) and set("Kgx") <= set(flags) | ({"g"} if "A" in flags else set())
+    finally:
+        await rr.config_set("notify-keyspace-events", "Kgx")
+
+
+async def test_refused_config_is_a_warning_not_a_failure(
+    any_server: Any, service: str, rr: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    user = f"u-{service}"[:60]
+    await rr.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+                         commands=["+@all", "-config"])
+    url = any_server.url.replace("redis://", f"redis://{user}:pw@")
+    try:
+        await lbs.Producer(rr, service).add_stream("s")
+        c = client(url, service)
+        await c.start()
+        (note,) = await take(c, 1)
+        assert note.stream == "s"
+        assert not c.keyspace_events_configured
+        assert any("notify-keyspace-events" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+        await c.close()
+    finally:
+        await rr.acl_deluser(user)
+
+
+async def test_reader_gives_up_with_stream_terminated(service: str) -> None:
+    with RedisServer() as server:
+        c = client(server.url, service, read_max_retries=2, read_retry_initial=0.01, read_retry_max=0.02)
+        await c.start()
+        server.kill()
+        (note,) = await take(c, 1, kind=lbs.NotificationType.STREAM_TERMINATED)
+        assert note.reason
+        await c.close()
+
+
+async def test_redis_restart_mid_run_loses_no_assignment(service: str) -> None:
+    with RedisServer() as server:
+        producer = lbs.Producer(server.url, service)
+        await producer.add_streams(["before-1", "before-2"])
+        c = client(server.url, service, read_retry_initial=0.05, read_retry_max=0.2, lock_ttl=30)
+        await c.start()
+        try:
+            got = {n.stream for n in await take(c, 2)}
+            server.restart()  # SHUTDOWN SAVE, then the same port and data directory
+            try:
+                await producer.add_streams(["after-1", "after-2"])
+            except lbs.RedisOperationError:
+                # The producer's pooled connection died with the old process;
+                # the error says so, and the next call reconnects.
+                await producer.add_streams(["after-1", "after-2"])
+            got |= {n.stream for n in await take(c, 2, timeout=20)}
+            assert got == {"before-1", "before-2", "after-1", "after-2"}
+            for name in sorted(got):
+                assert await c.done_stream(name) is lbs.DoneStatus.DONE
+            r = aioredis.Redis.from_url(server.url)
+            assert await r.xlen(lbs.input_stream(service)) == 0
+            await r.aclose()
+        finally:
+            await c.close()
+            await producer.close()

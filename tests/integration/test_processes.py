@@ -1,0 +1,82 @@
+"""Consumers as separate processes, where the process boundary is the point."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from _helpers import eventually
+
+import lbs
+
+pytestmark = pytest.mark.timeout(120)
+
+# A consumer process: prints every notification as a JSON line; after a
+# STREAM_DISOWNED it calls done_stream for that stream and prints the status.
+CONSUMER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import lbs
+
+    async def main(url, service, ttl):
+        c = lbs.Client(url, service, consumer_id="stalled",
+                       config=lbs.Config(lock_ttl=ttl, read_block=0.1), load_entrypoint_plugins=False)
+        await c.start()
+        async for note in c.notifications():
+            print(json.dumps({"type": note.type.name, "stream": note.stream, "token": note.token}), flush=True)
+            if note.type is lbs.NotificationType.STREAM_DISOWNED:
+                status = await c.done_stream(note.stream)
+                print(json.dumps({"type": "DONE", "status": status.name}), flush=True)
+                break
+        await c.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+    """
+)
+
+
+async def _line(proc: subprocess.Popen[str], timeout: float = 15) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
+    assert line, "consumer process ended early"
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
+async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(any_server: Any, service: str) -> None:
+    ttl = 0.5
+    r = aioredis.Redis.from_url(any_server.url)
+    await lbs.Producer(r, service).add_stream("slow")
+    with subprocess.Popen([sys.executable, "-c", CONSUMER, any_server.url, service, str(ttl)],
+                          stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            added = await _line(proc)
+            assert added["type"] == "STREAM_ADDED" and added["stream"] == "slow"
+            (entry_id,) = [i.decode() for i, _ in await r.xrange(lbs.input_stream(service))]
+            lock = lbs.lock_key(service, entry_id)
+            os.kill(proc.pid, signal.SIGSTOP)  # stalls past the TTL: no heartbeat
+
+            async def lock_gone() -> bool:
+                return await r.exists(lock) == 0  # reading an expired key deletes it
+
+            await eventually(lock_gone, timeout=ttl * 20)
+            os.kill(proc.pid, signal.SIGCONT)
+            disowned = await _line(proc)
+            assert disowned == {"type": "STREAM_DISOWNED", "stream": "slow", "token": added["token"]}
+            done = await _line(proc)
+            # Nobody else had taken it, so the entry is acked now: lost lock, no duplicate.
+            assert done == {"type": "DONE", "status": "LOCK_EXPIRED"}
+            assert proc.wait(timeout=15) == 0
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+    assert await r.xlen(lbs.input_stream(service)) == 0
+    await r.aclose()
