@@ -52,6 +52,8 @@ CONSUMER_PREFIX = "redis-consumer-"
 KEYSPACE_FLAGS = "Kgx"
 #: How many recently disowned streams ``done_stream`` still recognises.
 TOMBSTONES = 10_000
+#: Most done_stream calls the finisher sends in one pipelined round trip.
+DONE_BATCH = 1_000
 
 Handler = Callable[[Notification], Awaitable[Any]]
 
@@ -149,6 +151,9 @@ class Client:
         self._reader: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._done_queue: list[tuple[Held, asyncio.Future[Any]]] = []
+        self._done_wakeup = asyncio.Event()
+        self._finisher: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
         self._use_xackdel = False
@@ -452,17 +457,90 @@ class Client:
             if h is None or (entry_id is not None and h.entry_id != entry_id):
                 raise NotHeldError(f"{self.id} does not hold data stream {stream!r}")
             del self._tombstones[stream]
-        try:
-            code = await self._scripts.done(
-                keys=[self.stream_key, h.lock_key],
-                args=[self.group, h.entry_id, h.value, 1 if self._use_xackdel else 0],
-            )
-        except RedisError as exc:
-            raise RedisOperationError("done_stream", exc) from exc
+        (status,) = await self._finish([h])
+        return status
+
+    async def done_streams(self, streams: Iterable[str | Notification]) -> list[DoneStatus]:
+        """:meth:`done_stream` for many streams in one round trip.
+
+        Items are stream names or the STREAM_ADDED notifications themselves
+        (which pin the entry id). Statuses come back in order. Raises
+        :class:`lbs.NotHeldError` before touching Redis if any is not held.
+        """
+        picked: list[Held] = []
+        for item in streams:
+            name, entry_id = (item.stream, item.entry_id) if isinstance(item, Notification) else (item, None)
+            h = self._find(name, entry_id)
+            if h is None:
+                h = self._tombstones.get(name)
+                if h is None or (entry_id is not None and h.entry_id != entry_id) or h in picked:
+                    raise NotHeldError(f"{self.id} does not hold data stream {name!r}")
+            elif h in picked:
+                # A second item naming the same stream takes the next held entry of it.
+                ids = [i for i in self._by_stream.get(name, []) if self._held[i] not in picked]
+                if not ids:
+                    raise NotHeldError(f"{self.id} does not hold data stream {name!r} that many times")
+                h = self._held[ids[0]]
+            picked.append(h)
+        for h in picked:
+            if not self._drop_held(h):
+                self._tombstones.pop(h.stream, None)
+        return await self._finish(picked)
+
+    async def _finish(self, items: list[Held]) -> list[DoneStatus]:
+        """Queue ``items`` for the finisher and wait for their outcome.
+
+        Every concurrent ``done_stream`` (a ``run()`` with many handlers)
+        joins the next batch: one pipelined round trip per batch, one
+        connection, however many handlers finish at once.
+        """
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        futures = []
+        for h in items:
+            fut: asyncio.Future[Any] = loop.create_future()
+            self._done_queue.append((h, fut))
+            futures.append(fut)
+        if self._finisher is None or self._finisher.done():
+            self._finisher = asyncio.create_task(self._finish_loop(), name=f"lbs-finisher-{self.id}")
+        self._done_wakeup.set()
+        codes = await asyncio.gather(*futures)
+        return [self._finished(h, code) for h, code in zip(items, codes)]
+
+    async def _finish_loop(self) -> None:
+        flag = 1 if self._use_xackdel else 0
+        while True:
+            await self._done_wakeup.wait()
+            self._done_wakeup.clear()
+            while self._done_queue:
+                batch = self._done_queue[:DONE_BATCH]
+                del self._done_queue[:DONE_BATCH]
+                pipe = self._redis.pipeline(transaction=False)
+                for h, _ in batch:
+                    await self._scripts.done(keys=[self.stream_key, h.lock_key],
+                                             args=[self.group, h.entry_id, h.value, flag], client=pipe)
+                try:
+                    codes = await pipe.execute()
+                except asyncio.CancelledError:
+                    for _, fut in batch:
+                        fut.cancel()
+                    raise
+                except Exception as exc:
+                    err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(err)
+                    continue
+                for (_, fut), code in zip(batch, codes):
+                    if not fut.done():
+                        fut.set_result(code)
+
+    def _finished(self, h: Held, code: Any) -> DoneStatus:
         status = {DoneCode.DONE: DoneStatus.DONE, DoneCode.LOCK_EXPIRED: DoneStatus.LOCK_EXPIRED}.get(
             DoneCode(int(code)), DoneStatus.LOCK_LOST)
         if status.lost:
-            self.log.warning("done_stream(%s): %s (entry %s, token %d)", stream, status.value, h.entry_id, h.token)
+            self.log.warning("done_stream(%s): %s (entry %s, token %d)", h.stream, status.value, h.entry_id, h.token)
         self._hook("lbs_lock_released", stream=h.stream, entry_id=h.entry_id, token=h.token, status=status)
         return status
 
@@ -546,6 +624,20 @@ class Client:
             return await asyncio.wait_for(self._mailbox.get(), timeout)
         except asyncio.TimeoutError:
             return None
+
+    def drain_notifications(self, limit: int | None = None) -> list[Notification]:
+        """The notifications already buffered (up to ``limit``), without waiting.
+
+        For applications that work in batches: await one notification, then
+        drain the rest and finish them together with :meth:`done_streams`.
+        """
+        out: list[Notification] = []
+        while (limit is None or len(out) < limit) and len(self._mailbox):
+            note = self._mailbox.get_nowait()
+            if note is None:
+                break
+            out.append(note)
+        return out
 
     # ---------------------------------------------------------------- run ---
 
@@ -633,9 +725,10 @@ class Client:
             handed_back = sum(1 for r in results if r)
         except RedisOperationError as exc:
             self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            await asyncio.gather(self._heartbeat, return_exceptions=True)
+        for task in (self._heartbeat, self._finisher):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         self.log.info("closed; handed back %d streams", handed_back)
         self._hook("lbs_client_closed", handed_back=handed_back)
         if self._owned:

@@ -118,6 +118,13 @@ class Mailbox(Generic[T]):
             return item
         return None
 
+    def get_nowait(self) -> T | None:
+        if not self._items:
+            return None
+        item = self._items.popleft()
+        self._update()
+        return item
+
     def close(self, *, discard: bool = False) -> list[T]:
         """Close; with ``discard``, drop and return what was not yet read."""
         self._closed = True

@@ -1,0 +1,234 @@
+"""The client beside plain redis-py doing the same work, in one run.
+
+* Assignment cycle (add, read, lock, no-op, done) for 20,000 streams in one
+  consumer process: lbs (``run()`` with a no-op handler; and batched with
+  ``done_streams``) against redis-py one command per round trip (what the Go
+  client does) and redis-py pipelines.
+* Heartbeat tick with 10,000 and 100,000 held streams: lbs's fenced,
+  PEL-refreshing tick against redis-py pipelining bare PEXPIREs (a lower
+  bound that checks no ownership) and, at 10,000, one PEXPIRE per round trip
+  (the Go client's timer per stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+import lbs
+
+CYCLE_N = 20_000
+CHUNK = 1_000
+_counter = itertools.count()
+
+
+def _service(tag: str) -> str:
+    return f"bench-{tag}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+
+
+def _config(**kw: Any) -> lbs.Config:
+    base: dict[str, Any] = dict(read_block=0.05, configure_keyspace_events=False, lock_ttl=60.0)
+    base.update(kw)
+    return lbs.Config(**base)
+
+
+async def _cleanup(r: aioredis.Redis, service: str) -> None:
+    keys = [k async for k in r.scan_iter(match=f"*{service}*", count=10_000)]
+    for i in range(0, len(keys), 10_000):
+        await r.unlink(*keys[i:i + 10_000])
+
+
+# ------------------------------------------------------- assignment cycle ---
+
+async def cycle_lbs_run(url: str, n: int) -> int:
+    service = _service("run")
+    r = aioredis.Redis.from_url(url)
+    names = [f"s{i}" for i in range(n)]
+    finished = 0
+    all_done = asyncio.Event()
+    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK),
+                   load_entrypoint_plugins=False)
+
+    class Count:
+        @lbs.hookimpl
+        def lbs_lock_released(self) -> None:
+            nonlocal finished
+            finished += 1
+            if finished == n:
+                all_done.set()
+
+    c.pm.register(Count())
+
+    async def noop(note: lbs.Notification) -> None:
+        return None
+
+    async with lbs.Producer(r, service) as p:
+        for i in range(0, n, CHUNK):
+            await p.add_streams(names[i:i + CHUNK])
+    runner = asyncio.create_task(c.run(noop, concurrency=CHUNK))
+    await all_done.wait()
+    await c.close()
+    await runner
+    await _cleanup(r, service)
+    await r.aclose()
+    return finished
+
+
+async def cycle_lbs_batched(url: str, n: int) -> int:
+    service = _service("batch")
+    r = aioredis.Redis.from_url(url)
+    names = [f"s{i}" for i in range(n)]
+    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK),
+                   load_entrypoint_plugins=False)
+    async with lbs.Producer(r, service) as p:
+        for i in range(0, n, CHUNK):
+            await p.add_streams(names[i:i + CHUNK])
+    await c.start()
+    finished = 0
+    while finished < n:
+        first = await c.next_notification()
+        assert first is not None
+        batch = [first, *c.drain_notifications()]
+        finished += len(await c.done_streams(batch))
+    await c.close()
+    await _cleanup(r, service)
+    await r.aclose()
+    return finished
+
+
+async def _plain_setup(r: aioredis.Redis, service: str) -> tuple[str, str]:
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    await r.xgroup_create(stream, group, id="0", mkstream=True)
+    return stream, group
+
+
+async def cycle_redis_py_one_by_one(url: str, n: int) -> int:
+    """One command per round trip, as the Go client does it."""
+    service = _service("one")
+    r = aioredis.Redis.from_url(url)
+    stream, group = await _plain_setup(r, service)
+    done = 0
+    for i in range(n):
+        await r.xadd(stream, {"lbs-input": lbs.encode_input(f"s{i}")})
+    while done < n:
+        reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=1, block=50)
+        for _, entries in (reply.items() if isinstance(reply, dict) else reply):
+            for entry_id, fields in (entries[0] if isinstance(reply, dict) else entries):
+                lbs.decode_input(fields[b"lbs-input"])
+                lock = lbs.lock_key(service, entry_id.decode())
+                await r.set(lock, "bench", nx=True, px=60_000)
+                await r.delete(lock)
+                await r.xack(stream, group, entry_id)
+                await r.xdel(stream, entry_id)
+                done += 1
+    await _cleanup(r, service)
+    await r.aclose()
+    return done
+
+
+async def cycle_redis_py_pipelines(url: str, n: int) -> int:
+    """The same steps, each batch of 1,000 pipelined."""
+    service = _service("pipe")
+    r = aioredis.Redis.from_url(url)
+    stream, group = await _plain_setup(r, service)
+    done = 0
+    for i in range(0, n, CHUNK):
+        pipe = r.pipeline(transaction=False)
+        for j in range(i, min(n, i + CHUNK)):
+            pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{j}")})
+        await pipe.execute()
+    while done < n:
+        reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=CHUNK, block=50)
+        entries = [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
+                   for e in (es[0] if isinstance(reply, dict) else es)]
+        pipe = r.pipeline(transaction=False)
+        for entry_id, fields in entries:
+            lbs.decode_input(fields[b"lbs-input"])
+            pipe.set(lbs.lock_key(service, entry_id.decode()), "bench", nx=True, px=60_000)
+        await pipe.execute()
+        pipe = r.pipeline(transaction=False)
+        for entry_id, _ in entries:
+            pipe.delete(lbs.lock_key(service, entry_id.decode()))
+            pipe.xack(stream, group, entry_id)
+            pipe.xdel(stream, entry_id)
+        await pipe.execute()
+        done += len(entries)
+    await _cleanup(r, service)
+    await r.aclose()
+    return done
+
+
+CYCLES = {
+    "lbs run()": cycle_lbs_run,
+    "lbs done_streams": cycle_lbs_batched,
+    "redis-py pipelines": cycle_redis_py_pipelines,
+    "redis-py one per round trip": cycle_redis_py_one_by_one,
+}
+
+
+@pytest.mark.benchmark(group=f"assignment cycle, {CYCLE_N} streams")
+@pytest.mark.parametrize("impl", list(CYCLES))
+def bench_assignment_cycle(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any, impl: str) -> None:
+    fn = CYCLES[impl]
+    result = benchmark.pedantic(lambda: loop.run_until_complete(fn(redis_server.url, CYCLE_N)),
+                                rounds=3, iterations=1, warmup_rounds=0)
+    assert result == CYCLE_N
+
+
+# -------------------------------------------------------------- heartbeat ---
+
+async def _holding(url: str, n: int) -> tuple[aioredis.Redis, lbs.Client, str]:
+    service = _service(f"hb{n}")
+    r = aioredis.Redis.from_url(url)
+    async with lbs.Producer(r, service) as p:
+        for i in range(0, n, 10_000):
+            await p.add_streams([f"s{j}" for j in range(i, min(n, i + 10_000))])
+    c = lbs.Client(r, service, "bench",
+                   _config(max_streams=n, read_count=10_000, notification_buffer=n + 1,
+                           lock_ttl=600.0, heartbeat_interval=300.0),
+                   load_entrypoint_plugins=False)
+    await c.start()
+    while c.held < n:
+        await asyncio.sleep(0.05)
+    return r, c, service
+
+
+@pytest.mark.parametrize("held", [10_000, 100_000], ids=lambda n: f"held={n}")
+@pytest.mark.parametrize("impl", ["lbs heartbeat", "redis-py pipelined PEXPIRE", "redis-py PEXPIRE per round trip"])
+def bench_heartbeat_tick(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any,
+                         impl: str, held: int) -> None:
+    if impl == "redis-py PEXPIRE per round trip" and held > 10_000:
+        pytest.skip("100,000 round trips per tick: the reason lbs batches")
+    benchmark.group = f"heartbeat tick, {held} held"
+    r, c, service = loop.run_until_complete(_holding(redis_server.url, held))
+    locks = [h.lock_key for h in c.held_streams()]
+
+    async def tick_lbs() -> int:
+        return await c.heartbeat()
+
+    async def tick_pipeline() -> int:
+        pipe = r.pipeline(transaction=False)
+        for k in locks:
+            pipe.pexpire(k, 600_000)
+        await pipe.execute()
+        return 0
+
+    async def tick_one_by_one() -> int:
+        for k in locks:
+            await r.pexpire(k, 600_000)
+        return 0
+
+    fn = {"lbs heartbeat": tick_lbs, "redis-py pipelined PEXPIRE": tick_pipeline,
+          "redis-py PEXPIRE per round trip": tick_one_by_one}[impl]
+    try:
+        lost = benchmark.pedantic(lambda: loop.run_until_complete(fn()), rounds=5, iterations=1)
+        assert lost == 0
+    finally:
+        loop.run_until_complete(c.close())
+        loop.run_until_complete(_cleanup(r, service))
+        loop.run_until_complete(r.aclose())
