@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import redis.asyncio as aioredis
 
@@ -21,3 +21,11 @@ def resolve_client(redis: RedisLike) -> tuple[aioredis.Redis, bool]:
     raise ConfigurationError(
         f"redis must be a redis.asyncio.Redis client or a URL string, got {type(redis).__name__}"
     )
+
+
+async def execute(pipe: Any) -> list[Any]:
+    """Run a pipeline and always reset it, so a failed one leaves no connection behind."""
+    try:
+        return await pipe.execute()  # type: ignore[no-any-return]
+    finally:
+        await pipe.reset()

@@ -1,13 +1,14 @@
-"""The demo behind ``python -m lbs demo``: one producer, two consumers, one embedded Redis.
+"""The demo behind ``python -m lbs demo``: a producer and two consumers on one Redis.
 
-It registers a few data streams (each with some events of its own), lets two
-consumers in the service's group take them round-robin, each under its
-assignment's lock, and finishes each one by releasing the lock and acking and
-deleting the LBS entry in one round trip. It then checks that nothing is
-left: no pending entries, no LBS entries, no locks.
-
-The consumer loop here is deliberately small; the full client (heartbeats,
-recovery, hand-back) is :class:`lbs.Client` in later releases.
+1. A producer registers data streams (each with some events of its own) and
+   one malformed entry slips into the LBS.
+2. Two :class:`lbs.Client` consumers ``run()`` a handler: they take streams
+   round-robin under fenced locks, finish each one (lock released, entry acked
+   and deleted in one step); the malformed entry lands in the dead-letter
+   stream with its reason, and nobody's reader dies.
+3. One consumer shuts down while holding streams: ``close()`` hands them back
+   at once and the other consumer takes them without waiting for a lock TTL.
+4. It checks that nothing is left: no pending entries, no LBS entries, no locks.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
-
-from _lbscore import try_decode_input
 
 from . import _keys
+from .client import Client, Handler
+from .config import Config
+from .notifications import Notification
 from .producer import Producer
 
 Printer = Callable[[str], None]
@@ -34,7 +34,9 @@ Printer = Callable[[str], None]
 class DemoResult:
     registered: int = 0
     processed: Counter[str] = field(default_factory=Counter)
-    invalid: int = 0
+    dead_letters: int = 0
+    handed_back: int = 0
+    hand_back_pickup_ms: float = -1.0
     leftover_pending: int = -1
     leftover_entries: int = -1
     leftover_locks: int = -1
@@ -43,57 +45,11 @@ class DemoResult:
     def ok(self) -> bool:
         return (
             sum(self.processed.values()) == self.registered
+            and self.dead_letters == 1
             and self.leftover_pending == 0
             and self.leftover_entries == 0
             and self.leftover_locks == 0
         )
-
-
-async def _consume(
-    r: aioredis.Redis, service: str, consumer: str, result: DemoResult,
-    all_done: asyncio.Event, out: Printer,
-) -> None:
-    stream, group = _keys.input_stream(service), _keys.group_name(service)
-    while not all_done.is_set():
-        reply = await r.xreadgroup(group, consumer, {stream: ">"}, count=1, block=100)
-        for raw_id, fields in _entries(reply):
-            entry_id = raw_id.decode()
-            name, info, reason = try_decode_input(fields.get(_keys.INPUT_FIELD.encode()))
-            if name is None:
-                result.invalid += 1
-                out(f"{consumer}: entry {entry_id} is not a valid assignment ({reason})")
-                continue
-            lock = _keys.lock_key(service, entry_id)
-            if not await r.set(lock, consumer, nx=True, px=10_000):
-                out(f"{consumer}: {name} is locked by someone else, skipping")
-                continue
-            events: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(name)  # type: ignore[assignment]
-            total = sum(int(f[b"value"]) for _, f in events)
-            await asyncio.sleep(0.02)  # the application's work
-            # Done: release the lock, ack and delete the assignment, in one round trip.
-            pipe = r.pipeline(transaction=True)
-            pipe.delete(lock)
-            pipe.xack(stream, group, entry_id)
-            pipe.xdel(stream, entry_id)
-            await pipe.execute()
-            result.processed[consumer] += 1
-            out(f"{consumer}: {name} (entry {entry_id}, info {info}) -> "
-                f"{len(events)} events, sum {total}; lock released, entry acked and deleted")
-            if sum(result.processed.values()) + result.invalid >= result.registered:
-                all_done.set()
-
-
-def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The (id, fields) pairs of an XREADGROUP reply.
-
-    redis-py gives ``[[stream, entries]]`` under RESP2 and
-    ``{stream: [entries]}`` under RESP3.
-    """
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return [e for wrapped in reply.values() for entries in wrapped for e in entries]
-    return [e for _, entries in reply for e in entries]
 
 
 async def run_demo(
@@ -103,50 +59,100 @@ async def run_demo(
     """Run the demo against the Redis at ``url``; return what happened."""
     result = DemoResult()
     r = aioredis.Redis.from_url(url)
+    # max_streams=2 so the demo's handful of streams spreads over both consumers.
+    config = Config(lock_ttl=30.0, read_block=0.1, max_streams=2)
+    names = [f"session-{i + 1}" for i in range(streams)]
+    late = [f"late-{i + 1}" for i in range(2)]
+    every_name = names + late
+    all_done = asyncio.Event()
+    finished_at: dict[str, float] = {}
+    clients: list[Client] = []
     try:
-        stream, group = _keys.input_stream(service), _keys.group_name(service)
-        try:
-            await r.xgroup_create(stream, group, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
         # The data streams themselves: some events each, for the consumers to read.
-        names = [f"session-{i + 1}" for i in range(streams)]
         pipe = r.pipeline(transaction=False)
-        for n, name in enumerate(names):
+        for n, name in enumerate(every_name):
             for e in range(events):
                 pipe.xadd(name, {"value": n * 10 + e})
         await pipe.execute()
 
-        started = time.perf_counter()
         async with Producer(r, service) as producer:
+            # A producer bug first: an entry that is not an assignment.
+            await r.xadd(_keys.input_stream(service), {_keys.INPUT_FIELD: "{not json"})
             ids = await producer.add_streams((name, {"user": f"u{i}"}) for i, name in enumerate(names))
         result.registered = len(ids)
-        out(f"producer: registered {len(ids)} data streams in {stream} in one round trip")
+        out(f"producer: one malformed entry, then registered {len(ids)} data streams in "
+            f"{_keys.input_stream(service)} in one round trip")
 
-        all_done = asyncio.Event()
-        if not ids:
-            all_done.set()
-        workers = [
-            asyncio.create_task(_consume(r, service, f"consumer-{chr(97 + c)}", result, all_done, out))
-            for c in range(consumers)
-        ]
-        try:
-            await asyncio.wait_for(all_done.wait(), timeout=30)
-        finally:
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-        elapsed = time.perf_counter() - started
+        def handler_for(consumer: str, slow: asyncio.Event | None = None) -> Handler:
+            async def handle(note: Notification) -> None:
+                events_: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(note.stream)  # type: ignore[assignment]
+                total = sum(int(f[b"value"]) for _, f in events_)
+                if slow is not None and note.stream.startswith("late"):
+                    slow.set()
+                    await asyncio.sleep(3600)  # still working when its consumer shuts down
+                await asyncio.sleep(0.02)  # the application's work
+                result.processed[consumer] += 1
+                finished_at[note.stream] = time.perf_counter()
+                out(f"{consumer}: {note.stream} (token {note.token}, info {note.info}) -> "
+                    f"{len(events_)} events, sum {total}; done")
+                if sum(result.processed.values()) >= result.registered:
+                    all_done.set()
+            return handle
 
+        started = time.perf_counter()
+        a_busy = asyncio.Event()
+        runners = []
+        for n in range(consumers):
+            consumer = f"consumer-{chr(97 + n)}"
+            client = Client(r, service, consumer_id=consumer, config=config, load_entrypoint_plugins=False)
+            clients.append(client)
+            runners.append(asyncio.create_task(client.run(handler_for(consumer, a_busy if n == 0 else None))))
+        await asyncio.wait_for(all_done.wait(), timeout=30)
+        out(f"all {result.registered} data streams processed in {time.perf_counter() - started:.2f}s "
+            f"({', '.join(f'{c} {n}' for c, n in sorted(result.processed.items()))})")
+
+        deadline = time.monotonic() + 10
+        while not await r.exists(_keys.dead_letter_stream(service)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        dlq: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(  # type: ignore[assignment]
+            _keys.dead_letter_stream(service))
+        result.dead_letters = len(dlq)
+        for _, f in dlq:
+            out(f"dead letter: {f[b'lbs-input'].decode()!r}: {f[b'_reason'].decode()}")
+
+        # Hand-back: consumer-a takes the late streams and shuts down mid-work.
+        all_done.clear()
+        result.registered += len(late)
+        for other in clients[1:]:  # let consumer-a take them first
+            await other.close()
+        async with Producer(r, service) as producer:
+            await producer.add_streams(late)
+        await asyncio.wait_for(a_busy.wait(), timeout=30)
+        held = clients[0].held
+        closed_at = time.perf_counter()
+        await clients[0].close()
+        result.handed_back = held
+        out(f"consumer-a shut down holding {held} stream(s): handed back to the LBS at once")
+        b = Client(r, service, consumer_id="consumer-b", config=config, load_entrypoint_plugins=False)
+        clients.append(b)
+        runners.append(asyncio.create_task(b.run(handler_for("consumer-b"))))
+        await asyncio.wait_for(all_done.wait(), timeout=30)
+        result.hand_back_pickup_ms = (max(finished_at[n] for n in late) - closed_at) * 1000
+        out(f"consumer-b finished them {result.hand_back_pickup_ms:.0f} ms later "
+            f"(the lock TTL is {config.lock_ttl:.0f} s: nobody waited for it)")
+
+        for each in clients:
+            await each.close()
+        await asyncio.gather(*runners)
+        stream, group = _keys.input_stream(service), _keys.group_name(service)
         result.leftover_pending = (await r.xpending(stream, group))["pending"]
         result.leftover_entries = await r.xlen(stream)
         result.leftover_locks = len([k async for k in r.scan_iter(match=_keys.lock_key(service, "*"))])
-        per = ", ".join(f"{c} {n}" for c, n in sorted(result.processed.items()))
-        out(f"done in {elapsed:.2f}s: {sum(result.processed.values())}/{result.registered} data streams "
-            f"processed ({per}); left behind: {result.leftover_pending} pending, "
-            f"{result.leftover_entries} LBS entries, {result.leftover_locks} locks")
-        await r.delete(*names)
+        out(f"left behind: {result.leftover_pending} pending, {result.leftover_entries} LBS entries, "
+            f"{result.leftover_locks} locks; {result.dead_letters} dead letter")
+        await r.delete(*every_name, _keys.dead_letter_stream(service), stream, _keys.fence_key(service))
     finally:
+        for each in clients:
+            await each.close()
         await r.aclose()
     return result

@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from _lbscore import Entry, EntryParser
 
 from . import _keys
-from ._connection import RedisLike, resolve_client
+from ._connection import RedisLike, execute, resolve_client
 from ._scripts import DoneCode, RequeueCode, Scripts
 from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
@@ -151,6 +151,10 @@ class Client:
         self._reader: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._read_conn: Any = None  # the reader's own pooled connection (see _xreadgroup)
+        self._backlog: list[Entry] = []  # read but not yet taken (the take failed)
+        self._reader_client_id: int | None = None
+        self._reading = False
         self._done_queue: list[tuple[Held, asyncio.Future[Any]]] = []
         self._done_wakeup = asyncio.Event()
         self._finisher: asyncio.Task[None] | None = None
@@ -275,12 +279,19 @@ class Client:
                     pass
                 continue
             try:
-                reply = await self._redis.xreadgroup(
-                    self.group, self.id, {self.stream_key: ">"}, count=min(cfg.read_count, free), block=block_ms
-                )
-                entries = self._parser.parse_xreadgroup(reply)
+                if self._backlog:
+                    # A batch whose take failed: its entries are delivered to us
+                    # (in our pending list) but unlocked. Take them before reading more.
+                    entries, self._backlog = self._backlog, []
+                else:
+                    reply = await self._xreadgroup(min(cfg.read_count, free), block_ms)
+                    entries = self._parser.parse_xreadgroup(reply)
                 if entries:
-                    await self._take(entries)
+                    try:
+                        await self._take(entries)
+                    except BaseException:
+                        self._backlog = entries
+                        raise
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
@@ -301,6 +312,39 @@ class Client:
                     return
                 continue
             failures, delay = 0, cfg.read_retry_initial
+
+    async def _xreadgroup(self, count: int, block_ms: int) -> Any:
+        """One ``XREADGROUP ... BLOCK`` on the reader's own connection; the raw reply.
+
+        The reader holds one connection of the pool for its whole life and
+        knows its CLIENT ID, so :meth:`close` can wake a blocked read with
+        CLIENT UNBLOCK (it then returns as if it timed out). Cancelling the
+        read instead could drop a reply already on its way: entries Redis
+        delivered but nobody took.
+        """
+        conn = self._read_conn
+        if conn is None:
+            conn = self._read_conn = await self._redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            if not conn.is_connected or self._reader_client_id is None:
+                await conn.connect()
+                await conn.send_command("CLIENT", "ID")
+                self._reader_client_id = int(await conn.read_response())
+            await conn.send_command("XREADGROUP", "GROUP", self.group, self.id, "COUNT", count,
+                                    "BLOCK", block_ms, "STREAMS", self.stream_key, ">")
+            self._reading = True
+            try:
+                return await conn.read_response()
+            finally:
+                self._reading = False
+        except ResponseError:
+            raise  # a server error reply: the connection is fine
+        except BaseException:
+            # Anything else (I/O, cancellation) leaves the connection in an
+            # unknown state: drop it; the next read reconnects.
+            self._reader_client_id = None
+            await conn.disconnect()
+            raise
 
     async def _read_failed(self, exc: BaseException, failures: int, delay: float) -> tuple[int, float]:
         """Back off after a failed read; returns (-1, 0) when the reader gives up."""
@@ -330,12 +374,13 @@ class Client:
         for e in bad:
             await self._requeue_call(pipe, e.id, _keys.lock_key(self.service, e.id), mode="any", value="",
                                      count_retry=False, reason=str(e.error), force_dead_letter=True)
-        results = await pipe.execute()
+        results = await execute(pipe)
         offset = 0
         if good:
             tokens = results[0]
             offset = 1
             for e, tok in zip(good, tokens):
+                tok = self._own_token(tok)
                 if isinstance(tok, int):
                     assert e.stream is not None and e.info is not None
                     h = Held(e.id, e.stream, e.info, e.retry_count, tok, f"{tok}:{self.id}",
@@ -360,6 +405,21 @@ class Client:
             if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
                 self._hook("lbs_stream_dead_lettered", entry_id=e.id, reason=str(e.error),
                            dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
+
+    def _own_token(self, tok: Any) -> Any:
+        """The token of a lock that is already ours, else ``tok`` unchanged.
+
+        A retried take (its first reply was lost with the connection) finds
+        the locks the first attempt set: "<token>:<our id>". Entries come
+        from our own read, so those locks are ours to adopt.
+        """
+        if isinstance(tok, bytes):
+            tok = tok.decode()
+        if isinstance(tok, str):
+            token, _, owner = tok.partition(":")
+            if owner == self.id and token.isdigit():
+                return int(token)
+        return tok
 
     async def _requeue_call(self, pipe: Any, entry_id: str, lock_key: str, *, mode: str, value: str,
                             count_retry: bool, reason: str, force_dead_letter: bool = False) -> Any:
@@ -407,7 +467,7 @@ class Client:
                     *(h.value for h in part), *(h.entry_id for h in part)]
             await self._scripts.extend(keys=keys, args=args, client=pipe)
         try:
-            results = await pipe.execute()
+            results = await execute(pipe)
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         lost: list[Held] = []
@@ -521,7 +581,7 @@ class Client:
                     await self._scripts.done(keys=[self.stream_key, h.lock_key],
                                              args=[self.group, h.entry_id, h.value, flag], client=pipe)
                 try:
-                    codes = await pipe.execute()
+                    codes = await execute(pipe)
                 except asyncio.CancelledError:
                     for _, fut in batch:
                         fut.cancel()
@@ -569,7 +629,7 @@ class Client:
             await self._requeue_call(pipe, h.entry_id, h.lock_key, mode="owned", value=h.value,
                                      count_retry=count_retry, reason=reason)
         try:
-            results = await pipe.execute()
+            results = await execute(pipe)
         except RedisError as exc:
             raise RedisOperationError("hand back", exc) from exc
         out = []
@@ -705,9 +765,12 @@ class Client:
         self._closed = True
         self._stopping.set()
         self._capacity.set()
+        # Undelivered STREAM_ADDED notifications are dropped: their streams are
+        # held, so they are handed back below. A reader waiting to deliver one
+        # is released at once.
+        self._mailbox.close(discard=True)
         if self._reader is not None:
-            self._reader.cancel()  # interrupts a blocked XREADGROUP at once
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await self._stop_reader()
         running = [t for t in self._handlers if not t.done()]
         if running and self.config.drain_timeout > 0:
             await asyncio.wait(running, timeout=self.config.drain_timeout)
@@ -715,7 +778,6 @@ class Client:
             t.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
-        self._mailbox.close(discard=True)
         handed = list(self._held.values())
         for h in handed:
             self._drop_held(h)
@@ -733,6 +795,29 @@ class Client:
         self._hook("lbs_client_closed", handed_back=handed_back)
         if self._owned:
             await self._redis.aclose()
+
+    async def _stop_reader(self) -> None:
+        """End the reader without losing a read batch.
+
+        A blocked XREADGROUP is woken with CLIENT UNBLOCK (it returns as if
+        it timed out), and a reader busy taking locks finishes that batch, so
+        every entry it read is either held (and handed back) or untouched.
+        Cancelling is the last resort, after one more read_block.
+        """
+        assert self._reader is not None
+        if self._reading and self._reader_client_id is not None:
+            try:
+                await self._redis.client_unblock(self._reader_client_id)
+            except RedisError as exc:
+                self.log.debug("CLIENT UNBLOCK refused (%s); waiting for the read to time out", exc)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), self.config.read_block + 1.0)
+        except (asyncio.TimeoutError, Exception):
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._read_conn is not None:
+            await self._redis.connection_pool.release(self._read_conn)
+            self._read_conn = None
 
     async def __aenter__(self) -> Client:
         await self.start()

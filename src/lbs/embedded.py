@@ -351,7 +351,7 @@ class RedisServer:
         proc = self.process
         if proc is None:
             raise ServerStartError("restart() needs a running server")
-        with self.client(socket_timeout=10) as c:
+        with self.client(socket_timeout=10, retry=Retry(NoBackoff(), 0)) as c:
             try:
                 c.shutdown(save=save, nosave=not save)
             except redis.exceptions.ConnectionError:

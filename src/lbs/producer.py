@@ -11,7 +11,7 @@ from redis.exceptions import RedisError
 from _lbscore import encode_input
 
 from . import _keys
-from ._connection import RedisLike, resolve_client
+from ._connection import RedisLike, execute, resolve_client
 from .exceptions import RedisOperationError
 
 #: One data stream to register: its name, or ``(name, info)``.
@@ -67,7 +67,7 @@ class Producer:
         for payload in payloads:
             pipe.xadd(self.stream, {_keys.INPUT_FIELD: payload})
         try:
-            ids = await pipe.execute()
+            ids = await execute(pipe)
         except RedisError as exc:
             # Some entries of the batch may have been added: XADD is not
             # idempotent before Redis 8.6's IDMP, so a retry can duplicate.

@@ -12,9 +12,10 @@ async def test_demo_processes_everything_and_leaves_nothing(redis_server, servic
     lines: list[str] = []
     result = await run_demo(redis_server.url, service=service, streams=8, consumers=2, out=lines.append)
     assert result.ok, lines
-    assert sum(result.processed.values()) == 8
+    assert sum(result.processed.values()) == 8 + 2  # and the two streams handed back on shutdown
     assert (result.leftover_pending, result.leftover_entries, result.leftover_locks) == (0, 0, 0)
     assert any("registered 8 data streams" in line for line in lines)
+    assert result.dead_letters == 1 and result.handed_back >= 1
 
 
 def test_demo_command_on_an_embedded_redis() -> None:
