@@ -440,3 +440,16 @@ async def test_done_streams_finishes_a_batch_in_order(any_server: Any, service: 
             await c.done_streams(["a"])
     finally:
         await c.close()
+
+
+async def test_close_wakes_a_blocked_read_and_strands_nothing(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    c = client(any_server.url, service, read_block=30.0)
+    await c.start()
+    await eventually(lambda: _true(c._reading))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await c.close()
+    assert loop.time() - started < 15, "close() must wake the blocked XREADGROUP, not wait out read_block"
+    await produce(any_server.url, service, "after-close")
+    pending = await rr.xpending(lbs.input_stream(service), lbs.group_name(service))
+    assert pending["pending"] == 0  # nothing delivered to the closed consumer

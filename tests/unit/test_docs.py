@@ -48,8 +48,8 @@ def test_files_named_in_architecture_exist() -> None:
     arch = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     for path in re.findall(r"`((?:src|scripts|tests)/[^`]+)`", arch):
         first = path.split(",")[0].strip()
-        assert (ROOT / first).exists(), first
-    assert len(arch.splitlines()) <= 90, "ARCHITECTURE.md is meant to fit one page"
+        assert list(ROOT.glob(first)), first
+    assert len(arch.splitlines()) <= 100, "ARCHITECTURE.md is meant to fit one page"
 
 
 def test_docs_never_import_the_private_core() -> None:
