@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from typing import Any, Union
 
 import redis.asyncio as aioredis
@@ -29,3 +31,17 @@ async def execute(pipe: Any) -> list[Any]:
         return await pipe.execute()  # type: ignore[no-any-return]
     finally:
         await pipe.reset()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
+    """Cancel tasks and wait until they have ended.
+
+    A cancellation that lands inside redis-py can be swallowed there (the
+    connection handles it and returns), leaving a loop running; so cancel
+    again until each task is really done.
+    """
+    pending = {t for t in tasks if t is not None and not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.1)

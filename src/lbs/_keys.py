@@ -50,3 +50,8 @@ def dead_letter_stream(service: str) -> str:
 def fence_key(service: str) -> str:
     """The fencing-token counter: ``{<service>-input}:fence``. It only ever grows."""
     return f"{hash_tag(service)}:fence"
+
+
+def deadlines_key(service: str) -> str:
+    """The deadline index: ``{<service>-input}:deadlines``, entry ids scored by lock deadline (ms)."""
+    return f"{hash_tag(service)}:deadlines"

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-SCRIPT_NAMES = ("take-n", "extend-n", "done-2", "requeue-3")
+SCRIPT_NAMES = ("take-n", "extend-n", "done-3", "requeue-4", "reap-1")
 
 
 @lru_cache(maxsize=None)
@@ -29,12 +29,13 @@ class Scripts:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.take: Any = redis.register_script(source("take-n"))
         self.extend: Any = redis.register_script(source("extend-n"))
-        self.done: Any = redis.register_script(source("done-2"))
-        self.requeue: Any = redis.register_script(source("requeue-3"))
+        self.done: Any = redis.register_script(source("done-3"))
+        self.requeue: Any = redis.register_script(source("requeue-4"))
+        self.reap: Any = redis.register_script(source("reap-1"))
 
 
 class DoneCode(enum.IntEnum):
-    """Outputs of ``done-2.lua``."""
+    """Outputs of ``done-3.lua``."""
 
     DONE = 1
     LOCK_EXPIRED = 2
@@ -42,7 +43,7 @@ class DoneCode(enum.IntEnum):
 
 
 class RequeueCode(enum.IntEnum):
-    """First element of the output of ``requeue-3.lua``."""
+    """First element of the output of ``requeue-4.lua``."""
 
     TRIMMED = -1
     SKIPPED = 0

@@ -33,15 +33,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from _lbscore import Entry, EntryParser
+from _lbscore import Entry, EntryParser, try_decode_input
 
 from . import _keys
-from ._connection import RedisLike, execute, resolve_client
+from ._connection import RedisLike, cancel_and_wait, execute, resolve_client
 from ._scripts import DoneCode, RequeueCode, Scripts
 from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Mailbox, Notification, NotificationType
 from .plugins import make_plugin_manager
+from .recovery import Recovery
 
 __all__ = ["Client", "Held", "consumer_id_from_env"]
 
@@ -130,6 +131,7 @@ class Client:
         self.stream_key = _keys.input_stream(service)
         self.group = _keys.group_name(service)
         self.fence_key = _keys.fence_key(service)
+        self.deadlines_key = _keys.deadlines_key(service)
         dlq = self.config.dead_letter_stream
         self.dead_letter_key = _keys.dead_letter_stream(service) if dlq is None else dlq
         self._redis, self._owned = resolve_client(redis)
@@ -163,14 +165,16 @@ class Client:
         self._use_xackdel = False
         self.server_version: tuple[int, ...] = ()
         self.keyspace_events_configured = False
+        #: The recovery tasks (deadline poller, keyspace listener, scan); see lbs.recovery.
+        self.recovery = Recovery(self)
 
     # ----------------------------------------------------------- plumbing ---
 
-    def _hook(self, name: str, **kwargs: Any) -> None:
+    def _hook(self, hook: str, /, **kwargs: Any) -> None:
         try:
-            getattr(self.pm.hook, name)(client=self, **kwargs)
+            getattr(self.pm.hook, hook)(client=self, **kwargs)
         except Exception:  # a plugin bug must not break the client
-            self.log.exception("plugin hook %s raised", name)
+            self.log.exception("plugin hook %s raised", hook)
 
     @property
     def held(self) -> int:
@@ -222,9 +226,16 @@ class Client:
             raise RedisOperationError("start", exc) from exc
         if self.config.configure_keyspace_events:
             await self._configure_keyspace_events()
+        if self.config.recovery:
+            try:
+                await self.recovery.startup()
+            except RedisError as exc:
+                self.log.warning("startup recovery failed (%s); the scan will cover it", exc)
         self._started = True
         self._reader = asyncio.create_task(self._read_loop(), name=f"lbs-reader-{self.id}")
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"lbs-heartbeat-{self.id}")
+        if self.config.recovery:
+            self.recovery.start()
         self.log.info("started on %s (group %s, Redis %s)", self.stream_key, self.group,
                       ".".join(map(str, self.server_version)) or "?")
         self._hook("lbs_client_started")
@@ -369,8 +380,9 @@ class Client:
         bad = [e for e in entries if e.error is not None]
         pipe = self._redis.pipeline(transaction=False)
         if good:
-            keys = [self.fence_key, *(_keys.lock_key(self.service, e.id) for e in good)]
-            await self._scripts.take(keys=keys, args=[self.id, self.config.lock_ttl_ms], client=pipe)
+            keys = [self.fence_key, self.deadlines_key, *(_keys.lock_key(self.service, e.id) for e in good)]
+            await self._scripts.take(keys=keys, args=[self.id, self.config.lock_ttl_ms, *(e.id for e in good)],
+                                     client=pipe)
         for e in bad:
             await self._requeue_call(pipe, e.id, _keys.lock_key(self.service, e.id), mode="any", value="",
                                      count_retry=False, reason=str(e.error), force_dead_letter=True)
@@ -425,7 +437,8 @@ class Client:
                             count_retry: bool, reason: str, force_dead_letter: bool = False) -> Any:
         cfg = self.config
         return await self._scripts.requeue(
-            keys=[self.stream_key, self.dead_letter_key or _keys.dead_letter_stream(self.service), lock_key],
+            keys=[self.stream_key, self.dead_letter_key or _keys.dead_letter_stream(self.service), lock_key,
+                  self.deadlines_key],
             args=[self.group, entry_id, mode, value, 1 if count_retry else 0, cfg.max_retries,
                   self.retry_field, self.original_field, reason, self.id,
                   1 if force_dead_letter else 0, 1 if self.dead_letter_key else 0, cfg.field_prefix],
@@ -462,7 +475,7 @@ class Client:
         pipe = self._redis.pipeline(transaction=False)
         parts = [snapshot[i:i + chunk] for i in range(0, len(snapshot), chunk)]
         for part in parts:
-            keys = [self.stream_key, *(h.lock_key for h in part)]
+            keys = [self.stream_key, self.deadlines_key, *(h.lock_key for h in part)]
             args = [self.config.lock_ttl_ms, self.group, self.id,
                     *(h.value for h in part), *(h.entry_id for h in part)]
             await self._scripts.extend(keys=keys, args=args, client=pipe)
@@ -578,7 +591,7 @@ class Client:
                 del self._done_queue[:DONE_BATCH]
                 pipe = self._redis.pipeline(transaction=False)
                 for h, _ in batch:
-                    await self._scripts.done(keys=[self.stream_key, h.lock_key],
+                    await self._scripts.done(keys=[self.stream_key, h.lock_key, self.deadlines_key],
                                              args=[self.group, h.entry_id, h.value, flag], client=pipe)
                 try:
                     codes = await execute(pipe)
@@ -649,20 +662,24 @@ class Client:
                 out.append("")
         return out
 
-    async def claim(self, entry_id: str) -> bool:
-        """Recover the assignment ``entry_id`` now if its lock is gone (Go parity).
+    async def claim(self, entry: str | Notification) -> bool:
+        """Recover one assignment now if its lock is gone (Go parity).
 
-        It goes back to the LBS with one more retry counted (or to the
-        dead-letter stream past ``max_retries``). Returns True if this call
-        did it, False if its lock is alive or someone else already recovered it.
+        ``entry`` is an LBS entry id or a notification carrying one. The
+        assignment goes back to the LBS with one more retry counted (or to
+        the dead-letter stream past ``max_retries``). Returns True if this
+        call did it; False if its lock is alive (the holder keeps it) or
+        someone else already recovered it.
         """
+        entry_id = entry.entry_id if isinstance(entry, Notification) else entry
         try:
-            res = await self._requeue_call(
-                self._redis, entry_id, _keys.lock_key(self.service, entry_id), mode="absent", value="",
-                count_retry=True, reason=f"claimed by {self.id}")
+            (code,) = await self.recovery.requeue([entry_id], "claim", f"claimed by {self.id}")
         except RedisError as exc:
             raise RedisOperationError("claim", exc) from exc
-        return int(res[0]) in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
+        return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
+
+    def _parser_decode(self, raw: Any) -> tuple[str | None, dict[str, Any] | None, str | None]:
+        return try_decode_input(raw)
 
     # ------------------------------------------------------ notifications ---
 
@@ -771,13 +788,11 @@ class Client:
         self._mailbox.close(discard=True)
         if self._reader is not None:
             await self._stop_reader()
+        await self.recovery.stop()
         running = [t for t in self._handlers if not t.done()]
         if running and self.config.drain_timeout > 0:
             await asyncio.wait(running, timeout=self.config.drain_timeout)
-        for t in running:
-            t.cancel()
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        await cancel_and_wait(running)
         handed = list(self._held.values())
         for h in handed:
             self._drop_held(h)
@@ -787,10 +802,7 @@ class Client:
             handed_back = sum(1 for r in results if r)
         except RedisOperationError as exc:
             self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
-        for task in (self._heartbeat, self._finisher):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await cancel_and_wait([self._heartbeat, self._finisher])
         self.log.info("closed; handed back %d streams", handed_back)
         self._hook("lbs_client_closed", handed_back=handed_back)
         if self._owned:
@@ -813,8 +825,7 @@ class Client:
         try:
             await asyncio.wait_for(asyncio.shield(self._reader), self.config.read_block + 1.0)
         except (asyncio.TimeoutError, Exception):
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await cancel_and_wait([self._reader])
         if self._read_conn is not None:
             await self._redis.connection_pool.release(self._read_conn)
             self._read_conn = None

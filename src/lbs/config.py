@@ -57,6 +57,28 @@ class Config:
     #: ``notify-keyspace-events`` at start, keeping everyone else's flags.
     configure_keyspace_events: bool = True
 
+    # -- recovery of dead consumers' streams -------------------------------------
+    #: Run recovery in this client (every client does by default; any number of
+    #: recoverers re-queue an entry exactly once).
+    recovery: bool = True
+    #: Fast path 1: re-queue when a lock's keyspace ``expired`` event arrives.
+    keyspace_recovery: bool = True
+    #: Fast path 2: poll the deadline index this often and re-queue assignments
+    #: whose lock deadline passed (independent of when Redis expires keys).
+    deadline_poll_interval: float = 0.25
+    #: Overdue entries looked at per deadline poll.
+    deadline_batch: int = 500
+    #: The backstop: a full XPENDING scan this often (with +-10 % jitter) and once at start.
+    reconciliation_interval: float = 60.0
+    #: Only entries pending at least this long are scanned. ``None``: 30 s, or
+    #: 3 x ``lock_ttl`` if that is longer. Must exceed 2 x ``lock_ttl``.
+    min_idle: float | None = None
+    #: Pending entries per XPENDING page (and per lock-check round trip).
+    scan_batch: int = 50
+    #: How often the keyspace listener PINGs its Pub/Sub connection; no PONG within
+    #: two intervals means the connection is half-open and is replaced.
+    pubsub_ping_interval: float = 5.0
+
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
             v = getattr(self, name)
@@ -81,7 +103,17 @@ class Config:
                 )
         if self.read_retry_max < self.read_retry_initial:
             raise ConfigurationError("Config.read_retry_max must be >= read_retry_initial")
-        for name in ("max_streams", "read_count", "heartbeat_chunk", "notification_buffer", "max_input_bytes"):
+        for name in ("deadline_poll_interval", "reconciliation_interval", "pubsub_ping_interval"):
+            positive(name)
+        if self.min_idle is not None:
+            positive("min_idle")
+            if self.min_idle <= 2 * self.lock_ttl:
+                raise ConfigurationError(
+                    f"Config.min_idle ({self.min_idle}) must exceed twice lock_ttl ({self.lock_ttl}): "
+                    "an entry pending for less may belong to a live holder between heartbeats"
+                )
+        for name in ("max_streams", "read_count", "heartbeat_chunk", "notification_buffer", "max_input_bytes",
+                     "scan_batch", "deadline_batch"):
             at_least(name, 1)
         at_least("read_max_retries", -1)
         at_least("max_retries", -1)
@@ -96,6 +128,11 @@ class Config:
     def heartbeat_every(self) -> float:
         """The effective heartbeat interval in seconds."""
         return self.heartbeat_interval if self.heartbeat_interval is not None else self.lock_ttl / 2
+
+    @property
+    def scan_min_idle(self) -> float:
+        """The effective ``min_idle`` in seconds."""
+        return self.min_idle if self.min_idle is not None else max(30.0, 3 * self.lock_ttl)
 
     @property
     def lock_ttl_ms(self) -> int:

@@ -12,6 +12,7 @@ Every hook here is 1:N (all implementations are called, results ignored).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -106,6 +107,31 @@ def lbs_lock_released(client: Client, stream: str, entry_id: str, token: int, st
     """
 
 
+# ----------------------------------------------------------------- metrics ---
+
+@hookspec
+def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mapping[str, str]) -> None:
+    """Called for every metric event, on the client's event loop.
+
+    Names are stable (a metrics plugin maps them 1:1): ``recovery_keyspace_requeued_total``,
+    ``recovery_deadline_requeued_total``, ``recovery_scan_requeued_total``,
+    ``recovery_scan_skipped_alive_total``, ``recovery_duplicate_ack_total``,
+    ``recovery_trimmed_total``, ``recovery_dlq_total``, ``recovery_scan_duration_seconds``,
+    ``recovery_expiry_lag_seconds``, ``pel_depth``, ``startup_recovery_requeued_total``,
+    ``startup_recovery_duration_seconds``, ``startup_recovery_success``,
+    ``keyspace_listener_reconnects_total``.
+
+    :param client: the client.
+    :param name: the metric's name.
+    :param kind: ``"counter"`` (``value`` is an increment), ``"gauge"`` (the new
+        value) or ``"histogram"`` (one observation).
+    :param value: see ``kind``.
+    :param labels: extra dimensions (``service`` and ``consumer`` are always there).
+
+    .. versionadded:: 0.1
+    """
+
+
 # ----------------------------------------------------------------- streams ---
 
 @hookspec
@@ -154,6 +180,7 @@ __all__ = ["NAME", "hookimpl", "hookspec",
     "lbs_reader_terminated",
     "lbs_lock_acquired",
     "lbs_locks_extended",
+    "lbs_metric",
     "lbs_lock_released",
     "lbs_stream_started",
     "lbs_stream_disowned",

@@ -28,7 +28,8 @@ CONSUMER = textwrap.dedent(
 
     async def main(url, service, ttl):
         c = lbs.Client(url, service, consumer_id="stalled",
-                       config=lbs.Config(lock_ttl=ttl, read_block=0.1), load_entrypoint_plugins=False)
+                       config=lbs.Config(lock_ttl=ttl, read_block=0.1, recovery=False),
+                       load_entrypoint_plugins=False)
         await c.start()
         async for note in c.notifications():
             print(json.dumps({"type": note.type.name, "stream": note.stream, "token": note.token}), flush=True)

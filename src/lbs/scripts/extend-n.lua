@@ -3,7 +3,8 @@
   pending-list idle time of the entries behind them.
 
   KEYS[1]        the load-balancer stream, <service>-input
-  KEYS[2..n+1]   lock keys
+  KEYS[2]        the deadline index, {<service>-input}:deadlines
+  KEYS[3..n+2]   lock keys
 
   ARGV[1]        lock TTL in milliseconds
   ARGV[2]        consumer group
@@ -14,6 +15,9 @@
   Output: the 1-based positions of the locks that are no longer ours
   (expired, or taken by someone else). Those are not touched.
 
+  The extended locks' deadlines move forward in the deadline index, so
+  recovery's deadline poller only ever sees locks nobody heartbeats.
+
   XCLAIM ... 0 ... JUSTID to ourselves resets the idle time without bumping
   the delivery counter, so live work never looks idle to an XPENDING IDLE
   scan or to XREADGROUP CLAIM. It runs in slices of 500 ids to stay clear of
@@ -22,13 +26,15 @@
 
   Events: none besides the keys it writes.
 ]]
-local n = #KEYS - 1
+local n = #KEYS - 2
 local ttl = ARGV[1]
+local t = redis.call('TIME')
+local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl)
 local lost = {}
 local alive = {}
 for i = 1, n do
-  if redis.call('GET', KEYS[i + 1]) == ARGV[i + 3] then
-    redis.call('PEXPIRE', KEYS[i + 1], ttl)
+  if redis.call('GET', KEYS[i + 2]) == ARGV[i + 3] then
+    redis.call('PEXPIRE', KEYS[i + 2], ttl)
     alive[#alive + 1] = ARGV[n + 3 + i]
   else
     lost[#lost + 1] = i
@@ -36,11 +42,16 @@ for i = 1, n do
 end
 local slice = 500
 for s = 1, #alive, slice do
-  local args = {'XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0}
-  for j = s, math.min(s + slice - 1, #alive) do
-    args[#args + 1] = alive[j]
+  local last = math.min(s + slice - 1, #alive)
+  local claim = {'XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0}
+  local zadd = {'ZADD', KEYS[2]}
+  for j = s, last do
+    claim[#claim + 1] = alive[j]
+    zadd[#zadd + 1] = deadline
+    zadd[#zadd + 1] = alive[j]
   end
-  args[#args + 1] = 'JUSTID'
-  redis.pcall(unpack(args))
+  claim[#claim + 1] = 'JUSTID'
+  redis.pcall(unpack(claim))
+  redis.call(unpack(zadd))
 end
 return lost

@@ -6,6 +6,7 @@
   KEYS[1]  the load-balancer stream, <service>-input
   KEYS[2]  the dead-letter stream, {<service>-input}:dlq
   KEYS[3]  the assignment's lock key
+  KEYS[4]  the deadline index, {<service>-input}:deadlines
 
   ARGV[1]   consumer group
   ARGV[2]   entry id
@@ -23,14 +24,15 @@
   ARGV[13]  the managed-field prefix (default "_"): dead letters get
             <prefix>reason, <prefix>consumer and <prefix>failed_id
 
-  Output: {code, detail}
-    {1, new id}      re-queued as a fresh entry
-    {2, dlq id}      dead-lettered
-    {3, ""}          dropped (dead letter wanted, no dead-letter stream)
-    {0, "lock"}      lock check failed: nothing touched
-    {0, "acked"}     not pending (someone else already handled it)
-    {-1, "trimmed"}  the entry is gone from the stream; its pending
-                     reference was cleaned and its lock released
+  Output: {code, detail, lbs-input, retry count}
+    {1, new id, ...}       re-queued as a fresh entry
+    {2, dlq id, ...}       dead-lettered
+    {3, "", ...}           dropped (dead letter wanted, no dead-letter stream)
+    {0, "lock"}            lock check failed: nothing touched
+    {0, "acked"}           not pending (someone else already handled it)
+    {-1, "trimmed"}        the entry is gone from the stream; its pending
+                           reference was cleaned and its lock released
+  The entry leaves the deadline index whenever it leaves the pending list.
 
   Events: xadd on the LBS or the dead-letter stream; del on the lock key.
 ]]
@@ -42,6 +44,7 @@ elseif mode == 'absent' and holder then
   return {0, 'lock'}
 end
 local acked = redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
 if acked ~= 1 then
   if mode == 'owned' then redis.call('DEL', KEYS[3]) end
   return {0, 'acked'}
@@ -56,8 +59,10 @@ local retry_field, original_field = ARGV[7], ARGV[8]
 local out = {}
 local retries = 0
 local original = ARGV[2]
+local input = ''
 for i = 1, #fields, 2 do
   local k, v = fields[i], fields[i + 1]
+  if k == 'lbs-input' then input = v end
   if k == retry_field then
     retries = tonumber(v) or 0
   elseif k == original_field then
@@ -94,4 +99,4 @@ else
 end
 redis.call('XDEL', KEYS[1], ARGV[2])
 if mode == 'owned' then redis.call('DEL', KEYS[3]) end
-return {code, id}
+return {code, id, input, retries}

@@ -3,6 +3,7 @@
 
   KEYS[1]  the load-balancer stream, <service>-input
   KEYS[2]  the assignment's lock key
+  KEYS[3]  the deadline index, {<service>-input}:deadlines
 
   ARGV[1]  consumer group
   ARGV[2]  entry id
@@ -26,6 +27,7 @@ end
 if holder then
   redis.call('DEL', KEYS[2])
 end
+redis.call('ZREM', KEYS[3], ARGV[2])
 local acked
 if ARGV[4] == '1' then
   local r = redis.pcall('XACKDEL', KEYS[1], ARGV[1], 'IDS', 1, ARGV[2])
