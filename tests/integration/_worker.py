@@ -1,0 +1,65 @@
+"""A consumer process for the recovery tests: ``python _worker.py URL SERVICE CONSUMER TTL [WORK] [FLAGS]``.
+
+It runs ``lbs.Client.run`` with a handler that records an audit entry per
+attempt in the stream ``audit:<service>`` (stream, consumer, token, start,
+end, done status), sleeps WORK seconds, and prints one JSON line per
+STREAM_ADDED (``{"stream", "token", "entry_id"}``) so the test can wait for it.
+FLAGS: ``poison`` makes it die (``os._exit``) on any stream named
+``poison*``; ``norecovery`` turns its own recovery off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+import redis.asyncio as aioredis
+
+import lbs
+
+
+async def main(url: str, service: str, consumer: str, ttl: float, work: float, flags: set[str]) -> None:
+    r = aioredis.Redis.from_url(url)
+    cfg = lbs.Config(lock_ttl=ttl, read_block=0.1, deadline_poll_interval=0.05, max_streams=20,
+                     recovery="norecovery" not in flags)
+    client = lbs.Client(r, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False)
+
+    async def handle(note: lbs.Notification) -> None:
+        print(json.dumps({"stream": note.stream, "token": note.token, "entry_id": note.entry_id}), flush=True)
+        if "poison" in flags and note.stream.startswith("poison"):
+            os._exit(3)  # dies on it, every time
+        start = time.time()
+        await asyncio.sleep(work)
+        status = await client.done_stream(note.stream, note.entry_id)
+        await r.xadd(f"audit:{service}", {"stream": note.stream, "consumer": consumer, "token": note.token,
+                                          "start": start, "end": time.time(), "status": status.name})
+
+    await client.start()
+
+    # Like client.run(), but the handler finishes the stream itself, so the
+    # audit entry can carry what done_stream found.
+    async def run() -> None:
+        limit = asyncio.Semaphore(20)
+
+        async def one(note: lbs.Notification) -> None:
+            try:
+                await handle(note)
+            finally:
+                limit.release()
+
+        async for note in client.notifications():
+            if note.type is lbs.NotificationType.STREAM_ADDED:
+                await limit.acquire()
+                asyncio.create_task(one(note))
+
+    await run()
+
+
+if __name__ == "__main__":
+    url, service, consumer, ttl = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+    work = float(sys.argv[5]) if len(sys.argv) > 5 else 3600.0
+    flags = set(sys.argv[6].split(",")) if len(sys.argv) > 6 and sys.argv[6] else set()
+    asyncio.run(main(url, service, consumer, ttl, work, flags))

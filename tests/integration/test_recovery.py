@@ -1,0 +1,340 @@
+"""Recovery against real Redis, with consumers as separate processes that die for real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from _helpers import client, eventually, produce, take
+
+import lbs
+
+pytestmark = pytest.mark.timeout(180)
+
+WORKER = str(Path(__file__).with_name("_worker.py"))
+
+
+def spawn(url: str, service: str, consumer: str, ttl: float, work: float = 3600.0,
+          flags: str = "", quiet: bool = False) -> subprocess.Popen[str]:
+    """A worker process; ``quiet`` when nobody reads its lines (a full pipe would stall it)."""
+    return subprocess.Popen([sys.executable, WORKER, url, service, consumer, str(ttl), str(work), flags],
+                            stdout=subprocess.DEVNULL if quiet else subprocess.PIPE, text=True)
+
+
+async def next_line(proc: subprocess.Popen[str], timeout: float = 20) -> dict[str, Any]:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
+    assert line, f"worker exited with {proc.poll()}"
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+    proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
+
+
+async def lbs_entries(r: aioredis.Redis, service: str) -> list[dict[bytes, bytes]]:
+    return [f for _, f in await r.xrange(lbs.input_stream(service))]
+
+
+@pytest.fixture
+async def rr(redis_server: Any) -> Any:
+    c = aioredis.Redis.from_url(redis_server.url)
+    try:
+        yield c
+    finally:
+        await c.aclose()
+
+
+@pytest.fixture
+async def volatile_keys(rr: aioredis.Redis, service: str) -> Any:
+    """10,000 unrelated keys with TTLs: what makes Redis's expired events late."""
+    keys = [f"noise:{service}:{i}" for i in range(10_000)]
+    pipe = rr.pipeline(transaction=False)
+    for k in keys:
+        pipe.set(k, "x", ex=3600)
+    await pipe.execute()
+    yield keys
+    for i in range(0, len(keys), 5000):
+        await rr.unlink(*keys[i:i + 5000])
+
+
+async def _kill_and_time_recovery(redis_server: Any, rr: aioredis.Redis, service: str, ttl: float,
+                                  **recoverer: Any) -> float:
+    """Kill -9 a holder mid-stream; seconds until its stream is back in the LBS."""
+    await produce(redis_server.url, service, "victim")
+    proc = spawn(redis_server.url, service, "doomed", ttl, flags="norecovery")
+    rec = client(redis_server.url, service, "rescuer", lock_ttl=ttl, **recoverer)
+    try:
+        held = await next_line(proc)
+        assert held["stream"] == "victim"
+        await rec.start()
+        proc.kill()
+        killed = time.monotonic()
+        (note,) = await take(rec, 1, timeout=ttl + 10, kind=lbs.NotificationType.STREAM_ADDED)
+        elapsed = time.monotonic() - killed
+        assert note.stream == "victim" and note.retry_count == 1
+        return elapsed
+    finally:
+        stop(proc)
+        await rec.close()
+
+
+async def test_kill_9_is_recovered_within_ttl_plus_1s_among_10k_volatile_keys(
+    redis_server: Any, rr: aioredis.Redis, service: str, volatile_keys: list[str]
+) -> None:
+    ttl = 1.0
+    elapsed = await _kill_and_time_recovery(redis_server, rr, service, ttl, deadline_poll_interval=0.1)
+    assert elapsed <= ttl + 1.0, f"recovered after {elapsed:.2f}s"
+
+
+async def test_kill_9_is_recovered_with_keyspace_events_disabled(
+    redis_server: Any, rr: aioredis.Redis, service: str, volatile_keys: list[str]
+) -> None:
+    ttl = 1.0
+    await rr.config_set("notify-keyspace-events", "")
+    try:
+        elapsed = await _kill_and_time_recovery(redis_server, rr, service, ttl, deadline_poll_interval=0.1,
+                                                configure_keyspace_events=False, keyspace_recovery=False)
+    finally:
+        await rr.config_set("notify-keyspace-events", "Kgx")
+    assert elapsed <= ttl + 1.0, f"recovered after {elapsed:.2f}s"
+
+
+async def test_keyspace_path_alone_recovers(redis_server: Any, rr: aioredis.Redis, service: str) -> None:
+    # The deadline poller effectively off: only the expired event can do it.
+    ttl = 1.0
+    elapsed = await _kill_and_time_recovery(redis_server, rr, service, ttl, deadline_poll_interval=3600.0)
+    assert elapsed < ttl + 10
+
+
+async def test_restart_under_the_same_id_recovers_its_own_pending_work(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    ttl = 0.5
+    await produce(redis_server.url, service, "mine")
+    proc = spawn(redis_server.url, service, "pod-0", ttl, flags="norecovery")
+    try:
+        await next_line(proc)
+    finally:
+        stop(proc)
+    lock_keys = [lbs.lock_key(service, i.decode()) for i, _ in await rr.xrange(lbs.input_stream(service))]
+
+    async def expired() -> bool:
+        return await rr.exists(*lock_keys) == 0
+
+    await eventually(expired, timeout=10)
+    # Same id, every fast path off: only startup recovery can bring it back.
+    again = client(redis_server.url, service, "pod-0", lock_ttl=ttl, keyspace_recovery=False,
+                   deadline_poll_interval=3600.0, reconciliation_interval=3600.0)
+    await again.start()
+    try:
+        assert again.recovery.counts.get("startup_recovery_requeued_total") == 1
+        (note,) = await take(again, 1)
+        assert note.stream == "mine" and note.retry_count == 1
+    finally:
+        await again.close()
+
+
+async def test_a_slow_holder_with_a_live_lock_is_never_robbed(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    # A holder that keeps its lock alive but never refreshes the pending idle
+    # time (a Go client does not): its entry looks idle for longer than min_idle.
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    await rr.xgroup_create(stream, group, id="0", mkstream=True)
+    await produce(redis_server.url, service, "slow")
+    reply = await rr.xreadgroup(group, "redis-consumer-go-slow", {stream: ">"}, count=1)
+    entry_id = next(iter(reply.values()))[0][0][0].decode() if isinstance(reply, dict) else reply[0][1][0][0].decode()
+    lock = lbs.lock_key(service, entry_id)
+    await rr.set(lock, "1:redis-consumer-go-slow", px=60_000)
+    await asyncio.sleep(0.7)  # idle past min_idle (0.5 s below); time is the subject here
+    rec = client(redis_server.url, service, "rescuer", lock_ttl=0.2, min_idle=0.5)
+    await rec.start()
+    try:
+        result = await rec.recovery.scan()
+        assert result == {"requeued": 0, "alive": 1, "pending": 1}
+        assert await rec.claim(entry_id) is False
+        assert await rr.get(lock) == b"1:redis-consumer-go-slow"
+        assert (await rr.xpending(stream, group))["pending"] == 1
+    finally:
+        await rec.close()
+
+
+async def test_twenty_racing_recoverers_requeue_a_dead_entry_once(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    await rr.xgroup_create(stream, group, id="0", mkstream=True)
+    await produce(redis_server.url, service, "contested")
+    reply = await rr.xreadgroup(group, "redis-consumer-dead", {stream: ">"}, count=1)
+    assert reply  # pending to a consumer that died holding no lock
+    recoverers = [client(redis_server.url, service, f"r{i}", recovery=False) for i in range(20)]
+    try:
+        entry_id = (await rr.xpending_range(stream, group, "-", "+", 1))[0]["message_id"].decode()
+        results = await asyncio.gather(*(r.claim(entry_id) for r in recoverers))
+        assert sum(results) == 1
+        entries = await lbs_entries(rr, service)
+        assert len(entries) == 1 and entries[0][b"_retry_count"] == b"1"
+        assert entries[0][b"_original_id"] == entry_id.encode()
+        assert (await rr.xpending(stream, group))["pending"] == 0
+    finally:
+        for r in recoverers:
+            await r.close()
+
+
+async def test_a_poison_pill_lands_in_the_dead_letter_stream(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    # Every consumer that takes "poison-1" dies on it. Each new consumer's
+    # recovery re-queues the dead one's stream with one more retry and takes
+    # it, and dies, until the count passes max_retries (3, the default).
+    ttl = 0.3
+    await produce(redis_server.url, service, "poison-1")
+    first_id = (await rr.xrange(lbs.input_stream(service)))[0][0].decode()
+    deaths = 0
+
+    async def dead_lettered() -> bool:
+        return bool(await rr.exists(lbs.dead_letter_stream(service)))
+
+    for attempt in range(8):
+        proc = spawn(redis_server.url, service, f"victim-{attempt}", ttl, flags="poison")
+        try:
+            while proc.poll() is None and not await dead_lettered():
+                await asyncio.sleep(0.05)
+            if proc.poll() == 3:
+                deaths += 1
+        finally:
+            stop(proc)
+        if await dead_lettered():
+            break
+    assert deaths == 4  # deliveries with retry counts 0, 1, 2, 3
+    ((_, fields),) = await rr.xrange(lbs.dead_letter_stream(service))
+    assert fields[b"_retry_count"] == b"4"
+    assert fields[b"_original_id"] == first_id.encode()
+    assert b"lock" in fields[b"_reason"] and fields[b"_consumer"].startswith(b"redis-consumer-victim-")
+    assert fields[b"lbs-input"] == lbs.encode_input("poison-1")
+    assert await rr.xlen(lbs.input_stream(service)) == 0
+
+
+async def test_an_entry_trimmed_before_requeue_is_handled(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    await rr.xgroup_create(stream, group, id="0", mkstream=True)
+    await produce(redis_server.url, service, "gone")
+    await rr.xreadgroup(group, "redis-consumer-dead", {stream: ">"}, count=1)
+    entry_id = (await rr.xpending_range(stream, group, "-", "+", 1))[0]["message_id"].decode()
+    await rr.xtrim(stream, maxlen=0)
+    rec = client(redis_server.url, service, "rescuer", recovery=False)
+    try:
+        assert await rec.claim(entry_id) is False
+        assert rec.recovery.counts.get("recovery_trimmed_total") == 1
+        assert (await rr.xpending(stream, group))["pending"] == 0  # the reference was cleaned
+    finally:
+        await rec.close()
+
+
+async def test_fifty_slow_entries_do_not_hide_a_dead_one(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    await rr.xgroup_create(stream, group, id="0", mkstream=True)
+    await produce(redis_server.url, service, *[f"slow-{i}" for i in range(50)], "dead")
+    await rr.xreadgroup(group, "redis-consumer-slow", {stream: ">"}, count=51)
+    pending = await rr.xpending_range(stream, group, "-", "+", 51)
+    ids = [p["message_id"].decode() for p in pending]
+    pipe = rr.pipeline(transaction=False)
+    for entry_id in ids[:50]:  # the first page: alive (locks held), the 51st: dead
+        pipe.set(lbs.lock_key(service, entry_id), "1:redis-consumer-slow", px=60_000)
+    await pipe.execute()
+    await asyncio.sleep(0.7)  # past min_idle
+    rec = client(redis_server.url, service, "rescuer", lock_ttl=0.2, min_idle=0.5, recovery=False)
+    try:
+        assert await rec.recovery.scan() == {"requeued": 1, "alive": 50, "pending": 51}
+        (entry,) = [e for e in await lbs_entries(rr, service) if b"_retry_count" in e]
+        assert entry[b"lbs-input"] == lbs.encode_input("dead")
+        assert (await rr.xpending(stream, group))["pending"] == 50  # the slow ones keep theirs
+    finally:
+        await rec.close()
+
+
+async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    n, ttl = 2000, 0.5
+    names = [f"c{i}" for i in range(n)]
+    async with lbs.Producer(redis_server.url, service) as p:
+        for i in range(0, n, 500):
+            await p.add_streams(names[i:i + 500])
+    work = 0.25  # 4 workers x 20 streams at a time: about 7 s of work to disturb
+    procs = [spawn(redis_server.url, service, f"w{i}", ttl, work=work, quiet=True) for i in range(4)]
+    rng = random.Random(7)
+    spawned = 4
+    audit = f"audit:{service}"
+
+    async def finished() -> int:
+        return sum(1 for _, f in await rr.xrange(audit) if f[b"status"] == b"DONE")
+
+    try:
+        deadline = time.monotonic() + 120
+        while await finished() < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.3)
+            victim = rng.randrange(len(procs))
+            action = rng.random()
+            proc = procs[victim]
+            if action < 0.15 and proc.poll() is None:
+                stop(proc)  # kill -9 mid-stream
+                procs[victim] = spawn(redis_server.url, service, f"w{spawned}", ttl, work=work, quiet=True)
+                spawned += 1
+            elif action < 0.3 and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGSTOP)  # stall past the TTL, then resume
+                await asyncio.sleep(ttl * 2)
+                os.kill(proc.pid, signal.SIGCONT)
+        records = [{k.decode(): v.decode() for k, v in f.items()} for _, f in await rr.xrange(audit)]
+    finally:
+        for proc in procs:
+            stop(proc)
+    done = [r for r in records if r["status"] == "DONE"]
+    by_stream: dict[str, list[dict[str, str]]] = {}
+    for r in done:
+        by_stream.setdefault(r["stream"], []).append(r)
+    assert sorted(by_stream) == sorted(names), f"missing: {set(names) - set(by_stream)}"
+    twice = {s: rs for s, rs in by_stream.items() if len(rs) > 1}
+    assert not twice, f"done twice: {list(twice.items())[:3]}"
+    # No two consumers held one stream at the same time. An attempt that
+    # finished DONE held the lock from its start to its end, so no other
+    # attempt on that stream may start inside that interval, and no other
+    # DONE attempt may span its start. Tokens are unique per attempt.
+    attempts: dict[str, list[dict[str, str]]] = {}
+    for r in records:
+        attempts.setdefault(r["stream"], []).append(r)
+    overlaps = []
+    for name, rs in attempts.items():
+        assert len({r["token"] for r in rs}) == len(rs), f"{name}: a token used twice"
+        for d in (r for r in rs if r["status"] == "DONE"):
+            d0, d1 = float(d["start"]), float(d["end"])
+            for other in rs:
+                if other is d:
+                    continue
+                a0, a1 = float(other["start"]), float(other["end"])
+                if d0 < a0 < d1 or (other["status"] == "DONE" and a0 < d0 < a1):
+                    overlaps.append((name, d, other))
+    assert not overlaps, overlaps[:3]
+    lost = [r for r in records if r["status"] != "DONE"]
+    print(f"chaos: {spawned - 4} kills, {len(records)} attempts, {len(lost)} finished after losing the lock")
+    assert await rr.xlen(lbs.input_stream(service)) == 0
