@@ -8,12 +8,23 @@
    stream with its reason, and nobody's reader dies.
 3. One consumer shuts down while holding streams: ``close()`` hands them back
    at once and the other consumer takes them without waiting for a lock TTL.
-4. It checks that nothing is left: no pending entries, no LBS entries, no locks.
+4. A consumer in another process takes a stream and is killed with SIGKILL:
+   recovery (the deadline index) puts the stream back once its lock's TTL has
+   passed, and a live consumer finishes it, with the retry counted.
+5. A poison pill: a stream whose handler fails every time is retried
+   ``max_retries`` times and then lands in the dead-letter stream with its
+   retry count, reason and original entry id.
+6. It checks that nothing is left: no pending entries, no LBS entries, no locks.
+
+``python -m lbs._demo doomed URL SERVICE`` is the consumer that gets killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,12 +40,19 @@ from .producer import Producer
 
 Printer = Callable[[str], None]
 
+#: The demo's poison pill is dead-lettered after this many failed attempts.
+POISON_MAX_RETRIES = 2
+#: The killed consumer's lock TTL: how long its stream stays locked after SIGKILL.
+CRASH_LOCK_TTL = 1.0
+
 
 @dataclass
 class DemoResult:
     registered: int = 0
     processed: Counter[str] = field(default_factory=Counter)
     dead_letters: int = 0
+    crash_recovery_s: float = -1.0
+    poison_retries: int = -1
     handed_back: int = 0
     hand_back_pickup_ms: float = -1.0
     leftover_pending: int = -1
@@ -45,7 +63,9 @@ class DemoResult:
     def ok(self) -> bool:
         return (
             sum(self.processed.values()) == self.registered
-            and self.dead_letters == 1
+            and self.dead_letters == 2
+            and self.crash_recovery_s >= 0
+            and self.poison_retries == POISON_MAX_RETRIES + 1
             and self.leftover_pending == 0
             and self.leftover_entries == 0
             and self.leftover_locks == 0
@@ -60,7 +80,7 @@ async def run_demo(
     result = DemoResult()
     r = aioredis.Redis.from_url(url)
     # max_streams=2 so the demo's handful of streams spreads over both consumers.
-    config = Config(lock_ttl=30.0, read_block=0.1, max_streams=2)
+    config = Config(lock_ttl=30.0, read_block=0.1, max_streams=2, max_retries=POISON_MAX_RETRIES)
     names = [f"session-{i + 1}" for i in range(streams)]
     late = [f"late-{i + 1}" for i in range(2)]
     every_name = names + late
@@ -85,6 +105,8 @@ async def run_demo(
 
         def handler_for(consumer: str, slow: asyncio.Event | None = None) -> Handler:
             async def handle(note: Notification) -> None:
+                if note.stream.startswith("poison"):
+                    raise ValueError(f"cannot parse {note.stream} (attempt {note.retry_count + 1})")
                 events_: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(note.stream)  # type: ignore[assignment]
                 total = sum(int(f[b"value"]) for _, f in events_)
                 if slow is not None and note.stream.startswith("late"):
@@ -144,15 +166,81 @@ async def run_demo(
         for each in clients:
             await each.close()
         await asyncio.gather(*runners)
+
+        # Crash: a consumer in another process takes a stream, then dies with SIGKILL.
+        all_done.clear()
+        result.registered += 1
+        async with Producer(r, service) as producer:
+            await producer.add_stream("crash-1", {"user": "u-crash"})
+        doomed = subprocess.Popen([sys.executable, "-m", "lbs._demo", "doomed", url, service],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert doomed.stdout is not None
+            line = await asyncio.wait_for(asyncio.to_thread(doomed.stdout.readline), timeout=30)
+            if not line:
+                raise RuntimeError(f"the doomed consumer exited with {doomed.wait()} before taking a stream")
+            held_note = json.loads(line)
+            doomed.kill()
+            killed_at = time.perf_counter()
+            out(f"consumer-x (pid {doomed.pid}) took {held_note['stream']} (token {held_note['token']}, "
+                f"lock TTL {CRASH_LOCK_TTL:.0f} s) and was killed with SIGKILL")
+        finally:
+            doomed.kill()
+            doomed.wait()
+            if doomed.stdout:
+                doomed.stdout.close()
+        c = Client(r, service, consumer_id="consumer-c", config=config, load_entrypoint_plugins=False)
+        clients.append(c)
+        runners.append(asyncio.create_task(c.run(handler_for("consumer-c"))))
+        await asyncio.wait_for(all_done.wait(), timeout=30)
+        result.crash_recovery_s = finished_at["crash-1"] - killed_at
+        paths = {k.split("_")[1]: int(v) for k, v in c.recovery.counts.items() if k.endswith("_requeued_total") and v}
+        out(f"consumer-c's recovery re-queued crash-1 once its lock had expired ({paths}); consumer-c "
+            f"finished it {result.crash_recovery_s:.2f} s after the kill")
+
+        # Poison pill: its handler fails every time; after max_retries it is a dead letter.
+        async with Producer(r, service) as producer:
+            await producer.add_stream("poison-1", {"user": "u-poison"})
+        dlq_key = _keys.dead_letter_stream(service)
+        deadline = time.monotonic() + 30
+        while await r.xlen(dlq_key) < 2:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the poison pill never reached the dead-letter stream")
+            await asyncio.sleep(0.01)
+        (_, pill), = await r.xrevrange(dlq_key, count=1)  # type: ignore[misc]
+        result.dead_letters = await r.xlen(dlq_key)
+        result.poison_retries = int(pill[b"_retry_count"])
+        out(f"dead letter: poison-1 after {result.poison_retries} failed attempts "
+            f"(max_retries {POISON_MAX_RETRIES}): {pill[b'_reason'].decode()}; "
+            f"original entry {pill[b'_original_id'].decode()}")
+
+        await c.close()
+        await asyncio.gather(*runners)
         stream, group = _keys.input_stream(service), _keys.group_name(service)
         result.leftover_pending = (await r.xpending(stream, group))["pending"]
         result.leftover_entries = await r.xlen(stream)
         result.leftover_locks = len([k async for k in r.scan_iter(match=_keys.lock_key(service, "*"))])
         out(f"left behind: {result.leftover_pending} pending, {result.leftover_entries} LBS entries, "
-            f"{result.leftover_locks} locks; {result.dead_letters} dead letter")
+            f"{result.leftover_locks} locks; {result.dead_letters} dead letters")
         await r.delete(*every_name, _keys.dead_letter_stream(service), stream, _keys.fence_key(service))
     finally:
         for each in clients:
             await each.close()
         await r.aclose()
     return result
+
+
+async def _doomed(url: str, service: str) -> None:
+    """A consumer that takes one stream, says so on stdout, and waits to be killed."""
+    config = Config(lock_ttl=CRASH_LOCK_TTL, read_block=0.1, max_streams=1, recovery=False)
+    client = Client(url, service, consumer_id="consumer-x", config=config, load_entrypoint_plugins=False)
+    await client.start()
+    async for note in client.notifications():
+        print(json.dumps({"stream": note.stream, "token": note.token}), flush=True)
+        await asyncio.sleep(3600)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "doomed":
+        sys.exit("usage: python -m lbs._demo doomed URL SERVICE")
+    asyncio.run(_doomed(sys.argv[2], sys.argv[3]))
