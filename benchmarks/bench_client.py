@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import uuid
 from typing import Any
 
 import pytest
@@ -22,25 +20,17 @@ import redis.asyncio as aioredis
 
 import lbs
 
+from .data import cleanup as _cleanup
+from .data import service_name as _service
+
 CYCLE_N = 20_000
 CHUNK = 1_000
-_counter = itertools.count()
-
-
-def _service(tag: str) -> str:
-    return f"bench-{tag}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
 
 
 def _config(**kw: Any) -> lbs.Config:
     base: dict[str, Any] = dict(read_block=0.05, configure_keyspace_events=False, lock_ttl=60.0)
     base.update(kw)
     return lbs.Config(**base)
-
-
-async def _cleanup(r: aioredis.Redis, service: str) -> None:
-    keys = [k async for k in r.scan_iter(match=f"*{service}*", count=10_000)]
-    for i in range(0, len(keys), 10_000):
-        await r.unlink(*keys[i:i + 10_000])
 
 
 # ------------------------------------------------------- assignment cycle ---

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from typing import Any
+
+import redis.asyncio as aioredis
+
+_counter = itertools.count()
+
+
+def service_name(tag: str) -> str:
+    """A service name no other round or run shares (keys are never flushed)."""
+    return f"bench-{tag}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+
+
+async def cleanup(r: aioredis.Redis, service: str) -> None:
+    """Delete every key of ``service``."""
+    keys = [k async for k in r.scan_iter(match=f"*{service}*", count=10_000)]
+    for i in range(0, len(keys), 10_000):
+        await r.unlink(*keys[i:i + 10_000])
 
 
 def stream_specs(n: int) -> list[tuple[str, dict[str, Any]]]:

@@ -207,7 +207,8 @@ async def run_demo(
             if time.monotonic() > deadline:
                 raise RuntimeError("the poison pill never reached the dead-letter stream")
             await asyncio.sleep(0.01)
-        (_, pill), = await r.xrevrange(dlq_key, count=1)  # type: ignore[misc]
+        last: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrevrange(dlq_key, count=1)  # type: ignore[assignment]
+        pill = last[0][1]
         result.dead_letters = await r.xlen(dlq_key)
         result.poison_retries = int(pill[b"_retry_count"])
         out(f"dead letter: poison-1 after {result.poison_retries} failed attempts "

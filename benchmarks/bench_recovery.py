@@ -1,0 +1,157 @@
+"""Recovery's scan beside plain redis-py doing the same work, in one run.
+
+10,000 pending entries, half of them with a live lock: one full pass that
+checks every lock and re-queues the dead half.
+
+* ``lbs scan``: :meth:`lbs.recovery.Recovery.scan` (XPENDING pages by cursor,
+  one EXISTS round trip per page, one pipelined ``requeue-4.lua`` round trip
+  for the page's dead entries: atomic, exactly once under racing recoverers);
+* ``redis-py pipelines``: the RFC's steps per page with redis-py pipelines
+  (XPENDING, EXISTS for the page, then XACK + XRANGE, XADD, XDEL for the dead
+  ones): the same round trips, but not atomic;
+* ``redis-py one per round trip``: the RFC's sample code, one command per
+  round trip.
+
+Recovery latency (kill -9 to re-queued, per path) is measured by
+``python -m benchmarks.recovery_latency``, a script rather than a benchmark
+because each trial waits out a lock TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import lbs
+
+from .data import cleanup as _cleanup
+from .data import service_name as _service
+
+PENDING = 10_000
+PAGE = 50
+
+
+async def _pending(url: str) -> tuple[aioredis.Redis, str]:
+    """A service whose consumer "dead" has PENDING entries pending, the even ones locked."""
+    service = _service("scan")
+    r = aioredis.Redis.from_url(url)
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    await r.xgroup_create(stream, group, id="0", mkstream=True)
+    pipe = r.pipeline(transaction=False)
+    for i in range(PENDING):
+        pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{i}")})
+    ids = [i.decode() for i in await pipe.execute()]
+    await r.xreadgroup(group, "dead", {stream: ">"}, count=PENDING)
+    pipe = r.pipeline(transaction=False)
+    for entry_id in ids[::2]:
+        pipe.set(lbs.lock_key(service, entry_id), "1:alive", px=600_000)
+    await pipe.execute()
+    return r, service
+
+
+async def scan_lbs(r: aioredis.Redis, service: str) -> int:
+    c = lbs.Client(r, service, "rescuer", lbs.Config(scan_batch=PAGE, configure_keyspace_events=False),
+                   load_entrypoint_plugins=False)
+    counts = await c.recovery.scan(min_idle=0)
+    assert counts["alive"] == PENDING // 2
+    return counts["requeued"]
+
+
+def _pages(reply: Any) -> list[str]:
+    return [p["message_id"].decode() for p in reply]
+
+
+async def scan_redis_py_pipelines(r: aioredis.Redis, service: str) -> int:
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    cursor, requeued = "-", 0
+    while True:
+        ids = _pages(await r.xpending_range(stream, group, min=cursor, max="+", count=PAGE, idle=0))
+        if not ids:
+            break
+        pipe = r.pipeline(transaction=False)
+        for entry_id in ids:
+            pipe.exists(lbs.lock_key(service, entry_id))
+        dead = [i for i, e in zip(ids, await pipe.execute()) if not e]
+        pipe = r.pipeline(transaction=False)
+        for entry_id in dead:
+            pipe.xack(stream, group, entry_id)
+            pipe.xrange(stream, entry_id, entry_id)
+        replies = await pipe.execute()
+        pipe = r.pipeline(transaction=False)
+        for entry_id, found in zip(dead, replies[1::2]):
+            fields = dict(found[0][1])
+            fields[b"_retry_count"] = int(fields.get(b"_retry_count", 0)) + 1
+            fields.setdefault(b"_original_id", entry_id)
+            pipe.xadd(stream, fields)
+            pipe.xdel(stream, entry_id)
+        await pipe.execute()
+        requeued += len(dead)
+        if len(ids) < PAGE:
+            break
+        cursor = "(" + ids[-1]
+    return requeued
+
+
+async def scan_redis_py_one_by_one(r: aioredis.Redis, service: str) -> int:
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    cursor, requeued = "-", 0
+    while True:
+        ids = _pages(await r.xpending_range(stream, group, min=cursor, max="+", count=PAGE, idle=0))
+        if not ids:
+            break
+        for entry_id in ids:
+            if await r.exists(lbs.lock_key(service, entry_id)):
+                continue
+            await r.xack(stream, group, entry_id)
+            (_, fields), = await r.xrange(stream, entry_id, entry_id)
+            fields[b"_retry_count"] = int(fields.get(b"_retry_count", 0)) + 1
+            fields.setdefault(b"_original_id", entry_id)
+            await r.xadd(stream, fields)
+            await r.xdel(stream, entry_id)
+            requeued += 1
+        if len(ids) < PAGE:
+            break
+        cursor = "(" + ids[-1]
+    return requeued
+
+
+SCANS = {
+    "lbs scan": scan_lbs,
+    "redis-py pipelines": scan_redis_py_pipelines,
+    "redis-py one per round trip": scan_redis_py_one_by_one,
+}
+
+
+@pytest.mark.benchmark(group=f"recovery scan, {PENDING} pending, half alive")
+@pytest.mark.parametrize("impl", list(SCANS))
+def bench_recovery_scan(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any, impl: str) -> None:
+    made: list[tuple[aioredis.Redis, str]] = []
+
+    def setup() -> tuple[tuple[aioredis.Redis, str], dict[str, Any]]:
+        made.append(loop.run_until_complete(_pending(redis_server.url)))
+        return made[-1], {}
+
+    try:
+        requeued = benchmark.pedantic(lambda r, s: loop.run_until_complete(SCANS[impl](r, s)),
+                                      setup=setup, rounds=3, iterations=1)
+        assert requeued == PENDING // 2
+        r, service = made[-1]
+        stream = lbs.input_stream(service)
+        # the dead half is back in the LBS as fresh entries, the live half untouched
+        assert loop.run_until_complete(r.xlen(stream)) == PENDING
+        assert loop.run_until_complete(r.xpending(stream, lbs.group_name(service)))["pending"] == PENDING // 2
+    finally:
+        for r, service in made:
+            loop.run_until_complete(_cleanup(r, service))
+            loop.run_until_complete(r.aclose())
+
+
+def bench_recovery_latency_script_runs(loop: asyncio.AbstractEventLoop) -> None:
+    """``python -m benchmarks.recovery_latency``, once and small, so the script cannot rot."""
+    from .recovery_latency import main
+
+    results = loop.run_until_complete(main(trials=1, ttl=0.5, noise=100))
+    assert set(results) == {"deadline", "keyspace"}
+    assert all(len(lat) == 1 and lat[0] > 0 for lat in results.values())
