@@ -5,6 +5,7 @@ package only re-exports it.
 """
 
 from ._core import (
+    CommandBatch,
     DEBUG_BUILD,
     Entry,
     EntryParser,
@@ -16,6 +17,7 @@ from ._core import (
 )
 
 __all__ = [
+    "CommandBatch",
     "DEBUG_BUILD",
     "Entry",
     "EntryParser",

@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""lbs's compiled core: RESP encoding, the lbs-input codec, LBS entry parsing.
+"""lbs's compiled core: RESP encoding and command batches, the lbs-input codec, LBS entry parsing.
 
 Private: import the public names from ``lbs``.
 """
@@ -9,6 +9,7 @@ include "buffer.pyx"
 include "packer.pyx"
 include "inputs.pyx"
 include "entries.pyx"
+include "pipeline.pyx"
 
 #: True when this module was built with LBS_DEBUG=1 (invariant checks on).
 DEBUG_BUILD = bool(LBS_DEBUG)

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-SCRIPT_NAMES = ("take-n", "extend-n", "done-3", "requeue-4", "reap-1")
+SCRIPT_NAMES = ("take-n", "extend-n", "done-n", "requeue-4", "reap-1")
 
 
 @lru_cache(maxsize=None)
@@ -29,13 +29,17 @@ class Scripts:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.take: Any = redis.register_script(source("take-n"))
         self.extend: Any = redis.register_script(source("extend-n"))
-        self.done: Any = redis.register_script(source("done-3"))
+        self.done: Any = redis.register_script(source("done-n"))
         self.requeue: Any = redis.register_script(source("requeue-4"))
         self.reap: Any = redis.register_script(source("reap-1"))
 
+    def sources(self) -> list[str]:
+        """Every script's Lua source (what a NOSCRIPT reloads)."""
+        return [source(name) for name in SCRIPT_NAMES]
+
 
 class DoneCode(enum.IntEnum):
-    """Outputs of ``done-3.lua``."""
+    """Per-entry outputs of ``done-n.lua``."""
 
     DONE = 1
     LOCK_EXPIRED = 2

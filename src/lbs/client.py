@@ -33,11 +33,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from _lbscore import Entry, EntryParser, try_decode_input
+from _lbscore import CommandBatch, Entry, EntryParser, try_decode_input
 
 from . import _keys
 from ._connection import RedisLike, cancel_and_wait, execute, resolve_client
 from ._scripts import DoneCode, RequeueCode, Scripts
+from ._wire import Wire
 from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Mailbox, Notification, NotificationType
@@ -53,7 +54,7 @@ CONSUMER_PREFIX = "redis-consumer-"
 KEYSPACE_FLAGS = "Kgx"
 #: How many recently disowned streams ``done_stream`` still recognises.
 TOMBSTONES = 10_000
-#: Most done_stream calls the finisher sends in one pipelined round trip.
+#: Most done_stream calls the finisher finishes in one script call.
 DONE_BATCH = 1_000
 
 Handler = Callable[[Notification], Awaitable[Any]]
@@ -136,6 +137,13 @@ class Client:
         self.dead_letter_key = _keys.dead_letter_stream(service) if dlq is None else dlq
         self._redis, self._owned = resolve_client(redis)
         self._scripts = Scripts(self._redis)
+        self._lock_prefix = _keys.lock_key(service, "").encode()
+        # Own connections for the batched hot paths (encoded by the core, one
+        # write each): the reader's takes, the finisher, the heartbeat.
+        sources = self._scripts.sources()
+        self._take_wire = Wire(self._redis, sources)
+        self._done_wire = Wire(self._redis, sources)
+        self._beat_wire = Wire(self._redis, sources)
         prefix = self.config.field_prefix
         self.retry_field = prefix + "retry_count"
         self.original_field = prefix + "original_id"
@@ -378,15 +386,19 @@ class Client:
         """Lock every good entry and dead-letter every malformed one: one round trip."""
         good = [e for e in entries if e.error is None]
         bad = [e for e in entries if e.error is not None]
-        pipe = self._redis.pipeline(transaction=False)
-        if good:
-            keys = [self.fence_key, self.deadlines_key, *(_keys.lock_key(self.service, e.id) for e in good)]
-            await self._scripts.take(keys=keys, args=[self.id, self.config.lock_ttl_ms, *(e.id for e in good)],
-                                     client=pipe)
-        for e in bad:
-            await self._requeue_call(pipe, e.id, _keys.lock_key(self.service, e.id), mode="any", value="",
-                                     count_retry=False, reason=str(e.error), force_dead_letter=True)
-        results = await execute(pipe)
+        take_sha, requeue_sha = self._scripts.take.sha, self._scripts.requeue.sha
+
+        def build(b: CommandBatch) -> None:
+            if good:
+                b.evalsha_locks(take_sha, (self.fence_key, self.deadlines_key), self._lock_prefix,
+                                [e.id for e in good], (self.id, self.config.lock_ttl_ms))
+            for e in bad:
+                keys, args = self._requeue_keys_args(e.id, _keys.lock_key(self.service, e.id), mode="any",
+                                                     value="", count_retry=False, reason=str(e.error),
+                                                     force_dead_letter=True)
+                b.command("EVALSHA", requeue_sha, len(keys), *keys, *args)
+
+        results = _raise_first_error(await self._take_wire.execute(build))
         offset = 0
         if good:
             tokens = results[0]
@@ -433,17 +445,22 @@ class Client:
                 return int(token)
         return tok
 
+    def _requeue_keys_args(self, entry_id: str, lock_key: str, *, mode: str, value: str, count_retry: bool,
+                           reason: str, force_dead_letter: bool = False) -> tuple[list[Any], list[Any]]:
+        """KEYS and ARGV of ``requeue-4.lua`` (see its header)."""
+        cfg = self.config
+        keys = [self.stream_key, self.dead_letter_key or _keys.dead_letter_stream(self.service), lock_key,
+                self.deadlines_key]
+        args = [self.group, entry_id, mode, value, 1 if count_retry else 0, cfg.max_retries,
+                self.retry_field, self.original_field, reason, self.id,
+                1 if force_dead_letter else 0, 1 if self.dead_letter_key else 0, cfg.field_prefix]
+        return keys, args
+
     async def _requeue_call(self, pipe: Any, entry_id: str, lock_key: str, *, mode: str, value: str,
                             count_retry: bool, reason: str, force_dead_letter: bool = False) -> Any:
-        cfg = self.config
-        return await self._scripts.requeue(
-            keys=[self.stream_key, self.dead_letter_key or _keys.dead_letter_stream(self.service), lock_key,
-                  self.deadlines_key],
-            args=[self.group, entry_id, mode, value, 1 if count_retry else 0, cfg.max_retries,
-                  self.retry_field, self.original_field, reason, self.id,
-                  1 if force_dead_letter else 0, 1 if self.dead_letter_key else 0, cfg.field_prefix],
-            client=pipe,
-        )
+        keys, args = self._requeue_keys_args(entry_id, lock_key, mode=mode, value=value, count_retry=count_retry,
+                                             reason=reason, force_dead_letter=force_dead_letter)
+        return await self._scripts.requeue(keys=keys, args=args, client=pipe)
 
     # ---------------------------------------------------------- heartbeat ---
 
@@ -472,15 +489,16 @@ class Client:
             return 0
         started = time.perf_counter()
         chunk = self.config.heartbeat_chunk
-        pipe = self._redis.pipeline(transaction=False)
         parts = [snapshot[i:i + chunk] for i in range(0, len(snapshot), chunk)]
-        for part in parts:
-            keys = [self.stream_key, self.deadlines_key, *(h.lock_key for h in part)]
-            args = [self.config.lock_ttl_ms, self.group, self.id,
-                    *(h.value for h in part), *(h.entry_id for h in part)]
-            await self._scripts.extend(keys=keys, args=args, client=pipe)
+        sha, head_args = self._scripts.extend.sha, (self.config.lock_ttl_ms, self.group, self.id)
+
+        def build(b: CommandBatch) -> None:
+            for part in parts:
+                b.evalsha_locks(sha, (self.stream_key, self.deadlines_key), self._lock_prefix,
+                                [h.entry_id for h in part], head_args, [h.value for h in part])
+
         try:
-            results = await execute(pipe)
+            results = _raise_first_error(await self._beat_wire.execute(build))
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         lost: list[Held] = []
@@ -583,18 +601,21 @@ class Client:
 
     async def _finish_loop(self) -> None:
         flag = 1 if self._use_xackdel else 0
+        sha = self._scripts.done.sha
         while True:
             await self._done_wakeup.wait()
             self._done_wakeup.clear()
             while self._done_queue:
                 batch = self._done_queue[:DONE_BATCH]
                 del self._done_queue[:DONE_BATCH]
-                pipe = self._redis.pipeline(transaction=False)
-                for h, _ in batch:
-                    await self._scripts.done(keys=[self.stream_key, h.lock_key, self.deadlines_key],
-                                             args=[self.group, h.entry_id, h.value, flag], client=pipe)
+                items = [h for h, _ in batch]
+
+                def build(b: CommandBatch) -> None:
+                    b.evalsha_locks(sha, (self.stream_key, self.deadlines_key), self._lock_prefix,
+                                    [h.entry_id for h in items], (self.group, flag), [h.value for h in items])
+
                 try:
-                    codes = await execute(pipe)
+                    (codes,) = _raise_first_error(await self._done_wire.execute(build))
                 except asyncio.CancelledError:
                     for _, fut in batch:
                         fut.cancel()
@@ -803,6 +824,8 @@ class Client:
         except RedisOperationError as exc:
             self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
         await cancel_and_wait([self._heartbeat, self._finisher])
+        for wire in (self._take_wire, self._done_wire, self._beat_wire):
+            await wire.close()
         self.log.info("closed; handed back %d streams", handed_back)
         self._hook("lbs_client_closed", handed_back=handed_back)
         if self._owned:
@@ -844,6 +867,14 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<lbs.Client {self.id} service={self.service!r} held={len(self._held)}>"
+
+
+def _raise_first_error(replies: list[Any]) -> list[Any]:
+    """``replies`` of a batch, or the first server error among them, raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _text(v: Any) -> str:

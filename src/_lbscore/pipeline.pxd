@@ -1,0 +1,6 @@
+cdef class CommandBatch:
+    cdef:
+        WriteBuffer _buf
+        Py_ssize_t _count   # commands encoded so far
+
+    cdef int _lock_key(self, bytes prefix, object entry_id) except -1
