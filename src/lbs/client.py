@@ -179,8 +179,11 @@ class Client:
     # ----------------------------------------------------------- plumbing ---
 
     def _hook(self, hook: str, /, **kwargs: Any) -> None:
+        caller = getattr(self.pm.hook, hook)
+        if not caller.get_hookimpls():
+            return  # the common case on the hot path: nobody listens
         try:
-            getattr(self.pm.hook, hook)(client=self, **kwargs)
+            caller(client=self, **kwargs)
         except Exception:  # a plugin bug must not break the client
             self.log.exception("plugin hook %s raised", hook)
 
@@ -596,7 +599,7 @@ class Client:
         if self._finisher is None or self._finisher.done():
             self._finisher = asyncio.create_task(self._finish_loop(), name=f"lbs-finisher-{self.id}")
         self._done_wakeup.set()
-        codes = await asyncio.gather(*futures)
+        codes = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
         return [self._finished(h, code) for h, code in zip(items, codes)]
 
     async def _finish_loop(self) -> None:

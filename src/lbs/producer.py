@@ -8,10 +8,11 @@ from typing import Any, Union
 
 from redis.exceptions import RedisError
 
-from _lbscore import encode_input
+from _lbscore import CommandBatch, encode_input
 
 from . import _keys
-from ._connection import RedisLike, execute, resolve_client
+from ._connection import RedisLike, resolve_client
+from ._wire import Wire
 from .exceptions import RedisOperationError
 
 #: One data stream to register: its name, or ``(name, info)``.
@@ -24,13 +25,16 @@ class Producer:
     Each registration is one LBS entry whose field ``lbs-input`` holds
     ``{"DataStreamName": name, "Info": info}``, the Go client's wire format.
     ``redis`` is a ``redis.asyncio.Redis`` client (left open by :meth:`close`)
-    or a URL (lbs opens the client and closes it).
+    or a URL (lbs opens the client and closes it). A batch is encoded by the
+    compiled core and sent in one write on a connection of the client's pool,
+    which :meth:`close` gives back.
     """
 
     def __init__(self, redis: RedisLike, service: str) -> None:
         self.service = _keys.validate_service(service)
         self.stream = _keys.input_stream(service)
         self._redis, self._owned = resolve_client(redis)
+        self._wire = Wire(self._redis)
 
     async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
         """Register data stream ``name``; return the LBS entry id.
@@ -63,11 +67,17 @@ class Producer:
             payloads.append(encode_input(name, dict(info) if info is not None else None))
         if not payloads:
             return []
-        pipe = self._redis.pipeline(transaction=False)
-        for payload in payloads:
-            pipe.xadd(self.stream, {_keys.INPUT_FIELD: payload})
+        stream, field = self.stream, _keys.INPUT_FIELD
+
+        def build(b: CommandBatch) -> None:
+            for payload in payloads:
+                b.command("XADD", stream, "*", field, payload)
+
         try:
-            ids = await execute(pipe)
+            ids = await self._wire.execute(build)
+            for reply in ids:
+                if isinstance(reply, Exception):
+                    raise reply
         except RedisError as exc:
             # Some entries of the batch may have been added: XADD is not
             # idempotent before Redis 8.6's IDMP, so a retry can duplicate.
@@ -75,7 +85,8 @@ class Producer:
         return [_as_str(i) for i in ids]
 
     async def close(self) -> None:
-        """Close the Redis client if lbs opened it from a URL."""
+        """Give the batch connection back; close the Redis client if lbs opened it from a URL."""
+        await self._wire.close()
         if self._owned:
             await self._redis.aclose()
 
