@@ -3,7 +3,9 @@
 * Assignment cycle (add, read, lock, no-op, done) for 20,000 streams in one
   consumer process: lbs (``run()`` with a no-op handler; and batched with
   ``done_streams``) against redis-py one command per round trip (what the Go
-  client does) and redis-py pipelines.
+  client does), redis-py pipelines, and the best plain redis-py design
+  (XREADGROUP COUNT 256, SET NX for the batch in one pipeline, completion of
+  the batch in one Lua call).
 * Heartbeat tick with 10,000 and 100,000 held streams: lbs's fenced,
   PEL-refreshing tick against redis-py pipelining bare PEXPIREs (a lower
   bound that checks no ownership) and, at 10,000, one PEXPIRE per round trip
@@ -153,9 +155,53 @@ async def cycle_redis_py_pipelines(url: str, n: int) -> int:
     return done
 
 
+# The completion of a batch in one Lua call: release, ack, delete.
+_FINISH_LUA = """
+for i = 2, #KEYS do
+  redis.call('DEL', KEYS[i])
+end
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
+redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+return #ARGV - 1
+"""
+
+
+async def cycle_redis_py_batched_lua(url: str, n: int) -> int:
+    """The best plain redis-py design: XREADGROUP COUNT 256, the batch's SET NX
+    in one pipeline, the batch's completion in one Lua call."""
+    service = _service("lua")
+    r = aioredis.Redis.from_url(url)
+    stream, group = await _plain_setup(r, service)
+    finish = r.register_script(_FINISH_LUA)
+    done = 0
+    for i in range(0, n, CHUNK):
+        pipe = r.pipeline(transaction=False)
+        for j in range(i, min(n, i + CHUNK)):
+            pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{j}")})
+        await pipe.execute()
+    while done < n:
+        reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=256, block=50)
+        entries = [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
+                   for e in (es[0] if isinstance(reply, dict) else es)]
+        if not entries:
+            continue
+        ids = [entry_id.decode() for entry_id, _ in entries]
+        locks = [lbs.lock_key(service, i) for i in ids]
+        pipe = r.pipeline(transaction=False)
+        for (_, fields), lock in zip(entries, locks):
+            lbs.decode_input(fields[b"lbs-input"])
+            pipe.set(lock, "bench", nx=True, px=60_000)
+        await pipe.execute()
+        done += await finish(keys=[stream, *locks], args=[group, *ids])
+    await _cleanup(r, service)
+    await r.aclose()
+    return done
+
+
 CYCLES = {
     "lbs run()": cycle_lbs_run,
     "lbs done_streams": cycle_lbs_batched,
+    "redis-py batched + Lua": cycle_redis_py_batched_lua,
     "redis-py pipelines": cycle_redis_py_pipelines,
     "redis-py one per round trip": cycle_redis_py_one_by_one,
 }

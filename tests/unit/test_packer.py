@@ -69,3 +69,49 @@ def test_empty_command_is_a_data_error() -> None:
 def test_lone_surrogate_fails_like_str_encode() -> None:
     with pytest.raises(UnicodeEncodeError):
         pack_command("SET", "k", "\ud800")
+
+
+ids = st.lists(st.one_of(text, st.binary(max_size=30)), max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(head_keys=st.lists(args, max_size=3), prefix=st.binary(max_size=20), entry_ids=ids,
+       head_args=st.lists(args, max_size=3), with_values=st.booleans(), append_ids=st.booleans())
+def test_command_batch_evalsha_locks_equals_redis_py(head_keys: list[object], prefix: bytes, entry_ids: list[object],
+                                                     head_args: list[object], with_values: bool,
+                                                     append_ids: bool) -> None:
+    from _lbscore import CommandBatch
+
+    values = [f"{i}:c" for i in range(len(entry_ids))] if with_values else None
+    batch = CommandBatch()
+    batch.evalsha_locks("a" * 40, tuple(head_keys), prefix, entry_ids, tuple(head_args),  # type: ignore[arg-type]
+                        values, append_ids)
+    locks = [prefix + (i.encode() if isinstance(i, str) else i) for i in entry_ids]  # type: ignore[union-attr]
+    expected = redis_py_pack("EVALSHA", "a" * 40, len(head_keys) + len(entry_ids), *head_keys, *locks, *head_args,
+                             *(values or []), *(entry_ids if append_ids else []))
+    assert batch.getvalue() == expected
+    assert len(batch) == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(args, min_size=1, max_size=5), max_size=5))
+def test_command_batch_commands_equal_redis_py(commands: list[list[object]]) -> None:
+    from _lbscore import CommandBatch
+
+    batch = CommandBatch()
+    for c in commands:
+        batch.command("PING", *c)
+    assert batch.getvalue() == b"".join(redis_py_pack("PING", *c) for c in commands)
+    assert len(batch) == len(commands)
+    batch.clear()
+    assert (len(batch), batch.getvalue()) == (0, b"")
+
+
+def test_command_batch_rejects_mismatched_values_and_bad_ids() -> None:
+    from _lbscore import CommandBatch
+
+    batch = CommandBatch()
+    with pytest.raises(lbs.DataError):
+        batch.evalsha_locks("sha", (), b"p:", ["1-0", "2-0"], (), ["only one"])
+    with pytest.raises(lbs.DataError):
+        batch.evalsha_locks("sha", (), b"p:", [12], ())
