@@ -99,6 +99,22 @@ async def _plain_setup(r: aioredis.Redis, service: str) -> tuple[str, str]:
     return stream, group
 
 
+async def _plain_produce(r: aioredis.Redis, stream: str, n: int) -> None:
+    """Register ``n`` data streams, CHUNK per pipeline."""
+    for i in range(0, n, CHUNK):
+        pipe = r.pipeline(transaction=False)
+        for j in range(i, min(n, i + CHUNK)):
+            pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{j}")})
+        await pipe.execute()
+
+
+async def _plain_read(r: aioredis.Redis, group: str, stream: str, count: int) -> list[Any]:
+    """One XREADGROUP's ``(id, fields)`` entries, in either RESP shape."""
+    reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=count, block=50)
+    return [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
+            for e in (es[0] if isinstance(reply, dict) else es)]
+
+
 async def cycle_redis_py_one_by_one(url: str, n: int) -> int:
     """One command per round trip, as the Go client does it."""
     service = _service("one")
@@ -129,15 +145,9 @@ async def cycle_redis_py_pipelines(url: str, n: int) -> int:
     r = aioredis.Redis.from_url(url)
     stream, group = await _plain_setup(r, service)
     done = 0
-    for i in range(0, n, CHUNK):
-        pipe = r.pipeline(transaction=False)
-        for j in range(i, min(n, i + CHUNK)):
-            pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{j}")})
-        await pipe.execute()
+    await _plain_produce(r, stream, n)
     while done < n:
-        reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=CHUNK, block=50)
-        entries = [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
-                   for e in (es[0] if isinstance(reply, dict) else es)]
+        entries = await _plain_read(r, group, stream, CHUNK)
         pipe = r.pipeline(transaction=False)
         for entry_id, fields in entries:
             lbs.decode_input(fields[b"lbs-input"])
@@ -174,15 +184,9 @@ async def cycle_redis_py_batched_lua(url: str, n: int) -> int:
     stream, group = await _plain_setup(r, service)
     finish = r.register_script(_FINISH_LUA)
     done = 0
-    for i in range(0, n, CHUNK):
-        pipe = r.pipeline(transaction=False)
-        for j in range(i, min(n, i + CHUNK)):
-            pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{j}")})
-        await pipe.execute()
+    await _plain_produce(r, stream, n)
     while done < n:
-        reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=256, block=50)
-        entries = [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
-                   for e in (es[0] if isinstance(reply, dict) else es)]
+        entries = await _plain_read(r, group, stream, 256)
         if not entries:
             continue
         ids = [entry_id.decode() for entry_id, _ in entries]

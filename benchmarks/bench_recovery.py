@@ -20,6 +20,7 @@ because each trial waits out a lock TTL.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -59,17 +60,31 @@ async def scan_lbs(r: aioredis.Redis, service: str) -> int:
     return counts["requeued"]
 
 
-def _pages(reply: Any) -> list[str]:
-    return [p["message_id"].decode() for p in reply]
+async def _pending_pages(r: aioredis.Redis, stream: str, group: str) -> AsyncIterator[list[str]]:
+    """Pages of pending entry ids, by exclusive cursor (as the lbs scan pages)."""
+    cursor = "-"
+    while True:
+        page = await r.xpending_range(stream, group, min=cursor, max="+", count=PAGE, idle=0)
+        ids = [p["message_id"].decode() for p in page]
+        if ids:
+            yield ids
+        if len(ids) < PAGE:
+            return
+        cursor = "(" + ids[-1]
+
+
+def _requeued(fields: dict[bytes, Any], entry_id: str) -> dict[bytes, Any]:
+    """The fresh entry's fields: one more retry, the first delivery's id kept."""
+    out = dict(fields)
+    out[b"_retry_count"] = int(out.get(b"_retry_count", 0)) + 1
+    out.setdefault(b"_original_id", entry_id)
+    return out
 
 
 async def scan_redis_py_pipelines(r: aioredis.Redis, service: str) -> int:
     stream, group = lbs.input_stream(service), lbs.group_name(service)
-    cursor, requeued = "-", 0
-    while True:
-        ids = _pages(await r.xpending_range(stream, group, min=cursor, max="+", count=PAGE, idle=0))
-        if not ids:
-            break
+    requeued = 0
+    async for ids in _pending_pages(r, stream, group):
         pipe = r.pipeline(transaction=False)
         for entry_id in ids:
             pipe.exists(lbs.lock_key(service, entry_id))
@@ -81,39 +96,25 @@ async def scan_redis_py_pipelines(r: aioredis.Redis, service: str) -> int:
         replies = await pipe.execute()
         pipe = r.pipeline(transaction=False)
         for entry_id, found in zip(dead, replies[1::2]):
-            fields = dict(found[0][1])
-            fields[b"_retry_count"] = int(fields.get(b"_retry_count", 0)) + 1
-            fields.setdefault(b"_original_id", entry_id)
-            pipe.xadd(stream, fields)
+            pipe.xadd(stream, _requeued(found[0][1], entry_id))
             pipe.xdel(stream, entry_id)
         await pipe.execute()
         requeued += len(dead)
-        if len(ids) < PAGE:
-            break
-        cursor = "(" + ids[-1]
     return requeued
 
 
 async def scan_redis_py_one_by_one(r: aioredis.Redis, service: str) -> int:
     stream, group = lbs.input_stream(service), lbs.group_name(service)
-    cursor, requeued = "-", 0
-    while True:
-        ids = _pages(await r.xpending_range(stream, group, min=cursor, max="+", count=PAGE, idle=0))
-        if not ids:
-            break
+    requeued = 0
+    async for ids in _pending_pages(r, stream, group):
         for entry_id in ids:
             if await r.exists(lbs.lock_key(service, entry_id)):
                 continue
             await r.xack(stream, group, entry_id)
             (_, fields), = await r.xrange(stream, entry_id, entry_id)
-            fields[b"_retry_count"] = int(fields.get(b"_retry_count", 0)) + 1
-            fields.setdefault(b"_original_id", entry_id)
-            await r.xadd(stream, fields)
+            await r.xadd(stream, _requeued(fields, entry_id))
             await r.xdel(stream, entry_id)
             requeued += 1
-        if len(ids) < PAGE:
-            break
-        cursor = "(" + ids[-1]
     return requeued
 
 
