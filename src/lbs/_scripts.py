@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-SCRIPT_NAMES = ("take-n", "extend-n", "done-n", "requeue-4", "reap-1")
+SCRIPT_NAMES = ("read-3", "extend-n", "done-n", "requeue-4", "reap-1")
 
 
 @lru_cache(maxsize=None)
@@ -27,7 +27,7 @@ class Scripts:
     """The scripts, registered on one client."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
-        self.take: Any = redis.register_script(source("take-n"))
+        self.read: Any = redis.register_script(source("read-3"))
         self.extend: Any = redis.register_script(source("extend-n"))
         self.done: Any = redis.register_script(source("done-n"))
         self.requeue: Any = redis.register_script(source("requeue-4"))

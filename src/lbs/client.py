@@ -139,9 +139,9 @@ class Client:
         self._scripts = Scripts(self._redis)
         self._lock_prefix = _keys.lock_key(service, "").encode()
         # Own connections for the batched hot paths (encoded by the core, one
-        # write each): the reader's takes, the finisher, the heartbeat.
+        # write each): the reader's read-and-lock, the finisher, the heartbeat.
         sources = self._scripts.sources()
-        self._take_wire = Wire(self._redis, sources)
+        self._read_wire = Wire(self._redis, sources)
         self._done_wire = Wire(self._redis, sources)
         self._beat_wire = Wire(self._redis, sources)
         prefix = self.config.field_prefix
@@ -161,8 +161,8 @@ class Client:
         self._reader: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
-        self._read_conn: Any = None  # the reader's own pooled connection (see _xreadgroup)
-        self._backlog: list[Entry] = []  # read but not yet taken (the take failed)
+        self._read_conn: Any = None  # the reader's own pooled connection (see _wait_for_entries)
+        self._reply_lost = False  # a read's reply was lost: re-read our pending entries
         self._reader_client_id: int | None = None
         self._reading = False
         self._done_queue: list[tuple[Held, asyncio.Future[Any]]] = []
@@ -287,10 +287,17 @@ class Client:
     # ------------------------------------------------------------ reading ---
 
     async def _read_loop(self) -> None:
+        """Read and lock batches (``read-3.lua``); between empty reads, wait in XREAD BLOCK.
+
+        Delivery and locking are one atomic script, so no entry is ever
+        pending without a lock and a deadline: whenever this consumer dies,
+        the deadline poller brings its work back within the lock TTL.
+        """
         cfg = self.config
         failures = 0
         delay = cfg.read_retry_initial
         block_ms = max(1, int(cfg.read_block * 1000))
+        top: str | None = None  # after an empty read: the newest id, to block on
         while not self._stopping.is_set():
             free = cfg.max_streams - len(self._held)
             if free <= 0:
@@ -301,19 +308,17 @@ class Client:
                     pass
                 continue
             try:
-                if self._backlog:
-                    # A batch whose take failed: its entries are delivered to us
-                    # (in our pending list) but unlocked. Take them before reading more.
-                    entries, self._backlog = self._backlog, []
-                else:
-                    reply = await self._xreadgroup(min(cfg.read_count, free), block_ms)
-                    entries = self._parser.parse_xreadgroup(reply)
-                if entries:
-                    try:
-                        await self._take(entries)
-                    except BaseException:
-                        self._backlog = entries
-                        raise
+                if top is not None:
+                    wait_from, top = top, None
+                    await self._wait_for_entries(wait_from, block_ms)
+                    continue
+                if self._reply_lost:
+                    # The last read's reply never arrived: the entries it
+                    # delivered are in our pending list under locks with our
+                    # id. Adopt them before reading more.
+                    await self._read_batch(cfg.max_streams + cfg.read_count, "0")
+                    self._reply_lost = False
+                top = await self._read_batch(min(cfg.read_count, free), ">")
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
@@ -335,14 +340,92 @@ class Client:
                 continue
             failures, delay = 0, cfg.read_retry_initial
 
-    async def _xreadgroup(self, count: int, block_ms: int) -> Any:
-        """One ``XREADGROUP ... BLOCK`` on the reader's own connection; the raw reply.
+    async def _read_batch(self, count: int, start: str) -> str | None:
+        """One ``read-3.lua`` call: read up to ``count`` entries and lock them.
 
-        The reader holds one connection of the pool for its whole life and
-        knows its CLIENT ID, so :meth:`close` can wake a blocked read with
-        CLIENT UNBLOCK (it then returns as if it timed out). Cancelling the
-        read instead could drop a reply already on its way: entries Redis
-        delivered but nobody took.
+        Returns the id to block on when nothing was read, else None. Good
+        entries become held streams and STREAM_ADDED notifications; malformed
+        ones are dead-lettered.
+        """
+        sha = self._scripts.read.sha
+        head = (self.stream_key, self.fence_key, self.deadlines_key, self.group, self.id,
+                count, self.config.lock_ttl_ms, self._lock_prefix, start)
+
+        def build(b: CommandBatch) -> None:
+            b.command("EVALSHA", sha, 3, *head)
+
+        try:
+            (reply,) = await self._read_wire.execute(build)
+        except BaseException:
+            # Wire returns server errors as values: anything raised here (I/O,
+            # cancellation) may have lost a reply whose locks are now ours.
+            self._reply_lost = True
+            raise
+        if isinstance(reply, Exception):
+            raise reply
+        raw_entries, tokens, top = reply
+        if not raw_entries:
+            return _text(top) or "0-0"
+        bad: list[tuple[Entry, str]] = []
+        for e, tok in zip(self._parser.parse_entries(raw_entries), tokens):
+            tok = self._own_token(tok)
+            if not isinstance(tok, int):
+                if start == ">":
+                    # Someone holds this entry's lock (a slow holder whose entry
+                    # was claimed away): leave it pending; it is theirs.
+                    self.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, _text(tok))
+                continue
+            if e.id in self._held:
+                continue  # re-read: already ours
+            if e.error is not None:
+                bad.append((e, f"{tok}:{self.id}"))
+                continue
+            assert e.stream is not None and e.info is not None
+            h = Held(e.id, e.stream, e.info, e.retry_count, tok, f"{tok}:{self.id}",
+                     _keys.lock_key(self.service, e.id))
+            self._add_held(h)
+            self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
+            note = Notification(NotificationType.STREAM_ADDED, h.stream, h.entry_id, h.info,
+                                h.retry_count, h.token)
+            self._hook("lbs_stream_started", notification=note)
+            await self._mailbox.put(note)
+        if bad:
+            await self._dead_letter_malformed(bad)
+        return None
+
+    async def _dead_letter_malformed(self, bad: list[tuple[Entry, str]]) -> None:
+        """Dead-letter malformed entries we hold the locks of: one round trip."""
+        sha = self._scripts.requeue.sha
+
+        def build(b: CommandBatch) -> None:
+            for e, value in bad:
+                keys, args = self._requeue_keys_args(e.id, _keys.lock_key(self.service, e.id), mode="owned",
+                                                     value=value, count_retry=False, reason=str(e.error),
+                                                     force_dead_letter=True)
+                b.command("EVALSHA", sha, len(keys), *keys, *args)
+
+        results = await self._read_wire.execute(build)
+        for (e, _), res in zip(bad, results):
+            if isinstance(res, Exception):
+                self.log.warning("entry %s is malformed (%s); dead-lettering failed (%s), its lock will "
+                                 "expire and recovery retries", e.id, e.error, res)
+                continue
+            code, detail = int(res[0]), _text(res[1])
+            self.log.warning("entry %s is malformed (%s): %s", e.id, e.error,
+                             "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
+                             else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
+                             else f"left alone ({detail})")
+            if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
+                self._hook("lbs_stream_dead_lettered", entry_id=e.id, reason=str(e.error),
+                           dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
+
+    async def _wait_for_entries(self, after: str, block_ms: int) -> None:
+        """``XREAD BLOCK`` on the reader's own connection until an entry newer than ``after`` exists.
+
+        It delivers nothing (plain XREAD, no group), so it can be woken or
+        dropped at any time without stranding work. The reader holds one
+        pool connection for this and knows its CLIENT ID, so :meth:`close`
+        wakes it with CLIENT UNBLOCK.
         """
         conn = self._read_conn
         if conn is None:
@@ -352,18 +435,17 @@ class Client:
                 await conn.connect()
                 await conn.send_command("CLIENT", "ID")
                 self._reader_client_id = int(await conn.read_response())
-            await conn.send_command("XREADGROUP", "GROUP", self.group, self.id, "COUNT", count,
-                                    "BLOCK", block_ms, "STREAMS", self.stream_key, ">")
+            if self._stopping.is_set():
+                return
+            await conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", self.stream_key, after)
             self._reading = True
             try:
-                return await conn.read_response()
+                await conn.read_response()
             finally:
                 self._reading = False
         except ResponseError:
             raise  # a server error reply: the connection is fine
         except BaseException:
-            # Anything else (I/O, cancellation) leaves the connection in an
-            # unknown state: drop it; the next read reconnects.
             self._reader_client_id = None
             await conn.disconnect()
             raise
@@ -384,54 +466,6 @@ class Client:
         except asyncio.TimeoutError:
             pass
         return failures, min(delay * 2, cfg.read_retry_max)
-
-    async def _take(self, entries: list[Entry]) -> None:
-        """Lock every good entry and dead-letter every malformed one: one round trip."""
-        good = [e for e in entries if e.error is None]
-        bad = [e for e in entries if e.error is not None]
-        take_sha, requeue_sha = self._scripts.take.sha, self._scripts.requeue.sha
-
-        def build(b: CommandBatch) -> None:
-            if good:
-                b.evalsha_locks(take_sha, (self.fence_key, self.deadlines_key), self._lock_prefix,
-                                [e.id for e in good], (self.id, self.config.lock_ttl_ms))
-            for e in bad:
-                keys, args = self._requeue_keys_args(e.id, _keys.lock_key(self.service, e.id), mode="any",
-                                                     value="", count_retry=False, reason=str(e.error),
-                                                     force_dead_letter=True)
-                b.command("EVALSHA", requeue_sha, len(keys), *keys, *args)
-
-        results = _raise_first_error(await self._take_wire.execute(build))
-        offset = 0
-        if good:
-            tokens = results[0]
-            offset = 1
-            for e, tok in zip(good, tokens):
-                tok = self._own_token(tok)
-                if isinstance(tok, int):
-                    assert e.stream is not None and e.info is not None
-                    h = Held(e.id, e.stream, e.info, e.retry_count, tok, f"{tok}:{self.id}",
-                             _keys.lock_key(self.service, e.id))
-                    self._add_held(h)
-                    self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
-                    note = Notification(NotificationType.STREAM_ADDED, h.stream, h.entry_id, h.info,
-                                        h.retry_count, h.token)
-                    self._hook("lbs_stream_started", notification=note)
-                    await self._mailbox.put(note)
-                else:
-                    # Someone holds this entry's lock (a slow holder whose entry was
-                    # claimed away): leave it pending; it is theirs.
-                    self.log.warning("entry %s (%s) is locked by %r; leaving it to its holder",
-                                     e.id, e.stream, _text(tok))
-        for e, res in zip(bad, results[offset:]):
-            code, detail = int(res[0]), _text(res[1])
-            self.log.warning("entry %s is malformed (%s): %s", e.id, e.error,
-                             "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
-                             else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
-                             else f"left alone ({detail})")
-            if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
-                self._hook("lbs_stream_dead_lettered", entry_id=e.id, reason=str(e.error),
-                           dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
 
     def _own_token(self, tok: Any) -> Any:
         """The token of a lock that is already ours, else ``tok`` unchanged.
@@ -827,7 +861,7 @@ class Client:
         except RedisOperationError as exc:
             self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
         await cancel_and_wait([self._heartbeat, self._finisher])
-        for wire in (self._take_wire, self._done_wire, self._beat_wire):
+        for wire in (self._read_wire, self._done_wire, self._beat_wire):
             await wire.close()
         self.log.info("closed; handed back %d streams", handed_back)
         self._hook("lbs_client_closed", handed_back=handed_back)

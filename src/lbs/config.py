@@ -28,9 +28,10 @@ class Config:
     heartbeat_chunk: int = 10_000
     #: Most data streams this consumer holds at once; reads never exceed the free capacity.
     max_streams: int = 100
-    #: Most entries one XREADGROUP asks for (capped by the free capacity).
+    #: Most entries one read (``read-3.lua``'s XREADGROUP) asks for, capped by the free capacity.
     read_count: int = 100
-    #: How long one XREADGROUP blocks. Bounded, so shutdown is prompt even without cancellation.
+    #: How long the reader waits for new entries (``XREAD BLOCK``) after an empty read.
+    #: Bounded, so shutdown is prompt even without cancellation.
     read_block: float = 1.0
     #: First back-off after a failed read; doubles, with jitter, up to ``read_retry_max``.
     read_retry_initial: float = 0.1

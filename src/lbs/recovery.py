@@ -270,8 +270,9 @@ class Recovery:
     async def startup(self) -> int:
         """Re-queue this consumer id's own pending entries whose locks are gone (a restart).
 
-        Runs in :meth:`lbs.Client.start` before the reader: an entry the
-        reader has just read has no lock yet, and must not look dead.
+        Runs in :meth:`lbs.Client.start` before the reader starts. (Reads
+        lock what they deliver in the same script, so a freshly read entry
+        never looks dead.)
         """
         c = self.client
         started = time.perf_counter()

@@ -1,8 +1,9 @@
 """A consumer process for the recovery tests: ``python _worker.py URL SERVICE CONSUMER TTL [WORK] [FLAGS]``.
 
-It runs ``lbs.Client.run`` with a handler that records an audit entry per
-attempt in the stream ``audit:<service>`` (stream, consumer, token, start,
-end, done status), sleeps WORK seconds, and prints one JSON line per
+It runs ``lbs.Client.run`` with a handler that sleeps WORK seconds and
+records each attempt in the stream ``audit:<service>`` (stream, consumer,
+token, start, end, status): status CALLING just before ``done_stream``, then
+a second record with its result, and prints one JSON line per
 STREAM_ADDED (``{"stream", "token", "entry_id"}``) so the test can wait for it.
 FLAGS: ``poison`` makes it die (``os._exit``) on any stream named
 ``poison*``; ``norecovery`` turns its own recovery off.
@@ -36,9 +37,14 @@ async def main(url: str, service: str, consumer: str, ttl: float, work: float, f
             os._exit(3)  # dies on it, every time
         start = time.time()
         await asyncio.sleep(work)
+        # Two records per attempt: one before done_stream, one with its
+        # result. A kill -9 between done_stream and the second record leaves
+        # only the first, so the test can tell "finished, outcome unknown"
+        # from "never finished".
+        record = {"stream": note.stream, "consumer": consumer, "token": note.token, "start": start}
+        await r.xadd(f"audit:{service}", {**record, "end": time.time(), "status": "CALLING"})
         status = await client.done_stream(note.stream, note.entry_id)
-        await r.xadd(f"audit:{service}", {"stream": note.stream, "consumer": consumer, "token": note.token,
-                                          "start": start, "end": time.time(), "status": status.name})
+        await r.xadd(f"audit:{service}", {**record, "end": time.time(), "status": status.name})
 
     await client.start()
 

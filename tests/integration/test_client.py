@@ -13,6 +13,8 @@ import redis.asyncio as aioredis
 from _helpers import client, eventually, produce, take
 
 import lbs
+from lbs._keys import deadlines_key
+from lbs._scripts import source
 from lbs.embedded import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -453,3 +455,68 @@ async def test_close_wakes_a_blocked_read_and_strands_nothing(any_server: Any, s
     await produce(any_server.url, service, "after-close")
     pending = await rr.xpending(lbs.input_stream(service), lbs.group_name(service))
     assert pending["pending"] == 0  # nothing delivered to the closed consumer
+
+
+async def test_every_delivered_entry_is_locked_and_has_a_deadline(any_server: Any, service: str,
+                                                                  rr: aioredis.Redis) -> None:
+    # Delivery and locking are one script: whatever the reader was given is
+    # pending under a lock and in the deadline index, so a consumer dying at
+    # any moment leaves only work the deadline poller can find.
+    await produce(any_server.url, service, *[f"s{i}" for i in range(30)])
+    c = client(any_server.url, service, max_streams=30, read_count=7, recovery=False)
+    await c.start()
+    try:
+        await take(c, 30)
+        pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 100)
+        ids = [p["message_id"].decode() for p in pending]
+        assert len(ids) == 30
+        locks = await rr.mget([lbs.lock_key(service, i) for i in ids])
+        assert all(v is not None and v.decode().endswith(":" + c.id) for v in locks)
+        deadlines = await rr.zrange(deadlines_key(service), 0, -1)
+        assert sorted(d.decode() for d in deadlines) == sorted(ids)
+    finally:
+        await c.close()
+
+
+async def test_an_idle_reader_wakes_for_a_new_entry_at_once(any_server: Any, service: str) -> None:
+    # read_block 30 s: only the XREAD wake-up (not a timeout) can deliver in time.
+    # The first stream is done (deleted) first, so the wake-up id is not the
+    # stream's last generated id: XREAD must still wake for the next one only.
+    await produce(any_server.url, service, "first")
+    c = client(any_server.url, service, read_block=30.0)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        assert await c.done_stream(note.stream) is lbs.DoneStatus.DONE
+        await eventually(lambda: _true(c._reading))
+        await produce(any_server.url, service, "second")
+        (note,) = await take(c, 1, timeout=10)
+        assert note.stream == "second"
+    finally:
+        await c.close()
+
+
+async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(any_server: Any, service: str,
+                                                                rr: aioredis.Redis) -> None:
+    # A read whose reply is lost with the connection has already delivered and
+    # locked its entries. Play that read by hand, under the client's id, then
+    # start the client with the lost-reply flag set: it adopts those locks
+    # (same tokens) instead of leaving them to expire.
+    await produce(any_server.url, service, "a", "b")
+    c = client(any_server.url, service, recovery=False)
+    await c._ensure_group()
+    sha = await rr.script_load(source("read-3"))
+    stream = lbs.input_stream(service)
+    entries, tokens, _ = await rr.evalsha(sha, 3, stream, lbs.fence_key(service), deadlines_key(service),
+                                          lbs.group_name(service), c.id, 10, 5000,
+                                          lbs.lock_key(service, ""), ">")
+    assert len(entries) == 2
+    c._reply_lost = True
+    await c.start()
+    try:
+        notes = await take(c, 2)
+        assert sorted((n.stream, n.token) for n in notes) == sorted(zip(["a", "b"], tokens))
+        assert c.held == 2
+        assert [await c.done_stream(n.stream) for n in notes] == [lbs.DoneStatus.DONE] * 2
+    finally:
+        await c.close()

@@ -286,13 +286,40 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
     rng = random.Random(7)
     spawned = 4
     audit = f"audit:{service}"
+    lbs_key = lbs.input_stream(service)
 
-    async def finished() -> int:
-        return sum(1 for _, f in await rr.xrange(audit) if f[b"status"] == b"DONE")
+    async def attempts() -> dict[str, dict[str, str]]:
+        """Every attempt that reached done_stream, by token. A worker writes
+        CALLING, then the result; CALLING alone means it was killed inside
+        done_stream, outcome unknown (UNKNOWN)."""
+        out: dict[str, dict[str, str]] = {}
+        for _, f in await rr.xrange(audit):
+            r = {k.decode(): v.decode() for k, v in f.items()}
+            if r["status"] != "CALLING" or r["token"] not in out:
+                out[r["token"]] = r
+        return {t: ({**r, "status": "UNKNOWN"} if r["status"] == "CALLING" else r) for t, r in out.items()}
+
+    def completions(by_token: dict[str, dict[str, str]]) -> dict[str, list[dict[str, str]]]:
+        # DONE: released our lock, acked and deleted. LOCK_EXPIRED: our lock
+        # had expired but nobody had taken the entry over, so ours was the
+        # only attempt; acked and deleted. UNKNOWN counts only for a stream
+        # with no other completion, once the LBS is empty (nothing re-queued
+        # it, so its done_stream did run).
+        done: dict[str, list[dict[str, str]]] = {}
+        for r in by_token.values():
+            if r["status"] in ("DONE", "LOCK_EXPIRED"):
+                done.setdefault(r["stream"], []).append(r)
+        for r in by_token.values():
+            if r["status"] == "UNKNOWN" and r["stream"] not in done:
+                done[r["stream"]] = [r]
+        return done
+
+    async def finished() -> bool:
+        return await rr.xlen(lbs_key) == 0 and len(completions(await attempts())) >= n
 
     try:
         deadline = time.monotonic() + 120
-        while await finished() < n and time.monotonic() < deadline:
+        while not await finished() and time.monotonic() < deadline:
             await asyncio.sleep(0.3)
             victim = rng.randrange(len(procs))
             action = rng.random()
@@ -305,36 +332,48 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
                 os.kill(proc.pid, signal.SIGSTOP)  # stall past the TTL, then resume
                 await asyncio.sleep(ttl * 2)
                 os.kill(proc.pid, signal.SIGCONT)
-        records = [{k.decode(): v.decode() for k, v in f.items()} for _, f in await rr.xrange(audit)]
     finally:
         for proc in procs:
             stop(proc)
-    done = [r for r in records if r["status"] == "DONE"]
-    by_stream: dict[str, list[dict[str, str]]] = {}
-    for r in done:
-        by_stream.setdefault(r["stream"], []).append(r)
-    assert sorted(by_stream) == sorted(names), f"missing: {set(names) - set(by_stream)}"
+    by_token = await attempts()
+    records = list(by_token.values())
+    by_stream = completions(by_token)
+    missing = sorted(set(names) - set(by_stream))
+    if missing:
+        # Say where the missing ones are: their attempts, and what the LBS
+        # still holds for them (an entry, pending to whom, locked or not).
+        left = {}
+        for eid, f in await rr.xrange(lbs_key):
+            left[lbs.decode_input(f[b"lbs-input"])[0]] = eid.decode()
+        pel = {p["message_id"].decode(): (p["consumer"].decode(), p["time_since_delivered"])
+               for p in await rr.xpending_range(lbs_key, lbs.group_name(service), min="-", max="+", count=5000)}
+        detail = {m: {"attempts": [r for r in records if r["stream"] == m], "entry": left.get(m),
+                      "pending": pel.get(left.get(m, "")),
+                      "locked": bool(left.get(m)) and await rr.exists(lbs.lock_key(service, left[m]))}
+                  for m in missing[:3]}
+        raise AssertionError(f"{len(missing)} streams never done: {missing[:25]}; first ones: {detail}")
     twice = {s: rs for s, rs in by_stream.items() if len(rs) > 1}
     assert not twice, f"done twice: {list(twice.items())[:3]}"
-    # No two consumers held one stream at the same time. An attempt that
-    # finished DONE held the lock from its start to its end, so no other
-    # attempt on that stream may start inside that interval, and no other
-    # DONE attempt may span its start. Tokens are unique per attempt.
-    attempts: dict[str, list[dict[str, str]]] = {}
+    # No two consumers held one stream at the same time. The attempt that
+    # completed held the stream from its start to its end (DONE: under its
+    # lock; LOCK_EXPIRED: nobody took it over), so no other attempt on that
+    # stream may start inside that interval, nor span its start. Tokens are
+    # unique per attempt.
+    per_stream: dict[str, list[dict[str, str]]] = {}
     for r in records:
-        attempts.setdefault(r["stream"], []).append(r)
+        per_stream.setdefault(r["stream"], []).append(r)
     overlaps = []
-    for name, rs in attempts.items():
-        assert len({r["token"] for r in rs}) == len(rs), f"{name}: a token used twice"
-        for d in (r for r in rs if r["status"] == "DONE"):
-            d0, d1 = float(d["start"]), float(d["end"])
-            for other in rs:
-                if other is d:
-                    continue
-                a0, a1 = float(other["start"]), float(other["end"])
-                if d0 < a0 < d1 or (other["status"] == "DONE" and a0 < d0 < a1):
-                    overlaps.append((name, d, other))
+    for name, (d,) in by_stream.items():
+        d0, d1 = float(d["start"]), float(d["end"])
+        for other in per_stream[name]:
+            if other is d:
+                continue
+            a0, a1 = float(other["start"]), float(other["end"])
+            if d0 < a0 < d1 or (other["status"] != "LOCK_LOST" and a0 < d0 < a1):
+                overlaps.append((name, d, other))
     assert not overlaps, overlaps[:3]
-    lost = [r for r in records if r["status"] != "DONE"]
-    print(f"chaos: {spawned - 4} kills, {len(records)} attempts, {len(lost)} finished after losing the lock")
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    print(f"chaos: {spawned - 4} kills, {len(records)} attempts reached done_stream: {statuses}")
     assert await rr.xlen(lbs.input_stream(service)) == 0
