@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from _lbscore import decode_input, encode_input, try_decode_input
 
 from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input_stream, lock_key
-from .client import Client, Held, consumer_id_from_env
+from .client import Client, ClientStats, Held, consumer_id_from_env
 from .config import Config
 from .exceptions import (
     ConfigurationError,
@@ -54,6 +54,7 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
 __all__ = [
     "INPUT_FIELD",
     "Client",
+    "ClientStats",
     "Config",
     "ConfigurationError",
     "DataError",

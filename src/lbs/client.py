@@ -24,7 +24,8 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
+from functools import partial
+from types import CoroutineType, TracebackType
 from typing import Any
 
 import pluggy
@@ -37,6 +38,7 @@ from _lbscore import CommandBatch, Entry, EntryParser, try_decode_input
 
 from . import _keys
 from ._connection import RedisLike, cancel_and_wait, execute, resolve_client
+from ._eager import start_task
 from ._scripts import DoneCode, RequeueCode, Scripts
 from ._wire import Wire
 from .config import Config
@@ -56,6 +58,8 @@ KEYSPACE_FLAGS = "Kgx"
 TOMBSTONES = 10_000
 #: Most done_stream calls the finisher finishes in one script call.
 DONE_BATCH = 1_000
+# done-n.lua's codes (DoneCode) as the statuses done_stream reports; anything else is a lost lock.
+_DONE_STATUS = {int(DoneCode.DONE): DoneStatus.DONE, int(DoneCode.LOCK_EXPIRED): DoneStatus.LOCK_EXPIRED}
 
 Handler = Callable[[Notification], Awaitable[Any]]
 
@@ -71,6 +75,22 @@ def consumer_id_from_env(explicit: str | None = None) -> str:
     if any(c.isspace() for c in raw):
         raise ConfigurationError(f"consumer id must not contain whitespace: {raw!r}")
     return raw if raw.startswith(CONSUMER_PREFIX) else CONSUMER_PREFIX + raw
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """What a client did since it started: plain counters, updated as it goes."""
+
+    #: Streams taken (locked and handed to the application).
+    taken: int = 0
+    #: Streams finished (``done_stream`` or a returning ``run()`` handler), whatever the outcome.
+    finished: int = 0
+    #: ... of which with the lock still ours (``DoneStatus.DONE``).
+    done: int = 0
+    #: ... of which after the lock expired, nobody else having the stream (``LOCK_EXPIRED``).
+    lock_expired: int = 0
+    #: ... of which after the stream was handed on (``LOCK_LOST``).
+    lock_lost: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -165,8 +185,15 @@ class Client:
         self._reply_lost = False  # a read's reply was lost: re-read our pending entries
         self._reader_client_id: int | None = None
         self._reading = False
-        self._done_queue: list[tuple[Held, asyncio.Future[Any]]] = []
+        self._done_queue: list[tuple[Held, asyncio.Future[Any] | None]] = []
         self._done_wakeup = asyncio.Event()
+        self._done_idle = asyncio.Event()
+        self._done_idle.set()
+        self._dispatch: Callable[[Held, Notification], None] | None = None  # set by run()
+        self._run_limit = 0  # run()'s concurrency, when below max_streams
+        self._finished_event = asyncio.Event()
+        #: Counters of what this client did (cheap, always on).
+        self.stats = ClientStats()
         self._finisher: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
@@ -177,6 +204,10 @@ class Client:
         self.recovery = Recovery(self)
 
     # ----------------------------------------------------------- plumbing ---
+
+    def _listening(self, hook: str) -> bool:
+        """True when some plugin implements ``hook`` (hot paths ask once per batch)."""
+        return bool(getattr(self.pm.hook, hook).get_hookimpls())
 
     def _hook(self, hook: str, /, **kwargs: Any) -> None:
         caller = getattr(self.pm.hook, hook)
@@ -300,6 +331,8 @@ class Client:
         top: str | None = None  # after an empty read: the newest id, to block on
         while not self._stopping.is_set():
             free = cfg.max_streams - len(self._held)
+            if self._run_limit:
+                free = min(free, self._run_limit - len(self._handlers))
             if free <= 0:
                 self._capacity.clear()
                 try:
@@ -367,6 +400,8 @@ class Client:
         if not raw_entries:
             return _text(top) or "0-0"
         bad: list[tuple[Entry, str]] = []
+        acquired, started = self._listening("lbs_lock_acquired"), self._listening("lbs_stream_started")
+        dispatch, stats = self._dispatch, self.stats
         for e, tok in zip(self._parser.parse_entries(raw_entries), tokens):
             tok = self._own_token(tok)
             if not isinstance(tok, int):
@@ -384,11 +419,17 @@ class Client:
             h = Held(e.id, e.stream, e.info, e.retry_count, tok, f"{tok}:{self.id}",
                      _keys.lock_key(self.service, e.id))
             self._add_held(h)
-            self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
+            stats.taken += 1
+            if acquired:
+                self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
             note = Notification(NotificationType.STREAM_ADDED, h.stream, h.entry_id, h.info,
                                 h.retry_count, h.token)
-            self._hook("lbs_stream_started", notification=note)
-            await self._mailbox.put(note)
+            if started:
+                self._hook("lbs_stream_started", notification=note)
+            if dispatch is not None:
+                dispatch(h, note)
+            else:
+                await self._mailbox.put(note)
         if bad:
             await self._dead_letter_malformed(bad)
         return None
@@ -615,6 +656,14 @@ class Client:
                 self._tombstones.pop(h.stream, None)
         return await self._finish(picked)
 
+    def _queue_done(self, h: Held, fut: asyncio.Future[Any] | None) -> None:
+        """Queue ``h`` for the finisher's next batch; ``fut`` gets the done code (None: log only)."""
+        self._done_queue.append((h, fut))
+        if self._finisher is None or self._finisher.done():
+            self._finisher = asyncio.create_task(self._finish_loop(), name=f"lbs-finisher-{self.id}")
+        self._done_idle.clear()
+        self._done_wakeup.set()
+
     async def _finish(self, items: list[Held]) -> list[DoneStatus]:
         """Queue ``items`` for the finisher and wait for their outcome.
 
@@ -628,11 +677,8 @@ class Client:
         futures = []
         for h in items:
             fut: asyncio.Future[Any] = loop.create_future()
-            self._done_queue.append((h, fut))
+            self._queue_done(h, fut)
             futures.append(fut)
-        if self._finisher is None or self._finisher.done():
-            self._finisher = asyncio.create_task(self._finish_loop(), name=f"lbs-finisher-{self.id}")
-        self._done_wakeup.set()
         codes = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
         return [self._finished(h, code) for h, code in zip(items, codes)]
 
@@ -640,6 +686,8 @@ class Client:
         flag = 1 if self._use_xackdel else 0
         sha = self._scripts.done.sha
         while True:
+            if not self._done_queue:
+                self._done_idle.set()
             await self._done_wakeup.wait()
             self._done_wakeup.clear()
             while self._done_queue:
@@ -655,24 +703,39 @@ class Client:
                     (codes,) = _raise_first_error(await self._done_wire.execute(build))
                 except asyncio.CancelledError:
                     for _, fut in batch:
-                        fut.cancel()
+                        if fut is not None:
+                            fut.cancel()
                     raise
                 except Exception as exc:
                     err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
-                    for _, fut in batch:
-                        if not fut.done():
+                    for h, fut in batch:
+                        if fut is None:
+                            self.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
+                        elif not fut.done():
                             fut.set_exception(err)
                     continue
-                for (_, fut), code in zip(batch, codes):
-                    if not fut.done():
+                released = self._listening("lbs_lock_released")
+                for (h, fut), code in zip(batch, codes):
+                    if fut is None:
+                        self._finished(h, code, released)
+                    elif not fut.done():
                         fut.set_result(code)
 
-    def _finished(self, h: Held, code: Any) -> DoneStatus:
-        status = {DoneCode.DONE: DoneStatus.DONE, DoneCode.LOCK_EXPIRED: DoneStatus.LOCK_EXPIRED}.get(
-            DoneCode(int(code)), DoneStatus.LOCK_LOST)
+    def _finished(self, h: Held, code: Any, released: bool = True) -> DoneStatus:
+        status = _DONE_STATUS.get(code, DoneStatus.LOCK_LOST)
+        stats = self.stats
+        stats.finished += 1
+        self._finished_event.set()
+        if status is DoneStatus.DONE:
+            stats.done += 1
+        elif status is DoneStatus.LOCK_EXPIRED:
+            stats.lock_expired += 1
+        else:
+            stats.lock_lost += 1
         if status.lost:
             self.log.warning("done_stream(%s): %s (entry %s, token %d)", h.stream, status.value, h.entry_id, h.token)
-        self._hook("lbs_lock_released", stream=h.stream, entry_id=h.entry_id, token=h.token, status=status)
+        if released:
+            self._hook("lbs_lock_released", stream=h.stream, entry_id=h.entry_id, token=h.token, status=status)
         return status
 
     # ---------------------------------------------------------- hand-back ---
@@ -779,51 +842,91 @@ class Client:
     async def run(self, handler: Handler, concurrency: int | None = None) -> None:
         """Call ``await handler(notification)`` for every assigned stream until closed.
 
-        When the handler returns, the stream is finished with
-        :meth:`done_stream`; when it raises, the stream is handed back with a
+        When the handler returns, the stream is finished as by
+        :meth:`done_stream` (batched with every other stream finishing at
+        the same time); when it raises, the stream is handed back with a
         retry counted (so a stream that always fails ends in the dead-letter
         stream). A disowned stream's handler is cancelled. At most
-        ``concurrency`` handlers run at once (default ``Config.max_streams``).
-        Returns after :meth:`close`.
-        """
-        limit = asyncio.Semaphore(concurrency or self.config.max_streams)
-        await self.start()
-        async for note in self.notifications():
-            if note.type is not NotificationType.STREAM_ADDED:
-                continue
-            h = self._held.get(note.entry_id)
-            if h is None:
-                continue
-            await limit.acquire()
-            task = asyncio.create_task(self._handle(handler, note, h, limit), name=f"lbs-handler-{note.stream}")
-            h.task = task
-            self._handlers.add(task)
-            task.add_done_callback(self._handlers.discard)
-        if self._handlers:
-            await asyncio.gather(*self._handlers, return_exceptions=True)
+        ``concurrency`` handlers run at once (default ``Config.max_streams``):
+        the reader takes no more streams than there is room to run.
 
-    async def _handle(self, handler: Handler, note: Notification, h: Held, limit: asyncio.Semaphore) -> None:
-        try:
-            await handler(note)
-        except asyncio.CancelledError:
-            return  # disowned, or close() ran out of drain time: the stream is not ours to finish
-        except Exception as exc:
-            self.log.warning("handler failed on %s (entry %s): %r; handing it back", note.stream, note.entry_id, exc)
-            if self._held.get(h.entry_id) is h:
-                self._drop_held(h)
-                try:
-                    await self._hand_back_many([h], count_retry=True, reason=f"handler raised {exc!r}"[:500])
-                except RedisOperationError as err:
-                    self.log.error("hand-back of %s failed (%s); its lock will expire", note.stream, err)
-            return
-        finally:
-            h.task = None
-            limit.release()
-        if self._held.get(h.entry_id) is h:
+        Each handler runs in its own task, started eagerly: its first step
+        runs as soon as the stream is taken, and a handler that finishes
+        without suspending never waits for the event loop. Returns after
+        :meth:`close`.
+        """
+        if self._dispatch is not None:
+            raise ConfigurationError("run() is already running on this client")
+        if concurrency is not None and concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        loop = asyncio.get_running_loop()
+        on_done = self._handler_done
+
+        def dispatch(h: Held, note: Notification) -> None:
             try:
-                await self.done_stream(h.stream, h.entry_id)
-            except RedisOperationError as err:
-                self.log.error("done_stream(%s) failed (%s); its lock will expire", note.stream, err)
+                aw = handler(note)
+                coro = aw if type(aw) is CoroutineType else _awaited(aw)
+            except Exception as exc:  # a plain function that raised: a failed handler
+                coro = _raised(exc)
+            task = start_task(loop, coro, f"lbs-handler-{h.stream}")
+            if task.done():
+                on_done(h, task)
+            else:
+                h.task = task
+                self._handlers.add(task)
+                task.add_done_callback(partial(on_done, h))
+
+        self._dispatch = dispatch
+        self._run_limit = concurrency if concurrency is not None and concurrency < self.config.max_streams else 0
+        try:
+            await self.start()
+            # STREAM_ADDED goes straight to dispatch; the other notifications
+            # (disowned, expired, terminated) are drained so they never fill the box.
+            async for _ in self.notifications():
+                pass
+            if self._handlers:
+                await asyncio.gather(*self._handlers, return_exceptions=True)
+        finally:
+            self._dispatch = None
+            self._run_limit = 0
+
+    def _handler_done(self, h: Held, task: asyncio.Task[Any]) -> None:
+        """A run() handler ended: finish its stream, or hand it back if it raised."""
+        h.task = None
+        self._handlers.discard(task)
+        if self._run_limit:
+            self._capacity.set()
+        if task.cancelled():
+            return  # disowned, or close() ran out of drain time: the stream is not ours to finish
+        exc = task.exception()
+        if self._held.get(h.entry_id) is not h:
+            return  # disowned while it ran
+        self._drop_held(h)
+        if exc is None:
+            self._queue_done(h, None)
+            return
+        self.log.warning("handler failed on %s (entry %s): %r; handing it back", h.stream, h.entry_id, exc)
+        hand_back = asyncio.ensure_future(self._hand_back_failed(h, exc))
+        self._handlers.add(hand_back)
+        hand_back.add_done_callback(self._handlers.discard)
+
+    async def _hand_back_failed(self, h: Held, exc: BaseException) -> None:
+        try:
+            await self._hand_back_many([h], count_retry=True, reason=f"handler raised {exc!r}"[:500])
+        except RedisOperationError as err:
+            self.log.error("hand-back of %s failed (%s); its lock will expire", h.stream, err)
+
+    async def wait_finished(self, count: int, timeout: float | None = None) -> None:
+        """Wait until ``stats.finished`` (streams finished, whatever the outcome) reaches ``count``.
+
+        Raises :class:`asyncio.TimeoutError` after ``timeout`` seconds.
+        """
+        async def reached() -> None:
+            while self.stats.finished < count:
+                self._finished_event.clear()
+                await self._finished_event.wait()
+
+        await asyncio.wait_for(reached(), timeout)
 
     # -------------------------------------------------------------- close ---
 
@@ -860,6 +963,13 @@ class Client:
             handed_back = sum(1 for r in results if r)
         except RedisOperationError as exc:
             self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
+        if self._finisher is not None and not self._finisher.done():
+            # Streams whose handlers finished are queued for done-n.lua: send them.
+            try:
+                await asyncio.wait_for(self._done_idle.wait(), self.config.read_block + 5.0)
+            except asyncio.TimeoutError:
+                self.log.error("finisher did not drain; %d finished streams' locks will expire",
+                               len(self._done_queue))
         await cancel_and_wait([self._heartbeat, self._finisher])
         for wire in (self._read_wire, self._done_wire, self._beat_wire):
             await wire.close()
@@ -904,6 +1014,14 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<lbs.Client {self.id} service={self.service!r} held={len(self._held)}>"
+
+
+async def _awaited(aw: Awaitable[Any]) -> Any:
+    return await aw
+
+
+async def _raised(exc: BaseException) -> None:
+    raise exc
 
 
 def _raise_first_error(replies: list[Any]) -> list[Any]:

@@ -520,3 +520,106 @@ async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(any_server: Any,
         assert [await c.done_stream(n.stream) for n in notes] == [lbs.DoneStatus.DONE] * 2
     finally:
         await c.close()
+
+
+async def test_run_handlers_see_their_own_task_and_their_timeouts_cancel_only_them(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    # Handlers start eagerly (their first step runs inside the reader's
+    # dispatch). Whatever they capture in that first step, asyncio.timeout,
+    # TaskGroup, current_task, must be their own task: a timeout that fires
+    # must fail that handler (hand-back with a retry), never the reader.
+    await produce(any_server.url, service, "quick", "group", "slow", "plain")
+    c = client(any_server.url, service, max_retries=5)
+    tasks: dict[str, asyncio.Task[Any] | None] = {}
+    outcome: dict[str, str] = {}
+    retried = asyncio.Event()
+
+    async def handler(note: lbs.Notification) -> None:
+        tasks.setdefault(note.stream, asyncio.current_task())
+        if note.stream == "quick":
+            outcome["quick"] = "ran"  # never suspends: finishes inside dispatch
+        elif note.stream == "group":
+            async with asyncio.TaskGroup() as tg:
+                child = tg.create_task(asyncio.sleep(0.01, "child"))
+            outcome["group"] = child.result()
+        elif note.stream == "slow":
+            if note.retry_count:
+                outcome["slow"] = f"retry {note.retry_count}"
+                retried.set()
+                return
+            async with asyncio.timeout(0.05):
+                await asyncio.sleep(30)
+
+    def plain(note: lbs.Notification) -> Any:  # not a coroutine function: returns a future
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        outcome["plain"] = "ran"
+        return fut
+
+    async def either(note: lbs.Notification) -> None:
+        await (plain(note) if note.stream == "plain" else handler(note))
+
+    runner = asyncio.create_task(c.run(either))
+    try:
+        await asyncio.wait_for(retried.wait(), 10)
+        await c.wait_finished(4, timeout=10)
+    finally:
+        await c.close()
+        await asyncio.wait_for(runner, 10)
+    assert outcome == {"quick": "ran", "group": "child", "slow": "retry 1", "plain": "ran"}
+    reader = c._reader
+    assert all(t is not None and t is not reader for t in tasks.values())
+    assert len({id(t) for t in tasks.values()}) == len(tasks)
+    assert c.stats.done == 4 and c.stats.finished == 4
+    assert await rr.xlen(lbs.input_stream(service)) == 0
+
+
+async def test_run_concurrency_bounds_what_the_reader_takes(any_server: Any, service: str) -> None:
+    await produce(any_server.url, service, *[f"s{i}" for i in range(6)])
+    c = client(any_server.url, service, max_streams=10)
+    release = asyncio.Event()
+    running: list[str] = []
+
+    async def handler(note: lbs.Notification) -> None:
+        running.append(note.stream)
+        await release.wait()
+
+    runner = asyncio.create_task(c.run(handler, concurrency=2))
+    try:
+        await eventually(lambda: _true(len(running) == 2))
+        await asyncio.sleep(0.3)  # three read_blocks: room for a wrong third take to show
+        assert c.held == 2 and len(running) == 2
+        release.set()
+        await c.wait_finished(6, timeout=10)
+    finally:
+        await c.close()
+        await asyncio.wait_for(runner, 10)
+    assert sorted(running) == [f"s{i}" for i in range(6)]
+
+
+async def test_a_handler_that_raises_before_returning_a_coroutine_is_handed_back(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await produce(any_server.url, service, "bad")
+    c = client(any_server.url, service, max_retries=0)
+    dead = asyncio.Event()
+
+    class Watch:
+        @lbs.hookimpl
+        def lbs_stream_dead_lettered(self) -> None:
+            dead.set()
+
+    c.pm.register(Watch())
+
+    def handler(note: lbs.Notification) -> Any:
+        raise ValueError("not even a coroutine")
+
+    runner = asyncio.create_task(c.run(handler))
+    try:
+        await asyncio.wait_for(dead.wait(), 10)
+    finally:
+        await c.close()
+        await asyncio.wait_for(runner, 10)
+    (dl,) = await rr.xrange(lbs.dead_letter_stream(service))
+    assert b"not even a coroutine" in dl[1][b"_reason"]

@@ -82,3 +82,49 @@ def test_random_bytes_never_raise_from_try_decode(raw: bytes) -> None:
 def test_encode_refuses_what_the_wire_cannot_carry(name: Any, info: Any) -> None:
     with pytest.raises(lbs.InvalidInputError):
         lbs.encode_input(name, info)
+
+
+# The compiled decoder has a fast path for the canonical shape (our encoder's
+# and Go's: no whitespace, DataStreamName first, a name without escapes) and a
+# general path (json) for everything else. A str skips the fast path, so the
+# same document as bytes and as str must decode identically, valid or not.
+_docs = st.one_of(
+    st.builds(lambda n, i: lbs.encode_input(n, i), names, infos),
+    st.builds(lambda n, i, sep: json.dumps({"DataStreamName": n, "Info": i}, separators=sep).encode(),
+              names, st.one_of(infos, json_values), st.sampled_from([(",", ":"), (", ", ": "), (",", ": ")])),
+    st.builds(lambda n: b'{"DataStreamName":"' + n.encode() + b'"}', st.text(max_size=10)),
+)
+
+
+def _mutations(doc: bytes) -> st.SearchStrategy[bytes]:
+    cut = st.integers(0, len(doc))
+    return st.one_of(
+        st.just(doc),
+        cut.map(lambda i: doc[:i]),  # truncated
+        st.tuples(cut, st.binary(min_size=1, max_size=3)).map(lambda t: doc[:t[0]] + t[1] + doc[t[0]:]),
+        cut.map(lambda i: doc[:i] + doc[i + 1:]),  # a byte dropped
+    )
+
+
+@given(_docs.flatmap(_mutations))
+def test_fast_and_general_paths_agree(raw: bytes) -> None:
+    as_bytes = lbs.try_decode_input(raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        assert as_bytes[2] is not None and as_bytes[:2] == (None, None)
+        return
+    as_text = lbs.try_decode_input(text)
+    assert as_bytes == as_text
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"DataStreamName":"s","Info":{}}',
+    b'{"DataStreamName":"s","Info":null}',
+    b'{"DataStreamName":"s"}',
+    b'{"DataStreamName":"s","Info":{"a":[1,{"b":"}"}]}}',
+    b'{"DataStreamName":"s\\u00e9","Info":{}}',  # an escape: the general path
+    b'{"DataStreamName":"s","Info":{} }',  # whitespace: the general path
+])
+def test_canonical_and_near_canonical_documents_decode(raw: bytes) -> None:
+    assert lbs.try_decode_input(raw) == (*lbs.decode_input(raw.decode()), None)
