@@ -62,3 +62,52 @@ def bench_decode_inputs(benchmark: Any, impl: str) -> None:
     raws = [encode_input(n, i) for n, i in stream_specs(100)]
     fn = decode_input if impl == "lbs" else _json_decode
     assert benchmark(lambda: [fn(r) for r in raws]) == [_json_decode(r) for r in raws]
+
+
+def _xreadgroup_reply(service: str, n: int) -> bytes:
+    """The RESP3 bytes of an XREADGROUP reply with ``n`` entries (one stream),
+    the managed fields set as after a re-queue."""
+    from lbs import input_stream
+
+    stream = input_stream(service).encode()
+    out = [b"%1\r\n", b"$%d\r\n%s\r\n" % (len(stream), stream), b"*%d\r\n" % n]
+    for i, (name, info) in enumerate(stream_specs(n)):
+        entry_id = b"1795360974434-%d" % i
+        fields = [b"lbs-input", encode_input(name, info), b"_retry_count", b"1", b"_original_id", entry_id]
+        out.append(b"*2\r\n$%d\r\n%s\r\n*%d\r\n" % (len(entry_id), entry_id, len(fields)))
+        out.extend(b"$%d\r\n%s\r\n" % (len(f), f) for f in fields)
+    return b"".join(out)
+
+
+def _parse_lbs(raw: bytes, parser: Any) -> list[tuple[str, str, dict[str, Any], int]]:
+    reader = hiredis.Reader()
+    reader.feed(raw)
+    return [(e.id, e.stream, e.info, e.retry_count) for e in parser.parse_xreadgroup(reader.gets())]
+
+
+def _parse_redis_py(raw: bytes, parser: Any) -> list[tuple[str, str, dict[str, Any], int]]:
+    # redis-py's path for the same bytes: its hiredis reader, its XREADGROUP
+    # response callback, then json.loads and the managed fields in Python.
+    from redis._parsers.helpers import parse_xread_resp3
+
+    reader = hiredis.Reader()
+    reader.feed(raw)
+    out = []
+    for entries in parse_xread_resp3(reader.gets()).values():
+        for entry_id, fields in entries[0]:
+            doc = json.loads(fields[b"lbs-input"])
+            out.append((entry_id.decode(), doc["DataStreamName"], doc.get("Info") or {},
+                        int(fields.get(b"_retry_count", 0))))
+    return out
+
+
+@pytest.mark.benchmark(group="parse a 256-entry XREADGROUP reply")
+@pytest.mark.parametrize("impl", ["lbs", "redis-py + json.loads"])
+def bench_parse_xreadgroup(benchmark: Any, impl: str) -> None:
+    from _lbscore import EntryParser
+
+    raw = _xreadgroup_reply("bench", 256)
+    parser = EntryParser()
+    fn = _parse_lbs if impl == "lbs" else _parse_redis_py
+    result = benchmark(fn, raw, parser)
+    assert result == _parse_redis_py(raw, parser) and len(result) == 256

@@ -6,7 +6,8 @@ cdef class Entry:
         readonly long long retry_count
         readonly object original_id  # str or None: the id of the first delivery
         readonly object error      # str reason when malformed, else None
-        readonly dict fields       # the entry's raw fields, for re-queue and dead letters
+        object _raw_fields         # the reply's fields: a flat list (RESP2, scripts) or a dict
+        dict _fields               # built from _raw_fields on first access of .fields
         readonly long long idle_ms         # XREADGROUP CLAIM: ms since last delivery (-1: not claimed)
         readonly long long delivery_count  # XREADGROUP CLAIM: deliveries so far (0: new entry)
 

@@ -12,12 +12,39 @@ cdef inline str _text(object v):
     return str(v)
 
 
+cdef inline bint all_bytes(list items):
+    for item in items:
+        if type(item) is not bytes:
+            return False
+    return True
+
+
 cdef class Entry:
 
     def __repr__(self):
         if self.error is not None:
             return f"<Entry {self.id} malformed: {self.error}>"
         return f"<Entry {self.id} stream={self.stream!r} retry_count={self.retry_count}>"
+
+    @property
+    def fields(self):
+        """The entry's fields as a dict of bytes (built on first access)."""
+        cdef dict fields
+        if self._fields is None:
+            raw = self._raw_fields
+            if raw is None:
+                fields = {}
+            elif isinstance(raw, dict):
+                fields = {(k.encode() if isinstance(k, str) else k): (v.encode() if isinstance(v, str) else v)
+                          for k, v in (<dict>raw).items()}
+            else:
+                it = iter(raw)
+                fields = {}
+                for k in it:
+                    v = next(it, b"")
+                    fields[k.encode() if isinstance(k, str) else k] = v.encode() if isinstance(v, str) else v
+            self._fields = fields
+        return self._fields
 
     @property
     def ok(self):
@@ -67,23 +94,31 @@ cdef class EntryParser:
                 e.delivery_count = int(extra[1])
             except (TypeError, ValueError, IndexError):
                 e.error = f"unreadable CLAIM metadata {extra!r}"
+        e._raw_fields = raw_fields
+        e._fields = None
         if raw_fields is None:
             # A pending reference to an entry deleted or trimmed from the stream.
-            e.fields = {}
             e.error = "entry was deleted from the stream"
             return e
-        if isinstance(raw_fields, dict):
-            fields = {(k.encode() if isinstance(k, str) else k): (v.encode() if isinstance(v, str) else v)
-                      for k, v in (<dict>raw_fields).items()}
+        raw = rc = oid = None
+        if type(raw_fields) is list and all_bytes(<list>raw_fields):
+            # The flat [k1, v1, k2, v2, ...] of RESP2 and of scripts: pick the
+            # three fields we read without building a dict (later keys win,
+            # as in a dict).
+            flat = <list>raw_fields
+            for i in range(0, len(flat) - 1, 2):
+                k = flat[i]
+                if k == self._input_field:
+                    raw = flat[i + 1]
+                elif k == self._retry_field:
+                    rc = flat[i + 1]
+                elif k == self._original_field:
+                    oid = flat[i + 1]
         else:
-            # RESP2 flat list [k1, v1, k2, v2, ...]
-            it = iter(raw_fields)
-            fields = {}
-            for k in it:
-                v = next(it, b"")
-                fields[k.encode() if isinstance(k, str) else k] = v.encode() if isinstance(v, str) else v
-        e.fields = fields
-        rc = fields.get(self._retry_field)
+            fields = e.fields
+            raw = fields.get(self._input_field)
+            rc = fields.get(self._retry_field)
+            oid = fields.get(self._original_field)
         if rc is not None:
             try:
                 e.retry_count = int(rc)
@@ -92,14 +127,12 @@ cdef class EntryParser:
             except ValueError:
                 if e.error is None:
                     e.error = f"{self._retry_field.decode()} is not a non-negative integer: {_text(rc)!r}"
-        oid = fields.get(self._original_field)
         if oid is not None:
             e.original_id = _text(oid)
-        raw = fields.get(self._input_field)
         if e.error is not None:
             return e
         if raw is None:
-            e.error = f"entry has no {self._input_field.decode()} field (fields: {sorted(_text(k) for k in fields)})"
+            e.error = f"entry has no {self._input_field.decode()} field (fields: {sorted(_text(k) for k in e.fields)})"
             return e
         if len(raw) > self._max_input_bytes:
             e.error = f"{self._input_field.decode()} is {len(raw)} bytes, more than the limit of {self._max_input_bytes}"
