@@ -97,14 +97,14 @@ def redis_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
     if url:
         yield ServerInfo(url, _version_of(url))
         return
-    with RedisServer(config={"notify-keyspace-events": "Kgx"}) as server:
+    with RedisServer(config={"notify-keyspace-events": "Kx"}) as server:
         yield ServerInfo(server.url, server.version, server)
 
 
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[RedisClusterServers]:
     """A 3-master Redis Cluster (no replicas) for the whole session."""
-    with RedisClusterServers(masters=3, config={"notify-keyspace-events": "Kgx"}) as cluster:
+    with RedisClusterServers(masters=3, config={"notify-keyspace-events": "Kx"}) as cluster:
         yield cluster
 
 
@@ -117,7 +117,7 @@ def redis7_server() -> Iterator[ServerInfo]:
         if os.environ.get("LBS_REQUIRE_REDIS7") == "1":
             pytest.fail(f"LBS_REQUIRE_REDIS7=1 but {exc}")
         pytest.skip(f"Redis 7 fallback tests need Debian's redis-server 7.x: {exc}")
-    with RedisServer(binary, config={"notify-keyspace-events": "Kgx"}) as server:
+    with RedisServer(binary, config={"notify-keyspace-events": "Kx"}) as server:
         version = redis_server_version(binary)
         assert version is not None
         yield ServerInfo(server.url, version, server)

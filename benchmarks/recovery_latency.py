@@ -64,7 +64,7 @@ async def trial(url: str, service: str, ttl: float, path: str) -> float:
 async def main(trials: int, ttl: float, noise: int = 10_000) -> dict[str, list[float]]:
     """Print and return the sorted latencies of each path."""
     results: dict[str, list[float]] = {}
-    with RedisServer(config={"notify-keyspace-events": "Kgx"}) as server:
+    with RedisServer(config={"notify-keyspace-events": "Kx"}) as server:
         r = aioredis.Redis.from_url(server.url)
         pipe = r.pipeline(transaction=False)
         for i in range(noise):

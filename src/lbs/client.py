@@ -53,7 +53,10 @@ log = logging.getLogger("lbs.client")
 
 CONSUMER_PREFIX = "redis-consumer-"
 #: Keyspace-event flags recovery needs: K (keyspace channel), g (del), x (expired).
-KEYSPACE_FLAGS = "Kgx"
+# Keyspace (K) events of expired (x) keys: all the listener uses. Not g: with
+# it, every lock released by done_stream would also publish a del event to
+# every listener of the service (one message per finished stream).
+KEYSPACE_FLAGS = "Kx"
 #: How many recently disowned streams ``done_stream`` still recognises.
 TOMBSTONES = 10_000
 #: Most done_stream calls the finisher finishes in one script call.

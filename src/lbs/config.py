@@ -54,7 +54,7 @@ class Config:
     #: On ``close()``, how long to let running ``run()`` handlers finish before
     #: their streams are handed back.
     drain_timeout: float = 0.0
-    #: Add the keyspace-event flags recovery listens to (``Kgx``) to the server's
+    #: Add the keyspace-event flags recovery listens to (``Kx``) to the server's
     #: ``notify-keyspace-events`` at start, keeping everyone else's flags.
     configure_keyspace_events: bool = True
 

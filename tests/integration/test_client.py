@@ -368,9 +368,9 @@ async def test_keyspace_flags_are_added_without_removing_others(any_server: Any,
                                                                   else "notify-keyspace-events"]
         flags = flags.decode() if isinstance(flags, bytes) else flags
         assert c.keyspace_events_configured
-        assert set("Elh") <= set(flags) and set("Kgx") <= set(flags) | ({"g"} if "A" in flags else set())
+        assert set("Elh") <= set(flags) and set("Kx") <= set(flags)
     finally:
-        await rr.config_set("notify-keyspace-events", "Kgx")
+        await rr.config_set("notify-keyspace-events", "Kx")
 
 
 async def test_refused_config_is_a_warning_not_a_failure(

@@ -111,7 +111,7 @@ async def test_kill_9_is_recovered_with_keyspace_events_disabled(
         elapsed = await _kill_and_time_recovery(redis_server, rr, service, ttl, deadline_poll_interval=0.1,
                                                 configure_keyspace_events=False, keyspace_recovery=False)
     finally:
-        await rr.config_set("notify-keyspace-events", "Kgx")
+        await rr.config_set("notify-keyspace-events", "Kx")
     assert elapsed <= ttl + 1.0, f"recovered after {elapsed:.2f}s"
 
 
