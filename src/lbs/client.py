@@ -160,7 +160,8 @@ class Client:
         self.dead_letter_key = _keys.dead_letter_stream(service) if dlq is None else dlq
         self._redis, self._owned = resolve_client(redis)
         self._scripts = Scripts(self._redis)
-        self._lock_prefix = _keys.lock_key(service, "").encode()
+        self._lock_key_prefix = _keys.lock_key(service, "")  # + entry id: the lock key, without re-formatting
+        self._lock_prefix = self._lock_key_prefix.encode()
         # Own connections for the batched hot paths (encoded by the core, one
         # write each): the reader's read-and-lock, the finisher, the heartbeat.
         sources = self._scripts.sources()
@@ -420,7 +421,7 @@ class Client:
                 continue
             assert e.stream is not None and e.info is not None
             h = Held(e.id, e.stream, e.info, e.retry_count, tok, f"{tok}:{self.id}",
-                     _keys.lock_key(self.service, e.id))
+                     self._lock_key_prefix + e.id)
             self._add_held(h)
             stats.taken += 1
             if acquired:
@@ -443,7 +444,7 @@ class Client:
 
         def build(b: CommandBatch) -> None:
             for e, value in bad:
-                keys, args = self._requeue_keys_args(e.id, _keys.lock_key(self.service, e.id), mode="owned",
+                keys, args = self._requeue_keys_args(e.id, self._lock_key_prefix + e.id, mode="owned",
                                                      value=value, count_retry=False, reason=str(e.error),
                                                      force_dead_letter=True)
                 b.command("EVALSHA", sha, len(keys), *keys, *args)
