@@ -9,6 +9,7 @@ include "buffer.pyx"
 include "packer.pyx"
 include "inputs.pyx"
 include "entries.pyx"
+include "reader.pyx"
 include "pipeline.pyx"
 
 #: True when this module was built with LBS_DEBUG=1 (invariant checks on).

@@ -12,6 +12,12 @@ cdef class Entry:
         readonly long long delivery_count  # XREADGROUP CLAIM: deliveries so far (0: new entry)
 
 
+cdef struct Span:
+    # A field's value inside a buffer someone else keeps alive; n < 0: absent.
+    const char *p
+    Py_ssize_t n
+
+
 cdef class EntryParser:
     cdef:
         bytes _input_field
@@ -20,3 +26,6 @@ cdef class EntryParser:
         Py_ssize_t _max_input_bytes
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra)
+    cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,
+                           object extra)
+    cdef Entry parse_item(self, object item)

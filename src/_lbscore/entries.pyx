@@ -1,7 +1,12 @@
-# LBS entries as the client reads them: XREADGROUP / XRANGE replies, already
-# split into (id, fields) by redis-py's RESP2 or RESP3 parser, become typed
-# Entry objects. A malformed entry becomes an Entry carrying the reason (for
-# the dead-letter path), never an exception that would abort the batch.
+# LBS entries as the client reads them: XREADGROUP / XRANGE replies become
+# typed Entry objects, either straight from the RESP bytes (reader.pyx) or
+# from (id, fields) pairs another parser built (redis-py's RESP2 or RESP3).
+# A malformed entry becomes an Entry carrying the reason (for the dead-letter
+# path), never an exception that would abort the batch.
+
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 
 
 cdef inline str _text(object v):
@@ -19,6 +24,73 @@ cdef inline bint all_bytes(list items):
     return True
 
 
+cdef inline long long _small_count(const char* p, Py_ssize_t n) noexcept:
+    # 1-18 ASCII digits as a number; -1 for anything else (int() decides).
+    cdef long long v = 0
+    cdef Py_ssize_t i
+    if n < 1 or n > 18:
+        return -1
+    for i in range(n):
+        if p[i] < 48 or p[i] > 57:
+            return -1
+        v = v * 10 + (p[i] - 48)
+    return v
+
+
+cdef inline object _as_bytes(object value):
+    if value is None or type(value) is bytes:
+        return value
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+cdef inline Span _span(object value):
+    # A span over a bytes object the caller keeps alive, or an absent field.
+    cdef Span s
+    if value is None:
+        s.p = NULL
+        s.n = -1
+    else:
+        s.p = PyBytes_AS_STRING(value)
+        s.n = PyBytes_GET_SIZE(value)
+    return s
+
+
+cdef inline str _span_text(Span s):
+    return PyUnicode_DecodeUTF8(s.p, s.n, "replace")
+
+
+cdef dict _fields_dict(object raw):
+    # The entry's fields as {bytes: bytes}, from whatever form the reply had.
+    cdef dict fields = {}
+    if raw is None:
+        return fields
+    if type(raw) is bytes:
+        # The RESP bytes of the field array, kept by the reader's direct path.
+        r = RespReader()
+        r.feed(raw)
+        raw = r.gets()
+    if isinstance(raw, dict):
+        return {(k.encode() if isinstance(k, str) else k): (v.encode() if isinstance(v, str) else v)
+                for k, v in (<dict>raw).items()}
+    it = iter(raw)
+    for k in it:
+        v = next(it, b"")
+        fields[k.encode() if isinstance(k, str) else k] = v.encode() if isinstance(v, str) else v
+    return fields
+
+
+cdef Entry _unreadable(object item):
+    cdef Entry e = Entry.__new__(Entry)
+    e.id = ""
+    e.retry_count = 0
+    e.idle_ms = -1
+    e.delivery_count = 0
+    e.stream = e.info = e.original_id = e._raw_fields = e._fields = None
+    e.error = f"not a stream entry: {item!r:.200}"
+    return e
+
+
+@cython.freelist(256)
 cdef class Entry:
 
     def __repr__(self):
@@ -29,21 +101,8 @@ cdef class Entry:
     @property
     def fields(self):
         """The entry's fields as a dict of bytes (built on first access)."""
-        cdef dict fields
         if self._fields is None:
-            raw = self._raw_fields
-            if raw is None:
-                fields = {}
-            elif isinstance(raw, dict):
-                fields = {(k.encode() if isinstance(k, str) else k): (v.encode() if isinstance(v, str) else v)
-                          for k, v in (<dict>raw).items()}
-            else:
-                it = iter(raw)
-                fields = {}
-                for k in it:
-                    v = next(it, b"")
-                    fields[k.encode() if isinstance(k, str) else k] = v.encode() if isinstance(v, str) else v
-            self._fields = fields
+            self._fields = _fields_dict(self._raw_fields)
         return self._fields
 
     @property
@@ -74,34 +133,12 @@ cdef class EntryParser:
         self._max_input_bytes = max_input_bytes
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra):
-        cdef Entry e = Entry.__new__(Entry)
+        # From values another parser built (hiredis/redis-py's, or ours on
+        # the generic path): bytes, or str under decode_responses.
         cdef dict fields
-        cdef object raw, rc
-        cdef tuple decoded
-        e.id = _text(raw_id)
-        e.retry_count = 0
-        e.idle_ms = -1
-        e.delivery_count = 0
-        e.stream = None
-        e.info = None
-        e.original_id = None
-        e.error = None
-        if extra is not None:
-            # XREADGROUP CLAIM: [id, fields, idle, delivery count]. Server 8.4.0
-            # sent the two numbers as strings, later versions as integers.
-            try:
-                e.idle_ms = int(extra[0])
-                e.delivery_count = int(extra[1])
-            except (TypeError, ValueError, IndexError):
-                e.error = f"unreadable CLAIM metadata {extra!r}"
-        e._raw_fields = raw_fields
-        e._fields = None
-        if raw_fields is None:
-            # A pending reference to an entry deleted or trimmed from the stream.
-            e.error = "entry was deleted from the stream"
-            return e
+        cdef object raw, rc, oid
         raw = rc = oid = None
-        if type(raw_fields) is list and all_bytes(<list>raw_fields):
+        if raw_fields is not None and type(raw_fields) is list and all_bytes(<list>raw_fields):
             # The flat [k1, v1, k2, v2, ...] of RESP2 and of scripts: pick the
             # three fields we read without building a dict (later keys win,
             # as in a dict).
@@ -114,30 +151,70 @@ cdef class EntryParser:
                     rc = flat[i + 1]
                 elif k == self._original_field:
                     oid = flat[i + 1]
-        else:
-            fields = e.fields
+        elif raw_fields is not None:
+            fields = _fields_dict(raw_fields)
             raw = fields.get(self._input_field)
             rc = fields.get(self._retry_field)
             oid = fields.get(self._original_field)
-        if rc is not None:
+        raw, rc, oid = _as_bytes(raw), _as_bytes(rc), _as_bytes(oid)
+        return self.parse_parts(_text(raw_id), raw_fields, _span(raw), _span(rc), _span(oid), extra)
+
+    cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,
+                           object extra):
+        # The one place an entry is judged: both the generic path (parse_one)
+        # and the RESP reader's direct path (which never makes bytes objects
+        # for the fields) end here. A span with n < 0 is an absent field.
+        cdef Entry e = Entry.__new__(Entry)
+        cdef long long v
+        cdef tuple decoded
+        e.id = entry_id
+        e.retry_count = 0
+        e.idle_ms = -1
+        e.delivery_count = 0
+        e.stream = None
+        e.info = None
+        e.original_id = None
+        e.error = None
+        e._raw_fields = raw_fields
+        e._fields = None
+        if extra is not None:
+            # XREADGROUP CLAIM: [id, fields, idle, delivery count]. Server 8.4.0
+            # sent the two numbers as strings, later versions as integers.
             try:
-                e.retry_count = int(rc)
-                if e.retry_count < 0:
-                    raise ValueError
-            except ValueError:
-                if e.error is None:
-                    e.error = f"{self._retry_field.decode()} is not a non-negative integer: {_text(rc)!r}"
-        if oid is not None:
-            e.original_id = _text(oid)
+                e.idle_ms = int(extra[0])
+                e.delivery_count = int(extra[1])
+            except (TypeError, ValueError, IndexError):
+                e.error = f"unreadable CLAIM metadata {extra!r}"
+        if raw_fields is None:
+            # A pending reference to an entry deleted or trimmed from the stream.
+            e.error = "entry was deleted from the stream"
+            return e
+        if rc.n >= 0:
+            v = _small_count(rc.p, rc.n)
+            if v < 0:
+                # Not plain digits: int() decides, as it did before the fast path.
+                text = _span_text(rc)
+                try:
+                    v = int(PyBytes_FromStringAndSize(rc.p, rc.n))
+                    if v < 0:
+                        raise ValueError
+                except (ValueError, OverflowError):
+                    v = -1
+                if v < 0 and e.error is None:
+                    e.error = f"{self._retry_field.decode()} is not a non-negative integer: {text!r}"
+            if v >= 0:
+                e.retry_count = v
+        if oid.n >= 0:
+            e.original_id = _span_text(oid)
         if e.error is not None:
             return e
-        if raw is None:
+        if raw.n < 0:
             e.error = f"entry has no {self._input_field.decode()} field (fields: {sorted(_text(k) for k in e.fields)})"
             return e
-        if len(raw) > self._max_input_bytes:
-            e.error = f"{self._input_field.decode()} is {len(raw)} bytes, more than the limit of {self._max_input_bytes}"
+        if raw.n > self._max_input_bytes:
+            e.error = f"{self._input_field.decode()} is {raw.n} bytes, more than the limit of {self._max_input_bytes}"
             return e
-        decoded = decode_input_c(raw)
+        decoded = decode_input_ptr(raw.p, raw.n)
         if decoded[2] is not None:
             e.error = decoded[2]
         else:
@@ -145,14 +222,21 @@ cdef class EntryParser:
             e.info = decoded[1]
         return e
 
+    cdef Entry parse_item(self, object item):
+        # One element of an entries array, as a generic parser built it.
+        if type(item) is list and len(<list>item) >= 2:
+            if len(<list>item) >= 4:
+                return self.parse_one(item[0], item[1], (item[2], item[3]))
+            return self.parse_one(item[0], item[1], None)
+        return _unreadable(item)
+
     def parse_entries(self, entries):
         """Parse a list of ``(id, fields)`` (or CLAIM's ``[id, fields, idle, count]``)."""
         cdef list out = []
         for item in entries:
-            if len(item) >= 4:
-                out.append(self.parse_one(item[0], item[1], (item[2], item[3])))
-            else:
-                out.append(self.parse_one(item[0], item[1], None))
+            if type(item) is not list:
+                item = list(item) if isinstance(item, tuple) else item
+            out.append(self.parse_item(item))
         return out
 
     def parse_xreadgroup(self, reply):

@@ -32,28 +32,212 @@ def encode_input(name, info=None):
 
 
 from libc.string cimport memcmp
-import json.scanner as _json_scanner
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.float cimport PyFloat_FromString
+from cpython.long cimport PyLong_FromString
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
 
-# json's C scanner (what json.loads runs underneath), called directly: one
-# value at a given index, no whitespace regex, no decode() wrapper.
-cdef object _scan_once = _json_scanner.make_scanner(_json.JSONDecoder())
 cdef const char* _HEAD = b'{"DataStreamName":"'
 cdef Py_ssize_t _HEAD_LEN = 19
 cdef const char* _INFO = b',"Info":'
 cdef Py_ssize_t _INFO_LEN = 8
 
+# A tiny JSON reader for the documents our encoder and Go's json.Marshal
+# write: no whitespace, strings without escapes or control characters,
+# nesting up to _JSON_MAX_DEPTH. For anything else it answers _NOT_FAST and
+# json (the general path) decides, so both paths give the same value or the
+# fast one steps aside. Numbers follow json's own rules: an integer is int(),
+# anything with a fraction or an exponent is float() of the same text.
+cdef object _NOT_FAST = object()
+cdef enum:
+    _JSON_MAX_DEPTH = 32
 
-cdef tuple _decode_canonical(bytes raw):
+
+cdef inline bint _is_digit(char c) noexcept nogil:
+    return c >= 48 and c <= 57  # 0-9
+
+
+cdef object _json_string(const char* p, Py_ssize_t n, Py_ssize_t* i):
+    # p[i[0]] is the opening quote.
+    cdef Py_ssize_t j = i[0] + 1
+    cdef unsigned char c
+    while j < n:
+        c = <unsigned char>p[j]
+        if c == 34:  # "
+            break
+        if c == 92 or c < 32:  # an escape or a control character
+            return _NOT_FAST
+        j += 1
+    if j >= n:
+        return _NOT_FAST
+    try:
+        s = PyUnicode_DecodeUTF8(p + i[0] + 1, j - i[0] - 1, NULL)
+    except UnicodeDecodeError:
+        return _NOT_FAST
+    i[0] = j + 1
+    return s
+
+
+cdef object _json_number(const char* p, Py_ssize_t n, Py_ssize_t* i):
+    # -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?  (json's NUMBER_RE)
+    cdef Py_ssize_t j = i[0], start = i[0]
+    cdef bint is_float = False
+    cdef long long v = 0
+    cdef Py_ssize_t digits, k
+    if j < n and p[j] == 45:  # -
+        j += 1
+    if j >= n or not _is_digit(p[j]):
+        return _NOT_FAST
+    if p[j] == 48:  # a leading 0 stands alone
+        j += 1
+    else:
+        while j < n and _is_digit(p[j]):
+            j += 1
+    digits = j - start
+    if j < n and p[j] == 46:  # .
+        j += 1
+        if j >= n or not _is_digit(p[j]):
+            return _NOT_FAST
+        while j < n and _is_digit(p[j]):
+            j += 1
+        is_float = True
+    if j < n and (p[j] == 101 or p[j] == 69):  # e E
+        j += 1
+        if j < n and (p[j] == 43 or p[j] == 45):
+            j += 1
+        if j >= n or not _is_digit(p[j]):
+            return _NOT_FAST
+        while j < n and _is_digit(p[j]):
+            j += 1
+        is_float = True
+    text = PyBytes_FromStringAndSize(p + start, j - start)
+    i[0] = j
+    if is_float:
+        return PyFloat_FromString(text)
+    if digits <= 18:
+        for k in range(start + (1 if p[start] == 45 else 0), j):
+            v = v * 10 + (p[k] - 48)
+        return -v if p[start] == 45 else v
+    return PyLong_FromString(text, NULL, 10)
+
+
+# Object keys repeat across documents ("user", "shard", ...): a small cache
+# hands out the same str for the same key bytes instead of decoding them
+# again (json.loads does the same within one document).
+cdef enum:
+    _KEY_SLOTS = 512
+    _KEY_MAX = 40
+cdef list _key_cache = [None] * _KEY_SLOTS
+
+
+cdef object _json_key(const char* p, Py_ssize_t n, Py_ssize_t* i):
+    # p[i[0]] is the opening quote of an object key.
+    cdef Py_ssize_t a = i[0] + 1, j = a, size
+    cdef unsigned char c
+    cdef size_t h
+    cdef const char* cached_p
+    while j < n:
+        c = <unsigned char>p[j]
+        if c == 34:
+            break
+        if c == 92 or c < 32:
+            return _NOT_FAST
+        j += 1
+    if j >= n or j - a > _KEY_MAX or j == a:
+        return _json_string(p, n, i)
+    h = (<size_t>(j - a) * 31 + <unsigned char>p[a] * 7 + <unsigned char>p[j - 1] * 3
+         + <unsigned char>p[a + (j - a) // 2]) % _KEY_SLOTS
+    cached = _key_cache[h]
+    if cached is not None:
+        cached_p = PyUnicode_AsUTF8AndSize(cached, &size)
+        if size == j - a and memcmp(cached_p, p + a, size) == 0:
+            i[0] = j + 1
+            return cached
+    k = _json_string(p, n, i)
+    if k is not _NOT_FAST:
+        _key_cache[h] = k
+    return k
+
+
+cdef object _json_value(const char* p, Py_ssize_t n, Py_ssize_t* i, int depth):
+    cdef char c
+    cdef dict d
+    cdef list a
+    if i[0] >= n or depth > _JSON_MAX_DEPTH:
+        return _NOT_FAST
+    c = p[i[0]]
+    if c == 34:  # "
+        return _json_string(p, n, i)
+    if c == 123:  # {
+        d = {}
+        i[0] += 1
+        if i[0] < n and p[i[0]] == 125:  # }
+            i[0] += 1
+            return d
+        while True:
+            if i[0] >= n or p[i[0]] != 34:
+                return _NOT_FAST
+            k = _json_key(p, n, i)
+            if k is _NOT_FAST or i[0] >= n or p[i[0]] != 58:  # :
+                return _NOT_FAST
+            i[0] += 1
+            v = _json_value(p, n, i, depth + 1)
+            if v is _NOT_FAST:
+                return _NOT_FAST
+            d[k] = v
+            if i[0] >= n:
+                return _NOT_FAST
+            if p[i[0]] == 44:  # ,
+                i[0] += 1
+                continue
+            if p[i[0]] == 125:
+                i[0] += 1
+                return d
+            return _NOT_FAST
+    if c == 91:  # [
+        a = []
+        i[0] += 1
+        if i[0] < n and p[i[0]] == 93:  # ]
+            i[0] += 1
+            return a
+        while True:
+            v = _json_value(p, n, i, depth + 1)
+            if v is _NOT_FAST:
+                return _NOT_FAST
+            a.append(v)
+            if i[0] >= n:
+                return _NOT_FAST
+            if p[i[0]] == 44:
+                i[0] += 1
+                continue
+            if p[i[0]] == 93:
+                i[0] += 1
+                return a
+            return _NOT_FAST
+    if c == 116 and n - i[0] >= 4 and memcmp(p + i[0], b"true", 4) == 0:
+        i[0] += 4
+        return True
+    if c == 102 and n - i[0] >= 5 and memcmp(p + i[0], b"false", 5) == 0:
+        i[0] += 5
+        return False
+    if c == 110 and n - i[0] >= 4 and memcmp(p + i[0], b"null", 4) == 0:
+        i[0] += 4
+        return None
+    if c == 45 or _is_digit(c):
+        return _json_number(p, n, i)
+    return _NOT_FAST
+
+
+cdef tuple _decode_canonical(const char* p, Py_ssize_t n):
     # The exact shape our encoder and Go's json.Marshal write:
     #     {"DataStreamName":"<name>"}  or  {"DataStreamName":"<name>","Info":<value>}
     # with a name free of escapes. Returns (name, info, None), or None for
     # anything else (whitespace, escapes, other key order, extra keys, bad
     # bytes), which the general path then decodes or rejects with a reason.
     # Both paths give the same answer for every input they both accept.
-    cdef const char* p = raw
-    cdef Py_ssize_t n = len(raw), i, j
+    cdef Py_ssize_t i, j
     cdef unsigned char c
-    cdef object name, info, text
+    cdef object name, info
     if n < _HEAD_LEN + 2 or memcmp(p, _HEAD, _HEAD_LEN) != 0:
         return None
     j = _HEAD_LEN
@@ -67,7 +251,7 @@ cdef tuple _decode_canonical(bytes raw):
     if j == _HEAD_LEN or j >= n:
         return None
     try:
-        name = raw[_HEAD_LEN:j].decode("utf-8")
+        name = PyUnicode_DecodeUTF8(p + _HEAD_LEN, j - _HEAD_LEN, NULL)
     except UnicodeDecodeError:
         return None
     i = j + 1
@@ -76,20 +260,23 @@ cdef tuple _decode_canonical(bytes raw):
     if n - i < _INFO_LEN + 2 or memcmp(p + i, _INFO, _INFO_LEN) != 0 or p[n - 1] != 125:
         return None
     i += _INFO_LEN
-    if n - i == 3 and p[i] == 123 and p[i + 1] == 125:  # {}}
-        return (name, {}, None)
     if n - i == 5 and memcmp(p + i, b"null}", 5) == 0:
         return (name, {}, None)
     if p[i] != 123:  # Info must be an object: the general path gives the reason
         return None
-    try:
-        text = raw[i:n - 1].decode("utf-8")
-        info, end = _scan_once(text, 0)
-    except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
-        return None
-    if end != len(text) or not isinstance(info, dict):
+    info = _json_value(p, n - 1, &i, 0)
+    if info is _NOT_FAST or i != n - 1:
         return None
     return (name, info, None)
+
+
+cdef tuple decode_input_ptr(const char* p, Py_ssize_t n):
+    # decode_input_c for bytes the caller holds in a buffer (the RESP reader):
+    # no bytes object unless the fast path steps aside.
+    cdef tuple fast = _decode_canonical(p, n)
+    if fast is not None:
+        return fast
+    return decode_input_c(PyBytes_FromStringAndSize(p, n))
 
 
 cdef tuple decode_input_c(object raw):
@@ -98,7 +285,7 @@ cdef tuple decode_input_c(object raw):
     cdef object doc, name, info
     cdef tuple fast
     if type(raw) is bytes:
-        fast = _decode_canonical(<bytes>raw)
+        fast = _decode_canonical(<bytes>raw, len(<bytes>raw))
         if fast is not None:
             return fast
     if isinstance(raw, (bytes, bytearray, memoryview)):
@@ -114,6 +301,8 @@ cdef tuple decode_input_c(object raw):
         doc = _loads(raw)
     except ValueError as exc:
         return (None, None, f"lbs-input is not valid JSON: {exc}")
+    except RecursionError:
+        return (None, None, "lbs-input is not valid JSON: nested too deeply")
     if not isinstance(doc, dict):
         return (None, None, f"lbs-input is not a JSON object but {type(doc).__name__}")
     name = (<dict>doc).get("DataStreamName")

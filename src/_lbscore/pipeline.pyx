@@ -20,6 +20,7 @@ cdef class CommandBatch:
     def __cinit__(self, Py_ssize_t initial=4096):
         self._buf = WriteBuffer(initial)
         self._count = 0
+        self._shapes = None
 
     def __len__(self):
         return self._count
@@ -32,6 +33,31 @@ cdef class CommandBatch:
         """Forget every command (the buffer's memory is kept for reuse)."""
         self._buf._length = 0
         self._count = 0
+        self._shapes = None
+
+    def expect(self, int shape):
+        """Say where the reply of the last command added holds stream entries
+        (a :class:`Shape` value), so the reader builds Entry objects."""
+        if self._count == 0:
+            raise _data_error("expect() needs a command before it")
+        if shape < SHAPE_ANY or shape > SHAPE_XREAD:
+            raise _data_error(f"unknown reply shape {shape}")
+        if self._shapes is None:
+            self._shapes = [SHAPE_ANY] * self._count
+        while len(self._shapes) < self._count:
+            self._shapes.append(SHAPE_ANY)
+        self._shapes[self._count - 1] = shape
+
+    @property
+    def expects_entries(self):
+        """True when :meth:`expect` marked any reply of this batch."""
+        return self._shapes is not None
+
+    def reply_shape(self, Py_ssize_t index):
+        """The shape expected of reply ``index`` (``Shape.ANY`` unless :meth:`expect` said otherwise)."""
+        if self._shapes is None or index >= len(self._shapes) or index < 0:
+            return SHAPE_ANY
+        return self._shapes[index]
 
     def command(self, *args):
         """Append one command, encoded as redis-py would send it."""

@@ -2,10 +2,12 @@
 
 redis-py opens the connection (TLS, AUTH/ACL, the RESP2/RESP3 handshake,
 reconnects); lbs writes a :class:`_lbscore.CommandBatch` to it in one write
-and reads the replies back through its own hiredis ``Reader``, which returns
-server errors as values: one reply per command, an error only for the
-command that failed. Per batch that is one buffer and one reader loop,
-instead of redis-py's per-command packing and parsing.
+and reads the replies back through the core's own ``RespReader``, which
+returns server errors as values: one reply per command, an error only for
+the command that failed. A command whose reply holds stream entries says so
+(``CommandBatch.expect``) and its entries come back as ``Entry`` objects,
+built straight from the bytes. Per batch that is one buffer and one reader
+loop, instead of redis-py's per-command packing and parsing.
 """
 
 from __future__ import annotations
@@ -14,28 +16,19 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import hiredis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from _lbscore import CommandBatch
-
-from .exceptions import ProtocolError
+from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
 
 __all__ = ["Wire"]
-
-_MORE = object()  # hiredis's "not enough data yet"
 
 
 def _reply_error(message: str) -> ResponseError:
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
     return ResponseError(message)
-
-
-def _protocol_error(message: str) -> ProtocolError:
-    return ProtocolError(message)
 
 
 class Wire:
@@ -55,42 +48,47 @@ class Wire:
         self._reader: Any = None
         self._lock = asyncio.Lock()
 
-    async def execute(self, build: Callable[[CommandBatch], None]) -> list[Any]:
+    async def execute(self, build: Callable[[CommandBatch], None], parser: EntryParser | None = None) -> list[Any]:
         """Encode with ``build(batch)``, send, and return one reply per command.
 
         Server errors come back as exception instances in the list;
-        connection failures raise (and drop the connection).
+        connection failures raise (and drop the connection). Replies the
+        batch marked with ``expect`` have their entries parsed by ``parser``.
         """
         batch = CommandBatch()
         build(batch)
         if not len(batch):
             return []
         async with self._lock:
-            replies = await self._roundtrip(batch)
+            replies = await self._roundtrip(batch, parser)
             if replies and all(isinstance(r, NoScriptError) for r in replies):
                 for source in self._scripts:
                     await self._redis.script_load(source)
-                replies = await self._roundtrip(batch)
+                replies = await self._roundtrip(batch, parser)
         return replies
 
-    async def _roundtrip(self, batch: CommandBatch) -> list[Any]:
+    async def _roundtrip(self, batch: CommandBatch, parser: EntryParser | None) -> list[Any]:
         conn = self._conn
         if conn is None:
             conn = self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             if not conn.is_connected or self._reader is None:
                 await conn.connect()
-                self._reader = hiredis.Reader(notEnoughData=_MORE, replyError=_reply_error,
-                                              protocolError=_protocol_error)
+                self._reader = RespReader(_reply_error)
             writer, stream = conn._writer, conn._reader
             writer.write(batch.getvalue())
             await writer.drain()
             reader = self._reader
             n = len(batch)
             out: list[Any] = []
+            shaped = parser is not None and batch.expects_entries
             while len(out) < n:
-                reply = reader.gets()
-                if reply is _MORE:
+                if shaped:
+                    shape = batch.reply_shape(len(out))
+                    reply = reader.gets_entries(parser, shape) if shape != Shape.ANY else reader.gets()
+                else:
+                    reply = reader.gets()
+                if reply is NEED_MORE:
                     data = await stream.read(65536)
                     if not data:
                         raise RedisConnectionError("connection closed by the server")

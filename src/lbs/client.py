@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from _lbscore import CommandBatch, Entry, EntryParser, try_decode_input
+from _lbscore import CommandBatch, Entry, EntryParser, Shape, try_decode_input
 
 from . import _keys
 from ._connection import RedisLike, cancel_and_wait, execute, resolve_client
@@ -390,9 +390,10 @@ class Client:
 
         def build(b: CommandBatch) -> None:
             b.command("EVALSHA", sha, 3, *head)
+            b.expect(Shape.SCRIPT_ENTRIES)  # its entries come back as Entry objects
 
         try:
-            (reply,) = await self._read_wire.execute(build)
+            (reply,) = await self._read_wire.execute(build, self._parser)
         except BaseException:
             # Wire returns server errors as values: anything raised here (I/O,
             # cancellation) may have lost a reply whose locks are now ours.
@@ -406,7 +407,7 @@ class Client:
         bad: list[tuple[Entry, str]] = []
         acquired, started = self._listening("lbs_lock_acquired"), self._listening("lbs_stream_started")
         dispatch, stats = self._dispatch, self.stats
-        for e, tok in zip(self._parser.parse_entries(raw_entries), tokens):
+        for e, tok in zip(raw_entries, tokens):
             tok = self._own_token(tok)
             if not isinstance(tok, int):
                 if start == ">":

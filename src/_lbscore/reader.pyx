@@ -1,0 +1,522 @@
+# RESP2/RESP3 replies, parsed from the bytes a connection delivers.
+#
+# Two passes per reply. _check walks the bytes as they arrive and only keeps
+# a stack of how many elements each open aggregate still owes, so a reply
+# that arrives in many chunks is checked once, not once per chunk; it rejects
+# anything that is not RESP. Once a whole reply is there, _value builds it
+# trusting what _check proved (no bounds checks, no partial objects to undo).
+#
+# The generic objects are hiredis-py's (what redis-py's hiredis parser gets):
+# bytes, int, None, list, dict, float, bool; error replies become whatever
+# reply_error returns, as values, so one failed command of a batch does not
+# hide the replies of the others. Where the caller says a reply holds stream
+# entries (ReplyShape), they become Entry objects straight from the buffer:
+# no bytes object per field, no dict, the lbs-input JSON decoded in place.
+#
+# Deliberate differences from hiredis-py: a RESP3 big number is an int (as
+# in redis-py's Python parser), not its digits as bytes; a blob error (!) is
+# an error reply, not a protocol error; an attribute (|) is skipped and the
+# value it annotates returned; a double too large for a float is inf.
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memchr, memcmp, memmove, memcpy
+
+cdef extern from "Python.h":
+    # overflow_exception NULL: an out-of-range value becomes +-inf.
+    double PyOS_string_to_double(const char *s, char **endptr, void *overflow_exception) except? -1.0
+
+
+class Shape:
+    """Where a reply's stream entries are, for RespReader.gets_entries and
+    CommandBatch.expect (any other reply is read generically)."""
+
+    ANY = SHAPE_ANY
+    ENTRIES = SHAPE_ENTRIES
+    SCRIPT_ENTRIES = SHAPE_SCRIPT_ENTRIES
+    XREAD = SHAPE_XREAD
+
+
+cdef class _NeedMore:
+    def __repr__(self):
+        return "NEED_MORE"
+
+
+#: What RespReader.gets returns while the reply is still incomplete.
+NEED_MORE = _NeedMore()
+
+cdef object _NEED_MORE = NEED_MORE
+
+# A buffer grown past this for one big reply is freed once it is consumed.
+cdef Py_ssize_t _KEEP_BUFFER = 4 << 20
+
+
+cdef inline bint _digit(char c) noexcept:
+    return c >= 48 and c <= 57
+
+
+cdef inline Py_ssize_t _crlf(const char *p, Py_ssize_t pos, Py_ssize_t end) noexcept:
+    # Index of the first "\r\n" at or after pos, or -1.
+    cdef const char *q
+    while pos < end:
+        q = <const char *>memchr(p + pos, 13, end - pos)
+        if q == NULL:
+            return -1
+        pos = q - p
+        if pos + 1 >= end:
+            return -1
+        if p[pos + 1] == 10:
+            return pos
+        pos += 1
+    return -1
+
+
+cdef inline int _int64(const char *p, Py_ssize_t a, Py_ssize_t b, long long *out) noexcept:
+    # -?[0-9]+ within int64, strictly; 0 on success, -1 otherwise.
+    cdef bint neg = False
+    cdef unsigned long long v = 0, limit = 9223372036854775807ULL
+    cdef unsigned int d
+    if a < b and p[a] == 45:  # -
+        neg = True
+        limit += 1
+        a += 1
+    if a >= b:
+        return -1
+    while a < b:
+        if not _digit(p[a]):
+            return -1
+        d = <unsigned int>(p[a] - 48)
+        if v > (limit - d) // 10:
+            return -1
+        v = v * 10 + d
+        a += 1
+    if neg:
+        out[0] = -<long long>(v - 1) - 1  # -(2**63) without overflow
+    else:
+        out[0] = <long long>v
+    return 0
+
+
+cdef inline long long _trusted_int(const char *p, Py_ssize_t a, Py_ssize_t b) noexcept:
+    cdef long long v = 0
+    _int64(p, a, b, &v)
+    return v
+
+
+cdef class RespReader:
+    """A RESP2/RESP3 reply reader: ``feed`` bytes, ``gets`` replies.
+
+    ``gets()`` returns :data:`NEED_MORE` until a whole reply has arrived.
+    Error replies are returned (not raised) as ``reply_error(message)``
+    (default: redis-py's ``ResponseError``).
+    Bytes that are not RESP raise ``lbs.ProtocolError``, and so does every
+    later call: the connection they came from is out of step and must go.
+    """
+
+    def __cinit__(self, reply_error=None):
+        self._buf = NULL
+        self._cap = 0
+        self._start = self._end = self._scan = 0
+        self._reply_end = -1
+        self._depth = 0
+        if reply_error is None:
+            # redis-py's type, which every other error reply lbs users see has.
+            from redis.exceptions import ResponseError as reply_error
+        self._reply_error = reply_error
+        self._broken = None
+
+    def __dealloc__(self):
+        if self._buf is not NULL:
+            PyMem_Free(self._buf)
+            self._buf = NULL
+
+    def feed(self, data):
+        """Append bytes received from the server (bytes, bytearray or memoryview)."""
+        cdef const unsigned char[::1] view
+        if type(data) is bytes:
+            self._feed(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
+        else:
+            view = memoryview(data).cast("B")
+            if view.shape[0]:
+                self._feed(<const char *>&view[0], view.shape[0])
+
+    def gets(self):
+        """The next whole reply, or :data:`NEED_MORE`."""
+        return self.gets_c(SHAPE_ANY, None)
+
+    def gets_entries(self, EntryParser parser not None, int shape=SHAPE_ENTRIES):
+        """The next reply with its stream entries built as Entry objects.
+
+        ``shape`` says where the entries are (a :class:`Shape` value).
+        A reply of any other shape (an error, a nil) comes back generically.
+        """
+        if shape < SHAPE_ANY or shape > SHAPE_XREAD:
+            raise _data_error(f"unknown reply shape {shape}")
+        return self.gets_c(shape, parser)
+
+    @property
+    def buffered(self):
+        """Bytes fed but not yet returned as replies."""
+        return self._end - self._start
+
+    cdef int _feed(self, const char *data, Py_ssize_t n) except -1:
+        cdef Py_ssize_t live, need, cap
+        cdef char *grown
+        if n <= 0:
+            return 0
+        if self._end + n > self._cap:
+            if self._start > 0:
+                # Slide the unread bytes to the front; the check's position
+                # moves with them, so it resumes where it stopped.
+                live = self._end - self._start
+                memmove(self._buf, self._buf + self._start, live)
+                self._scan -= self._start
+                if self._reply_end >= 0:
+                    self._reply_end -= self._start
+                self._end = live
+                self._start = 0
+            if self._end + n > self._cap:
+                need = self._end + n
+                cap = self._cap if self._cap else 16384
+                while cap < need:
+                    cap *= 2
+                grown = <char *>PyMem_Realloc(self._buf, cap)
+                if grown == NULL:
+                    raise MemoryError()
+                self._buf = grown
+                self._cap = cap
+        memcpy(self._buf + self._end, data, n)
+        self._end += n
+        return 0
+
+    cdef int _fail(self, str message) except -1:
+        self._broken = message
+        raise _lbs_exception("ProtocolError")(message)
+
+    cdef int _check(self) except -1:
+        # 1 when a whole reply lies at _start (its end in _reply_end), 0 when
+        # more bytes are needed; raises on anything that is not RESP.
+        cdef const char *p = self._buf
+        cdef Py_ssize_t pos = self._scan, end = self._end, le, nxt
+        cdef long long n
+        cdef char t
+        if self._reply_end >= 0:
+            return 1
+        while pos < end:
+            le = _crlf(p, pos + 1, end)
+            if le < 0:
+                break
+            t = p[pos]
+            nxt = le + 2
+            if t == 36 or t == 33 or t == 61:  # $ ! =  (blob string, blob error, verbatim)
+                if _int64(p, pos + 1, le, &n) < 0 or n < -1 or (n == -1 and t != 36):
+                    self._fail(f"invalid length {p[pos + 1:le]!r} of a {chr(t)!r} reply")
+                if n >= 0:
+                    if nxt + n + 2 > end:
+                        break
+                    if p[nxt + n] != 13 or p[nxt + n + 1] != 10:
+                        self._fail(f"a {chr(t)!r} reply of {n} bytes is not followed by CRLF")
+                    if t == 61 and (n < 4 or p[nxt + 3] != 58):
+                        self._fail("a verbatim string without its 3-letter format prefix")
+                    nxt += n + 2
+            elif t == 42 or t == 126 or t == 62 or t == 37 or t == 124:  # * ~ > % |
+                if _int64(p, pos + 1, le, &n) < 0 or n < -1 or (n == -1 and t != 42) \
+                        or n > 0x7fffffff:
+                    self._fail(f"invalid element count {p[pos + 1:le]!r} of a {chr(t)!r} reply")
+                if t == 37 and n > 0:
+                    n *= 2
+                elif t == 124:
+                    n = 2 * n + 1  # the attribute's pairs, then the value it annotates
+                if n > 0:
+                    if self._depth >= READER_MAX_DEPTH:
+                        self._fail(f"replies nested more than {READER_MAX_DEPTH} deep")
+                    self._stack[self._depth] = n
+                    self._depth += 1
+                    pos = nxt
+                    self._scan = pos
+                    continue
+            elif t == 43 or t == 45:  # + -
+                pass
+            elif t == 58:  # :
+                if _int64(p, pos + 1, le, &n) < 0:
+                    self._fail(f"invalid integer reply {p[pos + 1:le]!r}")
+            elif t == 95:  # _
+                if le != pos + 1:
+                    self._fail(f"a null reply with a payload {p[pos + 1:le]!r}")
+            elif t == 35:  # #
+                if le != pos + 2 or (p[pos + 1] != 116 and p[pos + 1] != 102):
+                    self._fail(f"invalid boolean reply {p[pos + 1:le]!r}")
+            elif t == 44:  # ,
+                _check_double(self, p, pos + 1, le)
+            elif t == 40:  # (
+                _check_big(self, p, pos + 1, le)
+            else:
+                self._fail(f"unknown reply type byte {p[pos:pos + 1]!r}")
+            pos = nxt
+            # One element is complete: close every aggregate it completes.
+            while self._depth > 0:
+                self._stack[self._depth - 1] -= 1
+                if self._stack[self._depth - 1] > 0:
+                    break
+                self._depth -= 1
+            self._scan = pos
+            if self._depth == 0:
+                self._reply_end = pos
+                return 1
+        self._scan = pos
+        return 0
+
+    cdef object gets_c(self, int shape, EntryParser parser):
+        cdef Py_ssize_t pos
+        if self._broken is not None:
+            raise _lbs_exception("ProtocolError")(self._broken)
+        if self._check() == 0:
+            return _NEED_MORE
+        pos = self._start
+        try:
+            if shape == SHAPE_ANY or parser is None:
+                reply = self._value(&pos)
+            else:
+                reply = self._shaped(&pos, shape, parser)
+            if LBS_DEBUG and pos != self._reply_end:
+                _internal_error(f"reply built to {pos}, checked to {self._reply_end}")
+        finally:
+            # The reply is consumed even if building it failed: the next one
+            # starts where the check said this one ends.
+            self._start = self._scan = self._reply_end
+            self._reply_end = -1
+            if self._start == self._end:
+                self._start = self._end = self._scan = 0
+                if self._cap > _KEEP_BUFFER:
+                    # A huge reply is gone: do not keep its memory.
+                    PyMem_Free(self._buf)
+                    self._buf = NULL
+                    self._cap = 0
+        return reply
+
+    cdef object _value(self, Py_ssize_t *pos):
+        cdef const char *p = self._buf
+        cdef Py_ssize_t i = pos[0], le, nxt
+        cdef long long n, k
+        cdef char t = p[i]
+        cdef list items
+        cdef dict d
+        le = _crlf(p, i + 1, self._end)
+        nxt = le + 2
+        if t == 36:  # $
+            n = _trusted_int(p, i + 1, le)
+            if n < 0:
+                pos[0] = nxt
+                return None
+            pos[0] = nxt + n + 2
+            return PyBytes_FromStringAndSize(p + nxt, n)
+        if t == 42 or t == 126 or t == 62:  # * ~ >
+            n = _trusted_int(p, i + 1, le)
+            pos[0] = nxt
+            if n < 0:
+                return None
+            items = []
+            for k in range(n):
+                items.append(self._value(pos))
+            return items
+        if t == 37:  # %
+            n = _trusted_int(p, i + 1, le)
+            pos[0] = nxt
+            if n < 0:
+                return None
+            d = {}
+            for k in range(n):
+                key = self._value(pos)
+                value = self._value(pos)
+                try:
+                    d[key] = value
+                except TypeError:
+                    raise _lbs_exception("ProtocolError")(f"a map key of type {type(key).__name__}")
+            return d
+        if t == 124:  # |: skip the attribute, return what it annotates
+            n = _trusted_int(p, i + 1, le)
+            pos[0] = nxt
+            for k in range(2 * n):
+                self._value(pos)
+            return self._value(pos)
+        pos[0] = nxt
+        if t == 43:  # +
+            return PyBytes_FromStringAndSize(p + i + 1, le - i - 1)
+        if t == 58:  # :
+            return _trusted_int(p, i + 1, le)
+        if t == 45:  # -
+            return self._reply_error(PyUnicode_DecodeUTF8(p + i + 1, le - i - 1, "replace"))
+        if t == 33 or t == 61:  # ! =
+            n = _trusted_int(p, i + 1, le)
+            pos[0] = nxt + n + 2
+            if t == 61:
+                return PyBytes_FromStringAndSize(p + nxt + 4, n - 4)
+            return self._reply_error(PyUnicode_DecodeUTF8(p + nxt, n, "replace"))
+        if t == 95:  # _
+            return None
+        if t == 35:  # #
+            return p[i + 1] == 116
+        if t == 44:  # ,
+            return PyOS_string_to_double(PyBytes_AS_STRING(PyBytes_FromStringAndSize(p + i + 1, le - i - 1)),
+                                         NULL, NULL)
+        if t == 40:  # (
+            return int(PyBytes_FromStringAndSize(p + i + 1, le - i - 1))
+        _internal_error(f"unchecked reply type {t!r}")
+
+    cdef object _shaped(self, Py_ssize_t *pos, int shape, EntryParser parser):
+        cdef const char *p = self._buf
+        cdef Py_ssize_t i = pos[0], le
+        cdef long long n, k
+        cdef char t = p[i]
+        cdef list out
+        if t != 42 and not (t == 37 and shape == SHAPE_XREAD):
+            if t == 95 and shape == SHAPE_XREAD:  # RESP3 null: nothing to read
+                pos[0] = i + 3
+                return []
+            return self._value(pos)
+        if shape == SHAPE_ENTRIES:
+            return self._entries(pos, parser)
+        le = _crlf(p, i + 1, self._end)
+        n = _trusted_int(p, i + 1, le)
+        if n < 0:
+            pos[0] = le + 2
+            return [] if shape == SHAPE_XREAD else None
+        if shape == SHAPE_SCRIPT_ENTRIES:
+            if n == 0:
+                return self._value(pos)
+            pos[0] = le + 2
+            out = []
+            out.append(self._entries(pos, parser) if p[pos[0]] == 42 else self._value(pos))
+            for k in range(1, n):
+                out.append(self._value(pos))
+            return out
+        # SHAPE_XREAD: the entries of every stream, in reply order.
+        pos[0] = le + 2
+        out = []
+        for k in range(n):
+            if t == 37:
+                self._value(pos)  # the stream name
+                item = self._entries(pos, parser) if p[pos[0]] == 42 else self._value(pos)
+                out.extend(item if type(item) is list else ())
+            elif p[pos[0]] == 42 and p[pos[0] + 1] == 50 and p[pos[0] + 2] == 13:  # *2\r
+                pos[0] += 4
+                self._value(pos)
+                item = self._entries(pos, parser) if p[pos[0]] == 42 else self._value(pos)
+                out.extend(item if type(item) is list else ())
+            else:
+                item = self._value(pos)
+                try:
+                    out.extend(parser.parse_xreadgroup([item]))
+                except (TypeError, IndexError, KeyError, AttributeError):
+                    out.append(_unreadable(item))
+        return out
+
+    cdef list _entries(self, Py_ssize_t *pos, EntryParser parser):
+        # p[pos] is '*': an array of entries.
+        cdef const char *p = self._buf
+        cdef Py_ssize_t i = pos[0], le = _crlf(p, i + 1, self._end)
+        cdef long long n = _trusted_int(p, i + 1, le), k
+        cdef list out = []
+        pos[0] = le + 2
+        for k in range(n):
+            out.append(self._entry(pos, parser))
+        return out
+
+    cdef Entry _entry(self, Py_ssize_t *pos, EntryParser parser):
+        # [id, [k1, v1, ...]] (or CLAIM's [id, fields, idle, deliveries]),
+        # read in place. Any other layout is built generically and judged by
+        # parser.parse_item, which gives the same answer, only slower.
+        cdef const char *p = self._buf
+        cdef Py_ssize_t end = self._end, i = pos[0], le, fstart, kl = 0, vl
+        cdef const char *key = NULL
+        cdef long long n, m, k
+        cdef Span raw, rc, oid
+        cdef bytes fin = parser._input_field, fret = parser._retry_field, forig = parser._original_field
+        cdef str entry_id
+        cdef object fields, extra = None
+        if p[i] != 42:
+            return parser.parse_item(self._value(pos))
+        le = _crlf(p, i + 1, end)
+        n = _trusted_int(p, i + 1, le)
+        i = le + 2
+        if (n != 2 and n != 4) or p[i] != 36:
+            return parser.parse_item(self._value(pos))
+        # the entry id
+        le = _crlf(p, i + 1, end)
+        kl = _trusted_int(p, i + 1, le)
+        if kl < 0:
+            return parser.parse_item(self._value(pos))
+        entry_id = PyUnicode_DecodeUTF8(p + le + 2, kl, "replace")
+        i = le + 2 + kl + 2
+        # the fields: a flat array of blob strings, or nil for a deleted entry
+        raw.p = rc.p = oid.p = NULL
+        raw.n = rc.n = oid.n = -1
+        if p[i] == 42:
+            fstart = i
+            le = _crlf(p, i + 1, end)
+            m = _trusted_int(p, i + 1, le)
+            i = le + 2
+            if m < 0:
+                fields = None
+            else:
+                for k in range(m):
+                    if p[i] != 36:
+                        return parser.parse_item(self._value(pos))
+                    le = _crlf(p, i + 1, end)
+                    vl = _trusted_int(p, i + 1, le)
+                    if vl < 0:
+                        return parser.parse_item(self._value(pos))
+                    if k % 2 == 0:
+                        kl = vl
+                        key = p + le + 2
+                    else:
+                        if kl == PyBytes_GET_SIZE(fin) and memcmp(key, PyBytes_AS_STRING(fin), kl) == 0:
+                            raw.p = p + le + 2
+                            raw.n = vl
+                        elif kl == PyBytes_GET_SIZE(fret) and memcmp(key, PyBytes_AS_STRING(fret), kl) == 0:
+                            rc.p = p + le + 2
+                            rc.n = vl
+                        elif kl == PyBytes_GET_SIZE(forig) and memcmp(key, PyBytes_AS_STRING(forig), kl) == 0:
+                            oid.p = p + le + 2
+                            oid.n = vl
+                    i = le + 2 + vl + 2
+                if m % 2 == 1:
+                    # A key without a value: the generic rules decide.
+                    return parser.parse_item(self._value(pos))
+                # The fields stay as their RESP bytes; Entry.fields reads them
+                # only if someone asks.
+                fields = PyBytes_FromStringAndSize(p + fstart, i - fstart)
+        elif p[i] == 95 or (p[i] == 36 and p[i + 1] == 45):  # _ or $-1: nil
+            fields = None
+            i = _crlf(p, i + 1, end) + 2
+        else:
+            return parser.parse_item(self._value(pos))
+        pos[0] = i
+        if n == 4:
+            extra = (self._value(pos), self._value(pos))
+        return parser.parse_parts(entry_id, fields, raw, rc, oid, extra)
+
+
+cdef int _check_double(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
+    cdef bytes text = PyBytes_FromStringAndSize(p + a, b - a)
+    cdef char *endp = NULL
+    if b > a and (p[a] == 45 or p[a] == 43 or _digit(p[a]) or p[a] == 46 or (b - a == 3 and (
+            memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
+        PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
+        if endp == PyBytes_AS_STRING(text) + (b - a):
+            return 0
+    r._fail(f"invalid double reply {text!r}")
+
+
+cdef int _check_big(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
+    cdef Py_ssize_t i = a
+    if i < b and p[i] == 45:
+        i += 1
+    if i >= b:
+        r._fail(f"invalid big number reply {p[a:b]!r}")
+    while i < b:
+        if not _digit(p[i]):
+            r._fail(f"invalid big number reply {p[a:b]!r}")
+        i += 1
+    return 0
