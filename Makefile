@@ -1,7 +1,7 @@
 # Two entry points, each self-contained on a fresh machine and safe to repeat:
 #   make demo   venv + install + Redis 8.6 (built once, cached) + the demo
 #   make test   the same set-up + the whole test suite
-# Other targets: setup, redis, wheel, bench, typecheck, clean.
+# Other targets: setup, redis, wheel, bench, proptest, fuzz, typecheck, clean.
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -11,14 +11,25 @@ STAMP   := $(VENV)/.lbs-installed
 SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.pxd src/_lbscore/*.h)
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup redis wheel bench typecheck clean
+.PHONY: demo test setup redis wheel bench proptest fuzz typecheck clean
 
 demo: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo
 
-# The suite, plus every benchmark once with timing off so none can rot.
+# The suite, plus every benchmark once with timing off so none can rot, and
+# the property tests in their short "smoke" profile (see conftest.py).
 test: setup
-	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest tests benchmarks --benchmark-disable $(PYTEST_ARGS)
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
+		$(PY) -m pytest tests benchmarks --benchmark-disable $(PYTEST_ARGS)
+
+# The property tests with thousands of examples each (about 10 minutes).
+proptest: setup
+	LBS_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# Ten minutes of the RESP reader's mutation fuzzer (tests/unit/_fuzz.py).
+FUZZ_SECONDS ?= 600
+fuzz: setup
+	cd tests/unit && ../../$(PY) _fuzz.py --seconds $(FUZZ_SECONDS) --out ../../fuzz-findings
 
 setup: $(STAMP)
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
 
 from lbs.embedded import (
     RedisClusterServers,
@@ -43,6 +44,17 @@ from lbs.embedded import (
 from lbs.exceptions import ServerNotFoundError
 
 ROOT = Path(__file__).parent
+
+# Property tests (hypothesis). ``make test`` (and so CI) runs them in the
+# "smoke" profile: every property is exercised, briefly, so none can rot.
+# ``make proptest`` runs "thorough"; pick one with --hypothesis-profile or
+# LBS_HYPOTHESIS_PROFILE. No deadlines: a shared 2-core machine is noisy.
+settings.register_profile("smoke", max_examples=40, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("default", deadline=None)
+settings.register_profile("thorough", max_examples=3000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("LBS_HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

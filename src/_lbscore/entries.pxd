@@ -6,7 +6,8 @@ cdef class Entry:
         readonly long long retry_count
         readonly object original_id  # str or None: the id of the first delivery
         readonly object error      # str reason when malformed, else None
-        object _raw_fields         # the reply's fields: a flat list (RESP2, scripts) or a dict
+        object _raw_fields         # the reply's fields: a flat list, a dict, or (_resp_fields) RESP bytes
+        bint _resp_fields          # _raw_fields is the RESP of the field array (read in place)
         dict _fields               # built from _raw_fields on first access of .fields
         readonly long long idle_ms         # XREADGROUP CLAIM: ms since last delivery (-1: not claimed)
         readonly long long delivery_count  # XREADGROUP CLAIM: deliveries so far (0: new entry)
@@ -27,5 +28,5 @@ cdef class EntryParser:
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra)
     cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,
-                           object extra)
+                           object extra, bint resp_fields=*)
     cdef Entry parse_item(self, object item)

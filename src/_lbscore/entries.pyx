@@ -59,23 +59,39 @@ cdef inline str _span_text(Span s):
     return PyUnicode_DecodeUTF8(s.p, s.n, "replace")
 
 
-cdef dict _fields_dict(object raw):
-    # The entry's fields as {bytes: bytes}, from whatever form the reply had.
+cdef inline bytes _field_bytes(object x):
+    if type(x) is bytes:
+        return <bytes>x
+    if isinstance(x, str):
+        return (<str>x).encode("utf-8", "surrogateescape")
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return bytes(x)
+    if x is None:
+        return b""
+    if isinstance(x, (int, float)):
+        return str(x).encode()
+    return repr(x).encode()  # not a field a stream can hold; shown, never fatal
+
+
+cdef dict _fields_dict(object raw, bint resp):
+    # The entry's fields as {bytes: bytes}, from whatever form the reply had
+    # (``resp``: the RESP bytes of the field array, kept by the reader).
     cdef dict fields = {}
     if raw is None:
         return fields
-    if type(raw) is bytes:
-        # The RESP bytes of the field array, kept by the reader's direct path.
+    if resp:
         r = RespReader()
         r.feed(raw)
         raw = r.gets()
     if isinstance(raw, dict):
-        return {(k.encode() if isinstance(k, str) else k): (v.encode() if isinstance(v, str) else v)
-                for k, v in (<dict>raw).items()}
+        for k, v in (<dict>raw).items():
+            fields[_field_bytes(k)] = _field_bytes(v)
+        return fields
+    if not isinstance(raw, (list, tuple)):
+        return fields
     it = iter(raw)
     for k in it:
-        v = next(it, b"")
-        fields[k.encode() if isinstance(k, str) else k] = v.encode() if isinstance(v, str) else v
+        fields[_field_bytes(k)] = _field_bytes(next(it, b""))
     return fields
 
 
@@ -86,6 +102,7 @@ cdef Entry _unreadable(object item):
     e.idle_ms = -1
     e.delivery_count = 0
     e.stream = e.info = e.original_id = e._raw_fields = e._fields = None
+    e._resp_fields = False
     e.error = f"not a stream entry: {item!r:.200}"
     return e
 
@@ -102,7 +119,7 @@ cdef class Entry:
     def fields(self):
         """The entry's fields as a dict of bytes (built on first access)."""
         if self._fields is None:
-            self._fields = _fields_dict(self._raw_fields)
+            self._fields = _fields_dict(self._raw_fields, self._resp_fields)
         return self._fields
 
     @property
@@ -152,7 +169,11 @@ cdef class EntryParser:
                 elif k == self._original_field:
                     oid = flat[i + 1]
         elif raw_fields is not None:
-            fields = _fields_dict(raw_fields)
+            if not isinstance(raw_fields, (list, tuple, dict)):
+                e = self.parse_parts(_text(raw_id), [], _span(None), _span(None), _span(None), extra)
+                e.error = f"the entry's fields are not a list: {raw_fields!r:.100}"
+                return e
+            fields = _fields_dict(raw_fields, False)
             raw = fields.get(self._input_field)
             rc = fields.get(self._retry_field)
             oid = fields.get(self._original_field)
@@ -160,7 +181,7 @@ cdef class EntryParser:
         return self.parse_parts(_text(raw_id), raw_fields, _span(raw), _span(rc), _span(oid), extra)
 
     cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,
-                           object extra):
+                           object extra, bint resp_fields=False):
         # The one place an entry is judged: both the generic path (parse_one)
         # and the RESP reader's direct path (which never makes bytes objects
         # for the fields) end here. A span with n < 0 is an absent field.
@@ -176,6 +197,7 @@ cdef class EntryParser:
         e.original_id = None
         e.error = None
         e._raw_fields = raw_fields
+        e._resp_fields = resp_fields and raw_fields is not None
         e._fields = None
         if extra is not None:
             # XREADGROUP CLAIM: [id, fields, idle, delivery count]. Server 8.4.0
@@ -183,8 +205,9 @@ cdef class EntryParser:
             try:
                 e.idle_ms = int(extra[0])
                 e.delivery_count = int(extra[1])
-            except (TypeError, ValueError, IndexError):
-                e.error = f"unreadable CLAIM metadata {extra!r}"
+            except (TypeError, ValueError, IndexError, OverflowError):
+                e.idle_ms, e.delivery_count = -1, 0
+                e.error = f"unreadable CLAIM metadata {extra!r:.200}"
         if raw_fields is None:
             # A pending reference to an entry deleted or trimmed from the stream.
             e.error = "entry was deleted from the stream"

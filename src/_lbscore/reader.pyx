@@ -213,7 +213,7 @@ cdef class RespReader:
                 if _int64(p, pos + 1, le, &n) < 0 or n < -1 or (n == -1 and t != 36):
                     self._fail(f"invalid length {p[pos + 1:le]!r} of a {chr(t)!r} reply")
                 if n >= 0:
-                    if nxt + n + 2 > end:
+                    if n > end - nxt - 2:  # (not nxt + n + 2 > end: n may be near 2**63)
                         break
                     if p[nxt + n] != 13 or p[nxt + n + 1] != 10:
                         self._fail(f"a {chr(t)!r} reply of {n} bytes is not followed by CRLF")
@@ -495,7 +495,7 @@ cdef class RespReader:
         pos[0] = i
         if n == 4:
             extra = (self._value(pos), self._value(pos))
-        return parser.parse_parts(entry_id, fields, raw, rc, oid, extra)
+        return parser.parse_parts(entry_id, fields, raw, rc, oid, extra, True)
 
 
 cdef int _check_double(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
@@ -503,7 +503,10 @@ cdef int _check_double(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) 
     cdef char *endp = NULL
     if b > a and (p[a] == 45 or p[a] == 43 or _digit(p[a]) or p[a] == 46 or (b - a == 3 and (
             memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
-        PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
+        try:
+            PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
+        except ValueError:  # no number at the start at all
+            endp = NULL
         if endp == PyBytes_AS_STRING(text) + (b - a):
             return 0
     r._fail(f"invalid double reply {text!r}")

@@ -11,13 +11,7 @@ from hypothesis import strategies as st
 
 import lbs
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
-    max_leaves=12,
-)
-infos = st.dictionaries(st.text(max_size=10), json_values, max_size=5)
-names = st.text(min_size=1, max_size=30)
+from _strategies import infos, json_values, names
 
 
 @given(names, infos)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
@@ -33,7 +33,6 @@ names = st.one_of(st.sampled_from(["SET", "XADD", "CONFIG GET", "xreadgroup"]), 
 
 
 @given(name=names, rest=st.lists(args, max_size=8))
-@settings(max_examples=400)
 def test_pack_command_equals_redis_py(name: object, rest: list[object]) -> None:
     assert pack_command(name, *rest) == redis_py_pack(name, *rest)
 
@@ -74,7 +73,6 @@ def test_lone_surrogate_fails_like_str_encode() -> None:
 ids = st.lists(st.one_of(text, st.binary(max_size=30)), max_size=20)
 
 
-@settings(max_examples=300, deadline=None)
 @given(head_keys=st.lists(args, max_size=3), prefix=st.binary(max_size=20), entry_ids=ids,
        head_args=st.lists(args, max_size=3), with_values=st.booleans(), append_ids=st.booleans())
 def test_command_batch_evalsha_locks_equals_redis_py(head_keys: list[object], prefix: bytes, entry_ids: list[object],
@@ -93,7 +91,6 @@ def test_command_batch_evalsha_locks_equals_redis_py(head_keys: list[object], pr
     assert len(batch) == 1
 
 
-@settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(args, min_size=1, max_size=5), max_size=5))
 def test_command_batch_commands_equal_redis_py(commands: list[list[object]]) -> None:
     from _lbscore import CommandBatch
