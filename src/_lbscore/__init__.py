@@ -7,6 +7,8 @@ package only re-exports it.
 from ._core import (
     CommandBatch,
     DEBUG_BUILD,
+    Held,
+    HeldTable,
     Entry,
     EntryParser,
     decode_input,
@@ -19,6 +21,8 @@ from ._core import (
 __all__ = [
     "CommandBatch",
     "DEBUG_BUILD",
+    "Held",
+    "HeldTable",
     "Entry",
     "EntryParser",
     "decode_input",

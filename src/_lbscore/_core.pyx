@@ -10,6 +10,7 @@ include "packer.pyx"
 include "inputs.pyx"
 include "entries.pyx"
 include "pipeline.pyx"
+include "held.pyx"
 
 #: True when this module was built with LBS_DEBUG=1 (invariant checks on).
 DEBUG_BUILD = bool(LBS_DEBUG)
