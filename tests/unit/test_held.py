@@ -20,6 +20,10 @@ def table() -> HeldTable:
     return HeldTable(CONSUMER, PREFIX)
 
 
+def test_lbs_exports_the_core_record() -> None:
+    assert lbs.Held is Held
+
+
 def test_value_and_lock_key_are_computed_from_token_consumer_and_prefix() -> None:
     t = table()
     h = t.add_new("1700000000000-3", "orders-7", {"user": "u1"}, 2, 41)
