@@ -73,6 +73,68 @@ class Wire:
                 replies = await self._roundtrip(batch)
         return replies
 
+    async def execute_chunks(self, count: int, build: Callable[[CommandBatch, int], None]) -> list[Any]:
+        """Like :meth:`execute` for a batch sent in ``count`` parts, ``build(batch, k)`` encoding part ``k``.
+
+        Each part is written as soon as it is encoded, and the next one is
+        encoded while Redis runs it, so client and server work side by side
+        instead of one after the other. Replies come back in order, one per
+        command, with :meth:`execute`'s error handling; after a NOSCRIPT the
+        parts are encoded and sent again, so ``build`` must encode the same
+        commands each time it is called.
+        """
+        if count <= 0:
+            return []
+        async with self._lock:
+            replies = await self._stream(count, build)
+            if replies and all(isinstance(r, NoScriptError) for r in replies):
+                for source in self._scripts:
+                    await self._redis.script_load(source)
+                replies = await self._stream(count, build)
+        return replies
+
+    async def _stream(self, count: int, build: Callable[[CommandBatch, int], None]) -> list[Any]:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            if not conn.is_connected or self._reader is None:
+                await conn.connect()
+                self._reader = hiredis.Reader(notEnoughData=_MORE, replyError=_reply_error,
+                                              protocolError=_protocol_error)
+            writer, stream = conn._writer, conn._reader
+            batch = CommandBatch()
+            build(batch, 0)
+            n = 0
+            for k in range(count):
+                n += len(batch)
+                writer.write(batch.getvalue())
+                if k + 1 < count:
+                    batch.clear()
+                    build(batch, k + 1)  # while Redis runs part k
+                await writer.drain()
+            reader = self._reader
+            out: list[Any] = []
+            while len(out) < n:
+                reply = reader.gets()
+                if reply is _MORE:
+                    data = await stream.read(65536)
+                    if not data:
+                        raise RedisConnectionError("connection closed by the server")
+                    reader.feed(data)
+                    continue
+                out.append(reply)
+            return out
+        except OSError as exc:
+            self._reader = None
+            await conn.disconnect()
+            raise RedisConnectionError(f"batch failed: {exc}") from exc
+        except BaseException:
+            # As in _roundtrip: mid-batch the connection's state is unknown.
+            self._reader = None
+            await conn.disconnect()
+            raise
+
     async def _roundtrip(self, batch: CommandBatch) -> list[Any]:
         conn = self._conn
         if conn is None:

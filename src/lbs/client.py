@@ -540,7 +540,10 @@ class Client:
     async def heartbeat(self) -> int:
         """Extend every held lock now, in one round trip; return how many were lost.
 
-        The heartbeat task calls this every ``Config.heartbeat_every`` seconds.
+        The locks go in script calls of ``Config.heartbeat_chunk``, each
+        written as soon as it is encoded (Redis runs one while the next is
+        encoded). The heartbeat task calls this every
+        ``Config.heartbeat_every`` seconds.
         """
         snapshot = self._held.values()
         if not snapshot:
@@ -552,12 +555,12 @@ class Client:
         head_keys = (self.stream_key, self.deadlines_key)
         encode = self._held.encode_extend
 
-        def build(b: CommandBatch) -> None:
-            for start in starts:
-                encode(b, sha, head_keys, head_args, snapshot, start, min(start + chunk, len(snapshot)))
+        def build(b: CommandBatch, k: int) -> None:
+            start = starts[k]
+            encode(b, sha, head_keys, head_args, snapshot, start, min(start + chunk, len(snapshot)))
 
         try:
-            results = _raise_first_error(await self._beat_wire.execute(build))
+            results = _raise_first_error(await self._beat_wire.execute_chunks(len(starts), build))
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         lost: list[Held] = []
