@@ -43,25 +43,6 @@ class EntryParser:
     def parse_entries(self, entries: Iterable[Sequence[Any]]) -> list[Entry]: ...
     def parse_xreadgroup(self, reply: Any) -> list[Entry]: ...
 
-class CommandBatch:
-    """Commands encoded into one RESP buffer: one write, ``len(batch)`` replies."""
-
-    def __init__(self, initial: int = 4096) -> None: ...
-    def __len__(self) -> int: ...
-    def getvalue(self) -> bytes: ...
-    def clear(self) -> None: ...
-    def command(self, *args: EncodableT) -> None: ...
-    def evalsha_locks(
-        self,
-        sha: EncodableT,
-        head_keys: tuple[EncodableT, ...],
-        lock_prefix: bytes,
-        entry_ids: list[str] | list[bytes],
-        head_args: tuple[EncodableT, ...],
-        values: list[EncodableT] | None = None,
-        append_ids: bool = True,
-    ) -> None: ...
-
 class Held:
     """A stream this client holds: its entry, its lock and the lock's value.
 
@@ -126,4 +107,23 @@ class HeldTable:
         held: list[Held],
         start: int,
         stop: int,
+    ) -> None: ...
+
+class CommandBatch:
+    """Commands encoded into one RESP buffer: one write, ``len(batch)`` replies."""
+
+    def __init__(self, initial: int = 4096) -> None: ...
+    def __len__(self) -> int: ...
+    def getvalue(self) -> bytes: ...
+    def clear(self) -> None: ...
+    def command(self, *args: EncodableT) -> None: ...
+    def evalsha_locks(
+        self,
+        sha: EncodableT,
+        head_keys: tuple[EncodableT, ...],
+        lock_prefix: bytes,
+        entry_ids: list[str] | list[bytes],
+        head_args: tuple[EncodableT, ...],
+        values: list[EncodableT] | None = None,
+        append_ids: bool = True,
     ) -> None: ...

@@ -73,6 +73,48 @@ class Wire:
                 replies = await self._roundtrip(batch)
         return replies
 
+    async def _roundtrip(self, batch: CommandBatch) -> list[Any]:
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            if not conn.is_connected or self._reader is None:
+                await conn.connect()
+                self._reader = hiredis.Reader(notEnoughData=_MORE, replyError=_reply_error,
+                                              protocolError=_protocol_error)
+            writer, stream = conn._writer, conn._reader
+            writer.write(batch.getvalue())
+            await writer.drain()
+            reader = self._reader
+            n = len(batch)
+            out: list[Any] = []
+            while len(out) < n:
+                reply = reader.gets()
+                if reply is _MORE:
+                    data = await stream.read(65536)
+                    if not data:
+                        raise RedisConnectionError("connection closed by the server")
+                    reader.feed(data)
+                    continue
+                out.append(reply)
+            return out
+        except OSError as exc:
+            self._reader = None
+            await conn.disconnect()
+            raise RedisConnectionError(f"batch failed: {exc}") from exc
+        except BaseException:
+            # I/O error or cancellation mid-batch: the connection's state is
+            # unknown; drop it, the next batch reconnects.
+            self._reader = None
+            await conn.disconnect()
+            raise
+
+    async def close(self) -> None:
+        """Give the connection back to the pool."""
+        conn, self._conn, self._reader = self._conn, None, None
+        if conn is not None:
+            await self._pool.release(conn)
+
     async def execute_chunks(self, count: int, build: Callable[[CommandBatch, int], None]) -> list[Any]:
         """Like :meth:`execute` for a batch sent in ``count`` parts, ``build(batch, k)`` encoding part ``k``.
 
@@ -134,45 +176,3 @@ class Wire:
             self._reader = None
             await conn.disconnect()
             raise
-
-    async def _roundtrip(self, batch: CommandBatch) -> list[Any]:
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            if not conn.is_connected or self._reader is None:
-                await conn.connect()
-                self._reader = hiredis.Reader(notEnoughData=_MORE, replyError=_reply_error,
-                                              protocolError=_protocol_error)
-            writer, stream = conn._writer, conn._reader
-            writer.write(batch.getvalue())
-            await writer.drain()
-            reader = self._reader
-            n = len(batch)
-            out: list[Any] = []
-            while len(out) < n:
-                reply = reader.gets()
-                if reply is _MORE:
-                    data = await stream.read(65536)
-                    if not data:
-                        raise RedisConnectionError("connection closed by the server")
-                    reader.feed(data)
-                    continue
-                out.append(reply)
-            return out
-        except OSError as exc:
-            self._reader = None
-            await conn.disconnect()
-            raise RedisConnectionError(f"batch failed: {exc}") from exc
-        except BaseException:
-            # I/O error or cancellation mid-batch: the connection's state is
-            # unknown; drop it, the next batch reconnects.
-            self._reader = None
-            await conn.disconnect()
-            raise
-
-    async def close(self) -> None:
-        """Give the connection back to the pool."""
-        conn, self._conn, self._reader = self._conn, None, None
-        if conn is not None:
-            await self._pool.release(conn)

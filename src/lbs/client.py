@@ -34,7 +34,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, try_decode_input
+from _lbscore import CommandBatch, Entry, EntryParser, try_decode_input
+from _lbscore import Held, HeldTable
 
 from . import _keys
 from ._connection import RedisLike, cancel_and_wait, execute, resolve_client
