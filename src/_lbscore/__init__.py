@@ -7,6 +7,8 @@ package only re-exports it.
 from ._core import (
     CommandBatch,
     DEBUG_BUILD,
+    Held,
+    HeldTable,
     Entry,
     EntryParser,
     NEED_MORE,
@@ -22,6 +24,8 @@ from ._core import (
 __all__ = [
     "CommandBatch",
     "DEBUG_BUILD",
+    "Held",
+    "HeldTable",
     "Entry",
     "EntryParser",
     "NEED_MORE",

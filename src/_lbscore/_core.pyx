@@ -11,6 +11,7 @@ include "inputs.pyx"
 include "entries.pyx"
 include "reader.pyx"
 include "pipeline.pyx"
+include "held.pyx"
 
 #: True when this module was built with LBS_DEBUG=1 (invariant checks on).
 DEBUG_BUILD = bool(LBS_DEBUG)

@@ -55,19 +55,41 @@ class Wire:
         connection failures raise (and drop the connection). Replies the
         batch marked with ``expect`` have their entries parsed by ``parser``.
         """
-        batch = CommandBatch()
-        build(batch)
-        if not len(batch):
+        return await self.execute_chunks(1, lambda batch, _k: build(batch), parser)
+
+    async def close(self) -> None:
+        """Give the connection back to the pool."""
+        conn, self._conn, self._reader = self._conn, None, None
+        if conn is not None:
+            await self._pool.release(conn)
+
+    async def execute_chunks(self, count: int, build: Callable[[CommandBatch, int], None],
+                             parser: EntryParser | None = None) -> list[Any]:
+        """Like :meth:`execute` for a batch sent in ``count`` parts, ``build(batch, k)`` encoding part ``k``.
+
+        Each part is written as soon as it is encoded, and the next one is
+        encoded while Redis runs it, so client and server work side by side
+        instead of one after the other. Replies come back in order, one per
+        command, with :meth:`execute`'s error handling; after a NOSCRIPT the
+        parts are encoded and sent again, so ``build`` must encode the same
+        commands each time it is called.
+        """
+        if count <= 0:
             return []
         async with self._lock:
-            replies = await self._roundtrip(batch, parser)
+            replies = await self._stream(count, build, parser)
             if replies and all(isinstance(r, NoScriptError) for r in replies):
                 for source in self._scripts:
                     await self._redis.script_load(source)
-                replies = await self._roundtrip(batch, parser)
+                replies = await self._stream(count, build, parser)
         return replies
 
-    async def _roundtrip(self, batch: CommandBatch, parser: EntryParser | None) -> list[Any]:
+    async def _stream(self, count: int, build: Callable[[CommandBatch, int], None],
+                      parser: EntryParser | None) -> list[Any]:
+        batch = CommandBatch()
+        build(batch, 0)
+        if count == 1 and not len(batch):
+            return []
         conn = self._conn
         if conn is None:
             conn = self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
@@ -76,16 +98,24 @@ class Wire:
                 await conn.connect()
                 self._reader = RespReader(_reply_error)
             writer, stream = conn._writer, conn._reader
-            writer.write(batch.getvalue())
-            await writer.drain()
+            shapes: list[int] = []  # per reply, when some part expects entries
+            n = 0
+            for k in range(count):
+                if parser is not None and batch.expects_entries:
+                    shapes += [Shape.ANY] * (n - len(shapes))
+                    shapes += [batch.reply_shape(i) for i in range(len(batch))]
+                n += len(batch)
+                writer.write(batch.getvalue())
+                if k + 1 < count:
+                    batch.clear()
+                    build(batch, k + 1)  # while Redis runs part k
+                await writer.drain()
             reader = self._reader
-            n = len(batch)
             out: list[Any] = []
-            shaped = parser is not None and batch.expects_entries
             while len(out) < n:
-                if shaped:
-                    shape = batch.reply_shape(len(out))
-                    reply = reader.gets_entries(parser, shape) if shape != Shape.ANY else reader.gets()
+                i = len(out)
+                if i < len(shapes) and shapes[i] != Shape.ANY:
+                    reply = reader.gets_entries(parser, shapes[i])
                 else:
                     reply = reader.gets()
                 if reply is NEED_MORE:
@@ -106,9 +136,3 @@ class Wire:
             self._reader = None
             await conn.disconnect()
             raise
-
-    async def close(self) -> None:
-        """Give the connection back to the pool."""
-        conn, self._conn, self._reader = self._conn, None, None
-        if conn is not None:
-            await self._pool.release(conn)

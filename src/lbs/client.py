@@ -10,8 +10,8 @@ Three tasks run per client, whatever the number of held streams:
   time of their entries, one round trip per tick;
 * ``run()`` (optional) turns notifications into handler calls.
 
-State: ``_held`` maps entry id to a :class:`Held` record; ``_by_stream``
-maps a data stream name to the entry ids held for it.
+State: ``_held`` is the core's :class:`HeldTable` of :class:`Held` records,
+by entry id and by data stream name.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from types import CoroutineType, TracebackType
 from typing import Any
@@ -34,7 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from _lbscore import CommandBatch, Entry, EntryParser, Shape, try_decode_input
+from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, Shape, try_decode_input
 
 from . import _keys
 from ._connection import RedisLike, cancel_and_wait, execute, resolve_client
@@ -94,20 +94,6 @@ class ClientStats:
     lock_expired: int = 0
     #: ... of which after the stream was handed on (``LOCK_LOST``).
     lock_lost: int = 0
-
-
-@dataclass(slots=True, eq=False)
-class Held:
-    """A stream this client holds: its entry, its lock and the lock's value."""
-
-    entry_id: str
-    stream: str
-    info: dict[str, Any]
-    retry_count: int
-    token: int
-    value: str  # "<token>:<consumer id>", what the lock key holds
-    lock_key: str
-    task: asyncio.Task[Any] | None = field(default=None, repr=False)  # the run() handler, if any
 
 
 class _Log(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -176,8 +162,7 @@ class Client:
         self.pm: pluggy.PluginManager = make_plugin_manager(plugins, load_entrypoints=load_entrypoint_plugins)
         self.log = _Log(log, {"consumer_id": self.id})
 
-        self._held: dict[str, Held] = {}
-        self._by_stream: dict[str, list[str]] = {}
+        self._held = HeldTable(self.id, self._lock_key_prefix)
         self._tombstones: OrderedDict[str, Held] = OrderedDict()
         self._mailbox: Mailbox[Notification] = Mailbox(self.config.notification_buffer)
         self._capacity = asyncio.Event()
@@ -229,22 +214,15 @@ class Client:
 
     def held_streams(self) -> list[Held]:
         """The held streams (a snapshot)."""
-        return list(self._held.values())
+        return self._held.values()
 
     def _add_held(self, h: Held) -> None:
-        self._held[h.entry_id] = h
-        self._by_stream.setdefault(h.stream, []).append(h.entry_id)
+        self._held.add(h)
 
     def _drop_held(self, h: Held) -> bool:
         """Forget ``h``; False if it was not (or no longer) held."""
-        if self._held.get(h.entry_id) is not h:
+        if not self._held.drop(h):
             return False
-        del self._held[h.entry_id]
-        ids = self._by_stream.get(h.stream)
-        if ids is not None:
-            ids.remove(h.entry_id)
-            if not ids:
-                del self._by_stream[h.stream]
         self._capacity.set()
         return True
 
@@ -421,14 +399,12 @@ class Client:
                 bad.append((e, f"{tok}:{self.id}"))
                 continue
             assert e.stream is not None and e.info is not None
-            h = Held(e.id, e.stream, e.info, e.retry_count, tok, f"{tok}:{self.id}",
-                     self._lock_key_prefix + e.id)
-            self._add_held(h)
+            h = self._held.add_new(e.id, e.stream, e.info, e.retry_count, tok)
             stats.taken += 1
             if acquired:
                 self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
-            note = Notification(NotificationType.STREAM_ADDED, h.stream, h.entry_id, h.info,
-                                h.retry_count, h.token)
+            # e.info, not h.info: an empty Info then costs the held record no dict.
+            note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, e.retry_count, tok)
             if started:
                 self._hook("lbs_stream_started", notification=note)
             if dispatch is not None:
@@ -565,28 +541,32 @@ class Client:
     async def heartbeat(self) -> int:
         """Extend every held lock now, in one round trip; return how many were lost.
 
-        The heartbeat task calls this every ``Config.heartbeat_every`` seconds.
+        The locks go in script calls of ``Config.heartbeat_chunk``, each
+        written as soon as it is encoded (Redis runs one while the next is
+        encoded). The heartbeat task calls this every
+        ``Config.heartbeat_every`` seconds.
         """
-        snapshot = list(self._held.values())
+        snapshot = self._held.values()
         if not snapshot:
             return 0
         started = time.perf_counter()
         chunk = self.config.heartbeat_chunk
-        parts = [snapshot[i:i + chunk] for i in range(0, len(snapshot), chunk)]
+        starts = range(0, len(snapshot), chunk)
         sha, head_args = self._scripts.extend.sha, (self.config.lock_ttl_ms, self.group, self.id)
+        head_keys = (self.stream_key, self.deadlines_key)
+        encode = self._held.encode_extend
 
-        def build(b: CommandBatch) -> None:
-            for part in parts:
-                b.evalsha_locks(sha, (self.stream_key, self.deadlines_key), self._lock_prefix,
-                                [h.entry_id for h in part], head_args, [h.value for h in part])
+        def build(b: CommandBatch, k: int) -> None:
+            start = starts[k]
+            encode(b, sha, head_keys, head_args, snapshot, start, min(start + chunk, len(snapshot)))
 
         try:
-            results = _raise_first_error(await self._beat_wire.execute(build))
+            results = _raise_first_error(await self._beat_wire.execute_chunks(len(starts), build))
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         lost: list[Held] = []
-        for part, positions in zip(parts, results):
-            lost.extend(part[int(p) - 1] for p in positions)
+        for start, positions in zip(starts, results):
+            lost.extend(snapshot[start + int(p) - 1] for p in positions)
         for h in lost:
             if self._drop_held(h):
                 self._disown(h, "lock expired or taken while held (heartbeat missed)")
@@ -606,11 +586,7 @@ class Client:
     # --------------------------------------------------------------- done ---
 
     def _find(self, stream: str, entry_id: str | None) -> Held | None:
-        if entry_id is not None:
-            h = self._held.get(entry_id)
-            return h if h is not None and h.stream == stream else None
-        ids = self._by_stream.get(stream)
-        return self._held[ids[0]] if ids else None
+        return self._held.find(stream, entry_id)
 
     async def done_stream(self, stream: str, entry_id: str | None = None) -> DoneStatus:
         """Finish a data stream: release its lock, ack and delete its entry, in one call.
@@ -651,10 +627,10 @@ class Client:
                     raise NotHeldError(f"{self.id} does not hold data stream {name!r}")
             elif h in picked:
                 # A second item naming the same stream takes the next held entry of it.
-                ids = [i for i in self._by_stream.get(name, []) if self._held[i] not in picked]
-                if not ids:
+                rest = [x for x in self._held.for_stream(name) if x not in picked]
+                if not rest:
                     raise NotHeldError(f"{self.id} does not hold data stream {name!r} that many times")
-                h = self._held[ids[0]]
+                h = rest[0]
             picked.append(h)
         for h in picked:
             if not self._drop_held(h):
@@ -959,7 +935,7 @@ class Client:
         if running and self.config.drain_timeout > 0:
             await asyncio.wait(running, timeout=self.config.drain_timeout)
         await cancel_and_wait(running)
-        handed = list(self._held.values())
+        handed = self._held.values()
         for h in handed:
             self._drop_held(h)
         handed_back = 0

@@ -24,8 +24,10 @@ class Config:
     #: Seconds between heartbeats; ``None`` means ``lock_ttl / 2``.
     heartbeat_interval: float | None = None
     #: Locks extended per script call. A tick sends all its calls in one round
-    #: trip; slicing keeps each script short so Redis can serve others between them.
-    heartbeat_chunk: int = 10_000
+    #: trip; slicing keeps each script short so Redis can serve others between them
+    #: (and small calls cost Redis less per lock than big ones: about 13 % less
+    #: at 1,000 than at 10,000 in the heartbeat benchmark).
+    heartbeat_chunk: int = 1_000
     #: Most data streams this consumer holds at once; reads never exceed the free capacity.
     max_streams: int = 100
     #: Most entries one read (``read-3.lua``'s XREADGROUP) asks for, capped by the free capacity.

@@ -286,8 +286,7 @@ class Recovery:
                 if not page:
                     break
                 ids = [_text(p["message_id"]) for p in page]
-                held = set(c._held)
-                candidates = [i for i in ids if i not in held]
+                candidates = [i for i in ids if i not in c._held]
                 pipe = c._redis.pipeline(transaction=False)
                 for entry_id in candidates:
                     pipe.exists(_keys.lock_key(c.service, entry_id))

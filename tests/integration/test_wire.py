@@ -60,3 +60,78 @@ async def test_a_dropped_connection_raises_and_the_next_batch_reconnects(rp: aio
         assert await wire.execute(lambda b: b.command("PING")) in ([b"PONG"], ["PONG"])
     finally:
         await wire.close()
+
+
+async def test_parts_of_a_chunked_batch_reply_in_order_with_errors_per_command(rp: aioredis.Redis,
+                                                                              service: str) -> None:
+    wire = Wire(rp)
+    built: list[int] = []
+
+    def build(b: Any, k: int) -> None:
+        built.append(k)
+        if k == 1:
+            b.command("LPUSH", f"{service}:s", "x")  # WRONGTYPE: a string
+            return
+        b.command("SET", f"{service}:s", f"v{k}")
+        b.command("GET", f"{service}:s")
+
+    try:
+        replies = await wire.execute_chunks(3, build)
+        assert built == [0, 1, 2]
+        assert [r.decode() if isinstance(r, bytes) else r for r in (replies[0], replies[1])] == ["OK", "v0"]
+        assert isinstance(replies[2], ResponseError) and "WRONGTYPE" in str(replies[2])
+        assert replies[4] == b"v2" and len(replies) == 5
+        assert await wire.execute_chunks(0, build) == []
+        # A part may be empty.
+        assert await wire.execute_chunks(2, lambda b, k: b.command("PING") if k else None) in ([b"PONG"], ["PONG"])
+    finally:
+        await wire.close()
+        await rp.delete(f"{service}:s")
+
+
+async def test_a_chunked_batch_after_noscript_is_encoded_and_sent_again(rp: aioredis.Redis) -> None:
+    sha = (await rp.script_load(SCRIPT))
+    sha = sha.decode() if isinstance(sha, bytes) else sha
+    await rp.script_flush()
+    wire = Wire(rp, [SCRIPT])
+    built: list[int] = []
+
+    def build(b: Any, k: int) -> None:
+        built.append(k)
+        b.evalsha_locks(sha, (), b"lock:", [f"{k}-0"], (), None, True)
+
+    try:
+        replies = await wire.execute_chunks(3, build)
+        assert replies == [[f"lock:{k}-0".encode(), f"{k}-0".encode()] for k in range(3)]
+        assert built == [0, 1, 2, 0, 1, 2]
+    finally:
+        await wire.close()
+
+
+async def test_a_chunked_batch_on_a_dropped_connection_raises_and_the_next_reconnects(rp: aioredis.Redis) -> None:
+    wire = Wire(rp)
+    try:
+        (cid,) = await wire.execute(lambda b: b.command("CLIENT", "ID"))
+        await rp.client_kill_filter(_id=cid)
+        with pytest.raises(RedisConnectionError):
+            await wire.execute_chunks(2, lambda b, k: b.command("PING"))
+        assert await wire.execute_chunks(2, lambda b, k: b.command("PING")) in ([b"PONG"] * 2, ["PONG"] * 2)
+    finally:
+        await wire.close()
+
+
+async def test_a_part_that_fails_to_encode_drops_the_connection(rp: aioredis.Redis) -> None:
+    wire = Wire(rp)
+
+    def build(b: Any, k: int) -> None:
+        if k == 1:
+            raise ValueError("cannot encode")
+        b.command("PING")
+
+    try:
+        with pytest.raises(ValueError):
+            await wire.execute_chunks(2, build)  # part 0 is on the wire, its reply unread
+        # The unread reply went with the connection: the next batch reads its own.
+        assert await wire.execute(lambda b: b.command("ECHO", "mine")) in ([b"mine"], ["mine"])
+    finally:
+        await wire.close()

@@ -1,0 +1,75 @@
+"""Client memory per held stream: the held table with 100,000 held streams.
+
+The table is filled the way the reader fills it: entries as ``read-3.lua``
+returns them (``[id, [field, value, ...]]``) are parsed by the client's
+``EntryParser`` and each becomes a record with ``HeldTable.add_new``; the
+parsed entries are then dropped, as they are after a read. What stays is
+what holding costs: the record, its entry id, stream name and Info, and the
+table's two indexes. tracemalloc counts it; ``extra_info`` has bytes per
+held stream (the Go reference client documents about 2.5 KB). The timing is
+of the fill itself, without tracemalloc.
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from typing import Any
+
+import pytest
+
+import lbs
+from _lbscore import EntryParser, HeldTable, encode_input
+
+HELD = 100_000
+
+
+def _replies(n: int) -> list[list[Any]]:
+    # Entry ids as XADD makes them (several per millisecond), stream names and
+    # an empty Info as the benchmarks' producers register them.
+    return [[f"{1_700_000_000_000 + i // 4}-{i % 4}".encode(), [b"lbs-input", encode_input(f"s{i}")]]
+            for i in range(n)]
+
+
+def _fill(table: HeldTable, parser: EntryParser, replies: list[list[Any]]) -> None:
+    for token, e in enumerate(parser.parse_entries(replies), 1):
+        table.add_new(e.id, e.stream, e.info, e.retry_count, token)
+
+
+def _new() -> tuple[HeldTable, EntryParser]:
+    config = lbs.Config()
+    parser = EntryParser(lbs.INPUT_FIELD, config.field_prefix + "retry_count", config.field_prefix + "original_id",
+                         config.max_input_bytes)
+    return HeldTable("redis-consumer-bench", lbs.lock_key("bench-memory", "")), parser
+
+
+def bytes_per_held_stream(n: int) -> float:
+    """Bytes the table holds per stream after taking ``n`` streams."""
+    replies = _replies(n)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        table, parser = _new()
+        _fill(table, parser, replies)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(table) == n
+    return held / n
+
+
+@pytest.mark.benchmark(group=f"held table, {HELD} streams")
+def bench_held_table_memory(benchmark: Any) -> None:
+    replies = _replies(HELD)
+
+    def setup() -> tuple[tuple[HeldTable, EntryParser, list[list[Any]]], dict[str, Any]]:
+        return (*_new(), replies), {}
+
+    benchmark.pedantic(_fill, setup=setup, rounds=3, iterations=1)
+    per_stream = bytes_per_held_stream(HELD)
+    benchmark.extra_info["bytes_per_held_stream"] = round(per_stream)
+    # Loose: the figure is ~280 bytes on CPython 3.11; the old layout (a
+    # dataclass with value and lock key strings, a list per stream) was ~650.
+    assert per_stream < 512

@@ -1,0 +1,32 @@
+from libc.stdint cimport int64_t
+
+
+cdef class _HeldKeys:
+    # What every Held of one client shares: its lock values are
+    # "<token>:<consumer id>" and its lock keys "<lock prefix><entry id>".
+    cdef:
+        readonly str consumer_id
+        readonly str lock_prefix
+        bytes _suffix    # b":" + consumer id, UTF-8: a lock value after its token
+        bytes _prefix    # the lock prefix, UTF-8
+
+
+cdef class Held:
+    cdef:
+        readonly str entry_id
+        readonly str stream
+        object _info               # the entry's Info dict; None stands for an empty one until read
+        readonly int64_t retry_count
+        readonly int64_t token
+        public object task         # the run() handler's task, if any
+        _HeldKeys _keys
+
+
+cdef class HeldTable:
+    cdef:
+        dict _by_id        # entry id -> Held
+        dict _by_stream    # stream -> Held, or a list of Held (oldest first) when several share a name
+        _HeldKeys _keys
+
+    cdef int _index(self, Held h) except -1
+    cdef int _unindex(self, Held h) except -1

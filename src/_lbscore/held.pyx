@@ -1,0 +1,299 @@
+# The streams a client holds, and the heartbeat's encoding of them.
+#
+# A Held stores what differs per stream (entry id, stream name, Info, retry
+# count, fencing token, the run() task) and one pointer to what its client
+# shares: the consumer id and the lock key prefix. Its lock value
+# "<token>:<consumer id>" and lock key "<prefix><entry id>" are computed when
+# read, and written straight into the heartbeat's EVALSHA by
+# HeldTable.encode_extend, so no per-stream string is kept or built for them.
+#
+# HeldTable indexes Held records by entry id and by stream name. A stream
+# held once (the common case) maps to its Held; only a name held several
+# times at once maps to a list.
+
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+
+cdef class _HeldKeys:
+
+    def __cinit__(self, str consumer_id, str lock_prefix):
+        self.consumer_id = consumer_id
+        self.lock_prefix = lock_prefix
+        self._suffix = (":" + consumer_id).encode("utf-8")
+        self._prefix = lock_prefix.encode("utf-8")
+
+    def __reduce__(self):
+        return (_HeldKeys, (self.consumer_id, self.lock_prefix))
+
+
+cdef inline Held _new_held(_HeldKeys keys, str entry_id, str stream, object info,
+                           int64_t retry_count, int64_t token):
+    cdef Held h = Held.__new__(Held)
+    h.entry_id = entry_id
+    h.stream = stream
+    # An empty Info (most assignments) costs no dict until someone reads it.
+    h._info = None if (info is None or (type(info) is dict and not info)) else info
+    h.retry_count = retry_count
+    h.token = token
+    h.task = None
+    h._keys = keys
+    return h
+
+
+cdef class Held:
+    """A stream this client holds: its entry, its lock and the lock's value.
+
+    ``Held(entry_id, stream, info, retry_count, token, value, lock_key)``
+    builds one by hand; ``value`` must be ``"<token>:<consumer id>"`` and
+    ``lock_key`` must end with ``entry_id`` (they are not stored: ``value``
+    and ``lock_key`` are computed from the token, the consumer id and the
+    lock key prefix). The client's own records come from its held table.
+    """
+
+    def __init__(self, str entry_id, str stream, object info, int64_t retry_count, int64_t token,
+                 str value, str lock_key, object task=None):
+        cdef str head = f"{token}:"
+        if not value.startswith(head):
+            raise _data_error(f"lock value {value!r} is not '<token>:<consumer id>' for token {token}")
+        if not entry_id or not lock_key.endswith(entry_id):
+            raise _data_error(f"lock key {lock_key!r} does not end with entry id {entry_id!r}")
+        if info is not None and not isinstance(info, dict):
+            raise _data_error(f"info must be a dict, got {type(info).__name__}")
+        self.entry_id = entry_id
+        self.stream = stream
+        self._info = None if not info else info
+        self.retry_count = retry_count
+        self.token = token
+        self.task = task
+        self._keys = _HeldKeys(value[len(head):], lock_key[:len(lock_key) - len(entry_id)])
+
+    @property
+    def info(self):
+        """The assignment's ``Info`` (a dict; empty when the producer sent none)."""
+        if self._info is None:
+            self._info = {}
+        return self._info
+
+    @property
+    def value(self):
+        """What the lock key holds while the lock is ours: ``"<token>:<consumer id>"``."""
+        return f"{self.token}:{self._keys.consumer_id}"
+
+    @property
+    def lock_key(self):
+        """The lock's key: ``lock:{<service>-input}:<entry id>``."""
+        return self._keys.lock_prefix + self.entry_id
+
+    def __repr__(self):
+        return (f"Held(entry_id={self.entry_id!r}, stream={self.stream!r}, info={self.info!r}, "
+                f"retry_count={self.retry_count}, token={self.token}, value={self.value!r}, "
+                f"lock_key={self.lock_key!r})")
+
+    def __reduce__(self):
+        return (_rebuild_held, (self._keys, self.entry_id, self.stream, self._info, self.retry_count,
+                                self.token))
+
+
+def _rebuild_held(_HeldKeys keys, str entry_id, str stream, object info, int64_t retry_count, int64_t token):
+    return _new_held(keys, entry_id, stream, info, retry_count, token)
+
+
+cdef class HeldTable:
+    """The streams one client holds: by entry id, and by stream name.
+
+    ``consumer_id`` and ``lock_prefix`` are shared by every record the table
+    creates (:meth:`add_new`). ``len()``, ``in`` and iteration are over entry
+    ids, as for a dict; :meth:`values` is a snapshot of the records.
+    """
+
+    def __cinit__(self, str consumer_id, str lock_prefix):
+        self._by_id = {}
+        self._by_stream = {}
+        self._keys = _HeldKeys(consumer_id, lock_prefix)
+
+    @property
+    def consumer_id(self):
+        """The consumer id in the lock values of the records this table creates."""
+        return self._keys.consumer_id
+
+    @property
+    def lock_prefix(self):
+        """The lock key prefix of the records this table creates."""
+        return self._keys.lock_prefix
+
+    def __len__(self):
+        return len(self._by_id)
+
+    def __contains__(self, entry_id):
+        return entry_id in self._by_id
+
+    def __iter__(self):
+        return iter(self._by_id)
+
+    def __bool__(self):
+        return bool(self._by_id)
+
+    cdef int _index(self, Held h) except -1:
+        cdef object cur = self._by_stream.get(h.stream)
+        if cur is None:
+            self._by_stream[h.stream] = h
+        elif type(cur) is list:
+            (<list>cur).append(h)
+        else:
+            self._by_stream[h.stream] = [cur, h]
+        return 0
+
+    cdef int _unindex(self, Held h) except -1:
+        cdef object cur = self._by_stream.get(h.stream)
+        cdef list same
+        if cur is h:
+            del self._by_stream[h.stream]
+        elif type(cur) is list:
+            same = <list>cur
+            for i in range(len(same)):
+                if same[i] is h:
+                    del same[i]
+                    break
+            if len(same) == 1:
+                self._by_stream[h.stream] = same[0]
+            elif not same:
+                del self._by_stream[h.stream]
+        return 0
+
+    def add_new(self, str entry_id, str stream, object info, int64_t retry_count, int64_t token):
+        """Create the record of a stream just taken, add it, and return it."""
+        cdef Held h = _new_held(self._keys, entry_id, stream, info, retry_count, token)
+        self.add(h)
+        return h
+
+    def add(self, Held h not None):
+        """Add ``h``; it replaces a record of the same entry id."""
+        old = self._by_id.get(h.entry_id)
+        if old is h:
+            return
+        if old is not None:
+            self._unindex(<Held>old)
+        self._by_id[h.entry_id] = h
+        self._index(h)
+
+    def drop(self, Held h not None):
+        """Forget ``h``; False if it was not (or no longer) in the table."""
+        if self._by_id.get(h.entry_id) is not h:
+            return False
+        del self._by_id[h.entry_id]
+        self._unindex(h)
+        return True
+
+    def get(self, str entry_id, default=None):
+        """The record of ``entry_id``, or ``default``."""
+        return self._by_id.get(entry_id, default)
+
+    def find(self, str stream, str entry_id=None):
+        """The record of ``stream`` (of ``entry_id`` if given, else the oldest held), or None."""
+        cdef Held h
+        cdef object cur
+        if entry_id is not None:
+            found = self._by_id.get(entry_id)
+            if found is None:
+                return None
+            h = <Held>found
+            return h if h.stream == stream else None
+        cur = self._by_stream.get(stream)
+        if type(cur) is list:
+            return (<list>cur)[0]
+        return cur
+
+    def for_stream(self, str stream):
+        """Every record of ``stream``, oldest first (a new list)."""
+        cdef object cur = self._by_stream.get(stream)
+        if cur is None:
+            return []
+        if type(cur) is list:
+            return list(<list>cur)
+        return [cur]
+
+    def values(self):
+        """The records, in the order they were added (a snapshot list)."""
+        return list(self._by_id.values())
+
+    def streams(self):
+        """How many distinct stream names are held."""
+        return len(self._by_stream)
+
+    def encode_extend(self, CommandBatch batch not None, sha, tuple head_keys, tuple head_args,
+                      list held not None, Py_ssize_t start, Py_ssize_t stop):
+        """Append ``extend-n.lua``'s EVALSHA for ``held[start:stop]`` to ``batch``.
+
+        KEYS are ``head_keys`` then each record's lock key; ARGV are
+        ``head_args``, then each record's lock value, then each entry id:
+        the layout of ``evalsha_locks``, written from the records without a
+        per-stream Python object. ``held`` is a snapshot (:meth:`values`),
+        so the script's 1-based output positions map to ``held[start + p - 1]``.
+        """
+        cdef WriteBuffer buf = batch._buf
+        cdef Py_ssize_t n, i, idn
+        cdef Held h
+        cdef const char *idp
+        cdef bytes part
+        cdef char digits[24]
+        cdef int nd
+        if start < 0 or stop > len(held) or start > stop:
+            raise _data_error(f"slice {start}:{stop} outside {len(held)} held records")
+        n = stop - start
+        buf.write_len_header(c'*', 3 + len(head_keys) + n + len(head_args) + 2 * n)
+        pack_arg(buf, b"EVALSHA")
+        pack_arg(buf, sha)
+        pack_arg(buf, len(head_keys) + n)
+        for k in head_keys:
+            pack_arg(buf, k)
+        for i in range(start, stop):
+            h = <Held?>held[i]
+            idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
+            part = h._keys._prefix
+            buf.write_len_header(c'$', PyBytes_GET_SIZE(part) + idn)
+            buf.write(PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
+            buf.write(idp, idn)
+            buf.write(b"\r\n", 2)
+        for a in head_args:
+            pack_arg(buf, a)
+        for i in range(start, stop):
+            h = <Held?>held[i]
+            nd = _format_int64(h.token, digits)
+            part = h._keys._suffix
+            buf.write_len_header(c'$', nd + PyBytes_GET_SIZE(part))
+            buf.write(digits, nd)
+            buf.write(PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
+            buf.write(b"\r\n", 2)
+        for i in range(start, stop):
+            h = <Held?>held[i]
+            idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
+            buf.write_len_header(c'$', idn)
+            buf.write(idp, idn)
+            buf.write(b"\r\n", 2)
+        batch._count += 1
+
+
+cdef inline int _format_int64(int64_t v, char *out) noexcept:
+    # Decimal digits of v into out (at least 21 bytes); returns how many.
+    cdef char tmp[24]
+    cdef int i = 0, n = 0
+    cdef unsigned long long u
+    if v < 0:
+        out[n] = c'-'
+        n += 1
+        u = <unsigned long long>(-(v + 1)) + 1
+    else:
+        u = <unsigned long long>v
+    if u == 0:
+        tmp[0] = c'0'
+        i = 1
+    while u > 0:
+        tmp[i] = <char>(c'0' + u % 10)
+        u //= 10
+        i += 1
+    while i > 0:
+        i -= 1
+        out[n] = tmp[i]
+        n += 1
+    return n
