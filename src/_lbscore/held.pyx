@@ -222,7 +222,8 @@ cdef class HeldTable:
         return len(self._by_stream)
 
     def encode_extend(self, CommandBatch batch not None, sha, tuple head_keys, tuple head_args,
-                      list held not None, Py_ssize_t start, Py_ssize_t stop):
+                      list held not None, Py_ssize_t start, Py_ssize_t stop,
+                      int64_t refresh_every=1, int64_t phase=0):
         """Append ``extend-n.lua``'s EVALSHA for ``held[start:stop]`` to ``batch``.
 
         KEYS are ``head_keys`` then each record's lock key; ARGV are
@@ -230,6 +231,11 @@ cdef class HeldTable:
         the layout of ``evalsha_locks``, written from the records without a
         per-stream Python object. ``held`` is a snapshot (:meth:`values`),
         so the script's 1-based output positions map to ``held[start + p - 1]``.
+
+        With ``refresh_every`` > 1 one more ARGV follows: a flag per record
+        ("1"/"0"), set for the records whose token % refresh_every equals
+        ``phase``: only their pending idle time is refreshed this tick, so
+        each record's is refreshed every ``refresh_every`` ticks.
         """
         cdef WriteBuffer buf = batch._buf
         cdef Py_ssize_t n, i, idn
@@ -241,7 +247,9 @@ cdef class HeldTable:
         if start < 0 or stop > len(held) or start > stop:
             raise _data_error(f"slice {start}:{stop} outside {len(held)} held records")
         n = stop - start
-        buf.write_len_header(c'*', 3 + len(head_keys) + n + len(head_args) + 2 * n)
+        if refresh_every < 1:
+            raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
+        buf.write_len_header(c'*', 3 + len(head_keys) + n + len(head_args) + 2 * n + (refresh_every > 1))
         pack_arg(buf, b"EVALSHA")
         pack_arg(buf, sha)
         pack_arg(buf, len(head_keys) + n)
@@ -270,6 +278,12 @@ cdef class HeldTable:
             idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
             buf.write_len_header(c'$', idn)
             buf.write(idp, idn)
+            buf.write(b"\r\n", 2)
+        if refresh_every > 1:
+            buf.write_len_header(c'$', n)
+            for i in range(start, stop):
+                h = <Held>held[i]
+                buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
             buf.write(b"\r\n", 2)
         batch._count += 1
 

@@ -163,6 +163,7 @@ class Client:
         self.log = _Log(log, {"consumer_id": self.id})
 
         self._held = HeldTable(self.id, self._lock_key_prefix)
+        self._beats = 0  # heartbeat ticks so far: picks which entries refresh their pending idle time
         self._tombstones: OrderedDict[str, Held] = OrderedDict()
         self._mailbox: Mailbox[Notification] = Mailbox(self.config.notification_buffer)
         self._capacity = asyncio.Event()
@@ -541,6 +542,9 @@ class Client:
     async def heartbeat(self) -> int:
         """Extend every held lock now, in one round trip; return how many were lost.
 
+        Every lock is extended; the pending idle time is refreshed for a
+        rotating share of the entries (``Config.pel_refresh_every``).
+
         The locks go in script calls of ``Config.heartbeat_chunk``, each
         written as soon as it is encoded (Redis runs one while the next is
         encoded). The heartbeat task calls this every
@@ -555,10 +559,13 @@ class Client:
         sha, head_args = self._scripts.extend.sha, (self.config.lock_ttl_ms, self.group, self.id)
         head_keys = (self.stream_key, self.deadlines_key)
         encode = self._held.encode_extend
+        every = self.config.pel_refresh_every
+        phase = self._beats % every
+        self._beats += 1
 
         def build(b: CommandBatch, k: int) -> None:
             start = starts[k]
-            encode(b, sha, head_keys, head_args, snapshot, start, min(start + chunk, len(snapshot)))
+            encode(b, sha, head_keys, head_args, snapshot, start, min(start + chunk, len(snapshot)), every, phase)
 
         try:
             results = _raise_first_error(await self._beat_wire.execute_chunks(len(starts), build))

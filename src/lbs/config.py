@@ -138,6 +138,17 @@ class Config:
         return self.min_idle if self.min_idle is not None else max(30.0, 3 * self.lock_ttl)
 
     @property
+    def pel_refresh_every(self) -> int:
+        """Heartbeat ticks between two refreshes of one entry's pending idle time.
+
+        Each tick extends every lock but refreshes the idle time of a rotating
+        1/N of the entries, N chosen so that a live entry's idle time stays
+        under half of :attr:`scan_min_idle`: the scan (and XREADGROUP CLAIM)
+        never sees live work as idle, and Redis skips most of the XCLAIM work.
+        """
+        return max(1, int((self.scan_min_idle / 2) // self.heartbeat_every))
+
+    @property
     def lock_ttl_ms(self) -> int:
         return max(1, int(self.lock_ttl * 1000))
 

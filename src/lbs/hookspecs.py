@@ -84,7 +84,8 @@ def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float)
     """Called after each heartbeat tick (one per tick, not per lock).
 
     :param client: the client.
-    :param extended: locks extended (and pending idle times refreshed).
+    :param extended: locks extended (pending idle times are refreshed for a
+        rotating share of them, see ``Config.pel_refresh_every``).
     :param lost: locks found no longer ours; each also gets
         :func:`lbs_stream_disowned`.
     :param seconds: how long the tick's round trip took.

@@ -125,7 +125,11 @@ async def test_malformed_entries_are_dead_lettered_and_the_reader_keeps_serving(
 
 async def test_heartbeat_keeps_locks_and_pending_entries_fresh(any_server: Any, service: str, rr: aioredis.Redis) -> None:
     await lbs.Producer(rr, service).add_stream("kept")
-    c = client(any_server.url, service, lock_ttl=0.4)
+    # Heartbeats every 0.2 s; the pending idle time is refreshed every other
+    # tick (pel_refresh_every = (min_idle / 2) // 0.2 = 2), so it stays far
+    # below min_idle: the scan never sees live work as idle.
+    c = client(any_server.url, service, lock_ttl=0.4, min_idle=1.0)
+    assert c.config.pel_refresh_every == 2
     await c.start()
     try:
         (note,) = await take(c, 1)
@@ -133,7 +137,7 @@ async def test_heartbeat_keeps_locks_and_pending_entries_fresh(any_server: Any, 
         await asyncio.sleep(1.2)  # three TTLs: only heartbeats keep the lock
         assert await rr.get(lock) == f"{note.token}:{c.id}".encode()
         pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
-        assert pending[0]["time_since_delivered"] < 400
+        assert pending[0]["time_since_delivered"] < 1000
         assert pending[0]["times_delivered"] == 1  # JUSTID refresh does not count deliveries
     finally:
         await c.close()
@@ -151,6 +155,32 @@ async def test_one_heartbeat_round_trip_for_many_locks(any_server: Any, service:
             pipe.pttl(lbs.lock_key(service, h.entry_id))
         ttls = await pipe.execute()
         assert min(ttls) > 29_000
+    finally:
+        await c.close()
+
+
+async def test_each_tick_refreshes_the_pending_idle_time_of_its_share_of_entries(
+        any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # pel_refresh_every = (40 / 2) // 5 = 4: a tick refreshes the entries
+    # whose token % 4 is the tick's phase, and every lock. (The background
+    # heartbeat, every 5 s, does not run during the test.)
+    await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(12)])
+    c = client(any_server.url, service, max_streams=12, lock_ttl=10, heartbeat_interval=5, min_idle=40)
+    assert c.config.pel_refresh_every == 4
+    await c.start()
+    try:
+        await take(c, 12)
+        held = {h.entry_id: h for h in c.held_streams()}
+        for tick in range(4):
+            await asyncio.sleep(0.15)  # idle times grow; time is the subject here
+            phase = c._beats % 4
+            assert await c.heartbeat() == 0
+            pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 20)
+            for p in pending:
+                refreshed = held[p["message_id"].decode()].token % 4 == phase
+                assert (p["time_since_delivered"] < 100) is refreshed, (tick, p)
+        ttls = [await rr.pttl(h.lock_key) for h in held.values()]
+        assert min(ttls) > 9_000  # every lock, every tick
     finally:
         await c.close()
 

@@ -11,6 +11,8 @@
   ARGV[3]        consumer name in the group
   ARGV[4..n+3]   the lock values we set ("<token>:<consumer id>"), one per key
   ARGV[n+4..2n+3] the entry ids behind the locks, one per key
+  ARGV[2n+4]     optional: one flag per key, "1" to refresh that entry's
+                 pending idle time this call, "0" to leave it (absent: all)
 
   Output: the 1-based positions of the locks that are no longer ours
   (expired, or taken by someone else). Those are not touched.
@@ -20,8 +22,10 @@
 
   XCLAIM ... 0 ... JUSTID to ourselves resets the idle time without bumping
   the delivery counter, so live work never looks idle to an XPENDING IDLE
-  scan or to XREADGROUP CLAIM. It runs in slices of 500 ids to stay clear of
-  Lua's unpack limit. Errors from XCLAIM (NOGROUP after the group vanished)
+  scan or to XREADGROUP CLAIM. The client flags a rotating share of the
+  entries per call, so each is refreshed well within the scan's min-idle
+  without paying for every entry on every tick. Slices of 500 ids stay
+  clear of Lua's unpack limit. Errors from XCLAIM (NOGROUP after the group vanished)
   are ignored here: the reader recreates the group.
 
   Events: none besides the keys it writes.
@@ -30,28 +34,39 @@ local n = #KEYS - 2
 local ttl = ARGV[1]
 local t = redis.call('TIME')
 local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl)
+local flags = ARGV[2 * n + 4]
+local all = flags == nil or flags == ''
+local byte = string.byte
 local lost = {}
 local alive = {}
+local refresh = {}
 for i = 1, n do
   if redis.call('GET', KEYS[i + 2]) == ARGV[i + 3] then
     redis.call('PEXPIRE', KEYS[i + 2], ttl)
-    alive[#alive + 1] = ARGV[n + 3 + i]
+    local id = ARGV[n + 3 + i]
+    alive[#alive + 1] = id
+    if all or byte(flags, i) == 49 then
+      refresh[#refresh + 1] = id
+    end
   else
     lost[#lost + 1] = i
   end
 end
 local slice = 500
 for s = 1, #alive, slice do
-  local last = math.min(s + slice - 1, #alive)
-  local claim = {'XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0}
   local zadd = {'ZADD', KEYS[2]}
-  for j = s, last do
-    claim[#claim + 1] = alive[j]
+  for j = s, math.min(s + slice - 1, #alive) do
     zadd[#zadd + 1] = deadline
     zadd[#zadd + 1] = alive[j]
   end
+  redis.call(unpack(zadd))
+end
+for s = 1, #refresh, slice do
+  local claim = {'XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0}
+  for j = s, math.min(s + slice - 1, #refresh) do
+    claim[#claim + 1] = refresh[j]
+  end
   claim[#claim + 1] = 'JUSTID'
   redis.pcall(unpack(claim))
-  redis.call(unpack(zadd))
 end
 return lost
