@@ -12,7 +12,7 @@
 # times at once maps to a list.
 
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 
 cdef class _HeldKeys:
@@ -149,12 +149,17 @@ cdef class HeldTable:
         cdef list same
         if cur is h:
             del self._by_stream[h.stream]
+        elif LBS_DEBUG and type(cur) is not list:
+            _internal_error(f"held record {h.entry_id} missing from the index of {h.stream!r}")
         elif type(cur) is list:
             same = <list>cur
             for i in range(len(same)):
                 if same[i] is h:
                     del same[i]
                     break
+            else:
+                if LBS_DEBUG:
+                    _internal_error(f"held record {h.entry_id} missing from the index of {h.stream!r}")
             if len(same) == 1:
                 self._by_stream[h.stream] = same[0]
             elif not same:
@@ -244,11 +249,14 @@ cdef class HeldTable:
         cdef bytes part
         cdef char digits[24]
         cdef int nd
+        cdef Py_ssize_t expected = 0
         if start < 0 or stop > len(held) or start > stop:
             raise _data_error(f"slice {start}:{stop} outside {len(held)} held records")
         n = stop - start
         if refresh_every < 1:
             raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
+        if LBS_DEBUG:
+            expected = buf._length  # the header's element count must match what follows
         buf.write_len_header(c'*', 3 + len(head_keys) + n + len(head_args) + 2 * n + (refresh_every > 1))
         pack_arg(buf, b"EVALSHA")
         pack_arg(buf, sha)
@@ -285,6 +293,8 @@ cdef class HeldTable:
                 h = <Held>held[i]
                 buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
             buf.write(b"\r\n", 2)
+        if LBS_DEBUG:
+            _check_command(buf, expected)
         batch._count += 1
 
 
@@ -311,3 +321,14 @@ cdef inline int _format_int64(int64_t v, char *out) noexcept:
         out[n] = tmp[i]
         n += 1
     return n
+
+
+cdef int _check_command(WriteBuffer buf, Py_ssize_t start) except -1:
+    # Debug builds: the command just written from ``start`` reads back as one
+    # whole RESP array of bulk strings, nothing more and nothing less.
+    r = RespReader()
+    r.feed(PyBytes_FromStringAndSize(buf._buf + start, buf._length - start))
+    command = r.gets()
+    if type(command) is not list or r.buffered or not all(type(a) is bytes for a in command):
+        _internal_error(f"encoded a malformed command ({buf._length - start} bytes)")
+    return 0

@@ -188,6 +188,9 @@ cdef class RespReader:
                 self._cap = cap
         memcpy(self._buf + self._end, data, n)
         self._end += n
+        if LBS_DEBUG and not (0 <= self._start <= self._scan <= self._end <= self._cap):
+            _internal_error(f"reader positions out of order: start {self._start} scan {self._scan} "
+                            f"end {self._end} capacity {self._cap}")
         return 0
 
     cdef int _fail(self, str message) except -1:
@@ -263,6 +266,8 @@ cdef class RespReader:
             self._scan = pos
             if self._depth == 0:
                 self._reply_end = pos
+                if LBS_DEBUG and pos > end:
+                    _internal_error(f"a reply checked to {pos}, past the {end} bytes fed")
                 return 1
         self._scan = pos
         return 0
