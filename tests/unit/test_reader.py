@@ -348,3 +348,21 @@ def test_truncated_replies_ask_for_more(prefix: bytes) -> None:
     reader = RespReader()
     reader.feed(prefix)
     assert reader.gets() is NEED_MORE
+
+
+def test_a_batch_says_which_replies_hold_entries() -> None:
+    from _lbscore import CommandBatch
+
+    b = CommandBatch()
+    with pytest.raises(lbs.DataError):
+        b.expect(Shape.ENTRIES)  # no command yet
+    b.command("PING")
+    b.command("XRANGE", "s", "-", "+")
+    b.expect(Shape.ENTRIES)
+    b.command("PING")
+    assert b.expects_entries
+    assert [b.reply_shape(i) for i in range(3)] == [Shape.ANY, Shape.ENTRIES, Shape.ANY]
+    with pytest.raises(lbs.DataError):
+        b.expect(99)
+    b.clear()
+    assert not b.expects_entries
