@@ -34,12 +34,14 @@ for i = 1, n do
       redis.call('DEL', lock)
       out[i] = 1
     end
-    redis.call('ZREM', KEYS[2], id)
     ids[#ids + 1] = id
     at[#at + 1] = i
   end
 end
 if #ids > 0 then
+  for s = 1, #ids, 500 do  -- one ZREM per slice, not per id; slices keep clear of unpack's limit
+    redis.call('ZREM', KEYS[2], unpack(ids, s, math.min(s + 499, #ids)))
+  end
   local acked = {}
   if xackdel then
     local r = redis.pcall('XACKDEL', KEYS[1], group, 'IDS', #ids, unpack(ids))
