@@ -107,6 +107,8 @@ class HeldTable:
         held: list[Held],
         start: int,
         stop: int,
+        refresh_every: int = 1,
+        phase: int = 0,
     ) -> None: ...
 
 class CommandBatch:
