@@ -1,3 +1,9 @@
+from libc.stdint cimport int64_t
+
+
+cdef int format_int64(int64_t v, char *out) noexcept
+
+
 cdef class WriteBuffer:
     """A growable byte buffer: the one allocation a batch of commands is encoded into."""
 

@@ -1,6 +1,32 @@
 from cpython.mem cimport PyMem_Malloc, PyMem_Realloc, PyMem_Free
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t
 from libc.string cimport memcpy
+
+
+cdef int format_int64(int64_t v, char *out) noexcept:
+    # Decimal digits of v into out (at least 21 bytes); returns how many.
+    cdef char tmp[24]
+    cdef int i = 0, n = 0
+    cdef unsigned long long u
+    if v < 0:
+        out[n] = c'-'
+        n += 1
+        u = <unsigned long long>(-(v + 1)) + 1
+    else:
+        u = <unsigned long long>v
+    if u == 0:
+        tmp[0] = c'0'
+        i = 1
+    while u > 0:
+        tmp[i] = <char>(c'0' + u % 10)
+        u //= 10
+        i += 1
+    while i > 0:
+        i -= 1
+        out[n] = tmp[i]
+        n += 1
+    return n
 
 
 cdef class WriteBuffer:
@@ -52,26 +78,12 @@ cdef class WriteBuffer:
     cdef int write_len_header(self, char kind, Py_ssize_t n) except -1:
         # "<kind><decimal n>\r\n": the RESP array ('*') and bulk string ('$')
         # length prefix, written without building a Python str.
-        cdef char digits[24]
-        cdef int i = 0
-        cdef unsigned long long v
         if n < 0:
             _internal_error("negative RESP length")
-        v = <unsigned long long>n
         self._ensure(24 + 3)
         self._buf[self._length] = kind
         self._length += 1
-        if v == 0:
-            digits[0] = c'0'
-            i = 1
-        while v > 0:
-            digits[i] = <char>(c'0' + v % 10)
-            v //= 10
-            i += 1
-        while i > 0:
-            i -= 1
-            self._buf[self._length] = digits[i]
-            self._length += 1
+        self._length += format_int64(n, self._buf + self._length)
         self._buf[self._length] = c'\r'
         self._buf[self._length + 1] = c'\n'
         self._length += 2

@@ -275,7 +275,7 @@ cdef class HeldTable:
             pack_arg(buf, a)
         for i in range(start, stop):
             h = <Held?>held[i]
-            nd = _format_int64(h.token, digits)
+            nd = format_int64(h.token, digits)
             part = h._keys._suffix
             buf.write_len_header(c'$', nd + PyBytes_GET_SIZE(part))
             buf.write(digits, nd)
@@ -298,29 +298,6 @@ cdef class HeldTable:
         batch._count += 1
 
 
-cdef inline int _format_int64(int64_t v, char *out) noexcept:
-    # Decimal digits of v into out (at least 21 bytes); returns how many.
-    cdef char tmp[24]
-    cdef int i = 0, n = 0
-    cdef unsigned long long u
-    if v < 0:
-        out[n] = c'-'
-        n += 1
-        u = <unsigned long long>(-(v + 1)) + 1
-    else:
-        u = <unsigned long long>v
-    if u == 0:
-        tmp[0] = c'0'
-        i = 1
-    while u > 0:
-        tmp[i] = <char>(c'0' + u % 10)
-        u //= 10
-        i += 1
-    while i > 0:
-        i -= 1
-        out[n] = tmp[i]
-        n += 1
-    return n
 
 
 cdef int _check_command(WriteBuffer buf, Py_ssize_t start) except -1:

@@ -57,18 +57,33 @@ cdef inline bint _is_digit(char c) noexcept nogil:
     return c >= 48 and c <= 57  # 0-9
 
 
-cdef object _json_string(const char* p, Py_ssize_t n, Py_ssize_t* i):
-    # p[i[0]] is the opening quote.
-    cdef Py_ssize_t j = i[0] + 1
+cdef inline Py_ssize_t _digits_end(const char* p, Py_ssize_t n, Py_ssize_t j) noexcept:
+    # The end of the run of digits at j, or -1 when there is none.
+    if j >= n or not _is_digit(p[j]):
+        return -1
+    while j < n and _is_digit(p[j]):
+        j += 1
+    return j
+
+
+cdef inline Py_ssize_t _string_end(const char* p, Py_ssize_t n, Py_ssize_t j) noexcept:
+    # The closing quote of a string whose text starts at j, or -1 when it has
+    # an escape or a control character (json must judge it) or no end.
     cdef unsigned char c
     while j < n:
         c = <unsigned char>p[j]
         if c == 34:  # "
-            break
-        if c == 92 or c < 32:  # an escape or a control character
-            return _NOT_FAST
+            return j
+        if c == 92 or c < 32:
+            return -1
         j += 1
-    if j >= n:
+    return -1
+
+
+cdef object _json_string(const char* p, Py_ssize_t n, Py_ssize_t* i):
+    # p[i[0]] is the opening quote.
+    cdef Py_ssize_t j = _string_end(p, n, i[0] + 1)
+    if j < 0:
         return _NOT_FAST
     try:
         s = PyUnicode_DecodeUTF8(p + i[0] + 1, j - i[0] - 1, NULL)
@@ -86,38 +101,34 @@ cdef object _json_number(const char* p, Py_ssize_t n, Py_ssize_t* i):
     cdef Py_ssize_t digits, k
     if j < n and p[j] == 45:  # -
         j += 1
-    if j >= n or not _is_digit(p[j]):
-        return _NOT_FAST
-    if p[j] == 48:  # a leading 0 stands alone
+    if j < n and p[j] == 48:  # a leading 0 stands alone
         j += 1
     else:
-        while j < n and _is_digit(p[j]):
-            j += 1
+        j = _digits_end(p, n, j)
+        if j < 0:
+            return _NOT_FAST
     digits = j - start
     if j < n and p[j] == 46:  # .
-        j += 1
-        if j >= n or not _is_digit(p[j]):
+        j = _digits_end(p, n, j + 1)
+        if j < 0:
             return _NOT_FAST
-        while j < n and _is_digit(p[j]):
-            j += 1
         is_float = True
     if j < n and (p[j] == 101 or p[j] == 69):  # e E
         j += 1
         if j < n and (p[j] == 43 or p[j] == 45):
             j += 1
-        if j >= n or not _is_digit(p[j]):
+        j = _digits_end(p, n, j)
+        if j < 0:
             return _NOT_FAST
-        while j < n and _is_digit(p[j]):
-            j += 1
         is_float = True
-    text = PyBytes_FromStringAndSize(p + start, j - start)
     i[0] = j
     if is_float:
-        return PyFloat_FromString(text)
+        return PyFloat_FromString(PyBytes_FromStringAndSize(p + start, j - start))
     if digits <= 18:
         for k in range(start + (1 if p[start] == 45 else 0), j):
             v = v * 10 + (p[k] - 48)
         return -v if p[start] == 45 else v
+    text = PyBytes_FromStringAndSize(p + start, j - start)
     return PyLong_FromString(text, NULL, 10)
 
 
@@ -132,18 +143,12 @@ cdef list _key_cache = [None] * _KEY_SLOTS
 
 cdef object _json_key(const char* p, Py_ssize_t n, Py_ssize_t* i):
     # p[i[0]] is the opening quote of an object key.
-    cdef Py_ssize_t a = i[0] + 1, j = a, size
-    cdef unsigned char c
+    cdef Py_ssize_t a = i[0] + 1, j = _string_end(p, n, a), size
     cdef size_t h
     cdef const char* cached_p
-    while j < n:
-        c = <unsigned char>p[j]
-        if c == 34:
-            break
-        if c == 92 or c < 32:
-            return _NOT_FAST
-        j += 1
-    if j >= n or j - a > _KEY_MAX or j == a:
+    if j < 0:
+        return _NOT_FAST
+    if j - a > _KEY_MAX or j == a:
         return _json_string(p, n, i)
     h = (<size_t>(j - a) * 31 + <unsigned char>p[a] * 7 + <unsigned char>p[j - 1] * 3
          + <unsigned char>p[a + (j - a) // 2]) % _KEY_SLOTS
@@ -236,19 +241,11 @@ cdef tuple _decode_canonical(const char* p, Py_ssize_t n):
     # bytes), which the general path then decodes or rejects with a reason.
     # Both paths give the same answer for every input they both accept.
     cdef Py_ssize_t i, j
-    cdef unsigned char c
     cdef object name, info
     if n < _HEAD_LEN + 2 or memcmp(p, _HEAD, _HEAD_LEN) != 0:
         return None
-    j = _HEAD_LEN
-    while j < n:
-        c = <unsigned char>p[j]
-        if c == 34:  # "
-            break
-        if c == 92 or c < 32:  # backslash or control: let the general path judge
-            return None
-        j += 1
-    if j == _HEAD_LEN or j >= n:
+    j = _string_end(p, n, _HEAD_LEN)  # an escape or a control: the general path judges
+    if j <= _HEAD_LEN:
         return None
     try:
         name = PyUnicode_DecodeUTF8(p + _HEAD_LEN, j - _HEAD_LEN, NULL)

@@ -52,10 +52,6 @@ cdef object _NEED_MORE = NEED_MORE
 cdef Py_ssize_t _KEEP_BUFFER = 4 << 20
 
 
-cdef inline bint _digit(char c) noexcept:
-    return c >= 48 and c <= 57
-
-
 cdef inline Py_ssize_t _crlf(const char *p, Py_ssize_t pos, Py_ssize_t end) noexcept:
     # Index of the first "\r\n" at or after pos, or -1.
     cdef const char *q
@@ -84,7 +80,7 @@ cdef inline int _int64(const char *p, Py_ssize_t a, Py_ssize_t b, long long *out
     if a >= b:
         return -1
     while a < b:
-        if not _digit(p[a]):
+        if not _is_digit(p[a]):
             return -1
         d = <unsigned int>(p[a] - 48)
         if v > (limit - d) // 10:
@@ -506,7 +502,7 @@ cdef class RespReader:
 cdef int _check_double(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
     cdef bytes text = PyBytes_FromStringAndSize(p + a, b - a)
     cdef char *endp = NULL
-    if b > a and (p[a] == 45 or p[a] == 43 or _digit(p[a]) or p[a] == 46 or (b - a == 3 and (
+    if b > a and (p[a] == 45 or p[a] == 43 or _is_digit(p[a]) or p[a] == 46 or (b - a == 3 and (
             memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
         try:
             PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
@@ -524,7 +520,7 @@ cdef int _check_big(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) exc
     if i >= b:
         r._fail(f"invalid big number reply {p[a:b]!r}")
     while i < b:
-        if not _digit(p[i]):
+        if not _is_digit(p[i]):
             r._fail(f"invalid big number reply {p[a:b]!r}")
         i += 1
     return 0
