@@ -52,6 +52,11 @@ def fence_key(service: str) -> str:
     return f"{hash_tag(service)}:fence"
 
 
-def deadlines_key(service: str) -> str:
-    """The deadline index: ``{<service>-input}:deadlines``, entry ids scored by lock deadline (ms)."""
-    return f"{hash_tag(service)}:deadlines"
+def consumers_key(service: str) -> str:
+    """The consumer deadline index: ``{<service>-input}:consumers``.
+
+    A sorted set of the consumer ids that hold locks, each scored by the
+    server time (ms) by which it must have heartbeated again, or its locks
+    have expired. Recovery's deadline poller looks only at consumers past it.
+    """
+    return f"{hash_tag(service)}:consumers"

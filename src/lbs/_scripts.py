@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-SCRIPT_NAMES = ("read-3", "extend-n", "done-n", "requeue-4", "reap-1")
+SCRIPT_NAMES = ("read-3", "extend-n", "done-n", "requeue-3", "reap-2")
 
 
 @lru_cache(maxsize=None)
@@ -30,8 +30,8 @@ class Scripts:
         self.read: Any = redis.register_script(source("read-3"))
         self.extend: Any = redis.register_script(source("extend-n"))
         self.done: Any = redis.register_script(source("done-n"))
-        self.requeue: Any = redis.register_script(source("requeue-4"))
-        self.reap: Any = redis.register_script(source("reap-1"))
+        self.requeue: Any = redis.register_script(source("requeue-3"))
+        self.reap: Any = redis.register_script(source("reap-2"))
 
     def sources(self) -> list[str]:
         """Every script's Lua source (what a NOSCRIPT reloads)."""
@@ -47,7 +47,7 @@ class DoneCode(enum.IntEnum):
 
 
 class RequeueCode(enum.IntEnum):
-    """First element of the output of ``requeue-4.lua``."""
+    """First element of the output of ``requeue-3.lua``."""
 
     TRIMMED = -1
     SKIPPED = 0

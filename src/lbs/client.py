@@ -141,7 +141,7 @@ class Client:
         self.stream_key = _keys.input_stream(service)
         self.group = _keys.group_name(service)
         self.fence_key = _keys.fence_key(service)
-        self.deadlines_key = _keys.deadlines_key(service)
+        self.consumers_key = _keys.consumers_key(service)
         dlq = self.config.dead_letter_stream
         self.dead_letter_key = _keys.dead_letter_stream(service) if dlq is None else dlq
         self._redis, self._owned = resolve_client(redis)
@@ -304,8 +304,9 @@ class Client:
         """Read and lock batches (``read-3.lua``); between empty reads, wait in XREAD BLOCK.
 
         Delivery and locking are one atomic script, so no entry is ever
-        pending without a lock and a deadline: whenever this consumer dies,
-        the deadline poller brings its work back within the lock TTL.
+        pending without a lock, nor a lock without this consumer's place in
+        the deadline index: whenever this consumer dies, the deadline poller
+        brings its work back within the lock TTL.
         """
         cfg = self.config
         failures = 0
@@ -364,7 +365,7 @@ class Client:
         ones are dead-lettered.
         """
         sha = self._scripts.read.sha
-        head = (self.stream_key, self.fence_key, self.deadlines_key, self.group, self.id,
+        head = (self.stream_key, self.fence_key, self.consumers_key, self.group, self.id,
                 count, self.config.lock_ttl_ms, self._lock_prefix, start)
 
         def build(b: CommandBatch) -> None:
@@ -507,10 +508,9 @@ class Client:
 
     def _requeue_keys_args(self, entry_id: str, lock_key: str, *, mode: str, value: str, count_retry: bool,
                            reason: str, force_dead_letter: bool = False) -> tuple[list[Any], list[Any]]:
-        """KEYS and ARGV of ``requeue-4.lua`` (see its header)."""
+        """KEYS and ARGV of ``requeue-3.lua`` (see its header)."""
         cfg = self.config
-        keys = [self.stream_key, self.dead_letter_key or _keys.dead_letter_stream(self.service), lock_key,
-                self.deadlines_key]
+        keys = [self.stream_key, self.dead_letter_key or _keys.dead_letter_stream(self.service), lock_key]
         args = [self.group, entry_id, mode, value, 1 if count_retry else 0, cfg.max_retries,
                 self.retry_field, self.original_field, reason, self.id,
                 1 if force_dead_letter else 0, 1 if self.dead_letter_key else 0, cfg.field_prefix]
@@ -556,8 +556,10 @@ class Client:
         started = time.perf_counter()
         chunk = self.config.heartbeat_chunk
         starts = range(0, len(snapshot), chunk)
-        sha, head_args = self._scripts.extend.sha, (self.config.lock_ttl_ms, self.group, self.id)
-        head_keys = (self.stream_key, self.deadlines_key)
+        sha, ttl = self._scripts.extend.sha, self.config.lock_ttl_ms
+        head_keys = (self.stream_key, self.consumers_key)
+        # The last call of the tick moves this consumer's deadline (extend-n.lua).
+        head_args, last_args = (ttl, self.group, self.id, 0), (ttl, self.group, self.id, 1)
         encode = self._held.encode_extend
         every = self.config.pel_refresh_every
         phase = self._beats % every
@@ -565,7 +567,8 @@ class Client:
 
         def build(b: CommandBatch, k: int) -> None:
             start = starts[k]
-            encode(b, sha, head_keys, head_args, snapshot, start, min(start + chunk, len(snapshot)), every, phase)
+            encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
+                   min(start + chunk, len(snapshot)), every, phase)
 
         try:
             results = _raise_first_error(await self._beat_wire.execute_chunks(len(starts), build))
@@ -574,11 +577,20 @@ class Client:
         lost: list[Held] = []
         for start, positions in zip(starts, results):
             lost.extend(snapshot[start + int(p) - 1] for p in positions)
+        lost = [h for h in lost if self._drop_held(h)]
         for h in lost:
-            if self._drop_held(h):
-                self._disown(h, "lock expired or taken while held (heartbeat missed)")
+            self._disown(h, "lock expired or taken while held (heartbeat missed)")
         self._hook("lbs_locks_extended", extended=len(snapshot) - len(lost), lost=len(lost),
                    seconds=time.perf_counter() - started)
+        if lost:
+            # We live, so the consumer deadline index will not send anyone for
+            # these: put back the ones whose lock is gone (not those someone
+            # else holds) ourselves, exactly as recovery would.
+            try:
+                await self.recovery.requeue([h.entry_id for h in lost], "heartbeat",
+                                            "lock lost while held (heartbeat missed)")
+            except RedisError as exc:
+                self.log.warning("re-queue of %d lost assignments failed (%s); the scan will", len(lost), exc)
         return len(lost)
 
     def _disown(self, h: Held, reason: str) -> None:
@@ -684,7 +696,7 @@ class Client:
                 items = [h for h, _ in batch]
 
                 def build(b: CommandBatch) -> None:
-                    b.evalsha_locks(sha, (self.stream_key, self.deadlines_key), self._lock_prefix,
+                    b.evalsha_locks(sha, (self.stream_key,), self._lock_prefix,
                                     [h.entry_id for h in items], (self.group, flag), [h.value for h in items])
 
                 try:

@@ -1,6 +1,6 @@
 """Recovery: dead consumers' streams go back into circulation, living ones are never robbed.
 
-Every re-queue is one call of ``requeue-4.lua`` with lock mode ``absent``:
+Every re-queue is one call of ``requeue-3.lua`` with lock mode ``absent``:
 it acts only when the lock does not exist, acks first (0 acked means another
 recoverer won: nothing else happens), then writes the fresh entry (or the
 dead letter) and deletes the old one, atomically. Any number of recoverers,
@@ -8,11 +8,13 @@ on any number of consumers, re-queue an entry exactly once.
 
 Three paths find the entries to re-queue:
 
-* **deadline poller** (fast, does not depend on Redis's expiry timing): the
-  heartbeat keeps every held lock's deadline in the sorted set
-  ``{<service>-input}:deadlines``; every ``deadline_poll_interval`` the
-  ``reap-1.lua`` script lists entries past their deadline whose lock is gone
-  (its EXISTS expires an overdue lock on the spot);
+* **deadline poller** (fast, does not depend on Redis's expiry timing):
+  every consumer holding locks has a deadline in the sorted set
+  ``{<service>-input}:consumers``, moved by each heartbeat tick; every
+  ``deadline_poll_interval`` the ``reap-2.lua`` script lists the pending
+  entries of consumers past their deadline whose lock is gone (its PTTL
+  expires an overdue lock on the spot). A live consumer re-queues its own
+  lost locks when its heartbeat finds them (path ``heartbeat``);
 * **keyspace listener** (fast, when Redis delivers): ``expired`` events of
   this service's lock keys, on a Pub/Sub connection that is PINGed and
   replaced when it drops or goes half-open;
@@ -89,7 +91,7 @@ class Recovery:
         """Re-queue every entry whose lock is gone, in one round trip; their result codes.
 
         ``path`` labels the metrics (``keyspace``, ``deadline``, ``scan``,
-        ``startup``, ``claim``).
+        ``startup``, ``claim``, ``heartbeat``).
         """
         ids = list(entry_ids)
         if not ids:
@@ -148,7 +150,8 @@ class Recovery:
     async def poll_deadlines(self) -> int:
         """One poll of the deadline index; returns how many entries it re-queued."""
         c = self.client
-        gone = await c._scripts.reap(keys=[c.deadlines_key], args=[self.lock_prefix, self.config.deadline_batch])
+        gone = await c._scripts.reap(keys=[c.consumers_key, c.stream_key],
+                                     args=[c.group, self.lock_prefix, self.config.deadline_batch])
         codes = await self.requeue([_text(g) for g in gone], "deadline", "lock expired (deadline passed)")
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
 
@@ -207,12 +210,16 @@ class Recovery:
     async def _on_expired(self, entry_id: str) -> None:
         c = self.client
         try:
-            deadline = await c._redis.zscore(c.deadlines_key, entry_id)
+            holder = await c._redis.xpending_range(c.stream_key, c.group, min=entry_id, max=entry_id, count=1)
             codes = await self.requeue([entry_id], "keyspace", "lock expired (keyspace event)")
+            if not (holder and codes and codes[0] == RequeueCode.REQUEUED):
+                return
+            # The holder's deadline is its last heartbeat's, within one tick of the lock's.
+            deadline = await c._redis.zscore(c.consumers_key, holder[0]["consumer"])
         except RedisError as exc:
             c.log.warning("re-queue of %s after its expired event failed: %s", entry_id, exc)
             return
-        if deadline is not None and codes and codes[0] == RequeueCode.REQUEUED:
+        if deadline is not None:
             # How late Redis announced the expiry, against the lock's deadline.
             self._metric("recovery_expiry_lag_seconds", "histogram", max(0.0, time.time() - deadline / 1000))
 

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from _helpers import client, eventually, produce, take
 
 import lbs
-from lbs._keys import deadlines_key
+from lbs._keys import consumers_key
 from lbs._scripts import source
 from lbs.embedded import RedisServer
 
@@ -487,11 +487,12 @@ async def test_close_wakes_a_blocked_read_and_strands_nothing(any_server: Any, s
     assert pending["pending"] == 0  # nothing delivered to the closed consumer
 
 
-async def test_every_delivered_entry_is_locked_and_has_a_deadline(any_server: Any, service: str,
-                                                                  rr: aioredis.Redis) -> None:
+async def test_every_delivered_entry_is_locked_and_its_consumer_has_a_deadline(
+        any_server: Any, service: str, rr: aioredis.Redis) -> None:
     # Delivery and locking are one script: whatever the reader was given is
-    # pending under a lock and in the deadline index, so a consumer dying at
-    # any moment leaves only work the deadline poller can find.
+    # pending under a lock, and its consumer is in the deadline index no
+    # later than the locks expire, so a consumer dying at any moment leaves
+    # only work the deadline poller can find.
     await produce(any_server.url, service, *[f"s{i}" for i in range(30)])
     c = client(any_server.url, service, max_streams=30, read_count=7, recovery=False)
     await c.start()
@@ -502,8 +503,11 @@ async def test_every_delivered_entry_is_locked_and_has_a_deadline(any_server: An
         assert len(ids) == 30
         locks = await rr.mget([lbs.lock_key(service, i) for i in ids])
         assert all(v is not None and v.decode().endswith(":" + c.id) for v in locks)
-        deadlines = await rr.zrange(deadlines_key(service), 0, -1)
-        assert sorted(d.decode() for d in deadlines) == sorted(ids)
+        ((consumer, deadline),) = await rr.zrange(consumers_key(service), 0, -1, withscores=True)
+        assert consumer.decode() == c.id
+        server_ms = await _server_ms(rr)
+        # Its first read's deadline: no later than any of its locks expires.
+        assert deadline <= server_ms + min([await rr.pttl(lbs.lock_key(service, i)) for i in ids]) + 5
     finally:
         await c.close()
 
@@ -537,7 +541,7 @@ async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(any_server: Any,
     await c._ensure_group()
     sha = await rr.script_load(source("read-3"))
     stream = lbs.input_stream(service)
-    entries, tokens, _ = await rr.evalsha(sha, 3, stream, lbs.fence_key(service), deadlines_key(service),
+    entries, tokens, _ = await rr.evalsha(sha, 3, stream, lbs.fence_key(service), consumers_key(service),
                                           lbs.group_name(service), c.id, 10, 5000,
                                           lbs.lock_key(service, ""), ">")
     assert len(entries) == 2
@@ -653,3 +657,8 @@ async def test_a_handler_that_raises_before_returning_a_coroutine_is_handed_back
         await asyncio.wait_for(runner, 10)
     (dl,) = await rr.xrange(lbs.dead_letter_stream(service))
     assert b"not even a coroutine" in dl[1][b"_reason"]
+
+
+async def _server_ms(rr: aioredis.Redis) -> int:
+    sec, usec = await rr.time()
+    return int(sec) * 1000 + int(usec) // 1000

@@ -72,12 +72,21 @@ async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(an
             disowned = await _line(proc)
             assert disowned == {"type": "STREAM_DISOWNED", "stream": "slow", "token": added["token"]}
             done = await _line(proc)
-            # Nobody else had taken it, so the entry is acked now: lost lock, no duplicate.
-            assert done == {"type": "DONE", "status": "LOCK_EXPIRED"}
             assert proc.wait(timeout=15) == 0
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
-    assert await r.xlen(lbs.input_stream(service)) == 0
+    # The heartbeat that found the lock gone re-queued the entry (recovery is
+    # off: nobody else would have), racing the application's done_stream;
+    # exactly one of them wins, and the status says which.
+    left = await r.xrange(lbs.input_stream(service))
+    if done == {"type": "DONE", "status": "LOCK_EXPIRED"}:
+        assert left == []  # done won: acked, nobody else processed it
+    else:
+        assert done == {"type": "DONE", "status": "LOCK_LOST"}
+        ((new_id, fields),) = left  # the re-queue won: back in circulation, one failed attempt
+        assert new_id.decode() != entry_id
+        assert fields[b"_retry_count"] == b"1" and fields[b"_original_id"] == entry_id.encode()
+    assert (await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"] == 0
     await r.aclose()

@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from _helpers import client, eventually, produce, take
 
 import lbs
+from lbs._keys import consumers_key
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -172,6 +173,72 @@ async def test_a_slow_holder_with_a_live_lock_is_never_robbed(
         assert await rr.get(lock) == b"1:redis-consumer-go-slow"
         assert (await rr.xpending(stream, group))["pending"] == 1
     finally:
+        await rec.close()
+
+
+async def test_a_live_consumer_puts_back_a_lock_it_lost(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    # A lock deleted under a live holder (eviction, an operator's DEL): the
+    # holder's deadline stays fresh, so no poller comes for it; its own
+    # heartbeat finds the lock gone, disowns the stream and re-queues it.
+    await produce(redis_server.url, service, "evicted", "kept")
+    c = client(redis_server.url, service, "holder", recovery=False, max_streams=2)
+    await c.start()
+    try:
+        notes = {n.stream: n for n in await take(c, 2)}
+        victim = notes["evicted"]
+        await rr.delete(lbs.lock_key(service, victim.entry_id))
+        assert await c.heartbeat() == 1
+        (disowned,) = await take(c, 1, kind=lbs.NotificationType.STREAM_DISOWNED)
+        assert disowned.stream == "evicted"
+        (again,) = await take(c, 1)  # back in circulation, and read again
+        assert again.stream == "evicted" and again.retry_count == 1 and again.entry_id != victim.entry_id
+        assert {h.stream for h in c.held_streams()} == {"evicted", "kept"}
+        assert await rr.get(lbs.lock_key(service, notes["kept"].entry_id)) is not None
+    finally:
+        await c.close()
+
+
+async def test_the_deadline_poller_spares_a_late_live_consumer_and_times_its_next_look(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    # A consumer whose deadline passed (a late heartbeat) but whose locks
+    # live: the poller takes nothing, and looks again when the first of its
+    # locks could expire. One lock gone: only that entry comes back. Nothing
+    # pending: the consumer leaves the index.
+    index, stream, group = consumers_key(service), lbs.input_stream(service), lbs.group_name(service)
+    await produce(redis_server.url, service, "a", "b", "c")
+    c = client(redis_server.url, service, "late", recovery=False, max_streams=3, lock_ttl=30)
+    rec = client(redis_server.url, service, "rescuer", recovery=False)
+    await c.start()
+    try:
+        notes = {n.stream: n for n in await take(c, 3)}
+        await rr.zadd(index, {c.id: 0})
+        assert await rec.recovery.poll_deadlines() == 0
+        score = await rr.zscore(index, c.id)
+        sec, usec = await rr.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        soonest = min([await rr.pttl(lbs.lock_key(service, n.entry_id)) for n in notes.values()])
+        assert score is not None and abs(score - (now_ms + soonest)) < 1000
+
+        await rr.delete(lbs.lock_key(service, notes["b"].entry_id))
+        await rr.zadd(index, {c.id: 0})
+        assert await rec.recovery.poll_deadlines() == 1
+        pending = await rr.xpending_range(stream, group, "-", "+", 10)
+        assert sorted(p["message_id"].decode() for p in pending if p["consumer"] == c.id.encode()) == sorted(
+            [notes["a"].entry_id, notes["c"].entry_id])
+        assert (await rr.zscore(index, c.id) or 0) > now_ms  # rescored: it still holds two
+
+        # (Its heartbeat, every 15 s, has not run: it does not know about "b" yet.)
+        for name in ("a", "c"):
+            assert await c.done_stream(name) is lbs.DoneStatus.DONE
+        await c.close()  # hands back the re-read "b" if it got it
+        await rr.zadd(index, {c.id: 0})
+        assert await rec.recovery.poll_deadlines() == 0
+        assert await rr.zscore(index, c.id) is None
+    finally:
+        await c.close()
         await rec.close()
 
 

@@ -131,8 +131,8 @@ def test_a_record_built_by_hand_can_be_added() -> None:
 def _expected(records: list[Held], start: int, stop: int) -> bytes:
     b = CommandBatch()
     part = records[start:stop]
-    b.evalsha_locks("f" * 40, ("lbs", "{lbs}:deadlines"), PREFIX.encode(), [h.entry_id for h in part],
-                    (600_000, "group", CONSUMER), [h.value for h in part])
+    b.evalsha_locks("f" * 40, ("lbs", "{lbs}:consumers"), PREFIX.encode(), [h.entry_id for h in part],
+                    (600_000, "group", CONSUMER, 1), [h.value for h in part])
     return b.getvalue()
 
 
@@ -148,7 +148,7 @@ def test_encode_extend_writes_what_evalsha_locks_writes(entries: list[tuple[int,
     start = data.draw(st.integers(0, len(records)))
     stop = data.draw(st.integers(start, len(records)))
     b = CommandBatch()
-    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:deadlines"), (600_000, "group", CONSUMER), records, start, stop)
+    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, start, stop)
     assert len(b) == 1
     assert b.getvalue() == _expected(records, start, stop)
 
@@ -159,7 +159,7 @@ def test_encode_extend_uses_each_records_own_keys() -> None:
     t.add(Held("2-0", "s", {}, 0, 2, "2:redis-consumer-a", PREFIX + "2-0"))
     b = CommandBatch()
     records = t.values()
-    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:deadlines"), (600_000, "group", CONSUMER), records, 0, 2)
+    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, 0, 2)
     assert b.getvalue() == _expected(records, 0, 2)
 
 

@@ -3,13 +3,15 @@
   entries, atomically, in one call.
 
   KEYS[1]        the load-balancer stream, <service>-input
-  KEYS[2]        the deadline index, {<service>-input}:deadlines
-  KEYS[3..n+2]   the assignments' lock keys
+  KEYS[2..n+1]   the assignments' lock keys
 
   ARGV[1]        consumer group
   ARGV[2]        "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
   ARGV[3..n+2]   our lock values ("<token>:<consumer id>"), one per lock key
   ARGV[n+3..2n+2] the entry ids, one per lock key
+
+  The consumer deadline index is left alone: the consumer's deadline stays
+  its heartbeat's, and recovery drops a consumer with nothing pending.
 
   Output: a list with one code per lock key:
     1  done: the lock was ours; released; entry acked and deleted
@@ -21,11 +23,11 @@
 
   Events: del on the lock keys (outcome 1).
 ]]
-local n = #KEYS - 2
+local n = #KEYS - 1
 local group, xackdel = ARGV[1], ARGV[2] == '1'
 local out, ids, at = {}, {}, {}
 for i = 1, n do
-  local lock, id = KEYS[i + 2], ARGV[n + 2 + i]
+  local lock, id = KEYS[i + 1], ARGV[n + 2 + i]
   local holder = redis.call('GET', lock)
   if holder and holder ~= ARGV[i + 2] then
     out[i] = 3
@@ -39,9 +41,6 @@ for i = 1, n do
   end
 end
 if #ids > 0 then
-  for s = 1, #ids, 500 do  -- one ZREM per slice, not per id; slices keep clear of unpack's limit
-    redis.call('ZREM', KEYS[2], unpack(ids, s, math.min(s + 499, #ids)))
-  end
   local acked = {}
   if xackdel then
     local r = redis.pcall('XACKDEL', KEYS[1], group, 'IDS', #ids, unpack(ids))

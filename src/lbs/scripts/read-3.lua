@@ -1,13 +1,17 @@
 --[[
   Read a batch of assignments for one consumer and lock every one of them,
-  atomically: an entry is never delivered (pending) without a lock and a
-  deadline, so a consumer that dies at any moment leaves only locked work,
-  which recovery's deadline poller brings back within the lock TTL.
+  atomically: an entry is never delivered (pending) without a lock, and a
+  consumer never holds a lock without a place in the consumer deadline
+  index, so one that dies at any moment leaves only locked work, which
+  recovery's deadline poller brings back within the lock TTL.
 
   KEYS[1]  the load-balancer stream, <service>-input
   KEYS[2]  the service's fencing counter, {<service>-input}:fence
-  KEYS[3]  the deadline index, {<service>-input}:deadlines (a sorted set:
-           entry id scored by its lock's deadline, server ms)
+  KEYS[3]  the consumer deadline index, {<service>-input}:consumers (a
+           sorted set: consumer id scored by server ms). A consumer taking
+           locks is added with now + TTL if absent; an existing score (its
+           last heartbeat's, earlier than these locks' expiry) is kept, so
+           the poller never looks later than the oldest of its locks expire.
 
   ARGV[1]  consumer group
   ARGV[2]  consumer id: the consumer name in the group; lock values are
@@ -45,7 +49,7 @@ if n == 0 then
   local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
   return {{}, {}, newest[1] and newest[1][1] or '0-0'}
 end
-local tokens, taken = {}, {}
+local tokens, taken = {}, false
 if ARGV[6] ~= '>' then
   -- Re-reading our own pending entries: report their locks, take none.
   -- An unlocked one was disowned (its handler may still run); the deadline
@@ -66,17 +70,12 @@ for i = 1, n do
   local token = first + i
   if redis.call('SET', lock, token .. ':' .. ARGV[2], 'NX', 'PX', ttl) then
     tokens[i] = token
-    taken[#taken + 1] = id
+    taken = true
   else
     tokens[i] = redis.call('GET', lock) or ''
   end
 end
-for s = 1, #taken, 500 do  -- slices keep ZADD clear of Lua's unpack limit
-  local zadd = {'ZADD', KEYS[3]}
-  for j = s, math.min(s + 499, #taken) do
-    zadd[#zadd + 1] = deadline
-    zadd[#zadd + 1] = taken[j]
-  end
-  redis.call(unpack(zadd))
+if taken then
+  redis.call('ZADD', KEYS[3], 'NX', deadline, ARGV[2])
 end
 return {entries, tokens, ''}

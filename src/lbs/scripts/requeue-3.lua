@@ -6,7 +6,6 @@
   KEYS[1]  the load-balancer stream, <service>-input
   KEYS[2]  the dead-letter stream, {<service>-input}:dlq
   KEYS[3]  the assignment's lock key
-  KEYS[4]  the deadline index, {<service>-input}:deadlines
 
   ARGV[1]   consumer group
   ARGV[2]   entry id
@@ -32,7 +31,6 @@
     {0, "acked"}           not pending (someone else already handled it)
     {-1, "trimmed"}        the entry is gone from the stream; its pending
                            reference was cleaned and its lock released
-  The entry leaves the deadline index whenever it leaves the pending list.
 
   Events: xadd on the LBS or the dead-letter stream; del on the lock key.
 ]]
@@ -44,7 +42,6 @@ elseif mode == 'absent' and holder then
   return {0, 'lock'}
 end
 local acked = redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZREM', KEYS[4], ARGV[2])
 if acked ~= 1 then
   if mode == 'owned' then redis.call('DEL', KEYS[3]) end
   return {0, 'acked'}
