@@ -54,7 +54,7 @@ async def _registered(url: str, tag: str, n: int) -> str:
 async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
     """The public run() API with a no-op handler; completions are counted by
     the client itself, so the handler stays a pure no-op."""
-    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK),
+    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK // 2),
                    load_entrypoint_plugins=False)
 
     async def noop(note: lbs.Notification) -> None:
@@ -68,7 +68,7 @@ async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
 
 
 async def cycle_lbs_batched(r: aioredis.Redis, service: str, n: int) -> int:
-    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK),
+    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK // 2),
                    load_entrypoint_plugins=False)
     await c.start()
     finished = 0

@@ -307,62 +307,99 @@ class Client:
         pending without a lock, nor a lock without this consumer's place in
         the deadline index: whenever this consumer dies, the deadline poller
         brings its work back within the lock TTL.
+
+        After a full batch, the next read is sent before the batch is
+        dispatched (when capacity allows both), so Redis reads and locks the
+        next batch while this one is handed out.
         """
         cfg = self.config
         failures = 0
         delay = cfg.read_retry_initial
         block_ms = max(1, int(cfg.read_block * 1000))
         top: str | None = None  # after an empty read: the newest id, to block on
-        while not self._stopping.is_set():
-            free = cfg.max_streams - len(self._held)
+        # A read sent ahead, before the previous batch was dispatched: (reply task, count asked).
+        ahead: tuple[asyncio.Task[list[Any]], int] | None = None
+
+        def free_slots(taking: int = 0) -> int:
+            free = cfg.max_streams - len(self._held) - taking
             if self._run_limit:
-                free = min(free, self._run_limit - len(self._handlers))
-            if free <= 0:
-                self._capacity.clear()
+                free = min(free, self._run_limit - len(self._handlers) - taking)
+            return free
+
+        def read_ahead(got: int, asked: int) -> None:
+            nonlocal ahead
+            free = free_slots(got)
+            if got >= asked and free > 0 and not self._stopping.is_set():
+                count = min(cfg.read_count, free)
+                ahead = (self._send_read(count, ">"), count)
+
+        try:
+            while not self._stopping.is_set():
                 try:
-                    await asyncio.wait_for(self._capacity.wait(), cfg.read_block)
-                except asyncio.TimeoutError:
-                    pass
-                continue
-            try:
-                if top is not None:
-                    wait_from, top = top, None
-                    await self._wait_for_entries(wait_from, block_ms)
+                    if ahead is not None:
+                        sent, asked = ahead
+                        ahead = None
+                    else:
+                        free = free_slots()
+                        if free <= 0:
+                            self._capacity.clear()
+                            try:
+                                await asyncio.wait_for(self._capacity.wait(), cfg.read_block)
+                            except asyncio.TimeoutError:
+                                pass
+                            continue
+                        if top is not None:
+                            wait_from, top = top, None
+                            await self._wait_for_entries(wait_from, block_ms)
+                            continue
+                        if self._reply_lost:
+                            # The last read's reply never arrived: the entries it
+                            # delivered are in our pending list under locks with our
+                            # id. Adopt them before reading more.
+                            await self._take_read(self._send_read(cfg.max_streams + cfg.read_count, "0"), "0")
+                            self._reply_lost = False
+                        asked = min(cfg.read_count, free)
+                        sent = self._send_read(asked, ">")
+                    top = await self._take_read(sent, ">", lambda got: read_ahead(got, asked))
+                except asyncio.CancelledError:
+                    raise
+                except ResponseError as exc:
+                    if "NOGROUP" in str(exc):
+                        self.log.warning("group %s or stream %s vanished; recreating it", self.group,
+                                         self.stream_key)
+                        try:
+                            await self._ensure_group()
+                            continue
+                        except RedisError as again:
+                            exc = again  # type: ignore[assignment]
+                    failures, delay = await self._read_failed(exc, failures, delay)
+                    if failures < 0:
+                        return
                     continue
-                if self._reply_lost:
-                    # The last read's reply never arrived: the entries it
-                    # delivered are in our pending list under locks with our
-                    # id. Adopt them before reading more.
-                    await self._read_batch(cfg.max_streams + cfg.read_count, "0")
-                    self._reply_lost = False
-                top = await self._read_batch(min(cfg.read_count, free), ">")
-            except asyncio.CancelledError:
-                raise
-            except ResponseError as exc:
-                if "NOGROUP" in str(exc):
-                    self.log.warning("group %s or stream %s vanished; recreating it", self.group, self.stream_key)
-                    try:
-                        await self._ensure_group()
-                        continue
-                    except RedisError as again:
-                        exc = again  # type: ignore[assignment]
-                failures, delay = await self._read_failed(exc, failures, delay)
-                if failures < 0:
-                    return
-                continue
-            except (RedisError, OSError) as exc:
-                failures, delay = await self._read_failed(exc, failures, delay)
-                if failures < 0:
-                    return
-                continue
-            failures, delay = 0, cfg.read_retry_initial
+                except (RedisError, OSError) as exc:
+                    failures, delay = await self._read_failed(exc, failures, delay)
+                    if failures < 0:
+                        return
+                    continue
+                failures, delay = 0, cfg.read_retry_initial
+            if ahead is not None:
+                # Stopped with a read in flight: its entries are locked for us.
+                # Take them (so close() hands them back) rather than leave their
+                # locks to expire.
+                sent, ahead = ahead[0], None
+                await self._take_read(sent, ">")
+        finally:
+            if ahead is not None:
+                # Cancelled or given up with a read in flight: recovery brings
+                # its entries back once their locks expire.
+                self._reply_lost = True
+                ahead[0].cancel()
 
-    async def _read_batch(self, count: int, start: str) -> str | None:
-        """One ``read-3.lua`` call: read up to ``count`` entries and lock them.
+    def _send_read(self, count: int, start: str) -> asyncio.Task[list[Any]]:
+        """Send one ``read-3.lua`` call: read up to ``count`` entries and lock them.
 
-        Returns the id to block on when nothing was read, else None. Good
-        entries become held streams and STREAM_ADDED notifications; malformed
-        ones are dead-lettered.
+        The request is written before this returns (the task's first step
+        runs at once); the task's result is the call's reply.
         """
         sha = self._scripts.read.sha
         head = (self.stream_key, self.fence_key, self.consumers_key, self.group, self.id,
@@ -372,8 +409,19 @@ class Client:
             b.command("EVALSHA", sha, 3, *head)
             b.expect(Shape.SCRIPT_ENTRIES)  # its entries come back as Entry objects
 
+        return start_task(asyncio.get_running_loop(), self._read_wire.execute(build, self._parser), "lbs-read")
+
+    async def _take_read(self, sent: asyncio.Task[list[Any]], start: str,
+                         before_dispatch: Callable[[int], None] | None = None) -> str | None:
+        """Take the reply of a :meth:`_send_read`: its entries become held streams.
+
+        Returns the id to block on when nothing was read, else None. Good
+        entries become held streams and STREAM_ADDED notifications; malformed
+        ones are dead-lettered. ``before_dispatch(n)`` runs once ``n``
+        entries are in, before they are handed out (to send the next read).
+        """
         try:
-            (reply,) = await self._read_wire.execute(build, self._parser)
+            (reply,) = await sent
         except BaseException:
             # Wire returns server errors as values: anything raised here (I/O,
             # cancellation) may have lost a reply whose locks are now ours.
@@ -384,6 +432,8 @@ class Client:
         raw_entries, tokens, top = reply
         if not raw_entries:
             return _text(top) or "0-0"
+        if before_dispatch is not None:
+            before_dispatch(len(raw_entries))
         bad: list[tuple[Entry, str]] = []
         acquired, started = self._listening("lbs_lock_acquired"), self._listening("lbs_stream_started")
         dispatch, stats = self._dispatch, self.stats
@@ -461,9 +511,9 @@ class Client:
                 self._reader_client_id = int(await conn.read_response())
             if self._stopping.is_set():
                 return
-            await conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", self.stream_key, after)
-            self._reading = True
+            self._reading = True  # before sending: sending can yield, and close() must see it
             try:
+                await conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", self.stream_key, after)
                 await conn.read_response()
             finally:
                 self._reading = False
@@ -986,16 +1036,26 @@ class Client:
         every entry it read is either held (and handed back) or untouched.
         Cancelling is the last resort, after one more read_block.
         """
-        assert self._reader is not None
-        if self._reading and self._reader_client_id is not None:
-            try:
-                await self._redis.client_unblock(self._reader_client_id)
-            except RedisError as exc:
-                self.log.debug("CLIENT UNBLOCK refused (%s); waiting for the read to time out", exc)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._reader), self.config.read_block + 1.0)
-        except (asyncio.TimeoutError, Exception):
-            await cancel_and_wait([self._reader])
+        reader = self._reader
+        assert reader is not None
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.config.read_block + 1.0
+        unblock = True
+        while not reader.done():
+            if self._reading and self._reader_client_id is not None and unblock:
+                # Sent again until the reader leaves its XREAD: an UNBLOCK that
+                # overtakes the XREAD it is meant for finds nothing to wake.
+                try:
+                    await self._redis.client_unblock(self._reader_client_id)
+                except RedisError as exc:
+                    unblock = False
+                    self.log.debug("CLIENT UNBLOCK refused (%s); waiting for the read to time out", exc)
+            if loop.time() > give_up:
+                await cancel_and_wait([reader])
+                break
+            await asyncio.wait([reader], timeout=0.005)
+        if reader.done() and not reader.cancelled():
+            reader.exception()  # retrieved: the reader logs its own failures
         if self._read_conn is not None:
             await self._redis.connection_pool.release(self._read_conn)
             self._read_conn = None

@@ -31,7 +31,10 @@ class Config:
     #: Most data streams this consumer holds at once; reads never exceed the free capacity.
     max_streams: int = 100
     #: Most entries one read (``read-3.lua``'s XREADGROUP) asks for, capped by the free capacity.
-    read_count: int = 100
+    #: After a full read the next one is sent before the batch is dispatched, when the
+    #: capacity left allows it: at most half of ``max_streams`` keeps Redis reading the
+    #: next batch while this one is handed out.
+    read_count: int = 50
     #: How long the reader waits for new entries (``XREAD BLOCK``) after an empty read.
     #: Bounded, so shutdown is prompt even without cancellation.
     read_block: float = 1.0

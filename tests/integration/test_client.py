@@ -662,3 +662,34 @@ async def test_a_handler_that_raises_before_returning_a_coroutine_is_handed_back
 async def _server_ms(rr: aioredis.Redis) -> int:
     sec, usec = await rr.time()
     return int(sec) * 1000 + int(usec) // 1000
+
+
+async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
+        any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # max_streams 4, read_count 2: after the first full read of 2 the next
+    # read is sent before the first batch is dispatched. The reader is told to
+    # stop while dispatching that first batch, with the second read in
+    # flight: it must still take that batch (its entries are locked for it),
+    # so close() hands back 4 streams and leaves nothing pending or locked.
+    await produce(any_server.url, service, *[f"s{i}" for i in range(6)])
+    handed: list[int] = []
+
+    class StopEarly:
+        @lbs.hookimpl
+        def lbs_lock_acquired(self, client: lbs.Client) -> None:
+            client._stopping.set()
+
+        @lbs.hookimpl
+        def lbs_client_closed(self, handed_back: int) -> None:
+            handed.append(handed_back)
+
+    c = lbs.Client(any_server.url, service, "c", lbs.Config(read_block=0.1, max_streams=4, read_count=2),
+                   plugins=[StopEarly()], load_entrypoint_plugins=False)
+    await c.start()
+    await eventually(lambda: _true(c._reader is not None and c._reader.done()))
+    await c.close()
+    assert handed == [4]  # two batches: the first, and the one read ahead
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    assert (await rr.xpending(stream, group))["pending"] == 0
+    assert await rr.xlen(stream) == 6
+    assert not await rr.keys(lbs.lock_key(service, "*"))
