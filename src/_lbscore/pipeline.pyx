@@ -3,8 +3,9 @@
 # are one EVALSHA each over a variable number of lock keys; evalsha_locks
 # writes those lock keys as <prefix><entry id> straight into the buffer.
 #
-# Replies are read back through hiredis's Reader (see lbs/_wire.py), which
-# returns server errors as values, so each command of a batch gets its own.
+# Replies are read back through the core's RespReader (reader.pyx, used by
+# lbs/_wire.py), which returns server errors as values, so each command of a
+# batch gets its own.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact

@@ -116,6 +116,8 @@ def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mappi
 
     Names are stable (a metrics plugin maps them 1:1): ``recovery_keyspace_requeued_total``,
     ``recovery_deadline_requeued_total``, ``recovery_scan_requeued_total``,
+    ``recovery_startup_requeued_total``, ``recovery_claim_requeued_total``,
+    ``recovery_heartbeat_requeued_total``,
     ``recovery_scan_skipped_alive_total``, ``recovery_duplicate_ack_total``,
     ``recovery_trimmed_total``, ``recovery_dlq_total``, ``recovery_scan_duration_seconds``,
     ``recovery_expiry_lag_seconds``, ``pel_depth``, ``startup_recovery_requeued_total``,
