@@ -159,8 +159,10 @@ class Client:
         self.original_field = prefix + "original_id"
         self._parser = EntryParser(_keys.INPUT_FIELD, self.retry_field, self.original_field,
                                    self.config.max_input_bytes)
-        self.pm: pluggy.PluginManager = make_plugin_manager(plugins, load_entrypoints=load_entrypoint_plugins)
+        self.pm: pluggy.PluginManager = make_plugin_manager(plugins, load_entrypoints=load_entrypoint_plugins,
+                                                            disabled=self.config.disabled_plugins)
         self.log = _Log(log, {"consumer_id": self.id})
+        self._trace_hooks = os.environ.get("LBS_TRACE_PLUGINS") == "1"
 
         self._held = HeldTable(self.id, self._lock_key_prefix)
         self._beats = 0  # heartbeat ticks so far: picks which entries refresh their pending idle time
@@ -200,13 +202,25 @@ class Client:
         return bool(getattr(self.pm.hook, hook).get_hookimpls())
 
     def _hook(self, hook: str, /, **kwargs: Any) -> None:
-        caller = getattr(self.pm.hook, hook)
-        if not caller.get_hookimpls():
+        """Call every implementation of a 1:N hook, each on its own.
+
+        pluggy stops a hook call at the first implementation that raises;
+        here one plugin's bug is logged with its name and every other plugin
+        still hears the event, and the client goes on.
+        """
+        impls = getattr(self.pm.hook, hook).get_hookimpls()
+        if not impls:
             return  # the common case on the hot path: nobody listens
-        try:
-            caller(client=self, **kwargs)
-        except Exception:  # a plugin bug must not break the client
-            self.log.exception("plugin hook %s raised", hook)
+        kwargs["client"] = self
+        if self._trace_hooks:
+            self.log.debug("hook %s(%s) -> %s", hook, ", ".join(kwargs), [i.plugin_name for i in impls])
+        for impl in reversed(impls):  # pluggy's order (tryfirst/trylast kept): the last registered first
+            if impl.hookwrapper or impl.wrapper:
+                continue  # notifications have no result to wrap
+            try:
+                impl.function(*[kwargs[name] for name in impl.argnames])
+            except Exception:
+                self.log.exception("plugin %r raised in hook %s; ignored", impl.plugin_name, hook)
 
     @property
     def held(self) -> int:
@@ -889,8 +903,10 @@ class Client:
 
     # ---------------------------------------------------------------- run ---
 
-    async def run(self, handler: Handler, concurrency: int | None = None) -> None:
+    async def run(self, handler: Handler | None = None, concurrency: int | None = None) -> None:
         """Call ``await handler(notification)`` for every assigned stream until closed.
+
+        Without ``handler``, a plugin provides it (hook ``lbs_handler``).
 
         When the handler returns, the stream is finished as by
         :meth:`done_stream` (batched with every other stream finishing at
@@ -907,6 +923,11 @@ class Client:
         """
         if self._dispatch is not None:
             raise ConfigurationError("run() is already running on this client")
+        if handler is None:
+            handler = self.pm.hook.lbs_handler(client=self)
+            if handler is None:
+                raise ConfigurationError("run() needs a handler: pass one, or install a plugin that "
+                                         "implements the lbs_handler hook")
         if concurrency is not None and concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         loop = asyncio.get_running_loop()

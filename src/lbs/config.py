@@ -59,6 +59,9 @@ class Config:
     #: On ``close()``, how long to let running ``run()`` handlers finish before
     #: their streams are handed back.
     drain_timeout: float = 0.0
+    #: Entry-point plugins (group ``lbs``) not to load, by entry-point name, e.g.
+    #: ``("prometheus",)``. Installed plugins are enabled unless named here.
+    disabled_plugins: tuple[str, ...] = ()
     #: Add the keyspace-event flags recovery listens to (``Kx``) to the server's
     #: ``notify-keyspace-events`` at start, keeping everyone else's flags.
     configure_keyspace_events: bool = True
@@ -127,6 +130,9 @@ class Config:
             raise ConfigurationError(f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}")
         if not isinstance(self.field_prefix, str) or not self.field_prefix:
             raise ConfigurationError("Config.field_prefix must be a non-empty str")
+        if isinstance(self.disabled_plugins, str) or not all(isinstance(n, str) for n in self.disabled_plugins):
+            raise ConfigurationError("Config.disabled_plugins must be a sequence of entry-point names (str)")
+        object.__setattr__(self, "disabled_plugins", tuple(self.disabled_plugins))
         if self.dead_letter_stream is not None and not isinstance(self.dead_letter_stream, str):
             raise ConfigurationError("Config.dead_letter_stream must be a str or None")
 

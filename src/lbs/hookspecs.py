@@ -7,7 +7,10 @@ hook's arguments. Hooks are called synchronously on the client's event loop
 thread, so keep them quick; an exception in a hook is logged and never
 breaks the client.
 
-Every hook here is 1:N (all implementations are called, results ignored).
+Notification hooks are 1:N: every implementation is called, each on its
+own (one that raises is logged with its plugin's name and the others still
+run), results ignored. Hooks marked ``firstresult`` ask a question: the
+first implementation that returns something other than None decides.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .client import Client, Handler
     from .notifications import DoneStatus, Notification
 
 #: The project name: marker name and entry-point group.
@@ -177,7 +180,41 @@ def lbs_stream_dead_lettered(client: Client, entry_id: str, reason: str, dead_le
     """
 
 
+# ---------------------------------------------------------------- providers ---
+
+@hookspec(firstresult=True)
+def lbs_handler(client: Client) -> Handler | None:
+    """Provide the handler :meth:`lbs.Client.run` calls when it is given none.
+
+    Called once, when ``run()`` starts without a handler, on the client's
+    event loop. Return an ``async def handler(notification)`` (see
+    :meth:`lbs.Client.run`) or None to let another plugin answer. With no
+    answer ``run()`` raises :class:`lbs.ConfigurationError`.
+
+    :param client: the client about to run.
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id: str, retry_count: int,
+                       path: str) -> None:
+    """Called when this client's recovery put a stream back into circulation.
+
+    The stream's holder lost its lock (it died, stalled or was evicted); the
+    entry was re-queued as ``new_entry_id`` with ``retry_count`` failed
+    attempts. ``path`` says who found it: ``deadline``, ``keyspace``,
+    ``scan``, ``startup``, ``claim`` or ``heartbeat`` (this client's own
+    lost lock). Called before STREAM_EXPIRED is sent.
+
+    .. versionadded:: 0.2
+    """
+
+
 __all__ = ["NAME", "hookimpl", "hookspec",
+    "lbs_handler",
+    "lbs_stream_expired",
     "lbs_client_started",
     "lbs_client_closed",
     "lbs_reader_terminated",

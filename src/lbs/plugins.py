@@ -2,9 +2,11 @@
 
 Order (tox's and pytest's): the plugins passed in, then the ones published
 under the entry-point group ``lbs`` (unless turned off), then
-``check_pending()`` so a misspelt hook fails loudly. ``LBS_LOAD_PLUGINS``
-(comma-separated distribution names) allow-lists entry-point plugins;
-``LBS_TRACE_PLUGINS=1`` logs every hook call.
+``check_pending()`` so a misspelt hook fails loudly. Entry-point plugins are
+enabled by installation; ``Config.disabled_plugins`` names the ones not to
+load (by entry-point name), and ``LBS_LOAD_PLUGINS`` (comma-separated
+entry-point names) allow-lists them. ``LBS_TRACE_PLUGINS=1`` logs every
+hook call.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from . import hookspecs
 log = logging.getLogger("lbs.plugins")
 
 
-def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: bool = True) -> pluggy.PluginManager:
+def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: bool = True,
+                        disabled: Iterable[str] = ()) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.NAME)
     pm.add_hookspecs(hookspecs)
+    for name in disabled:
+        pm.set_blocked(name)  # an entry point of that name is then skipped
     for plugin in plugins:
         pm.register(plugin)
     if load_entrypoints:

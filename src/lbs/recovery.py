@@ -108,7 +108,7 @@ class Recovery:
             codes.append(code)
             if code == RequeueCode.REQUEUED:
                 self._metric(f"recovery_{path}_requeued_total", "counter", 1)
-                self._announce(entry_id, res, detail)
+                self._announce(entry_id, res, detail, path)
             elif code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
                 self._metric("recovery_dlq_total", "counter", 1, path=path)
                 c.log.warning("entry %s out of retries after %s recovery: dead-lettered", entry_id, path)
@@ -122,7 +122,7 @@ class Recovery:
                 self._metric("recovery_duplicate_ack_total", "counter", 1, path=path)
         return codes
 
-    def _announce(self, entry_id: str, res: Any, new_id: str) -> None:
+    def _announce(self, entry_id: str, res: Any, new_id: str, path: str) -> None:
         """STREAM_EXPIRED, informational: a stream came back into circulation."""
         stream, retry_count = "", 0
         if len(res) >= 4:
@@ -130,6 +130,8 @@ class Recovery:
             stream = name or ""
             retry_count = int(res[3])
         self.client.log.info("recovered %s (entry %s -> %s, retry %d)", stream, entry_id, new_id, retry_count)
+        self.client._hook("lbs_stream_expired", stream=stream, entry_id=entry_id, new_entry_id=new_id,
+                          retry_count=retry_count, path=path)
         self.client._mailbox.put_nowait(Notification(
             NotificationType.STREAM_EXPIRED, stream, entry_id, {}, retry_count, 0,
             f"lock expired; re-queued as {new_id}"))

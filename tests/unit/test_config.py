@@ -50,3 +50,11 @@ def test_consumer_id_follows_the_go_rule(monkeypatch: pytest.MonkeyPatch) -> Non
     assert lbs.consumer_id_from_env("redis-consumer-me") == "redis-consumer-me"
     with pytest.raises(lbs.ConfigurationError):
         lbs.consumer_id_from_env("two words")
+
+
+def test_disabled_plugins_are_entry_point_names() -> None:
+    assert lbs.Config(disabled_plugins=["prometheus"]).disabled_plugins == ("prometheus",)
+    with pytest.raises(lbs.ConfigurationError, match="disabled_plugins"):
+        lbs.Config(disabled_plugins="prometheus")  # type: ignore[arg-type]
+    with pytest.raises(lbs.ConfigurationError, match="disabled_plugins"):
+        lbs.Config(disabled_plugins=(1,))  # type: ignore[arg-type]
