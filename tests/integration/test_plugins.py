@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,15 +20,6 @@ from _helpers import client, produce, take
 import lbs
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "lbs-tiny-plugin"
-
-
-@pytest.fixture
-async def rr(redis_server: Any) -> Any:
-    c = aioredis.Redis.from_url(redis_server.url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
 
 
 async def test_a_raising_plugin_is_logged_by_name_and_the_others_still_hear(
@@ -96,7 +88,7 @@ async def test_run_takes_its_handler_from_a_plugin(redis_server: Any, service: s
 
 
 async def test_stream_expired_tells_plugins_which_path_recovered_it(
-        redis_server: Any, service: str, rr: aioredis.Redis) -> None:
+        redis_server: Any, service: str, r: aioredis.Redis) -> None:
     seen: list[tuple[str, int, str]] = []
 
     class Watcher:
@@ -105,10 +97,10 @@ async def test_stream_expired_tells_plugins_which_path_recovered_it(
             seen.append((stream, retry_count, path))
 
     stream, group = lbs.input_stream(service), lbs.group_name(service)
-    await rr.xgroup_create(stream, group, id="0", mkstream=True)
+    await r.xgroup_create(stream, group, id="0", mkstream=True)
     await produce(redis_server.url, service, "orphan")
-    await rr.xreadgroup(group, "redis-consumer-gone", {stream: ">"}, count=1)  # pending, never locked
-    entry_id = (await rr.xpending_range(stream, group, "-", "+", 1))[0]["message_id"].decode()
+    await r.xreadgroup(group, "redis-consumer-gone", {stream: ">"}, count=1)  # pending, never locked
+    entry_id = (await r.xpending_range(stream, group, "-", "+", 1))[0]["message_id"].decode()
     c = lbs.Client(redis_server.url, service, "c", lbs.Config(read_block=0.1, recovery=False),
                    load_entrypoint_plugins=False, plugins=[Watcher()])
     try:
@@ -142,8 +134,9 @@ CONSUMER = textwrap.dedent(
 def tiny_plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fixture plugin, pip-installed into a directory of its own (not the test venv)."""
     target = tmp_path_factory.mktemp("tiny-plugin")
+    source = shutil.copytree(FIXTURE, tmp_path_factory.mktemp("tiny-plugin-src") / "src")  # builds write in-tree
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
-                    "--target", str(target), str(FIXTURE)], check=True)
+                    "--target", str(target), str(source)], check=True)
     return target
 
 
