@@ -41,6 +41,7 @@ from .exceptions import (
 from .hookspecs import hookimpl
 from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer
+from .reading import ReadStrategy
 from .sync import SyncClient
 
 try:
@@ -52,6 +53,7 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
+    "ReadStrategy",
     "INPUT_FIELD",
     "Client",
     "ClientStats",

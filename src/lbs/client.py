@@ -45,6 +45,7 @@ from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Mailbox, Notification, NotificationType
 from .plugins import make_plugin_manager
+from .reading import ReadStrategy
 from .recovery import Recovery
 
 __all__ = ["Client", "Held", "consumer_id_from_env"]
@@ -190,6 +191,9 @@ class Client:
         self._started = False
         self._closed = False
         self._use_xackdel = False
+        #: How this client reads new work (hook ``lbs_reader``; set by :meth:`start`).
+        self.read_strategy = ReadStrategy(name="default")
+        self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
         self.server_version: tuple[int, ...] = ()
         self.keyspace_events_configured = False
         #: The recovery tasks (deadline poller, keyspace listener, scan); see lbs.recovery.
@@ -263,6 +267,11 @@ class Client:
             await self._detect_features()
         except RedisError as exc:
             raise RedisOperationError("start", exc) from exc
+        # Which reader: a plugin may answer (and may refuse this server by raising).
+        strategy = self.pm.hook.lbs_reader(client=self, server_version=self.server_version)
+        self.read_strategy = strategy if strategy is not None else ReadStrategy(name="default")
+        claim_ms = self.read_strategy.claim_min_idle_ms
+        self._claim_arg = "" if claim_ms is None else str(claim_ms)
         if self.config.configure_keyspace_events:
             await self._configure_keyspace_events()
         if self.config.recovery:
@@ -417,7 +426,7 @@ class Client:
         """
         sha = self._scripts.read.sha
         head = (self.stream_key, self.fence_key, self.consumers_key, self.group, self.id,
-                count, self.config.lock_ttl_ms, self._lock_prefix, start)
+                count, self.config.lock_ttl_ms, self._lock_prefix, start, self._claim_arg)
 
         def build(b: CommandBatch) -> None:
             b.command("EVALSHA", sha, 3, *head)
@@ -448,7 +457,8 @@ class Client:
             return _text(top) or "0-0"
         if before_dispatch is not None:
             before_dispatch(len(raw_entries))
-        bad: list[tuple[Entry, str]] = []
+        bad: list[tuple[Entry, str, str]] = []  # (entry, our lock value, reason): to dead-letter
+        max_retries = self.config.max_retries
         acquired, started = self._listening("lbs_lock_acquired"), self._listening("lbs_stream_started")
         dispatch, stats = self._dispatch, self.stats
         for e, tok in zip(raw_entries, tokens):
@@ -462,15 +472,24 @@ class Client:
             if e.id in self._held:
                 continue  # re-read: already ours
             if e.error is not None:
-                bad.append((e, f"{tok}:{self.id}"))
+                bad.append((e, f"{tok}:{self.id}", str(e.error)))
                 continue
             assert e.stream is not None and e.info is not None
-            h = self._held.add_new(e.id, e.stream, e.info, e.retry_count, tok)
+            retry_count = e.retry_count
+            if e.claimed:
+                # Claimed (XREADGROUP CLAIM) from holders that stopped: the
+                # count of earlier deliveries is the count of failed attempts.
+                retry_count += e.delivery_count
+                if 0 <= max_retries < retry_count:
+                    bad.append((e, f"{tok}:{self.id}", f"out of retries: {e.retry_count} re-queued, "
+                                                       f"{e.delivery_count} deliveries (claimed)"))
+                    continue
+            h = self._held.add_new(e.id, e.stream, e.info, retry_count, tok)
             stats.taken += 1
             if acquired:
                 self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
             # e.info, not h.info: an empty Info then costs the held record no dict.
-            note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, e.retry_count, tok)
+            note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok)
             if started:
                 self._hook("lbs_stream_started", notification=note)
             if dispatch is not None:
@@ -478,33 +497,33 @@ class Client:
             else:
                 await self._mailbox.put(note)
         if bad:
-            await self._dead_letter_malformed(bad)
+            await self._dead_letter(bad)
         return None
 
-    async def _dead_letter_malformed(self, bad: list[tuple[Entry, str]]) -> None:
-        """Dead-letter malformed entries we hold the locks of: one round trip."""
+    async def _dead_letter(self, bad: list[tuple[Entry, str, str]]) -> None:
+        """Dead-letter entries we hold the locks of (malformed, or claimed past max_retries): one round trip."""
         sha = self._scripts.requeue.sha
 
         def build(b: CommandBatch) -> None:
-            for e, value in bad:
+            for e, value, reason in bad:
                 keys, args = self._requeue_keys_args(e.id, self._lock_key_prefix + e.id, mode="owned",
-                                                     value=value, count_retry=False, reason=str(e.error),
+                                                     value=value, count_retry=False, reason=reason,
                                                      force_dead_letter=True)
                 b.command("EVALSHA", sha, len(keys), *keys, *args)
 
         results = await self._read_wire.execute(build)
-        for (e, _), res in zip(bad, results):
+        for (e, _, reason), res in zip(bad, results):
             if isinstance(res, Exception):
-                self.log.warning("entry %s is malformed (%s); dead-lettering failed (%s), its lock will "
-                                 "expire and recovery retries", e.id, e.error, res)
+                self.log.warning("entry %s: %s; dead-lettering failed (%s), its lock will expire and "
+                                 "recovery retries", e.id, reason, res)
                 continue
             code, detail = int(res[0]), _text(res[1])
-            self.log.warning("entry %s is malformed (%s): %s", e.id, e.error,
+            self.log.warning("entry %s: %s: %s", e.id, reason,
                              "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
                              else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
                              else f"left alone ({detail})")
             if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
-                self._hook("lbs_stream_dead_lettered", entry_id=e.id, reason=str(e.error),
+                self._hook("lbs_stream_dead_lettered", entry_id=e.id, reason=reason,
                            dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
 
     async def _wait_for_entries(self, after: str, block_ms: int) -> None:

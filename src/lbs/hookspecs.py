@@ -22,6 +22,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .client import Client, Handler
+    from .reading import ReadStrategy
     from .notifications import DoneStatus, Notification
 
 #: The project name: marker name and entry-point group.
@@ -197,6 +198,20 @@ def lbs_handler(client: Client) -> Handler | None:
     """
 
 
+@hookspec(firstresult=True)
+def lbs_reader(client: Client, server_version: tuple[int, ...]) -> ReadStrategy | None:
+    """Choose how the client reads new work: a :class:`lbs.ReadStrategy`.
+
+    Called once in :meth:`lbs.Client.start`, after the server's version is
+    known (``()`` when it could not be read), before the reader starts. The
+    built-in plugin ``lbs-default-reader`` answers last (new entries only).
+    Raise :class:`lbs.ConfigurationError` to refuse to start (say, a server
+    too old for the strategy); ``start()`` raises it to the application.
+
+    .. versionadded:: 0.2
+    """
+
+
 @hookspec
 def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id: str, retry_count: int,
                        path: str) -> None:
@@ -214,6 +229,7 @@ def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id:
 
 __all__ = ["NAME", "hookimpl", "hookspec",
     "lbs_handler",
+    "lbs_reader",
     "lbs_stream_expired",
     "lbs_client_started",
     "lbs_client_closed",

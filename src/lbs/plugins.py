@@ -29,6 +29,9 @@ def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: boo
     pm.add_hookspecs(hookspecs)
     for name in disabled:
         pm.set_blocked(name)  # an entry point of that name is then skipped
+    from .reading import DefaultReader  # the built-in behaviour is a plugin too, asked last
+
+    pm.register(DefaultReader(), name="lbs-default-reader")
     for plugin in plugins:
         pm.register(plugin)
     if load_entrypoints:

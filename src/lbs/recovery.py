@@ -229,7 +229,7 @@ class Recovery:
 
     async def _scan_loop(self) -> None:
         c = self.client
-        interval = self.config.reconciliation_interval
+        interval = c.read_strategy.reconciliation_interval or self.config.reconciliation_interval
         while True:
             try:
                 await self.scan()

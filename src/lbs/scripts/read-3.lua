@@ -22,6 +22,12 @@
            LBS's hash tag, so they live in this slot)
   ARGV[6]  ">" for new entries; "0" to re-read this consumer's own pending
            entries (after a read whose reply was lost)
+  ARGV[7]  optional, with ">": also claim pending entries idle at least this
+           many ms (XREADGROUP ... CLAIM, Redis >= 8.4); "" or absent: none.
+           Claimed entries come first, as 4-element entries (id, fields,
+           idle ms, earlier deliveries), and are locked like new ones: one
+           whose lock is held (a live holder) gets its holder's value as its
+           token and is left to it.
 
   Output: {entries, tokens, top}
     entries  {{id, {field, value, ...}}, ...} as XREADGROUP returns them (a
@@ -41,8 +47,13 @@
 
   Events: none besides the keys it writes.
 ]]
-local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
-                         'STREAMS', KEYS[1], ARGV[6])
+local reply
+if ARGV[6] == '>' and ARGV[7] and ARGV[7] ~= '' then
+  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'CLAIM', ARGV[7],
+                     'STREAMS', KEYS[1], '>')
+else
+  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], ARGV[6])
+end
 local entries = reply and reply[1] and reply[1][2] or {}
 local n = #entries
 if n == 0 then
