@@ -8,7 +8,10 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.lbs-installed
 # Everything that changes what `pip install -e` builds.
-SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.pxd src/_lbscore/*.h)
+SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.pxd src/_lbscore/*.h) \
+           $(wildcard plugins/*/pyproject.toml)
+# The first-party plugins (each its own distribution), installed next to lbs.
+PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 PYTEST_ARGS ?=
 
 .PHONY: demo test setup redis wheel bench proptest fuzz typecheck clean
@@ -20,7 +23,7 @@ demo: setup
 # the property tests in their short "smoke" profile (see conftest.py).
 test: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
-		$(PY) -m pytest tests benchmarks --benchmark-disable $(PYTEST_ARGS)
+		$(PY) -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
 
 # The property tests with thousands of examples each (about 10 minutes).
 proptest: setup
@@ -37,6 +40,7 @@ $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-build-isolation $(addprefix -e ./,$(PLUGINS))
 	@touch $@
 
 redis:
