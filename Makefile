@@ -7,8 +7,11 @@ PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.lbs-installed
-# Everything that changes what `pip install -e` builds.
-SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.pxd src/_lbscore/*.h)
+# Everything that changes what `pip install -e` builds (lbs, and the
+# first-party plugins installed next to it: their metadata and entry points).
+PLUGINS := plugins/lbs-prometheus
+SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.pxd src/_lbscore/*.h) \
+	$(foreach p,$(PLUGINS),$(p)/pyproject.toml)
 PYTEST_ARGS ?=
 
 .PHONY: demo test setup redis wheel bench proptest fuzz typecheck clean
@@ -16,11 +19,12 @@ PYTEST_ARGS ?=
 demo: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo
 
-# The suite, plus every benchmark once with timing off so none can rot, and
-# the property tests in their short "smoke" profile (see conftest.py).
+# The suite, the first-party plugins' tests, plus every benchmark once with
+# timing off so none can rot, and the property tests in their short "smoke"
+# profile (see conftest.py).
 test: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
-		$(PY) -m pytest tests benchmarks --benchmark-disable $(PYTEST_ARGS)
+		$(PY) -m pytest tests $(foreach p,$(PLUGINS),$(p)/tests) benchmarks --benchmark-disable $(PYTEST_ARGS)
 
 # The property tests with thousands of examples each (about 10 minutes).
 proptest: setup
@@ -37,6 +41,7 @@ $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet $(foreach p,$(PLUGINS),-e ./$(p))
 	@touch $@
 
 redis:
@@ -50,6 +55,7 @@ bench: setup
 
 typecheck: setup
 	$(PY) -m mypy
+	@for p in $(PLUGINS); do (cd $$p && $(CURDIR)/$(PY) -m mypy) || exit 1; done
 
 clean:
 	rm -rf build dist $(VENV) src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html
