@@ -59,3 +59,4 @@ typecheck: setup
 
 clean:
 	rm -rf build dist $(VENV) src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html
+	rm -rf $(foreach p,$(PLUGINS),$(p)/build $(p)/src/*.egg-info)
