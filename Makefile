@@ -19,8 +19,9 @@ PYTEST_ARGS ?=
 demo: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo
 
-# The suite, plus every benchmark once with timing off so none can rot, and
-# the property tests in their short "smoke" profile (see conftest.py).
+# The suite, the first-party plugins' tests, plus every benchmark once with
+# timing off so none can rot, and the property tests in their short "smoke"
+# profile (see conftest.py).
 test: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
 		$(PY) -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
@@ -54,6 +55,8 @@ bench: setup
 
 typecheck: setup
 	$(PY) -m mypy
+	@for p in $(PLUGINS); do (cd $$p && $(CURDIR)/$(PY) -m mypy) || exit 1; done
 
 clean:
 	rm -rf build dist $(VENV) src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html
+	rm -rf $(foreach p,$(PLUGINS),$(p)/build $(p)/src/*.egg-info)
