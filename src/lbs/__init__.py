@@ -41,6 +41,7 @@ from .exceptions import (
 from .hookspecs import hookimpl
 from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer
+from .deadletters import DeadLetter, DeadLetterBackend
 from .reading import ReadStrategy
 from .sync import SyncClient
 
@@ -53,6 +54,8 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
+    "DeadLetter",
+    "DeadLetterBackend",
     "ReadStrategy",
     "INPUT_FIELD",
     "Client",

@@ -60,3 +60,8 @@ def consumers_key(service: str) -> str:
     have expired. Recovery's deadline poller looks only at consumers past it.
     """
     return f"{hash_tag(service)}:consumers"
+
+
+def dead_letter_group(service: str) -> str:
+    """The consumer group of the dead-letter forwarders: ``<service>-dlq-forwarders``."""
+    return f"{service}-dlq-forwarders"

@@ -45,6 +45,7 @@ from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Mailbox, Notification, NotificationType
 from .plugins import make_plugin_manager
+from .deadletters import Forwarder
 from .reading import ReadStrategy
 from .recovery import Recovery
 
@@ -191,6 +192,7 @@ class Client:
         self._started = False
         self._closed = False
         self._use_xackdel = False
+        self._forwarder: Forwarder | None = None  # dead letters to a plugin's backend
         #: How this client reads new work (hook ``lbs_reader``; set by :meth:`start`).
         self.read_strategy = ReadStrategy(name="default")
         self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
@@ -284,6 +286,10 @@ class Client:
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"lbs-heartbeat-{self.id}")
         if self.config.recovery:
             self.recovery.start()
+        backend = self.pm.hook.lbs_dead_letter_backend(client=self) if self.dead_letter_key else None
+        if backend is not None:
+            self._forwarder = Forwarder(self, backend)
+            self._forwarder.start()
         self.log.info("started on %s (group %s, Redis %s)", self.stream_key, self.group,
                       ".".join(map(str, self.server_version)) or "?")
         self._hook("lbs_client_started")
@@ -1040,6 +1046,8 @@ class Client:
         if self._reader is not None:
             await self._stop_reader()
         await self.recovery.stop()
+        if self._forwarder is not None:
+            await self._forwarder.stop()
         running = [t for t in self._handlers if not t.done()]
         if running and self.config.drain_timeout > 0:
             await asyncio.wait(running, timeout=self.config.drain_timeout)

@@ -50,6 +50,10 @@ class Config:
     #: Where poison pills and malformed entries go. ``None``: ``{<service>-input}:dlq``.
     #: ``""``: log and drop them (an explicit opt-in to losing them).
     dead_letter_stream: str | None = None
+    #: Dead letters a forwarder hands its backend per write (hook ``lbs_dead_letter_backend``).
+    dead_letter_batch: int = 100
+    #: A dead letter another forwarder left unconfirmed this long is taken over (seconds).
+    dead_letter_claim_idle: float = 60.0
     #: Failed attempts (``_retry_count``) after which an assignment is dead-lettered.
     max_retries: int = 3
     #: Largest ``lbs-input`` value accepted; a bigger one is dead-lettered.
@@ -112,7 +116,8 @@ class Config:
                 )
         if self.read_retry_max < self.read_retry_initial:
             raise ConfigurationError("Config.read_retry_max must be >= read_retry_initial")
-        for name in ("deadline_poll_interval", "reconciliation_interval", "pubsub_ping_interval"):
+        for name in ("deadline_poll_interval", "reconciliation_interval", "pubsub_ping_interval",
+                     "dead_letter_claim_idle"):
             positive(name)
         if self.min_idle is not None:
             positive("min_idle")
@@ -122,7 +127,7 @@ class Config:
                     "an entry pending for less may belong to a live holder between heartbeats"
                 )
         for name in ("max_streams", "read_count", "heartbeat_chunk", "notification_buffer", "max_input_bytes",
-                     "scan_batch", "deadline_batch"):
+                     "scan_batch", "deadline_batch", "dead_letter_batch"):
             at_least(name, 1)
         at_least("read_max_retries", -1)
         at_least("max_retries", -1)

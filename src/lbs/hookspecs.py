@@ -22,6 +22,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from .client import Client, Handler
+    from .deadletters import DeadLetterBackend
     from .reading import ReadStrategy
     from .notifications import DoneStatus, Notification
 
@@ -212,6 +213,22 @@ def lbs_reader(client: Client, server_version: tuple[int, ...]) -> ReadStrategy 
     """
 
 
+@hookspec(firstresult=True)
+def lbs_dead_letter_backend(client: Client) -> DeadLetterBackend | None:
+    """Provide where dead letters are forwarded after the dead-letter stream.
+
+    Called once in :meth:`lbs.Client.start`. Return an object with a
+    ``name`` and an ``async write(letters)`` (:class:`lbs.DeadLetterBackend`)
+    that returns once the letters are durably written and raises otherwise,
+    or None to let another plugin answer. With a backend the client runs a
+    forwarder that deletes each letter from the stream only after ``write``
+    returned (at-least-once: key on :attr:`lbs.DeadLetter.id` to drop
+    repeats). Without one, dead letters stay in the stream.
+
+    .. versionadded:: 0.2
+    """
+
+
 @hookspec
 def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id: str, retry_count: int,
                        path: str) -> None:
@@ -230,6 +247,7 @@ def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id:
 __all__ = ["NAME", "hookimpl", "hookspec",
     "lbs_handler",
     "lbs_reader",
+    "lbs_dead_letter_backend",
     "lbs_stream_expired",
     "lbs_client_started",
     "lbs_client_closed",
