@@ -5,7 +5,9 @@
 2. Two :class:`lbs.Client` consumers ``run()`` a handler: they take streams
    round-robin under fenced locks, finish each one (lock released, entry acked
    and deleted in one step); the malformed entry lands in the dead-letter
-   stream with its reason, and nobody's reader dies.
+   stream with its reason, and nobody's reader dies. With the lbs-prometheus
+   plugin installed (``make setup`` installs it) the consumers' metrics are
+   served on a free port and scraped over HTTP.
 3. One consumer shuts down while holding streams: ``close()`` hands them back
    at once and the other consumer takes them without waiting for a lock TTL.
 4. A consumer in another process takes a stream and is killed with SIGKILL:
@@ -26,8 +28,9 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -124,14 +127,18 @@ async def run_demo(
         started = time.perf_counter()
         a_busy = asyncio.Event()
         runners = []
+        metrics, scrape = _metrics_plugin(out)
         for n in range(consumers):
             consumer = f"consumer-{chr(97 + n)}"
-            client = Client(r, service, consumer_id=consumer, config=config, load_entrypoint_plugins=False)
+            client = Client(r, service, consumer_id=consumer, config=config, plugins=metrics,
+                            load_entrypoint_plugins=False)
             clients.append(client)
             runners.append(asyncio.create_task(client.run(handler_for(consumer, a_busy if n == 0 else None))))
         await asyncio.wait_for(all_done.wait(), timeout=30)
         out(f"all {result.registered} data streams processed in {time.perf_counter() - started:.2f}s "
             f"({', '.join(f'{c} {n}' for c, n in sorted(result.processed.items()))})")
+        if scrape is not None:
+            await scrape()
 
         deadline = time.monotonic() + 10
         while not await r.exists(_keys.dead_letter_stream(service)) and time.monotonic() < deadline:
@@ -229,6 +236,31 @@ async def run_demo(
             await each.close()
         await r.aclose()
     return result
+
+
+def _metrics_plugin(out: Printer) -> tuple[list[object], Callable[[], Awaitable[None]] | None]:
+    """The lbs-prometheus plugin serving /metrics on a free port, when it is installed (make setup does)."""
+    try:
+        from lbs_prometheus import PrometheusPlugin  # type: ignore[import-not-found, unused-ignore]
+        from prometheus_client import CollectorRegistry
+    except ImportError:
+        return [], None
+    plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
+    url = f"http://127.0.0.1:{plugin.port}/metrics"
+
+    def fetch() -> list[str]:
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - our own loopback endpoint
+            text: str = resp.read().decode()
+        return [line for line in text.splitlines()
+                if line.startswith(("lbs_locks_acquired_total", "lbs_locks_released_total", "lbs_held_streams"))]
+
+    async def scrape() -> None:
+        lines = await asyncio.to_thread(fetch)
+        out(f"metrics (lbs-prometheus plugin, scraped over HTTP from {url}):")
+        for line in lines:
+            out("  " + line)
+
+    return [plugin], scrape
 
 
 async def _doomed(url: str, service: str) -> None:

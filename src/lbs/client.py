@@ -44,7 +44,7 @@ from ._wire import Wire
 from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Mailbox, Notification, NotificationType
-from .plugins import make_plugin_manager
+from .plugins import make_plugin_manager, plugin_config_defaults
 from .deadletters import Forwarder
 from .reading import ReadStrategy
 from .recovery import Recovery
@@ -136,9 +136,13 @@ class Client:
         load_entrypoint_plugins: bool = True,
     ) -> None:
         self.service = _keys.validate_service(service)
-        self.config = config if config is not None else Config()
-        if not isinstance(self.config, Config):
-            raise ConfigurationError(f"config must be an lbs.Config, got {type(self.config).__name__}")
+        if config is not None and not isinstance(config, Config):
+            raise ConfigurationError(f"config must be an lbs.Config, got {type(config).__name__}")
+        self.pm: pluggy.PluginManager = make_plugin_manager(
+            plugins, load_entrypoints=load_entrypoint_plugins,
+            disabled=config.disabled_plugins if config is not None else ())
+        # Without an explicit Config, plugins may contribute defaults (hook lbs_config_defaults).
+        self.config = config if config is not None else Config(**plugin_config_defaults(self.pm))
         self.id = consumer_id_from_env(consumer_id)
         self.stream_key = _keys.input_stream(service)
         self.group = _keys.group_name(service)
@@ -161,8 +165,6 @@ class Client:
         self.original_field = prefix + "original_id"
         self._parser = EntryParser(_keys.INPUT_FIELD, self.retry_field, self.original_field,
                                    self.config.max_input_bytes)
-        self.pm: pluggy.PluginManager = make_plugin_manager(plugins, load_entrypoints=load_entrypoint_plugins,
-                                                            disabled=self.config.disabled_plugins)
         self.log = _Log(log, {"consumer_id": self.id})
         self._trace_hooks = os.environ.get("LBS_TRACE_PLUGINS") == "1"
 
@@ -274,6 +276,8 @@ class Client:
         self.read_strategy = strategy if strategy is not None else ReadStrategy(name="default")
         claim_ms = self.read_strategy.claim_min_idle_ms
         self._claim_arg = "" if claim_ms is None else str(claim_ms)
+        backend = self.pm.hook.lbs_dead_letter_backend(client=self) if self.dead_letter_key else None
+        self._forwarder = Forwarder(self, backend) if backend is not None else None
         if self.config.configure_keyspace_events:
             await self._configure_keyspace_events()
         if self.config.recovery:
@@ -286,9 +290,7 @@ class Client:
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"lbs-heartbeat-{self.id}")
         if self.config.recovery:
             self.recovery.start()
-        backend = self.pm.hook.lbs_dead_letter_backend(client=self) if self.dead_letter_key else None
-        if backend is not None:
-            self._forwarder = Forwarder(self, backend)
+        if self._forwarder is not None:
             self._forwarder.start()
         self.log.info("started on %s (group %s, Redis %s)", self.stream_key, self.group,
                       ".".join(map(str, self.server_version)) or "?")

@@ -4,8 +4,10 @@ Implement hooks in any object or module decorated with :data:`lbs.hookimpl`
 and pass it to ``lbs.Client(..., plugins=[...])``, or publish it under the
 entry-point group ``lbs``. An implementation may accept any subset of a
 hook's arguments. Hooks are called synchronously on the client's event loop
-thread, so keep them quick; an exception in a hook is logged and never
-breaks the client.
+thread, so keep them quick. An exception in a notification hook is logged
+and never breaks the client; one raised by a provider hook (``firstresult``)
+or by ``lbs_config_defaults`` reaches the application from the call that
+asked (the constructor, ``start()`` or ``run()``).
 
 Notification hooks are 1:N: every implementation is called, each on its
 own (one that raises is logged with its plugin's name and the others still
@@ -16,7 +18,7 @@ first implementation that returns something other than None decides.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -122,7 +124,8 @@ def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mappi
     Names are stable (a metrics plugin maps them 1:1): ``recovery_keyspace_requeued_total``,
     ``recovery_deadline_requeued_total``, ``recovery_scan_requeued_total``,
     ``recovery_startup_requeued_total``, ``recovery_claim_requeued_total``,
-    ``recovery_heartbeat_requeued_total``,
+    ``recovery_heartbeat_requeued_total``, ``dead_letters_forwarded_total``,
+    ``dead_letters_forward_failures_total`` (label ``backend``),
     ``recovery_scan_skipped_alive_total``, ``recovery_duplicate_ack_total``,
     ``recovery_trimmed_total``, ``recovery_dlq_total``, ``recovery_scan_duration_seconds``,
     ``recovery_expiry_lag_seconds``, ``pel_depth``, ``startup_recovery_requeued_total``,
@@ -184,6 +187,21 @@ def lbs_stream_dead_lettered(client: Client, entry_id: str, reason: str, dead_le
 
 # ---------------------------------------------------------------- providers ---
 
+@hookspec
+def lbs_config_defaults() -> Mapping[str, Any] | None:
+    """Contribute defaults for :class:`lbs.Config` fields.
+
+    Called once per client, in its constructor, and only when the
+    application passes no ``config`` (an explicit Config is used as given).
+    Return a mapping of field names to values, or None. Two plugins giving
+    one field different values, or an unknown field (or
+    ``disabled_plugins``), fail the constructor with
+    :class:`lbs.ConfigurationError` naming the plugins.
+
+    .. versionadded:: 0.2
+    """
+
+
 @hookspec(firstresult=True)
 def lbs_handler(client: Client) -> Handler | None:
     """Provide the handler :meth:`lbs.Client.run` calls when it is given none.
@@ -236,7 +254,8 @@ def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id:
 
     The stream's holder lost its lock (it died, stalled or was evicted); the
     entry was re-queued as ``new_entry_id`` with ``retry_count`` failed
-    attempts. ``path`` says who found it: ``deadline``, ``keyspace``,
+    attempts. ``stream`` is ``""`` when the entry's ``lbs-input`` could not
+    be decoded. ``path`` says who found it: ``deadline``, ``keyspace``,
     ``scan``, ``startup``, ``claim`` or ``heartbeat`` (this client's own
     lost lock). Called before STREAM_EXPIRED is sent.
 
@@ -245,6 +264,7 @@ def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id:
 
 
 __all__ = ["NAME", "hookimpl", "hookspec",
+    "lbs_config_defaults",
     "lbs_handler",
     "lbs_reader",
     "lbs_dead_letter_backend",

@@ -101,3 +101,11 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("LBS_CLAIM_MIN_IDLE", "soon")
     with pytest.raises(lbs.ConfigurationError, match="LBS_CLAIM_MIN_IDLE"):
         ClaimReader().strategy(lbs.Config())
+
+
+def test_an_instance_the_application_passes_outranks_the_installed_one() -> None:
+    mine = ClaimReader(min_idle=45.0)
+    c = lbs.Client("redis://127.0.0.1:1", "svc", "c", plugins=[mine, plugin])  # entry points loaded too
+    assert c.pm.get_plugin("claim") is plugin  # installed, registered once even though passed again
+    strategy = c.pm.hook.lbs_reader(client=c, server_version=(8, 6, 0))
+    assert strategy.claim_min_idle == 45.0
