@@ -569,6 +569,7 @@ class Client:
         """Back off after a failed read; returns (-1, 0) when the reader gives up."""
         cfg = self.config
         failures += 1
+        self.recovery._metric("read_failures_total", "counter", 1)
         if cfg.read_max_retries >= 0 and failures > cfg.read_max_retries:
             self.log.error("reader giving up after %d failed reads: %s", failures, exc)
             self._hook("lbs_reader_terminated", error=exc)
@@ -628,6 +629,7 @@ class Client:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                self.recovery._metric("heartbeat_failures_total", "counter", 1)
                 self.log.warning("heartbeat failed: %s", exc)
 
     async def heartbeat(self) -> int:
@@ -799,6 +801,7 @@ class Client:
                     raise
                 except Exception as exc:
                     err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
+                    self.recovery._metric("done_failures_total", "counter", len(batch))
                     for h, fut in batch:
                         if fut is None:
                             self.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
@@ -1062,6 +1065,7 @@ class Client:
             results = await self._hand_back_many(handed, count_retry=False, reason=f"{self.id} shut down")
             handed_back = sum(1 for r in results if r)
         except RedisOperationError as exc:
+            self.recovery._metric("hand_back_failures_total", "counter", len(handed))
             self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
         if self._finisher is not None and not self._finisher.done():
             # Streams whose handlers finished are queued for done-n.lua: send them.
