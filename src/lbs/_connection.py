@@ -1,28 +1,77 @@
-"""Turning the ``redis`` argument of the public API into a client."""
+"""Turning the ``redis`` argument of the public API into a client, and routing on a cluster.
+
+Every key of one service shares the hash tag ``{<service>-input}``, so all of
+a client's commands go to the master that owns that one slot. On Redis
+Cluster lbs therefore talks to that master through a plain
+``redis.asyncio.Redis`` built from the cluster node's own connection
+settings (TLS, AUTH and RESP version stay what the application gave the
+cluster client): scripts, batches, blocking reads and the keyspace
+subscription all land on the owner, where the lock keys expire.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Iterable
 from typing import Any, Union
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from .exceptions import ConfigurationError
 
-#: What the public API accepts as ``redis``: a redis.asyncio client, or a URL.
-RedisLike = Union["aioredis.Redis", str]
+#: What the public API accepts as ``redis``: a redis.asyncio client, a
+#: ``RedisCluster``, or a URL (``redis+cluster://`` / ``rediss+cluster://`` for a cluster).
+RedisLike = Union["aioredis.Redis", "RedisCluster", str]
+
+_CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
 
 
-def resolve_client(redis: RedisLike) -> tuple[aioredis.Redis, bool]:
-    """Return ``(client, owned)``; ``owned`` clients are closed by lbs."""
+def resolve_client(redis: RedisLike, *, cluster: bool = False) -> tuple[aioredis.Redis | RedisCluster, bool]:
+    """Return ``(client, owned)``; ``owned`` clients are closed by lbs.
+
+    A URL opens a cluster client when its scheme is ``redis+cluster://``
+    (``rediss+cluster://``) or ``cluster`` is true.
+    """
     if isinstance(redis, str):
+        for scheme, plain in _CLUSTER_SCHEMES.items():
+            if redis.startswith(scheme):
+                return RedisCluster.from_url(plain + redis[len(scheme):]), True
+        if cluster:
+            return RedisCluster.from_url(redis), True
         return aioredis.Redis.from_url(redis), True
-    if isinstance(redis, aioredis.Redis):
+    if isinstance(redis, (aioredis.Redis, RedisCluster)):
         return redis, False
     raise ConfigurationError(
-        f"redis must be a redis.asyncio.Redis client or a URL string, got {type(redis).__name__}"
+        "redis must be a redis.asyncio.Redis or RedisCluster client or a URL string, "
+        f"got {type(redis).__name__}"
     )
+
+
+def _node_client(node: ClusterNode) -> aioredis.Redis:
+    """A plain client for one cluster node, with the node's connection settings."""
+    accepted = set(inspect.signature(node.connection_class.__init__).parameters)
+    kwargs = {k: v for k, v in node.connection_kwargs.items() if k in accepted}
+    pool = aioredis.ConnectionPool(connection_class=node.connection_class, **kwargs)
+    return aioredis.Redis.from_pool(pool)  # closing the client closes the pool
+
+
+def first_node_client(cluster: RedisCluster) -> aioredis.Redis:
+    """A plain client for the cluster's first startup node (no I/O; routed later)."""
+    node = next(iter(cluster.nodes_manager.startup_nodes.values()))
+    return _node_client(node)
+
+
+async def slot_owner(cluster: RedisCluster, key: str, *, refresh: bool = False) -> tuple[aioredis.Redis, str]:
+    """A plain client for the master that owns ``key``'s slot, and that master's ``host:port``."""
+    await cluster.initialize()  # once: topology and the command parser
+    if refresh:
+        await cluster.nodes_manager.initialize()
+    node = cluster.get_node_from_key(key)
+    if node is None:
+        raise ConfigurationError(f"no cluster node owns the slot of {key!r}")
+    return _node_client(node), node.name
 
 
 async def execute(pipe: Any) -> list[Any]:

@@ -30,6 +30,7 @@ from typing import Any
 
 import pluggy
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -37,7 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, Shape, try_decode_input
 
 from . import _keys
-from ._connection import RedisLike, cancel_and_wait, execute, resolve_client
+from ._connection import RedisLike, cancel_and_wait, execute, first_node_client, resolve_client, slot_owner
 from ._eager import start_task
 from ._scripts import DoneCode, RequeueCode, Scripts
 from ._wire import Wire
@@ -134,6 +135,7 @@ class Client:
         *,
         plugins: Iterable[object] = (),
         load_entrypoint_plugins: bool = True,
+        cluster: bool = False,
     ) -> None:
         self.service = _keys.validate_service(service)
         if config is not None and not isinstance(config, Config):
@@ -150,16 +152,15 @@ class Client:
         self.consumers_key = _keys.consumers_key(service)
         dlq = self.config.dead_letter_stream
         self.dead_letter_key = _keys.dead_letter_stream(service) if dlq is None else dlq
-        self._redis, self._owned = resolve_client(redis)
-        self._scripts = Scripts(self._redis)
+        source, self._owned = resolve_client(redis, cluster=cluster)
+        # On Redis Cluster every command goes to the master owning the LBS's
+        # slot, through a plain client of ours (see _connection.py); start()
+        # routes it there.
+        self._cluster: RedisCluster | None = source if isinstance(source, RedisCluster) else None
+        self.node = ""  # host:port of the slot owner, once routed (cluster only)
         self._lock_key_prefix = _keys.lock_key(service, "")  # + entry id: the lock key, without re-formatting
         self._lock_prefix = self._lock_key_prefix.encode()
-        # Own connections for the batched hot paths (encoded by the core, one
-        # write each): the reader's read-and-lock, the finisher, the heartbeat.
-        sources = self._scripts.sources()
-        self._read_wire = Wire(self._redis, sources)
-        self._done_wire = Wire(self._redis, sources)
-        self._beat_wire = Wire(self._redis, sources)
+        self._bind(first_node_client(self._cluster) if self._cluster is not None else source)  # type: ignore[arg-type]
         prefix = self.config.field_prefix
         self.retry_field = prefix + "retry_count"
         self.original_field = prefix + "original_id"
@@ -208,6 +209,32 @@ class Client:
     def _listening(self, hook: str) -> bool:
         """True when some plugin implements ``hook`` (hot paths ask once per batch)."""
         return bool(getattr(self.pm.hook, hook).get_hookimpls())
+
+    def _bind(self, redis: aioredis.Redis) -> None:
+        """Use ``redis`` for everything: scripts, and the core's own connections for
+        the batched hot paths (the reader's read-and-lock, the finisher, the heartbeat)."""
+        self._redis = redis
+        self._scripts = Scripts(redis)
+        sources = self._scripts.sources()
+        self._read_wire = Wire(redis, sources)
+        self._done_wire = Wire(redis, sources)
+        self._beat_wire = Wire(redis, sources)
+
+    async def _route(self, refresh: bool = False) -> None:
+        """On a cluster: bind to the master that owns the LBS's slot (before any task runs)."""
+        if self._cluster is None:
+            return
+        owner, name = await slot_owner(self._cluster, self.stream_key, refresh=refresh)
+        if name == self.node:
+            await owner.aclose()
+            return
+        old = (self._redis, self._read_wire, self._done_wire, self._beat_wire)
+        self._bind(owner)
+        self.node = name
+        for wire in old[1:]:
+            await wire.close()
+        await old[0].aclose()
+        self.log.info("routed to %s, the master owning the slot of %s", name, self.stream_key)
 
     def _hook(self, hook: str, /, **kwargs: Any) -> None:
         """Call every implementation of a 1:N hook, each on its own.
@@ -267,6 +294,7 @@ class Client:
         if self._closed:
             raise ConfigurationError("a closed client cannot be started again")
         try:
+            await self._route()
             await self._ensure_group()
             await self._detect_features()
         except RedisError as exc:
@@ -1079,7 +1107,11 @@ class Client:
             await wire.close()
         self.log.info("closed; handed back %d streams", handed_back)
         self._hook("lbs_client_closed", handed_back=handed_back)
-        if self._owned:
+        if self._cluster is not None:
+            await self._redis.aclose()  # our client of the slot owner
+            if self._owned:
+                await self._cluster.aclose()
+        elif self._owned:
             await self._redis.aclose()
 
     async def _stop_reader(self) -> None:

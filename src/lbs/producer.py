@@ -6,12 +6,14 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Union
 
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from _lbscore import CommandBatch, encode_input
 
 from . import _keys
-from ._connection import RedisLike, resolve_client
+from ._connection import RedisLike, resolve_client, slot_owner
 from ._wire import Wire
 from .exceptions import RedisOperationError
 
@@ -30,11 +32,20 @@ class Producer:
     which :meth:`close` gives back.
     """
 
-    def __init__(self, redis: RedisLike, service: str) -> None:
+    def __init__(self, redis: RedisLike, service: str, *, cluster: bool = False) -> None:
         self.service = _keys.validate_service(service)
         self.stream = _keys.input_stream(service)
-        self._redis, self._owned = resolve_client(redis)
-        self._wire = Wire(self._redis)
+        self._redis, self._owned = resolve_client(redis, cluster=cluster)
+        # On a cluster, batches go to the slot owner through a client of ours, made on first use.
+        self._node: aioredis.Redis | None = None
+        self._wire: Wire | None = None if isinstance(self._redis, RedisCluster) else Wire(self._redis)
+
+    async def _batch_wire(self) -> Wire:
+        if self._wire is None:
+            assert isinstance(self._redis, RedisCluster)
+            self._node, _ = await slot_owner(self._redis, self.stream)
+            self._wire = Wire(self._node)
+        return self._wire
 
     async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
         """Register data stream ``name``; return the LBS entry id.
@@ -74,7 +85,7 @@ class Producer:
                 b.command("XADD", stream, "*", field, payload)
 
         try:
-            ids = await self._wire.execute(build)
+            ids = await (await self._batch_wire()).execute(build)
             for reply in ids:
                 if isinstance(reply, Exception):
                     raise reply
@@ -86,7 +97,10 @@ class Producer:
 
     async def close(self) -> None:
         """Give the batch connection back; close the Redis client if lbs opened it from a URL."""
-        await self._wire.close()
+        if self._wire is not None:
+            await self._wire.close()
+        if self._node is not None:
+            await self._node.aclose()
         if self._owned:
             await self._redis.aclose()
 

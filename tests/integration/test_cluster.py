@@ -1,0 +1,119 @@
+"""lbs on a real 3-master Redis Cluster: routing to the slot owner, recovery there, one slot per service."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
+
+import lbs
+from lbs._connection import cancel_and_wait
+from lbs.embedded import RedisClusterServers
+
+pytestmark = pytest.mark.cluster
+
+
+def _owner_and_other(cluster: RedisClusterServers, key: str) -> tuple[str, tuple[str, int]]:
+    """The name (host:port) of the master owning ``key``'s slot, and another master's address."""
+    with cluster.client() as c:
+        owner = c.get_node_from_key(key)
+        assert owner is not None
+        other = next(n for n in c.get_primaries() if n.name != owner.name)
+        return str(owner.name), (other.host, int(other.port))
+
+
+async def _take(c: lbs.Client, n: int, timeout: float = 10.0) -> list[lbs.Notification]:
+    out: list[lbs.Notification] = []
+
+    async def collect() -> None:
+        async for note in c.notifications():
+            if note.type is lbs.NotificationType.STREAM_ADDED:
+                out.append(note)
+                if len(out) == n:
+                    return
+
+    await asyncio.wait_for(collect(), timeout)
+    return out
+
+
+def _client(rc: Any, service: str, consumer: str, **config: Any) -> lbs.Client:
+    cfg = lbs.Config(**{"read_block": 0.1, "lock_ttl": 0.5, "deadline_poll_interval": 0.05, **config})
+    return lbs.Client(rc, service, consumer, cfg, load_entrypoint_plugins=False)
+
+
+async def test_work_and_recovery_go_through_the_master_owning_the_slot(
+        redis_cluster: RedisClusterServers, service: str) -> None:
+    owner, (host, port) = _owner_and_other(redis_cluster, lbs.input_stream(service))
+    rc = RedisCluster(host=host, port=port)  # a node that does not own the slot
+    dier = _client(rc, service, "dier", recovery=False)
+    c = _client(rc, service, "worker")
+    try:
+        # A consumer takes "x" and then stops (as if frozen; its process lives on).
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_stream("x")
+        await dier.start()
+        assert dier.node == owner
+        (held,) = await _take(dier, 1)
+        assert held.stream == "x"
+        await cancel_and_wait([dier._heartbeat, dier._reader])  # it stops: no beats, no reads
+        # A live consumer gets new work, and "x" back from the deadline poller
+        # on the owner once the stopped one's lock has expired.
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_streams(["a", "b"])
+        await c.start()
+        assert c.node == owner
+        notes = {n.stream: n for n in await _take(c, 3, timeout=15)}
+        assert sorted(notes) == ["a", "b", "x"]
+        assert (notes["a"].retry_count, notes["x"].retry_count) == (0, 1)
+        assert [await c.done_stream(s) for s in ("a", "b", "x")] == [lbs.DoneStatus.DONE] * 3
+    finally:
+        await c.close()
+        await dier.close()
+        await rc.aclose()
+
+
+async def test_the_keyspace_listener_subscribes_on_the_slot_owner(
+        redis_cluster: RedisClusterServers, service: str) -> None:
+    owner, (host, port) = _owner_and_other(redis_cluster, lbs.input_stream(service))
+    c = _client(f"redis+cluster://{host}:{port}", service, "listener")
+    await c.start()
+    try:
+        await asyncio.wait_for(c.recovery.listening.wait(), 10)
+        patterns = {}
+        for node in redis_cluster.masters:
+            with redis.Redis(host=node.host, port=node.port) as r:
+                patterns[f"{node.host}:{node.port}"] = r.pubsub_numpat()
+        assert patterns[owner] >= 1
+        assert all(n == 0 for name, n in patterns.items() if name != owner)
+    finally:
+        await c.close()
+
+
+async def test_every_key_the_library_writes_is_in_the_services_slot(
+        redis_cluster: RedisClusterServers, service: str) -> None:
+    (_, (host, port)) = _owner_and_other(redis_cluster, lbs.input_stream(service))
+    rc = RedisCluster(host=host, port=port)
+    slot = key_slot(lbs.input_stream(service).encode())
+    try:
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_streams(["p", "q", "r"])
+        await rc.xadd(lbs.input_stream(service), {"lbs-input": "{broken"})  # to the dead-letter stream
+        c = _client(rc, service, "keys")
+        await c.start()
+        notes = await _take(c, 3)
+        await c.done_stream(notes[0].stream)
+        await c.heartbeat()
+        await c.close()  # hands the other two back
+        keys: list[bytes] = []
+        for node in redis_cluster.masters:
+            with redis.Redis(host=node.host, port=node.port) as r:
+                keys += list(r.scan_iter(match=f"*{service}*", count=1000))
+        names = {k.decode() for k in keys}
+        assert lbs.input_stream(service) in names and lbs.dead_letter_stream(service) in names
+        assert {k.decode(): key_slot(k) for k in keys} == {k.decode(): slot for k in keys}
+    finally:
+        await rc.aclose()
