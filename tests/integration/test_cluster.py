@@ -10,6 +10,8 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
+from _helpers import take
+
 import lbs
 from lbs._connection import cancel_and_wait
 from lbs.embedded import RedisClusterServers
@@ -24,20 +26,6 @@ def _owner_and_other(cluster: RedisClusterServers, key: str) -> tuple[str, tuple
         assert owner is not None
         other = next(n for n in c.get_primaries() if n.name != owner.name)
         return str(owner.name), (other.host, int(other.port))
-
-
-async def _take(c: lbs.Client, n: int, timeout: float = 10.0) -> list[lbs.Notification]:
-    out: list[lbs.Notification] = []
-
-    async def collect() -> None:
-        async for note in c.notifications():
-            if note.type is lbs.NotificationType.STREAM_ADDED:
-                out.append(note)
-                if len(out) == n:
-                    return
-
-    await asyncio.wait_for(collect(), timeout)
-    return out
 
 
 def _client(rc: Any, service: str, consumer: str, **config: Any) -> lbs.Client:
@@ -57,7 +45,7 @@ async def test_work_and_recovery_go_through_the_master_owning_the_slot(
             await producer.add_stream("x")
         await dier.start()
         assert dier.node == owner
-        (held,) = await _take(dier, 1)
+        (held,) = await take(dier, 1)
         assert held.stream == "x"
         await cancel_and_wait([dier._heartbeat, dier._reader])  # it stops: no beats, no reads
         # A live consumer gets new work, and "x" back from the deadline poller
@@ -66,7 +54,7 @@ async def test_work_and_recovery_go_through_the_master_owning_the_slot(
             await producer.add_streams(["a", "b"])
         await c.start()
         assert c.node == owner
-        notes = {n.stream: n for n in await _take(c, 3, timeout=15)}
+        notes = {n.stream: n for n in await take(c, 3, timeout=15)}
         assert sorted(notes) == ["a", "b", "x"]
         assert (notes["a"].retry_count, notes["x"].retry_count) == (0, 1)
         assert [await c.done_stream(s) for s in ("a", "b", "x")] == [lbs.DoneStatus.DONE] * 3
@@ -104,7 +92,7 @@ async def test_every_key_the_library_writes_is_in_the_services_slot(
         await rc.xadd(lbs.input_stream(service), {"lbs-input": "{broken"})  # to the dead-letter stream
         c = _client(rc, service, "keys")
         await c.start()
-        notes = await _take(c, 3)
+        notes = await take(c, 3)
         await c.done_stream(notes[0].stream)
         await c.heartbeat()
         await c.close()  # hands the other two back
