@@ -32,7 +32,8 @@ import pluggy
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyError, RedisError, ResponseError
+from redis.exceptions import TryAgainError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, Shape, try_decode_input
@@ -196,6 +197,8 @@ class Client:
         self._closed = False
         self._use_xackdel = False
         self._forwarder: Forwarder | None = None  # dead letters to a plugin's backend
+        self._topology_lock = asyncio.Lock()
+        self._topology_epoch = 0  # bumped when the slot owner changed; the keyspace listener follows
         #: How this client reads new work (hook ``lbs_reader``; set by :meth:`start`).
         self.read_strategy = ReadStrategy(name="default")
         self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
@@ -220,21 +223,60 @@ class Client:
         self._done_wire = Wire(redis, sources)
         self._beat_wire = Wire(redis, sources)
 
-    async def _route(self, refresh: bool = False) -> None:
-        """On a cluster: bind to the master that owns the LBS's slot (before any task runs)."""
+    async def _route(self, refresh: bool = False) -> bool:
+        """On a cluster: bind to the master that owns the LBS's slot; whether it changed."""
         if self._cluster is None:
-            return
+            return False
         owner, name = await slot_owner(self._cluster, self.stream_key, refresh=refresh)
         if name == self.node:
             await owner.aclose()
-            return
-        old = (self._redis, self._read_wire, self._done_wire, self._beat_wire)
+            return False
+        old_redis, old_wires = self._redis, (self._read_wire, self._done_wire, self._beat_wire)
         self._bind(owner)
-        self.node = name
-        for wire in old[1:]:
-            await wire.close()
-        await old[0].aclose()
-        self.log.info("routed to %s, the master owning the slot of %s", name, self.stream_key)
+        before, self.node = self.node, name
+        self._read_conn = None  # the reader's blocking connection belonged to the old owner's pool
+        self._reader_client_id = None
+        if before:
+            self._topology_epoch += 1  # the keyspace listener follows
+            self.recovery._metric("topology_changes_total", "counter", 1)
+            self.log.warning("the slot of %s moved from %s to %s", self.stream_key, before, name)
+        else:
+            self.log.info("routed to %s, the master owning the slot of %s", name, self.stream_key)
+        for closing in (*(w.close() for w in old_wires), old_redis.aclose()):
+            try:
+                await closing  # connections may be mid-command in other tasks: best effort
+            except Exception as exc:
+                self.log.debug("closing a connection to the old owner: %s", exc)
+        return True
+
+    async def reset_topology(self) -> bool:
+        """Find the master that owns the LBS's slot again, and move there if it changed.
+
+        For a failover or a slot migration on Redis Cluster; returns whether
+        the client moved. lbs calls it itself when a command is redirected
+        (MOVED, ASK), refused by a replica (READONLY), the cluster is down,
+        or a connection to the owner fails; the application may call it at
+        any time. The keyspace listener resubscribes on the new owner, and
+        until it is back the deadline poller and the scan cover. A no-op
+        without a cluster.
+        """
+        if self._cluster is None:
+            return False
+        async with self._topology_lock:
+            if not await self._route(refresh=True):
+                return False
+            if self._started and self.config.configure_keyspace_events:
+                await self._configure_keyspace_events()
+            return True
+
+    async def _after_failure(self, exc: BaseException) -> None:
+        """On a cluster, a failure that may mean the slot moved triggers :meth:`reset_topology`."""
+        if self._cluster is None or not _topology_error(exc):
+            return
+        try:
+            await self.reset_topology()
+        except Exception as again:  # the cluster may still be electing: the next failure retries
+            self.log.warning("cannot resolve the slot owner of %s yet (%s)", self.stream_key, again)
 
     def _hook(self, hook: str, /, **kwargs: Any) -> None:
         """Call every implementation of a 1:N hook, each on its own.
@@ -598,6 +640,7 @@ class Client:
         cfg = self.config
         failures += 1
         self.recovery._metric("read_failures_total", "counter", 1)
+        await self._after_failure(exc)
         if cfg.read_max_retries >= 0 and failures > cfg.read_max_retries:
             self.log.error("reader giving up after %d failed reads: %s", failures, exc)
             self._hook("lbs_reader_terminated", error=exc)
@@ -658,6 +701,7 @@ class Client:
                 raise
             except Exception as exc:
                 self.recovery._metric("heartbeat_failures_total", "counter", 1)
+                await self._after_failure(exc)
                 self.log.warning("heartbeat failed: %s", exc)
 
     async def heartbeat(self) -> int:
@@ -830,6 +874,7 @@ class Client:
                 except Exception as exc:
                     err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
                     self.recovery._metric("done_failures_total", "counter", len(batch))
+                    await self._after_failure(exc)
                     for h, fut in batch:
                         if fut is None:
                             self.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
@@ -1184,3 +1229,17 @@ def _text(v: Any) -> str:
 
 # Connection-level errors, for callers that want to tell them apart.
 TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+_TOPOLOGY_REPLIES = ("MOVED", "ASK", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
+
+
+def _topology_error(exc: BaseException) -> bool:
+    """Whether ``exc`` may mean the slot's owner changed (or is unreachable)."""
+    if isinstance(exc, RedisOperationError) and exc.cause is not None:
+        exc = exc.cause
+    if isinstance(exc, (MovedError, AskError, ClusterDownError, TryAgainError, ReadOnlyError)):
+        return True  # redis-py's own parse of the redirects (its message drops the prefix)
+    if isinstance(exc, ResponseError):
+        return str(exc).split(" ", 1)[0].upper() in _TOPOLOGY_REPLIES
+    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))

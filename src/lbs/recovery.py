@@ -171,12 +171,18 @@ class Recovery:
         delay = self.config.read_retry_initial
         ping_every = self.config.pubsub_ping_interval
         first = True
+        lost_at: float | None = None
         while True:
-            pubsub = c._redis.pubsub()
+            pubsub = c._redis.pubsub()  # on the slot's owner: where the locks expire
+            epoch = c._topology_epoch
             try:
                 await pubsub.psubscribe(pattern)
                 if not first:
                     self._metric("keyspace_listener_reconnects_total", "counter", 1)
+                if lost_at is not None:
+                    # How long recovery relied on the deadline poller and the scan alone.
+                    self._metric("keyspace_listener_gap_seconds", "histogram", time.monotonic() - lost_at)
+                    lost_at = None
                 first = False
                 self.listening.set()
                 delay = self.config.read_retry_initial
@@ -195,10 +201,17 @@ class Recovery:
                         last_ping = now
                     if now - last_pong > 2 * ping_every:
                         raise ConnectionError("no PONG on the subscription: the connection is half-open")
+                    if c._topology_epoch != epoch:
+                        raise ConnectionError(f"the slot moved to {c.node}: resubscribing there")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.listening.clear()
+                if lost_at is None:
+                    lost_at = time.monotonic()
+                await c._after_failure(exc)
+                if c._topology_epoch != epoch:
+                    delay = self.config.read_retry_initial  # the new owner is known: go at once
                 c.log.warning("keyspace listener lost (%s); resubscribing in %.2fs", exc, delay)
                 await asyncio.sleep(random.uniform(delay / 2, delay))
                 delay = min(delay * 2, self.config.read_retry_max)

@@ -10,7 +10,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from _helpers import take
+from _helpers import eventually, take
 
 import lbs
 from lbs._connection import cancel_and_wait
@@ -105,3 +105,66 @@ async def test_every_key_the_library_writes_is_in_the_services_slot(
         assert {k.decode(): key_slot(k) for k in keys} == {k.decode(): slot for k in keys}
     finally:
         await rc.aclose()
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster() -> Any:
+    """3 masters with a replica each, for failover (its own: a failover changes the topology)."""
+    with RedisClusterServers(masters=3, replicas=1, config={"notify-keyspace-events": "Kx"}) as cluster:
+        yield cluster
+
+
+def _replica_of(cluster: RedisClusterServers, master: str) -> redis.Redis:
+    """A client of the replica of ``master`` (host:port)."""
+    host, port = master.rsplit(":", 1)
+    with redis.Redis(host=host, port=int(port)) as r:
+        master_id = r.execute_command("CLUSTER", "MYID").decode()
+    for node in cluster.nodes:
+        r = redis.Redis(host=node.host, port=node.port)
+        if r.execute_command("ROLE")[0] == b"slave" and f"{r.info('replication')['master_port']}" == port:
+            assert r.execute_command("CLUSTER", "MYID").decode() != master_id
+            return r
+        r.close()
+    raise AssertionError(f"no replica of {master}")
+
+
+async def test_the_client_follows_a_failover_of_the_slot_owner_and_loses_nothing(
+        replicated_cluster: RedisClusterServers, service: str) -> None:
+    stream = lbs.input_stream(service)
+    owner, (host, port) = _owner_and_other(replicated_cluster, stream)
+    rc = RedisCluster(host=host, port=port)
+    c = _client(rc, service, "survivor", lock_ttl=1.0)
+    try:
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_stream("before")
+        await c.start()
+        (held,) = await take(c, 1)
+        await asyncio.wait_for(c.recovery.listening.wait(), 10)
+        replica = _replica_of(replicated_cluster, owner)
+        new_owner = f"{replica.connection_pool.connection_kwargs['host']}:{replica.connection_pool.connection_kwargs['port']}"
+        replica.execute_command("CLUSTER", "FAILOVER")  # manual: the replica catches up first, nothing lost
+        await eventually(lambda: _is_master(replica), timeout=15)
+        # The heartbeat's next write meets a redirect, and the client moves.
+        await eventually(lambda: _true(c.node == new_owner), timeout=15)
+        assert c.recovery.counts.get("topology_changes_total") == 1
+        assert await c.done_stream(held.stream) is lbs.DoneStatus.DONE  # the lock came across
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_stream("after")
+        (note,) = await take(c, 1, timeout=15)
+        assert note.stream == "after" and note.retry_count == 0
+        assert await c.done_stream("after") is lbs.DoneStatus.DONE
+        # The listener resubscribed on the new owner.
+        await eventually(lambda: _true(replica.pubsub_numpat() >= 1), timeout=15)
+        assert (await rc.xpending(stream, lbs.group_name(service)))["pending"] == 0
+        assert await rc.xlen(stream) == 0
+    finally:
+        await c.close()
+        await rc.aclose()
+
+
+async def _is_master(r: redis.Redis) -> bool:
+    return bool(r.execute_command("ROLE")[0] == b"master")
+
+
+async def _true(v: bool) -> bool:
+    return v
