@@ -335,12 +335,17 @@ class Client:
             return
         if self._closed:
             raise ConfigurationError("a closed client cannot be started again")
-        try:
-            await self._route()
-            await self._ensure_group()
-            await self._detect_features()
-        except RedisError as exc:
-            raise RedisOperationError("start", exc) from exc
+        for attempt in range(5):
+            try:
+                await self._route(refresh=attempt > 0)
+                await self._ensure_group()
+                await self._detect_features()
+                break
+            except RedisError as exc:
+                # A cluster mid-failover or mid-migration: find the owner again, a few times.
+                if self._cluster is None or not _topology_error(exc) or attempt == 4:
+                    raise RedisOperationError("start", exc) from exc
+                await asyncio.sleep(self.config.read_retry_initial * 2 ** attempt)
         # Which reader: a plugin may answer (and may refuse this server by raising).
         strategy = self.pm.hook.lbs_reader(client=self, server_version=self.server_version)
         self.read_strategy = strategy if strategy is not None else ReadStrategy(name="default")

@@ -8,7 +8,7 @@ from typing import Any, Union
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from _lbscore import CommandBatch, encode_input
 
@@ -39,6 +39,15 @@ class Producer:
         # On a cluster, batches go to the slot owner through a client of ours, made on first use.
         self._node: aioredis.Redis | None = None
         self._wire: Wire | None = None if isinstance(self._redis, RedisCluster) else Wire(self._redis)
+
+    async def _reroute(self) -> None:
+        assert isinstance(self._redis, RedisCluster)
+        if self._wire is not None:
+            await self._wire.close()
+        if self._node is not None:
+            await self._node.aclose()
+        self._node, self._wire = None, None
+        await self._redis.nodes_manager.initialize()
 
     async def _batch_wire(self) -> Wire:
         if self._wire is None:
@@ -86,6 +95,11 @@ class Producer:
 
         try:
             ids = await (await self._batch_wire()).execute(build)
+            if isinstance(self._redis, RedisCluster) and all(_redirected(r) for r in ids):
+                # The whole batch met a node that no longer owns the slot, so none
+                # of it ran: find the owner again and send it there, once.
+                await self._reroute()
+                ids = await (await self._batch_wire()).execute(build)
             for reply in ids:
                 if isinstance(reply, Exception):
                     raise reply
@@ -118,3 +132,9 @@ class Producer:
 
 def _as_str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _redirected(reply: object) -> bool:
+    """A reply saying the command ran nowhere because this node does not own the slot."""
+    return isinstance(reply, ResponseError) and str(reply).split(" ", 1)[0] in ("MOVED", "ASK", "READONLY",
+                                                                               "CLUSTERDOWN", "TRYAGAIN")

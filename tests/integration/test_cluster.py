@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from typing import Any
 
 import pytest
@@ -141,15 +143,19 @@ async def test_the_client_follows_a_failover_of_the_slot_owner_and_loses_nothing
         (held,) = await take(c, 1)
         await asyncio.wait_for(c.recovery.listening.wait(), 10)
         replica = _replica_of(replicated_cluster, owner)
-        new_owner = f"{replica.connection_pool.connection_kwargs['host']}:{replica.connection_pool.connection_kwargs['port']}"
+        kw = replica.connection_pool.connection_kwargs
+        new_owner = f"{kw['host']}:{kw['port']}"
+        stale = RedisCluster(host=host, port=port)  # its slot map will be out of date
+        await stale.initialize()
         replica.execute_command("CLUSTER", "FAILOVER")  # manual: the replica catches up first, nothing lost
         await eventually(lambda: _is_master(replica), timeout=15)
         # The heartbeat's next write meets a redirect, and the client moves.
         await eventually(lambda: _true(c.node == new_owner), timeout=15)
         assert c.recovery.counts.get("topology_changes_total") == 1
         assert await c.done_stream(held.stream) is lbs.DoneStatus.DONE  # the lock came across
-        async with lbs.Producer(rc, service) as producer:
-            await producer.add_stream("after")
+        async with lbs.Producer(stale, service) as producer:  # a batch meets MOVED: re-routed once
+            assert len(await producer.add_streams(["after"])) == 1
+        await stale.aclose()
         (note,) = await take(c, 1, timeout=15)
         assert note.stream == "after" and note.retry_count == 0
         assert await c.done_stream("after") is lbs.DoneStatus.DONE
@@ -168,3 +174,97 @@ async def _is_master(r: redis.Redis) -> bool:
 
 async def _true(v: bool) -> bool:
     return v
+
+
+def _migrate_slot(cluster: RedisClusterServers, slot: int, source: str, target: tuple[str, int]) -> None:
+    """Move ``slot`` from master ``source`` (host:port) to ``target`` the classic way: IMPORTING /
+    MIGRATING, MIGRATE of every key (TTLs kept), then SETSLOT NODE on every master."""
+    shost, sport = source.rsplit(":", 1)
+    with redis.Redis(host=shost, port=int(sport)) as src, redis.Redis(host=target[0], port=target[1]) as dst:
+        src_id = src.execute_command("CLUSTER", "MYID").decode()
+        dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            src.execute_command("MIGRATE", target[0], target[1], "", 0, 5000, "KEYS", *keys)
+        for node in cluster.masters:
+            with redis.Redis(host=node.host, port=node.port) as r:
+                r.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+async def test_the_client_follows_a_migration_of_the_services_slot(
+        redis_cluster: RedisClusterServers, service: str) -> None:
+    stream = lbs.input_stream(service)
+    owner, target = _owner_and_other(redis_cluster, stream)
+    rc = RedisCluster(host=target[0], port=target[1])
+    c = _client(rc, service, "mover", lock_ttl=1.0)
+    try:
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_stream("held")
+        await c.start()
+        (held,) = await take(c, 1)
+        await asyncio.wait_for(c.recovery.listening.wait(), 10)
+        _migrate_slot(redis_cluster, key_slot(stream.encode()), owner, target)
+        await eventually(lambda: _true(c.node == f"{target[0]}:{target[1]}"), timeout=15)
+        assert await c.done_stream(held.stream) is lbs.DoneStatus.DONE  # the lock moved with its TTL
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_stream("after")
+        (note,) = await take(c, 1, timeout=15)
+        assert note.stream == "after"
+        assert await c.done_stream("after") is lbs.DoneStatus.DONE
+        with redis.Redis(host=target[0], port=target[1]) as r:
+            await eventually(lambda: _true(r.pubsub_numpat() >= 1), timeout=15)
+        assert (await rc.xpending(stream, lbs.group_name(service)))["pending"] == 0
+    finally:
+        await c.close()
+        await rc.aclose()
+
+
+HOLDER = """
+import asyncio, json, sys
+import lbs
+
+async def main(url, service):
+    cfg = lbs.Config(lock_ttl=0.5, read_block=0.1, recovery=False)
+    c = lbs.Client(url, service, "doomed", cfg, load_entrypoint_plugins=False)
+    await c.start()
+    async for note in c.notifications():
+        print(json.dumps({"stream": note.stream}), flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_kill_9_during_a_failover_is_recovered_by_the_scan(
+        replicated_cluster: RedisClusterServers, service: str) -> None:
+    stream = lbs.input_stream(service)
+    owner, (host, port) = _owner_and_other(replicated_cluster, stream)
+    rc = RedisCluster(host=host, port=port)
+    # The rescuer recovers by the scan alone: no keyspace events (a failover
+    # may drop them), no deadline poller.
+    rescuer = _client(rc, service, "rescuer", keyspace_recovery=False, deadline_poll_interval=3600.0,
+                      min_idle=1.2, reconciliation_interval=0.5)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLDER, f"redis+cluster://{host}:{port}",
+                                                service, stdout=asyncio.subprocess.PIPE)
+    try:
+        async with lbs.Producer(rc, service) as producer:
+            await producer.add_stream("victim")
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert json.loads(line) == {"stream": "victim"}
+        replica = _replica_of(replicated_cluster, owner)
+        proc.kill()  # kill -9 of the holder...
+        replica.execute_command("CLUSTER", "FAILOVER")  # ...while its slot's master fails over
+        await eventually(lambda: _is_master(replica), timeout=15)
+        await rescuer.start()
+        (note,) = await take(rescuer, 1, timeout=20)
+        assert note.stream == "victim" and note.retry_count == 1
+        assert rescuer.recovery.counts.get("recovery_scan_requeued_total", 0) >= 1
+        assert await rescuer.done_stream("victim") is lbs.DoneStatus.DONE
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        await rescuer.close()
+        await rc.aclose()
