@@ -43,6 +43,7 @@ from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer
 from .deadletters import DeadLetter, DeadLetterBackend
 from .reading import ReadStrategy
+from .sharding import ShardedClient, shard_of, shard_services
 from .sync import SyncClient
 
 try:
@@ -54,6 +55,9 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
+    "ShardedClient",
+    "shard_of",
+    "shard_services",
     "DeadLetter",
     "DeadLetterBackend",
     "ReadStrategy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Union
@@ -16,6 +17,7 @@ from . import _keys
 from ._connection import RedisLike, resolve_client, slot_owner
 from ._wire import Wire
 from .exceptions import RedisOperationError
+from .sharding import shard_of, shard_services
 
 #: One data stream to register: its name, or ``(name, info)``.
 StreamSpec = Union[str, "tuple[str, Mapping[str, Any] | None]"]
@@ -32,29 +34,43 @@ class Producer:
     which :meth:`close` gives back.
     """
 
-    def __init__(self, redis: RedisLike, service: str, *, cluster: bool = False) -> None:
+    def __init__(self, redis: RedisLike, service: str, *, cluster: bool = False, shards: int = 1) -> None:
         self.service = _keys.validate_service(service)
-        self.stream = _keys.input_stream(service)
+        self.shards = shards
+        #: The LBS of each shard (one: ``<service>-input``); see :mod:`lbs.sharding`.
+        self.streams = [_keys.input_stream(svc) for svc in shard_services(service, shards)]
+        self.stream = self.streams[0]
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
-        # On a cluster, batches go to the slot owner through a client of ours, made on first use.
-        self._node: aioredis.Redis | None = None
-        self._wire: Wire | None = None if isinstance(self._redis, RedisCluster) else Wire(self._redis)
+        # Batches go over the core's Wire: on one Redis, one; on a cluster, one per
+        # master owning a shard's slot, through a client of ours made on first use.
+        self._plain_wire: Wire | None = None if isinstance(self._redis, RedisCluster) else Wire(self._redis)
+        self._nodes: dict[str, tuple[aioredis.Redis, Wire]] = {}
 
-    async def _reroute(self) -> None:
+    def _stream_for(self, name: str) -> str:
+        return self.streams[shard_of(name, self.shards)] if self.shards > 1 else self.stream
+
+    async def _wire_for(self, stream: str) -> tuple[str, Wire]:
+        if self._plain_wire is not None:
+            return "", self._plain_wire
         assert isinstance(self._redis, RedisCluster)
-        if self._wire is not None:
-            await self._wire.close()
-        if self._node is not None:
-            await self._node.aclose()
-        self._node, self._wire = None, None
-        await self._redis.nodes_manager.initialize()
+        await self._redis.initialize()
+        node = self._redis.get_node_from_key(stream)
+        if node is None or node.name not in self._nodes:
+            client, name = await slot_owner(self._redis, stream)
+            if name in self._nodes:
+                await client.aclose()
+            else:
+                self._nodes[name] = (client, Wire(client))
+            return name, self._nodes[name][1]
+        return node.name, self._nodes[node.name][1]
 
-    async def _batch_wire(self) -> Wire:
-        if self._wire is None:
-            assert isinstance(self._redis, RedisCluster)
-            self._node, _ = await slot_owner(self._redis, self.stream)
-            self._wire = Wire(self._node)
-        return self._wire
+    async def _forget_routes(self) -> None:
+        for client, wire in self._nodes.values():
+            await wire.close()
+            await client.aclose()
+        self._nodes = {}
+        assert isinstance(self._redis, RedisCluster)
+        await self._redis.nodes_manager.initialize()
 
     async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
         """Register data stream ``name``; return the LBS entry id.
@@ -65,7 +81,7 @@ class Producer:
         """
         payload = encode_input(name, dict(info) if info is not None else None)
         try:
-            entry_id = await self._redis.xadd(self.stream, {_keys.INPUT_FIELD: payload})
+            entry_id = await self._redis.xadd(self._stream_for(name), {_keys.INPUT_FIELD: payload})
         except RedisError as exc:
             raise RedisOperationError("add_stream", exc) from exc
         return _as_str(entry_id)
@@ -78,28 +94,37 @@ class Producer:
         failure raises :class:`lbs.RedisOperationError`; part of the batch may
         then have been registered.
         """
-        payloads = []
+        payloads: list[tuple[str, bytes]] = []  # (the shard's LBS, payload), in order
         for spec in streams:
             if isinstance(spec, str):
                 name, info = spec, None
             else:
                 name, info = spec
-            payloads.append(encode_input(name, dict(info) if info is not None else None))
+            payloads.append((self._stream_for(name),
+                             encode_input(name, dict(info) if info is not None else None)))
         if not payloads:
             return []
-        stream, field = self.stream, _keys.INPUT_FIELD
-
-        def build(b: CommandBatch) -> None:
-            for payload in payloads:
-                b.command("XADD", stream, "*", field, payload)
-
         try:
-            ids = await (await self._batch_wire()).execute(build)
-            if isinstance(self._redis, RedisCluster) and all(_redirected(r) for r in ids):
-                # The whole batch met a node that no longer owns the slot, so none
-                # of it ran: find the owner again and send it there, once.
-                await self._reroute()
-                ids = await (await self._batch_wire()).execute(build)
+            # One batch per connection: all of it on one Redis; per slot owner on a cluster.
+            groups: dict[str, tuple[Wire, list[int]]] = {}
+            for k, (stream, _) in enumerate(payloads):
+                name, wire = await self._wire_for(stream)
+                groups.setdefault(name, (wire, []))[1].append(k)
+            ids: list[Any] = [None] * len(payloads)
+            results = await asyncio.gather(*(self._send(wire, [payloads[k] for k in ks])
+                                             for wire, ks in groups.values()))
+            for (_, ks), replies in zip(groups.values(), results):
+                for k, reply in zip(ks, replies):
+                    ids[k] = reply
+            if isinstance(self._redis, RedisCluster):
+                # A batch whose every reply is a redirect met a node that no longer
+                # owns its slot and ran nowhere: find the owners again, send it once more.
+                stale = [k for _, ks in groups.values() if all(_redirected(ids[k]) for k in ks) for k in ks]
+                if stale:
+                    await self._forget_routes()
+                    for k in stale:
+                        _, wire = await self._wire_for(payloads[k][0])
+                        (ids[k],) = await self._send(wire, [payloads[k]])
             for reply in ids:
                 if isinstance(reply, Exception):
                     raise reply
@@ -109,12 +134,24 @@ class Producer:
             raise RedisOperationError("add_streams", exc) from exc
         return [_as_str(i) for i in ids]
 
+    @staticmethod
+    async def _send(wire: Wire, items: list[tuple[str, bytes]]) -> list[Any]:
+        field = _keys.INPUT_FIELD
+
+        def build(b: CommandBatch) -> None:
+            for stream, payload in items:
+                b.command("XADD", stream, "*", field, payload)
+
+        return await wire.execute(build)
+
     async def close(self) -> None:
         """Give the batch connection back; close the Redis client if lbs opened it from a URL."""
-        if self._wire is not None:
-            await self._wire.close()
-        if self._node is not None:
-            await self._node.aclose()
+        if self._plain_wire is not None:
+            await self._plain_wire.close()
+        for client, wire in self._nodes.values():
+            await wire.close()
+            await client.aclose()
+        self._nodes = {}
         if self._owned:
             await self._redis.aclose()
 

@@ -1,0 +1,137 @@
+"""A sharded LBS: one service spread over several load-balancer streams.
+
+One LBS lives in one hash slot (every key of a service shares its tag), so
+one service's throughput is capped by one master. With ``shards=N`` a
+service has N LBS streams with distinct tags, which Redis Cluster spreads
+over its masters:
+
+* shard ``i`` of service ``s`` is the service ``s.i`` (``s.0`` ... ``s.N-1``),
+  except that with one shard it is ``s`` itself, the unsharded wire format;
+  each shard has its own locks, pending list, deadline index and dead-letter
+  stream, all under its own tag;
+* a producer sends a data stream to shard ``crc32(name) % N``, so the same
+  name always lands in the same shard (and any client, in any language, can
+  compute it);
+* a consumer (:class:`ShardedClient`) runs one :class:`lbs.Client` per shard
+  (reader, heartbeat, recovery each) and merges their notifications.
+
+Changing N loses nothing if done in this order: start consumers with
+``shards=max(old, new)``, so every shard that can hold work is read; switch
+the producers to the new N; once the shards past the new N are empty
+(XLEN and XPENDING 0), consumers may drop to the new N. While both layouts
+hold work, one data stream's assignments may sit in two shards at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import replace
+from typing import Any
+
+from ._connection import RedisLike, resolve_client
+from .client import Client, Handler
+from .config import Config
+from .exceptions import ConfigurationError, NotHeldError
+from .notifications import DoneStatus, Notification
+
+__all__ = ["ShardedClient", "shard_of", "shard_services"]
+
+
+def _check(shards: int) -> int:
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ConfigurationError(f"shards must be an integer >= 1, got {shards!r}")
+    return shards
+
+
+def shard_services(service: str, shards: int) -> list[str]:
+    """The service name of each shard: ``[service]`` for one shard, else ``service.0`` ... ``service.N-1``."""
+    return [service] if _check(shards) == 1 else [f"{service}.{i}" for i in range(shards)]
+
+
+def shard_of(name: str, shards: int) -> int:
+    """The shard a data stream named ``name`` is registered in: ``crc32(utf-8 name) % shards``."""
+    return zlib.crc32(name.encode()) % _check(shards)
+
+
+class ShardedClient:
+    """A consumer of every shard of a sharded service: one :class:`lbs.Client` per shard.
+
+    ``max_streams`` (and ``read_count``) of ``config`` are split over the
+    shards. Notifications of all shards come through :meth:`notifications`;
+    :meth:`done_stream` finds the shard holding the stream. Plugins are
+    registered in every shard's client.
+    """
+
+    def __init__(self, redis: RedisLike, service: str, consumer_id: str | None = None,
+                 config: Config | None = None, *, shards: int, plugins: Iterable[object] = (),
+                 load_entrypoint_plugins: bool = True, cluster: bool = False) -> None:
+        self.service = service
+        self.shards = _check(shards)
+        self._redis, self._owned = resolve_client(redis, cluster=cluster)
+        cfg = config if config is not None else Config()
+        per = max(1, -(-cfg.max_streams // self.shards))
+        cfg = replace(cfg, max_streams=per, read_count=max(1, min(cfg.read_count, per // 2 or 1)))
+        plugins = list(plugins)
+        self.clients = [Client(self._redis, svc, consumer_id, cfg, plugins=plugins,
+                               load_entrypoint_plugins=load_entrypoint_plugins)
+                        for svc in shard_services(service, self.shards)]
+        self._merged: asyncio.Queue[Notification | None] = asyncio.Queue()
+        self._pumps: list[asyncio.Task[None]] = []
+
+    @property
+    def held(self) -> int:
+        return sum(c.held for c in self.clients)
+
+    async def start(self) -> None:
+        await asyncio.gather(*(c.start() for c in self.clients))
+
+    async def _pump(self, c: Client) -> None:
+        async for note in c.notifications():
+            await self._merged.put(note)
+        await self._merged.put(None)
+
+    async def notifications(self) -> AsyncIterator[Notification]:
+        """Every shard's notifications, as they come; ends when every shard's client is closed."""
+        if not self._pumps:
+            self._pumps = [asyncio.create_task(self._pump(c)) for c in self.clients]
+        ended = 0
+        while ended < len(self.clients):
+            note = await self._merged.get()
+            if note is None:
+                ended += 1
+                continue
+            yield note
+
+    def _holder(self, stream: str, entry_id: str | None) -> Client:
+        first = shard_of(stream, self.shards)
+        for c in [self.clients[first], *self.clients[:first], *self.clients[first + 1:]]:
+            if c._find(stream, entry_id) is not None:
+                return c
+        raise NotHeldError(f"data stream {stream!r} is not held by any shard of {self.service!r}")
+
+    async def done_stream(self, stream: str, entry_id: str | None = None) -> DoneStatus:
+        """Finish a held data stream in whichever shard holds it (see :meth:`lbs.Client.done_stream`)."""
+        return await self._holder(stream, entry_id).done_stream(stream, entry_id)
+
+    async def run(self, handler: Handler | None = None, concurrency: int | None = None) -> None:
+        """:meth:`lbs.Client.run` on every shard; returns once all are closed."""
+        per = None if concurrency is None else max(1, -(-concurrency // self.shards))
+        await asyncio.gather(*(c.run(handler, per) for c in self.clients))
+
+    async def close(self) -> None:
+        """Close every shard's client (each hands its streams back); then the Redis client, if lbs opened it."""
+        await asyncio.gather(*(c.close() for c in self.clients))
+        for pump in self._pumps:
+            await pump
+        self._pumps = []
+        if self._owned:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> ShardedClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()

@@ -1,0 +1,117 @@
+"""A sharded LBS: routing by name, every shard read, exactly once, spread over a cluster's masters."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+import lbs
+from lbs.embedded import RedisClusterServers
+
+
+def test_shard_names_and_routing_are_stable() -> None:
+    assert lbs.shard_services("svc", 1) == ["svc"]  # one shard: the unsharded wire format
+    assert lbs.shard_services("svc", 3) == ["svc.0", "svc.1", "svc.2"]
+    assert lbs.shard_of("session-42", 6) == zlib.crc32(b"session-42") % 6
+    assert all(lbs.shard_of(f"n{i}", 1) == 0 for i in range(10))
+    with pytest.raises(lbs.ConfigurationError, match="shards"):
+        lbs.shard_services("svc", 0)
+
+
+async def _drain(client: lbs.ShardedClient, n: int, timeout: float = 20.0) -> Counter[str]:
+    seen: Counter[str] = Counter()
+
+    async def handle(note: lbs.Notification) -> None:
+        seen[note.stream] += 1
+
+    runner = asyncio.create_task(client.run(handle))
+    try:
+        async def finished() -> None:
+            while sum(c.stats.finished for c in client.clients) < n:
+                await asyncio.sleep(0.02)  # finished counts have no event to await across shards
+        await asyncio.wait_for(finished(), timeout)
+    finally:
+        await client.close()
+        await runner
+    return seen
+
+
+async def test_three_shards_on_one_redis(redis_server: Any, service: str, r: Any) -> None:
+    names = [f"s{i}" for i in range(60)]
+    async with lbs.Producer(redis_server.url, service, shards=3) as producer:
+        await producer.add_streams(names)
+    lengths = [await r.xlen(lbs.input_stream(svc)) for svc in lbs.shard_services(service, 3)]
+    assert sum(lengths) == 60 and all(n > 0 for n in lengths)
+    for i, svc in enumerate(lbs.shard_services(service, 3)):
+        for _, fields in await r.xrange(lbs.input_stream(svc)):
+            (name, _info, _) = lbs.try_decode_input(fields[b"lbs-input"])
+            assert lbs.shard_of(name, 3) == i
+    c = lbs.ShardedClient(redis_server.url, service, "c", lbs.Config(read_block=0.1), shards=3,
+                          load_entrypoint_plugins=False)
+    seen = await _drain(c, 60)  # run() starts the shards' clients
+    assert seen == Counter({n: 1 for n in names})
+    for svc in lbs.shard_services(service, 3):
+        assert await r.xlen(lbs.input_stream(svc)) == 0
+
+
+def _spread_service(cluster: RedisClusterServers, base: str, shards: int) -> str:
+    """A service name whose shards' slots fall on every master."""
+    with cluster.client() as c:
+        for attempt in range(100):
+            service = f"{base}-{attempt}"
+            owners = {c.get_node_from_key(lbs.input_stream(svc)).name for svc in lbs.shard_services(service, shards)}
+            if len(owners) == len(cluster.masters):
+                return service
+    raise AssertionError("no spread service name found")
+
+
+def _evalsha_calls(cluster: RedisClusterServers) -> dict[str, int]:
+    out = {}
+    for node in cluster.masters:
+        with redis.Redis(host=node.host, port=node.port) as r:
+            stats = r.info("commandstats")
+            out[f"{node.host}:{node.port}"] = int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return out
+
+
+async def test_six_shards_on_three_masters_deliver_exactly_once_and_spread(
+        redis_cluster: RedisClusterServers, service: str) -> None:
+    service = _spread_service(redis_cluster, service, 6)
+    url = f"redis+cluster://{redis_cluster.nodes[0].host}:{redis_cluster.nodes[0].port}"
+    names = [f"d{i}" for i in range(120)]
+    before = _evalsha_calls(redis_cluster)
+    async with lbs.Producer(url, service, shards=6) as producer:
+        await producer.add_streams(names)
+    slots = {key_slot(lbs.input_stream(svc).encode()) for svc in lbs.shard_services(service, 6)}
+    assert len(slots) == 6
+    c = lbs.ShardedClient(url, service, "c", lbs.Config(read_block=0.1), shards=6, load_entrypoint_plugins=False)
+    seen = await _drain(c, 120)
+    assert seen == Counter({n: 1 for n in names})
+    assert len({sub.node for sub in c.clients}) == 3  # the shards' owners: every master
+    after = _evalsha_calls(redis_cluster)
+    assert all(after[node] > before[node] for node in after)  # reads and completions on every master
+
+
+async def test_notifications_of_every_shard_and_done_in_the_right_one(redis_server: Any, service: str) -> None:
+    names = ["a", "b", "c", "d", "e", "f"]
+    async with lbs.Producer(redis_server.url, service, shards=2) as producer:
+        await producer.add_streams(names)
+    assert {lbs.shard_of(n, 2) for n in names} == {0, 1}  # both shards hold work
+    async with lbs.ShardedClient(redis_server.url, service, "c", lbs.Config(read_block=0.1), shards=2,
+                                 load_entrypoint_plugins=False) as c:
+        got = []
+        async for note in c.notifications():
+            if note.type is lbs.NotificationType.STREAM_ADDED:
+                got.append(note.stream)
+                assert await c.done_stream(note.stream) is lbs.DoneStatus.DONE
+                if len(got) == len(names):
+                    break
+        assert sorted(got) == names and c.held == 0
+        with pytest.raises(lbs.NotHeldError):
+            await c.done_stream("a")
