@@ -42,6 +42,7 @@ from .hookspecs import hookimpl
 from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer
 from .deadletters import DeadLetter, DeadLetterBackend
+from ._connection import ClusterMode
 from .reading import ReadStrategy
 from .sharding import ShardedClient, shard_of, shard_services
 from .sync import SyncClient
@@ -55,6 +56,7 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
+    "ClusterMode",
     "ShardedClient",
     "shard_of",
     "shard_services",

@@ -12,6 +12,7 @@ subscription all land on the owner, where the lock keys expire.
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 from collections.abc import Iterable
 from typing import Any, Union
@@ -28,12 +29,24 @@ RedisLike = Union["aioredis.Redis", "RedisCluster", str]
 _CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
 
 
-def resolve_client(redis: RedisLike, *, cluster: bool = False) -> tuple[aioredis.Redis | RedisCluster, bool]:
+class ClusterMode(enum.Enum):
+    """How lbs reaches Redis (the ``cluster`` argument of Client, Producer and ShardedClient)."""
+
+    #: One endpoint: a single Redis, or a proxy in front of many (Redis Enterprise). The default.
+    NONE = "none"
+    #: Redis OSS Cluster: lbs finds the master owning each service's slot and follows it.
+    OSS = "oss"
+
+
+def resolve_client(redis: RedisLike, *, cluster: bool | ClusterMode = ClusterMode.NONE
+                   ) -> tuple[aioredis.Redis | RedisCluster, bool]:
     """Return ``(client, owned)``; ``owned`` clients are closed by lbs.
 
     A URL opens a cluster client when its scheme is ``redis+cluster://``
-    (``rediss+cluster://``) or ``cluster`` is true.
+    (``rediss+cluster://``) or ``cluster`` is ``ClusterMode.OSS`` (or True).
+    A client object says what it is: a ``RedisCluster`` is a cluster.
     """
+    cluster = cluster is True or cluster is ClusterMode.OSS
     if isinstance(redis, str):
         for scheme, plain in _CLUSTER_SCHEMES.items():
             if redis.startswith(scheme):

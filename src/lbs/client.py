@@ -39,7 +39,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, Shape, try_decode_input
 
 from . import _keys
-from ._connection import RedisLike, cancel_and_wait, execute, first_node_client, resolve_client, slot_owner
+from ._connection import (ClusterMode, RedisLike, cancel_and_wait, execute, first_node_client, resolve_client,
+                          slot_owner)
 from ._eager import start_task
 from ._scripts import DoneCode, RequeueCode, Scripts
 from ._wire import Wire
@@ -136,7 +137,7 @@ class Client:
         *,
         plugins: Iterable[object] = (),
         load_entrypoint_plugins: bool = True,
-        cluster: bool = False,
+        cluster: bool | ClusterMode = ClusterMode.NONE,
     ) -> None:
         self.service = _keys.validate_service(service)
         if config is not None and not isinstance(config, Config):

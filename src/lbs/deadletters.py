@@ -153,7 +153,8 @@ class Forwarder:
             raise
         ids = [letter.id for letter in letters]
         if c._use_xackdel:
-            await c._redis.execute_command("XACKDEL", self.key, self.group, "IDS", len(ids), *ids)  # type: ignore[no-untyped-call]
+            await c._redis.execute_command(  # type: ignore[no-untyped-call]
+                "XACKDEL", self.key, self.group, "IDS", len(ids), *ids)
         else:
             pipe = c._redis.pipeline(transaction=True)
             pipe.xack(self.key, self.group, *ids)

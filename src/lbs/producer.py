@@ -14,7 +14,7 @@ from redis.exceptions import RedisError, ResponseError
 from _lbscore import CommandBatch, encode_input
 
 from . import _keys
-from ._connection import RedisLike, resolve_client, slot_owner
+from ._connection import ClusterMode, RedisLike, resolve_client, slot_owner
 from ._wire import Wire
 from .exceptions import RedisOperationError
 from .sharding import shard_of, shard_services
@@ -34,7 +34,8 @@ class Producer:
     which :meth:`close` gives back.
     """
 
-    def __init__(self, redis: RedisLike, service: str, *, cluster: bool = False, shards: int = 1) -> None:
+    def __init__(self, redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
+                 shards: int = 1) -> None:
         self.service = _keys.validate_service(service)
         self.shards = shards
         #: The LBS of each shard (one: ``<service>-input``); see :mod:`lbs.sharding`.

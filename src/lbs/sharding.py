@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
-from ._connection import RedisLike, resolve_client
+from ._connection import ClusterMode, RedisLike, resolve_client
 from .client import Client, Handler
 from .config import Config
 from .exceptions import ConfigurationError, NotHeldError
@@ -66,7 +66,7 @@ class ShardedClient:
 
     def __init__(self, redis: RedisLike, service: str, consumer_id: str | None = None,
                  config: Config | None = None, *, shards: int, plugins: Iterable[object] = (),
-                 load_entrypoint_plugins: bool = True, cluster: bool = False) -> None:
+                 load_entrypoint_plugins: bool = True, cluster: bool | ClusterMode = ClusterMode.NONE) -> None:
         self.service = service
         self.shards = _check(shards)
         self._redis, self._owned = resolve_client(redis, cluster=cluster)

@@ -268,3 +268,33 @@ async def test_kill_9_during_a_failover_is_recovered_by_the_scan(
         await proc.wait()
         await rescuer.close()
         await rc.aclose()
+
+
+async def test_keyspace_events_on_the_owner_recover_a_stopped_consumers_stream(
+        redis_cluster: RedisClusterServers, service: str) -> None:
+    # The deadline poller off: only the expired event, delivered on the slot's
+    # owner (which the client reached through another node), can bring it back.
+    owner, (host, port) = _owner_and_other(redis_cluster, lbs.input_stream(service))
+    url = f"redis://{host}:{port}"
+    oss = lbs.ClusterMode.OSS  # a plain URL of one node, and the mode saying it is a cluster
+    dier = lbs.Client(url, service, "dier", lbs.Config(read_block=0.1, lock_ttl=0.5, recovery=False),
+                      load_entrypoint_plugins=False, cluster=oss)
+    rescuer = lbs.Client(url, service, "rescuer",
+                         lbs.Config(read_block=0.1, lock_ttl=0.5, deadline_poll_interval=3600.0),
+                         load_entrypoint_plugins=False, cluster=oss)
+    try:
+        async with lbs.Producer(url, service, cluster=oss) as producer:
+            await producer.add_stream("y")
+        await dier.start()
+        (held,) = await take(dier, 1)
+        await cancel_and_wait([dier._heartbeat, dier._reader])
+        await rescuer.start()
+        assert rescuer.node == owner
+        await asyncio.wait_for(rescuer.recovery.listening.wait(), 10)
+        (back,) = await take(rescuer, 1, timeout=20)
+        assert back.stream == "y" and back.retry_count == 1
+        assert rescuer.recovery.counts.get("recovery_keyspace_requeued_total") == 1
+        assert rescuer.recovery.counts.get("recovery_deadline_requeued_total") is None
+    finally:
+        await rescuer.close()
+        await dier.close()
