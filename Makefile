@@ -40,7 +40,7 @@ setup: $(STAMP)
 $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	$(PY) -m pip install --quiet --no-build-isolation $(addprefix -e ./,$(PLUGINS))
 	@touch $@
 
