@@ -1,4 +1,4 @@
-"""The PySpark data source ``lbs`` (extra ``lbs[spark]``): the sink, for now.
+"""The PySpark data source ``lbs`` (extra ``lbs[spark]``): the sink and the batch reader.
 
 ``import lbs`` never imports this module; ``import lbs.spark`` needs pyspark
 >= 4.0 and pyarrow. Register the source once per session::
@@ -6,6 +6,14 @@
     from lbs.spark import LbsDataSource
     spark.dataSource.register(LbsDataSource)
     df.write.format("lbs").option("url", "redis://...").option("service", "orders").mode("append").save()
+
+**Batch reader** (``spark.read.format("lbs")``): option ``streams``
+(comma-separated), ``pattern`` (a SCAN match), or ``source`` (``lbs`` or
+``dlq``) with ``service``. Rows are ``stream, id, fields`` (a map), or the
+columns of a given schema (``stream``, ``id`` and fields by name, cast to
+simple types). One partition per stream, or per ID range of
+``splitEntries`` entries; every range ends at the newest id when the read
+was planned, so a retried task reads the same rows.
 
 **Sink.** Rows name a data stream (column ``stream``, or option
 ``streamColumn``) and carry its payload columns, which become the entry's
@@ -50,16 +58,29 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
+    DataSourceReader,
     DataSourceStreamArrowWriter,
     DataSourceWriter,
+    InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from . import _keys
 from .exceptions import ConfigurationError
 
-__all__ = ["LbsDataSource"]
+__all__ = ["LbsDataSource", "default_schema"]
 
 log = logging.getLogger("lbs.spark")
 
@@ -295,12 +316,139 @@ class LbsStreamWriter(DataSourceStreamArrowWriter):
         self.core.register(_commits(messages), str(batchId), idmp=bool(self.core.opts.run_tag))
 
 
+# ----------------------------------------------------------------- reader ---
+
+def default_schema() -> StructType:
+    """``stream string, id string, fields map<string, string>``: what a read gives without a schema."""
+    return StructType([StructField("stream", StringType(), False), StructField("id", StringType(), False),
+                       StructField("fields", MapType(StringType(), StringType()), True)])
+
+
+@dataclass(frozen=True)
+class StreamRange(InputPartition):
+    """One stream's entries from ``start`` to ``end`` (inclusive), fixed when the read was planned."""
+
+    stream: str
+    start: str
+    end: str
+
+
+_CASTS: dict[type, Any] = {LongType: int, IntegerType: int, DoubleType: float, FloatType: float,
+                           BooleanType: lambda v: v.lower() in ("true", "1"), StringType: str}
+
+
+def _cast(value: str | None, kind: DataType) -> Any:
+    if value is None:
+        return None
+    try:
+        return _CASTS.get(type(kind), str)(value)
+    except ValueError:
+        return None  # a field that is not a number where the schema says number: null
+
+
+class LbsReader(DataSourceReader):
+    """Batch reader: one partition per stream (or per ID range of a big one), ends fixed at planning."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        opts = {k.lower(): v for k, v in options.items()}
+        if not opts.get("url"):
+            raise ConfigurationError("the lbs source needs option 'url'")
+        self.url = opts["url"]
+        self.schema = schema
+        self.streams = [s.strip() for s in opts.get("streams", "").split(",") if s.strip()]
+        self.pattern = opts.get("pattern")
+        source = opts.get("source")
+        if source is not None:
+            service = opts.get("service")
+            if not service:
+                raise ConfigurationError("option 'source' needs option 'service'")
+            if source.lower() == "lbs":
+                self.streams.append(_keys.input_stream(service))
+            elif source.lower() in ("dlq", "dead-letters"):
+                self.streams.append(_keys.dead_letter_stream(service))
+            else:
+                raise ConfigurationError(f"option 'source' must be 'lbs' or 'dlq', got {source!r}")
+        if not self.streams and not self.pattern:
+            raise ConfigurationError("the lbs source needs option 'streams' (comma-separated), 'pattern', "
+                                     "or 'source' ('lbs' or 'dlq') with 'service'")
+        self.split_entries = int(opts.get("splitentries", "0") or 0)
+        self.page = 1_000
+
+    def partitions(self) -> list[StreamRange]:
+        r: Any = redis.Redis.from_url(self.url)
+        try:
+            names = list(self.streams)
+            if self.pattern:
+                names += sorted(k.decode() for k in r.scan_iter(match=self.pattern, count=1000, _type="stream"))
+            out: list[StreamRange] = []
+            for name in dict.fromkeys(names):
+                newest = r.xrevrange(name, "+", "-", count=1)
+                if not newest:
+                    continue  # no such stream, or empty: nothing to read
+                end = newest[0][0].decode()
+                if self.split_entries > 0 and r.xlen(name) > self.split_entries:
+                    out += self._split(r, name, end)
+                else:
+                    out.append(StreamRange(name, "-", end))
+            return out
+        finally:
+            r.close()
+
+    def _split(self, r: Any, name: str, end: str) -> list[StreamRange]:
+        """ID ranges of about ``splitEntries`` entries each (the driver reads the ids once)."""
+        bounds, start = [], "-"
+        while True:
+            page = r.xrange(name, start, end, count=self.split_entries + 1)
+            if len(page) <= self.split_entries:
+                bounds.append((start, end))
+                return [StreamRange(name, a, b) for a, b in bounds]
+            last = page[self.split_entries - 1][0].decode()
+            bounds.append((start, last))
+            start = "(" + last
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, StreamRange)
+        names = [f.name for f in self.schema.fields]
+        kinds = {f.name: f.dataType for f in self.schema.fields}
+        r: Any = redis.Redis.from_url(self.url)
+        try:
+            start = partition.start
+            while True:
+                page = r.xrange(partition.stream, start, partition.end, count=self.page)
+                for raw_id, raw in page:
+                    entry_id = raw_id.decode()
+                    fields = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in raw.items()}
+                    row: list[Any] = []
+                    for n in names:
+                        if n == "stream":
+                            row.append(partition.stream)
+                        elif n == "id":
+                            row.append(entry_id)
+                        elif n == "fields":
+                            row.append(fields)
+                        else:
+                            row.append(_cast(fields.get(n), kinds[n]))
+                    yield tuple(row)
+                if len(page) < self.page:
+                    return
+                start = "(" + page[-1][0].decode()
+        finally:
+            r.close()
+
+
 class LbsDataSource(DataSource):
-    """The data source ``lbs``: ``df.write.format("lbs")`` and ``df.writeStream.format("lbs")``."""
+    """The data source ``lbs``: ``spark.read.format("lbs")``, ``df.write.format("lbs")`` and
+    ``df.writeStream.format("lbs")``."""
 
     @classmethod
     def name(cls) -> str:
         return "lbs"
+
+    def schema(self) -> StructType:
+        return default_schema()
+
+    def reader(self, schema: StructType) -> LbsReader:
+        return LbsReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:

@@ -96,3 +96,44 @@ def test_a_retried_task_writes_no_duplicates_on_8_6_and_documented_ones_on_7(
             assert total == 4_000 + 2 * 500  # at-least-once: each retried partition re-sent its 500
         assert _lbs_names(r, service) == sorted(streams)
         r.delete(*streams)
+
+
+def _seed(url: str, service: str) -> list[str]:
+    names = [f"{service}-r{i}" for i in range(3)]
+    with redis.Redis.from_url(url) as r:
+        for k, name in enumerate(names):
+            for j in range(10 * (k + 1)):
+                r.xadd(name, {"n": str(j), "who": name})
+    return names
+
+
+def test_the_reader_gives_exact_rows_for_a_list_and_a_pattern(spark: Any, redis_server: Any, service: str) -> None:
+    names = _seed(redis_server.url, service)
+    df = spark.read.format("lbs").option("url", redis_server.url).option("streams", ",".join(names)).load()
+    assert df.schema.names == ["stream", "id", "fields"]
+    rows = df.collect()
+    assert len(rows) == 10 + 20 + 30 and df.rdd.getNumPartitions() == 3
+    with redis.Redis.from_url(redis_server.url) as r:
+        expected = {(name, i.decode(), f[b"n"].decode()) for name in names for i, f in r.xrange(name)}
+    assert {(row.stream, row.id, row.fields["n"]) for row in rows} == expected
+    # A pattern, a typed schema, and a big stream split into ID ranges of 8 entries.
+    typed = (spark.read.format("lbs").schema("stream string, id string, n long")
+             .option("url", redis_server.url).option("pattern", f"{service}-r*").option("splitEntries", "8").load())
+    assert typed.rdd.getNumPartitions() == 2 + 3 + 4  # 10, 20, 30 entries in ranges of 8
+    assert sorted(r.n for r in typed.filter(typed.stream == names[2]).collect()) == list(range(30))
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.delete(*names)
+
+
+def test_the_dead_letter_stream_is_readable(spark: Any, redis_server: Any, service: str) -> None:
+    with redis.Redis.from_url(redis_server.url) as r:
+        r.xadd(lbs.dead_letter_stream(service), {"_reason": "poison", "_failed_id": "1-0", "lbs-input": "{}"})
+    df = (spark.read.format("lbs").schema("stream string, id string, _reason string")
+          .option("url", redis_server.url).option("source", "dlq").option("service", service).load())
+    ((stream, _id, reason),) = [tuple(r) for r in df.collect()]
+    assert stream == lbs.dead_letter_stream(service) and reason == "poison"
+
+
+def test_the_reader_needs_something_to_read(spark: Any, redis_server: Any) -> None:
+    with pytest.raises(Exception, match="needs option 'streams'"):
+        spark.read.format("lbs").option("url", redis_server.url).load().collect()
