@@ -20,6 +20,8 @@ from typing import Any, Union
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
+from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyError, ResponseError, TryAgainError
+
 from .exceptions import ConfigurationError
 
 #: What the public API accepts as ``redis``: a redis.asyncio client, a
@@ -62,7 +64,7 @@ def resolve_client(redis: RedisLike, *, cluster: bool | ClusterMode = ClusterMod
     )
 
 
-def _node_client(node: ClusterNode) -> aioredis.Redis:
+def node_client(node: ClusterNode) -> aioredis.Redis:
     """A plain client for one cluster node, with the node's connection settings."""
     accepted = set(inspect.signature(node.connection_class.__init__).parameters)
     kwargs = {k: v for k, v in node.connection_kwargs.items() if k in accepted}
@@ -73,18 +75,44 @@ def _node_client(node: ClusterNode) -> aioredis.Redis:
 def first_node_client(cluster: RedisCluster) -> aioredis.Redis:
     """A plain client for the cluster's first startup node (no I/O; routed later)."""
     node = next(iter(cluster.nodes_manager.startup_nodes.values()))
-    return _node_client(node)
+    return node_client(node)
 
 
-async def slot_owner(cluster: RedisCluster, key: str, *, refresh: bool = False) -> tuple[aioredis.Redis, str]:
-    """A plain client for the master that owns ``key``'s slot, and that master's ``host:port``."""
+async def owner_node(cluster: RedisCluster, key: str, *, refresh: bool = False) -> ClusterNode:
+    """The master that owns ``key``'s slot (the slot map read once, or again with ``refresh``)."""
     await cluster.initialize()  # once: topology and the command parser
     if refresh:
         await cluster.nodes_manager.initialize()
     node = cluster.get_node_from_key(key)
     if node is None:
         raise ConfigurationError(f"no cluster node owns the slot of {key!r}")
-    return _node_client(node), node.name
+    return node
+
+
+async def slot_owner(cluster: RedisCluster, key: str, *, refresh: bool = False) -> tuple[aioredis.Redis, str]:
+    """A plain client for the master that owns ``key``'s slot, and that master's ``host:port``."""
+    node = await owner_node(cluster, key, refresh=refresh)
+    return node_client(node), node.name
+
+
+#: Replies of a node that does not (or cannot now) serve the key's slot: the command ran nowhere.
+_REDIRECTS = ("MOVED", "ASK", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
+
+
+def redirected(reply: object) -> bool:
+    """Whether ``reply`` (an error value or a raised exception) says the command ran nowhere
+    because this node does not own the slot now."""
+    if isinstance(reply, (MovedError, AskError, ClusterDownError, TryAgainError, ReadOnlyError)):
+        return True  # redis-py's own parse of the redirects (its message drops the prefix)
+    return isinstance(reply, ResponseError) and str(reply).split(" ", 1)[0].upper() in _REDIRECTS
+
+
+def parse_version(raw: object) -> tuple[int, ...]:
+    """``"8.6.3"`` -> ``(8, 6, 3)``; ``()`` when it is not a dotted version."""
+    try:
+        return tuple(int(p) for p in str(raw).split("."))
+    except ValueError:
+        return ()
 
 
 async def execute(pipe: Any) -> list[Any]:

@@ -32,15 +32,14 @@ import pluggy
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyError, RedisError, ResponseError
-from redis.exceptions import TryAgainError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, Shape, try_decode_input
 
 from . import _keys
-from ._connection import (ClusterMode, RedisLike, cancel_and_wait, execute, first_node_client, resolve_client,
-                          slot_owner)
+from ._connection import (ClusterMode, RedisLike, cancel_and_wait, execute, first_node_client, parse_version,
+                          redirected, resolve_client, slot_owner)
 from ._eager import start_task
 from ._scripts import DoneCode, RequeueCode, Scripts
 from ._wire import Wire
@@ -382,11 +381,7 @@ class Client:
 
     async def _detect_features(self) -> None:
         info = await self._redis.info("server")
-        raw = str(info.get("redis_version", "0"))
-        try:
-            self.server_version = tuple(int(p) for p in raw.split("."))
-        except ValueError:
-            self.server_version = ()
+        self.server_version = parse_version(info.get("redis_version", "0"))
         self._use_xackdel = self.server_version >= (8, 2)
 
     async def _configure_keyspace_events(self) -> None:
@@ -1237,15 +1232,8 @@ def _text(v: Any) -> str:
 TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
-_TOPOLOGY_REPLIES = ("MOVED", "ASK", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
-
-
 def _topology_error(exc: BaseException) -> bool:
     """Whether ``exc`` may mean the slot's owner changed (or is unreachable)."""
     if isinstance(exc, RedisOperationError) and exc.cause is not None:
         exc = exc.cause
-    if isinstance(exc, (MovedError, AskError, ClusterDownError, TryAgainError, ReadOnlyError)):
-        return True  # redis-py's own parse of the redirects (its message drops the prefix)
-    if isinstance(exc, ResponseError):
-        return str(exc).split(" ", 1)[0].upper() in _TOPOLOGY_REPLIES
-    return isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
+    return redirected(exc) or isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))

@@ -9,12 +9,12 @@ from typing import Any, Union
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from _lbscore import CommandBatch, encode_input
 
 from . import _keys
-from ._connection import ClusterMode, RedisLike, resolve_client, slot_owner
+from ._connection import ClusterMode, RedisLike, node_client, owner_node, redirected, resolve_client
 from ._wire import Wire
 from .exceptions import RedisOperationError
 from .sharding import shard_of, shard_services
@@ -54,15 +54,10 @@ class Producer:
         if self._plain_wire is not None:
             return "", self._plain_wire
         assert isinstance(self._redis, RedisCluster)
-        await self._redis.initialize()
-        node = self._redis.get_node_from_key(stream)
-        if node is None or node.name not in self._nodes:
-            client, name = await slot_owner(self._redis, stream)
-            if name in self._nodes:
-                await client.aclose()
-            else:
-                self._nodes[name] = (client, Wire(client))
-            return name, self._nodes[name][1]
+        node = await owner_node(self._redis, stream)
+        if node.name not in self._nodes:
+            client = node_client(node)
+            self._nodes[node.name] = (client, Wire(client))
         return node.name, self._nodes[node.name][1]
 
     async def _forget_routes(self) -> None:
@@ -120,7 +115,7 @@ class Producer:
             if isinstance(self._redis, RedisCluster):
                 # A batch whose every reply is a redirect met a node that no longer
                 # owns its slot and ran nowhere: find the owners again, send it once more.
-                stale = [k for _, ks in groups.values() if all(_redirected(ids[k]) for k in ks) for k in ks]
+                stale = [k for _, ks in groups.values() if all(redirected(ids[k]) for k in ks) for k in ks]
                 if stale:
                     await self._forget_routes()
                     for k in stale:
@@ -171,8 +166,3 @@ class Producer:
 def _as_str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
-
-def _redirected(reply: object) -> bool:
-    """A reply saying the command ran nowhere because this node does not own the slot."""
-    return isinstance(reply, ResponseError) and str(reply).split(" ", 1)[0] in ("MOVED", "ASK", "READONLY",
-                                                                               "CLUSTERDOWN", "TRYAGAIN")

@@ -78,6 +78,7 @@ from pyspark.sql.types import (
 )
 
 from . import _keys
+from ._connection import parse_version
 from .exceptions import ConfigurationError
 
 __all__ = ["LbsDataSource", "default_schema"]
@@ -160,8 +161,8 @@ def _commits(messages: list[WriterCommitMessage | None]) -> list[SinkCommit | No
 
 def _server_version(r: redis.Redis) -> tuple[int, ...]:
     try:
-        return tuple(int(p) for p in str(r.info("server").get("redis_version", "0")).split("."))
-    except (ValueError, redis.RedisError):
+        return parse_version(r.info("server").get("redis_version", "0"))
+    except redis.RedisError:
         return ()
 
 
