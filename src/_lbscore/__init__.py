@@ -19,6 +19,8 @@ from ._core import (
     pack_command,
     pack_commands,
     try_decode_input,
+    XaddRoute,
+    encode_xadds,
 )
 
 __all__ = [
@@ -36,4 +38,6 @@ __all__ = [
     "pack_command",
     "pack_commands",
     "try_decode_input",
+    "XaddRoute",
+    "encode_xadds",
 ]

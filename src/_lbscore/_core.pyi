@@ -155,3 +155,18 @@ class RespReader:
     def gets_entries(self, parser: EntryParser, shape: int = ...) -> Any: ...
     @property
     def buffered(self) -> int: ...
+
+class XaddRoute:
+    """Where one data stream's rows go (its node's batch) and its IDMP chunking."""
+
+    batch: CommandBatch
+    stream: str
+    size: int
+    pid_prefix: bytes
+    count: int
+    def __init__(self, batch: CommandBatch, stream: str, size: int = 0, pid_prefix: bytes = b"") -> None: ...
+
+def encode_xadds(
+    streams: list[Any], names: list[str], columns: list[list[Any]], routes: dict[Any, XaddRoute],
+    start: int = 0, stop: int = -1,
+) -> int: ...

@@ -12,6 +12,7 @@ include "entries.pyx"
 include "reader.pyx"
 include "pipeline.pyx"
 include "held.pyx"
+include "xadds.pyx"
 
 #: True when this module was built with LBS_DEBUG=1 (invariant checks on).
 DEBUG_BUILD = bool(LBS_DEBUG)

@@ -1,0 +1,149 @@
+"""Options of the ``lbs`` data source: parsing, validation, and the Redis connection they describe.
+
+Spark hands options over as strings with lowercased keys; every reader and
+writer parses them here, into frozen dataclasses that pickle to executors.
+Connections are opened from those settings inside ``read()`` / ``write()``
+/ ``commit()``, never pickled.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+
+from .._connection import parse_version
+from ..exceptions import ConfigurationError
+
+_CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
+#: Options passed to redis-py as they are (TLS files and checks).
+_SSL_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+
+
+def lowered(options: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in options.items()}
+
+
+def flag(opts: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise ConfigurationError(f"option {name!r} must be true or false, got {raw!r}")
+
+
+def number(opts: Mapping[str, str], name: str, *, minimum: int = 1) -> int | None:
+    raw = opts.get(name.lower())
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"option {name!r} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigurationError(f"option {name!r} must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where Redis is, the way :class:`lbs.Client` takes it.
+
+    Option ``url`` (``redis://``, ``rediss://`` for TLS, ``redis+cluster://``
+    or ``rediss+cluster://`` for Redis Cluster), ``cluster`` (``none``, the
+    default, or ``oss``), ``username`` / ``password`` (override the URL's,
+    and keep secrets out of it), and redis-py's TLS settings ``ssl_ca_certs``,
+    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``, ``ssl_check_hostname``.
+    """
+
+    url: str
+    cluster: bool = False
+    username: str | None = None
+    password: str | None = None
+    ssl: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def parse(cls, opts: Mapping[str, str], what: str = "the lbs source") -> Connection:
+        url = opts.get("url")
+        if not url:
+            raise ConfigurationError(f"{what} needs option 'url' (redis://host:port, rediss://, redis+cluster://)")
+        cluster = False
+        for scheme, plain in _CLUSTER_SCHEMES.items():
+            if url.startswith(scheme):
+                url, cluster = plain + url[len(scheme):], True
+        mode = (opts.get("cluster") or "none").lower()
+        if mode not in ("none", "oss", "true", "false"):
+            raise ConfigurationError(f"option 'cluster' must be 'none' or 'oss', got {opts['cluster']!r}")
+        cluster = cluster or mode in ("oss", "true")
+        ssl = tuple((k, opts[k]) for k in _SSL_OPTIONS if opts.get(k))
+        return cls(url=url, cluster=cluster, username=opts.get("username") or None,
+                   password=opts.get("password") or None, ssl=ssl)
+
+    def _kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if self.username:
+            kw["username"] = self.username
+        if self.password:
+            kw["password"] = self.password
+        for k, v in self.ssl:
+            kw[k] = v.lower() in ("true", "1", "yes") if k == "ssl_check_hostname" else v
+        return kw
+
+    def client(self) -> redis.Redis | RedisCluster:
+        """A new synchronous client (the caller closes it)."""
+        if self.cluster:
+            return RedisCluster.from_url(self.url, **self._kwargs())
+        return redis.Redis.from_url(self.url, **self._kwargs())
+
+    def __repr__(self) -> str:  # never print a password into a Spark plan or log
+        return f"Connection(url={self.url!r}, cluster={self.cluster})"
+
+
+def server_version(r: Any) -> tuple[int, ...]:
+    """The lowest server version behind ``r`` (every master on a cluster)."""
+    try:
+        info = r.info("server")
+    except redis.RedisError:
+        return ()
+    if isinstance(info, dict) and "redis_version" not in info:  # a cluster: one reply per node
+        versions = [parse_version(v.get("redis_version", "0")) for v in info.values() if isinstance(v, dict)]
+        return min(versions) if versions else ()
+    return parse_version(info.get("redis_version", "0"))
+
+
+def local_session(master: str = "local[2]", app_name: str = "lbs") -> Any:
+    """A quiet local SparkSession with the ``lbs`` source registered.
+
+    UI off, driver bound to loopback, workers on this interpreter
+    (``PYSPARK_PYTHON``), 2 shuffle partitions, logs at ERROR. Use
+    ``local[N, R]`` to let a task be retried ``R - 1`` times. This is for
+    demos, tests and notebooks; a cluster job builds its own session and calls
+    ``spark.dataSource.register(LbsDataSource)``.
+    """
+    from pyspark.sql import SparkSession
+
+    from . import LbsDataSource
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.default.parallelism", "2")
+               .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(LbsDataSource)
+    return session

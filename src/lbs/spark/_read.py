@@ -1,0 +1,422 @@
+"""The readers: ``spark.read.format("lbs")`` (batch) and ``spark.readStream.format("lbs")`` (streaming).
+
+Both read raw replies (no redis-py per-entry dicts) and hand Spark Arrow
+record batches: ``stream``, ``id`` and the fields as a map, or the fields a
+schema names as typed columns.
+
+The batch reader plans one partition per stream (or per ID range of a big
+one), each ending at the stream's newest id at planning time, so a retried
+task reads the same rows.
+
+The streaming reader keeps one consumer group per query (option ``group``)
+with one consumer, ``spark``. Offsets are ``{stream: last id included}``. A
+partition reads its stream from the start offset: first the consumer's own
+pending entries after it (``XREADGROUP ... <start>``: what a replayed batch
+needs), then new ones (``>``) until it passes the end offset; entries read
+past the end stay pending and the next batch reads them in its first pass.
+``commit(end)`` acknowledges what the batch covered (XPENDING for the
+consumer up to the end, then XACK). Spark calls it when it plans the next
+batch, so acknowledgement lags one batch; the checkpoint, not the group,
+decides where a restarted query resumes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import MapType, StringType, StructField, StructType
+from redis.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from .. import _keys
+from ..exceptions import ConfigurationError
+from ._options import Connection, lowered, number
+
+#: Entries per XRANGE / XREADGROUP page.
+PAGE = 2_000
+#: The streaming reader's one consumer in its group.
+CONSUMER = "spark"
+_FIRST = "0-0"
+
+
+def default_schema() -> StructType:
+    """``stream string, id string, fields map<string, string>``: what a read gives without a schema."""
+    return StructType([StructField("stream", StringType(), False), StructField("id", StringType(), False),
+                       StructField("fields", MapType(StringType(), StringType()), True)])
+
+
+@dataclass(frozen=True)
+class StreamRange(InputPartition):
+    """One stream's entries after ``start`` up to ``end`` (inclusive), fixed when the read was planned.
+
+    ``start`` is an XRANGE bound (``-``, ``<id>`` or ``(<id>`` for exclusive).
+    """
+
+    stream: str
+    start: str
+    end: str
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Which streams a read covers: a list, a SCAN pattern, the service's LBS or dead-letter stream."""
+
+    streams: tuple[str, ...]
+    pattern: str | None
+
+    @classmethod
+    def parse(cls, opts: Mapping[str, str]) -> Sources:
+        streams = [s.strip() for s in opts.get("streams", "").split(",") if s.strip()]
+        source = opts.get("source")
+        if source is not None:
+            service = opts.get("service")
+            if not service:
+                raise ConfigurationError("option 'source' needs option 'service'")
+            _keys.validate_service(service)
+            if source.lower() == "lbs":
+                streams.append(_keys.input_stream(service))
+            elif source.lower() in ("dlq", "dead-letters"):
+                streams.append(_keys.dead_letter_stream(service))
+            else:
+                raise ConfigurationError(f"option 'source' must be 'lbs' or 'dlq', got {source!r}")
+        pattern = opts.get("pattern") or None
+        if not streams and not pattern:
+            raise ConfigurationError("the lbs source needs option 'streams' (comma-separated), 'pattern', "
+                                     "or 'source' ('lbs' or 'dlq') with 'service'")
+        return cls(tuple(dict.fromkeys(streams)), pattern)
+
+    def names(self, client: Any) -> list[str]:
+        names = list(self.streams)
+        if self.pattern:
+            found = client.scan_iter(match=self.pattern, count=1000, _type="stream")
+            names += sorted({k.decode() if isinstance(k, bytes) else k for k in found} - set(names))
+        return names
+
+
+# --------------------------------------------------------------- raw replies ---
+
+class _Raw:
+    """A connection to the node owning one stream, for commands whose replies stay raw lists."""
+
+    def __init__(self, client: Any, stream: str) -> None:
+        node_client = client
+        if isinstance(client, RedisCluster):
+            node_client = client.get_node_from_key(stream).redis_connection  # type: ignore[no-untyped-call]
+        self.pool = node_client.connection_pool
+        self.conn: Any = self.pool.get_connection()
+
+    def __call__(self, *args: Any) -> Any:
+        self.conn.send_command(*args)
+        return self.conn.read_response()
+
+    def close(self) -> None:
+        self.pool.release(self.conn)
+
+
+def _text(values: list[bytes | None]) -> Any:
+    import pyarrow as pa
+
+    try:
+        return pa.array(values, pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: replace, as the row reader would
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values], pa.string())
+
+
+def _arrow(schema: StructType, stream: str, entries: list[Any]) -> Any:
+    """A record batch of raw ``[id, [field, value, ...]]`` entries, in ``schema``'s columns."""
+    import pyarrow as pa
+
+    arrays = []
+    dicts: list[dict[bytes, bytes]] | None = None
+    for f in schema.fields:
+        if f.name == "stream":
+            arrays.append(pa.array([stream] * len(entries), pa.string()))
+        elif f.name == "id":
+            arrays.append(_text([e[0] for e in entries]))
+        elif f.name == "fields" and isinstance(f.dataType, MapType):
+            flats = [e[1] for e in entries]
+            offsets = list(itertools.accumulate(itertools.chain((0,), (len(x) // 2 for x in flats))))
+            flat = list(itertools.chain.from_iterable(flats))
+            arrays.append(pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), _text(flat[0::2]),
+                                                  _text(flat[1::2])))
+        else:
+            if dicts is None:
+                dicts = [dict(zip(e[1][0::2], e[1][1::2])) for e in entries]
+            key = f.name.encode()
+            arrays.append(_typed(_text([d.get(key) for d in dicts]), f))
+    return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema(schema))
+
+
+def _arrow_schema(schema: StructType) -> Any:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema)
+
+
+def _typed(strings: Any, f: StructField) -> Any:
+    """Cast a string column to the schema's type; a value that does not parse becomes null."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    target = to_arrow_type(f.dataType)
+    if target == pa.string():
+        return strings
+    if pa.types.is_boolean(target):
+        lowered_values = pc.utf8_lower(strings)
+        return pc.if_else(pc.is_in(lowered_values, pa.array(["true", "1"])), True,
+                          pc.if_else(pc.is_null(strings), pa.scalar(None, pa.bool_()), False))
+    try:
+        return strings.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        out = []
+        for v in strings.to_pylist():
+            try:
+                out.append(None if v is None else pa.scalar(v).cast(target).as_py())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                out.append(None)
+        return pa.array(out, target)
+
+
+def _check_schema(schema: StructType) -> None:
+    for f in schema.fields:
+        if f.name == "fields" and not (isinstance(f.dataType, MapType)
+                                       and isinstance(f.dataType.keyType, StringType)
+                                       and isinstance(f.dataType.valueType, StringType)):
+            raise ConfigurationError("column 'fields' must be map<string, string> (an entry's fields)")
+        if f.name in ("stream", "id") and not isinstance(f.dataType, StringType):
+            raise ConfigurationError(f"column {f.name!r} must be a string")
+
+
+# --------------------------------------------------------------------- batch ---
+
+class LbsReader(DataSourceReader):
+    """Batch reader: one partition per stream (or per ID range of a big one), ends fixed at planning."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        opts = lowered(options)
+        self.connection = Connection.parse(opts)
+        self.sources = Sources.parse(opts)
+        _check_schema(schema)
+        self.schema = schema
+        self.split_entries = number(opts, "splitEntries") or 0
+
+    def partitions(self) -> list[StreamRange]:
+        client: Any = self.connection.client()
+        try:
+            out: list[StreamRange] = []
+            for name in self.sources.names(client):
+                newest = client.xrevrange(name, "+", "-", count=1)
+                if not newest:
+                    continue  # no such stream, or empty: nothing to read
+                end = newest[0][0].decode()
+                if self.split_entries > 0 and client.xlen(name) > self.split_entries:
+                    out += self._split(client, name, end)
+                else:
+                    out.append(StreamRange(name, "-", end))
+            return out
+        finally:
+            client.close()
+
+    def _split(self, client: Any, name: str, end: str) -> list[StreamRange]:
+        """ID ranges of about ``splitEntries`` entries each (the driver reads the ids once)."""
+        bounds, start = [], "-"
+        while True:
+            page = client.xrange(name, start, end, count=self.split_entries + 1)
+            if len(page) <= self.split_entries:
+                bounds.append((start, end))
+                return [StreamRange(name, a, b) for a, b in bounds]
+            last = page[self.split_entries - 1][0].decode()
+            bounds.append((start, last))
+            start = "(" + last
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, StreamRange)
+        client = self.connection.client()
+        raw = _Raw(client, partition.stream)
+        try:
+            start = partition.start
+            while True:
+                page = raw("XRANGE", partition.stream, start, partition.end, "COUNT", PAGE)
+                if page:
+                    yield _arrow(self.schema, partition.stream, page)
+                if len(page) < PAGE:
+                    return
+                start = "(" + page[-1][0].decode()
+        finally:
+            raw.close()
+            client.close()
+
+
+# ----------------------------------------------------------------- streaming ---
+
+@dataclass(frozen=True)
+class GroupRange(InputPartition):
+    """One stream's entries after ``start`` up to ``end`` (ids), read through the query's group."""
+
+    stream: str
+    start: str
+    end: str
+
+
+def _id(raw: str | bytes) -> tuple[int, int]:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _entries(reply: Any) -> list[Any]:
+    """The entries of a one-stream XREADGROUP reply (RESP2 list or RESP3 map)."""
+    if not reply:
+        return []
+    if isinstance(reply, dict):
+        return list(next(iter(reply.values())))
+    return list(reply[0][1])
+
+
+class LbsStreamReader(DataSourceStreamReader):
+    """Streaming reader: offsets are ``{stream: last id included}``, one consumer group per query."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        opts = lowered(options)
+        self.connection = Connection.parse(opts)
+        self.sources = Sources.parse(opts)
+        _check_schema(schema)
+        self.schema = schema
+        group = opts.get("group")
+        if not group:
+            raise ConfigurationError("readStream of the lbs source needs option 'group': a consumer group of "
+                                     "its own per query (its pending entries are what a restart replays)")
+        self.group = group
+        starting = (opts.get("startingoffsets") or "earliest").lower()
+        if starting not in ("earliest", "latest"):
+            raise ConfigurationError(f"option 'startingOffsets' must be 'earliest' or 'latest', got {starting!r}")
+        self.starting = starting
+        self.max_entries = number(opts, "maxEntriesPerTrigger")
+        self._client: Any = None  # the driver side's connection, opened on first use
+
+    def _redis(self) -> Any:
+        if self._client is None:
+            self._client = self.connection.client()
+        return self._client
+
+    def _ensure_group(self, name: str, at: str) -> None:
+        try:
+            self._redis().xgroup_create(name, self.group, id=at, mkstream=True)
+        except ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def _delivered(self, name: str) -> str:
+        for g in self._redis().xinfo_groups(name):
+            group_name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+            if group_name == self.group:
+                last = g["last-delivered-id"]
+                return last.decode() if isinstance(last, bytes) else str(last)
+        return _FIRST
+
+    def initialOffset(self) -> dict[str, str]:  # noqa: N802 - Spark's name
+        """Create the group on every stream (idempotent: Spark calls this twice) and start where it is."""
+        offsets = {}
+        for name in self.sources.names(self._redis()):
+            self._ensure_group(name, "0" if self.starting == "earliest" else "$")
+            offsets[name] = self._delivered(name)
+        return offsets
+
+    def latestOffset(self, start: dict[str, str] | None = None, limit: Any = None) -> dict[str, str]:  # noqa: N802
+        """Each stream's newest id (capped per stream by ``maxEntriesPerTrigger`` or Spark's read limit)."""
+        r = self._redis()
+        start = dict(start or {})
+        cap = self.max_entries
+        max_rows = getattr(limit, "maxRows", None)
+        if limit is not None and type(limit).__name__ == "ReadAllAvailable":
+            cap = None
+        elif max_rows is not None:
+            cap = int(max_rows)
+        names = self.sources.names(r)
+        for name in names:
+            if name not in start:  # a stream the pattern found since the query started: read it whole
+                self._ensure_group(name, "0")
+                start[name] = _FIRST
+        per_stream = max(1, cap // max(1, len(names))) if cap else None
+        out = dict(start)
+        for name in names:
+            if per_stream is None:
+                newest = r.xrevrange(name, "+", "-", count=1)
+            else:
+                newest = r.xrange(name, "(" + start[name], "+", count=per_stream)[-1:]
+            if newest:
+                out[name] = newest[-1][0].decode()
+        return out
+
+    def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's name
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+        return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
+
+    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[GroupRange]:
+        return [GroupRange(name, start.get(name, _FIRST), last) for name, last in end.items()
+                if _id(last) > _id(start.get(name, _FIRST))]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, GroupRange)
+        end = _id(partition.end)
+        client = self.connection.client()
+        raw = _Raw(client, partition.stream)
+        try:
+            # 1. This consumer's pending entries after start: a replayed or retried batch reads them again.
+            after, passed = partition.start, False
+            while not passed:
+                page = _entries(raw("XREADGROUP", "GROUP", self.group, CONSUMER, "COUNT", PAGE,
+                                    "STREAMS", partition.stream, after))
+                if not page:
+                    break
+                after = page[-1][0].decode()
+                batch, passed = _upto(page, end)
+                if batch:
+                    yield _arrow(self.schema, partition.stream, batch)
+            # 2. New entries, until one passes the end (those stay pending for the next batch).
+            while not passed:
+                page = _entries(raw("XREADGROUP", "GROUP", self.group, CONSUMER, "COUNT", PAGE,
+                                    "STREAMS", partition.stream, ">"))
+                if not page:
+                    break  # trimmed away: nothing more up to end
+                batch, passed = _upto(page, end)
+                if batch:
+                    yield _arrow(self.schema, partition.stream, batch)
+        finally:
+            raw.close()
+            client.close()
+
+    def commit(self, end: dict[str, str]) -> None:
+        """Acknowledge the consumer's pending entries up to ``end`` (what Spark has finished)."""
+        r = self._redis()
+        for name, last in end.items():
+            while True:
+                pending = r.xpending_range(name, self.group, min="-", max=last, count=10_000, consumername=CONSUMER)
+                if not pending:
+                    break
+                r.xack(name, self.group, *[p["message_id"] for p in pending])
+                if len(pending) < 10_000:
+                    break
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _upto(page: list[Any], end: tuple[int, int]) -> tuple[list[Any], bool]:
+    """The entries of ``page`` up to ``end`` (deleted ones, whose fields are nil, left out),
+    and whether the page went past it."""
+    out: list[Any] = []
+    for entry in page:
+        if _id(entry[0]) > end:
+            return out, True
+        if entry[1] is not None:
+            out.append(entry)
+    return out, False
