@@ -196,3 +196,23 @@ def test_a_stream_query_needs_its_own_group(spark: Any, redis_server: Any) -> No
             query.awaitTermination(120)  # the reader is built once the query runs: its error ends it
     finally:
         query.stop()
+
+
+def test_sink_and_reader_on_a_cluster(spark: Any, redis_cluster: Any, service: str) -> None:
+    """redis+cluster:// routes every stream's rows to the master owning its slot, both ways."""
+    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+    streams = [f"{service}-c{i}" for i in range(6)]  # no hash tag: spread over the masters
+    data = [(streams[i % 6], i) for i in range(3_000)]
+    spark.createDataFrame(data, "stream string, n long").repartition(2).write.format("lbs") \
+        .option("url", url).option("service", service).option("_failAfterRows", "700").mode("append").save()
+    client = redis.RedisCluster.from_url(redis_cluster.url)
+    try:
+        assert len({client.keyslot(s) // 5462 for s in streams}) > 1, "the streams should span masters"
+        assert [client.xlen(s) for s in streams] == [500] * 6  # the retried partitions added nothing
+        assert _lbs_names(client, service) == sorted(streams)
+        df = (spark.read.format("lbs").schema("stream string, id string, n long").option("url", redis_cluster.url)
+              .option("cluster", "oss").option("streams", ",".join(streams)).load())
+        assert sorted(r.n for r in df.collect()) == list(range(3_000))
+    finally:
+        client.delete(*streams)
+        client.close()

@@ -1,0 +1,135 @@
+"""The Spark data source beside plain redis-py, in one run: 1,000,000 small rows, 2 partitions.
+
+* **sink**: ``df.write.format("lbs")`` (XADD IDMP on, so exactly-once; and
+  with ``idmp=false``) against a plain redis-py pipeline of XADD outside
+  Spark (one process, ``execute()`` every 1,000 rows), same rows, same server;
+* **reader**: ``spark.read.format("lbs")`` of the two streams, counted by
+  Spark (a Python source cannot prune columns, so every row is read and
+  converted to Arrow) against plain redis-py XRANGE pages of 1,000 outside
+  Spark.
+
+Each row is ``stream`` (``<service>-s0`` or ``-s1``), ``n`` (a long) and
+``body`` (a short string). The figure to read is ``extra_info.rows_per_s``
+(``--benchmark-columns=mean`` and the JSON have it). Spark's job start is
+part of every Spark round, as it is of every real job. ``make test`` runs
+each once on 20,000 rows (``--benchmark-disable``), so none can rot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+pytest.importorskip("pyspark", reason="the Spark benchmarks need the lbs[spark] extra")
+
+from .data import service_name  # noqa: E402
+
+ROWS = 1_000_000
+SMOKE_ROWS = 20_000
+PARTITIONS = 2
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from lbs.spark import local_session
+
+    session = local_session("local[2]", app_name="lbs-bench")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _rows(benchmark: Any) -> int:
+    return SMOKE_ROWS if benchmark.disabled else ROWS
+
+
+def _frame(spark: Any, service: str, rows: int) -> Any:
+    from pyspark.sql import functions as F
+
+    ids = spark.range(0, rows, numPartitions=PARTITIONS)
+    return ids.select(F.concat(F.lit(f"{service}-s"), (ids.id % 2).cast("string")).alias("stream"),
+                      ids.id.alias("n"), F.lit("payload").alias("body"))
+
+
+def _report(benchmark: Any, rows: int) -> None:
+    stats = getattr(benchmark, "stats", None)
+    if stats is not None and stats.stats.min:
+        benchmark.extra_info["rows_per_s"] = round(rows / stats.stats.min)
+        benchmark.extra_info["rows"] = rows
+
+
+@pytest.mark.benchmark(group="spark sink: 1M rows, 2 partitions")
+@pytest.mark.parametrize("impl", ["lbs sink, IDMP (exactly-once)", "lbs sink, idmp=false", "redis-py pipeline XADD"])
+def bench_spark_sink(benchmark: Any, spark: Any, redis_server: Any, impl: str) -> None:
+    rows = _rows(benchmark)
+    service = service_name("spark-sink")
+    streams = [f"{service}-s0", f"{service}-s1"]
+    r = redis.Redis.from_url(redis_server.url)
+    df = _frame(spark, service, rows)
+
+    def clean() -> None:
+        r.delete(*streams, f"{service}-input")
+
+    def with_lbs() -> None:
+        (df.write.format("lbs").option("url", redis_server.url).option("service", service)
+         .option("idmp", str("idmp=false" not in impl).lower()).mode("append").save())
+
+    def plain() -> None:
+        pipe = r.pipeline(transaction=False)
+        for i in range(rows):
+            pipe.xadd(streams[i % 2], {"n": i, "body": "payload"})
+            if len(pipe) == 1_000:
+                pipe.execute()
+        pipe.execute()
+
+    fn = plain if impl.startswith("redis-py") else with_lbs
+    try:
+        benchmark.pedantic(fn, setup=clean, rounds=3, iterations=1)
+        assert r.xlen(streams[0]) + r.xlen(streams[1]) == rows
+        _report(benchmark, rows)
+    finally:
+        clean()
+        r.close()
+
+
+@pytest.mark.benchmark(group="spark reader: 1M rows, 2 partitions")
+@pytest.mark.parametrize("impl", ["lbs reader (Spark)", "redis-py XRANGE"])
+def bench_spark_reader(benchmark: Any, spark: Any, redis_server: Any, impl: str) -> None:
+    rows = _rows(benchmark)
+    service = service_name("spark-read")
+    streams = [f"{service}-s0", f"{service}-s1"]
+    r = redis.Redis.from_url(redis_server.url)
+    pipe = r.pipeline(transaction=False)
+    for i in range(rows):
+        pipe.xadd(streams[i % 2], {"n": i, "body": "payload"})
+        if len(pipe) == 10_000:
+            pipe.execute()
+    pipe.execute()
+
+    def with_lbs() -> int:
+        df = spark.read.format("lbs").option("url", redis_server.url).option("streams", ",".join(streams)).load()
+        return int(df.count())  # the source cannot prune: every row is read and converted
+
+    def plain() -> int:
+        n = 0
+        for name in streams:
+            start = "-"
+            while True:
+                page = r.xrange(name, start, "+", count=1_000)
+                n += len(page)
+                if len(page) < 1_000:
+                    break
+                start = "(" + page[-1][0].decode()
+        return n
+
+    fn = plain if impl.startswith("redis-py") else with_lbs
+    try:
+        assert benchmark.pedantic(fn, rounds=3, iterations=1) == rows
+        _report(benchmark, rows)
+    finally:
+        r.delete(*streams)
+        r.close()
