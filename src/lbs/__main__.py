@@ -20,11 +20,12 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="register data streams and process them with consumers on an embedded Redis",
+        help="write work with a Spark job and process it with consumers on an embedded Redis",
         description=(
             "Start a throwaway redis-server (>= 8.4, found as scripts/redis.sh provides it), "
-            "register data streams with a producer, process them with consumers in one group, "
-            "print what happened, and check nothing is left behind. Exits 0 on success."
+            "write the work with a local Spark job through the lbs Spark sink (with lbs.Producer "
+            "when pyspark, the lbs[spark] extra, is not installed), process it with consumers in "
+            "one group, print what happened, and check nothing is left behind. Exits 0 on success."
         ),
     )
     demo.add_argument("--streams", type=int, default=6, help="data streams to register (default: 6)")

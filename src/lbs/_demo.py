@@ -1,7 +1,19 @@
-"""The demo behind ``python -m lbs demo``: a producer and two consumers on one Redis.
+"""The demo behind ``python -m lbs demo``: a Spark job writes the work, consumers process it, on one Redis.
 
-1. A producer registers data streams (each with some events of its own) and
-   one malformed entry slips into the LBS.
+1. The work comes from a Spark job: a DataFrame of the demo's events (one
+   row per event: column ``stream`` names its data stream, ``value`` and
+   ``user`` are the payload) is written with the lbs Spark sink
+   (``df.write.format("lbs")``), which appends every row to its data stream
+   and registers each data stream once in the LBS. The job runs in a child
+   process (``python -m lbs._demo spark URL SERVICE``, the rows as JSON on
+   its stdin) with :func:`lbs.spark.local_session` (``local[2]``); the
+   session is stopped and the JVM gone before the consumers start. Spark
+   takes 10-15 s to start. Without pyspark (the ``lbs[spark]`` extra;
+   ``make setup`` installs it) or without a Java runtime, an
+   :class:`lbs.Producer` registers the data streams instead. Either way a
+   malformed entry slips into the LBS (written directly, a producer bug).
+   The sink registers a stream with an empty ``Info``, so the handler reads
+   the user from the stream's events.
 2. Two :class:`lbs.Client` consumers ``run()`` a handler: they take streams
    round-robin under fenced locks, finish each one (lock released, entry acked
    and deleted in one step); the malformed entry lands in the dead-letter
@@ -18,13 +30,16 @@
    retry count, reason and original entry id.
 6. It checks that nothing is left: no pending entries, no LBS entries, no locks.
 
-``python -m lbs._demo doomed URL SERVICE`` is the consumer that gets killed.
+``python -m lbs._demo doomed URL SERVICE`` is the consumer that gets killed;
+``python -m lbs._demo spark URL SERVICE`` is step 1's Spark job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -34,6 +49,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
+from _lbscore import try_decode_input
 
 from . import _keys
 from .client import Client, Handler
@@ -47,11 +63,21 @@ Printer = Callable[[str], None]
 POISON_MAX_RETRIES = 2
 #: The killed consumer's lock TTL: how long its stream stays locked after SIGKILL.
 CRASH_LOCK_TTL = 1.0
+#: The Spark job's master: a local Spark with two worker threads.
+SPARK_MASTER = "local[2]"
+#: How long the Spark job may take, session start included (a busy 2-core machine is slow).
+SPARK_TIMEOUT = 600.0
+
+#: One row per event: the data stream it belongs to, then its payload fields.
+Row = tuple[str, int, str]
 
 
 @dataclass
 class DemoResult:
     registered: int = 0
+    #: Who wrote the work: "spark" (the lbs Spark sink) or "producer" (lbs.Producer).
+    source: str = ""
+    spark_seconds: float = -1.0
     processed: Counter[str] = field(default_factory=Counter)
     dead_letters: int = 0
     crash_recovery_s: float = -1.0
@@ -91,20 +117,38 @@ async def run_demo(
     finished_at: dict[str, float] = {}
     clients: list[Client] = []
     try:
-        # The data streams themselves: some events each, for the consumers to read.
-        pipe = r.pipeline(transaction=False)
-        for n, name in enumerate(every_name):
-            for e in range(events):
-                pipe.xadd(name, {"value": n * 10 + e})
-        await pipe.execute()
-
-        async with Producer(r, service) as producer:
+        # The events of each data stream, for the consumers to read: one row per event.
+        rows: list[Row] = [(name, n * 10 + e, f"u{n}") for n, name in enumerate(every_name) for e in range(events)]
+        first, later = [row for row in rows if row[0] in names], [row for row in rows if row[0] in late]
+        lbs_key = _keys.input_stream(service)
+        unavailable = _spark_unavailable()
+        if unavailable is None:
             # A producer bug first: an entry that is not an assignment.
-            await r.xadd(_keys.input_stream(service), {_keys.INPUT_FIELD: "{not json"})
-            ids = await producer.add_streams((name, {"user": f"u{i}"}) for i, name in enumerate(names))
-        result.registered = len(ids)
-        out(f"producer: one malformed entry, then registered {len(ids)} data streams in "
-            f"{_keys.input_stream(service)} in one round trip")
+            await r.xadd(lbs_key, {_keys.INPUT_FIELD: "{not json"})
+            out(f"a producer bug: one malformed entry written straight into {lbs_key}")
+            out(f"spark: starting a local Spark job ({SPARK_MASTER}, in a child process) to write the work; "
+                f"Spark takes 10-15 s to start, and its first job a few more ...")
+            timings = await _spark_write(url, service, first)
+            result.source, result.spark_seconds = "spark", timings["total_s"]
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(lbs_key)  # type: ignore[assignment]
+            registered = Counter(try_decode_input(f[_keys.INPUT_FIELD.encode()])[0] for _, f in entries)
+            result.registered = sum(registered[name] for name in names)
+            once = "once each" if set(registered.values()) == {1} else f"counts {dict(registered)}"
+            out(f"spark: the work came from a Spark job: the lbs sink appended {len(first)} rows (events) to "
+                f"{len(names)} data streams and registered {result.registered} data streams in {lbs_key}, "
+                f"{once}; {timings['total_s']:.1f} s (session start {timings['start_s']:.1f} s, write "
+                f"{timings['write_s']:.1f} s); Spark stopped")
+            await _xadd_rows(r, later)  # the late streams' events; a producer registers them in step 3
+        else:
+            out(f"{unavailable}: registering with lbs.Producer instead")
+            await _xadd_rows(r, rows)
+            async with Producer(r, service) as producer:
+                # A producer bug first: an entry that is not an assignment.
+                await r.xadd(lbs_key, {_keys.INPUT_FIELD: "{not json"})
+                ids = await producer.add_streams((name, {"user": f"u{i}"}) for i, name in enumerate(names))
+            result.source, result.registered = "producer", len(ids)
+            out(f"producer: one malformed entry, then registered {len(ids)} data streams in {lbs_key} "
+                f"in one round trip")
 
         def handler_for(consumer: str, slow: asyncio.Event | None = None) -> Handler:
             async def handle(note: Notification) -> None:
@@ -112,13 +156,15 @@ async def run_demo(
                     raise ValueError(f"cannot parse {note.stream} (attempt {note.retry_count + 1})")
                 events_: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(note.stream)  # type: ignore[assignment]
                 total = sum(int(f[b"value"]) for _, f in events_)
+                # The Spark sink registers with an empty Info: the events say whose stream it is.
+                user = note.info.get("user") or (events_[0][1].get(b"user", b"?").decode() if events_ else "?")
                 if slow is not None and note.stream.startswith("late"):
                     slow.set()
                     await asyncio.sleep(3600)  # still working when its consumer shuts down
                 await asyncio.sleep(0.02)  # the application's work
                 result.processed[consumer] += 1
                 finished_at[note.stream] = time.perf_counter()
-                out(f"{consumer}: {note.stream} (token {note.token}, info {note.info}) -> "
+                out(f"{consumer}: {note.stream} (token {note.token}, user {user}) -> "
                     f"{len(events_)} events, sum {total}; done")
                 if sum(result.processed.values()) >= result.registered:
                     all_done.set()
@@ -238,6 +284,66 @@ async def run_demo(
     return result
 
 
+async def _xadd_rows(r: aioredis.Redis, rows: list[Row]) -> None:
+    """Append each event to its data stream, in one round trip."""
+    pipe = r.pipeline(transaction=False)
+    for stream, value, user in rows:
+        pipe.xadd(stream, {"value": value, "user": user})
+    await pipe.execute()
+
+
+def _spark_unavailable() -> str | None:
+    """Why the demo cannot write its work with Spark here, or None when it can."""
+    try:
+        import pyarrow  # noqa: F401
+        from . import spark  # noqa: F401 - needs pyspark >= 4.0
+    except ImportError:
+        return "pyspark not installed (pip install 'lbs[spark]')"
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        return "pyspark is installed but Spark needs a Java runtime (none on PATH, no JAVA_HOME)"
+    return None
+
+
+async def _spark_write(url: str, service: str, rows: list[Row]) -> dict[str, float]:
+    """Run :func:`_spark_job` in a child process; return its timings (seconds), ``total_s`` included.
+
+    A child process keeps Spark's JVM, its start-up chatter on stderr and its
+    threads out of the demo's process; the JVM exits with it.
+    """
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lbs._demo", "spark", url, service,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = await asyncio.wait_for(proc.communicate(json.dumps(rows).encode()), SPARK_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    if proc.returncode != 0:
+        tail = "\n".join(stderr.decode(errors="replace").strip().splitlines()[-20:])
+        raise RuntimeError(f"the Spark job exited with {proc.returncode}:\n{tail}")
+    timings: dict[str, float] = json.loads(stdout.decode().strip().splitlines()[-1])
+    timings["total_s"] = time.perf_counter() - started
+    return timings
+
+
+def _spark_job(url: str, service: str, rows: list[Row]) -> dict[str, float]:
+    """Step 1's Spark job: write ``rows`` with the lbs sink, stop the session; return the timings."""
+    from .spark import local_session
+
+    started = time.perf_counter()
+    spark = local_session(SPARK_MASTER, app_name="lbs-demo")
+    ready = time.perf_counter()
+    try:
+        df = spark.createDataFrame(rows, "stream string, value long, user string")
+        df.write.format("lbs").option("url", url).option("service", service).mode("append").save()
+        written = time.perf_counter()
+    finally:
+        spark.stop()
+    return {"start_s": ready - started, "write_s": written - ready}
+
+
 def _metrics_plugin(out: Printer) -> tuple[list[object], Callable[[], Awaitable[None]] | None]:
     """The lbs-prometheus plugin serving /metrics on a free port, when it is installed (make setup does)."""
     try:
@@ -274,6 +380,10 @@ async def _doomed(url: str, service: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] != "doomed":
-        sys.exit("usage: python -m lbs._demo doomed URL SERVICE")
-    asyncio.run(_doomed(sys.argv[2], sys.argv[3]))
+    if len(sys.argv) != 4 or sys.argv[1] not in ("doomed", "spark"):
+        sys.exit("usage: python -m lbs._demo {doomed,spark} URL SERVICE")
+    if sys.argv[1] == "spark":
+        rows_in = [(str(s), int(v), str(u)) for s, v, u in json.load(sys.stdin)]
+        print(json.dumps(_spark_job(sys.argv[2], sys.argv[3], rows_in)), flush=True)
+    else:
+        asyncio.run(_doomed(sys.argv[2], sys.argv[3]))
