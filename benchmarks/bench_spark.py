@@ -11,7 +11,8 @@
 Each row is ``stream`` (``<service>-s0`` or ``-s1``), ``n`` (a long) and
 ``body`` (a short string). The figure to read is ``extra_info.rows_per_s``
 (``--benchmark-columns=mean`` and the JSON have it). Spark's job start is
-part of every Spark round, as it is of every real job. ``make test`` runs
+part of every Spark round, as it is of every real job; one warm-up round
+per case starts Spark's Python workers first. ``make test`` runs
 each once on 20,000 rows (``--benchmark-disable``), so none can rot.
 """
 
@@ -88,7 +89,7 @@ def bench_spark_sink(benchmark: Any, spark: Any, redis_server: Any, impl: str) -
 
     fn = plain if impl.startswith("redis-py") else with_lbs
     try:
-        benchmark.pedantic(fn, setup=clean, rounds=3, iterations=1)
+        benchmark.pedantic(fn, setup=clean, rounds=3, iterations=1, warmup_rounds=1)
         assert r.xlen(streams[0]) + r.xlen(streams[1]) == rows
         _report(benchmark, rows)
     finally:
@@ -128,7 +129,7 @@ def bench_spark_reader(benchmark: Any, spark: Any, redis_server: Any, impl: str)
 
     fn = plain if impl.startswith("redis-py") else with_lbs
     try:
-        assert benchmark.pedantic(fn, rounds=3, iterations=1) == rows
+        assert benchmark.pedantic(fn, rounds=3, iterations=1, warmup_rounds=1) == rows
         _report(benchmark, rows)
     finally:
         r.delete(*streams)
