@@ -13,6 +13,7 @@ include "reader.pyx"
 include "pipeline.pyx"
 include "held.pyx"
 include "xadds.pyx"
+include "columns.pyx"
 
 #: True when this module was built with LBS_DEBUG=1 (invariant checks on).
 DEBUG_BUILD = bool(LBS_DEBUG)

@@ -34,3 +34,4 @@ cdef class RespReader:
     cdef list _entries(self, Py_ssize_t *pos, EntryParser parser)
     cdef Entry _entry(self, Py_ssize_t *pos, EntryParser parser)
     cdef object gets_c(self, int shape, EntryParser parser)
+    cdef void _consume(self) noexcept

@@ -285,16 +285,20 @@ cdef class RespReader:
         finally:
             # The reply is consumed even if building it failed: the next one
             # starts where the check said this one ends.
-            self._start = self._scan = self._reply_end
-            self._reply_end = -1
-            if self._start == self._end:
-                self._start = self._end = self._scan = 0
-                if self._cap > _KEEP_BUFFER:
-                    # A huge reply is gone: do not keep its memory.
-                    PyMem_Free(self._buf)
-                    self._buf = NULL
-                    self._cap = 0
+            self._consume()
         return reply
+
+    cdef void _consume(self) noexcept:
+        # Drop the checked reply at _start.
+        self._start = self._scan = self._reply_end
+        self._reply_end = -1
+        if self._start == self._end:
+            self._start = self._end = self._scan = 0
+            if self._cap > _KEEP_BUFFER:
+                # A huge reply is gone: do not keep its memory.
+                PyMem_Free(self._buf)
+                self._buf = NULL
+                self._cap = 0
 
     cdef object _value(self, Py_ssize_t *pos):
         cdef const char *p = self._buf

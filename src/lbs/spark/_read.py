@@ -22,7 +22,6 @@ decides where a restarted query resumes.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,56 +98,84 @@ class Sources:
 
 # --------------------------------------------------------------- raw replies ---
 
-class _Raw:
-    """A connection to the node owning one stream, for commands whose replies stay raw lists."""
+class _Fetcher:
+    """A connection to the node owning one stream; replies go straight into the core's column buffers."""
 
-    def __init__(self, client: Any, stream: str) -> None:
+    def __init__(self, client: Any, stream: str, schema: StructType) -> None:
+        from _lbscore import EntryColumns, RespReader
+
         node_client = client
         if isinstance(client, RedisCluster):
             node_client = client.get_node_from_key(stream).redis_connection  # type: ignore[no-untyped-call]
         self.pool = node_client.connection_pool
         self.conn: Any = self.pool.get_connection()
+        self.reader = RespReader(ResponseError)
+        self.columns = EntryColumns()
+        self.stream = stream
+        self.schema = schema
+        self.arrow_schema = _arrow_schema(schema)
+        self.ok = False
 
-    def __call__(self, *args: Any) -> Any:
+    def fetch(self, shape: int, *args: Any) -> int:
+        """Send one command; its reply's entries join the columns. Returns the entries it held."""
+        from _lbscore import NEED_MORE
+
         self.conn.send_command(*args)
-        return self.conn.read_response()
+        sock = self.conn._sock
+        while True:
+            seen = self.columns.read(self.reader, shape)
+            if seen is not NEED_MORE:
+                assert isinstance(seen, int)
+                return seen
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("the connection closed in the middle of a reply")
+            self.reader.feed(chunk)
+
+    def batch(self) -> Any:
+        """The entries fetched since the last batch, as an Arrow record batch (None if there are none)."""
+        if not len(self.columns):
+            return None
+        return _arrow(self.schema, self.arrow_schema, self.stream, self.columns.take())
 
     def close(self) -> None:
+        if not self.ok:
+            self.conn.disconnect()  # a reply may be half read
         self.pool.release(self.conn)
 
 
-def _text(values: list[bytes | None]) -> Any:
+def _strings(count: int, offsets: bytes, data: bytes) -> Any:
+    """A string array over the core's buffers (validated: bytes that are not UTF-8 are replaced)."""
     import pyarrow as pa
 
+    arr = pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     try:
-        return pa.array(values, pa.string())
-    except pa.ArrowInvalid:  # not UTF-8: replace, as the row reader would
-        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values], pa.string())
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        raw = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        arr = pa.array([v.decode("utf-8", "replace") for v in raw.to_pylist()], pa.string())
+    return arr
 
 
-def _arrow(schema: StructType, stream: str, entries: list[Any]) -> Any:
-    """A record batch of raw ``[id, [field, value, ...]]`` entries, in ``schema``'s columns."""
+def _arrow(schema: StructType, arrow_schema: Any, stream: str, taken: tuple[Any, ...]) -> Any:
+    """A record batch in ``schema``'s columns from ``EntryColumns.take()``."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    rows, pairs, ids, id_off, keys, key_off, values, value_off, map_off = taken
+    fields = pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), rows + 1, [None, pa.py_buffer(map_off)]),
+                                     _strings(pairs, key_off, keys), _strings(pairs, value_off, values))
     arrays = []
-    dicts: list[dict[bytes, bytes]] | None = None
     for f in schema.fields:
         if f.name == "stream":
-            arrays.append(pa.array([stream] * len(entries), pa.string()))
+            arrays.append(pa.array([stream] * rows, pa.string()))
         elif f.name == "id":
-            arrays.append(_text([e[0] for e in entries]))
+            arrays.append(_strings(rows, id_off, ids))
         elif f.name == "fields" and isinstance(f.dataType, MapType):
-            flats = [e[1] for e in entries]
-            offsets = list(itertools.accumulate(itertools.chain((0,), (len(x) // 2 for x in flats))))
-            flat = list(itertools.chain.from_iterable(flats))
-            arrays.append(pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), _text(flat[0::2]),
-                                                  _text(flat[1::2])))
+            arrays.append(fields)
         else:
-            if dicts is None:
-                dicts = [dict(zip(e[1][0::2], e[1][1::2])) for e in entries]
-            key = f.name.encode()
-            arrays.append(_typed(_text([d.get(key) for d in dicts]), f))
-    return pa.RecordBatch.from_arrays(arrays, schema=_arrow_schema(schema))
+            arrays.append(_typed(pc.map_lookup(fields, pa.scalar(f.name), "first"), f))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 
 def _arrow_schema(schema: StructType) -> Any:
@@ -235,21 +262,25 @@ class LbsReader(DataSourceReader):
             start = "(" + last
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        from _lbscore import Shape
+
         if not isinstance(partition, StreamRange):
             return  # no stream to read: Spark plans one empty InputPartition of its own
         client = self.connection.client()
-        raw = _Raw(client, partition.stream)
+        fetcher = _Fetcher(client, partition.stream, self.schema)
         try:
             start = partition.start
             while True:
-                page = raw("XRANGE", partition.stream, start, partition.end, "COUNT", PAGE)
-                if page:
-                    yield _arrow(self.schema, partition.stream, page)
-                if len(page) < PAGE:
-                    return
-                start = "(" + page[-1][0].decode()
+                seen = fetcher.fetch(Shape.ENTRIES, "XRANGE", partition.stream, start, partition.end, "COUNT", PAGE)
+                batch = fetcher.batch()
+                if batch is not None:
+                    yield batch
+                if seen < PAGE or fetcher.columns.last_id is None:
+                    break
+                start = "(" + fetcher.columns.last_id.decode()
+            fetcher.ok = True
         finally:
-            raw.close()
+            fetcher.close()
             client.close()
 
 
@@ -268,15 +299,6 @@ def _id(raw: str | bytes) -> tuple[int, int]:
     text = raw.decode() if isinstance(raw, bytes) else raw
     ms, _, seq = text.partition("-")
     return int(ms), int(seq or 0)
-
-
-def _entries(reply: Any) -> list[Any]:
-    """The entries of a one-stream XREADGROUP reply (RESP2 list or RESP3 map)."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return list(next(iter(reply.values())))
-    return list(reply[0][1])
 
 
 class LbsStreamReader(DataSourceStreamReader):
@@ -364,34 +386,31 @@ class LbsStreamReader(DataSourceStreamReader):
                 if _id(last) > _id(start.get(name, _FIRST))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        from _lbscore import Shape
+
         if not isinstance(partition, GroupRange):
             return
-        end = _id(partition.end)
         client = self.connection.client()
-        raw = _Raw(client, partition.stream)
+        fetcher = _Fetcher(client, partition.stream, self.schema)
+        columns = fetcher.columns
+        columns.bound(partition.end)
         try:
             # 1. This consumer's pending entries after start: a replayed or retried batch reads them again.
-            after, passed = partition.start, False
-            while not passed:
-                page = _entries(raw("XREADGROUP", "GROUP", self.group, CONSUMER, "COUNT", PAGE,
-                                    "STREAMS", partition.stream, after))
-                if not page:
-                    break
-                after = page[-1][0].decode()
-                batch, passed = _upto(page, end)
-                if batch:
-                    yield _arrow(self.schema, partition.stream, batch)
-            # 2. New entries, until one passes the end (those stay pending for the next batch).
-            while not passed:
-                page = _entries(raw("XREADGROUP", "GROUP", self.group, CONSUMER, "COUNT", PAGE,
-                                    "STREAMS", partition.stream, ">"))
-                if not page:
-                    break  # trimmed away: nothing more up to end
-                batch, passed = _upto(page, end)
-                if batch:
-                    yield _arrow(self.schema, partition.stream, batch)
+            # 2. New entries (">"), until one passes the end: those stay pending for the next batch.
+            for after in (partition.start, ">"):
+                while not columns.passed:
+                    seen = fetcher.fetch(Shape.XREAD, "XREADGROUP", "GROUP", self.group, CONSUMER, "COUNT", PAGE,
+                                         "STREAMS", partition.stream, after)
+                    batch = fetcher.batch()
+                    if batch is not None:
+                        yield batch
+                    if not seen:
+                        break  # pending: no more; new: none yet (or trimmed away)
+                    if after != ">":
+                        after = columns.last_id.decode() if columns.last_id else after
+            fetcher.ok = True
         finally:
-            raw.close()
+            fetcher.close()
             client.close()
 
     def commit(self, end: dict[str, str]) -> None:
@@ -410,15 +429,3 @@ class LbsStreamReader(DataSourceStreamReader):
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-def _upto(page: list[Any], end: tuple[int, int]) -> tuple[list[Any], bool]:
-    """The entries of ``page`` up to ``end`` (deleted ones, whose fields are nil, left out),
-    and whether the page went past it."""
-    out: list[Any] = []
-    for entry in page:
-        if _id(entry[0]) > end:
-            return out, True
-        if entry[1] is not None:
-            out.append(entry)
-    return out, False
