@@ -53,6 +53,18 @@ def test_the_sink_appends_every_row_and_registers_each_stream_once(
             r.delete(k)
 
 
+def test_rows_without_a_stream_are_skipped_and_the_others_written(
+        spark: Any, redis_server: Any, service: str) -> None:
+    name = f"{service}-named"
+    df = spark.createDataFrame([(name, 1), (None, 2), (name, 3)], "stream string, n long")
+    df.coalesce(1).write.format("lbs").option("url", redis_server.url).option("service", service) \
+        .mode("append").save()
+    with redis.Redis.from_url(redis_server.url) as r:
+        assert [f[b"n"] for _, f in r.xrange(name)] == [b"1", b"3"]
+        assert _lbs_names(r, service) == [name]
+        r.delete(name)
+
+
 def test_overwrite_is_refused(spark: Any, redis_server: Any, service: str) -> None:
     df = _frame(spark, streams=1, rows=1)
     with pytest.raises(Exception, match="append-only"):

@@ -321,6 +321,7 @@ class LbsStreamReader(DataSourceStreamReader):
         self.starting = starting
         self.max_entries = number(opts, "maxEntriesPerTrigger")
         self._client: Any = None  # the driver side's connection, opened on first use
+        self._latest: dict[str, str] = {}
 
     def _redis(self) -> Any:
         if self._client is None:
@@ -348,12 +349,14 @@ class LbsStreamReader(DataSourceStreamReader):
         for name in self.sources.names(self._redis()):
             self._ensure_group(name, "0" if self.starting == "earliest" else "$")
             offsets[name] = self._delivered(name)
+        self._latest = offsets
         return offsets
 
     def latestOffset(self, start: dict[str, str] | None = None, limit: Any = None) -> dict[str, str]:  # noqa: N802
         """Each stream's newest id (capped per stream by ``maxEntriesPerTrigger`` or Spark's read limit)."""
         r = self._redis()
-        start = dict(start or {})
+        # Spark < 4.2 calls latestOffset() without the start: this run's previous answer is it.
+        start = dict(start if start is not None else self._latest)
         cap = self.max_entries
         max_rows = getattr(limit, "maxRows", None)
         if limit is not None and type(limit).__name__ == "ReadAllAvailable":
@@ -374,6 +377,7 @@ class LbsStreamReader(DataSourceStreamReader):
                 newest = r.xrange(name, "(" + start[name], "+", count=per_stream)[-1:]
             if newest:
                 out[name] = newest[-1][0].decode()
+        self._latest = out
         return out
 
     def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's name

@@ -76,6 +76,7 @@ class SinkCommit(WriterCommitMessage):
     """What one partition wrote: rows appended and the data streams it touched."""
 
     rows: int = 0
+    skipped: int = 0  # rows whose stream column was null
     streams: list[str] = field(default_factory=list)
     exactly_once: bool = False
     run_tag: str = ""  # the streaming query's id, which only executors can see
@@ -263,14 +264,16 @@ class _SinkCore:
             pid_head = f"{self.run_tag}:{batch_id}:{partition}:" if exactly_once else None
             appender = _Appender(client, self.opts, pid_head)
             touched: set[str] = set()
-            rows = 0
+            rows = unnamed = 0
             for batch in batches:
                 column = batch.column(self.opts.stream_column)
                 if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
                     column = column.cast(pa.string())
                 streams = column.to_pylist()
                 names = set(streams)
-                names.discard(None)
+                if None in names:
+                    names.discard(None)
+                    unnamed += column.null_count
                 touched |= names
                 if not self.opts.append:
                     continue
@@ -286,8 +289,11 @@ class _SinkCore:
                         appender.finish()
                         raise RuntimeError(f"injected failure after {rows} rows (option _failAfterRows)")
             appender.finish()
+            if unnamed:
+                log.warning("lbs sink: partition %d skipped %d rows whose %r column is null (no data stream)",
+                            partition, unnamed, self.opts.stream_column)
             ok = True
-            return SinkCommit(rows=rows, streams=sorted(touched), exactly_once=exactly_once, run_tag=self.run_tag)
+            return SinkCommit(rows=rows, skipped=unnamed, streams=sorted(touched), exactly_once=exactly_once, run_tag=self.run_tag)
         finally:
             if appender is not None:
                 appender.close(ok)
@@ -295,6 +301,10 @@ class _SinkCore:
 
     def register(self, messages: list[SinkCommit | None], batch_id: str, *, idmp: bool = True) -> None:
         """On the driver: register every data stream the job touched in the LBS, once."""
+        skipped = sum(m.skipped for m in messages if m is not None)
+        if skipped:
+            log.warning("lbs sink: %d rows had no data stream (null %r) and were not written",
+                        skipped, self.opts.stream_column)
         if not self.opts.register:
             return
         streams = sorted({s for m in messages if m is not None for s in m.streams})
