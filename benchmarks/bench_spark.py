@@ -56,6 +56,16 @@ def _frame(spark: Any, service: str, rows: int) -> Any:
                       ids.id.alias("n"), F.lit("payload").alias("body"))
 
 
+def _append(r: redis.Redis, streams: list[str], rows: int, per_round: int) -> None:
+    """The plain redis-py way: pipelined XADD of the rows, alternating streams, one ``execute()`` per round."""
+    pipe = r.pipeline(transaction=False)
+    for i in range(rows):
+        pipe.xadd(streams[i % 2], {"n": i, "body": "payload"})
+        if len(pipe) == per_round:
+            pipe.execute()
+    pipe.execute()
+
+
 def _report(benchmark: Any, rows: int) -> None:
     stats = getattr(benchmark, "stats", None)
     if stats is not None and stats.stats.min:
@@ -80,12 +90,7 @@ def bench_spark_sink(benchmark: Any, spark: Any, redis_server: Any, impl: str) -
          .option("idmp", str("idmp=false" not in impl).lower()).mode("append").save())
 
     def plain() -> None:
-        pipe = r.pipeline(transaction=False)
-        for i in range(rows):
-            pipe.xadd(streams[i % 2], {"n": i, "body": "payload"})
-            if len(pipe) == 1_000:
-                pipe.execute()
-        pipe.execute()
+        _append(r, streams, rows, 1_000)
 
     fn = plain if impl.startswith("redis-py") else with_lbs
     try:
@@ -104,12 +109,7 @@ def bench_spark_reader(benchmark: Any, spark: Any, redis_server: Any, impl: str)
     service = service_name("spark-read")
     streams = [f"{service}-s0", f"{service}-s1"]
     r = redis.Redis.from_url(redis_server.url)
-    pipe = r.pipeline(transaction=False)
-    for i in range(rows):
-        pipe.xadd(streams[i % 2], {"n": i, "body": "payload"})
-        if len(pipe) == 10_000:
-            pipe.execute()
-    pipe.execute()
+    _append(r, streams, rows, 10_000)
 
     def with_lbs() -> int:
         df = spark.read.format("lbs").option("url", redis_server.url).option("streams", ",".join(streams)).load()

@@ -209,6 +209,17 @@ def _typed(strings: Any, f: StructField) -> Any:
         return pa.array(out, target)
 
 
+class _Options:
+    """What both readers take from their options: the connection, the sources, the schema."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.opts = lowered(options)
+        self.connection = Connection.parse(self.opts)
+        self.sources = Sources.parse(self.opts)
+        _check_schema(schema)
+        self.schema = schema
+
+
 def _check_schema(schema: StructType) -> None:
     for f in schema.fields:
         if f.name == "fields" and not (isinstance(f.dataType, MapType)
@@ -221,16 +232,12 @@ def _check_schema(schema: StructType) -> None:
 
 # --------------------------------------------------------------------- batch ---
 
-class LbsReader(DataSourceReader):
+class LbsReader(_Options, DataSourceReader):
     """Batch reader: one partition per stream (or per ID range of a big one), ends fixed at planning."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        opts = lowered(options)
-        self.connection = Connection.parse(opts)
-        self.sources = Sources.parse(opts)
-        _check_schema(schema)
-        self.schema = schema
-        self.split_entries = number(opts, "splitEntries") or 0
+        super().__init__(options, schema)
+        self.split_entries = number(self.opts, "splitEntries") or 0
 
     def partitions(self) -> list[StreamRange]:
         client: Any = self.connection.client()
@@ -301,15 +308,12 @@ def _id(raw: str | bytes) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-class LbsStreamReader(DataSourceStreamReader):
+class LbsStreamReader(_Options, DataSourceStreamReader):
     """Streaming reader: offsets are ``{stream: last id included}``, one consumer group per query."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        opts = lowered(options)
-        self.connection = Connection.parse(opts)
-        self.sources = Sources.parse(opts)
-        _check_schema(schema)
-        self.schema = schema
+        super().__init__(options, schema)
+        opts = self.opts
         group = opts.get("group")
         if not group:
             raise ConfigurationError("readStream of the lbs source needs option 'group': a consumer group of "
