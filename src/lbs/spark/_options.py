@@ -107,6 +107,47 @@ class Connection:
         return f"Connection(url={self.url!r}, cluster={self.cluster})"
 
 
+def node_of(client: Any, key: str) -> tuple[str, redis.Redis]:
+    """The name and a plain client of the node that owns ``key`` (the client itself off a cluster)."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        return node.name, node.redis_connection
+    return "", client
+
+
+class RawConnection:
+    """One pooled redis-py connection used raw: lbs sends the bytes and the core's RespReader reads the replies.
+
+    redis-py still opens it (TLS, AUTH, the RESP handshake). ``close(ok=False)``
+    drops it, since a reply may be half read.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        from _lbscore import RespReader
+
+        self.pool = client.connection_pool
+        self.conn: Any = self.pool.get_connection()
+        self.reader = RespReader(redis.ResponseError)
+
+    def send(self, data: bytes) -> None:
+        self.conn._sock.sendall(data)
+
+    def send_command(self, *args: Any) -> None:
+        self.conn.send_command(*args)
+
+    def receive(self) -> None:
+        """Feed the reader what has arrived (waiting for at least one byte)."""
+        chunk = self.conn._sock.recv(1 << 20)
+        if not chunk:
+            raise redis.ConnectionError("the connection closed in the middle of a reply")
+        self.reader.feed(chunk)
+
+    def close(self, ok: bool) -> None:
+        if not ok:
+            self.conn.disconnect()
+        self.pool.release(self.conn)
+
+
 def server_version(r: Any) -> tuple[int, ...]:
     """The lowest server version behind ``r`` (every master on a cluster)."""
     try:

@@ -28,12 +28,11 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import MapType, StringType, StructField, StructType
-from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from .. import _keys
 from ..exceptions import ConfigurationError
-from ._options import Connection, lowered, number
+from ._options import Connection, RawConnection, lowered, number, node_of
 
 #: Entries per XRANGE / XREADGROUP page.
 PAGE = 2_000
@@ -102,14 +101,9 @@ class _Fetcher:
     """A connection to the node owning one stream; replies go straight into the core's column buffers."""
 
     def __init__(self, client: Any, stream: str, schema: StructType) -> None:
-        from _lbscore import EntryColumns, RespReader
+        from _lbscore import EntryColumns
 
-        node_client = client
-        if isinstance(client, RedisCluster):
-            node_client = client.get_node_from_key(stream).redis_connection  # type: ignore[no-untyped-call]
-        self.pool = node_client.connection_pool
-        self.conn: Any = self.pool.get_connection()
-        self.reader = RespReader(ResponseError)
+        self.raw = RawConnection(node_of(client, stream)[1])
         self.columns = EntryColumns()
         self.stream = stream
         self.schema = schema
@@ -120,17 +114,13 @@ class _Fetcher:
         """Send one command; its reply's entries join the columns. Returns the entries it held."""
         from _lbscore import NEED_MORE
 
-        self.conn.send_command(*args)
-        sock = self.conn._sock
+        self.raw.send_command(*args)
         while True:
-            seen = self.columns.read(self.reader, shape)
+            seen = self.columns.read(self.raw.reader, shape)
             if seen is not NEED_MORE:
                 assert isinstance(seen, int)
                 return seen
-            chunk = sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("the connection closed in the middle of a reply")
-            self.reader.feed(chunk)
+            self.raw.receive()
 
     def batch(self) -> Any:
         """The entries fetched since the last batch, as an Arrow record batch (None if there are none)."""
@@ -139,9 +129,7 @@ class _Fetcher:
         return _arrow(self.schema, self.arrow_schema, self.stream, self.columns.take())
 
     def close(self) -> None:
-        if not self.ok:
-            self.conn.disconnect()  # a reply may be half read
-        self.pool.release(self.conn)
+        self.raw.close(self.ok)
 
 
 def _strings(count: int, offsets: bytes, data: bytes) -> Any:

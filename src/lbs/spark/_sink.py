@@ -28,7 +28,7 @@ from pyspark.sql.types import StructType
 from .. import _keys
 from .._connection import redirected
 from ..exceptions import ConfigurationError, RedisOperationError
-from ._options import Connection, flag, lowered, number, server_version
+from ._options import Connection, RawConnection, flag, lowered, node_of, number, server_version
 
 log = logging.getLogger("lbs.spark")
 
@@ -78,7 +78,6 @@ class SinkCommit(WriterCommitMessage):
     rows: int = 0
     skipped: int = 0  # rows whose stream column was null
     streams: list[str] = field(default_factory=list)
-    exactly_once: bool = False
     run_tag: str = ""  # the streaming query's id, which only executors can see
 
 
@@ -95,41 +94,35 @@ def _info_dict(reply: Any) -> dict[str, Any]:
 
 
 class _NodePipe:
-    """One connection to one node: encoded rounds go out in one write, replies are read by the core.
+    """One node's XADDs: encoded rounds go out in one write, replies are read by the core.
 
     A round is sent while the previous one's replies are still on their way;
     ``drain`` reads them. Server errors come back as values, so every failed
-    command is counted and the first one reported.
+    command is counted and the first ones kept for the report.
     """
 
     def __init__(self, client: redis.Redis) -> None:
-        from _lbscore import CommandBatch, RespReader
+        from _lbscore import CommandBatch
 
-        self.pool = client.connection_pool
-        self.conn: Any = self.pool.get_connection()
+        self.raw = RawConnection(client)
         self.batch = CommandBatch(1 << 17)
-        self.reader = RespReader(redis.ResponseError)
         self.in_flight = 0
         self.errors: list[Exception] = []
         self.failed = 0
 
     def send(self) -> None:
         if len(self.batch):
-            self.conn._sock.sendall(self.batch.getvalue())
+            self.raw.send(self.batch.getvalue())
             self.in_flight += len(self.batch)
             self.batch.clear()
 
     def drain(self) -> None:
         from _lbscore import NEED_MORE
 
-        sock = self.conn._sock
         while self.in_flight:
-            reply = self.reader.gets()
+            reply = self.raw.reader.gets()
             if reply is NEED_MORE:
-                chunk = sock.recv(1 << 16)
-                if not chunk:
-                    raise redis.ConnectionError("the connection closed while XADD replies were pending")
-                self.reader.feed(chunk)
+                self.raw.receive()
                 continue
             self.in_flight -= 1
             if isinstance(reply, Exception):
@@ -138,20 +131,21 @@ class _NodePipe:
                     self.errors.append(reply)
 
     def close(self, ok: bool) -> None:
-        if ok and not self.in_flight:
-            self.pool.release(self.conn)
-        else:
-            self.conn.disconnect()
-            self.pool.release(self.conn)
+        self.raw.close(ok and not self.in_flight)
 
 
 class _Appender:
-    """A partition's XADDs: one :class:`_NodePipe` per node that owns one of its streams."""
+    """XADDs to many streams: one :class:`_NodePipe` per node that owns one of them.
+
+    Every stream gets an :class:`_lbscore.XaddRoute` on first sight: its
+    node's batch and, with ``pid_head`` (``"<run tag>:<batch>:<part>:"``;
+    None: no IDMP), its IDMP chunk size.
+    """
 
     def __init__(self, client: Any, opts: SinkOptions, pid_head: str | None) -> None:
         self.client = client
         self.opts = opts
-        self.pid_head = pid_head  # "<run tag>:<batch>:<partition>:", or None without IDMP
+        self.pid_head = pid_head
         self.routes: dict[str, Any] = {}
         self.pipes: dict[str, _NodePipe] = {}
 
@@ -164,20 +158,26 @@ class _Appender:
             return
         sizes = _idmp_sizes(self.client, new, self.opts) if self.pid_head is not None else {}
         for name in new:
-            pipe = self._pipe(name)
-            size = sizes.get(name, 0)
-            self.routes[name] = XaddRoute(pipe.batch, name, size, (self.pid_head or "").encode())
+            node, client = node_of(self.client, name)
+            pipe = self.pipes.get(node)
+            if pipe is None:
+                pipe = self.pipes[node] = _NodePipe(client)
+            self.routes[name] = XaddRoute(pipe.batch, name, sizes.get(name, 0), (self.pid_head or "").encode())
 
-    def _pipe(self, stream: str) -> _NodePipe:
-        if isinstance(self.client, RedisCluster):
-            node = self.client.get_node_from_key(stream)  # type: ignore[no-untyped-call]
-            key, client = node.name, node.redis_connection
-        else:
-            key, client = "", self.client
-        pipe = self.pipes.get(key)
-        if pipe is None:
-            pipe = self.pipes[key] = _NodePipe(client)
-        return pipe
+    def append(self, streams: list[Any], names: list[str], columns: list[list[Any]], stop: int | None = None
+               ) -> int:
+        """Encode and send ``streams[:stop]``'s rows in rounds (see ``encode_xadds``); returns the rows sent."""
+        from _lbscore import encode_xadds
+
+        names_seen = set(streams[:stop])
+        names_seen.discard(None)
+        self.route(names_seen)
+        end = len(streams) if stop is None else stop
+        rows = 0
+        for start in range(0, end, FLUSH_ROWS):
+            rows += encode_xadds(streams, names, columns, self.routes, start, min(start + FLUSH_ROWS, end))
+            self.round()
+        return rows
 
     def round(self) -> None:
         """Send what was encoded; read the previous round's replies meanwhile."""
@@ -247,7 +247,6 @@ class _SinkCore:
 
     def write_batches(self, batches: Iterator[Any], batch_id: str) -> SinkCommit:
         import pyarrow as pa
-        from _lbscore import encode_xadds
 
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
@@ -261,8 +260,7 @@ class _SinkCore:
             if not exactly_once:
                 log.warning("lbs sink: Redis without XADD IDMP (needs 8.6) or idmp=false: at-least-once; "
                             "a retried task appends its rows again")
-            pid_head = f"{self.run_tag}:{batch_id}:{partition}:" if exactly_once else None
-            appender = _Appender(client, self.opts, pid_head)
+            appender = _Appender(client, self.opts, f"{self.run_tag}:{batch_id}:{partition}:" if exactly_once else None)
             touched: set[str] = set()
             rows = unnamed = 0
             for batch in batches:
@@ -270,30 +268,23 @@ class _SinkCore:
                 if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
                     column = column.cast(pa.string())
                 streams = column.to_pylist()
-                names = set(streams)
-                if None in names:
-                    names.discard(None)
-                    unnamed += column.null_count
-                touched |= names
+                unnamed += column.null_count
+                touched.update(streams)
                 if not self.opts.append:
                     continue
-                appender.route(names)
                 columns = [batch.column(n).to_pylist() for n in self.payload_columns]
-                for start in range(0, len(streams), FLUSH_ROWS):
-                    stop = min(start + FLUSH_ROWS, len(streams))
-                    if fail_at is not None and rows < fail_at <= rows + (stop - start):
-                        stop = start + fail_at - rows
-                    rows += encode_xadds(streams, self.payload_columns, columns, appender.routes, start, stop)
-                    appender.round()
-                    if fail_at is not None and rows >= fail_at:
-                        appender.finish()
-                        raise RuntimeError(f"injected failure after {rows} rows (option _failAfterRows)")
+                stop = fail_at - rows if fail_at is not None and fail_at - rows <= len(streams) else None
+                rows += appender.append(streams, self.payload_columns, columns, stop)
+                if stop is not None:
+                    appender.finish()
+                    raise RuntimeError(f"injected failure after {rows} rows (option _failAfterRows)")
             appender.finish()
+            touched.discard(None)
             if unnamed:
                 log.warning("lbs sink: partition %d skipped %d rows whose %r column is null (no data stream)",
                             partition, unnamed, self.opts.stream_column)
             ok = True
-            return SinkCommit(rows=rows, skipped=unnamed, streams=sorted(touched), exactly_once=exactly_once, run_tag=self.run_tag)
+            return SinkCommit(rows=rows, skipped=unnamed, streams=sorted(touched), run_tag=self.run_tag)
         finally:
             if appender is not None:
                 appender.close(ok)
@@ -313,23 +304,18 @@ class _SinkCore:
         from _lbscore import encode_input
 
         client = self.opts.connection.client()
+        appender: _Appender | None = None
+        ok = False
         try:
             lbs_stream = _keys.input_stream(self.opts.service)
             exactly_once = idmp and self.opts.idmp and server_version(client) >= IDMP_SERVER
-            size = _idmp_sizes(client, [lbs_stream], self.opts)[lbs_stream] if exactly_once else 0
-            pipe = client.pipeline(transaction=False)
-            for k, name in enumerate(streams):
-                payload = encode_input(name, None)
-                if exactly_once:
-                    pid = f"{self.run_tag}:{batch_id}:register:{k // size}"
-                    pipe.execute_command("XADD", lbs_stream, "IDMP", pid, k % size, "*", _keys.INPUT_FIELD, payload)
-                else:
-                    pipe.execute_command("XADD", lbs_stream, "*", _keys.INPUT_FIELD, payload)
-                if len(pipe) >= FLUSH_ROWS:
-                    pipe.execute()
-            if len(pipe):
-                pipe.execute()
+            appender = _Appender(client, self.opts, f"{self.run_tag}:{batch_id}:register:" if exactly_once else None)
+            appender.append([lbs_stream] * len(streams), [_keys.INPUT_FIELD], [[encode_input(n, None) for n in streams]])
+            appender.finish()
+            ok = True
         finally:
+            if appender is not None:
+                appender.close(ok)
             client.close()
 
 
