@@ -1,7 +1,7 @@
 # Two entry points, each self-contained on a fresh machine and safe to repeat:
 #   make demo   venv + install + Redis 8.6 (built once, cached) + the demo
 #   make test   the same set-up + the whole test suite
-# Other targets: setup, redis, wheel, bench, proptest, fuzz, typecheck, clean.
+# Other targets: setup, redis, wheel, bench, proptest, faults, fuzz, typecheck, clean.
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -14,7 +14,7 @@ SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup redis wheel bench proptest fuzz typecheck clean
+.PHONY: demo test faults setup redis wheel bench proptest fuzz typecheck clean
 
 demo: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo
@@ -25,6 +25,12 @@ demo: setup
 test: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
 		$(PY) -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
+
+# The fault suite (tests/faults) at full size: 10x the streams and durations
+# of the smoke size `make test` runs, with each test's figures printed.
+faults: setup
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_FAULTS=full \
+		$(PY) -m pytest tests/faults -s $(PYTEST_ARGS)
 
 # The property tests with thousands of examples each (about 10 minutes).
 proptest: setup

@@ -18,7 +18,7 @@ KeyboardInterrupt so pytest runs its teardown then too.
 
 Markers are set from the directory: ``tests/unit`` -> unit (no server),
 ``tests/integration`` -> integration, ``tests/typing`` -> typing,
-``tests/packaging`` -> packaging.
+``tests/packaging`` -> packaging, ``tests/faults`` -> faults.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if len(parts) > 1 and parts[0] == "tests":
             kind = parts[1]
-            if kind in ("unit", "integration", "typing", "packaging"):
+            if kind in ("unit", "integration", "typing", "packaging", "faults"):
                 item.add_marker(kind)
 
 

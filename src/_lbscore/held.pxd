@@ -3,7 +3,9 @@ from libc.stdint cimport int64_t
 
 cdef class _HeldKeys:
     # What every Held of one client shares: its lock values are
-    # "<token>:<consumer id>" and its lock keys "<lock prefix><entry id>".
+    # "<token>:<lock owner>" and its lock keys "<lock prefix><entry id>".
+    # The lock owner is the consumer id and the process's instance nonce,
+    # "<consumer id>:<instance>" (field name kept: consumer_id).
     cdef:
         readonly str consumer_id
         readonly str lock_prefix
@@ -19,6 +21,7 @@ cdef class Held:
         readonly int64_t retry_count
         readonly int64_t token
         public object task         # the run() handler's task, if any
+        readonly double taken_at   # when it was taken (the client's monotonic clock, seconds)
         _HeldKeys _keys
 
 

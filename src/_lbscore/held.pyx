@@ -28,7 +28,7 @@ cdef class _HeldKeys:
 
 
 cdef inline Held _new_held(_HeldKeys keys, str entry_id, str stream, object info,
-                           int64_t retry_count, int64_t token):
+                           int64_t retry_count, int64_t token, double taken_at=0.0):
     cdef Held h = Held.__new__(Held)
     h.entry_id = entry_id
     h.stream = stream
@@ -37,6 +37,7 @@ cdef inline Held _new_held(_HeldKeys keys, str entry_id, str stream, object info
     h.retry_count = retry_count
     h.token = token
     h.task = None
+    h.taken_at = taken_at
     h._keys = keys
     return h
 
@@ -166,9 +167,10 @@ cdef class HeldTable:
                 del self._by_stream[h.stream]
         return 0
 
-    def add_new(self, str entry_id, str stream, object info, int64_t retry_count, int64_t token):
-        """Create the record of a stream just taken, add it, and return it."""
-        cdef Held h = _new_held(self._keys, entry_id, stream, info, retry_count, token)
+    def add_new(self, str entry_id, str stream, object info, int64_t retry_count, int64_t token,
+                double taken_at=0.0):
+        """Create the record of a stream just taken (at ``taken_at``, a monotonic time), add it, and return it."""
+        cdef Held h = _new_held(self._keys, entry_id, stream, info, retry_count, token, taken_at)
         self.add(h)
         return h
 
@@ -221,6 +223,21 @@ cdef class HeldTable:
     def values(self):
         """The records, in the order they were added (a snapshot list)."""
         return list(self._by_id.values())
+
+    def taken_before(self, double cutoff):
+        """The records taken before ``cutoff`` (a monotonic time), oldest first.
+
+        Insertion order is taking order, so the walk stops at the first
+        record taken at or after ``cutoff``.
+        """
+        cdef list out = []
+        cdef Held h
+        for v in self._by_id.values():
+            h = <Held>v
+            if h.taken_at >= cutoff:
+                break
+            out.append(h)
+        return out
 
     def streams(self):
         """How many distinct stream names are held."""

@@ -23,6 +23,7 @@ from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input
 from .client import Client, ClientStats, Held, consumer_id_from_env
 from .config import Config
 from .exceptions import (
+    BatchError,
     ConfigurationError,
     DataError,
     InterfaceError,
@@ -56,6 +57,7 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
+    "BatchError",
     "ClusterMode",
     "ShardedClient",
     "shard_of",

@@ -47,15 +47,48 @@ def resolve_client(redis: RedisLike, *, cluster: bool | ClusterMode = ClusterMod
     A URL opens a cluster client when its scheme is ``redis+cluster://``
     (``rediss+cluster://``) or ``cluster`` is ``ClusterMode.OSS`` (or True).
     A client object says what it is: a ``RedisCluster`` is a cluster.
+    A URL redis-py cannot use (scheme, port, options) raises
+    :class:`lbs.ConfigurationError` naming it, its password masked; no
+    connection is made here.
     """
-    cluster = cluster is True or cluster is ClusterMode.OSS
+    if not isinstance(cluster, (bool, ClusterMode)):
+        raise ConfigurationError(f"cluster must be a bool or an lbs.ClusterMode, got {cluster!r}")
+    oss = cluster is True or cluster is ClusterMode.OSS
     if isinstance(redis, str):
-        for scheme, plain in _CLUSTER_SCHEMES.items():
-            if redis.startswith(scheme):
-                return RedisCluster.from_url(plain + redis[len(scheme):]), True
-        if cluster:
-            return RedisCluster.from_url(redis), True
-        return aioredis.Redis.from_url(redis), True
+        url = redis
+        try:
+            for scheme, plain in _CLUSTER_SCHEMES.items():
+                if url.startswith(scheme):
+                    return RedisCluster.from_url(plain + url[len(scheme):]), True
+            if oss:
+                return RedisCluster.from_url(url), True
+            client = aioredis.Redis.from_url(url)
+            # redis-py makes connections on first use: make one now (no I/O) so
+            # that an option the connection does not take fails here, not there.
+            client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+            return client, True
+        except Exception as exc:  # from_url does no I/O: whatever it raises is about the URL
+            import re
+
+            # Mask the password (userinfo after "user:", or the whole userinfo,
+            # and a password= option) in the URL and in redis-py's message.
+            secrets: list[str] = []
+            rest = url.split("://", 1)[-1]
+            at = rest.rfind("@")
+            if at >= 0:
+                user, colon, password = rest[:at].partition(":")
+                secrets.append(password if colon else user)
+                masked = url[:len(url) - len(rest)] + (user + ":" if colon else "") + "***" + rest[at:]
+            else:
+                masked = url
+            secrets += re.findall(r"(?i)[?&]password=([^&#]*)", url)
+            masked = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", masked)
+            message = f"invalid Redis URL {masked!r}: {exc}"
+            for secret in secrets:
+                if len(secret) >= 4:  # a shorter one would garble the message more than it hides
+                    message = message.replace(secret, "***")
+            # from None: redis-py's own exception (kept as __context__) may show the password.
+            raise ConfigurationError(message) from None
     if isinstance(redis, (aioredis.Redis, RedisCluster)):
         return redis, False
     raise ConfigurationError(

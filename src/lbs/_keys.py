@@ -62,6 +62,16 @@ def consumers_key(service: str) -> str:
     return f"{hash_tag(service)}:consumers"
 
 
+def instance_key(service: str, consumer_id: str) -> str:
+    """The marker of the process running as ``consumer_id``: ``{<service>-input}:instance:<consumer id>``.
+
+    It holds that process's instance nonce with the lock TTL, refreshed by
+    every heartbeat tick, so a second process started with the same consumer
+    id is refused at start, and deleted when the process closes.
+    """
+    return f"{hash_tag(service)}:instance:{consumer_id}"
+
+
 def dead_letter_group(service: str) -> str:
     """The consumer group of the dead-letter forwarders: ``<service>-dlq-forwarders``."""
     return f"{service}-dlq-forwarders"

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-SCRIPT_NAMES = ("read-3", "extend-n", "done-n", "requeue-3", "reap-2")
+SCRIPT_NAMES = ("read-3", "extend-n", "done-n", "requeue-3", "reap-2", "leave-1")
 
 
 @lru_cache(maxsize=None)
@@ -32,6 +32,7 @@ class Scripts:
         self.done: Any = redis.register_script(source("done-n"))
         self.requeue: Any = redis.register_script(source("requeue-3"))
         self.reap: Any = redis.register_script(source("reap-2"))
+        self.leave: Any = redis.register_script(source("leave-1"))
 
     def sources(self) -> list[str]:
         """Every script's Lua source (what a NOSCRIPT reloads)."""
@@ -44,11 +45,15 @@ class DoneCode(enum.IntEnum):
     DONE = 1
     LOCK_EXPIRED = 2
     LOCK_LOST = 3
+    #: A retried call (its first reply was lost) found the entry already finished.
+    ALREADY_DONE = 4
 
 
 class RequeueCode(enum.IntEnum):
     """First element of the output of ``requeue-3.lua``."""
 
+    #: A key had the wrong type (the detail names it): nothing was touched.
+    REFUSED = -2
     TRIMMED = -1
     SKIPPED = 0
     REQUEUED = 1

@@ -8,6 +8,12 @@ the command that failed. A command whose reply holds stream entries says so
 (``CommandBatch.expect``) and its entries come back as ``Entry`` objects,
 built straight from the bytes. Per batch that is one buffer and one reader
 loop, instead of redis-py's per-command packing and parsing.
+
+A connection the server closed while it sat idle (``CLIENT KILL``, a
+restart, an idle timeout) is noticed before the next batch is written (its
+stream is at EOF) and replaced, so nothing is sent on a dead socket. A batch
+whose connection fails while it is in flight may or may not have run: the
+caller decides whether sending it again is safe (``retry_safe``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ def _reply_error(message: str) -> ResponseError:
     return ResponseError(message)
 
 
+def _closed_by_peer(conn: Any) -> bool:
+    """Whether the server closed ``conn`` (EOF or a transport error seen by the event loop)."""
+    stream, writer = conn._reader, conn._writer
+    return bool(stream.at_eof() or stream.exception() is not None or writer.is_closing())
+
+
 class Wire:
     """One connection from a client's pool, held for batches; serialised by a lock.
 
@@ -48,14 +60,18 @@ class Wire:
         self._reader: Any = None
         self._lock = asyncio.Lock()
 
-    async def execute(self, build: Callable[[CommandBatch], None], parser: EntryParser | None = None) -> list[Any]:
+    async def execute(self, build: Callable[[CommandBatch], None], parser: EntryParser | None = None, *,
+                      retry_safe: bool = False) -> list[Any]:
         """Encode with ``build(batch)``, send, and return one reply per command.
 
         Server errors come back as exception instances in the list;
         connection failures raise (and drop the connection). Replies the
         batch marked with ``expect`` have their entries parsed by ``parser``.
+        With ``retry_safe`` (the batch may run twice: it only reads, or its
+        commands check what they change), a batch whose connection failed is
+        sent once more on a fresh connection before the failure is raised.
         """
-        return await self.execute_chunks(1, lambda batch, _k: build(batch), parser)
+        return await self.execute_chunks(1, lambda batch, _k: build(batch), parser, retry_safe=retry_safe)
 
     async def close(self) -> None:
         """Give the connection back to the pool."""
@@ -64,7 +80,7 @@ class Wire:
             await self._pool.release(conn)
 
     async def execute_chunks(self, count: int, build: Callable[[CommandBatch, int], None],
-                             parser: EntryParser | None = None) -> list[Any]:
+                             parser: EntryParser | None = None, *, retry_safe: bool = False) -> list[Any]:
         """Like :meth:`execute` for a batch sent in ``count`` parts, ``build(batch, k)`` encoding part ``k``.
 
         Each part is written as soon as it is encoded, and the next one is
@@ -77,7 +93,12 @@ class Wire:
         if count <= 0:
             return []
         async with self._lock:
-            replies = await self._stream(count, build, parser)
+            try:
+                replies = await self._stream(count, build, parser)
+            except RedisConnectionError:
+                if not retry_safe:
+                    raise
+                replies = await self._stream(count, build, parser)  # on a fresh connection
             if replies and all(isinstance(r, NoScriptError) for r in replies):
                 for source in self._scripts:
                     await self._redis.script_load(source)
@@ -94,6 +115,11 @@ class Wire:
         if conn is None:
             conn = self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         try:
+            if conn.is_connected and self._reader is not None and _closed_by_peer(conn):
+                # The server hung up while the connection sat idle: nothing of
+                # ours is in flight, so a fresh connection is safe for anything.
+                self._reader = None
+                await conn.disconnect()
             if not conn.is_connected or self._reader is None:
                 await conn.connect()
                 self._reader = RespReader(_reply_error)

@@ -20,7 +20,10 @@ import asyncio
 import logging
 import os
 import random
+import signal
+import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -44,7 +47,7 @@ from ._eager import start_task
 from ._scripts import DoneCode, RequeueCode, Scripts
 from ._wire import Wire
 from .config import Config
-from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
+from .exceptions import ConfigurationError, InterfaceError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Mailbox, Notification, NotificationType
 from .plugins import make_plugin_manager, plugin_config_defaults
 from .deadletters import Forwarder
@@ -66,7 +69,9 @@ TOMBSTONES = 10_000
 #: Most done_stream calls the finisher finishes in one script call.
 DONE_BATCH = 1_000
 # done-n.lua's codes (DoneCode) as the statuses done_stream reports; anything else is a lost lock.
-_DONE_STATUS = {int(DoneCode.DONE): DoneStatus.DONE, int(DoneCode.LOCK_EXPIRED): DoneStatus.LOCK_EXPIRED}
+# ALREADY_DONE: a retried call whose first reply was lost found its own work finished.
+_DONE_STATUS = {int(DoneCode.DONE): DoneStatus.DONE, int(DoneCode.LOCK_EXPIRED): DoneStatus.LOCK_EXPIRED,
+                int(DoneCode.ALREADY_DONE): DoneStatus.DONE}
 
 Handler = Callable[[Notification], Awaitable[Any]]
 
@@ -147,6 +152,12 @@ class Client:
         # Without an explicit Config, plugins may contribute defaults (hook lbs_config_defaults).
         self.config = config if config is not None else Config(**plugin_config_defaults(self.pm))
         self.id = consumer_id_from_env(consumer_id)
+        #: This process's instance nonce: lock values are "<token>:<id>:<instance>", so a
+        #: process adopts only its own locks, and a second live process with the same
+        #: consumer id is refused at start (the marker ``{<service>-input}:instance:<id>``).
+        self.instance = uuid.uuid4().hex[:12]
+        self.lock_owner = f"{self.id}:{self.instance}"
+        self.instance_key = _keys.instance_key(service, self.id)
         self.stream_key = _keys.input_stream(service)
         self.group = _keys.group_name(service)
         self.fence_key = _keys.fence_key(service)
@@ -170,7 +181,8 @@ class Client:
         self.log = _Log(log, {"consumer_id": self.id})
         self._trace_hooks = os.environ.get("LBS_TRACE_PLUGINS") == "1"
 
-        self._held = HeldTable(self.id, self._lock_key_prefix)
+        self._held = HeldTable(self.lock_owner, self._lock_key_prefix)
+        self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
         self._beats = 0  # heartbeat ticks so far: picks which entries refresh their pending idle time
         self._tombstones: OrderedDict[str, Held] = OrderedDict()
         self._mailbox: Mailbox[Notification] = Mailbox(self.config.notification_buffer)
@@ -195,6 +207,8 @@ class Client:
         self._finisher: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None  # the one shutdown every close() waits for
+        self._drain_cut = asyncio.Event()  # a second signal: stop waiting for handlers
         self._use_xackdel = False
         self._forwarder: Forwarder | None = None  # dead letters to a plugin's backend
         self._topology_lock = asyncio.Lock()
@@ -203,6 +217,7 @@ class Client:
         self.read_strategy = ReadStrategy(name="default")
         self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
         self.server_version: tuple[int, ...] = ()
+        self._run_id = ""  # the server's run id at start: a change means it restarted
         self.keyspace_events_configured = False
         #: The recovery tasks (deadline poller, keyspace listener, scan); see lbs.recovery.
         self.recovery = Recovery(self)
@@ -346,6 +361,7 @@ class Client:
                 if self._cluster is None or not _topology_error(exc) or attempt == 4:
                     raise RedisOperationError("start", exc) from exc
                 await asyncio.sleep(self.config.read_retry_initial * 2 ** attempt)
+        await self._claim_instance()
         # Which reader: a plugin may answer (and may refuse this server by raising).
         strategy = self.pm.hook.lbs_reader(client=self, server_version=self.server_version)
         self.read_strategy = strategy if strategy is not None else ReadStrategy(name="default")
@@ -371,6 +387,56 @@ class Client:
                       ".".join(map(str, self.server_version)) or "?")
         self._hook("lbs_client_started")
 
+    async def _claim_instance(self) -> None:
+        """Take this consumer id's instance marker, or refuse a second live process with the same id.
+
+        The marker holds the running process's nonce with the lock TTL and
+        every heartbeat tick refreshes it. When it is taken, either its
+        process died moments ago (the marker then expires within the TTL and
+        this start goes on) or it is alive (the marker is refreshed, and this
+        start is refused): two processes under one consumer id share a
+        pending list and a deadline, and would adopt each other's locks.
+        """
+        r, key, ttl_ms = self._redis, self.instance_key, self.config.lock_ttl_ms
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.config.lock_ttl + self.config.heartbeat_every + 1.0
+        seen: tuple[Any, int] | None = None
+        try:
+            while not await r.set(key, self.instance, nx=True, px=ttl_ms):
+                pipe = r.pipeline(transaction=True)
+                pipe.get(key)
+                pipe.pttl(key)
+                holder, pttl = await execute(pipe)
+                if holder is None:
+                    continue  # expired between the two calls
+                if seen is None:
+                    self.log.warning("consumer id %s is marked in use by instance %s (%s); waiting up to %.1fs "
+                                     "for that process's marker to expire", self.id, _text(holder), key,
+                                     pttl / 1000)
+                elif holder != seen[0] or pttl > seen[1]:
+                    raise ConfigurationError(
+                        f"consumer id {self.id!r} is in use by another live process (instance "
+                        f"{_text(holder)}, marker {key}): give each process its own consumer id "
+                        "(POD_NAME or consumer_id=...)")
+                if loop.time() > give_up:
+                    raise ConfigurationError(
+                        f"consumer id {self.id!r} stays marked in use by instance {_text(holder)} ({key}, "
+                        f"ttl {pttl} ms): another process runs with it, or the key was set by hand")
+                seen = (holder, pttl)
+                await asyncio.sleep(min(0.1, self.config.heartbeat_every / 4))
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise RedisOperationError("start", ResponseError(
+                f"{key} holds a value of the wrong type, not this consumer's instance marker: {exc}")) from exc
+
+    async def _release_instance(self) -> None:
+        """Delete the instance marker if still ours, so a restart under this id need not wait for it."""
+        try:
+            await self._scripts.leave(keys=[self.instance_key], args=[self.instance])
+        except RedisError as exc:
+            self.log.debug("could not delete the instance marker %s (%s); it expires", self.instance_key, exc)
+
     async def _ensure_group(self) -> None:
         # Id 0, not $: assignments added before any consumer existed are delivered.
         try:
@@ -382,7 +448,29 @@ class Client:
     async def _detect_features(self) -> None:
         info = await self._redis.info("server")
         self.server_version = parse_version(info.get("redis_version", "0"))
+        self._run_id = str(info.get("run_id", ""))
         self._use_xackdel = self.server_version >= (8, 2)
+
+    async def check_server(self) -> bool:
+        """Notice a server restart (its run id changed) and re-apply what it forgot; whether it restarted.
+
+        ``notify-keyspace-events`` set with CONFIG SET does not survive a
+        restart (unless the config file was rewritten), so it is set again.
+        Called when the keyspace listener reconnects and by every scan.
+        """
+        info = await self._redis.info("server")
+        run_id = str(info.get("run_id", ""))
+        if run_id == self._run_id:
+            return False
+        before, self._run_id = self._run_id, run_id
+        self.server_version = parse_version(info.get("redis_version", "0"))
+        self._use_xackdel = self.server_version >= (8, 2)
+        self.recovery._metric("server_restarts_total", "counter", 1)
+        self.log.warning("the server restarted (run id %s -> %s)%s", before[:8], run_id[:8],
+                         "; setting notify-keyspace-events again" if self.config.configure_keyspace_events else "")
+        if self.config.configure_keyspace_events:
+            await self._configure_keyspace_events()
+        return True
 
     async def _configure_keyspace_events(self) -> None:
         try:
@@ -505,13 +593,15 @@ class Client:
         """
         sha = self._scripts.read.sha
         head = (self.stream_key, self.fence_key, self.consumers_key, self.group, self.id,
-                count, self.config.lock_ttl_ms, self._lock_prefix, start, self._claim_arg)
+                count, self.config.lock_ttl_ms, self._lock_prefix, start, self._claim_arg, self.lock_owner)
 
         def build(b: CommandBatch) -> None:
             b.command("EVALSHA", sha, 3, *head)
             b.expect(Shape.SCRIPT_ENTRIES)  # its entries come back as Entry objects
 
-        return start_task(asyncio.get_running_loop(), self._read_wire.execute(build, self._parser), "lbs-read")
+        # Re-reading our own pending entries ("0") takes nothing: safe to send twice.
+        return start_task(asyncio.get_running_loop(),
+                          self._read_wire.execute(build, self._parser, retry_safe=start != ">"), "lbs-read")
 
     async def _take_read(self, sent: asyncio.Task[list[Any]], start: str,
                          before_dispatch: Callable[[int], None] | None = None) -> str | None:
@@ -540,18 +630,25 @@ class Client:
         max_retries = self.config.max_retries
         acquired, started = self._listening("lbs_lock_acquired"), self._listening("lbs_stream_started")
         dispatch, stats = self._dispatch, self.stats
+        taken_at = time.monotonic()
         for e, tok in zip(raw_entries, tokens):
             tok = self._own_token(tok)
             if not isinstance(tok, int):
-                if start == ">":
+                if tok.startswith("WRONGTYPE"):
+                    # Not a lock at all: the entry stays pending, and the scan
+                    # brings it back once the key is removed.
+                    self.log.error("entry %s: its lock key %s holds a value of the wrong type (%s); leaving "
+                                   "the entry pending until the key is removed", e.id,
+                                   self._lock_key_prefix + e.id, tok)
+                elif start == ">":
                     # Someone holds this entry's lock (a slow holder whose entry
                     # was claimed away): leave it pending; it is theirs.
-                    self.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, _text(tok))
+                    self.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
                 continue
             if e.id in self._held:
                 continue  # re-read: already ours
             if e.error is not None:
-                bad.append((e, f"{tok}:{self.id}", str(e.error)))
+                bad.append((e, f"{tok}:{self.lock_owner}", str(e.error)))
                 continue
             assert e.stream is not None and e.info is not None
             retry_count = e.retry_count
@@ -560,15 +657,15 @@ class Client:
                 # count of earlier deliveries is the count of failed attempts.
                 retry_count += e.delivery_count
                 if 0 <= max_retries < retry_count:
-                    bad.append((e, f"{tok}:{self.id}", f"out of retries: {e.retry_count} re-queued, "
+                    bad.append((e, f"{tok}:{self.lock_owner}", f"out of retries: {e.retry_count} re-queued, "
                                                        f"{e.delivery_count} deliveries (claimed)"))
                     continue
-            h = self._held.add_new(e.id, e.stream, e.info, retry_count, tok)
+            h = self._held.add_new(e.id, e.stream, e.info, retry_count, tok, taken_at)
             stats.taken += 1
             if acquired:
                 self._hook("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
             # e.info, not h.info: an empty Info then costs the held record no dict.
-            note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok)
+            note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok, "", self)
             if started:
                 self._hook("lbs_stream_started", notification=note)
             if dispatch is not None:
@@ -597,6 +694,10 @@ class Client:
                                  "recovery retries", e.id, reason, res)
                 continue
             code, detail = int(res[0]), _text(res[1])
+            if code == RequeueCode.REFUSED:
+                self.log.error("entry %s: %s; cannot dead-letter it: %s. It stays pending; recovery retries "
+                               "once its lock expires", e.id, reason, detail.removeprefix("LBSKEY "))
+                continue
             self.log.warning("entry %s: %s: %s", e.id, reason,
                              "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
                              else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
@@ -655,20 +756,24 @@ class Client:
             pass
         return failures, min(delay * 2, cfg.read_retry_max)
 
-    def _own_token(self, tok: Any) -> Any:
-        """The token of a lock that is already ours, else ``tok`` unchanged.
+    def _own_token(self, tok: Any) -> int | str:
+        """The token of a lock that is ours, else the lock's value as text.
 
         A retried take (its first reply was lost with the connection) finds
-        the locks the first attempt set: "<token>:<our id>". Entries come
-        from our own read, so those locks are ours to adopt.
+        the locks the first attempt set: "<token>:<our id>:<our instance>".
+        Only this very process's locks are adopted: another process started
+        with the same consumer id (refused at start, but possible by hand)
+        reads from the same pending list, and its locks stay its own.
         """
+        if isinstance(tok, int):
+            return tok
         if isinstance(tok, bytes):
-            tok = tok.decode()
-        if isinstance(tok, str):
-            token, _, owner = tok.partition(":")
-            if owner == self.id and token.isdigit():
-                return int(token)
-        return tok
+            tok = tok.decode(errors="replace")
+        text = str(tok)
+        token, _, owner = text.partition(":")
+        if owner == self.lock_owner and token.isdigit():
+            return int(token)
+        return text
 
     def _requeue_keys_args(self, entry_id: str, lock_key: str, *, mode: str, value: str, count_retry: bool,
                            reason: str, force_dead_letter: bool = False) -> tuple[list[Any], list[Any]]:
@@ -690,20 +795,25 @@ class Client:
 
     async def _heartbeat_loop(self) -> None:
         every = self.config.heartbeat_every
+        wait = every
         while not self._stopping.is_set():
             try:
-                await asyncio.wait_for(self._stopping.wait(), every)
+                await asyncio.wait_for(self._stopping.wait(), wait)
                 return
             except asyncio.TimeoutError:
                 pass
             try:
                 await self.heartbeat()
+                wait = every
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.recovery._metric("heartbeat_failures_total", "counter", 1)
                 await self._after_failure(exc)
-                self.log.warning("heartbeat failed: %s", exc)
+                # The Wire already tried a fresh connection; try again soon, well
+                # before the locks (extended at most a tick ago) can expire.
+                wait = every / 4
+                self.log.warning("heartbeat failed: %s; next try in %.2fs", exc, wait)
 
     async def heartbeat(self) -> int:
         """Extend every held lock now, in one round trip; return how many were lost.
@@ -717,15 +827,15 @@ class Client:
         ``Config.heartbeat_every`` seconds.
         """
         snapshot = self._held.values()
-        if not snapshot:
-            return 0
         started = time.perf_counter()
         chunk = self.config.heartbeat_chunk
-        starts = range(0, len(snapshot), chunk)
+        # At least one call, even holding nothing: it keeps the instance marker alive.
+        starts = range(0, max(1, len(snapshot)), chunk)
         sha, ttl = self._scripts.extend.sha, self.config.lock_ttl_ms
-        head_keys = (self.stream_key, self.consumers_key)
-        # The last call of the tick moves this consumer's deadline (extend-n.lua).
-        head_args, last_args = (ttl, self.group, self.id, 0), (ttl, self.group, self.id, 1)
+        head_keys = (self.stream_key, self.consumers_key, self.instance_key)
+        # The last call of the tick moves this consumer's deadline and its instance marker (extend-n.lua).
+        head_args = (ttl, self.group, self.id, 0, self.instance)
+        last_args = (ttl, self.group, self.id, 1, self.instance)
         encode = self._held.encode_extend
         every = self.config.pel_refresh_every
         phase = self._beats % every
@@ -737,12 +847,17 @@ class Client:
                    min(start + chunk, len(snapshot)), every, phase)
 
         try:
-            results = _raise_first_error(await self._beat_wire.execute_chunks(len(starts), build))
+            # Extending a lock checks its value first: sending a tick twice is harmless.
+            results = _raise_first_error(await self._beat_wire.execute_chunks(len(starts), build, retry_safe=True))
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         lost: list[Held] = []
         for start, positions in zip(starts, results):
-            lost.extend(snapshot[start + int(p) - 1] for p in positions)
+            for p in positions:
+                if isinstance(p, int):
+                    lost.append(snapshot[start + p - 1])
+                else:
+                    self._tick_warning(_text(p))
         lost = [h for h in lost if self._drop_held(h)]
         for h in lost:
             self._disown(h, "lock expired or taken while held (heartbeat missed)")
@@ -751,13 +866,41 @@ class Client:
         if lost:
             # We live, so the consumer deadline index will not send anyone for
             # these: put back the ones whose lock is gone (not those someone
-            # else holds) ourselves, exactly as recovery would.
+            # else holds) ourselves. The loss was not the stream's fault (a
+            # stall, an eviction): no retry is counted.
             try:
                 await self.recovery.requeue([h.entry_id for h in lost], "heartbeat",
-                                            "lock lost while held (heartbeat missed)")
+                                            "lock lost while held (heartbeat missed)", count_retry=False)
             except RedisError as exc:
                 self.log.warning("re-queue of %d lost assignments failed (%s); the scan will", len(lost), exc)
+        if self.config.hold_warning is not None:
+            self._report_overdue(self.config.hold_warning)
         return len(lost)
+
+    def _tick_warning(self, what: str) -> None:
+        """Something the tick's last call could not do (extend-n.lua's string outputs)."""
+        if what.startswith("INSTANCE"):
+            self.recovery._metric("duplicate_consumer_total", "counter", 1)
+            self.log.error("another live process runs with consumer id %s (instance %s, this one %s): their "
+                           "locks and pending entries mix; give each process its own id", self.id,
+                           what.partition(" ")[2], self.instance)
+        else:
+            self.recovery._metric("wrong_type_keys_total", "counter", 1)
+            self.log.error("heartbeat: %s", what.removeprefix("LBSKEY "))
+
+    def _report_overdue(self, limit: float) -> None:
+        """Warn once per stream held longer than ``limit`` seconds; the ``held_overdue`` gauge counts them."""
+        overdue = self._held.taken_before(time.monotonic() - limit)
+        warned = self._overdue_warned
+        if warned:
+            warned.intersection_update(h.entry_id for h in overdue)
+        for h in overdue:
+            if h.entry_id not in warned:
+                warned.add(h.entry_id)
+                self.log.warning("%s (entry %s, token %d) has been held for over %.0fs without being finished: "
+                                 "call done_stream or hand_back, or use `async with notification:`",
+                                 h.stream, h.entry_id, h.token, limit)
+        self.recovery._metric("held_overdue", "gauge", len(overdue))
 
     def _disown(self, h: Held, reason: str) -> None:
         self._tombstone(h)
@@ -860,13 +1003,21 @@ class Client:
                 batch = self._done_queue[:DONE_BATCH]
                 del self._done_queue[:DONE_BATCH]
                 items = [h for h, _ in batch]
+                retrying = 0
 
                 def build(b: CommandBatch) -> None:
-                    b.evalsha_locks(sha, (self.stream_key,), self._lock_prefix,
-                                    [h.entry_id for h in items], (self.group, flag), [h.value for h in items])
+                    b.evalsha_locks(sha, (self.stream_key,), self._lock_prefix, [h.entry_id for h in items],
+                                    (self.group, flag, retrying), [h.value for h in items])
 
                 try:
-                    (codes,) = _raise_first_error(await self._done_wire.execute(build))
+                    try:
+                        (codes,) = _raise_first_error(await self._done_wire.execute(build))
+                    except RedisConnectionError:
+                        # The connection failed with the call in flight: it may have
+                        # run. Send it once more on a fresh connection, saying so:
+                        # an entry the lost call finished then reads ALREADY_DONE.
+                        retrying = 1
+                        (codes,) = _raise_first_error(await self._done_wire.execute(build))
                 except asyncio.CancelledError:
                     for _, fut in batch:
                         if fut is not None:
@@ -915,12 +1066,18 @@ class Client:
         With ``count_retry`` its ``_retry_count`` goes up, and past
         ``Config.max_retries`` it goes to the dead-letter stream instead.
         Returns the new entry id ("" when dead-lettered, dropped or the lock
-        was already lost).
+        was already lost). Under :meth:`run`, the stream's handler is
+        cancelled, and has ended, before the stream goes back (unless the
+        handler itself is the caller), so this process never runs two
+        handlers for one stream.
         """
         h = self._find(stream, entry_id)
         if h is None:
             raise NotHeldError(f"{self.id} does not hold data stream {stream!r}")
         self._drop_held(h)
+        task = h.task
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            await cancel_and_wait([task])
         return (await self._hand_back_many([h], count_retry=count_retry, reason=reason))[0]
 
     async def _hand_back_many(self, items: list[Held], *, count_retry: bool, reason: str) -> list[str]:
@@ -945,6 +1102,10 @@ class Client:
                 self.log.warning("%s (entry %s) is out of retries: dead-lettered (%s)", h.stream, h.entry_id, reason)
                 self._hook("lbs_stream_dead_lettered", entry_id=h.entry_id, reason=reason,
                            dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
+                out.append("")
+            elif code == RequeueCode.REFUSED:
+                self.log.error("could not hand back %s (entry %s): %s; it stays pending and recovery retries "
+                               "once its lock expires", h.stream, h.entry_id, detail.removeprefix("LBSKEY "))
                 out.append("")
             else:
                 self.log.warning("could not hand back %s (entry %s): %s", h.stream, h.entry_id, detail)
@@ -1007,7 +1168,8 @@ class Client:
 
     # ---------------------------------------------------------------- run ---
 
-    async def run(self, handler: Handler | None = None, concurrency: int | None = None) -> None:
+    async def run(self, handler: Handler | None = None, concurrency: int | None = None, *,
+                  handle_signals: bool = True) -> None:
         """Call ``await handler(notification)`` for every assigned stream until closed.
 
         Without ``handler``, a plugin provides it (hook ``lbs_handler``).
@@ -1022,8 +1184,15 @@ class Client:
 
         Each handler runs in its own task, started eagerly: its first step
         runs as soon as the stream is taken, and a handler that finishes
-        without suspending never waits for the event loop. Returns after
-        :meth:`close`.
+        without suspending never waits for the event loop. Returns once
+        :meth:`close` (from anywhere) has finished.
+
+        With ``handle_signals`` (the default) and when called in the main
+        thread, SIGTERM and SIGINT start :meth:`close` for the duration of
+        the call: reading stops, running handlers get
+        ``Config.drain_timeout`` to finish, and the rest are handed back
+        without a retry counted; ``run()`` then returns normally (a worker's
+        exit code 0). A second signal stops the drain at once.
         """
         if self._dispatch is not None:
             raise ConfigurationError("run() is already running on this client")
@@ -1053,6 +1222,7 @@ class Client:
 
         self._dispatch = dispatch
         self._run_limit = concurrency if concurrency is not None and concurrency < self.config.max_streams else 0
+        signals = self._catch_signals(loop) if handle_signals else []
         try:
             await self.start()
             # STREAM_ADDED goes straight to dispatch; the other notifications
@@ -1061,9 +1231,35 @@ class Client:
                 pass
             if self._handlers:
                 await asyncio.gather(*self._handlers, return_exceptions=True)
+            if self._closing is not None:
+                await asyncio.shield(self._closing)  # close() ran elsewhere: return once it is over
         finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
             self._dispatch = None
             self._run_limit = 0
+
+    def _catch_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        """Turn SIGTERM/SIGINT into a graceful close while run() runs (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        caught = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if self._closing is None:
+                self.log.warning("%s: stopping (drain %.1fs, then hand back)", sig.name, self.config.drain_timeout)
+                asyncio.ensure_future(self.close())
+            else:
+                self.log.warning("%s again: handing back without waiting for handlers", sig.name)
+                self._drain_cut.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # no Unix signals on this loop
+                continue
+            caught.append(sig)
+        return caught
 
     def _handler_done(self, h: Held, task: asyncio.Task[Any]) -> None:
         """A run() handler ended: finish its stream, or hand it back if it raised."""
@@ -1071,11 +1267,16 @@ class Client:
         self._handlers.discard(task)
         if self._run_limit:
             self._capacity.set()
-        if task.cancelled():
-            return  # disowned, or close() ran out of drain time: the stream is not ours to finish
-        exc = task.exception()
         if self._held.get(h.entry_id) is not h:
-            return  # disowned while it ran
+            return  # disowned or handed back while it ran: the stream is not ours to finish
+        if task.cancelled():
+            if self._stopping.is_set():
+                return  # close() ran out of drain time: it hands the stream back
+            # Cancelled by someone else: hand it back (a retry counted, as for a
+            # failure), or the held stream would leak under a healthy heartbeat.
+            exc: BaseException | None = asyncio.CancelledError("the handler was cancelled")
+        else:
+            exc = task.exception()
         self._drop_held(h)
         if exc is None:
             self._queue_done(h, None)
@@ -1111,11 +1312,16 @@ class Client:
         Handed-back streams become fresh entries (no retry counted, lock
         released), so another consumer gets them without waiting for a TTL.
         Running ``run()`` handlers get ``Config.drain_timeout`` seconds to
-        finish first. Idempotent.
+        finish first. Idempotent and safe from any task: every call returns
+        once the one shutdown has finished (cancelling a caller does not stop
+        the shutdown).
         """
-        if self._closed:
-            return
-        self._closed = True
+        if self._closing is None:
+            self._closed = True
+            self._closing = asyncio.ensure_future(self._shutdown())
+        await asyncio.shield(self._closing)
+
+    async def _shutdown(self) -> None:
         self._stopping.set()
         self._capacity.set()
         # Undelivered STREAM_ADDED notifications are dropped: their streams are
@@ -1129,7 +1335,12 @@ class Client:
             await self._forwarder.stop()
         running = [t for t in self._handlers if not t.done()]
         if running and self.config.drain_timeout > 0:
-            await asyncio.wait(running, timeout=self.config.drain_timeout)
+            # Until every handler ended, the drain time is up, or a second signal cuts it short.
+            ended = asyncio.ensure_future(asyncio.wait(running))
+            cut = asyncio.ensure_future(self._drain_cut.wait())
+            await asyncio.wait([ended, cut], timeout=self.config.drain_timeout, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (ended, cut):
+                waiter.cancel()
         await cancel_and_wait(running)
         handed = self._held.values()
         for h in handed:
@@ -1149,6 +1360,8 @@ class Client:
                 self.log.error("finisher did not drain; %d finished streams' locks will expire",
                                len(self._done_queue))
         await cancel_and_wait([self._heartbeat, self._finisher])
+        if self._started:
+            await self._release_instance()
         for wire in (self._read_wire, self._done_wire, self._beat_wire):
             await wire.close()
         self.log.info("closed; handed back %d streams", handed_back)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .exceptions import ConfigurationError
 
@@ -16,12 +20,14 @@ class Config:
     """Settings of an :class:`lbs.Client`. Durations are in seconds.
 
     Invalid values raise :class:`lbs.ConfigurationError` when the Config is
-    built, with the field's name in the message.
+    built, with the field's name in the message; so do unknown fields (with
+    the closest field's name, for a typo) and positional arguments.
     """
 
     #: Lock expiry. A consumer that stops heartbeating loses its streams after this long.
     lock_ttl: float = 10.0
-    #: Seconds between heartbeats; ``None`` means ``lock_ttl / 2``.
+    #: Seconds between heartbeats; ``None`` means ``lock_ttl / 3``, which leaves room for
+    #: one failed tick (a dropped connection) before any lock can expire.
     heartbeat_interval: float | None = None
     #: Locks extended per script call. A tick sends all its calls in one round
     #: trip; slicing keeps each script short so Redis can serve others between them
@@ -60,9 +66,14 @@ class Config:
     max_input_bytes: int = 65_536
     #: Notifications buffered before the reader waits for the application (backpressure).
     notification_buffer: int = 1024
-    #: On ``close()``, how long to let running ``run()`` handlers finish before
-    #: their streams are handed back.
+    #: On ``close()`` (or SIGTERM/SIGINT under ``run()``), how long to let running
+    #: ``run()`` handlers finish before their streams are handed back.
     drain_timeout: float = 0.0
+    #: A stream held longer than this (seconds) without being finished is reported once
+    #: (a warning and the ``held_overdue`` gauge): an application task that died without
+    #: ``done_stream`` or ``hand_back`` would otherwise keep it forever under a healthy
+    #: heartbeat. ``None``: never.
+    hold_warning: float | None = 600.0
     #: Entry-point plugins (group ``lbs``) not to load, by entry-point name, e.g.
     #: ``("prometheus",)``. Installed plugins are enabled unless named here.
     disabled_plugins: tuple[str, ...] = ()
@@ -131,12 +142,20 @@ class Config:
             at_least(name, 1)
         at_least("read_max_retries", -1)
         at_least("max_retries", -1)
-        if not isinstance(self.drain_timeout, (int, float)) or self.drain_timeout < 0:
+        if self.hold_warning is not None:
+            positive("hold_warning")
+        if (not isinstance(self.drain_timeout, (int, float)) or isinstance(self.drain_timeout, bool)
+                or math.isnan(self.drain_timeout) or self.drain_timeout < 0):
             raise ConfigurationError(f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}")
+        for name in ("configure_keyspace_events", "recovery", "keyspace_recovery"):
+            if not isinstance(getattr(self, name), bool):  # "false" would be true
+                raise ConfigurationError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.field_prefix, str) or not self.field_prefix:
             raise ConfigurationError("Config.field_prefix must be a non-empty str")
-        if isinstance(self.disabled_plugins, str) or not all(isinstance(n, str) for n in self.disabled_plugins):
-            raise ConfigurationError("Config.disabled_plugins must be a sequence of entry-point names (str)")
+        if (isinstance(self.disabled_plugins, str) or not isinstance(self.disabled_plugins, Iterable)
+                or not all(isinstance(n, str) for n in self.disabled_plugins)):
+            raise ConfigurationError("Config.disabled_plugins must be a sequence of entry-point names (str), "
+                                     f"got {self.disabled_plugins!r}")
         object.__setattr__(self, "disabled_plugins", tuple(self.disabled_plugins))
         if self.dead_letter_stream is not None and not isinstance(self.dead_letter_stream, str):
             raise ConfigurationError("Config.dead_letter_stream must be a str or None")
@@ -144,7 +163,7 @@ class Config:
     @property
     def heartbeat_every(self) -> float:
         """The effective heartbeat interval in seconds."""
-        return self.heartbeat_interval if self.heartbeat_interval is not None else self.lock_ttl / 2
+        return self.heartbeat_interval if self.heartbeat_interval is not None else self.lock_ttl / 3
 
     @property
     def scan_min_idle(self) -> float:
@@ -169,3 +188,32 @@ class Config:
     def replace(self, **changes: object) -> Config:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap the dataclass ``__init__`` so a typo or a positional argument is a ConfigurationError.
+
+    The generated ``__init__`` would raise a bare TypeError. Set after the
+    class is built, so it stays a frozen ``kw_only`` dataclass (type checkers
+    keep its generated signature) and :meth:`Config.replace` goes through it.
+    """
+    names = [f.name for f in dataclasses.fields(Config)]
+
+    @functools.wraps(init)
+    def __init__(self: Config, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise ConfigurationError(
+                f"Config takes keyword arguments only (e.g. Config(lock_ttl=10.0)), got {len(args)} "
+                f"positional: {', '.join(repr(a) for a in args)}"
+            )
+        for key in kwargs:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigurationError(f"Config has no field {key!r}{hint}")
+        init(self, **kwargs)
+
+    return __init__
+
+
+setattr(Config, "__init__", _checked_init(Config.__init__))

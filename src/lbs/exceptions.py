@@ -11,6 +11,7 @@
     │   ├── LockLostError        the lock expired or was taken while we held it
     │   └── NotHeldError         done/hand-back for a stream this client never held
     ├── RedisOperationError      a Redis command of lbs failed (carries operation and cause)
+    │   └── BatchError           part of a batch failed: which entries were written, which are unknown
     ├── ServerError              Redis could not be used as lbs needs
     │   ├── ServerNotFoundError  no suitable redis-server binary (embedded servers)
     │   └── ServerStartError     an embedded redis-server did not come up
@@ -36,6 +37,7 @@ __all__ = [
     "LockLostError",
     "NotHeldError",
     "RedisOperationError",
+    "BatchError",
     "ServerError",
     "ServerNotFoundError",
     "ServerStartError",
@@ -83,6 +85,30 @@ class RedisOperationError(LbsError):
         super().__init__(f"{operation} failed: {type(cause).__name__}: {cause}")
         self.operation = operation
         self.cause = cause
+
+
+class BatchError(RedisOperationError):
+    """Raised when a batch (``Producer.add_streams``) failed in part or in whole.
+
+    ``entry_ids`` is aligned with the batch's input order: the entry id where
+    the entry was registered, ``None`` where it was not (or may not have
+    been). ``unknown`` lists the positions whose outcome is unknown: the
+    connection failed after the batch was sent, so they may or may not have
+    been registered. ``cause`` is the first failure, in input order.
+    """
+
+    def __init__(self, operation: str, cause: BaseException, entry_ids: list[str | None],
+                 unknown: list[int] | None = None) -> None:
+        super().__init__(operation, cause)
+        self.entry_ids = list(entry_ids)
+        self.unknown = list(unknown or ())
+        written = sum(i is not None for i in self.entry_ids)
+        unknown_note = f", {len(self.unknown)} unknown" if self.unknown else ""
+        self.args = (f"{operation} failed: {written} of {len(self.entry_ids)} registered{unknown_note}: "
+                     f"{type(cause).__name__}: {cause}",)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.operation, self.cause, self.entry_ids, self.unknown))
 
 
 class ServerError(LbsError):

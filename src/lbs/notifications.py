@@ -6,7 +6,10 @@ import asyncio
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from types import TracebackType
+from typing import Any, Generic, Type, TypeVar
+
+from .exceptions import InterfaceError, NotHeldError
 
 __all__ = ["DoneStatus", "Notification", "NotificationType"]
 
@@ -31,6 +34,17 @@ class Notification:
     ``token`` is the fencing token of the lock (it only grows across the
     service), so downstream systems can refuse writes from a holder that lost
     its lock. ``reason`` explains STREAM_DISOWNED and STREAM_TERMINATED.
+
+    A STREAM_ADDED notification is also an ``async with`` block over its
+    stream: leaving it normally finishes the stream (``done_stream``),
+    leaving it with an exception hands the stream back with a retry counted
+    (with no retry when the block was cancelled), so a task that dies
+    without finishing never leaks the stream::
+
+        async for note in client.notifications():
+            if note.type is lbs.NotificationType.STREAM_ADDED:
+                async with note:
+                    await process(note)
     """
 
     type: NotificationType
@@ -40,6 +54,26 @@ class Notification:
     retry_count: int = 0
     token: int = 0
     reason: str = ""
+    #: The client that holds the stream (STREAM_ADDED only): what ``async with`` finishes it on.
+    holder: Any = field(default=None, repr=False, compare=False)
+
+    async def __aenter__(self) -> Notification:
+        if self.holder is None or self.type is not NotificationType.STREAM_ADDED:
+            raise InterfaceError(f"only a client's STREAM_ADDED notification holds a stream; this is {self.type.name}")
+        return self
+
+    async def __aexit__(self, exc_type: Type[BaseException] | None, exc: BaseException | None,  # noqa: UP006 (a field is named type)
+                        tb: TracebackType | None) -> None:
+        client = self.holder
+        try:
+            if exc is None:
+                await client.done_stream(self.stream, self.entry_id)
+            else:
+                failed = not isinstance(exc, asyncio.CancelledError)
+                await client.hand_back(self.stream, self.entry_id, count_retry=failed,
+                                       reason=f"raised {exc!r}"[:500] if failed else "cancelled")
+        except NotHeldError:
+            pass  # finished, handed back or disowned inside the block already
 
 
 class DoneStatus(enum.Enum):

@@ -9,18 +9,20 @@ from typing import Any, Union
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from _lbscore import CommandBatch, encode_input
+from _lbscore import CommandBatch, EntryParser, encode_input
 
 from . import _keys
 from ._connection import ClusterMode, RedisLike, node_client, owner_node, redirected, resolve_client
 from ._wire import Wire
-from .exceptions import RedisOperationError
+from .exceptions import BatchError, ConfigurationError, InvalidInputError, RedisOperationError
 from .sharding import shard_of, shard_services
 
 #: One data stream to register: its name, or ``(name, info)``.
 StreamSpec = Union[str, "tuple[str, Mapping[str, Any] | None]"]
+
+_FIELD = _keys.INPUT_FIELD.encode()
 
 
 class Producer:
@@ -32,15 +34,28 @@ class Producer:
     or a URL (lbs opens the client and closes it). A batch is encoded by the
     compiled core and sent in one write on a connection of the client's pool,
     which :meth:`close` gives back.
+
+    Nothing a consumer would dead-letter is sent: every value is judged by
+    the consumers' own entry parser (the one :class:`lbs.Client` reads with)
+    before anything goes out, with ``max_input_bytes`` as the size limit
+    (keep it at or below the consumers' ``Config.max_input_bytes``; both
+    default to 65,536), and refused with :class:`lbs.InvalidInputError`.
     """
 
     def __init__(self, redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
-                 shards: int = 1) -> None:
+                 shards: int = 1, max_input_bytes: int = 65_536) -> None:
         self.service = _keys.validate_service(service)
-        self.shards = shards
+        if not isinstance(max_input_bytes, int) or isinstance(max_input_bytes, bool) or max_input_bytes < 1:
+            raise ConfigurationError(f"max_input_bytes must be a positive integer, got {max_input_bytes!r}")
+        #: Largest ``lbs-input`` value (bytes) this producer sends.
+        self.max_input_bytes = max_input_bytes
         #: The LBS of each shard (one: ``<service>-input``); see :mod:`lbs.sharding`.
         self.streams = [_keys.input_stream(svc) for svc in shard_services(service, shards)]
+        self.shards = shards
         self.stream = self.streams[0]
+        # The consumers' judge of an LBS entry (lbs.Client builds the same one):
+        # what it calls malformed is refused here, so the two cannot drift apart.
+        self._judge = EntryParser(_keys.INPUT_FIELD, max_input_bytes=max_input_bytes)
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
         # Batches go over the core's Wire: on one Redis, one; on a cluster, one per
         # master owning a shard's slot, through a client of ours made on first use.
@@ -49,6 +64,30 @@ class Producer:
 
     def _stream_for(self, name: str) -> str:
         return self.streams[shard_of(name, self.shards)] if self.shards > 1 else self.stream
+
+    def _encode(self, name: object, info: object, where: str) -> bytes:
+        """The ``lbs-input`` value of one registration, or InvalidInputError (``where`` prefixes it)."""
+        if not isinstance(name, str):
+            raise InvalidInputError(f"{where}data stream name must be a str, got {type(name).__name__}")
+        if info is not None and type(info) is not dict:
+            info = _as_info(info, where)
+        try:
+            return encode_input(name, info)
+        except UnicodeEncodeError as exc:
+            raise InvalidInputError(where + _unencodable(name, exc)) from None
+        except InvalidInputError as exc:
+            if not where:
+                raise
+            raise InvalidInputError(f"{where}{exc}") from exc
+
+    def _check(self, payloads: list[bytes], names: list[str], single: bool) -> None:
+        """Refuse what a consumer would dead-letter, judged by the consumers' own parser."""
+        entries = self._judge.parse_entries([[b"", [_FIELD, p]] for p in payloads])
+        for k, e in enumerate(entries):
+            if e.error is not None:
+                where = "" if single else f"add_streams: entry {k}: "
+                raise InvalidInputError(f"{where}data stream {names[k]!r:.100}: {e.error}; "
+                                        "a consumer would dead-letter it")
 
     async def _wire_for(self, stream: str) -> tuple[str, Wire]:
         if self._plain_wire is not None:
@@ -71,72 +110,146 @@ class Producer:
     async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
         """Register data stream ``name``; return the LBS entry id.
 
-        Raises :class:`lbs.InvalidInputError` if ``name`` is empty or ``info``
-        cannot be encoded as a JSON object, :class:`lbs.RedisOperationError`
-        if Redis fails.
+        Raises :class:`lbs.InvalidInputError`, before sending anything, if
+        ``name`` is not a non-empty str, ``info`` is not a mapping (or None),
+        either cannot be encoded (JSON, UTF-8: a lone surrogate), or the value
+        is bigger than ``max_input_bytes``: whatever a consumer would
+        dead-letter. :class:`lbs.RedisOperationError` if Redis fails.
         """
-        payload = encode_input(name, dict(info) if info is not None else None)
+        payload = self._encode(name, info, "")
+        self._check([payload], [name], single=True)
         try:
             entry_id = await self._redis.xadd(self._stream_for(name), {_keys.INPUT_FIELD: payload})
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             raise RedisOperationError("add_stream", exc) from exc
         return _as_str(entry_id)
 
     async def add_streams(self, streams: Iterable[StreamSpec]) -> list[str]:
         """Register many data streams in one round trip; return their entry ids in order.
 
-        Every payload is encoded before anything is sent, so a bad one
-        raises :class:`lbs.InvalidInputError` and registers nothing. A Redis
-        failure raises :class:`lbs.RedisOperationError`; part of the batch may
-        then have been registered.
+        Every value is encoded and judged before anything is sent, so a bad
+        one (see :meth:`add_stream`) raises :class:`lbs.InvalidInputError`
+        naming its position, and registers nothing.
+
+        The entries of each LBS (one per shard) go in one MULTI/EXEC
+        transaction, so each shard's part is registered whole or not at
+        all, except for a command that fails as it runs (a key of the wrong
+        type), which fails alone. When any entry was not registered,
+        :class:`lbs.BatchError` (a :class:`lbs.RedisOperationError`) says
+        which were: ``entry_ids`` holds the id of each registered entry and
+        ``None`` for the others, in input order, and ``unknown`` the
+        positions whose connection failed after the batch was sent (they may
+        or may not be registered: XADD is not idempotent, so resending them
+        can register them twice). On a cluster, a shard's transaction that a
+        node refused with a redirect (the slot moved) ran nowhere, and is
+        sent once more to the slot's new owner.
         """
-        payloads: list[tuple[str, bytes]] = []  # (the shard's LBS, payload), in order
-        for spec in streams:
-            if isinstance(spec, str):
+        if isinstance(streams, (str, bytes)):
+            raise InvalidInputError(
+                f"add_streams takes an iterable of names or (name, info) pairs, not one {type(streams).__name__}")
+        try:
+            specs = iter(streams)
+        except TypeError:
+            raise InvalidInputError(
+                f"add_streams takes an iterable of names or (name, info) pairs, got {type(streams).__name__}"
+            ) from None
+        names: list[str] = []
+        payloads: list[bytes] = []
+        name: Any
+        info: Any
+        for k, spec in enumerate(specs):
+            if type(spec) is str:
                 name, info = spec, None
-            else:
+            elif type(spec) is tuple and len(spec) == 2:
                 name, info = spec
-            payloads.append((self._stream_for(name),
-                             encode_input(name, dict(info) if info is not None else None)))
+            else:
+                name, info = _unpack(spec, k)
+            try:
+                payloads.append(encode_input(name, info if info is None or type(info) is dict
+                                             else _as_info(info, f"add_streams: entry {k}: ")))
+            except (InvalidInputError, UnicodeEncodeError):
+                self._encode(name, info, f"add_streams: entry {k}: ")  # raises, with the reason
+                raise
+            names.append(name)
         if not payloads:
             return []
-        try:
-            # One batch per connection: all of it on one Redis; per slot owner on a cluster.
-            groups: dict[str, tuple[Wire, list[int]]] = {}
-            for k, (stream, _) in enumerate(payloads):
-                name, wire = await self._wire_for(stream)
-                groups.setdefault(name, (wire, []))[1].append(k)
-            ids: list[Any] = [None] * len(payloads)
-            results = await asyncio.gather(*(self._send(wire, [payloads[k] for k in ks])
-                                             for wire, ks in groups.values()))
-            for (_, ks), replies in zip(groups.values(), results):
-                for k, reply in zip(ks, replies):
-                    ids[k] = reply
-            if isinstance(self._redis, RedisCluster):
-                # A batch whose every reply is a redirect met a node that no longer
-                # owns its slot and ran nowhere: find the owners again, send it once more.
-                stale = [k for _, ks in groups.values() if all(redirected(ids[k]) for k in ks) for k in ks]
-                if stale:
-                    await self._forget_routes()
-                    for k in stale:
-                        _, wire = await self._wire_for(payloads[k][0])
-                        (ids[k],) = await self._send(wire, [payloads[k]])
-            for reply in ids:
-                if isinstance(reply, Exception):
-                    raise reply
-        except RedisError as exc:
-            # Some entries of the batch may have been added: XADD is not
-            # idempotent before Redis 8.6's IDMP, so a retry can duplicate.
-            raise RedisOperationError("add_streams", exc) from exc
-        return [_as_str(i) for i in ids]
+        self._check(payloads, names, single=False)
+        # The positions of each shard's LBS, in input order: one transaction each.
+        shards: dict[str, list[int]] = {}
+        if self.shards == 1:
+            shards[self.stream] = list(range(len(payloads)))
+        else:
+            for k, name in enumerate(names):
+                shards.setdefault(self._stream_for(name), []).append(k)
+        ids: list[str | None] = [None] * len(payloads)
+        unknown: list[int] = []
+        failures: list[tuple[int, BaseException]] = []  # (first position it hit, cause)
+        cluster = isinstance(self._redis, RedisCluster)
+        stale = await self._send_shards(shards, payloads, ids, unknown, failures, retry_redirects=cluster)
+        if stale:
+            # A transaction refused with a redirect met a node that no longer owns
+            # its slot and ran nowhere: find the owners again, send it once more.
+            try:
+                await self._forget_routes()
+            except (RedisError, RedisClusterException) as exc:
+                failures.append((min(ks[0] for ks in stale.values()), exc))
+            else:
+                await self._send_shards(stale, payloads, ids, unknown, failures, retry_redirects=False)
+        if failures:
+            cause = min(failures, key=lambda f: f[0])[1]
+            raise BatchError("add_streams", cause, ids, sorted(unknown)) from cause
+        return ids  # type: ignore[return-value]  # no failure: every one is an id
+
+    async def _send_shards(self, shards: dict[str, list[int]], payloads: list[bytes], ids: list[str | None],
+                           unknown: list[int], failures: list[tuple[int, BaseException]],
+                           retry_redirects: bool) -> dict[str, list[int]]:
+        """Send each shard's transaction (one batch per connection), filling ``ids``, ``unknown``
+        and ``failures``; return the shards refused with a redirect when ``retry_redirects``."""
+        groups: dict[str, tuple[Wire, list[str]]] = {}
+        for stream, ks in shards.items():
+            try:
+                node, wire = await self._wire_for(stream)
+            except Exception as exc:  # the slot map could not be read: this shard is not sent
+                failures.append((ks[0], exc))
+                continue
+            groups.setdefault(node, (wire, []))[1].append(stream)
+        results = await asyncio.gather(
+            *(self._send(wire, [(s, shards[s]) for s in streams], payloads) for wire, streams in groups.values()),
+            return_exceptions=True)
+        stale: dict[str, list[int]] = {}
+        for (_, streams), replies in zip(groups.values(), results):
+            if isinstance(replies, BaseException):
+                if not isinstance(replies, Exception):
+                    raise replies  # cancelled: the Wire dropped its connection
+                # The connection failed with the batch sent, or not: unknown.
+                for s in streams:
+                    unknown.extend(shards[s])
+                failures.append((min(shards[s][0] for s in streams), replies))
+                continue
+            at = 0
+            for s in streams:
+                ks = shards[s]
+                shard_ids, error = _transaction_outcome(replies[at:at + len(ks) + 2], len(ks))
+                at += len(ks) + 2
+                for k, entry_id in zip(ks, shard_ids):
+                    ids[k] = entry_id
+                if error is None:
+                    continue
+                if retry_redirects and redirected(error) and all(i is None for i in shard_ids):
+                    stale[s] = ks
+                else:
+                    failures.append((next(k for k, i in zip(ks, shard_ids) if i is None), error))
+        return stale
 
     @staticmethod
-    async def _send(wire: Wire, items: list[tuple[str, bytes]]) -> list[Any]:
-        field = _keys.INPUT_FIELD
-
+    async def _send(wire: Wire, shards: list[tuple[str, list[int]]], payloads: list[bytes]) -> list[Any]:
         def build(b: CommandBatch) -> None:
-            for stream, payload in items:
-                b.command("XADD", stream, "*", field, payload)
+            for stream, ks in shards:
+                key = stream.encode()
+                b.command("MULTI")
+                for k in ks:
+                    b.command("XADD", key, "*", _FIELD, payloads[k])
+                b.command("EXEC")
 
         return await wire.execute(build)
 
@@ -163,6 +276,59 @@ class Producer:
         await self.close()
 
 
+def _unpack(spec: object, k: int) -> tuple[object, object]:
+    """``(name, info)`` of an ``add_streams`` item that is not a plain str or 2-tuple."""
+    if isinstance(spec, str):
+        return spec, None
+    if isinstance(spec, (tuple, list)) and len(spec) == 2:
+        return spec[0], spec[1]
+    raise InvalidInputError(f"add_streams: entry {k}: expected a name or a (name, info) pair, got {spec!r:.100}")
+
+
+def _as_info(info: object, where: str) -> dict[str, Any]:
+    """An Info that is not a dict, as one; InvalidInputError when it is not a mapping."""
+    if not isinstance(info, Mapping):
+        raise InvalidInputError(f"{where}info must be a mapping or None, got {type(info).__name__}")
+    return dict(info)
+
+
+def _transaction_outcome(replies: list[Any], n: int) -> tuple[list[str | None], Exception | None]:
+    """One shard's ``MULTI``, ``n`` XADDs and ``EXEC``: each entry's id (None where it failed) and
+    the first error."""
+    multi, queued, done = replies[0], replies[1:n + 1], replies[n + 1]
+    if isinstance(multi, Exception):
+        results = queued  # no transaction (MULTI refused, e.g. by an ACL): each XADD ran alone
+    elif isinstance(done, list) and len(done) == n:
+        results = done
+    else:
+        # EXECABORT: a command was refused as it was queued (out of memory, a
+        # redirect, ...), and none of them ran.
+        error = next((q for q in queued if isinstance(q, Exception)), None)
+        if error is None:
+            error = done if isinstance(done, Exception) else ResponseError(f"EXEC returned {done!r}")
+        return [None] * n, error
+    out: list[str | None] = []
+    first: Exception | None = None
+    for reply in results:
+        if isinstance(reply, Exception):
+            out.append(None)
+            first = first or reply
+        else:
+            out.append(_as_str(reply))
+    return out, first
+
+
+def _unencodable(name: str, exc: UnicodeEncodeError) -> str:
+    """Which part of a registration UTF-8 cannot encode (a lone surrogate), for InvalidInputError."""
+    try:
+        name.encode()
+    except UnicodeEncodeError as bad:
+        return (f"data stream name {name!r:.100} contains {bad.object[bad.start:bad.end]!r} at position "
+                f"{bad.start}, which UTF-8 cannot encode ({bad.reason}: a lone surrogate)")
+    around = exc.object[max(0, exc.start - 30):exc.end + 30]
+    return (f"info of data stream {name!r:.100} contains {exc.object[exc.start:exc.end]!r}, which UTF-8 "
+            f"cannot encode ({exc.reason}: a lone surrogate), in {around!r}")
+
+
 def _as_str(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
-

@@ -87,11 +87,13 @@ class Recovery:
 
     # ------------------------------------------------------------- requeue ---
 
-    async def requeue(self, entry_ids: Iterable[str], path: str, reason: str) -> list[int]:
+    async def requeue(self, entry_ids: Iterable[str], path: str, reason: str, *,
+                      count_retry: bool = True) -> list[int]:
         """Re-queue every entry whose lock is gone, in one round trip; their result codes.
 
         ``path`` labels the metrics (``keyspace``, ``deadline``, ``scan``,
-        ``startup``, ``claim``, ``heartbeat``).
+        ``startup``, ``claim``, ``heartbeat``). ``count_retry`` is False when
+        the holder lives and lost the lock through no fault of the stream.
         """
         ids = list(entry_ids)
         if not ids:
@@ -100,7 +102,7 @@ class Recovery:
         pipe = c._redis.pipeline(transaction=False)
         for entry_id in ids:
             await c._requeue_call(pipe, entry_id, _keys.lock_key(c.service, entry_id), mode="absent", value="",
-                                  count_retry=True, reason=reason)
+                                  count_retry=count_retry, reason=reason)
         results = await execute(pipe)
         codes = []
         for entry_id, res in zip(ids, results):
@@ -114,6 +116,10 @@ class Recovery:
                 c.log.warning("entry %s out of retries after %s recovery: dead-lettered", entry_id, path)
                 c._hook("lbs_stream_dead_lettered", entry_id=entry_id, reason=reason,
                         dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
+            elif code == RequeueCode.REFUSED:
+                self._metric("wrong_type_keys_total", "counter", 1)
+                c.log.error("cannot re-queue entry %s (%s recovery): %s; it stays pending and is retried",
+                            entry_id, path, detail.removeprefix("LBSKEY "))
             elif code == RequeueCode.TRIMMED:
                 self._metric("recovery_trimmed_total", "counter", 1, path=path)
                 c.log.warning("entry %s was trimmed from the stream before recovery; its pending "
@@ -179,6 +185,7 @@ class Recovery:
                 await pubsub.psubscribe(pattern)
                 if not first:
                     self._metric("keyspace_listener_reconnects_total", "counter", 1)
+                    await c.check_server()  # a restart forgets the keyspace-event setting
                 if lost_at is not None:
                     # How long recovery relied on the deadline poller and the scan alone.
                     self._metric("keyspace_listener_gap_seconds", "histogram", time.monotonic() - lost_at)
@@ -245,6 +252,7 @@ class Recovery:
         interval = c.read_strategy.reconciliation_interval or self.config.reconciliation_interval
         while True:
             try:
+                await c.check_server()
                 await self.scan()
             except asyncio.CancelledError:
                 raise

@@ -125,17 +125,17 @@ async def test_malformed_entries_are_dead_lettered_and_the_reader_keeps_serving(
 
 async def test_heartbeat_keeps_locks_and_pending_entries_fresh(any_server: Any, service: str, rr: aioredis.Redis) -> None:
     await lbs.Producer(rr, service).add_stream("kept")
-    # Heartbeats every 0.2 s; the pending idle time is refreshed every other
-    # tick (pel_refresh_every = (min_idle / 2) // 0.2 = 2), so it stays far
-    # below min_idle: the scan never sees live work as idle.
+    # Heartbeats every 0.133 s (TTL / 3); the pending idle time is refreshed
+    # every third tick (pel_refresh_every = (min_idle / 2) // 0.133 = 3), so it
+    # stays far below min_idle: the scan never sees live work as idle.
     c = client(any_server.url, service, lock_ttl=0.4, min_idle=1.0)
-    assert c.config.pel_refresh_every == 2
+    assert c.config.pel_refresh_every == 3
     await c.start()
     try:
         (note,) = await take(c, 1)
         lock = lbs.lock_key(service, note.entry_id)
         await asyncio.sleep(1.2)  # three TTLs: only heartbeats keep the lock
-        assert await rr.get(lock) == f"{note.token}:{c.id}".encode()
+        assert await rr.get(lock) == f"{note.token}:{c.id}:{c.instance}".encode()
         pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
         assert pending[0]["time_since_delivered"] < 1000
         assert pending[0]["times_delivered"] == 1  # JUSTID refresh does not count deliveries
@@ -198,20 +198,24 @@ async def test_tokens_strictly_increase_across_retakes(any_server: Any, service:
 
 
 async def test_same_consumer_id_cannot_touch_anothers_lock(any_server: Any, service: str, rr: aioredis.Redis) -> None:
-    # Two processes with one pod name: same consumer id, different tokens.
+    # Two processes with one pod name: same consumer id, different tokens. (The
+    # second is refused at start while the first lives; its marker is deleted
+    # by hand here to get both running, as a lost marker would.)
     await lbs.Producer(rr, service).add_stream("shared")
     first = client(any_server.url, service, "pod")
     second = client(any_server.url, service, "pod")
     await first.start()
+    await rr.delete(first.instance_key)
     await second.start()
     try:
         (note,) = await take(first, 1)
         lock = lbs.lock_key(service, note.entry_id)
-        impostor = lbs.Held(note.entry_id, "shared", {}, 0, note.token + 1000, f"{note.token + 1000}:{second.id}", lock)
+        impostor = lbs.Held(note.entry_id, "shared", {}, 0, note.token + 1000, f"{note.token + 1000}:{second.lock_owner}",
+                            lock)
         second._add_held(impostor)  # as if the second process believed it held it
         assert await second.heartbeat() == 1  # not extended: not its token
         assert await second.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
-        assert await rr.get(lock) == f"{note.token}:{first.id}".encode()
+        assert await rr.get(lock) == f"{note.token}:{first.lock_owner}".encode()
         assert await first.done_stream("shared") is lbs.DoneStatus.DONE
     finally:
         await first.close()
@@ -502,12 +506,17 @@ async def test_every_delivered_entry_is_locked_and_its_consumer_has_a_deadline(
         ids = [p["message_id"].decode() for p in pending]
         assert len(ids) == 30
         locks = await rr.mget([lbs.lock_key(service, i) for i in ids])
-        assert all(v is not None and v.decode().endswith(":" + c.id) for v in locks)
+        assert all(v is not None and v.decode().endswith(":" + c.lock_owner) for v in locks)
         ((consumer, deadline),) = await rr.zrange(consumers_key(service), 0, -1, withscores=True)
         assert consumer.decode() == c.id
-        server_ms = await _server_ms(rr)
-        # Its first read's deadline: no later than any of its locks expires.
-        assert deadline <= server_ms + min([await rr.pttl(lbs.lock_key(service, i)) for i in ids]) + 5
+        # Its first read's deadline: no later than any of its locks expires. Both
+        # are absolute server times (PEXPIRETIME), so no two clocks are compared.
+        pipe = rr.pipeline(transaction=False)
+        for i in ids:
+            pipe.pexpiretime(lbs.lock_key(service, i))
+        expiries = await pipe.execute()
+        assert all(e > 0 for e in expiries)
+        assert deadline <= min(expiries)
     finally:
         await c.close()
 
@@ -543,7 +552,7 @@ async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(any_server: Any,
     stream = lbs.input_stream(service)
     entries, tokens, _ = await rr.evalsha(sha, 3, stream, lbs.fence_key(service), consumers_key(service),
                                           lbs.group_name(service), c.id, 10, 5000,
-                                          lbs.lock_key(service, ""), ">")
+                                          lbs.lock_key(service, ""), ">", "", c.lock_owner)
     assert len(entries) == 2
     c._reply_lost = True
     await c.start()
@@ -657,11 +666,6 @@ async def test_a_handler_that_raises_before_returning_a_coroutine_is_handed_back
         await asyncio.wait_for(runner, 10)
     (dl,) = await rr.xrange(lbs.dead_letter_stream(service))
     assert b"not even a coroutine" in dl[1][b"_reason"]
-
-
-async def _server_ms(rr: aioredis.Redis) -> int:
-    sec, usec = await rr.time()
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(

@@ -60,7 +60,7 @@ async def test_idle_dead_work_comes_back_in_the_same_read_as_new_work(
         assert notes["new"].retry_count == 0
         (p,) = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1)
         assert p["consumer"].decode() == c.id
-        assert await r.get(lbs.lock_key(service, entry_id)) == f"{dead.token}:{c.id}".encode()
+        assert await r.get(lbs.lock_key(service, entry_id)) == f"{dead.token}:{c.lock_owner}".encode()
         assert await c.done_stream("dead") is lbs.DoneStatus.DONE
     finally:
         await c.close()

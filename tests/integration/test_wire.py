@@ -11,6 +11,8 @@ from redis.exceptions import ResponseError
 
 from lbs._wire import Wire
 
+from _helpers import eventually
+
 SCRIPT = "return {KEYS[1], ARGV[1]}"
 
 
@@ -51,15 +53,46 @@ async def test_noscript_loads_the_scripts_and_sends_the_batch_again(rp: aioredis
 
 
 @pytest.mark.parametrize("parts", [1, 2], ids=["one write", "chunked"])
-async def test_a_dropped_connection_raises_and_the_next_batch_reconnects(rp: aioredis.Redis, parts: int) -> None:
+async def test_a_connection_closed_while_idle_is_replaced_before_the_next_batch(rp: aioredis.Redis,
+                                                                              parts: int) -> None:
+    # CLIENT KILL (or a restart) while the Wire holds its connection idle: the
+    # next batch must not be written to the dead socket and fail; the Wire
+    # sees the EOF and sends on a fresh connection.
     wire = Wire(rp)
     try:
         (cid,) = await wire.execute(lambda b: b.command("CLIENT", "ID"))
         await rp.client_kill_filter(_id=cid)
-        with pytest.raises(RedisConnectionError):
-            await wire.execute_chunks(parts, lambda b, k: b.command("PING"))
+        await eventually(lambda: _true(wire._conn._reader.at_eof()))
         assert await wire.execute_chunks(parts, lambda b, k: b.command("PING")) in ([b"PONG"] * parts,
                                                                                   ["PONG"] * parts)
+    finally:
+        await wire.close()
+
+
+@pytest.mark.parametrize("retry_safe", [False, True])
+async def test_a_batch_whose_connection_drops_in_flight_is_resent_only_when_safe(
+        rp: aioredis.Redis, service: str, retry_safe: bool) -> None:
+    # The batch kills its own connection after an INCR: the reply is lost. Sent
+    # again (retry_safe), it runs on a fresh connection, whose id the KILL no
+    # longer matches; otherwise the failure is raised and it ran once.
+    wire = Wire(rp)
+    key = f"{service}:runs"
+    try:
+        (cid,) = await wire.execute(lambda b: b.command("CLIENT", "ID"))
+
+        def build(b: Any) -> None:
+            b.command("INCR", key)
+            b.command("CLIENT", "KILL", "ID", cid, "SKIPME", "no")  # replies, then hangs up
+            b.command("PING")  # never answered the first time
+
+        if retry_safe:
+            runs, killed, pong = await wire.execute(build, retry_safe=True)
+            assert runs == 2 and killed == 0  # the old connection is gone: nobody to kill
+            assert pong in (b"PONG", "PONG")
+        else:
+            with pytest.raises(RedisConnectionError):
+                await wire.execute(build)
+            assert int(await rp.get(key)) == 1
     finally:
         await wire.close()
 
@@ -125,3 +158,7 @@ async def test_a_part_that_fails_to_encode_drops_the_connection(rp: aioredis.Red
         assert await wire.execute(lambda b: b.command("ECHO", "mine")) in ([b"mine"], ["mine"])
     finally:
         await wire.close()
+
+
+async def _true(value: bool) -> bool:
+    return value

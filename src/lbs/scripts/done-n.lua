@@ -2,60 +2,112 @@
   Finish a batch of assignments: release our locks, ack and delete the
   entries, atomically, in one call.
 
-  KEYS[1]        the load-balancer stream, <service>-input
-  KEYS[2..n+1]   the assignments' lock keys
+  KEYS[1]         the load-balancer stream, <service>-input
+  KEYS[2..n+1]    the assignments' lock keys
 
-  ARGV[1]        consumer group
-  ARGV[2]        "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
-  ARGV[3..n+2]   our lock values ("<token>:<consumer id>"), one per lock key
-  ARGV[n+3..2n+2] the entry ids, one per lock key
+  ARGV[1]         consumer group
+  ARGV[2]         "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
+  ARGV[3]         "1" when this call retries one whose reply was lost (the
+                  connection dropped): it may already have run; "0" otherwise
+  ARGV[4..n+3]    our lock values ("<token>:<owner>"), one per lock key
+  ARGV[n+4..2n+3] the entry ids, one per lock key
+
+  Two passes. The first only reads: each lock (GET, a key of another type
+  counting as someone else's garbage) and, for each lock that no longer
+  exists, whether its entry is still pending (XPENDING <id> <id> 1; no
+  group or no stream: not pending). The second writes: DEL of our locks,
+  then the acks and deletes (in slices of 500 ids, clear of Lua's unpack
+  limit; XACKDEL, XACK and XDEL through pcall, so a vanished group or
+  stream fails nothing part-way). Only entries this call acks are
+  deleted (XACKDEL does the same): one that is not pending was handed on,
+  or requeue-3.lua kept it in the LBS as the record of a dead letter.
+
+  A wrong argument count is an "ERR lbs done-n: ..." error, with nothing
+  written.
 
   The consumer deadline index is left alone: the consumer's deadline stays
   its heartbeat's, and recovery drops a consumer with nothing pending.
 
   Output: a list with one code per lock key:
-    1  done: the lock was ours; released; entry acked and deleted
+    1  done: the lock was ours; released; entry acked and deleted (when
+       it was still pending)
     2  lock expired: nobody held it, the entry was still pending and is now
        acked and deleted (no one else processed it)
-    3  lock lost: the lock is someone else's, or the entry had already been
-       handed on (re-queued); nothing was acked. The data stream may be
-       processed twice.
+    3  lock lost: the lock is someone else's (or a key of another type), or
+       it is gone and the entry had already been handed on (re-queued);
+       nothing was acked or deleted, the lock key is untouched. The data
+       stream may be processed twice.
+    4  only when ARGV[3] is "1": the lock does not exist and the entry is
+       no longer pending: the call being retried already finished it
+       (reported instead of 3); nothing was touched.
 
   Events: del on the lock keys (outcome 1).
 ]]
 local n = #KEYS - 1
-local group, xackdel = ARGV[1], ARGV[2] == '1'
+if n < 0 or #ARGV ~= 2 * n + 3 then
+  return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 2n + 3 arguments, got '
+                           .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+end
+local group, xackdel, retry = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
 local out, ids, at = {}, {}, {}
+
+-- Pass 1: reads only.
+local dels = {}
 for i = 1, n do
-  local lock, id = KEYS[i + 1], ARGV[n + 2 + i]
-  local holder = redis.call('GET', lock)
-  if holder and holder ~= ARGV[i + 2] then
-    out[i] = 3
-  else
-    if holder then
-      redis.call('DEL', lock)
+  local lock, id = KEYS[i + 1], ARGV[n + 3 + i]
+  local holder = redis.pcall('GET', lock)
+  if type(holder) == 'table' then
+    out[i] = 3  -- not a string: not our lock, not touched
+  elseif holder then
+    if holder == ARGV[i + 3] then
       out[i] = 1
+      dels[#dels + 1] = lock
+      ids[#ids + 1] = id
+      at[#at + 1] = i
+    else
+      out[i] = 3
     end
-    ids[#ids + 1] = id
-    at[#at + 1] = i
+  else
+    local p = redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
+    if type(p) == 'table' and p[1] then
+      ids[#ids + 1] = id
+      at[#at + 1] = i
+    else
+      out[i] = retry and 4 or 3
+    end
   end
 end
-if #ids > 0 then
-  local acked = {}
+
+-- Pass 2: writes.
+for _, lock in ipairs(dels) do
+  redis.call('DEL', lock)
+end
+local slice = 500
+for s = 1, #ids, slice do
+  local e = math.min(s + slice - 1, #ids)
+  local part = {}
+  for j = s, e do part[#part + 1] = ids[j] end
   if xackdel then
-    local r = redis.pcall('XACKDEL', KEYS[1], group, 'IDS', #ids, unpack(ids))
-    if type(r) == 'table' then
-      for j = 1, #ids do acked[j] = r[j] == 1 end
+    local r = redis.pcall('XACKDEL', KEYS[1], group, 'IDS', #part, unpack(part))
+    for j = s, e do
+      local i = at[j]
+      if not out[i] then
+        out[i] = (type(r) == 'table' and r[j - s + 1] == 1) and 2 or 3
+      end
     end
   else
-    for j = 1, #ids do acked[j] = redis.pcall('XACK', KEYS[1], group, ids[j]) == 1 end
-    redis.call('XDEL', KEYS[1], unpack(ids))
-  end
-  for j = 1, #ids do
-    local i = at[j]
-    if not out[i] then
-      out[i] = acked[j] and 2 or 3
+    local acked = {}
+    for j = s, e do
+      if redis.pcall('XACK', KEYS[1], group, ids[j]) == 1 then
+        acked[#acked + 1] = ids[j]
+        local i = at[j]
+        if not out[i] then out[i] = 2 end
+      else
+        local i = at[j]
+        if not out[i] then out[i] = 3 end
+      end
     end
+    if #acked > 0 then redis.pcall('XDEL', KEYS[1], unpack(acked)) end
   end
 end
 return out

@@ -1,23 +1,50 @@
 --[[
-  Heartbeat: extend every lock still holding our value, and refresh the
-  pending-list idle time of the entries behind them.
+  Heartbeat: extend every lock still holding our value, refresh the
+  pending-list idle time of the entries behind them, and (last call of a
+  tick) this consumer's deadline and instance marker.
 
   KEYS[1]        the load-balancer stream, <service>-input
   KEYS[2]        the consumer deadline index, {<service>-input}:consumers
-  KEYS[3..n+2]   lock keys
+  KEYS[3]        this consumer's instance marker,
+                 {<service>-input}:instance:<consumer id>
+  KEYS[4..n+3]   lock keys (n may be 0: a tick with no held locks still
+                 refreshes the instance marker)
 
-  ARGV[1]        lock TTL in milliseconds
+  ARGV[1]        lock TTL in milliseconds, an integer >= 1
   ARGV[2]        consumer group
   ARGV[3]        consumer name in the group
   ARGV[4]        "1" in the last call of a tick: move this consumer's
-                 deadline to now + TTL; "0" in the others
-  ARGV[5..n+4]   the lock values we set ("<token>:<consumer id>"), one per key
-  ARGV[n+5..2n+4] the entry ids behind the locks, one per key
-  ARGV[2n+5]     optional: one flag per key, "1" to refresh that entry's
+                 deadline and refresh its instance marker; "0" in the others
+  ARGV[5]        this process's instance nonce (not empty)
+  ARGV[6..n+5]   the lock values we set ("<token>:<owner>"), one per key
+  ARGV[n+6..2n+5] the entry ids behind the locks, one per key
+  ARGV[2n+6]     optional: one flag per key, "1" to refresh that entry's
                  pending idle time this call, "0" to leave it (absent: all)
 
-  Output: the 1-based positions of the locks that are no longer ours
-  (expired, or taken by someone else). Those are not touched.
+  A wrong argument count, an empty nonce or a bad TTL is an "ERR lbs
+  extend-n: ..." error, with nothing written.
+
+  Everything is read first (GET of each lock and of the marker through
+  pcall, TYPE of the index), then written, and every write is guarded by
+  what was read, so no key can make the script stop part-way:
+    * a lock holding our value gets PEXPIRE ttl; any other value, no key,
+      or a key of another type is lost (reported, not touched);
+    * only when ARGV[4] is "1":
+        - the deadline index, if it does not exist or is a sorted set:
+          ZADD <now + ttl> <consumer>, but only when n > 0 or the consumer
+          is already in it (one holding nothing does not add itself);
+          another type: not touched, reported;
+        - the instance marker: absent or holding ARGV[5]: SET ARGV[5] PX
+          ttl; holding another nonce: left alone, reported (another live
+          process runs with the same consumer id); another type: not
+          touched, reported.
+
+  Output: the 1-based positions (integers) of the locks that are no longer
+  ours (expired, taken by someone else, or not a string), followed, only
+  in a last call, by zero or more strings:
+    "LBSKEY <KEYS[2]> holds a <type>, not the consumer deadline index"
+    "INSTANCE <the other nonce>"
+    "LBSKEY <KEYS[3]> holds a <type>, not an instance marker"
 
   One deadline per consumer, not per lock: a tick's calls run in order, so
   when its last call moves the deadline every lock of the tick has been
@@ -36,26 +63,67 @@
 
   Events: none besides the keys it writes.
 ]]
-local n = #KEYS - 2
+local n = #KEYS - 3
+if n < 0 or (#ARGV ~= 2 * n + 5 and #ARGV ~= 2 * n + 6) then
+  return redis.error_reply('ERR lbs extend-n: expected 3 + n keys and 2n + 5 or 2n + 6 arguments, got '
+                           .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+end
+if ARGV[5] == '' then
+  return redis.error_reply('ERR lbs extend-n: the instance nonce (ARGV[5]) must not be empty')
+end
 local ttl = ARGV[1]
-local flags = ARGV[2 * n + 5]
+if not (ttl and #ttl <= 15 and string.match(ttl, '^[1-9]%d*$')) then
+  return redis.error_reply('ERR lbs extend-n: lock TTL (ARGV[1]) must be an integer >= 1 (ms)')
+end
+local flags = ARGV[2 * n + 6]
 local all = flags == nil or flags == ''
 local byte = string.byte
-local lost = {}
-local refresh = {}
+local last = ARGV[4] == '1'
+local nonce = ARGV[5]
+
+-- Reads.
+local out, mine, refresh = {}, {}, {}
 for i = 1, n do
-  if redis.call('GET', KEYS[i + 2]) == ARGV[i + 4] then
-    redis.call('PEXPIRE', KEYS[i + 2], ttl)
+  local v = redis.pcall('GET', KEYS[i + 3])
+  if type(v) == 'string' and v == ARGV[i + 5] then
+    mine[#mine + 1] = KEYS[i + 3]
     if all or byte(flags, i) == 49 then
-      refresh[#refresh + 1] = ARGV[n + 4 + i]
+      refresh[#refresh + 1] = ARGV[n + 5 + i]
     end
   else
-    lost[#lost + 1] = i
+    out[#out + 1] = i
   end
 end
-if ARGV[4] == '1' then
+local notes = {}
+local zadd, set_marker = false, false
+if last then
+  local kind = redis.call('TYPE', KEYS[2])['ok']
+  if kind == 'none' or kind == 'zset' then
+    zadd = n > 0 or redis.call('ZSCORE', KEYS[2], ARGV[3]) ~= false
+  else
+    notes[#notes + 1] = 'LBSKEY ' .. KEYS[2] .. ' holds a ' .. kind .. ', not the consumer deadline index'
+  end
+  local marker = redis.pcall('GET', KEYS[3])
+  if type(marker) == 'table' then
+    notes[#notes + 1] = 'LBSKEY ' .. KEYS[3] .. ' holds a ' .. redis.call('TYPE', KEYS[3])['ok']
+                        .. ', not an instance marker'
+  elseif not marker or marker == nonce then
+    set_marker = true
+  else
+    notes[#notes + 1] = 'INSTANCE ' .. marker
+  end
+end
+
+-- Writes.
+for _, lock in ipairs(mine) do
+  redis.call('PEXPIRE', lock, ttl)
+end
+if zadd then
   local t = redis.call('TIME')
   redis.call('ZADD', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl), ARGV[3])
+end
+if set_marker then
+  redis.call('SET', KEYS[3], nonce, 'PX', ttl)
 end
 local slice = 500
 for s = 1, #refresh, slice do
@@ -66,4 +134,7 @@ for s = 1, #refresh, slice do
   claim[#claim + 1] = 'JUSTID'
   redis.pcall(unpack(claim))
 end
-return lost
+for _, note in ipairs(notes) do
+  out[#out + 1] = note
+end
+return out

@@ -6,7 +6,11 @@
   recovery's deadline poller brings back within the lock TTL.
 
   KEYS[1]  the load-balancer stream, <service>-input
-  KEYS[2]  the service's fencing counter, {<service>-input}:fence
+  KEYS[2]  the service's fencing counter, {<service>-input}:fence: a plain
+           decimal integer. When it does not exist (a restart without
+           persistence, an eviction) the ">" path seeds it with the server
+           time in microseconds (TIME: sec * 1000000 + usec) before its
+           INCRBY, so tokens never go backwards after the counter is lost.
   KEYS[3]  the consumer deadline index, {<service>-input}:consumers (a
            sorted set: consumer id scored by server ms). A consumer taking
            locks is added with now + TTL if absent; an existing score (its
@@ -14,10 +18,9 @@
            the poller never looks later than the oldest of its locks expire.
 
   ARGV[1]  consumer group
-  ARGV[2]  consumer id: the consumer name in the group; lock values are
-           "<token>:<consumer id>"
-  ARGV[3]  most entries to read (COUNT)
-  ARGV[4]  lock TTL in milliseconds
+  ARGV[2]  consumer id: the consumer name in the group and in KEYS[3]
+  ARGV[3]  most entries to read (COUNT), an integer >= 1 (at most 15 digits)
+  ARGV[4]  lock TTL in milliseconds, an integer >= 1 (at most 15 digits)
   ARGV[5]  lock key prefix, lock:{<service>-input}: (lock keys share the
            LBS's hash tag, so they live in this slot)
   ARGV[6]  ">" for new entries; "0" to re-read this consumer's own pending
@@ -28,15 +31,38 @@
            idle ms, earlier deliveries), and are locked like new ones: one
            whose lock is held (a live holder) gets its holder's value as its
            token and is left to it.
+  ARGV[8]  optional: the lock owner; lock values are "<token>:<ARGV[8]>".
+           "" or absent: ARGV[2], i.e. "<token>:<consumer id>". (The client
+           passes "<consumer id>:<instance nonce>", so that adopting locks
+           after a lost reply takes only this very process's locks.)
+
+  Preconditions, checked before the XREADGROUP (its first write: it
+  delivers entries), on both paths; a violation writes nothing and returns
+  the error "LBSKEY <key name> <what is wrong>":
+    * KEYS[1] does not exist or is a stream;
+    * KEYS[2] does not exist, or is a string holding a plain decimal
+      integer ("0" or digits without a leading zero, which INCRBY would
+      refuse; at most 16 digits, as a seed from the clock has 16) whose
+      value + COUNT stays below 2^53 (9007199254740992): Lua numbers are
+      doubles, and a token past 2^53 would lose precision;
+    * KEYS[3] does not exist or is a sorted set.
+  Malformed ARGV[3] / ARGV[4] give "ERR lbs read-3: ..." (nothing written).
 
   Output: {entries, tokens, top}
     entries  {{id, {field, value, ...}}, ...} as XREADGROUP returns them (a
              pending entry deleted from the stream comes back with no fields)
-    tokens   one per entry: the new fencing token (an integer), or the lock
-             value already set (a string: "<token>:<consumer id>" of its
-             holder). Re-reading ("0") takes no lock: it reports each lock's
-             value, "" for none, so the client adopts the locks a lost reply
-             had taken for it.
+    tokens   one per entry:
+               * the new fencing token (an integer): the lock is ours;
+               * the lock value already set (a string: "<token>:<owner>" of
+                 its holder);
+               * "WRONGTYPE <type>" (a string) when the lock key exists
+                 with another type than string (garbage nobody can hold):
+                 no lock is taken; the client logs an error naming the key
+                 and leaves the entry pending, and the scan brings it back
+                 once the key is removed.
+             Re-reading ("0") takes no lock: it reports each lock's value,
+             "" for none, or "WRONGTYPE <type>", so the client adopts the
+             locks a lost reply had taken for it.
     top      when nothing was read: the id of the stream's newest entry ("0-0"
              when empty). XREAD BLOCK ... STREAMS <LBS> <top> wakes exactly
              when a newer entry arrives, which is the next one to deliver.
@@ -47,6 +73,77 @@
 
   Events: none besides the keys it writes.
 ]]
+local TWO53 = 9007199254740992
+
+local function key_type(key)
+  return redis.call('TYPE', key)['ok']
+end
+
+local function refuse(key, what)
+  return redis.error_reply('LBSKEY ' .. key .. ' ' .. what)
+end
+
+-- Preconditions: nothing below this block fails part-way.
+local function positive(s)  -- digits without a leading zero, as Redis parses them
+  return s and #s <= 15 and string.match(s, '^[1-9]%d*$') ~= nil
+end
+if not positive(ARGV[3]) then
+  return redis.error_reply('ERR lbs read-3: COUNT (ARGV[3]) must be an integer >= 1')
+end
+if not positive(ARGV[4]) then
+  return redis.error_reply('ERR lbs read-3: lock TTL (ARGV[4]) must be an integer >= 1 (ms)')
+end
+local count, ttl = tonumber(ARGV[3]), ARGV[4]
+local ttl_ms = tonumber(ttl)
+local kind = key_type(KEYS[1])
+if kind ~= 'none' and kind ~= 'stream' then
+  return refuse(KEYS[1], 'holds a ' .. kind .. ', not the load-balancer stream')
+end
+kind = key_type(KEYS[2])
+local fence_exists = kind ~= 'none'
+if kind == 'string' then
+  local v = redis.call('GET', KEYS[2])
+  if not (v == '0' or string.match(v, '^[1-9]%d*$')) then
+    return refuse(KEYS[2], 'holds a string that is not a plain decimal integer, not the fencing counter')
+  end
+  local shown = #v <= 40 and v or (string.sub(v, 1, 40) .. '...')
+  if #v > 16 or tonumber(v) >= TWO53 then
+    return refuse(KEYS[2], 'holds ' .. shown .. ': the fencing counter is past 2^53')
+  end
+  if tonumber(v) + count >= TWO53 then
+    return refuse(KEYS[2], 'holds ' .. shown .. ': the fencing counter would pass 2^53 reading '
+                  .. ARGV[3] .. ' entries')
+  end
+elseif fence_exists then
+  return refuse(KEYS[2], 'holds a ' .. kind .. ', not the fencing counter')
+end
+kind = key_type(KEYS[3])
+if kind ~= 'none' and kind ~= 'zset' then
+  return refuse(KEYS[3], 'holds a ' .. kind .. ', not the consumer deadline index')
+end
+
+-- Permissions: a user allowed to read but not to take the locks would get
+-- entries delivered with no lock, so every later write is checked first.
+if ARGV[6] == '>' then
+  local writes = {{'TIME'}, {'SET', KEYS[2], '1'}, {'INCRBY', KEYS[2], '1'},
+                  {'SET', ARGV[5] .. '0-1', '1', 'NX', 'PXAT', '1'}, {'ZADD', KEYS[3], 'NX', '1', ARGV[2]}}
+  for _, cmd in ipairs(writes) do
+    if not redis.acl_check_cmd(unpack(cmd)) then
+      return redis.error_reply('NOPERM lbs read-3: this user may not run ' .. cmd[1] ..
+                               (cmd[2] and (' on ' .. cmd[2]) or '') .. '; nothing was read')
+    end
+  end
+end
+
+-- A lock key's value, "" when absent, "WRONGTYPE <type>" when not a string.
+local function lock_value(lock)
+  local v = redis.pcall('GET', lock)
+  if type(v) == 'table' and v.err then
+    return 'WRONGTYPE ' .. key_type(lock)
+  end
+  return v or ''
+end
+
 local reply
 if ARGV[6] == '>' and ARGV[7] and ARGV[7] ~= '' then
   reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'CLAIM', ARGV[7],
@@ -66,24 +163,32 @@ if ARGV[6] ~= '>' then
   -- An unlocked one was disowned (its handler may still run); the deadline
   -- poller or the scan re-queues it.
   for i = 1, n do
-    tokens[i] = redis.call('GET', ARGV[5] .. entries[i][1]) or ''
+    tokens[i] = lock_value(ARGV[5] .. entries[i][1])
   end
   return {entries, tokens, ''}
 end
-local ttl = ARGV[4]
+local owner = ARGV[8]
+if not owner or owner == '' then owner = ARGV[2] end
+local t = redis.call('TIME')
+if not fence_exists then
+  -- Seed a lost counter from the clock (µs, exact in a double: < 2^53 until
+  -- the year 2255), built as a string: Lua would print the number as 1.7e+15.
+  redis.call('SET', KEYS[2], t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
+end
 local last = redis.call('INCRBY', KEYS[2], n)
 local first = last - n
-local t = redis.call('TIME')
-local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl)
+local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl_ms
 for i = 1, n do
   local id = entries[i][1]
   local lock = ARGV[5] .. id
   local token = first + i
-  if redis.call('SET', lock, token .. ':' .. ARGV[2], 'NX', 'PX', ttl) then
+  -- '%.0f': tokens have up to 16 digits, more than tostring's 14.
+  -- PXAT the deadline: the lock expires exactly when the index says it may.
+  if redis.call('SET', lock, string.format('%.0f', token) .. ':' .. owner, 'NX', 'PXAT', deadline) then
     tokens[i] = token
     taken = true
   else
-    tokens[i] = redis.call('GET', lock) or ''
+    tokens[i] = lock_value(lock)
   end
 end
 if taken then

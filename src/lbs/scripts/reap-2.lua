@@ -30,8 +30,18 @@
   A live consumer finds its own lost locks in its heartbeat, so the index
   only has to bring back the work of consumers that stopped.
 
+  Precondition, checked before anything else: KEYS[1] does not exist or is
+  a sorted set; otherwise the error "LBSKEY <KEYS[1]> holds a <type>, not
+  the consumer deadline index", with nothing written. (XPENDING on the LBS
+  goes through pcall: no group or no stream is nothing pending; the other
+  writes, ZADD / ZREM on KEYS[1], cannot fail once it is a sorted set.)
+
   Events: expired on locks found past their TTL.
 ]]
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'zset' then
+  return redis.error_reply('LBSKEY ' .. KEYS[1] .. ' holds a ' .. kind .. ', not the consumer deadline index')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local budget = tonumber(ARGV[3])

@@ -23,40 +23,79 @@
   ARGV[13]  the managed-field prefix (default "_"): dead letters get
             <prefix>reason, <prefix>consumer and <prefix>failed_id
 
+  Order: every check comes before the first write, and the copy is added
+  before the original is acked, so no state of Redis stops it part-way:
+    1. the lock (GET through pcall; a key of another type counts as held
+       by someone else in modes "owned" and "absent");
+    2. pending? (XPENDING <LBS> <group> <id> <id> 1, read-only; no group
+       or no stream: not pending). If not: in mode "owned" the lock (ours)
+       is deleted; nothing else is touched;
+    3. the entry (XRANGE). Gone: its pending reference is acked, the lock
+       released (mode "owned");
+    4. the target: the LBS (re-queue) or the dead-letter stream; the
+       latter must not exist or be a stream, else nothing is touched;
+    5. XADD the copy, XACK, XDEL the original, DEL the lock (mode "owned").
+
+  Copies: the entry's fields, the retry count (+ ARGV[5]) and the original
+  id; dead letters also get <prefix>reason, <prefix>consumer and
+  <prefix>failed_id. A copy of more than 7,000 values (fields and values
+  counted apart) cannot be passed through Lua's unpack: such an entry is
+  dead-lettered whatever its retry count, with only lbs-input (if
+  present), the retry count and original id fields, <prefix>reason =
+  "entry has <N> fields, too many to copy; kept in <LBS key> as <id>"
+  (followed by "; <ARGV[9]>" when a reason was given), <prefix>consumer
+  and <prefix>failed_id. It is acked but NOT deleted: the original, with
+  all its fields, stays in the LBS as the record. Without a dead-letter
+  stream (ARGV[12] not "1") it is likewise acked, not deleted: code 3.
+
   Output: {code, detail, lbs-input, retry count}
     {1, new id, ...}       re-queued as a fresh entry
     {2, dlq id, ...}       dead-lettered
     {3, "", ...}           dropped (dead letter wanted, no dead-letter stream)
     {0, "lock"}            lock check failed: nothing touched
-    {0, "acked"}           not pending (someone else already handled it)
+    {0, "acked"}           not pending (someone else already handled it);
+                           in mode "owned" our lock was released
     {-1, "trimmed"}        the entry is gone from the stream; its pending
                            reference was cleaned and its lock released
+    {-2, message}          a precondition failed, nothing touched; message:
+                           "LBSKEY <KEYS[2]> holds a <type>, not a stream"
 
   Events: xadd on the LBS or the dead-letter stream; del on the lock key.
 ]]
+local MAX_COPY = 7000
 local mode = ARGV[3]
-local holder = redis.call('GET', KEYS[3])
-if mode == 'owned' and holder ~= ARGV[4] then
+
+-- 1. The lock.
+local holder = redis.pcall('GET', KEYS[3])
+local foreign = type(holder) == 'table'  -- a key of another type: nobody's lock we can hold
+if mode == 'owned' and (foreign or holder ~= ARGV[4]) then
   return {0, 'lock'}
-elseif mode == 'absent' and holder then
+elseif mode == 'absent' and (foreign or holder) then
   return {0, 'lock'}
 end
-local acked = redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
-if acked ~= 1 then
+
+-- 2. Still pending?
+local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(p) ~= 'table' or not p[1] then
   if mode == 'owned' then redis.call('DEL', KEYS[3]) end
   return {0, 'acked'}
 end
+
+-- 3. The entry.
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 if #found == 0 then
+  redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
   if mode == 'owned' then redis.call('DEL', KEYS[3]) end
   return {-1, 'trimmed'}
 end
+
+-- 4. The copy and its target.
 local fields = found[1][2]
 local retry_field, original_field = ARGV[7], ARGV[8]
 local out = {}
 local retries = 0
 local original = ARGV[2]
-local input = ''
+local input
 for i = 1, #fields, 2 do
   local k, v = fields[i], fields[i + 1]
   if k == 'lbs-input' then input = v end
@@ -70,16 +109,39 @@ for i = 1, #fields, 2 do
   end
 end
 retries = retries + tonumber(ARGV[5])
+local oversized = #out + 10 > MAX_COPY  -- the copy with its bookkeeping fields
+if oversized then
+  out = {}
+  if input then
+    out[1] = 'lbs-input'
+    out[2] = input
+  end
+end
 out[#out + 1] = retry_field
 out[#out + 1] = tostring(retries)
 out[#out + 1] = original_field
 out[#out + 1] = original
 local max = tonumber(ARGV[6])
+local dead = oversized or ARGV[11] == '1' or (max >= 0 and retries > max)
+local reason = ARGV[9]
+if oversized then
+  local why = 'entry has ' .. (#fields / 2) .. ' fields, too many to copy; kept in ' .. KEYS[1]
+              .. ' as ' .. ARGV[2]
+  reason = (reason and reason ~= '') and (why .. '; ' .. reason) or why
+end
+if dead and ARGV[12] == '1' then
+  local kind = redis.call('TYPE', KEYS[2])['ok']
+  if kind ~= 'none' and kind ~= 'stream' then
+    return {-2, 'LBSKEY ' .. KEYS[2] .. ' holds a ' .. kind .. ', not a stream'}
+  end
+end
+
+-- 5. Writes: add, then ack, delete, unlock.
 local code, id
-if ARGV[11] == '1' or (max >= 0 and retries > max) then
+if dead then
   if ARGV[12] == '1' then
     out[#out + 1] = ARGV[13] .. 'reason'
-    out[#out + 1] = ARGV[9]
+    out[#out + 1] = reason
     out[#out + 1] = ARGV[13] .. 'consumer'
     out[#out + 1] = ARGV[10]
     out[#out + 1] = ARGV[13] .. 'failed_id'
@@ -94,6 +156,9 @@ else
   id = redis.call('XADD', KEYS[1], '*', unpack(out))
   code = 1
 end
-redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+if not oversized then
+  redis.call('XDEL', KEYS[1], ARGV[2])
+end
 if mode == 'owned' then redis.call('DEL', KEYS[3]) end
-return {code, id, input, retries}
+return {code, id, input or '', retries}

@@ -1,0 +1,48 @@
+"""Fault 1: connections killed under a running fleet (CLIENT KILL every 0.5 s)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import redis.asyncio as aioredis
+
+from _fleet import SCALE, TEST_TIMEOUT, Fleet, chaos, server
+
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+
+
+async def test_connection_kills_lose_and_repeat_nothing(service: str, report) -> None:
+    # Every 0.5 s, alternately: every normal connection but the killer's (the
+    # clients' batches, blocked reads, scripts; the producer's and the test's
+    # too), and every Pub/Sub connection (the keyspace listeners).
+    duration = 6.0 * SCALE
+    total = int(100 * duration)
+    killed: Counter[str] = Counter()
+    with server() as srv:
+        async with Fleet(srv.url, service, ["a", "b", "c"]) as fleet:
+            killer = aioredis.Redis.from_url(srv.url)
+
+            async def kill(n: int) -> None:
+                if n % 2 == 0:
+                    killed["normal"] += int(await killer.execute_command("CLIENT", "KILL", "TYPE", "normal",
+                                                                         "SKIPME", "yes"))
+                else:
+                    killed["pubsub"] += int(await killer.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
+
+            try:
+                async with chaos(0.5, kill) as sent:
+                    await fleet.feed("s", total, duration)
+                faults = sent()
+            finally:
+                await killer.aclose()
+            settled = await fleet.settle(timeout=30 * SCALE)
+            fig = await fleet.figures("connection-kills", faults, killed=dict(killed), settled=settled)
+            why = fleet.explain()
+    report(fig)
+    assert fig.registered > 0 and fig.faults > 0
+    assert fig.lost == 0, why
+    assert fig.duplicated == 0, why
+    assert fig.two_valid_holders == 0, why
+    assert fig.retries == 0, why
+    assert settled, f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)"

@@ -1,0 +1,67 @@
+"""Fault 6: a second client started with a consumer id that a live client uses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import lbs
+
+from _fleet import SCALE, TEST_TIMEOUT, Fleet, config, eventually, server
+
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+
+
+async def test_a_live_consumer_id_is_refused_to_a_second_client(service: str, report) -> None:
+    ttl = 2.0
+    n = 5 * SCALE
+
+    def work(note, label) -> float:  # type: ignore[no-untyped-def]
+        return 3600.0 if label == "dup-1" else fleet.rng.uniform(0.005, 0.05)  # the first holds its streams
+
+    with server() as srv:
+        fleet = Fleet(srv.url, service, [], cfg=config(lock_ttl=ttl), work=work)
+        async with fleet:
+            first = await fleet.add_client("dup-1", consumer_id="dup")
+            names = [f"held-{i}" for i in range(n)]
+            await fleet.register(names)
+
+            async def holding() -> bool:
+                return first.held == n and len(fleet.rec.runs) >= n
+
+            assert await eventually(holding, timeout=15), f"the first client holds {first.held} of {n}"
+            second = fleet.make_client("dup-2", consumer_id="dup")
+            refusal: BaseException | None = None
+            try:
+                await asyncio.wait_for(second.start(), timeout=3 * ttl + 5)
+            except Exception as exc:
+                refusal = exc
+            finally:
+                await second.close()
+            await asyncio.sleep(2 * ttl)  # two lock TTLs: anything the second start disturbed shows by now
+            held_after = first.held
+            early = [fleet._show(r) for r in fleet.rec.runs if r.consumer != "dup-1" or r.retry_count > 0
+                     or fleet.rec.told(r)]
+            await fleet.close_client("dup-1")  # hands its streams back
+            third_started = True
+            try:
+                await fleet.add_client("dup-3", consumer_id="dup")
+            except Exception as exc:
+                third_started = False
+                refusal_of_third: BaseException | None = exc
+            else:
+                refusal_of_third = None
+            settled = await fleet.settle(timeout=20 * SCALE)
+            fig = await fleet.figures("duplicate-consumer-id", 1, settled=settled,
+                                      refused=type(refusal).__name__ if refusal else "no",
+                                      held_after=f"{held_after}/{n}", third_started=third_started)
+            why = fleet.explain()
+    report(fig)
+    assert isinstance(refusal, lbs.ConfigurationError) and isinstance(refusal, lbs.LbsError), (
+        f"a second client with a live consumer id was not refused at start(): {refusal!r}")
+    assert "in use" in str(refusal), f"the refusal does not say the id is in use: {refusal}"
+    assert held_after == n and not early, f"the first client lost or shared its streams: {early[:5]}"
+    assert third_started, f"a client with the id of a closed one did not start: {refusal_of_third!r}"
+    assert fig.lost == 0 and fig.retries == 0 and fig.duplicated == 0, why
+    assert settled

@@ -1,0 +1,91 @@
+"""The minimal ACL the README's Operations section documents is enough, and nothing less is."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from _helpers import eventually, take
+
+import lbs
+from lbs import _keys
+
+#: The README's list (Operations): every command lbs sends, scripts' inner commands included.
+COMMANDS = ("+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xread +xadd +xack +xackdel "
+            "+xdel +xclaim +xpending +xrange +xrevrange +get +set +del +pexpire +pttl +exists +incrby +type "
+            "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
+            "+hello +ping +psubscribe +punsubscribe")
+
+
+def _acl(service: str, user: str, password: str, commands: str) -> list[str]:
+    tag = _keys.hash_tag(service)
+    return ["SETUSER", user, "reset", "on", f">{password}", "-@all", *commands.split(),
+            f"~{_keys.input_stream(service)}", f"~{tag}:*", f"~lock:{tag}:*",
+            f"&__keyspace@0__:lock:{tag}:*"]
+
+
+async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
+    """Register, take, finish; then a consumer dies holding one and another recovers it."""
+    cfg = lbs.Config(lock_ttl=lock_ttl, read_block=0.1, configure_keyspace_events=False,
+                     deadline_poll_interval=0.05)
+    async with lbs.Producer(url, service) as producer:
+        await producer.add_streams(["a", "b", "c"])
+    dying = lbs.Client(url, service, consumer_id="dying", config=cfg, load_entrypoint_plugins=False)
+    await dying.start()
+    await take(dying, 1)
+    dying._stopping.set()  # stops reading, heartbeating and recovering: as good as dead
+    for task in (dying._reader, dying._heartbeat, *dying.recovery.tasks):
+        assert task is not None
+        task.cancel()
+    survivor = lbs.Client(url, service, consumer_id="survivor", config=cfg, load_entrypoint_plugins=False)
+    await survivor.start()
+    notes = await take(survivor, 3, timeout=20)  # two fresh, one recovered from "dying"
+    assert sorted(n.stream for n in notes) == ["a", "b", "c"]
+    assert await survivor.done_streams(notes) == [lbs.DoneStatus.DONE] * 3
+    await survivor.close()
+    for wire in (dying._read_wire, dying._done_wire, dying._beat_wire):
+        await wire.close()
+    await dying._redis.aclose()
+    return survivor
+
+
+async def test_the_documented_acl_runs_the_whole_cycle(redis_server: Any, service: str,
+                                                       r: aioredis.Redis) -> None:
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS))
+    url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
+    try:
+        survivor = await _cycle(url, service, lock_ttl=0.5)
+        assert survivor.stats.done == 3
+        assert await r.xlen(lbs.input_stream(service)) == 0
+        assert await r.xlen(lbs.dead_letter_stream(service)) == 0
+    finally:
+        await r.execute_command("ACL", "DELUSER", user)
+
+
+@pytest.mark.parametrize("missing", ["+type", "+incrby", "+time"])
+async def test_without_a_command_of_the_list_the_reader_is_refused(redis_server: Any, service: str,
+                                                                   r: aioredis.Redis, missing: str) -> None:
+    # The list is not padded: a command the scripts call inside, taken away, stops the reads.
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS.replace(missing + " ", "")))
+    url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
+    await r.xadd(lbs.input_stream(service), {"lbs-input": '{"DataStreamName":"x","Info":{}}'})
+    c = lbs.Client(url, service, consumer_id="c", load_entrypoint_plugins=False,
+                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, read_max_retries=0))
+    try:
+        await c.start()
+        note = await asyncio.wait_for(c.next_notification(), 10)
+        assert note is not None and note.type is lbs.NotificationType.STREAM_TERMINATED
+        assert "NOPERM" in note.reason or "permission" in note.reason.lower()
+    finally:
+        await c.close()
+        await r.execute_command("ACL", "DELUSER", user)
+    await eventually(lambda: _pending_is(r, service, 0))
+
+
+async def _pending_is(r: aioredis.Redis, service: str, n: int) -> bool:
+    return int((await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"]) == n

@@ -1,0 +1,271 @@
+"""The consumer's edges: dropped connections, duplicate ids, leaked holds, shutdown.
+
+Each test here reproduces a finding of issue 16 on a real server and failed
+before its fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from _helpers import client, eventually, produce, take
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+import lbs
+from lbs import _keys
+
+
+@pytest.fixture
+async def rr(redis_server: Any) -> Any:
+    r = aioredis.Redis.from_url(redis_server.url)
+    yield r
+    await r.aclose()
+
+
+async def _kill_clients_of(rr: aioredis.Redis, c: lbs.Client) -> int:
+    """CLIENT KILL every connection of ``c`` (they carry redis-py's lib-name; ours is SKIPME)."""
+    me = await rr.client_id()
+    killed = 0
+    for info in await rr.client_list():
+        if int(info["id"]) != me and info.get("cmd") not in ("client|list", "client|kill"):
+            killed += int(await rr.execute_command("CLIENT", "KILL", "ID", info["id"]))
+    return killed
+
+
+async def test_one_dropped_connection_robs_nothing(redis_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # Finding 1: hold 10 streams, kill the consumer's connections once after
+    # its first heartbeat. The next tick must not fail on the dead connection
+    # (the Wire notices the EOF and reconnects), so no lock ever expires.
+    await produce(redis_server.url, service, *[f"s{i}" for i in range(10)])
+    c = client(redis_server.url, service, lock_ttl=1.5, recovery=False)
+    ticks: list[int] = []
+
+    class CountTicks:
+        @lbs.hookimpl
+        def lbs_locks_extended(self, extended: int, lost: int) -> None:
+            ticks.append(lost)
+
+    c.pm.register(CountTicks())
+    await c.start()
+    try:
+        notes = await take(c, 10)
+        await eventually(lambda: _true(len(ticks) >= 1))
+        assert await _kill_clients_of(rr, c) >= 1
+        # Two TTLs: every lock would have expired without a working heartbeat.
+        await eventually(lambda: _true(len(ticks) >= 1 + 6), timeout=20)
+        assert c.held == 10 and sum(ticks) == 0
+        assert c.drain_notifications() == []  # no STREAM_DISOWNED
+        statuses = await c.done_streams(notes)
+        assert statuses == [lbs.DoneStatus.DONE] * 10
+    finally:
+        await c.close()
+
+
+async def test_a_done_batch_whose_connection_dies_in_flight_is_retried(
+        redis_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # A done call whose connection fails after it was sent is sent once more
+    # on a fresh connection; an entry the first call finished reads DONE
+    # (done-n.lua's "already done" on a retry), not LOCK_LOST.
+    await produce(redis_server.url, service, "a", "b")
+    c = client(redis_server.url, service, recovery=False)
+    await c.start()
+    try:
+        notes = await take(c, 2)
+        wire = c._done_wire
+        real = wire._stream
+        calls = 0
+
+        async def run_then_drop(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            replies = await real(*args, **kwargs)
+            if calls == 1:  # the call ran on the server; its reply is "lost"
+                await wire._conn.disconnect()
+                raise RedisConnectionError("connection closed by the server")
+            return replies
+
+        wire._stream = run_then_drop  # type: ignore[method-assign]
+        assert await c.done_streams(notes) == [lbs.DoneStatus.DONE, lbs.DoneStatus.DONE]
+        assert calls == 2
+        assert await rr.xlen(lbs.input_stream(service)) == 0
+        assert c.stats.done == 2 and c.stats.lock_lost == 0
+    finally:
+        await c.close()
+
+
+async def test_a_second_process_with_the_same_consumer_id_is_refused(
+        redis_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # Finding 4: two processes under one consumer id would share a pending
+    # list and adopt each other's locks. The second is refused at start.
+    await produce(redis_server.url, service, "a")
+    first = client(redis_server.url, service, consumer="dup", lock_ttl=1.0)
+    second = client(redis_server.url, service, consumer="dup", lock_ttl=1.0)
+    await first.start()
+    try:
+        (note,) = await take(first, 1)
+        with pytest.raises(lbs.ConfigurationError, match="in use by another live process"):
+            await second.start()
+        assert first.held == 1 and await first.done_stream(note.stream) is lbs.DoneStatus.DONE
+    finally:
+        await first.close()
+        await second.close()
+    # Closed, the id is free again at once (the marker was deleted, not left to expire).
+    assert await rr.exists(_keys.instance_key(service, first.id)) == 0
+    third = client(redis_server.url, service, consumer="dup", lock_ttl=1.0)
+    await asyncio.wait_for(third.start(), 0.9)
+    await third.close()
+
+
+async def test_adoption_takes_only_this_instances_locks(redis_server: Any, service: str,
+                                                        rr: aioredis.Redis) -> None:
+    # A process whose read reply was lost re-reads its consumer's pending
+    # entries and adopts the locks it took. Another process with the same id
+    # (its marker lost, so not refused) must not adopt the first one's locks.
+    await produce(redis_server.url, service, "a", "b", "c")
+    first = client(redis_server.url, service, consumer="same", recovery=False)
+    await first.start()
+    second = client(redis_server.url, service, consumer="same", recovery=False)
+    try:
+        await take(first, 3)
+        await rr.delete(_keys.instance_key(service, first.id))
+        second._reply_lost = True  # its first read re-reads the pending list ("0")
+        await second.start()
+        await eventually(lambda: _true(not second._reply_lost))
+        assert second.held == 0 and first.held == 3
+        assert all(v.decode().endswith(first.lock_owner) for v in
+                   await rr.mget([h.lock_key for h in first.held_streams()]))
+    finally:
+        await second.close()
+        await first.close()
+
+
+async def test_a_notification_is_an_async_with_block(redis_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # An application task that dies without done_stream/hand_back must not
+    # leak the stream: the block finishes it, or hands it back with a retry.
+    await produce(redis_server.url, service, "ok", "fails")
+    c = client(redis_server.url, service, recovery=False)
+    await c.start()
+    try:
+        notes = {n.stream: n for n in await take(c, 2)}
+        async with notes["ok"] as note:
+            assert note.stream == "ok"
+        with pytest.raises(RuntimeError):
+            async with notes["fails"]:
+                raise RuntimeError("boom")
+        assert c.held == 0 and c.stats.done == 1
+        (again,) = await take(c, 1)
+        assert again.stream == "fails" and again.retry_count == 1
+        async with again:
+            pass
+        with pytest.raises(lbs.InterfaceError):
+            async with lbs.Notification(lbs.NotificationType.STREAM_EXPIRED, "x"):
+                pass
+    finally:
+        await c.close()
+    assert await rr.xlen(lbs.input_stream(service)) == 0
+
+
+async def test_a_stream_held_too_long_is_reported(redis_server: Any, service: str,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    await produce(redis_server.url, service, "forgotten")
+    c = client(redis_server.url, service, recovery=False, lock_ttl=0.6, hold_warning=0.3)
+    caplog.set_level(logging.WARNING, logger="lbs.client")
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        await eventually(lambda: _true(c.recovery.counts.get("held_overdue") == 1), timeout=10)
+        assert sum("forgotten" in r.getMessage() and "held for over" in r.getMessage() for r in caplog.records) == 1
+        await c.done_stream(note.stream)
+        await eventually(lambda: _true(c.recovery.counts.get("held_overdue") == 0), timeout=10)
+    finally:
+        await c.close()
+
+
+async def test_a_cancelled_run_handler_hands_its_stream_back(redis_server: Any, service: str) -> None:
+    # A handler cancelled by someone else (not a disown, not close()) would
+    # otherwise leave its stream held forever under a healthy heartbeat.
+    await produce(redis_server.url, service, "victim")
+    c = client(redis_server.url, service, recovery=False)
+    started: asyncio.Queue[lbs.Notification] = asyncio.Queue()
+
+    async def handler(note: lbs.Notification) -> None:
+        started.put_nowait(note)
+        await asyncio.sleep(3600)
+
+    runner = asyncio.create_task(c.run(handler, handle_signals=False))
+    try:
+        first = await asyncio.wait_for(started.get(), 10)
+        (h,) = c.held_streams()
+        assert h.task is not None
+        h.task.cancel()
+        again = await asyncio.wait_for(started.get(), 10)  # handed back, taken again
+        assert again.stream == "victim" and again.entry_id != first.entry_id and again.retry_count == 1
+    finally:
+        await c.close()
+        await asyncio.wait_for(runner, 10)
+
+
+async def test_hand_back_under_run_stops_the_handler_first(redis_server: Any, service: str) -> None:
+    # Finding 6: hand_back() inside run() left the handler running while the
+    # same process took the stream again: two handlers for one stream.
+    await produce(redis_server.url, service, "s")
+    c = client(redis_server.url, service, recovery=False)
+    running: dict[str, int] = {}
+    most = 0
+    started: asyncio.Queue[lbs.Notification] = asyncio.Queue()
+
+    async def handler(note: lbs.Notification) -> None:
+        nonlocal most
+        running[note.stream] = running.get(note.stream, 0) + 1
+        most = max(most, running[note.stream])
+        try:
+            started.put_nowait(note)
+            await asyncio.sleep(3600)
+        finally:
+            running[note.stream] -= 1
+
+    runner = asyncio.create_task(c.run(handler, handle_signals=False))
+    try:
+        first = await asyncio.wait_for(started.get(), 10)
+        await c.hand_back(first.stream)
+        assert running["s"] == 0  # ended before the stream went back
+        again = await asyncio.wait_for(started.get(), 10)
+        assert again.entry_id != first.entry_id and again.retry_count == 0
+        assert most == 1
+    finally:
+        await c.close()
+        await asyncio.wait_for(runner, 10)
+
+
+async def test_close_from_elsewhere_then_close_again_waits_for_the_shutdown(
+        redis_server: Any, service: str, rr: aioredis.Redis) -> None:
+    # Finding 6: the README's pattern (close() from elsewhere, then close()
+    # in finally) returned before the first close had handed anything back.
+    await produce(redis_server.url, service, *[f"s{i}" for i in range(5)])
+    c = client(redis_server.url, service, recovery=False)
+    started = 0
+
+    async def handler(note: lbs.Notification) -> None:
+        nonlocal started
+        started += 1
+        await asyncio.sleep(3600)
+
+    runner = asyncio.create_task(c.run(handler, handle_signals=False))
+    await eventually(lambda: _true(started == 5))
+    elsewhere = asyncio.create_task(c.close())
+    await asyncio.sleep(0)
+    await c.close()  # the second call: returns only once the shutdown is over
+    assert await rr.xpending(lbs.input_stream(service), lbs.group_name(service)) == {
+        "pending": 0, "min": None, "max": None, "consumers": []}
+    assert [k async for k in rr.scan_iter(_keys.lock_key(service, "*"))] == []
+    await asyncio.wait_for(elsewhere, 1)
+    await asyncio.wait_for(runner, 1)  # run() returned too
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -1,0 +1,457 @@
+"""The Lua scripts check every precondition before their first write.
+
+Each script is called directly (EVAL of ``lbs._scripts.source``) against a
+real server with one key of the service set to something it must not hold:
+the call is refused with an error (or an output) naming the key, and a DUMP
+of every key of the service shows that nothing was written. Redis does not
+roll back a script that fails part-way, so "refused" must mean "untouched".
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from lbs._keys import (
+    consumers_key,
+    dead_letter_stream,
+    fence_key,
+    group_name,
+    input_stream,
+    instance_key,
+    lock_key,
+)
+from lbs._scripts import source
+
+pytestmark = pytest.mark.timeout(60)
+
+TTL = 60_000
+
+
+@pytest.fixture
+async def ar(any_server: Any) -> AsyncIterator[aioredis.Redis]:
+    """A client on Redis 8.x, then on Debian's 7.0."""
+    c = aioredis.Redis.from_url(any_server.url)
+    try:
+        yield c
+    finally:
+        await c.aclose()
+
+
+def us(t: tuple[int, int]) -> int:
+    return t[0] * 1_000_000 + t[1]
+
+
+# -- calling the scripts ------------------------------------------------------
+
+async def read(r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10, start: str = ">",
+               owner: str | None = None) -> Any:
+    args: list[Any] = [group_name(service), consumer, count, TTL, lock_key(service, ""), start, ""]
+    if owner is not None:
+        args.append(owner)
+    return await r.eval(source("read-3"), 3, input_stream(service), fence_key(service),
+                        consumers_key(service), *args)
+
+
+async def done(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], xackdel: str = "0",
+               retry: str = "0") -> list[int]:
+    keys = [input_stream(service)] + [lock_key(service, i) for i, _ in locks]
+    args = [group_name(service), xackdel, retry] + [v for _, v in locks] + [i for i, _ in locks]
+    return await r.eval(source("done-n"), len(keys), *keys, *args)
+
+
+async def extend(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], last: str = "1",
+                 nonce: str = "n1", consumer: str = "c1", ttl: int = TTL) -> list[Any]:
+    keys = [input_stream(service), consumers_key(service), instance_key(service, consumer)]
+    keys += [lock_key(service, i) for i, _ in locks]
+    args = [ttl, group_name(service), consumer, last, nonce] + [v for _, v in locks] + [i for i, _ in locks]
+    return await r.eval(source("extend-n"), len(keys), *keys, *args)
+
+
+async def requeue(r: aioredis.Redis, service: str, entry_id: str, mode: str = "absent", value: str = "",
+                  inc: str = "1", max_retries: str = "5", reason: str = "boom", force: str = "0",
+                  dlq: str = "1") -> list[Any]:
+    keys = [input_stream(service), dead_letter_stream(service), lock_key(service, entry_id)]
+    args = [group_name(service), entry_id, mode, value, inc, max_retries, "_retry_count", "_original_id",
+            reason, "c1", force, dlq, "_"]
+    return await r.eval(source("requeue-3"), 3, *keys, *args)
+
+
+async def reap(r: aioredis.Redis, service: str) -> list[bytes]:
+    return await r.eval(source("reap-2"), 2, consumers_key(service), input_stream(service),
+                        group_name(service), lock_key(service, ""), 100)
+
+
+# -- state --------------------------------------------------------------------
+
+async def lbs_with(r: aioredis.Redis, service: str, n: int) -> list[str]:
+    """The LBS and its group, with ``n`` entries; their ids."""
+    await r.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    return [(await r.xadd(input_stream(service), {"lbs-input": f'{{"stream":"s{i}"}}'})).decode()
+            for i in range(n)]
+
+
+async def taken(r: aioredis.Redis, service: str, n: int, consumer: str = "c1") -> list[tuple[str, str]]:
+    """``n`` entries read and locked by ``consumer``: (entry id, lock value) each."""
+    await lbs_with(r, service, n)
+    entries, tokens, _ = await read(r, service, consumer)
+    assert all(isinstance(t, int) for t in tokens)
+    return [(e[0].decode(), f"{t}:{consumer}") for e, t in zip(entries, tokens)]
+
+
+async def snapshot(r: aioredis.Redis, service: str) -> dict[bytes, bytes | None]:
+    """Every key of the service with its serialized value (DUMP ignores TTLs)."""
+    return {k: await r.dump(k) async for k in r.scan_iter(match=f"*{service}*", count=1000)}
+
+
+async def pending(r: aioredis.Redis, service: str) -> int:
+    return int((await r.xpending(input_stream(service), group_name(service)))["pending"])
+
+
+async def refused(call: Any, *names: str) -> str:
+    with pytest.raises(ResponseError) as info:
+        await call
+    message = str(info.value)
+    assert message.startswith("LBSKEY "), message
+    for name in names:
+        assert name in message, message
+    return message
+
+
+# -- read-3.lua ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("fence", "what"), [
+    ("9223372036854775807", "holds 9223372036854775807: the fencing counter is past 2^53"),
+    ("9007199254740992", "the fencing counter is past 2^53"),
+    ("9007199254740990", "the fencing counter would pass 2^53"),  # + COUNT 10
+    ("abc", "not a plain decimal integer"),
+    ("-1", "not a plain decimal integer"),
+    ("0123", "not a plain decimal integer"),  # INCRBY refuses a leading zero
+    ("1.5", "not a plain decimal integer"),
+])
+async def test_read_refuses_a_bad_fence_before_delivering(ar: aioredis.Redis, service: str, fence: str,
+                                                          what: str) -> None:
+    await lbs_with(ar, service, 3)
+    await ar.set(fence_key(service), fence)
+    before = await snapshot(ar, service)
+    message = await refused(read(ar, service), fence_key(service), what)
+    assert "fencing counter" in message
+    assert await pending(ar, service) == 0
+    assert await snapshot(ar, service) == before
+    assert await ar.get(fence_key(service)) == fence.encode()
+
+
+async def test_read_takes_a_fence_just_below_2_53(ar: aioredis.Redis, service: str) -> None:
+    await lbs_with(ar, service, 2)
+    await ar.set(fence_key(service), str(2**53 - 11))  # + COUNT 10 = 2^53 - 1
+    _, tokens, _ = await read(ar, service)
+    assert tokens == [2**53 - 10, 2**53 - 9]
+
+
+@pytest.mark.parametrize(("key", "setup", "what"), [
+    (fence_key, "rpush", "holds a list, not the fencing counter"),
+    (consumers_key, "set", "holds a string, not the consumer deadline index"),
+    (consumers_key, "rpush", "holds a list, not the consumer deadline index"),
+])
+async def test_read_refuses_a_key_of_the_wrong_type(ar: aioredis.Redis, service: str, key: Any, setup: str,
+                                                    what: str) -> None:
+    await lbs_with(ar, service, 3)
+    name = key(service)
+    await (ar.rpush(name, "x") if setup == "rpush" else ar.set(name, "x"))
+    before = await snapshot(ar, service)
+    await refused(read(ar, service), name, what)
+    await refused(read(ar, service, start="0"), name, what)
+    assert await pending(ar, service) == 0
+    assert await snapshot(ar, service) == before
+
+
+async def test_read_refuses_an_lbs_of_the_wrong_type(ar: aioredis.Redis, service: str) -> None:
+    await ar.hset(input_stream(service), "lbs-input", "{}")
+    before = await snapshot(ar, service)
+    await refused(read(ar, service), input_stream(service), "holds a hash, not the load-balancer stream")
+    assert await snapshot(ar, service) == before
+    assert not await ar.exists(fence_key(service), consumers_key(service))
+
+
+async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(ar: aioredis.Redis,
+                                                                         service: str) -> None:
+    await lbs_with(ar, service, 3)
+    at_call = us(await ar.time())
+    entries, tokens, _ = await read(ar, service, count=3)
+    assert len(tokens) == 3 and tokens[0] > at_call
+    assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
+    assert await ar.get(fence_key(service)) == str(tokens[2]).encode()
+    for (entry_id, _), token in zip(entries, tokens):  # 16 digits, printed in full
+        assert await ar.get(lock_key(service, entry_id.decode())) == f"{token}:c1".encode()
+    # The counter is lost (eviction, restart without persistence).
+    await ar.delete(fence_key(service))
+    # The seed is the clock; wait (without sleeping) until the server's clock
+    # is past the tokens handed out, which a real loss always is by far.
+    while us(await ar.time()) <= tokens[-1]:
+        pass
+    for _ in range(2):
+        await ar.xadd(input_stream(service), {"lbs-input": "{}"})
+    _, again, _ = await read(ar, service)
+    assert len(again) == 2 and min(again) > max(tokens)
+
+
+async def test_lock_owner_argument(ar: aioredis.Redis, service: str) -> None:
+    await lbs_with(ar, service, 2)
+    entries, tokens, _ = await read(ar, service, count=1, owner="c1:nonce-a")
+    assert await ar.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1:nonce-a".encode()
+    entries, tokens, _ = await read(ar, service, count=1, owner="")
+    assert await ar.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1".encode()
+
+
+async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(ar: aioredis.Redis,
+                                                                           service: str) -> None:
+    ids = await lbs_with(ar, service, 3)
+    await ar.rpush(lock_key(service, ids[1]), "garbage")
+    entries, tokens, top = await read(ar, service)
+    assert [e[0].decode() for e in entries] == ids and top == b""
+    assert isinstance(tokens[0], int) and isinstance(tokens[2], int)
+    assert tokens[1] == b"WRONGTYPE list"
+    assert await pending(ar, service) == 3
+    assert await ar.lrange(lock_key(service, ids[1]), 0, -1) == [b"garbage"]
+    assert await ar.get(lock_key(service, ids[2])) == f"{tokens[2]}:c1".encode()
+    assert await ar.zscore(consumers_key(service), "c1") is not None
+    # The re-read after a lost reply reports the same.
+    _, again, _ = await read(ar, service, start="0")
+    assert again == [f"{tokens[0]}:c1".encode(), b"WRONGTYPE list", f"{tokens[2]}:c1".encode()]
+
+
+# -- done-n.lua ---------------------------------------------------------------
+
+@pytest.mark.parametrize("xackdel", ["0", "1"])
+async def test_done_retry_flag_reports_what_a_lost_call_finished(any_server: Any, ar: aioredis.Redis,
+                                                                 service: str, xackdel: str) -> None:
+    if xackdel == "1" and any_server.version < (8, 2):
+        pytest.skip("XACKDEL needs Redis >= 8.2")
+    locks = await taken(ar, service, 3)
+    assert await done(ar, service, locks[:2], xackdel) == [1, 1]
+    assert await ar.xlen(input_stream(service)) == 1
+    before = await snapshot(ar, service)
+    assert await done(ar, service, locks[:2], xackdel, retry="1") == [4, 4]
+    assert await done(ar, service, locks[:2], xackdel, retry="0") == [3, 3]
+    assert await snapshot(ar, service) == before
+    # A lock that expired while its entry is still pending: 2, flag or not.
+    await ar.delete(lock_key(service, locks[2][0]))
+    assert await done(ar, service, locks[2:], xackdel, retry="1") == [2]
+    assert await pending(ar, service) == 0 and await ar.xlen(input_stream(service)) == 0
+
+
+@pytest.mark.parametrize("xackdel", ["0", "1"])
+async def test_done_leaves_a_lock_of_another_type_and_its_entry(any_server: Any, ar: aioredis.Redis,
+                                                                service: str, xackdel: str) -> None:
+    if xackdel == "1" and any_server.version < (8, 2):
+        pytest.skip("XACKDEL needs Redis >= 8.2")
+    locks = await taken(ar, service, 2)
+    bad = lock_key(service, locks[0][0])
+    await ar.delete(bad)
+    await ar.hset(bad, "x", "1")
+    assert await done(ar, service, locks, xackdel, retry="1") == [3, 1]
+    assert await ar.type(bad) == b"hash"
+    assert await pending(ar, service) == 1
+    assert [i.decode() for i, _ in await ar.xrange(input_stream(service))] == [locks[0][0]]
+
+
+async def test_done_refuses_the_old_argument_layout(ar: aioredis.Redis, service: str) -> None:
+    locks = await taken(ar, service, 1)
+    before = await snapshot(ar, service)
+    keys = [input_stream(service), lock_key(service, locks[0][0])]
+    with pytest.raises(ResponseError, match="done-n"):
+        await ar.eval(source("done-n"), 2, *keys, group_name(service), "0", locks[0][1], locks[0][0])
+    assert await snapshot(ar, service) == before
+
+
+# -- extend-n.lua -------------------------------------------------------------
+
+async def test_extend_sets_and_refreshes_its_instance_marker(ar: aioredis.Redis, service: str) -> None:
+    locks = await taken(ar, service, 2)
+    marker = instance_key(service, "c1")
+    assert await extend(ar, service, locks, nonce="n1") == []
+    assert await ar.get(marker) == b"n1" and 0 < await ar.pttl(marker) <= TTL
+    await ar.pexpire(marker, 5_000)
+    assert await extend(ar, service, locks, nonce="n1") == []
+    assert await ar.pttl(marker) > 5_000
+    # Not the last call of a tick: the marker is not looked at.
+    await ar.pexpire(marker, 5_000)
+    assert await extend(ar, service, locks, last="0", nonce="other") == []
+    assert await ar.get(marker) == b"n1" and await ar.pttl(marker) <= 5_000
+
+
+async def test_extend_reports_another_instance_and_still_extends(ar: aioredis.Redis, service: str) -> None:
+    locks = await taken(ar, service, 2)
+    marker = instance_key(service, "c1")
+    await ar.set(marker, "n2", px=30_000)
+    for entry_id, _ in locks:
+        await ar.pexpire(lock_key(service, entry_id), 5_000)
+    assert await extend(ar, service, locks, nonce="n1") == [b"INSTANCE n2"]
+    assert await ar.get(marker) == b"n2" and await ar.pttl(marker) <= 30_000
+    for entry_id, _ in locks:
+        assert await ar.pttl(lock_key(service, entry_id)) > 5_000
+
+
+async def test_extend_with_no_locks(ar: aioredis.Redis, service: str) -> None:
+    await lbs_with(ar, service, 0)
+    marker = instance_key(service, "c1")
+    assert await extend(ar, service, [], nonce="n1") == []
+    assert await ar.get(marker) == b"n1"
+    assert not await ar.exists(consumers_key(service))  # holding nothing: not added
+    await ar.zadd(consumers_key(service), {"c1": 1})
+    assert await extend(ar, service, [], nonce="n1") == []
+    assert (await ar.zscore(consumers_key(service), "c1") or 0) > 1  # already in: moved
+
+
+async def test_extend_reports_keys_of_the_wrong_type(ar: aioredis.Redis, service: str) -> None:
+    locks = await taken(ar, service, 3)
+    await ar.delete(consumers_key(service))
+    await ar.set(consumers_key(service), "x")
+    await ar.rpush(instance_key(service, "c1"), "x")
+    bad = lock_key(service, locks[1][0])
+    await ar.delete(bad)
+    await ar.sadd(bad, "x")
+    for entry_id, _ in locks:
+        await ar.pexpire(lock_key(service, entry_id), 5_000)
+    out = await extend(ar, service, locks)
+    assert out == [2,
+                   f"LBSKEY {consumers_key(service)} holds a string, not the consumer deadline index".encode(),
+                   f"LBSKEY {instance_key(service, 'c1')} holds a list, not an instance marker".encode()]
+    assert await ar.get(consumers_key(service)) == b"x"
+    assert await ar.lrange(instance_key(service, "c1"), 0, -1) == [b"x"]
+    assert await ar.type(bad) == b"set" and await ar.pttl(bad) <= 5_000
+    assert await ar.pttl(lock_key(service, locks[0][0])) > 5_000
+    assert await ar.pttl(lock_key(service, locks[2][0])) > 5_000
+
+
+# -- requeue-3.lua ------------------------------------------------------------
+
+async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(ar: aioredis.Redis,
+                                                                              service: str) -> None:
+    (entry_id, _), = await taken(ar, service, 1)
+    await ar.delete(lock_key(service, entry_id))
+    dlq = dead_letter_stream(service)
+    await ar.set(dlq, "not a stream")
+    before = await snapshot(ar, service)
+    code, message = await requeue(ar, service, entry_id, force="1")
+    assert code == -2
+    assert message == f"LBSKEY {dlq} holds a string, not a stream".encode()
+    assert await pending(ar, service) == 1 and await ar.xlen(input_stream(service)) == 1
+    assert await snapshot(ar, service) == before
+    await ar.delete(dlq)
+    out = await requeue(ar, service, entry_id, force="1")
+    assert out[0] == 2 and await ar.xlen(dlq) == 1
+    assert await pending(ar, service) == 0 and await ar.xlen(input_stream(service)) == 0
+
+
+async def test_requeue_past_max_retries_checks_the_dead_letter_key(ar: aioredis.Redis, service: str) -> None:
+    (entry_id, _), = await taken(ar, service, 1)
+    await ar.delete(lock_key(service, entry_id))
+    await ar.rpush(dead_letter_stream(service), "x")
+    before = await snapshot(ar, service)
+    assert (await requeue(ar, service, entry_id, max_retries="0"))[0] == -2
+    assert await snapshot(ar, service) == before
+    # A re-queue (retries left) does not need the dead-letter stream.
+    out = await requeue(ar, service, entry_id, max_retries="5")
+    assert out[0] == 1 and await pending(ar, service) == 0
+
+
+async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(ar: aioredis.Redis,
+                                                                          service: str) -> None:
+    stream = input_stream(service)
+    await ar.xgroup_create(stream, group_name(service), id="0", mkstream=True)
+    fields: dict[str, str] = {"lbs-input": '{"stream":"huge"}'}
+    fields.update({f"f{i}": str(i) for i in range(9_999)})
+    entry_id = (await ar.xadd(stream, fields)).decode()
+    _, (token,), _ = await read(ar, service)
+    out = await requeue(ar, service, entry_id, mode="owned", value=f"{token}:c1", max_retries="5")
+    assert out[0] == 2 and out[2] == b'{"stream":"huge"}' and out[3] == 1
+    (dl_id, dl), = await ar.xrange(dead_letter_stream(service))
+    assert dl_id == out[1]
+    assert dl == {
+        b"lbs-input": b'{"stream":"huge"}', b"_retry_count": b"1", b"_original_id": entry_id.encode(),
+        b"_reason": f"entry has 10000 fields, too many to copy; kept in {stream} as {entry_id}; boom".encode(),
+        b"_consumer": b"c1", b"_failed_id": entry_id.encode(),
+    }
+    assert await pending(ar, service) == 0
+    assert not await ar.exists(lock_key(service, entry_id))
+    (kept_id, kept), = await ar.xrange(stream)
+    assert kept_id.decode() == entry_id and len(kept) == 10_000
+    # The record stays: a late done-n (lock gone, not pending) does not delete it.
+    assert await done(ar, service, [(entry_id, f"{token}:c1")]) == [3]
+    assert await ar.xlen(stream) == 1
+
+
+async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(ar: aioredis.Redis, service: str) -> None:
+    stream = input_stream(service)
+    await ar.xgroup_create(stream, group_name(service), id="0", mkstream=True)
+    entry_id = (await ar.xadd(stream, {f"f{i}": "v" for i in range(4_000)})).decode()
+    await read(ar, service)
+    await ar.delete(lock_key(service, entry_id))
+    assert await requeue(ar, service, entry_id, dlq="0", reason="") == [3, b"", b"", 1]
+    assert await pending(ar, service) == 0 and await ar.xlen(stream) == 1
+    assert not await ar.exists(dead_letter_stream(service))
+
+
+async def test_requeue_just_below_the_copy_bound_copies(ar: aioredis.Redis, service: str) -> None:
+    stream = input_stream(service)
+    await ar.xgroup_create(stream, group_name(service), id="0", mkstream=True)
+    entry_id = (await ar.xadd(stream, {f"f{i}": "v" for i in range(3_495)})).decode()
+    await read(ar, service)
+    await ar.delete(lock_key(service, entry_id))
+    out = await requeue(ar, service, entry_id, force="1")  # 6,990 values + 10 = 7,000
+    assert out[0] == 2
+    (_, dl), = await ar.xrange(dead_letter_stream(service))
+    assert len(dl) == 3_495 + 5 and dl[b"_reason"] == b"boom"
+    assert await ar.xlen(stream) == 0
+
+
+@pytest.mark.parametrize("mode", ["owned", "absent"])
+async def test_requeue_a_lock_key_of_another_type_is_someone_elses(ar: aioredis.Redis, service: str,
+                                                                   mode: str) -> None:
+    (entry_id, value), = await taken(ar, service, 1)
+    await ar.delete(lock_key(service, entry_id))
+    await ar.rpush(lock_key(service, entry_id), value)
+    before = await snapshot(ar, service)
+    assert await requeue(ar, service, entry_id, mode=mode, value=value) == [0, b"lock"]
+    assert await snapshot(ar, service) == before
+
+
+async def test_requeue_adds_before_it_acks(ar: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(ar, service, 1)
+    code, new_id, lbs_input, retries = await requeue(ar, service, entry_id, mode="owned", value=value)
+    assert code == 1 and retries == 1 and lbs_input == b'{"stream":"s0"}'
+    (got_id, got), = await ar.xrange(input_stream(service))
+    assert got_id == new_id
+    assert got == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1", b"_original_id": entry_id.encode()}
+    assert await pending(ar, service) == 0 and not await ar.exists(lock_key(service, entry_id))
+
+
+async def test_requeue_of_an_entry_no_longer_pending(ar: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(ar, service, 1)
+    await ar.xack(input_stream(service), group_name(service), entry_id)
+    assert await requeue(ar, service, entry_id, mode="owned", value=value) == [0, b"acked"]
+    assert not await ar.exists(lock_key(service, entry_id))  # ours: released
+    assert await ar.xlen(input_stream(service)) == 1  # not deleted
+
+
+async def test_requeue_of_a_trimmed_entry(ar: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(ar, service, 1)
+    await ar.xdel(input_stream(service), entry_id)
+    assert await requeue(ar, service, entry_id, mode="owned", value=value) == [-1, b"trimmed"]
+    assert await pending(ar, service) == 0 and not await ar.exists(lock_key(service, entry_id))
+
+
+# -- reap-2.lua ---------------------------------------------------------------
+
+async def test_reap_refuses_a_deadline_index_of_another_type(ar: aioredis.Redis, service: str) -> None:
+    await taken(ar, service, 2)
+    await ar.delete(consumers_key(service))
+    await ar.hset(consumers_key(service), "c1", "0")
+    before = await snapshot(ar, service)
+    await refused(reap(ar, service), consumers_key(service), "holds a hash, not the consumer deadline index")
+    assert await snapshot(ar, service) == before
