@@ -79,6 +79,8 @@ Handler = Callable[[Notification], Awaitable[Any]]
 def consumer_id_from_env(explicit: str | None = None) -> str:
     """The consumer id: ``explicit``, else ``$POD_NAME``, else ``$POD_IP``,
     prefixed ``redis-consumer-`` (the Go client's rule)."""
+    if explicit is not None and not isinstance(explicit, str):
+        raise ConfigurationError(f"consumer_id must be a str, got {type(explicit).__name__}")
     raw = explicit or os.environ.get("POD_NAME") or os.environ.get("POD_IP")
     if not raw:
         raise ConfigurationError(
@@ -861,8 +863,9 @@ class Client:
         lost = [h for h in lost if self._drop_held(h)]
         for h in lost:
             self._disown(h, "lock expired or taken while held (heartbeat missed)")
-        self._hook("lbs_locks_extended", extended=len(snapshot) - len(lost), lost=len(lost),
-                   seconds=time.perf_counter() - started)
+        if snapshot:  # a tick holding nothing only kept the instance marker alive
+            self._hook("lbs_locks_extended", extended=len(snapshot) - len(lost), lost=len(lost),
+                       seconds=time.perf_counter() - started)
         if lost:
             # We live, so the consumer deadline index will not send anyone for
             # these: put back the ones whose lock is gone (not those someone
@@ -927,6 +930,7 @@ class Client:
         already finished) and :class:`lbs.RedisOperationError` if Redis fails,
         in which case the lock expires and recovery takes over.
         """
+        _check_name(stream, entry_id)
         h = self._find(stream, entry_id)
         if h is not None:
             self._drop_held(h)
@@ -945,9 +949,12 @@ class Client:
         (which pin the entry id). Statuses come back in order. Raises
         :class:`lbs.NotHeldError` before touching Redis if any is not held.
         """
+        if isinstance(streams, (str, bytes)):
+            raise ConfigurationError("done_streams takes a list of names or notifications, not one name")
         picked: list[Held] = []
         for item in streams:
             name, entry_id = (item.stream, item.entry_id) if isinstance(item, Notification) else (item, None)
+            _check_name(name, entry_id)
             h = self._find(name, entry_id)
             if h is None:
                 h = self._tombstones.get(name)
@@ -1071,6 +1078,7 @@ class Client:
         handler itself is the caller), so this process never runs two
         handlers for one stream.
         """
+        _check_name(stream, entry_id)
         h = self._find(stream, entry_id)
         if h is None:
             raise NotHeldError(f"{self.id} does not hold data stream {stream!r}")
@@ -1201,8 +1209,11 @@ class Client:
             if handler is None:
                 raise ConfigurationError("run() needs a handler: pass one, or install a plugin that "
                                          "implements the lbs_handler hook")
-        if concurrency is not None and concurrency < 1:
-            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        if not callable(handler):
+            raise ConfigurationError(f"run() needs a callable handler, got {type(handler).__name__}")
+        if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
+                                        or concurrency < 1):
+            raise ConfigurationError(f"concurrency must be an integer of at least 1, got {concurrency!r}")
         loop = asyncio.get_running_loop()
         on_done = self._handler_done
 
@@ -1427,6 +1438,14 @@ async def _awaited(aw: Awaitable[Any]) -> Any:
 
 async def _raised(exc: BaseException) -> None:
     raise exc
+
+
+def _check_name(stream: object, entry_id: object) -> None:
+    """Refuse arguments that cannot name a held stream (a caller's mistake, not "not held")."""
+    if not isinstance(stream, str):
+        raise ConfigurationError(f"a data stream name is a str, got {type(stream).__name__}")
+    if entry_id is not None and not isinstance(entry_id, str):
+        raise ConfigurationError(f"entry_id must be a str or None, got {type(entry_id).__name__}")
 
 
 def _raise_first_error(replies: list[Any]) -> list[Any]:

@@ -132,7 +132,12 @@ def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mappi
     ``recovery_trimmed_total``, ``recovery_dlq_total``, ``recovery_scan_duration_seconds``,
     ``recovery_expiry_lag_seconds``, ``pel_depth``, ``startup_recovery_requeued_total``,
     ``startup_recovery_duration_seconds``, ``startup_recovery_success``,
-    ``keyspace_listener_reconnects_total``.
+    ``keyspace_listener_reconnects_total``, ``keyspace_listener_gap_seconds``,
+    ``topology_changes_total``, ``server_restarts_total`` (the server's run id changed;
+    keyspace events set again), ``duplicate_consumer_total`` (a heartbeat found another
+    live process with this consumer id), ``wrong_type_keys_total`` (a script refused a
+    key of the wrong type), ``held_overdue`` (gauge: streams held longer than
+    ``Config.hold_warning``).
 
     :param client: the client.
     :param name: the metric's name.

@@ -75,6 +75,9 @@ class Producer:
             return encode_input(name, info)
         except UnicodeEncodeError as exc:
             raise InvalidInputError(where + _unencodable(name, exc)) from None
+        except RecursionError:
+            raise InvalidInputError(f"{where}info of data stream {name!r:.100} is nested too deeply "
+                                    "to encode as JSON") from None
         except InvalidInputError as exc:
             if not where:
                 raise
@@ -167,7 +170,7 @@ class Producer:
             try:
                 payloads.append(encode_input(name, info if info is None or type(info) is dict
                                              else _as_info(info, f"add_streams: entry {k}: ")))
-            except (InvalidInputError, UnicodeEncodeError):
+            except (InvalidInputError, UnicodeEncodeError, RecursionError):
                 self._encode(name, info, f"add_streams: entry {k}: ")  # raises, with the reason
                 raise
             names.append(name)

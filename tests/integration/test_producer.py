@@ -108,6 +108,24 @@ async def test_a_value_at_max_input_bytes_is_sent_and_taken_without_dead_letteri
         await c.close()
 
 
+async def test_one_byte_more_than_the_producer_sends_is_what_a_consumer_dead_letters(
+        redis_server, r: aioredis.Redis, service: str) -> None:  # type: ignore[no-untyped-def]
+    # The producer's line and the consumer's are the same byte: 65,537 written
+    # behind the producer's back is dead-lettered for its size.
+    over = lbs.encode_input("big", _payload_of_size(65_537))
+    await r.xadd(lbs.input_stream(service), {"lbs-input": over})
+    c = client(redis_server.url, service)
+    try:
+        await c.start()
+        dlq = lbs.dead_letter_stream(service)
+        await eventually(lambda: _is(r.xlen(dlq), 1))
+        ((_, fields),) = await r.xrange(dlq)
+        assert b"65537 bytes, more than the limit of 65536" in fields[b"_reason"]
+        assert fields[b"lbs-input"] == over
+    finally:
+        await c.close()
+
+
 async def _is(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
 
@@ -145,6 +163,19 @@ async def test_lone_surrogates_are_refused_naming_the_part(r: aioredis.Redis, se
                           lbs.input_stream(f"{service}.1")) == 0
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    for _ in range(depth):
+        info = {"a": info}
+    return info
+
+
+def _circular() -> dict[str, Any]:
+    info: dict[str, Any] = {}
+    info["me"] = info
+    return info
+
+
 @pytest.mark.parametrize("call, message", [
     (lambda p: p.add_stream(42), "name must be a str, got int"),
     (lambda p: p.add_stream(b"x"), "name must be a str, got bytes"),
@@ -152,6 +183,9 @@ async def test_lone_surrogates_are_refused_naming_the_part(r: aioredis.Redis, se
     (lambda p: p.add_stream("x", ["a", "b"]), "info must be a mapping or None, got list"),
     (lambda p: p.add_stream("x", "info"), "info must be a mapping or None, got str"),
     (lambda p: p.add_stream("x", {"n": float("nan")}), "JSON"),
+    (lambda p: p.add_stream("x", _nested(5000)), "nested too deeply"),
+    (lambda p: p.add_streams(["a", ("x", _nested(5000))]), "entry 1: info of data stream 'x' is nested too deeply"),
+    (lambda p: p.add_stream("x", _circular()), "Circular reference"),
     (lambda p: p.add_streams("abc"), "not one str"),
     (lambda p: p.add_streams(7), "got int"),
     (lambda p: p.add_streams(["a", ("b",)]), r"entry 1: expected a name or a \(name, info\) pair"),

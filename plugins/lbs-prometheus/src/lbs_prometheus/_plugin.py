@@ -54,6 +54,12 @@ _KNOWN_HELP: Final[Mapping[str, str]] = {
     "startup_recovery_duration_seconds": "Duration of the start-up recovery pass.",
     "startup_recovery_success": "1 when the last start-up recovery pass succeeded, else 0.",
     "keyspace_listener_reconnects_total": "Reconnections of the keyspace-event listener.",
+    "keyspace_listener_gap_seconds": "How long the keyspace-event listener was away before it resubscribed.",
+    "topology_changes_total": "Moves of the client to a new owner of the service's cluster slot.",
+    "server_restarts_total": "Server restarts noticed (run id changed); keyspace events were set again.",
+    "duplicate_consumer_total": "Heartbeat ticks that found another live process with this consumer id.",
+    "wrong_type_keys_total": "Script calls refused because a key of the service had the wrong type.",
+    "held_overdue": "Streams held longer than Config.hold_warning without being finished.",
 }
 
 
