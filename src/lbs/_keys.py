@@ -62,6 +62,15 @@ def consumers_key(service: str) -> str:
     return f"{hash_tag(service)}:consumers"
 
 
+def reaped_key(service: str) -> str:
+    """When the deadline index was last polled (server ms): ``{<service>-input}:reaped``.
+
+    A poll that finds it further back than a stall threshold gives every
+    overdue consumer a grace period instead of judging it (reap-3.lua).
+    """
+    return f"{hash_tag(service)}:reaped"
+
+
 def instance_key(service: str, consumer_id: str) -> str:
     """The marker of the process running as ``consumer_id``: ``{<service>-input}:instance:<consumer id>``.
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-SCRIPT_NAMES = ("read-3", "extend-n", "done-n", "requeue-3", "reap-2", "leave-1")
+SCRIPT_NAMES = ("read-3", "extend-n", "done-n", "requeue-3", "reap-3", "leave-1")
 
 
 @lru_cache(maxsize=None)
@@ -31,7 +31,7 @@ class Scripts:
         self.extend: Any = redis.register_script(source("extend-n"))
         self.done: Any = redis.register_script(source("done-n"))
         self.requeue: Any = redis.register_script(source("requeue-3"))
-        self.reap: Any = redis.register_script(source("reap-2"))
+        self.reap: Any = redis.register_script(source("reap-3"))
         self.leave: Any = redis.register_script(source("leave-1"))
 
     def sources(self) -> list[str]:

@@ -11,17 +11,23 @@ Three paths find the entries to re-queue:
 * **deadline poller** (fast, does not depend on Redis's expiry timing):
   every consumer holding locks has a deadline in the sorted set
   ``{<service>-input}:consumers``, moved by each heartbeat tick; every
-  ``deadline_poll_interval`` the ``reap-2.lua`` script lists the pending
+  ``deadline_poll_interval`` the ``reap-3.lua`` script lists the pending
   entries of consumers past their deadline whose lock is gone (its PTTL
   expires an overdue lock on the spot). A live consumer re-queues its own
   lost locks when its heartbeat finds them (path ``heartbeat``);
 * **keyspace listener** (fast, when Redis delivers): ``expired`` events of
   this service's lock keys, on a Pub/Sub connection that is PINGed and
-  replaced when it drops or goes half-open;
+  replaced when it drops or goes half-open, wake the deadline poller, which
+  alone judges whether the holder is dead;
 * **scan** (the backstop for everything else: missed events, locks taken by
   other clients, restarts): at start and every ``reconciliation_interval``,
   XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS round trip per page,
-  re-queue only where the lock is gone.
+  re-queue only where the lock is gone and the holder has no live deadline.
+
+After a stall of the server every deadline and lock lapses at once although
+the holders live; ``reap-3.lua`` notices the gap since its last call and
+gives every overdue consumer a grace of one lock TTL instead, and the live
+holders re-queue their lost locks themselves with no retry counted.
 
 At start the client also re-queues its own pending entries (a restart under
 the same consumer id) whose locks are gone.
@@ -58,6 +64,7 @@ class Recovery:
         self.client = client
         self.config = client.config
         self.lock_prefix = _keys.lock_key(client.service, "")
+        self.reaped_key = _keys.reaped_key(client.service)
         self.tasks: list[asyncio.Task[None]] = []
         #: Counters by metric name, also sent to ``lbs_metric`` (handy in tests and the demo).
         self.counts: dict[str, float] = {}
@@ -155,12 +162,20 @@ class Recovery:
             except Exception as exc:
                 self.client.log.debug("deadline poll failed: %s", exc)
 
-    async def poll_deadlines(self) -> int:
-        """One poll of the deadline index; returns how many entries it re-queued."""
+    async def poll_deadlines(self, path: str = "deadline") -> int:
+        """One poll of the deadline index; returns how many entries it re-queued.
+
+        The one judge of "this consumer is dead": the keyspace listener calls
+        it too (``path="keyspace"``) when a lock expires, so a lock that
+        lapsed while its holder lives (a stall of the server) is never taken
+        from it here; the holder's heartbeat puts it back, without a retry.
+        """
         c = self.client
-        gone = await c._scripts.reap(keys=[c.consumers_key, c.stream_key],
-                                     args=[c.group, self.lock_prefix, self.config.deadline_batch])
-        codes = await self.requeue([_text(g) for g in gone], "deadline", "lock expired (deadline passed)")
+        ttl_ms = self.config.lock_ttl_ms
+        gone = await c._scripts.reap(keys=[c.consumers_key, c.stream_key, self.reaped_key],
+                                     args=[c.group, self.lock_prefix, self.config.deadline_batch,
+                                           max(1000, ttl_ms // 2), ttl_ms])
+        codes = await self.requeue([_text(g) for g in gone], path, f"lock expired ({path}: deadline passed)")
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
 
     # ------------------------------------------------------------- keyspace ---
@@ -230,14 +245,16 @@ class Recovery:
                     pass
 
     async def _on_expired(self, entry_id: str) -> None:
+        """A lock expired: poll the deadline index now (it re-queues the entry if its holder is overdue)."""
         c = self.client
         try:
             holder = await c._redis.xpending_range(c.stream_key, c.group, min=entry_id, max=entry_id, count=1)
-            codes = await self.requeue([entry_id], "keyspace", "lock expired (keyspace event)")
-            if not (holder and codes and codes[0] == RequeueCode.REQUEUED):
-                return
-            # The holder's deadline is its last heartbeat's, within one tick of the lock's.
+            if not holder:
+                return  # finished or already recovered
+            # The holder's deadline is its last heartbeat's; the lock expires no later.
             deadline = await c._redis.zscore(c.consumers_key, holder[0]["consumer"])
+            if not await self.poll_deadlines("keyspace"):
+                return
         except RedisError as exc:
             c.log.warning("re-queue of %s after its expired event failed: %s", entry_id, exc)
             return
@@ -282,8 +299,15 @@ class Recovery:
             pipe = c._redis.pipeline(transaction=False)
             for entry_id in ids:
                 pipe.exists(_keys.lock_key(c.service, entry_id))
-            exists = await execute(pipe)
-            dead = [i for i, e in zip(ids, exists) if not e]
+            holders = sorted({_text(p["consumer"]) for p in page})
+            pipe.zmscore(c.consumers_key, holders)
+            pipe.time()
+            *exists, deadlines, (sec, usec) = await execute(pipe)
+            # A holder whose deadline is still ahead lives (or was given a grace
+            # after a stall): its heartbeat puts back what it lost, uncounted.
+            now_ms = int(sec) * 1000 + int(usec) // 1000
+            live = {h for h, d in zip(holders, deadlines) if d is not None and d > now_ms}
+            dead = [i for i, e, p in zip(ids, exists, page) if not e and _text(p["consumer"]) not in live]
             alive += len(ids) - len(dead)
             if dead:
                 codes = await self.requeue(dead, "scan", "lock gone (scan)")

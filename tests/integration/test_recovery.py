@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from _helpers import client, eventually, produce, take
 
 import lbs
-from lbs._keys import consumers_key
+from lbs._keys import consumers_key, reaped_key
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -196,6 +196,32 @@ async def test_a_live_consumer_puts_back_a_lock_it_lost(
         assert again.stream == "evicted" and again.retry_count == 0 and again.entry_id != victim.entry_id
         assert {h.stream for h in c.held_streams()} == {"evicted", "kept"}
         assert await rr.get(lbs.lock_key(service, notes["kept"].entry_id)) is not None
+    finally:
+        await c.close()
+
+
+async def test_after_a_stall_the_deadline_poller_gives_a_grace_instead_of_judging(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
+    # A stopped server (SIGSTOP, a VM pause) lets every lock and deadline lapse
+    # at once, though the holders live. The first poll after the gap gives each
+    # overdue consumer one lock TTL of grace; without a gap it judges at once.
+    index = consumers_key(service)
+    await produce(redis_server.url, service, "a")
+    c = client(redis_server.url, service, "stalled", recovery=False, lock_ttl=30)
+    rec = client(redis_server.url, service, "rescuer", recovery=False, lock_ttl=2.0)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        await rr.delete(lbs.lock_key(service, note.entry_id))  # the lock lapsed ...
+        await rr.zadd(index, {c.id: 0})  # ... and so did the deadline
+        sec, usec = await rr.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        await rr.set(reaped_key(service), now_ms - 60_000)  # the last poll: a minute ago
+        assert await rec.recovery.poll_deadlines() == 0
+        assert await rr.zscore(index, c.id) > now_ms  # a grace, on the server's clock
+        await rr.zadd(index, {c.id: 0})  # overdue again, and the last poll was just now
+        assert await rec.recovery.poll_deadlines() == 1
     finally:
         await c.close()
 

@@ -24,6 +24,7 @@ from lbs._keys import (
     input_stream,
     instance_key,
     lock_key,
+    reaped_key,
 )
 from lbs._scripts import source
 
@@ -82,8 +83,8 @@ async def requeue(r: aioredis.Redis, service: str, entry_id: str, mode: str = "a
 
 
 async def reap(r: aioredis.Redis, service: str) -> list[bytes]:
-    return await r.eval(source("reap-2"), 2, consumers_key(service), input_stream(service),
-                        group_name(service), lock_key(service, ""), 100)
+    return await r.eval(source("reap-3"), 3, consumers_key(service), input_stream(service),
+                        reaped_key(service), group_name(service), lock_key(service, ""), 100, 60_000, 1_000)
 
 
 # -- state --------------------------------------------------------------------
@@ -446,7 +447,7 @@ async def test_requeue_of_a_trimmed_entry(ar: aioredis.Redis, service: str) -> N
     assert await pending(ar, service) == 0 and not await ar.exists(lock_key(service, entry_id))
 
 
-# -- reap-2.lua ---------------------------------------------------------------
+# -- reap-3.lua ---------------------------------------------------------------
 
 async def test_reap_refuses_a_deadline_index_of_another_type(ar: aioredis.Redis, service: str) -> None:
     await taken(ar, service, 2)

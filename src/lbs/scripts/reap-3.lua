@@ -6,13 +6,26 @@
   KEYS[1]  the consumer deadline index, {<service>-input}:consumers (consumer
            id scored by the server time, ms, by which it heartbeats again)
   KEYS[2]  the load-balancer stream, <service>-input
+  KEYS[3]  {<service>-input}:reaped: the server time (ms) of the last call,
+           by any recoverer
 
   ARGV[1]  consumer group
   ARGV[2]  the lock key prefix, lock:{<service>-input}:
   ARGV[3]  most pending entries to look at in this call (over all consumers)
+  ARGV[4]  stall threshold (ms): a longer gap since the last call means the
+           server (or every recoverer) was stopped
+  ARGV[5]  grace (ms, the lock TTL): after such a gap, every overdue consumer
+           gets this long to heartbeat again before it is judged
 
   Output: the ids of overdue consumers' pending entries whose lock no longer
   exists. They stay pending until requeue-3.lua handles them.
+
+  After a stall (SIGSTOP of the server, a long pause of every recoverer) all
+  deadlines and locks lapse at once, though their holders live: a live
+  holder's heartbeat finds its lost locks and re-queues them itself, with no
+  retry counted. So a call that finds the last one further back than the
+  threshold only moves every overdue consumer's deadline to now + grace and
+  returns nothing; a consumer that is really dead is judged one grace later.
 
   Overdue consumers are taken oldest deadline first. Each one's pending
   entries are listed (XPENDING ... <consumer>) and every lock is looked up
@@ -42,10 +55,22 @@ local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind ~= 'none' and kind ~= 'zset' then
   return redis.error_reply('LBSKEY ' .. KEYS[1] .. ' holds a ' .. kind .. ', not the consumer deadline index')
 end
+kind = redis.call('TYPE', KEYS[3])['ok']
+local last = kind == 'string' and tonumber(redis.call('GET', KEYS[3])) or nil
+if kind ~= 'none' and not last then
+  return redis.error_reply('LBSKEY ' .. KEYS[3] .. ' holds a ' .. kind .. ' that is not a time, not the last reap')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local budget = tonumber(ARGV[3])
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, budget)
+redis.call('SET', KEYS[3], string.format('%.0f', now))
+if last and now - last > tonumber(ARGV[4]) then
+  for i = 1, #due do
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), due[i])
+  end
+  return {}
+end
 local gone = {}
 for i = 1, #due do
   if budget <= 0 then break end
