@@ -11,9 +11,11 @@ outcome from what the :class:`Recorder` saw:
 * a *run* is one handler call: (stream, consumer, token, entry, retry count,
   start, end, outcome) with ``time.monotonic()`` times, all in this process,
   so runs of different clients are comparable;
-* a stream is *finished* when a run of it returned and the client's
-  ``done`` reported ``DONE`` or ``LOCK_EXPIRED`` for that run's token
-  (hook ``lbs_lock_released``);
+* a stream is *finished* when a run of it returned and was not told it
+  lost the lock: ``done`` reported ``DONE`` or ``LOCK_EXPIRED`` for that
+  run's token (hook ``lbs_lock_released``), or nothing at all (its reply
+  was lost: counted as ``done_unknown``; the LBS must still drain, which
+  :meth:`Fleet.settle` checks, and a re-run shows as a duplicate);
 * a run was *told it lost the lock* when it was cancelled, its token was
   disowned (hook ``lbs_stream_disowned``), or its done said ``LOCK_LOST``;
   two runs of one stream that overlap in time where neither was told are
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,8 +193,8 @@ class Recorder:
         return self.done.get((run.consumer, run.token))
 
     def completed(self, run: Run) -> bool:
-        """The run returned and its done released the stream (no one else had it)."""
-        return run.outcome == "returned" and self.status(run) in (lbs.DoneStatus.DONE, lbs.DoneStatus.LOCK_EXPIRED)
+        """The run returned and was not told it lost the lock (its done said DONE, LOCK_EXPIRED, or nothing)."""
+        return run.outcome == "returned" and not self.told(run)
 
     def told(self, run: Run) -> bool:
         """The run was told it lost the lock (cancelled, disowned, or done said LOCK_LOST)."""
@@ -236,12 +238,31 @@ class Figures:
     two_valid_holders: int
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def problems(self, *, lost: bool = True, duplicated: bool = True, holders: bool = True,
+                 retries: bool = True) -> list[str]:
+        """The standard checks that failed, one message each (the test adds its own)."""
+        out = []
+        if lost and self.lost:
+            out.append(f"lost={self.lost}: registered streams never finished")
+        if duplicated and self.duplicated:
+            out.append(f"duplicated={self.duplicated}: streams whose handler ran to completion more than once")
+        if holders and self.two_valid_holders:
+            out.append(f"two_valid_holders={self.two_valid_holders}: overlapping runs of one stream, neither told "
+                       "it lost the lock")
+        if retries and self.retries:
+            out.append(f"retries={self.retries}: deliveries with retry_count > 0 plus dead letters")
+        return out
+
     def line(self) -> str:
         head = (f"FAULTS {self.test} [{SIZE}]: registered={self.registered} handled={self.handled} "
                 f"finished={self.finished} faults={self.faults} lost={self.lost} duplicated={self.duplicated} "
                 f"retries={self.retries} (dead letters {self.dead_letters}) "
                 f"two_valid_holders={self.two_valid_holders}")
         return head + "".join(f" {k}={v}" for k, v in self.extra.items())
+
+
+#: The ``report`` fixture: prints a test's figures (and repeats them in the terminal summary).
+Report = Callable[[Figures], None]
 
 
 def default_work(rng: random.Random) -> Callable[[lbs.Notification, str], float]:
@@ -446,7 +467,7 @@ class Fleet:
 
     # -- figures ---------------------------------------------------------------------
 
-    async def figures(self, test: str, faults: int, names: Iterable[str] | None = None,
+    async def figures(self, test: str, faults: int, *, names: Iterable[str] | None = None,
                       **extra: Any) -> Figures:
         rec = self.rec
         scope = self.expected(names)
@@ -455,12 +476,13 @@ class Fleet:
         finished = {r.stream for r in runs if rec.completed(r)}
         returned = Counter(r.stream for r in runs if r.outcome == "returned")
         dead = max(len(rec.dead_lettered), len(await self.dead_letter_entries()))
-        statuses = Counter(s.name for (label, token), s in rec.done.items())
+        statuses = Counter(s.name for r in runs if (s := rec.status(r)) is not None)
         xlen, pending = await self.backlog()
         more = {
             "statuses": dict(statuses),
             "cancelled": sum(1 for r in runs if r.outcome == "cancelled"),
             "disowned": len(rec.disowned),
+            "done_unknown": sum(1 for r in runs if r.outcome == "returned" and rec.status(r) is None),
             "lbs_left": f"{xlen}/{pending}",
         }
         if self.register_failures:
@@ -473,7 +495,7 @@ class Fleet:
             test=test,
             registered=len(scope),
             handled=len(runs),
-            finished=len(finished),
+            finished=sum(1 for n in scope if n in finished),
             faults=faults,
             lost=sum(1 for n in scope if n not in finished),
             duplicated=sum(1 for n, k in returned.items() if k > 1),
@@ -509,20 +531,22 @@ class Fleet:
 WORKER = str(HERE / "_sigterm_worker.py")
 
 
-def spawn_worker(url: str, service: str, consumer: str, ttl: float, drain: float) -> subprocess.Popen[str]:
-    """A consumer process running ``client.run(handler)`` (see ``_sigterm_worker.py``)."""
-    return subprocess.Popen([sys.executable, WORKER, url, service, consumer, str(ttl), str(drain)],
+def spawn_worker(url: str, service: str, consumer: str, ttl: float, drain: float,
+                 concurrency: int) -> subprocess.Popen[str]:
+    """A consumer process running ``client.run(handler, concurrency=...)`` (see ``_sigterm_worker.py``)."""
+    return subprocess.Popen([sys.executable, WORKER, url, service, consumer, str(ttl), str(drain), str(concurrency)],
                             stdout=subprocess.PIPE, text=True)
 
 
 async def worker_lines(proc: subprocess.Popen[str], n: int, timeout: float) -> list[dict[str, Any]]:
     """The worker's next ``n`` JSON lines (one per stream it took)."""
-    assert proc.stdout is not None
+    stdout = proc.stdout
+    assert stdout is not None
     out: list[dict[str, Any]] = []
 
     async def read() -> None:
         while len(out) < n:
-            line = await asyncio.to_thread(proc.stdout.readline)  # type: ignore[union-attr]
+            line = await asyncio.to_thread(stdout.readline)
             if not line:
                 raise AssertionError(f"worker exited with {proc.poll()} after {len(out)} lines")
             out.append(json.loads(line))
@@ -537,18 +561,6 @@ def stop_worker(proc: subprocess.Popen[str]) -> None:
     proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
-
-
-@contextlib.contextmanager
-def burning(cores: int) -> Iterator[None]:
-    """``yes > /dev/null`` on ``cores`` cores for the block (to try the suite on a loaded machine)."""
-    procs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(cores)]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 @contextlib.asynccontextmanager
@@ -570,3 +582,8 @@ async def chaos(every: float, action: Callable[[int], Awaitable[None]]) -> Async
         task.cancel()
         with contextlib.suppress(BaseException):
             await task
+
+
+def verdict(problems: list[str], why: str = "") -> None:
+    """Fail with every problem found (not just the first), and what happened to the first few streams."""
+    assert not problems, "\n  - ".join(["fault test failed:", *problems]) + (f"\n  details: {why}" if why else "")

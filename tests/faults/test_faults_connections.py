@@ -7,12 +7,12 @@ from collections import Counter
 import pytest
 import redis.asyncio as aioredis
 
-from _fleet import SCALE, TEST_TIMEOUT, Fleet, chaos, server
+from _fleet import SCALE, TEST_TIMEOUT, Fleet, Report, chaos, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
 
-async def test_connection_kills_lose_and_repeat_nothing(service: str, report) -> None:
+async def test_connection_kills_lose_and_repeat_nothing(service: str, report: Report) -> None:
     # Every 0.5 s, alternately: every normal connection but the killer's (the
     # clients' batches, blocked reads, scripts; the producer's and the test's
     # too), and every Pub/Sub connection (the keyspace listeners).
@@ -41,8 +41,7 @@ async def test_connection_kills_lose_and_repeat_nothing(service: str, report) ->
             why = fleet.explain()
     report(fig)
     assert fig.registered > 0 and fig.faults > 0
-    assert fig.lost == 0, why
-    assert fig.duplicated == 0, why
-    assert fig.two_valid_holders == 0, why
-    assert fig.retries == 0, why
-    assert settled, f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)"
+    problems = fig.problems()
+    if not settled:
+        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+    verdict(problems, why)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from _fleet import SCALE, TEST_TIMEOUT, Fleet, crash_and_restart, eventually, server
+from _fleet import SCALE, TEST_TIMEOUT, Fleet, Report, crash_and_restart, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -23,7 +23,7 @@ def has_kx(flags: str) -> bool:
     return "K" in flags and ("x" in flags or "A" in flags)
 
 
-async def test_restart_with_aof_loses_and_repeats_nothing(service: str, report) -> None:
+async def test_restart_with_aof_loses_and_repeats_nothing(service: str, report: Report) -> None:
     # appendfsync always: whatever Redis acknowledged survives kill -9. No
     # notify-keyspace-events on the command line: lbs sets it with CONFIG
     # SET at start, which the restart forgets, so lbs must set it again.
@@ -54,16 +54,16 @@ async def test_restart_with_aof_loses_and_repeats_nothing(service: str, report) 
             why = fleet.explain()
     report(fig)
     assert has_kx(flags_before), f"lbs did not set notify-keyspace-events at start: {flags_before!r}"
-    assert fig.lost == 0, why
-    assert fig.duplicated == 0, why
-    assert fig.two_valid_holders == 0, why
-    assert fig.retries == 0, why
-    assert settled, f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)"
-    assert reapplied, (f"notify-keyspace-events is {flags[-1] if flags else '?'!r} 15 s after the restart: "
-                       "lbs did not set Kx again")
+    problems = fig.problems()
+    if not settled:
+        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+    if not reapplied:
+        problems.append(f"notify-keyspace-events is {flags[-1] if flags else '?'!r} 15 s after the restart: "
+                        "lbs did not set Kx again")
+    verdict(problems, why)
 
 
-async def test_restart_without_persistence_keeps_working_and_tokens_grow(service: str, report) -> None:
+async def test_restart_without_persistence_keeps_working_and_tokens_grow(service: str, report: Report) -> None:
     # Every key is lost: the LBS, its group, the locks, the fencing counter.
     # Work registered before is gone with it (not counted); work registered
     # after must all be finished, with tokens above every earlier one.
@@ -83,9 +83,11 @@ async def test_restart_without_persistence_keeps_working_and_tokens_grow(service
             why = fleet.explain(after)
     report(fig)
     assert pre and post, "no tokens seen on one side of the restart"
-    assert fig.lost == 0, why
-    assert settled, f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)"
-    assert fig.duplicated == 0 and fig.two_valid_holders == 0, why
+    problems = fig.problems(retries=False)
+    if not settled:
+        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
     backwards = sorted(t for t in post if t <= max(pre))
-    assert not backwards, (f"{len(backwards)} tokens issued after the restart are <= {max(pre)}, the largest "
-                           f"before it: {backwards[:5]}")
+    if backwards:
+        problems.append(f"{len(backwards)} tokens issued after the restart are <= {max(pre)}, the largest "
+                        f"before it: {backwards[:5]}")
+    verdict(problems, why)

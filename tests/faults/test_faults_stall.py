@@ -8,12 +8,12 @@ import signal
 
 import pytest
 
-from _fleet import SCALE, TEST_TIMEOUT, Fleet, config, eventually, server
+from _fleet import SCALE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
 
-async def test_server_stalled_for_three_ttls(service: str, report) -> None:
+async def test_server_stalled_for_three_ttls(service: str, report: Report) -> None:
     # Every lock expires during the stall (Redis's clock moves on). Streams
     # in flight at SIGSTOP, plus a few "hold" streams still running at
     # SIGCONT: their holders must be told (disowned, cancelled, LOCK_LOST)
@@ -63,8 +63,10 @@ async def test_server_stalled_for_three_ttls(service: str, report) -> None:
                                       retried_streams_never_disowned=len(unexplained))
             why = fleet.explain()
     report(fig)
-    assert fig.lost == 0, why
-    assert fig.two_valid_holders == 0, why
-    assert not unexplained, (f"{len(unexplained)} streams came back with a retry counted though no holder was "
-                             f"told it lost them: {unexplained[:5]}")
-    assert settled, f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)"
+    problems = fig.problems(duplicated=False, retries=False)
+    if unexplained:
+        problems.append(f"{len(unexplained)} streams came back with a retry counted though no holder was "
+                        f"told it lost them: {unexplained[:5]}")
+    if not settled:
+        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+    verdict(problems, why)

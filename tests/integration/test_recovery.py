@@ -224,6 +224,7 @@ async def test_after_a_stall_the_deadline_poller_gives_a_grace_instead_of_judgin
         assert await rec.recovery.poll_deadlines() == 1
     finally:
         await c.close()
+        await rec.close()
 
 
 async def test_the_deadline_poller_spares_a_late_live_consumer_and_times_its_next_look(
