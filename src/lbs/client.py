@@ -185,6 +185,7 @@ class Client:
 
         self._held = HeldTable(self.lock_owner, self._lock_key_prefix)
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
+        self._undead: list[tuple[Entry, str, str]] = []  # dead letters that could not be written yet
         self._beats = 0  # heartbeat ticks so far: picks which entries refresh their pending idle time
         self._tombstones: OrderedDict[str, Held] = OrderedDict()
         self._mailbox: Mailbox[Notification] = Mailbox(self.config.notification_buffer)
@@ -198,6 +199,8 @@ class Client:
         self._reader_client_id: int | None = None
         self._reading = False
         self._done_queue: list[tuple[Held, asyncio.Future[Any] | None]] = []
+        self._done_inflight: list[tuple[Held, asyncio.Future[Any] | None]] = []  # the batch Redis runs now
+        self._done_retry: list[tuple[Held, asyncio.Future[Any] | None]] = []  # batches Redis did not answer
         self._done_wakeup = asyncio.Event()
         self._done_idle = asyncio.Event()
         self._done_idle.set()
@@ -633,6 +636,8 @@ class Client:
         acquired, started = self._listening("lbs_lock_acquired"), self._listening("lbs_stream_started")
         dispatch, stats = self._dispatch, self.stats
         taken_at = time.monotonic()
+        # Re-reading our pending entries: those being finished are not to be taken again.
+        finishing = {h.entry_id for h in self._finishing()} if start != ">" else ()
         for e, tok in zip(raw_entries, tokens):
             tok = self._own_token(tok)
             if not isinstance(tok, int):
@@ -647,8 +652,8 @@ class Client:
                     # was claimed away): leave it pending; it is theirs.
                     self.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
                 continue
-            if e.id in self._held:
-                continue  # re-read: already ours
+            if e.id in self._held or e.id in finishing:
+                continue  # re-read: already ours, or being finished
             if e.error is not None:
                 bad.append((e, f"{tok}:{self.lock_owner}", str(e.error)))
                 continue
@@ -678,28 +683,40 @@ class Client:
             await self._dead_letter(bad)
         return None
 
-    async def _dead_letter(self, bad: list[tuple[Entry, str, str]]) -> None:
-        """Dead-letter entries we hold the locks of (malformed, or claimed past max_retries): one round trip."""
+    async def _dead_letter(self, bad: list[tuple[Entry, str, str]], *, again: bool = False) -> None:
+        """Dead-letter entries we were delivered (malformed, or claimed past max_retries): one round trip.
+
+        The first try needs our lock (mode ``owned``). What could not be
+        dead-lettered (a dead-letter key of the wrong type, a failed
+        connection) stays pending to this live consumer, where no recovery
+        path looks, so the heartbeat tries it again every tick
+        (``again``: mode ``any``; the entry is ours, pending to us, and the
+        script acts only while it is pending) until it goes through.
+        """
         sha = self._scripts.requeue.sha
+        mode = "any" if again else "owned"
 
         def build(b: CommandBatch) -> None:
             for e, value, reason in bad:
-                keys, args = self._requeue_keys_args(e.id, self._lock_key_prefix + e.id, mode="owned",
+                keys, args = self._requeue_keys_args(e.id, self._lock_key_prefix + e.id, mode=mode,
                                                      value=value, count_retry=False, reason=reason,
                                                      force_dead_letter=True)
                 b.command("EVALSHA", sha, len(keys), *keys, *args)
 
-        results = await self._read_wire.execute(build)
-        for (e, _, reason), res in zip(bad, results):
-            if isinstance(res, Exception):
-                self.log.warning("entry %s: %s; dead-lettering failed (%s), its lock will expire and "
-                                 "recovery retries", e.id, reason, res)
+        try:
+            results = await self._read_wire.execute(build)
+        except RedisError as exc:
+            results = [exc] * len(bad)
+        log = self.log.debug if again else self.log.error
+        for item, res in zip(bad, results):
+            e, _, reason = item
+            if isinstance(res, Exception) or int(res[0]) == RequeueCode.REFUSED:
+                why = str(res) if isinstance(res, Exception) else _text(res[1]).removeprefix("LBSKEY ")
+                log("entry %s: %s; cannot dead-letter it (%s): it stays pending and is tried again every "
+                    "heartbeat", e.id, reason, why)
+                self._undead.append(item)
                 continue
             code, detail = int(res[0]), _text(res[1])
-            if code == RequeueCode.REFUSED:
-                self.log.error("entry %s: %s; cannot dead-letter it: %s. It stays pending; recovery retries "
-                               "once its lock expires", e.id, reason, detail.removeprefix("LBSKEY "))
-                continue
             self.log.warning("entry %s: %s: %s", e.id, reason,
                              "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
                              else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
@@ -829,6 +846,10 @@ class Client:
         ``Config.heartbeat_every`` seconds.
         """
         snapshot = self._held.values()
+        held = len(snapshot)
+        finishing = self._finishing()
+        if finishing:  # still ours until Redis answers their done: keep them alive
+            snapshot += finishing
         started = time.perf_counter()
         chunk = self.config.heartbeat_chunk
         # At least one call, even holding nothing: it keeps the instance marker alive.
@@ -863,8 +884,8 @@ class Client:
         lost = [h for h in lost if self._drop_held(h)]
         for h in lost:
             self._disown(h, "lock expired or taken while held (heartbeat missed)")
-        if snapshot:  # a tick holding nothing only kept the instance marker alive
-            self._hook("lbs_locks_extended", extended=len(snapshot) - len(lost), lost=len(lost),
+        if held:  # a tick holding nothing only kept the instance marker alive
+            self._hook("lbs_locks_extended", extended=held - len(lost), lost=len(lost),
                        seconds=time.perf_counter() - started)
         if lost:
             # We live, so the consumer deadline index will not send anyone for
@@ -878,6 +899,9 @@ class Client:
                 self.log.warning("re-queue of %d lost assignments failed (%s); the scan will", len(lost), exc)
         if self.config.hold_warning is not None:
             self._report_overdue(self.config.hold_warning)
+        if self._undead:
+            retry, self._undead = self._undead, []
+            await self._dead_letter(retry, again=True)
         return len(lost)
 
     def _tick_warning(self, what: str) -> None:
@@ -927,8 +951,10 @@ class Client:
         lock (``LOCK_EXPIRED``: acked now, no duplicate; ``LOCK_LOST``: the
         stream was handed on and may be processed twice). Raises
         :class:`lbs.NotHeldError` for a stream this client never held (or
-        already finished) and :class:`lbs.RedisOperationError` if Redis fails,
-        in which case the lock expires and recovery takes over.
+        already finished). While Redis is unreachable (a dropped connection,
+        a restart, a failover) the call is sent again with back-off, the lock
+        kept alive meanwhile, until Redis answers; :class:`lbs.RedisOperationError`
+        when Redis refuses it, or when the client closes first.
         """
         _check_name(stream, entry_id)
         h = self._find(stream, entry_id)
@@ -999,53 +1025,79 @@ class Client:
         return [self._finished(h, code) for h, code in zip(items, codes)]
 
     async def _finish_loop(self) -> None:
+        """Send queued finishes, one ``done-n.lua`` call per batch; keep trying the ones Redis did not answer.
+
+        A done is a commitment: if the connection or the server fails, the
+        batch is sent again (flagged as a retry, so an entry a lost call
+        finished reads ALREADY_DONE) with back-off until Redis answers,
+        while the heartbeat keeps its locks alive. Dropping it instead would
+        let the lock expire and the stream run a second time.
+        """
         flag = 1 if self._use_xackdel else 0
         sha = self._scripts.done.sha
+        delay = self.config.read_retry_initial
         while True:
-            if not self._done_queue:
+            if not self._done_queue and not self._done_retry:
                 self._done_idle.set()
-            await self._done_wakeup.wait()
-            self._done_wakeup.clear()
-            while self._done_queue:
-                batch = self._done_queue[:DONE_BATCH]
-                del self._done_queue[:DONE_BATCH]
-                items = [h for h, _ in batch]
-                retrying = 0
+                await self._done_wakeup.wait()
+                self._done_wakeup.clear()
+                continue
+            queue, retrying = (self._done_retry, 1) if self._done_retry else (self._done_queue, 0)
+            batch = self._done_inflight = queue[:DONE_BATCH]
+            del queue[:DONE_BATCH]
+            items = [h for h, _ in batch]
 
-                def build(b: CommandBatch) -> None:
-                    b.evalsha_locks(sha, (self.stream_key,), self._lock_prefix, [h.entry_id for h in items],
-                                    (self.group, flag, retrying), [h.value for h in items])
+            def build(b: CommandBatch) -> None:
+                b.evalsha_locks(sha, (self.stream_key,), self._lock_prefix, [h.entry_id for h in items],
+                                (self.group, flag, retrying), [h.value for h in items])
 
+            try:
                 try:
-                    try:
-                        (codes,) = _raise_first_error(await self._done_wire.execute(build))
-                    except RedisConnectionError:
-                        # The connection failed with the call in flight: it may have
-                        # run. Send it once more on a fresh connection, saying so:
-                        # an entry the lost call finished then reads ALREADY_DONE.
-                        retrying = 1
-                        (codes,) = _raise_first_error(await self._done_wire.execute(build))
-                except asyncio.CancelledError:
-                    for _, fut in batch:
-                        if fut is not None:
-                            fut.cancel()
-                    raise
-                except Exception as exc:
-                    err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
-                    self.recovery._metric("done_failures_total", "counter", len(batch))
-                    await self._after_failure(exc)
-                    for h, fut in batch:
-                        if fut is None:
-                            self.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
-                        elif not fut.done():
-                            fut.set_exception(err)
+                    (codes,) = _raise_first_error(await self._done_wire.execute(build))
+                except RedisConnectionError:
+                    # The connection failed with the call in flight: it may have
+                    # run. Send it once more on a fresh connection, saying so.
+                    retrying = 1
+                    (codes,) = _raise_first_error(await self._done_wire.execute(build))
+            except asyncio.CancelledError:
+                self._done_inflight = []
+                for _, fut in batch:
+                    if fut is not None:
+                        fut.cancel()
+                raise
+            except Exception as exc:
+                self._done_inflight = []
+                self.recovery._metric("done_failures_total", "counter", len(batch))
+                await self._after_failure(exc)
+                if _topology_error(exc):  # Redis unreachable, restarting or failing over: try again
+                    self._done_retry[:0] = batch
+                    wait = random.uniform(delay / 2, delay)
+                    self.log.warning("finishing %d streams failed (%s); trying again in %.2fs, their locks "
+                                     "kept alive", len(batch), exc, wait)
+                    await asyncio.sleep(wait)
+                    delay = min(delay * 2, self.config.read_retry_max)
                     continue
-                released = self._listening("lbs_lock_released")
-                for (h, fut), code in zip(batch, codes):
+                err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
+                for h, fut in batch:
                     if fut is None:
-                        self._finished(h, code, released)
+                        self.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
                     elif not fut.done():
-                        fut.set_result(code)
+                        fut.set_exception(err)
+                continue
+            self._done_inflight = []
+            delay = self.config.read_retry_initial
+            released = self._listening("lbs_lock_released")
+            for (h, fut), code in zip(batch, codes):
+                if fut is None:
+                    self._finished(h, code, released)
+                elif not fut.done():
+                    fut.set_result(code)
+
+    def _finishing(self) -> list[Held]:
+        """Streams handed to the finisher whose done Redis has not answered yet (the heartbeat extends them)."""
+        if not (self._done_queue or self._done_inflight or self._done_retry):
+            return []
+        return [h for q in (self._done_queue, self._done_inflight, self._done_retry) for h, _ in q]
 
     def _finished(self, h: Held, code: Any, released: bool = True) -> DoneStatus:
         status = _DONE_STATUS.get(code, DoneStatus.LOCK_LOST)
@@ -1368,8 +1420,13 @@ class Client:
             try:
                 await asyncio.wait_for(self._done_idle.wait(), self.config.read_block + 5.0)
             except asyncio.TimeoutError:
-                self.log.error("finisher did not drain; %d finished streams' locks will expire",
-                               len(self._done_queue))
+                unsent = [*self._done_queue, *self._done_retry]
+                self.log.error("finisher did not drain; %d finished streams' locks will expire", len(unsent))
+                gone = RedisOperationError("done_stream", RedisConnectionError("the client closed before Redis "
+                                                                               "answered"))
+                for _, fut in unsent:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(gone)
         await cancel_and_wait([self._heartbeat, self._finisher])
         if self._started:
             await self._release_instance()

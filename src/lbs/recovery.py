@@ -22,7 +22,7 @@ Three paths find the entries to re-queue:
 * **scan** (the backstop for everything else: missed events, locks taken by
   other clients, restarts): at start and every ``reconciliation_interval``,
   XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS round trip per page,
-  re-queue only where the lock is gone and the holder has no live deadline.
+  re-queue only where the lock is gone.
 
 After a stall of the server every deadline and lock lapses at once although
 the holders live; ``reap-3.lua`` notices the gap since its last call and
@@ -299,15 +299,8 @@ class Recovery:
             pipe = c._redis.pipeline(transaction=False)
             for entry_id in ids:
                 pipe.exists(_keys.lock_key(c.service, entry_id))
-            holders = sorted({_text(p["consumer"]) for p in page})
-            pipe.zmscore(c.consumers_key, holders)
-            pipe.time()
-            *exists, deadlines, (sec, usec) = await execute(pipe)
-            # A holder whose deadline is still ahead lives (or was given a grace
-            # after a stall): its heartbeat puts back what it lost, uncounted.
-            now_ms = int(sec) * 1000 + int(usec) // 1000
-            live = {h for h, d in zip(holders, deadlines) if d is not None and d > now_ms}
-            dead = [i for i, e, p in zip(ids, exists, page) if not e and _text(p["consumer"]) not in live]
+            exists = await execute(pipe)
+            dead = [i for i, e in zip(ids, exists) if not e]
             alive += len(ids) - len(dead)
             if dead:
                 codes = await self.requeue(dead, "scan", "lock gone (scan)")

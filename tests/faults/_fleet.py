@@ -55,6 +55,9 @@ SIZE = os.environ.get("LBS_FAULTS", "smoke")
 FULL = SIZE == "full"
 #: Streams and durations of the full size, against the smoke size.
 SCALE = 10 if FULL else 1
+#: How long a test waits for its work to be finished once the fault is over (bounded, generous:
+#: recovery takes about a lock TTL); only a failing test waits this long.
+SETTLE = 60.0 if FULL else 20.0
 #: Per-test limit for pytest-timeout.
 TEST_TIMEOUT = 1200 if FULL else 180
 
@@ -252,6 +255,11 @@ class Figures:
         if retries and self.retries:
             out.append(f"retries={self.retries}: deliveries with retry_count > 0 plus dead letters")
         return out
+
+    def unsettled(self) -> str:
+        """Why :meth:`Fleet.settle` timed out."""
+        return (f"not settled within {SETTLE:.0f}s (every registered stream finished, the LBS empty): "
+                f"{self.lost} unfinished, LBS {self.extra.get('lbs_left', '?')} (XLEN/pending)")
 
     def line(self) -> str:
         head = (f"FAULTS {self.test} [{SIZE}]: registered={self.registered} handled={self.handled} "

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import redis.asyncio as aioredis
 
-from _fleet import SCALE, TEST_TIMEOUT, Fleet, Report, chaos, server, verdict
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, chaos, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -36,12 +36,12 @@ async def test_connection_kills_lose_and_repeat_nothing(service: str, report: Re
                 faults = sent()
             finally:
                 await killer.aclose()
-            settled = await fleet.settle(timeout=30 * SCALE)
+            settled = await fleet.settle(timeout=SETTLE)
             fig = await fleet.figures("connection-kills", faults, killed=dict(killed), settled=settled)
             why = fleet.explain()
     report(fig)
     assert fig.registered > 0 and fig.faults > 0
     problems = fig.problems()
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     verdict(problems, why)

@@ -8,7 +8,7 @@ import pytest
 
 import lbs
 
-from _fleet import SCALE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -53,7 +53,7 @@ async def test_a_live_consumer_id_is_refused_to_a_second_client(service: str, re
                 refusal_of_third: BaseException | None = exc
             else:
                 refusal_of_third = None
-            settled = await fleet.settle(timeout=20 * SCALE)
+            settled = await fleet.settle(timeout=SETTLE)
             fig = await fleet.figures("duplicate-consumer-id", 1, settled=settled,
                                       refused=type(refusal).__name__ if refusal else "no",
                                       held_after=f"{held_after}/{n}", third_started=third_started)
@@ -70,5 +70,5 @@ async def test_a_live_consumer_id_is_refused_to_a_second_client(service: str, re
     if not third_started:
         problems.append(f"a client with the id of a closed one did not start: {refusal_of_third!r}")
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     verdict(problems, why)

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from _fleet import SCALE, TEST_TIMEOUT, Fleet, Report, crash_and_restart, eventually, server, verdict
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, crash_and_restart, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -41,7 +41,7 @@ async def test_restart_with_aof_loses_and_repeats_nothing(service: str, report: 
                     faults += 1
             finally:
                 await feeder
-            settled = await fleet.settle(timeout=30 * SCALE)
+            settled = await fleet.settle(timeout=SETTLE)
             flags: list[str] = []
 
             async def flags_back() -> bool:
@@ -56,7 +56,7 @@ async def test_restart_with_aof_loses_and_repeats_nothing(service: str, report: 
     assert has_kx(flags_before), f"lbs did not set notify-keyspace-events at start: {flags_before!r}"
     problems = fig.problems()
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     if not reapplied:
         problems.append(f"notify-keyspace-events is {flags[-1] if flags else '?'!r} 15 s after the restart: "
                         "lbs did not set Kx again")
@@ -74,7 +74,7 @@ async def test_restart_without_persistence_keeps_working_and_tokens_grow(service
             await asyncio.sleep(0.1)  # some of it still in flight
             await crash_and_restart(srv, downtime=0.5)
             after = await fleet.feed("post", int(100 * duration), duration)
-            settled = await fleet.settle(after, timeout=30 * SCALE)
+            settled = await fleet.settle(after, timeout=SETTLE)
             pre = {r.token for r in fleet.rec.runs if r.stream in set(before)}
             post = {r.token for r in fleet.rec.runs if r.stream in set(after)}
             fig = await fleet.figures("restart-no-persistence", 1, names=after, settled=settled,
@@ -85,7 +85,7 @@ async def test_restart_without_persistence_keeps_working_and_tokens_grow(service
     assert pre and post, "no tokens seen on one side of the restart"
     problems = fig.problems(retries=False)
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     backwards = sorted(t for t in post if t <= max(pre))
     if backwards:
         problems.append(f"{len(backwards)} tokens issued after the restart are <= {max(pre)}, the largest "

@@ -13,8 +13,8 @@ import pytest
 
 import lbs
 
-from _fleet import (SCALE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, spawn_worker, stop_worker,
-                    verdict, worker_lines)
+from _fleet import (SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, spawn_worker,
+                    stop_worker, verdict, worker_lines)
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -58,7 +58,7 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
             await fleet.close_client("s1")  # both close() calls have returned
             pending, locks = await left_behind(fleet, s1.id)
             await fleet.add_client("s2")
-            settled = await fleet.settle(timeout=20 * SCALE)
+            settled = await fleet.settle(timeout=SETTLE)
             fig = await fleet.figures("close-twice", 1, settled=settled, pending_after_close=pending,
                                       locks_after_close=locks)
             again = [fleet._show(r) for r in fleet.rec.runs if r.consumer == "s2" and r.retry_count]
@@ -71,7 +71,7 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
     if again:
         problems.append(f"handed-back streams came back with a retry counted: {again[:5]}")
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     verdict(problems, why)
 
 
@@ -97,7 +97,7 @@ async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(service: st
             await asyncio.wait_for(asyncio.gather(closer(1), closer(2)), 30)
             pending, locks = await left_behind(fleet, s1.id)
             await fleet.add_client("s2")
-            settled = await fleet.settle(timeout=20 * SCALE)
+            settled = await fleet.settle(timeout=SETTLE)
             fig = await fleet.figures("close-concurrently", 2, settled=settled,
                                       at_return={k: f"closed={c},held={h}" for k, (c, h) in sorted(at_return.items())},
                                       pending_after_close=pending, locks_after_close=locks)
@@ -111,7 +111,7 @@ async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(service: st
         problems.append(f"after both close() calls, {pending} entries were pending to the closed consumer and "
                         f"{locks} lock keys remained")
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     verdict(problems, why)
 
 
@@ -154,7 +154,7 @@ async def test_sigterm_to_a_worker_process(service: str, report: Report) -> None
     if retried:
         problems.append(f"streams came back with a retry counted: {retried[:5]}")
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     verdict(problems, why)
 
 
@@ -186,7 +186,7 @@ async def test_hand_back_cancels_the_running_handler_first(service: str, report:
                 (run,) = [r for r in fleet.rec.runs if r.stream == name]
                 await fleet.clients[run.consumer].hand_back(name)
             await feeder
-            settled = await fleet.settle(timeout=20 * SCALE)
+            settled = await fleet.settle(timeout=SETTLE)
             rec = fleet.rec
             hb_runs = [r for r in rec.runs if r.stream in set(hb)]
             firsts = {name: min((r for r in hb_runs if r.stream == name), key=lambda r: r.t0) for name in hb}
@@ -209,5 +209,5 @@ async def test_hand_back_cancels_the_running_handler_first(service: str, report:
         problems.append("two handlers ran one stream at once: "
                         f"{[(fleet._show(a), fleet._show(b)) for a, b in together[:3]]}")
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     verdict(problems, why)

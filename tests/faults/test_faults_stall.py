@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from _fleet import SCALE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -55,7 +55,7 @@ async def test_server_stalled_for_three_ttls(service: str, report: Report) -> No
             finally:
                 os.kill(pid, signal.SIGCONT)
                 await feeder
-            settled = await fleet.settle(timeout=30 * SCALE)
+            settled = await fleet.settle(timeout=SETTLE)
             rec = fleet.rec
             told = {r.stream for r in rec.runs if rec.told(r)}
             unexplained = sorted({r.stream for r in rec.runs if r.retry_count > 0 and r.stream not in told})
@@ -68,5 +68,5 @@ async def test_server_stalled_for_three_ttls(service: str, report: Report) -> No
         problems.append(f"{len(unexplained)} streams came back with a retry counted though no holder was "
                         f"told it lost them: {unexplained[:5]}")
     if not settled:
-        problems.append(f"the LBS did not drain: {fig.extra['lbs_left']} (XLEN/pending)")
+        problems.append(fig.unsettled())
     verdict(problems, why)
