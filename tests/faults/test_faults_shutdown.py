@@ -5,9 +5,11 @@ hand_back() while the stream's run() handler is running."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -32,6 +34,19 @@ async def held_by(fleet: Fleet, label: str, n: int) -> None:
     assert await eventually(ok, timeout=15), f"{label} holds {fleet.clients[label].held} of {n}"
 
 
+@contextlib.asynccontextmanager
+async def s1_holding(url: str, service: str, n: int) -> AsyncIterator[Fleet]:
+    """A fleet of one client, s1, holding ``n`` streams whose handlers run until cancelled."""
+    ref: list[Fleet] = []
+    fleet = Fleet(url, service, ["s1"], work=holding_work(ref, "s1"), concurrency=n,
+                  cfg=config(max_streams=max(50, n)))
+    ref.append(fleet)
+    async with fleet:
+        await fleet.register([f"held-{i}" for i in range(n)])
+        await held_by(fleet, "s1", n)
+        yield fleet
+
+
 async def left_behind(fleet: Fleet, consumer_id: str) -> tuple[int, int]:
     """(entries pending to ``consumer_id`` in the group, lock keys of the service)."""
     summary = await fleet.r.xpending(fleet.lbs_key, fleet.group)
@@ -46,14 +61,8 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
     # in its finally. close_client() calls close() from this task while that
     # run() is in its handlers, so close() runs twice, concurrently.
     n = 10 * SCALE
-    ref: list[Fleet] = []
     with server() as srv:
-        fleet = Fleet(srv.url, service, ["s1"], work=holding_work(ref, "s1"), concurrency=n,
-                      cfg=config(max_streams=max(50, n)))
-        ref.append(fleet)
-        async with fleet:
-            await fleet.register([f"held-{i}" for i in range(n)])
-            await held_by(fleet, "s1", n)
+        async with s1_holding(srv.url, service, n) as fleet:
             s1 = fleet.clients["s1"]
             await fleet.close_client("s1")  # both close() calls have returned
             pending, locks = await left_behind(fleet, s1.id)
@@ -77,14 +86,8 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
 
 async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(service: str, report: Report) -> None:
     n = 10 * SCALE
-    ref: list[Fleet] = []
     with server() as srv:
-        fleet = Fleet(srv.url, service, ["s1"], work=holding_work(ref, "s1"), concurrency=n,
-                      cfg=config(max_streams=max(50, n)))
-        ref.append(fleet)
-        async with fleet:
-            await fleet.register([f"held-{i}" for i in range(n)])
-            await held_by(fleet, "s1", n)
+        async with s1_holding(srv.url, service, n) as fleet:
             s1 = fleet.clients["s1"]
             at_return: dict[int, tuple[bool, int]] = {}
 

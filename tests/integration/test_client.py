@@ -20,15 +20,6 @@ from lbs.embedded import RedisServer
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-async def rr(any_server: Any) -> Any:
-    c = aioredis.Redis.from_url(any_server.url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
-
-
 async def test_round_robin_each_stream_held_by_exactly_one_consumer(any_server: Any, service: str) -> None:
     names = [f"s{i}" for i in range(20)]
     a, b = client(any_server.url, service, "a", read_count=1), client(any_server.url, service, "b", read_count=1)

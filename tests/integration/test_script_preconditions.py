@@ -9,7 +9,6 @@ roll back a script that fails part-way, so "refused" must mean "untouched".
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -33,14 +32,12 @@ pytestmark = pytest.mark.timeout(60)
 TTL = 60_000
 
 
-@pytest.fixture
-async def ar(any_server: Any) -> AsyncIterator[aioredis.Redis]:
-    """A client on Redis 8.x, then on Debian's 7.0."""
-    c = aioredis.Redis.from_url(any_server.url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
+@pytest.fixture(params=["0", "1"])
+def xackdel(request: pytest.FixtureRequest, any_server: Any) -> str:
+    """done-n.lua's XACKDEL flag: both on Redis 8.x, XACK + XDEL only on 7.0."""
+    if request.param == "1" and any_server.version < (8, 2):
+        pytest.skip("XACKDEL needs Redis >= 8.2")
+    return str(request.param)
 
 
 def us(t: tuple[int, int]) -> int:
@@ -134,22 +131,22 @@ async def refused(call: Any, *names: str) -> str:
     ("0123", "not a plain decimal integer"),  # INCRBY refuses a leading zero
     ("1.5", "not a plain decimal integer"),
 ])
-async def test_read_refuses_a_bad_fence_before_delivering(ar: aioredis.Redis, service: str, fence: str,
+async def test_read_refuses_a_bad_fence_before_delivering(rr: aioredis.Redis, service: str, fence: str,
                                                           what: str) -> None:
-    await lbs_with(ar, service, 3)
-    await ar.set(fence_key(service), fence)
-    before = await snapshot(ar, service)
-    message = await refused(read(ar, service), fence_key(service), what)
+    await lbs_with(rr, service, 3)
+    await rr.set(fence_key(service), fence)
+    before = await snapshot(rr, service)
+    message = await refused(read(rr, service), fence_key(service), what)
     assert "fencing counter" in message
-    assert await pending(ar, service) == 0
-    assert await snapshot(ar, service) == before
-    assert await ar.get(fence_key(service)) == fence.encode()
+    assert await pending(rr, service) == 0
+    assert await snapshot(rr, service) == before
+    assert await rr.get(fence_key(service)) == fence.encode()
 
 
-async def test_read_takes_a_fence_just_below_2_53(ar: aioredis.Redis, service: str) -> None:
-    await lbs_with(ar, service, 2)
-    await ar.set(fence_key(service), str(2**53 - 11))  # + COUNT 10 = 2^53 - 1
-    _, tokens, _ = await read(ar, service)
+async def test_read_takes_a_fence_just_below_2_53(rr: aioredis.Redis, service: str) -> None:
+    await lbs_with(rr, service, 2)
+    await rr.set(fence_key(service), str(2**53 - 11))  # + COUNT 10 = 2^53 - 1
+    _, tokens, _ = await read(rr, service)
     assert tokens == [2**53 - 10, 2**53 - 9]
 
 
@@ -158,301 +155,295 @@ async def test_read_takes_a_fence_just_below_2_53(ar: aioredis.Redis, service: s
     (consumers_key, "set", "holds a string, not the consumer deadline index"),
     (consumers_key, "rpush", "holds a list, not the consumer deadline index"),
 ])
-async def test_read_refuses_a_key_of_the_wrong_type(ar: aioredis.Redis, service: str, key: Any, setup: str,
+async def test_read_refuses_a_key_of_the_wrong_type(rr: aioredis.Redis, service: str, key: Any, setup: str,
                                                     what: str) -> None:
-    await lbs_with(ar, service, 3)
+    await lbs_with(rr, service, 3)
     name = key(service)
-    await (ar.rpush(name, "x") if setup == "rpush" else ar.set(name, "x"))
-    before = await snapshot(ar, service)
-    await refused(read(ar, service), name, what)
-    await refused(read(ar, service, start="0"), name, what)
-    assert await pending(ar, service) == 0
-    assert await snapshot(ar, service) == before
+    await (rr.rpush(name, "x") if setup == "rpush" else rr.set(name, "x"))
+    before = await snapshot(rr, service)
+    await refused(read(rr, service), name, what)
+    await refused(read(rr, service, start="0"), name, what)
+    assert await pending(rr, service) == 0
+    assert await snapshot(rr, service) == before
 
 
-async def test_read_refuses_an_lbs_of_the_wrong_type(ar: aioredis.Redis, service: str) -> None:
-    await ar.hset(input_stream(service), "lbs-input", "{}")
-    before = await snapshot(ar, service)
-    await refused(read(ar, service), input_stream(service), "holds a hash, not the load-balancer stream")
-    assert await snapshot(ar, service) == before
-    assert not await ar.exists(fence_key(service), consumers_key(service))
+async def test_read_refuses_an_lbs_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
+    await rr.hset(input_stream(service), "lbs-input", "{}")
+    before = await snapshot(rr, service)
+    await refused(read(rr, service), input_stream(service), "holds a hash, not the load-balancer stream")
+    assert await snapshot(rr, service) == before
+    assert not await rr.exists(fence_key(service), consumers_key(service))
 
 
-async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(ar: aioredis.Redis,
+async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(rr: aioredis.Redis,
                                                                          service: str) -> None:
-    await lbs_with(ar, service, 3)
-    at_call = us(await ar.time())
-    entries, tokens, _ = await read(ar, service, count=3)
+    await lbs_with(rr, service, 3)
+    at_call = us(await rr.time())
+    entries, tokens, _ = await read(rr, service, count=3)
     assert len(tokens) == 3 and tokens[0] > at_call
     assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
-    assert await ar.get(fence_key(service)) == str(tokens[2]).encode()
+    assert await rr.get(fence_key(service)) == str(tokens[2]).encode()
     for (entry_id, _), token in zip(entries, tokens):  # 16 digits, printed in full
-        assert await ar.get(lock_key(service, entry_id.decode())) == f"{token}:c1".encode()
+        assert await rr.get(lock_key(service, entry_id.decode())) == f"{token}:c1".encode()
     # The counter is lost (eviction, restart without persistence).
-    await ar.delete(fence_key(service))
+    await rr.delete(fence_key(service))
     # The seed is the clock; wait (without sleeping) until the server's clock
     # is past the tokens handed out, which a real loss always is by far.
-    while us(await ar.time()) <= tokens[-1]:
+    while us(await rr.time()) <= tokens[-1]:
         pass
     for _ in range(2):
-        await ar.xadd(input_stream(service), {"lbs-input": "{}"})
-    _, again, _ = await read(ar, service)
+        await rr.xadd(input_stream(service), {"lbs-input": "{}"})
+    _, again, _ = await read(rr, service)
     assert len(again) == 2 and min(again) > max(tokens)
 
 
-async def test_lock_owner_argument(ar: aioredis.Redis, service: str) -> None:
-    await lbs_with(ar, service, 2)
-    entries, tokens, _ = await read(ar, service, count=1, owner="c1:nonce-a")
-    assert await ar.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1:nonce-a".encode()
-    entries, tokens, _ = await read(ar, service, count=1, owner="")
-    assert await ar.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1".encode()
+async def test_lock_owner_argument(rr: aioredis.Redis, service: str) -> None:
+    await lbs_with(rr, service, 2)
+    entries, tokens, _ = await read(rr, service, count=1, owner="c1:nonce-a")
+    assert await rr.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1:nonce-a".encode()
+    entries, tokens, _ = await read(rr, service, count=1, owner="")
+    assert await rr.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1".encode()
 
 
-async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(ar: aioredis.Redis,
+async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(rr: aioredis.Redis,
                                                                            service: str) -> None:
-    ids = await lbs_with(ar, service, 3)
-    await ar.rpush(lock_key(service, ids[1]), "garbage")
-    entries, tokens, top = await read(ar, service)
+    ids = await lbs_with(rr, service, 3)
+    await rr.rpush(lock_key(service, ids[1]), "garbage")
+    entries, tokens, top = await read(rr, service)
     assert [e[0].decode() for e in entries] == ids and top == b""
     assert isinstance(tokens[0], int) and isinstance(tokens[2], int)
     assert tokens[1] == b"WRONGTYPE list"
-    assert await pending(ar, service) == 3
-    assert await ar.lrange(lock_key(service, ids[1]), 0, -1) == [b"garbage"]
-    assert await ar.get(lock_key(service, ids[2])) == f"{tokens[2]}:c1".encode()
-    assert await ar.zscore(consumers_key(service), "c1") is not None
+    assert await pending(rr, service) == 3
+    assert await rr.lrange(lock_key(service, ids[1]), 0, -1) == [b"garbage"]
+    assert await rr.get(lock_key(service, ids[2])) == f"{tokens[2]}:c1".encode()
+    assert await rr.zscore(consumers_key(service), "c1") is not None
     # The re-read after a lost reply reports the same.
-    _, again, _ = await read(ar, service, start="0")
+    _, again, _ = await read(rr, service, start="0")
     assert again == [f"{tokens[0]}:c1".encode(), b"WRONGTYPE list", f"{tokens[2]}:c1".encode()]
 
 
 # -- done-n.lua ---------------------------------------------------------------
 
-@pytest.mark.parametrize("xackdel", ["0", "1"])
-async def test_done_retry_flag_reports_what_a_lost_call_finished(any_server: Any, ar: aioredis.Redis,
+async def test_done_retry_flag_reports_what_a_lost_call_finished(any_server: Any, rr: aioredis.Redis,
                                                                  service: str, xackdel: str) -> None:
-    if xackdel == "1" and any_server.version < (8, 2):
-        pytest.skip("XACKDEL needs Redis >= 8.2")
-    locks = await taken(ar, service, 3)
-    assert await done(ar, service, locks[:2], xackdel) == [1, 1]
-    assert await ar.xlen(input_stream(service)) == 1
-    before = await snapshot(ar, service)
-    assert await done(ar, service, locks[:2], xackdel, retry="1") == [4, 4]
-    assert await done(ar, service, locks[:2], xackdel, retry="0") == [3, 3]
-    assert await snapshot(ar, service) == before
+    locks = await taken(rr, service, 3)
+    assert await done(rr, service, locks[:2], xackdel) == [1, 1]
+    assert await rr.xlen(input_stream(service)) == 1
+    before = await snapshot(rr, service)
+    assert await done(rr, service, locks[:2], xackdel, retry="1") == [4, 4]
+    assert await done(rr, service, locks[:2], xackdel, retry="0") == [3, 3]
+    assert await snapshot(rr, service) == before
     # A lock that expired while its entry is still pending: 2, flag or not.
-    await ar.delete(lock_key(service, locks[2][0]))
-    assert await done(ar, service, locks[2:], xackdel, retry="1") == [2]
-    assert await pending(ar, service) == 0 and await ar.xlen(input_stream(service)) == 0
+    await rr.delete(lock_key(service, locks[2][0]))
+    assert await done(rr, service, locks[2:], xackdel, retry="1") == [2]
+    assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
 
 
-@pytest.mark.parametrize("xackdel", ["0", "1"])
-async def test_done_leaves_a_lock_of_another_type_and_its_entry(any_server: Any, ar: aioredis.Redis,
+async def test_done_leaves_a_lock_of_another_type_and_its_entry(any_server: Any, rr: aioredis.Redis,
                                                                 service: str, xackdel: str) -> None:
-    if xackdel == "1" and any_server.version < (8, 2):
-        pytest.skip("XACKDEL needs Redis >= 8.2")
-    locks = await taken(ar, service, 2)
+    locks = await taken(rr, service, 2)
     bad = lock_key(service, locks[0][0])
-    await ar.delete(bad)
-    await ar.hset(bad, "x", "1")
-    assert await done(ar, service, locks, xackdel, retry="1") == [3, 1]
-    assert await ar.type(bad) == b"hash"
-    assert await pending(ar, service) == 1
-    assert [i.decode() for i, _ in await ar.xrange(input_stream(service))] == [locks[0][0]]
+    await rr.delete(bad)
+    await rr.hset(bad, "x", "1")
+    assert await done(rr, service, locks, xackdel, retry="1") == [3, 1]
+    assert await rr.type(bad) == b"hash"
+    assert await pending(rr, service) == 1
+    assert [i.decode() for i, _ in await rr.xrange(input_stream(service))] == [locks[0][0]]
 
 
-async def test_done_refuses_the_old_argument_layout(ar: aioredis.Redis, service: str) -> None:
-    locks = await taken(ar, service, 1)
-    before = await snapshot(ar, service)
+async def test_done_refuses_the_old_argument_layout(rr: aioredis.Redis, service: str) -> None:
+    locks = await taken(rr, service, 1)
+    before = await snapshot(rr, service)
     keys = [input_stream(service), lock_key(service, locks[0][0])]
     with pytest.raises(ResponseError, match="done-n"):
-        await ar.eval(source("done-n"), 2, *keys, group_name(service), "0", locks[0][1], locks[0][0])
-    assert await snapshot(ar, service) == before
+        await rr.eval(source("done-n"), 2, *keys, group_name(service), "0", locks[0][1], locks[0][0])
+    assert await snapshot(rr, service) == before
 
 
 # -- extend-n.lua -------------------------------------------------------------
 
-async def test_extend_sets_and_refreshes_its_instance_marker(ar: aioredis.Redis, service: str) -> None:
-    locks = await taken(ar, service, 2)
+async def test_extend_sets_and_refreshes_its_instance_marker(rr: aioredis.Redis, service: str) -> None:
+    locks = await taken(rr, service, 2)
     marker = instance_key(service, "c1")
-    assert await extend(ar, service, locks, nonce="n1") == []
-    assert await ar.get(marker) == b"n1" and 0 < await ar.pttl(marker) <= TTL
-    await ar.pexpire(marker, 5_000)
-    assert await extend(ar, service, locks, nonce="n1") == []
-    assert await ar.pttl(marker) > 5_000
+    assert await extend(rr, service, locks, nonce="n1") == []
+    assert await rr.get(marker) == b"n1" and 0 < await rr.pttl(marker) <= TTL
+    await rr.pexpire(marker, 5_000)
+    assert await extend(rr, service, locks, nonce="n1") == []
+    assert await rr.pttl(marker) > 5_000
     # Not the last call of a tick: the marker is not looked at.
-    await ar.pexpire(marker, 5_000)
-    assert await extend(ar, service, locks, last="0", nonce="other") == []
-    assert await ar.get(marker) == b"n1" and await ar.pttl(marker) <= 5_000
+    await rr.pexpire(marker, 5_000)
+    assert await extend(rr, service, locks, last="0", nonce="other") == []
+    assert await rr.get(marker) == b"n1" and await rr.pttl(marker) <= 5_000
 
 
-async def test_extend_reports_another_instance_and_still_extends(ar: aioredis.Redis, service: str) -> None:
-    locks = await taken(ar, service, 2)
+async def test_extend_reports_another_instance_and_still_extends(rr: aioredis.Redis, service: str) -> None:
+    locks = await taken(rr, service, 2)
     marker = instance_key(service, "c1")
-    await ar.set(marker, "n2", px=30_000)
+    await rr.set(marker, "n2", px=30_000)
     for entry_id, _ in locks:
-        await ar.pexpire(lock_key(service, entry_id), 5_000)
-    assert await extend(ar, service, locks, nonce="n1") == [b"INSTANCE n2"]
-    assert await ar.get(marker) == b"n2" and await ar.pttl(marker) <= 30_000
+        await rr.pexpire(lock_key(service, entry_id), 5_000)
+    assert await extend(rr, service, locks, nonce="n1") == [b"INSTANCE n2"]
+    assert await rr.get(marker) == b"n2" and await rr.pttl(marker) <= 30_000
     for entry_id, _ in locks:
-        assert await ar.pttl(lock_key(service, entry_id)) > 5_000
+        assert await rr.pttl(lock_key(service, entry_id)) > 5_000
 
 
-async def test_extend_with_no_locks(ar: aioredis.Redis, service: str) -> None:
-    await lbs_with(ar, service, 0)
+async def test_extend_with_no_locks(rr: aioredis.Redis, service: str) -> None:
+    await lbs_with(rr, service, 0)
     marker = instance_key(service, "c1")
-    assert await extend(ar, service, [], nonce="n1") == []
-    assert await ar.get(marker) == b"n1"
-    assert not await ar.exists(consumers_key(service))  # holding nothing: not added
-    await ar.zadd(consumers_key(service), {"c1": 1})
-    assert await extend(ar, service, [], nonce="n1") == []
-    assert (await ar.zscore(consumers_key(service), "c1") or 0) > 1  # already in: moved
+    assert await extend(rr, service, [], nonce="n1") == []
+    assert await rr.get(marker) == b"n1"
+    assert not await rr.exists(consumers_key(service))  # holding nothing: not added
+    await rr.zadd(consumers_key(service), {"c1": 1})
+    assert await extend(rr, service, [], nonce="n1") == []
+    assert (await rr.zscore(consumers_key(service), "c1") or 0) > 1  # already in: moved
 
 
-async def test_extend_reports_keys_of_the_wrong_type(ar: aioredis.Redis, service: str) -> None:
-    locks = await taken(ar, service, 3)
-    await ar.delete(consumers_key(service))
-    await ar.set(consumers_key(service), "x")
-    await ar.rpush(instance_key(service, "c1"), "x")
+async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
+    locks = await taken(rr, service, 3)
+    await rr.delete(consumers_key(service))
+    await rr.set(consumers_key(service), "x")
+    await rr.rpush(instance_key(service, "c1"), "x")
     bad = lock_key(service, locks[1][0])
-    await ar.delete(bad)
-    await ar.sadd(bad, "x")
+    await rr.delete(bad)
+    await rr.sadd(bad, "x")
     for entry_id, _ in locks:
-        await ar.pexpire(lock_key(service, entry_id), 5_000)
-    out = await extend(ar, service, locks)
+        await rr.pexpire(lock_key(service, entry_id), 5_000)
+    out = await extend(rr, service, locks)
     assert out == [2,
                    f"LBSKEY {consumers_key(service)} holds a string, not the consumer deadline index".encode(),
                    f"LBSKEY {instance_key(service, 'c1')} holds a list, not an instance marker".encode()]
-    assert await ar.get(consumers_key(service)) == b"x"
-    assert await ar.lrange(instance_key(service, "c1"), 0, -1) == [b"x"]
-    assert await ar.type(bad) == b"set" and await ar.pttl(bad) <= 5_000
-    assert await ar.pttl(lock_key(service, locks[0][0])) > 5_000
-    assert await ar.pttl(lock_key(service, locks[2][0])) > 5_000
+    assert await rr.get(consumers_key(service)) == b"x"
+    assert await rr.lrange(instance_key(service, "c1"), 0, -1) == [b"x"]
+    assert await rr.type(bad) == b"set" and await rr.pttl(bad) <= 5_000
+    assert await rr.pttl(lock_key(service, locks[0][0])) > 5_000
+    assert await rr.pttl(lock_key(service, locks[2][0])) > 5_000
 
 
 # -- requeue-3.lua ------------------------------------------------------------
 
-async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(ar: aioredis.Redis,
+async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(rr: aioredis.Redis,
                                                                               service: str) -> None:
-    (entry_id, _), = await taken(ar, service, 1)
-    await ar.delete(lock_key(service, entry_id))
+    (entry_id, _), = await taken(rr, service, 1)
+    await rr.delete(lock_key(service, entry_id))
     dlq = dead_letter_stream(service)
-    await ar.set(dlq, "not a stream")
-    before = await snapshot(ar, service)
-    code, message = await requeue(ar, service, entry_id, force="1")
+    await rr.set(dlq, "not a stream")
+    before = await snapshot(rr, service)
+    code, message = await requeue(rr, service, entry_id, force="1")
     assert code == -2
     assert message == f"LBSKEY {dlq} holds a string, not a stream".encode()
-    assert await pending(ar, service) == 1 and await ar.xlen(input_stream(service)) == 1
-    assert await snapshot(ar, service) == before
-    await ar.delete(dlq)
-    out = await requeue(ar, service, entry_id, force="1")
-    assert out[0] == 2 and await ar.xlen(dlq) == 1
-    assert await pending(ar, service) == 0 and await ar.xlen(input_stream(service)) == 0
+    assert await pending(rr, service) == 1 and await rr.xlen(input_stream(service)) == 1
+    assert await snapshot(rr, service) == before
+    await rr.delete(dlq)
+    out = await requeue(rr, service, entry_id, force="1")
+    assert out[0] == 2 and await rr.xlen(dlq) == 1
+    assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
 
 
-async def test_requeue_past_max_retries_checks_the_dead_letter_key(ar: aioredis.Redis, service: str) -> None:
-    (entry_id, _), = await taken(ar, service, 1)
-    await ar.delete(lock_key(service, entry_id))
-    await ar.rpush(dead_letter_stream(service), "x")
-    before = await snapshot(ar, service)
-    assert (await requeue(ar, service, entry_id, max_retries="0"))[0] == -2
-    assert await snapshot(ar, service) == before
+async def test_requeue_past_max_retries_checks_the_dead_letter_key(rr: aioredis.Redis, service: str) -> None:
+    (entry_id, _), = await taken(rr, service, 1)
+    await rr.delete(lock_key(service, entry_id))
+    await rr.rpush(dead_letter_stream(service), "x")
+    before = await snapshot(rr, service)
+    assert (await requeue(rr, service, entry_id, max_retries="0"))[0] == -2
+    assert await snapshot(rr, service) == before
     # A re-queue (retries left) does not need the dead-letter stream.
-    out = await requeue(ar, service, entry_id, max_retries="5")
-    assert out[0] == 1 and await pending(ar, service) == 0
+    out = await requeue(rr, service, entry_id, max_retries="5")
+    assert out[0] == 1 and await pending(rr, service) == 0
 
 
-async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(ar: aioredis.Redis,
+async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(rr: aioredis.Redis,
                                                                           service: str) -> None:
     stream = input_stream(service)
-    await ar.xgroup_create(stream, group_name(service), id="0", mkstream=True)
+    await rr.xgroup_create(stream, group_name(service), id="0", mkstream=True)
     fields: dict[str, str] = {"lbs-input": '{"stream":"huge"}'}
     fields.update({f"f{i}": str(i) for i in range(9_999)})
-    entry_id = (await ar.xadd(stream, fields)).decode()
-    _, (token,), _ = await read(ar, service)
-    out = await requeue(ar, service, entry_id, mode="owned", value=f"{token}:c1", max_retries="5")
+    entry_id = (await rr.xadd(stream, fields)).decode()
+    _, (token,), _ = await read(rr, service)
+    out = await requeue(rr, service, entry_id, mode="owned", value=f"{token}:c1", max_retries="5")
     assert out[0] == 2 and out[2] == b'{"stream":"huge"}' and out[3] == 1
-    (dl_id, dl), = await ar.xrange(dead_letter_stream(service))
+    (dl_id, dl), = await rr.xrange(dead_letter_stream(service))
     assert dl_id == out[1]
     assert dl == {
         b"lbs-input": b'{"stream":"huge"}', b"_retry_count": b"1", b"_original_id": entry_id.encode(),
         b"_reason": f"entry has 10000 fields, too many to copy; kept in {stream} as {entry_id}; boom".encode(),
         b"_consumer": b"c1", b"_failed_id": entry_id.encode(),
     }
-    assert await pending(ar, service) == 0
-    assert not await ar.exists(lock_key(service, entry_id))
-    (kept_id, kept), = await ar.xrange(stream)
+    assert await pending(rr, service) == 0
+    assert not await rr.exists(lock_key(service, entry_id))
+    (kept_id, kept), = await rr.xrange(stream)
     assert kept_id.decode() == entry_id and len(kept) == 10_000
     # The record stays: a late done-n (lock gone, not pending) does not delete it.
-    assert await done(ar, service, [(entry_id, f"{token}:c1")]) == [3]
-    assert await ar.xlen(stream) == 1
+    assert await done(rr, service, [(entry_id, f"{token}:c1")]) == [3]
+    assert await rr.xlen(stream) == 1
 
 
-async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(ar: aioredis.Redis, service: str) -> None:
+async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(rr: aioredis.Redis, service: str) -> None:
     stream = input_stream(service)
-    await ar.xgroup_create(stream, group_name(service), id="0", mkstream=True)
-    entry_id = (await ar.xadd(stream, {f"f{i}": "v" for i in range(4_000)})).decode()
-    await read(ar, service)
-    await ar.delete(lock_key(service, entry_id))
-    assert await requeue(ar, service, entry_id, dlq="0", reason="") == [3, b"", b"", 1]
-    assert await pending(ar, service) == 0 and await ar.xlen(stream) == 1
-    assert not await ar.exists(dead_letter_stream(service))
+    await rr.xgroup_create(stream, group_name(service), id="0", mkstream=True)
+    entry_id = (await rr.xadd(stream, {f"f{i}": "v" for i in range(4_000)})).decode()
+    await read(rr, service)
+    await rr.delete(lock_key(service, entry_id))
+    assert await requeue(rr, service, entry_id, dlq="0", reason="") == [3, b"", b"", 1]
+    assert await pending(rr, service) == 0 and await rr.xlen(stream) == 1
+    assert not await rr.exists(dead_letter_stream(service))
 
 
-async def test_requeue_just_below_the_copy_bound_copies(ar: aioredis.Redis, service: str) -> None:
+async def test_requeue_just_below_the_copy_bound_copies(rr: aioredis.Redis, service: str) -> None:
     stream = input_stream(service)
-    await ar.xgroup_create(stream, group_name(service), id="0", mkstream=True)
-    entry_id = (await ar.xadd(stream, {f"f{i}": "v" for i in range(3_495)})).decode()
-    await read(ar, service)
-    await ar.delete(lock_key(service, entry_id))
-    out = await requeue(ar, service, entry_id, force="1")  # 6,990 values + 10 = 7,000
+    await rr.xgroup_create(stream, group_name(service), id="0", mkstream=True)
+    entry_id = (await rr.xadd(stream, {f"f{i}": "v" for i in range(3_495)})).decode()
+    await read(rr, service)
+    await rr.delete(lock_key(service, entry_id))
+    out = await requeue(rr, service, entry_id, force="1")  # 6,990 values + 10 = 7,000
     assert out[0] == 2
-    (_, dl), = await ar.xrange(dead_letter_stream(service))
+    (_, dl), = await rr.xrange(dead_letter_stream(service))
     assert len(dl) == 3_495 + 5 and dl[b"_reason"] == b"boom"
-    assert await ar.xlen(stream) == 0
+    assert await rr.xlen(stream) == 0
 
 
 @pytest.mark.parametrize("mode", ["owned", "absent"])
-async def test_requeue_a_lock_key_of_another_type_is_someone_elses(ar: aioredis.Redis, service: str,
+async def test_requeue_a_lock_key_of_another_type_is_someone_elses(rr: aioredis.Redis, service: str,
                                                                    mode: str) -> None:
-    (entry_id, value), = await taken(ar, service, 1)
-    await ar.delete(lock_key(service, entry_id))
-    await ar.rpush(lock_key(service, entry_id), value)
-    before = await snapshot(ar, service)
-    assert await requeue(ar, service, entry_id, mode=mode, value=value) == [0, b"lock"]
-    assert await snapshot(ar, service) == before
+    (entry_id, value), = await taken(rr, service, 1)
+    await rr.delete(lock_key(service, entry_id))
+    await rr.rpush(lock_key(service, entry_id), value)
+    before = await snapshot(rr, service)
+    assert await requeue(rr, service, entry_id, mode=mode, value=value) == [0, b"lock"]
+    assert await snapshot(rr, service) == before
 
 
-async def test_requeue_adds_before_it_acks(ar: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(ar, service, 1)
-    code, new_id, lbs_input, retries = await requeue(ar, service, entry_id, mode="owned", value=value)
+async def test_requeue_adds_before_it_acks(rr: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(rr, service, 1)
+    code, new_id, lbs_input, retries = await requeue(rr, service, entry_id, mode="owned", value=value)
     assert code == 1 and retries == 1 and lbs_input == b'{"stream":"s0"}'
-    (got_id, got), = await ar.xrange(input_stream(service))
+    (got_id, got), = await rr.xrange(input_stream(service))
     assert got_id == new_id
     assert got == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1", b"_original_id": entry_id.encode()}
-    assert await pending(ar, service) == 0 and not await ar.exists(lock_key(service, entry_id))
+    assert await pending(rr, service) == 0 and not await rr.exists(lock_key(service, entry_id))
 
 
-async def test_requeue_of_an_entry_no_longer_pending(ar: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(ar, service, 1)
-    await ar.xack(input_stream(service), group_name(service), entry_id)
-    assert await requeue(ar, service, entry_id, mode="owned", value=value) == [0, b"acked"]
-    assert not await ar.exists(lock_key(service, entry_id))  # ours: released
-    assert await ar.xlen(input_stream(service)) == 1  # not deleted
+async def test_requeue_of_an_entry_no_longer_pending(rr: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(rr, service, 1)
+    await rr.xack(input_stream(service), group_name(service), entry_id)
+    assert await requeue(rr, service, entry_id, mode="owned", value=value) == [0, b"acked"]
+    assert not await rr.exists(lock_key(service, entry_id))  # ours: released
+    assert await rr.xlen(input_stream(service)) == 1  # not deleted
 
 
-async def test_requeue_of_a_trimmed_entry(ar: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(ar, service, 1)
-    await ar.xdel(input_stream(service), entry_id)
-    assert await requeue(ar, service, entry_id, mode="owned", value=value) == [-1, b"trimmed"]
-    assert await pending(ar, service) == 0 and not await ar.exists(lock_key(service, entry_id))
+async def test_requeue_of_a_trimmed_entry(rr: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(rr, service, 1)
+    await rr.xdel(input_stream(service), entry_id)
+    assert await requeue(rr, service, entry_id, mode="owned", value=value) == [-1, b"trimmed"]
+    assert await pending(rr, service) == 0 and not await rr.exists(lock_key(service, entry_id))
 
 
 # -- reap-3.lua ---------------------------------------------------------------
 
-async def test_reap_refuses_a_deadline_index_of_another_type(ar: aioredis.Redis, service: str) -> None:
-    await taken(ar, service, 2)
-    await ar.delete(consumers_key(service))
-    await ar.hset(consumers_key(service), "c1", "0")
-    before = await snapshot(ar, service)
-    await refused(reap(ar, service), consumers_key(service), "holds a hash, not the consumer deadline index")
-    assert await snapshot(ar, service) == before
+async def test_reap_refuses_a_deadline_index_of_another_type(rr: aioredis.Redis, service: str) -> None:
+    await taken(rr, service, 2)
+    await rr.delete(consumers_key(service))
+    await rr.hset(consumers_key(service), "c1", "0")
+    before = await snapshot(rr, service)
+    await refused(reap(rr, service), consumers_key(service), "holds a hash, not the consumer deadline index")
+    assert await snapshot(rr, service) == before
