@@ -185,6 +185,7 @@ class Client:
 
         self._held = HeldTable(self.lock_owner, self._lock_key_prefix)
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
+        self._overdue_next = 0.0  # when the heartbeat looks for them again (monotonic)
         self._undead: list[tuple[Entry, str, str]] = []  # dead letters that could not be written yet
         self._beats = 0  # heartbeat ticks so far: picks which entries refresh their pending idle time
         self._tombstones: OrderedDict[str, Held] = OrderedDict()
@@ -916,8 +917,16 @@ class Client:
             self.log.error("heartbeat: %s", what.removeprefix("LBSKEY "))
 
     def _report_overdue(self, limit: float) -> None:
-        """Warn once per stream held longer than ``limit`` seconds; the ``held_overdue`` gauge counts them."""
-        overdue = self._held.taken_before(time.monotonic() - limit)
+        """Warn once per stream held longer than ``limit`` seconds; the ``held_overdue`` gauge counts them.
+
+        Looked at no more often than every ``limit / 10`` seconds: the walk
+        and the set are as long as the overdue streams are many.
+        """
+        now = time.monotonic()
+        if now < self._overdue_next:
+            return
+        self._overdue_next = now + limit / 10
+        overdue = self._held.taken_before(now - limit)
         warned = self._overdue_warned
         if warned:
             warned.intersection_update(h.entry_id for h in overdue)
