@@ -17,7 +17,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         f"Original error: {exc}"
     ) from exc
 
-from _lbscore import decode_input, encode_input, try_decode_input
+from _lbscore import decode_input, try_decode_input
 
 from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input_stream, lock_key
 from .client import Client, ClientStats, Held, consumer_id_from_env
@@ -41,7 +41,7 @@ from .exceptions import (
 )
 from .hookspecs import hookimpl
 from .notifications import DoneStatus, Notification, NotificationType
-from .producer import Producer
+from .producer import Producer, encode_input
 from .deadletters import DeadLetter, DeadLetterBackend
 from ._connection import ClusterMode
 from .reading import ReadStrategy

@@ -11,13 +11,16 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from _lbscore import CommandBatch, EntryParser, encode_input
+from _lbscore import CommandBatch, EntryParser
+from _lbscore import encode_input as _core_encode
 
 from . import _keys
 from ._connection import ClusterMode, RedisLike, node_client, owner_node, redirected, resolve_client
 from ._wire import Wire
 from .exceptions import BatchError, ConfigurationError, InvalidInputError, RedisOperationError
 from .sharding import shard_of, shard_services
+
+__all__ = ["Producer", "StreamSpec", "encode_input"]
 
 #: One data stream to register: its name, or ``(name, info)``.
 StreamSpec = Union[str, "tuple[str, Mapping[str, Any] | None]"]
@@ -65,24 +68,6 @@ class Producer:
     def _stream_for(self, name: str) -> str:
         return self.streams[shard_of(name, self.shards)] if self.shards > 1 else self.stream
 
-    def _encode(self, name: object, info: object, where: str) -> bytes:
-        """The ``lbs-input`` value of one registration, or InvalidInputError (``where`` prefixes it)."""
-        if not isinstance(name, str):
-            raise InvalidInputError(f"{where}data stream name must be a str, got {type(name).__name__}")
-        if info is not None and type(info) is not dict:
-            info = _as_info(info, where)
-        try:
-            return encode_input(name, info)
-        except UnicodeEncodeError as exc:
-            raise InvalidInputError(where + _unencodable(name, exc)) from None
-        except RecursionError:
-            raise InvalidInputError(f"{where}info of data stream {name!r:.100} is nested too deeply "
-                                    "to encode as JSON") from None
-        except InvalidInputError as exc:
-            if not where:
-                raise
-            raise InvalidInputError(f"{where}{exc}") from exc
-
     def _check(self, payloads: list[bytes], names: list[str], single: bool) -> None:
         """Refuse what a consumer would dead-letter, judged by the consumers' own parser."""
         entries = self._judge.parse_entries([[b"", [_FIELD, p]] for p in payloads])
@@ -119,7 +104,7 @@ class Producer:
         is bigger than ``max_input_bytes``: whatever a consumer would
         dead-letter. :class:`lbs.RedisOperationError` if Redis fails.
         """
-        payload = self._encode(name, info, "")
+        payload = _encode(name, info, "")
         self._check([payload], [name], single=True)
         try:
             entry_id = await self._redis.xadd(self._stream_for(name), {_keys.INPUT_FIELD: payload})
@@ -168,10 +153,10 @@ class Producer:
             else:
                 name, info = _unpack(spec, k)
             try:
-                payloads.append(encode_input(name, info if info is None or type(info) is dict
+                payloads.append(_core_encode(name, info if info is None or type(info) is dict
                                              else _as_info(info, f"add_streams: entry {k}: ")))
             except (InvalidInputError, UnicodeEncodeError, RecursionError):
-                self._encode(name, info, f"add_streams: entry {k}: ")  # raises, with the reason
+                _encode(name, info, f"add_streams: entry {k}: ")  # raises, with the reason
                 raise
             names.append(name)
         if not payloads:
@@ -286,6 +271,37 @@ def _unpack(spec: object, k: int) -> tuple[object, object]:
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
         return spec[0], spec[1]
     raise InvalidInputError(f"add_streams: entry {k}: expected a name or a (name, info) pair, got {spec!r:.100}")
+
+
+def encode_input(name: str, info: Mapping[str, Any] | None = None) -> bytes:
+    """The ``lbs-input`` value registering data stream ``name``: ``{"DataStreamName": name, "Info": info}``.
+
+    Compact JSON, as the Go client writes it (the compiled core encodes it).
+    Raises :class:`lbs.InvalidInputError` for what no consumer could read
+    back: a name that is not a non-empty str, an Info that is not a mapping
+    of JSON values, a lone surrogate anywhere, nesting too deep.
+    """
+    return _encode(name, info, "")
+
+
+def _encode(name: object, info: object, where: str) -> bytes:
+    """The ``lbs-input`` value of one registration, or InvalidInputError (``where`` prefixes it)."""
+    if not isinstance(name, str):
+        raise InvalidInputError(f"{where}data stream name must be a str, got {type(name).__name__}")
+    if info is not None and type(info) is not dict:
+        info = _as_info(info, where)
+    try:
+        return _core_encode(name, info)
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(where + _unencodable(name, exc)) from None
+    except RecursionError:
+        raise InvalidInputError(f"{where}info of data stream {name!r:.100} is nested too deeply "
+                                "to encode as JSON") from None
+    except InvalidInputError as exc:
+        if not where:
+            raise
+        raise InvalidInputError(f"{where}{exc}") from exc
+
 
 
 def _as_info(info: object, where: str) -> dict[str, Any]:

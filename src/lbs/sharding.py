@@ -33,7 +33,7 @@ from typing import Any
 from ._connection import ClusterMode, RedisLike, resolve_client
 from .client import Client, Handler
 from .config import Config
-from .exceptions import ConfigurationError, NotHeldError
+from .exceptions import ConfigurationError, InvalidInputError, NotHeldError
 from .notifications import DoneStatus, Notification
 
 __all__ = ["ShardedClient", "shard_of", "shard_services"]
@@ -52,7 +52,12 @@ def shard_services(service: str, shards: int) -> list[str]:
 
 def shard_of(name: str, shards: int) -> int:
     """The shard a data stream named ``name`` is registered in: ``crc32(utf-8 name) % shards``."""
-    return zlib.crc32(name.encode()) % _check(shards)
+    if not isinstance(name, str):
+        raise InvalidInputError(f"a data stream name is a str, got {type(name).__name__}")
+    try:
+        return zlib.crc32(name.encode()) % _check(shards)
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"data stream name {name!r} is not valid UTF-8: {exc}") from exc
 
 
 class ShardedClient:

@@ -18,11 +18,14 @@ def test_core_is_an_extension_module() -> None:
 
 
 def test_public_names_are_the_compiled_functions() -> None:
-    for name in ("encode_input", "decode_input", "try_decode_input"):
+    for name in ("decode_input", "try_decode_input"):
         fn = getattr(lbs, name)
         assert fn is getattr(core, name) is getattr(_lbscore, name)
         assert not inspect.isfunction(fn), f"{name} is a Python function, not compiled code"
-    assert lbs.producer.encode_input is core.encode_input
+    # lbs.encode_input only turns the core's Python errors (a lone surrogate, deep
+    # nesting) into InvalidInputError; the producer's batches call the core directly.
+    assert lbs.encode_input is lbs.producer.encode_input
+    assert lbs.producer._core_encode is core.encode_input is _lbscore.encode_input
 
 
 def test_release_build_has_debug_checks_off() -> None:
