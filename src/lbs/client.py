@@ -1294,7 +1294,7 @@ class Client:
 
         self._dispatch = dispatch
         self._run_limit = concurrency if concurrency is not None and concurrency < self.config.max_streams else 0
-        signals = self._catch_signals(loop) if handle_signals else []
+        catching = handle_signals and _SIGNALS.catch(loop, self)
         try:
             await self.start()
             # STREAM_ADDED goes straight to dispatch; the other notifications
@@ -1306,32 +1306,18 @@ class Client:
             if self._closing is not None:
                 await asyncio.shield(self._closing)  # close() ran elsewhere: return once it is over
         finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
+            if catching:
+                _SIGNALS.release(loop, self)
             self._dispatch = None
             self._run_limit = 0
 
-    def _catch_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
-        """Turn SIGTERM/SIGINT into a graceful close while run() runs (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            return []
-        caught = []
-
-        def on_signal(sig: signal.Signals) -> None:
-            if self._closing is None:
-                self.log.warning("%s: stopping (drain %.1fs, then hand back)", sig.name, self.config.drain_timeout)
-                asyncio.ensure_future(self.close())
-            else:
-                self.log.warning("%s again: handing back without waiting for handlers", sig.name)
-                self._drain_cut.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # no Unix signals on this loop
-                continue
-            caught.append(sig)
-        return caught
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self._closing is None:
+            self.log.warning("%s: stopping (drain %.1fs, then hand back)", sig.name, self.config.drain_timeout)
+            asyncio.ensure_future(self.close())
+        else:
+            self.log.warning("%s again: handing back without waiting for handlers", sig.name)
+            self._drain_cut.set()
 
     def _handler_done(self, h: Held, task: asyncio.Task[Any]) -> None:
         """A run() handler ended: finish its stream, or hand it back if it raised."""
@@ -1496,6 +1482,53 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<lbs.Client {self.id} service={self.service!r} held={len(self._held)}>"
+
+
+class _SignalRoute:
+    """SIGTERM/SIGINT to every client in ``run()`` on the main thread's loop.
+
+    One handler per signal for the process, installed while at least one
+    ``run()`` asks for it, so clients sharing a loop (a sharded client, the
+    demo) all hear the signal, and the last one out restores the default.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.clients: list[Client] = []
+        self.before: dict[signal.Signals, Any] = {}  # the handlers to put back
+
+    def catch(self, loop: asyncio.AbstractEventLoop, client: Client) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if not self.clients:
+            self.before = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+            try:
+                for sig in self.SIGNALS:
+                    loop.add_signal_handler(sig, self._deliver, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # no Unix signals on this loop
+                self._restore(loop)
+                return False
+        self.clients.append(client)
+        return True
+
+    def release(self, loop: asyncio.AbstractEventLoop, client: Client) -> None:
+        self.clients.remove(client)
+        if not self.clients:
+            self._restore(loop)
+
+    def _restore(self, loop: asyncio.AbstractEventLoop) -> None:
+        for sig, handler in self.before.items():
+            loop.remove_signal_handler(sig)
+            if handler is not None:
+                signal.signal(sig, handler)  # asyncio would leave SIG_DFL: the application's own comes back
+
+    def _deliver(self, sig: signal.Signals) -> None:
+        for client in list(self.clients):
+            client._on_signal(sig)
+
+
+_SIGNALS = _SignalRoute()
 
 
 async def _awaited(aw: Awaitable[Any]) -> Any:

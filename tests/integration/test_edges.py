@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -258,6 +260,36 @@ async def test_close_from_elsewhere_then_close_again_waits_for_the_shutdown(
     assert [k async for k in r.scan_iter(_keys.lock_key(service, "*"))] == []
     await asyncio.wait_for(elsewhere, 1)
     await asyncio.wait_for(runner, 1)  # run() returned too
+
+
+async def test_sigterm_stops_every_run_in_the_process_and_hands_back_without_a_retry(
+        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    # Two clients in one loop (as a sharded client or the demo has): one
+    # SIGTERM reaches both; each run() returns once its streams are back,
+    # with no retry counted; the process's own SIGTERM handler is put back.
+    await produce(redis_server.url, service, *[f"s{i}" for i in range(6)])
+    before = signal.getsignal(signal.SIGTERM)
+    clients = [client(redis_server.url, service, consumer=f"w{i}", max_streams=3) for i in range(2)]
+    started = 0
+
+    async def handler(note: lbs.Notification) -> None:
+        nonlocal started
+        started += 1
+        await asyncio.sleep(3600)
+
+    runs = [asyncio.create_task(c.run(handler)) for c in clients]
+    try:
+        await eventually(lambda: _true(started == 6))
+        assert signal.getsignal(signal.SIGTERM) is not before  # lbs's handler is in place
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(asyncio.gather(*runs), 10)
+    finally:
+        for c in clients:
+            await c.close()
+    assert signal.getsignal(signal.SIGTERM) is before
+    entries = await r.xrange(lbs.input_stream(service))
+    assert len(entries) == 6 and all(f[b"_retry_count"] == b"0" for _, f in entries)
+    assert (await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"] == 0
 
 
 async def _true(value: bool) -> bool:
