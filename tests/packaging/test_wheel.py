@@ -46,7 +46,8 @@ def test_wheel_installs_into_a_fresh_venv_and_uses_its_core(wheel: Path, tmp_pat
         "import importlib.machinery, sys, lbs, _lbscore, _lbscore._core as core\n"
         "assert core.__file__.startswith(sys.prefix), core.__file__\n"
         "assert core.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))\n"
-        "assert lbs.encode_input is core.encode_input\n"
+        "assert lbs.decode_input is core.decode_input\n"
+        "assert lbs.producer._core_encode is core.encode_input\n"
         "assert lbs.decode_input(lbs.encode_input('s', {'a': 1})) == ('s', {'a': 1})\n"
         "print(core.__file__)\n"
     )
