@@ -172,9 +172,11 @@ class Recovery:
         """
         c = self.client
         ttl_ms = self.config.lock_ttl_ms
+        # A gap longer than half a TTL (and than a few of our own poll intervals, so a
+        # client polling rarely on purpose never mistakes its own pace for a stall).
+        stall_ms = max(1000, ttl_ms // 2, int(4000 * self.config.deadline_poll_interval))
         gone = await c._scripts.reap(keys=[c.consumers_key, c.stream_key, self.reaped_key],
-                                     args=[c.group, self.lock_prefix, self.config.deadline_batch,
-                                           max(1000, ttl_ms // 2), ttl_ms])
+                                     args=[c.group, self.lock_prefix, self.config.deadline_batch, stall_ms, ttl_ms])
         codes = await self.requeue([_text(g) for g in gone], path, f"lock expired ({path}: deadline passed)")
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
 
