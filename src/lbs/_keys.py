@@ -7,7 +7,9 @@ and multi-key scripts stay legal on Redis Cluster.
 
 from __future__ import annotations
 
-from .exceptions import ConfigurationError
+import zlib
+
+from .exceptions import ConfigurationError, InvalidInputError
 
 #: The field of an LBS entry that holds the JSON assignment.
 INPUT_FIELD = "lbs-input"
@@ -84,3 +86,27 @@ def instance_key(service: str, consumer_id: str) -> str:
 def dead_letter_group(service: str) -> str:
     """The consumer group of the dead-letter forwarders: ``<service>-dlq-forwarders``."""
     return f"{service}-dlq-forwarders"
+
+
+# -- sharded LBS: which shard's keys a data stream uses (see lbs.sharding) ---------
+
+def check_shards(shards: int) -> int:
+    """``shards`` if it is a shard count (an int >= 1), else ConfigurationError."""
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ConfigurationError(f"shards must be an integer >= 1, got {shards!r}")
+    return shards
+
+
+def shard_services(service: str, shards: int) -> list[str]:
+    """The service name of each shard: ``[service]`` for one shard, else ``service.0`` ... ``service.N-1``."""
+    return [service] if check_shards(shards) == 1 else [f"{service}.{i}" for i in range(shards)]
+
+
+def shard_of(name: str, shards: int) -> int:
+    """The shard a data stream named ``name`` is registered in: ``crc32(utf-8 name) % shards``."""
+    if not isinstance(name, str):
+        raise InvalidInputError(f"a data stream name is a str, got {type(name).__name__}")
+    try:
+        return zlib.crc32(name.encode()) % check_shards(shards)
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"data stream name {name!r} is not valid UTF-8: {exc}") from exc

@@ -38,7 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, Shape, try_decode_input
+from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, Shape
 
 from . import _keys
 from ._connection import (ClusterMode, RedisLike, cancel_and_wait, execute, first_node_client, parse_version,
@@ -59,10 +59,10 @@ __all__ = ["Client", "Held", "consumer_id_from_env"]
 log = logging.getLogger("lbs.client")
 
 CONSUMER_PREFIX = "redis-consumer-"
-#: Keyspace-event flags recovery needs: K (keyspace channel), g (del), x (expired).
-# Keyspace (K) events of expired (x) keys: all the listener uses. Not g: with
-# it, every lock released by done_stream would also publish a del event to
-# every listener of the service (one message per finished stream).
+#: Keyspace-event flags recovery needs: K (keyspace channel) and x (expired keys).
+# Not g (generic commands, del among them): with it, every lock released by
+# done_stream would also publish a del event to every listener of the service
+# (one message per finished stream).
 KEYSPACE_FLAGS = "Kx"
 #: How many recently disowned streams ``done_stream`` still recognises.
 TOMBSTONES = 10_000
@@ -328,9 +328,6 @@ class Client:
     def held_streams(self) -> list[Held]:
         """The held streams (a snapshot)."""
         return self._held.values()
-
-    def _add_held(self, h: Held) -> None:
-        self._held.add(h)
 
     def _drop_held(self, h: Held) -> bool:
         """Forget ``h``; False if it was not (or no longer) held."""
@@ -1197,9 +1194,6 @@ class Client:
             raise RedisOperationError("claim", exc) from exc
         return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
 
-    def _parser_decode(self, raw: Any) -> tuple[str | None, dict[str, Any] | None, str | None]:
-        return try_decode_input(raw)
-
     # ------------------------------------------------------ notifications ---
 
     async def notifications(self) -> AsyncIterator[Notification]:
@@ -1439,8 +1433,8 @@ class Client:
     async def _stop_reader(self) -> None:
         """End the reader without losing a read batch.
 
-        A blocked XREADGROUP is woken with CLIENT UNBLOCK (it returns as if
-        it timed out), and a reader busy taking locks finishes that batch, so
+        A blocked XREAD is woken with CLIENT UNBLOCK (it returns as if it
+        timed out), and a reader busy taking locks finishes that batch, so
         every entry it read is either held (and handed back) or untouched.
         Cancelling is the last resort, after one more read_block.
         """
@@ -1557,10 +1551,6 @@ def _raise_first_error(replies: list[Any]) -> list[Any]:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-# Connection-level errors, for callers that want to tell them apart.
-TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 def _topology_error(exc: BaseException) -> bool:

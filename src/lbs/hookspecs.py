@@ -174,9 +174,10 @@ def lbs_stream_disowned(client: Client, stream: str, entry_id: str, token: int) 
 
 @hookspec
 def lbs_stream_handed_back(client: Client, stream: str, entry_id: str, new_entry_id: str, retry_counted: bool) -> None:
-    """Called when a held stream went back to the LBS as a fresh entry:
-    on ``close()`` (``retry_counted`` False) or after a ``run()`` handler
-    raised (True).
+    """Called when a held stream went back to the LBS as a fresh entry: by
+    :meth:`lbs.Client.hand_back` (``retry_counted`` as asked), on ``close()``
+    or a signal under ``run()`` (False), or after a ``run()`` handler raised
+    or was cancelled from outside (True).
 
     .. versionadded:: 0.1
     """

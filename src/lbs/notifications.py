@@ -124,10 +124,6 @@ class Mailbox(Generic[T]):
         else:
             self._writable.clear()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def __len__(self) -> int:
         return len(self._items)
 

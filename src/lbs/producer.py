@@ -15,10 +15,10 @@ from _lbscore import CommandBatch, EntryParser
 from _lbscore import encode_input as _core_encode
 
 from . import _keys
+from ._keys import shard_of, shard_services
 from ._connection import ClusterMode, RedisLike, node_client, owner_node, redirected, resolve_client
 from ._wire import Wire
 from .exceptions import BatchError, ConfigurationError, InvalidInputError, RedisOperationError
-from .sharding import shard_of, shard_services
 
 __all__ = ["Producer", "StreamSpec", "encode_input"]
 

@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
+from _lbscore import try_decode_input
+
 from . import _keys
 from ._connection import cancel_and_wait, execute
 from ._scripts import RequeueCode
@@ -139,7 +141,7 @@ class Recovery:
         """STREAM_EXPIRED, informational: a stream came back into circulation."""
         stream, retry_count = "", 0
         if len(res) >= 4:
-            name, _info, _reason = self.client._parser_decode(res[2])
+            name, _info, _reason = try_decode_input(res[2])
             stream = name or ""
             retry_count = int(res[3])
         self.client.log.info("recovered %s (entry %s -> %s, retry %d)", stream, entry_id, new_id, retry_count)

@@ -25,39 +25,18 @@ hold work, one data stream's assignments may sit in two shards at once.
 from __future__ import annotations
 
 import asyncio
-import zlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
 from ._connection import ClusterMode, RedisLike, resolve_client
+from ._keys import check_shards, shard_of, shard_services
 from .client import Client, Handler
 from .config import Config
-from .exceptions import ConfigurationError, InvalidInputError, NotHeldError
+from .exceptions import NotHeldError
 from .notifications import DoneStatus, Notification
 
 __all__ = ["ShardedClient", "shard_of", "shard_services"]
-
-
-def _check(shards: int) -> int:
-    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
-        raise ConfigurationError(f"shards must be an integer >= 1, got {shards!r}")
-    return shards
-
-
-def shard_services(service: str, shards: int) -> list[str]:
-    """The service name of each shard: ``[service]`` for one shard, else ``service.0`` ... ``service.N-1``."""
-    return [service] if _check(shards) == 1 else [f"{service}.{i}" for i in range(shards)]
-
-
-def shard_of(name: str, shards: int) -> int:
-    """The shard a data stream named ``name`` is registered in: ``crc32(utf-8 name) % shards``."""
-    if not isinstance(name, str):
-        raise InvalidInputError(f"a data stream name is a str, got {type(name).__name__}")
-    try:
-        return zlib.crc32(name.encode()) % _check(shards)
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"data stream name {name!r} is not valid UTF-8: {exc}") from exc
 
 
 class ShardedClient:
@@ -73,7 +52,7 @@ class ShardedClient:
                  config: Config | None = None, *, shards: int, plugins: Iterable[object] = (),
                  load_entrypoint_plugins: bool = True, cluster: bool | ClusterMode = ClusterMode.NONE) -> None:
         self.service = service
-        self.shards = _check(shards)
+        self.shards = check_shards(shards)
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
         cfg = config if config is not None else Config()
         per = max(1, -(-cfg.max_streams // self.shards))

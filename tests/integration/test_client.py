@@ -203,7 +203,7 @@ async def test_same_consumer_id_cannot_touch_anothers_lock(any_server: Any, serv
         lock = lbs.lock_key(service, note.entry_id)
         impostor = lbs.Held(note.entry_id, "shared", {}, 0, note.token + 1000, f"{note.token + 1000}:{second.lock_owner}",
                             lock)
-        second._add_held(impostor)  # as if the second process believed it held it
+        second._held.add(impostor)  # as if the second process believed it held it
         assert await second.heartbeat() == 1  # not extended: not its token
         assert await second.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
         assert await rr.get(lock) == f"{note.token}:{first.lock_owner}".encode()
