@@ -352,14 +352,20 @@ async def test_requeue_past_max_retries_checks_the_dead_letter_key(rr: aioredis.
     assert out[0] == 1 and await pending(rr, service) == 0
 
 
+async def delivered_wide_entry(rr: aioredis.Redis, service: str, fields: dict[str, str]) -> tuple[str, int]:
+    """XADD one entry with ``fields`` into a fresh LBS and deliver it (read-3.lua): its id and token."""
+    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    entry_id = (await rr.xadd(input_stream(service), fields)).decode()  # type: ignore[arg-type]
+    _, (token,), _ = await read(rr, service)
+    return entry_id, token
+
+
 async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(rr: aioredis.Redis,
                                                                           service: str) -> None:
     stream = input_stream(service)
-    await rr.xgroup_create(stream, group_name(service), id="0", mkstream=True)
     fields: dict[str, str] = {"lbs-input": '{"stream":"huge"}'}
     fields.update({f"f{i}": str(i) for i in range(9_999)})
-    entry_id = (await rr.xadd(stream, fields)).decode()
-    _, (token,), _ = await read(rr, service)
+    entry_id, token = await delivered_wide_entry(rr, service, fields)
     out = await requeue(rr, service, entry_id, mode="owned", value=f"{token}:c1", max_retries="5")
     assert out[0] == 2 and out[2] == b'{"stream":"huge"}' and out[3] == 1
     (dl_id, dl), = await rr.xrange(dead_letter_stream(service))
@@ -380,9 +386,7 @@ async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(rr: ai
 
 async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(rr: aioredis.Redis, service: str) -> None:
     stream = input_stream(service)
-    await rr.xgroup_create(stream, group_name(service), id="0", mkstream=True)
-    entry_id = (await rr.xadd(stream, {f"f{i}": "v" for i in range(4_000)})).decode()
-    await read(rr, service)
+    entry_id, _ = await delivered_wide_entry(rr, service, {f"f{i}": "v" for i in range(4_000)})
     await rr.delete(lock_key(service, entry_id))
     assert await requeue(rr, service, entry_id, dlq="0", reason="") == [3, b"", b"", 1]
     assert await pending(rr, service) == 0 and await rr.xlen(stream) == 1
@@ -391,9 +395,7 @@ async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(rr: aioredi
 
 async def test_requeue_just_below_the_copy_bound_copies(rr: aioredis.Redis, service: str) -> None:
     stream = input_stream(service)
-    await rr.xgroup_create(stream, group_name(service), id="0", mkstream=True)
-    entry_id = (await rr.xadd(stream, {f"f{i}": "v" for i in range(3_495)})).decode()
-    await read(rr, service)
+    entry_id, _ = await delivered_wide_entry(rr, service, {f"f{i}": "v" for i in range(3_495)})
     await rr.delete(lock_key(service, entry_id))
     out = await requeue(rr, service, entry_id, force="1")  # 6,990 values + 10 = 7,000
     assert out[0] == 2
