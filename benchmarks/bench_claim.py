@@ -16,7 +16,7 @@ again:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -24,17 +24,17 @@ from lbs_claim import ClaimReader
 
 import lbs
 
-from .data import cleanup as _cleanup
-from .data import service_name as _service
+if TYPE_CHECKING:
+    from .conftest import Bench
 
 LIVE, DEAD = 19_000, 1_000
 MIN_IDLE = 2.0  # the threshold; lock_ttl 0.5 s keeps live entries far below it
 CHUNK = 1_000
 
 
-async def _pending(url: str) -> tuple[aioredis.Redis, str]:
-    service = _service("claim")
-    r = aioredis.Redis.from_url(url)
+async def _pending(bench: Bench) -> tuple[aioredis.Redis, str]:
+    service = bench.service("claim")
+    r = bench.redis()
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     await r.xgroup_create(stream, group, id="0", mkstream=True)
     async with lbs.Producer(r, service) as p:
@@ -92,22 +92,10 @@ PATHS = {"claim reader": recover_claim, "scan": recover_scan}
 
 @pytest.mark.benchmark(group=f"recover {DEAD} idle among {LIVE + DEAD} pending, end to end")
 @pytest.mark.parametrize("path", list(PATHS))
-def bench_recover_idle(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any, path: str) -> None:
-    made: list[tuple[aioredis.Redis, str]] = []
-
-    def setup() -> tuple[tuple[aioredis.Redis, str], dict[str, Any]]:
-        made.append(loop.run_until_complete(_pending(redis_server.url)))
-        return made[-1], {}
-
-    try:
-        notes = benchmark.pedantic(lambda r, s: loop.run_until_complete(PATHS[path](r, s)),
-                                   setup=setup, rounds=3, iterations=1)
-        assert len(notes) == DEAD and all(n.retry_count == 1 for n in notes)
-        r, service = made[-1]
-        pending = loop.run_until_complete(r.xpending_range(lbs.input_stream(service), lbs.group_name(service),
-                                                           "-", "+", 10, consumername="alive"))
-        assert len(pending) == 10  # the live holder kept its entries
-    finally:
-        for r, service in made:
-            loop.run_until_complete(_cleanup(r, service))
-            loop.run_until_complete(r.aclose())
+def bench_recover_idle(bench: Bench, path: str) -> None:
+    notes = bench(PATHS[path], setup=lambda: _pending(bench))
+    assert len(notes) == DEAD and all(n.retry_count == 1 for n in notes)
+    r, service = bench.inputs[-1]
+    pending = bench.run(r.xpending_range(lbs.input_stream(service), lbs.group_name(service),
+                                         "-", "+", 10, consumername="alive"))
+    assert len(pending) == 10  # the live holder kept its entries

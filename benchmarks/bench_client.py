@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
 
 import lbs
 
-from .data import cleanup as _cleanup
-from .data import service_name as _service
+if TYPE_CHECKING:
+    from .conftest import Bench
 
 CYCLE_N = 20_000
 CHUNK = 1_000
@@ -42,9 +42,9 @@ def _config(**kw: Any) -> lbs.Config:
 # (one pipelined producer, the same for all) is set-up, outside the timing.
 # Each round records client CPU and Redis CPU per assignment in extra_info.
 
-async def _registered(url: str, tag: str, n: int) -> str:
-    service = _service(tag)
-    async with lbs.Producer(url, service) as p:
+async def _registered(bench: Bench, tag: str, n: int) -> str:
+    service = bench.service(tag)
+    async with lbs.Producer(bench.url, service) as p:
         names = [f"s{i}" for i in range(n)]
         for i in range(0, n, CHUNK):
             await p.add_streams(names[i:i + CHUNK])
@@ -184,15 +184,10 @@ async def _server_cpu(r: aioredis.Redis) -> float:
 
 @pytest.mark.benchmark(group=f"assignment cycle, {CYCLE_N} streams")
 @pytest.mark.parametrize("impl", list(CYCLES))
-def bench_assignment_cycle(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any, impl: str) -> None:
+def bench_assignment_cycle(bench: Bench, impl: str) -> None:
     fn = CYCLES[impl]
-    r = aioredis.Redis.from_url(redis_server.url)
-    services: list[str] = []
+    r = bench.redis()
     cpu: list[tuple[float, float]] = []
-
-    def setup() -> tuple[tuple[str], dict[str, Any]]:
-        services.append(loop.run_until_complete(_registered(redis_server.url, "cycle", CYCLE_N)))
-        return (services[-1],), {}
 
     async def measured(service: str) -> int:
         server0, client0 = await _server_cpu(r), time.process_time()
@@ -200,24 +195,17 @@ def bench_assignment_cycle(benchmark: Any, loop: asyncio.AbstractEventLoop, redi
         cpu.append((time.process_time() - client0, await _server_cpu(r) - server0))
         return done
 
-    try:
-        result = benchmark.pedantic(lambda service: loop.run_until_complete(measured(service)), setup=setup,
-                                    rounds=3, iterations=1, warmup_rounds=0)
-        assert result == CYCLE_N
-        client_cpu, server_cpu = min(cpu)
-        benchmark.extra_info["client_cpu_us_per_assignment"] = round(client_cpu / CYCLE_N * 1e6, 2)
-        benchmark.extra_info["redis_cpu_us_per_assignment"] = round(server_cpu / CYCLE_N * 1e6, 2)
-    finally:
-        for service in services:
-            loop.run_until_complete(_cleanup(r, service))
-        loop.run_until_complete(r.aclose())
+    assert bench(measured, setup=lambda: _registered(bench, "cycle", CYCLE_N)) == CYCLE_N
+    client_cpu, server_cpu = min(cpu)
+    bench.extra_info["client_cpu_us_per_assignment"] = round(client_cpu / CYCLE_N * 1e6, 2)
+    bench.extra_info["redis_cpu_us_per_assignment"] = round(server_cpu / CYCLE_N * 1e6, 2)
 
 
 # -------------------------------------------------------------- heartbeat ---
 
-async def _holding(url: str, n: int) -> tuple[aioredis.Redis, lbs.Client, str]:
-    service = _service(f"hb{n}")
-    r = aioredis.Redis.from_url(url)
+async def _holding(bench: Bench, n: int) -> tuple[aioredis.Redis, lbs.Client]:
+    service = bench.service(f"hb{n}")
+    r = bench.redis()
     async with lbs.Producer(r, service) as p:
         for i in range(0, n, 10_000):
             await p.add_streams([f"s{j}" for j in range(i, min(n, i + 10_000))])
@@ -226,9 +214,10 @@ async def _holding(url: str, n: int) -> tuple[aioredis.Redis, lbs.Client, str]:
                            lock_ttl=600.0, heartbeat_interval=300.0),
                    load_entrypoint_plugins=False)
     await c.start()
+    bench.defer(c.close)
     while c.held < n:
         await asyncio.sleep(0.05)
-    return r, c, service
+    return r, c
 
 
 HEARTBEAT_CASES = [
@@ -241,10 +230,9 @@ HEARTBEAT_CASES = [
 
 
 @pytest.mark.parametrize("impl, held", HEARTBEAT_CASES, ids=[f"{i}-held={h}" for i, h in HEARTBEAT_CASES])
-def bench_heartbeat_tick(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any,
-                         impl: str, held: int) -> None:
-    benchmark.group = f"heartbeat tick, {held} held"
-    r, c, service = loop.run_until_complete(_holding(redis_server.url, held))
+def bench_heartbeat_tick(bench: Bench, impl: str, held: int) -> None:
+    bench.benchmark.group = f"heartbeat tick, {held} held"
+    r, c = bench.run(_holding(bench, held))
     locks = [h.lock_key for h in c.held_streams()]
 
     async def tick_lbs() -> int:
@@ -268,20 +256,15 @@ def bench_heartbeat_tick(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_
 
     def tick() -> int:
         cpu0 = time.process_time()
-        lost = loop.run_until_complete(fn())
+        lost = bench.run(fn())
         client_cpu.append(time.process_time() - cpu0)
         return lost
 
-    try:
-        server0 = loop.run_until_complete(_server_cpu(r))
-        lost = benchmark.pedantic(tick, rounds=5, iterations=1)
-        server_cpu = loop.run_until_complete(_server_cpu(r)) - server0
-        assert lost == 0
-        # Client CPU: the best tick (process_time of this process, event loop
-        # included). Redis CPU: the server's whole time over all ticks, per tick.
-        benchmark.extra_info["client_cpu_ms_per_tick"] = round(min(client_cpu) * 1e3, 1)
-        benchmark.extra_info["redis_cpu_ms_per_tick"] = round(server_cpu / len(client_cpu) * 1e3, 1)
-    finally:
-        loop.run_until_complete(c.close())
-        loop.run_until_complete(_cleanup(r, service))
-        loop.run_until_complete(r.aclose())
+    server0 = bench.run(_server_cpu(r))
+    lost = bench(tick, rounds=5)
+    server_cpu = bench.run(_server_cpu(r)) - server0
+    assert lost == 0
+    # Client CPU: the best tick (process_time of this process, event loop
+    # included). Redis CPU: the server's whole time over all ticks, per tick.
+    bench.extra_info["client_cpu_ms_per_tick"] = round(min(client_cpu) * 1e3, 1)
+    bench.extra_info["redis_cpu_ms_per_tick"] = round(server_cpu / len(client_cpu) * 1e3, 1)

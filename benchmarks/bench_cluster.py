@@ -15,7 +15,7 @@ scaling model.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -24,6 +24,9 @@ import lbs
 from lbs.embedded import RedisClusterServers
 
 from .data import service_name as _service
+
+if TYPE_CHECKING:
+    from .conftest import Bench
 
 CYCLE_N = 6_000
 CHUNK = 1_000
@@ -75,25 +78,25 @@ async def _drain(url: str, service: str, shards: int) -> int:
 
 @pytest.mark.benchmark(group=f"assignment cycle on a 3-master cluster, {CYCLE_N} streams")
 @pytest.mark.parametrize("shards", [1, 3, 6])
-def bench_cluster_shards(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_cluster: RedisClusterServers,
-                         shards: int) -> None:
+def bench_cluster_shards(bench: Bench, redis_cluster: RedisClusterServers, shards: int) -> None:
     url = f"redis+cluster://{redis_cluster.nodes[0].host}:{redis_cluster.nodes[0].port}"
     rounds: list[dict[str, dict[str, int]]] = []
 
-    def setup() -> tuple[tuple[str], dict[str, Any]]:
+    def setup() -> str:
+        # A name on the cluster (bench.service's are the single server's); its keys stay there.
         service = _spread(redis_cluster, "cluster", shards)
         before = _calls(redis_cluster)
-        loop.run_until_complete(_register(url, service, shards))
+        bench.run(_register(url, service, shards))
         rounds.append(before)
-        return (service,), {}
+        return service
 
     def measured(service: str) -> int:
-        done = loop.run_until_complete(_drain(url, service, shards))
+        done = bench.run(_drain(url, service, shards))
         after, before = _calls(redis_cluster), rounds[-1]
         rounds[-1] = {n: {k: after[n][k] - before[n][k] for k in after[n]} for n in after}
         return done
 
-    assert benchmark.pedantic(measured, setup=setup, rounds=3, iterations=1) == CYCLE_N
-    benchmark.extra_info["calls_per_master_last_round"] = rounds[-1]
+    assert bench(measured, setup=setup) == CYCLE_N
+    bench.extra_info["calls_per_master_last_round"] = rounds[-1]
     busy = [n for n, c in rounds[-1].items() if c["evalsha"] > 0]
     assert len(busy) == min(shards, 3)  # the load spread over as many masters as shards allow

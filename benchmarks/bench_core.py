@@ -119,3 +119,87 @@ def bench_parse_xreadgroup(benchmark: Any, impl: str) -> None:
     fn = _parse_lbs if impl == "lbs" else _parse_redis_py
     result = benchmark(fn, raw, parser)
     assert _summary(result) == _summary(_parse_redis_py(raw, parser)) and len(result) == 256
+
+
+
+# The consumer's hot paths in the core: one EVALSHA over many locks (finish
+# and hand back: evalsha_locks; heartbeat: HeldTable.encode_extend, written
+# from the held records), and holding, finding and dropping streams.
+
+_LOCK_PREFIX = "lock:{bench-input}:"
+_HELD = 100
+_KEYS = ("lbs", "{lbs}:consumers", "instance")
+_ARGS = (600_000, "group", "consumer", 1, "nonce")
+
+
+def _held_entries(n: int) -> list[Any]:
+    # Entries as the reader parses them from the LBS.
+    from _lbscore import EntryParser
+
+    replies = [[b"1795360974434-%d" % i, [b"lbs-input", encode_input(name, info)]]
+               for i, (name, info) in enumerate(stream_specs(n))]
+    return EntryParser().parse_entries(replies)
+
+
+def _held_table(n: int) -> Any:
+    from _lbscore import HeldTable
+
+    table = HeldTable("redis-consumer-bench", _LOCK_PREFIX)
+    for token, e in enumerate(_held_entries(n), 1):
+        table.take(e, token, e.retry_count, 0.0)
+    return table
+
+
+def _evalsha_redis_py(table: Any, held: list[Any]) -> bytes:
+    return _redis_py_pack_commands([("EVALSHA", "f" * 40, len(_KEYS) + len(held), *_KEYS,
+                                     *(h.lock_key for h in held), *_ARGS,
+                                     *(h.value for h in held), *(h.entry_id for h in held))])
+
+
+def _evalsha_locks(table: Any, held: list[Any]) -> bytes:
+    from _lbscore import CommandBatch
+
+    batch = CommandBatch()
+    batch.evalsha_locks("f" * 40, _KEYS, _LOCK_PREFIX.encode(), [h.entry_id for h in held], _ARGS,
+                        [h.value for h in held])
+    return batch.getvalue()
+
+
+def _encode_extend(table: Any, held: list[Any]) -> bytes:
+    from _lbscore import CommandBatch
+
+    batch = CommandBatch()
+    table.encode_extend(batch, "f" * 40, _KEYS, _ARGS, held, 0, len(held))
+    return batch.getvalue()
+
+
+EVALSHA_WRITERS = {"lbs encode_extend": _encode_extend, "lbs evalsha_locks": _evalsha_locks,
+                   "redis-py": _evalsha_redis_py}
+
+
+@pytest.mark.benchmark(group=f"EVALSHA over {_HELD} locks")
+@pytest.mark.parametrize("impl", list(EVALSHA_WRITERS))
+def bench_evalsha_over_locks(benchmark: Any, impl: str) -> None:
+    table = _held_table(_HELD)
+    held = table.values()
+    assert benchmark(EVALSHA_WRITERS[impl], table, held) == _evalsha_redis_py(table, held)
+
+
+@pytest.mark.benchmark(group=f"hold {_HELD} streams")
+@pytest.mark.parametrize("op", ["take + drop", "find"])
+def bench_held_table(benchmark: Any, op: str) -> None:
+    from _lbscore import HeldTable
+
+    entries = _held_entries(_HELD)
+    table = _held_table(_HELD)
+    streams = [e.stream for e in entries]
+
+    def take_drop() -> int:
+        t = HeldTable("redis-consumer-bench", _LOCK_PREFIX)
+        held = [t.take(e, token, e.retry_count, 0.0) for token, e in enumerate(entries, 1)]
+        return sum(t.drop(h) for h in held)
+
+    def find() -> int:
+        return sum(table.find(s) is not None for s in streams)
+
+    assert benchmark(take_drop if op == "take + drop" else find) == _HELD

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
-import redis.asyncio as aioredis
 
 import lbs
 
 from .data import stream_specs
+
+if TYPE_CHECKING:
+    from .conftest import Bench
 
 N = 100
 
 
 @pytest.mark.benchmark(group=f"register {N} data streams")
 @pytest.mark.parametrize("impl", ["lbs add_streams", "redis-py pipeline", "redis-py one by one"])
-def bench_register(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any, impl: str) -> None:
-    r = aioredis.Redis.from_url(redis_server.url)
-    service = f"bench-{impl.replace(' ', '-')}"
+def bench_register(bench: Bench, impl: str) -> None:
+    r = bench.redis()
+    # "bench-<impl>": the key names the figures were taken with.
+    service = bench.service(impl.replace(" ", "-"), unique=False)
     stream = lbs.input_stream(service)
     producer = lbs.Producer(r, service)
     specs = stream_specs(N)
@@ -39,8 +41,4 @@ def bench_register(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server
         return N
 
     fn = {"lbs add_streams": with_lbs, "redis-py pipeline": pipeline, "redis-py one by one": one_by_one}[impl]
-    try:
-        assert benchmark(lambda: loop.run_until_complete(fn())) == N
-    finally:
-        loop.run_until_complete(r.delete(stream))
-        loop.run_until_complete(r.aclose())
+    assert bench(fn, rounds=None) == N

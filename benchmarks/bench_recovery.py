@@ -3,7 +3,7 @@
 10,000 pending entries, half of them with a live lock: one full pass that
 checks every lock and re-queues the dead half.
 
-* ``lbs scan``: :meth:`lbs.recovery.Recovery.scan` (XPENDING pages by cursor,
+* ``lbs scan``: :meth:`lbs._consumer.recovery.Recovery.scan` (XPENDING pages by cursor,
   one EXISTS round trip per page, one pipelined ``requeue-3.lua`` round trip
   for the page's dead entries: atomic, exactly once under racing recoverers);
 * ``redis-py pipelines``: the RFC's steps per page with redis-py pipelines
@@ -21,23 +21,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
 import lbs
 
-from .data import cleanup as _cleanup
-from .data import service_name as _service
+if TYPE_CHECKING:
+    from .conftest import Bench
 
 PENDING = 10_000
 PAGE = 50
 
 
-async def _pending(url: str) -> tuple[aioredis.Redis, str]:
+async def _pending(bench: Bench) -> tuple[aioredis.Redis, str]:
     """A service whose consumer "dead" has PENDING entries pending, the even ones locked."""
-    service = _service("scan")
-    r = aioredis.Redis.from_url(url)
+    service = bench.service("scan")
+    r = bench.redis()
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     await r.xgroup_create(stream, group, id="0", mkstream=True)
     pipe = r.pipeline(transaction=False)
@@ -127,26 +127,14 @@ SCANS = {
 
 @pytest.mark.benchmark(group=f"recovery scan, {PENDING} pending, half alive")
 @pytest.mark.parametrize("impl", list(SCANS))
-def bench_recovery_scan(benchmark: Any, loop: asyncio.AbstractEventLoop, redis_server: Any, impl: str) -> None:
-    made: list[tuple[aioredis.Redis, str]] = []
-
-    def setup() -> tuple[tuple[aioredis.Redis, str], dict[str, Any]]:
-        made.append(loop.run_until_complete(_pending(redis_server.url)))
-        return made[-1], {}
-
-    try:
-        requeued = benchmark.pedantic(lambda r, s: loop.run_until_complete(SCANS[impl](r, s)),
-                                      setup=setup, rounds=3, iterations=1)
-        assert requeued == PENDING // 2
-        r, service = made[-1]
-        stream = lbs.input_stream(service)
-        # the dead half is back in the LBS as fresh entries, the live half untouched
-        assert loop.run_until_complete(r.xlen(stream)) == PENDING
-        assert loop.run_until_complete(r.xpending(stream, lbs.group_name(service)))["pending"] == PENDING // 2
-    finally:
-        for r, service in made:
-            loop.run_until_complete(_cleanup(r, service))
-            loop.run_until_complete(r.aclose())
+def bench_recovery_scan(bench: Bench, impl: str) -> None:
+    requeued = bench(SCANS[impl], setup=lambda: _pending(bench))
+    assert requeued == PENDING // 2
+    r, service = bench.inputs[-1]
+    stream = lbs.input_stream(service)
+    # the dead half is back in the LBS as fresh entries, the live half untouched
+    assert bench.run(r.xlen(stream)) == PENDING
+    assert bench.run(r.xpending(stream, lbs.group_name(service)))["pending"] == PENDING // 2
 
 
 def bench_recovery_latency_script_runs(loop: asyncio.AbstractEventLoop) -> None:

@@ -19,14 +19,15 @@ each once on 20,000 rows (``--benchmark-disable``), so none can rot.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 
 pytest.importorskip("pyspark", reason="the Spark benchmarks need the lbs[spark] extra")
 
-from .data import service_name  # noqa: E402
+if TYPE_CHECKING:
+    from .conftest import Bench
 
 ROWS = 1_000_000
 SMOKE_ROWS = 20_000
@@ -44,8 +45,15 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
-def _rows(benchmark: Any) -> int:
-    return SMOKE_ROWS if benchmark.disabled else ROWS
+def _rows(bench: Bench) -> int:
+    return SMOKE_ROWS if bench.benchmark.disabled else ROWS
+
+
+def _redis(bench: Bench) -> redis.Redis:
+    """A plain (sync) redis-py client on ``bench.url``, closed at teardown."""
+    r = redis.Redis.from_url(bench.url)
+    bench.defer(r.close)
+    return r
 
 
 def _frame(spark: Any, service: str, rows: int) -> Any:
@@ -66,53 +74,49 @@ def _append(r: redis.Redis, streams: list[str], rows: int, per_round: int) -> No
     pipe.execute()
 
 
-def _report(benchmark: Any, rows: int) -> None:
-    stats = getattr(benchmark, "stats", None)
+def _report(bench: Bench, rows: int) -> None:
+    stats = getattr(bench.benchmark, "stats", None)
     if stats is not None and stats.stats.min:
-        benchmark.extra_info["rows_per_s"] = round(rows / stats.stats.min)
-        benchmark.extra_info["rows"] = rows
+        bench.extra_info["rows_per_s"] = round(rows / stats.stats.min)
+        bench.extra_info["rows"] = rows
 
 
 @pytest.mark.benchmark(group="spark sink: 1M rows, 2 partitions")
 @pytest.mark.parametrize("impl", ["lbs sink, IDMP (exactly-once)", "lbs sink, idmp=false", "redis-py pipeline XADD"])
-def bench_spark_sink(benchmark: Any, spark: Any, redis_server: Any, impl: str) -> None:
-    rows = _rows(benchmark)
-    service = service_name("spark-sink")
+def bench_spark_sink(bench: Bench, spark: Any, impl: str) -> None:
+    rows = _rows(bench)
+    service = bench.service("spark-sink")
     streams = [f"{service}-s0", f"{service}-s1"]
-    r = redis.Redis.from_url(redis_server.url)
+    r = _redis(bench)
     df = _frame(spark, service, rows)
 
     def clean() -> None:
         r.delete(*streams, f"{service}-input")
 
     def with_lbs() -> None:
-        (df.write.format("lbs").option("url", redis_server.url).option("service", service)
+        (df.write.format("lbs").option("url", bench.url).option("service", service)
          .option("idmp", str("idmp=false" not in impl).lower()).mode("append").save())
 
     def plain() -> None:
         _append(r, streams, rows, 1_000)
 
     fn = plain if impl.startswith("redis-py") else with_lbs
-    try:
-        benchmark.pedantic(fn, setup=clean, rounds=3, iterations=1, warmup_rounds=1)
-        assert r.xlen(streams[0]) + r.xlen(streams[1]) == rows
-        _report(benchmark, rows)
-    finally:
-        clean()
-        r.close()
+    bench(fn, setup=clean, warmup_rounds=1)
+    assert r.xlen(streams[0]) + r.xlen(streams[1]) == rows
+    _report(bench, rows)
 
 
 @pytest.mark.benchmark(group="spark reader: 1M rows, 2 partitions")
 @pytest.mark.parametrize("impl", ["lbs reader (Spark)", "redis-py XRANGE"])
-def bench_spark_reader(benchmark: Any, spark: Any, redis_server: Any, impl: str) -> None:
-    rows = _rows(benchmark)
-    service = service_name("spark-read")
+def bench_spark_reader(bench: Bench, spark: Any, impl: str) -> None:
+    rows = _rows(bench)
+    service = bench.service("spark-read")
     streams = [f"{service}-s0", f"{service}-s1"]
-    r = redis.Redis.from_url(redis_server.url)
+    r = _redis(bench)
     _append(r, streams, rows, 10_000)
 
     def with_lbs() -> int:
-        df = spark.read.format("lbs").option("url", redis_server.url).option("streams", ",".join(streams)).load()
+        df = spark.read.format("lbs").option("url", bench.url).option("streams", ",".join(streams)).load()
         return int(df.count())  # the source cannot prune: every row is read and converted
 
     def plain() -> int:
@@ -128,9 +132,5 @@ def bench_spark_reader(benchmark: Any, spark: Any, redis_server: Any, impl: str)
         return n
 
     fn = plain if impl.startswith("redis-py") else with_lbs
-    try:
-        assert benchmark.pedantic(fn, rounds=3, iterations=1, warmup_rounds=1) == rows
-        _report(benchmark, rows)
-    finally:
-        r.delete(*streams)
-        r.close()
+    assert bench(fn, warmup_rounds=1) == rows
+    _report(bench, rows)

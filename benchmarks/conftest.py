@@ -2,19 +2,27 @@
 
 Run with ``make bench`` (``pytest benchmarks --benchmark-disable-gc``). ``make
 test`` runs them once each with ``--benchmark-disable``, so they cannot rot.
-The server fixtures come from the root conftest.py.
+The server fixtures come from the root conftest.py; ``bench`` (below) does
+what every benchmark here would otherwise repeat, so each says only what it
+measures.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
 from importlib.metadata import version
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from lbs.embedded import find_redis_server, redis_server_version
+
+from .data import cleanup, service_name
 
 
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
@@ -38,3 +46,106 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
         yield lp
     finally:
         lp.close()
+
+
+class Bench:
+    """The common part of a benchmark here; the ``bench`` fixture gives one per benchmark.
+
+    * ``bench(fn, setup=None, rounds=3, warmup_rounds=0)`` times ``fn`` with
+      ``benchmark.pedantic``, one iteration a round, and returns its result.
+      ``rounds=None`` leaves the number of rounds to pytest-benchmark's
+      calibration (plain ``benchmark(fn)``, for work of a millisecond or so).
+      An ``async def`` ``fn`` runs through ``loop.run_until_complete``, inside
+      the timing, the same way for every side of a comparison. ``setup`` runs
+      before each round, outside the timing; it may return an awaitable, and
+      gives ``fn``'s arguments: ``None`` (none), a tuple, or one value.
+      ``bench.inputs`` keeps each round's arguments, in order.
+    * ``bench.run(awaitable)``: async set-up and checks, on the same loop.
+    * ``bench.url``: the session's Redis >= 8.4 (``redis_server``, started only
+      when asked for); ``bench.redis()`` a new ``redis.asyncio`` client on it;
+      ``bench.service(tag)`` a service name no other round or run shares.
+    * At teardown, after the benchmark and outside its timing, in the reverse
+      order of registration: the services' keys are deleted, the clients
+      closed, and what ``bench.defer`` was given is called (sync or async).
+    * ``bench.benchmark`` is pytest-benchmark's fixture (``group``, ``stats``,
+      ``disabled``); ``bench.extra_info`` its figures beside the timing.
+    """
+
+    def __init__(self, benchmark: Any, loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest,
+                 teardown: contextlib.ExitStack) -> None:
+        self.benchmark = benchmark
+        self.loop = loop
+        self.inputs: list[tuple[Any, ...]] = []
+        self._request = request
+        self._teardown = teardown
+        self._admin: aioredis.Redis | None = None  # deletes the services' keys at teardown
+
+    @property
+    def extra_info(self) -> dict[str, Any]:
+        return self.benchmark.extra_info  # type: ignore[no-any-return]
+
+    @functools.cached_property
+    def url(self) -> str:
+        return str(self._request.getfixturevalue("redis_server").url)
+
+    def run(self, aw: Awaitable[Any]) -> Any:
+        return self.loop.run_until_complete(aw)
+
+    def defer(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)`` at teardown, awaiting what it returns if that is awaitable."""
+        def call() -> None:
+            result = fn(*args)
+            if inspect.isawaitable(result):
+                self.run(result)
+
+        self._teardown.callback(call)
+
+    def redis(self) -> aioredis.Redis:
+        """A new ``redis.asyncio`` client on ``bench.url``, closed at teardown."""
+        r = aioredis.Redis.from_url(self.url)
+        self.defer(r.aclose)
+        return r
+
+    def service(self, tag: str, *, unique: bool = True) -> str:
+        """A service name, its keys deleted at teardown: ``bench-<tag>-<n>-<random>``;
+        ``unique=False`` gives ``bench-<tag>`` itself, where a benchmark's figures
+        were taken under that name."""
+        if self._admin is None:
+            self._admin = self.redis()
+        name = service_name(tag) if unique else f"bench-{tag}"
+        self.defer(cleanup, self._admin, name)
+        return name
+
+    def __call__(self, fn: Callable[..., Any], *, setup: Callable[[], Any] | None = None,
+                 rounds: int | None = 3, warmup_rounds: int = 0) -> Any:
+        target = self._timed(fn)
+        if rounds is None:
+            if setup is not None or warmup_rounds:
+                raise ValueError("calibrated rounds take no setup and no warm-up rounds")
+            return self.benchmark(target)
+        return self.benchmark.pedantic(target, setup=None if setup is None else self._arguments(setup),
+                                       rounds=rounds, iterations=1, warmup_rounds=warmup_rounds)
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not inspect.iscoroutinefunction(fn):
+            return fn
+        run = self.loop.run_until_complete
+        return lambda *args: run(fn(*args))
+
+    def _arguments(self, setup: Callable[[], Any]) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None]:
+        def made() -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+            value = setup()
+            if inspect.isawaitable(value):
+                value = self.run(value)
+            args = () if value is None else value if isinstance(value, tuple) else (value,)
+            self.inputs.append(args)
+            return (args, {}) if args else None
+
+        return made
+
+
+@pytest.fixture
+def bench(benchmark: Any, loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest) -> Iterator[Bench]:
+    """The benchmark's timing, event loop, Redis clients and service names (see ``Bench``)."""
+    with contextlib.ExitStack() as teardown:
+        yield Bench(benchmark, loop, request, teardown)

@@ -13,6 +13,7 @@ from ._core import (
     EntryColumns,
     EntryParser,
     NEED_MORE,
+    ReplyError,
     RespReader,
     Shape,
     decode_input,
@@ -20,6 +21,7 @@ from ._core import (
     pack_command,
     pack_commands,
     try_decode_input,
+    use_errors,
     XaddRoute,
     encode_xadds,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "EntryColumns",
     "EntryParser",
     "NEED_MORE",
+    "ReplyError",
     "RespReader",
     "Shape",
     "decode_input",
@@ -40,6 +43,7 @@ __all__ = [
     "pack_command",
     "pack_commands",
     "try_decode_input",
+    "use_errors",
     "XaddRoute",
     "encode_xadds",
 ]

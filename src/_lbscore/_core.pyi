@@ -1,11 +1,22 @@
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Union
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar, Union
 
 EncodableT = Union[bytes, bytearray, memoryview, str, int, float]
+_Encodable = TypeVar("_Encodable", bound=EncodableT)  # a list of any one kind of argument
 
 DEBUG_BUILD: bool
+
+def use_errors(
+    *,
+    data_error: type[Exception],
+    invalid_input: type[Exception],
+    internal_error: type[Exception],
+    protocol_error: type[Exception],
+) -> None: ...
+
+class ReplyError(Exception):
+    """An error reply, as a RespReader made without a ``reply_error`` factory returns it."""
 
 def pack_command(*args: EncodableT) -> bytes: ...
 def pack_commands(commands: Iterable[Sequence[EncodableT]]) -> bytes: ...
@@ -91,8 +102,7 @@ class HeldTable:
     def __contains__(self, entry_id: object) -> bool: ...
     def __iter__(self) -> Iterator[str]: ...
     def __bool__(self) -> bool: ...
-    def add_new(self, entry_id: str, stream: str, info: dict[str, Any] | None, retry_count: int,
-                token: int, taken_at: float = 0.0) -> Held: ...
+    def take(self, entry: Entry, token: int, retry_count: int, taken_at: float) -> Held: ...
     def taken_before(self, cutoff: float) -> list[Held]: ...
     def add(self, h: Held) -> None: ...
     def drop(self, h: Held) -> bool: ...
@@ -133,7 +143,7 @@ class CommandBatch:
         lock_prefix: bytes,
         entry_ids: list[str] | list[bytes],
         head_args: tuple[EncodableT, ...],
-        values: list[EncodableT] | None = None,
+        values: list[_Encodable] | None = None,
         append_ids: bool = True,
     ) -> None: ...
 

@@ -4,6 +4,7 @@
 Private: import the public names from ``lbs``.
 """
 
+include "digits.pxi"
 include "errors.pyx"
 include "buffer.pyx"
 include "packer.pyx"

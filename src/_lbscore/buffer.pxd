@@ -1,9 +1,6 @@
 from libc.stdint cimport int64_t
 
 
-cdef int format_int64(int64_t v, char *out) noexcept
-
-
 cdef class WriteBuffer:
     """A growable byte buffer: the one allocation a batch of commands is encoded into."""
 
@@ -16,4 +13,7 @@ cdef class WriteBuffer:
     cdef int write(self, const char *data, Py_ssize_t n) except -1
     cdef int write_byte(self, char c) except -1
     cdef int write_len_header(self, char kind, Py_ssize_t n) except -1
+    cdef int write_bulk(self, const char *data, Py_ssize_t n) except -1
+    cdef int write_bulk2(self, const char *a, Py_ssize_t an, const char *b, Py_ssize_t bn) except -1
+    cdef int write_int(self, int64_t v) except -1
     cdef bytes to_bytes(self)

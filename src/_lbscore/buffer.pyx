@@ -4,31 +4,6 @@ from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 
 
-cdef int format_int64(int64_t v, char *out) noexcept:
-    # Decimal digits of v into out (at least 21 bytes); returns how many.
-    cdef char tmp[24]
-    cdef int i = 0, n = 0
-    cdef unsigned long long u
-    if v < 0:
-        out[n] = c'-'
-        n += 1
-        u = <unsigned long long>(-(v + 1)) + 1
-    else:
-        u = <unsigned long long>v
-    if u == 0:
-        tmp[0] = c'0'
-        i = 1
-    while u > 0:
-        tmp[i] = <char>(c'0' + u % 10)
-        u //= 10
-        i += 1
-    while i > 0:
-        i -= 1
-        out[n] = tmp[i]
-        n += 1
-    return n
-
-
 cdef class WriteBuffer:
 
     def __cinit__(self, Py_ssize_t initial=1024):
@@ -80,7 +55,7 @@ cdef class WriteBuffer:
         # length prefix, written without building a Python str.
         if n < 0:
             _internal_error("negative RESP length")
-        self._ensure(24 + 3)
+        self._ensure(INT64_DIGITS + 3)
         self._buf[self._length] = kind
         self._length += 1
         self._length += format_int64(n, self._buf + self._length)
@@ -89,8 +64,38 @@ cdef class WriteBuffer:
         self._length += 2
         return 0
 
+    cdef int write_bulk(self, const char *data, Py_ssize_t n) except -1:
+        # One RESP bulk string: "$<n>\r\n<data>\r\n".
+        return self.write_bulk2(data, n, NULL, 0)
+
+    cdef int write_bulk2(self, const char *a, Py_ssize_t an, const char *b, Py_ssize_t bn) except -1:
+        # One RESP bulk string of two parts, a then b (a lock key is its
+        # prefix and entry id, a lock value its token and owner), with a
+        # single check for room.
+        cdef Py_ssize_t n = an + bn, k
+        cdef char *out
+        self._ensure(n + INT64_DIGITS + 5)
+        out = self._buf + self._length
+        out[0] = c'$'
+        k = 1 + format_int64(n, out + 1)
+        out[k] = c'\r'
+        out[k + 1] = c'\n'
+        memcpy(out + k + 2, a, an)
+        if bn:
+            memcpy(out + k + 2 + an, b, bn)
+        k += 2 + n
+        out[k] = c'\r'
+        out[k + 1] = c'\n'
+        self._length += k + 2
+        if LBS_DEBUG:
+            if self._length > self._size:
+                _internal_error("WriteBuffer overrun")
+        return 0
+
+    cdef int write_int(self, int64_t v) except -1:
+        # v as a bulk string of its decimal digits (what repr() gives).
+        cdef char digits[INT64_DIGITS]
+        return self.write_bulk2(digits, format_int64(v, digits), NULL, 0)
+
     cdef bytes to_bytes(self):
         return PyBytes_FromStringAndSize(self._buf, self._length)
-
-    def __len__(self):
-        return self._length

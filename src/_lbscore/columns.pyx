@@ -13,32 +13,6 @@
 from libc.stdint cimport int32_t
 
 
-cdef inline int _id_parts(const char *p, Py_ssize_t n, unsigned long long *ms,
-                          unsigned long long *seq) noexcept:
-    # "<ms>-<seq>" into its two numbers; -1 if it is not one.
-    cdef Py_ssize_t i = 0
-    cdef unsigned long long a = 0, b = 0
-    if n == 0:
-        return -1
-    while i < n and p[i] != 45:
-        if not _is_digit(p[i]):
-            return -1
-        a = a * 10 + <unsigned long long>(p[i] - 48)
-        i += 1
-    if i < n:
-        i += 1
-        if i == n:
-            return -1
-        while i < n:
-            if not _is_digit(p[i]):
-                return -1
-            b = b * 10 + <unsigned long long>(p[i] - 48)
-            i += 1
-    ms[0] = a
-    seq[0] = b
-    return 0
-
-
 cdef inline int _offset(WriteBuffer offsets, Py_ssize_t value) except -1:
     cdef int32_t v
     if value > 0x7fffffff:
@@ -56,13 +30,6 @@ cdef class EntryColumns:
     afresh. Deleted entries (nil fields, in a pending-entries read) and
     entries after ``bound`` are left out but counted as seen.
     """
-
-    cdef WriteBuffer _ids, _id_off, _keys, _key_off, _vals, _val_off, _map_off
-    cdef Py_ssize_t _rows, _pairs
-    cdef bint _bounded
-    cdef unsigned long long _end_ms, _end_seq
-    cdef public bint passed
-    cdef public bytes last_id
 
     def __cinit__(self):
         self._ids = WriteBuffer(1 << 15)
@@ -100,7 +67,7 @@ cdef class EntryColumns:
             self._bounded = False
             return
         b = end.encode() if isinstance(end, str) else bytes(end)
-        if _id_parts(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), &self._end_ms, &self._end_seq) < 0:
+        if stream_id_parts(PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b), &self._end_ms, &self._end_seq) < 0:
             raise _data_error(f"not a stream entry id: {end!r}")
         self._bounded = True
 
@@ -117,7 +84,7 @@ cdef class EntryColumns:
         if shape != SHAPE_ENTRIES and shape != SHAPE_XREAD:
             raise _data_error(f"EntryColumns reads Shape.ENTRIES or Shape.XREAD replies, not {shape}")
         if reader._broken is not None:
-            raise _lbs_exception("ProtocolError")(reader._broken)
+            raise _protocol_error(reader._broken)
         if reader._check() == 0:
             return _NEED_MORE
         pos = reader._start
@@ -135,7 +102,7 @@ cdef class EntryColumns:
             if t != 42 and t != 37:
                 raise _layout(reader._value(&pos))
             le = _crlf(p, pos + 1, reader._end)
-            n = _trusted_int(p, pos + 1, le)
+            n = trusted_int(p, pos + 1, le)
             pos = le + 2
             for k in range(n):
                 if t == 42:  # RESP2: [stream, entries]
@@ -159,14 +126,14 @@ cdef class EntryColumns:
         cdef unsigned long long ms = 0, seq = 0
         cdef bint take
         le = _crlf(p, pos + 1, end)
-        n = _trusted_int(p, pos + 1, le)
+        n = trusted_int(p, pos + 1, le)
         pos = le + 2
         for k in range(n):
             if p[pos] != 42 or p[pos + 1] != 50 or p[pos + 2] != 13 or p[pos + 4] != 36:
                 raise _layout(reader._value(&pos))
             pos += 4
             le = _crlf(p, pos + 1, end)
-            idn = _trusted_int(p, pos + 1, le)
+            idn = trusted_int(p, pos + 1, le)
             if idn < 0:
                 raise _layout(None)
             idp = le + 2
@@ -174,7 +141,7 @@ cdef class EntryColumns:
             self.last_id = PyBytes_FromStringAndSize(p + idp, idn) if k == n - 1 else self.last_id
             take = not self.passed
             if take and self._bounded:
-                if _id_parts(p + idp, idn, &ms, &seq) < 0:
+                if stream_id_parts(p + idp, idn, &ms, &seq) < 0:
                     raise _data_error(f"not a stream entry id: {PyBytes_FromStringAndSize(p + idp, idn)!r}")
                 if ms > self._end_ms or (ms == self._end_ms and seq > self._end_seq):
                     self.passed = True
@@ -186,7 +153,7 @@ cdef class EntryColumns:
             if p[pos] != 42:
                 raise _layout(reader._value(&pos))
             le = _crlf(p, pos + 1, end)
-            m = _trusted_int(p, pos + 1, le)
+            m = trusted_int(p, pos + 1, le)
             pos = le + 2
             if m % 2 == 1:
                 raise _data_error("a stream entry with a field name but no value")
@@ -197,7 +164,7 @@ cdef class EntryColumns:
                 if p[pos] != 36:
                     raise _layout(reader._value(&pos))
                 le = _crlf(p, pos + 1, end)
-                vl = _trusted_int(p, pos + 1, le)
+                vl = trusted_int(p, pos + 1, le)
                 if vl < 0:
                     raise _data_error("a stream entry with a nil field")
                 if take:

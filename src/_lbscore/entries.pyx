@@ -24,19 +24,6 @@ cdef inline bint all_bytes(list items):
     return True
 
 
-cdef inline long long _small_count(const char* p, Py_ssize_t n) noexcept:
-    # 1-18 ASCII digits as a number; -1 for anything else (int() decides).
-    cdef long long v = 0
-    cdef Py_ssize_t i
-    if n < 1 or n > 18:
-        return -1
-    for i in range(n):
-        if p[i] < 48 or p[i] > 57:
-            return -1
-        v = v * 10 + (p[i] - 48)
-    return v
-
-
 cdef inline object _as_bytes(object value):
     if value is None or type(value) is bytes:
         return value
@@ -213,8 +200,7 @@ cdef class EntryParser:
             e.error = "entry was deleted from the stream"
             return e
         if rc.n >= 0:
-            v = _small_count(rc.p, rc.n)
-            if v < 0:
+            if parse_int64(rc.p, 0, rc.n, &v) < 0 or v < 0:
                 # Not plain digits: int() decides, as it did before the fast path.
                 text = _span_text(rc)
                 try:

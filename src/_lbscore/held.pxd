@@ -31,5 +31,6 @@ cdef class HeldTable:
         dict _by_stream    # stream -> Held, or a list of Held (oldest first) when several share a name
         _HeldKeys _keys
 
+    cdef int _add(self, Held h) except -1
     cdef int _index(self, Held h) except -1
     cdef int _unindex(self, Held h) except -1

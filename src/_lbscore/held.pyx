@@ -12,7 +12,7 @@
 # times at once maps to a list.
 
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 
 cdef class _HeldKeys:
@@ -104,7 +104,7 @@ cdef class HeldTable:
     """The streams one client holds: by entry id, and by stream name.
 
     ``consumer_id`` and ``lock_prefix`` are shared by every record the table
-    creates (:meth:`add_new`). ``len()``, ``in`` and iteration are over entry
+    creates (:meth:`take`). ``len()``, ``in`` and iteration are over entry
     ids, as for a dict; :meth:`values` is a snapshot of the records.
     """
 
@@ -167,22 +167,34 @@ cdef class HeldTable:
                 del self._by_stream[h.stream]
         return 0
 
-    def add_new(self, str entry_id, str stream, object info, int64_t retry_count, int64_t token,
-                double taken_at=0.0):
-        """Create the record of a stream just taken (at ``taken_at``, a monotonic time), add it, and return it."""
-        cdef Held h = _new_held(self._keys, entry_id, stream, info, retry_count, token, taken_at)
-        self.add(h)
-        return h
-
-    def add(self, Held h not None):
-        """Add ``h``; it replaces a record of the same entry id."""
-        old = self._by_id.get(h.entry_id)
+    cdef int _add(self, Held h) except -1:
+        cdef object old = self._by_id.get(h.entry_id)
         if old is h:
-            return
+            return 0
         if old is not None:
             self._unindex(<Held>old)
         self._by_id[h.entry_id] = h
         self._index(h)
+        return 0
+
+    def take(self, Entry entry not None, int64_t token, int64_t retry_count, double taken_at):
+        """Hold ``entry``: create its record, add it, and return it.
+
+        ``entry`` is a well-formed :class:`Entry` (its id, stream and Info
+        are the record's), ``token`` the lock's fencing token,
+        ``retry_count`` the failed attempts so far and ``taken_at`` when it
+        was taken (a monotonic time).
+        """
+        cdef Held h
+        if entry.error is not None or entry.stream is None:
+            raise _data_error(f"entry {entry.id!r} cannot be held: {entry.error or 'it has no stream'}")
+        h = _new_held(self._keys, entry.id, entry.stream, entry.info, retry_count, token, taken_at)
+        self._add(h)
+        return h
+
+    def add(self, Held h not None):
+        """Add ``h``; it replaces a record of the same entry id."""
+        self._add(h)
 
     def drop(self, Held h not None):
         """Forget ``h``; False if it was not (or no longer) in the table."""
@@ -264,46 +276,25 @@ cdef class HeldTable:
         cdef Held h
         cdef const char *idp
         cdef bytes part
-        cdef char digits[24]
-        cdef int nd
-        cdef Py_ssize_t expected = 0
+        cdef char digits[INT64_DIGITS]
+        cdef Py_ssize_t begin = buf._length
         if start < 0 or stop > len(held) or start > stop:
             raise _data_error(f"slice {start}:{stop} outside {len(held)} held records")
         n = stop - start
         if refresh_every < 1:
             raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
-        if LBS_DEBUG:
-            expected = buf._length  # the header's element count must match what follows
-        buf.write_len_header(c'*', 3 + len(head_keys) + n + len(head_args) + 2 * n + (refresh_every > 1))
-        pack_arg(buf, b"EVALSHA")
-        pack_arg(buf, sha)
-        pack_arg(buf, len(head_keys) + n)
-        for k in head_keys:
-            pack_arg(buf, k)
-        for i in range(start, stop):
-            h = <Held?>held[i]
-            idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
-            part = h._keys._prefix
-            buf.write_len_header(c'$', PyBytes_GET_SIZE(part) + idn)
-            buf.write(PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
-            buf.write(idp, idn)
-            buf.write(b"\r\n", 2)
+        evalsha_over_locks(buf, sha, head_keys, None, held, start, stop,
+                           len(head_args) + 2 * n + (refresh_every > 1))
         for a in head_args:
             pack_arg(buf, a)
-        for i in range(start, stop):
+        for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
             h = <Held?>held[i]
-            nd = format_int64(h.token, digits)
             part = h._keys._suffix
-            buf.write_len_header(c'$', nd + PyBytes_GET_SIZE(part))
-            buf.write(digits, nd)
-            buf.write(PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
-            buf.write(b"\r\n", 2)
-        for i in range(start, stop):
+            buf.write_bulk2(digits, format_int64(h.token, digits), PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
+        for i in range(start, stop):  # the entry ids
             h = <Held?>held[i]
             idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
-            buf.write_len_header(c'$', idn)
-            buf.write(idp, idn)
-            buf.write(b"\r\n", 2)
+            buf.write_bulk(idp, idn)
         if refresh_every > 1:
             buf.write_len_header(c'$', n)
             for i in range(start, stop):
@@ -311,18 +302,5 @@ cdef class HeldTable:
                 buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
             buf.write(b"\r\n", 2)
         if LBS_DEBUG:
-            _check_command(buf, expected)
+            _check_command(buf, begin)
         batch._count += 1
-
-
-
-
-cdef int _check_command(WriteBuffer buf, Py_ssize_t start) except -1:
-    # Debug builds: the command just written from ``start`` reads back as one
-    # whole RESP array of bulk strings, nothing more and nothing less.
-    r = RespReader()
-    r.feed(PyBytes_FromStringAndSize(buf._buf + start, buf._length - start))
-    command = r.gets()
-    if type(command) is not list or r.buffered or not all(type(a) is bytes for a in command):
-        _internal_error(f"encoded a malformed command ({buf._length - start} bytes)")
-    return 0

@@ -53,19 +53,6 @@ cdef enum:
     _JSON_MAX_DEPTH = 32
 
 
-cdef inline bint _is_digit(char c) noexcept nogil:
-    return c >= 48 and c <= 57  # 0-9
-
-
-cdef inline Py_ssize_t _digits_end(const char* p, Py_ssize_t n, Py_ssize_t j) noexcept:
-    # The end of the run of digits at j, or -1 when there is none.
-    if j >= n or not _is_digit(p[j]):
-        return -1
-    while j < n and _is_digit(p[j]):
-        j += 1
-    return j
-
-
 cdef inline Py_ssize_t _string_end(const char* p, Py_ssize_t n, Py_ssize_t j) noexcept:
     # The closing quote of a string whose text starts at j, or -1 when it has
     # an escape or a control character (json must judge it) or no end.
@@ -97,19 +84,17 @@ cdef object _json_number(const char* p, Py_ssize_t n, Py_ssize_t* i):
     # -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?  (json's NUMBER_RE)
     cdef Py_ssize_t j = i[0], start = i[0]
     cdef bint is_float = False
-    cdef long long v = 0
-    cdef Py_ssize_t digits, k
+    cdef long long v
     if j < n and p[j] == 45:  # -
         j += 1
     if j < n and p[j] == 48:  # a leading 0 stands alone
         j += 1
     else:
-        j = _digits_end(p, n, j)
+        j = digits_end(p, n, j)
         if j < 0:
             return _NOT_FAST
-    digits = j - start
     if j < n and p[j] == 46:  # .
-        j = _digits_end(p, n, j + 1)
+        j = digits_end(p, n, j + 1)
         if j < 0:
             return _NOT_FAST
         is_float = True
@@ -117,18 +102,16 @@ cdef object _json_number(const char* p, Py_ssize_t n, Py_ssize_t* i):
         j += 1
         if j < n and (p[j] == 43 or p[j] == 45):
             j += 1
-        j = _digits_end(p, n, j)
+        j = digits_end(p, n, j)
         if j < 0:
             return _NOT_FAST
         is_float = True
     i[0] = j
     if is_float:
         return PyFloat_FromString(PyBytes_FromStringAndSize(p + start, j - start))
-    if digits <= 18:
-        for k in range(start + (1 if p[start] == 45 else 0), j):
-            v = v * 10 + (p[k] - 48)
-        return -v if p[start] == 45 else v
-    text = PyBytes_FromStringAndSize(p + start, j - start)
+    if parse_int64(p, start, j, &v) == 0:
+        return v
+    text = PyBytes_FromStringAndSize(p + start, j - start)  # beyond int64
     return PyLong_FromString(text, NULL, 10)
 
 
@@ -164,8 +147,22 @@ cdef object _json_key(const char* p, Py_ssize_t n, Py_ssize_t* i):
     return k
 
 
+cdef inline int _json_more(const char* p, Py_ssize_t n, Py_ssize_t* i, char close) noexcept:
+    # After an object member or an array element: 1 past a comma (another
+    # follows), 0 past ``close`` (the end), -1 for anything else.
+    if i[0] < n:
+        if p[i[0]] == 44:  # ,
+            i[0] += 1
+            return 1
+        if p[i[0]] == close:
+            i[0] += 1
+            return 0
+    return -1
+
+
 cdef object _json_value(const char* p, Py_ssize_t n, Py_ssize_t* i, int depth):
     cdef char c
+    cdef int more
     cdef dict d
     cdef list a
     if i[0] >= n or depth > _JSON_MAX_DEPTH:
@@ -190,15 +187,9 @@ cdef object _json_value(const char* p, Py_ssize_t n, Py_ssize_t* i, int depth):
             if v is _NOT_FAST:
                 return _NOT_FAST
             d[k] = v
-            if i[0] >= n:
-                return _NOT_FAST
-            if p[i[0]] == 44:  # ,
-                i[0] += 1
-                continue
-            if p[i[0]] == 125:
-                i[0] += 1
-                return d
-            return _NOT_FAST
+            more = _json_more(p, n, i, 125)  # }
+            if more <= 0:
+                return d if more == 0 else _NOT_FAST
     if c == 91:  # [
         a = []
         i[0] += 1
@@ -210,15 +201,9 @@ cdef object _json_value(const char* p, Py_ssize_t n, Py_ssize_t* i, int depth):
             if v is _NOT_FAST:
                 return _NOT_FAST
             a.append(v)
-            if i[0] >= n:
-                return _NOT_FAST
-            if p[i[0]] == 44:
-                i[0] += 1
-                continue
-            if p[i[0]] == 93:
-                i[0] += 1
-                return a
-            return _NOT_FAST
+            more = _json_more(p, n, i, 93)  # ]
+            if more <= 0:
+                return a if more == 0 else _NOT_FAST
     if c == 116 and n - i[0] >= 4 and memcmp(p + i[0], b"true", 4) == 0:
         i[0] += 4
         return True
@@ -228,7 +213,7 @@ cdef object _json_value(const char* p, Py_ssize_t n, Py_ssize_t* i, int depth):
     if c == 110 and n - i[0] >= 4 and memcmp(p + i[0], b"null", 4) == 0:
         i[0] += 4
         return None
-    if c == 45 or _is_digit(c):
+    if c == 45 or is_digit(c):
         return _json_number(p, n, i)
     return _NOT_FAST
 

@@ -8,7 +8,7 @@
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact
-from cpython.long cimport PyLong_CheckExact
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_CheckExact
 from cpython.float cimport PyFloat_CheckExact
 
 
@@ -16,6 +16,8 @@ cdef int pack_arg(WriteBuffer buf, object value) except -1:
     cdef const char *data
     cdef Py_ssize_t n
     cdef bytes b
+    cdef long long v
+    cdef int overflow
     if PyBytes_CheckExact(value):
         data = PyBytes_AS_STRING(value)
         n = PyBytes_GET_SIZE(value)
@@ -23,6 +25,10 @@ cdef int pack_arg(WriteBuffer buf, object value) except -1:
         # Fails (UnicodeEncodeError) on lone surrogates, as str.encode() does.
         data = PyUnicode_AsUTF8AndSize(value, &n)
     elif PyLong_CheckExact(value) or PyFloat_CheckExact(value):
+        if PyLong_CheckExact(value):
+            v = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if not overflow:
+                return buf.write_int(v)  # the digits repr() gives, without a str
         b = repr(value).encode("ascii")
         data = PyBytes_AS_STRING(b)
         n = PyBytes_GET_SIZE(b)
@@ -30,10 +36,7 @@ cdef int pack_arg(WriteBuffer buf, object value) except -1:
         b = _encode_slow(value)
         data = PyBytes_AS_STRING(b)
         n = PyBytes_GET_SIZE(b)
-    buf.write_len_header(c'$', n)
-    buf.write(data, n)
-    buf.write(b"\r\n", 2)
-    return 0
+    return buf.write_bulk(data, n)
 
 
 cdef bytes _encode_slow(object value):

@@ -4,4 +4,7 @@ cdef class CommandBatch:
         Py_ssize_t _count   # commands encoded so far
         list _shapes        # reply shape per command (ReplyShape), None while all are SHAPE_ANY
 
-    cdef int _lock_key(self, bytes prefix, object entry_id) except -1
+
+cdef int evalsha_over_locks(WriteBuffer buf, object sha, tuple head_keys, bytes prefix, list locks,
+                            Py_ssize_t start, Py_ssize_t stop, Py_ssize_t nargs) except -1
+cdef int _check_command(WriteBuffer buf, Py_ssize_t start) except -1

@@ -1,13 +1,19 @@
-# Batches of commands encoded into one buffer: one write per batch, and no
-# per-command Python objects. The client's hot paths (take, heartbeat, done)
-# are one EVALSHA each over a variable number of lock keys; evalsha_locks
-# writes those lock keys as <prefix><entry id> straight into the buffer.
+# Commands encoded into one buffer: one write per batch, and no per-command
+# Python objects.
 #
-# Replies are read back through the core's RespReader (reader.pyx, used by
-# lbs/_wire.py), which returns server errors as values, so each command of a
-# batch gets its own.
+# CommandBatch holds the commands of one write and, when asked (expect), the
+# shape of each reply, so the reader (reader.pyx, driven by
+# lbs/_redis/wire.py) builds stream entries straight from the reply's bytes.
+# Replies come back one per command, server errors as values, so each
+# command of a batch gets its own.
+#
+# The consumer's scripts over many locks are one EVALSHA each with a lock key
+# per entry: done-n.lua through evalsha_locks (from entry ids), extend-n.lua
+# through HeldTable.encode_extend (held.pyx, from the held records).
+# evalsha_over_locks writes what they share, the command up to its last
+# key, each lock key "<prefix><entry id>" straight into the buffer.
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_CheckExact
 
 
@@ -65,23 +71,7 @@ cdef class CommandBatch:
         pack_into(self._buf, args)
         self._count += 1
 
-    cdef int _lock_key(self, bytes prefix, object entry_id) except -1:
-        cdef const char *data
-        cdef Py_ssize_t n
-        if PyUnicode_CheckExact(entry_id):
-            data = PyUnicode_AsUTF8AndSize(entry_id, &n)
-        elif isinstance(entry_id, bytes):
-            data = PyBytes_AS_STRING(entry_id)
-            n = PyBytes_GET_SIZE(entry_id)
-        else:
-            raise _data_error(f"an entry id must be str or bytes, got {type(entry_id).__name__}")
-        self._buf.write_len_header(c'$', PyBytes_GET_SIZE(prefix) + n)
-        self._buf.write(PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix))
-        self._buf.write(data, n)
-        self._buf.write(b"\r\n", 2)
-        return 0
-
-    def evalsha_locks(self, sha, tuple head_keys, bytes lock_prefix, list entry_ids,
+    def evalsha_locks(self, sha, tuple head_keys, bytes lock_prefix not None, list entry_ids not None,
                       tuple head_args, list values=None, bint append_ids=True):
         """Append ``EVALSHA sha numkeys KEYS... ARGV...`` for a batch of locks.
 
@@ -91,20 +81,13 @@ cdef class CommandBatch:
         """
         cdef Py_ssize_t n = len(entry_ids)
         cdef Py_ssize_t nvalues = 0
+        cdef Py_ssize_t begin = self._buf._length
         if values is not None:
             nvalues = len(values)
             if nvalues != n:
                 raise _data_error(f"{nvalues} lock values for {n} entry ids")
-        cdef Py_ssize_t nkeys = len(head_keys) + n
-        cdef Py_ssize_t nargs = len(head_args) + nvalues + (n if append_ids else 0)
-        self._buf.write_len_header(c'*', 3 + nkeys + nargs)
-        pack_arg(self._buf, b"EVALSHA")
-        pack_arg(self._buf, sha)
-        pack_arg(self._buf, nkeys)
-        for k in head_keys:
-            pack_arg(self._buf, k)
-        for entry_id in entry_ids:
-            self._lock_key(lock_prefix, entry_id)
+        evalsha_over_locks(self._buf, sha, head_keys, lock_prefix, entry_ids, 0, n,
+                           len(head_args) + nvalues + (n if append_ids else 0))
         for a in head_args:
             pack_arg(self._buf, a)
         if values is not None:
@@ -113,4 +96,56 @@ cdef class CommandBatch:
         if append_ids:
             for entry_id in entry_ids:
                 pack_arg(self._buf, entry_id)
+        if LBS_DEBUG:
+            _check_command(self._buf, begin)
         self._count += 1
+
+
+cdef int evalsha_over_locks(WriteBuffer buf, object sha, tuple head_keys, bytes prefix, list locks,
+                            Py_ssize_t start, Py_ssize_t stop, Py_ssize_t nargs) except -1:
+    # "EVALSHA sha numkeys KEYS..." of a script over locks[start:stop], up to
+    # its last key: the array header (counting the ``nargs`` ARGV the caller
+    # writes next), head_keys, then one lock key "<prefix><entry id>" per
+    # lock. A lock is an entry id (str or bytes), or with ``prefix`` None a
+    # Held record, under its own client's prefix.
+    cdef Py_ssize_t i, n
+    cdef const char *idp
+    cdef Py_ssize_t idn
+    cdef bytes part
+    cdef object lock
+    cdef Held h
+    n = stop - start
+    buf.write_len_header(c'*', 3 + len(head_keys) + n + nargs)
+    buf.write_bulk(b"EVALSHA", 7)
+    pack_arg(buf, sha)
+    buf.write_int(len(head_keys) + n)
+    for k in head_keys:
+        pack_arg(buf, k)
+    for i in range(start, stop):
+        lock = locks[i]
+        if prefix is None:
+            h = <Held?>lock
+            part = h._keys._prefix
+            idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
+        else:
+            part = prefix
+            if PyUnicode_CheckExact(lock):
+                idp = PyUnicode_AsUTF8AndSize(lock, &idn)
+            elif isinstance(lock, bytes):
+                idp = PyBytes_AS_STRING(lock)
+                idn = PyBytes_GET_SIZE(lock)
+            else:
+                raise _data_error(f"an entry id must be str or bytes, got {type(lock).__name__}")
+        buf.write_bulk2(PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part), idp, idn)
+    return 0
+
+
+cdef int _check_command(WriteBuffer buf, Py_ssize_t start) except -1:
+    # Debug builds: the command just written from ``start`` reads back as one
+    # whole RESP array of bulk strings, nothing more and nothing less.
+    r = RespReader()
+    r.feed(PyBytes_FromStringAndSize(buf._buf + start, buf._length - start))
+    command = r.gets()
+    if type(command) is not list or r.buffered or not all(type(a) is bytes for a in command):
+        _internal_error(f"encoded a malformed command ({buf._length - start} bytes)")
+    return 0

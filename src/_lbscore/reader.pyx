@@ -68,44 +68,12 @@ cdef inline Py_ssize_t _crlf(const char *p, Py_ssize_t pos, Py_ssize_t end) noex
     return -1
 
 
-cdef inline int _int64(const char *p, Py_ssize_t a, Py_ssize_t b, long long *out) noexcept:
-    # -?[0-9]+ within int64, strictly; 0 on success, -1 otherwise.
-    cdef bint neg = False
-    cdef unsigned long long v = 0, limit = 9223372036854775807ULL
-    cdef unsigned int d
-    if a < b and p[a] == 45:  # -
-        neg = True
-        limit += 1
-        a += 1
-    if a >= b:
-        return -1
-    while a < b:
-        if not _is_digit(p[a]):
-            return -1
-        d = <unsigned int>(p[a] - 48)
-        if v > (limit - d) // 10:
-            return -1
-        v = v * 10 + d
-        a += 1
-    if neg:
-        out[0] = -<long long>(v - 1) - 1  # -(2**63) without overflow
-    else:
-        out[0] = <long long>v
-    return 0
-
-
-cdef inline long long _trusted_int(const char *p, Py_ssize_t a, Py_ssize_t b) noexcept:
-    cdef long long v = 0
-    _int64(p, a, b, &v)
-    return v
-
-
 cdef class RespReader:
     """A RESP2/RESP3 reply reader: ``feed`` bytes, ``gets`` replies.
 
     ``gets()`` returns :data:`NEED_MORE` until a whole reply has arrived.
     Error replies are returned (not raised) as ``reply_error(message)``
-    (default: redis-py's ``ResponseError``).
+    (default: :class:`ReplyError`; lbs passes redis-py's ``ResponseError``).
     Bytes that are not RESP raise ``lbs.ProtocolError``, and so does every
     later call: the connection they came from is out of step and must go.
     """
@@ -116,10 +84,7 @@ cdef class RespReader:
         self._start = self._end = self._scan = 0
         self._reply_end = -1
         self._depth = 0
-        if reply_error is None:
-            # redis-py's type, which every other error reply lbs users see has.
-            from redis.exceptions import ResponseError as reply_error
-        self._reply_error = reply_error
+        self._reply_error = ReplyError if reply_error is None else reply_error
         self._broken = None
 
     def __dealloc__(self):
@@ -191,14 +156,14 @@ cdef class RespReader:
 
     cdef int _fail(self, str message) except -1:
         self._broken = message
-        raise _lbs_exception("ProtocolError")(message)
+        raise _protocol_error(message)
 
     cdef int _check(self) except -1:
         # 1 when a whole reply lies at _start (its end in _reply_end), 0 when
         # more bytes are needed; raises on anything that is not RESP.
         cdef const char *p = self._buf
         cdef Py_ssize_t pos = self._scan, end = self._end, le, nxt
-        cdef long long n
+        cdef long long n = 0  # (set by parse_int64 before each use; the compiler cannot tell)
         cdef char t
         if self._reply_end >= 0:
             return 1
@@ -209,7 +174,7 @@ cdef class RespReader:
             t = p[pos]
             nxt = le + 2
             if t == 36 or t == 33 or t == 61:  # $ ! =  (blob string, blob error, verbatim)
-                if _int64(p, pos + 1, le, &n) < 0 or n < -1 or (n == -1 and t != 36):
+                if parse_int64(p, pos + 1, le, &n) < 0 or n < -1 or (n == -1 and t != 36):
                     self._fail(f"invalid length {p[pos + 1:le]!r} of a {chr(t)!r} reply")
                 if n >= 0:
                     if n > end - nxt - 2:  # (not nxt + n + 2 > end: n may be near 2**63)
@@ -220,7 +185,7 @@ cdef class RespReader:
                         self._fail("a verbatim string without its 3-letter format prefix")
                     nxt += n + 2
             elif t == 42 or t == 126 or t == 62 or t == 37 or t == 124:  # * ~ > % |
-                if _int64(p, pos + 1, le, &n) < 0 or n < -1 or (n == -1 and t != 42) \
+                if parse_int64(p, pos + 1, le, &n) < 0 or n < -1 or (n == -1 and t != 42) \
                         or n > 0x7fffffff:
                     self._fail(f"invalid element count {p[pos + 1:le]!r} of a {chr(t)!r} reply")
                 if t == 37 and n > 0:
@@ -238,7 +203,7 @@ cdef class RespReader:
             elif t == 43 or t == 45:  # + -
                 pass
             elif t == 58:  # :
-                if _int64(p, pos + 1, le, &n) < 0:
+                if parse_int64(p, pos + 1, le, &n) < 0:
                     self._fail(f"invalid integer reply {p[pos + 1:le]!r}")
             elif t == 95:  # _
                 if le != pos + 1:
@@ -271,7 +236,7 @@ cdef class RespReader:
     cdef object gets_c(self, int shape, EntryParser parser):
         cdef Py_ssize_t pos
         if self._broken is not None:
-            raise _lbs_exception("ProtocolError")(self._broken)
+            raise _protocol_error(self._broken)
         if self._check() == 0:
             return _NEED_MORE
         pos = self._start
@@ -310,14 +275,14 @@ cdef class RespReader:
         le = _crlf(p, i + 1, self._end)
         nxt = le + 2
         if t == 36:  # $
-            n = _trusted_int(p, i + 1, le)
+            n = trusted_int(p, i + 1, le)
             if n < 0:
                 pos[0] = nxt
                 return None
             pos[0] = nxt + n + 2
             return PyBytes_FromStringAndSize(p + nxt, n)
         if t == 42 or t == 126 or t == 62:  # * ~ >
-            n = _trusted_int(p, i + 1, le)
+            n = trusted_int(p, i + 1, le)
             pos[0] = nxt
             if n < 0:
                 return None
@@ -326,7 +291,7 @@ cdef class RespReader:
                 items.append(self._value(pos))
             return items
         if t == 37:  # %
-            n = _trusted_int(p, i + 1, le)
+            n = trusted_int(p, i + 1, le)
             pos[0] = nxt
             if n < 0:
                 return None
@@ -337,10 +302,10 @@ cdef class RespReader:
                 try:
                     d[key] = value
                 except TypeError:
-                    raise _lbs_exception("ProtocolError")(f"a map key of type {type(key).__name__}")
+                    raise _protocol_error(f"a map key of type {type(key).__name__}")
             return d
         if t == 124:  # |: skip the attribute, return what it annotates
-            n = _trusted_int(p, i + 1, le)
+            n = trusted_int(p, i + 1, le)
             pos[0] = nxt
             for k in range(2 * n):
                 self._value(pos)
@@ -349,11 +314,11 @@ cdef class RespReader:
         if t == 43:  # +
             return PyBytes_FromStringAndSize(p + i + 1, le - i - 1)
         if t == 58:  # :
-            return _trusted_int(p, i + 1, le)
+            return trusted_int(p, i + 1, le)
         if t == 45:  # -
             return self._reply_error(PyUnicode_DecodeUTF8(p + i + 1, le - i - 1, "replace"))
         if t == 33 or t == 61:  # ! =
-            n = _trusted_int(p, i + 1, le)
+            n = trusted_int(p, i + 1, le)
             pos[0] = nxt + n + 2
             if t == 61:
                 return PyBytes_FromStringAndSize(p + nxt + 4, n - 4)
@@ -383,7 +348,7 @@ cdef class RespReader:
         if shape == SHAPE_ENTRIES:
             return self._entries(pos, parser)
         le = _crlf(p, i + 1, self._end)
-        n = _trusted_int(p, i + 1, le)
+        n = trusted_int(p, i + 1, le)
         if n < 0:
             pos[0] = le + 2
             return [] if shape == SHAPE_XREAD else None
@@ -421,7 +386,7 @@ cdef class RespReader:
         # p[pos] is '*': an array of entries.
         cdef const char *p = self._buf
         cdef Py_ssize_t i = pos[0], le = _crlf(p, i + 1, self._end)
-        cdef long long n = _trusted_int(p, i + 1, le), k
+        cdef long long n = trusted_int(p, i + 1, le), k
         cdef list out = []
         pos[0] = le + 2
         for k in range(n):
@@ -443,13 +408,13 @@ cdef class RespReader:
         if p[i] != 42:
             return parser.parse_item(self._value(pos))
         le = _crlf(p, i + 1, end)
-        n = _trusted_int(p, i + 1, le)
+        n = trusted_int(p, i + 1, le)
         i = le + 2
         if (n != 2 and n != 4) or p[i] != 36:
             return parser.parse_item(self._value(pos))
         # the entry id
         le = _crlf(p, i + 1, end)
-        kl = _trusted_int(p, i + 1, le)
+        kl = trusted_int(p, i + 1, le)
         if kl < 0:
             return parser.parse_item(self._value(pos))
         entry_id = PyUnicode_DecodeUTF8(p + le + 2, kl, "replace")
@@ -460,7 +425,7 @@ cdef class RespReader:
         if p[i] == 42:
             fstart = i
             le = _crlf(p, i + 1, end)
-            m = _trusted_int(p, i + 1, le)
+            m = trusted_int(p, i + 1, le)
             i = le + 2
             if m < 0:
                 fields = None
@@ -469,7 +434,7 @@ cdef class RespReader:
                     if p[i] != 36:
                         return parser.parse_item(self._value(pos))
                     le = _crlf(p, i + 1, end)
-                    vl = _trusted_int(p, i + 1, le)
+                    vl = trusted_int(p, i + 1, le)
                     if vl < 0:
                         return parser.parse_item(self._value(pos))
                     if k % 2 == 0:
@@ -506,7 +471,7 @@ cdef class RespReader:
 cdef int _check_double(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
     cdef bytes text = PyBytes_FromStringAndSize(p + a, b - a)
     cdef char *endp = NULL
-    if b > a and (p[a] == 45 or p[a] == 43 or _is_digit(p[a]) or p[a] == 46 or (b - a == 3 and (
+    if b > a and (p[a] == 45 or p[a] == 43 or is_digit(p[a]) or p[a] == 46 or (b - a == 3 and (
             memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
         try:
             PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
@@ -518,13 +483,7 @@ cdef int _check_double(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) 
 
 
 cdef int _check_big(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
-    cdef Py_ssize_t i = a
-    if i < b and p[i] == 45:
-        i += 1
-    if i >= b:
+    # -?[0-9]+, of any length.
+    if digits_end(p, b, a + 1 if a < b and p[a] == 45 else a) != b:
         r._fail(f"invalid big number reply {p[a:b]!r}")
-    while i < b:
-        if not _is_digit(p[i]):
-            r._fail(f"invalid big number reply {p[a:b]!r}")
-        i += 1
     return 0

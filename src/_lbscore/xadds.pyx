@@ -11,7 +11,7 @@
 # the same rows in the same order give the same ids, so a retried task's rows
 # return their first entries instead of adding new ones.
 
-from cpython.bytes cimport PyBytes_CheckExact
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_CheckExact
 
 
@@ -23,15 +23,7 @@ cdef class XaddRoute:
     before the chunk number; ``count`` the stream's rows encoded so far.
     """
 
-    cdef public CommandBatch batch
-    cdef public object stream
-    cdef public Py_ssize_t size
-    cdef public bytes pid_prefix
-    cdef public Py_ssize_t count
-    cdef bytes _pid
-    cdef Py_ssize_t _chunk
-
-    def __init__(self, CommandBatch batch, stream, Py_ssize_t size=0, bytes pid_prefix=b""):
+    def __init__(self, CommandBatch batch not None, stream, Py_ssize_t size=0, bytes pid_prefix=b""):
         if size < 0:
             raise _data_error(f"an IDMP chunk size must be >= 0, got {size}")
         self.batch = batch
@@ -39,14 +31,6 @@ cdef class XaddRoute:
         self.size = size
         self.pid_prefix = pid_prefix
         self.count = 0
-        self._pid = None
-        self._chunk = -1
-
-    cdef bytes pid(self, Py_ssize_t chunk):
-        if chunk != self._chunk:
-            self._pid = self.pid_prefix + str(chunk).encode("ascii")
-            self._chunk = chunk
-        return self._pid
 
 
 cdef bytes _EMPTY_FIELD = b"_empty"
@@ -75,9 +59,9 @@ def encode_xadds(list streams, list names, list columns, dict routes, Py_ssize_t
     cdef Py_ssize_t nrows = len(streams)
     cdef Py_ssize_t ncols = len(names)
     cdef Py_ssize_t i, j, nfields, n
+    cdef char digits[INT64_DIGITS]
     cdef XaddRoute route
     cdef WriteBuffer buf
-    cdef list col
     cdef object stream, value
     cdef Py_ssize_t written = 0
     if len(columns) != ncols:
@@ -92,6 +76,8 @@ def encode_xadds(list streams, list names, list columns, dict routes, Py_ssize_t
         if stream is None:
             continue
         route = <XaddRoute?>routes[stream]
+        if route.size and route.pid_prefix is None:
+            raise _data_error(f"the route of {stream!r} has IDMP chunks but no pid_prefix")
         buf = route.batch._buf
         nfields = 0
         for j in range(ncols):
@@ -103,8 +89,9 @@ def encode_xadds(list streams, list names, list columns, dict routes, Py_ssize_t
         if route.size:
             n = route.count
             pack_arg(buf, b"IDMP")
-            pack_arg(buf, route.pid(n // route.size))
-            pack_arg(buf, n % route.size)
+            buf.write_bulk2(PyBytes_AS_STRING(route.pid_prefix), PyBytes_GET_SIZE(route.pid_prefix),
+                            digits, format_int64(n // route.size, digits))  # <prefix><chunk>
+            buf.write_int(n % route.size)
         pack_arg(buf, b"*")
         if nfields == 0:
             pack_arg(buf, _EMPTY_FIELD)

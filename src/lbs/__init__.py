@@ -31,7 +31,6 @@ from .exceptions import (
     InvalidInputError,
     LbsError,
     LockError,
-    LockLostError,
     NotHeldError,
     ProtocolError,
     RedisOperationError,
@@ -43,8 +42,8 @@ from .hookspecs import hookimpl
 from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer, encode_input
 from .deadletters import DeadLetter, DeadLetterBackend
-from ._connection import ClusterMode
-from .reading import ReadStrategy
+from ._redis.connection import ClusterMode
+from .strategy import ReadStrategy
 from .sharding import ShardedClient, shard_of, shard_services
 from .sync import SyncClient
 
@@ -78,7 +77,6 @@ __all__ = [
     "InvalidInputError",
     "LbsError",
     "LockError",
-    "LockLostError",
     "NotHeldError",
     "Notification",
     "NotificationType",

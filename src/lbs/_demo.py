@@ -247,7 +247,7 @@ async def run_demo(
         runners.append(asyncio.create_task(c.run(handler_for("consumer-c"))))
         await asyncio.wait_for(all_done.wait(), timeout=30)
         result.crash_recovery_s = finished_at["crash-1"] - killed_at
-        paths = {k.split("_")[1]: int(v) for k, v in c.recovery.counts.items() if k.endswith("_requeued_total") and v}
+        paths = {k.split("_")[1]: int(v) for k, v in c.metrics.items() if k.endswith("_requeued_total") and v}
         out(f"consumer-c's recovery re-queued crash-1 once its lock had expired ({paths}); consumer-c "
             f"finished it {result.crash_recovery_s:.2f} s after the kill")
 

@@ -24,6 +24,8 @@ class Config:
     the closest field's name, for a typo) and positional arguments.
     """
 
+    # -- locks and the heartbeat ----------------------------------------------
+
     #: Lock expiry. A consumer that stops heartbeating loses its streams after this long.
     lock_ttl: float = 10.0
     #: Seconds between heartbeats; ``None`` means ``lock_ttl / 3``, which leaves room for
@@ -34,6 +36,8 @@ class Config:
     #: (and small calls cost Redis less per lock than big ones: about 13 % less
     #: at 1,000 than at 10,000 in the heartbeat benchmark).
     heartbeat_chunk: int = 1_000
+    # -- reading --------------------------------------------------------------
+
     #: Most data streams this consumer holds at once; reads never exceed the free capacity.
     max_streams: int = 100
     #: Most entries one read (``read-3.lua``'s XREADGROUP) asks for, capped by the free capacity.
@@ -51,6 +55,8 @@ class Config:
     #: Failed reads in a row before the reader gives up with STREAM_TERMINATED:
     #: ``-1`` retries forever, ``0`` gives up at the first failure.
     read_max_retries: int = -1
+    # -- entries, retries and dead letters ------------------------------------
+
     #: Prefix of the fields lbs manages in entries (``_retry_count``, ``_original_id``).
     field_prefix: str = "_"
     #: Where poison pills and malformed entries go. ``None``: ``{<service>-input}:dlq``.
@@ -64,6 +70,8 @@ class Config:
     max_retries: int = 3
     #: Largest ``lbs-input`` value accepted; a bigger one is dead-lettered.
     max_input_bytes: int = 65_536
+    # -- the application's side -----------------------------------------------
+
     #: Notifications buffered before the reader waits for the application (backpressure).
     notification_buffer: int = 1024
     #: On ``close()`` (or SIGTERM/SIGINT under ``run()``), how long to let running
@@ -74,6 +82,8 @@ class Config:
     #: ``done_stream`` or ``hand_back`` would otherwise keep it forever under a healthy
     #: heartbeat. ``None``: never.
     hold_warning: float | None = 600.0
+    # -- plugins and the server -----------------------------------------------
+
     #: Entry-point plugins (group ``lbs``) not to load, by entry-point name, e.g.
     #: ``("prometheus",)``. Installed plugins are enabled unless named here.
     disabled_plugins: tuple[str, ...] = ()

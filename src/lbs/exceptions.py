@@ -8,7 +8,6 @@
     │   └── DataError            a value cannot be sent to Redis (also TypeError)
     ├── InvalidInputError        an lbs-input value breaks the wire format (also ValueError)
     ├── LockError                an assignment's lock is not (or no longer) ours
-    │   ├── LockLostError        the lock expired or was taken while we held it
     │   └── NotHeldError         done/hand-back for a stream this client never held
     ├── RedisOperationError      a Redis command of lbs failed (carries operation and cause)
     │   └── BatchError           part of a batch failed: which entries were written, which are unknown
@@ -34,7 +33,6 @@ __all__ = [
     "DataError",
     "InvalidInputError",
     "LockError",
-    "LockLostError",
     "NotHeldError",
     "RedisOperationError",
     "BatchError",
@@ -68,10 +66,6 @@ class InvalidInputError(LbsError, ValueError):
 
 class LockError(LbsError):
     """Raised when an assignment's lock is not, or no longer, held by this client."""
-
-
-class LockLostError(LockError):
-    """Raised when a lock expired or was taken over while this client held it."""
 
 
 class NotHeldError(LockError, InterfaceError):
@@ -129,3 +123,11 @@ class InternalError(LbsError):
 
 class ProtocolError(InternalError):
     """Raised when bytes from the server are not valid RESP."""
+
+
+# The compiled core raises these types but imports nothing from lbs: hand
+# them in now, so no core error can reach a user of lbs as a built-in type.
+import _lbscore  # noqa: E402 - after the classes it is handed
+
+_lbscore.use_errors(data_error=DataError, invalid_input=InvalidInputError, internal_error=InternalError,
+                    protocol_error=ProtocolError)

@@ -17,15 +17,18 @@ first implementation that returns something other than None decides.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from . import metrics as _metrics
+
 if TYPE_CHECKING:
     from .client import Client, Handler
     from .deadletters import DeadLetterBackend
-    from .reading import ReadStrategy
+    from .strategy import ReadStrategy
     from .notifications import DoneStatus, Notification
 
 #: The project name: marker name and entry-point group.
@@ -88,7 +91,8 @@ def lbs_lock_acquired(client: Client, stream: str, entry_id: str, token: int) ->
 
 @hookspec
 def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float) -> None:
-    """Called after each heartbeat tick (one per tick, not per lock).
+    """Called after each heartbeat tick that went through and held at least
+    one lock (once per tick, not per lock).
 
     :param client: the client.
     :param extended: locks extended (pending idle times are refreshed for a
@@ -103,13 +107,16 @@ def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float)
 
 @hookspec
 def lbs_lock_released(client: Client, stream: str, entry_id: str, token: int, status: DoneStatus) -> None:
-    """Called when :meth:`lbs.Client.done_stream` finished an assignment.
+    """Called when :meth:`lbs.Client.done_stream` or
+    :meth:`lbs.Client.done_streams`, or a :meth:`lbs.Client.run` handler that
+    returned, finished an assignment (one call per stream).
 
     :param client: the client.
     :param stream: the data stream's name.
     :param entry_id: the LBS entry id.
     :param token: the fencing token the lock had.
-    :param status: what ``done_stream`` found (``DONE`` or a lost lock).
+    :param status: what finishing found: ``DONE``, or a lost lock
+        (``LOCK_EXPIRED``, ``LOCK_LOST``).
 
     .. versionadded:: 0.1
     """
@@ -121,33 +128,33 @@ def lbs_lock_released(client: Client, stream: str, entry_id: str, token: int, st
 def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mapping[str, str]) -> None:
     """Called for every metric event, on the client's event loop.
 
-    Names are stable (a metrics plugin maps them 1:1): ``recovery_keyspace_requeued_total``,
-    ``recovery_deadline_requeued_total``, ``recovery_scan_requeued_total``,
-    ``recovery_startup_requeued_total``, ``recovery_claim_requeued_total``,
-    ``recovery_heartbeat_requeued_total``, ``dead_letters_forwarded_total``,
-    ``dead_letters_forward_failures_total`` (label ``backend``), ``read_failures_total``,
-    ``heartbeat_failures_total``, ``done_failures_total`` (streams whose finishing failed),
-    ``hand_back_failures_total``,
-    ``recovery_scan_skipped_alive_total``, ``recovery_duplicate_ack_total``,
-    ``recovery_trimmed_total``, ``recovery_dlq_total``, ``recovery_scan_duration_seconds``,
-    ``recovery_expiry_lag_seconds``, ``pel_depth``, ``startup_recovery_requeued_total``,
-    ``startup_recovery_duration_seconds``, ``startup_recovery_success``,
-    ``keyspace_listener_reconnects_total``, ``keyspace_listener_gap_seconds``,
-    ``topology_changes_total``, ``server_restarts_total`` (the server's run id changed;
-    keyspace events set again), ``duplicate_consumer_total`` (a heartbeat found another
-    live process with this consumer id), ``wrong_type_keys_total`` (a script refused a
-    key of the wrong type), ``held_overdue`` (gauge: streams held longer than
-    ``Config.hold_warning``).
+    The names lbs emits are stable (a metrics plugin may map them 1:1): they
+    are the entries of :data:`lbs.metrics.METRICS`, which gives each one's
+    kind, help text and labels beyond ``service`` and ``consumer``. Treat a
+    name not in the table (another plugin's) as a new metric, not an error.
+    The table, as of this version:
+
+    <lbs.metrics.METRICS>
 
     :param client: the client.
     :param name: the metric's name.
     :param kind: ``"counter"`` (``value`` is an increment), ``"gauge"`` (the new
-        value) or ``"histogram"`` (one observation).
+        value) or ``"histogram"`` (one observation); for a name in the table,
+        its :attr:`lbs.metrics.Metric.kind`.
     :param value: see ``kind``.
-    :param labels: extra dimensions (``service`` and ``consumer`` are always there).
+    :param labels: ``service`` and ``consumer`` always, plus the metric's own
+        (:attr:`lbs.metrics.Metric.labels`).
 
     .. versionadded:: 0.1
     """
+
+
+# The table goes into the docstring here, so it is never written out twice
+# (pluggy reads only the signature and the marker, not the docstring).
+# ``python -OO`` strips docstrings: then there is nothing to fill in.
+if lbs_metric.__doc__ is not None:
+    lbs_metric.__doc__ = lbs_metric.__doc__.replace(
+        "    <lbs.metrics.METRICS>\n", textwrap.indent(_metrics.render_rst(), "    "))
 
 
 # ----------------------------------------------------------------- streams ---
@@ -168,6 +175,11 @@ def lbs_stream_disowned(client: Client, stream: str, entry_id: str, token: int) 
     """Called when the heartbeat found a held lock no longer ours, before
     STREAM_DISOWNED is sent.
 
+    :param client: the client.
+    :param stream: the data stream's name.
+    :param entry_id: the LBS entry id.
+    :param token: the fencing token the lock had.
+
     .. versionadded:: 0.1
     """
 
@@ -177,7 +189,14 @@ def lbs_stream_handed_back(client: Client, stream: str, entry_id: str, new_entry
     """Called when a held stream went back to the LBS as a fresh entry: by
     :meth:`lbs.Client.hand_back` (``retry_counted`` as asked), on ``close()``
     or a signal under ``run()`` (False), or after a ``run()`` handler raised
-    or was cancelled from outside (True).
+    or was cancelled from outside (True). Not called when the hand-back
+    dead-lettered the stream instead (:func:`lbs_stream_dead_lettered` is).
+
+    :param client: the client.
+    :param stream: the data stream's name.
+    :param entry_id: the LBS entry id it had.
+    :param new_entry_id: the fresh entry's id.
+    :param retry_counted: whether the stream's retry count went up.
 
     .. versionadded:: 0.1
     """
@@ -186,8 +205,13 @@ def lbs_stream_handed_back(client: Client, stream: str, entry_id: str, new_entry
 @hookspec
 def lbs_stream_dead_lettered(client: Client, entry_id: str, reason: str, dead_letter_id: str) -> None:
     """Called when an entry went to the dead-letter stream (malformed, or out
-    of retries). ``dead_letter_id`` is empty when dead letters are dropped
-    (``Config.dead_letter_stream = ""``).
+    of retries).
+
+    :param client: the client.
+    :param entry_id: the LBS entry id.
+    :param reason: why it was dead-lettered.
+    :param dead_letter_id: its id in the dead-letter stream; empty when dead
+        letters are dropped (``Config.dead_letter_stream = ""``).
 
     .. versionadded:: 0.1
     """
@@ -234,6 +258,10 @@ def lbs_reader(client: Client, server_version: tuple[int, ...]) -> ReadStrategy 
     built-in plugin ``lbs-default-reader`` answers last (new entries only).
     Raise :class:`lbs.ConfigurationError` to refuse to start (say, a server
     too old for the strategy); ``start()`` raises it to the application.
+    First non-None wins.
+
+    :param client: the client starting.
+    :param server_version: the server's version, ``()`` when unknown.
 
     .. versionadded:: 0.2
     """
@@ -243,13 +271,18 @@ def lbs_reader(client: Client, server_version: tuple[int, ...]) -> ReadStrategy 
 def lbs_dead_letter_backend(client: Client) -> DeadLetterBackend | None:
     """Provide where dead letters are forwarded after the dead-letter stream.
 
-    Called once in :meth:`lbs.Client.start`. Return an object with a
+    Called once in :meth:`lbs.Client.start`, right after
+    :func:`lbs_reader`, and only when dead letters are kept
+    (``Config.dead_letter_stream`` not empty). Return an object with a
     ``name`` and an ``async write(letters)`` (:class:`lbs.DeadLetterBackend`)
     that returns once the letters are durably written and raises otherwise,
     or None to let another plugin answer. With a backend the client runs a
     forwarder that deletes each letter from the stream only after ``write``
     returned (at-least-once: key on :attr:`lbs.DeadLetter.id` to drop
-    repeats). Without one, dead letters stay in the stream.
+    repeats). Without one, dead letters stay in the stream. First non-None
+    wins.
+
+    :param client: the client starting.
 
     .. versionadded:: 0.2
     """
@@ -266,6 +299,13 @@ def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id:
     be decoded. ``path`` says who found it: ``deadline``, ``keyspace``,
     ``scan``, ``startup``, ``claim`` or ``heartbeat`` (this client's own
     lost lock). Called before STREAM_EXPIRED is sent.
+
+    :param client: the client whose recovery did it.
+    :param stream: the data stream's name, or ``""``.
+    :param entry_id: the LBS entry id the stream had.
+    :param new_entry_id: the fresh entry's id.
+    :param retry_count: failed attempts so far.
+    :param path: which recovery path found it (see above).
 
     .. versionadded:: 0.2
     """

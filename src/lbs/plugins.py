@@ -1,4 +1,4 @@
-"""Building the plugin manager of a client.
+"""The plugin host: building a client's plugin manager, and :class:`Hooks`, which calls it.
 
 Order: the built-in ``lbs-default-reader``, the plugins published under the
 entry-point group ``lbs`` (unless turned off), then the plugins passed in,
@@ -21,8 +21,11 @@ from typing import Any
 import pluggy
 
 from . import hookspecs
+from .metrics import METRICS
 
 log = logging.getLogger("lbs.plugins")
+
+__all__ = ["Hooks", "make_plugin_manager", "plugin_config_defaults"]
 
 
 def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: bool = True,
@@ -31,7 +34,7 @@ def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: boo
     pm.add_hookspecs(hookspecs)
     for name in disabled:
         pm.set_blocked(name)  # an entry point of that name is then skipped
-    from .reading import DefaultReader  # the built-in behaviour is a plugin too, asked last
+    from .strategy import DefaultReader  # the built-in behaviour is a plugin too, asked last
 
     pm.register(DefaultReader(), name="lbs-default-reader")
     if load_entrypoints:
@@ -85,3 +88,63 @@ def plugin_config_defaults(pm: pluggy.PluginManager) -> dict[str, Any]:
                                          f"Config.{key}: {merged[key]!r} against {value!r}")
             merged[key], source[key] = value, name
     return merged
+
+
+class Hooks:
+    """How a client's activities reach the plugins: every call goes through here.
+
+    * **isolation**: pluggy stops a 1:N hook call at the first implementation
+      that raises; :meth:`notify` logs one plugin's bug with its name and
+      every other plugin still hears the event, and the client goes on;
+    * **anyone listening**: :meth:`listening` is cheap enough for a hot path
+      to ask once per batch, and a notify nobody listens to costs one lookup;
+    * **metrics**: :meth:`metric` counts by name (:attr:`counts`) and calls
+      ``lbs_metric`` with the kind the table in :mod:`lbs.metrics` gives;
+    * **tracing**: with ``LBS_TRACE_PLUGINS=1`` every call is logged.
+
+    ``owner`` is what plugins receive as ``client``; ``labels`` go on every
+    metric (``service`` and ``consumer``).
+    """
+
+    def __init__(self, pm: pluggy.PluginManager, owner: object, labels: Mapping[str, str],
+                 logger: logging.LoggerAdapter | logging.Logger) -> None:  # type: ignore[type-arg]
+        self.pm = pm
+        self.owner = owner
+        self.labels = dict(labels)
+        self.log = logger
+        #: Metric values by name: counters summed, gauges and histograms the last value.
+        self.counts: dict[str, float] = {}
+        self._trace = os.environ.get("LBS_TRACE_PLUGINS") == "1"
+
+    def listening(self, hook: str) -> bool:
+        """True when some plugin implements ``hook``."""
+        return bool(getattr(self.pm.hook, hook).get_hookimpls())
+
+    def ask(self, hook: str, /, **kwargs: Any) -> Any:
+        """Call a first-result hook (``lbs_reader``, ``lbs_handler``, ...); its answer, or None."""
+        return getattr(self.pm.hook, hook)(client=self.owner, **kwargs)
+
+    def notify(self, hook: str, /, **kwargs: Any) -> None:
+        """Call every implementation of a 1:N hook, each on its own (see the class docstring)."""
+        impls = getattr(self.pm.hook, hook).get_hookimpls()
+        if not impls:
+            return  # the common case on the hot path: nobody listens
+        kwargs["client"] = self.owner
+        if self._trace:
+            self.log.debug("hook %s(%s) -> %s", hook, ", ".join(kwargs), [i.plugin_name for i in impls])
+        for impl in reversed(impls):  # pluggy's order (tryfirst/trylast kept): the last registered first
+            if impl.hookwrapper or impl.wrapper:
+                continue  # notifications have no result to wrap
+            try:
+                impl.function(*[kwargs[name] for name in impl.argnames])
+            except Exception:
+                self.log.exception("plugin %r raised in hook %s; ignored", impl.plugin_name, hook)
+
+    def metric(self, name: str, value: float, **labels: str) -> None:
+        """Record one metric event (``name`` from :data:`lbs.metrics.METRICS`) and tell ``lbs_metric``."""
+        kind = METRICS[name].kind
+        if kind == "counter":
+            self.counts[name] = self.counts.get(name, 0) + value
+        else:
+            self.counts[name] = value
+        self.notify("lbs_metric", name=name, kind=kind, value=value, labels={**self.labels, **labels})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from types import TracebackType
 from typing import Any, Union
 
 import redis.asyncio as aioredis
@@ -16,8 +15,8 @@ from _lbscore import encode_input as _core_encode
 
 from . import _keys
 from ._keys import shard_of, shard_services
-from ._connection import ClusterMode, RedisLike, node_client, owner_node, redirected, resolve_client
-from ._wire import Wire
+from ._redis.connection import ClusterMode, RedisLike, node_client, owner_node, redirected, resolve_client
+from ._redis.wire import Wire
 from .exceptions import BatchError, ConfigurationError, InvalidInputError, RedisOperationError
 
 __all__ = ["Producer", "StreamSpec", "encode_input"]
@@ -255,12 +254,7 @@ class Producer:
     async def __aenter__(self) -> Producer:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
-from ._connection import ClusterMode, RedisLike, resolve_client
+from ._redis.connection import ClusterMode, RedisLike, resolve_client
 from ._keys import check_shards, shard_of, shard_services
 from .client import Client, Handler
 from .config import Config
@@ -91,7 +91,7 @@ class ShardedClient:
     def _holder(self, stream: str, entry_id: str | None) -> Client:
         first = shard_of(stream, self.shards)
         for c in [self.clients[first], *self.clients[:first], *self.clients[first + 1:]]:
-            if c._find(stream, entry_id) is not None:
+            if c.find_held(stream, entry_id) is not None:
                 return c
         raise NotHeldError(f"data stream {stream!r} is not held by any shard of {self.service!r}")
 

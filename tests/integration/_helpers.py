@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import lbs
 
@@ -20,6 +23,12 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {check}")
         await asyncio.sleep(every)
+
+
+async def is_true(value: bool) -> bool:
+    """``value`` as an awaitable, so ``eventually`` can poll a plain condition:
+    ``await eventually(lambda: is_true(c.held == 2))``."""
+    return value
 
 
 async def take(client: lbs.Client, n: int, timeout: float = 10.0,
@@ -38,14 +47,27 @@ async def take(client: lbs.Client, n: int, timeout: float = 10.0,
     return out
 
 
-def client(url: str, service: str, consumer: str = "c1", **config: object) -> lbs.Client:
-    """A client with test-friendly defaults: short blocks, no entry-point plugins."""
+def client(url: Any, service: str, consumer: str = "c1", *, plugins: Iterable[object] = (),
+           **config: object) -> lbs.Client:
+    """A client with test-friendly defaults: short blocks, no entry-point plugins.
+
+    ``url`` is anything ``lbs.Client`` takes (a URL, a redis-py or cluster client);
+    ``plugins`` are registered as given, ``config`` goes to ``lbs.Config``.
+    """
     config.setdefault("read_block", 0.1)
     return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**config),  # type: ignore[arg-type]
-                      load_entrypoint_plugins=False)
+                      plugins=plugins, load_entrypoint_plugins=False)
 
 
 async def produce(url: str, service: str, *names: str) -> list[str]:
     """Register data streams through a short-lived producer."""
     async with lbs.Producer(url, service) as producer:
         return await producer.add_streams(names)
+
+
+async def next_line(proc: subprocess.Popen[str], timeout: float = 20) -> dict[str, Any]:
+    """The next JSON line a child process printed; fails if it ended first."""
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
+    assert line, f"the process ended early (exit code {proc.poll()})"
+    return json.loads(line)  # type: ignore[no-any-return]

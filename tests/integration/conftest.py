@@ -12,8 +12,5 @@ import redis.asyncio as aioredis
 @pytest.fixture
 async def rr(any_server: Any) -> AsyncIterator[aioredis.Redis]:
     """A redis-py client on ``any_server``: the test runs on Redis 8.x, then on Debian's 7.0."""
-    c = aioredis.Redis.from_url(any_server.url)
-    try:
+    async with aioredis.Redis.from_url(any_server.url) as c:
         yield c
-    finally:
-        await c.aclose()

@@ -36,8 +36,8 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
     dying = lbs.Client(url, service, consumer_id="dying", config=cfg, load_entrypoint_plugins=False)
     await dying.start()
     await take(dying, 1)
-    dying._stopping.set()  # stops reading, heartbeating and recovering: as good as dead
-    for task in (dying._reader, dying._heartbeat, *dying.recovery.tasks):
+    dying._state.stopping.set()  # stops reading, heartbeating and recovering: as good as dead
+    for task in (dying._reader.task, dying._heartbeat.task, *dying.recovery.tasks):
         assert task is not None
         task.cancel()
     survivor = lbs.Client(url, service, consumer_id="survivor", config=cfg, load_entrypoint_plugins=False)
@@ -46,9 +46,8 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
     assert sorted(n.stream for n in notes) == ["a", "b", "c"]
     assert await survivor.done_streams(notes) == [lbs.DoneStatus.DONE] * 3
     await survivor.close()
-    for wire in (dying._read_wire, dying._done_wire, dying._beat_wire):
-        await wire.close()
-    await dying._redis.aclose()
+    await dying._state.link.close()
+    await dying._state.link.redis.aclose()
     return survivor
 
 

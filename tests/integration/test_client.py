@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, produce, take
+from _helpers import client, eventually, is_true, produce, take
 
 import lbs
 from lbs._keys import consumers_key
-from lbs._scripts import source
+from lbs._redis.scripts import source
 from lbs.embedded import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -164,7 +164,7 @@ async def test_each_tick_refreshes_the_pending_idle_time_of_its_share_of_entries
         held = {h.entry_id: h for h in c.held_streams()}
         for tick in range(4):
             await asyncio.sleep(0.15)  # idle times grow; time is the subject here
-            phase = c._beats % 4
+            phase = c._heartbeat._beats % 4
             assert await c.heartbeat() == 0
             pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 20)
             for p in pending:
@@ -203,7 +203,7 @@ async def test_same_consumer_id_cannot_touch_anothers_lock(any_server: Any, serv
         lock = lbs.lock_key(service, note.entry_id)
         impostor = lbs.Held(note.entry_id, "shared", {}, 0, note.token + 1000, f"{note.token + 1000}:{second.lock_owner}",
                             lock)
-        second._held.add(impostor)  # as if the second process believed it held it
+        second._state.holdings.table.add(impostor)  # as if the second process believed it held it
         assert await second.heartbeat() == 1  # not extended: not its token
         assert await second.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
         assert await rr.get(lock) == f"{note.token}:{first.lock_owner}".encode()
@@ -331,16 +331,12 @@ async def test_notifications_are_bounded(any_server: Any, service: str, rr: aior
     c = client(any_server.url, service, notification_buffer=2)
     await c.start()
     try:
-        await eventually(lambda: _true(len(c._mailbox) == 2))
+        await eventually(lambda: is_true(len(c._state.mailbox) == 2))
         await asyncio.sleep(0.2)
-        assert len(c._mailbox) == 2  # the reader waits for the application
+        assert len(c._state.mailbox) == 2  # the reader waits for the application
         assert len(await take(c, 6)) == 6
     finally:
         await c.close()
-
-
-async def _true(v: bool) -> bool:
-    return v
 
 
 async def test_hooks_see_the_lifecycle(any_server: Any, service: str) -> None:
@@ -472,7 +468,7 @@ async def test_done_streams_finishes_a_batch_in_order(any_server: Any, service: 
 async def test_close_wakes_a_blocked_read_and_strands_nothing(any_server: Any, service: str, rr: aioredis.Redis) -> None:
     c = client(any_server.url, service, read_block=30.0)
     await c.start()
-    await eventually(lambda: _true(c._reading))
+    await eventually(lambda: is_true(c._reader._blocked))
     loop = asyncio.get_running_loop()
     started = loop.time()
     await c.close()
@@ -522,7 +518,7 @@ async def test_an_idle_reader_wakes_for_a_new_entry_at_once(any_server: Any, ser
     try:
         (note,) = await take(c, 1)
         assert await c.done_stream(note.stream) is lbs.DoneStatus.DONE
-        await eventually(lambda: _true(c._reading))
+        await eventually(lambda: is_true(c._reader._blocked))
         await produce(any_server.url, service, "second")
         (note,) = await take(c, 1, timeout=10)
         assert note.stream == "second"
@@ -538,14 +534,14 @@ async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(any_server: Any,
     # (same tokens) instead of leaving them to expire.
     await produce(any_server.url, service, "a", "b")
     c = client(any_server.url, service, recovery=False)
-    await c._ensure_group()
+    await c._topology.ensure_group()
     sha = await rr.script_load(source("read-3"))
     stream = lbs.input_stream(service)
     entries, tokens, _ = await rr.evalsha(sha, 3, stream, lbs.fence_key(service), consumers_key(service),
                                           lbs.group_name(service), c.id, 10, 5000,
                                           lbs.lock_key(service, ""), ">", "", c.lock_owner)
     assert len(entries) == 2
-    c._reply_lost = True
+    c._reader.reply_lost = True
     await c.start()
     try:
         notes = await take(c, 2)
@@ -602,7 +598,7 @@ async def test_run_handlers_see_their_own_task_and_their_timeouts_cancel_only_th
         await c.close()
         await asyncio.wait_for(runner, 10)
     assert outcome == {"quick": "ran", "group": "child", "slow": "retry 1", "plain": "ran"}
-    reader = c._reader
+    reader = c._reader.task
     assert all(t is not None and t is not reader for t in tasks.values())
     assert len({id(t) for t in tasks.values()}) == len(tasks)
     assert c.stats.done == 4 and c.stats.finished == 4
@@ -621,7 +617,7 @@ async def test_run_concurrency_bounds_what_the_reader_takes(any_server: Any, ser
 
     runner = asyncio.create_task(c.run(handler, concurrency=2))
     try:
-        await eventually(lambda: _true(len(running) == 2))
+        await eventually(lambda: is_true(len(running) == 2))
         await asyncio.sleep(0.3)  # three read_blocks: room for a wrong third take to show
         assert c.held == 2 and len(running) == 2
         release.set()
@@ -672,7 +668,7 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
     class StopEarly:
         @lbs.hookimpl
         def lbs_lock_acquired(self, client: lbs.Client) -> None:
-            client._stopping.set()
+            client._state.stopping.set()
 
         @lbs.hookimpl
         def lbs_client_closed(self, handed_back: int) -> None:
@@ -681,7 +677,7 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
     c = lbs.Client(any_server.url, service, "c", lbs.Config(read_block=0.1, max_streams=4, read_count=2),
                    plugins=[StopEarly()], load_entrypoint_plugins=False)
     await c.start()
-    await eventually(lambda: _true(c._reader is not None and c._reader.done()))
+    await eventually(lambda: is_true(c._reader.task is not None and c._reader.task.done()))
     await c.close()
     assert handed == [4]  # two batches: the first, and the one read ahead
     stream, group = lbs.input_stream(service), lbs.group_name(service)

@@ -12,10 +12,10 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from _helpers import eventually, take
+from _helpers import client, eventually, is_true, take
 
 import lbs
-from lbs._connection import cancel_and_wait
+from lbs._redis.connection import cancel_and_wait
 from lbs.embedded import RedisClusterServers
 
 pytestmark = pytest.mark.cluster
@@ -31,8 +31,7 @@ def _owner_and_other(cluster: RedisClusterServers, key: str) -> tuple[str, tuple
 
 
 def _client(rc: Any, service: str, consumer: str, **config: Any) -> lbs.Client:
-    cfg = lbs.Config(**{"read_block": 0.1, "lock_ttl": 0.5, "deadline_poll_interval": 0.05, **config})
-    return lbs.Client(rc, service, consumer, cfg, load_entrypoint_plugins=False)
+    return client(rc, service, consumer, **{"lock_ttl": 0.5, "deadline_poll_interval": 0.05, **config})
 
 
 async def test_work_and_recovery_go_through_the_master_owning_the_slot(
@@ -49,7 +48,7 @@ async def test_work_and_recovery_go_through_the_master_owning_the_slot(
         assert dier.node == owner
         (held,) = await take(dier, 1)
         assert held.stream == "x"
-        await cancel_and_wait([dier._heartbeat, dier._reader])  # it stops: no beats, no reads
+        await cancel_and_wait([dier._heartbeat.task, dier._reader.task])  # it stops: no beats, no reads
         # A live consumer gets new work, and "x" back from the deadline poller
         # on the owner once the stopped one's lock has expired.
         async with lbs.Producer(rc, service) as producer:
@@ -150,8 +149,8 @@ async def test_the_client_follows_a_failover_of_the_slot_owner_and_loses_nothing
         replica.execute_command("CLUSTER", "FAILOVER")  # manual: the replica catches up first, nothing lost
         await eventually(lambda: _is_master(replica), timeout=15)
         # The heartbeat's next write meets a redirect, and the client moves.
-        await eventually(lambda: _true(c.node == new_owner), timeout=15)
-        assert c.recovery.counts.get("topology_changes_total") == 1
+        await eventually(lambda: is_true(c.node == new_owner), timeout=15)
+        assert c.metrics.get("topology_changes_total") == 1
         assert await c.done_stream(held.stream) is lbs.DoneStatus.DONE  # the lock came across
         async with lbs.Producer(stale, service) as producer:  # a batch meets MOVED: re-routed once
             assert len(await producer.add_streams(["after"])) == 1
@@ -160,7 +159,7 @@ async def test_the_client_follows_a_failover_of_the_slot_owner_and_loses_nothing
         assert note.stream == "after" and note.retry_count == 0
         assert await c.done_stream("after") is lbs.DoneStatus.DONE
         # The listener resubscribed on the new owner.
-        await eventually(lambda: _true(replica.pubsub_numpat() >= 1), timeout=15)
+        await eventually(lambda: is_true(replica.pubsub_numpat() >= 1), timeout=15)
         assert (await rc.xpending(stream, lbs.group_name(service)))["pending"] == 0
         assert await rc.xlen(stream) == 0
     finally:
@@ -170,10 +169,6 @@ async def test_the_client_follows_a_failover_of_the_slot_owner_and_loses_nothing
 
 async def _is_master(r: redis.Redis) -> bool:
     return bool(r.execute_command("ROLE")[0] == b"master")
-
-
-async def _true(v: bool) -> bool:
-    return v
 
 
 def _migrate_slot(cluster: RedisClusterServers, slot: int, source: str, target: tuple[str, int]) -> None:
@@ -205,7 +200,7 @@ async def test_the_client_follows_a_migration_of_the_services_slot(
         (held,) = await take(c, 1)
         await asyncio.wait_for(c.recovery.listening.wait(), 10)
         _migrate_slot(redis_cluster, key_slot(stream.encode()), owner, target)
-        await eventually(lambda: _true(c.node == f"{target[0]}:{target[1]}"), timeout=15)
+        await eventually(lambda: is_true(c.node == f"{target[0]}:{target[1]}"), timeout=15)
         assert await c.done_stream(held.stream) is lbs.DoneStatus.DONE  # the lock moved with its TTL
         async with lbs.Producer(rc, service) as producer:
             await producer.add_stream("after")
@@ -213,7 +208,7 @@ async def test_the_client_follows_a_migration_of_the_services_slot(
         assert note.stream == "after"
         assert await c.done_stream("after") is lbs.DoneStatus.DONE
         with redis.Redis(host=target[0], port=target[1]) as r:
-            await eventually(lambda: _true(r.pubsub_numpat() >= 1), timeout=15)
+            await eventually(lambda: is_true(r.pubsub_numpat() >= 1), timeout=15)
         assert (await rc.xpending(stream, lbs.group_name(service)))["pending"] == 0
     finally:
         await c.close()
@@ -260,7 +255,7 @@ async def test_kill_9_during_a_failover_is_recovered_by_the_scan(
         await rescuer.start()
         (note,) = await take(rescuer, 1, timeout=20)
         assert note.stream == "victim" and note.retry_count == 1
-        assert rescuer.recovery.counts.get("recovery_scan_requeued_total", 0) >= 1
+        assert rescuer.metrics.get("recovery_scan_requeued_total", 0) >= 1
         assert await rescuer.done_stream("victim") is lbs.DoneStatus.DONE
     finally:
         if proc.returncode is None:
@@ -287,14 +282,14 @@ async def test_keyspace_events_on_the_owner_recover_a_stopped_consumers_stream(
             await producer.add_stream("y")
         await dier.start()
         (held,) = await take(dier, 1)
-        await cancel_and_wait([dier._heartbeat, dier._reader])
+        await cancel_and_wait([dier._heartbeat.task, dier._reader.task])
         await rescuer.start()
         assert rescuer.node == owner
         await asyncio.wait_for(rescuer.recovery.listening.wait(), 10)
         (back,) = await take(rescuer, 1, timeout=20)
         assert back.stream == "y" and back.retry_count == 1
-        assert rescuer.recovery.counts.get("recovery_keyspace_requeued_total") == 1
-        assert rescuer.recovery.counts.get("recovery_deadline_requeued_total") is None
+        assert rescuer.metrics.get("recovery_keyspace_requeued_total") == 1
+        assert rescuer.metrics.get("recovery_deadline_requeued_total") is None
     finally:
         await rescuer.close()
         await dier.close()

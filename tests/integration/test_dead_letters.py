@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from _helpers import eventually
+from _helpers import client, eventually, is_true
 
 import lbs
 from lbs._keys import dead_letter_group
@@ -39,8 +39,7 @@ class Provides:
 
 
 def forwarding(url: str, service: str, backend: Collect, **config: Any) -> lbs.Client:
-    cfg = lbs.Config(**{"read_block": 0.1, "read_retry_initial": 0.05, **config})
-    return lbs.Client(url, service, "c", cfg, plugins=[Provides(backend)], load_entrypoint_plugins=False)
+    return client(url, service, "c", plugins=[Provides(backend)], **{"read_retry_initial": 0.05, **config})
 
 
 async def _bad_entry(r: aioredis.Redis, service: str) -> str:
@@ -76,14 +75,14 @@ async def test_a_failed_write_keeps_the_letters_until_a_write_succeeds(redis_ser
     c = forwarding(redis_server.url, service, backend, read_retry_initial=0.2)
     await c.start()
     try:
-        await eventually(lambda: _true(backend.attempts >= 1))
+        await eventually(lambda: is_true(backend.attempts >= 1))
         assert await r.xlen(lbs.dead_letter_stream(service)) == 1  # not confirmed: still there
         await eventually(lambda: _empty(r, lbs.dead_letter_stream(service)))
     finally:
         await c.close()
     assert backend.attempts == 3 and len(backend.written) == 1
-    assert c.recovery.counts["dead_letters_forward_failures_total"] == 2
-    assert c.recovery.counts["dead_letters_forwarded_total"] == 1
+    assert c.metrics["dead_letters_forward_failures_total"] == 2
+    assert c.metrics["dead_letters_forwarded_total"] == 1
 
 
 async def test_letters_a_stopped_forwarder_left_unconfirmed_are_taken_over(
@@ -113,10 +112,6 @@ async def test_without_a_backend_dead_letters_stay_in_the_stream(redis_server: A
         await c.close()
     groups = await r.xinfo_groups(lbs.dead_letter_stream(service))
     assert groups == []
-
-
-async def _true(v: bool) -> bool:
-    return v
 
 
 async def _len_is(r: aioredis.Redis, key: str, n: int) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from _helpers import client, eventually, produce, take
+from _helpers import client, eventually, is_true, produce, take
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import lbs
@@ -49,10 +49,10 @@ async def test_one_dropped_connection_robs_nothing(redis_server: Any, service: s
     await c.start()
     try:
         notes = await take(c, 10)
-        await eventually(lambda: _true(len(ticks) >= 1))
+        await eventually(lambda: is_true(len(ticks) >= 1))
         assert await _kill_clients_of(r, c) >= 1
         # Two TTLs: every lock would have expired without a working heartbeat.
-        await eventually(lambda: _true(len(ticks) >= 1 + 6), timeout=20)
+        await eventually(lambda: is_true(len(ticks) >= 1 + 6), timeout=20)
         assert c.held == 10 and sum(ticks) == 0
         assert c.drain_notifications() == []  # no STREAM_DISOWNED
         statuses = await c.done_streams(notes)
@@ -71,7 +71,7 @@ async def test_a_done_batch_whose_connection_dies_in_flight_is_retried(
     await c.start()
     try:
         notes = await take(c, 2)
-        wire = c._done_wire
+        wire = c._state.link.done
         real = wire._stream
         calls = 0
 
@@ -128,9 +128,9 @@ async def test_adoption_takes_only_this_instances_locks(redis_server: Any, servi
     try:
         await take(first, 3)
         await r.delete(_keys.instance_key(service, first.id))
-        second._reply_lost = True  # its first read re-reads the pending list ("0")
+        second._reader.reply_lost = True  # its first read re-reads the pending list ("0")
         await second.start()
-        await eventually(lambda: _true(not second._reply_lost))
+        await eventually(lambda: is_true(not second._reader.reply_lost))
         assert second.held == 0 and first.held == 3
         assert all(v.decode().endswith(first.lock_owner) for v in
                    await r.mget([h.lock_key for h in first.held_streams()]))
@@ -173,10 +173,10 @@ async def test_a_stream_held_too_long_is_reported(redis_server: Any, service: st
     await c.start()
     try:
         (note,) = await take(c, 1)
-        await eventually(lambda: _true(c.recovery.counts.get("held_overdue") == 1), timeout=10)
+        await eventually(lambda: is_true(c.metrics.get("held_overdue") == 1), timeout=10)
         assert sum("forgotten" in r.getMessage() and "held for over" in r.getMessage() for r in caplog.records) == 1
         await c.done_stream(note.stream)
-        await eventually(lambda: _true(c.recovery.counts.get("held_overdue") == 0), timeout=10)
+        await eventually(lambda: is_true(c.metrics.get("held_overdue") == 0), timeout=10)
     finally:
         await c.close()
 
@@ -251,7 +251,7 @@ async def test_close_from_elsewhere_then_close_again_waits_for_the_shutdown(
         await asyncio.sleep(3600)
 
     runner = asyncio.create_task(c.run(handler, handle_signals=False))
-    await eventually(lambda: _true(started == 5))
+    await eventually(lambda: is_true(started == 5))
     elsewhere = asyncio.create_task(c.close())
     await asyncio.sleep(0)
     await c.close()  # the second call: returns only once the shutdown is over
@@ -279,7 +279,7 @@ async def test_sigterm_stops_every_run_in_the_process_and_hands_back_without_a_r
 
     runs = [asyncio.create_task(c.run(handler)) for c in clients]
     try:
-        await eventually(lambda: _true(started == 6))
+        await eventually(lambda: is_true(started == 6))
         assert signal.getsignal(signal.SIGTERM) is not before  # lbs's handler is in place
         os.kill(os.getpid(), signal.SIGTERM)
         await asyncio.wait_for(asyncio.gather(*runs), 10)
@@ -290,7 +290,3 @@ async def test_sigterm_stops_every_run_in_the_process_and_hands_back_without_a_r
     entries = await r.xrange(lbs.input_stream(service))
     assert len(entries) == 6 and all(f[b"_retry_count"] == b"0" for _, f in entries)
     assert (await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"] == 0
-
-
-async def _true(value: bool) -> bool:
-    return value

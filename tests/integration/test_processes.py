@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import eventually
+from _helpers import eventually, next_line
 
 import lbs
 
@@ -44,13 +42,6 @@ CONSUMER = textwrap.dedent(
 )
 
 
-async def _line(proc: subprocess.Popen[str], timeout: float = 15) -> dict[str, Any]:
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
-    assert line, "consumer process ended early"
-    return json.loads(line)  # type: ignore[no-any-return]
-
-
 async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(any_server: Any, service: str,
                                                                             rr: aioredis.Redis) -> None:
     ttl = 0.5
@@ -59,7 +50,7 @@ async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(an
     with subprocess.Popen([sys.executable, "-c", CONSUMER, any_server.url, service, str(ttl)],
                           stdout=subprocess.PIPE, text=True) as proc:
         try:
-            added = await _line(proc)
+            added = await next_line(proc, timeout=15)
             assert added["type"] == "STREAM_ADDED" and added["stream"] == "slow"
             (entry_id,) = [i.decode() for i, _ in await r.xrange(lbs.input_stream(service))]
             lock = lbs.lock_key(service, entry_id)
@@ -70,9 +61,9 @@ async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(an
 
             await eventually(lock_gone, timeout=ttl * 20)
             os.kill(proc.pid, signal.SIGCONT)
-            disowned = await _line(proc)
+            disowned = await next_line(proc, timeout=15)
             assert disowned == {"type": "STREAM_DISOWNED", "stream": "slow", "token": added["token"]}
-            done = await _line(proc)
+            done = await next_line(proc, timeout=15)
             assert proc.wait(timeout=15) == 0
         finally:
             if proc.poll() is None:

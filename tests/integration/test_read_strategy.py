@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import eventually, produce, take
+from _helpers import client, eventually, produce, take
 
 import lbs
 
@@ -21,8 +21,7 @@ class ClaimIdle:
 
 
 def claiming(url: str, service: str, **config: Any) -> lbs.Client:
-    cfg = lbs.Config(read_block=0.1, recovery=False, **config)
-    return lbs.Client(url, service, "claimer", cfg, plugins=[ClaimIdle()], load_entrypoint_plugins=False)
+    return client(url, service, "claimer", plugins=[ClaimIdle()], recovery=False, **config)
 
 
 async def _orphan(r: aioredis.Redis, service: str, name: str, holder: str) -> str:

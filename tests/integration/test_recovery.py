@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import signal
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, produce, take
+from _helpers import client, eventually, next_line, produce, take
 
 import lbs
 from lbs._keys import consumers_key, reaped_key
@@ -32,13 +31,6 @@ def spawn(url: str, service: str, consumer: str, ttl: float, work: float = 3600.
                             stdout=subprocess.DEVNULL if quiet else subprocess.PIPE, text=True)
 
 
-async def next_line(proc: subprocess.Popen[str], timeout: float = 20) -> dict[str, Any]:
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
-    assert line, f"worker exited with {proc.poll()}"
-    return json.loads(line)  # type: ignore[no-any-return]
-
-
 def stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGCONT)
@@ -53,12 +45,10 @@ async def lbs_entries(r: aioredis.Redis, service: str) -> list[dict[bytes, bytes
 
 
 @pytest.fixture
-async def rr(redis_server: Any) -> Any:
-    c = aioredis.Redis.from_url(redis_server.url)
-    try:
-        yield c
-    finally:
-        await c.aclose()
+def rr(r: aioredis.Redis) -> aioredis.Redis:
+    """Recovery is timed on Redis 8.x alone: ``rr`` here is the root conftest's ``r``
+    (on ``redis_server``), not the integration conftest's 8.x-then-7.0 client."""
+    return r
 
 
 @pytest.fixture
@@ -144,7 +134,7 @@ async def test_restart_under_the_same_id_recovers_its_own_pending_work(
                    deadline_poll_interval=3600.0, reconciliation_interval=3600.0)
     await again.start()
     try:
-        assert again.recovery.counts.get("startup_recovery_requeued_total") == 1
+        assert again.metrics.get("startup_recovery_requeued_total") == 1
         (note,) = await take(again, 1)
         assert note.stream == "mine" and note.retry_count == 1
     finally:
@@ -337,7 +327,7 @@ async def test_an_entry_trimmed_before_requeue_is_handled(
     rec = client(redis_server.url, service, "rescuer", recovery=False)
     try:
         assert await rec.claim(entry_id) is False
-        assert rec.recovery.counts.get("recovery_trimmed_total") == 1
+        assert rec.metrics.get("recovery_trimmed_total") == 1
         assert (await rr.xpending(stream, group))["pending"] == 0  # the reference was cleaned
     finally:
         await rec.close()

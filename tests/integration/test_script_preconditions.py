@@ -1,6 +1,6 @@
 """The Lua scripts check every precondition before their first write.
 
-Each script is called directly (EVAL of ``lbs._scripts.source``) against a
+Each script is called directly (EVAL of ``lbs._redis.scripts.source``) against a
 real server with one key of the service set to something it must not hold:
 the call is refused with an error (or an output) naming the key, and a DUMP
 of every key of the service shows that nothing was written. Redis does not
@@ -25,7 +25,7 @@ from lbs._keys import (
     lock_key,
     reaped_key,
 )
-from lbs._scripts import source
+from lbs._redis.scripts import source
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,20 +9,18 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from lbs._wire import Wire
+from lbs._redis.wire import Wire
 
-from _helpers import eventually
+from _helpers import eventually, is_true
 
 SCRIPT = "return {KEYS[1], ARGV[1]}"
 
 
 @pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
 async def rp(redis_server: Any, request: pytest.FixtureRequest) -> Any:
-    c = aioredis.Redis.from_url(redis_server.url, protocol=request.param)
-    try:
+    """A redis-py client on ``redis_server`` speaking RESP2, then RESP3."""
+    async with aioredis.Redis.from_url(redis_server.url, protocol=request.param) as c:
         yield c
-    finally:
-        await c.aclose()
 
 
 async def test_each_command_gets_its_own_reply_and_errors_stay_per_command(rp: aioredis.Redis, service: str) -> None:
@@ -62,7 +60,7 @@ async def test_a_connection_closed_while_idle_is_replaced_before_the_next_batch(
     try:
         (cid,) = await wire.execute(lambda b: b.command("CLIENT", "ID"))
         await rp.client_kill_filter(_id=cid)
-        await eventually(lambda: _true(wire._conn._reader.at_eof()))
+        await eventually(lambda: is_true(wire._conn._reader.at_eof()))
         assert await wire.execute_chunks(parts, lambda b, k: b.command("PING")) in ([b"PONG"] * parts,
                                                                                   ["PONG"] * parts)
     finally:
@@ -158,7 +156,3 @@ async def test_a_part_that_fails_to_encode_drops_the_connection(rp: aioredis.Red
         assert await wire.execute(lambda b: b.command("ECHO", "mine")) in ([b"mine"], ["mine"])
     finally:
         await wire.close()
-
-
-async def _true(value: bool) -> bool:
-    return value

@@ -3,47 +3,94 @@ and the heartbeat's EVALSHA written straight from the records."""
 
 from __future__ import annotations
 
+import gc
 import pickle
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import lbs
-from _lbscore import CommandBatch, Held, HeldTable
+from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, encode_input, pack_command
 
 PREFIX = "lock:{svc-input}:"
 CONSUMER = "redis-consumer-a"
+_PARSER = EntryParser()
 
 
 def table() -> HeldTable:
     return HeldTable(CONSUMER, PREFIX)
 
 
+def entry(entry_id: str, stream: str, info: dict[str, Any] | None = None) -> Entry:
+    """The entry as the reader parses it from the LBS."""
+    (e,) = _PARSER.parse_entries([[entry_id.encode(), [b"lbs-input", encode_input(stream, info)]]])
+    assert e.ok
+    return e
+
+
+def take(t: HeldTable, entry_id: str, stream: str, info: dict[str, Any] | None, retry_count: int, token: int,
+         taken_at: float = 0.0) -> Held:
+    return t.take(entry(entry_id, stream, info), token, retry_count, taken_at)
+
+
 def test_lbs_exports_the_core_record() -> None:
     assert lbs.Held is Held
 
 
+def test_take_holds_the_entry_under_its_token() -> None:
+    t = table()
+    e = entry("1700000000000-3", "orders-7", {"user": "u1"})
+    h = t.take(e, 41, 2, 12.5)
+    assert (h.entry_id, h.stream, h.info, h.retry_count, h.token, h.taken_at, h.task) == \
+        ("1700000000000-3", "orders-7", {"user": "u1"}, 2, 41, 12.5, None)
+    assert h.info is e.info  # the entry's own Info, not a copy
+    assert t.get(e.id) is h and t.find("orders-7") is h
+
+
+def test_take_refuses_an_entry_that_is_not_an_assignment() -> None:
+    (bad,) = _PARSER.parse_entries([[b"1-0", [b"lbs-input", b"not json"]]])
+    assert not bad.ok
+    with pytest.raises(lbs.DataError, match="not valid JSON"):
+        table().take(bad, 1, 0, 0.0)
+    with pytest.raises(lbs.DataError, match="no stream"):
+        table().take(Entry(), 1, 0, 0.0)
+    with pytest.raises(TypeError):
+        table().take(None, 1, 0, 0.0)  # type: ignore[arg-type]
+
+
+def test_an_empty_info_costs_the_record_no_dict() -> None:
+    # Most assignments have no Info: the record keeps none until it is read.
+    h = take(table(), "1-0", "s", None, 0, 1)
+    assert not any(type(r) is dict for r in gc.get_referents(h))
+    assert h.info == {} and any(type(r) is dict for r in gc.get_referents(h))
+
+
+def test_taken_before_lists_the_records_taken_earlier_oldest_first() -> None:
+    t = table()
+    a, b, _ = (take(t, f"{i}-0", f"s{i}", None, 0, i, taken_at=float(i)) for i in (1, 2, 3))
+    assert t.taken_before(3.0) == [a, b] and t.taken_before(1.0) == []
+
+
 def test_value_and_lock_key_are_computed_from_token_consumer_and_prefix() -> None:
     t = table()
-    h = t.add_new("1700000000000-3", "orders-7", {"user": "u1"}, 2, 41)
-    assert (h.entry_id, h.stream, h.info, h.retry_count, h.token, h.task) == \
-        ("1700000000000-3", "orders-7", {"user": "u1"}, 2, 41, None)
+    h = take(t, "1700000000000-3", "orders-7", {"user": "u1"}, 2, 41)
     assert h.value == f"41:{CONSUMER}"
     assert h.lock_key == lbs.lock_key("svc", "1700000000000-3")
     assert (t.consumer_id, t.lock_prefix) == (CONSUMER, PREFIX)
 
 
 def test_empty_info_reads_as_a_dict_that_keeps_changes() -> None:
-    h = table().add_new("1-0", "s", {}, 0, 1)
+    h = take(table(), "1-0", "s", {}, 0, 1)
     assert h.info == {}
     h.info["seen"] = True
     assert h.info == {"seen": True}
-    assert table().add_new("2-0", "s", None, 0, 1).info == {}
+    assert take(table(), "2-0", "s", None, 0, 1).info == {}
 
 
 def test_task_is_the_only_writable_field() -> None:
-    h = table().add_new("1-0", "s", {}, 0, 1)
+    h = take(table(), "1-0", "s", {}, 0, 1)
     h.task = None
     for name in ("entry_id", "stream", "info", "retry_count", "token", "value", "lock_key"):
         with pytest.raises(AttributeError):
@@ -62,7 +109,7 @@ def test_constructor_takes_the_old_positional_fields_and_checks_they_agree() -> 
 
 
 def test_repr_and_pickle() -> None:
-    h = table().add_new("1-0", "s", {"a": 1}, 0, 9)
+    h = take(table(), "1-0", "s", {"a": 1}, 0, 9)
     assert repr(h) == (f"Held(entry_id='1-0', stream='s', info={{'a': 1}}, retry_count=0, token=9, "
                        f"value='9:{CONSUMER}', lock_key='{PREFIX}1-0')")
     again = pickle.loads(pickle.dumps(h))
@@ -72,8 +119,8 @@ def test_repr_and_pickle() -> None:
 
 def test_add_get_drop_len_contains_iteration() -> None:
     t = table()
-    a = t.add_new("1-0", "s1", {}, 0, 1)
-    b = t.add_new("2-0", "s2", {}, 0, 2)
+    a = take(t, "1-0", "s1", {}, 0, 1)
+    b = take(t, "2-0", "s2", {}, 0, 2)
     assert len(t) == 2 and t and "1-0" in t and "3-0" not in t
     assert list(t) == ["1-0", "2-0"]
     assert t.values() == [a, b]
@@ -86,8 +133,8 @@ def test_add_get_drop_len_contains_iteration() -> None:
 
 def test_drop_of_a_stale_record_keeps_the_current_one() -> None:
     t = table()
-    old = t.add_new("1-0", "s", {}, 0, 1)
-    new = t.add_new("1-0", "s", {}, 0, 2)  # the same entry taken again: replaces
+    old = take(t, "1-0", "s", {}, 0, 1)
+    new = take(t, "1-0", "s", {}, 0, 2)  # the same entry taken again: replaces
     assert len(t) == 1 and t.get("1-0") is new and t.for_stream("s") == [new]
     assert t.drop(old) is False
     assert t.get("1-0") is new
@@ -95,10 +142,10 @@ def test_drop_of_a_stale_record_keeps_the_current_one() -> None:
 
 def test_by_stream_keeps_every_entry_of_a_name_oldest_first() -> None:
     t = table()
-    a = t.add_new("1-0", "dup", {}, 0, 1)
-    other = t.add_new("2-0", "other", {}, 0, 2)
-    b = t.add_new("3-0", "dup", {}, 0, 3)
-    c = t.add_new("4-0", "dup", {}, 0, 4)
+    a = take(t, "1-0", "dup", {}, 0, 1)
+    other = take(t, "2-0", "other", {}, 0, 2)
+    b = take(t, "3-0", "dup", {}, 0, 3)
+    c = take(t, "4-0", "dup", {}, 0, 4)
     assert t.for_stream("dup") == [a, b, c] and t.streams() == 2
     assert t.find("dup") is a
     assert t.find("dup", "3-0") is b
@@ -115,8 +162,8 @@ def test_by_stream_keeps_every_entry_of_a_name_oldest_first() -> None:
 
 def test_for_stream_is_a_copy() -> None:
     t = table()
-    t.add_new("1-0", "dup", {}, 0, 1)
-    t.add_new("2-0", "dup", {}, 0, 2)
+    take(t, "1-0", "dup", {}, 0, 1)
+    take(t, "2-0", "dup", {}, 0, 2)
     t.for_stream("dup").clear()
     assert len(t.for_stream("dup")) == 2
 
@@ -128,7 +175,16 @@ def test_a_record_built_by_hand_can_be_added() -> None:
     assert t.find("s") is h and h.value == "3:redis-consumer-z"
 
 
-def _expected(records: list[Held], start: int, stop: int) -> bytes:
+def _expected(records: list[Held], start: int, stop: int, refresh_every: int = 1, phase: int = 0) -> bytes:
+    # Packed argument by argument, apart from the EVALSHA writer that
+    # encode_extend and evalsha_locks share.
+    part = records[start:stop]
+    flags = ["".join("1" if h.token % refresh_every == phase else "0" for h in part)] if refresh_every > 1 else []
+    return pack_command("EVALSHA", "f" * 40, 2 + len(part), "lbs", "{lbs}:consumers", *(h.lock_key for h in part),
+                        600_000, "group", CONSUMER, 1, *(h.value for h in part), *(h.entry_id for h in part), *flags)
+
+
+def _locks_batch(records: list[Held], start: int, stop: int) -> bytes:
     b = CommandBatch()
     part = records[start:stop]
     b.evalsha_locks("f" * 40, ("lbs", "{lbs}:consumers"), PREFIX.encode(), [h.entry_id for h in part],
@@ -139,23 +195,29 @@ def _expected(records: list[Held], start: int, stop: int) -> bytes:
 @given(st.lists(st.tuples(st.integers(0, 2**48), st.integers(0, 2**20), st.integers(-(2**63), 2**63 - 1)),
                 min_size=1, max_size=40, unique_by=lambda x: (x[0], x[1])),
        st.data())
-def test_encode_extend_writes_what_evalsha_locks_writes(entries: list[tuple[int, int, int]],
+def test_encode_extend_writes_the_lock_keys_values_ids_and_refresh_flags(entries: list[tuple[int, int, int]],
                                                         data: st.DataObject) -> None:
     t = table()
     for ms, seq, token in entries:
-        t.add_new(f"{ms}-{seq}", f"s{ms}é", {}, 0, token)
+        take(t, f"{ms}-{seq}", f"s{ms}é", {}, 0, token)
     records = t.values()
     start = data.draw(st.integers(0, len(records)))
     stop = data.draw(st.integers(start, len(records)))
     b = CommandBatch()
     t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, start, stop)
     assert len(b) == 1
-    assert b.getvalue() == _expected(records, start, stop)
+    assert b.getvalue() == _expected(records, start, stop) == _locks_batch(records, start, stop)
+    every = data.draw(st.integers(2, 5))
+    phase = data.draw(st.integers(0, every - 1))
+    b.clear()
+    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, start, stop,
+                    every, phase)
+    assert b.getvalue() == _expected(records, start, stop, every, phase)
 
 
 def test_encode_extend_uses_each_records_own_keys() -> None:
     t = table()
-    t.add_new("1-0", "s", {}, 0, 1)
+    take(t, "1-0", "s", {}, 0, 1)
     t.add(Held("2-0", "s", {}, 0, 2, "2:redis-consumer-a", PREFIX + "2-0"))
     b = CommandBatch()
     records = t.values()
@@ -165,7 +227,7 @@ def test_encode_extend_uses_each_records_own_keys() -> None:
 
 def test_encode_extend_refuses_a_slice_outside_the_snapshot() -> None:
     t = table()
-    t.add_new("1-0", "s", {}, 0, 1)
+    take(t, "1-0", "s", {}, 0, 1)
     with pytest.raises(lbs.DataError):
         t.encode_extend(CommandBatch(), "sha", (), (), t.values(), 0, 2)
     with pytest.raises(TypeError):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import pluggy
 
@@ -10,7 +12,7 @@ from lbs import hookspecs
 from lbs.plugins import make_plugin_manager
 
 
-def _specs() -> list[tuple[str, object]]:
+def _specs() -> list[tuple[str, Callable[..., Any]]]:
     return [(n, f) for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("lbs_")]
 
 
@@ -22,6 +24,13 @@ def test_every_hook_is_documented_and_exported() -> None:
         assert "Called" in doc, f"{name} must say when it is called"
         assert "versionadded" in doc, name
         assert name in hookspecs.__all__
+
+
+def test_every_argument_has_a_param_line() -> None:
+    for name, fn in _specs():
+        doc = inspect.getdoc(fn) or ""
+        for param in inspect.signature(fn).parameters:
+            assert f":param {param}:" in doc, f"{name}'s docstring has no ':param {param}:'"
 
 
 def test_plugin_manager_checks_hook_names() -> None:

@@ -122,3 +122,20 @@ def test_fast_and_general_paths_agree(raw: bytes) -> None:
 ])
 def test_canonical_and_near_canonical_documents_decode(raw: bytes) -> None:
     assert lbs.try_decode_input(raw) == (*lbs.decode_input(raw.decode()), None)
+
+
+@pytest.mark.parametrize("number", [
+    "0", "-0", "7", "-7", "999999999999999999", "-999999999999999999",  # 18 digits
+    "9223372036854775807", "-9223372036854775808",  # the ends of int64
+    "9223372036854775808", "-9223372036854775809", "1" + "0" * 40,  # beyond: Python ints all the same
+    "01", "-", "1.", "1e", "-01", "1.5e-3", "2E+2",
+])
+def test_numbers_decode_as_json_decodes_them(number: str) -> None:
+    raw = '{"DataStreamName":"s","Info":{"n":' + number + ',"l":[' + number + "]}}"
+    try:
+        expected = ("s", json.loads(raw)["Info"], None)
+    except ValueError as exc:
+        assert lbs.try_decode_input(raw.encode())[2] is not None, exc
+        return
+    assert lbs.try_decode_input(raw.encode()) == expected
+    assert type(lbs.try_decode_input(raw.encode())[1]["n"]) is type(expected[1]["n"])  # type: ignore[index]

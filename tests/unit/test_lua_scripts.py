@@ -1,4 +1,4 @@
-"""Lua scripts: file names carry the key count their headers document."""
+"""Lua scripts: file names carry the key count their headers document; each has one builder and one caller."""
 
 from __future__ import annotations
 
@@ -7,15 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from lbs import _scripts
+from _lbscore import CommandBatch
+from lbs._redis import scripts
 
-SCRIPTS = Path(_scripts.__file__).parent / "scripts"
+LUA = Path(scripts.__file__).parent / "lua"
+SRC = Path(scripts.__file__).parents[1]
+NAMES = [s.name for s in scripts.SCRIPTS]
 
 
-@pytest.mark.parametrize("name", _scripts.SCRIPT_NAMES)
+def _header(name: str) -> str:
+    return (LUA / f"{name}.lua").read_text().split("]]", 1)[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_header_matches_the_file_name(name: str) -> None:
-    text = (SCRIPTS / f"{name}.lua").read_text()
-    header = text.split("]]", 1)[0]
+    header = _header(name)
     assert header.startswith("--[["), "each script opens with a header comment"
     assert "Output" in header and "ARGV[1]" in header
     count = name.rsplit("-", 1)[1]
@@ -27,4 +33,56 @@ def test_header_matches_the_file_name(name: str) -> None:
 
 
 def test_every_script_file_is_registered() -> None:
-    assert sorted(p.stem for p in SCRIPTS.glob("*.lua")) == sorted(_scripts.SCRIPT_NAMES)
+    assert sorted(p.stem for p in LUA.glob("*.lua")) == sorted(NAMES)
+
+
+def _args(build: object) -> list[bytes]:
+    """The arguments of the one command ``build(batch)`` writes (decoded from its RESP)."""
+    b = CommandBatch()
+    build(b)  # type: ignore[operator]
+    raw = b.getvalue()
+    parts = raw.split(b"\r\n")
+    assert parts[0].startswith(b"*") and len(b) == 1
+    return [parts[i] for i in range(2, 2 * int(parts[0][1:]) + 1, 2)]
+
+
+_FIXED = {
+    "read-3": lambda b: scripts.read(b, "s", "f", "c", "g", "me", 10, 1000, b"lock:", ">", "", "me:x"),
+    "requeue-3": lambda b: scripts.requeue(b, "s", "d", "l", group="g", entry_id="1-1", mode="owned", value="v",
+                                           count_retry=True, max_retries=3, retry_field="_r", original_field="_o",
+                                           reason="why", consumer="me", force_dead_letter=False,
+                                           dead_letter_on=True, field_prefix="_"),
+    "reap-3": lambda b: scripts.reap(b, "c", "s", "r", group="g", lock_prefix="lock:", batch=10, stall_ms=1000,
+                                     grace_ms=1000),
+    "leave-1": lambda b: scripts.leave(b, "k", "nonce"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FIXED))
+def test_a_builder_writes_what_the_header_documents(name: str) -> None:
+    """EVALSHA <sha of the file> <keys from the name> KEYS... ARGV... with as many ARGV as the header lists."""
+    args = _args(_FIXED[name])
+    script = next(s for s in scripts.SCRIPTS if s.name == name)
+    assert args[0] == b"EVALSHA" and args[1].decode() == script.sha
+    assert int(args[2]) == script.numkeys
+    documented = max(int(n) for n in re.findall(r"ARGV\[(\d+)\]", _header(name)))
+    assert len(args) - 3 - int(args[2]) == documented
+
+
+def test_done_writes_keys_and_args_per_lock() -> None:
+    args = _args(lambda b: scripts.done(b, "s", b"lock:", ["1-1", "2-2"], ["5:me", "6:me"], "g", True, False))
+    assert args[1].decode() == scripts.DONE.sha
+    assert args[2:] == [b"3", b"s", b"lock:1-1", b"lock:2-2", b"g", b"1", b"0", b"5:me", b"6:me", b"1-1", b"2-2"]
+
+
+#: How the code names each script's builder (or, for extend-n, its SHA).
+_CALLS = {"read-3": "scripts.read(", "extend-n": "scripts.EXTEND", "done-n": "scripts.done(",
+          "requeue-3": "scripts.requeue(", "reap-3": "scripts.reap(", "leave-1": "scripts.leave("}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_script_has_exactly_one_caller_module(name: str) -> None:
+    callers = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                     if p.name != "scripts.py" and _CALLS[name] in p.read_text())
+    assert len(callers) == 1, callers
+    assert callers[0].startswith("_consumer/")

@@ -48,6 +48,11 @@ def test_known_bytes() -> None:
     assert pack_command(b"GET", b"") == b"*2\r\n$3\r\nGET\r\n$0\r\n\r\n"
 
 
+@pytest.mark.parametrize("n", [0, 7, -1, 10**18, 2**63 - 1, -(2**63), 2**63, -(2**63) - 1, 10**40])
+def test_ints_are_their_decimal_digits_within_int64_and_beyond(n: int) -> None:
+    assert pack_command("SET", "k", n) == redis_py_pack("SET", "k", n)
+
+
 def test_buffer_types_are_sent_as_bytes() -> None:
     assert pack_command("SET", bytearray(b"ab"), memoryview(b"cd")) == redis_py_pack("SET", b"ab", b"cd")
 

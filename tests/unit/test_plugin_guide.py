@@ -1,8 +1,9 @@
-"""docs/PLUGINS.md stays true to the code: its example plugin runs, and every hook is in it."""
+"""docs/PLUGINS.md stays true to the code: its example runs, and each hook is there with its exact signature."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 import sqlite3
 import sys
@@ -54,10 +55,39 @@ def _implemented(module: types.ModuleType) -> list[str]:
             if callable(value) and hasattr(value, hookspecs.NAME + "_impl")]
 
 
-def test_every_hook_is_in_the_guide() -> None:
+def _documented_signatures() -> dict[str, list[list[str]]]:
+    """Every hook table row's first cell, `` `lbs_x(a, b)` ``: hook name -> parameter lists found."""
+    found: dict[str, list[list[str]]] = {}
+    for name, params in re.findall(r"^\| `(lbs_\w+)\(([^)]*)\)` \|", GUIDE, re.M):
+        found.setdefault(name, []).append([p.strip() for p in params.split(",") if p.strip()])
+    return found
+
+
+def test_every_hook_is_in_the_guide_with_its_exact_signature() -> None:
     assert HOOKS
-    missing = [name for name in HOOKS if f"`{name}`" not in GUIDE]
-    assert not missing, f"docs/PLUGINS.md does not mention {missing}"
+    documented = _documented_signatures()
+    missing = [name for name in HOOKS if name not in documented]
+    assert not missing, f"docs/PLUGINS.md has no table row `name(params)` for {missing}"
+    unknown = sorted(set(documented) - set(HOOKS))
+    assert not unknown, f"docs/PLUGINS.md documents {unknown}, which lbs.hookspecs does not declare"
+    for name in HOOKS:
+        expected = list(inspect.signature(getattr(hookspecs, name)).parameters)
+        rows = documented[name]
+        assert len(rows) == 1, f"docs/PLUGINS.md has {len(rows)} rows for {name}"
+        assert rows[0] == expected, (f"docs/PLUGINS.md shows {name}({', '.join(rows[0])}), "
+                                     f"lbs.hookspecs declares {name}({', '.join(expected)})")
+
+
+def test_the_guide_describes_every_argument() -> None:
+    """The arguments column names each parameter but ``client`` (as `p` or `p: type`)."""
+    for name in HOOKS:
+        row = re.search(r"^\| `" + name + r"\([^)]*\)` \|(.*)$", GUIDE, re.M)
+        assert row, name
+        arguments = row.group(1).split(" | ")[2]  # kind | called | arguments | return
+        for param in inspect.signature(getattr(hookspecs, name)).parameters:
+            if param != "client":
+                assert f"`{param}`" in arguments or f"`{param}:" in arguments, (
+                    f"docs/PLUGINS.md: the arguments of {name} do not describe {param!r}")
 
 
 def test_example_is_accepted_by_the_plugin_manager() -> None:

@@ -69,3 +69,14 @@ def test_columns_must_match_the_rows() -> None:
         encode_xadds(["a", "a"], ["n"], [[1]], routes)
     with pytest.raises(KeyError):
         encode_xadds(["nowhere"], [], [], routes)
+
+
+def test_a_route_needs_a_batch_and_its_idmp_chunks_a_producer_id_prefix() -> None:
+    with pytest.raises(TypeError):
+        XaddRoute(None, "a")  # type: ignore[arg-type]
+    batch = CommandBatch()
+    route = XaddRoute(batch, "a", 2)
+    route.pid_prefix = None  # type: ignore[assignment]
+    with pytest.raises(DataError, match="no pid_prefix"):
+        encode_xadds(["a"], ["n"], [[1]], {"a": route})
+    assert len(batch) == 0 and batch.getvalue() == b""  # nothing half-written

@@ -70,6 +70,25 @@ def test_misfit_events_are_logged_once_and_never_raised(caplog: pytest.LogCaptur
     client.pm.hook.lbs_metric(client=client, name="x_total", kind="counter", value=-1, labels=LBL)  # no raise
 
 
+def test_table_names_take_kind_labels_and_help_from_lbs_metrics() -> None:
+    from lbs.metrics import METRICS
+
+    reg = CollectorRegistry()
+    plugin = PrometheusPlugin(registry=reg)
+    plugin.record("pel_depth", "counter", 1, LBL)  # the table says gauge: refused, and no counter family made
+    plugin.record("pel_depth", "gauge", 6, LBL)
+    plugin.record("recovery_dlq_total", "counter", 1, LBL)  # path missing: recorded on the table's labels
+    plugin.record("widgets_total", "counter", 2, {**LBL, "colour": "red"})  # not in the table: any labels
+    families = {f.name: f for f in reg.collect()}
+    assert families["lbs_pel_depth"].type == "gauge"
+    assert families["lbs_pel_depth"].documentation == METRICS["pel_depth"].help
+    assert reg.get_sample_value("lbs_pel_depth", LBL) == 6
+    assert families["lbs_recovery_dlq"].documentation == METRICS["recovery_dlq_total"].help
+    assert reg.get_sample_value("lbs_recovery_dlq_total", {**LBL, "path": ""}) == 1
+    assert reg.get_sample_value("lbs_widgets_total", {**LBL, "colour": "red"}) == 2
+    assert "widgets_total" in families["lbs_widgets"].documentation
+
+
 def test_fixed_hooks_count_and_read_the_held_gauge() -> None:
     reg = CollectorRegistry()
     plugin = PrometheusPlugin(registry=reg)

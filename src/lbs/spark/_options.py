@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from .._connection import parse_version
+from .._redis.connection import parse_version
 from ..exceptions import ConfigurationError
 
 _CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}

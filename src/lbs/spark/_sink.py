@@ -26,7 +26,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from .. import _keys
-from .._connection import redirected
+from .._redis.connection import redirected
 from ..exceptions import ConfigurationError, RedisOperationError
 from ._options import Connection, RawConnection, flag, lowered, node_of, number, server_version
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 import lbs
+from lbs.metrics import BASE_LABELS, METRICS
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import start_http_server
 
@@ -31,36 +32,8 @@ DEFAULT_ADDR: Final = "127.0.0.1"
 
 #: Every metric name starts with this.
 PREFIX: Final = "lbs_"
-_BASE_LABELS: Final = ("service", "consumer")
+_BASE_LABELS: Final = BASE_LABELS
 _NAME_OK = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
-
-# Help texts for the names lbs documents for the lbs_metric hook; any other
-# name still gets a family, with a generic help text.
-_KNOWN_HELP: Final[Mapping[str, str]] = {
-    "recovery_keyspace_requeued_total": "Assignments re-queued by recovery after a lock-expiry keyspace event.",
-    "recovery_deadline_requeued_total": "Assignments re-queued by recovery's consumer-deadline poller.",
-    "recovery_scan_requeued_total": "Assignments re-queued by recovery's pending-list scan.",
-    "recovery_startup_requeued_total": "Assignments re-queued by the start-up recovery pass.",
-    "recovery_claim_requeued_total": "Assignments re-queued through Client.claim().",
-    "recovery_heartbeat_requeued_total": "Assignments re-queued by a live consumer's heartbeat (lock lost).",
-    "recovery_scan_skipped_alive_total": "Pending entries the scan left alone because their lock is alive.",
-    "recovery_duplicate_ack_total": "Recovered entries that turned out to be already acked.",
-    "recovery_trimmed_total": "Pending entries trimmed from the stream before recovery reached them.",
-    "recovery_dlq_total": "Entries recovery sent to the dead-letter stream (out of retries).",
-    "recovery_scan_duration_seconds": "Duration of one pending-list scan.",
-    "recovery_expiry_lag_seconds": "How late recovery acted after a consumer deadline passed.",
-    "pel_depth": "Entries in the consumer group's pending list at the last scan.",
-    "startup_recovery_requeued_total": "Assignments re-queued by the last start-up recovery pass.",
-    "startup_recovery_duration_seconds": "Duration of the start-up recovery pass.",
-    "startup_recovery_success": "1 when the last start-up recovery pass succeeded, else 0.",
-    "keyspace_listener_reconnects_total": "Reconnections of the keyspace-event listener.",
-    "keyspace_listener_gap_seconds": "How long the keyspace-event listener was away before it resubscribed.",
-    "topology_changes_total": "Moves of the client to a new owner of the service's cluster slot.",
-    "server_restarts_total": "Server restarts noticed (run id changed); keyspace events were set again.",
-    "duplicate_consumer_total": "Heartbeat ticks that found another live process with this consumer id.",
-    "wrong_type_keys_total": "Script calls refused because a key of the service had the wrong type.",
-    "held_overdue": "Streams held longer than Config.hold_warning without being finished.",
-}
 
 
 class _Families:
@@ -77,7 +50,7 @@ class _Families:
         self.disowned = Counter(PREFIX + "streams_disowned", "Held streams whose lock the heartbeat found "
                                 "no longer ours.", labels, **kw)
         self.handed_back = Counter(PREFIX + "streams_handed_back", "Held streams handed back to the LBS as a "
-                                   "fresh entry (retry_counted: a run() handler raised).",
+                                   "fresh entry (retry_counted: their retry count went up).",
                                    (*labels, "retry_counted"), **kw)
         self.dead_lettered = Counter(PREFIX + "streams_dead_lettered", "Entries sent to the dead-letter stream "
                                      "(or dropped): malformed, or out of retries.", labels, **kw)
@@ -100,6 +73,7 @@ class _Families:
             "heartbeat_locks_lost_total", "heartbeat_tick_seconds", "held_streams", "client_running",
             "reader_terminations_total")}
         # lbs_metric families, created the first time a name is seen: name -> (kind, family, label names).
+        # A name in lbs.metrics.METRICS takes the table's kind, labels and help; any other, its first event's.
         self.generic: dict[str, tuple[str, Counter | Gauge | Histogram, tuple[str, ...]]] = {}
         self.lock = threading.Lock()
 
@@ -111,26 +85,33 @@ class _Families:
             with self.lock:
                 found = self.generic.get(name)
                 if found is None:
-                    found = (kind, self._create(name, kind, label_names), label_names)
-                    self.generic[name] = found
+                    found = self.generic[name] = self._create(name, kind, label_names)
         if found[0] != kind:
-            raise ValueError(f"lbs_metric {name!r} was a {found[0]}, now reported as a {kind}")
+            raise ValueError(f"lbs_metric {name!r} is a {found[0]}, reported as a {kind}")
         return found
 
-    def _create(self, name: str, kind: str, label_names: tuple[str, ...]) -> Counter | Gauge | Histogram:
+    def _create(self, name: str, kind: str,
+                label_names: tuple[str, ...]) -> tuple[str, Counter | Gauge | Histogram, tuple[str, ...]]:
+        known = METRICS.get(name)
+        if known is not None:
+            kind, label_names, doc = known.kind, (*_BASE_LABELS, *known.labels), known.help
+        else:
+            doc = f"lbs metric {name} (reported through the lbs_metric hook)."
         full = PREFIX + name
         if not _NAME_OK.match(full):
             raise ValueError(f"lbs_metric name {name!r} is not a valid Prometheus name")
         if full in self.fixed_names or (kind == "counter" and full + "_total" in self.fixed_names):
             raise ValueError(f"lbs_metric name {name!r} collides with one of lbs_prometheus's own metrics")
-        doc = _KNOWN_HELP.get(name, f"lbs metric {name} (reported through the lbs_metric hook).")
+        family: Counter | Gauge | Histogram
         if kind == "counter":
-            return Counter(full, doc, label_names, registry=self.registry)
-        if kind == "gauge":
-            return Gauge(full, doc, label_names, registry=self.registry)
-        if kind == "histogram":
-            return Histogram(full, doc, label_names, registry=self.registry)
-        raise ValueError(f"lbs_metric {name!r} has unknown kind {kind!r}")
+            family = Counter(full, doc, label_names, registry=self.registry)
+        elif kind == "gauge":
+            family = Gauge(full, doc, label_names, registry=self.registry)
+        elif kind == "histogram":
+            family = Histogram(full, doc, label_names, registry=self.registry)
+        else:
+            raise ValueError(f"lbs_metric {name!r} has unknown kind {kind!r}")
+        return kind, family, label_names
 
 
 _families_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
@@ -407,11 +388,15 @@ class PrometheusPlugin:
 
         ``counter`` -> ``Counter.inc(value)``, ``gauge`` -> ``Gauge.set(value)``,
         ``histogram`` -> ``Histogram.observe(value)``, on the family
-        ``lbs_<name>`` whose label names are the first event's. A later event
-        with other label names is recorded on the first ones (missing values
-        empty) and logged once; a name that cannot be a family (bad
-        characters, a kind that changed) or a value the family refuses (a
-        negative increment) is logged once and skipped. Never raises.
+        ``lbs_<name>``, created the first time the name is seen. A name in
+        :data:`lbs.metrics.METRICS` gets the table's kind, help text and label
+        names (``service``, ``consumer``, then its own); any other name (a
+        third-party plugin's) its first event's kind and label names, and a
+        generic help text. An event with other label names is recorded on the
+        family's (missing values empty) and logged once; an event whose kind
+        is not the family's, a name that cannot be a family (bad characters,
+        unknown kind) or a value the family refuses (a negative increment) is
+        logged once and skipped. Never raises.
         """
         try:
             _, family, names = self._families.family(name, kind, tuple(labels))
@@ -419,7 +404,7 @@ class PrometheusPlugin:
             self._warn_once("bad:" + name, "%s; not recorded", exc)
             return
         if tuple(labels) != names and set(labels) != set(names):
-            self._warn_once("labels:" + name, "lbs_metric %r came with labels %s, first seen with %s",
+            self._warn_once("labels:" + name, "lbs_metric %r came with labels %s, its family has %s",
                             name, sorted(labels), list(names))
         child: Any = family.labels(*(str(labels.get(n, "")) for n in names)) if names else family
         try:

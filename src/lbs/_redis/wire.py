@@ -28,7 +28,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
 
-__all__ = ["Wire"]
+__all__ = ["Wire", "first_error", "text"]
 
 
 def _reply_error(message: str) -> ResponseError:
@@ -43,8 +43,25 @@ def _closed_by_peer(conn: Any) -> bool:
     return bool(stream.at_eof() or stream.exception() is not None or writer.is_closing())
 
 
+def text(v: Any, errors: str = "strict") -> str:
+    """A reply value as text: bytes decoded as UTF-8 (``errors`` as for ``bytes.decode``)."""
+    return v.decode("utf-8", errors) if isinstance(v, bytes) else str(v)
+
+
+def first_error(replies: list[Any]) -> list[Any]:
+    """``replies`` of a batch, or the first server error among them, raised."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
 class Wire:
-    """One connection from a client's pool, held for batches; serialised by a lock.
+    """One connection from a client's pool for batches; serialised by a lock.
+
+    A hot path's wire holds its connection between batches (``hold=True``);
+    an occasional caller's gives it back to the pool after each batch, so it
+    costs the server no connection while idle.
 
     ``scripts`` are the Lua sources a batch may call by SHA: after a
     NOSCRIPT (a restart, a failover) they are loaded and the batch is sent
@@ -52,8 +69,9 @@ class Wire:
     ran none of them.
     """
 
-    def __init__(self, redis: aioredis.Redis, scripts: Sequence[str] = ()) -> None:
+    def __init__(self, redis: aioredis.Redis, scripts: Sequence[str] = (), *, hold: bool = True) -> None:
         self._pool = redis.connection_pool
+        self._hold = hold
         self._redis = redis
         self._scripts = list(scripts)
         self._conn: Any = None
@@ -94,15 +112,19 @@ class Wire:
             return []
         async with self._lock:
             try:
-                replies = await self._stream(count, build, parser)
-            except RedisConnectionError:
-                if not retry_safe:
-                    raise
-                replies = await self._stream(count, build, parser)  # on a fresh connection
-            if replies and all(isinstance(r, NoScriptError) for r in replies):
-                for source in self._scripts:
-                    await self._redis.script_load(source)
-                replies = await self._stream(count, build, parser)
+                try:
+                    replies = await self._stream(count, build, parser)
+                except RedisConnectionError:
+                    if not retry_safe:
+                        raise
+                    replies = await self._stream(count, build, parser)  # on a fresh connection
+                if replies and all(isinstance(r, NoScriptError) for r in replies):
+                    for source in self._scripts:
+                        await self._redis.script_load(source)
+                    replies = await self._stream(count, build, parser)
+            finally:
+                if not self._hold:
+                    await self.close()
         return replies
 
     async def _stream(self, count: int, build: Callable[[CommandBatch, int], None],

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from redis._parsers.helpers import parse_stream_list
 
 import lbs
-from _lbscore import NEED_MORE, EntryParser, RespReader, Shape
+from _lbscore import NEED_MORE, EntryParser, ReplyError, RespReader, Shape
 
 from _strategies import infos, names
 
@@ -162,15 +162,17 @@ def test_resp3_types_hiredis_reads_differently(raw: bytes, value: Any) -> None:
     assert _read_all(raw) == [value]
 
 
-def test_error_replies_are_values_of_the_given_type() -> None:
+@pytest.mark.parametrize("factory", [None, "Boom"])
+def test_error_replies_are_values_of_the_given_type(factory: str | None) -> None:
     class Boom(Exception):
         pass
 
-    reader = RespReader(Boom)
+    reader = RespReader(Boom) if factory else RespReader()
+    kind = Boom if factory else ReplyError  # the core's own, when no factory is given
     reader.feed(b"-ERR one\r\n!7\r\nERR two\r\n+OK\r\n")
     first, second, third = reader.gets(), reader.gets(), reader.gets()
-    assert isinstance(first, Boom) and str(first) == "ERR one"
-    assert isinstance(second, Boom) and str(second) == "ERR two"
+    assert type(first) is kind and str(first) == "ERR one"
+    assert type(second) is kind and str(second) == "ERR two"
     assert third == b"OK"
 
 
@@ -285,6 +287,23 @@ def test_entries_read_in_place_equal_the_generic_path(entries: list[tuple[bytes,
     direct = reader.gets_entries(parser, Shape.ENTRIES)
     generic = parser.parse_entries(_hiredis_all(raw)[0])
     assert [_attrs(e) for e in direct] == [_attrs(e) for e in generic]
+
+
+@pytest.mark.parametrize("count, expected", [
+    (b"0", 0), (b"7", 7), (b"-0", 0), (b"+4", 4), (b" 3", 3), (b"1_0", 10), (b"007", 7),
+    (b"9223372036854775807", 2**63 - 1),
+    (b"-1", None), (b"9223372036854775808", None), (b"", None), (b"x", None), (b"\xff", None),
+])
+def test_a_retry_count_is_what_int_makes_of_it_when_non_negative(count: bytes, expected: int | None) -> None:
+    fields = [b"lbs-input", lbs.encode_input("s"), b"_retry_count", count]
+    raw = b"*1\r\n*2\r\n" + _bulk(b"1-0") + b"*4\r\n" + b"".join(_bulk(f) for f in fields)
+    reader = RespReader()
+    reader.feed(raw)
+    (e,) = reader.gets_entries(EntryParser(), Shape.ENTRIES)
+    if expected is None:
+        assert e.error is not None and "_retry_count" in e.error
+    else:
+        assert (e.error, e.retry_count) == (None, expected)
 
 
 @given(_entry_lists, st.booleans(), st.lists(st.integers(0, 10**6), max_size=6))

@@ -21,8 +21,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyError, ResponseError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, RedisOperationError
 
 #: What the public API accepts as ``redis``: a redis.asyncio client, a
 #: ``RedisCluster``, or a URL (``redis+cluster://`` / ``rediss+cluster://`` for a cluster).
@@ -146,6 +148,25 @@ def parse_version(raw: object) -> tuple[int, ...]:
         return tuple(int(p) for p in str(raw).split("."))
     except ValueError:
         return ()
+
+
+async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
+    """Create ``group`` on ``stream`` (and the stream) unless it exists.
+
+    Id 0, not $: entries added before any consumer existed are delivered.
+    """
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def topology_error(exc: BaseException) -> bool:
+    """Whether ``exc`` may mean the slot's owner changed, or Redis is unreachable (worth trying again)."""
+    if isinstance(exc, RedisOperationError) and exc.cause is not None:
+        exc = exc.cause
+    return redirected(exc) or isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
 
 
 async def execute(pipe: Any) -> list[Any]:

@@ -1,0 +1,191 @@
+"""Finishing streams: release + ack + delete, batched into one ``done-n.lua`` call, retried until answered.
+
+Every concurrent ``done_stream`` (a ``run()`` with many handlers) joins the
+next batch: one round trip per batch on the link's ``done`` wire, however
+many streams finish at once. A done is a commitment: if the connection or
+the server fails, the batch is sent again (flagged as a retry, so an entry
+a lost call finished reads ALREADY_DONE) with back-off until Redis
+answers, while the heartbeat keeps the locks alive (:meth:`Finisher.finishing`).
+Dropping it instead would let the lock expire and the stream run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from _lbscore import CommandBatch, Held
+
+from .._redis import scripts
+from .._redis.connection import cancel_and_wait, topology_error
+from .._redis.scripts import DoneCode
+from .._redis.wire import first_error
+from ..exceptions import RedisOperationError
+from ..notifications import DoneStatus
+from .backoff import Backoff
+from .state import ConsumerState
+from .topology import Topology
+
+__all__ = ["Finisher"]
+
+#: Most streams one done-n.lua call finishes.
+DONE_BATCH = 1_000
+# done-n.lua's codes as the statuses done_stream reports; anything else is a lost lock.
+# ALREADY_DONE: a retried call whose first reply was lost found its own work finished.
+_DONE_STATUS = {int(DoneCode.DONE): DoneStatus.DONE, int(DoneCode.LOCK_EXPIRED): DoneStatus.LOCK_EXPIRED,
+                int(DoneCode.ALREADY_DONE): DoneStatus.DONE}
+
+#: A stream to finish, and the future that gets its done-n.lua code (None: log the outcome only).
+_Item = tuple[Held, "asyncio.Future[Any] | None"]
+
+
+class Finisher:
+    """The finishing task of one client; the one caller of ``done-n.lua``."""
+
+    def __init__(self, state: ConsumerState, topology: Topology) -> None:
+        self.state = state
+        self.topology = topology
+        self._queue: list[_Item] = []
+        self._inflight: list[_Item] = []  # the batch Redis runs now
+        self._retry: list[_Item] = []  # batches Redis did not answer
+        self._wakeup = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+        self._finished = asyncio.Event()  # set whenever a stream finished (wait_finished)
+
+    def queue(self, h: Held, fut: asyncio.Future[Any] | None = None) -> None:
+        """Queue ``h`` for the next batch; ``fut`` gets the done code (None: log only)."""
+        self._queue.append((h, fut))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name=f"lbs-finisher-{self.state.names.id}")
+        self._idle.clear()
+        self._wakeup.set()
+
+    async def finish(self, items: list[Held]) -> list[DoneStatus]:
+        """Queue ``items`` and wait for their outcome."""
+        if not items:
+            return []
+        loop = asyncio.get_running_loop()
+        futures = []
+        for h in items:
+            fut: asyncio.Future[Any] = loop.create_future()
+            self.queue(h, fut)
+            futures.append(fut)
+        codes = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
+        return [self._finished_one(h, code) for h, code in zip(items, codes)]
+
+    def finishing(self) -> list[Held]:
+        """Streams handed to the finisher whose done Redis has not answered yet (the heartbeat extends them)."""
+        if not (self._queue or self._inflight or self._retry):
+            return []
+        return [h for q in (self._queue, self._inflight, self._retry) for h, _ in q]
+
+    async def _loop(self) -> None:
+        s = self.state
+        n = s.names
+        backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)
+        while True:
+            if not self._queue and not self._retry:
+                self._idle.set()
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            queue, retrying = (self._retry, True) if self._retry else (self._queue, False)
+            batch = self._inflight = queue[:DONE_BATCH]
+            del queue[:DONE_BATCH]
+            ids = [h.entry_id for h, _ in batch]
+            values = [h.value for h, _ in batch]
+            xackdel = s.server.xackdel
+
+            def build(b: CommandBatch) -> None:
+                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, n.group, xackdel, retrying)
+
+            wire = s.link.done
+            try:
+                try:
+                    (codes,) = first_error(await wire.execute(build))
+                except RedisConnectionError:
+                    # The connection failed with the call in flight: it may have
+                    # run. Send it once more on a fresh connection, saying so.
+                    retrying = True
+                    (codes,) = first_error(await wire.execute(build))
+            except asyncio.CancelledError:
+                self._inflight = []
+                for _, fut in batch:
+                    if fut is not None:
+                        fut.cancel()
+                raise
+            except Exception as exc:
+                self._inflight = []
+                s.hooks.metric("done_failures_total", len(batch))
+                await self.topology.after_failure(exc)
+                if topology_error(exc):  # Redis unreachable, restarting or failing over: try again
+                    self._retry[:0] = batch
+                    wait = backoff.next()
+                    s.log.warning("finishing %d streams failed (%s); trying again in %.2fs, their locks "
+                                  "kept alive", len(batch), exc, wait)
+                    await asyncio.sleep(wait)
+                    continue
+                err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
+                for h, fut in batch:
+                    if fut is None:
+                        s.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
+                    elif not fut.done():
+                        fut.set_exception(err)
+                continue
+            self._inflight = []
+            backoff.reset()
+            released = s.hooks.listening("lbs_lock_released")
+            for (h, fut), code in zip(batch, codes):
+                if fut is None:
+                    self._finished_one(h, code, released)
+                elif not fut.done():
+                    fut.set_result(code)
+
+    def _finished_one(self, h: Held, code: Any, released: bool = True) -> DoneStatus:
+        s = self.state
+        status = _DONE_STATUS.get(code, DoneStatus.LOCK_LOST)
+        stats = s.stats
+        stats.finished += 1
+        self._finished.set()
+        if status is DoneStatus.DONE:
+            stats.done += 1
+        elif status is DoneStatus.LOCK_EXPIRED:
+            stats.lock_expired += 1
+        else:
+            stats.lock_lost += 1
+        if status.lost:
+            s.log.warning("done_stream(%s): %s (entry %s, token %d)", h.stream, status.value, h.entry_id, h.token)
+        if released:
+            s.hooks.notify("lbs_lock_released", stream=h.stream, entry_id=h.entry_id, token=h.token, status=status)
+        return status
+
+    async def wait_finished(self, count: int) -> None:
+        """Until ``stats.finished`` reaches ``count``."""
+        while self.state.stats.finished < count:
+            self._finished.clear()
+            await self._finished.wait()
+
+    async def drain(self, timeout: float) -> None:
+        """At shutdown: send what is queued (up to ``timeout`` seconds), then stop the task.
+
+        What Redis did not answer by then fails its waiters; those locks expire.
+        """
+        if self._task is not None and not self._task.done():
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except asyncio.TimeoutError:
+                unsent = [*self._queue, *self._retry]
+                self.state.log.error("finisher did not drain; %d finished streams' locks will expire", len(unsent))
+                gone = RedisOperationError("done_stream", RedisConnectionError("the client closed before Redis "
+                                                                               "answered"))
+                for _, fut in unsent:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(gone)
+
+    async def stop(self) -> None:
+        await cancel_and_wait([self._task])

@@ -1,0 +1,181 @@
+"""The heartbeat: every held lock extended in one round trip per tick, whatever their number.
+
+Each tick (every ``Config.heartbeat_every``, a quarter of that after a
+failed one) extends the locks of the held streams and of those the finisher
+has not had answered yet, refreshes the pending idle time of a rotating
+share of their entries, and, in its last ``extend-n.lua`` call, moves this
+consumer's deadline and refreshes its instance marker. A lock found lost
+while its holder lives (a stall, an eviction) disowns the stream and puts it
+back with no retry counted. The tick also warns of streams held past
+``Config.hold_warning`` and retries dead letters that could not be written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.exceptions import RedisError
+
+from _lbscore import CommandBatch, Held
+
+from .._redis import scripts
+from .._redis.connection import cancel_and_wait
+from .._redis.wire import first_error, text
+from ..exceptions import RedisOperationError
+from ..notifications import Notification, NotificationType
+from .finisher import Finisher
+from .requeue import Requeue
+from .state import ConsumerState
+from .topology import Topology
+
+__all__ = ["Heartbeat"]
+
+
+class Heartbeat:
+    """The heartbeat task of one client; the one caller of ``extend-n.lua``."""
+
+    def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology) -> None:
+        self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
+        self._beats = 0  # ticks so far: picks which entries refresh their pending idle time
+        self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
+        self._overdue_next = 0.0  # when the tick looks for them again (monotonic)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"lbs-heartbeat-{self.state.names.id}")
+
+    async def stop(self) -> None:
+        await cancel_and_wait([self._task])
+
+    async def _loop(self) -> None:
+        s = self.state
+        every = s.config.heartbeat_every
+        wait = every
+        while not s.stopping.is_set():
+            try:
+                await asyncio.wait_for(s.stopping.wait(), wait)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                await self.tick()
+                wait = every
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                s.hooks.metric("heartbeat_failures_total", 1)
+                await self.topology.after_failure(exc)
+                # The Wire already tried a fresh connection; try again soon, well
+                # before the locks (extended at most a tick ago) can expire.
+                wait = every / 4
+                s.log.warning("heartbeat failed: %s; next try in %.2fs", exc, wait)
+
+    async def tick(self) -> int:
+        """Extend every held lock now, in one round trip; return how many were lost (``Client.heartbeat``)."""
+        s = self.state
+        n, cfg = s.names, s.config
+        table = s.holdings.table
+        snapshot = table.values()
+        held = len(snapshot)
+        finishing = self.finisher.finishing()
+        if finishing:  # still ours until Redis answers their done: keep them alive
+            snapshot += finishing
+        started = time.perf_counter()
+        chunk = cfg.heartbeat_chunk
+        # At least one call, even holding nothing: it keeps the instance marker alive.
+        starts = range(0, max(1, len(snapshot)), chunk)
+        sha, ttl = scripts.EXTEND.sha, cfg.lock_ttl_ms
+        head_keys = scripts.extend_head(n.stream_key, n.consumers_key, n.instance_key)
+        head_args = scripts.extend_args(ttl, n.group, n.id, False, n.instance)
+        last_args = scripts.extend_args(ttl, n.group, n.id, True, n.instance)
+        encode = table.encode_extend
+        every = cfg.pel_refresh_every
+        phase = self._beats % every
+        self._beats += 1
+
+        def build(b: CommandBatch, k: int) -> None:
+            start = starts[k]
+            encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
+                   min(start + chunk, len(snapshot)), every, phase)
+
+        try:
+            # Extending a lock checks its value first: sending a tick twice is harmless.
+            results = first_error(await s.link.beat.execute_chunks(len(starts), build, retry_safe=True))
+        except RedisError as exc:
+            raise RedisOperationError("heartbeat", exc) from exc
+        lost: list[Held] = []
+        for start, positions in zip(starts, results):
+            for p in positions:
+                if isinstance(p, int):
+                    lost.append(snapshot[start + p - 1])
+                else:
+                    self._warn(text(p))
+        lost = [h for h in lost if s.holdings.drop(h)]
+        for h in lost:
+            self._disown(h, "lock expired or taken while held (heartbeat missed)")
+        if held:  # a tick holding nothing only kept the instance marker alive
+            s.hooks.notify("lbs_locks_extended", extended=held - len(lost), lost=len(lost),
+                           seconds=time.perf_counter() - started)
+        if lost:
+            # We live, so the consumer deadline index will not send anyone for
+            # these: put back the ones whose lock is gone (not those someone
+            # else holds) ourselves. The loss was not the stream's fault (a
+            # stall, an eviction): no retry is counted.
+            try:
+                await self.requeue.recover([h.entry_id for h in lost], "heartbeat",
+                                           "lock lost while held (heartbeat missed)", count_retry=False)
+            except RedisError as exc:
+                s.log.warning("re-queue of %d lost assignments failed (%s); the scan will", len(lost), exc)
+        if cfg.hold_warning is not None:
+            self._report_overdue(cfg.hold_warning)
+        await self.requeue.retry_undead()
+        return len(lost)
+
+    def _warn(self, what: str) -> None:
+        """Something the tick's last call could not do (extend-n.lua's string outputs)."""
+        s = self.state
+        if what.startswith("INSTANCE"):
+            s.hooks.metric("duplicate_consumer_total", 1)
+            s.log.error("another live process runs with consumer id %s (instance %s, this one %s): their "
+                        "locks and pending entries mix; give each process its own id", s.names.id,
+                        what.partition(" ")[2], s.names.instance)
+        else:
+            s.hooks.metric("wrong_type_keys_total", 1)
+            s.log.error("heartbeat: %s", what.removeprefix("LBSKEY "))
+
+    def _report_overdue(self, limit: float) -> None:
+        """Warn once per stream held longer than ``limit`` seconds; the ``held_overdue`` gauge counts them.
+
+        Looked at no more often than every ``limit / 10`` seconds: the walk
+        and the set are as long as the overdue streams are many.
+        """
+        now = time.monotonic()
+        if now < self._overdue_next:
+            return
+        self._overdue_next = now + limit / 10
+        overdue = self.state.holdings.table.taken_before(now - limit)
+        warned = self._overdue_warned
+        if warned:
+            warned.intersection_update(h.entry_id for h in overdue)
+        for h in overdue:
+            if h.entry_id not in warned:
+                warned.add(h.entry_id)
+                self.state.log.warning("%s (entry %s, token %d) has been held for over %.0fs without being "
+                                       "finished: call done_stream or hand_back, or use `async with notification:`",
+                                       h.stream, h.entry_id, h.token, limit)
+        self.state.hooks.metric("held_overdue", len(overdue))
+
+    def _disown(self, h: Held, reason: str) -> None:
+        s = self.state
+        s.holdings.tombstone(h)
+        s.log.warning("lost the lock of %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason)
+        s.hooks.notify("lbs_stream_disowned", stream=h.stream, entry_id=h.entry_id, token=h.token)
+        if h.task is not None and not h.task.done():
+            h.task.cancel()
+        s.mailbox.put_nowait(Notification(NotificationType.STREAM_DISOWNED, h.stream, h.entry_id, h.info,
+                                          h.retry_count, h.token, reason))

@@ -1,0 +1,88 @@
+"""The instance marker: one live process per consumer id.
+
+Lock values are ``<token>:<consumer id>:<instance>``, so a process adopts
+only its own locks; two processes under one consumer id would still share a
+pending list and a deadline. The marker ``{<service>-input}:instance:<id>``
+holds the running process's nonce with the lock TTL, and every heartbeat
+tick refreshes it (``extend-n.lua``); a second live process with the same id
+is refused at start, and ``leave-1.lua`` deletes the marker on close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from _lbscore import CommandBatch
+
+from .._redis import scripts
+from .._redis.connection import execute
+from .._redis.wire import text
+from ..exceptions import ConfigurationError, RedisOperationError
+from .state import ConsumerState
+
+__all__ = ["Instance"]
+
+
+class Instance:
+    """This process's claim on its consumer id; the one caller of ``leave-1.lua``."""
+
+    def __init__(self, state: ConsumerState) -> None:
+        self.state = state
+
+    async def claim(self) -> None:
+        """Take the marker, or refuse a second live process with the same id (:class:`lbs.ConfigurationError`).
+
+        When the marker is taken, either its process died moments ago (the
+        marker then expires within the TTL and this start goes on) or it is
+        alive (the marker is refreshed, and this start is refused).
+        """
+        s = self.state
+        r, key, cfg, me = s.link.redis, s.names.instance_key, s.config, s.names.id
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + cfg.lock_ttl + cfg.heartbeat_every + 1.0
+        seen: tuple[Any, int] | None = None
+        try:
+            while not await r.set(key, s.names.instance, nx=True, px=cfg.lock_ttl_ms):
+                pipe = r.pipeline(transaction=True)
+                pipe.get(key)
+                pipe.pttl(key)
+                holder, pttl = await execute(pipe)
+                if holder is None:
+                    continue  # expired between the two calls
+                if seen is None:
+                    s.log.warning("consumer id %s is marked in use by instance %s (%s); waiting up to %.1fs "
+                                  "for that process's marker to expire", me, text(holder), key, pttl / 1000)
+                elif holder != seen[0] or pttl > seen[1]:
+                    raise ConfigurationError(
+                        f"consumer id {me!r} is in use by another live process (instance "
+                        f"{text(holder)}, marker {key}): give each process its own consumer id "
+                        "(POD_NAME or consumer_id=...)")
+                if loop.time() > give_up:
+                    raise ConfigurationError(
+                        f"consumer id {me!r} stays marked in use by instance {text(holder)} ({key}, "
+                        f"ttl {pttl} ms): another process runs with it, or the key was set by hand")
+                seen = (holder, pttl)
+                await asyncio.sleep(min(0.1, cfg.heartbeat_every / 4))
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise RedisOperationError("start", ResponseError(
+                f"{key} holds a value of the wrong type, not this consumer's instance marker: {exc}")) from exc
+
+    async def release(self) -> None:
+        """Delete the marker if still ours, so a restart under this id need not wait for it."""
+        s = self.state
+        key, instance = s.names.instance_key, s.names.instance
+
+        def build(b: CommandBatch) -> None:
+            scripts.leave(b, key, instance)
+
+        try:
+            (reply,) = await s.link.pool.execute(build)
+            if isinstance(reply, Exception):
+                raise reply
+        except RedisError as exc:
+            s.log.debug("could not delete the instance marker %s (%s); it expires", key, exc)

@@ -1,0 +1,345 @@
+"""The reader: read and lock assignments in one ``read-3.lua`` call, and hand them out.
+
+Delivery and locking are one atomic script, so no entry is ever pending
+without a lock, nor a lock without this consumer's place in the deadline
+index: whenever this consumer dies, the deadline poller brings its work back
+within the lock TTL. Each batch is parsed in the compiled core (entries come
+back as ``Entry`` objects); good entries become held streams and go to the
+runner (under ``run()``) or the mailbox as STREAM_ADDED; malformed ones are
+dead-lettered.
+
+After a full batch the next read is sent before the batch is handed out
+(when capacity allows both), so Redis reads and locks the next batch while
+this one is dispatched. Between empty reads the reader waits in a plain
+``XREAD BLOCK`` on its own connection, which delivers nothing and can be
+woken (CLIENT UNBLOCK) or dropped at any time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError, ResponseError
+
+from _lbscore import CommandBatch, Entry, Held
+
+from .._redis import scripts
+from .._redis.connection import cancel_and_wait
+from .._redis.wire import text
+from ..notifications import Notification, NotificationType
+from .backoff import Backoff
+from .finisher import Finisher
+from .requeue import Requeue
+from .runner import start_task
+from .state import ConsumerState, Link
+from .topology import Topology
+
+__all__ = ["Reader"]
+
+
+class Dispatch(Protocol):
+    """Where taken streams go under ``run()`` (:meth:`lbs._consumer.runner.Runner.dispatch`)."""
+
+    def __call__(self, h: Held, note: Notification) -> None: ...
+
+
+class Reader:
+    """The reading task of one client; the one caller of ``read-3.lua``."""
+
+    def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology) -> None:
+        self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
+        #: Under run(): the runner's dispatch, which starts a handler per taken stream.
+        self.dispatch: Dispatch | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
+        self._conn: Any = None  # the blocking XREAD's own pooled connection ...
+        self._conn_link: Link | None = None  # ... and the link whose pool it came from
+        self._client_id: int | None = None  # that connection's CLIENT ID (for CLIENT UNBLOCK)
+        self._blocked = False  # in an XREAD BLOCK now
+        #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
+        self.reply_lost = False
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    def start(self) -> None:
+        claim_ms = self.state.strategy.claim_min_idle_ms
+        self._claim_arg = "" if claim_ms is None else str(claim_ms)
+        self._task = asyncio.create_task(self._loop(), name=f"lbs-reader-{self.state.names.id}")
+
+    async def _loop(self) -> None:
+        s = self.state
+        cfg = s.config
+        failures = 0
+        backoff = Backoff(cfg.read_retry_initial, cfg.read_retry_max)
+        block_ms = max(1, int(cfg.read_block * 1000))
+        top: str | None = None  # after an empty read: the newest id, to block on
+        # A read sent ahead, before the previous batch was dispatched: (reply task, count asked).
+        ahead: tuple[asyncio.Task[list[Any]], int] | None = None
+
+        def read_ahead(got: int, asked: int) -> None:
+            nonlocal ahead
+            free = s.free_slots(got)
+            if got >= asked and free > 0 and not s.stopping.is_set():
+                count = min(cfg.read_count, free)
+                ahead = (self._send(count, ">"), count)
+
+        try:
+            while not s.stopping.is_set():
+                try:
+                    if ahead is not None:
+                        sent, asked = ahead
+                        ahead = None
+                    else:
+                        free = s.free_slots()
+                        if free <= 0:
+                            capacity = s.holdings.capacity
+                            capacity.clear()
+                            try:
+                                await asyncio.wait_for(capacity.wait(), cfg.read_block)
+                            except asyncio.TimeoutError:
+                                pass
+                            continue
+                        if top is not None:
+                            wait_from, top = top, None
+                            await self._wait_for_entries(wait_from, block_ms)
+                            continue
+                        if self.reply_lost:
+                            # The last read's reply never arrived: the entries it
+                            # delivered are in our pending list under locks with our
+                            # id. Adopt them before reading more.
+                            await self._take(self._send(cfg.max_streams + cfg.read_count, "0"), "0")
+                            self.reply_lost = False
+                        asked = min(cfg.read_count, free)
+                        sent = self._send(asked, ">")
+                    top = await self._take(sent, ">", lambda got: read_ahead(got, asked))
+                except asyncio.CancelledError:
+                    raise
+                except ResponseError as exc:
+                    if "NOGROUP" in str(exc):
+                        s.log.warning("group %s or stream %s vanished; recreating it", s.names.group,
+                                      s.names.stream_key)
+                        try:
+                            await self.topology.ensure_group()
+                            continue
+                        except RedisError as again:
+                            exc = again  # type: ignore[assignment]
+                    failures += 1
+                    if not await self._failed(exc, failures, backoff):
+                        return
+                    continue
+                except (RedisError, OSError) as exc:
+                    failures += 1
+                    if not await self._failed(exc, failures, backoff):
+                        return
+                    continue
+                failures = 0
+                backoff.reset()
+            if ahead is not None:
+                # Stopped with a read in flight: its entries are locked for us.
+                # Take them (so close() hands them back) rather than leave their
+                # locks to expire.
+                sent, ahead = ahead[0], None
+                await self._take(sent, ">")
+        finally:
+            if ahead is not None:
+                # Cancelled or given up with a read in flight: recovery brings
+                # its entries back once their locks expire.
+                self.reply_lost = True
+                ahead[0].cancel()
+
+    def _send(self, count: int, start: str) -> asyncio.Task[list[Any]]:
+        """Send one ``read-3.lua`` call: read up to ``count`` entries and lock them.
+
+        The request is written before this returns (the task's first step
+        runs at once); the task's result is the call's reply.
+        """
+        s = self.state
+        n = s.names
+        args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
+                n.lock_prefix, start, self._claim_arg, n.lock_owner)
+
+        def build(b: CommandBatch) -> None:
+            scripts.read(b, *args)
+
+        # Re-reading our own pending entries ("0") takes nothing: safe to send twice.
+        return start_task(asyncio.get_running_loop(),
+                          s.link.read.execute(build, s.parser, retry_safe=start != ">"), "lbs-read")
+
+    async def _take(self, sent: asyncio.Task[list[Any]], start: str,
+                    before_dispatch: Callable[[int], None] | None = None) -> str | None:
+        """Take the reply of a :meth:`_send`: its entries become held streams.
+
+        Returns the id to block on when nothing was read, else None.
+        ``before_dispatch(n)`` runs once ``n`` entries are in, before they
+        are handed out (to send the next read).
+        """
+        try:
+            (reply,) = await sent
+        except BaseException:
+            # Wire returns server errors as values: anything raised here (I/O,
+            # cancellation) may have lost a reply whose locks are now ours.
+            self.reply_lost = True
+            raise
+        if isinstance(reply, Exception):
+            raise reply
+        raw_entries, tokens, top = reply
+        if not raw_entries:
+            return text(top) or "0-0"
+        if before_dispatch is not None:
+            before_dispatch(len(raw_entries))
+        s = self.state
+        owner = s.names.lock_owner
+        table = s.holdings.table
+        bad: list[tuple[Entry, str, str]] = []  # (entry, our lock value, reason): to dead-letter
+        max_retries = s.config.max_retries
+        hooks = s.hooks
+        acquired, started = hooks.listening("lbs_lock_acquired"), hooks.listening("lbs_stream_started")
+        dispatch, stats, holder = self.dispatch, s.stats, s.owner
+        taken_at = time.monotonic()
+        # Re-reading our pending entries: those being finished are not to be taken again.
+        finishing = {h.entry_id for h in self.finisher.finishing()} if start != ">" else ()
+        for e, tok in zip(raw_entries, tokens):
+            tok = self._own_token(tok, owner)
+            if not isinstance(tok, int):
+                if tok.startswith("WRONGTYPE"):
+                    # Not a lock at all: the entry stays pending, and the scan
+                    # brings it back once the key is removed.
+                    s.log.error("entry %s: its lock key %s holds a value of the wrong type (%s); leaving "
+                                "the entry pending until the key is removed", e.id,
+                                s.names.lock_key_prefix + e.id, tok)
+                elif start == ">":
+                    # Someone holds this entry's lock (a slow holder whose entry
+                    # was claimed away): leave it pending; it is theirs.
+                    s.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
+                continue
+            if e.id in table or e.id in finishing:
+                continue  # re-read: already ours, or being finished
+            if e.error is not None:
+                bad.append((e, f"{tok}:{owner}", str(e.error)))
+                continue
+            retry_count = e.retry_count
+            if e.claimed:
+                # Claimed (XREADGROUP CLAIM) from holders that stopped: the
+                # count of earlier deliveries is the count of failed attempts.
+                retry_count += e.delivery_count
+                if 0 <= max_retries < retry_count:
+                    bad.append((e, f"{tok}:{owner}", f"out of retries: {e.retry_count} re-queued, "
+                                                     f"{e.delivery_count} deliveries (claimed)"))
+                    continue
+            h = table.take(e, tok, retry_count, taken_at)
+            stats.taken += 1
+            if acquired:
+                hooks.notify("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
+            # e.info, not h.info: an empty Info then costs the held record no dict.
+            note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok, "", holder)
+            if started:
+                hooks.notify("lbs_stream_started", notification=note)
+            if dispatch is not None:
+                dispatch(h, note)
+            else:
+                await s.mailbox.put(note)
+        if bad:
+            await self.requeue.dead_letter(bad)
+        return None
+
+    @staticmethod
+    def _own_token(tok: Any, owner: str) -> int | str:
+        """The token of a lock that is ours, else the lock's value as text.
+
+        A retried take (its first reply was lost with the connection) finds
+        the locks the first attempt set: "<token>:<our id>:<our instance>".
+        Only this very process's locks are adopted: another process started
+        with the same consumer id (refused at start, but possible by hand)
+        reads from the same pending list, and its locks stay its own.
+        """
+        if isinstance(tok, int):
+            return tok
+        value = text(tok, "replace")
+        token, _, holder = value.partition(":")
+        if holder == owner and token.isdigit():
+            return int(token)
+        return value
+
+    async def _wait_for_entries(self, after: str, block_ms: int) -> None:
+        """``XREAD BLOCK`` on the reader's own connection until an entry newer than ``after`` exists."""
+        s = self.state
+        link = s.link
+        if self._conn_link is not link:  # first use, or the slot moved: a connection of the new owner
+            self._conn, self._conn_link, self._client_id = None, link, None
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = await link.redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            if not conn.is_connected or self._client_id is None:
+                await conn.connect()
+                await conn.send_command("CLIENT", "ID")
+                self._client_id = int(await conn.read_response())
+            if s.stopping.is_set():
+                return
+            self._blocked = True  # before sending: sending can yield, and stop() must see it
+            try:
+                await conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", s.names.stream_key, after)
+                await conn.read_response()
+            finally:
+                self._blocked = False
+        except ResponseError:
+            raise  # a server error reply: the connection is fine
+        except BaseException:
+            self._client_id = None
+            await conn.disconnect()
+            raise
+
+    async def _failed(self, exc: BaseException, failures: int, backoff: Backoff) -> bool:
+        """Back off after a failed read; False when the reader gives up."""
+        s = self.state
+        cfg = s.config
+        s.hooks.metric("read_failures_total", 1)
+        await self.topology.after_failure(exc)
+        if cfg.read_max_retries >= 0 and failures > cfg.read_max_retries:
+            s.log.error("reader giving up after %d failed reads: %s", failures, exc)
+            s.hooks.notify("lbs_reader_terminated", error=exc)
+            s.mailbox.put_nowait(Notification(NotificationType.STREAM_TERMINATED, reason=str(exc)))
+            return False
+        wait = backoff.next()
+        s.log.warning("read failed (%s: %s); retry %d in %.2fs", type(exc).__name__, exc, failures, wait)
+        await backoff.sleep(s.stopping, wait)
+        return True
+
+    async def stop(self) -> None:
+        """End the reader without losing a read batch (``state.stopping`` must be set).
+
+        A blocked XREAD is woken with CLIENT UNBLOCK (it returns as if it
+        timed out), and a reader busy taking locks finishes that batch, so
+        every entry it read is either held (and handed back) or untouched.
+        Cancelling is the last resort, after one more read_block.
+        """
+        task = self._task
+        if task is None:
+            return
+        s = self.state
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + s.config.read_block + 1.0
+        unblock = True
+        while not task.done():
+            if self._blocked and self._client_id is not None and unblock:
+                # Sent again until the reader leaves its XREAD: an UNBLOCK that
+                # overtakes the XREAD it is meant for finds nothing to wake.
+                try:
+                    await s.link.redis.client_unblock(self._client_id)
+                except RedisError as exc:
+                    unblock = False
+                    s.log.debug("CLIENT UNBLOCK refused (%s); waiting for the read to time out", exc)
+            if loop.time() > give_up:
+                await cancel_and_wait([task])
+                break
+            await asyncio.wait([task], timeout=0.005)
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the reader logs its own failures
+        if self._conn is not None and self._conn_link is not None:
+            await self._conn_link.redis.connection_pool.release(self._conn)
+            self._conn = None

@@ -1,0 +1,287 @@
+"""Recovery: dead consumers' streams go back into circulation, living ones are never robbed.
+
+Every re-queue is one call of ``requeue-3.lua`` with lock mode ``absent``:
+it acts only when the lock does not exist, acks first (0 acked means another
+recoverer won: nothing else happens), then writes the fresh entry (or the
+dead letter) and deletes the old one, atomically. Any number of recoverers,
+on any number of consumers, re-queue an entry exactly once.
+
+Three paths find the entries to re-queue:
+
+* **deadline poller** (fast, does not depend on Redis's expiry timing):
+  every consumer holding locks has a deadline in the sorted set
+  ``{<service>-input}:consumers``, moved by each heartbeat tick; every
+  ``deadline_poll_interval`` the ``reap-3.lua`` script lists the pending
+  entries of consumers past their deadline whose lock is gone (its PTTL
+  expires an overdue lock on the spot). A live consumer re-queues its own
+  lost locks when its heartbeat finds them (path ``heartbeat``);
+* **keyspace listener** (fast, when Redis delivers): ``expired`` events of
+  this service's lock keys, on a Pub/Sub connection that is PINGed and
+  replaced when it drops or goes half-open, wake the deadline poller, which
+  alone judges whether the holder is dead;
+* **scan** (the backstop for everything else: missed events, locks taken by
+  other clients, restarts): at start and every ``reconciliation_interval``,
+  XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS round trip per page,
+  re-queue only where the lock is gone.
+
+After a stall of the server every deadline and lock lapses at once although
+the holders live; ``reap-3.lua`` notices the gap since its last call and
+gives every overdue consumer a grace of one lock TTL instead, and the live
+holders re-queue their lost locks themselves with no retry counted.
+
+At start the client also re-queues its own pending entries (a restart under
+the same consumer id) whose locks are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections.abc import AsyncIterator
+
+from redis.exceptions import RedisError
+
+from _lbscore import CommandBatch
+
+from .._redis import scripts
+from .._redis.connection import cancel_and_wait, execute
+from .._redis.wire import first_error, text
+from .backoff import Backoff
+from .requeue import Requeue
+from .state import ConsumerState
+from .topology import Topology
+
+__all__ = ["Recovery"]
+
+_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
+
+
+class Recovery:
+    """The recovery tasks of one client; the one caller of ``reap-3.lua``. Re-queues go through :class:`Requeue`."""
+
+    def __init__(self, state: ConsumerState, requeue: Requeue, topology: Topology) -> None:
+        self.state = state
+        self.requeue = requeue
+        self.topology = topology
+        self.config = state.config
+        self.tasks: list[asyncio.Task[None]] = []
+        self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
+
+    def start(self) -> None:
+        make = asyncio.create_task
+        consumer = self.state.names.id
+        self.tasks.append(make(self._scan_loop(), name=f"lbs-scan-{consumer}"))
+        self.tasks.append(make(self._deadline_loop(), name=f"lbs-deadlines-{consumer}"))
+        if self.config.keyspace_recovery:
+            self.tasks.append(make(self._keyspace_loop(), name=f"lbs-keyspace-{consumer}"))
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self.tasks)
+        self.tasks = []
+
+    # ------------------------------------------------------------ deadlines ---
+
+    async def _deadline_loop(self) -> None:
+        every = self.config.deadline_poll_interval
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.poll_deadlines()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.state.log.debug("deadline poll failed: %s", exc)
+
+    async def poll_deadlines(self, path: str = "deadline") -> int:
+        """One poll of the deadline index; returns how many entries it re-queued.
+
+        The one judge of "this consumer is dead": the keyspace listener calls
+        it too (``path="keyspace"``) when a lock expires, so a lock that
+        lapsed while its holder lives (a stall of the server) is never taken
+        from it here; the holder's heartbeat puts it back, without a retry.
+        """
+        s = self.state
+        n, cfg = s.names, self.config
+        ttl_ms = cfg.lock_ttl_ms
+        # A gap longer than half a TTL (and than a few of our own poll intervals, so a
+        # client polling rarely on purpose never mistakes its own pace for a stall).
+        stall_ms = max(1000, ttl_ms // 2, int(4000 * cfg.deadline_poll_interval))
+
+        def build(b: CommandBatch) -> None:
+            scripts.reap(b, n.consumers_key, n.stream_key, n.reaped_key, group=n.group,
+                         lock_prefix=n.lock_key_prefix, batch=cfg.deadline_batch, stall_ms=stall_ms, grace_ms=ttl_ms)
+
+        (gone,) = first_error(await s.link.pool.execute(build))
+        return await self.requeue.recover([text(g) for g in gone], path, f"lock expired ({path}: deadline passed)")
+
+    # ------------------------------------------------------------- keyspace ---
+
+    def _channel_pattern(self) -> str:
+        db = int(self.state.link.redis.connection_pool.connection_kwargs.get("db", 0) or 0)
+        return f"__keyspace@{db}__:" + _GLOB_SPECIAL.sub(r"\\\1", self.state.names.lock_key_prefix) + "*"
+
+    async def _keyspace_loop(self) -> None:
+        """Listen for this service's lock expirations; reconnect on drops and half-open links."""
+        s = self.state
+        pattern = self._channel_pattern()
+        prefix_len = len(pattern) - 1  # the channel minus the trailing '*'
+        backoff = Backoff(self.config.read_retry_initial, self.config.read_retry_max)
+        ping_every = self.config.pubsub_ping_interval
+        first = True
+        lost_at: float | None = None
+        while True:
+            link = s.link
+            pubsub = link.redis.pubsub()  # on the slot's owner: where the locks expire
+            try:
+                await pubsub.psubscribe(pattern)
+                if not first:
+                    s.hooks.metric("keyspace_listener_reconnects_total", 1)
+                    await self.topology.check_server()  # a restart forgets the keyspace-event setting
+                if lost_at is not None:
+                    # How long recovery relied on the deadline poller and the scan alone.
+                    s.hooks.metric("keyspace_listener_gap_seconds", time.monotonic() - lost_at)
+                    lost_at = None
+                first = False
+                self.listening.set()
+                backoff.reset()
+                last_pong = last_ping = time.monotonic()
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(1.0, ping_every))
+                    now = time.monotonic()
+                    if msg is not None:
+                        last_pong = now  # anything arriving proves the link is alive
+                        if msg.get("type") == "pmessage" and text(msg.get("data")) == "expired":
+                            await self._on_expired(text(msg["channel"])[prefix_len:])
+                    if now - last_ping >= ping_every:
+                        # redis-py's health check only sends; the PONG must come back
+                        # on the subscription, or the connection is half-open.
+                        await pubsub.ping()
+                        last_ping = now
+                    if now - last_pong > 2 * ping_every:
+                        raise ConnectionError("no PONG on the subscription: the connection is half-open")
+                    if s.link is not link:
+                        raise ConnectionError(f"the slot moved to {s.link.node}: resubscribing there")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening.clear()
+                if lost_at is None:
+                    lost_at = time.monotonic()
+                await self.topology.after_failure(exc)
+                if s.link is not link:
+                    backoff.reset()  # the new owner is known: go at once
+                wait = backoff.next()
+                s.log.warning("keyspace listener lost (%s); resubscribing in %.2fs", exc, wait)
+                await asyncio.sleep(wait)
+            finally:
+                self.listening.clear()
+                try:
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                except Exception:
+                    pass
+
+    async def _on_expired(self, entry_id: str) -> None:
+        """A lock expired: poll the deadline index now (it re-queues the entry if its holder is overdue)."""
+        s = self.state
+        r, n = s.link.redis, s.names
+        try:
+            holder = await r.xpending_range(n.stream_key, n.group, min=entry_id, max=entry_id, count=1)
+            if not holder:
+                return  # finished or already recovered
+            # The holder's deadline is its last heartbeat's; the lock expires no later.
+            deadline = await r.zscore(n.consumers_key, holder[0]["consumer"])
+            if not await self.poll_deadlines("keyspace"):
+                return
+        except RedisError as exc:
+            s.log.warning("re-queue of %s after its expired event failed: %s", entry_id, exc)
+            return
+        if deadline is not None:
+            # How late Redis announced the expiry, against the lock's deadline.
+            s.hooks.metric("recovery_expiry_lag_seconds", max(0.0, time.time() - deadline / 1000))
+
+    # ----------------------------------------------------------------- scan ---
+
+    async def _scan_loop(self) -> None:
+        s = self.state
+        interval = s.strategy.reconciliation_interval or self.config.reconciliation_interval
+        while True:
+            try:
+                await self.topology.check_server()
+                await self.scan()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                s.log.warning("recovery scan failed: %s", exc)
+            await asyncio.sleep(random.uniform(0.9 * interval, 1.1 * interval))
+
+    async def _dead_of(self, ids: list[str]) -> list[str]:
+        """Those of ``ids`` whose lock does not exist (one round trip)."""
+        s = self.state
+        prefix = s.names.lock_key_prefix
+        pipe = s.link.redis.pipeline(transaction=False)
+        for entry_id in ids:
+            pipe.exists(prefix + entry_id)
+        exists = await execute(pipe) if ids else []
+        return [i for i, e in zip(ids, exists) if not e]
+
+    async def _pages(self, idle_ms: int | None = None, consumer: str | None = None) -> AsyncIterator[list[str]]:
+        """The pending list (or one consumer's part of it), page by page, with an exclusive cursor."""
+        s = self.state
+        n, batch = s.names, self.config.scan_batch
+        cursor = "-"
+        while True:
+            page = await s.link.redis.xpending_range(n.stream_key, n.group, min=cursor, max="+", count=batch,
+                                                     idle=idle_ms, consumername=consumer)
+            if not page:
+                return
+            ids = [text(p["message_id"]) for p in page]
+            yield ids
+            if len(page) < batch:
+                return
+            cursor = "(" + ids[-1]
+
+    async def scan(self, min_idle: float | None = None) -> dict[str, int]:
+        """One full pass over the pending list; returns counts (requeued, alive, pending).
+
+        Pages with an exclusive cursor, so a page of slow-but-alive entries
+        never hides dead ones behind it.
+        """
+        s = self.state
+        started = time.perf_counter()
+        idle_ms = int((self.config.scan_min_idle if min_idle is None else min_idle) * 1000)
+        requeued = alive = seen = 0
+        async for ids in self._pages(idle_ms=idle_ms):
+            seen += len(ids)
+            dead = await self._dead_of(ids)
+            alive += len(ids) - len(dead)
+            if dead:
+                requeued += await self.requeue.recover(dead, "scan", "lock gone (scan)")
+        s.hooks.metric("recovery_scan_skipped_alive_total", alive)
+        s.hooks.metric("recovery_scan_duration_seconds", time.perf_counter() - started)
+        depth = (await s.link.redis.xpending(s.names.stream_key, s.names.group))["pending"]
+        s.hooks.metric("pel_depth", depth)
+        return {"requeued": requeued, "alive": alive, "pending": seen}
+
+    async def startup(self) -> int:
+        """Re-queue this consumer id's own pending entries whose locks are gone (a restart).
+
+        Runs when the client starts, before the reader. (Reads lock what they
+        deliver in the same script, so a freshly read entry never looks dead.)
+        """
+        s = self.state
+        started = time.perf_counter()
+        ok = 0.0
+        total = 0
+        try:
+            table = s.holdings.table
+            async for ids in self._pages(consumer=s.names.id):
+                dead = await self._dead_of([i for i in ids if i not in table])
+                total += await self.requeue.recover(dead, "startup", "lock gone (startup recovery)")
+            ok = 1.0
+        finally:
+            s.hooks.metric("startup_recovery_requeued_total", total)
+            s.hooks.metric("startup_recovery_duration_seconds", time.perf_counter() - started)
+            s.hooks.metric("startup_recovery_success", ok)
+        return total

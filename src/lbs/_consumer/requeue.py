@@ -1,0 +1,222 @@
+"""Every call of ``requeue-3.lua`` and what its outcomes mean: re-queue, hand back, dead-letter.
+
+Three kinds of caller, one script, each with its lock mode:
+
+* **hand back** (``owned``): a held stream goes back now, our lock released
+  (``Client.hand_back``, a failed ``run()`` handler, shutdown);
+* **recover** (``absent``): recovery re-queues an entry whose holder's lock
+  is gone (deadline poller, keyspace listener, scan, startup, ``claim``,
+  and the heartbeat for the locks it lost);
+* **dead-letter** (``owned``, then ``any``): a malformed entry, or one
+  claimed past ``max_retries``, goes to the dead-letter stream. What cannot
+  be written yet (a dead-letter key of the wrong type, a lost connection)
+  is kept and tried again on every heartbeat tick.
+
+Every batch is one round trip on the link's pool wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from _lbscore import CommandBatch, Entry, Held, try_decode_input
+
+from .. import _keys
+from .._redis import scripts
+from .._redis.scripts import RequeueCode
+from .._redis.wire import first_error, text
+from ..exceptions import RedisOperationError
+from ..notifications import Notification, NotificationType
+from .state import ConsumerState
+
+__all__ = ["Requeue"]
+
+#: The metric counting re-queues, per recovery path.
+REQUEUED_METRIC = {
+    "keyspace": "recovery_keyspace_requeued_total",
+    "deadline": "recovery_deadline_requeued_total",
+    "scan": "recovery_scan_requeued_total",
+    "startup": "recovery_startup_requeued_total",
+    "claim": "recovery_claim_requeued_total",
+    "heartbeat": "recovery_heartbeat_requeued_total",
+}
+
+#: One call: (entry id, lock key, lock mode, our lock value, reason).
+_Call = tuple[str, str, str, str, str]
+
+
+class Requeue:
+    """The one caller of ``requeue-3.lua`` for one client."""
+
+    def __init__(self, state: ConsumerState) -> None:
+        self.state = state
+        #: Dead letters that could not be written yet: (entry, our lock value, reason).
+        self.undead: list[tuple[Entry, str, str]] = []
+
+    async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False) -> list[Any]:
+        """One batch of requeue-3.lua calls; one reply (or server error) per call."""
+        s = self.state
+        n, cfg = s.names, s.config
+        # Without a dead-letter stream the key is only a name in the same slot: nothing is written to it.
+        dead_letters = n.dead_letter_key or _keys.dead_letter_stream(n.service)
+
+        def build(b: CommandBatch) -> None:
+            for entry_id, lock_key, mode, value, reason in calls:
+                scripts.requeue(b, n.stream_key, dead_letters, lock_key, group=n.group,
+                                entry_id=entry_id, mode=mode, value=value, count_retry=count_retry,
+                                max_retries=cfg.max_retries, retry_field=n.retry_field,
+                                original_field=n.original_field, reason=reason, consumer=n.id,
+                                force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
+                                field_prefix=n.field_prefix)
+
+        return await s.link.pool.execute(build)
+
+    # ----------------------------------------------------------- hand back ---
+
+    async def hand_back(self, items: list[Held], *, count_retry: bool, reason: str) -> list[str]:
+        """Give held streams back (lock mode ``owned``); per stream its new entry id, or "".
+
+        "" means dead-lettered (out of retries), dropped, refused (a key of the
+        wrong type: it stays pending, and recovery retries it once its lock
+        expires) or already lost. Raises :class:`lbs.RedisOperationError`.
+        """
+        if not items:
+            return []
+        s = self.state
+        try:
+            results = first_error(await self._run([(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items],
+                                                  count_retry=count_retry))
+        except RedisError as exc:
+            raise RedisOperationError("hand back", exc) from exc
+        out = []
+        for h, res in zip(items, results):
+            code, detail = int(res[0]), text(res[1])
+            if code == RequeueCode.REQUEUED:
+                s.hooks.notify("lbs_stream_handed_back", stream=h.stream, entry_id=h.entry_id,
+                               new_entry_id=detail, retry_counted=count_retry)
+                out.append(detail)
+                continue
+            if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
+                s.log.warning("%s (entry %s) is out of retries: dead-lettered (%s)", h.stream, h.entry_id, reason)
+                self._dead_lettered(h.entry_id, reason, code, detail)
+            elif code == RequeueCode.REFUSED:
+                s.log.error("could not hand back %s (entry %s): %s; it stays pending and recovery retries "
+                            "once its lock expires", h.stream, h.entry_id, detail.removeprefix("LBSKEY "))
+            else:
+                s.log.warning("could not hand back %s (entry %s): %s", h.stream, h.entry_id, detail)
+            out.append("")
+        return out
+
+    # ------------------------------------------------------------- recover ---
+
+    async def recover(self, entry_ids: Iterable[str], path: str, reason: str, *,
+                      count_retry: bool = True) -> int:
+        """Re-queue every entry whose lock is gone (lock mode ``absent``); how many went back to the LBS.
+
+        ``path`` labels the metrics (``keyspace``, ``deadline``, ``scan``,
+        ``startup``, ``claim``, ``heartbeat``). ``count_retry`` is False when
+        the holder lives and lost the lock through no fault of the stream.
+        Raises the Redis error of a failed batch.
+        """
+        codes = await self._recover(list(entry_ids), path, reason, count_retry)
+        return sum(1 for code in codes if code == RequeueCode.REQUEUED)
+
+    async def claim(self, entry_id: str) -> bool:
+        """Recover one assignment if its lock is gone (``Client.claim``): whether this call took it out
+        of its holder's hands (re-queued, or dead-lettered past ``max_retries``)."""
+        (code,) = await self._recover([entry_id], "claim", f"claimed by {self.state.names.id}", True)
+        return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
+
+    async def _recover(self, ids: list[str], path: str, reason: str, count_retry: bool) -> list[int]:
+        if not ids:
+            return []
+        s = self.state
+        prefix = s.names.lock_key_prefix
+        results = first_error(await self._run([(i, prefix + i, "absent", "", reason) for i in ids],
+                                              count_retry=count_retry))
+        codes = []
+        for entry_id, res in zip(ids, results):
+            code, detail = int(res[0]), text(res[1])
+            codes.append(code)
+            if code == RequeueCode.REQUEUED:
+                s.hooks.metric(REQUEUED_METRIC[path], 1)
+                self._announce(entry_id, res, detail, path)
+            elif code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
+                s.hooks.metric("recovery_dlq_total", 1, path=path)
+                s.log.warning("entry %s out of retries after %s recovery: dead-lettered", entry_id, path)
+                self._dead_lettered(entry_id, reason, code, detail)
+            elif code == RequeueCode.REFUSED:
+                s.hooks.metric("wrong_type_keys_total", 1)
+                s.log.error("cannot re-queue entry %s (%s recovery): %s; it stays pending and is retried",
+                            entry_id, path, detail.removeprefix("LBSKEY "))
+            elif code == RequeueCode.TRIMMED:
+                s.hooks.metric("recovery_trimmed_total", 1, path=path)
+                s.log.warning("entry %s was trimmed from the stream before recovery; its pending "
+                              "reference was cleaned", entry_id)
+            elif detail == "acked":
+                s.hooks.metric("recovery_duplicate_ack_total", 1, path=path)
+        return codes
+
+    def _announce(self, entry_id: str, res: Any, new_id: str, path: str) -> None:
+        """STREAM_EXPIRED, informational: a stream came back into circulation."""
+        stream, retry_count = "", 0
+        if len(res) >= 4:
+            name, _info, _reason = try_decode_input(res[2])
+            stream = name or ""
+            retry_count = int(res[3])
+        s = self.state
+        s.log.info("recovered %s (entry %s -> %s, retry %d)", stream, entry_id, new_id, retry_count)
+        s.hooks.notify("lbs_stream_expired", stream=stream, entry_id=entry_id, new_entry_id=new_id,
+                       retry_count=retry_count, path=path)
+        s.mailbox.put_nowait(Notification(NotificationType.STREAM_EXPIRED, stream, entry_id, {}, retry_count, 0,
+                                          f"lock expired; re-queued as {new_id}"))
+
+    # --------------------------------------------------------- dead-letter ---
+
+    async def dead_letter(self, bad: list[tuple[Entry, str, str]], *, again: bool = False) -> None:
+        """Dead-letter entries we were delivered (malformed, or claimed past max_retries): one round trip.
+
+        ``bad`` holds (entry, our lock value, reason). The first try needs
+        our lock (mode ``owned``). What could not be dead-lettered stays
+        pending to this live consumer, where no recovery path looks, so
+        :meth:`retry_undead` tries it again every heartbeat tick (``again``:
+        mode ``any``; the entry is ours, pending to us, and the script acts
+        only while it is pending) until it goes through.
+        """
+        s = self.state
+        mode = "any" if again else "owned"
+        prefix = s.names.lock_key_prefix
+        try:
+            results = await self._run([(e.id, prefix + e.id, mode, value, reason) for e, value, reason in bad],
+                                      count_retry=False, force_dead_letter=True)
+        except RedisError as exc:
+            results = [exc] * len(bad)
+        log = s.log.debug if again else s.log.error
+        for item, res in zip(bad, results):
+            e, _, reason = item
+            if isinstance(res, Exception) or int(res[0]) == RequeueCode.REFUSED:
+                why = str(res) if isinstance(res, Exception) else text(res[1]).removeprefix("LBSKEY ")
+                log("entry %s: %s; cannot dead-letter it (%s): it stays pending and is tried again every "
+                    "heartbeat", e.id, reason, why)
+                self.undead.append(item)
+                continue
+            code, detail = int(res[0]), text(res[1])
+            s.log.warning("entry %s: %s: %s", e.id, reason,
+                          "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
+                          else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
+                          else f"left alone ({detail})")
+            if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
+                self._dead_lettered(e.id, reason, code, detail)
+
+    async def retry_undead(self) -> None:
+        """Try the dead letters that could not be written again (every heartbeat tick)."""
+        if self.undead:
+            retry, self.undead = self.undead, []
+            await self.dead_letter(retry, again=True)
+
+    def _dead_lettered(self, entry_id: str, reason: str, code: int, detail: str) -> None:
+        self.state.hooks.notify("lbs_stream_dead_lettered", entry_id=entry_id, reason=reason,
+                                dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")

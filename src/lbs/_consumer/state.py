@@ -1,0 +1,263 @@
+"""What a consumer's activities share: its names, its link to Redis, its holdings, its signals.
+
+One :class:`ConsumerState` per :class:`lbs.Client`, handed to every
+activity (reader, heartbeat, finisher, runner, requeue, recovery, topology,
+instance, forwarder). Each activity owns its own state; here lives only
+what two or more of them read or change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from _lbscore import EntryParser, Held, HeldTable
+
+from .. import _keys
+from .._redis import scripts
+from .._redis.wire import Wire
+from ..config import Config
+from ..exceptions import ConfigurationError, NotHeldError
+from ..notifications import Mailbox, Notification
+from ..plugins import Hooks
+from ..strategy import ReadStrategy
+
+__all__ = ["ClientStats", "ConsumerLog", "ConsumerState", "Holdings", "Link", "Names", "Server",
+           "consumer_id_from_env"]
+
+CONSUMER_PREFIX = "redis-consumer-"
+#: How many recently disowned streams ``done_stream`` still recognises.
+TOMBSTONES = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Every key and name one consumer uses (see lbs._keys)."""
+
+    service: str
+    #: The consumer id (the consumer's name in the group).
+    id: str
+    #: This process's instance nonce.
+    instance: str
+    stream_key: str
+    group: str
+    fence_key: str
+    consumers_key: str
+    instance_key: str
+    reaped_key: str
+    #: The dead-letter stream; "" when dead letters are dropped (``Config.dead_letter_stream=""``).
+    dead_letter_key: str
+    #: ``lock:{<service>-input}:``; a lock key is this plus the entry id.
+    lock_key_prefix: str
+    retry_field: str
+    original_field: str
+    field_prefix: str
+    #: ``<consumer id>:<instance>``: lock values are ``<token>:<lock owner>``.
+    lock_owner: str
+    #: :attr:`lock_key_prefix` as bytes (what the core writes lock keys with).
+    lock_prefix: bytes
+
+    @classmethod
+    def of(cls, service: str, consumer_id: str, instance: str, config: Config) -> Names:
+        dlq = config.dead_letter_stream
+        prefix = config.field_prefix
+        return cls(service, consumer_id, instance, _keys.input_stream(service), _keys.group_name(service),
+                   _keys.fence_key(service), _keys.consumers_key(service), _keys.instance_key(service, consumer_id),
+                   _keys.reaped_key(service), _keys.dead_letter_stream(service) if dlq is None else dlq,
+                   _keys.lock_key(service, ""), prefix + "retry_count", prefix + "original_id", prefix,
+                   f"{consumer_id}:{instance}", _keys.lock_key(service, "").encode())
+
+
+class Link:
+    """The connections to the Redis that serves the service (on a cluster: the slot's owner).
+
+    Rebuilt whole when the slot moves (:mod:`lbs._consumer.topology`); an
+    activity reads ``state.link`` each time rather than keeping one.
+    """
+
+    def __init__(self, redis: aioredis.Redis, node: str = "") -> None:
+        self.redis = redis
+        #: ``host:port`` of the slot's owner (cluster only).
+        self.node = node
+        sources = scripts.sources()
+        #: The hot paths' own held connections: read-and-lock, finish, heartbeat.
+        self.read = Wire(redis, sources)
+        self.done = Wire(redis, sources)
+        self.beat = Wire(redis, sources)
+        #: Occasional scripts (re-queue, reap, leave): a pool connection per batch.
+        self.pool = Wire(redis, sources, hold=False)
+
+    async def close(self, log: logging.LoggerAdapter | None = None) -> None:  # type: ignore[type-arg]
+        """Give back the wires' connections (best effort: other tasks may be mid-command)."""
+        for wire in (self.read, self.done, self.beat, self.pool):
+            try:
+                await wire.close()
+            except Exception as exc:
+                if log is not None:
+                    log.debug("closing a connection: %s", exc)
+
+
+@dataclass(slots=True)
+class Server:
+    """What the client knows of the server it talks to."""
+
+    version: tuple[int, ...] = ()
+    #: Its run id at the last look: a change means it restarted.
+    run_id: str = ""
+
+    @property
+    def xackdel(self) -> bool:
+        """XACKDEL exists (Redis >= 8.2)."""
+        return self.version >= (8, 2)
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """What a client did since it started: plain counters, updated as it goes."""
+
+    #: Streams taken (locked and handed to the application).
+    taken: int = 0
+    #: Streams finished (``done_stream`` or a returning ``run()`` handler), whatever the outcome.
+    finished: int = 0
+    #: ... of which with the lock still ours (``DoneStatus.DONE``).
+    done: int = 0
+    #: ... of which after the lock expired, nobody else having the stream (``LOCK_EXPIRED``).
+    lock_expired: int = 0
+    #: ... of which after the stream was handed on (``LOCK_LOST``).
+    lock_lost: int = 0
+
+
+class Holdings:
+    """The held streams (the core's :class:`HeldTable`) and the recently disowned ones.
+
+    Dropping a held stream frees a slot: the reader, waiting on
+    :attr:`capacity`, reads again.
+    """
+
+    def __init__(self, names: Names) -> None:
+        self.consumer = names.id
+        self.table = HeldTable(names.lock_owner, names.lock_key_prefix)
+        #: Disowned streams by name, newest last: done_stream still finishes them (LOCK_EXPIRED/LOST).
+        self.tombstones: OrderedDict[str, Held] = OrderedDict()
+        self.capacity = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def drop(self, h: Held) -> bool:
+        """Forget ``h``; False if it was not (or no longer) held."""
+        if not self.table.drop(h):
+            return False
+        self.capacity.set()
+        return True
+
+    def find(self, stream: str, entry_id: str | None = None) -> Held:
+        """The held assignment of ``stream`` (``entry_id`` picks one, else the oldest); :class:`lbs.NotHeldError`."""
+        _check_name(stream, entry_id)
+        h = self.table.find(stream, entry_id)
+        if h is None:
+            raise NotHeldError(f"{self.consumer} does not hold data stream {stream!r}")
+        return h
+
+    def to_finish(self, items: Iterable[tuple[str, str | None]]) -> list[Held]:
+        """What ``done_stream(s)`` finishes: per (stream, entry id), a held assignment or a recently
+        disowned one (then LOCK_EXPIRED or LOCK_LOST); all dropped, or :class:`lbs.NotHeldError` for any
+        not held, with nothing dropped. A name given twice takes its next held assignment."""
+        picked: list[Held] = []
+        for stream, entry_id in items:
+            _check_name(stream, entry_id)
+            h = self.table.find(stream, entry_id)
+            if h is None:
+                h = self.tombstones.get(stream)
+                if h is None or (entry_id is not None and h.entry_id != entry_id) or h in picked:
+                    raise NotHeldError(f"{self.consumer} does not hold data stream {stream!r}")
+            elif h in picked:
+                rest = [x for x in self.table.for_stream(stream) if x not in picked]
+                if not rest:
+                    raise NotHeldError(f"{self.consumer} does not hold data stream {stream!r} that many times")
+                h = rest[0]
+            picked.append(h)
+        for h in picked:
+            if not self.drop(h):
+                self.tombstones.pop(h.stream, None)
+        return picked
+
+    def tombstone(self, h: Held) -> None:
+        self.tombstones[h.stream] = h
+        self.tombstones.move_to_end(h.stream)
+        while len(self.tombstones) > TOMBSTONES:
+            self.tombstones.popitem(last=False)
+
+
+def consumer_id_from_env(explicit: str | None = None) -> str:
+    """The consumer id: ``explicit``, else ``$POD_NAME``, else ``$POD_IP``,
+    prefixed ``redis-consumer-`` (the Go client's rule)."""
+    if explicit is not None and not isinstance(explicit, str):
+        raise ConfigurationError(f"consumer_id must be a str, got {type(explicit).__name__}")
+    raw = explicit or os.environ.get("POD_NAME") or os.environ.get("POD_IP")
+    if not raw:
+        raise ConfigurationError(
+            "no consumer id: pass consumer_id=..., or set POD_NAME or POD_IP in the environment"
+        )
+    if any(c.isspace() for c in raw):
+        raise ConfigurationError(f"consumer id must not contain whitespace: {raw!r}")
+    return raw if raw.startswith(CONSUMER_PREFIX) else CONSUMER_PREFIX + raw
+
+
+def _check_name(stream: object, entry_id: object) -> None:
+    """Refuse arguments that cannot name a held stream (a caller's mistake, not "not held")."""
+    if not isinstance(stream, str):
+        raise ConfigurationError(f"a data stream name is a str, got {type(stream).__name__}")
+    if entry_id is not None and not isinstance(entry_id, str):
+        raise ConfigurationError(f"entry_id must be a str or None, got {type(entry_id).__name__}")
+
+
+class ConsumerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Puts the consumer id in every record (message prefix and ``record.consumer_id``)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        extra = self.extra or {}
+        kwargs.setdefault("extra", {}).update(extra)
+        return f"[{extra.get('consumer_id')}] {msg}", kwargs
+
+
+class ConsumerState:
+    """What the activities of one client share (see the module docstring)."""
+
+    def __init__(self, config: Config, names: Names, hooks: Hooks, log: logging.LoggerAdapter,  # type: ignore[type-arg]
+                 link: Link, owner: Any) -> None:
+        self.config = config
+        self.names = names
+        self.hooks = hooks
+        self.log = log
+        #: The connections to the serving Redis (replaced when the slot moves).
+        self.link = link
+        #: The public client: what notifications hold and plugins receive.
+        self.owner = owner
+        self.server = Server()
+        self.parser = EntryParser(_keys.INPUT_FIELD, names.retry_field, names.original_field,
+                                  config.max_input_bytes)
+        self.holdings = Holdings(names)
+        self.mailbox: Mailbox[Notification] = Mailbox(config.notification_buffer)
+        self.stats = ClientStats()
+        #: Set once, when the client starts closing: every loop ends.
+        self.stopping = asyncio.Event()
+        #: How this client reads new work (hook ``lbs_reader``; set at start).
+        self.strategy = ReadStrategy(name="default")
+        #: run()'s concurrency when below ``max_streams`` (0: none), and its running handler tasks.
+        self.run_limit = 0
+        self.handlers: set[asyncio.Task[Any]] = set()
+
+    def free_slots(self, taking: int = 0) -> int:
+        """How many more streams may be taken now (``max_streams``, and run()'s concurrency)."""
+        free = self.config.max_streams - len(self.holdings) - taking
+        if self.run_limit:
+            free = min(free, self.run_limit - len(self.handlers) - taking)
+        return free

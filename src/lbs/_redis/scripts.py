@@ -1,0 +1,188 @@
+"""The Lua scripts in ``lua/``: one builder per script and its result codes, in one place.
+
+Each file is ``<name>-<number of keys>.lua`` (``n`` for a variable count) and
+opens with a header documenting KEYS, ARGV and outputs; that header is the
+contract. Here each script has one builder that writes its ``EVALSHA`` into
+a :class:`_lbscore.CommandBatch` (KEYS and ARGV in the header's order,
+commented per position) and, where its output is coded, the enum of those
+codes. Every script has exactly one caller module in ``lbs._consumer``
+(named on its builder). Batches go through :class:`lbs._redis.wire.Wire`,
+which loads the sources again after a NOSCRIPT (a restart, a failover).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from _lbscore import CommandBatch, Shape
+
+__all__ = ["DoneCode", "RequeueCode", "Script", "SCRIPTS", "source", "sources"]
+
+
+@dataclass(frozen=True)
+class Script:
+    """One Lua file: its source, SHA1 (what EVALSHA names) and key count (from the file name)."""
+
+    name: str
+    source: str
+    sha: str
+    #: KEYS count, None when it varies (``-n``).
+    numkeys: int | None
+
+    @property
+    def fixed_keys(self) -> int:
+        """The KEYS count of a script whose file name fixes it."""
+        if self.numkeys is None:
+            raise TypeError(f"{self.name} takes a variable number of keys")
+        return self.numkeys
+
+
+@lru_cache(maxsize=None)
+def source(name: str) -> str:
+    """The Lua source of script ``name`` (e.g. ``"read-3"``)."""
+    return resources.files("lbs").joinpath("_redis").joinpath("lua").joinpath(f"{name}.lua").read_text()
+
+
+def _load(name: str) -> Script:
+    text = source(name)
+    count = name.rpartition("-")[2]
+    return Script(name, text, hashlib.sha1(text.encode()).hexdigest(), None if count == "n" else int(count))
+
+
+READ = _load("read-3")
+EXTEND = _load("extend-n")
+DONE = _load("done-n")
+REQUEUE = _load("requeue-3")
+REAP = _load("reap-3")
+LEAVE = _load("leave-1")
+SCRIPTS = (READ, EXTEND, DONE, REQUEUE, REAP, LEAVE)
+
+
+def sources() -> list[str]:
+    """Every script's Lua source (what a NOSCRIPT reloads)."""
+    return [s.source for s in SCRIPTS]
+
+
+# ------------------------------------------------------------------ read-3 ---
+# Caller: lbs._consumer.reader.
+
+def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, consumer: str, count: int,
+         ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str) -> None:
+    """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects."""
+    b.command("EVALSHA", READ.sha, READ.fixed_keys,
+              stream,       # KEYS[1] the LBS
+              fence,        # KEYS[2] the fencing counter
+              consumers,    # KEYS[3] the consumer deadline index
+              group,        # ARGV[1]
+              consumer,     # ARGV[2] consumer name in the group and in the index
+              count,        # ARGV[3] COUNT
+              ttl_ms,       # ARGV[4] lock TTL
+              lock_prefix,  # ARGV[5] lock key prefix
+              start,        # ARGV[6] ">" new entries, "0" our own pending ones
+              claim_ms,     # ARGV[7] CLAIM min-idle (ms), "" for none
+              owner)        # ARGV[8] lock owner: values are "<token>:<owner>"
+    b.expect(Shape.SCRIPT_ENTRIES)
+
+
+# ---------------------------------------------------------------- extend-n ---
+# Caller: lbs._consumer.heartbeat. The lock keys, values, ids and refresh flags
+# are written by the core (HeldTable.encode_extend); this says what goes first.
+
+def extend_head(stream: str, consumers: str, instance_key: str) -> tuple[str, str, str]:
+    """KEYS[1..3]: the LBS, the consumer deadline index, this consumer's instance marker."""
+    return (stream, consumers, instance_key)
+
+
+def extend_args(ttl_ms: int, group: str, consumer: str, last: bool, instance: str) -> tuple[Any, ...]:
+    """ARGV[1..5]: lock TTL, group, consumer, "1" in a tick's last call, the instance nonce."""
+    return (ttl_ms, group, consumer, 1 if last else 0, instance)
+
+
+# ------------------------------------------------------------------ done-n ---
+# Caller: lbs._consumer.finisher.
+
+def done(b: CommandBatch, stream: str, lock_prefix: bytes, entry_ids: list[str], values: list[str], group: str,
+         xackdel: bool, retrying: bool) -> None:
+    """Finish a batch: KEYS[1] the LBS, then one lock key per entry; ARGV: group, the XACKDEL flag,
+    the retry flag, the lock values, the entry ids."""
+    b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, (group, 1 if xackdel else 0, 1 if retrying else 0),
+                    values)
+
+
+class DoneCode(enum.IntEnum):
+    """Per-entry outputs of ``done-n.lua``."""
+
+    DONE = 1
+    LOCK_EXPIRED = 2
+    LOCK_LOST = 3
+    #: A retried call (its first reply was lost) found the entry already finished.
+    ALREADY_DONE = 4
+
+
+# --------------------------------------------------------------- requeue-3 ---
+# Caller: lbs._consumer.requeue.
+
+def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, *, group: str, entry_id: str,
+            mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str, original_field: str,
+            reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool, field_prefix: str) -> None:
+    """Put one assignment back as a fresh entry, or into the dead-letter stream."""
+    b.command("EVALSHA", REQUEUE.sha, REQUEUE.fixed_keys,
+              stream,                          # KEYS[1] the LBS
+              dead_letters,                    # KEYS[2] the dead-letter stream
+              lock_key,                        # KEYS[3] the assignment's lock
+              group,                           # ARGV[1]
+              entry_id,                        # ARGV[2]
+              mode,                            # ARGV[3] "owned", "absent" or "any"
+              value,                           # ARGV[4] our lock value (mode "owned")
+              1 if count_retry else 0,         # ARGV[5] retry increment
+              max_retries,                     # ARGV[6] past it: dead-lettered
+              retry_field,                     # ARGV[7]
+              original_field,                  # ARGV[8]
+              reason,                          # ARGV[9] recorded in dead letters
+              consumer,                        # ARGV[10] recorded in dead letters
+              1 if force_dead_letter else 0,   # ARGV[11] dead-letter unconditionally
+              1 if dead_letter_on else 0,      # ARGV[12] a dead-letter stream is configured
+              field_prefix)                    # ARGV[13] the managed-field prefix
+
+
+class RequeueCode(enum.IntEnum):
+    """First element of the output of ``requeue-3.lua``."""
+
+    #: A key had the wrong type (the detail names it): nothing was touched.
+    REFUSED = -2
+    TRIMMED = -1
+    SKIPPED = 0
+    REQUEUED = 1
+    DEAD_LETTERED = 2
+    DROPPED = 3
+
+
+# ------------------------------------------------------------------- reap-3 ---
+# Caller: lbs._consumer.recovery.
+
+def reap(b: CommandBatch, consumers: str, stream: str, reaped: str, *, group: str, lock_prefix: str, batch: int,
+         stall_ms: int, grace_ms: int) -> None:
+    """List the pending entries of overdue consumers whose lock is gone."""
+    b.command("EVALSHA", REAP.sha, REAP.fixed_keys,
+              consumers,    # KEYS[1] the consumer deadline index
+              stream,       # KEYS[2] the LBS
+              reaped,       # KEYS[3] when the last call ran (server ms)
+              group,        # ARGV[1]
+              lock_prefix,  # ARGV[2]
+              batch,        # ARGV[3] most pending entries looked at
+              stall_ms,     # ARGV[4] a longer gap since the last call is a stall
+              grace_ms)     # ARGV[5] after a stall, each overdue consumer's grace
+
+
+# ------------------------------------------------------------------ leave-1 ---
+# Caller: lbs._consumer.instance.
+
+def leave(b: CommandBatch, instance_key: str, instance: str) -> None:
+    """Delete this process's instance marker (KEYS[1]) if it still holds our nonce (ARGV[1])."""
+    b.command("EVALSHA", LEAVE.sha, LEAVE.fixed_keys, instance_key, instance)
+
