@@ -68,6 +68,13 @@ class Config:
     dead_letter_claim_idle: float = 60.0
     #: Failed attempts (``_retry_count``) after which an assignment is dead-lettered.
     max_retries: int = 3
+    #: A failed ``run()`` handler's stream comes back after this many seconds at its
+    #: first retry, doubling per retry (jittered: uniform in [d/2, d]) up to
+    #: ``retry_delay_max``. The wait is kept in Redis, so it survives restarts.
+    #: ``0``: at once.
+    retry_delay: float = 1.0
+    #: Longest wait before a retry (seconds).
+    retry_delay_max: float = 300.0
     #: Largest ``lbs-input`` value accepted; a bigger one is dead-lettered.
     max_input_bytes: int = 65_536
     # -- the application's side -----------------------------------------------
@@ -77,6 +84,9 @@ class Config:
     #: On ``close()`` (or SIGTERM/SIGINT under ``run()``), how long to let running
     #: ``run()`` handlers finish before their streams are handed back.
     drain_timeout: float = 0.0
+    #: A ``run()`` handler still running after this many seconds is cancelled and its
+    #: stream handed back with a retry counted (a failure). ``None``: no limit.
+    handler_timeout: float | None = None
     #: A stream held longer than this (seconds) without being finished is reported once
     #: (a warning and the ``held_overdue`` gauge): an application task that died without
     #: ``done_stream`` or ``hand_back`` would otherwise keep it forever under a healthy
@@ -109,6 +119,9 @@ class Config:
     min_idle: float | None = None
     #: Pending entries per XPENDING page (and per lock-check round trip).
     scan_batch: int = 50
+    #: How often the client samples the service's backlog, pending and dead-letter
+    #: lengths for its gauges (seconds); ``0`` turns the sampling off.
+    metrics_interval: float = 5.0
     #: How often the keyspace listener PINGs its Pub/Sub connection; no PONG within
     #: two intervals means the connection is half-open and is replaced.
     pubsub_ping_interval: float = 5.0
@@ -154,6 +167,14 @@ class Config:
         at_least("max_retries", -1)
         if self.hold_warning is not None:
             positive("hold_warning")
+        if self.handler_timeout is not None:
+            positive("handler_timeout")
+        for name in ("retry_delay", "retry_delay_max", "metrics_interval"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ConfigurationError(f"Config.{name} must be a number >= 0, got {v!r}")
+        if self.retry_delay_max < self.retry_delay:
+            raise ConfigurationError("Config.retry_delay_max must be >= retry_delay")
         if (not isinstance(self.drain_timeout, (int, float)) or isinstance(self.drain_timeout, bool)
                 or math.isnan(self.drain_timeout) or self.drain_timeout < 0):
             raise ConfigurationError(f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}")

@@ -108,6 +108,8 @@ class Heartbeat:
             results = first_error(await s.link.beat.execute_chunks(len(starts), build, retry_safe=True))
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
+        s.stats.heartbeats += 1
+        s.stats.heartbeat_at = time.monotonic()
         lost: list[Held] = []
         for start, positions in zip(starts, results):
             for p in positions:

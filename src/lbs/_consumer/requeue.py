@@ -95,6 +95,7 @@ class Requeue:
         for h, res in zip(items, results):
             code, detail = int(res[0]), text(res[1])
             if code == RequeueCode.REQUEUED:
+                s.stats.handed_back += 1
                 s.hooks.notify("lbs_stream_handed_back", stream=h.stream, entry_id=h.entry_id,
                                new_entry_id=detail, retry_counted=count_retry)
                 out.append(detail)
@@ -218,5 +219,6 @@ class Requeue:
             await self.dead_letter(retry, again=True)
 
     def _dead_lettered(self, entry_id: str, reason: str, code: int, detail: str) -> None:
+        self.state.stats.dead_lettered += 1
         self.state.hooks.notify("lbs_stream_dead_lettered", entry_id=entry_id, reason=reason,
                                 dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")

@@ -13,7 +13,8 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -29,7 +30,7 @@ from ..notifications import Mailbox, Notification
 from ..plugins import Hooks
 from ..strategy import ReadStrategy
 
-__all__ = ["ClientStats", "ConsumerLog", "ConsumerState", "Holdings", "Link", "Names", "Server",
+__all__ = ["ClientStats", "ConsumerLog", "Histogram", "ConsumerState", "Holdings", "Link", "Names", "Server",
            "consumer_id_from_env"]
 
 CONSUMER_PREFIX = "redis-consumer-"
@@ -118,9 +119,43 @@ class Server:
         return self.version >= (8, 2)
 
 
+class Histogram:
+    """Observations in fixed buckets (cumulative on read, like Prometheus): an ``observe`` is a bisect and two adds."""
+
+    #: Upper bounds in seconds (Prometheus's default buckets); +Inf is implied.
+    BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        #: Observations per bucket, not cumulative; the last one is +Inf.
+        self.counts = [0] * (len(self.BOUNDS) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.BOUNDS, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, observations <= it)`` per bucket, ending with ``(inf, count)``."""
+        out, total = [], 0
+        for bound, n in zip((*self.BOUNDS, float("inf")), self.counts):
+            total += n
+            out.append((bound, total))
+        return out
+
+
 @dataclass(slots=True)
 class ClientStats:
-    """What a client did since it started: plain counters, updated as it goes."""
+    """What a client did since it started: plain counters, updated as it goes.
+
+    These are what metrics read (``lbs-prometheus`` at scrape time): keeping
+    them costs an integer add, and nothing is called per assignment.
+    """
 
     #: Streams taken (locked and handed to the application).
     taken: int = 0
@@ -132,6 +167,21 @@ class ClientStats:
     lock_expired: int = 0
     #: ... of which after the stream was handed on (``LOCK_LOST``).
     lock_lost: int = 0
+    #: ``run()`` handlers that raised (or were cancelled by someone else) ...
+    handler_failures: int = 0
+    #: ... and those that ran past their timeout (counted apart, not in handler_failures).
+    handler_timeouts: int = 0
+    #: Streams handed back to the LBS (``hand_back``, failed handlers, shutdown).
+    handed_back: int = 0
+    #: Assignments this client sent to the dead-letter stream (or dropped, without one).
+    dead_lettered: int = 0
+    #: Failed streams parked to come back after their retry delay (``Config.retry_delay``).
+    retries_delayed: int = 0
+    #: Heartbeat ticks that went through, and when the last one did (``time.monotonic()``; 0: none yet).
+    heartbeats: int = 0
+    heartbeat_at: float = 0.0
+    #: How long ``run()`` handlers ran, returned or raised (seconds).
+    handler_seconds: Histogram = field(default_factory=Histogram)
 
 
 class Holdings:
