@@ -73,6 +73,25 @@ def reaped_key(service: str) -> str:
     return f"{hash_tag(service)}:reaped"
 
 
+def delayed_stream(service: str) -> str:
+    """The parking stream of delayed retries: ``{<service>-input}:delayed``.
+
+    A failed stream waiting out its retry delay (``Config.retry_delay``) is
+    parked here as the copy it will come back as; :func:`due_key` says when.
+    """
+    return f"{hash_tag(service)}:delayed"
+
+
+def due_key(service: str) -> str:
+    """When parked retries come back: ``{<service>-input}:due``.
+
+    A sorted set of the ids of :func:`delayed_stream`'s entries, each scored
+    by the server time (ms) at which any started client moves it back into
+    the LBS as a fresh entry (promote-3.lua).
+    """
+    return f"{hash_tag(service)}:due"
+
+
 def instance_key(service: str, consumer_id: str) -> str:
     """The marker of the process running as ``consumer_id``: ``{<service>-input}:instance:<consumer id>``.
 

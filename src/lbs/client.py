@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -31,6 +32,7 @@ from ._consumer.finisher import Finisher
 from ._consumer.forwarder import Forwarder
 from ._consumer.heartbeat import Heartbeat
 from ._consumer.instance import Instance
+from ._consumer.observer import Observer
 from ._consumer.reader import Reader
 from ._consumer.recovery import Recovery
 from ._consumer.requeue import Requeue
@@ -41,7 +43,7 @@ from ._redis.connection import ClusterMode, RedisLike, cancel_and_wait, resolve_
 from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Notification
-from .plugins import Hooks, make_plugin_manager, plugin_config_defaults
+from .plugins import Hooks, MetricValues, make_plugin_manager, plugin_config_defaults
 from .strategy import ReadStrategy
 
 __all__ = ["Client", "ClientStats", "Handler", "Held", "consumer_id_from_env"]
@@ -111,6 +113,7 @@ class Client:
         self._heartbeat = Heartbeat(s, self._finisher, self._requeue, self._topology)
         self._reader = Reader(s, self._finisher, self._requeue, self._topology)
         self._instance = Instance(s)
+        self._observer = Observer(s)
         self._forwarder: Forwarder | None = None
         #: The recovery tasks (deadline poller, keyspace listener, scan); see lbs._consumer.recovery.
         self.recovery = Recovery(s, self._requeue, self._topology)
@@ -140,8 +143,9 @@ class Client:
             return None
 
     @property
-    def metrics(self) -> dict[str, float]:
-        """Metric values by name since start (counters summed; gauges and histograms the last value)."""
+    def metrics(self) -> MetricValues:
+        """Metric values by name since start (counters summed; gauges and histograms the last value),
+        and by name and labels in ``.series``."""
         return self._hooks.counts
 
     @property
@@ -193,8 +197,10 @@ class Client:
         self._started = True
         self._reader.start()
         self._heartbeat.start()
+        self._observer.start()
         if self.config.recovery:
             self.recovery.start()
+        self._requeue.delays.start()
         if self._forwarder is not None:
             self._forwarder.start()
         self.log.info("started on %s (group %s, Redis %s)", self.stream_key, self.group,
@@ -276,24 +282,38 @@ class Client:
     # ---------------------------------------------------------- hand-back ---
 
     async def hand_back(self, stream: str, entry_id: str | None = None, *, count_retry: bool = False,
-                        reason: str = "handed back") -> str:
-        """Give a held stream back to the LBS as a fresh entry, now.
+                        reason: str = "handed back", delay: float | None = None) -> str:
+        """Give a held stream back to the LBS as a fresh entry, now or after ``delay`` seconds.
 
         With ``count_retry`` its ``_retry_count`` goes up, and past
-        ``Config.max_retries`` it goes to the dead-letter stream instead.
-        Returns the new entry id ("" when dead-lettered, dropped or the lock
-        was already lost). Under :meth:`run`, the stream's handler is
+        ``Config.max_retries`` it goes to the dead-letter stream instead (at
+        once, whatever the delay). ``delay`` None means the retry back-off
+        when ``count_retry`` is set (``Config.retry_delay`` doubling per
+        retry up to ``retry_delay_max``, jittered; what a failed ``run()``
+        handler gets) and at once otherwise; a number of seconds parks the
+        stream that long (0: at once). A parked stream waits in Redis
+        (``{<service>-input}:delayed``, due times in ``{<service>-input}:due``)
+        and any started client brings it back when it is due, so it survives
+        restarts. Returns the new entry id (for a parked stream, its id in
+        the parking stream; "" when dead-lettered, dropped or the lock was
+        already lost). Under :meth:`run`, the stream's handler is
         cancelled, and has ended, before the stream goes back (unless the
         handler itself is the caller), so this process never runs two
-        handlers for one stream.
+        handlers for one stream. Raises :class:`lbs.ConfigurationError` for
+        a ``delay`` that is not a finite number >= 0 and
+        :class:`lbs.NotHeldError` for a stream not held.
         """
+        if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)
+                                  or not math.isfinite(delay) or delay < 0):
+            raise ConfigurationError(f"delay must be None or a finite number of seconds >= 0, got {delay!r}")
         holdings = self._state.holdings
         h = holdings.find(stream, entry_id)
         holdings.drop(h)
         task = h.task
         if task is not None and task is not asyncio.current_task() and not task.done():
             await cancel_and_wait([task])
-        return (await self._requeue.hand_back([h], count_retry=count_retry, reason=reason))[0]
+        wait = delay if delay is not None else None if count_retry else 0.0
+        return (await self._requeue.hand_back([h], count_retry=count_retry, reason=reason, delay=wait))[0]
 
     async def claim(self, entry: str | Notification) -> bool:
         """Recover one assignment now if its lock is gone (Go parity).
@@ -350,7 +370,7 @@ class Client:
     # ---------------------------------------------------------------- run ---
 
     async def run(self, handler: Handler | None = None, concurrency: int | None = None, *,
-                  handle_signals: bool = True) -> None:
+                  handle_signals: bool = True, timeout: float | None = None) -> None:
         """Call ``await handler(notification)`` for every assigned stream until closed.
 
         Without ``handler``, a plugin provides it (hook ``lbs_handler``).
@@ -358,10 +378,20 @@ class Client:
         When the handler returns, the stream is finished as by
         :meth:`done_stream` (batched with every other stream finishing at
         the same time); when it raises, the stream is handed back with a
-        retry counted (so a stream that always fails ends in the dead-letter
-        stream). A disowned stream's handler is cancelled. At most
-        ``concurrency`` handlers run at once (default ``Config.max_streams``):
-        the reader takes no more streams than there is room to run.
+        retry counted, and comes back after the retry back-off
+        (``Config.retry_delay``, doubling per retry up to
+        ``Config.retry_delay_max``, jittered; kept in Redis, so it survives
+        restarts), so a stream that always fails ends in the dead-letter
+        stream. A handler running longer than ``timeout`` seconds (default
+        ``Config.handler_timeout``; None there: no limit) is cancelled and
+        its stream handed back the same way (``stats.handler_timeouts``;
+        other failures count in ``stats.handler_failures``, every run time
+        in ``stats.handler_seconds``). A disowned stream's handler is
+        cancelled. At most ``concurrency`` handlers run at once (default
+        ``Config.max_streams``), and ``concurrency`` is also the client's
+        capacity (above ``max_streams`` too): the reader takes no more streams
+        than there is room to run, half of that per read unless
+        ``Config.read_count`` says otherwise.
 
         Each handler runs in its own task, started eagerly: its first step
         runs as soon as the stream is taken, and a handler that finishes
@@ -387,10 +417,16 @@ class Client:
         if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
                                         or concurrency < 1):
             raise ConfigurationError(f"concurrency must be an integer of at least 1, got {concurrency!r}")
+        if timeout is None:
+            timeout = self.config.handler_timeout
+        elif (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or math.isnan(timeout)
+              or timeout <= 0):
+            raise ConfigurationError(f"timeout must be None or a number of seconds > 0, got {timeout!r}")
         s = self._state
         loop = asyncio.get_running_loop()
-        self._reader.dispatch = Runner(s, self._finisher, self._requeue, handler).dispatch
-        s.run_limit = concurrency if concurrency is not None and concurrency < self.config.max_streams else 0
+        limit = timeout if timeout is not None and math.isfinite(timeout) else None  # inf: no limit
+        self._reader.dispatch = Runner(s, self._finisher, self._requeue, handler, limit).dispatch
+        s.capacity = s.run_limit = concurrency if concurrency is not None else self.config.max_streams
         catching = handle_signals and SIGNALS.catch(loop, self._on_signal)
         try:
             await self.start()
@@ -406,7 +442,7 @@ class Client:
             if catching:
                 SIGNALS.release(loop, self._on_signal)
             self._reader.dispatch = None
-            s.run_limit = 0
+            s.run_limit, s.capacity = 0, self.config.max_streams
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._closing is None:
@@ -442,7 +478,9 @@ class Client:
         # is released at once.
         s.mailbox.close(discard=True)
         await self._reader.stop()
+        await self._observer.stop()
         await self.recovery.stop()
+        await self._requeue.delays.stop()
         if self._forwarder is not None:
             await self._forwarder.stop()
         running = [t for t in s.handlers if not t.done()]

@@ -42,9 +42,9 @@ class Config:
     max_streams: int = 100
     #: Most entries one read (``read-3.lua``'s XREADGROUP) asks for, capped by the free capacity.
     #: After a full read the next one is sent before the batch is dispatched, when the
-    #: capacity left allows it: at most half of ``max_streams`` keeps Redis reading the
-    #: next batch while this one is handed out.
-    read_count: int = 50
+    #: capacity left allows it. ``None``: half the capacity (``max_streams``, or ``run()``'s
+    #: ``concurrency``), at most 500, so Redis reads the next batch while this one is handed out.
+    read_count: int | None = None
     #: How long the reader waits for new entries (``XREAD BLOCK``) after an empty read.
     #: Bounded, so shutdown is prompt even without cancellation.
     read_block: float = 1.0
@@ -160,7 +160,9 @@ class Config:
                     f"Config.min_idle ({self.min_idle}) must exceed twice lock_ttl ({self.lock_ttl}): "
                     "an entry pending for less may belong to a live holder between heartbeats"
                 )
-        for name in ("max_streams", "read_count", "heartbeat_chunk", "notification_buffer", "max_input_bytes",
+        if self.read_count is not None:
+            at_least("read_count", 1)
+        for name in ("max_streams", "heartbeat_chunk", "notification_buffer", "max_input_bytes",
                      "scan_batch", "deadline_batch", "dead_letter_batch"):
             at_least(name, 1)
         at_least("read_max_retries", -1)

@@ -13,12 +13,22 @@ Notification hooks are 1:N: every implementation is called, each on its
 own (one that raises is logged with its plugin's name and the others still
 run), results ignored. Hooks marked ``firstresult`` ask a question: the
 first implementation that returns something other than None decides.
+
+Per-assignment events come two ways: batched (:func:`lbs_streams_started`,
+:func:`lbs_locks_released`: one call per read or finish batch, however many
+streams it holds) and per event (:func:`lbs_lock_acquired`,
+:func:`lbs_stream_started`, :func:`lbs_lock_released`: one call per stream,
+which costs the assignment cycle a pluggy call each). Prefer the batched
+ones; a hook nobody implements costs nothing. Counts need no hook at all:
+:attr:`lbs.Client.stats` and :attr:`lbs.Client.metrics` are kept by the
+client and can be read when wanted (``lbs-prometheus`` reads them at scrape
+time).
 """
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -26,7 +36,7 @@ import pluggy
 from . import metrics as _metrics
 
 if TYPE_CHECKING:
-    from .client import Client, Handler
+    from .client import Client, Handler, Held
     from .deadletters import DeadLetterBackend
     from .strategy import ReadStrategy
     from .notifications import DoneStatus, Notification
@@ -78,7 +88,9 @@ def lbs_reader_terminated(client: Client, error: BaseException) -> None:
 
 @hookspec
 def lbs_lock_acquired(client: Client, stream: str, entry_id: str, token: int) -> None:
-    """Called when the reader took an assignment's lock, before STREAM_ADDED.
+    """Called when the reader took an assignment's lock, before STREAM_ADDED
+    (per event: one call per stream; :func:`lbs_streams_started` is the
+    batched form, and cheaper).
 
     :param client: the client.
     :param stream: the data stream's name.
@@ -109,7 +121,8 @@ def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float)
 def lbs_lock_released(client: Client, stream: str, entry_id: str, token: int, status: DoneStatus) -> None:
     """Called when :meth:`lbs.Client.done_stream` or
     :meth:`lbs.Client.done_streams`, or a :meth:`lbs.Client.run` handler that
-    returned, finished an assignment (one call per stream).
+    returned, finished an assignment (per event: one call per stream;
+    :func:`lbs_locks_released` is the batched form, and cheaper).
 
     :param client: the client.
     :param stream: the data stream's name.
@@ -122,11 +135,35 @@ def lbs_lock_released(client: Client, stream: str, entry_id: str, token: int, st
     """
 
 
+@hookspec
+def lbs_locks_released(client: Client, released: Sequence[tuple[Held, DoneStatus]]) -> None:
+    """Called once per batch of finished assignments, with each one's outcome:
+    once per :meth:`lbs.Client.done_stream` or :meth:`lbs.Client.done_streams`
+    call, and once per ``done-n.lua`` batch for :meth:`lbs.Client.run`
+    handlers that returned (however many streams finished together).
+
+    The batched form of :func:`lbs_lock_released`; prefer it. Called only
+    when some plugin implements it.
+
+    :param client: the client.
+    :param released: ``(held, status)`` per finished assignment, in order:
+        the :class:`lbs.Held` record (``stream``, ``entry_id``, ``token``,
+        ``retry_count``, ...) and what finishing found, ``DONE`` or a lost
+        lock (``LOCK_EXPIRED``, ``LOCK_LOST``).
+
+    .. versionadded:: 0.2
+    """
+
+
 # ----------------------------------------------------------------- metrics ---
 
 @hookspec
 def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mapping[str, str]) -> None:
-    """Called for every metric event, on the client's event loop.
+    """Called for every metric event, on the client's event loop (none is
+    per assignment). An exporter need not implement it for lbs's names:
+    :attr:`lbs.Client.metrics` keeps every event's value, by name and (in
+    ``.series``) by labels, to be read when asked; other plugins may report
+    their own names through this hook.
 
     The names lbs emits are stable (a metrics plugin may map them 1:1): they
     are the entries of :data:`lbs.metrics.METRICS`, which gives each one's
@@ -161,12 +198,33 @@ if lbs_metric.__doc__ is not None:
 
 @hookspec
 def lbs_stream_started(client: Client, notification: Notification) -> None:
-    """Called when a STREAM_ADDED notification is about to be delivered.
+    """Called when a STREAM_ADDED notification is about to be delivered (per
+    event: one call per stream; :func:`lbs_streams_started` is the batched
+    form, and cheaper).
 
     :param client: the client.
     :param notification: the notification.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_streams_started(client: Client, notifications: Sequence[Notification]) -> None:
+    """Called once per read batch that took streams, after their STREAM_ADDED
+    notifications were handed out (to :meth:`lbs.Client.run`'s handlers or
+    the notification buffer).
+
+    The batched form of :func:`lbs_lock_acquired` and
+    :func:`lbs_stream_started` (each notification carries the stream, the
+    entry id and the lock's token); prefer it. Called only when some plugin
+    implements it. When the notification buffer was full, the application
+    may already have finished some of the batch's streams by then.
+
+    :param client: the client.
+    :param notifications: the batch's STREAM_ADDED notifications, in order.
+
+    .. versionadded:: 0.2
     """
 
 
@@ -324,7 +382,9 @@ __all__ = ["NAME", "hookimpl", "hookspec",
     "lbs_locks_extended",
     "lbs_metric",
     "lbs_lock_released",
+    "lbs_locks_released",
     "lbs_stream_started",
+    "lbs_streams_started",
     "lbs_stream_disowned",
     "lbs_stream_handed_back",
     "lbs_stream_dead_lettered",

@@ -95,8 +95,6 @@ METRICS: Final[Mapping[str, Metric]] = _table(
            "Pending entries the scan left alone because their lock was alive."),
     Metric("recovery_scan_duration_seconds", "histogram",
            "Duration of one full pass of the pending-list scan."),
-    Metric("pel_depth", "gauge",
-           "Entries in the consumer group's pending list, read after each scan."),
     # -- keyspace events ------------------------------------------------------------
     Metric("recovery_expiry_lag_seconds", "histogram",
            "How long after the holder's heartbeat deadline a lock's expiry keyspace event led to a re-queue."),
@@ -134,6 +132,16 @@ METRICS: Final[Mapping[str, Metric]] = _table(
            "Batches of dead letters whose write to the backend failed (they stay in the stream and are "
            "written again).",
            ("backend",)),
+    # -- the service's queues (the same for every client of the service: take the max) ---
+    Metric("backlog_depth", "gauge",
+           "Entries in the load-balancer stream not yet delivered to the consumer group, sampled every "
+           "Config.metrics_interval."),
+    Metric("pel_depth", "gauge",
+           "Entries in the consumer group's pending list (delivered, not yet finished), sampled every "
+           "Config.metrics_interval and after each scan."),
+    Metric("dead_letter_depth", "gauge",
+           "Entries in the dead-letter stream, sampled every Config.metrics_interval (not sampled when dead "
+           "letters are dropped)."),
     # -- the server -----------------------------------------------------------------
     Metric("topology_changes_total", "counter",
            "Times the client moved to a new cluster master owning its service's slot."),

@@ -16,16 +16,23 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union, cast
 
 import pluggy
 
 from . import hookspecs
 from .metrics import METRICS
 
+if TYPE_CHECKING:
+    from ._consumer.state import Histogram
+
 log = logging.getLogger("lbs.plugins")
 
-__all__ = ["Hooks", "make_plugin_manager", "plugin_config_defaults"]
+__all__ = ["Hooks", "MetricValues", "Series", "make_plugin_manager", "plugin_config_defaults"]
+
+#: One metric's values by label values (in the order of its :attr:`lbs.metrics.Metric.labels`;
+#: ``()`` when it has none): a counter's sum, a gauge's last value, a histogram's buckets.
+Series = dict[tuple[str, ...], Union[float, "Histogram"]]
 
 
 def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: bool = True,
@@ -90,6 +97,25 @@ def plugin_config_defaults(pm: pluggy.PluginManager) -> dict[str, Any]:
     return merged
 
 
+class MetricValues(dict[str, float]):
+    """A client's metric values by name (what :attr:`lbs.Client.metrics` returns), and by labels.
+
+    As a dict: counters summed, gauges and histograms their last value, by
+    name. :attr:`series` keeps every metric per label values too, with a
+    histogram's every observation in buckets: what a metrics exporter reads
+    at scrape time (``lbs-prometheus`` does), instead of hearing each event.
+    Written on the client's event loop; a reader on another thread copies a
+    metric's dict (``dict.copy()`` is atomic) before walking it.
+    """
+
+    __slots__ = ("series",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Metric name -> label values -> value (see :data:`Series`).
+        self.series: dict[str, Series] = {}
+
+
 class Hooks:
     """How a client's activities reach the plugins: every call goes through here.
 
@@ -98,8 +124,9 @@ class Hooks:
       every other plugin still hears the event, and the client goes on;
     * **anyone listening**: :meth:`listening` is cheap enough for a hot path
       to ask once per batch, and a notify nobody listens to costs one lookup;
-    * **metrics**: :meth:`metric` counts by name (:attr:`counts`) and calls
-      ``lbs_metric`` with the kind the table in :mod:`lbs.metrics` gives;
+    * **metrics**: :meth:`metric` keeps values by name (:attr:`counts`) and by
+      name and labels (:attr:`series`), and calls ``lbs_metric`` (when someone
+      listens) with the kind the table in :mod:`lbs.metrics` gives;
     * **tracing**: with ``LBS_TRACE_PLUGINS=1`` every call is logged.
 
     ``owner`` is what plugins receive as ``client``; ``labels`` go on every
@@ -113,7 +140,13 @@ class Hooks:
         self.labels = dict(labels)
         self.log = logger
         #: Metric values by name: counters summed, gauges and histograms the last value.
-        self.counts: dict[str, float] = {}
+        self.counts = MetricValues()
+        #: ... and by name and label values (``counts.series``; see :class:`MetricValues`).
+        self.series = self.counts.series
+        # Imported here: lbs._consumer.state imports this module.
+        from ._consumer.state import Histogram
+
+        self._histogram = Histogram
         self._trace = os.environ.get("LBS_TRACE_PLUGINS") == "1"
 
     def listening(self, hook: str) -> bool:
@@ -141,10 +174,31 @@ class Hooks:
                 self.log.exception("plugin %r raised in hook %s; ignored", impl.plugin_name, hook)
 
     def metric(self, name: str, value: float, **labels: str) -> None:
-        """Record one metric event (``name`` from :data:`lbs.metrics.METRICS`) and tell ``lbs_metric``."""
-        kind = METRICS[name].kind
+        """Record one metric event (``name`` from :data:`lbs.metrics.METRICS`) and tell ``lbs_metric``.
+
+        ``labels`` are the metric's own (:attr:`lbs.metrics.Metric.labels`; one
+        missing counts as ``""``); ``service`` and ``consumer`` are added for
+        the hook.
+        """
+        m = METRICS[name]
+        kind = m.kind
+        series = self.series.get(name)
+        if series is None:
+            series = self.series[name] = {}
+        key = tuple([labels.get(label, "") for label in m.labels]) if m.labels else ()
         if kind == "counter":
             self.counts[name] = self.counts.get(name, 0) + value
+            sums = cast("dict[tuple[str, ...], float]", series)
+            sums[key] = sums.get(key, 0) + value
+        elif kind == "gauge":
+            self.counts[name] = value
+            series[key] = value
         else:
             self.counts[name] = value
-        self.notify("lbs_metric", name=name, kind=kind, value=value, labels={**self.labels, **labels})
+            buckets = cast("dict[tuple[str, ...], Histogram]", series)
+            histogram = buckets.get(key)
+            if histogram is None:
+                histogram = buckets[key] = self._histogram()
+            histogram.observe(value)
+        if self.listening("lbs_metric"):
+            self.notify("lbs_metric", name=name, kind=kind, value=value, labels={**self.labels, **labels})

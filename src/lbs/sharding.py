@@ -56,7 +56,9 @@ class ShardedClient:
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
         cfg = config if config is not None else Config()
         per = max(1, -(-cfg.max_streams // self.shards))
-        cfg = replace(cfg, max_streams=per, read_count=max(1, min(cfg.read_count, per // 2 or 1)))
+        if cfg.read_count is not None:
+            cfg = replace(cfg, read_count=max(1, min(cfg.read_count, per // 2 or 1)))
+        cfg = replace(cfg, max_streams=per)
         plugins = list(plugins)
         self.clients = [Client(self._redis, svc, consumer_id, cfg, plugins=plugins,
                                load_entrypoint_plugins=load_entrypoint_plugins)

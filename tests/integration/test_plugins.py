@@ -1,4 +1,5 @@
-"""Plugins: isolation of a failing plugin, provider hooks, and entry-point discovery."""
+"""Plugins: isolation of a failing plugin, provider hooks, batched hooks, entry-point discovery, and the
+observer that samples the queue-length gauges plugins read."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, produce, take
+from _helpers import client, eventually, is_true, produce, take
 
 import lbs
+from lbs._consumer.observer import Observer
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "lbs-tiny-plugin"
 
@@ -108,6 +110,169 @@ async def test_stream_expired_tells_plugins_which_path_recovered_it(
     finally:
         await c.close()
     assert seen == [("orphan", 1, "claim")]
+
+
+class Batched:
+    """Hears the batched hooks and, for comparison, their per-stream forms."""
+
+    def __init__(self) -> None:
+        self.started: list[list[str]] = []
+        self.released: list[list[tuple[str, lbs.DoneStatus]]] = []
+        self.each_started: list[str] = []
+        self.each_released: list[str] = []
+
+    @lbs.hookimpl
+    def lbs_streams_started(self, notifications: list[lbs.Notification]) -> None:
+        assert all(n.type is lbs.NotificationType.STREAM_ADDED for n in notifications)
+        self.started.append([n.stream for n in notifications])
+
+    @lbs.hookimpl
+    def lbs_locks_released(self, released: list[tuple[lbs.Held, lbs.DoneStatus]]) -> None:
+        self.released.append([(h.stream, status) for h, status in released])
+
+    @lbs.hookimpl
+    def lbs_stream_started(self, notification: lbs.Notification) -> None:
+        self.each_started.append(notification.stream)
+
+    @lbs.hookimpl
+    def lbs_lock_released(self, stream: str) -> None:
+        self.each_released.append(stream)
+
+
+async def test_batched_hooks_hear_a_read_and_a_finish_once(redis_server: Any, service: str) -> None:
+    names = [f"s{i}" for i in range(20)]
+    await produce(redis_server.url, service, *names)  # all there before the first read: one batch
+    heard = Batched()
+    c = client(redis_server.url, service, plugins=[heard])
+    await c.start()
+    try:
+        notes = await take(c, 20)
+        statuses = await c.done_streams(notes)
+    finally:
+        await c.close()
+    assert heard.started == [names]
+    assert heard.released == [[(n, lbs.DoneStatus.DONE) for n in names]]
+    assert statuses == [lbs.DoneStatus.DONE] * 20
+    # The per-stream forms still work, one call per stream.
+    assert heard.each_started == names and heard.each_released == names
+
+
+async def test_batched_hooks_under_run_cover_every_stream_once(redis_server: Any, service: str) -> None:
+    names = [f"s{i}" for i in range(30)]
+    await produce(redis_server.url, service, *names)
+    heard = Batched()
+    c = client(redis_server.url, service, plugins=[heard])
+
+    async def handler(note: lbs.Notification) -> None:
+        await asyncio.sleep(0)
+
+    runner = asyncio.create_task(c.run(handler))
+    try:
+        await c.wait_finished(30, timeout=20)
+    finally:
+        await c.close()
+        await runner
+    started = [s for batch in heard.started for s in batch]
+    released = [s for batch in heard.released for s, status in batch if status is lbs.DoneStatus.DONE]
+    assert sorted(started) == sorted(released) == sorted(names)
+    assert len(heard.started) < 30 and len(heard.released) < 30  # batched, not per stream
+
+
+# ------------------------------------------------------------- the observer ---
+#
+# Client.start() runs it every Config.metrics_interval; here it is driven by hand
+# on a client that is not started, against real servers (8.x, and 7.0's fallbacks).
+
+async def _lbs_with_group(r: aioredis.Redis, url: str, service: str, n: int) -> list[str]:
+    """``n`` entries in the LBS and the group, nothing delivered yet; their ids."""
+    ids = await produce(url, service, *(f"s{i}" for i in range(n)))
+    await r.xgroup_create(lbs.input_stream(service), lbs.group_name(service), id="0")
+    return ids
+
+
+async def test_observer_samples_backlog_pending_and_dead_letters(any_server: Any, service: str) -> None:
+    r = aioredis.Redis.from_url(any_server.url)
+    c = client(any_server.url, service)
+    try:
+        await _lbs_with_group(r, any_server.url, service, 5)
+        await r.xreadgroup(lbs.group_name(service), "someone", {lbs.input_stream(service): ">"}, count=2)
+        await r.xadd(lbs.dead_letter_stream(service), {"_reason": "test"})
+        assert await Observer(c._state).sample()
+        assert c.metrics.get("backlog_depth") == 3
+        assert c.metrics.get("pel_depth") == 2
+        assert c.metrics.get("dead_letter_depth") == 1
+        assert c.metrics.series["backlog_depth"] == {(): 3}
+    finally:
+        await c.close()
+        await r.aclose()
+
+
+async def test_observer_counts_the_backlog_when_redis_cannot(any_server: Any, service: str) -> None:
+    r = aioredis.Redis.from_url(any_server.url)
+    c = client(any_server.url, service, dead_letter_stream="")
+    try:
+        ids = await _lbs_with_group(r, any_server.url, service, 4)
+        await r.xreadgroup(lbs.group_name(service), "someone", {lbs.input_stream(service): ">"}, count=1)
+        await r.xdel(lbs.input_stream(service), ids[2])  # a deleted entry after the last delivered one ...
+        (group,) = await r.xinfo_groups(lbs.input_stream(service))
+        assert group.get("lag") is None  # ... so Redis cannot count the lag
+        assert await Observer(c._state).sample()
+        assert c.metrics.get("backlog_depth") == 2  # XLEN 3 - 1 pending
+        assert c.metrics.get("pel_depth") == 1
+        assert "dead_letter_depth" not in c.metrics  # dead letters dropped: nothing to sample
+    finally:
+        await c.close()
+        await r.aclose()
+
+
+async def test_observer_before_the_lbs_exists_reports_empty_queues(redis_server: Any, service: str) -> None:
+    c = client(redis_server.url, service)
+    try:
+        assert await Observer(c._state).sample()
+        assert (c.metrics.get("backlog_depth"), c.metrics.get("pel_depth"), c.metrics.get("dead_letter_depth")) == (
+            0, 0, 0)
+    finally:
+        await c.close()
+
+
+async def test_observer_failures_are_logged_at_debug_and_retried(caplog: pytest.LogCaptureFixture,
+                                                                 service: str) -> None:
+    c = client("redis://127.0.0.1:1", service, metrics_interval=0.01)  # nothing listens there
+    observer = Observer(c._state)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="lbs"):
+            assert not await observer.sample()
+            observer.start()
+            await eventually(lambda: is_true(sum("sampling the queue lengths failed" in r.getMessage()
+                                                 for r in caplog.records) >= 3))
+            assert observer.task is not None and not observer.task.done()  # never fatal: it goes on
+            await observer.stop()
+    finally:
+        await c.close()
+    assert all(r.levelno == logging.DEBUG for r in caplog.records if "sampling" in r.getMessage())
+    assert "backlog_depth" not in c.metrics
+
+
+async def test_observer_samples_every_interval_until_stopped(redis_server: Any, service: str) -> None:
+    r = aioredis.Redis.from_url(redis_server.url)
+    c = client(redis_server.url, service, metrics_interval=0.01)
+    try:
+        await _lbs_with_group(r, redis_server.url, service, 2)
+        observer = Observer(c._state)
+        observer.start()
+        await eventually(lambda: is_true(c.metrics.get("backlog_depth") == 2))
+        await produce(redis_server.url, service, "late")
+        await eventually(lambda: is_true(c.metrics.get("backlog_depth") == 3))
+        await observer.stop()
+        assert observer.task is None
+        quiet = client(redis_server.url, service, metrics_interval=0)
+        off = Observer(quiet._state)
+        off.start()  # 0: no sampling
+        assert off.task is None
+        await quiet.close()
+    finally:
+        await c.close()
+        await r.aclose()
 
 
 CONSUMER = textwrap.dedent(

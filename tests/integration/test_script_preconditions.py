@@ -18,6 +18,8 @@ from redis.exceptions import ResponseError
 from lbs._keys import (
     consumers_key,
     dead_letter_stream,
+    delayed_stream,
+    due_key,
     fence_key,
     group_name,
     input_stream,
@@ -72,11 +74,18 @@ async def extend(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], 
 
 async def requeue(r: aioredis.Redis, service: str, entry_id: str, mode: str = "absent", value: str = "",
                   inc: str = "1", max_retries: str = "5", reason: str = "boom", force: str = "0",
-                  dlq: str = "1") -> list[Any]:
-    keys = [input_stream(service), dead_letter_stream(service), lock_key(service, entry_id)]
+                  dlq: str = "1", delay: tuple[int, int, float] = (0, 0, 1.0)) -> list[Any]:
+    """One requeue-5.lua call; ``delay`` is (ms at retry 1, longest ms, jitter): (0, ...) re-queues at once."""
+    keys = [input_stream(service), dead_letter_stream(service), lock_key(service, entry_id),
+            delayed_stream(service), due_key(service)]
     args = [group_name(service), entry_id, mode, value, inc, max_retries, "_retry_count", "_original_id",
-            reason, "c1", force, dlq, "_"]
-    return await r.eval(source("requeue-3"), 3, *keys, *args)
+            reason, "c1", force, dlq, "_", *delay]
+    return await r.eval(source("requeue-5"), 5, *keys, *args)
+
+
+async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int]:
+    return await r.eval(source("promote-3"), 3, due_key(service), delayed_stream(service), input_stream(service),
+                        batch)
 
 
 async def reap(r: aioredis.Redis, service: str) -> list[bytes]:
@@ -108,6 +117,12 @@ async def snapshot(r: aioredis.Redis, service: str) -> dict[bytes, bytes | None]
 
 async def pending(r: aioredis.Redis, service: str) -> int:
     return int((await r.xpending(input_stream(service), group_name(service)))["pending"])
+
+
+async def past(r: aioredis.Redis, due_ms: float) -> None:
+    """Wait (without sleeping: what is due is the server's clock's call) until the server's time reaches ``due_ms``."""
+    while us(await r.time()) // 1000 < due_ms:
+        pass
 
 
 async def refused(call: Any, *names: str) -> str:
@@ -320,7 +335,7 @@ async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service
     assert await rr.pttl(lock_key(service, locks[2][0])) > 5_000
 
 
-# -- requeue-3.lua ------------------------------------------------------------
+# -- requeue-5.lua ------------------------------------------------------------
 
 async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(rr: aioredis.Redis,
                                                                               service: str) -> None:
@@ -438,6 +453,121 @@ async def test_requeue_of_a_trimmed_entry(rr: aioredis.Redis, service: str) -> N
     await rr.xdel(input_stream(service), entry_id)
     assert await requeue(rr, service, entry_id, mode="owned", value=value) == [-1, b"trimmed"]
     assert await pending(rr, service) == 0 and not await rr.exists(lock_key(service, entry_id))
+
+
+@pytest.mark.parametrize(("key", "setup", "what"), [
+    (delayed_stream, "set", "holds a string, not a stream"),
+    (delayed_stream, "rpush", "holds a list, not a stream"),
+    (due_key, "set", "holds a string, not the due index"),
+    (due_key, "hset", "holds a hash, not the due index"),
+])
+async def test_requeue_parking_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, service: str, key: Any,
+                                                              setup: str, what: str) -> None:
+    (entry_id, value), = await taken(rr, service, 1)
+    name = key(service)
+    await (rr.rpush(name, "x") if setup == "rpush" else rr.hset(name, "x", "1") if setup == "hset"
+           else rr.set(name, "x"))
+    before = await snapshot(rr, service)
+    code, message = await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1000, 60_000, 1.0))
+    assert code == -2 and message == f"LBSKEY {name} {what}".encode()
+    assert await snapshot(rr, service) == before
+    assert await pending(rr, service) == 1
+    # At once (no delay), neither key is needed; past max retries neither is either.
+    out = await requeue(rr, service, entry_id, mode="owned", value=value, max_retries="0",
+                        delay=(1000, 60_000, 1.0))
+    assert out[0] == 2 and await pending(rr, service) == 0
+
+
+async def test_requeue_parks_the_copy_for_its_delay(rr: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(rr, service, 1)
+    # Retry count 1 after this call: d = min(400 * 2^0, 1000) = 400, jittered by 0.5: 200 ms.
+    code, parked_id, lbs_input, retries, delay = await requeue(rr, service, entry_id, mode="owned", value=value,
+                                                               delay=(400, 1000, 0.5))
+    assert (code, lbs_input, retries, delay) == (4, b'{"stream":"s0"}', 1, 200)
+    (got_id, got), = await rr.xrange(delayed_stream(service))
+    assert got_id == parked_id
+    assert got == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1", b"_original_id": entry_id.encode()}
+    # Due exactly the delay after the parked id's milliseconds (the server's clock when it was parked).
+    parked_ms = int(parked_id.split(b"-")[0])
+    assert await rr.zrange(due_key(service), 0, -1, withscores=True) == [(parked_id, parked_ms + 200)]
+    assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
+    assert not await rr.exists(lock_key(service, entry_id))
+
+
+@pytest.mark.parametrize(("retries", "first", "most", "jitter", "expected"), [
+    (0, 100, 10_000, 1.0, 100),      # retry 1: the first delay
+    (1, 100, 10_000, 1.0, 200),      # retry 2: doubled
+    (3, 100, 10_000, 0.75, 600),     # retry 4: 800, jittered by 0.75
+    (9, 100, 10_000, 1.0, 10_000),   # retry 10: 51,200, capped
+    (9, 100, 10_000, 0.5, 5_000),
+])
+async def test_requeue_delay_doubles_per_retry_up_to_the_cap(rr: aioredis.Redis, service: str, retries: int,
+                                                             first: int, most: int, jitter: float,
+                                                             expected: int) -> None:
+    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    await rr.xadd(input_stream(service), {"lbs-input": '{"stream":"s"}', "_retry_count": str(retries)})
+    ((entry_id, _),), _, _ = await read(rr, service)
+    out = await requeue(rr, service, entry_id.decode(), mode="any", max_retries="-1", delay=(first, most, jitter))
+    assert out[0] == 4 and out[3] == retries + 1 and out[4] == expected
+
+
+async def test_promote_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
+    (entry_id, value), = await taken(rr, service, 1)
+    parked_id = (await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0)))[1]
+    await past(rr, await rr.zscore(due_key(service), parked_id) or 0)  # due: the other keys are looked at
+    for key, what in [(due_key(service), "the due index"), (delayed_stream(service), "a stream"),
+                      (input_stream(service), "the load-balancer stream")]:
+        saved = await rr.dump(key)
+        await rr.delete(key)
+        await rr.set(key, "x")
+        before = await snapshot(rr, service)
+        await refused(promote(rr, service), key, f"holds a string, not {what}")
+        assert await snapshot(rr, service) == before
+        await rr.delete(key)
+        await rr.restore(key, 0, saved)
+    with pytest.raises(ResponseError, match="promote-3"):
+        await promote(rr, service, batch=0)
+    assert await promote(rr, service) == [1, 0, -1, 0]
+    # Nothing parked: nothing looked at, whatever the other keys hold.
+    await rr.delete(delayed_stream(service))
+    await rr.set(delayed_stream(service), "x")
+    assert await promote(rr, service) == [0, 0, -1, 0]
+
+
+async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(rr: aioredis.Redis, service: str) -> None:
+    locks = await taken(rr, service, 3)
+    parked = [(await requeue(rr, service, entry_id, mode="owned", value=value, delay=(ms, ms, 1.0)))[1]
+              for (entry_id, value), ms in zip(locks, (1, 1, 3_600_000))]
+    await rr.xdel(delayed_stream(service), parked[1])  # gone by hand: its due id is dropped, nothing added
+    await past(rr, max([await rr.zscore(due_key(service), p) or 0 for p in parked[:2]]))
+    moved, vanished, next_ms, stuck = await promote(rr, service)
+    assert (moved, vanished, stuck) == (1, 1, 0) and 0 < next_ms <= 3_600_000
+    (_, fields), = await rr.xrange(input_stream(service))
+    assert fields == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1",
+                      b"_original_id": locks[0][0].encode()}
+    assert [i for i, _ in await rr.xrange(delayed_stream(service))] == [parked[2]]
+    assert await rr.zrange(due_key(service), 0, -1) == [parked[2]]
+    assert (await promote(rr, service))[:2] == [0, 0]
+
+
+async def test_promote_a_full_batch_asks_to_be_called_again(rr: aioredis.Redis, service: str) -> None:
+    locks = await taken(rr, service, 3)
+    for entry_id, value in locks:
+        await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0))
+    await past(rr, max(s for _, s in await rr.zrange(due_key(service), 0, -1, withscores=True)))
+    assert await promote(rr, service, batch=2) == [2, 0, 0, 0]
+    assert await promote(rr, service, batch=2) == [1, 0, -1, 0]
+    assert await rr.xlen(input_stream(service)) == 3 and await rr.xlen(delayed_stream(service)) == 0
+    assert not await rr.exists(due_key(service))
+
+
+async def test_promote_leaves_an_entry_too_wide_to_copy_parked(rr: aioredis.Redis, service: str) -> None:
+    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    wide = (await rr.xadd(delayed_stream(service), {f"f{i}": "v" for i in range(3_501)})).decode()
+    await rr.zadd(due_key(service), {wide: 0})
+    assert await promote(rr, service) == [0, 0, -1, 1]
+    assert await rr.zscore(due_key(service), wide) == float("inf")
+    assert await rr.xlen(delayed_stream(service)) == 1 and await rr.xlen(input_stream(service)) == 0
 
 
 # -- reap-3.lua ---------------------------------------------------------------

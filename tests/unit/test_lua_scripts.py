@@ -48,10 +48,12 @@ def _args(build: object) -> list[bytes]:
 
 _FIXED = {
     "read-3": lambda b: scripts.read(b, "s", "f", "c", "g", "me", 10, 1000, b"lock:", ">", "", "me:x"),
-    "requeue-3": lambda b: scripts.requeue(b, "s", "d", "l", group="g", entry_id="1-1", mode="owned", value="v",
-                                           count_retry=True, max_retries=3, retry_field="_r", original_field="_o",
-                                           reason="why", consumer="me", force_dead_letter=False,
-                                           dead_letter_on=True, field_prefix="_"),
+    "requeue-5": lambda b: scripts.requeue(b, "s", "d", "l", "p", "z", group="g", entry_id="1-1", mode="owned",
+                                           value="v", count_retry=True, max_retries=3, retry_field="_r",
+                                           original_field="_o", reason="why", consumer="me",
+                                           force_dead_letter=False, dead_letter_on=True, field_prefix="_",
+                                           delay=scripts.RetryDelay(1000, 300_000, 0.75)),
+    "promote-3": lambda b: scripts.promote(b, "z", "p", "s", batch=100),
     "reap-3": lambda b: scripts.reap(b, "c", "s", "r", group="g", lock_prefix="lock:", batch=10, stall_ms=1000,
                                      grace_ms=1000),
     "leave-1": lambda b: scripts.leave(b, "k", "nonce"),
@@ -77,7 +79,8 @@ def test_done_writes_keys_and_args_per_lock() -> None:
 
 #: How the code names each script's builder (or, for extend-n, its SHA).
 _CALLS = {"read-3": "scripts.read(", "extend-n": "scripts.EXTEND", "done-n": "scripts.done(",
-          "requeue-3": "scripts.requeue(", "reap-3": "scripts.reap(", "leave-1": "scripts.leave("}
+          "requeue-5": "scripts.requeue(", "promote-3": "scripts.promote(", "reap-3": "scripts.reap(",
+          "leave-1": "scripts.leave("}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import logging
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 
 from lbs import hookspecs
 from lbs.metrics import BASE_LABELS, KINDS, METRICS, Metric, render_markdown, render_rst
+from lbs.plugins import Hooks, MetricValues, make_plugin_manager
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "lbs"
@@ -219,6 +222,50 @@ def test_the_plugin_guide_shows_the_table_as_rendered() -> None:
         "`python -c \"import lbs.metrics as m; print(m.render_markdown())\"`")
 
 
+# ------------------------------------------------------- Hooks keeps them ---
+
+def _hooks() -> Hooks:
+    pm = make_plugin_manager([], load_entrypoints=False)
+    return Hooks(pm, object(), {"service": "svc", "consumer": "c1"}, logging.getLogger("test"))
+
+
+def test_hooks_keep_each_metric_by_name_and_by_labels() -> None:
+    hooks = _hooks()
+    hooks.metric("recovery_dlq_total", 1, path="scan")
+    hooks.metric("recovery_dlq_total", 2, path="deadline")
+    hooks.metric("recovery_dlq_total", 3, path="scan")
+    hooks.metric("pel_depth", 5)
+    hooks.metric("pel_depth", 2)
+    hooks.metric("recovery_scan_duration_seconds", 0.2)
+    hooks.metric("recovery_scan_duration_seconds", 3.0)
+    values = hooks.counts
+    assert isinstance(values, MetricValues) and isinstance(values, dict)
+    # By name, as Client.metrics always gave them: counters summed, the rest the last value.
+    assert dict(values) == {"recovery_dlq_total": 6, "pel_depth": 2, "recovery_scan_duration_seconds": 3.0}
+    # By labels, in the table's label order, with histograms kept whole.
+    assert values.series["recovery_dlq_total"] == {("scan",): 4, ("deadline",): 2}
+    assert values.series["pel_depth"] == {(): 2}
+    (histogram,) = values.series["recovery_scan_duration_seconds"].values()
+    assert not isinstance(histogram, (int, float))
+    assert histogram.cumulative()[-1] == (math.inf, 2) and histogram.sum == 3.2
+    assert hooks.series is values.series
+
+
+def test_hooks_tell_lbs_metric_only_when_someone_listens() -> None:
+    heard: list[tuple[str, str, float, dict[str, str]]] = []
+
+    class Listener:
+        @hookspecs.hookimpl
+        def lbs_metric(self, name: str, kind: str, value: float, labels: dict[str, str]) -> None:
+            heard.append((name, kind, value, dict(labels)))
+
+    pm = make_plugin_manager([Listener()], load_entrypoints=False)
+    hooks = Hooks(pm, object(), {"service": "svc", "consumer": "c1"}, logging.getLogger("test"))
+    hooks.metric("dead_letters_forwarded_total", 2, backend="jsonl")
+    assert heard == [("dead_letters_forwarded_total", "counter", 2,
+                      {"service": "svc", "consumer": "c1", "backend": "jsonl"})]
+
+
 # ----------------------------------------------------------- lbs-prometheus ---
 
 def test_lbs_prometheus_describes_each_metric_with_the_table() -> None:
@@ -226,11 +273,25 @@ def test_lbs_prometheus_describes_each_metric_with_the_table() -> None:
     lbs_prometheus = pytest.importorskip("lbs_prometheus")
     from prometheus_client import CollectorRegistry
 
+    import lbs
+
     registry = CollectorRegistry()
     plugin = lbs_prometheus.PrometheusPlugin(registry=registry)
+
+    class Client:
+        """What the plugin reads of a client."""
+
+        def __init__(self) -> None:
+            self.service, self.id, self.held = "svc", "c1", 0
+            self.config, self.stats = lbs.Config(), lbs.ClientStats()
+            self.pm = make_plugin_manager([plugin], load_entrypoints=False)
+            self.hooks = Hooks(self.pm, self, {"service": "svc", "consumer": "c1"}, logging.getLogger("test"))
+            self.metrics = self.hooks.counts
+
+    client = Client()
+    client.pm.hook.lbs_client_started(client=client)
     for m in METRICS.values():
-        labels = {"service": "svc", "consumer": "c1", **{label: "x" for label in m.labels}}
-        plugin.record(m.name, m.kind, 1.0, labels)
+        client.hooks.metric(m.name, 1.0, **{label: "x" for label in m.labels})
     families = {f.name: f for f in registry.collect()}
     for m in METRICS.values():
         family_name = lbs_prometheus.PREFIX + m.name.removesuffix("_total" if m.kind == "counter" else "")

@@ -113,8 +113,9 @@ def test_example_counts_finished_streams() -> None:
     module = _load_example()
     pm = make_plugin_manager([module], load_entrypoints=False)
     client: Any = types.SimpleNamespace(service="thumbnails")
-    for status in (lbs.DoneStatus.DONE, lbs.DoneStatus.DONE, lbs.DoneStatus.LOCK_LOST):
-        pm.hook.lbs_lock_released(client=client, stream="s", entry_id="1-0", token=1, status=status)
+    held = [types.SimpleNamespace(stream=f"s{i}", entry_id=f"{i}-0", token=i) for i in range(3)]
+    statuses = (lbs.DoneStatus.DONE, lbs.DoneStatus.DONE, lbs.DoneStatus.LOCK_LOST)
+    pm.hook.lbs_locks_released(client=client, released=list(zip(held, statuses)))  # one finishing batch
     assert module.finished == {("thumbnails", "DONE"): 2, ("thumbnails", "LOCK_LOST"): 1}
 
 

@@ -26,6 +26,16 @@ def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, frozenset[tupl
     return out
 
 
+def get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, bytes]:
+    """GET ``path`` over real HTTP: (status, body), whatever the status."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read()
+
+
 def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 

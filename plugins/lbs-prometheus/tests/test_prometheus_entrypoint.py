@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _prom_helpers import scrape, value
+from _prom_helpers import get, scrape, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -61,3 +61,7 @@ def test_port_variable_makes_the_installed_plugin_serve(redis_server: Any, servi
         assert value(samples, "lbs_locks_acquired_total", **lbl) == 1
         assert value(samples, "lbs_locks_released_total", **lbl, status="DONE") == 1
         assert value(samples, "lbs_held_streams", **lbl) == 0
+        status, body = get(port, "/healthz")
+        assert status == 200, body
+        clients = json.loads(body)["clients"]
+        assert [(c["service"], c["consumer"], c["state"]) for c in clients] == [(service, lbl["consumer"], "running")]

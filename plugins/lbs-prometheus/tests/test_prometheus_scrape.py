@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from _prom_helpers import produce, refused, scrape, take, value
+import redis.asyncio as aioredis
+from _prom_helpers import get, produce, refused, scrape, take, value
 from prometheus_client import CollectorRegistry
 
 import lbs
@@ -26,6 +29,13 @@ async def _until_refused(port: int, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not await asyncio.to_thread(refused, port):
         assert time.monotonic() < deadline, f"port {port} still serves after the last client closed"
+        await asyncio.sleep(0.05)
+
+
+async def _until(what: str, check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"not {what} within {timeout}s"
         await asyncio.sleep(0.05)
 
 
@@ -64,7 +74,7 @@ async def test_take_done_hand_back_and_scan_move_the_scraped_numbers(redis_serve
         third = await asyncio.to_thread(scrape, port)
         assert value(third, "lbs_locks_acquired_total", **lbl) == 4
         assert value(third, "lbs_locks_released_total", **lbl, status="DONE") == 2
-        assert value(third, "lbs_streams_handed_back_total", **lbl, retry_counted="false") == 1
+        assert value(third, "lbs_streams_handed_back_total", **lbl) == 1
         assert value(third, "lbs_held_streams", **lbl) == 1
 
         assert await client.done_stream("c") is lbs.DoneStatus.DONE
@@ -101,7 +111,9 @@ async def test_run_handler_failures_are_handed_back_with_retry_counted(redis_ser
         samples = await asyncio.to_thread(scrape, port)
         assert value(samples, "lbs_locks_acquired_total", **lbl) == 5
         assert value(samples, "lbs_locks_released_total", **lbl, status="DONE") == 4
-        assert value(samples, "lbs_streams_handed_back_total", **lbl, retry_counted="true") == 1
+        assert value(samples, "lbs_streams_handed_back_total", **lbl) == 1
+        assert value(samples, "lbs_handler_failures_total", **lbl) == 1
+        assert value(samples, "lbs_handler_seconds_count", **lbl) == 5
         assert value(samples, "lbs_held_streams", **lbl) == 0
     finally:
         await client.close()
@@ -136,4 +148,42 @@ async def test_one_plugin_serves_two_clients_until_the_last_closes(redis_server:
         assert value(samples, "lbs_client_running", service=service, consumer=c.id) == 1
     finally:
         await c.close()
+        plugin.close()
+
+
+async def test_healthz_follows_the_heartbeat(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
+    port = plugin.port
+    assert port is not None
+    status, body = await asyncio.to_thread(get, port, "/healthz")
+    assert status == 503 and json.loads(body)["unhealthy"] == [{"reason": "no lbs client is running"}]
+    client = _client(redis_server.url, service, plugin, heartbeat_interval=0.1)  # healthy: a beat < 0.2 s ago
+    await client.start()
+
+    last: dict[str, Any] = {}
+
+    async def health(expected: int) -> bool:
+        status, body = await asyncio.to_thread(get, port, "/healthz")
+        last["body"] = json.loads(body)
+        return status == expected
+
+    try:
+        await _until("healthy", lambda: health(200))
+        assert last["body"]["status"] == "ok"
+        assert [c["consumer"] for c in last["body"]["clients"]] == [client.id]
+        # A server that stalls writes stalls the heartbeat's script: the client turns unhealthy ...
+        await r.client_pause(20_000, all=False)  # WRITE: writes (and scripts) wait
+        try:
+            await _until("unhealthy", lambda: health(503))
+            (sick,) = last["body"]["unhealthy"]
+            assert sick["consumer"] == client.id and sick["reason"].startswith("no heartbeat for")
+        finally:
+            await r.client_unpause()
+        await _until("healthy again", lambda: health(200))  # ... and healthy again once it beats
+        # /metrics is still there beside it.
+        samples = await asyncio.to_thread(scrape, port)
+        assert value(samples, "lbs_client_running", service=service, consumer=client.id) == 1
+        assert (value(samples, "lbs_heartbeat_age_seconds", service=service, consumer=client.id) or 0) < 20
+    finally:
+        await client.close()
         plugin.close()

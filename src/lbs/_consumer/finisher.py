@@ -76,7 +76,12 @@ class Finisher:
             self.queue(h, fut)
             futures.append(fut)
         codes = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
-        return [self._finished_one(h, code) for h, code in zip(items, codes)]
+        hooks = self.state.hooks
+        released = hooks.listening("lbs_lock_released")
+        statuses = [self._finished_one(h, code, released) for h, code in zip(items, codes)]
+        if hooks.listening("lbs_locks_released"):
+            hooks.notify("lbs_locks_released", released=list(zip(items, statuses)))
+        return statuses
 
     def finishing(self) -> list[Held]:
         """Streams handed to the finisher whose done Redis has not answered yet (the heartbeat extends them)."""
@@ -140,11 +145,16 @@ class Finisher:
             self._inflight = []
             backoff.reset()
             released = s.hooks.listening("lbs_lock_released")
+            outcomes: list[tuple[Held, DoneStatus]] | None = [] if s.hooks.listening("lbs_locks_released") else None
             for (h, fut), code in zip(batch, codes):
                 if fut is None:
-                    self._finished_one(h, code, released)
+                    status = self._finished_one(h, code, released)
+                    if outcomes is not None:
+                        outcomes.append((h, status))
                 elif not fut.done():
                     fut.set_result(code)
+            if outcomes:
+                s.hooks.notify("lbs_locks_released", released=outcomes)
 
     def _finished_one(self, h: Held, code: Any, released: bool = True) -> DoneStatus:
         s = self.state

@@ -85,7 +85,7 @@ class Reader:
             nonlocal ahead
             free = s.free_slots(got)
             if got >= asked and free > 0 and not s.stopping.is_set():
-                count = min(cfg.read_count, free)
+                count = min(s.read_count, free)
                 ahead = (self._send(count, ">"), count)
 
         try:
@@ -112,9 +112,9 @@ class Reader:
                             # The last read's reply never arrived: the entries it
                             # delivered are in our pending list under locks with our
                             # id. Adopt them before reading more.
-                            await self._take(self._send(cfg.max_streams + cfg.read_count, "0"), "0")
+                            await self._take(self._send(s.capacity + s.read_count, "0"), "0")
                             self.reply_lost = False
-                        asked = min(cfg.read_count, free)
+                        asked = min(s.read_count, free)
                         sent = self._send(asked, ">")
                     top = await self._take(sent, ">", lambda got: read_ahead(got, asked))
                 except asyncio.CancelledError:
@@ -199,6 +199,7 @@ class Reader:
         max_retries = s.config.max_retries
         hooks = s.hooks
         acquired, started = hooks.listening("lbs_lock_acquired"), hooks.listening("lbs_stream_started")
+        batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
         dispatch, stats, holder = self.dispatch, s.stats, s.owner
         taken_at = time.monotonic()
         # Re-reading our pending entries: those being finished are not to be taken again.
@@ -239,10 +240,14 @@ class Reader:
             note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok, "", holder)
             if started:
                 hooks.notify("lbs_stream_started", notification=note)
+            if batch is not None:
+                batch.append(note)
             if dispatch is not None:
                 dispatch(h, note)
             else:
                 await s.mailbox.put(note)
+        if batch:
+            hooks.notify("lbs_streams_started", notifications=batch)
         if bad:
             await self.requeue.dead_letter(bad)
         return None

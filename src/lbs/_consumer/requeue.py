@@ -1,12 +1,13 @@
-"""Every call of ``requeue-3.lua`` and what its outcomes mean: re-queue, hand back, dead-letter.
+"""Every call of ``requeue-5.lua`` and what its outcomes mean: re-queue, park, hand back, dead-letter.
 
 Three kinds of caller, one script, each with its lock mode:
 
-* **hand back** (``owned``): a held stream goes back now, our lock released
-  (``Client.hand_back``, a failed ``run()`` handler, shutdown);
+* **hand back** (``owned``): a held stream goes back, our lock released
+  (``Client.hand_back``, a failed ``run()`` handler, shutdown): at once, or
+  parked for a retry delay (:mod:`lbs._consumer.delays` brings it back);
 * **recover** (``absent``): recovery re-queues an entry whose holder's lock
   is gone (deadline poller, keyspace listener, scan, startup, ``claim``,
-  and the heartbeat for the locks it lost);
+  and the heartbeat for the locks it lost), always at once;
 * **dead-letter** (``owned``, then ``any``): a malformed entry, or one
   claimed past ``max_retries``, goes to the dead-letter stream. What cannot
   be written yet (a dead-letter key of the wrong type, a lost connection)
@@ -17,6 +18,7 @@ Every batch is one round trip on the link's pool wire.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,10 +28,11 @@ from _lbscore import CommandBatch, Entry, Held, try_decode_input
 
 from .. import _keys
 from .._redis import scripts
-from .._redis.scripts import RequeueCode
+from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
 from .._redis.wire import first_error, text
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
+from .delays import Delays
 from .state import ConsumerState
 
 __all__ = ["Requeue"]
@@ -49,53 +52,85 @@ _Call = tuple[str, str, str, str, str]
 
 
 class Requeue:
-    """The one caller of ``requeue-3.lua`` for one client."""
+    """The one caller of ``requeue-5.lua`` for one client."""
 
     def __init__(self, state: ConsumerState) -> None:
         self.state = state
         #: Dead letters that could not be written yet: (entry, our lock value, reason).
         self.undead: list[tuple[Entry, str, str]] = []
+        #: What brings parked copies back (its task runs while the client is started).
+        self.delays = Delays(state)
 
-    async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False) -> list[Any]:
-        """One batch of requeue-3.lua calls; one reply (or server error) per call."""
+    def _delays(self, count: int, delay: float | None) -> list[RetryDelay]:
+        """Per call, how long its copy is parked: ``delay`` None is the configured back-off
+        (``Config.retry_delay``, doubling per retry up to ``retry_delay_max``, jittered in [d/2, d]);
+        a number is that many seconds (0: at once)."""
+        if delay is None:
+            cfg = self.state.config
+            first, most = round(cfg.retry_delay * 1000), round(cfg.retry_delay_max * 1000)
+            if first <= 0:
+                return [NO_DELAY] * count
+            return [RetryDelay(first, most, random.uniform(0.5, 1.0)) for _ in range(count)]
+        fixed = round(delay * 1000)
+        return [RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY] * count
+
+    async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False,
+                   delay: float | None = 0.0) -> list[Any]:
+        """One batch of requeue-5.lua calls; one reply (or server error) per call."""
         s = self.state
         n, cfg = s.names, s.config
         # Without a dead-letter stream the key is only a name in the same slot: nothing is written to it.
         dead_letters = n.dead_letter_key or _keys.dead_letter_stream(n.service)
+        parked, due = self.delays.parked_key, self.delays.due_key
+        delays = self._delays(len(calls), delay)
 
         def build(b: CommandBatch) -> None:
-            for entry_id, lock_key, mode, value, reason in calls:
-                scripts.requeue(b, n.stream_key, dead_letters, lock_key, group=n.group,
+            for (entry_id, lock_key, mode, value, reason), wait in zip(calls, delays):
+                scripts.requeue(b, n.stream_key, dead_letters, lock_key, parked, due, group=n.group,
                                 entry_id=entry_id, mode=mode, value=value, count_retry=count_retry,
                                 max_retries=cfg.max_retries, retry_field=n.retry_field,
                                 original_field=n.original_field, reason=reason, consumer=n.id,
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
-                                field_prefix=n.field_prefix)
+                                field_prefix=n.field_prefix, delay=wait)
 
         return await s.link.pool.execute(build)
 
     # ----------------------------------------------------------- hand back ---
 
-    async def hand_back(self, items: list[Held], *, count_retry: bool, reason: str) -> list[str]:
+    async def hand_back(self, items: list[Held], *, count_retry: bool, reason: str,
+                        delay: float | None = 0.0) -> list[str]:
         """Give held streams back (lock mode ``owned``); per stream its new entry id, or "".
 
-        "" means dead-lettered (out of retries), dropped, refused (a key of the
-        wrong type: it stays pending, and recovery retries it once its lock
-        expires) or already lost. Raises :class:`lbs.RedisOperationError`.
+        ``delay`` None parks each for the configured back-off (none when
+        ``Config.retry_delay`` is 0), a number of seconds parks it that long,
+        0 re-queues it at once; a parked stream's id is its id in the parking
+        stream (a parking key of the wrong type: re-queued at once instead).
+        "" means dead-lettered (out of retries), dropped, refused (a
+        dead-letter key of the wrong type: it stays pending, and recovery
+        retries it once its lock expires) or already lost. Raises
+        :class:`lbs.RedisOperationError`.
         """
         if not items:
             return []
         s = self.state
+        calls = [(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items]
         try:
-            results = first_error(await self._run([(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items],
-                                                  count_retry=count_retry))
+            results = first_error(await self._run(calls, count_retry=count_retry, delay=delay))
+            if delay != 0:
+                await self._unparked(calls, results, count_retry)
         except RedisError as exc:
             raise RedisOperationError("hand back", exc) from exc
         out = []
         for h, res in zip(items, results):
             code, detail = int(res[0]), text(res[1])
-            if code == RequeueCode.REQUEUED:
+            if code in (RequeueCode.REQUEUED, RequeueCode.PARKED):
                 s.stats.handed_back += 1
+                if code == RequeueCode.PARKED:
+                    s.stats.retries_delayed += 1
+                    wait = int(res[4]) / 1000
+                    s.log.debug("%s (entry %s) comes back in %.3fs (retry %d; parked as %s)", h.stream,
+                                h.entry_id, wait, int(res[3]), detail)
+                    self.delays.soon(wait)
                 s.hooks.notify("lbs_stream_handed_back", stream=h.stream, entry_id=h.entry_id,
                                new_entry_id=detail, retry_counted=count_retry)
                 out.append(detail)
@@ -110,6 +145,22 @@ class Requeue:
                 s.log.warning("could not hand back %s (entry %s): %s", h.stream, h.entry_id, detail)
             out.append("")
         return out
+
+    async def _unparked(self, calls: list[_Call], results: list[Any], count_retry: bool) -> None:
+        """Re-queue at once (in ``results``' place) what could not be parked: a parking key of the wrong
+        type refuses the park with nothing written; a delay is not worth leaving the stream pending for."""
+        keys = (f"LBSKEY {self.delays.parked_key} ", f"LBSKEY {self.delays.due_key} ")
+        refused = [i for i, res in enumerate(results)
+                   if int(res[0]) == RequeueCode.REFUSED and text(res[1]).startswith(keys)]
+        if not refused:
+            return
+        s = self.state
+        s.hooks.metric("wrong_type_keys_total", 1)
+        s.log.error("cannot park %d failed streams for their retry delay: %s; re-queued at once instead",
+                    len(refused), text(results[refused[0]][1]).removeprefix("LBSKEY "))
+        again = first_error(await self._run([calls[i] for i in refused], count_retry=count_retry))
+        for i, res in zip(refused, again):
+            results[i] = res
 
     # ------------------------------------------------------------- recover ---
 

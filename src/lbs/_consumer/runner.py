@@ -3,9 +3,17 @@
 The reader hands each taken stream to :meth:`Runner.dispatch`, which starts
 the application's handler at once. When the handler returns, the stream goes
 to the finisher (batched with every other stream finishing at the same
-time); when it raises, the stream is handed back with a retry counted (so a
-stream that always fails ends in the dead-letter stream). A disowned
-stream's handler is cancelled by the heartbeat.
+time); when it raises, or runs past its timeout (then it is cancelled), the
+stream is handed back with a retry counted and parked for the retry
+back-off (``Config.retry_delay``; :mod:`lbs._consumer.delays` brings it
+back), so a stream that always fails ends in the dead-letter stream. A
+disowned stream's handler is cancelled by the heartbeat. Every handler's
+run time goes to ``stats.handler_seconds``.
+
+**Timeouts.** A handler that finishes in its first step never gets a timer;
+one that suspends gets a ``loop.call_later`` that cancels its task, itself
+cancelled when the task ends. A handler that timed out counts as timed out
+whatever it does after the cancellation (swallow it, return, raise).
 
 **Eager start.** Most of a short handler's cost is asyncio's scheduling (a
 Handle, a loop iteration, a done callback: about 7 us a task on the 2-core
@@ -31,6 +39,7 @@ import asyncio
 import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from types import CoroutineType
@@ -106,12 +115,18 @@ else:  # pragma: no cover - exercised on 3.11, the version CI runs
 class Runner:
     """Handlers for one client's ``run()``: started per taken stream, finished or handed back as they end."""
 
-    def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, handler: Handler) -> None:
+    def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, handler: Handler,
+                 timeout: float | None = None) -> None:
         self.state, self.finisher, self.requeue, self.handler = state, finisher, requeue, handler
+        #: Seconds a handler may run before it is cancelled (None: no limit).
+        self.timeout = timeout
         self._loop = asyncio.get_running_loop()
+        #: Handler tasks whose timer fired (they were cancelled for it).
+        self._timed_out: set[asyncio.Task[Any]] = set()
 
     def dispatch(self, h: Held, note: Notification) -> None:
         """Start the handler of a taken stream (the reader calls this for each)."""
+        started = _clock()
         try:
             aw = self.handler(note)
             coro = aw if type(aw) is CoroutineType else _awaited(aw)
@@ -119,43 +134,72 @@ class Runner:
             coro = _raised(exc)
         task = start_task(self._loop, coro, f"lbs-handler-{h.stream}")
         if task.done():
-            self._ended(h, task)
+            self._ended(h, started, None, task)
         else:
             h.task = task
             self.state.handlers.add(task)
-            task.add_done_callback(partial(self._ended, h))
+            timer = None if self.timeout is None else self._loop.call_later(self.timeout, self._time_out, task)
+            task.add_done_callback(partial(self._ended, h, started, timer))
 
-    def _ended(self, h: Held, task: asyncio.Task[Any]) -> None:
-        """A handler ended: finish its stream, or hand it back if it raised."""
+    def _time_out(self, task: asyncio.Task[Any]) -> None:
+        if task.done():
+            return  # it ended just now; its done callback has yet to run
+        self._timed_out.add(task)
+        task.cancel(f"the handler ran past its timeout ({self.timeout:g}s)")
+
+    def _ended(self, h: Held, started: float, timer: asyncio.TimerHandle | None, task: asyncio.Task[Any]) -> None:
+        """A handler ended: finish its stream, or hand it back if it raised or timed out."""
         s = self.state
+        s.stats.handler_seconds.observe(_clock() - started)
+        timed_out = False
+        if timer is not None:
+            timer.cancel()
+            if task in self._timed_out:
+                self._timed_out.discard(task)
+                timed_out = True
         h.task = None
         s.handlers.discard(task)
         if s.run_limit:
             s.holdings.capacity.set()
         if s.holdings.table.get(h.entry_id) is not h:
             return  # disowned or handed back while it ran: the stream is not ours to finish
-        if task.cancelled():
+        exc: BaseException | None
+        if timed_out:
+            s.stats.handler_timeouts += 1
+            if s.stopping.is_set():
+                return  # close() hands the stream back
+            exc = TimeoutError(f"handler timed out after {self.timeout:g}s")
+        elif task.cancelled():
             if s.stopping.is_set():
                 return  # close() ran out of drain time: it hands the stream back
             # Cancelled by someone else: hand it back (a retry counted, as for a
             # failure), or the held stream would leak under a healthy heartbeat.
-            exc: BaseException | None = asyncio.CancelledError("the handler was cancelled")
+            exc = asyncio.CancelledError("the handler was cancelled")
         else:
             exc = task.exception()
         s.holdings.drop(h)
         if exc is None:
             self.finisher.queue(h)
             return
-        s.log.warning("handler failed on %s (entry %s): %r; handing it back", h.stream, h.entry_id, exc)
-        hand_back = asyncio.ensure_future(self._hand_back(h, exc))
+        if timed_out:
+            reason = str(exc)
+            s.log.warning("%s on %s (entry %s); handing it back", reason, h.stream, h.entry_id)
+        else:
+            s.stats.handler_failures += 1
+            reason = f"handler raised {exc!r}"[:500]
+            s.log.warning("handler failed on %s (entry %s): %r; handing it back", h.stream, h.entry_id, exc)
+        hand_back = asyncio.ensure_future(self._hand_back(h, reason))
         s.handlers.add(hand_back)
         hand_back.add_done_callback(s.handlers.discard)
 
-    async def _hand_back(self, h: Held, exc: BaseException) -> None:
+    async def _hand_back(self, h: Held, reason: str) -> None:
         try:
-            await self.requeue.hand_back([h], count_retry=True, reason=f"handler raised {exc!r}"[:500])
+            await self.requeue.hand_back([h], count_retry=True, reason=reason, delay=None)
         except RedisOperationError as err:
             self.state.log.error("hand-back of %s failed (%s); its lock will expire", h.stream, err)
+
+
+_clock = time.perf_counter
 
 
 async def _awaited(aw: Awaitable[Any]) -> Any:

@@ -301,13 +301,21 @@ class ConsumerState:
         self.stopping = asyncio.Event()
         #: How this client reads new work (hook ``lbs_reader``; set at start).
         self.strategy = ReadStrategy(name="default")
-        #: run()'s concurrency when below ``max_streams`` (0: none), and its running handler tasks.
+        #: How many streams this client holds at most: ``max_streams``, or run()'s ``concurrency``.
+        self.capacity = config.max_streams
+        #: Under run(): its concurrency (0: not running), and its running handler tasks.
         self.run_limit = 0
         self.handlers: set[asyncio.Task[Any]] = set()
 
+    @property
+    def read_count(self) -> int:
+        """Most entries one read asks for: ``Config.read_count``, or half the capacity (at most 500)."""
+        count = self.config.read_count
+        return count if count is not None else max(1, min(self.capacity // 2, 500))
+
     def free_slots(self, taking: int = 0) -> int:
-        """How many more streams may be taken now (``max_streams``, and run()'s concurrency)."""
-        free = self.config.max_streams - len(self.holdings) - taking
+        """How many more streams may be taken now (the capacity, and under run() its handlers)."""
+        free = self.capacity - len(self.holdings) - taking
         if self.run_limit:
             free = min(free, self.run_limit - len(self.handlers) - taking)
         return free

@@ -21,7 +21,7 @@ from typing import Any
 
 from _lbscore import CommandBatch, Shape
 
-__all__ = ["DoneCode", "RequeueCode", "Script", "SCRIPTS", "source", "sources"]
+__all__ = ["DoneCode", "NO_DELAY", "RequeueCode", "RetryDelay", "Script", "SCRIPTS", "source", "sources"]
 
 
 @dataclass(frozen=True)
@@ -57,10 +57,11 @@ def _load(name: str) -> Script:
 READ = _load("read-3")
 EXTEND = _load("extend-n")
 DONE = _load("done-n")
-REQUEUE = _load("requeue-3")
+REQUEUE = _load("requeue-5")
+PROMOTE = _load("promote-3")
 REAP = _load("reap-3")
 LEAVE = _load("leave-1")
-SCRIPTS = (READ, EXTEND, DONE, REQUEUE, REAP, LEAVE)
+SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE)
 
 
 def sources() -> list[str]:
@@ -124,17 +125,37 @@ class DoneCode(enum.IntEnum):
     ALREADY_DONE = 4
 
 
-# --------------------------------------------------------------- requeue-3 ---
+# --------------------------------------------------------------- requeue-5 ---
 # Caller: lbs._consumer.requeue.
 
-def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, *, group: str, entry_id: str,
-            mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str, original_field: str,
-            reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool, field_prefix: str) -> None:
-    """Put one assignment back as a fresh entry, or into the dead-letter stream."""
+@dataclass(frozen=True, slots=True)
+class RetryDelay:
+    """How long a re-queued copy stays parked: ``min(first_ms * 2**(n-1), max_ms) * jitter`` at retry count n.
+
+    ``first_ms`` 0 re-queues at once; ``jitter`` is the caller's draw in
+    [0.5, 1] (1 for a fixed delay: ``first_ms == max_ms``).
+    """
+
+    first_ms: int = 0
+    max_ms: int = 0
+    jitter: float = 1.0
+
+
+#: Re-queue at once.
+NO_DELAY = RetryDelay()
+
+
+def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, parked: str, due: str, *, group: str,
+            entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
+            original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
+            field_prefix: str, delay: RetryDelay = NO_DELAY) -> None:
+    """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream."""
     b.command("EVALSHA", REQUEUE.sha, REQUEUE.fixed_keys,
               stream,                          # KEYS[1] the LBS
               dead_letters,                    # KEYS[2] the dead-letter stream
               lock_key,                        # KEYS[3] the assignment's lock
+              parked,                          # KEYS[4] the parking stream
+              due,                             # KEYS[5] the due index
               group,                           # ARGV[1]
               entry_id,                        # ARGV[2]
               mode,                            # ARGV[3] "owned", "absent" or "any"
@@ -147,11 +168,14 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, *, g
               consumer,                        # ARGV[10] recorded in dead letters
               1 if force_dead_letter else 0,   # ARGV[11] dead-letter unconditionally
               1 if dead_letter_on else 0,      # ARGV[12] a dead-letter stream is configured
-              field_prefix)                    # ARGV[13] the managed-field prefix
+              field_prefix,                    # ARGV[13] the managed-field prefix
+              delay.first_ms,                  # ARGV[14] delay at retry 1 (ms); 0: at once
+              delay.max_ms,                    # ARGV[15] longest delay (ms)
+              repr(delay.jitter))              # ARGV[16] jitter factor in [0.5, 1]
 
 
 class RequeueCode(enum.IntEnum):
-    """First element of the output of ``requeue-3.lua``."""
+    """First element of the output of ``requeue-5.lua``."""
 
     #: A key had the wrong type (the detail names it): nothing was touched.
     REFUSED = -2
@@ -160,6 +184,20 @@ class RequeueCode(enum.IntEnum):
     REQUEUED = 1
     DEAD_LETTERED = 2
     DROPPED = 3
+    #: Parked: the detail is its id in the parking stream, the fifth element its delay (ms).
+    PARKED = 4
+
+
+# --------------------------------------------------------------- promote-3 ---
+# Caller: lbs._consumer.delays.
+
+def promote(b: CommandBatch, due: str, parked: str, stream: str, *, batch: int) -> None:
+    """Move up to ``batch`` due parked copies back into the LBS; output {moved, vanished, next ms, stuck}."""
+    b.command("EVALSHA", PROMOTE.sha, PROMOTE.fixed_keys,
+              due,      # KEYS[1] the due index
+              parked,   # KEYS[2] the parking stream
+              stream,   # KEYS[3] the LBS
+              batch)    # ARGV[1] most copies moved
 
 
 # ------------------------------------------------------------------- reap-3 ---

@@ -1,11 +1,15 @@
 --[[
-  Put an assignment back into circulation as a fresh entry, or into the
-  dead-letter stream, in one atomic step: there is no moment at which a
-  crash loses it.
+  Put an assignment back into circulation as a fresh entry, park it to come
+  back after a retry delay, or put it into the dead-letter stream, in one
+  atomic step: there is no moment at which a crash loses it.
 
   KEYS[1]  the load-balancer stream, <service>-input
   KEYS[2]  the dead-letter stream, {<service>-input}:dlq
   KEYS[3]  the assignment's lock key
+  KEYS[4]  the parking stream of delayed retries, {<service>-input}:delayed
+  KEYS[5]  the due index, {<service>-input}:due: a sorted set of the ids of
+           KEYS[4]'s entries, each scored by the server time (ms) at which
+           promote-3.lua moves it back into the LBS
 
   ARGV[1]   consumer group
   ARGV[2]   entry id
@@ -22,6 +26,14 @@
   ARGV[12]  "1" when a dead-letter stream is configured; "0" drops instead
   ARGV[13]  the managed-field prefix (default "_"): dead letters get
             <prefix>reason, <prefix>consumer and <prefix>failed_id
+  ARGV[14]  retry delay (ms) at retry count 1: "0" re-queues at once;
+            otherwise the copy is parked (KEYS[4], KEYS[5]) for
+            d = min(ARGV[14] * 2^(n-1), ARGV[15]) * ARGV[16] ms, n the
+            copy's retry count (at least 1), rounded down; a d of 0
+            re-queues at once
+  ARGV[15]  longest retry delay (ms)
+  ARGV[16]  the caller's jitter: a factor in [0.5, 1] (so d is uniform in
+            [d/2, d] when the caller draws it uniformly); "1" for a fixed delay
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
@@ -32,35 +44,46 @@
        is deleted; nothing else is touched;
     3. the entry (XRANGE). Gone: its pending reference is acked, the lock
        released (mode "owned");
-    4. the target: the LBS (re-queue) or the dead-letter stream; the
-       latter must not exist or be a stream, else nothing is touched;
-    5. XADD the copy, XACK, XDEL the original, DEL the lock (mode "owned").
+    4. the target: the LBS (re-queue), the parking stream and due index
+       (park) or the dead-letter stream. The dead-letter stream and the
+       parking stream must not exist or be streams, the due index must not
+       exist or be a sorted set, else nothing is touched;
+    5. XADD the copy (parked: XADD to KEYS[4], then ZADD its id to KEYS[5]
+       at the time of its id's milliseconds + d, so the stored delay is
+       exactly d), XACK, XDEL the original, DEL the lock (mode "owned").
 
   Copies: the entry's fields, the retry count (+ ARGV[5]) and the original
-  id; dead letters also get <prefix>reason, <prefix>consumer and
-  <prefix>failed_id. A copy of more than 7,000 values (fields and values
-  counted apart) cannot be passed through Lua's unpack: such an entry is
-  dead-lettered whatever its retry count, with only lbs-input (if
-  present), the retry count and original id fields, <prefix>reason =
-  "entry has <N> fields, too many to copy; kept in <LBS key> as <id>"
-  (followed by "; <ARGV[9]>" when a reason was given), <prefix>consumer
-  and <prefix>failed_id. It is acked but NOT deleted: the original, with
-  all its fields, stays in the LBS as the record. Without a dead-letter
-  stream (ARGV[12] not "1") it is likewise acked, not deleted: code 3.
+  id (a parked copy too: it goes back into the LBS as it is); dead letters
+  also get <prefix>reason, <prefix>consumer and <prefix>failed_id. A copy
+  of more than 7,000 values (fields and values counted apart) cannot be
+  passed through Lua's unpack: such an entry is dead-lettered whatever its
+  retry count (never parked), with only lbs-input (if present), the retry
+  count and original id fields, <prefix>reason = "entry has <N> fields,
+  too many to copy; kept in <LBS key> as <id>" (followed by "; <ARGV[9]>"
+  when a reason was given), <prefix>consumer and <prefix>failed_id. It is
+  acked but NOT deleted: the original, with all its fields, stays in the
+  LBS as the record. Without a dead-letter stream (ARGV[12] not "1") it is
+  likewise acked, not deleted: code 3. Past max retries an entry is
+  dead-lettered at once, whatever ARGV[14].
 
-  Output: {code, detail, lbs-input, retry count}
+  Output: {code, detail, lbs-input, retry count[, delay ms]}
     {1, new id, ...}       re-queued as a fresh entry
     {2, dlq id, ...}       dead-lettered
     {3, "", ...}           dropped (dead letter wanted, no dead-letter stream)
+    {4, parked id, ..., d} parked in KEYS[4] for d ms (due at the parked
+                           id's milliseconds + d, in KEYS[5])
     {0, "lock"}            lock check failed: nothing touched
     {0, "acked"}           not pending (someone else already handled it);
                            in mode "owned" our lock was released
     {-1, "trimmed"}        the entry is gone from the stream; its pending
                            reference was cleaned and its lock released
     {-2, message}          a precondition failed, nothing touched; message:
-                           "LBSKEY <KEYS[2]> holds a <type>, not a stream"
+                           "LBSKEY <key> holds a <type>, not a stream" (KEYS[2]
+                           or KEYS[4]) or "LBSKEY <KEYS[5]> holds a <type>,
+                           not the due index"
 
-  Events: xadd on the LBS or the dead-letter stream; del on the lock key.
+  Events: xadd on the LBS, the parking stream or the dead-letter stream;
+  zadd on the due index; del on the lock key.
 ]]
 local MAX_COPY = 7000
 local mode = ARGV[3]
@@ -129,12 +152,24 @@ if oversized then
               .. ' as ' .. ARGV[2]
   reason = (reason and reason ~= '') and (why .. '; ' .. reason) or why
 end
-if dead and ARGV[12] == '1' then
-  local kind = redis.call('TYPE', KEYS[2])['ok']
-  if kind ~= 'none' and kind ~= 'stream' then
-    return {-2, 'LBSKEY ' .. KEYS[2] .. ' holds a ' .. kind .. ', not a stream'}
+local function refused(key, want, what)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'none' and kind ~= want then
+    return {-2, 'LBSKEY ' .. key .. ' holds a ' .. kind .. ', not ' .. what}
   end
 end
+local delay = 0
+if not dead and tonumber(ARGV[14]) > 0 then
+  local d = math.min(tonumber(ARGV[14]) * 2 ^ math.max(retries - 1, 0), tonumber(ARGV[15]))
+  delay = math.floor(d * tonumber(ARGV[16]))
+end
+local bad
+if dead and ARGV[12] == '1' then
+  bad = refused(KEYS[2], 'stream', 'a stream')
+elseif delay > 0 then
+  bad = refused(KEYS[4], 'stream', 'a stream') or refused(KEYS[5], 'zset', 'the due index')
+end
+if bad then return bad end
 
 -- 5. Writes: add, then ack, delete, unlock.
 local code, id
@@ -152,6 +187,11 @@ if dead then
     id = ''
     code = 3
   end
+elseif delay > 0 then
+  id = redis.call('XADD', KEYS[4], '*', unpack(out))
+  local at = tonumber(string.match(id, '^(%d+)-'))
+  redis.call('ZADD', KEYS[5], string.format('%.0f', at + delay), id)
+  code = 4
 else
   id = redis.call('XADD', KEYS[1], '*', unpack(out))
   code = 1
@@ -161,4 +201,5 @@ if not oversized then
   redis.call('XDEL', KEYS[1], ARGV[2])
 end
 if mode == 'owned' then redis.call('DEL', KEYS[3]) end
+if code == 4 then return {code, id, input or '', retries, delay} end
 return {code, id, input or '', retries}

@@ -1,0 +1,124 @@
+"""Delayed retries: parked copies go back into the LBS when they are due; the one caller of ``promote-3.lua``.
+
+A failed stream (a ``run()`` handler that raised or timed out, a
+``hand_back`` with a retry counted or a delay) is not re-queued at once:
+``requeue-5.lua`` parks the copy it would have added to the LBS in the
+stream ``{<service>-input}:delayed`` and scores its id in the sorted set
+``{<service>-input}:due`` with the server time it is due, atomically with
+the ack and delete of the original. Both keys live in Redis, in the LBS's
+slot, so a parked retry survives restarts of every client.
+
+Every started client runs one task that calls ``promote-3.lua``: it moves
+the due copies back into the LBS as fresh entries (each copy with its
+removal from the parking stream and the due index, in one script), so any
+number of clients promote without duplicates, and the parked work of a
+client that died comes back through the others. The task polls every
+``min(1 s, retry_delay / 2)`` (at least 50 ms), sooner when the script
+reports the next due time, and at once when this client parks a copy due
+before its next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from _lbscore import CommandBatch
+
+from .. import _keys
+from .._redis import scripts
+from .._redis.connection import cancel_and_wait
+from .._redis.wire import first_error
+from .state import ConsumerState
+
+__all__ = ["Delays"]
+
+#: Most parked copies one promote-3.lua call moves (a full batch calls again at once).
+PROMOTE_BATCH = 500
+#: The shortest and longest wait between two polls (seconds).
+MIN_POLL, MAX_POLL = 0.05, 1.0
+
+
+class Delays:
+    """The promotion task of one client."""
+
+    def __init__(self, state: ConsumerState) -> None:
+        self.state = state
+        service = state.names.service
+        #: The parking stream and the due index.
+        self.parked_key = _keys.delayed_stream(service)
+        self.due_key = _keys.due_key(service)
+        delay = state.config.retry_delay
+        #: How long the task waits between polls when nothing is known to be due sooner.
+        self.interval = min(MAX_POLL, max(MIN_POLL, delay / 2)) if delay > 0 else MAX_POLL
+        self.task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._next_poll = math.inf  # loop time of the next poll (inf while a call runs)
+        self._refused = ""  # the last precondition error logged (logged again only when it changes)
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._loop(), name=f"lbs-delays-{self.state.names.id}")
+
+    async def stop(self) -> None:
+        await cancel_and_wait([self.task])
+        self.task = None
+
+    def soon(self, seconds: float) -> None:
+        """A copy was parked for ``seconds``: poll by then if the next poll comes later."""
+        at = asyncio.get_running_loop().time() + seconds
+        if at < self._next_poll:
+            self._next_poll = at
+            self._wake.set()
+
+    async def promote(self) -> tuple[int, float | None]:
+        """One ``promote-3.lua`` call: how many copies went back, and seconds until the next is due
+        (0: more are due now; None: nothing more is parked). Raises the Redis error."""
+        s = self.state
+        n = s.names
+
+        def build(b: CommandBatch) -> None:
+            scripts.promote(b, self.due_key, self.parked_key, n.stream_key, batch=PROMOTE_BATCH)
+
+        (out,) = first_error(await s.link.pool.execute(build, retry_safe=True))
+        moved, vanished, next_ms, stuck = (int(v) for v in out)
+        if vanished:
+            s.log.warning("%d parked retries were gone from %s when due; dropped from %s",
+                          vanished, self.parked_key, self.due_key)
+        if stuck:
+            s.log.error("%d parked entries in %s have too many fields to move back into %s; left there "
+                        "(scored +inf in %s)", stuck, self.parked_key, n.stream_key, self.due_key)
+        if moved:
+            s.log.debug("%d delayed retries are back in %s", moved, n.stream_key)
+        return moved, None if next_ms < 0 else next_ms / 1000
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.state
+        while True:
+            wait = self.interval
+            self._next_poll = math.inf  # a copy parked while the call runs may be after its look
+            try:
+                _, next_due = await self.promote()
+                self._refused = ""
+                if next_due is not None:
+                    # A millisecond late rather than early: the server's clock decides what is due.
+                    wait = min(wait, next_due + 0.001 if next_due else 0.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                message = str(exc)
+                if message.startswith("LBSKEY "):
+                    if message != self._refused:
+                        s.hooks.metric("wrong_type_keys_total", 1)
+                        s.log.error("cannot bring delayed retries back: %s; they stay parked",
+                                    message.removeprefix("LBSKEY "))
+                    self._refused = message
+                else:
+                    s.log.debug("promoting delayed retries failed: %s", exc)
+            self._next_poll = min(self._next_poll, loop.time() + wait)
+            while (left := self._next_poll - loop.time()) > 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), left)
+                except asyncio.TimeoutError:
+                    break

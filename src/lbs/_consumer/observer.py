@@ -1,0 +1,114 @@
+"""The observer: the service's queue lengths as gauges, sampled every ``Config.metrics_interval``.
+
+One round trip per sample, a pipeline of ``XINFO GROUPS`` on the LBS and
+``XLEN`` of the LBS and of the dead-letter stream, recorded as the gauges
+``backlog_depth`` (not yet delivered to the group), ``pel_depth``
+(delivered, not finished) and ``dead_letter_depth`` (see
+:mod:`lbs.metrics`). The values are the service's, not this client's:
+every client of the service reports the same.
+
+The backlog is the group's ``lag``. Redis leaves it nil when it cannot
+count it (deleted entries after the group's last-delivered id; lbs deletes
+every finished entry) and older servers do not report it; then it is
+``XLEN - pending``, exact for an LBS, whose delivered entries stay in the
+stream only while they are pending. A failed sample is logged at debug and
+tried again at the next interval: gauges are never worth stopping for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from redis.crc import key_slot
+from redis.exceptions import ResponseError
+
+from .._redis.connection import cancel_and_wait
+from .._redis.wire import text
+from .state import ConsumerState
+
+__all__ = ["Observer"]
+
+
+class Observer:
+    """The sampling task of one client (none when ``Config.metrics_interval`` is 0)."""
+
+    def __init__(self, state: ConsumerState) -> None:
+        self.state = state
+        n = state.names
+        # On a cluster the link talks to the LBS's slot owner only: a dead-letter
+        # stream named into another slot (Config.dead_letter_stream) is not sampled there.
+        self._dlq_elsewhere = bool(n.dead_letter_key) and (
+            key_slot(n.dead_letter_key.encode()) != key_slot(n.stream_key.encode()))
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    def start(self) -> None:
+        if self.state.config.metrics_interval > 0:
+            self._task = asyncio.create_task(self._loop(), name=f"lbs-observer-{self.state.names.id}")
+
+    async def stop(self) -> None:
+        await cancel_and_wait([self._task])
+        self._task = None
+
+    async def _loop(self) -> None:
+        s = self.state
+        every = s.config.metrics_interval
+        while not s.stopping.is_set():
+            await self.sample()
+            try:
+                await asyncio.wait_for(s.stopping.wait(), every)
+            except asyncio.TimeoutError:
+                pass
+
+    async def sample(self) -> bool:
+        """Read the three lengths in one round trip and record them; False (logged) when it failed."""
+        s = self.state
+        n = s.names
+        link = s.link
+        dlq = "" if self._dlq_elsewhere and link.node else n.dead_letter_key
+        try:
+            pipe = link.redis.pipeline(transaction=False)
+            pipe.xinfo_groups(n.stream_key)
+            pipe.xlen(n.stream_key)
+            if dlq:
+                pipe.xlen(dlq)
+            replies = await pipe.execute(raise_on_error=False)
+            for reply in replies[1:]:
+                if isinstance(reply, Exception):
+                    raise reply
+            groups = replies[0]
+            if isinstance(groups, ResponseError) and "no such key" in str(groups):
+                groups = []  # no LBS yet: nothing delivered, nothing waiting
+            elif isinstance(groups, Exception):
+                raise groups
+            length = int(replies[1])
+            group = _group(groups, n.group)
+            pending = 0 if group is None else int(group.get("pending") or 0)
+            lag = None if group is None else group.get("lag")
+            backlog = int(lag) if lag is not None else max(0, length - pending)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            s.log.debug("sampling the queue lengths failed (%s: %s); trying again in %.1fs",
+                        type(exc).__name__, exc, s.config.metrics_interval)
+            return False
+        hooks = s.hooks
+        hooks.metric("backlog_depth", backlog)
+        hooks.metric("pel_depth", pending)
+        if dlq:
+            hooks.metric("dead_letter_depth", int(replies[2]))
+        return True
+
+
+def _group(groups: Any, name: str) -> Mapping[str, Any] | None:
+    """Our group's entry of an XINFO GROUPS reply (keys as text, in either RESP version), or None."""
+    for info in groups or ():
+        entry = {text(k): v for k, v in info.items()}
+        if text(entry.get("name", b"")) == name:
+            return entry
+    return None
