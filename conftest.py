@@ -18,7 +18,8 @@ KeyboardInterrupt so pytest runs its teardown then too.
 
 Markers are set from the directory: ``tests/unit`` -> unit (no server),
 ``tests/integration`` -> integration, ``tests/typing`` -> typing,
-``tests/packaging`` -> packaging, ``tests/faults`` -> faults.
+``tests/packaging`` -> packaging, ``tests/faults`` -> faults, ``tests/cli``
+-> integration.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             kind = parts[1]
             if kind in ("unit", "integration", "typing", "packaging", "faults"):
                 item.add_marker(kind)
+            elif kind == "cli":  # the `lbs` command, run as a user would: against real servers
+                item.add_marker("integration")
 
 
 @dataclass(frozen=True)

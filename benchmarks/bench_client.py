@@ -16,24 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 import redis.asyncio as aioredis
 
 import lbs
+from lbs._bench import CHUNK, CYCLE_N, cycle_lbs_run, cycle_redis_py_batched_lua, measure, register
+from lbs._bench import config as _config
+from lbs._bench import plain_group as _plain_group
+from lbs._bench import plain_read as _plain_read
+from lbs._bench import server_cpu as _server_cpu
 
 if TYPE_CHECKING:
     from .conftest import Bench
-
-CYCLE_N = 20_000
-CHUNK = 1_000
-
-
-def _config(**kw: Any) -> lbs.Config:
-    base: dict[str, Any] = dict(read_block=0.05, configure_keyspace_events=False, lock_ttl=60.0)
-    base.update(kw)
-    return lbs.Config(**base)
 
 
 # ------------------------------------------------------- assignment cycle ---
@@ -41,30 +37,13 @@ def _config(**kw: Any) -> lbs.Config:
 # Every side consumes the same n registered data streams; registering them
 # (one pipelined producer, the same for all) is set-up, outside the timing.
 # Each round records client CPU and Redis CPU per assignment in extra_info.
+# The lbs run() cycle, the redis-py batched + Lua baseline and what the
+# cycles share live in lbs._bench, which `lbs bench` runs too.
 
 async def _registered(bench: Bench, tag: str, n: int) -> str:
     service = bench.service(tag)
-    async with lbs.Producer(bench.url, service) as p:
-        names = [f"s{i}" for i in range(n)]
-        for i in range(0, n, CHUNK):
-            await p.add_streams(names[i:i + CHUNK])
+    await register(bench.url, service, n)
     return service
-
-
-async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
-    """The public run() API with a no-op handler; completions are counted by
-    the client itself, so the handler stays a pure no-op."""
-    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK // 2),
-                   load_entrypoint_plugins=False)
-
-    async def noop(note: lbs.Notification) -> None:
-        return None
-
-    runner = asyncio.create_task(c.run(noop))
-    await c.wait_finished(n)
-    await c.close()
-    await runner
-    return c.stats.finished
 
 
 async def cycle_lbs_batched(r: aioredis.Redis, service: str, n: int) -> int:
@@ -79,22 +58,6 @@ async def cycle_lbs_batched(r: aioredis.Redis, service: str, n: int) -> int:
         finished += len(await c.done_streams(batch))
     await c.close()
     return finished
-
-
-async def _plain_read(r: aioredis.Redis, group: str, stream: str, count: int) -> list[Any]:
-    """One XREADGROUP's ``(id, fields)`` entries, in either RESP shape."""
-    reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=count, block=50)
-    return [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
-            for e in (es[0] if isinstance(reply, dict) else es)]
-
-
-async def _plain_group(r: aioredis.Redis, service: str) -> tuple[str, str]:
-    stream, group = lbs.input_stream(service), lbs.group_name(service)
-    try:
-        await r.xgroup_create(stream, group, id="0", mkstream=True)
-    except aioredis.ResponseError:
-        pass
-    return stream, group
 
 
 async def cycle_redis_py_one_by_one(r: aioredis.Redis, service: str, n: int) -> int:
@@ -136,50 +99,43 @@ async def cycle_redis_py_pipelines(r: aioredis.Redis, service: str, n: int) -> i
     return done
 
 
-# The completion of a batch in one Lua call: release, ack, delete.
-_FINISH_LUA = """
-for i = 2, #KEYS do
-  redis.call('DEL', KEYS[i])
-end
-redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
-redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
-return #ARGV - 1
-"""
+async def _noop(note: lbs.Notification) -> None:
+    return None
 
 
-async def cycle_redis_py_batched_lua(r: aioredis.Redis, service: str, n: int) -> int:
-    """The best plain redis-py design: XREADGROUP COUNT 256, the batch's SET NX
-    in one pipeline, the batch's completion in one Lua call."""
-    stream, group = await _plain_group(r, service)
-    finish = r.register_script(_FINISH_LUA)
-    done = 0
-    while done < n:
-        entries = await _plain_read(r, group, stream, 256)
-        if not entries:
-            continue
-        ids = [entry_id.decode() for entry_id, _ in entries]
-        locks = [lbs.lock_key(service, i) for i in ids]
-        pipe = r.pipeline(transaction=False)
-        for (_, fields), lock in zip(entries, locks):
-            lbs.decode_input(fields[b"lbs-input"])
-            pipe.set(lock, "bench", nx=True, px=60_000)
-        await pipe.execute()
-        done += await finish(keys=[stream, *locks], args=[group, *ids])
-    return done
+async def _run_defaults(r: aioredis.Redis, service: str, n: int, plugins: list[object]) -> int:
+    """run() as an application gets it: the default lbs.Config(), a no-op handler, the given plugins."""
+    c = lbs.Client(r, service, "bench", lbs.Config(), plugins=plugins, load_entrypoint_plugins=False)
+    runner = asyncio.create_task(c.run(_noop))
+    try:
+        await c.wait_finished(n)
+    finally:
+        await c.close()
+        await runner
+    return c.stats.finished
+
+
+async def cycle_lbs_run_defaults(r: aioredis.Redis, service: str, n: int) -> int:
+    return await _run_defaults(r, service, n, [])
+
+
+async def cycle_lbs_run_defaults_prometheus(r: aioredis.Redis, service: str, n: int) -> int:
+    """The same with lbs-prometheus loaded (its own registry, no HTTP server): what metrics cost."""
+    from lbs_prometheus import PrometheusPlugin
+    from prometheus_client import CollectorRegistry
+
+    return await _run_defaults(r, service, n, [PrometheusPlugin(registry=CollectorRegistry())])
 
 
 CYCLES = {
     "lbs run()": cycle_lbs_run,
+    "lbs run() defaults": cycle_lbs_run_defaults,
+    "lbs run() defaults+prometheus": cycle_lbs_run_defaults_prometheus,
     "lbs done_streams": cycle_lbs_batched,
     "redis-py batched + Lua": cycle_redis_py_batched_lua,
     "redis-py pipelines": cycle_redis_py_pipelines,
     "redis-py one per round trip": cycle_redis_py_one_by_one,
 }
-
-
-async def _server_cpu(r: aioredis.Redis) -> float:
-    info = await r.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 @pytest.mark.benchmark(group=f"assignment cycle, {CYCLE_N} streams")
@@ -190,9 +146,8 @@ def bench_assignment_cycle(bench: Bench, impl: str) -> None:
     cpu: list[tuple[float, float]] = []
 
     async def measured(service: str) -> int:
-        server0, client0 = await _server_cpu(r), time.process_time()
-        done = await fn(r, service, CYCLE_N)
-        cpu.append((time.process_time() - client0, await _server_cpu(r) - server0))
+        done, client_cpu, server_cpu = await measure(fn, r, service, CYCLE_N)
+        cpu.append((client_cpu, server_cpu))
         return done
 
     assert bench(measured, setup=lambda: _registered(bench, "cycle", CYCLE_N)) == CYCLE_N

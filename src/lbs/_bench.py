@@ -1,0 +1,144 @@
+"""The assignment cycle, measured: shared by ``benchmarks/bench_client.py`` and ``lbs bench``.
+
+One cycle consumes ``n`` registered data streams (read, lock, a no-op
+handler, done); registering them (:func:`register`, one pipelined producer,
+the same for every side) is set-up, outside the timing. :func:`measure` runs
+one cycle and takes the client's CPU time (this process) and Redis's (its
+``INFO cpu``, so every client of that server counts) around it.
+
+* :func:`cycle_lbs_run`: lbs's public ``run()`` with a no-op handler.
+* :func:`cycle_redis_py_batched_lua`: the best plain redis-py design
+  (XREADGROUP COUNT 256, the batch's SET NX in one pipeline, the batch's
+  completion in one Lua call), the baseline lbs is compared with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from _lbscore import decode_input
+
+from . import _keys
+from .client import Client
+from .config import Config
+from .notifications import Notification
+from .producer import Producer
+
+__all__ = [
+    "CHUNK",
+    "CYCLE_N",
+    "Cycle",
+    "config",
+    "cycle_lbs_run",
+    "cycle_redis_py_batched_lua",
+    "measure",
+    "plain_group",
+    "plain_read",
+    "register",
+    "server_cpu",
+]
+
+#: Data streams per cycle in ``make bench``.
+CYCLE_N = 20_000
+#: Streams per registration batch; lbs's ``max_streams`` in the cycle (``read_count`` half of it).
+CHUNK = 1_000
+
+#: A cycle: ``await cycle(r, service, n)`` consumes the service's ``n`` streams and returns how many it finished.
+Cycle = Callable[[aioredis.Redis, str, int], Awaitable[int]]
+
+
+def config(**kw: Any) -> Config:
+    """The benchmarks' Config: short blocking reads, no keyspace events, locks that outlive any round."""
+    base: dict[str, Any] = dict(read_block=0.05, configure_keyspace_events=False, lock_ttl=60.0)
+    base.update(kw)
+    return Config(**base)
+
+
+async def register(redis: aioredis.Redis | str, service: str, n: int) -> None:
+    """Register data streams ``s0`` ... ``s<n-1>`` in ``service``'s LBS, ``CHUNK`` per round trip."""
+    async with Producer(redis, service) as p:
+        names = [f"s{i}" for i in range(n)]
+        for i in range(0, n, CHUNK):
+            await p.add_streams(names[i:i + CHUNK])
+
+
+async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
+    """The public run() API with a no-op handler; completions are counted by
+    the client itself, so the handler stays a pure no-op."""
+    c = Client(r, service, "bench", config(max_streams=CHUNK, read_count=CHUNK // 2),
+               load_entrypoint_plugins=False)
+
+    async def noop(note: Notification) -> None:
+        return None
+
+    runner = asyncio.create_task(c.run(noop))
+    await c.wait_finished(n)
+    await c.close()
+    await runner
+    return c.stats.finished
+
+
+async def plain_read(r: aioredis.Redis, group: str, stream: str, count: int) -> list[Any]:
+    """One XREADGROUP's ``(id, fields)`` entries, in either RESP shape."""
+    reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=count, block=50)
+    return [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
+            for e in (es[0] if isinstance(reply, dict) else es)]
+
+
+async def plain_group(r: aioredis.Redis, service: str) -> tuple[str, str]:
+    """The service's LBS and group, the group created (at id 0) if needed."""
+    stream, group = _keys.input_stream(service), _keys.group_name(service)
+    try:
+        await r.xgroup_create(stream, group, id="0", mkstream=True)
+    except aioredis.ResponseError:
+        pass
+    return stream, group
+
+
+# The completion of a batch in one Lua call: release, ack, delete.
+_FINISH_LUA = """
+for i = 2, #KEYS do
+  redis.call('DEL', KEYS[i])
+end
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
+redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+return #ARGV - 1
+"""
+
+
+async def cycle_redis_py_batched_lua(r: aioredis.Redis, service: str, n: int) -> int:
+    """The best plain redis-py design: XREADGROUP COUNT 256, the batch's SET NX
+    in one pipeline, the batch's completion in one Lua call."""
+    stream, group = await plain_group(r, service)
+    finish = r.register_script(_FINISH_LUA)
+    done = 0
+    while done < n:
+        entries = await plain_read(r, group, stream, 256)
+        if not entries:
+            continue
+        ids = [entry_id.decode() for entry_id, _ in entries]
+        locks = [_keys.lock_key(service, i) for i in ids]
+        pipe = r.pipeline(transaction=False)
+        for (_, fields), lock in zip(entries, locks):
+            decode_input(fields[b"lbs-input"])
+            pipe.set(lock, "bench", nx=True, px=60_000)
+        await pipe.execute()
+        done += await finish(keys=[stream, *locks], args=[group, *ids])
+    return done
+
+
+async def server_cpu(r: aioredis.Redis) -> float:
+    """Redis's CPU time so far (system + user seconds), from ``INFO cpu``."""
+    info = await r.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+async def measure(cycle: Cycle, r: aioredis.Redis, service: str, n: int) -> tuple[int, float, float]:
+    """Run one cycle; ``(finished, client CPU seconds, Redis CPU seconds)``."""
+    server0, client0 = await server_cpu(r), time.process_time()
+    done = await cycle(r, service, n)
+    return done, time.process_time() - client0, await server_cpu(r) - server0

@@ -1,0 +1,72 @@
+"""What every ``lbs`` command shares: exit codes, the stderr console, errors, logging, URL masking."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "err_console",
+    "fail",
+    "mask_url",
+    "setup_logging",
+]
+
+#: A clean stop: the work ended, or a signal's drain and hand-back finished.
+EXIT_OK = 0
+#: A failure at run time: Redis unreachable, a refused start, an lbs error.
+EXIT_FAILURE = 1
+#: The command line itself is wrong (click's usage errors, a bad MODULE:HANDLER).
+EXIT_USAGE = 2
+#: A setting is invalid, wherever it came from (a file, LBS_<FIELD>, --set, a flag): sysexits' EX_CONFIG.
+EXIT_CONFIG = 78
+
+#: Messages, banners and logs go to stderr; stdout carries only what a command is asked to print.
+err_console = Console(stderr=True)
+
+
+def fail(command: str, message: str, code: int = EXIT_FAILURE) -> NoReturn:
+    """Print ``lbs <command>: error: <message>`` to stderr and exit with ``code`` (no traceback)."""
+    err_console.print(f"[bold red]lbs {command}: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its secrets replaced by ``***``, for printing: the password (or a user-only
+    secret) and a ``password=`` option; the rest as written."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}:***@{host}" if colon else f"***@{host}"
+    return f"{scheme}://{netloc}" + re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", tail)
+
+
+def setup_logging(level: str) -> None:
+    """Log records to stderr: through rich on a terminal, one plain line per record otherwise (a service's log)."""
+    handler: logging.Handler
+    if err_console.is_terminal:
+        from rich.logging import RichHandler
+
+        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,367 @@
+"""``lbs worker MODULE:HANDLER``: run a handler as a service, in one process or under a supervisor.
+
+One process (``--processes 1``, the default) runs :meth:`lbs.Client.run`
+(:class:`lbs.ShardedClient` with ``--shards``) in this process: SIGTERM or
+SIGINT stops reading, lets running handlers finish for ``drain_timeout``, hands
+the rest back without a retry counted, and exits 0. With ``--processes N`` this
+process is a supervisor (:mod:`lbs.cli.supervisor`) of N such workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import pluggy
+import typer
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+
+from .. import __version__
+from .._keys import input_stream, shard_services, validate_service
+from .._redis.connection import resolve_client
+from ..client import Client, Handler, consumer_id_from_env
+from ..config import Config
+from ..exceptions import ConfigurationError, LbsError, RedisOperationError
+from ..hookspecs import hookimpl
+from ..plugins import make_plugin_manager
+from ..sharding import ShardedClient
+from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, fail, mask_url, setup_logging
+from .settings import HandlerError, changed_fields, field_type, load_handler, resolve_config
+
+__all__ = ["WorkerSettings", "run_in_process", "worker"]
+
+log = logging.getLogger("lbs.worker")
+
+#: Where ``lbs worker`` connects without ``--url`` or ``$LBS_URL``.
+DEFAULT_URL = "redis://localhost:6379/0"
+
+
+@dataclass
+class WorkerSettings:
+    """Everything one worker process needs, resolved by the command (JSON, for the supervisor's children)."""
+
+    target: str
+    app_dir: str
+    url: str
+    service: str
+    #: This process's consumer id (a supervisor's child: ``<consumer_base>-<slot>``).
+    consumer_id: str
+    consumer_base: str
+    concurrency: int | None
+    processes: int
+    shards: int
+    #: Every Config field, resolved from all layers.
+    config: dict[str, Any]
+    #: Where each field that is not lbs's default came from.
+    sources: dict[str, str] = field(default_factory=dict)
+    log_level: str = "info"
+    banner: bool = True
+    #: A supervisor's child: its slot, and the supervisor's pid (the child stops when it dies).
+    slot: int | None = None
+    parent_pid: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSettings:
+        return cls(**json.loads(text))
+
+
+# ------------------------------------------------------------------ banner ---
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} s"
+
+
+def banner(s: WorkerSettings, config: Config, *, plugins: list[str], server: str) -> Panel:
+    """The start banner: what runs, against what, with which settings."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold cyan", no_wrap=True)
+    grid.add_column(overflow="fold")
+    services = shard_services(s.service, s.shards)
+    lbs_keys = input_stream(s.service) if s.shards == 1 else \
+        f"{input_stream(services[0])} … {input_stream(services[-1])} ({s.shards} shards)"
+    ids = s.consumer_id if s.processes == 1 else f"{s.consumer_base}-0 … {s.consumer_base}-{s.processes - 1}"
+    concurrency = s.concurrency if s.concurrency is not None else config.max_streams
+    rows = [
+        ("service", s.service),
+        ("LBS", lbs_keys),
+        ("Redis", f"{mask_url(s.url)}  ({server})"),
+        ("consumer id", ids),
+        ("handler", s.target),
+        ("concurrency", f"{concurrency} per process · processes {s.processes}"
+                        + (f" · shards {s.shards}" if s.shards > 1 else "")),
+        ("config", f"lock_ttl {_seconds(config.lock_ttl)} · heartbeat {_seconds(round(config.heartbeat_every, 3))} · "
+                   f"max_streams {config.max_streams} · read_count {config.read_count or 'auto'} · "
+                   f"drain_timeout {_seconds(config.drain_timeout)} · "
+                   f"handler_timeout {_seconds(config.handler_timeout)} · max_retries {config.max_retries} · "
+                   f"retry_delay {_seconds(config.retry_delay)} · recovery {'on' if config.recovery else 'off'}"),
+        ("set", ", ".join(f"{name}={value!r} ({s.sources.get(name, '?')})"
+                          for name, value in changed_fields(config).items()) or "nothing: lbs's defaults"),
+        ("plugins", ", ".join(plugins) or "none"),
+    ]
+    for key, value in rows:
+        grid.add_row(key, escape(str(value)))
+    return Panel(grid, title=f"[bold]lbs {escape(__version__)} worker[/] (pid {os.getpid()})", title_align="left",
+                 expand=False)
+
+
+class StartBanner:
+    """A plugin that prints the banner once, when the (first) client has started and knows the server."""
+
+    def __init__(self, settings: WorkerSettings, config: Config) -> None:
+        self.settings = settings
+        self.config = config
+        self.printed = False
+
+    @hookimpl
+    def lbs_client_started(self, client: Client) -> None:
+        if self.printed:
+            return
+        self.printed = True
+        server = f"Redis {'.'.join(map(str, client.server_version)) or '?'}"
+        err_console.print(banner(self.settings, self.config, plugins=plugin_names(client.pm, self), server=server))
+
+
+def plugin_names(pm: pluggy.PluginManager, *leave_out: object) -> list[str]:
+    """The registered plugins: name, and the distribution of an installed one."""
+    dists = {id(plugin): f"{dist.project_name} {dist.version}" for plugin, dist in pm.list_plugin_distinfo()}
+    return [f"{name} ({dists[id(plugin)]})" if id(plugin) in dists else name
+            for name, plugin in pm.list_name_plugin()
+            if plugin is not None and all(plugin is not o for o in leave_out)]  # None: a blocked name
+
+
+# ------------------------------------------------------------------ serving ---
+
+async def serve(s: WorkerSettings, handler: Handler) -> None:
+    """Run ``handler`` until a signal (or the client's close) ends it; a signal's drain and hand-back included."""
+    config = Config(**s.config)
+    plugins = [StartBanner(s, config)] if s.banner else []
+    client: Client | ShardedClient
+    if s.shards > 1:
+        client = ShardedClient(s.url, s.service, s.consumer_id, config, shards=s.shards, plugins=plugins)
+    else:
+        client = Client(s.url, s.service, s.consumer_id, config, plugins=plugins)
+    try:
+        await client.run(handler, s.concurrency)
+    finally:
+        await client.close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run_in_process(s: WorkerSettings, handler: Handler | None = None) -> int:
+    """Serve in this process; the exit code (see the command's help)."""
+    # Until run() routes them (and after it returns), SIGTERM and SIGINT stop the
+    # process at once: nothing is held then. During run() they drain and hand back.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
+    try:
+        if handler is None:
+            handler = load_handler(s.target, s.app_dir)
+        asyncio.run(serve(s, handler))
+    except KeyboardInterrupt:
+        log.info("stopped before the worker had started")
+        return EXIT_OK
+    except HandlerError as exc:
+        return _handler_failed(exc)
+    except ConfigurationError as exc:
+        log.error("%s", exc)
+        return EXIT_CONFIG
+    except RedisOperationError as exc:
+        log.error("cannot run against %s: %s", mask_url(s.url), exc)
+        return EXIT_FAILURE
+    except LbsError as exc:
+        log.error("%s: %s", type(exc).__name__, exc)
+        return EXIT_FAILURE
+    log.info("stopped")
+    return EXIT_OK
+
+
+def _handler_failed(exc: HandlerError) -> int:
+    """Report a handler that cannot be loaded: a wrong name is a usage error; an import that raised shows its traceback."""
+    if exc.usage:
+        err_console.print(f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return EXIT_USAGE
+    cause = exc.__cause__
+    if cause is not None:
+        # The application's own frames: the traceback is about its code, not lbs's.
+        here = os.path.dirname(__file__)
+        tb = cause.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename.startswith((here, "<frozen"))
+                                  or "importlib" in tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        sys.stderr.write("".join(traceback.format_exception(type(cause), cause, tb)))
+    err_console.print(f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    return EXIT_FAILURE
+
+
+# ----------------------------------------------------------------- command ---
+
+def _toml_value(name: str, value: Any) -> str | None:
+    if value is None:
+        return None if field_type(name)[0] is str else '"none"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(json.dumps(v, ensure_ascii=False) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def settings_toml(config: Config, sources: dict[str, str]) -> str:
+    """``config`` as an ``[lbs]`` table for ``--config`` (every field; the source of each that was set)."""
+    lines = ["[lbs]"]
+    for f in dataclasses.fields(Config):
+        value = getattr(config, f.name)
+        text = _toml_value(f.name, value)
+        note = f"  # {sources[f.name]}" if f.name in sources else ""
+        lines.append(f"# {f.name}: not set (None)" if text is None else f"{f.name} = {text}{note}")
+    return "\n".join(lines) + "\n"
+
+
+def _default_consumer_id(explicit: str | None) -> str:
+    """``--consumer-id``, else POD_NAME / POD_IP (the Go client's rule), else ``<hostname>-<pid>``; prefixed."""
+    raw = explicit or os.environ.get("POD_NAME") or os.environ.get("POD_IP") or f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        return consumer_id_from_env(raw)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--consumer-id'") from None
+
+
+def _check_service(value: str) -> str:
+    try:
+        return validate_service(value)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _check_url(value: str) -> str:
+    try:
+        resolve_client(value)  # parses the URL and its options; connects to nothing
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+class LogLevel(str, enum.Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+_SETTINGS = "Settings (lbs.Config; flags > LBS_<FIELD> > --config file > defaults)"
+
+
+def worker(
+    target: Annotated[str, typer.Argument(
+        metavar="MODULE:HANDLER", show_default=False,
+        help="The handler: an async function taking an lbs.Notification, as module:name (e.g. myapp.work:handle).")],
+    service: Annotated[str, typer.Option(
+        envvar="LBS_SERVICE", callback=_check_service, show_default=False,
+        help="The service whose LBS (`<service>-input`) to consume. Required.")],
+    url: Annotated[str, typer.Option(
+        envvar="LBS_URL", callback=_check_url,
+        help="Redis URL (redis://, rediss://, redis+cluster://; a password is masked in output).")] = DEFAULT_URL,
+    consumer_id: Annotated[str | None, typer.Option(
+        show_default=False,
+        help="Consumer id. Default: $POD_NAME, else $POD_IP, else `<hostname>-<pid>`; prefixed `redis-consumer-`. "
+             "With --processes N each child gets `<id>-0` ... `<id>-(N-1)`.")] = None,
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, envvar="LBS_CONCURRENCY", show_default=False,
+        help="Handlers running at once, per process. Default: max_streams.")] = None,
+    processes: Annotated[int, typer.Option(
+        min=1, envvar="LBS_PROCESSES",
+        help="Worker processes. Above 1, this process supervises them: restarts a crashed one with back-off, "
+             "forwards SIGTERM/SIGINT, exits when all have ended.")] = 1,
+    shards: Annotated[int, typer.Option(
+        min=1, envvar="LBS_SHARDS", help="Shards of the service (lbs.ShardedClient above 1).")] = 1,
+    config_file: Annotated[Path | None, typer.Option(
+        "--config", envvar="LBS_CONFIG", show_default=False, dir_okay=False, rich_help_panel=_SETTINGS,
+        help="TOML file whose \\[lbs] table sets Config fields (e.g. lock_ttl = 5).")] = None,
+    sets: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="FIELD=VALUE", show_default=False, rich_help_panel=_SETTINGS,
+        help="Set any Config field (repeatable), e.g. --set read_block=0.5.")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", show_default=False, rich_help_panel=_SETTINGS,
+        help="Cancel a handler after this many seconds and hand its stream back with a retry counted "
+             "(Config.handler_timeout).")] = None,
+    lock_ttl: Annotated[float | None, typer.Option(
+        show_default=False, rich_help_panel=_SETTINGS, help="Config.lock_ttl: lock expiry, seconds.")] = None,
+    max_streams: Annotated[int | None, typer.Option(
+        show_default=False, rich_help_panel=_SETTINGS, help="Config.max_streams: streams held at once.")] = None,
+    max_retries: Annotated[int | None, typer.Option(
+        show_default=False, rich_help_panel=_SETTINGS,
+        help="Config.max_retries: failed attempts before the dead-letter stream.")] = None,
+    drain_timeout: Annotated[float | None, typer.Option(
+        show_default=False, rich_help_panel=_SETTINGS,
+        help="Config.drain_timeout: on SIGTERM/SIGINT, seconds running handlers get before their streams "
+             "are handed back.")] = None,
+    app_dir: Annotated[str, typer.Option(
+        help="Directory put first on sys.path to import MODULE from.")] = ".",
+    log_level: Annotated[LogLevel, typer.Option(
+        envvar="LBS_LOG_LEVEL", case_sensitive=False, help="Log records from this level up, to stderr.")
+    ] = LogLevel.info,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Check everything but Redis, print the resolved settings as a TOML \\[lbs] table "
+                        "(with each value's source), and exit.")] = False,
+) -> None:
+    """Run MODULE:HANDLER as a service: one handler call per assigned data stream, until SIGTERM/SIGINT.
+
+    A signal stops reading, lets running handlers finish for drain_timeout, hands the rest back
+    without a retry counted, and exits 0. Exit codes: 0 a clean stop; 1 a failure at run time
+    (Redis unreachable at start, a supervisor's child that keeps crashing); 2 a usage error
+    (options, MODULE:HANDLER); 78 an invalid setting (EX_CONFIG).
+    """
+    level = log_level.value.upper()
+    setup_logging(level)
+    try:
+        handler = load_handler(target, app_dir)
+    except HandlerError as exc:
+        if exc.usage:
+            raise typer.BadParameter(str(exc), param_hint="'MODULE:HANDLER'") from None
+        raise typer.Exit(_handler_failed(exc)) from None
+    flags = {"handler_timeout": ("--timeout", timeout), "lock_ttl": ("--lock-ttl", lock_ttl),
+             "max_streams": ("--max-streams", max_streams), "max_retries": ("--max-retries", max_retries),
+             "drain_timeout": ("--drain-timeout", drain_timeout)}
+    try:
+        config, layers = resolve_config(config_file, os.environ, sets or [], flags)
+    except ValueError as exc:
+        if not isinstance(exc, ConfigurationError):
+            raise typer.BadParameter(str(exc), param_hint="'--set'") from None
+        fail("worker", f"invalid configuration: {exc}", EXIT_CONFIG)
+    for warning in layers.warnings:
+        log.warning("%s", warning)
+    base = _default_consumer_id(consumer_id)
+    s = WorkerSettings(
+        target=target, app_dir=app_dir, url=url, service=service, consumer_id=base, consumer_base=base,
+        concurrency=concurrency, processes=processes, shards=shards, config=dataclasses.asdict(config),
+        sources={name: layers.sources.get(name, "?") for name in changed_fields(config)}, log_level=level)
+    if check:
+        sys.stdout.write(settings_toml(config, s.sources))
+        pm = make_plugin_manager(disabled=config.disabled_plugins)
+        err_console.print(banner(s, config, plugins=plugin_names(pm), server="not connected: --check"))
+        raise typer.Exit(EXIT_OK)
+    if processes == 1:
+        raise typer.Exit(run_in_process(s, handler))
+    from .supervisor import supervise
+
+    raise typer.Exit(supervise(s))

@@ -1,0 +1,40 @@
+"""Handlers for ``lbs worker`` in tests/cli (imported by the worker processes as ``tests.cli._handlers``).
+
+Each writes one line per call to the file named by ``$LBS_TEST_LOG``:
+``<event> <pid> <stream> <retry_count>`` (appends of one short line are atomic,
+so processes can share the file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import lbs
+
+
+def _log(event: str, note: lbs.Notification) -> None:
+    with open(os.environ["LBS_TEST_LOG"], "a") as f:
+        f.write(f"{event} {os.getpid()} {note.stream} {note.retry_count}\n")
+
+
+async def ok(note: lbs.Notification) -> None:
+    """Processes the stream at once."""
+    _log("done", note)
+
+
+async def slow(note: lbs.Notification) -> None:
+    """Says it started, then works for an hour: still running when the worker is stopped."""
+    _log("started", note)
+    await asyncio.sleep(3600)
+
+
+def sync(note: lbs.Notification) -> None:
+    """Not async: refused by ``lbs worker``."""
+
+
+async def two_args(note: lbs.Notification, other: object) -> None:
+    """Takes two arguments: refused by ``lbs worker``."""
+
+
+not_callable = 42
