@@ -41,7 +41,7 @@ from .exceptions import (
 from .hookspecs import hookimpl
 from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer, encode_input
-from .deadletters import DeadLetter, DeadLetterBackend
+from .deadletters import DeadLetter, DeadLetterBackend, DeadLetters
 from ._redis.connection import ClusterMode
 from .strategy import ReadStrategy
 from .sharding import ShardedClient, shard_of, shard_services
@@ -63,6 +63,7 @@ __all__ = [
     "shard_services",
     "DeadLetter",
     "DeadLetterBackend",
+    "DeadLetters",
     "ReadStrategy",
     "INPUT_FIELD",
     "Client",

@@ -116,7 +116,7 @@ class DeadLetterBackend(Protocol):
 
 #: The fields (after ``Config.field_prefix``) a replay records on the fresh entry.
 REPLAY_FIELDS = ("replayed_from", "last_reason", "replay_count")
-#: The fields (after the prefix) requeue-3.lua adds to a dead letter; a replay drops them.
+#: The fields (after the prefix) requeue-5.lua adds to a dead letter; a replay drops them.
 _LETTER_FIELDS = ("reason", "consumer", "failed_id")
 _STREAM_ID = re.compile(r"[0-9]+-[0-9]+\Z")
 #: Letters read per page when a filter (a reason, all) walks the stream.

@@ -253,7 +253,8 @@ def lbs_stream_handed_back(client: Client, stream: str, entry_id: str, new_entry
     :param client: the client.
     :param stream: the data stream's name.
     :param entry_id: the LBS entry id it had.
-    :param new_entry_id: the fresh entry's id.
+    :param new_entry_id: the fresh entry's id in the LBS, or, when the stream was parked
+        for its retry back-off, its id in ``{<service>-input}:delayed``.
     :param retry_counted: whether the stream's retry count went up.
 
     .. versionadded:: 0.1

@@ -1,6 +1,6 @@
 """Recovery: dead consumers' streams go back into circulation, living ones are never robbed.
 
-Every re-queue is one call of ``requeue-3.lua`` with lock mode ``absent``:
+Every re-queue is one call of ``requeue-5.lua`` with lock mode ``absent``:
 it acts only when the lock does not exist, acks first (0 acked means another
 recoverer won: nothing else happens), then writes the fresh entry (or the
 dead letter) and deletes the old one, atomically. Any number of recoverers,

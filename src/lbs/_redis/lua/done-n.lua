@@ -20,7 +20,7 @@
   limit; XACKDEL, XACK and XDEL through pcall, so a vanished group or
   stream fails nothing part-way). Only entries this call acks are
   deleted (XACKDEL does the same): one that is not pending was handed on,
-  or requeue-3.lua kept it in the LBS as the record of a dead letter.
+  or requeue-5.lua kept it in the LBS as the record of a dead letter.
 
   A wrong argument count is an "ERR lbs done-n: ..." error, with nothing
   written.
