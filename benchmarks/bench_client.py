@@ -1,11 +1,13 @@
 """The client beside plain redis-py doing the same work, in one run.
 
-* Assignment cycle (read, lock, no-op, done) for 20,000 registered streams
-  in one consumer process (registering them is set-up, outside the timing): lbs (``run()`` with a no-op handler; and batched with
-  ``done_streams``) against redis-py one command per round trip (what the Go
-  client does), redis-py pipelines, and the best plain redis-py design
-  (XREADGROUP COUNT 256, SET NX for the batch in one pipeline, completion of
-  the batch in one Lua call).
+* Assignment cycle (read, lock, no-op, done) for 20,000 streams registered
+  by a plain Python producer (``json.dumps``, default separators; set-up,
+  outside the timing), in one consumer process: lbs ``run()`` with a no-op
+  handler (tuned; with the default ``Config()`` and ``concurrency=1024``; and
+  that with lbs-prometheus loaded) and batched with ``done_streams``, against
+  redis-py one command per round trip (what the Go client does), redis-py
+  pipelines, and the best plain redis-py design (XREADGROUP COUNT 256, SET NX
+  for the batch in one pipeline, completion of the batch in one Lua call).
 * Heartbeat tick with 10,000 and 100,000 held streams: lbs's fenced,
   PEL-refreshing tick against redis-py pipelining bare PEXPIREs (a lower
   bound that checks no ownership) and, at 10,000, one PEXPIRE per round trip
@@ -22,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._bench import CHUNK, CYCLE_N, cycle_lbs_run, cycle_redis_py_batched_lua, measure, register
+from lbs._bench import CHUNK, CYCLE_N, cycle_lbs_defaults, cycle_lbs_run, cycle_redis_py_batched_lua, measure, register
 from lbs._bench import config as _config
 from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
@@ -99,24 +101,8 @@ async def cycle_redis_py_pipelines(r: aioredis.Redis, service: str, n: int) -> i
     return done
 
 
-async def _noop(note: lbs.Notification) -> None:
-    return None
-
-
-async def _run_defaults(r: aioredis.Redis, service: str, n: int, plugins: list[object]) -> int:
-    """run() as an application gets it: the default lbs.Config(), a no-op handler, the given plugins."""
-    c = lbs.Client(r, service, "bench", lbs.Config(), plugins=plugins, load_entrypoint_plugins=False)
-    runner = asyncio.create_task(c.run(_noop))
-    try:
-        await c.wait_finished(n)
-    finally:
-        await c.close()
-        await runner
-    return c.stats.finished
-
-
 async def cycle_lbs_run_defaults(r: aioredis.Redis, service: str, n: int) -> int:
-    return await _run_defaults(r, service, n, [])
+    return await cycle_lbs_defaults(r, service, n)
 
 
 async def cycle_lbs_run_defaults_prometheus(r: aioredis.Redis, service: str, n: int) -> int:
@@ -124,7 +110,7 @@ async def cycle_lbs_run_defaults_prometheus(r: aioredis.Redis, service: str, n: 
     from lbs_prometheus import PrometheusPlugin
     from prometheus_client import CollectorRegistry
 
-    return await _run_defaults(r, service, n, [PrometheusPlugin(registry=CollectorRegistry())])
+    return await cycle_lbs_defaults(r, service, n, [PrometheusPlugin(registry=CollectorRegistry())])
 
 
 CYCLES = {

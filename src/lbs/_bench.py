@@ -6,7 +6,11 @@ the same for every side) is set-up, outside the timing. :func:`measure` runs
 one cycle and takes the client's CPU time (this process) and Redis's (its
 ``INFO cpu``, so every client of that server counts) around it.
 
-* :func:`cycle_lbs_run`: lbs's public ``run()`` with a no-op handler.
+* :func:`cycle_lbs_run`: lbs's public ``run()`` with a no-op handler, tuned
+  (``max_streams`` 1,000, short blocking reads, no keyspace events).
+* :func:`cycle_lbs_defaults`: what an application gets: the default
+  ``lbs.Config()``, ``run(handler, concurrency=1024)``, and whatever plugins
+  are passed (``make bench`` passes lbs-prometheus too).
 * :func:`cycle_redis_py_batched_lua`: the best plain redis-py design
   (XREADGROUP COUNT 256, the batch's SET NX in one pipeline, the batch's
   completion in one Lua call), the baseline lbs is compared with.
@@ -15,8 +19,9 @@ one cycle and takes the client's CPU time (this process) and Redis's (its
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,13 +31,13 @@ from . import _keys
 from .client import Client
 from .config import Config
 from .notifications import Notification
-from .producer import Producer
 
 __all__ = [
     "CHUNK",
     "CYCLE_N",
     "Cycle",
     "config",
+    "cycle_lbs_defaults",
     "cycle_lbs_run",
     "cycle_redis_py_batched_lua",
     "measure",
@@ -59,27 +64,51 @@ def config(**kw: Any) -> Config:
 
 
 async def register(redis: aioredis.Redis | str, service: str, n: int) -> None:
-    """Register data streams ``s0`` ... ``s<n-1>`` in ``service``'s LBS, ``CHUNK`` per round trip."""
-    async with Producer(redis, service) as p:
-        names = [f"s{i}" for i in range(n)]
+    """Register data streams ``s0`` ... ``s<n-1>`` in ``service``'s LBS, ``CHUNK`` per round trip.
+
+    Written as a plain Python producer would (redis-py, ``json.dumps`` with its
+    default separators), not by ``lbs.Producer``: every side reads what
+    applications most often write.
+    """
+    r = aioredis.Redis.from_url(redis) if isinstance(redis, str) else redis
+    stream = _keys.input_stream(service)
+    try:
         for i in range(0, n, CHUNK):
-            await p.add_streams(names[i:i + CHUNK])
+            pipe = r.pipeline(transaction=False)
+            for j in range(i, min(n, i + CHUNK)):
+                pipe.xadd(stream, {_keys.INPUT_FIELD: json.dumps({"DataStreamName": f"s{j}", "Info": {}})})
+            await pipe.execute()
+    finally:
+        if r is not redis:
+            await r.aclose()
+
+
+async def _noop(note: Notification) -> None:
+    return None
+
+
+async def _run(c: Client, n: int, concurrency: int | None = None) -> int:
+    """``c.run()`` with a no-op handler until ``n`` streams finished; completions are
+    counted by the client itself, so the handler stays a pure no-op."""
+    runner = asyncio.create_task(c.run(_noop, concurrency))
+    try:
+        await c.wait_finished(n)
+    finally:
+        await c.close()
+        await runner
+    return c.stats.finished
 
 
 async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
-    """The public run() API with a no-op handler; completions are counted by
-    the client itself, so the handler stays a pure no-op."""
-    c = Client(r, service, "bench", config(max_streams=CHUNK, read_count=CHUNK // 2),
-               load_entrypoint_plugins=False)
+    """The public run() API, tuned: ``max_streams`` 1,000, reads of 500."""
+    return await _run(Client(r, service, "bench", config(max_streams=CHUNK, read_count=CHUNK // 2),
+                             load_entrypoint_plugins=False), n)
 
-    async def noop(note: Notification) -> None:
-        return None
 
-    runner = asyncio.create_task(c.run(noop))
-    await c.wait_finished(n)
-    await c.close()
-    await runner
-    return c.stats.finished
+async def cycle_lbs_defaults(r: aioredis.Redis, service: str, n: int, plugins: Sequence[object] = ()) -> int:
+    """run() as an application gets it: ``lbs.Config()``, ``concurrency=1024``, the given plugins."""
+    return await _run(Client(r, service, "bench", Config(), plugins=plugins, load_entrypoint_plugins=False), n,
+                      concurrency=1024)
 
 
 async def plain_read(r: aioredis.Redis, group: str, stream: str, count: int) -> list[Any]:
