@@ -64,6 +64,24 @@ def bench_decode_inputs(benchmark: Any, impl: str) -> None:
     assert benchmark(lambda: [fn(r) for r in raws]) == [_json_decode(r) for r in raws]
 
 
+# What a Python producer's own json.dumps writes: the compact form (ours and
+# Go's), the default separators (", " and ": ") and an indented document. The
+# core's fast path reads all three; json.loads is the reference.
+JSON_DUMPS_LAYOUTS: dict[str, dict[str, Any]] = {
+    "compact": {"separators": (",", ":")},
+    "default separators": {},
+    "indent=2": {"indent": 2},
+}
+
+
+@pytest.mark.benchmark(group="decode 100 lbs-input written by json.dumps")
+@pytest.mark.parametrize("layout", list(JSON_DUMPS_LAYOUTS))
+def bench_decode_json_dumps_inputs(benchmark: Any, layout: str) -> None:
+    raws = [json.dumps({"DataStreamName": n, "Info": i}, **JSON_DUMPS_LAYOUTS[layout]).encode()
+            for n, i in stream_specs(100)]
+    assert benchmark(lambda: [decode_input(r) for r in raws]) == [_json_decode(r) for r in raws]
+
+
 def _xreadgroup_reply(service: str, n: int) -> bytes:
     """The RESP3 bytes of an XREADGROUP reply with ``n`` entries (one stream),
     the managed fields set as after a re-queue."""

@@ -2,8 +2,11 @@
 #
 # Wire format (shared with the Go client, so mixed fleets interoperate):
 #     {"DataStreamName": "<name>", "Info": {...}}
-# compact JSON, UTF-8. Info may be absent or null on the wire (Go's nil map);
-# it decodes to an empty dict.
+# JSON, UTF-8. Info may be absent or null on the wire (Go's nil map); it
+# decodes to an empty dict. We write the compact form Go's json.Marshal
+# writes and read any JSON; the compiled fast path takes any JSON whitespace
+# too, so a Python producer's plain json.dumps (", " and ": ") or an
+# indented document is not left to json.loads.
 
 import json as _json
 
@@ -32,7 +35,7 @@ def encode_input(name, info=None):
 
 
 from libc.string cimport memcmp
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.float cimport PyFloat_FromString
 from cpython.long cimport PyLong_FromString
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
@@ -43,14 +46,19 @@ cdef const char* _INFO = b',"Info":'
 cdef Py_ssize_t _INFO_LEN = 8
 
 # A tiny JSON reader for the documents our encoder and Go's json.Marshal
-# write: no whitespace, strings without escapes or control characters,
-# nesting up to _JSON_MAX_DEPTH. For anything else it answers _NOT_FAST and
-# json (the general path) decides, so both paths give the same value or the
-# fast one steps aside. Numbers follow json's own rules: an integer is int(),
-# anything with a fraction or an exponent is float() of the same text.
+# write (and json.dumps's, through _decode_compacted): no whitespace, strings
+# without escapes or control characters, nesting up to _JSON_MAX_DEPTH,
+# integers of up to _INT_DIGITS_ALWAYS_CONVERTED characters. For anything
+# else it answers _NOT_FAST and json (the general path) decides, so both
+# paths give the same value or the fast one steps aside. Numbers follow
+# json's own rules: an integer is int(), anything with a fraction or an
+# exponent is float() of the same text.
 cdef object _NOT_FAST = object()
 cdef enum:
     _JSON_MAX_DEPTH = 32
+    # int() refuses integers of more digits than sys.get_int_max_str_digits()
+    # with a ValueError, and that limit is never below 640.
+    _INT_DIGITS_ALWAYS_CONVERTED = 640
 
 
 cdef inline Py_ssize_t _string_end(const char* p, Py_ssize_t n, Py_ssize_t j) noexcept:
@@ -111,6 +119,8 @@ cdef object _json_number(const char* p, Py_ssize_t n, Py_ssize_t* i):
         return PyFloat_FromString(PyBytes_FromStringAndSize(p + start, j - start))
     if parse_int64(p, start, j, &v) == 0:
         return v
+    if j - start > _INT_DIGITS_ALWAYS_CONVERTED:
+        return _NOT_FAST  # int() may refuse it with a ValueError: json decides
     text = PyBytes_FromStringAndSize(p + start, j - start)  # beyond int64
     return PyLong_FromString(text, NULL, 10)
 
@@ -223,8 +233,9 @@ cdef tuple _decode_canonical(const char* p, Py_ssize_t n):
     #     {"DataStreamName":"<name>"}  or  {"DataStreamName":"<name>","Info":<value>}
     # with a name free of escapes. Returns (name, info, None), or None for
     # anything else (whitespace, escapes, other key order, extra keys, bad
-    # bytes), which the general path then decodes or rejects with a reason.
-    # Both paths give the same answer for every input they both accept.
+    # bytes): _decode_fast tries once more without the whitespace, then the
+    # general path decodes or rejects it with a reason. Both paths give the
+    # same answer for every input they both accept.
     cdef Py_ssize_t i, j
     cdef object name, info
     if n < _HEAD_LEN + 2 or memcmp(p, _HEAD, _HEAD_LEN) != 0:
@@ -252,10 +263,90 @@ cdef tuple _decode_canonical(const char* p, Py_ssize_t n):
     return (name, info, None)
 
 
+cdef inline bint _is_ws(char c) noexcept:
+    # RFC 8259's whitespace, and json's: space, LF, CR, tab (not a form feed,
+    # not a no-break space).
+    return c == 32 or c == 10 or c == 13 or c == 9
+
+
+cdef inline bint _is_structural(char c) noexcept:
+    return c == 123 or c == 125 or c == 91 or c == 93 or c == 44 or c == 58  # { } [ ] , :
+
+
+cdef Py_ssize_t _compact(const char* p, Py_ssize_t n, char* out) noexcept:
+    # p into out (n bytes of room) without the whitespace between its
+    # tokens; returns how many bytes that leaves, or -1 when p has none to
+    # take out, whitespace no JSON has (between two values: `1 2`), or
+    # anything _decode_canonical refuses in a string (an escape, a control
+    # character), so json can have it at once.
+    #
+    # JSON allows whitespace only around the six structural characters and
+    # the whole text (RFC 8259, section 2), and any amount there means
+    # nothing: so when every run outside strings touches one of those or an
+    # end, the text without them is JSON exactly when p is, of the same
+    # value. Strings are copied as they are.
+    cdef Py_ssize_t i = 0, m = 0, j
+    cdef char c
+    while i < n:
+        c = p[i]
+        if _is_ws(c):
+            j = i + 1
+            while j < n and _is_ws(p[j]):
+                j += 1
+            if m > 0 and j < n and not _is_structural(out[m - 1]) and not _is_structural(p[j]):
+                return -1
+            i = j
+            continue
+        out[m] = c
+        m += 1
+        i += 1
+        if c == 34:  # a string: up to its closing quote
+            while i < n:
+                c = p[i]
+                if c == 92 or <unsigned char>c < 32:  # \ or a control character
+                    return -1
+                out[m] = c
+                m += 1
+                i += 1
+                if c == 34:
+                    break
+    return -1 if m == n else m
+
+
+cdef enum:
+    # Documents up to this size are compacted on the stack.
+    _COMPACT_ON_STACK = 512
+
+
+cdef tuple _decode_compacted(const char* p, Py_ssize_t n):
+    # _decode_canonical of p without its whitespace: what json.dumps writes
+    # with its default separators (", " and ": ") or an indent.
+    cdef char stack[_COMPACT_ON_STACK]
+    cdef char* out = stack
+    cdef bytes heap
+    cdef Py_ssize_t m
+    if n > _COMPACT_ON_STACK:
+        heap = PyBytes_FromStringAndSize(NULL, n)
+        out = PyBytes_AS_STRING(heap)
+    m = _compact(p, n, out)
+    if m < 0:
+        return None
+    return _decode_canonical(out, m)
+
+
+cdef inline tuple _decode_fast(const char* p, Py_ssize_t n):
+    # The compact form as it comes, anything else once more without its
+    # whitespace: the compact form pays nothing for the second try.
+    cdef tuple fast = _decode_canonical(p, n)
+    if fast is None:
+        fast = _decode_compacted(p, n)
+    return fast
+
+
 cdef tuple decode_input_ptr(const char* p, Py_ssize_t n):
     # decode_input_c for bytes the caller holds in a buffer (the RESP reader):
     # no bytes object unless the fast path steps aside.
-    cdef tuple fast = _decode_canonical(p, n)
+    cdef tuple fast = _decode_fast(p, n)
     if fast is not None:
         return fast
     return decode_input_c(PyBytes_FromStringAndSize(p, n))
@@ -267,7 +358,7 @@ cdef tuple decode_input_c(object raw):
     cdef object doc, name, info
     cdef tuple fast
     if type(raw) is bytes:
-        fast = _decode_canonical(<bytes>raw, len(<bytes>raw))
+        fast = _decode_fast(<bytes>raw, len(<bytes>raw))
         if fast is not None:
             return fast
     if isinstance(raw, (bytes, bytearray, memoryview)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import lbs
+from _lbscore import EntryParser
 
 from _strategies import infos, json_values, names
 
@@ -79,13 +81,54 @@ def test_encode_refuses_what_the_wire_cannot_carry(name: Any, info: Any) -> None
 
 
 # The compiled decoder has a fast path for the canonical shape (our encoder's
-# and Go's: no whitespace, DataStreamName first, a name without escapes) and a
-# general path (json) for everything else. A str skips the fast path, so the
-# same document as bytes and as str must decode identically, valid or not.
+# and Go's: DataStreamName first, a name without escapes), with any JSON
+# whitespace between the tokens (json.dumps's default separators, an indent),
+# and a general path (json) for everything else. A str skips the fast path,
+# so the same document as bytes and as str must decode identically, valid or
+# not.
+
+#: json.dumps settings a producer may use. The compact form is ours and Go's;
+#: the default separators (", " and ": ") are a plain json.dumps(doc)'s.
+_LAYOUTS: list[dict[str, Any]] = [
+    {},
+    {"separators": (",", ":"), "ensure_ascii": False},
+    {"ensure_ascii": False},
+    {"indent": 2},
+    {"indent": "\t", "ensure_ascii": False},
+    {"indent": 0},
+    {"indent": "\r\n ", "separators": (" ,", " : ")},
+]
+_ws = st.text(alphabet=" \t\r\n", max_size=3)  # RFC 8259's whitespace
+
+
+def _spaced(value: Any, ws: Callable[[], str], ensure_ascii: bool) -> str:
+    """``value`` as JSON with ``ws()`` wherever JSON allows whitespace: around
+    every structural character."""
+    if isinstance(value, dict):
+        members = [f"{ws()}{json.dumps(k, ensure_ascii=ensure_ascii)}{ws()}:{ws()}{_spaced(v, ws, ensure_ascii)}{ws()}"
+                   for k, v in value.items()]
+        return "{" + (",".join(members) or ws()) + "}"
+    if isinstance(value, list):
+        return "[" + (",".join(f"{ws()}{_spaced(v, ws, ensure_ascii)}{ws()}" for v in value) or ws()) + "]"
+    return json.dumps(value, ensure_ascii=ensure_ascii)
+
+
+_documents = st.one_of(
+    st.builds(lambda n, i: {"DataStreamName": n, "Info": i}, names, st.one_of(infos, json_values)),
+    st.builds(lambda n: {"DataStreamName": n}, names),
+)
+
+
+@st.composite
+def _spaced_docs(draw: st.DrawFn) -> bytes:
+    doc, ensure_ascii = draw(_documents), draw(st.booleans())
+    return (draw(_ws) + _spaced(doc, lambda: draw(_ws), ensure_ascii) + draw(_ws)).encode()
+
+
 _docs = st.one_of(
     st.builds(lambda n, i: lbs.encode_input(n, i), names, infos),
-    st.builds(lambda n, i, sep: json.dumps({"DataStreamName": n, "Info": i}, separators=sep).encode(),
-              names, st.one_of(infos, json_values), st.sampled_from([(",", ":"), (", ", ": "), (",", ": ")])),
+    st.builds(lambda d, kw: json.dumps(d, **kw).encode(), _documents, st.sampled_from(_LAYOUTS)),
+    _spaced_docs(),
     st.builds(lambda n: b'{"DataStreamName":"' + n.encode() + b'"}', st.text(max_size=10)),
 )
 
@@ -118,10 +161,77 @@ def test_fast_and_general_paths_agree(raw: bytes) -> None:
     b'{"DataStreamName":"s"}',
     b'{"DataStreamName":"s","Info":{"a":[1,{"b":"}"}]}}',
     b'{"DataStreamName":"s\\u00e9","Info":{}}',  # an escape: the general path
-    b'{"DataStreamName":"s","Info":{} }',  # whitespace: the general path
+    b'{"DataStreamName":"s","Info":{} }',
+    b' \t\r\n{ "DataStreamName" : "s" , "Info" : null }\n',
+    b'{"DataStreamName": "s t", "Info": {"a \\" b": [ ], "c": { }, "d": [1, 2.5, true, false, null]}}',
 ])
 def test_canonical_and_near_canonical_documents_decode(raw: bytes) -> None:
     assert lbs.try_decode_input(raw) == (*lbs.decode_input(raw.decode()), None)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"DataStreamName":"s","Info":{"n":1 2}}',  # whitespace between two values
+    b'{"DataStreamName":"s","Info":{"n":tr ue}}',  # or inside one
+    b'{"DataStreamName":"s","Info":{"n":- 1}}',
+    b'{"DataStreamName":"s","Info":{"n":"a" "b"}}',
+    b'{"DataStreamName" "s"}',
+    b'{"DataStreamName":"s","Info":nu ll}',
+    b'{"DataStreamName":"s",\x0c"Info":{}}',  # a form feed is not JSON whitespace
+    b'{"DataStreamName":"s",\x0b"Info":{}}',  # nor a vertical tab
+    b'{"DataStreamName":"s",\xc2\xa0"Info":{}}',  # nor a no-break space
+    b'{"DataStreamName":"s","Info":{"n":1,\t}}',
+    b'{"DataStreamName":"s"} x',
+    b" ",
+])
+def test_whitespace_where_json_allows_none_is_refused_alike(raw: bytes) -> None:
+    name, info, why = lbs.try_decode_input(raw)
+    assert (name, info) == (None, None) and why is not None
+    assert lbs.try_decode_input(raw.decode()) == (None, None, why)
+
+
+def _by_json(raw: bytes) -> tuple[str, dict[str, Any]] | None:
+    """What json.loads makes of ``raw`` by the wire format's rules; None: refused."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    name, info = doc.get("DataStreamName"), doc.get("Info")
+    if not isinstance(name, str) or not name or not isinstance(info, (dict, type(None))):
+        return None
+    return name, info or {}
+
+
+@given(st.one_of(st.builds(lambda d, kw: json.dumps(d, **kw).encode(), _documents, st.sampled_from(_LAYOUTS)),
+                 _spaced_docs()))
+def test_json_dumps_output_decodes_as_json_loads_reads_it(raw: bytes) -> None:
+    expected = _by_json(raw)
+    got = lbs.try_decode_input(raw)
+    if expected is None:
+        assert got[:2] == (None, None) and got[2]
+    else:
+        # repr too: 1 == 1.0 and 0.0 == -0.0, but a decoder must not turn one into the other.
+        assert got == (*expected, None) and repr(got) == repr((*expected, None))
+    # The same answer, reason included, from the general path (a str) and
+    # from the reader's (the bytes in its buffer).
+    assert lbs.try_decode_input(raw.decode()) == got
+    [entry] = EntryParser().parse_entries([[b"1-0", [b"lbs-input", raw]]])
+    assert (entry.stream, entry.info, entry.error) == got
+
+
+@pytest.mark.parametrize("layout", _LAYOUTS, ids=repr)
+def test_json_dumps_layouts_take_the_fast_path(layout: dict[str, Any]) -> None:
+    # The fast path hands out one str object per object key, from its key
+    # cache; json.loads makes new ones for every document. So the same key
+    # object from two decodes means the fast path read both.
+    keys = []
+    for n in range(2):
+        raw = json.dumps({"DataStreamName": f"s{n}", "Info": {"shard": n, "tags": [1, {}]}}, **layout).encode()
+        name, info = lbs.decode_input(raw)
+        assert (name, info) == (f"s{n}", {"shard": n, "tags": [1, {}]})
+        keys.append(next(iter(info)))
+    assert keys[0] is keys[1]
 
 
 @pytest.mark.parametrize("number", [
@@ -129,6 +239,8 @@ def test_canonical_and_near_canonical_documents_decode(raw: bytes) -> None:
     "9223372036854775807", "-9223372036854775808",  # the ends of int64
     "9223372036854775808", "-9223372036854775809", "1" + "0" * 40,  # beyond: Python ints all the same
     "01", "-", "1.", "1e", "-01", "1.5e-3", "2E+2",
+    # int() refuses more digits than sys.get_int_max_str_digits() (4300 by default, never below 640)
+    *(pytest.param(sign + "1" * n, id=f"{sign}1 x {n}") for sign in ("", "-") for n in (640, 641, 4300, 4301)),
 ])
 def test_numbers_decode_as_json_decodes_them(number: str) -> None:
     raw = '{"DataStreamName":"s","Info":{"n":' + number + ',"l":[' + number + "]}}"
