@@ -97,9 +97,11 @@ async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(
                               "--consumer-id", "sup", "--processes", "2", "--lock-ttl", "1")
 
     async def both_running() -> bool:
-        return None not in await _markers(r, service, *ids) and len(supervisor.children()) == 2
+        # The banner too: child 0 prints it once it started, and may be the one killed below.
+        return (None not in await _markers(r, service, *ids) and len(supervisor.children()) == 2
+                and f"lbs {lbs.__version__} worker" in flat(supervisor.err()))
 
-    await eventually(both_running, "two children inside run()")
+    await eventually(both_running, "two children inside run(), the banner printed")
     before = await _markers(r, service, *ids)
     children = supervisor.children()
     victim = min(children)
