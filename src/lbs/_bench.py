@@ -29,6 +29,7 @@ from _lbscore import decode_input
 
 from . import _keys
 from .client import Client
+from ._redis.connection import ensure_group
 from .config import Config
 from .notifications import Notification
 
@@ -121,10 +122,7 @@ async def plain_read(r: aioredis.Redis, group: str, stream: str, count: int) -> 
 async def plain_group(r: aioredis.Redis, service: str) -> tuple[str, str]:
     """The service's LBS and group, the group created (at id 0) if needed."""
     stream, group = _keys.input_stream(service), _keys.group_name(service)
-    try:
-        await r.xgroup_create(stream, group, id="0", mkstream=True)
-    except aioredis.ResponseError:
-        pass
+    await ensure_group(r, stream, group)
     return stream, group
 
 

@@ -53,6 +53,7 @@ from _lbscore import EntryParser
 
 from . import _keys
 from ._redis.connection import ClusterMode, RedisLike, resolve_client, slot_owner
+from ._redis.wire import fields_text, text
 from .config import Config
 from .exceptions import ConfigurationError, LbsError, RedisOperationError
 
@@ -140,9 +141,7 @@ def _rows(reply: Any) -> list[tuple[str, Any]]:
 
 
 def _text(value: Any) -> str:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
+    return text(value, "replace")
 
 
 def _as_bytes(value: Any) -> bytes:
@@ -448,8 +447,7 @@ class DeadLetters:
     # ------------------------------------------------------------ helpers ---
 
     def _letter(self, letter_id: str, fields: Any) -> DeadLetter:
-        items = fields.items() if isinstance(fields, Mapping) else zip(fields[::2], fields[1::2])
-        return DeadLetter(letter_id, {_text(k): _text(v) for k, v in items}, self.prefix)
+        return DeadLetter(letter_id, fields_text(fields), self.prefix)
 
     @staticmethod
     def _reason_filter(reason: str | None) -> Callable[[DeadLetter], bool] | None:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,7 +51,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from . import _keys
-from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client, slot_owner
+from ._redis.connection import ClusterMode, RedisLike, parse_version, redirected, resolve_client, slot_owner
+from ._redis.wire import fields_text, text
 from .config import Config
 from .exceptions import ConfigurationError, LbsError, RedisOperationError
 
@@ -323,12 +323,8 @@ async def _collect(client: aioredis.Redis | RedisCluster, service: str, config: 
 
 
 def _s(value: Any) -> str:
-    """A reply value as text (bytes decoded as UTF-8, invalid bytes replaced)."""
-    if value is None:
-        return ""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
+    """A reply value as text (bytes decoded as UTF-8, invalid bytes replaced); None as ""."""
+    return "" if value is None else text(value, "replace")
 
 
 def _id_ms(entry_id: str) -> int:
@@ -339,19 +335,6 @@ def _id_ms(entry_id: str) -> int:
 def _keyed(d: Any) -> dict[str, Any]:
     """A reply map with text keys (RESP2 and RESP3 replies, decoded or not)."""
     return {_s(k): v for k, v in dict(d).items()}
-
-
-def _fields_of(raw: Any) -> dict[str, str]:
-    if isinstance(raw, Mapping):
-        return {_s(k): _s(v) for k, v in raw.items()}
-    return {_s(raw[i]): _s(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
-
-
-def _version(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(p) for p in text.split("."))
-    except ValueError:
-        return ()
 
 
 def _now_ms(reply: Any) -> int:
@@ -536,7 +519,7 @@ class _Reader:
             return max(0, second.length - len(delivered)), True, "counted"
         lag = first.group.get("lag")
         if lag is not None:
-            return int(lag), _version(first.version) >= (7, 4), "lag"
+            return int(lag), parse_version(first.version) >= (7, 4), "lag"
         return max(0, first.length - first.pending, len(waiting)), False, "estimated"
 
     def _requeued(self, second: _Second, backlog: int, exact: bool) -> Requeued:
@@ -544,7 +527,7 @@ class _Reader:
         waiting = second.newest_waiting
         requeued = retried = replayed = 0
         for _id, raw in waiting:
-            f = _fields_of(raw)
+            f = fields_text(raw)
             again = (self.prefix + "replayed_from") in f
             if again or (self.prefix + "original_id") in f:
                 requeued += 1
@@ -580,7 +563,7 @@ class _Reader:
         notes: list[str] = []
         consumers = self._consumers(first, second, notes)
         backlog, exact, method = self._backlog(first, second)
-        reasons: Counter[str] = Counter(_fields_of(fields).get(self.prefix + "reason", "")
+        reasons: Counter[str] = Counter(fields_text(fields).get(self.prefix + "reason", "")
                                         for _id, fields in first.newest_letters)
         return ServiceStatus(
             service=self.service, stream=self.stream, group=self.group, exists=first.exists,

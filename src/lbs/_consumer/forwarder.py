@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _keys
 from .._redis.connection import cancel_and_wait, ensure_group, execute
-from .._redis.wire import text
+from .._redis.wire import fields_text, text
 from ..deadletters import DeadLetter, DeadLetterBackend
 from .backoff import Backoff
 from .state import ConsumerState
@@ -65,7 +65,7 @@ class Forwarder:
             return 0
         s = self.state
         prefix = s.config.field_prefix
-        letters = [DeadLetter(text(eid, "replace"), _fields(fields), prefix) for eid, fields in entries]
+        letters = [DeadLetter(text(eid, "replace"), fields_text(fields), prefix) for eid, fields in entries]
         try:
             await self.backend.write(letters)
         except Exception:
@@ -127,8 +127,3 @@ def _entries(reply: Any) -> list[Any]:
                 out.append(entry)
     return out
 
-
-def _fields(raw: Any) -> dict[str, str]:
-    if isinstance(raw, dict):
-        return {text(k, "replace"): text(v, "replace") for k, v in raw.items()}
-    return {text(raw[i], "replace"): text(raw[i + 1], "replace") for i in range(0, len(raw) - 1, 2)}

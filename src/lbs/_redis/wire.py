@@ -19,7 +19,7 @@ caller decides whether sending it again is safe (``retry_safe``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -28,7 +28,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
 
-__all__ = ["Wire", "first_error", "text"]
+__all__ = ["Wire", "fields_text", "first_error", "text"]
 
 
 def _reply_error(message: str) -> ResponseError:
@@ -44,8 +44,18 @@ def _closed_by_peer(conn: Any) -> bool:
 
 
 def text(v: Any, errors: str = "strict") -> str:
-    """A reply value as text: bytes decoded as UTF-8 (``errors`` as for ``bytes.decode``)."""
-    return v.decode("utf-8", errors) if isinstance(v, bytes) else str(v)
+    """A reply value as text: bytes (or another bytes-like) decoded as UTF-8 (``errors`` as for ``bytes.decode``)."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors)
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v).decode("utf-8", errors)
+    return str(v)
+
+
+def fields_text(raw: Any) -> dict[str, str]:
+    """An entry's fields (a RESP3 map or a RESP2 flat list) as text, invalid UTF-8 replaced."""
+    items = raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2])
+    return {text(k, "replace"): text(v, "replace") for k, v in items}
 
 
 def first_error(replies: list[Any]) -> list[Any]:

@@ -42,6 +42,7 @@ from rich.text import Text
 
 from .. import _keys
 from .._redis.connection import resolve_client, slot_owner
+from .._redis.wire import text as reply_text
 from ..client import Client
 from ..config import Config
 from ..exceptions import ConfigurationError, LbsError
@@ -407,10 +408,10 @@ async def _claim(url: str, service: str, entry_ids: list[str], max_retries: int)
 
 def _holder(value: Any) -> str:
     """The consumer in a lock value ``<token>:<consumer id>:<instance>``."""
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    token, _, rest = text.partition(":")
+    value = reply_text(value, "replace")
+    token, _, rest = value.partition(":")
     consumer, _, instance = rest.rpartition(":")
-    return f"{consumer} (instance {instance}, token {token})" if consumer else text
+    return f"{consumer} (instance {instance}, token {token})" if consumer else value
 
 
 @asynccontextmanager
