@@ -40,6 +40,7 @@ from ._consumer.runner import SIGNALS, Handler, Runner
 from ._consumer.state import ClientStats, ConsumerLog, ConsumerState, Names, consumer_id_from_env
 from ._consumer.topology import Topology
 from ._redis.connection import ClusterMode, RedisLike, cancel_and_wait, resolve_client
+from ._waits import within
 from .config import Config
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Notification
@@ -277,7 +278,7 @@ class Client:
 
         Raises :class:`asyncio.TimeoutError` after ``timeout`` seconds.
         """
-        await asyncio.wait_for(self._finisher.wait_finished(count), timeout)
+        await within(self._finisher.wait_finished(count), timeout)
 
     # ---------------------------------------------------------- hand-back ---
 
@@ -348,7 +349,7 @@ class Client:
     async def next_notification(self, timeout: float | None = None) -> Notification | None:
         """The next notification, or None when closed (or after ``timeout`` seconds)."""
         try:
-            return await asyncio.wait_for(self._state.mailbox.get(), timeout)
+            return await within(self._state.mailbox.get(), timeout)
         except asyncio.TimeoutError:
             return None
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+from .._waits import wait_set
+
 __all__ = ["Backoff"]
 
 
@@ -34,7 +36,4 @@ class Backoff:
         if stop is None:
             await asyncio.sleep(wait)
             return
-        try:
-            await asyncio.wait_for(stop.wait(), wait)
-        except asyncio.TimeoutError:
-            pass
+        await wait_set(stop, wait)

@@ -29,6 +29,7 @@ from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.wire import first_error
+from .._waits import wait_set
 from .state import ConsumerState
 
 __all__ = ["Delays"]
@@ -118,7 +119,5 @@ class Delays:
             self._next_poll = min(self._next_poll, loop.time() + wait)
             while (left := self._next_poll - loop.time()) > 0:
                 self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), left)
-                except asyncio.TimeoutError:
+                if not await wait_set(self._wake, left):
                     break

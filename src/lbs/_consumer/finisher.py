@@ -23,6 +23,7 @@ from .._redis import scripts
 from .._redis.connection import cancel_and_wait, topology_error
 from .._redis.scripts import DoneCode
 from .._redis.wire import first_error
+from .._waits import wait_set
 from ..exceptions import RedisOperationError
 from ..notifications import DoneStatus
 from .backoff import Backoff
@@ -186,9 +187,7 @@ class Finisher:
         What Redis did not answer by then fails its waiters; those locks expire.
         """
         if self._task is not None and not self._task.done():
-            try:
-                await asyncio.wait_for(self._idle.wait(), timeout)
-            except asyncio.TimeoutError:
+            if not await wait_set(self._idle, timeout):
                 unsent = [*self._queue, *self._retry]
                 self.state.log.error("finisher did not drain; %d finished streams' locks will expire", len(unsent))
                 gone = RedisOperationError("done_stream", RedisConnectionError("the client closed before Redis "

@@ -22,6 +22,7 @@ from _lbscore import CommandBatch, Held
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.wire import first_error, text
+from .._waits import wait_set
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .finisher import Finisher
@@ -57,11 +58,8 @@ class Heartbeat:
         every = s.config.heartbeat_every
         wait = every
         while not s.stopping.is_set():
-            try:
-                await asyncio.wait_for(s.stopping.wait(), wait)
+            if await wait_set(s.stopping, wait):
                 return
-            except asyncio.TimeoutError:
-                pass
             try:
                 await self.tick()
                 wait = every

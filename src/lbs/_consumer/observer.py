@@ -26,6 +26,7 @@ from redis.exceptions import ResponseError
 
 from .._redis.connection import cancel_and_wait
 from .._redis.wire import text
+from .._waits import wait_set
 from .state import ConsumerState
 
 __all__ = ["Observer"]
@@ -60,10 +61,7 @@ class Observer:
         every = s.config.metrics_interval
         while not s.stopping.is_set():
             await self.sample()
-            try:
-                await asyncio.wait_for(s.stopping.wait(), every)
-            except asyncio.TimeoutError:
-                pass
+            await wait_set(s.stopping, every)
 
     async def sample(self) -> bool:
         """Read the three lengths in one round trip and record them; False (logged) when it failed."""

@@ -29,6 +29,7 @@ from _lbscore import CommandBatch, Entry, Held
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.wire import text
+from .._waits import wait_set
 from ..notifications import Notification, NotificationType
 from .backoff import Backoff
 from .finisher import Finisher
@@ -99,10 +100,7 @@ class Reader:
                         if free <= 0:
                             capacity = s.holdings.capacity
                             capacity.clear()
-                            try:
-                                await asyncio.wait_for(capacity.wait(), cfg.read_block)
-                            except asyncio.TimeoutError:
-                                pass
+                            await wait_set(capacity, cfg.read_block)
                             continue
                         if top is not None:
                             wait_from, top = top, None

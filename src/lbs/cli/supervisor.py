@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 
+from .._waits import wait_set
 from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from .worker import WorkerSettings
 
@@ -136,11 +137,8 @@ class Supervisor:
                 return code
             delay = min(RESTART_MAX, RESTART_INITIAL * 2 ** (crashes - 1))
             log.warning("worker %d (pid %d) %s; restarting it in %.1fs", slot, proc.pid, _describe(code), delay)
-            try:
-                await asyncio.wait_for(self.stopping.wait(), delay)
+            if await wait_set(self.stopping, delay):
                 return EXIT_OK  # stopped while waiting: nothing was running
-            except asyncio.TimeoutError:
-                pass
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
