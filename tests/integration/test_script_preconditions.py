@@ -42,6 +42,14 @@ def xackdel(request: pytest.FixtureRequest, any_server: Any) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=["0", "1"])
+def msetex(request: pytest.FixtureRequest, any_server: Any) -> str:
+    """read-3.lua's MSETEX flag: both on Redis >= 8.4, SET NX per entry only on 7.0."""
+    if request.param == "1" and any_server.version < (8, 4):
+        pytest.skip("MSETEX needs Redis >= 8.4")
+    return str(request.param)
+
+
 def us(t: tuple[int, int]) -> int:
     return t[0] * 1_000_000 + t[1]
 
@@ -49,10 +57,12 @@ def us(t: tuple[int, int]) -> int:
 # -- calling the scripts ------------------------------------------------------
 
 async def read(r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10, start: str = ">",
-               owner: str | None = None) -> Any:
+               owner: str | None = None, msetex: str | None = None) -> Any:
     args: list[Any] = [group_name(service), consumer, count, TTL, lock_key(service, ""), start, ""]
-    if owner is not None:
-        args.append(owner)
+    if owner is not None or msetex is not None:
+        args.append(owner or "")
+    if msetex is not None:
+        args.append(msetex)
     return await r.eval(source("read-3"), 3, input_stream(service), fence_key(service),
                         consumers_key(service), *args)
 
@@ -220,11 +230,11 @@ async def test_lock_owner_argument(rr: aioredis.Redis, service: str) -> None:
     assert await rr.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1".encode()
 
 
-async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(rr: aioredis.Redis,
-                                                                           service: str) -> None:
+async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(rr: aioredis.Redis, service: str,
+                                                                           msetex: str) -> None:
     ids = await lbs_with(rr, service, 3)
     await rr.rpush(lock_key(service, ids[1]), "garbage")
-    entries, tokens, top = await read(rr, service)
+    entries, tokens, top = await read(rr, service, msetex=msetex)
     assert [e[0].decode() for e in entries] == ids and top == b""
     assert isinstance(tokens[0], int) and isinstance(tokens[2], int)
     assert tokens[1] == b"WRONGTYPE list"
@@ -235,6 +245,34 @@ async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(rr: a
     # The re-read after a lost reply reports the same.
     _, again, _ = await read(rr, service, start="0")
     assert again == [f"{tokens[0]}:c1".encode(), b"WRONGTYPE list", f"{tokens[2]}:c1".encode()]
+
+
+async def test_read_locks_every_entry_of_a_free_batch(rr: aioredis.Redis, service: str, msetex: str) -> None:
+    ids = await lbs_with(rr, service, 3)
+    entries, tokens, _ = await read(rr, service, msetex=msetex)
+    assert [e[0].decode() for e in entries] == ids
+    assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
+    for entry_id, token in zip(ids, tokens):
+        assert await rr.get(lock_key(service, entry_id)) == f"{token}:c1".encode()
+        assert 0 < await rr.pttl(lock_key(service, entry_id)) <= TTL
+    assert await rr.zscore(consumers_key(service), "c1") is not None
+
+
+async def test_read_past_a_slice_with_one_held_lock(rr: aioredis.Redis, service: str, msetex: str) -> None:
+    """600 entries are two MSETEX slices (500 + 100); a held lock in the second
+    makes only that slice fall back to SET NX per entry: it is reported, the
+    other 599 are ours."""
+    ids = await lbs_with(rr, service, 600)
+    held = ids[550]
+    await rr.set(lock_key(service, held), "7:someone")
+    entries, tokens, _ = await read(rr, service, count=600, msetex=msetex)
+    assert [e[0].decode() for e in entries] == ids
+    assert tokens[550] == b"7:someone"
+    ours = [t for i, t in enumerate(tokens) if i != 550]
+    assert all(isinstance(t, int) for t in ours) and len(set(ours)) == 599
+    assert await rr.get(lock_key(service, held)) == b"7:someone"
+    values = await rr.mget([lock_key(service, i) for i in ids])
+    assert [v for i, v in enumerate(values) if i != 550] == [f"{t}:c1".encode() for t in ours]
 
 
 # -- done-n.lua ---------------------------------------------------------------

@@ -159,7 +159,7 @@ class Reader:
         s = self.state
         n = s.names
         args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
-                n.lock_prefix, start, self._claim_arg, n.lock_owner)
+                n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex)
 
         def build(b: CommandBatch) -> None:
             scripts.read(b, *args)

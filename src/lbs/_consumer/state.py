@@ -118,6 +118,11 @@ class Server:
         """XACKDEL exists (Redis >= 8.2)."""
         return self.version >= (8, 2)
 
+    @property
+    def msetex(self) -> bool:
+        """MSETEX exists (Redis >= 8.4)."""
+        return self.version >= (8, 4)
+
 
 class Histogram:
     """Observations in fixed buckets (cumulative on read, like Prometheus): an ``observe`` is a bisect and two adds."""

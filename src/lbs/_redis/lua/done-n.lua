@@ -12,13 +12,14 @@
   ARGV[4..n+3]    our lock values ("<token>:<owner>"), one per lock key
   ARGV[n+4..2n+3] the entry ids, one per lock key
 
-  Two passes. The first only reads: each lock (GET, a key of another type
-  counting as someone else's garbage) and, for each lock that no longer
-  exists, whether its entry is still pending (XPENDING <id> <id> 1; no
-  group or no stream: not pending). The second writes: DEL of our locks,
-  then the acks and deletes (in slices of 500 ids, clear of Lua's unpack
-  limit; XACKDEL, XACK and XDEL through pcall, so a vanished group or
-  stream fails nothing part-way). Only entries this call acks are
+  Two passes. The first only reads: the locks (one MGET per slice of 500;
+  a nil is then told apart by EXISTS: a key of another type counts as
+  someone else's garbage) and, for each lock that no longer exists,
+  whether its entry is still pending (XPENDING <id> <id> 1; no group or
+  no stream: not pending). The second writes: one DEL of our locks per
+  slice, then the acks and deletes (slices of 500 keep clear of Lua's
+  unpack limit; XACKDEL, XACK and XDEL through pcall, so a vanished group
+  or stream fails nothing part-way). Only entries this call acks are
   deleted (XACKDEL does the same): one that is not pending was handed on,
   or requeue-5.lua kept it in the LBS as the record of a dead letter.
 
@@ -50,15 +51,18 @@ if n < 0 or #ARGV ~= 2 * n + 3 then
 end
 local group, xackdel, retry = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
 local out, ids, at = {}, {}, {}
+local slice = 500
 
 -- Pass 1: reads only.
+local holders = {}
+for s = 2, n + 1, slice do
+  local got = redis.call('MGET', unpack(KEYS, s, math.min(s + slice - 1, n + 1)))
+  for j = 1, #got do holders[s - 2 + j] = got[j] end
+end
 local dels = {}
 for i = 1, n do
-  local lock, id = KEYS[i + 1], ARGV[n + 3 + i]
-  local holder = redis.pcall('GET', lock)
-  if type(holder) == 'table' then
-    out[i] = 3  -- not a string: not our lock, not touched
-  elseif holder then
+  local lock, id, holder = KEYS[i + 1], ARGV[n + 3 + i], holders[i]
+  if holder then
     if holder == ARGV[i + 3] then
       out[i] = 1
       dels[#dels + 1] = lock
@@ -67,6 +71,8 @@ for i = 1, n do
     else
       out[i] = 3
     end
+  elseif redis.call('EXISTS', lock) == 1 then
+    out[i] = 3  -- not a string: not our lock, not touched
   else
     local p = redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
     if type(p) == 'table' and p[1] then
@@ -79,10 +85,9 @@ for i = 1, n do
 end
 
 -- Pass 2: writes.
-for _, lock in ipairs(dels) do
-  redis.call('DEL', lock)
+for s = 1, #dels, slice do
+  redis.call('DEL', unpack(dels, s, math.min(s + slice - 1, #dels)))
 end
-local slice = 500
 for s = 1, #ids, slice do
   local e = math.min(s + slice - 1, #ids)
   local part = {}
