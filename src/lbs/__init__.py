@@ -41,6 +41,8 @@ from .exceptions import (
 from .hookspecs import hookimpl
 from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer, encode_input
+from .publisher import Publisher
+from .keyed import KeyedBatch, KeyedHandler, Message
 from .deadletters import DeadLetter, DeadLetterBackend, DeadLetters
 from ._redis.connection import ClusterMode
 from .strategy import ReadStrategy
@@ -82,6 +84,10 @@ __all__ = [
     "Notification",
     "NotificationType",
     "Producer",
+    "Publisher",
+    "KeyedBatch",
+    "KeyedHandler",
+    "Message",
     "ProtocolError",
     "RedisOperationError",
     "ServerError",

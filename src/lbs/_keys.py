@@ -44,6 +44,21 @@ def lock_key(service: str, entry_id: str) -> str:
     return f"lock:{hash_tag(service)}:{entry_id}"
 
 
+def key_prefix(service: str) -> str:
+    """What keyed processing's keys start with: ``{<service>-input}:`` (the LBS's slot)."""
+    return f"{hash_tag(service)}:"
+
+
+def keyed_stream(service: str, key: str) -> str:
+    """The data stream of one key's messages: ``{<service>-input}:k:<key>``."""
+    return f"{key_prefix(service)}k:{key}"
+
+
+def key_state(service: str, key: str) -> str:
+    """One key's state (position, holder, registration): ``{<service>-input}:m:<key>``."""
+    return f"{key_prefix(service)}m:{key}"
+
+
 def dead_letter_stream(service: str) -> str:
     """Where poison pills go: ``{<service>-input}:dlq``."""
     return f"{hash_tag(service)}:dlq"

@@ -32,8 +32,9 @@ from ._consumer.finisher import Finisher
 from ._consumer.forwarder import Forwarder
 from ._consumer.heartbeat import Heartbeat
 from ._consumer.instance import Instance
+from ._consumer.keyed import KeyedRunner
 from ._consumer.observer import Observer
-from ._consumer.reader import Reader
+from ._consumer.reader import Dispatch, Reader
 from ._consumer.recovery import Recovery
 from ._consumer.requeue import Requeue
 from ._consumer.runner import SIGNALS, Handler, Runner
@@ -42,6 +43,7 @@ from ._consumer.topology import Topology
 from ._redis.connection import ClusterMode, RedisLike, cancel_and_wait, resolve_client
 from ._waits import within
 from .config import Config
+from .keyed import KeyedHandler
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Notification
 from .plugins import Hooks, MetricValues, make_plugin_manager, plugin_config_defaults
@@ -113,6 +115,7 @@ class Client:
         self._finisher = Finisher(s, self._topology)
         self._heartbeat = Heartbeat(s, self._finisher, self._requeue, self._topology)
         self._reader = Reader(s, self._finisher, self._requeue, self._topology)
+        self._keyed: KeyedRunner | None = None
         self._instance = Instance(s)
         self._observer = Observer(s)
         self._forwarder: Forwarder | None = None
@@ -415,18 +418,70 @@ class Client:
                                          "implements the lbs_handler hook")
         if not callable(handler):
             raise ConfigurationError(f"run() needs a callable handler, got {type(handler).__name__}")
-        if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
-                                        or concurrency < 1):
-            raise ConfigurationError(f"concurrency must be an integer of at least 1, got {concurrency!r}")
         if timeout is None:
             timeout = self.config.handler_timeout
         elif (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or math.isnan(timeout)
               or timeout <= 0):
             raise ConfigurationError(f"timeout must be None or a number of seconds > 0, got {timeout!r}")
+        limit = timeout if timeout is not None and math.isfinite(timeout) else None  # inf: no limit
+        runner = Runner(self._state, self._finisher, self._requeue, handler, limit)
+        await self._serve(runner.dispatch, concurrency, handle_signals)
+
+    async def run_keyed(self, handler: KeyedHandler, concurrency: int | None = None, *, batch: int = 100,
+                        max_hold_messages: int = 1000, max_hold_seconds: float = 5.0,
+                        handle_signals: bool = True) -> None:
+        """Process keys published by :class:`lbs.Publisher`: each key's messages in order, one holder at a time.
+
+        For every key this consumer takes, ``await handler(batch)`` gets a
+        :class:`lbs.KeyedBatch`: up to ``batch`` of the key's messages after
+        its committed position, in order, with the hold's fencing token and
+        retry count. When the handler returns, the position moves past the
+        batch (fenced: a holder that lost the key cannot move it) together
+        with the batch's effects (:meth:`lbs.KeyedBatch.emit`), and the next
+        messages come in the same round trip; when none are left the key is
+        let go, atomically with that check, so a message published at that
+        moment registers it again. After ``max_hold_messages`` messages or
+        ``max_hold_seconds`` a key that still has messages is yielded: it goes
+        to the back of the LBS, so one hot key cannot starve the others.
+
+        A handler that raises hands the key back with its position; the next
+        hold counts a retry and gets one message at a time, and a message
+        that has failed in more than ``Config.max_retries`` holds goes to the
+        dead-letter stream with its fields and the reason, and the key goes
+        on after it. A holder that dies (or stalls past its lock TTL) leaves
+        its key to recovery like any assignment: the next holder resumes
+        after the last committed message. At most ``concurrency`` keys are
+        held at once (default ``Config.max_streams``). Signals and
+        :meth:`close` work as for :meth:`run`.
+        """
+        if self._reader.dispatch is not None:
+            raise ConfigurationError("run() is already running on this client")
+        if not callable(handler):
+            raise ConfigurationError(f"run_keyed() needs a callable handler, got {type(handler).__name__}")
+        for name, value in (("batch", batch), ("max_hold_messages", max_hold_messages)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer of at least 1, got {value!r}")
+        if (not isinstance(max_hold_seconds, (int, float)) or isinstance(max_hold_seconds, bool)
+                or not max_hold_seconds > 0):
+            raise ConfigurationError(f"max_hold_seconds must be a number > 0, got {max_hold_seconds!r}")
+        keyed = KeyedRunner(self._state, self._finisher, handler, batch=batch, max_hold_messages=max_hold_messages,
+                            max_hold_seconds=float(max_hold_seconds))
+        self._keyed = keyed
+        try:
+            await self._serve(keyed.dispatch, concurrency, handle_signals)
+        finally:
+            self._keyed = None
+            await keyed.close()
+
+    async def _serve(self, dispatch: Dispatch, concurrency: int | None,
+                     handle_signals: bool) -> None:
+        """Hand every taken stream to ``dispatch`` until closed (``run()`` and ``run_keyed()``)."""
+        if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
+                                        or concurrency < 1):
+            raise ConfigurationError(f"concurrency must be an integer of at least 1, got {concurrency!r}")
         s = self._state
         loop = asyncio.get_running_loop()
-        limit = timeout if timeout is not None and math.isfinite(timeout) else None  # inf: no limit
-        self._reader.dispatch = Runner(s, self._finisher, self._requeue, handler, limit).dispatch
+        self._reader.dispatch = dispatch
         s.capacity = s.run_limit = concurrency if concurrency is not None else self.config.max_streams
         catching = handle_signals and SIGNALS.catch(loop, self._on_signal)
         try:
@@ -493,6 +548,9 @@ class Client:
             for waiter in (ended, cut):
                 waiter.cancel()
         await cancel_and_wait(running)
+        if self._keyed is not None:
+            # Keys whose handlers finished commit (and yield) first; the rest are handed back below.
+            await self._keyed.flush(self.config.read_block + 5.0)
         handed = s.holdings.table.values()
         for h in handed:
             s.holdings.drop(h)

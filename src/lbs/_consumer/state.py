@@ -64,6 +64,8 @@ class Names:
     lock_owner: str
     #: :attr:`lock_key_prefix` as bytes (what the core writes lock keys with).
     lock_prefix: bytes
+    #: ``{<service>-input}:``: keyed processing's data streams and key states start with it.
+    key_prefix: str
 
     @classmethod
     def of(cls, service: str, consumer_id: str, instance: str, config: Config) -> Names:
@@ -73,7 +75,7 @@ class Names:
                    _keys.fence_key(service), _keys.consumers_key(service), _keys.instance_key(service, consumer_id),
                    _keys.reaped_key(service), _keys.dead_letter_stream(service) if dlq is None else dlq,
                    _keys.lock_key(service, ""), prefix + "retry_count", prefix + "original_id", prefix,
-                   f"{consumer_id}:{instance}", _keys.lock_key(service, "").encode())
+                   f"{consumer_id}:{instance}", _keys.lock_key(service, "").encode(), _keys.key_prefix(service))
 
 
 class Link:
@@ -187,6 +189,8 @@ class ClientStats:
     heartbeat_at: float = 0.0
     #: How long ``run()`` handlers ran, returned or raised (seconds).
     handler_seconds: Histogram = field(default_factory=Histogram)
+    #: Messages committed by ``run_keyed()`` handlers.
+    keyed_messages: int = 0
 
 
 class Holdings:

@@ -6,8 +6,10 @@ contract. Here each script has one builder that writes its ``EVALSHA`` into
 a :class:`_lbscore.CommandBatch` (KEYS and ARGV in the header's order,
 commented per position) and, where its output is coded, the enum of those
 codes. Every script has exactly one caller module in ``lbs._consumer``
-(named on its builder). Batches go through :class:`lbs._redis.wire.Wire`,
-which loads the sources again after a NOSCRIPT (a restart, a failover).
+(named on its builder), but ``publish-1``, which ``lbs.publisher`` calls
+through redis-py (``publish_args``). Batches go through
+:class:`lbs._redis.wire.Wire`, which loads the sources again after a
+NOSCRIPT (a restart, a failover).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from _lbscore import CommandBatch, Shape
 
-__all__ = ["DoneCode", "NO_DELAY", "RequeueCode", "RetryDelay", "Script", "SCRIPTS", "source", "sources"]
+__all__ = ["CommitCode", "DoneCode", "FetchCode", "NO_DELAY", "RequeueCode", "RetryDelay", "Script", "SCRIPTS", "source", "sources"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,10 @@ REQUEUE = _load("requeue-5")
 PROMOTE = _load("promote-3")
 REAP = _load("reap-3")
 LEAVE = _load("leave-1")
-SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE)
+PUBLISH = _load("publish-1")
+FETCH = _load("fetch-1")
+COMMIT = _load("commit-1")
+SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT)
 
 
 def sources() -> list[str]:
@@ -225,3 +230,71 @@ def leave(b: CommandBatch, instance_key: str, instance: str) -> None:
     """Delete this process's instance marker (KEYS[1]) if it still holds our nonce (ARGV[1])."""
     b.command("EVALSHA", LEAVE.sha, LEAVE.fixed_keys, instance_key, instance)
 
+
+
+# --------------------------------------------------------------- publish-1 ---
+# Caller: lbs.publisher.
+
+def publish_args(prefix: str, messages: list[tuple[str, str, list[Any]]]) -> list[Any]:
+    """ARGV of one call (KEYS[1]: the LBS), for redis-py's ``Script`` (cluster-routed by the LBS):
+    ``messages`` holds ``(key, registration or "", [field, value, ...])`` each."""
+    args: list[Any] = [prefix,          # ARGV[1] the service's key prefix
+                       len(messages)]   # ARGV[2] the message count
+    for key, registration, fields in messages:
+        args += (key, registration, len(fields), *fields)  # ARGV[3...] per message
+    return args
+
+
+# ----------------------------------------------------------------- fetch-1 ---
+# Caller: lbs._consumer.keyed.
+
+def fetch(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, count: int,
+          keys: list[tuple[str, str, str]]) -> None:
+    """Become the holder of each ``(key, entry id, lock value)`` and read its first messages."""
+    args: list[Any] = [prefix,        # ARGV[1] the service's key prefix
+                       lock_prefix,   # ARGV[2] the lock key prefix
+                       count]         # ARGV[3] most messages per key
+    for key in keys:
+        args += key                   # ARGV[4...] key, entry id, lock value
+    b.command("EVALSHA", FETCH.sha, FETCH.fixed_keys,
+              stream,   # KEYS[1] the LBS
+              *args)
+
+
+class FetchCode(enum.IntEnum):
+    """The first element of each key's reply from ``fetch-1.lua``."""
+
+    OURS = 1
+    LOST = 2
+    #: Another live holder has the key: this is a second registration.
+    HELD_ELSEWHERE = 3
+    WRONG_TYPE = 4
+
+
+# ---------------------------------------------------------------- commit-1 ---
+# Caller: lbs._consumer.keyed.
+
+def commit(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, group: str, count: int, xackdel: bool,
+           dead_letters: str, field_prefix: str, keys: list[tuple[str, str, str, str, str, str | bytes, str]]) -> None:
+    """Commit each ``(key, entry id, lock value, position, mode, registration, reason)``, fenced."""
+    args: list[Any] = [prefix,                  # ARGV[1] the service's key prefix
+                       lock_prefix,             # ARGV[2] the lock key prefix
+                       group,                   # ARGV[3]
+                       count,                   # ARGV[4] most messages per key
+                       1 if xackdel else 0,     # ARGV[5] XACKDEL or XACK + XDEL
+                       dead_letters,            # ARGV[6] the dead-letter stream
+                       field_prefix]            # ARGV[7] the managed-field prefix
+    for key in keys:
+        args += key                             # ARGV[8...] 7 per key
+    b.command("EVALSHA", COMMIT.sha, COMMIT.fixed_keys,
+              stream,   # KEYS[1] the LBS
+              *args)
+
+
+class CommitCode(enum.IntEnum):
+    """The first element of each key's reply from ``commit-1.lua``."""
+
+    MORE = 1
+    NOT_OURS = 2
+    RELEASED = 5
+    YIELDED = 6

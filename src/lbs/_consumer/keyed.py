@@ -1,0 +1,276 @@
+"""``run_keyed()``: each held key's messages to a handler in order, committed fenced, let go when drained.
+
+The reader takes keys (LBS entries registered by :class:`lbs.Publisher`)
+and hands each to :meth:`KeyedRunner.dispatch`. One sender task batches
+every key's next step into one round trip on the runner's own connection:
+
+* ``fetch-1.lua`` for newly taken keys: our entry becomes the key's holder
+  (a second registration of a key someone else holds is finished unprocessed)
+  and the first messages after the committed position come back;
+* the effects of finished batches (``XADD ... IDMP``, Redis >= 8.6), then
+  ``commit-1.lua``: the position moves past the batch (fenced by the lock),
+  and the key's next messages come back, or the key is released when
+  drained, or yielded (registered again at the back of the LBS) once it has
+  been held for ``max_hold_messages`` messages or ``max_hold_seconds``.
+
+A handler that raises hands the key back with its position (a yield
+without a commit); the next hold counts a retry and gets one message at a
+time; a message that has failed ``Config.max_retries`` holds goes to the
+dead-letter stream (``commit-1.lua``'s ``skip``) and the key goes on after
+it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import CoroutineType
+from typing import Any
+
+from _lbscore import CommandBatch, Held, encode_input
+
+from .._redis import scripts
+from .._redis.scripts import CommitCode, FetchCode
+from .._redis.wire import Wire, text
+from ..keyed import KeyedBatch, KeyedHandler, Message
+from ..notifications import Notification
+from .backoff import Backoff
+from .finisher import Finisher
+from .runner import start_task
+from .state import ConsumerState
+
+__all__ = ["KeyedRunner"]
+
+
+class _Hold:
+    """One held key: when the hold started, messages processed in it, its last batch."""
+
+    __slots__ = ("held", "started", "processed", "batch", "retry_count")
+
+    def __init__(self, held: Held) -> None:
+        self.held = held
+        self.started = time.monotonic()
+        self.processed = 0
+        self.batch: KeyedBatch | None = None
+        self.retry_count = 0
+
+
+class KeyedRunner:
+    """The keyed handlers of one client's ``run_keyed()`` and the one task that talks to Redis for them."""
+
+    def __init__(self, state: ConsumerState, finisher: Finisher, handler: KeyedHandler, *, batch: int,
+                 max_hold_messages: int, max_hold_seconds: float) -> None:
+        self.state, self.finisher, self.handler = state, finisher, handler
+        self.batch, self.max_hold_messages, self.max_hold_seconds = batch, max_hold_messages, max_hold_seconds
+        self._wire = Wire(state.link.redis, scripts.sources(), hold=False)
+        self._fetch: list[_Hold] = []
+        #: (hold, position, mode, reason)
+        self._commit: list[tuple[_Hold, str, str, str]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._prefix = state.names.key_prefix
+        self._lock_prefix = state.names.lock_key_prefix
+
+    # -- from the reader and the handlers ------------------------------------
+
+    def dispatch(self, h: Held, note: Notification) -> None:
+        """A key was taken: fetch its first messages with the next batch."""
+        self._fetch.append(_Hold(h))
+        self._kick()
+
+    def _kick(self) -> None:
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._send_loop(), name=f"lbs-keyed-{self.state.names.id}")
+
+    def _start(self, hold: _Hold, raw: list[Any]) -> None:
+        """Hand ``raw`` messages (XRANGE's reply) of a held key to the handler."""
+        s = self.state
+        h = hold.held
+        if s.holdings.table.get(h.entry_id) is not h:
+            return  # disowned meanwhile: the heartbeat let it go
+        messages = [Message(text(m[0]), _fields(m[1])) for m in raw]
+        if hold.retry_count > s.config.max_retries:
+            reason = f"failed in {hold.retry_count} holds; consumer {s.names.id}"
+            self._commit.append((hold, "", "skip", reason))
+            s.stats.dead_lettered += 1
+            hold.retry_count = 0
+            self._kick()
+            return
+        if not messages:
+            self._commit.append((hold, "", "go", ""))  # nothing to do: let it go (or go on, if one came)
+            self._kick()
+            return
+        if hold.retry_count:
+            messages = messages[:1]
+        batch = KeyedBatch(h.stream, h.token, h.entry_id, hold.retry_count, messages,
+                           data_stream=self._prefix + "k:" + h.stream)
+        hold.batch = batch
+        try:
+            aw = self.handler(batch)
+        except Exception as exc:  # a plain function that raised
+            self._ended(hold, exc)
+            return
+        coro = aw if type(aw) is CoroutineType else _as_coro(aw)
+        task = start_task(self._loop, coro, f"lbs-keyed-{h.stream}")
+        if task.done():
+            self._ended(hold, task)
+        else:
+            h.task = task
+            s.handlers.add(task)
+            task.add_done_callback(lambda t: self._ended(hold, t))
+
+    def _ended(self, hold: _Hold, task: asyncio.Task[Any] | BaseException) -> None:
+        s = self.state
+        h = hold.held
+        h.task = None
+        if isinstance(task, asyncio.Task):
+            s.handlers.discard(task)
+            exc = asyncio.CancelledError() if task.cancelled() else task.exception()
+        else:
+            exc = task
+        if s.holdings.table.get(h.entry_id) is not h or (exc is not None and s.stopping.is_set()):
+            return  # disowned, or stopping: close() hands it back
+        batch = hold.batch
+        assert batch is not None
+        if exc is not None:
+            s.stats.handler_failures += 1
+            s.log.warning("keyed handler failed on %s at %s: %r; handing the key back", h.stream,
+                          batch.messages[0].id if batch.messages else "-", exc)
+            batch.effects.clear()
+            self._commit.append((hold, "", "yield", ""))
+        else:
+            hold.processed += len(batch.messages)
+            s.stats.keyed_messages += len(batch.messages)
+            over = (hold.processed >= self.max_hold_messages
+                    or time.monotonic() - hold.started >= self.max_hold_seconds or s.stopping.is_set())
+            self._commit.append((hold, batch.messages[-1].id if batch.messages else "", "yield" if over else "go",
+                                 ""))
+        self._kick()
+
+    # -- the sender ----------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        s = self.state
+        backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)
+        while self._fetch or self._commit:
+            fetch, self._fetch = self._fetch, []
+            commit, self._commit = self._commit, []
+            try:
+                replies = await self._wire.execute(lambda b: self._build(b, fetch, commit))
+            except Exception as exc:
+                s.log.warning("keyed batch failed (%s); trying again", exc)
+                self._fetch[:0], self._commit[:0] = fetch, commit
+                await backoff.sleep(s.stopping)
+                if s.stopping.is_set():
+                    return
+                continue
+            backoff.reset()
+            self._replies(fetch, commit, replies)
+            await asyncio.sleep(0)  # let handlers that finish at once queue their commits
+
+    def _build(self, b: CommandBatch, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]]) -> None:
+        s = self.state
+        n = s.names
+        idmp = s.server.version >= (8, 6)
+        for hold, _, _, _ in commit:
+            batch = hold.batch
+            for e in (batch.effects if batch is not None else ()):
+                if idmp:
+                    b.command("XADD", e.stream, "IDMP", e.producer, e.iid, "*", *e.fields)
+                else:
+                    b.command("XADD", e.stream, "*", *e.fields)
+        if fetch:
+            scripts.fetch(b, n.stream_key, self._prefix, self._lock_prefix, self.batch,
+                          [(hold.held.stream, hold.held.entry_id, hold.held.value) for hold in fetch])
+        if commit:
+            scripts.commit(b, n.stream_key, self._prefix, self._lock_prefix, n.group, self.batch, s.server.xackdel,
+                           n.dead_letter_key, s.config.field_prefix,
+                           [(hold.held.stream, hold.held.entry_id, hold.held.value, pos, mode,
+                             encode_input(hold.held.stream, {}), reason)
+                            for hold, pos, mode, reason in commit])
+
+    def _replies(self, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]], replies: list[Any]) -> None:
+        s = self.state
+        effects = sum(len(hold.batch.effects) for hold, *_ in commit if hold.batch is not None)
+        for r in replies[:effects]:
+            if isinstance(r, Exception):
+                s.log.error("writing a keyed handler's effect failed: %s", r)
+        at = effects
+        if fetch:
+            out = replies[at]
+            at += 1
+            if isinstance(out, Exception):
+                s.log.error("fetching %d keys failed: %s; their locks will expire", len(fetch), out)
+                for hold in fetch:
+                    s.holdings.drop(hold.held)
+            else:
+                for hold, reply in zip(fetch, out):
+                    self._fetched(hold, reply)
+        if commit:
+            out = replies[at]
+            if isinstance(out, Exception):
+                s.log.error("committing %d keys failed: %s; their locks will expire", len(commit), out)
+                for hold, *_ in commit:
+                    s.holdings.drop(hold.held)
+            else:
+                for (hold, *_), reply in zip(commit, out):
+                    self._committed(hold, reply)
+
+    def _fetched(self, hold: _Hold, reply: list[Any]) -> None:
+        s = self.state
+        code = int(reply[0])
+        h = hold.held
+        if code == FetchCode.OURS:
+            hold.retry_count = max(0, int(reply[1]) - 1)
+            self._start(hold, reply[3])
+        elif code == FetchCode.HELD_ELSEWHERE:
+            # A second registration of a key another live holder processes: finish it unprocessed.
+            if s.holdings.drop(h):
+                self.finisher.queue(h)
+        else:
+            if code == FetchCode.WRONG_TYPE:
+                s.log.error("key %s: %s; leaving its entry %s to recovery", h.stream, text(reply[1]), h.entry_id)
+            s.holdings.drop(h)
+            s.stats.lock_lost += code == FetchCode.LOST
+
+    def _committed(self, hold: _Hold, reply: list[Any]) -> None:
+        s = self.state
+        code = int(reply[0])
+        h = hold.held
+        hold.batch = None
+        if code == CommitCode.MORE:
+            hold.retry_count = 0
+            self._start(hold, reply[1])
+            return
+        s.holdings.drop(h)
+        if code == CommitCode.RELEASED:
+            s.stats.done += 1
+            s.stats.finished += 1
+        elif code == CommitCode.YIELDED:
+            s.stats.handed_back += 1
+        else:
+            s.stats.lock_lost += 1
+
+    async def flush(self, timeout: float) -> None:
+        """Send what is queued (at shutdown, after the handlers ended), for up to ``timeout`` seconds."""
+        if self._task is not None and not self._task.done():
+            await asyncio.wait((self._task,), timeout=timeout)
+
+    async def close(self) -> None:
+        """Stop the sender (what it had queued is left to the locks' expiry) and give the connection back."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.wait((self._task,))
+        await self._wire.close()
+
+
+def _fields(raw: Any) -> dict[str, str]:
+    items = list(raw or ())
+    return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+
+
+async def _as_coro(aw: Any) -> Any:
+    return await aw
+

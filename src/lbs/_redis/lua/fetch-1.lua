@@ -1,0 +1,74 @@
+--[[
+  Start processing held keys: for each, make its LBS entry the key's holder
+  (fenced by the entry's lock) and return the first messages after the
+  key's committed position.
+
+  KEYS[1]  the load-balancer stream, <service>-input
+
+  ARGV[1]  the service's key prefix, "{<service>-input}:" (data stream
+           "<prefix>k:<key>", state "<prefix>m:<key>", in KEYS[1]'s slot)
+  ARGV[2]  the lock key prefix, "lock:{<service>-input}:"
+  ARGV[3]  most messages to return per key (XRANGE COUNT), an integer >= 1
+  then, per key: key, LBS entry id, our lock value ("<token>:<owner>")
+
+  The key's state is a hash: "pos" (the last committed message id; absent:
+  none), "holder" (the LBS entry whose holder processes the key), "token"
+  (that holder's fencing token), "reg" (the latest registration, see
+  publish-1.lua), "tries" (holds that tried "pos" without committing past
+  it, this one included: fetch adds one, see commit-1.lua).
+
+  Per key, checked before its first write (a key that fails writes nothing;
+  the others go on):
+    * our lock holds our value, else code 2 (lost);
+    * the state is a hash (or absent) and the data stream a stream (or
+      absent), else code 4 (wrong type: "<key name> holds a <type>");
+    * "holder" is absent, ours, or an entry whose lock is gone (a dead
+      holder), else code 3 (a second registration of a key someone holds:
+      the caller finishes this entry without processing it).
+
+  Output: one reply per key, in order:
+    {1, tries, pos, messages}  ours: messages = XRANGE after pos, up to
+                               ARGV[3], as {id, {field, value, ...}}
+    {2}                        lock lost
+    {3, holder}                another live holder
+    {4, what}                  a key of the wrong type
+
+  Events: none besides the keys it writes.
+]]
+local prefix, lock_prefix, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if not count or count < 1 or count ~= math.floor(count) or (#ARGV - 3) % 3 ~= 0 then
+  return redis.error_reply('ERR lbs fetch-1: expected a count >= 1 and 3 arguments per key')
+end
+local function kind(key)
+  return redis.call('TYPE', key)['ok']
+end
+
+local out = {}
+for at = 4, #ARGV, 3 do
+  local key, entry, value = ARGV[at], ARGV[at + 1], ARGV[at + 2]
+  local data, state = prefix .. 'k:' .. key, prefix .. 'm:' .. key
+  local mine = redis.pcall('GET', lock_prefix .. entry)
+  local sk, dk = kind(state), kind(data)
+  if mine ~= value then
+    out[#out + 1] = {2}
+  elseif sk ~= 'none' and sk ~= 'hash' then
+    out[#out + 1] = {4, state .. ' holds a ' .. sk}
+  elseif dk ~= 'none' and dk ~= 'stream' then
+    out[#out + 1] = {4, data .. ' holds a ' .. dk}
+  else
+    local holder, pos, tries = unpack(redis.call('HMGET', state, 'holder', 'pos', 'tries'))
+    pos = pos or ''
+    if holder and holder ~= entry and redis.call('EXISTS', lock_prefix .. holder) == 1 then
+      out[#out + 1] = {3, holder}
+    elseif (pos ~= '' and not string.match(pos, '^%d+%-%d+$')) or (tries and not string.match(tries, '^%d+$')) then
+      out[#out + 1] = {4, state .. ' holds a pos or tries that is not one'}
+    else
+      local token = string.match(value, '^(%d+):') or ''
+      redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry)
+      tries = redis.call('HINCRBY', state, 'tries', 1)
+      local from = pos == '' and '-' or '(' .. pos
+      out[#out + 1] = {1, tries, pos, redis.call('XRANGE', data, from, '+', 'COUNT', count)}
+    end
+  end
+end
+return out

@@ -1,0 +1,100 @@
+--[[
+  Publish messages by key: append each to its key's data stream and register
+  every key that nobody holds or has queued in the load-balancer stream, in
+  one atomic call (so a holder finishing at the same moment either sees the
+  new message before it lets go, or has let go and the key is registered
+  again here: nothing is stranded).
+
+  KEYS[1]  the load-balancer stream, <service>-input
+
+  ARGV[1]  the service's key prefix, "{<service>-input}:" (KEYS[1]'s hash tag:
+           a key's data stream "<prefix>k:<key>" and its state
+           "<prefix>m:<key>" live in the LBS's slot)
+  ARGV[2]  the number of messages, m >= 1
+  then, per message, in order:
+           key, registration, field count f (even, >= 2), f fields
+           registration: the LBS entry's lbs-input value for the key (JSON
+           {"DataStreamName": key, "Info": {}}), sent with the key's first
+           message in the call, "" with the others
+
+  A key is registered when its state's "reg" names no entry of the LBS (none
+  yet, or the entry was finished, dead-lettered or lost): an entry that is
+  still in the LBS, waiting or pending, is a registration in force. A
+  re-queue copies the entry under a new id, so "reg" can lag behind: the key
+  is then registered twice, which fetch-1.lua resolves (a second copy finds
+  a live holder and is finished unprocessed).
+
+  Preconditions, checked before the first write; a violation writes nothing
+  and returns "LBSKEY <key name> <what is wrong>":
+    * KEYS[1] does not exist or is a stream;
+    * each data stream does not exist or is a stream, each state a hash.
+  Malformed ARGV gives "ERR lbs publish-1: ..." (nothing written).
+
+  Output: {ids, registered}
+    ids         the message ids, in order
+    registered  how many keys this call registered
+
+  Events: none besides the keys it writes.
+]]
+local function refuse(key, what)
+  return redis.error_reply('LBSKEY ' .. key .. ' ' .. what)
+end
+local function kind(key)
+  return redis.call('TYPE', key)['ok']
+end
+
+local prefix, m = ARGV[1], tonumber(ARGV[2])
+if not m or m < 1 or m ~= math.floor(m) then
+  return redis.error_reply('ERR lbs publish-1: the message count (ARGV[2]) must be an integer >= 1')
+end
+local t = kind(KEYS[1])
+if t ~= 'none' and t ~= 'stream' then
+  return refuse(KEYS[1], 'holds a ' .. t .. ', not the load-balancer stream')
+end
+
+-- Parse and check everything first.
+local msgs, seen, order = {}, {}, {}
+local at = 3
+for i = 1, m do
+  local key, reg, f = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
+  if not key or not f or f < 2 or f % 2 ~= 0 or at + 2 + f > #ARGV then
+    return redis.error_reply('ERR lbs publish-1: message ' .. i .. ' is malformed')
+  end
+  msgs[i] = {key, at + 3, at + 2 + f}
+  if not seen[key] then
+    if reg == '' then
+      return redis.error_reply('ERR lbs publish-1: the first message of key ' .. key .. ' has no registration')
+    end
+    seen[key] = reg
+    order[#order + 1] = key
+    local data, state = prefix .. 'k:' .. key, prefix .. 'm:' .. key
+    t = kind(data)
+    if t ~= 'none' and t ~= 'stream' then return refuse(data, 'holds a ' .. t .. ', not a data stream') end
+    t = kind(state)
+    if t ~= 'none' and t ~= 'hash' then return refuse(state, 'holds a ' .. t .. ', not a key state') end
+  end
+  at = at + 3 + f
+end
+if at - 1 ~= #ARGV then
+  return redis.error_reply('ERR lbs publish-1: ' .. (#ARGV - at + 1) .. ' arguments left over')
+end
+
+-- Writes.
+local ids = {}
+for i = 1, m do
+  local msg = msgs[i]
+  ids[i] = redis.call('XADD', prefix .. 'k:' .. msg[1], '*', unpack(ARGV, msg[2], msg[3]))
+end
+local registered = 0
+for _, key in ipairs(order) do
+  local state = prefix .. 'm:' .. key
+  local reg = redis.call('HGET', state, 'reg')
+  -- pcall: a "reg" that is not an entry id (garbage) means not registered.
+  local found = reg and redis.pcall('XRANGE', KEYS[1], reg, reg, 'COUNT', 1)
+  if not found or found.err or #found == 0 then
+    local id = redis.call('XADD', KEYS[1], '*', 'lbs-input', seen[key])
+    redis.call('HSET', state, 'reg', id)
+    registered = registered + 1
+  end
+end
+return {ids, registered}

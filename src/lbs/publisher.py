@@ -1,0 +1,132 @@
+"""Publishing messages by key: the producer side of keyed, ordered processing.
+
+A *key* (a ticket, a session, a device) is a data stream whose messages must
+be processed one by one, in order, by one consumer at a time.
+:meth:`Publisher.publish_many` appends each message to its key's data stream
+(``{<service>-input}:k:<key>``) and, in the same atomic call
+(``publish-1.lua``), registers in the load-balancer stream every key that
+nobody holds or has queued. A consumer's :meth:`lbs.Client.run_keyed` takes
+the key, processes its messages in order and lets it go only when it is
+drained, atomically with that check, so a message is never stranded in a
+data stream nobody will be assigned.
+
+Keys are routed to shards like :class:`lbs.Producer` routes data streams
+(``shards=N``: the key's shard is ``crc32(key) % N``); a key's data stream
+and state carry its shard's hash tag, so every step is one call in one slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any, Union
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from _lbscore import encode_input
+
+from . import _keys
+from ._keys import shard_of, shard_services
+from ._redis import scripts
+from ._redis.connection import ClusterMode, RedisLike, resolve_client
+from .exceptions import InvalidInputError, RedisOperationError
+
+__all__ = ["Fields", "Publisher"]
+
+#: A message's fields: names to values (str, bytes, int or float).
+Fields = Mapping[Union[str, bytes], Union[str, bytes, int, float]]
+
+
+class Publisher:
+    """Publishes messages by key for :meth:`lbs.Client.run_keyed` consumers of ``service``.
+
+    ``redis`` is a ``redis.asyncio.Redis`` (or cluster) client, left open by
+    :meth:`close`, or a URL (lbs opens the client and closes it). ``shards``
+    must match the consumers' (see :mod:`lbs.sharding`).
+    """
+
+    def __init__(self, redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
+                 shards: int = 1) -> None:
+        self.service = _keys.validate_service(service)
+        self.shards = _keys.check_shards(shards)
+        #: The service of each shard (one: ``service`` itself).
+        self.services = shard_services(service, shards)
+        self._redis, self._owned = resolve_client(redis, cluster=cluster)
+        self._script = self._redis.register_script(scripts.PUBLISH.source)
+
+    async def publish(self, key: str, fields: Fields) -> str:
+        """Append one message to ``key``'s data stream (registering the key if nobody has it); its id."""
+        return (await self.publish_many([(key, fields)]))[0]
+
+    async def publish_many(self, messages: Iterable[tuple[str, Fields]]) -> list[str]:
+        """Publish ``(key, fields)`` messages, in order per key; their ids, in input order.
+
+        One atomic call per shard (all shards at once): a shard's messages
+        are all appended, and its keys registered, or none is. Raises
+        :class:`lbs.InvalidInputError` before sending anything for a key that
+        is not a non-empty str or fields that are not a non-empty mapping of
+        str/bytes to str/bytes/int/float, and :class:`lbs.RedisOperationError`
+        when Redis fails (a shard whose reply was lost may have published).
+        """
+        per_shard: dict[int, list[tuple[int, str, str, list[Any]]]] = {}
+        n = 0
+        for n, item in enumerate(messages, 1):
+            key, fields = _check(item, n - 1)
+            shard = shard_of(key, self.shards) if self.shards > 1 else 0
+            per_shard.setdefault(shard, []).append((n - 1, key, "", fields))
+        ids: list[str] = [""] * n
+        if not n:
+            return ids
+        calls = []
+        for shard, items in per_shard.items():
+            seen: set[str] = set()
+            batch = []
+            for _, key, _, fields in items:
+                registration = "" if key in seen else encode_input(key, {}).decode()
+                seen.add(key)
+                batch.append((key, registration, fields))
+            calls.append(self._call(self.services[shard], batch))
+        replies = await asyncio.gather(*calls, return_exceptions=True)
+        for (shard, items), reply in zip(per_shard.items(), replies):
+            if isinstance(reply, BaseException):
+                if isinstance(reply, (RedisError, RedisClusterException)):
+                    raise RedisOperationError("publish", reply) from reply
+                raise reply
+            for (k, *_), message_id in zip(items, reply[0]):
+                ids[k] = message_id.decode() if isinstance(message_id, bytes) else str(message_id)
+        return ids
+
+    async def _call(self, service: str, batch: list[tuple[str, str, list[Any]]]) -> Any:
+        return await self._script(keys=[_keys.input_stream(service)],
+                                  args=scripts.publish_args(_keys.key_prefix(service), batch))
+
+    async def close(self) -> None:
+        """Close the Redis client if lbs opened it from a URL."""
+        if self._owned:
+            await self._redis.aclose()
+
+    async def __aenter__(self) -> Publisher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _check(item: object, k: int) -> tuple[str, list[Any]]:
+    """``(key, flat fields)`` of message ``k``, or InvalidInputError."""
+    if not isinstance(item, tuple) or len(item) != 2:
+        raise InvalidInputError(f"message {k}: expected a (key, fields) pair, got {type(item).__name__}")
+    key, fields = item
+    if not isinstance(key, str) or not key:
+        raise InvalidInputError(f"message {k}: the key must be a non-empty str, got {key!r:.100}")
+    if not isinstance(fields, Mapping) or not fields:
+        raise InvalidInputError(f"message {k} of key {key!r:.100}: fields must be a non-empty mapping")
+    flat: list[Any] = []
+    for name, value in fields.items():
+        if not isinstance(name, (str, bytes)) or isinstance(value, bool) or not isinstance(
+                value, (str, bytes, int, float)):
+            raise InvalidInputError(f"message {k} of key {key!r:.100}: field {name!r:.50} must map a str or "
+                                    f"bytes name to a str, bytes, int or float, got {type(value).__name__}")
+        flat += (name, value)
+    return key, flat

@@ -1,0 +1,154 @@
+"""Keyed, ordered processing on a real server: Publisher -> run_keyed -> commit, fenced, let go when drained."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from _helpers import eventually
+
+import lbs
+from lbs import _keys
+
+pytestmark = pytest.mark.timeout(120)
+
+@pytest.fixture
+def url(any_server: Any) -> str:
+    """Each test runs on Redis 8.x, then on Debian's 7.0."""
+    return str(any_server.url)
+
+
+CFG = dict(read_block=0.05, configure_keyspace_events=False, lock_ttl=2.0)
+
+
+def keyed_client(url: str, service: str, consumer: str = "c1", **kw: Any) -> lbs.Client:
+    return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**{**CFG, **kw}),
+                      load_entrypoint_plugins=False)
+
+
+async def leftovers(r: aioredis.Redis, service: str) -> list[bytes]:
+    """Keys of the service besides the LBS and the bookkeeping every consumer keeps."""
+    tag = _keys.hash_tag(service)
+    found = [k async for k in r.scan_iter(match=f"*{tag}*")]
+    return sorted(k for k in found if k.decode().startswith((f"{tag}:k:", f"{tag}:m:", f"lock:{tag}")))
+
+
+async def test_messages_of_each_key_are_processed_in_order_and_leave_nothing(url: str, service: str,
+                                                                                rr: aioredis.Redis) -> None:
+    seen: dict[str, list[int]] = defaultdict(list)
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([(f"t{k}", {"n": i}) for i in range(20) for k in range(5)])
+    c = keyed_client(url, service)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        assert batch.retry_count == 0 and batch.token > 0
+        seen[batch.key].extend(int(m.fields["n"]) for m in batch.messages)
+
+    runner = asyncio.create_task(c.run_keyed(handle, batch=7))
+    await eventually(lambda: _all(seen, 5, 20))
+    await eventually(lambda: _released(c, 5))
+    await c.close()
+    await runner
+    assert {k: v for k, v in seen.items()} == {f"t{k}": list(range(20)) for k in range(5)}
+    assert await leftovers(rr, service) == []
+    assert await rr.xlen(_keys.input_stream(service)) == 0
+
+
+async def _all(seen: dict[str, list[int]], keys: int, n: int) -> bool:
+    return len(seen) == keys and all(len(v) >= n for v in seen.values())
+
+
+async def _released(c: lbs.Client, n: int) -> bool:
+    return c.stats.done >= n
+
+
+async def test_a_key_is_registered_once_while_registered(url: str, service: str, rr: aioredis.Redis) -> None:
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish("t1", {"n": 1})
+        await pub.publish("t1", {"n": 2})
+        await pub.publish_many([("t1", {"n": 3}), ("t2", {"n": 1})])
+    assert await rr.xlen(_keys.input_stream(service)) == 2  # t1 and t2, once each
+    assert await rr.xlen(_keys.keyed_stream(service, "t1")) == 3
+
+
+async def test_a_message_published_while_the_holder_lets_go_is_never_stranded(url: str, service: str,
+                                                                               rr: aioredis.Redis) -> None:
+    """The publish/done race, hammered: a publisher and a finishing holder in parallel, many rounds."""
+    got: list[int] = []
+    c = keyed_client(url, service)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        got.extend(int(m.fields["n"]) for m in batch.messages)
+
+    runner = asyncio.create_task(c.run_keyed(handle, batch=3))
+    rounds = 300
+    async with lbs.Publisher(url, service) as pub:
+        for i in range(rounds):
+            await pub.publish("hot", {"n": i})
+            if i % 7 == 0:
+                await asyncio.sleep(0.002)  # let the holder drain and let go between some of them
+    await eventually(lambda: _is(len(got), rounds), timeout=30)
+    await c.close()
+    await runner
+    assert got == list(range(rounds))  # in order, none lost, none twice
+    assert await leftovers(rr, service) == []
+
+
+async def _is(a: int, b: int) -> bool:
+    return a == b
+
+
+async def test_a_failing_message_is_retried_alone_then_dead_lettered_and_the_key_goes_on(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """A failed batch's effects are dropped and the batch comes again; the poison message, once it
+    failed in more than max_retries holds, is dead-lettered, and the key goes on after it."""
+    out = _keys.hash_tag(service) + ":out"
+    failures: list[int] = []
+    c = keyed_client(url, service, max_retries=2)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        for m in batch.messages:
+            if m.fields["n"] == "3":
+                failures.append(batch.retry_count)
+                raise ValueError("poison")
+            batch.emit(out, {"n": m.fields["n"]}, m)
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": i}) for i in range(6)])
+    runner = asyncio.create_task(c.run_keyed(handle, batch=10))
+    await eventually(lambda: _released(c, 1), timeout=30)
+    await c.close()
+    await runner
+    assert [int(f[b"n"]) for _, f in await rr.xrange(out)] == [0, 1, 2, 4, 5]  # each effect once
+    assert failures[-3:] == [0, 1, 2]  # the poison's own holds: 1 + max_retries
+    (letter,) = await rr.xrange(_keys.dead_letter_stream(service))
+    fields = letter[1]
+    assert fields[b"n"] == b"3" and fields[b"_key"] == b"t" and fields[b"_retry_count"] == b"2"
+    assert b"failed in 3 holds" in fields[b"_reason"]
+    assert await leftovers(rr, service) == []
+
+
+async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredis.Redis) -> None:
+    """A holder whose lock expired (stalled past its TTL) is refused; the new holder resumes at the position."""
+    from lbs._redis.scripts import source
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": i}) for i in range(3)])
+    stream, prefix = _keys.input_stream(service), _keys.key_prefix(service)
+    lock_prefix = _keys.lock_key(service, "")
+    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
+    ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "zombie", {stream: ">"})
+    entry = entry.decode()
+    await rr.set(lock_prefix + entry, "7:zombie", px=60_000)
+    (ours,) = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "7:zombie")
+    assert ours[0] == 1 and len(ours[3]) == 3
+    first = ours[3][0][0].decode()
+    await rr.delete(lock_prefix + entry)  # the lock expired: the zombie's hold is over
+    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service), 10, 1,
+                              _keys.dead_letter_stream(service), "_", "t", entry, "7:zombie", first, "go", "{}", "")
+    assert refused == [2]
+    assert await rr.hget(_keys.key_state(service, "t"), "pos") is None  # the position never moved
+    assert await rr.xlen(_keys.keyed_stream(service, "t")) == 3
