@@ -34,6 +34,7 @@ from ._keys import check_shards, shard_of, shard_services
 from .client import Client, Handler
 from .config import Config
 from .exceptions import NotHeldError
+from .keyed import KeyedHandler
 from .notifications import DoneStatus, Notification
 
 __all__ = ["ShardedClient", "shard_of", "shard_services"]
@@ -105,6 +106,13 @@ class ShardedClient:
         """:meth:`lbs.Client.run` on every shard; returns once all are closed."""
         per = None if concurrency is None else max(1, -(-concurrency // self.shards))
         await asyncio.gather(*(c.run(handler, per) for c in self.clients))
+
+    async def run_keyed(self, handler: KeyedHandler, concurrency: int | None = None, **options: Any) -> None:
+        """:meth:`lbs.Client.run_keyed` on every shard (``options`` as there); returns once all are closed.
+
+        Publish with ``lbs.Publisher(..., shards=N)``: a key's messages go to its shard."""
+        per = None if concurrency is None else max(1, -(-concurrency // self.shards))
+        await asyncio.gather(*(c.run_keyed(handler, per, **options) for c in self.clients))
 
     async def close(self) -> None:
         """Close every shard's client (each hands its streams back); then the Redis client, if lbs opened it."""

@@ -50,6 +50,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
+from _lbscore import decode_input
+
 from . import _keys
 from ._redis.connection import ClusterMode, RedisLike, parse_version, redirected, resolve_client, slot_owner
 from ._redis.wire import fields_text, text
@@ -58,6 +60,7 @@ from .exceptions import ConfigurationError, LbsError, RedisOperationError
 
 __all__ = [
     "ConsumerState",
+    "KeyStatus",
     "ConsumerStatus",
     "DelayedRetries",
     "PendingEntry",
@@ -194,6 +197,25 @@ class DelayedRetries(_Record):
 
 
 @dataclass(frozen=True)
+class KeyStatus(_Record):
+    """A held key of keyed processing (:class:`lbs.Publisher`, ``run_keyed``), from a pending LBS entry."""
+
+    key: str
+    #: The consumer the LBS entry is delivered to, and the entry.
+    consumer: str
+    entry_id: str
+    #: The last committed message id ("" for none yet).
+    position: str
+    #: Messages in the key's data stream (all after the position: committed ones are trimmed).
+    backlog: int
+    #: Holds that tried the position without committing past it (this one included).
+    tries: int
+    #: Whether the key's state names this entry as its holder (False: taken, not fetched yet, or a
+    #: second registration that will be finished unprocessed).
+    holder: bool
+
+
+@dataclass(frozen=True)
 class ServiceStatus(_Record):
     """A service's state at one moment of the server's clock (see the module docstring)."""
 
@@ -235,6 +257,9 @@ class ServiceStatus(_Record):
     reasons: tuple[ReasonCount, ...]
     reasons_over: int
     delayed: DelayedRetries | None = None
+    #: Held keys of keyed processing, among the first ``sample`` pending entries, most backlog first
+    #: (empty when the service's pending entries are not keys).
+    keys: tuple[KeyStatus, ...] = ()
     #: Notes on anything odd that was read (e.g. a consumer id the index lists but the group does not).
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -246,6 +271,7 @@ class ServiceStatus(_Record):
         """The whole status as plain JSON types (ages and deadlines in ms of the server's clock)."""
         out = super().to_dict()
         out["consumers"] = [c.to_dict() for c in self.consumers]
+        out["keys"] = [k.to_dict() for k in self.keys]
         out["consumer_states"] = {s: self.count(s) for s in ("alive", "late", "dead", "departed")}
         return out
 
@@ -405,7 +431,44 @@ class _Reader:
     async def read(self) -> ServiceStatus:
         first = await self._first()
         second = await self._second(first)
-        return self._assemble(first, second)
+        status = self._assemble(first, second)
+        if first.pending and self.sample:
+            status = dataclasses.replace(status, keys=await self._held_keys())
+        return status
+
+    async def _held_keys(self) -> tuple[KeyStatus, ...]:
+        """Rounds 3 and 4 (plain pipelines): the first ``sample`` pending entries and their data streams'
+        names; then, for each, the key's state and data stream length. Keys without a state are left out
+        (the service is not keyed, or the key was let go meanwhile)."""
+        pending = self._check("XPENDING range", await self.r.xpending_range(self.stream, self.group, "-", "+",
+                                                                              self.sample))
+        held = [(_s(_keyed(p).get("message_id")), _s(_keyed(p).get("consumer"))) for p in pending]
+        pipe = self.r.pipeline(transaction=False)
+        for entry_id, _ in held:
+            pipe.xrange(self.stream, entry_id, entry_id, count=1)
+        names = []
+        for (entry_id, consumer), entries in zip(held, await self._exec(pipe)):
+            if isinstance(entries, Exception) or not entries:
+                continue
+            try:
+                names.append((decode_input(fields_text(entries[0][1]).get(_keys.INPUT_FIELD, ""))[0],
+                              entry_id, consumer))
+            except (LbsError, ValueError, AttributeError):
+                continue
+        if not names:
+            return ()
+        pipe = self.r.pipeline(transaction=False)
+        for key, _, _ in names:
+            pipe.hmget(_keys.key_state(self.service, key), "holder", "pos", "tries")
+            pipe.xlen(_keys.keyed_stream(self.service, key))
+        replies = await self._exec(pipe)
+        rows = []
+        for (key, entry_id, consumer), state, length in zip(names, replies[::2], replies[1::2]):
+            if isinstance(state, Exception) or isinstance(length, Exception) or not any(state):
+                continue
+            holder, pos, tries = (_s(v) for v in state)
+            rows.append(KeyStatus(key, consumer, entry_id, pos, int(length), int(tries or 0), holder == entry_id))
+        return tuple(sorted(rows, key=lambda k: (-k.backlog, k.key)))
 
     async def _first(self) -> _First:
         """Round trip 1, one MULTI/EXEC: a snapshot of everything that needs no earlier answer."""

@@ -38,3 +38,12 @@ async def two_args(note: lbs.Notification, other: object) -> None:
 
 
 not_callable = 42
+
+
+async def keyed(batch: lbs.KeyedBatch) -> None:
+    """A keyed handler (found by its annotation): one effect per message in ``{<service>-input}:out``,
+    then a short sleep (``$LBS_TEST_KEYED_SLEEP``, default 0.01 s) so that kills land mid-key."""
+    out = batch.data_stream.partition("}:")[0] + "}:out"
+    for m in batch.messages:
+        batch.emit(out, {"key": batch.key, "n": m.fields["n"], "pid": os.getpid()}, m)
+    await asyncio.sleep(float(os.environ.get("LBS_TEST_KEYED_SLEEP", "0.01")))

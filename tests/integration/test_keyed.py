@@ -12,6 +12,7 @@ from _helpers import eventually
 
 import lbs
 from lbs import _keys
+from lbs.status import collect_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -152,3 +153,38 @@ async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredi
     assert refused == [2]
     assert await rr.hget(_keys.key_state(service, "t"), "pos") is None  # the position never moved
     assert await rr.xlen(_keys.keyed_stream(service, "t")) == 3
+
+
+async def test_status_lists_held_keys_with_backlog_and_position(url: str, service: str, rr: aioredis.Redis) -> None:
+    gate = asyncio.Event()
+    first_batch = asyncio.Event()
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        first_batch.set()
+        if batch.messages[0].fields["n"] != "0":
+            await gate.wait()  # holds the key after its first commit
+
+    async with lbs.Publisher(url, service) as pub:
+        ids = await pub.publish_many([("busy", {"n": i}) for i in range(5)])
+    c = keyed_client(url, service)
+    runner = asyncio.create_task(c.run_keyed(handle, batch=2))
+    await eventually(lambda: _is_set(first_batch))
+
+    async def committed_once() -> bool:
+        return await rr.hget(_keys.key_state(service, "busy"), "pos") is not None
+
+    await eventually(committed_once)
+    st = await collect_status(url, service)
+    (key,) = st.keys
+    assert (key.key, key.consumer, key.backlog, key.tries, key.holder) == ("busy", "redis-consumer-c1", 3, 1, True)
+    assert key.position == ids[1]  # the first batch (messages 0 and 1) committed
+    assert st.to_dict()["keys"][0]["key"] == "busy"
+    gate.set()
+    await eventually(lambda: _released(c, 1))
+    await c.close()
+    await runner
+    assert (await collect_status(url, service)).keys == ()
+
+
+async def _is_set(event: asyncio.Event) -> bool:
+    return event.is_set()

@@ -259,6 +259,21 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
         if len(shown) > max_rows:
             table.caption = f"{len(shown) - max_rows} more not shown (--json lists every consumer)"
         parts.append(table)
+    if st.keys:
+        keys = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        keys.add_column("held key", no_wrap=True, overflow="ellipsis", max_width=40)
+        keys.add_column("consumer", no_wrap=True, overflow="ellipsis", max_width=40)
+        keys.add_column("backlog", justify="right")
+        keys.add_column("position", no_wrap=True)
+        keys.add_column("tries", justify="right")
+        for k in st.keys[:max_rows]:
+            keys.add_row(k.key, k.consumer, f"{k.backlog:,}", k.position or "-",
+                         f"{k.tries}" if k.holder else "not fetched")
+        shown_backlog = sum(k.backlog for k in st.keys)
+        keys.caption = (f"{len(st.keys):,} held keys, {shown_backlog:,} messages waiting in them"
+                        + (f"; {len(st.keys) - max_rows} more not shown (--json lists them)"
+                           if len(st.keys) > max_rows else ""))
+        parts.append(keys)
     if st.reasons:
         reasons = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
         reasons.add_column(f"dead-letter reason (newest {st.reasons_over:,} letters)", overflow="ellipsis",

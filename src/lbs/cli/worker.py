@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import inspect
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import signal
 import socket
 import sys
 import traceback
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,6 +38,7 @@ from ..client import Client, Handler, consumer_id_from_env
 from ..config import Config
 from ..exceptions import ConfigurationError, LbsError, RedisOperationError
 from ..hookspecs import hookimpl
+from ..keyed import KeyedBatch
 from ..plugins import make_plugin_manager
 from ..sharding import ShardedClient
 from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, fail, mask_url, setup_logging
@@ -69,6 +72,10 @@ class WorkerSettings:
     sources: dict[str, str] = field(default_factory=dict)
     log_level: str = "info"
     banner: bool = True
+    #: Run the handler with ``run_keyed()`` (it takes an lbs.KeyedBatch) rather than ``run()``.
+    keyed: bool = False
+    #: ``run_keyed()``'s most messages per handler call.
+    batch: int = 100
     #: A supervisor's child: its slot, and the supervisor's pid (the child stops when it dies).
     slot: int | None = None
     parent_pid: int | None = None
@@ -102,7 +109,7 @@ def banner(s: WorkerSettings, config: Config, *, plugins: list[str], server: str
         ("LBS", lbs_keys),
         ("Redis", f"{mask_url(s.url)}  ({server})"),
         ("consumer id", ids),
-        ("handler", s.target),
+        ("handler", f"{s.target} (keyed: run_keyed, batch {s.batch})" if s.keyed else s.target),
         ("concurrency", f"{concurrency} per process · processes {s.processes}"
                         + (f" · shards {s.shards}" if s.shards > 1 else "")),
         ("config", f"lock_ttl {_seconds(config.lock_ttl)} · heartbeat {_seconds(round(config.heartbeat_every, 3))} · "
@@ -157,9 +164,22 @@ async def serve(s: WorkerSettings, handler: Handler) -> None:
     else:
         client = Client(s.url, s.service, s.consumer_id, config, plugins=plugins)
     try:
-        await client.run(handler, s.concurrency)
+        if s.keyed:
+            await client.run_keyed(handler, s.concurrency, batch=s.batch)  # type: ignore[arg-type]
+        else:
+            await client.run(handler, s.concurrency)
     finally:
         await client.close()
+
+
+def takes_keyed_batch(handler: Any) -> bool:
+    """Whether ``handler``'s first parameter is annotated :class:`lbs.KeyedBatch` (a keyed handler)."""
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+        hints = typing.get_type_hints(handler)
+    except (TypeError, ValueError, NameError):
+        return False
+    return bool(params) and hints.get(params[0].name) is KeyedBatch
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -315,6 +335,13 @@ def worker(
         show_default=False, rich_help_panel=_SETTINGS,
         help="Config.drain_timeout: on SIGTERM/SIGINT, seconds running handlers get before their streams "
              "are handed back.")] = None,
+    keyed: Annotated[bool | None, typer.Option(
+        "--keyed/--not-keyed", show_default=False,
+        help="Run the handler on keys published with lbs.Publisher (run_keyed: it takes an lbs.KeyedBatch of "
+             "one key's messages, in order). Default: when the handler's first parameter is annotated "
+             "lbs.KeyedBatch.")] = None,
+    batch: Annotated[int, typer.Option(
+        min=1, envvar="LBS_BATCH", help="With --keyed: most messages of a key per handler call.")] = 100,
     app_dir: Annotated[str, typer.Option(
         help="Directory put first on sys.path to import MODULE from.")] = ".",
     log_level: Annotated[LogLevel, typer.Option(
@@ -325,6 +352,9 @@ def worker(
                         "(with each value's source), and exit.")] = False,
 ) -> None:
     """Run MODULE:HANDLER as a service: one handler call per assigned data stream, until SIGTERM/SIGINT.
+
+    With --keyed (or a handler whose first parameter is annotated lbs.KeyedBatch), one call per batch
+    of a held key's messages, in order (lbs.Client.run_keyed).
 
     A signal stops reading, lets running handlers finish for drain_timeout, hands the rest back
     without a retry counted, and exits 0. Exit codes: 0 a clean stop; 1 a failure at run time
@@ -354,7 +384,8 @@ def worker(
     s = WorkerSettings(
         target=target, app_dir=app_dir, url=url, service=service, consumer_id=base, consumer_base=base,
         concurrency=concurrency, processes=processes, shards=shards, config=dataclasses.asdict(config),
-        sources={name: layers.sources.get(name, "?") for name in changed_fields(config)}, log_level=level)
+        sources={name: layers.sources.get(name, "?") for name in changed_fields(config)}, log_level=level,
+        keyed=takes_keyed_batch(handler) if keyed is None else keyed, batch=batch)
     if check:
         sys.stdout.write(settings_toml(config, s.sources))
         pm = make_plugin_manager(disabled=config.disabled_plugins)

@@ -1,0 +1,115 @@
+"""Keyed, ordered processing beside a plain redis-py loop, in one run.
+
+* Throughput: 10,000 keys x 10 messages (published interleaved, set-up
+  outside the timing), drained by one consumer process: lbs ``run_keyed()``
+  with a no-op handler, ``Config()`` defaults and lbs-prometheus loaded
+  (ordered per key, exclusive, fenced, each key let go when drained),
+  against redis-py reading the same 100,000 messages from one stream with
+  XREADGROUP COUNT 256 and acking each batch with one XACK (no order, no
+  exclusivity). Client and Redis CPU per message go to ``extra_info``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import pytest
+import redis.asyncio as aioredis
+
+import lbs
+from lbs._bench import measure
+from lbs._bench import plain_group as _plain_group
+from lbs._bench import plain_read as _plain_read
+
+if TYPE_CHECKING:
+    from .conftest import Bench
+
+KEYS, PER_KEY = 10_000, 10
+TOTAL = KEYS * PER_KEY
+CHUNK = 2_000
+
+
+def _messages() -> list[tuple[str, dict[str, str | int]]]:
+    """Message i of every key, then message i + 1 of every key: keys interleaved, as live traffic is."""
+    return [(f"key-{k}", {"n": i, "body": "x" * 32}) for i in range(PER_KEY) for k in range(KEYS)]
+
+
+async def _published(bench: Bench) -> str:
+    service = bench.service("keyed")
+    msgs = _messages()
+    async with lbs.Publisher(bench.url, service) as pub:
+        for at in range(0, TOTAL, CHUNK):
+            await pub.publish_many(msgs[at:at + CHUNK])
+    return service
+
+
+async def _plain_stream(bench: Bench) -> str:
+    """The same messages in one stream, as a plain loop would read them."""
+    service = bench.service("keyed-plain")
+    r = bench.redis()
+    stream = lbs.input_stream(service)
+    msgs = _messages()
+    for at in range(0, TOTAL, CHUNK):
+        pipe = r.pipeline(transaction=False)
+        for key, fields in msgs[at:at + CHUNK]:
+            pipe.xadd(stream, {"key": key, **fields})
+        await pipe.execute()
+    return service
+
+
+async def _noop(batch: lbs.KeyedBatch) -> None:
+    return None
+
+
+async def keyed_lbs(r: aioredis.Redis, service: str, n: int) -> int:
+    """run_keyed() as an application gets it: Config() defaults, lbs-prometheus loaded."""
+    from lbs_prometheus import PrometheusPlugin
+    from prometheus_client import CollectorRegistry
+
+    c = lbs.Client(r, service, "bench", lbs.Config(), plugins=[PrometheusPlugin(registry=CollectorRegistry())],
+                   load_entrypoint_plugins=False)
+    runner = asyncio.create_task(c.run_keyed(_noop))
+    try:
+        while c.stats.keyed_messages < n or c.stats.done < KEYS:
+            await asyncio.sleep(0.005)
+    finally:
+        await c.close()
+        await runner
+    return c.stats.keyed_messages
+
+
+async def keyed_plain(r: aioredis.Redis, service: str, n: int) -> int:
+    """XREADGROUP COUNT 256 on one stream, one XACK per batch: no order, no exclusivity."""
+    stream, group = await _plain_group(r, service)
+    done = 0
+    while done < n:
+        entries = await _plain_read(r, group, stream, 256)
+        if entries:
+            await r.xack(stream, group, *(entry_id for entry_id, _ in entries))
+            done += len(entries)
+    return done
+
+
+SIDES = {
+    "lbs run_keyed() defaults+prometheus": (keyed_lbs, _published),
+    "redis-py XREADGROUP + XACK, unordered": (keyed_plain, _plain_stream),
+}
+
+
+@pytest.mark.benchmark(group=f"keyed throughput, {KEYS} keys x {PER_KEY} messages")
+@pytest.mark.parametrize("impl", list(SIDES))
+def bench_keyed_throughput(bench: Bench, impl: str) -> None:
+    fn, setup = SIDES[impl]
+    r = bench.redis()
+    cpu: list[tuple[float, float]] = []
+
+    async def measured(service: str) -> int:
+        done, client_cpu, server_cpu = await measure(fn, r, service, TOTAL)
+        cpu.append((client_cpu, server_cpu))
+        return done
+
+    assert bench(measured, setup=lambda: setup(bench)) == TOTAL
+    client_cpu, server_cpu = min(cpu)
+    bench.extra_info["client_cpu_us_per_message"] = round(client_cpu / TOTAL * 1e6, 2)
+    bench.extra_info["redis_cpu_us_per_message"] = round(server_cpu / TOTAL * 1e6, 2)
