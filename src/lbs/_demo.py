@@ -29,6 +29,9 @@
    ``max_retries`` times and then lands in the dead-letter stream with its
    retry count, reason and original entry id.
 6. It checks that nothing is left: no pending entries, no LBS entries, no locks.
+7. Keyed, ordered processing (:mod:`lbs._demo_keyed`): support tickets whose
+   events are handled one by one, in order, by one desk at a time, across a
+   desk killed in the middle of a ticket.
 
 ``python -m lbs._demo doomed URL SERVICE`` is the consumer that gets killed;
 ``python -m lbs._demo spark URL SERVICE`` is step 1's Spark job.
@@ -55,6 +58,7 @@ from . import _keys
 from .client import Client, Handler
 from .config import Config
 from .notifications import Notification
+from ._demo_keyed import KeyedResult, run_keyed_demo
 from .producer import Producer
 
 Printer = Callable[[str], None]
@@ -87,11 +91,14 @@ class DemoResult:
     leftover_pending: int = -1
     leftover_entries: int = -1
     leftover_locks: int = -1
+    #: The keyed scenario (:mod:`lbs._demo_keyed`).
+    tickets: KeyedResult | None = None
 
     @property
     def ok(self) -> bool:
         return (
-            sum(self.processed.values()) == self.registered
+            self.tickets is not None and self.tickets.ok
+            and sum(self.processed.values()) == self.registered
             and self.dead_letters == 2
             and self.crash_recovery_s >= 0
             and self.poison_retries == POISON_MAX_RETRIES + 1
@@ -277,6 +284,9 @@ async def run_demo(
         out(f"left behind: {result.leftover_pending} pending, {result.leftover_entries} LBS entries, "
             f"{result.leftover_locks} locks; {result.dead_letters} dead letters")
         await r.delete(*every_name, _keys.dead_letter_stream(service), stream, _keys.fence_key(service))
+
+        # Keyed, ordered processing: tickets whose events go one by one, in order, across a kill.
+        result.tickets = await run_keyed_demo(url, f"{service}-tickets", out)
     finally:
         for each in clients:
             await each.close()

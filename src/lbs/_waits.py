@@ -45,7 +45,15 @@ async def within(aw: Awaitable[T], timeout: float | None) -> T:
 
 
 async def wait_set(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait until ``event`` is set or ``timeout`` seconds pass; whether it is set."""
+    """Wait until ``event`` is set or ``timeout`` seconds pass; whether it is set.
+
+    The waits of lbs's own loops. A task whose cancellation was swallowed
+    on the way (a library that catches ``CancelledError`` mid-call and goes
+    on; its ``cancelling()`` count stays up) stops here: it is raised again.
+    """
+    task = asyncio.current_task()
+    if task is not None and getattr(task, "cancelling", lambda: 0)():
+        raise asyncio.CancelledError("cancelled earlier; the cancellation was swallowed on the way")
     if event.is_set():
         return True
     try:

@@ -108,7 +108,7 @@ async def test_a_failing_message_is_retried_alone_then_dead_lettered_and_the_key
     failed in more than max_retries holds, is dead-lettered, and the key goes on after it."""
     out = _keys.hash_tag(service) + ":out"
     failures: list[int] = []
-    c = keyed_client(url, service, max_retries=2)
+    c = keyed_client(url, service, max_retries=2, retry_delay=0.02, retry_delay_max=0.05)
 
     async def handle(batch: lbs.KeyedBatch) -> None:
         for m in batch.messages:
@@ -188,3 +188,34 @@ async def test_status_lists_held_keys_with_backlog_and_position(url: str, servic
 
 async def _is_set(event: asyncio.Event) -> bool:
     return event.is_set()
+
+
+async def test_a_failed_batch_waits_out_the_retry_delay_and_a_publish_meanwhile_does_not_jump_it(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    seen: list[list[str]] = []
+    c = keyed_client(url, service, retry_delay=2.0, retry_delay_max=2.0)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        seen.append([m.fields["n"] for m in batch.messages])
+        if len(seen) == 1:
+            raise ValueError("the downstream is down")
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": 0}), ("t", {"n": 1})])
+        runner = asyncio.create_task(c.run_keyed(handle))
+        parked = _keys.delayed_stream(service)
+
+        async def is_parked() -> bool:
+            return await rr.xlen(parked) == 1 and await rr.xlen(_keys.input_stream(service)) == 0
+
+        await eventually(is_parked)  # parked for 1-2 s (jittered): the key is out of the LBS meanwhile
+        (parked_id, fields), = await rr.xrange(parked)
+        assert fields[b"lbs-keyed"] == b"1" and await rr.zcard(_keys.due_key(service)) == 1
+        await pub.publish("t", {"n": 2})  # a registration in force: parked, so no new one
+        assert await rr.xlen(_keys.input_stream(service)) == 0
+        assert await rr.hget(_keys.key_state(service, "t"), "reg") == parked_id
+    await eventually(lambda: _released(c, 1), timeout=30)
+    await c.close()
+    await runner
+    assert seen == [["0", "1"], ["0"], ["1", "2"]]  # the retry one message at a time, then on
+    assert await leftovers(rr, service) == []

@@ -405,6 +405,19 @@ async def test_requeue_past_max_retries_checks_the_dead_letter_key(rr: aioredis.
     assert out[0] == 1 and await pending(rr, service) == 0
 
 
+async def test_requeue_never_dead_letters_a_keys_registration_for_its_retries(rr: aioredis.Redis,
+                                                                               service: str) -> None:
+    """A key counts failures per message (commit-1.lua's skip): its registration goes round."""
+    entry_id, _ = await delivered_wide_entry(rr, service, {"lbs-input": '{"DataStreamName":"k","Info":{}}',
+                                                           "lbs-keyed": "1", "_retry_count": "9"})
+    await rr.delete(lock_key(service, entry_id))
+    out = await requeue(rr, service, entry_id, max_retries="3")
+    assert out[0] == 1
+    ((_, fields),) = await rr.xrange(input_stream(service))
+    assert fields[b"lbs-keyed"] == b"1" and fields[b"_retry_count"] == b"10"
+    assert await rr.xlen(dead_letter_stream(service)) == 0
+
+
 async def delivered_wide_entry(rr: aioredis.Redis, service: str, fields: dict[str, str]) -> tuple[str, int]:
     """XADD one entry with ``fields`` into a fresh LBS and deliver it (read-3.lua): its id and token."""
     await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)

@@ -85,3 +85,30 @@ def test_the_library_waits_only_through_these_helpers() -> None:
     users = [str(p.relative_to(src)) for p in src.rglob("*.py")
              if p.name != "_demo.py" and re.search(r"\bwait_for\(", p.read_text())]
     assert users == [], f"asyncio.wait_for can lose a cancellation before Python 3.12: {users}"
+
+
+async def test_a_loop_whose_cancellation_was_swallowed_stops_at_its_next_wait() -> None:
+    # A library that catches CancelledError mid-call and goes on leaves the task's
+    # cancelling() count up: lbs's loops stop at their next wait_set all the same.
+    event = asyncio.Event()
+    passes = 0
+
+    async def swallowing_call() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass  # what some client libraries do on the way
+
+    async def loop() -> None:
+        nonlocal passes
+        while True:
+            passes += 1
+            await swallowing_call()
+            await wait_set(event, 0.01)
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert passes == 1

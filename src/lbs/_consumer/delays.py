@@ -95,7 +95,7 @@ class Delays:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         s = self.state
-        while True:
+        while not s.stopping.is_set():
             wait = self.interval
             self._next_poll = math.inf  # a copy parked while the call runs may be after its look
             try:

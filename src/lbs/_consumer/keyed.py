@@ -13,9 +13,10 @@ every key's next step into one round trip on the runner's own connection:
   drained, or yielded (registered again at the back of the LBS) once it has
   been held for ``max_hold_messages`` messages or ``max_hold_seconds``.
 
-A handler that raises hands the key back with its position (a yield
-without a commit); the next hold counts a retry and gets one message at a
-time; a message that has failed ``Config.max_retries`` holds goes to the
+A handler that raises hands the key back with its position, parked for
+the retry back-off (``Config.retry_delay``, doubling up to
+``retry_delay_max``; the parking stream that :mod:`lbs._consumer.delays`
+promotes); the next hold counts a retry and gets one message at a time; a message that has failed ``Config.max_retries`` holds goes to the
 dead-letter stream (``commit-1.lua``'s ``skip``) and the key goes on after
 it.
 """
@@ -23,6 +24,7 @@ it.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from types import CoroutineType
 from typing import Any
@@ -139,7 +141,7 @@ class KeyedRunner:
             s.log.warning("keyed handler failed on %s at %s: %r; handing the key back", h.stream,
                           batch.messages[0].id if batch.messages else "-", exc)
             batch.effects.clear()
-            self._commit.append((hold, "", "yield", ""))
+            self._commit.append((hold, "", self._retry_mode(hold.retry_count), ""))
         else:
             hold.processed += len(batch.messages)
             s.stats.keyed_messages += len(batch.messages)
@@ -148,6 +150,14 @@ class KeyedRunner:
             self._commit.append((hold, batch.messages[-1].id if batch.messages else "", "yield" if over else "go",
                                  ""))
         self._kick()
+
+    def _retry_mode(self, retry_count: int) -> str:
+        """commit-1.lua's mode for a failed batch: parked for the retry back-off (``Config.retry_delay``,
+        doubling per retry up to ``retry_delay_max``, jittered in [d/2, d]), or "yield" (no delay)."""
+        cfg = self.state.config
+        delay = min(cfg.retry_delay * 2 ** retry_count, cfg.retry_delay_max) * random.uniform(0.5, 1.0)
+        ms = round(delay * 1000)
+        return f"retry:{ms}" if ms > 0 else "yield"
 
     # -- the sender ----------------------------------------------------------
 

@@ -48,6 +48,7 @@ from _lbscore import CommandBatch
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait, execute
 from .._redis.wire import first_error, text
+from .._waits import wait_set
 from .backoff import Backoff
 from .requeue import Requeue
 from .state import ConsumerState
@@ -85,8 +86,7 @@ class Recovery:
 
     async def _deadline_loop(self) -> None:
         every = self.config.deadline_poll_interval
-        while True:
-            await asyncio.sleep(every)
+        while not await wait_set(self.state.stopping, every):
             try:
                 await self.poll_deadlines()
             except asyncio.CancelledError:
@@ -131,7 +131,7 @@ class Recovery:
         ping_every = self.config.pubsub_ping_interval
         first = True
         lost_at: float | None = None
-        while True:
+        while not s.stopping.is_set():
             link = s.link
             pubsub = link.redis.pubsub()  # on the slot's owner: where the locks expire
             try:
@@ -206,7 +206,7 @@ class Recovery:
     async def _scan_loop(self) -> None:
         s = self.state
         interval = s.strategy.reconciliation_interval or self.config.reconciliation_interval
-        while True:
+        while not s.stopping.is_set():
             try:
                 await self.topology.check_server()
                 await self.scan()
@@ -214,7 +214,7 @@ class Recovery:
                 raise
             except Exception as exc:
                 s.log.warning("recovery scan failed: %s", exc)
-            await asyncio.sleep(random.uniform(0.9 * interval, 1.1 * interval))
+            await wait_set(s.stopping, random.uniform(0.9 * interval, 1.1 * interval))
 
     async def _dead_of(self, ids: list[str]) -> list[str]:
         """Those of ``ids`` whose lock does not exist (one round trip)."""

@@ -21,7 +21,11 @@
            new position: the id of the last message processed, "" for none,
            mode: "go" (carry on while messages remain), "yield" (messages
              remain: register the key again at the back of the LBS and let
-             go; a hand-back after a failure is a yield without a position),
+             go), "retry:<ms>" (a failed batch: as "yield", but the new
+             registration is parked for <ms> first, in the parking stream
+             "<prefix>delayed" with its due time in "<prefix>due", which
+             promote-3.lua moves back; "reg" names the parked copy, so a
+             message published meanwhile does not register the key again),
              "skip" (after the position, dead-letter the next message with
              the reason and commit past it, then as "go"),
            registration: the key's lbs-input value (used by "yield"),
@@ -45,8 +49,8 @@
     {1, messages}  still ours: the next messages after the position
     {2}            not ours (lock lost, or another holder): nothing written
     {5}            released: drained; lock, entry and the key's keys deleted
-    {6, id}        yielded: registered again as LBS entry <id>; lock and old
-                   entry gone, position kept
+    {6, id}        yielded: registered again as LBS entry <id> (or parked as
+                   <id>, "retry:<ms>"); lock and old entry gone, position kept
 
   Events: del on the lock keys it releases.
 ]]
@@ -78,16 +82,28 @@ local function finish(entry)
 end
 
 -- Pass 1, reads only: check every argument and each key's hold; a bad
--- argument fails the call with nothing written.
-local keys = {}
+-- argument (or a parking key of the wrong type) fails the call with
+-- nothing written.
+local keys, parking_checked = {}, false
 for at = 8, #ARGV, 7 do
   local k = {key = ARGV[at], entry = ARGV[at + 1], pos = ARGV[at + 3], mode = ARGV[at + 4],
              registration = ARGV[at + 5], reason = ARGV[at + 6]}
   if k.pos ~= '' and not split(k.pos) then
     return redis.error_reply('ERR lbs commit-1: position ' .. k.pos .. ' is not an entry id')
   end
+  k.delay = tonumber(string.match(k.mode, '^retry:(%d+)$'))
+  if k.delay then k.mode = 'yield' end
   if k.mode ~= 'go' and k.mode ~= 'yield' and k.mode ~= 'skip' then
-    return redis.error_reply('ERR lbs commit-1: mode ' .. k.mode .. ' is not go, yield or skip')
+    return redis.error_reply('ERR lbs commit-1: mode ' .. k.mode .. ' is not go, yield, retry:<ms> or skip')
+  end
+  if k.delay and k.delay > 0 and not parking_checked then
+    for key, want in pairs({[prefix .. 'delayed'] = 'stream', [prefix .. 'due'] = 'zset'}) do
+      local t = redis.call('TYPE', key)['ok']
+      if t ~= 'none' and t ~= want then
+        return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. t .. ', not a ' .. want)
+      end
+    end
+    parking_checked = true
   end
   k.data, k.state, k.lock = prefix .. 'k:' .. k.key, prefix .. 'm:' .. k.key, lock_prefix .. k.entry
   local holder
@@ -138,7 +154,15 @@ for i, k in ipairs(keys) do
     elseif mode == 'go' then
       out[i] = {1, rest}
     else
-      local id = redis.call('XADD', KEYS[1], '*', 'lbs-input', k.registration)
+      local id
+      if k.delay and k.delay > 0 then
+        id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
+        local t = redis.call('TIME')
+        redis.call('ZADD', prefix .. 'due', string.format('%.0f', tonumber(t[1]) * 1000
+                   + math.floor(tonumber(t[2]) / 1000) + k.delay), id)
+      else
+        id = redis.call('XADD', KEYS[1], '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
+      end
       redis.call('HSET', k.state, 'reg', id)
       redis.call('HDEL', k.state, 'holder', 'token')
       redis.call('DEL', k.lock)

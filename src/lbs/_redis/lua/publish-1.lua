@@ -17,7 +17,11 @@
            {"DataStreamName": key, "Info": {}}), sent with the key's first
            message in the call, "" with the others
 
-  A key is registered when its state's "reg" names no entry of the LBS (none
+  A registration parked for a retry delay (in "<prefix>delayed", see
+  commit-1.lua) is in force too. A registration is an LBS entry with fields lbs-input (the JSON above) and
+  lbs-keyed = "1": requeue-5.lua never dead-letters one for its retries (a
+  key counts its failures per message). A key is registered when its
+  state's "reg" names no entry of the LBS (none
   yet, or the entry was finished, dead-lettered or lost): an entry that is
   still in the LBS, waiting or pending, is a registration in force. A
   re-queue copies the entry under a new id, so "reg" can lag behind: the key
@@ -91,8 +95,12 @@ for _, key in ipairs(order) do
   local reg = redis.call('HGET', state, 'reg')
   -- pcall: a "reg" that is not an entry id (garbage) means not registered.
   local found = reg and redis.pcall('XRANGE', KEYS[1], reg, reg, 'COUNT', 1)
+  if reg and (not found or found.err or #found == 0) then
+    -- Or parked for a retry delay (commit-1.lua "retry:<ms>"), in the parking stream.
+    found = redis.pcall('XRANGE', prefix .. 'delayed', reg, reg, 'COUNT', 1)
+  end
   if not found or found.err or #found == 0 then
-    local id = redis.call('XADD', KEYS[1], '*', 'lbs-input', seen[key])
+    local id = redis.call('XADD', KEYS[1], '*', 'lbs-input', seen[key], 'lbs-keyed', '1')
     redis.call('HSET', state, 'reg', id)
     registered = registered + 1
   end

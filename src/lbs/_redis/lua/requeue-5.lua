@@ -17,7 +17,8 @@
             "absent" (the lock must not exist), "any" (not checked)
   ARGV[4]   our lock value, for mode "owned"
   ARGV[5]   retry increment: "0" (hand-back on shutdown) or "1" (a failure)
-  ARGV[6]   max retries: past it the entry is dead-lettered; "-1" = never
+  ARGV[6]   max retries: past it the entry is dead-lettered; "-1" = never (and never
+            an entry with the field lbs-keyed: a key's registration, publish-1.lua)
   ARGV[7]   retry count field name (default "_retry_count")
   ARGV[8]   original id field name (default "_original_id")
   ARGV[9]   reason, recorded in dead letters
@@ -118,10 +119,11 @@ local retry_field, original_field = ARGV[7], ARGV[8]
 local out = {}
 local retries = 0
 local original = ARGV[2]
-local input
+local input, keyed
 for i = 1, #fields, 2 do
   local k, v = fields[i], fields[i + 1]
   if k == 'lbs-input' then input = v end
+  if k == 'lbs-keyed' then keyed = v end
   if k == retry_field then
     retries = tonumber(v) or 0
   elseif k == original_field then
@@ -145,7 +147,9 @@ out[#out + 1] = tostring(retries)
 out[#out + 1] = original_field
 out[#out + 1] = original
 local max = tonumber(ARGV[6])
-local dead = oversized or ARGV[11] == '1' or (max >= 0 and retries > max)
+-- A key's registration (field lbs-keyed, see publish-1.lua) is never dead-lettered for its retries:
+-- its retries are counted per message, in the key's state, and a poison message goes alone.
+local dead = oversized or ARGV[11] == '1' or (max >= 0 and retries > max and not keyed)
 local reason = ARGV[9]
 if oversized then
   local why = 'entry has ' .. (#fields / 2) .. ' fields, too many to copy; kept in ' .. KEYS[1]
