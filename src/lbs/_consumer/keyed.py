@@ -29,6 +29,8 @@ import time
 from types import CoroutineType
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from _lbscore import CommandBatch, Held, encode_input
 
 from .._redis import scripts
@@ -42,6 +44,9 @@ from .runner import start_task
 from .state import ConsumerState
 
 __all__ = ["KeyedRunner"]
+
+#: Round trips in flight at once.
+IN_FLIGHT = 2
 
 
 class _Hold:
@@ -70,6 +75,7 @@ class KeyedRunner:
         self._commit: list[tuple[_Hold, str, str, str]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._backoff = Backoff(state.config.read_retry_initial, state.config.read_retry_max)
         self._loop = asyncio.get_running_loop()
         self._prefix = state.names.key_prefix
         self._lock_prefix = state.names.lock_key_prefix
@@ -92,7 +98,7 @@ class KeyedRunner:
         h = hold.held
         if s.holdings.table.get(h.entry_id) is not h:
             return  # disowned meanwhile: the heartbeat let it go
-        messages = [Message(text(m[0]), _fields(m[1])) for m in raw]
+        messages = [Message(m[0].decode() if type(m[0]) is bytes else text(m[0]), raw=m[1] or ()) for m in raw]
         if hold.retry_count > s.config.max_retries:
             reason = f"failed in {hold.retry_count} holds; consumer {s.names.id}"
             self._commit.append((hold, "", "skip", reason))
@@ -162,25 +168,55 @@ class KeyedRunner:
     # -- the sender ----------------------------------------------------------
 
     async def _send_loop(self) -> None:
+        """Send what is queued, up to ``IN_FLIGHT`` round trips at once (each on a connection of the
+        pool): Redis works on one batch while the client dispatches the replies of another. A key
+        has at most one step queued or in flight, so batches in flight never share a key."""
+        inflight: set[asyncio.Task[None]] = set()
+        while True:
+            if (self._fetch or self._commit) and len(inflight) < IN_FLIGHT:
+                fetch, self._fetch = self._fetch, []
+                commit, self._commit = self._commit, []
+                inflight.add(asyncio.create_task(self._round_trip(fetch, commit)))
+                await asyncio.sleep(0)  # its request goes out; handlers that finish at once queue more
+                continue
+            if not inflight:
+                return
+            self._wake.clear()
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                done, _ = await asyncio.wait((*inflight, woken), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+            inflight.difference_update(done)
+
+    async def _round_trip(self, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]]) -> None:
         s = self.state
-        backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)
-        while self._fetch or self._commit:
-            fetch, self._fetch = self._fetch, []
-            commit, self._commit = self._commit, []
+        while True:
             try:
                 replies = await self._wire.execute(lambda b: self._build(b, fetch, commit))
             except Exception as exc:
                 s.log.warning("keyed batch failed (%s); trying again", exc)
-                self._fetch[:0], self._commit[:0] = fetch, commit
-                await backoff.sleep(s.stopping)
+                await self._backoff.sleep(s.stopping)
                 if s.stopping.is_set():
-                    return
+                    return  # the locks expire; recovery brings the keys back
                 continue
-            backoff.reset()
+            self._backoff.reset()
+            if any(isinstance(r, NoScriptError) for r in replies):
+                # A restart or a failover emptied the script cache: the scripts ran nowhere (effects,
+                # if any, were written: IDMP makes the second write a no-op on Redis >= 8.6).
+                s.log.info("Redis lost the scripts (restarted or failed over); loading them again")
+                try:
+                    await self._wire.load_scripts()
+                except Exception as exc:
+                    s.log.warning("loading the scripts failed (%s); trying again", exc)
+                    await self._backoff.sleep(s.stopping)
+                continue
             self._replies(fetch, commit, replies)
-            await asyncio.sleep(0)  # let handlers that finish at once queue their commits
+            return
 
     def _build(self, b: CommandBatch, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]]) -> None:
+        # Each key's messages come from a plain XRANGE behind the script (no Lua in between):
+        # every message up to a key's position is trimmed, so "-" starts right after it.
         s = self.state
         n = s.names
         idmp = s.server.version >= (8, 6)
@@ -192,14 +228,19 @@ class KeyedRunner:
                 else:
                     b.command("XADD", e.stream, "*", *e.fields)
         if fetch:
-            scripts.fetch(b, n.stream_key, self._prefix, self._lock_prefix, self.batch,
+            scripts.fetch(b, n.stream_key, self._prefix, self._lock_prefix,
                           [(hold.held.stream, hold.held.entry_id, hold.held.value) for hold in fetch])
+            for hold in fetch:
+                b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
         if commit:
-            scripts.commit(b, n.stream_key, self._prefix, self._lock_prefix, n.group, self.batch, s.server.xackdel,
+            scripts.commit(b, n.stream_key, self._prefix, self._lock_prefix, n.group, s.server.xackdel,
                            n.dead_letter_key, s.config.field_prefix,
                            [(hold.held.stream, hold.held.entry_id, hold.held.value, pos, mode,
                              encode_input(hold.held.stream, {}), reason)
                             for hold, pos, mode, reason in commit])
+            for hold, _, mode, _ in commit:
+                if mode in _GOING_ON:
+                    b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
 
     def _replies(self, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]], replies: list[Any]) -> None:
         s = self.state
@@ -209,32 +250,33 @@ class KeyedRunner:
                 s.log.error("writing a keyed handler's effect failed: %s", r)
         at = effects
         if fetch:
-            out = replies[at]
-            at += 1
+            out, reads = replies[at], replies[at + 1:at + 1 + len(fetch)]
+            at += 1 + len(fetch)
             if isinstance(out, Exception):
                 s.log.error("fetching %d keys failed: %s; their locks will expire", len(fetch), out)
                 for hold in fetch:
                     s.holdings.drop(hold.held)
             else:
-                for hold, reply in zip(fetch, out):
-                    self._fetched(hold, reply)
+                for hold, reply, messages in zip(fetch, out, reads):
+                    self._fetched(hold, reply, messages)
         if commit:
             out = replies[at]
+            after = iter(replies[at + 1:])
             if isinstance(out, Exception):
                 s.log.error("committing %d keys failed: %s; their locks will expire", len(commit), out)
                 for hold, *_ in commit:
                     s.holdings.drop(hold.held)
             else:
-                for (hold, *_), reply in zip(commit, out):
-                    self._committed(hold, reply)
+                for (hold, _, mode, _), reply in zip(commit, out):
+                    self._committed(hold, reply, next(after) if mode in _GOING_ON else None)
 
-    def _fetched(self, hold: _Hold, reply: list[Any]) -> None:
+    def _fetched(self, hold: _Hold, reply: list[Any], messages: Any) -> None:
         s = self.state
         code = int(reply[0])
         h = hold.held
         if code == FetchCode.OURS:
             hold.retry_count = max(0, int(reply[1]) - 1)
-            self._start(hold, reply[3])
+            self._start(hold, _read(s, h.stream, messages))
         elif code == FetchCode.HELD_ELSEWHERE:
             # A second registration of a key another live holder processes: finish it unprocessed.
             if s.holdings.drop(h):
@@ -245,14 +287,14 @@ class KeyedRunner:
             s.holdings.drop(h)
             s.stats.lock_lost += code == FetchCode.LOST
 
-    def _committed(self, hold: _Hold, reply: list[Any]) -> None:
+    def _committed(self, hold: _Hold, reply: list[Any], messages: Any) -> None:
         s = self.state
         code = int(reply[0])
         h = hold.held
         hold.batch = None
         if code == CommitCode.MORE:
             hold.retry_count = 0
-            self._start(hold, reply[1])
+            self._start(hold, _read(s, h.stream, messages))
             return
         s.holdings.drop(h)
         if code == CommitCode.RELEASED:
@@ -276,9 +318,17 @@ class KeyedRunner:
         await self._wire.close()
 
 
-def _fields(raw: Any) -> dict[str, str]:
-    items = list(raw or ())
-    return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+#: Modes after which a key may go on: its next messages are read behind the commit.
+_GOING_ON = ("go", "skip")
+
+
+def _read(s: ConsumerState, key: str, messages: Any) -> list[Any]:
+    """An XRANGE reply of a key's messages; an error (logged) reads as none: the key is let go or
+    goes on at its next commit, and its messages stay."""
+    if isinstance(messages, Exception):
+        s.log.error("reading the messages of key %s failed: %s", key, messages)
+        return []
+    return list(messages or ())
 
 
 async def _as_coro(aw: Any) -> Any:

@@ -248,14 +248,12 @@ def publish_args(prefix: str, messages: list[tuple[str, str, list[Any]]]) -> lis
 # ----------------------------------------------------------------- fetch-1 ---
 # Caller: lbs._consumer.keyed.
 
-def fetch(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, count: int,
-          keys: list[tuple[str, str, str]]) -> None:
-    """Become the holder of each ``(key, entry id, lock value)`` and read its first messages."""
+def fetch(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, keys: list[tuple[str, str, str]]) -> None:
+    """Become the holder of each ``(key, entry id, lock value)``; where each key stands."""
     args: list[Any] = [prefix,        # ARGV[1] the service's key prefix
-                       lock_prefix,   # ARGV[2] the lock key prefix
-                       count]         # ARGV[3] most messages per key
+                       lock_prefix]   # ARGV[2] the lock key prefix
     for key in keys:
-        args += key                   # ARGV[4...] key, entry id, lock value
+        args += key                   # ARGV[3...] key, entry id, lock value
     b.command("EVALSHA", FETCH.sha, FETCH.fixed_keys,
               stream,   # KEYS[1] the LBS
               *args)
@@ -274,18 +272,17 @@ class FetchCode(enum.IntEnum):
 # ---------------------------------------------------------------- commit-1 ---
 # Caller: lbs._consumer.keyed.
 
-def commit(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, group: str, count: int, xackdel: bool,
+def commit(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, group: str, xackdel: bool,
            dead_letters: str, field_prefix: str, keys: list[tuple[str, str, str, str, str, str | bytes, str]]) -> None:
     """Commit each ``(key, entry id, lock value, position, mode, registration, reason)``, fenced."""
     args: list[Any] = [prefix,                  # ARGV[1] the service's key prefix
                        lock_prefix,             # ARGV[2] the lock key prefix
                        group,                   # ARGV[3]
-                       count,                   # ARGV[4] most messages per key
-                       1 if xackdel else 0,     # ARGV[5] XACKDEL or XACK + XDEL
-                       dead_letters,            # ARGV[6] the dead-letter stream
-                       field_prefix]            # ARGV[7] the managed-field prefix
+                       1 if xackdel else 0,     # ARGV[4] XACKDEL or XACK + XDEL
+                       dead_letters,            # ARGV[5] the dead-letter stream
+                       field_prefix]            # ARGV[6] the managed-field prefix
     for key in keys:
-        args += key                             # ARGV[8...] 7 per key
+        args += key                             # ARGV[7...] 7 per key
     b.command("EVALSHA", COMMIT.sha, COMMIT.fixed_keys,
               stream,   # KEYS[1] the LBS
               *args)

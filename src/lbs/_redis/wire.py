@@ -129,13 +129,18 @@ class Wire:
                         raise
                     replies = await self._stream(count, build, parser)  # on a fresh connection
                 if replies and all(isinstance(r, NoScriptError) for r in replies):
-                    for source in self._scripts:
-                        await self._redis.script_load(source)
+                    await self.load_scripts()
                     replies = await self._stream(count, build, parser)
             finally:
                 if not self._hold:
                     await self.close()
         return replies
+
+    async def load_scripts(self) -> None:
+        """Load the scripts (after a NOSCRIPT that :meth:`execute` could not retry on its own: a batch
+        whose other commands ran)."""
+        for source in self._scripts:
+            await self._redis.script_load(source)
 
     async def _stream(self, count: int, build: Callable[[CommandBatch, int], None],
                       parser: EntryParser | None) -> list[Any]:

@@ -1,9 +1,12 @@
 --[[
   Commit held keys' positions, fenced, and go on, let go when drained, or
   yield: for each key, atomically, move its committed position (trimming the
-  messages up to it), then return the next messages, or (when there are
-  none) release the key: the lock, the LBS entry and every key of the key
-  are gone, and a message published after this call registers it again.
+  messages up to it), then keep the key when messages remain (the caller
+  reads them with a plain "XRANGE <data stream> - + COUNT n" sent right
+  behind this call: every message left is after the position), or (when
+  there are none) release it: the lock, the LBS entry and every key of the
+  key are gone, and a message published after this call registers it
+  again.
 
   KEYS[1]  the load-balancer stream, <service>-input
 
@@ -11,11 +14,10 @@
            "<prefix>k:<key>", state "<prefix>m:<key>", in KEYS[1]'s slot)
   ARGV[2]  the lock key prefix, "lock:{<service>-input}:"
   ARGV[3]  consumer group
-  ARGV[4]  most messages to return per key (XRANGE COUNT), an integer >= 1
-  ARGV[5]  "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
-  ARGV[6]  the dead-letter stream, {<service>-input}:dlq ("": a skipped
+  ARGV[4]  "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
+  ARGV[5]  the dead-letter stream, {<service>-input}:dlq ("": a skipped
            message is dropped)
-  ARGV[7]  the managed-field prefix of dead letters (Config.field_prefix)
+  ARGV[6]  the managed-field prefix of dead letters (Config.field_prefix)
   then, per key (7 each):
            key, LBS entry id, our lock value ("<token>:<owner>"),
            new position: the id of the last message processed, "" for none,
@@ -46,7 +48,7 @@
   message up to the position is deleted.
 
   Output: one reply per key, in order:
-    {1, messages}  still ours: the next messages after the position
+    {1}            still ours: messages remain after the position
     {2}            not ours (lock lost, or another holder): nothing written
     {5}            released: drained; lock, entry and the key's keys deleted
     {6, id}        yielded: registered again as LBS entry <id> (or parked as
@@ -55,9 +57,9 @@
   Events: del on the lock keys it releases.
 ]]
 local prefix, lock_prefix, group = ARGV[1], ARGV[2], ARGV[3]
-local count, xackdel, dlq, fp = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6], ARGV[7]
-if not count or count < 1 or (#ARGV - 7) % 7 ~= 0 then
-  return redis.error_reply('ERR lbs commit-1: expected a count >= 1 and 7 arguments per key')
+local xackdel, dlq, fp = ARGV[4] == '1', ARGV[5], ARGV[6]
+if (#ARGV - 6) % 7 ~= 0 then
+  return redis.error_reply('ERR lbs commit-1: expected 6 arguments, then 7 per key')
 end
 
 local function split(id)
@@ -85,7 +87,7 @@ end
 -- argument (or a parking key of the wrong type) fails the call with
 -- nothing written.
 local keys, parking_checked = {}, false
-for at = 8, #ARGV, 7 do
+for at = 7, #ARGV, 7 do
   local k = {key = ARGV[at], entry = ARGV[at + 1], pos = ARGV[at + 3], mode = ARGV[at + 4],
              registration = ARGV[at + 5], reason = ARGV[at + 6]}
   if k.pos ~= '' and not split(k.pos) then
@@ -146,13 +148,13 @@ for i, k in ipairs(keys) do
       redis.call('HSET', k.state, 'pos', committed, 'tries', mode == 'go' and 1 or 0)
       redis.call('XTRIM', k.data, 'MINID', after(committed))
     end
-    local rest = redis.call('XRANGE', k.data, committed == '' and '-' or '(' .. committed, '+', 'COUNT', count)
-    if #rest == 0 then
+    -- Every message up to the position is trimmed: the length is what remains after it.
+    if redis.call('XLEN', k.data) == 0 then
       redis.call('DEL', k.lock, k.state, k.data)
       finish(k.entry)
       out[i] = {5}
     elseif mode == 'go' then
-      out[i] = {1, rest}
+      out[i] = {1}
     else
       local id
       if k.delay and k.delay > 0 then

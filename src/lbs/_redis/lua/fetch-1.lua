@@ -1,14 +1,17 @@
 --[[
   Start processing held keys: for each, make its LBS entry the key's holder
-  (fenced by the entry's lock) and return the first messages after the
-  key's committed position.
+  (fenced by the entry's lock) and say where the key stands. The messages
+  are not returned here: every message up to the committed position is
+  trimmed by the commit that moves it (commit-1.lua), so the caller reads
+  the key's next messages with a plain "XRANGE <data stream> - + COUNT n"
+  sent right behind this call, and uses the reply only for a key that is
+  ours.
 
   KEYS[1]  the load-balancer stream, <service>-input
 
   ARGV[1]  the service's key prefix, "{<service>-input}:" (data stream
            "<prefix>k:<key>", state "<prefix>m:<key>", in KEYS[1]'s slot)
   ARGV[2]  the lock key prefix, "lock:{<service>-input}:"
-  ARGV[3]  most messages to return per key (XRANGE COUNT), an integer >= 1
   then, per key: key, LBS entry id, our lock value ("<token>:<owner>")
 
   The key's state is a hash: "pos" (the last committed message id; absent:
@@ -27,24 +30,23 @@
       the caller finishes this entry without processing it).
 
   Output: one reply per key, in order:
-    {1, tries, pos, messages}  ours: messages = XRANGE after pos, up to
-                               ARGV[3], as {id, {field, value, ...}}
+    {1, tries, pos}            ours
     {2}                        lock lost
     {3, holder}                another live holder
     {4, what}                  a key of the wrong type
 
   Events: none besides the keys it writes.
 ]]
-local prefix, lock_prefix, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if not count or count < 1 or count ~= math.floor(count) or (#ARGV - 3) % 3 ~= 0 then
-  return redis.error_reply('ERR lbs fetch-1: expected a count >= 1 and 3 arguments per key')
+local prefix, lock_prefix = ARGV[1], ARGV[2]
+if (#ARGV - 2) % 3 ~= 0 then
+  return redis.error_reply('ERR lbs fetch-1: expected 2 arguments, then 3 per key')
 end
 local function kind(key)
   return redis.call('TYPE', key)['ok']
 end
 
 local out = {}
-for at = 4, #ARGV, 3 do
+for at = 3, #ARGV, 3 do
   local key, entry, value = ARGV[at], ARGV[at + 1], ARGV[at + 2]
   local data, state = prefix .. 'k:' .. key, prefix .. 'm:' .. key
   local mine = redis.pcall('GET', lock_prefix .. entry)
@@ -66,8 +68,7 @@ for at = 4, #ARGV, 3 do
       local token = string.match(value, '^(%d+):') or ''
       redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry)
       tries = redis.call('HINCRBY', state, 'tries', 1)
-      local from = pos == '' and '-' or '(' .. pos
-      out[#out + 1] = {1, tries, pos, redis.call('XRANGE', data, from, '+', 'COUNT', count)}
+      out[#out + 1] = {1, tries, pos}
     end
   end
 end
