@@ -247,3 +247,24 @@ async def test_a_server_that_lost_its_scripts_gets_them_again(url: str, service:
     effects = [f[b"n"].decode() for _, f in await rr.xrange(out)]
     # The first batch's effects went out twice: IDMP (8.6) keeps one; before, at least once.
     assert effects == (["0", "1", "2", "3"] if any_server.version >= (8, 6) else ["0", "1", "0", "1", "2", "3"])
+
+
+async def test_a_hot_key_yields_after_max_hold_messages_so_others_are_not_starved(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    order: list[tuple[str, int]] = []
+    c = keyed_client(url, service)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        order.extend((batch.key, int(m.fields["n"])) for m in batch.messages)
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("hot", {"n": i}) for i in range(50)])
+        await pub.publish("cold", {"n": 0})
+    # One key at a time: the hot key, taken first, must let the cold one in.
+    runner = asyncio.create_task(c.run_keyed(handle, 1, batch=5, max_hold_messages=10))
+    await eventually(lambda: _released(c, 2), timeout=30)
+    await c.close()
+    await runner
+    assert [n for k, n in order if k == "hot"] == list(range(50))
+    assert order.index(("cold", 0)) <= 10  # after the hot key's first hold of 10, not after all 50
+    assert c.stats.handed_back >= 1  # the hot key yielded
