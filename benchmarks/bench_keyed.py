@@ -2,7 +2,8 @@
 
 * Throughput: 10,000 keys x 10 messages (published interleaved, set-up
   outside the timing), drained by one consumer process: lbs ``run_keyed()``
-  with a no-op handler, ``Config()`` defaults and lbs-prometheus loaded
+  with a no-op handler, ``Config()`` defaults, ``concurrency=1024`` (as the
+  assignment cycle's ``run()`` rows) and lbs-prometheus loaded
   (ordered per key, exclusive, fenced, each key let go when drained),
   against redis-py reading the same 100,000 messages from one stream with
   XREADGROUP COUNT 256 and acking each batch with one XACK (no order, no
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .conftest import Bench
 
 KEYS, PER_KEY = 10_000, 10
+#: Keys held at once, as the assignment cycle's "defaults" rows run ``run(handler, concurrency=1024)``.
+CONCURRENCY = 1024
 TOTAL = KEYS * PER_KEY
 CHUNK = 2_000
 
@@ -63,13 +66,13 @@ async def _noop(batch: lbs.KeyedBatch) -> None:
 
 
 async def keyed_lbs(r: aioredis.Redis, service: str, n: int) -> int:
-    """run_keyed() as an application gets it: Config() defaults, lbs-prometheus loaded."""
+    """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus loaded."""
     from lbs_prometheus import PrometheusPlugin
     from prometheus_client import CollectorRegistry
 
     c = lbs.Client(r, service, "bench", lbs.Config(), plugins=[PrometheusPlugin(registry=CollectorRegistry())],
                    load_entrypoint_plugins=False)
-    runner = asyncio.create_task(c.run_keyed(_noop))
+    runner = asyncio.create_task(c.run_keyed(_noop, CONCURRENCY))
     try:
         while c.stats.keyed_messages < n or c.stats.done < KEYS:
             await asyncio.sleep(0.005)

@@ -268,3 +268,34 @@ async def test_a_hot_key_yields_after_max_hold_messages_so_others_are_not_starve
     assert [n for k, n in order if k == "hot"] == list(range(50))
     assert order.index(("cold", 0)) <= 10  # after the hot key's first hold of 10, not after all 50
     assert c.stats.handed_back >= 1  # the hot key yielded
+
+
+async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """fetch-1 and commit-1 on a batch where one key's state or data stream is garbage: that key is
+    refused with nothing of it written, the other key of the same call goes through."""
+    from lbs._redis.scripts import source
+
+    stream, prefix, lock_prefix = _keys.input_stream(service), _keys.key_prefix(service), _keys.lock_key(service, "")
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("good", {"n": 1}), ("bad", {"n": 1})])
+    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
+    ((_, entries),) = await rr.xreadgroup(_keys.group_name(service), "c", {stream: ">"})
+    (good, _), (bad, _) = [(e.decode(), f) for e, f in entries]
+    for entry in (good, bad):
+        await rr.set(lock_prefix + entry, "5:c", px=60_000)
+    await rr.delete(_keys.key_state(service, "bad"))
+    await rr.rpush(_keys.key_state(service, "bad"), "garbage")
+    out = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, "good", good, "5:c", "bad", bad, "5:c")
+    assert out[0][0] == 1 and out[1] == [4, f"{_keys.key_state(service, 'bad')} holds a list".encode()]
+    assert await rr.lrange(_keys.key_state(service, "bad"), 0, -1) == [b"garbage"]
+    # The good key's data stream turns to garbage before its commit: refused, nothing of it written.
+    first = (await rr.xrange(_keys.keyed_stream(service, "good")))[0][0].decode()
+    await rr.delete(_keys.keyed_stream(service, "good"))
+    await rr.rpush(_keys.keyed_stream(service, "good"), "garbage")
+    before = await rr.hgetall(_keys.key_state(service, "good"))
+    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service), 1,
+                               _keys.dead_letter_stream(service), "_", "good", good, "5:c", first, "go", "{}", "")
+    assert refused == [2]
+    assert await rr.hgetall(_keys.key_state(service, "good")) == before
+    assert await rr.get(lock_prefix + good) == b"5:c"

@@ -33,12 +33,13 @@
            registration: the key's lbs-input value (used by "yield"),
            reason: why a skipped message is dead-lettered, with who skipped it
 
-  Checked for every key before the first write: the lock holds our value,
-  the key's state (a hash) names our entry as its holder and its data stream
-  is a stream or absent (else code 2 for that key: a zombie, a disowned
-  holder, or a key of the wrong type; nothing written for it); each
-  position is an entry id not below the committed one and each mode known
-  (else "ERR lbs commit-1: ...", nothing written at all).
+  Checked for every key before the first write: the lock holds our value
+  and the key's state (a hash) names our entry as its holder (else code 2
+  for that key: a zombie, a disowned holder, or a state of another type;
+  nothing written for it); each position is an entry id not below the
+  committed one and each mode known (else "ERR lbs commit-1: ...", nothing
+  written at all). A data stream of another type is found by the key's
+  first read, before its first write: code 2, nothing written for it.
 
   A dead letter is the message's fields plus <prefix>reason,
   <prefix>failed_id (the message id), <prefix>key and <prefix>retry_count
@@ -109,9 +110,9 @@ for at = 7, #ARGV, 7 do
   end
   k.data, k.state, k.lock = prefix .. 'k:' .. k.key, prefix .. 'm:' .. k.key, lock_prefix .. k.entry
   local holder
-  if redis.pcall('GET', k.lock) == ARGV[at + 2] and redis.call('TYPE', k.state)['ok'] == 'hash'
-     and (function(t) return t == 'none' or t == 'stream' end)(redis.call('TYPE', k.data)['ok']) then
-    holder, k.committed, k.tries = unpack(redis.call('HMGET', k.state, 'holder', 'pos', 'tries'))
+  if redis.pcall('GET', k.lock) == ARGV[at + 2] then
+    local got = redis.pcall('HMGET', k.state, 'holder', 'pos', 'tries')  -- a non-hash: an error, not ours
+    if not got.err then holder, k.committed, k.tries = got[1], got[2], got[3] end
   end
   k.ours = holder == k.entry and (not k.committed or split(k.committed) ~= nil)
   if k.ours and k.pos ~= '' and k.committed and below(k.pos, k.committed) then
@@ -121,56 +122,62 @@ for at = 7, #ARGV, 7 do
   keys[#keys + 1] = k
 end
 
--- Pass 2: writes.
+-- Pass 2: writes, key by key. A key's data stream of another type is found by
+-- its first read (pcall), before anything of that key is written.
+local function after_pos(k, committed, count)
+  return redis.pcall('XRANGE', k.data, committed == '' and '-' or '(' .. committed, '+', 'COUNT', count)
+end
+
+local function commit(k)
+  local committed, mode = k.committed or '', k.mode
+  local moved = k.pos ~= '' and k.pos ~= committed
+  if moved then committed = k.pos end
+  local rest = after_pos(k, committed, 1)
+  if rest.err then return {2} end
+  if mode == 'skip' then
+    local head = rest[1]
+    if head then
+      local fields = head[2]
+      for _, f in ipairs({fp .. 'reason', k.reason, fp .. 'failed_id', head[1], fp .. 'key', k.key,
+                          fp .. 'retry_count', tostring(math.max(0, (tonumber(k.tries) or 2) - 2))}) do
+        fields[#fields + 1] = f
+      end
+      if dlq ~= '' then redis.call('XADD', dlq, '*', unpack(fields)) end
+      committed, moved = head[1], true
+      rest = after_pos(k, committed, 1)
+    end
+    mode = 'go'
+  end
+  -- Every message up to the old position is trimmed: what follows the new one is what is left.
+  if #rest == 0 then
+    redis.call('DEL', k.lock, k.state, k.data)  -- drained: nothing of the key is left
+    finish(k.entry)
+    return {5}
+  end
+  if moved then
+    -- Going on, this hold is the first try at the new position; yielding, the next hold is.
+    redis.call('HSET', k.state, 'pos', committed, 'tries', mode == 'go' and 1 or 0)
+    redis.call('XTRIM', k.data, 'MINID', after(committed))
+  end
+  if mode == 'go' then return {1} end
+  local id
+  if k.delay and k.delay > 0 then
+    id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
+    local t = redis.call('TIME')
+    redis.call('ZADD', prefix .. 'due', string.format('%.0f', tonumber(t[1]) * 1000
+               + math.floor(tonumber(t[2]) / 1000) + k.delay), id)
+  else
+    id = redis.call('XADD', KEYS[1], '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
+  end
+  redis.call('HSET', k.state, 'reg', id)
+  redis.call('HDEL', k.state, 'holder', 'token')
+  redis.call('DEL', k.lock)
+  finish(k.entry)
+  return {6, id}
+end
+
 local out = {}
 for i, k in ipairs(keys) do
-  if not k.ours then
-    out[i] = {2}
-  else
-    local committed, mode = k.committed or '', k.mode
-    local moved = k.pos ~= '' and k.pos ~= committed
-    if moved then committed = k.pos end
-    if mode == 'skip' then
-      local head = redis.call('XRANGE', k.data, committed == '' and '-' or '(' .. committed, '+', 'COUNT', 1)[1]
-      if head then
-        local fields = head[2]
-        for _, f in ipairs({fp .. 'reason', k.reason, fp .. 'failed_id', head[1], fp .. 'key', k.key,
-                            fp .. 'retry_count', tostring(math.max(0, (tonumber(k.tries) or 2) - 2))}) do
-          fields[#fields + 1] = f
-        end
-        if dlq ~= '' then redis.call('XADD', dlq, '*', unpack(fields)) end
-        committed, moved = head[1], true
-      end
-      mode = 'go'
-    end
-    if moved then
-      -- Going on, this hold is the first try at the new position; yielding, the next hold is.
-      redis.call('HSET', k.state, 'pos', committed, 'tries', mode == 'go' and 1 or 0)
-      redis.call('XTRIM', k.data, 'MINID', after(committed))
-    end
-    -- Every message up to the position is trimmed: the length is what remains after it.
-    if redis.call('XLEN', k.data) == 0 then
-      redis.call('DEL', k.lock, k.state, k.data)
-      finish(k.entry)
-      out[i] = {5}
-    elseif mode == 'go' then
-      out[i] = {1}
-    else
-      local id
-      if k.delay and k.delay > 0 then
-        id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
-        local t = redis.call('TIME')
-        redis.call('ZADD', prefix .. 'due', string.format('%.0f', tonumber(t[1]) * 1000
-                   + math.floor(tonumber(t[2]) / 1000) + k.delay), id)
-      else
-        id = redis.call('XADD', KEYS[1], '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
-      end
-      redis.call('HSET', k.state, 'reg', id)
-      redis.call('HDEL', k.state, 'holder', 'token')
-      redis.call('DEL', k.lock)
-      finish(k.entry)
-      out[i] = {6, id}
-    end
-  end
+  out[i] = k.ours and commit(k) or {2}
 end
 return out

@@ -23,8 +23,8 @@
   Per key, checked before its first write (a key that fails writes nothing;
   the others go on):
     * our lock holds our value, else code 2 (lost);
-    * the state is a hash (or absent) and the data stream a stream (or
-      absent), else code 4 (wrong type: "<key name> holds a <type>");
+    * the state is a hash (or absent), else code 4 (wrong type: "<key
+      name> holds a <type>"; the data stream is the caller's XRANGE's);
     * "holder" is absent, ours, or an entry whose lock is gone (a dead
       holder), else code 3 (a second registration of a key someone holds:
       the caller finishes this entry without processing it).
@@ -48,26 +48,24 @@ end
 local out = {}
 for at = 3, #ARGV, 3 do
   local key, entry, value = ARGV[at], ARGV[at + 1], ARGV[at + 2]
-  local data, state = prefix .. 'k:' .. key, prefix .. 'm:' .. key
+  local state = prefix .. 'm:' .. key
   local mine = redis.pcall('GET', lock_prefix .. entry)
-  local sk, dk = kind(state), kind(data)
+  -- pcall: a state of another type than hash is an error here, before any write.
+  local got = mine == value and redis.pcall('HMGET', state, 'holder', 'pos', 'tries')
   if mine ~= value then
     out[#out + 1] = {2}
-  elseif sk ~= 'none' and sk ~= 'hash' then
-    out[#out + 1] = {4, state .. ' holds a ' .. sk}
-  elseif dk ~= 'none' and dk ~= 'stream' then
-    out[#out + 1] = {4, data .. ' holds a ' .. dk}
+  elseif got.err then
+    out[#out + 1] = {4, state .. ' holds a ' .. kind(state)}
   else
-    local holder, pos, tries = unpack(redis.call('HMGET', state, 'holder', 'pos', 'tries'))
-    pos = pos or ''
+    local holder, pos, tries = got[1], got[2] or '', got[3]
     if holder and holder ~= entry and redis.call('EXISTS', lock_prefix .. holder) == 1 then
       out[#out + 1] = {3, holder}
     elseif (pos ~= '' and not string.match(pos, '^%d+%-%d+$')) or (tries and not string.match(tries, '^%d+$')) then
       out[#out + 1] = {4, state .. ' holds a pos or tries that is not one'}
     else
       local token = string.match(value, '^(%d+):') or ''
-      redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry)
-      tries = redis.call('HINCRBY', state, 'tries', 1)
+      tries = (tonumber(tries) or 0) + 1
+      redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries)
       out[#out + 1] = {1, tries, pos}
     end
   end
