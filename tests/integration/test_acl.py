@@ -67,6 +67,45 @@ async def test_the_documented_acl_runs_the_whole_cycle(redis_server: Any, servic
         await r.execute_command("ACL", "DELUSER", user)
 
 
+#: What keyed processing (Publisher, run_keyed) adds to the list (the README says so).
+KEYED = " +hget +hmget +hset +hdel +xtrim"
+
+
+async def test_the_documented_acl_runs_keyed_processing(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    """Publish, process in order, retry a failing message (parked, promoted) until it is
+    dead-lettered, as a user with the documented list plus the keyed commands."""
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex" + KEYED))
+    url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
+    seen: list[str] = []
+    c = lbs.Client(url, service, consumer_id="k", load_entrypoint_plugins=False,
+                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, max_retries=1,
+                                     retry_delay=0.05, retry_delay_max=0.05))
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        if batch.messages[0].fields["n"] == "poison":
+            raise ValueError("poison")
+        seen.extend(m.fields["n"] for m in batch.messages)
+
+    try:
+        async with lbs.Publisher(url, service) as pub:
+            await pub.publish_many([("t", {"n": "0"}), ("p", {"n": "poison"}), ("p", {"n": "after"})])
+        runner = asyncio.create_task(c.run_keyed(handle, batch=1))
+
+        async def finished() -> bool:
+            return c.stats.done == 2
+
+        await eventually(finished, timeout=30)
+        await c.close()
+        await runner
+        assert seen == ["0", "after"]
+        (letter,) = await r.xrange(lbs.dead_letter_stream(service))
+        assert letter[1][b"n"] == b"poison"
+    finally:
+        await c.close()
+        await r.execute_command("ACL", "DELUSER", user)
+
+
 @pytest.mark.parametrize("missing", ["+type", "+incrby", "+time"])
 async def test_without_a_command_of_the_list_the_reader_is_refused(redis_server: Any, service: str,
                                                                    r: aioredis.Redis, missing: str) -> None:
