@@ -24,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._bench import CHUNK, CYCLE_N, cycle_lbs_defaults, cycle_lbs_run, cycle_redis_py_batched_lua, measure, register
+from lbs._bench import CHUNK, CYCLE_N, cycle_lbs_defaults, cycle_lbs_run, cycle_redis_py_batched_lua, register
 from lbs._bench import config as _config
 from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
@@ -127,19 +127,7 @@ CYCLES = {
 @pytest.mark.benchmark(group=f"assignment cycle, {CYCLE_N} streams")
 @pytest.mark.parametrize("impl", list(CYCLES))
 def bench_assignment_cycle(bench: Bench, impl: str) -> None:
-    fn = CYCLES[impl]
-    r = bench.redis()
-    cpu: list[tuple[float, float]] = []
-
-    async def measured(service: str) -> int:
-        done, client_cpu, server_cpu = await measure(fn, r, service, CYCLE_N)
-        cpu.append((client_cpu, server_cpu))
-        return done
-
-    assert bench(measured, setup=lambda: _registered(bench, "cycle", CYCLE_N)) == CYCLE_N
-    client_cpu, server_cpu = min(cpu)
-    bench.extra_info["client_cpu_us_per_assignment"] = round(client_cpu / CYCLE_N * 1e6, 2)
-    bench.extra_info["redis_cpu_us_per_assignment"] = round(server_cpu / CYCLE_N * 1e6, 2)
+    bench.drain(CYCLES[impl], CYCLE_N, lambda: _registered(bench, "cycle", CYCLE_N), "assignment")
 
 
 # -------------------------------------------------------------- heartbeat ---

@@ -25,7 +25,6 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._bench import measure
 from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
 
@@ -110,18 +109,7 @@ SIDES = {
 @pytest.mark.parametrize("impl", list(SIDES))
 def bench_keyed_throughput(bench: Bench, impl: str) -> None:
     fn, setup = SIDES[impl]
-    r = bench.redis()
-    cpu: list[tuple[float, float]] = []
-
-    async def measured(service: str) -> int:
-        done, client_cpu, server_cpu = await measure(fn, r, service, TOTAL)
-        cpu.append((client_cpu, server_cpu))
-        return done
-
-    assert bench(measured, setup=lambda: setup(bench)) == TOTAL
-    client_cpu, server_cpu = min(cpu)
-    bench.extra_info["client_cpu_us_per_message"] = round(client_cpu / TOTAL * 1e6, 2)
-    bench.extra_info["redis_cpu_us_per_message"] = round(server_cpu / TOTAL * 1e6, 2)
+    bench.drain(fn, TOTAL, lambda: setup(bench), "message")
 
 
 # ---------------------------------------------------------------- latency ---

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from lbs._bench import measure
 from lbs.embedded import find_redis_server, redis_server_version
 
 from .data import cleanup, service_name
@@ -60,6 +61,9 @@ class Bench:
       before each round, outside the timing; it may return an awaitable, and
       gives ``fn``'s arguments: ``None`` (none), a tuple, or one value.
       ``bench.inputs`` keeps each round's arguments, in order.
+    * ``bench.drain(cycle, n, setup, per)``: a drain benchmark (the assignment cycle, keyed
+      throughput): ``bench`` over ``lbs._bench.measure``, with client and Redis CPU per ``per``
+      in ``extra_info``.
     * ``bench.run(awaitable)``: async set-up and checks, on the same loop.
     * ``bench.url``: the session's Redis >= 8.4 (``redis_server``, started only
       when asked for); ``bench.redis()`` a new ``redis.asyncio`` client on it;
@@ -125,6 +129,23 @@ class Bench:
             return self.benchmark(target)
         return self.benchmark.pedantic(target, setup=None if setup is None else self._arguments(setup),
                                        rounds=rounds, iterations=1, warmup_rounds=warmup_rounds)
+
+    def drain(self, cycle: Callable[[aioredis.Redis, str, int], Awaitable[int]], n: int,
+              setup: Callable[[], Any], per: str) -> None:
+        """Time ``await cycle(r, service, n)`` (``service`` from ``setup``), which must finish ``n``;
+        the least client and Redis CPU of the rounds go to ``extra_info``, in µs per ``per``."""
+        r = self.redis()
+        cpu: list[tuple[float, float]] = []
+
+        async def measured(service: str) -> int:
+            done, client_cpu, server_cpu = await measure(cycle, r, service, n)
+            cpu.append((client_cpu, server_cpu))
+            return done
+
+        assert self(measured, setup=setup) == n
+        client_cpu, server_cpu = min(cpu)
+        self.extra_info[f"client_cpu_us_per_{per}"] = round(client_cpu / n * 1e6, 2)
+        self.extra_info[f"redis_cpu_us_per_{per}"] = round(server_cpu / n * 1e6, 2)
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.iscoroutinefunction(fn):

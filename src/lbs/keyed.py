@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from ._redis.wire import text
+
 __all__ = ["Effect", "KeyedBatch", "KeyedHandler", "Message"]
 
 
@@ -29,7 +31,7 @@ class Message:
     def fields(self) -> Mapping[str, str]:
         if self._fields is None:
             raw = self._raw
-            self._fields = {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
+            self._fields = {text(raw[i], "replace"): text(raw[i + 1], "replace") for i in range(0, len(raw) - 1, 2)}
             self._raw = ()
         return self._fields
 
@@ -41,9 +43,6 @@ class Message:
 
     __hash__ = None  # type: ignore[assignment]
 
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True, slots=True)

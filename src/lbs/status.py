@@ -442,7 +442,7 @@ class _Reader:
         (the service is not keyed, or the key was let go meanwhile)."""
         pending = self._check("XPENDING range", await self.r.xpending_range(self.stream, self.group, "-", "+",
                                                                               self.sample))
-        held = [(_s(_keyed(p).get("message_id")), _s(_keyed(p).get("consumer"))) for p in pending]
+        held = [(_s(p.get("message_id")), _s(p.get("consumer"))) for p in map(_keyed, pending)]
         pipe = self.r.pipeline(transaction=False)
         for entry_id, _ in held:
             pipe.xrange(self.stream, entry_id, entry_id, count=1)

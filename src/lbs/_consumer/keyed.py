@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from types import CoroutineType
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -40,7 +39,7 @@ from ..keyed import KeyedBatch, KeyedHandler, Message
 from ..notifications import Notification
 from .backoff import Backoff
 from .finisher import Finisher
-from .runner import start_task
+from .runner import handler_coroutine, start_task
 from .state import ConsumerState
 
 __all__ = ["KeyedRunner"]
@@ -115,13 +114,7 @@ class KeyedRunner:
         batch = KeyedBatch(h.stream, h.token, h.entry_id, hold.retry_count, messages,
                            data_stream=self._prefix + "k:" + h.stream)
         hold.batch = batch
-        try:
-            aw = self.handler(batch)
-        except Exception as exc:  # a plain function that raised
-            self._ended(hold, exc)
-            return
-        coro = aw if type(aw) is CoroutineType else _as_coro(aw)
-        task = start_task(self._loop, coro, f"lbs-keyed-{h.stream}")
+        task = start_task(self._loop, handler_coroutine(self.handler, batch), f"lbs-keyed-{h.stream}")
         if task.done():
             self._ended(hold, task)
         else:
@@ -129,15 +122,12 @@ class KeyedRunner:
             s.handlers.add(task)
             task.add_done_callback(lambda t: self._ended(hold, t))
 
-    def _ended(self, hold: _Hold, task: asyncio.Task[Any] | BaseException) -> None:
+    def _ended(self, hold: _Hold, task: asyncio.Task[Any]) -> None:
         s = self.state
         h = hold.held
         h.task = None
-        if isinstance(task, asyncio.Task):
-            s.handlers.discard(task)
-            exc = asyncio.CancelledError() if task.cancelled() else task.exception()
-        else:
-            exc = task
+        s.handlers.discard(task)
+        exc = asyncio.CancelledError() if task.cancelled() else task.exception()
         if s.holdings.table.get(h.entry_id) is not h or (exc is not None and s.stopping.is_set()):
             return  # disowned, or stopping: close() hands it back
         batch = hold.batch
@@ -330,7 +320,4 @@ def _read(s: ConsumerState, key: str, messages: Any) -> list[Any]:
         return []
     return list(messages or ())
 
-
-async def _as_coro(aw: Any) -> Any:
-    return await aw
 

@@ -53,7 +53,7 @@ from .finisher import Finisher
 from .requeue import Requeue
 from .state import ConsumerState
 
-__all__ = ["Handler", "Runner", "SIGNALS", "start_task"]
+__all__ = ["Handler", "Runner", "SIGNALS", "handler_coroutine", "start_task"]
 
 Handler = Callable[[Notification], Awaitable[Any]]
 
@@ -127,12 +127,7 @@ class Runner:
     def dispatch(self, h: Held, note: Notification) -> None:
         """Start the handler of a taken stream (the reader calls this for each)."""
         started = _clock()
-        try:
-            aw = self.handler(note)
-            coro = aw if type(aw) is CoroutineType else _awaited(aw)
-        except Exception as exc:  # a plain function that raised: a failed handler
-            coro = _raised(exc)
-        task = start_task(self._loop, coro, f"lbs-handler-{h.stream}")
+        task = start_task(self._loop, handler_coroutine(self.handler, note), f"lbs-handler-{h.stream}")
         if task.done():
             self._ended(h, started, None, task)
         else:
@@ -200,6 +195,16 @@ class Runner:
 
 
 _clock = time.perf_counter
+
+
+def handler_coroutine(handler: Callable[[Any], Awaitable[Any]], arg: Any) -> Coroutine[Any, Any, Any]:
+    """``handler(arg)`` as a coroutine for :func:`start_task`: an awaitable that is not one is awaited
+    inside one, and a plain function that raised is one that raises (a failed handler)."""
+    try:
+        aw = handler(arg)
+    except Exception as exc:
+        return _raised(exc)
+    return aw if type(aw) is CoroutineType else _awaited(aw)
 
 
 async def _awaited(aw: Awaitable[Any]) -> Any:
