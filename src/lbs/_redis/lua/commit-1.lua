@@ -30,7 +30,8 @@
              message published meanwhile does not register the key again),
              "skip" (after the position, dead-letter the next message with
              the reason and commit past it, then as "go"),
-           registration: the key's lbs-input value (used by "yield"),
+           registration: the key's lbs-input value (used by "yield" and
+             "retry:<ms>" only: "" will do for the others),
            reason: why a skipped message is dead-lettered, with who skipped it
 
   Checked for every key before the first write: the lock holds our value
@@ -59,125 +60,152 @@
 ]]
 local prefix, lock_prefix, group = ARGV[1], ARGV[2], ARGV[3]
 local xackdel, dlq, fp = ARGV[4] == '1', ARGV[5], ARGV[6]
-if (#ARGV - 6) % 7 ~= 0 then
+local last = #ARGV
+if (last - 6) % 7 ~= 0 then
   return redis.error_reply('ERR lbs commit-1: expected 6 arguments, then 7 per key')
 end
-
-local function split(id)
-  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function below(a, b)  -- entry id a < b
-  local am, as = split(a)
-  local bm, bs = split(b)
-  return am < bm or (am == bm and as < bs)
-end
-local function after(id)  -- the smallest id above id
-  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
-  return ms .. '-' .. string.format('%d', tonumber(seq) + 1)
-end
-local function finish(entry)
-  if xackdel then
-    redis.pcall('XACKDEL', KEYS[1], group, 'IDS', 1, entry)
-  elseif redis.pcall('XACK', KEYS[1], group, entry) == 1 then
-    redis.pcall('XDEL', KEYS[1], entry)
-  end
-end
+local match, tonumber = string.match, tonumber
 
 -- Pass 1, reads only: check every argument and each key's hold; a bad
 -- argument (or a parking key of the wrong type) fails the call with
--- nothing written.
-local keys, parking_checked = {}, false
-for at = 7, #ARGV, 7 do
-  local k = {key = ARGV[at], entry = ARGV[at + 1], pos = ARGV[at + 3], mode = ARGV[at + 4],
-             registration = ARGV[at + 5], reason = ARGV[at + 6]}
-  if k.pos ~= '' and not split(k.pos) then
-    return redis.error_reply('ERR lbs commit-1: position ' .. k.pos .. ' is not an entry id')
-  end
-  k.delay = tonumber(string.match(k.mode, '^retry:(%d+)$'))
-  if k.delay then k.mode = 'yield' end
-  if k.mode ~= 'go' and k.mode ~= 'yield' and k.mode ~= 'skip' then
-    return redis.error_reply('ERR lbs commit-1: mode ' .. k.mode .. ' is not go, yield, retry:<ms> or skip')
-  end
-  if k.delay and k.delay > 0 and not parking_checked then
-    for key, want in pairs({[prefix .. 'delayed'] = 'stream', [prefix .. 'due'] = 'zset'}) do
-      local t = redis.call('TYPE', key)['ok']
-      if t ~= 'none' and t ~= want then
-        return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. t .. ', not a ' .. want)
-      end
+-- nothing written. Per key i: ours[i], and for ours its lock and state key
+-- names, committed position ("": none) and tries.
+local ours, locks, states, committed, tries, delays = {}, {}, {}, {}, {}, {}
+local parking_checked = false
+local i = 0
+for at = 7, last, 7 do
+  i = i + 1
+  local pos, mode = ARGV[at + 3], ARGV[at + 4]
+  local pms, pseq
+  if pos ~= '' then
+    pms, pseq = match(pos, '^(%d+)%-(%d+)$')
+    if not pms then
+      return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' is not an entry id')
     end
-    parking_checked = true
   end
-  k.data, k.state, k.lock = prefix .. 'k:' .. k.key, prefix .. 'm:' .. k.key, lock_prefix .. k.entry
-  local holder
-  if redis.pcall('GET', k.lock) == ARGV[at + 2] then
-    local got = redis.pcall('HMGET', k.state, 'holder', 'pos', 'tries')  -- a non-hash: an error, not ours
-    if not got.err then holder, k.committed, k.tries = got[1], got[2], got[3] end
+  if mode ~= 'go' and mode ~= 'yield' and mode ~= 'skip' then
+    local delay = tonumber(match(mode, '^retry:(%d+)$'))
+    if not delay then
+      return redis.error_reply('ERR lbs commit-1: mode ' .. mode .. ' is not go, yield, retry:<ms> or skip')
+    end
+    delays[i] = delay
+    if delay > 0 and not parking_checked then
+      for key, want in pairs({[prefix .. 'delayed'] = 'stream', [prefix .. 'due'] = 'zset'}) do
+        local t = redis.call('TYPE', key)['ok']
+        if t ~= 'none' and t ~= want then
+          return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. t .. ', not a ' .. want)
+        end
+      end
+      parking_checked = true
+    end
   end
-  k.ours = holder == k.entry and (not k.committed or split(k.committed) ~= nil)
-  if k.ours and k.pos ~= '' and k.committed and below(k.pos, k.committed) then
-    return redis.error_reply('ERR lbs commit-1: position ' .. k.pos .. ' of ' .. k.key ..
-                             ' is below the committed ' .. k.committed)
+  local entry, lock = ARGV[at + 1], lock_prefix .. ARGV[at + 1]
+  local mine = false
+  if redis.pcall('GET', lock) == ARGV[at + 2] then
+    local state = prefix .. 'm:' .. ARGV[at]
+    local got = redis.pcall('HMGET', state, 'holder', 'pos', 'tries')  -- a non-hash: an error, not ours
+    if not got.err and got[1] == entry then
+      local c = got[2]
+      if not c then
+        mine, c = true, ''
+      else
+        local cms, cseq = match(c, '^(%d+)%-(%d+)$')
+        if cms then
+          mine = true
+          if pms and pos ~= c then
+            pms, pseq, cms, cseq = tonumber(pms), tonumber(pseq), tonumber(cms), tonumber(cseq)
+            if pms < cms or (pms == cms and pseq < cseq) then
+              return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' of ' .. ARGV[at] ..
+                                       ' is below the committed ' .. c)
+            end
+          end
+        end
+      end
+      if mine then locks[i], states[i], committed[i], tries[i] = lock, state, c, got[3] end
+    end
   end
-  keys[#keys + 1] = k
+  ours[i] = mine
 end
 
 -- Pass 2: writes, key by key. A key's data stream of another type is found by
--- its first read (pcall), before anything of that key is written.
-local function after_pos(k, committed, count)
-  return redis.pcall('XRANGE', k.data, committed == '' and '-' or '(' .. committed, '+', 'COUNT', count)
+-- its first read (pcall), before anything of that key is written. The LBS
+-- entries of the keys released or yielded are acknowledged and deleted
+-- together at the end (one XACKDEL per 500).
+local finished = {}
+
+local function after_pos(data, pos, count)
+  return redis.pcall('XRANGE', data, pos == '' and '-' or '(' .. pos, '+', 'COUNT', count)
 end
 
-local function commit(k)
-  local committed, mode = k.committed or '', k.mode
-  local moved = k.pos ~= '' and k.pos ~= committed
-  if moved then committed = k.pos end
-  local rest = after_pos(k, committed, 1)
+local function commit(i, at)
+  local key, entry, pos, mode = ARGV[at], ARGV[at + 1], ARGV[at + 3], ARGV[at + 4]
+  local data, state = prefix .. 'k:' .. key, states[i]
+  local position = committed[i]
+  local moved = pos ~= '' and pos ~= position
+  if moved then position = pos end
+  local rest = after_pos(data, position, 1)
   if rest.err then return {2} end
   if mode == 'skip' then
     local head = rest[1]
     if head then
       local fields = head[2]
-      for _, f in ipairs({fp .. 'reason', k.reason, fp .. 'failed_id', head[1], fp .. 'key', k.key,
-                          fp .. 'retry_count', tostring(math.max(0, (tonumber(k.tries) or 2) - 2))}) do
+      for _, f in ipairs({fp .. 'reason', ARGV[at + 6], fp .. 'failed_id', head[1], fp .. 'key', key,
+                          fp .. 'retry_count', tostring(math.max(0, (tonumber(tries[i]) or 2) - 2))}) do
         fields[#fields + 1] = f
       end
       if dlq ~= '' then redis.call('XADD', dlq, '*', unpack(fields)) end
-      committed, moved = head[1], true
-      rest = after_pos(k, committed, 1)
+      position, moved = head[1], true
+      rest = after_pos(data, position, 1)
     end
     mode = 'go'
   end
   -- Every message up to the old position is trimmed: what follows the new one is what is left.
   if #rest == 0 then
-    redis.call('DEL', k.lock, k.state, k.data)  -- drained: nothing of the key is left
-    finish(k.entry)
+    redis.call('DEL', locks[i], state, data)  -- drained: nothing of the key is left
+    finished[#finished + 1] = entry
     return {5}
   end
   if moved then
     -- Going on, this hold is the first try at the new position; yielding, the next hold is.
-    redis.call('HSET', k.state, 'pos', committed, 'tries', mode == 'go' and 1 or 0)
-    redis.call('XTRIM', k.data, 'MINID', after(committed))
+    redis.call('HSET', state, 'pos', position, 'tries', mode == 'go' and 1 or 0)
+    local ms, seq = match(position, '^(%d+)%-(%d+)$')
+    redis.call('XTRIM', data, 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
   end
   if mode == 'go' then return {1} end
-  local id
-  if k.delay and k.delay > 0 then
-    id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
+  local id, delay = nil, delays[i]
+  if delay and delay > 0 then
+    id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
     local t = redis.call('TIME')
     redis.call('ZADD', prefix .. 'due', string.format('%.0f', tonumber(t[1]) * 1000
-               + math.floor(tonumber(t[2]) / 1000) + k.delay), id)
+               + math.floor(tonumber(t[2]) / 1000) + delay), id)
   else
-    id = redis.call('XADD', KEYS[1], '*', 'lbs-input', k.registration, 'lbs-keyed', '1')
+    id = redis.call('XADD', KEYS[1], '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
   end
-  redis.call('HSET', k.state, 'reg', id)
-  redis.call('HDEL', k.state, 'holder', 'token')
-  redis.call('DEL', k.lock)
-  finish(k.entry)
+  redis.call('HSET', state, 'reg', id)
+  redis.call('HDEL', state, 'holder', 'token')
+  redis.call('DEL', locks[i])
+  finished[#finished + 1] = entry
   return {6, id}
 end
 
 local out = {}
-for i, k in ipairs(keys) do
-  out[i] = k.ours and commit(k) or {2}
+i = 0
+for at = 7, last, 7 do
+  i = i + 1
+  out[i] = ours[i] and commit(i, at) or {2}
+end
+
+-- pcall: a group or LBS gone meanwhile leaves nothing to acknowledge.
+for from = 1, #finished, 500 do
+  local part = {unpack(finished, from, math.min(from + 499, #finished))}
+  if xackdel then
+    redis.pcall('XACKDEL', KEYS[1], group, 'IDS', #part, unpack(part))
+  else
+    local acked = {}
+    for _, id in ipairs(part) do
+      if redis.pcall('XACK', KEYS[1], group, id) == 1 then acked[#acked + 1] = id end
+    end
+    if #acked > 0 then redis.pcall('XDEL', KEYS[1], unpack(acked)) end
+  end
 end
 return out
