@@ -1,5 +1,5 @@
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, Union
 
 EncodableT = Union[bytes, bytearray, memoryview, str, int, float]
@@ -42,6 +42,17 @@ class Entry:
     def ok(self) -> bool: ...
     @property
     def claimed(self) -> bool: ...
+
+class Message:
+    """One message of a key's data stream: its ``id`` (ids only grow: the order of the key) and
+    its ``fields``, decoded as UTF-8 (invalid bytes replaced) when first read."""
+
+    id: str
+    def __init__(self, id: str, fields: Mapping[str, str] | None = None) -> None: ...
+    @property
+    def fields(self) -> dict[str, str]: ...
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: None  # type: ignore[assignment]
 
 class EntryParser:
     def __init__(
@@ -154,6 +165,7 @@ class Shape:
     ENTRIES: int
     SCRIPT_ENTRIES: int
     XREAD: int
+    MESSAGES: int
 
 class _NeedMore: ...
 
@@ -165,7 +177,7 @@ class RespReader:
     def __init__(self, reply_error: Callable[[str], Any] | None = None) -> None: ...
     def feed(self, data: bytes | bytearray | memoryview) -> None: ...
     def gets(self) -> Any: ...
-    def gets_entries(self, parser: EntryParser, shape: int = ...) -> Any: ...
+    def gets_entries(self, parser: EntryParser | None, shape: int = ...) -> Any: ...
     @property
     def buffered(self) -> int: ...
 

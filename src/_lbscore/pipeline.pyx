@@ -47,7 +47,7 @@ cdef class CommandBatch:
         (a :class:`Shape` value), so the reader builds Entry objects."""
         if self._count == 0:
             raise _data_error("expect() needs a command before it")
-        if shape < SHAPE_ANY or shape > SHAPE_XREAD:
+        if shape < SHAPE_ANY or shape > SHAPE_MESSAGES:
             raise _data_error(f"unknown reply shape {shape}")
         if self._shapes is None:
             self._shapes = [SHAPE_ANY] * self._count

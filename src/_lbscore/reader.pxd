@@ -11,6 +11,7 @@ cdef enum ReplyShape:
     SHAPE_ENTRIES = 1         # an array of stream entries (XRANGE, XCLAIM)
     SHAPE_SCRIPT_ENTRIES = 2  # an array whose first element is an array of entries (read-3.lua)
     SHAPE_XREAD = 3           # XREAD[GROUP]: [[stream, entries], ...] (RESP2) or {stream: entries} (RESP3)
+    SHAPE_MESSAGES = 4        # XRANGE of a keyed data stream: Message objects (messages.pyx), no parser
 
 
 cdef class RespReader:
@@ -32,6 +33,7 @@ cdef class RespReader:
     cdef object _value(self, Py_ssize_t *pos)
     cdef object _shaped(self, Py_ssize_t *pos, int shape, EntryParser parser)
     cdef list _entries(self, Py_ssize_t *pos, EntryParser parser)
+    cdef list _messages(self, Py_ssize_t *pos)
     cdef Entry _entry(self, Py_ssize_t *pos, EntryParser parser)
     cdef object gets_c(self, int shape, EntryParser parser)
     cdef void _consume(self) noexcept

@@ -36,6 +36,7 @@ class Shape:
     ENTRIES = SHAPE_ENTRIES
     SCRIPT_ENTRIES = SHAPE_SCRIPT_ENTRIES
     XREAD = SHAPE_XREAD
+    MESSAGES = SHAPE_MESSAGES
 
 
 cdef class _NeedMore:
@@ -106,14 +107,17 @@ cdef class RespReader:
         """The next whole reply, or :data:`NEED_MORE`."""
         return self.gets_c(SHAPE_ANY, None)
 
-    def gets_entries(self, EntryParser parser not None, int shape=SHAPE_ENTRIES):
-        """The next reply with its stream entries built as Entry objects.
+    def gets_entries(self, EntryParser parser, int shape=SHAPE_ENTRIES):
+        """The next reply with its stream entries built as Entry objects (``Shape.MESSAGES``: as
+        Message objects, and ``parser`` may be None).
 
         ``shape`` says where the entries are (a :class:`Shape` value).
         A reply of any other shape (an error, a nil) comes back generically.
         """
-        if shape < SHAPE_ANY or shape > SHAPE_XREAD:
+        if shape < SHAPE_ANY or shape > SHAPE_MESSAGES:
             raise _data_error(f"unknown reply shape {shape}")
+        if parser is None and shape != SHAPE_MESSAGES and shape != SHAPE_ANY:
+            raise _data_error(f"reply shape {shape} needs an EntryParser")
         return self.gets_c(shape, parser)
 
     @property
@@ -241,7 +245,7 @@ cdef class RespReader:
             return _NEED_MORE
         pos = self._start
         try:
-            if shape == SHAPE_ANY or parser is None:
+            if shape == SHAPE_ANY or (parser is None and shape != SHAPE_MESSAGES):
                 reply = self._value(&pos)
             else:
                 reply = self._shaped(&pos, shape, parser)
@@ -340,6 +344,8 @@ cdef class RespReader:
         cdef long long n, k
         cdef char t = p[i]
         cdef list out
+        if shape == SHAPE_MESSAGES:
+            return self._messages(pos) if t == 42 else self._value(pos)
         if t != 42 and not (t == 37 and shape == SHAPE_XREAD):
             if t == 95 and shape == SHAPE_XREAD:  # RESP3 null: nothing to read
                 pos[0] = i + 3
@@ -391,6 +397,59 @@ cdef class RespReader:
         pos[0] = le + 2
         for k in range(n):
             out.append(self._entry(pos, parser))
+        return out
+
+    cdef list _messages(self, Py_ssize_t *pos):
+        # p[pos] is '*': an XRANGE reply, [[id, [field, value, ...]], ...].
+        # Each message is read in place, its fields kept as the RESP of their
+        # array (messages.pyx decodes them when asked); an element of any
+        # other layout is built generically first.
+        cdef const char *p = self._buf
+        cdef Py_ssize_t end = self._end, i = pos[0], le, start, fstart, vl
+        cdef long long n, m, k, j
+        cdef list out = []
+        cdef str message_id
+        cdef bint plain
+        le = _crlf(p, i + 1, end)
+        n = trusted_int(p, i + 1, le)
+        i = le + 2
+        for k in range(n):
+            start = i
+            # "*2\r\n$": an array of exactly two, an id first
+            plain = p[i] == 42 and p[i + 1] == 50 and p[i + 2] == 13 and p[i + 4] == 36
+            if plain:
+                le = _crlf(p, i + 5, end)
+                vl = trusted_int(p, i + 5, le)
+                plain = vl >= 0
+            if plain:
+                message_id = PyUnicode_DecodeUTF8(p + le + 2, vl, "replace")
+                i = le + 2 + vl + 2
+                plain = p[i] == 42
+            if plain:
+                fstart = i
+                le = _crlf(p, i + 1, end)
+                m = trusted_int(p, i + 1, le)
+                i = le + 2
+                plain = m >= 0
+                j = 0
+                while plain and j < m:
+                    if p[i] != 36:
+                        plain = False
+                        break
+                    le = _crlf(p, i + 1, end)
+                    vl = trusted_int(p, i + 1, le)
+                    if vl < 0:
+                        plain = False
+                        break
+                    i = le + 2 + vl + 2
+                    j += 1
+            if plain:
+                out.append(_message(message_id, PyBytes_FromStringAndSize(p + fstart, i - fstart)))
+            else:
+                pos[0] = start
+                out.append(_message_of(self._value(pos)))
+                i = pos[0]
+        pos[0] = i
         return out
 
     cdef Entry _entry(self, Py_ssize_t *pos, EntryParser parser):

@@ -10,39 +10,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ._redis.wire import text
+from _lbscore import Message
 
 __all__ = ["Effect", "KeyedBatch", "KeyedHandler", "Message"]
-
-
-class Message:
-    """One message of a key's data stream: its ``id`` (ids only grow: the order of the key) and
-    its ``fields``, decoded as UTF-8 (invalid bytes replaced) when first read."""
-
-    __slots__ = ("id", "_fields", "_raw")
-
-    def __init__(self, id: str, fields: Mapping[str, str] | None = None, *, raw: Sequence[Any] = ()) -> None:
-        self.id = id
-        self._fields = fields
-        #: The fields as the reply had them (field, value, ...), until decoded.
-        self._raw = raw
-
-    @property
-    def fields(self) -> Mapping[str, str]:
-        if self._fields is None:
-            raw = self._raw
-            self._fields = {text(raw[i], "replace"): text(raw[i + 1], "replace") for i in range(0, len(raw) - 1, 2)}
-            self._raw = ()
-        return self._fields
-
-    def __repr__(self) -> str:
-        return f"Message(id={self.id!r}, fields={dict(self.fields)!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Message) and (self.id, self.fields) == (other.id, other.fields)
-
-    __hash__ = None  # type: ignore[assignment]
-
 
 
 @dataclass(frozen=True, slots=True)

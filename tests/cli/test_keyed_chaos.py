@@ -32,16 +32,20 @@ async def test_killed_and_stalled_holders_lose_reorder_and_duplicate_nothing(
     async def effects() -> list[tuple[str, int]]:
         return [(f[b"key"].decode(), int(f[b"n"])) for _, f in await r.xrange(out)]
 
+    async def all_up() -> bool:  # each worker is reading before any message is published
+        return all([await r.get(f"{_keys.hash_tag(service)}:instance:redis-consumer-w{i}") for i in range(3)])
+
+    await eventually(all_up, "the workers running")
     async with lbs.Publisher(r, service) as pub:
         half = len(messages) // 2
         for at in range(0, half, 20):
             await pub.publish_many(messages[at:at + 20])
             await asyncio.sleep(0.01)
 
-        async def some_done() -> bool:
-            return len(await effects()) >= 100
+        async def all_working() -> bool:  # every worker has written effects: each holds keys
+            return len({f[b"pid"] for _, f in await r.xrange(out)}) == len(workers)
 
-        await eventually(some_done, "work under way")
+        await eventually(all_working, "all three workers processing")
         workers[0].signal(signal.SIGKILL)           # dies holding keys
         workers[1].signal(signal.SIGSTOP)           # stalls past its lock TTL, then comes back
         for at in range(half, len(messages), 20):

@@ -27,7 +27,7 @@ from pathlib import Path
 from _lbscore import NEED_MORE, EntryParser, RespReader, Shape, encode_input
 from lbs import ProtocolError
 
-SHAPES = (Shape.ANY, Shape.ENTRIES, Shape.SCRIPT_ENTRIES, Shape.XREAD)
+SHAPES = (Shape.ANY, Shape.ENTRIES, Shape.SCRIPT_ENTRIES, Shape.XREAD, Shape.MESSAGES)
 
 
 def _bulk(b: bytes) -> bytes:

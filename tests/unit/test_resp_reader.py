@@ -203,9 +203,12 @@ def _drain(reader: RespReader, shape: int, parser: EntryParser) -> None:
         got = reader.gets() if shape == Shape.ANY else reader.gets_entries(parser, shape)
         if got is NEED_MORE:
             return
+        for m in got if shape == Shape.MESSAGES and type(got) is list else ():
+            m.fields  # noqa: B018  (decoded lazily: must read too)
 
 
-@given(st.binary(max_size=300), st.sampled_from([Shape.ANY, Shape.ENTRIES, Shape.SCRIPT_ENTRIES, Shape.XREAD]))
+@given(st.binary(max_size=300), st.sampled_from([Shape.ANY, Shape.ENTRIES, Shape.SCRIPT_ENTRIES, Shape.XREAD,
+                                                Shape.MESSAGES]))
 def test_random_bytes_only_ever_raise_protocol_error(data: bytes, shape: int) -> None:
     reader = RespReader()
     reader.feed(data)
@@ -287,6 +290,39 @@ def test_entries_read_in_place_equal_the_generic_path(entries: list[tuple[bytes,
     direct = reader.gets_entries(parser, Shape.ENTRIES)
     generic = parser.parse_entries(_hiredis_all(raw)[0])
     assert [_attrs(e) for e in direct] == [_attrs(e) for e in generic]
+
+
+def _message_model(entry: list[Any]) -> tuple[str, dict[str, str]]:
+    """A keyed message as a handler must see it: id and fields decoded (invalid UTF-8 replaced), a
+    field repeated: the last wins, a nil (deleted) entry: no fields."""
+    entry_id, fields = entry[0], entry[1] or []
+    fields = fields + [b""] * (len(fields) % 2)
+    return entry_id.decode(), {fields[i].decode(errors="replace"): fields[i + 1].decode(errors="replace")
+                               for i in range(0, len(fields), 2)}
+
+
+@given(_entry_lists, st.lists(st.integers(0, 10**6), max_size=6))
+def test_messages_read_in_place_equal_the_model(entries: list[tuple[bytes, list[Any]]], cuts: list[int]) -> None:
+    raw = b"*%d\r\n" % len(entries) + b"".join(e for e, _ in entries) + b"-ERR after\r\n"
+    reader = RespReader(lambda msg: ValueError(msg))
+    got: list[Any] = []
+    for chunk in _split(raw, cuts):
+        reader.feed(chunk)
+        while (reply := reader.gets_entries(None, Shape.MESSAGES)) is not NEED_MORE:
+            got.append(reply)
+    messages, err = got
+    assert [(m.id, m.fields) for m in messages] == [_message_model(model) for _, model in entries]
+    assert isinstance(err, ValueError)  # a reply of another shape is read generically
+
+
+def test_messages_of_an_unexpected_layout_are_a_protocol_error_and_the_next_reply_reads() -> None:
+    reader = RespReader()
+    reader.feed(b"*1\r\n:5\r\n*0\r\n")
+    with pytest.raises(lbs.ProtocolError, match="not a stream message"):
+        reader.gets_entries(None, Shape.MESSAGES)
+    assert reader.gets_entries(None, Shape.MESSAGES) == []
+    with pytest.raises(lbs.LbsError, match="needs an EntryParser"):
+        reader.gets_entries(None, Shape.ENTRIES)
 
 
 @pytest.mark.parametrize("count, expected", [

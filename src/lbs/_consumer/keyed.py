@@ -30,7 +30,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from _lbscore import CommandBatch, Held, encode_input
+from _lbscore import CommandBatch, Held, Message, Shape, encode_input
 
 from .._redis import scripts
 from .._redis.scripts import CommitCode, FetchCode
@@ -91,13 +91,12 @@ class KeyedRunner:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._send_loop(), name=f"lbs-keyed-{self.state.names.id}")
 
-    def _start(self, hold: _Hold, raw: list[Any]) -> None:
-        """Hand ``raw`` messages (XRANGE's reply) of a held key to the handler."""
+    def _start(self, hold: _Hold, messages: list[Message]) -> None:
+        """Hand ``messages`` (XRANGE's reply) of a held key to the handler."""
         s = self.state
         h = hold.held
         if s.holdings.table.get(h.entry_id) is not h:
             return  # disowned meanwhile: the heartbeat let it go
-        messages = [Message(m[0].decode() if type(m[0]) is bytes else text(m[0]), raw=m[1] or ()) for m in raw]
         if hold.retry_count > s.config.max_retries:
             reason = f"failed in {hold.retry_count} holds; consumer {s.names.id}"
             self._commit.append((hold, "", "skip", reason))
@@ -222,15 +221,17 @@ class KeyedRunner:
                           [(hold.held.stream, hold.held.entry_id, hold.held.value) for hold in fetch])
             for hold in fetch:
                 b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
+                b.expect(Shape.MESSAGES)
         if commit:
             scripts.commit(b, n.stream_key, self._prefix, self._lock_prefix, n.group, s.server.xackdel,
                            n.dead_letter_key, s.config.field_prefix,
                            [(hold.held.stream, hold.held.entry_id, hold.held.value, pos, mode,
-                             encode_input(hold.held.stream, {}), reason)
+                             "" if mode in _GOING_ON else encode_input(hold.held.stream, {}), reason)
                             for hold, pos, mode, reason in commit])
             for hold, _, mode, _ in commit:
                 if mode in _GOING_ON:
                     b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
+                    b.expect(Shape.MESSAGES)
 
     def _replies(self, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]], replies: list[Any]) -> None:
         s = self.state
@@ -312,7 +313,7 @@ class KeyedRunner:
 _GOING_ON = ("go", "skip")
 
 
-def _read(s: ConsumerState, key: str, messages: Any) -> list[Any]:
+def _read(s: ConsumerState, key: str, messages: Any) -> list[Message]:
     """An XRANGE reply of a key's messages; an error (logged) reads as none: the key is let go or
     goes on at its next commit, and its messages stay."""
     if isinstance(messages, Exception):

@@ -164,7 +164,7 @@ class Wire:
             shapes: list[int] = []  # per reply, when some part expects entries
             n = 0
             for k in range(count):
-                if parser is not None and batch.expects_entries:
+                if batch.expects_entries:
                     shapes += [Shape.ANY] * (n - len(shapes))
                     shapes += [batch.reply_shape(i) for i in range(len(batch))]
                 n += len(batch)
