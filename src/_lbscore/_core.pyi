@@ -54,6 +54,8 @@ class Message:
     def __eq__(self, other: object) -> bool: ...
     __hash__: None  # type: ignore[assignment]
 
+def messages_of(reply: Any) -> list[Message]: ...
+
 class EntryParser:
     def __init__(
         self,

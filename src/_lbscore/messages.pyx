@@ -91,3 +91,11 @@ cdef dict _text_pairs(bytes resp):
     if m % 2 == 1:
         out[name] = ""
     return out
+
+
+def messages_of(object reply):
+    """Messages from an XRANGE reply built generically (a script's reply): ``[[id, [field, value,
+    ...]], ...]``; :class:`lbs.ProtocolError` for anything else."""
+    if not isinstance(reply, (list, tuple)):
+        raise _protocol_error(f"not a list of stream messages: {reply!r:.200}")
+    return [_message_of(item) for item in reply]

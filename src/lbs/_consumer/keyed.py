@@ -30,11 +30,12 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from _lbscore import CommandBatch, Held, Message, Shape, encode_input
+from _lbscore import CommandBatch, Held, Shape, encode_input, messages_of
 
 from .._redis import scripts
 from .._redis.scripts import CommitCode, FetchCode
 from .._redis.wire import Wire, text
+from ..exceptions import ProtocolError
 from ..keyed import KeyedBatch, KeyedHandler, Message
 from ..notifications import Notification
 from .backoff import Backoff
@@ -78,6 +79,7 @@ class KeyedRunner:
         self._loop = asyncio.get_running_loop()
         self._prefix = state.names.key_prefix
         self._lock_prefix = state.names.lock_key_prefix
+        self._last = f"last:{batch}"
 
     # -- from the reader and the handlers ------------------------------------
 
@@ -105,7 +107,7 @@ class KeyedRunner:
             self._kick()
             return
         if not messages:
-            self._commit.append((hold, "", "go", ""))  # nothing to do: let it go (or go on, if one came)
+            self._commit.append((hold, "", self._last, ""))  # nothing to do: let it go (or go on, if one came)
             self._kick()
             return
         if hold.retry_count:
@@ -142,8 +144,13 @@ class KeyedRunner:
             s.stats.keyed_messages += len(batch.messages)
             over = (hold.processed >= self.max_hold_messages
                     or time.monotonic() - hold.started >= self.max_hold_seconds or s.stopping.is_set())
-            self._commit.append((hold, batch.messages[-1].id if batch.messages else "", "yield" if over else "go",
-                                 ""))
+            if over:
+                mode = "yield"
+            elif len(batch.messages) >= self.batch or hold.retry_count:
+                mode = "go"  # more likely follow: read them right behind the commit
+            else:
+                mode = self._last  # the key looked drained: the commit says if more came
+            self._commit.append((hold, batch.messages[-1].id if batch.messages else "", mode, ""))
         self._kick()
 
     def _retry_mode(self, retry_count: int) -> str:
@@ -226,7 +233,7 @@ class KeyedRunner:
             scripts.commit(b, n.stream_key, self._prefix, self._lock_prefix, n.group, s.server.xackdel,
                            n.dead_letter_key, s.config.field_prefix,
                            [(hold.held.stream, hold.held.entry_id, hold.held.value, pos, mode,
-                             "" if mode in _GOING_ON else encode_input(hold.held.stream, {}), reason)
+                             encode_input(hold.held.stream, {}) if _registers(mode) else "", reason)
                             for hold, pos, mode, reason in commit])
             for hold, _, mode, _ in commit:
                 if mode in _GOING_ON:
@@ -285,6 +292,11 @@ class KeyedRunner:
         hold.batch = None
         if code == CommitCode.MORE:
             hold.retry_count = 0
+            if messages is None:  # "last:<n>": the messages that came are in the reply
+                try:
+                    messages = messages_of(reply[1])
+                except ProtocolError as exc:
+                    messages = exc
             self._start(hold, _read(s, h.stream, messages))
             return
         s.holdings.drop(h)
@@ -311,6 +323,11 @@ class KeyedRunner:
 
 #: Modes after which a key may go on: its next messages are read behind the commit.
 _GOING_ON = ("go", "skip")
+
+
+def _registers(mode: str) -> bool:
+    """Whether commit-1.lua registers the key again in this mode ("yield", "retry:<ms>")."""
+    return mode == "yield" or mode.startswith("retry:")
 
 
 def _read(s: ConsumerState, key: str, messages: Any) -> list[Message]:

@@ -29,7 +29,10 @@
              promote-3.lua moves back; "reg" names the parked copy, so a
              message published meanwhile does not register the key again),
              "skip" (after the position, dead-letter the next message with
-             the reason and commit past it, then as "go"),
+             the reason and commit past it, then as "go"), "last:<n>" (as
+             "go" for a holder that expects the key drained, so reads
+             nothing behind this call: the next <n> messages, if any came,
+             are in the reply),
            registration: the key's lbs-input value (used by "yield" and
              "retry:<ms>" only: "" will do for the others),
            reason: why a skipped message is dead-lettered, with who skipped it
@@ -46,11 +49,13 @@
   <prefix>failed_id (the message id), <prefix>key and <prefix>retry_count
   (the retries after its first failure: "tries" - 2, as the skipping hold
   counted itself). A commit that moves the position sets "tries" to 1 with
-  "go" (this hold is the first try there) and 0 with "yield". Trimming is exact (XTRIM MINID): every
-  message up to the position is deleted.
+  "go" or "last" (this hold is the first try there) and 0 with "yield".
+  Trimming is exact (XTRIM MINID): every message up to the position is
+  deleted.
 
   Output: one reply per key, in order:
     {1}            still ours: messages remain after the position
+    {1, messages}  the same for "last:<n>": the next messages (XRANGE's reply)
     {2}            not ours (lock lost, or another holder): nothing written
     {5}            released: drained; lock, entry and the key's keys deleted
     {6, id}        yielded: registered again as LBS entry <id> (or parked as
@@ -70,7 +75,7 @@ local match, tonumber = string.match, tonumber
 -- argument (or a parking key of the wrong type) fails the call with
 -- nothing written. Per key i: ours[i], and for ours its lock and state key
 -- names, committed position ("": none) and tries.
-local ours, locks, states, committed, tries, delays = {}, {}, {}, {}, {}, {}
+local ours, locks, states, committed, tries, delays, lasts = {}, {}, {}, {}, {}, {}, {}
 local parking_checked = false
 local i = 0
 for at = 7, last, 7 do
@@ -83,10 +88,14 @@ for at = 7, last, 7 do
       return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' is not an entry id')
     end
   end
-  if mode ~= 'go' and mode ~= 'yield' and mode ~= 'skip' then
+  local last = mode ~= 'go' and tonumber(match(mode, '^last:(%d+)$'))
+  if last then
+    lasts[i] = last
+  elseif mode ~= 'go' and mode ~= 'yield' and mode ~= 'skip' then
     local delay = tonumber(match(mode, '^retry:(%d+)$'))
     if not delay then
-      return redis.error_reply('ERR lbs commit-1: mode ' .. mode .. ' is not go, yield, retry:<ms> or skip')
+      return redis.error_reply('ERR lbs commit-1: mode ' .. mode ..
+                               ' is not go, last:<n>, yield, retry:<ms> or skip')
     end
     delays[i] = delay
     if delay > 0 and not parking_checked then
@@ -167,11 +176,12 @@ local function commit(i, at)
   end
   if moved then
     -- Going on, this hold is the first try at the new position; yielding, the next hold is.
-    redis.call('HSET', state, 'pos', position, 'tries', mode == 'go' and 1 or 0)
+    redis.call('HSET', state, 'pos', position, 'tries', (mode == 'go' or lasts[i]) and 1 or 0)
     local ms, seq = match(position, '^(%d+)%-(%d+)$')
     redis.call('XTRIM', data, 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
   end
   if mode == 'go' then return {1} end
+  if lasts[i] then return {1, after_pos(data, position, lasts[i])} end
   local id, delay = nil, delays[i]
   if delay and delay > 0 then
     id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
