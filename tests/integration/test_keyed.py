@@ -66,6 +66,29 @@ async def _released(c: lbs.Client, n: int) -> bool:
     return c.stats.done >= n
 
 
+async def test_messages_that_come_while_a_drained_key_is_processed_follow_in_the_commits_reply(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """A short batch commits with "last:<n>" (nothing read behind it): what came meanwhile is in the
+    commit's reply, handed over in order in the same hold, and the key is let go once drained."""
+    seen: list[tuple[int, list[int]]] = []
+    c = keyed_client(url, service)
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish("t", {"n": 0})
+
+        async def handle(batch: lbs.KeyedBatch) -> None:
+            seen.append((batch.token, [int(m.fields["n"]) for m in batch.messages]))
+            if len(seen) < 3:  # two more arrive while this batch is processed
+                await pub.publish_many([("t", {"n": 2 * len(seen) - 1}), ("t", {"n": 2 * len(seen)})])
+
+        runner = asyncio.create_task(c.run_keyed(handle, batch=5))
+        await eventually(lambda: _released(c, 1))
+    await c.close()
+    await runner
+    assert [ns for _, ns in seen] == [[0], [1, 2], [3, 4]]
+    assert len({token for token, _ in seen}) == 1  # one hold: the commits went on
+    assert await rr.xlen(_keys.input_stream(service)) == 0 and await leftovers(rr, service) == []
+
+
 async def test_a_key_is_registered_once_while_registered(url: str, service: str, rr: aioredis.Redis) -> None:
     async with lbs.Publisher(url, service) as pub:
         await pub.publish("t1", {"n": 1})

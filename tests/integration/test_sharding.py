@@ -115,3 +115,45 @@ async def test_notifications_of_every_shard_and_done_in_the_right_one(redis_serv
         assert sorted(got) == names and c.held == 0
         with pytest.raises(lbs.NotHeldError):
             await c.done_stream("a")
+
+
+async def test_keyed_processing_with_six_shards_on_three_masters_keeps_each_keys_order(
+        redis_cluster: RedisClusterServers, service: str) -> None:
+    """Publisher(shards=6) and ShardedClient.run_keyed on a cluster: each key's four steps run in its
+    shard's slot; every message is processed once, in its key's order; nothing is left behind."""
+    service = _spread_service(redis_cluster, service, 6)
+    url = f"redis+cluster://{redis_cluster.nodes[0].host}:{redis_cluster.nodes[0].port}"
+    keys, per_key = 36, 8
+    seen: dict[str, list[int]] = {}
+    async with lbs.Publisher(url, service, shards=6) as pub:
+        await pub.publish_many([(f"ticket-{k}", {"n": i}) for i in range(per_key) for k in range(keys)])
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        seen.setdefault(batch.key, []).extend(int(m.fields["n"]) for m in batch.messages)
+        # An effect in the key's slot: the data stream's hash tag.
+        batch.emit(batch.data_stream.partition("}:")[0] + "}:out", {"key": batch.key})
+
+    c = lbs.ShardedClient(url, service, "c", lbs.Config(read_block=0.1), shards=6, load_entrypoint_plugins=False)
+    runner = asyncio.create_task(c.run_keyed(handle, batch=3))
+    try:
+        async def finished() -> None:
+            while sum(sub.stats.done for sub in c.clients) < keys:
+                await asyncio.sleep(0.02)  # finished counts have no event to await across shards
+        await asyncio.wait_for(finished(), 30)
+    finally:
+        await c.close()
+        await runner
+    assert seen == {f"ticket-{k}": list(range(per_key)) for k in range(keys)}
+    assert len({sub.node for sub in c.clients}) == 3
+    left: list[bytes] = []
+    outs = 0
+    for node in redis_cluster.masters:
+        with redis.Redis(host=node.host, port=node.port) as r:
+            for k in r.scan_iter(match=f"*{service}*", count=1000):
+                if k.endswith(b"}:out"):
+                    outs += r.xlen(k)
+                    assert key_slot(k) in {key_slot(lbs.input_stream(s).encode())
+                                           for s in lbs.shard_services(service, 6)}
+                elif b"}:k:" in k or b"}:m:" in k or k.startswith(b"lock:"):
+                    left.append(k)
+    assert left == [] and outs >= keys  # an effect per batch, at least one batch per key

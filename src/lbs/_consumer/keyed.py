@@ -34,7 +34,7 @@ from _lbscore import CommandBatch, Held, Shape, encode_input, messages_of
 
 from .._redis import scripts
 from .._redis.scripts import CommitCode, FetchCode
-from .._redis.wire import Wire, text
+from .._redis.wire import text
 from ..exceptions import ProtocolError
 from ..keyed import KeyedBatch, KeyedHandler, Message
 from ..notifications import Notification
@@ -45,8 +45,6 @@ from .state import ConsumerState
 
 __all__ = ["KeyedRunner"]
 
-#: Round trips in flight at once.
-IN_FLIGHT = 2
 
 
 class _Hold:
@@ -69,7 +67,6 @@ class KeyedRunner:
                  max_hold_messages: int, max_hold_seconds: float) -> None:
         self.state, self.finisher, self.handler = state, finisher, handler
         self.batch, self.max_hold_messages, self.max_hold_seconds = batch, max_hold_messages, max_hold_seconds
-        self._wire = Wire(state.link.redis, scripts.sources(), hold=False)
         self._fetch: list[_Hold] = []
         #: (hold, position, mode, reason)
         self._commit: list[tuple[_Hold, str, str, str]] = []
@@ -164,15 +161,26 @@ class KeyedRunner:
     # -- the sender ----------------------------------------------------------
 
     async def _send_loop(self) -> None:
-        """Send what is queued, up to ``IN_FLIGHT`` round trips at once (each on a connection of the
-        pool): Redis works on one batch while the client dispatches the replies of another. A key
-        has at most one step queued or in flight, so batches in flight never share a key."""
-        inflight: set[asyncio.Task[None]] = set()
+        """Send what is queued, a round trip on each of the link's keyed wires at once (two
+        connections): Redis works on one batch while the client dispatches the replies of another.
+        A key has at most one step queued or in flight, so batches in flight never share a key."""
+        inflight: dict[asyncio.Task[None], int] = {}  # round trip -> the keyed wire it uses
+        free = list(range(len(self.state.link.keyed)))
+        try:
+            await self._send(inflight, free)
+        finally:
+            for t in inflight:  # cancelled (close): the round trips in flight end with it
+                t.cancel()
+            if inflight:
+                await asyncio.wait(inflight)
+
+    async def _send(self, inflight: dict[asyncio.Task[None], int], free: list[int]) -> None:
         while True:
-            if (self._fetch or self._commit) and len(inflight) < IN_FLIGHT:
+            if (self._fetch or self._commit) and free:
                 fetch, self._fetch = self._fetch, []
                 commit, self._commit = self._commit, []
-                inflight.add(asyncio.create_task(self._round_trip(fetch, commit)))
+                k = free.pop()
+                inflight[asyncio.create_task(self._round_trip(k, fetch, commit))] = k
                 await asyncio.sleep(0)  # its request goes out; handlers that finish at once queue more
                 continue
             if not inflight:
@@ -183,13 +191,17 @@ class KeyedRunner:
                 done, _ = await asyncio.wait((*inflight, woken), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 woken.cancel()
-            inflight.difference_update(done)
+            for t in list(inflight):
+                if t in done:
+                    free.append(inflight.pop(t))
 
-    async def _round_trip(self, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]]) -> None:
+    async def _round_trip(self, k: int, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]]) -> None:
+        """One batch on the link's keyed wire ``k`` (read again on each try: the slot may move)."""
         s = self.state
         while True:
+            wire = s.link.keyed[k]
             try:
-                replies = await self._wire.execute(lambda b: self._build(b, fetch, commit))
+                replies = await wire.execute(lambda b: self._build(b, fetch, commit))
             except Exception as exc:
                 s.log.warning("keyed batch failed (%s); trying again", exc)
                 await self._backoff.sleep(s.stopping)
@@ -202,7 +214,7 @@ class KeyedRunner:
                 # if any, were written: IDMP makes the second write a no-op on Redis >= 8.6).
                 s.log.info("Redis lost the scripts (restarted or failed over); loading them again")
                 try:
-                    await self._wire.load_scripts()
+                    await wire.load_scripts()
                 except Exception as exc:
                     s.log.warning("loading the scripts failed (%s); trying again", exc)
                     await self._backoff.sleep(s.stopping)
@@ -314,11 +326,10 @@ class KeyedRunner:
             await asyncio.wait((self._task,), timeout=timeout)
 
     async def close(self) -> None:
-        """Stop the sender (what it had queued is left to the locks' expiry) and give the connection back."""
+        """Stop the sender (what it had queued is left to the locks' expiry; the link keeps the connections)."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.wait((self._task,))
-        await self._wire.close()
 
 
 #: Modes after which a key may go on: its next messages are read behind the commit.

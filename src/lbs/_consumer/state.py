@@ -96,10 +96,12 @@ class Link:
         self.beat = Wire(redis, sources)
         #: Occasional scripts (re-queue, reap, leave): a pool connection per batch.
         self.pool = Wire(redis, sources, hold=False)
+        #: run_keyed()'s round trips, two at once (a connection each, taken on first use).
+        self.keyed = (Wire(redis, sources), Wire(redis, sources))
 
     async def close(self, log: logging.LoggerAdapter | None = None) -> None:  # type: ignore[type-arg]
         """Give back the wires' connections (best effort: other tasks may be mid-command)."""
-        for wire in (self.read, self.done, self.beat, self.pool):
+        for wire in (self.read, self.done, self.beat, self.pool, *self.keyed):
             try:
                 await wire.close()
             except Exception as exc:
