@@ -17,7 +17,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -200,3 +202,78 @@ def bench_keyed_latency(bench: Bench, impl: str) -> None:
     bench.extra_info["messages"] = len(ms)
     bench.extra_info["p50_ms"] = round(ms[len(ms) // 2], 2)
     bench.extra_info["p99_ms"] = round(ms[int(len(ms) * 0.99)], 2)
+
+
+# ----------------------------------------------------------------- memory ---
+#
+# What the consumer process keeps per key, counted by tracemalloc in one
+# run_keyed() client (defaults, concurrency=1024):
+# * per held key: 1,000 keys taken and in their handler (blocked on an event),
+#   one 40-byte message each: the hold, its batch, the message, the handler's
+#   task;
+# * per idle registered key: after 10,000 keys were processed and let go
+#   (drained: a key registers again with its next message), what the client
+#   still keeps for them (nothing is expected: no per-key state outlives a
+#   hold). The timing is of the whole measurement (tracemalloc slows it).
+
+MEMORY_HELD, MEMORY_IDLE = 1_000, 10_000
+
+
+async def _traced(fn: Callable[[], Awaitable[Any]]) -> int:
+    gc.collect()
+    before = tracemalloc.get_traced_memory()[0]
+    await fn()
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0] - before
+
+
+async def keyed_memory(bench: Bench) -> dict[str, float]:
+    service = bench.service("keyed-memory")
+    async with lbs.Publisher(bench.url, service) as pub:
+        await pub.publish_many([(f"idle-{k}", {"body": "x" * 32}) for k in range(MEMORY_IDLE)])
+    gate, held = asyncio.Event(), 0
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        nonlocal held
+        if batch.key.startswith("held-"):
+            held += 1
+            await gate.wait()
+
+    c = lbs.Client(bench.url, service, "bench", lbs.Config(), load_entrypoint_plugins=False)
+    tracemalloc.start()
+    try:
+        runner = asyncio.create_task(c.run_keyed(handle, CONCURRENCY))
+        while c.stats.done < 100:  # warmed up: connections, scripts, first batches
+            await asyncio.sleep(0.01)
+
+        async def idle() -> None:
+            while c.stats.done < MEMORY_IDLE:
+                await asyncio.sleep(0.01)
+
+        async def hold() -> None:
+            async with lbs.Publisher(bench.url, service) as pub:
+                await pub.publish_many([(f"held-{k}", {"body": "x" * 32}) for k in range(MEMORY_HELD)])
+            while held < MEMORY_HELD:
+                await asyncio.sleep(0.01)
+
+        # Idle keys are measured from after the warm-up: 9,900 of them went by.
+        idle_bytes = await _traced(idle)
+        held_bytes = await _traced(hold)
+        gate.set()
+        await c.close()
+        await runner
+    finally:
+        tracemalloc.stop()
+    return {"bytes_per_idle_key": idle_bytes / (MEMORY_IDLE - 100), "bytes_per_held_key": held_bytes / MEMORY_HELD}
+
+
+@pytest.mark.benchmark(group="keyed memory")
+def bench_keyed_memory(bench: Bench) -> None:
+    figures: dict[str, float] = {}
+
+    async def measured() -> None:
+        figures.update(await keyed_memory(bench))
+
+    bench(measured, rounds=1)
+    for name, value in figures.items():
+        bench.extra_info[name] = round(value)
