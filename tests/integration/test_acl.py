@@ -129,3 +129,44 @@ async def test_without_a_command_of_the_list_the_reader_is_refused(redis_server:
 
 async def _pending_is(r: aioredis.Redis, service: str, n: int) -> bool:
     return int((await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"]) == n
+
+
+@pytest.mark.parametrize("missing", KEYED.split())
+async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
+        redis_server: Any, service: str, r: aioredis.Redis, missing: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The keyed list is not padded either: each command taken away is a NOPERM naming it, raised by
+    the Publisher or logged by the consumer, and the script that needed it wrote nothing."""
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await r.execute_command("ACL", *_acl(service, user, password, (COMMANDS + " +msetex" + KEYED)
+                                         .replace(f" {missing}", "")))
+    url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
+    command = missing.lstrip("+").upper()
+    c = lbs.Client(url, service, consumer_id="k", load_entrypoint_plugins=False,
+                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, max_retries=1,
+                                     retry_delay=0.05, retry_delay_max=0.05, lock_ttl=1.0))
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        raise ValueError("fails: the retry path (parking, HDEL) runs too")
+
+    try:
+        try:
+            async with lbs.Publisher(url, service) as pub:
+                await pub.publish_many([("t", {"n": "0"}), ("t", {"n": "1"})])
+        except lbs.RedisOperationError as exc:
+            assert "NoPermissionError: lbs publish-1: the ACL does not allow " + command in str(exc)
+            assert await r.exists(_keys.keyed_stream(service, "t"), lbs.input_stream(service)) == 0
+            return
+        before = await r.xrange(_keys.keyed_stream(service, "t"))
+        runner = asyncio.create_task(c.run_keyed(handle, batch=1))
+
+        async def refused() -> bool:
+            return any("the ACL does not allow " + command in rec.getMessage() for rec in caplog.records)
+
+        await eventually(refused, timeout=20)
+        await c.close()
+        await runner
+        assert await r.xrange(_keys.keyed_stream(service, "t")) == before  # no message trimmed or lost
+        assert await r.xlen(lbs.dead_letter_stream(service)) == 0
+    finally:
+        await c.close()
+        await r.execute_command("ACL", "DELUSER", user)

@@ -155,6 +155,12 @@ async def test_a_failing_message_is_retried_alone_then_dead_lettered_and_the_key
     assert await leftovers(rr, service) == []
 
 
+async def _xackdel(r: aioredis.Redis) -> int:
+    """commit-1.lua's ARGV[4] for this server: 1 where XACKDEL exists (Redis >= 8.2)."""
+    version = tuple(int(x) for x in (await r.info("server"))["redis_version"].split(".")[:2])
+    return 1 if version >= (8, 2) else 0
+
+
 async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredis.Redis) -> None:
     """A holder whose lock expired (stalled past its TTL) is refused; the new holder resumes at the position."""
     from lbs._redis.scripts import source
@@ -171,7 +177,8 @@ async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredi
     assert ours == [1, 1, b""]  # ours, first try, nothing committed yet
     first = (await rr.xrange(_keys.keyed_stream(service, "t"), count=1))[0][0].decode()
     await rr.delete(lock_prefix + entry)  # the lock expired: the zombie's hold is over
-    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service), 1,
+    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service),
+                              await _xackdel(rr),
                               _keys.dead_letter_stream(service), "_", "t", entry, "7:zombie", first, "go", "{}", "")
     assert refused == [2]
     assert await rr.hget(_keys.key_state(service, "t"), "pos") is None  # the position never moved
@@ -317,7 +324,8 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
     await rr.delete(_keys.keyed_stream(service, "good"))
     await rr.rpush(_keys.keyed_stream(service, "good"), "garbage")
     before = await rr.hgetall(_keys.key_state(service, "good"))
-    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service), 1,
+    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service),
+                              await _xackdel(rr),
                                _keys.dead_letter_stream(service), "_", "good", good, "5:c", first, "go", "{}", "")
     assert refused == [2]
     assert await rr.hgetall(_keys.key_state(service, "good")) == before

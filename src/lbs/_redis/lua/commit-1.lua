@@ -70,6 +70,32 @@ if (last - 6) % 7 ~= 0 then
   return redis.error_reply('ERR lbs commit-1: expected 6 arguments, then 7 per key')
 end
 local match, tonumber = string.match, tonumber
+-- Every command this script may call is allowed on these keys by the ACL:
+-- checked before anything is written, so a missing one refuses the call
+-- whole instead of stopping it half-way.
+local function refused_by_acl(name, calls)
+  for _, c in ipairs(calls) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      return redis.error_reply('NOPERM lbs ' .. name .. ': the ACL does not allow ' .. table.concat(c, ' '))
+    end
+  end
+end
+if last >= 13 then
+  local data, state, lock = prefix .. 'k:' .. ARGV[7], prefix .. 'm:' .. ARGV[7], lock_prefix .. ARGV[8]
+  local calls = {{'GET', lock}, {'HMGET', state, 'holder'}, {'XRANGE', data, '-', '+'}, {'DEL', lock, state, data},
+                 {'HSET', state, 'pos', 'v'}, {'XTRIM', data, 'MINID', '0'}, {'HDEL', state, 'holder'},
+                 {'XADD', KEYS[1], '*', 'f', 'v'}, {'XADD', prefix .. 'delayed', '*', 'f', 'v'},
+                 {'ZADD', prefix .. 'due', '0', 'm'}, {'TYPE', prefix .. 'due'}, {'TIME'}}
+  if dlq ~= '' then calls[#calls + 1] = {'XADD', dlq, '*', 'f', 'v'} end
+  if xackdel then
+    calls[#calls + 1] = {'XACKDEL', KEYS[1], group, 'IDS', '1', '0-1'}
+  else
+    calls[#calls + 1] = {'XACK', KEYS[1], group, '0-1'}
+    calls[#calls + 1] = {'XDEL', KEYS[1], '0-1'}
+  end
+  local err = refused_by_acl('commit-1', calls)
+  if err then return err end
+end
 
 -- Pass 1, reads only: check every argument and each key's hold; a bad
 -- argument (or a parking key of the wrong type) fails the call with

@@ -44,6 +44,22 @@ end
 local function kind(key)
   return redis.call('TYPE', key)['ok']
 end
+-- Every command this script may call is allowed on these keys by the ACL:
+-- checked before anything is written, so a missing one refuses the call
+-- whole instead of stopping it half-way.
+local function refused_by_acl(name, calls)
+  for _, c in ipairs(calls) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      return redis.error_reply('NOPERM lbs ' .. name .. ': the ACL does not allow ' .. table.concat(c, ' '))
+    end
+  end
+end
+if #ARGV >= 5 then
+  local state, lock = prefix .. 'm:' .. ARGV[3], lock_prefix .. ARGV[4]
+  local err = refused_by_acl('fetch-1', {{'GET', lock}, {'HMGET', state, 'holder'}, {'TYPE', state},
+                                          {'EXISTS', lock}, {'HSET', state, 'holder', 'v'}})
+  if err then return err end
+end
 
 local out = {}
 for at = 3, #ARGV, 3 do

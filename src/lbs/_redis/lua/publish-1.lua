@@ -47,9 +47,28 @@ local function kind(key)
   return redis.call('TYPE', key)['ok']
 end
 
+-- Every command this script may call is allowed on these keys by the ACL:
+-- checked before anything is written, so a missing one refuses the call
+-- whole instead of stopping it half-way.
+local function refused_by_acl(name, calls)
+  for _, c in ipairs(calls) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      return redis.error_reply('NOPERM lbs ' .. name .. ': the ACL does not allow ' .. table.concat(c, ' '))
+    end
+  end
+end
+
 local prefix, m = ARGV[1], tonumber(ARGV[2])
 if not m or m < 1 or m ~= math.floor(m) then
   return redis.error_reply('ERR lbs publish-1: the message count (ARGV[2]) must be an integer >= 1')
+end
+do
+  local data, state = prefix .. 'k:' .. (ARGV[3] or ''), prefix .. 'm:' .. (ARGV[3] or '')
+  local err = refused_by_acl('publish-1', {
+    {'TYPE', KEYS[1]}, {'TYPE', data}, {'TYPE', state}, {'XADD', data, '*', 'f', 'v'}, {'HGET', state, 'reg'},
+    {'XRANGE', KEYS[1], '-', '+'}, {'XRANGE', prefix .. 'delayed', '-', '+'},
+    {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}})
+  if err then return err end
 end
 local t = kind(KEYS[1])
 if t ~= 'none' and t ~= 'stream' then
