@@ -446,8 +446,9 @@ class Client:
 
         A handler that raises hands the key back with its position; the next
         hold counts a retry and gets one message at a time, and a message
-        that has failed in more than ``Config.max_retries`` holds goes to the
-        dead-letter stream with its fields and the reason, and the key goes
+        that has failed in more than ``Config.max_retries`` holds (one of them
+        at least alone: a failed batch never dead-letters a message that was
+        not tried by itself) goes to the dead-letter stream with its fields and the reason, and the key goes
         on after it. A holder that dies (or stalls past its lock TTL) leaves
         its key to recovery like any assignment: the next holder resumes
         after the last committed message. At most ``concurrency`` keys are

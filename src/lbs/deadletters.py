@@ -33,6 +33,13 @@ MULTI/EXEC (XADD to the LBS, XDEL from the dead-letter stream, and XACK in
 the forwarders' group when there is one), under WATCH of the dead-letter
 stream, so a letter another replay (or a purge, or a forwarder) took
 meanwhile is not replayed twice.
+
+A keyed message's letter (``run_keyed()`` skipped it: it carries
+``<prefix>key``) is published again to its key instead, as
+:class:`lbs.Publisher` does (``publish-1.lua`` in the same MULTI/EXEC: the
+message is appended to the key's data stream, after the messages published
+since, and the key registered unless it is already): its fields, with the
+same replay record and without the letter's own.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from ._redis.connection import ClusterMode, RedisLike, resolve_client, slot_owne
 from ._redis.wire import fields_text, text
 from .config import Config
 from .exceptions import ConfigurationError, LbsError, RedisOperationError
+from .publisher import published_id, publish_in_transaction
 
 __all__ = ["DeadLetter", "DeadLetterBackend", "DeadLetters", "REPLAY_FIELDS", "Replay", "letter_time_ms"]
 
@@ -92,6 +100,11 @@ class DeadLetter:
             return 0
 
     @property
+    def key(self) -> str:
+        """The key of a keyed message's letter (``run_keyed()``); "" for an assignment's."""
+        return self.fields.get(self.prefix + "key", "")
+
+    @property
     def lbs_input(self) -> str:
         """The assignment's ``lbs-input`` JSON, as it was (possibly malformed)."""
         return self.fields.get(_keys.INPUT_FIELD, "")
@@ -117,8 +130,8 @@ class DeadLetterBackend(Protocol):
 
 #: The fields (after ``Config.field_prefix``) a replay records on the fresh entry.
 REPLAY_FIELDS = ("replayed_from", "last_reason", "replay_count")
-#: The fields (after the prefix) requeue-5.lua adds to a dead letter; a replay drops them.
-_LETTER_FIELDS = ("reason", "consumer", "failed_id")
+#: The fields (after the prefix) requeue-5.lua (and commit-1.lua: "key") adds to a dead letter; a replay drops them.
+_LETTER_FIELDS = ("reason", "consumer", "failed_id", "key")
 _STREAM_ID = re.compile(r"[0-9]+-[0-9]+\Z")
 #: Letters read per page when a filter (a reason, all) walks the stream.
 _PAGE = 200
@@ -177,7 +190,8 @@ _Letters = list[DeadLetter]
 _Replays = list[Replay]
 _Rows = list[_Raw]
 _Ids = list[str]
-_Moves = list[tuple[str, dict[Any, Any], Replay]]
+#: (letter id, the fresh entry or message, its outcome, the key of a keyed message or "")
+_Moves = list[tuple[str, dict[Any, Any], Replay, str]]
 
 
 class DeadLetters:
@@ -350,19 +364,27 @@ class DeadLetters:
                     if wanted is not None and not wanted(letter):
                         continue
                     entry = self._fresh(lid, fields, letter)
+                    if letter.key:  # a keyed message: published again to its key
+                        entry.pop(self.prefix + "original_id", None)
+                        entry.pop(self.prefix + "retry_count", None)
+                        moves.append((lid, entry, Replay(lid, "replayed", stream=letter.key), letter.key))
+                        continue
                     judged = self._judge.parse_entries([[b"0-0", [x for kv in entry.items() for x in map(
                         _as_bytes, kv)]]])[0]
                     stream, detail = judged.stream or "", judged.error or ""
                     if judged.error is not None and not force:
                         done.append(Replay(lid, "malformed", stream=stream, detail=detail))
                         continue
-                    moves.append((lid, entry, Replay(lid, "replayed", stream=stream, detail=detail)))
+                    moves.append((lid, entry, Replay(lid, "replayed", stream=stream, detail=detail), ""))
                 if not moves:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
                     return done, last, len(page)
                 pipe.multi()  # type: ignore[no-untyped-call]
-                for lid, entry, _ in moves:
-                    pipe.xadd(self.stream, entry)
+                for lid, entry, _, key in moves:
+                    if key:
+                        publish_in_transaction(pipe, self.service, key, entry)
+                    else:
+                        pipe.xadd(self.stream, entry)
                     pipe.xdel(self.key, lid)
                     if forwarders:
                         pipe.xack(self.key, self._forwarders, lid)
@@ -374,16 +396,17 @@ class DeadLetters:
                     continue
             step = 3 if forwarders else 2
             lost: _Ids = []
-            for k, (lid, entry, result) in enumerate(moves):
+            for k, (lid, entry, result, key) in enumerate(moves):
                 added, deleted = replies[k * step], replies[k * step + 1]
                 if isinstance(added, Exception):
                     # The LBS refused the copy (it was replaced by a key of another type since the check);
                     # the letter was deleted in the same EXEC: put it back, under a new id.
                     if not isinstance(deleted, Exception) and int(deleted):
-                        await r.xadd(self.key, self._raw_fields(lid, entry))
+                        await r.xadd(self.key, self._raw_fields(lid, entry, key))
                     lost.append(f"{lid}: {added}")
                     continue
-                done.append(Replay(lid, "replayed", _text(added), result.stream, result.detail))
+                done.append(Replay(lid, "replayed", published_id(added) if key else _text(added), result.stream,
+                                   result.detail))
             if lost:
                 raise RedisOperationError("replay", ResponseError(
                     f"{self.stream} refused {len(lost)} replayed letters (kept in {self.key}): " + "; ".join(lost)))
@@ -411,12 +434,14 @@ class DeadLetters:
         entry[p + "replay_count"] = str(replays)
         return entry
 
-    def _raw_fields(self, letter_id: str, entry: Mapping[Any, Any]) -> dict[Any, Any]:
-        """A letter rebuilt from its fresh entry, to put back when the LBS refused the copy."""
+    def _raw_fields(self, letter_id: str, entry: Mapping[Any, Any], key: str = "") -> dict[Any, Any]:
+        """A letter rebuilt from its fresh entry, to put back when the LBS (or the key's publish) refused the copy."""
         p = self.prefix
         back = {k: v for k, v in entry.items() if _text(k) not in {p + n for n in REPLAY_FIELDS}}
         back[p + "reason"] = _text(entry.get(p + "last_reason", ""))
         back[p + "failed_id"] = _text(entry.get(p + "original_id", letter_id))
+        if key:
+            back[p + "key"] = key
         return back
 
     # -------------------------------------------------------------- purge ---

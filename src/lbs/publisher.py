@@ -130,3 +130,22 @@ def _check(item: object, k: int) -> tuple[str, list[Any]]:
                                     f"bytes name to a str, bytes, int or float, got {type(value).__name__}")
         flat += (name, value)
     return key, flat
+
+
+def publish_in_transaction(pipe: Any, service: str, key: str, fields: Fields) -> None:
+    """Queue the publishing of one message of ``key`` on ``pipe``, a redis-py pipeline in a MULTI of
+    the caller's (``lbs dlq replay`` moves a keyed letter back this way, atomically with its XDEL).
+
+    ``service`` is the shard's service. The script goes by its source (EVAL): a NOSCRIPT inside
+    EXEC would fail this command alone and let the rest of the transaction through. Read the
+    message id from the reply with :func:`published_id`.
+    """
+    key, flat = _check((key, fields), 0)
+    pipe.eval(scripts.PUBLISH.source, 1, _keys.input_stream(service),
+              *scripts.publish_args(_keys.key_prefix(service), [(key, encode_input(key, {}).decode(), flat)]))
+
+
+def published_id(reply: Any) -> str:
+    """The message id in the reply of one :func:`publish_in_transaction`."""
+    message_id = reply[0][0]
+    return message_id.decode() if isinstance(message_id, bytes) else str(message_id)

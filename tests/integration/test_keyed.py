@@ -155,6 +155,45 @@ async def test_a_failing_message_is_retried_alone_then_dead_lettered_and_the_key
     assert await leftovers(rr, service) == []
 
 
+async def test_a_keyed_dead_letter_replayed_is_published_again_to_its_key(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """lbs dlq replay of a keyed message: appended to its key (after what came since), the key
+    registered again, the letter gone in the same transaction; the fixed handler processes it.
+    With max_retries=0 the failed batch's first message, tried alone, is not dead-lettered."""
+    fixed = False
+    seen: list[tuple[str, dict[str, str]]] = []
+    c = keyed_client(url, service, max_retries=0, retry_delay=0.01, retry_delay_max=0.01)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        ok = []
+        for m in batch.messages:
+            if m.fields["n"] == "bad" and not fixed:
+                raise ValueError("poison")
+            ok.append((batch.key, dict(m.fields)))
+        seen.extend(ok)
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": "0"}), ("t", {"n": "bad"}), ("t", {"n": "2"})])
+    runner = asyncio.create_task(c.run_keyed(handle, batch=10))
+    await eventually(lambda: _released(c, 1), timeout=30)
+    assert [f["n"] for _, f in seen] == ["0", "2"]
+    fixed = True
+    async with lbs.DeadLetters(url, service) as dlq:
+        (letter,) = await dlq.list()
+        assert letter.key == "t"
+        (replay,) = await dlq.replay(all=True)
+        assert (replay.outcome, replay.stream) == ("replayed", "t")
+        assert await dlq.count() == 0
+    await eventually(lambda: _released(c, 2), timeout=30)
+    await c.close()
+    await runner
+    key, fields = seen[-1]
+    assert key == "t" and fields["n"] == "bad" and fields["_replayed_from"] == letter.id
+    assert fields["_replay_count"] == "1" and "failed in 2 holds" in fields["_last_reason"]
+    assert not {"_reason", "_key", "_failed_id", "_retry_count"} & set(fields)
+    assert await leftovers(rr, service) == []
+
+
 async def _xackdel(r: aioredis.Redis) -> int:
     """commit-1.lua's ARGV[4] for this server: 1 where XACKDEL exists (Redis >= 8.2)."""
     version = tuple(int(x) for x in (await r.info("server"))["redis_version"].split(".")[:2])

@@ -16,9 +16,11 @@ every key's next step into one round trip on the runner's own connection:
 A handler that raises hands the key back with its position, parked for
 the retry back-off (``Config.retry_delay``, doubling up to
 ``retry_delay_max``; the parking stream that :mod:`lbs._consumer.delays`
-promotes); the next hold counts a retry and gets one message at a time; a message that has failed ``Config.max_retries`` holds goes to the
-dead-letter stream (``commit-1.lua``'s ``skip``) and the key goes on after
-it.
+promotes); the next hold counts a retry and gets one message at a time; a
+message that has failed in more than ``Config.max_retries`` holds, one of
+them at least alone, goes to the dead-letter stream (``commit-1.lua``'s
+``skip``) and the key goes on after it: a failed batch never dead-letters a
+message that was not tried by itself.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class KeyedRunner:
         h = hold.held
         if s.holdings.table.get(h.entry_id) is not h:
             return  # disowned meanwhile: the heartbeat let it go
-        if hold.retry_count > s.config.max_retries:
+        if hold.retry_count > max(1, s.config.max_retries):  # (hold 1 may have failed a whole batch)
             reason = f"failed in {hold.retry_count} holds; consumer {s.names.id}"
             self._commit.append((hold, "", "skip", reason))
             s.stats.dead_lettered += 1
