@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 import pytest
 import redis.asyncio as aioredis
 
+from lbs_prometheus import PrometheusPlugin
+from prometheus_client import CollectorRegistry
+
 import lbs
 from lbs._bench import CHUNK, CYCLE_N, cycle_lbs_defaults, cycle_lbs_run, cycle_redis_py_batched_lua, register
 from lbs._bench import config as _config
@@ -107,9 +110,6 @@ async def cycle_lbs_run_defaults(r: aioredis.Redis, service: str, n: int) -> int
 
 async def cycle_lbs_run_defaults_prometheus(r: aioredis.Redis, service: str, n: int) -> int:
     """The same with lbs-prometheus loaded (its own registry, no HTTP server): what metrics cost."""
-    from lbs_prometheus import PrometheusPlugin
-    from prometheus_client import CollectorRegistry
-
     return await cycle_lbs_defaults(r, service, n, [PrometheusPlugin(registry=CollectorRegistry())])
 
 

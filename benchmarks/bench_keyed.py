@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis.asyncio as aioredis
 
+from lbs_prometheus import PrometheusPlugin
+from prometheus_client import CollectorRegistry
+
 import lbs
 from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
@@ -74,9 +77,6 @@ async def _noop(batch: lbs.KeyedBatch) -> None:
 
 async def keyed_lbs(r: aioredis.Redis, service: str, n: int) -> int:
     """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus loaded."""
-    from lbs_prometheus import PrometheusPlugin
-    from prometheus_client import CollectorRegistry
-
     c = lbs.Client(r, service, "bench", lbs.Config(), plugins=[PrometheusPlugin(registry=CollectorRegistry())],
                    load_entrypoint_plugins=False)
     runner = asyncio.create_task(c.run_keyed(_noop, CONCURRENCY))
