@@ -2,7 +2,8 @@
 
 The reader takes keys (LBS entries registered by :class:`lbs.Publisher`)
 and hands each to :meth:`KeyedRunner.dispatch`. One sender task batches
-every key's next step into one round trip on the runner's own connection:
+every key's next step into one round trip, two round trips in flight on the
+link's two keyed connections:
 
 * ``fetch-1.lua`` for newly taken keys: our entry becomes the key's holder
   (a second registration of a key someone else holds is finished unprocessed)
@@ -46,7 +47,6 @@ from .runner import handler_coroutine, start_task
 from .state import ConsumerState
 
 __all__ = ["KeyedRunner"]
-
 
 
 class _Hold:
