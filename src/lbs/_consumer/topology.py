@@ -20,7 +20,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from .._redis.connection import ensure_group, first_node_client, parse_version, slot_owner, topology_error
+from .._redis.connection import (ensure_group, first_node_client, parse_version, skipped_entries, slot_owner,
+                                 topology_error)
 from .._redis.wire import text
 from ..exceptions import RedisOperationError
 from .state import ConsumerState, Link
@@ -67,8 +68,18 @@ class Topology:
                 await asyncio.sleep(cfg.read_retry_initial * 2 ** attempt)
 
     async def ensure_group(self) -> None:
+        """Create the group at 0 unless it exists; if it does, warn about entries it skips."""
         s = self.state
-        await ensure_group(s.link.redis, s.names.stream_key, s.names.group)
+        if await ensure_group(s.link.redis, s.names.stream_key, s.names.group):
+            return
+        n, last, more = await skipped_entries(s.link.redis, s.names.stream_key, s.names.group)
+        if n:
+            s.log.warning(
+                "%s%d entries of %s are at or before group %s's last-delivered id %s and not pending: no "
+                "consumer will ever read them (the group was created at $ after they were added, as the Go "
+                "client v0.4 does). Fix: with every consumer stopped, XGROUP SETID %s %s 0; start an lbs "
+                "consumer first next time (it creates the group at 0)", "at least " if more else "", n,
+                s.names.stream_key, s.names.group, last, s.names.stream_key, s.names.group)
 
     async def _route(self, refresh: bool = False) -> bool:
         """On a cluster: bind to the master that owns the LBS's slot; whether it changed."""

@@ -150,8 +150,8 @@ def parse_version(raw: object) -> tuple[int, ...]:
         return ()
 
 
-async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
-    """Create ``group`` on ``stream`` (and the stream) unless it exists.
+async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> bool:
+    """Create ``group`` on ``stream`` (and the stream) unless it exists; whether this call created it.
 
     Id 0, not $: entries added before any consumer existed are delivered.
     """
@@ -160,6 +160,43 @@ async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+        return False
+    return True
+
+
+#: Entries counted at most, a page at a time, when the server cannot tell a group's lag.
+SKIPPED_COUNT_LIMIT = 10_000
+
+
+async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tuple[int, str, bool]:
+    """Entries of ``stream`` that ``group`` will never deliver: at or below its last-delivered id and
+    not pending (a group created at ``$`` after they were added, as the Go client v0.4 does).
+
+    Returns (count, the group's last-delivered id, whether the count is a lower bound). Counted
+    from the group's lag where the server knows it (7.0+, no deletion inside the range), else
+    by reading up to :data:`SKIPPED_COUNT_LIMIT` entries.
+    """
+    info = next((g for g in await redis.xinfo_groups(stream) if _text(g.get("name")) == group), None)
+    if info is None:
+        return 0, "0-0", False
+    last, pending = _text(info.get("last-delivered-id")) or "0-0", int(info.get("pending") or 0)
+    if last == "0-0":
+        return 0, last, False
+    lag = info.get("lag")
+    if lag is not None:
+        return max(0, int(await redis.xlen(stream)) - int(lag) - pending), last, False
+    seen, start = 0, "-"
+    while seen < SKIPPED_COUNT_LIMIT:
+        page = await redis.xrange(stream, start, last, count=1000) or []
+        seen += len(page)
+        if len(page) < 1000:
+            return max(0, seen - pending), last, False
+        start = "(" + _text(page[-1][0])
+    return max(0, seen - pending), last, True
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else "" if value is None else str(value)
 
 
 def topology_error(exc: BaseException) -> bool:
