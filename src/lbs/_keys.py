@@ -13,6 +13,14 @@ from .exceptions import ConfigurationError, InvalidInputError
 
 #: The field of an LBS entry that holds the JSON assignment.
 INPUT_FIELD = "lbs-input"
+#: The Go reference client v0.4's lock key separator (literally this text): its lock of an LBS
+#: entry is ``<DataStreamName><MUTEX_KEY_SEP><entry id>``, with the consumer's name as value.
+GO_MUTEX_KEY_SEP = "<MUTEX_KEY_SEP>"
+
+
+def go_lock_key(stream: str, entry_id: str) -> str:
+    """The Go reference client's lock key of the LBS entry ``entry_id`` of data stream ``stream``."""
+    return f"{stream}{GO_MUTEX_KEY_SEP}{entry_id}"
 
 
 def validate_service(service: str) -> str:

@@ -105,6 +105,9 @@ class Client:
         self.dead_letter_key = names.dead_letter_key
         source, self._owned = resolve_client(redis, cluster=cluster)
         cluster_client = source if isinstance(source, RedisCluster) else None
+        if cluster_client is not None and self.config.go_compatible:  # (nothing connected yet)
+            raise ConfigurationError("Config.go_compatible needs a single Redis: the Go reference client's "
+                                     "lock keys have no hash tag, so they are in other slots than the LBS")
         self.log = ConsumerLog(log, {"consumer_id": self.id})
         self._hooks = Hooks(self.pm, self, {"service": self.service, "consumer": self.id}, self.log)
         self._state = s = ConsumerState(self.config, names, self._hooks, self.log,

@@ -126,6 +126,13 @@ class Config:
     #: two intervals means the connection is half-open and is replaced.
     pubsub_ping_interval: float = 5.0
 
+    # -- beside the Go reference client ------------------------------------------
+    #: Run beside consumers of the Go reference client v0.4 on the same service: no
+    #: recovery path (scan, deadline poller, keyspace, ``claim()``) re-queues an entry
+    #: whose Go-style lock ``<stream><MUTEX_KEY_SEP><entry id>`` exists (a live Go
+    #: holder). Single Redis only, as the Go client is (its lock keys have no hash tag).
+    go_compatible: bool = False
+
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
             v = getattr(self, name)

@@ -140,3 +140,86 @@ async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once
             await g.kill()
     assert runs == Counter({n: 1 for n in names}) and overlaps == []
     assert by["go"] > 0 and by["lbs"] > 0
+
+
+async def _go_holding(server: RedisServer, service: str, names: list[str],
+                      release: asyncio.Event) -> tuple[GoConsumer, list[str]]:
+    """A Go consumer holding ``names`` (its handler waits for ``release``: slow, alive, its locks
+    extended every second); their LBS entry ids."""
+
+    async def slow(go: GoConsumer, s: GoStream) -> None:
+        await release.wait()
+
+    go = GoConsumer(server.url, service, "go-1", slow, force_config_override=True)
+    await go.start()
+    async with lbs.Producer(server.url, service) as producer:
+        await producer.add_streams(names)
+
+    async def holding() -> bool:
+        return len(go.held) == len(names)
+
+    await eventually(holding)
+    return go, [go.held[n].entry_id for n in names]
+
+
+@pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
+async def test_claim_takes_a_live_go_holders_entry_only_outside_go_compatible_mode(
+        server: RedisServer, service: str, compatible: bool) -> None:
+    release = asyncio.Event()
+    go, ids = await _go_holding(server, service, ["a", "b"], release)
+    c = _client(server.url, service, "lbs-1", go_compatible=compatible, recovery=False)
+    await c.start()
+    try:
+        # lbs has no lock of these (Go's has another name): only the Go-style lock shows the holder.
+        assert [await c.claim(i) for i in ids] == [not compatible] * 2
+    finally:
+        release.set()
+        await c.close()
+        await go.kill()
+
+
+async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(server: RedisServer, service: str) -> None:
+    """lbs consumers scanning every 0.3 s for entries idle past 1.2 s, beside a Go consumer that holds
+    three streams for as long as it takes several such scans (Go never refreshes the idle time)."""
+    release = asyncio.Event()
+    go, ids = await _go_holding(server, service, ["x", "y", "z"], release)
+    r = aioredis.Redis.from_url(server.url)
+    ran: list[str] = []
+
+    async def handle(note: lbs.Notification) -> None:
+        ran.append(note.stream)
+
+    clients = [_client(server.url, service, f"lbs-{i}", go_compatible=True, lock_ttl=0.5, min_idle=1.2,
+                       reconciliation_interval=0.3) for i in range(2)]
+    runners = [asyncio.create_task(c.run(handle)) for c in clients]
+    try:
+        async def scans() -> int:
+            return int((await r.info("commandstats")).get("cmdstat_xpending", {}).get("calls", 0))
+
+        async def idle_enough() -> bool:
+            assert ran == [], "lbs took a stream a live Go consumer holds"
+            pending = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
+            return len(pending) == 3 and min(p["time_since_delivered"] for p in pending) > 1500
+
+        await eventually(idle_enough, timeout=20)
+        before = await scans()
+
+        async def scanned_while_held() -> bool:  # each scan reads XPENDING; the requeue checks run with it
+            return await scans() >= before + 6
+
+        await eventually(scanned_while_held, timeout=30)
+        assert ran == []  # nothing taken from Go
+        release.set()
+
+        async def go_finished() -> bool:
+            return sorted(go.processed()) == ["x", "y", "z"]
+
+        await eventually(go_finished, timeout=10)
+        assert ran == [] and await r.xlen(lbs.input_stream(service)) == 0
+    finally:
+        release.set()
+        for c in clients:
+            await c.close()
+        await asyncio.gather(*runners)
+        await go.kill()
+        await r.aclose()

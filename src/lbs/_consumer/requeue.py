@@ -83,6 +83,7 @@ class Requeue:
         dead_letters = n.dead_letter_key or _keys.dead_letter_stream(n.service)
         parked, due = self.delays.parked_key, self.delays.due_key
         delays = self._delays(len(calls), delay)
+        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else ""
 
         def build(b: CommandBatch) -> None:
             for (entry_id, lock_key, mode, value, reason), wait in zip(calls, delays):
@@ -91,7 +92,7 @@ class Requeue:
                                 max_retries=cfg.max_retries, retry_field=n.retry_field,
                                 original_field=n.original_field, reason=reason, consumer=n.id,
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
-                                field_prefix=n.field_prefix, delay=wait)
+                                field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep)
 
         return await s.link.pool.execute(build)
 
@@ -210,6 +211,8 @@ class Requeue:
                               "reference was cleaned", entry_id)
             elif detail == "acked":
                 s.hooks.metric("recovery_duplicate_ack_total", 1, path=path)
+            elif detail == "go lock":
+                s.log.debug("entry %s is held by a Go consumer (its lock exists): left to it", entry_id)
         return codes
 
     def _announce(self, entry_id: str, res: Any, new_id: str, path: str) -> None:

@@ -154,7 +154,7 @@ NO_DELAY = RetryDelay()
 def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, parked: str, due: str, *, group: str,
             entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
             original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
-            field_prefix: str, delay: RetryDelay = NO_DELAY) -> None:
+            field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "") -> None:
     """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream."""
     b.command("EVALSHA", REQUEUE.sha, REQUEUE.fixed_keys,
               stream,                          # KEYS[1] the LBS
@@ -177,7 +177,8 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
               field_prefix,                    # ARGV[13] the managed-field prefix
               delay.first_ms,                  # ARGV[14] delay at retry 1 (ms); 0: at once
               delay.max_ms,                    # ARGV[15] longest delay (ms)
-              repr(delay.jitter))              # ARGV[16] jitter factor in [0.5, 1]
+              repr(delay.jitter),              # ARGV[16] jitter factor in [0.5, 1]
+              go_lock_sep)                     # ARGV[17] Go-style lock separator ("": not checked)
 
 
 class RequeueCode(enum.IntEnum):

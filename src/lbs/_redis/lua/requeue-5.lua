@@ -35,6 +35,12 @@
   ARGV[15]  longest retry delay (ms)
   ARGV[16]  the caller's jitter: a factor in [0.5, 1] (so d is uniform in
             [d/2, d] when the caller draws it uniformly); "1" for a fixed delay
+  ARGV[17]  beside a Go reference client v0.4 fleet (Config.go_compatible):
+            its lock key separator, "<MUTEX_KEY_SEP>"; "" (or absent)
+            otherwise. In mode "absent" an entry whose Go-style lock
+            "<DataStreamName><sep><entry id>" exists is held by a live Go
+            consumer: nothing is touched ({0, "go lock"}). The key is outside
+            the service's slot: single Redis only, as the Go client is.
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
@@ -44,7 +50,7 @@
        or no stream: not pending). If not: in mode "owned" the lock (ours)
        is deleted; nothing else is touched;
     3. the entry (XRANGE). Gone: its pending reference is acked, the lock
-       released (mode "owned");
+       released (mode "owned"); then, with ARGV[17], its Go-style lock;
     4. the target: the LBS (re-queue), the parking stream and due index
        (park) or the dead-letter stream. The dead-letter stream and the
        parking stream must not exist or be streams, the due index must not
@@ -74,6 +80,7 @@
     {4, parked id, ..., d} parked in KEYS[4] for d ms (due at the parked
                            id's milliseconds + d, in KEYS[5])
     {0, "lock"}            lock check failed: nothing touched
+    {0, "go lock"}         a Go consumer holds it (ARGV[17]): nothing touched
     {0, "acked"}           not pending (someone else already handled it);
                            in mode "owned" our lock was released
     {-1, "trimmed"}        the entry is gone from the stream; its pending
@@ -113,8 +120,23 @@ if #found == 0 then
   return {-1, 'trimmed'}
 end
 
--- 4. The copy and its target.
 local fields = found[1][2]
+
+-- 3b. Beside a Go fleet: a live Go holder's lock (its key needs the data stream's name).
+local go_sep = ARGV[17]
+if mode == 'absent' and go_sep and go_sep ~= '' then
+  for i = 1, #fields, 2 do
+    if fields[i] == 'lbs-input' then
+      local ok, doc = pcall(cjson.decode, fields[i + 1])
+      local name = ok and type(doc) == 'table' and doc['DataStreamName']
+      if type(name) == 'string' and redis.call('EXISTS', name .. go_sep .. ARGV[2]) == 1 then
+        return {0, 'go lock'}
+      end
+    end
+  end
+end
+
+-- 4. The copy and its target.
 local retry_field, original_field = ARGV[7], ARGV[8]
 local out = {}
 local retries = 0
