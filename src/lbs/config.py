@@ -15,6 +15,9 @@ from .exceptions import ConfigurationError
 __all__ = ["Config"]
 
 
+#: The Go reference client v0.4's shortest start-up XAUTOCLAIM idle time (``WithLBSIdleTime``), seconds.
+GO_MIN_IDLE = 4.0
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """Settings of an :class:`lbs.Client`. Durations are in seconds.
@@ -130,7 +133,10 @@ class Config:
     #: Run beside consumers of the Go reference client v0.4 on the same service: no
     #: recovery path (scan, deadline poller, keyspace, ``claim()``) re-queues an entry
     #: whose Go-style lock ``<stream><MUTEX_KEY_SEP><entry id>`` exists (a live Go
-    #: holder). Single Redis only, as the Go client is (its lock keys have no hash tag).
+    #: holder). The heartbeat then keeps every held entry's pending idle time under
+    #: 4 s (the Go client's shortest ``WithLBSIdleTime``), so a Go consumer's start-up
+    #: XAUTOCLAIM cannot take live lbs work. Single Redis only, as the Go client is
+    #: (its lock keys have no hash tag).
     go_compatible: bool = False
 
     def __post_init__(self) -> None:
@@ -155,6 +161,10 @@ class Config:
                     f"Config.heartbeat_interval ({self.heartbeat_interval}) must be shorter than "
                     f"lock_ttl ({self.lock_ttl}), or every lock expires between heartbeats"
                 )
+        if self.go_compatible and self.heartbeat_every >= GO_MIN_IDLE:
+            raise ConfigurationError(
+                f"Config.go_compatible needs a heartbeat under {GO_MIN_IDLE} s (the Go client's shortest "
+                f"XAUTOCLAIM idle time), got heartbeat_interval {self.heartbeat_interval}")
         if self.read_retry_max < self.read_retry_initial:
             raise ConfigurationError("Config.read_retry_max must be >= read_retry_initial")
         for name in ("deadline_poll_interval", "reconciliation_interval", "pubsub_ping_interval",
@@ -202,8 +212,10 @@ class Config:
 
     @property
     def heartbeat_every(self) -> float:
-        """The effective heartbeat interval in seconds."""
-        return self.heartbeat_interval if self.heartbeat_interval is not None else self.lock_ttl / 3
+        """The effective heartbeat interval in seconds (with :attr:`go_compatible`, at most 2 s)."""
+        if self.heartbeat_interval is not None:
+            return self.heartbeat_interval
+        return min(self.lock_ttl / 3, GO_MIN_IDLE / 2) if self.go_compatible else self.lock_ttl / 3
 
     @property
     def scan_min_idle(self) -> float:
@@ -219,7 +231,8 @@ class Config:
         under half of :attr:`scan_min_idle`: the scan (and XREADGROUP CLAIM)
         never sees live work as idle, and Redis skips most of the XCLAIM work.
         """
-        return max(1, int((self.scan_min_idle / 2) // self.heartbeat_every))
+        keep_under = min(self.scan_min_idle, GO_MIN_IDLE) if self.go_compatible else self.scan_min_idle
+        return max(1, int((keep_under / 2) // self.heartbeat_every))
 
     @property
     def lock_ttl_ms(self) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -117,14 +118,20 @@ async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once
 
     lbs_clients = [_client(server.url, service, f"lbs-{i}") for i in range(2)]
     gos = [GoConsumer(server.url, service, f"go-{i}", go_handler, force_config_override=True) for i in range(2)]
-    for c in lbs_clients:
-        await c.start()  # the group at 0
-    for g in gos:
-        await g.start()
-    runners = [asyncio.create_task(c.run(lbs_handler, concurrency=10)) for c in lbs_clients]
+    runners = [asyncio.create_task(c.run(lbs_handler, concurrency=10)) for c in lbs_clients]  # the group at 0
     try:
         async with lbs.Producer(server.url, service) as producer:
-            for at in range(0, len(names), 20):
+            # The first 40 go to lbs alone (Go's reader, one round trip and no COUNT, wins most races),
+            # the rest to whoever reads first once the Go consumers run too.
+            await producer.add_streams(names[:40])
+
+            async def lbs_had_some() -> bool:
+                return by["lbs"] > 0
+
+            await eventually(lbs_had_some)
+            for g in gos:
+                await g.start()
+            for at in range(40, len(names), 20):
                 await producer.add_streams(names[at:at + 20])
                 await asyncio.sleep(0.02)
 
@@ -223,3 +230,86 @@ async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(server: R
         await asyncio.gather(*runners)
         await go.kill()
         await r.aclose()
+
+
+async def _listening(c: lbs.Client) -> bool:
+    return c.recovery.listening.is_set()
+
+
+@pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
+async def test_a_dead_go_holders_streams_come_back_when_its_locks_expire(
+        server: RedisServer, service: str, compatible: bool) -> None:
+    """kill -9 of a Go consumer holding three streams: with go_compatible the expiry of its 2-s locks
+    brings them back (the keyspace listener); without it only the scan would, 30 s idle later."""
+    release = asyncio.Event()
+    go, ids = await _go_holding(server, service, ["p", "q", "r"], release)
+    got: dict[str, float] = {}
+    seen = asyncio.Event()
+
+    async def handle(note: lbs.Notification) -> None:
+        got[note.stream] = time.monotonic()
+        if len(got) == 3:
+            seen.set()
+
+    # The defaults' scan (min_idle 30 s, every 60 s) cannot be what brings them back within the wait.
+    c = _client(server.url, service, "lbs-1", go_compatible=compatible)
+    runner = asyncio.create_task(c.run(handle))
+    try:
+        await eventually(lambda: _listening(c))
+        killed = time.monotonic()
+        await go.kill()
+        try:
+            await asyncio.wait_for(seen.wait(), 10 if compatible else 4)  # (Go TTL 2 s: 4 s shows the difference)
+        except asyncio.TimeoutError:
+            pass
+        if compatible:
+            assert sorted(got) == ["p", "q", "r"]
+            print(f"GO-RECOVERY dead Go holder -> lbs: {max(got.values()) - killed:.2f} s for 3 streams")
+        else:
+            assert got == {}
+    finally:
+        await c.close()
+        await runner
+
+
+@pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
+async def test_a_go_consumer_starting_with_a_5s_idle_time_takes_live_lbs_work_only_by_default(
+        server: RedisServer, service: str, compatible: bool) -> None:
+    """Go's start-up XAUTOCLAIM takes whatever is idle past WithLBSIdleTime, live holders included:
+    with go_compatible lbs's heartbeat keeps its entries' idle time under 4 s."""
+    release = asyncio.Event()
+    took: list[str] = []
+
+    async def slow(note: lbs.Notification) -> None:
+        took.append(note.stream)
+        await release.wait()
+
+    c = _client(server.url, service, "lbs-1", go_compatible=compatible)
+    runner = asyncio.create_task(c.run(slow))
+    go: GoConsumer | None = None
+    try:
+        async with lbs.Producer(server.url, service) as producer:
+            await producer.add_streams(["u", "v", "w"])
+
+        async def holding() -> bool:
+            return len(took) == 3
+
+        await eventually(holding)
+        await asyncio.sleep(6.0)  # past Go's 5 s idle time: only the heartbeat's refresh keeps them "fresh"
+
+        async def nothing(go: GoConsumer, s: GoStream) -> None:
+            return None
+
+        go = GoConsumer(server.url, service, "go-1", nothing, lbs_idle_time=5.0, force_config_override=True)
+        await go.start()
+        stolen = [name for kind, name, _ in go.events if kind == "StreamAdded"]
+        if compatible:
+            assert stolen == []
+        else:  # by default a tick refreshes a rotating quarter of the entries: most sat idle past 5 s
+            assert stolen != [] and set(stolen) <= {"u", "v", "w"}
+    finally:
+        release.set()
+        await c.close()
+        await runner
+        if go is not None:
+            await go.kill()

@@ -45,6 +45,7 @@ from redis.exceptions import RedisError
 
 from _lbscore import CommandBatch
 
+from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait, execute
 from .._redis.wire import first_error, text
@@ -122,11 +123,18 @@ class Recovery:
         db = int(self.state.link.redis.connection_pool.connection_kwargs.get("db", 0) or 0)
         return f"__keyspace@{db}__:" + _GLOB_SPECIAL.sub(r"\\\1", self.state.names.lock_key_prefix) + "*"
 
+    def _go_channel_pattern(self) -> str:
+        """With ``Config.go_compatible``: the Go reference client's lock keys (any service's: the
+        entry is looked up in our LBS before anything is done)."""
+        db = int(self.state.link.redis.connection_pool.connection_kwargs.get("db", 0) or 0)
+        return f"__keyspace@{db}__:*" + _GLOB_SPECIAL.sub(r"\\\1", _keys.GO_MUTEX_KEY_SEP) + "*"
+
     async def _keyspace_loop(self) -> None:
         """Listen for this service's lock expirations; reconnect on drops and half-open links."""
         s = self.state
         pattern = self._channel_pattern()
         prefix_len = len(pattern) - 1  # the channel minus the trailing '*'
+        patterns = [pattern, self._go_channel_pattern()] if self.config.go_compatible else [pattern]
         backoff = Backoff(self.config.read_retry_initial, self.config.read_retry_max)
         ping_every = self.config.pubsub_ping_interval
         first = True
@@ -135,7 +143,7 @@ class Recovery:
             link = s.link
             pubsub = link.redis.pubsub()  # on the slot's owner: where the locks expire
             try:
-                await pubsub.psubscribe(pattern)
+                await pubsub.psubscribe(*patterns)
                 if not first:
                     s.hooks.metric("keyspace_listener_reconnects_total", 1)
                     await self.topology.check_server()  # a restart forgets the keyspace-event setting
@@ -153,7 +161,10 @@ class Recovery:
                     if msg is not None:
                         last_pong = now  # anything arriving proves the link is alive
                         if msg.get("type") == "pmessage" and text(msg.get("data")) == "expired":
-                            await self._on_expired(text(msg["channel"])[prefix_len:])
+                            if text(msg.get("pattern")) == pattern:
+                                await self._on_expired(text(msg["channel"])[prefix_len:])
+                            else:
+                                await self._on_go_expired(text(msg["channel"]).rpartition(_keys.GO_MUTEX_KEY_SEP)[2])
                     if now - last_ping >= ping_every:
                         # redis-py's health check only sends; the PONG must come back
                         # on the subscription, or the connection is half-open.
@@ -181,6 +192,18 @@ class Recovery:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 except Exception:
                     pass
+
+    async def _on_go_expired(self, entry_id: str) -> None:
+        """A Go consumer's lock expired (``Config.go_compatible``): its holder stopped extending it.
+        If the entry is pending in our LBS, recover it (requeue-5 checks both locks first)."""
+        s = self.state
+        n = s.names
+        try:
+            if not await s.link.redis.xpending_range(n.stream_key, n.group, min=entry_id, max=entry_id, count=1):
+                return  # another service's entry, or finished
+            await self.requeue.recover([entry_id], "keyspace", "a Go consumer's lock expired (keyspace)")
+        except RedisError as exc:
+            s.log.warning("re-queue of %s after its Go lock expired failed: %s", entry_id, exc)
 
     async def _on_expired(self, entry_id: str) -> None:
         """A lock expired: poll the deadline index now (it re-queues the entry if its holder is overdue)."""
