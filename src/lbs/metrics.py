@@ -143,6 +143,9 @@ METRICS: Final[Mapping[str, Metric]] = _table(
            "Entries in the dead-letter stream, sampled every Config.metrics_interval (not sampled when dead "
            "letters are dropped)."),
     # -- the server -----------------------------------------------------------------
+    Metric("go_taken_total", "counter",
+           "Streams a Go reference client consumer took while this client held them (Config.go_compatible: "
+           "its Go-style lock held another name); each was disowned."),
     Metric("topology_changes_total", "counter",
            "Times the client moved to a new cluster master owning its service's slot."),
     Metric("server_restarts_total", "counter",

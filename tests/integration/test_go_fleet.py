@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _goclient import ConfigRefused, GoConsumer, GoStream
+from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
 from _helpers import eventually
 
 import lbs
@@ -313,3 +313,99 @@ async def test_a_go_consumer_starting_with_a_5s_idle_time_takes_live_lbs_work_on
         await runner
         if go is not None:
             await go.kill()
+
+
+async def _die(c: lbs.Client) -> None:
+    """kill -9 of an lbs consumer, in-process: it stops reading, beating and recovering, releases nothing."""
+    c._state.stopping.set()
+    for task in (c._reader.task, c._heartbeat.task, *c.recovery.tasks):
+        if task is not None:
+            task.cancel()
+    await asyncio.sleep(0)
+    await c._state.link.close()
+
+
+async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(server: RedisServer, service: str) -> None:
+    """With go_compatible an lbs consumer holds a Go-style lock per stream (kept by its heartbeat for
+    max(lock_ttl, 4 s)); when it dies those expire and the Go consumers' keyspace listener claims them."""
+    release = asyncio.Event()
+    mine: list[str] = []
+
+    async def slow(note: lbs.Notification) -> None:
+        mine.append(note.stream)
+        await release.wait()
+
+    r = aioredis.Redis.from_url(server.url)
+    c = _client(server.url, service, "lbs-1", go_compatible=True, lock_ttl=1.0)
+    runner = asyncio.create_task(c.run(slow))
+    done_by_go: list[str] = []
+
+    async def go_handler(go: GoConsumer, s: GoStream) -> None:
+        done_by_go.append(s.name)
+
+    go = GoConsumer(server.url, service, "go-1", go_handler, force_config_override=True)
+    try:
+        async with lbs.Producer(server.url, service) as producer:
+            await producer.add_streams(["d", "e", "f"])
+
+        async def go_style_locks() -> bool:  # taken by lbs, and a heartbeat tick set their Go-style locks
+            if len(mine) < 3:
+                return False
+            ids = [h.entry_id for h in c._state.holdings.table.values()]
+            return len(ids) == 3 and await r.exists(*(go_lock_key(n, i) for n, i in zip(
+                [h.stream for h in c._state.holdings.table.values()], ids))) == 3
+
+        await eventually(go_style_locks)
+        values = [await r.get(go_lock_key(h.stream, h.entry_id)) for h in c._state.holdings.table.values()]
+        assert values == [c.id.encode()] * 3  # the value a Go consumer writes: the holder's name
+        await go.start()
+        died = time.monotonic()
+        await _die(c)
+
+        async def go_took_over() -> bool:
+            return sorted(done_by_go) == ["d", "e", "f"]
+
+        await eventually(go_took_over, timeout=20)
+        print(f"GO-RECOVERY dead lbs consumer -> Go: {time.monotonic() - died:.2f} s for 3 streams")
+        assert await r.xlen(lbs.input_stream(service)) == 0
+    finally:
+        release.set()
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await c.close()
+        await go.kill()
+        await r.aclose()
+
+
+async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_and_counted(
+        server: RedisServer, service: str) -> None:
+    release = asyncio.Event()
+
+    async def slow(note: lbs.Notification) -> None:
+        await release.wait()
+
+    r = aioredis.Redis.from_url(server.url)
+    c = _client(server.url, service, "lbs-1", go_compatible=True, lock_ttl=1.0)
+    runner = asyncio.create_task(c.run(slow))
+    try:
+        async with lbs.Producer(server.url, service) as producer:
+            await producer.add_stream("g")
+
+        async def held() -> bool:
+            return len(c._state.holdings.table.values()) == 1
+
+        await eventually(held)
+        (h,) = c._state.holdings.table.values()
+        # A Go consumer's Claim after a tick it missed: XCLAIM, then its lock, with its name.
+        await r.xclaim(lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [h.entry_id])
+        await r.set(go_lock_key(h.stream, h.entry_id), "redis-consumer-go-1", px=2000)
+
+        async def disowned() -> bool:
+            return c.metrics.get("go_taken_total", 0) == 1 and not c._state.holdings.table.values()
+
+        await eventually(disowned)
+    finally:
+        release.set()
+        await c.close()
+        await runner
+        await r.aclose()

@@ -27,6 +27,7 @@ from .._waits import wait_set
 from ..exceptions import RedisOperationError
 from ..notifications import DoneStatus
 from .backoff import Backoff
+from .golocks import GoLocks
 from .state import ConsumerState
 from .topology import Topology
 
@@ -49,6 +50,7 @@ class Finisher:
     def __init__(self, state: ConsumerState, topology: Topology) -> None:
         self.state = state
         self.topology = topology
+        self.golocks = GoLocks(state)
         self._queue: list[_Item] = []
         self._inflight: list[_Item] = []  # the batch Redis runs now
         self._retry: list[_Item] = []  # batches Redis did not answer
@@ -145,6 +147,7 @@ class Finisher:
                 continue
             self._inflight = []
             backoff.reset()
+            await self.golocks.release([h for h, _ in batch])
             released = s.hooks.listening("lbs_lock_released")
             outcomes: list[tuple[Held, DoneStatus]] | None = [] if s.hooks.listening("lbs_locks_released") else None
             for (h, fut), code in zip(batch, codes):

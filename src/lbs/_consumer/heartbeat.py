@@ -26,6 +26,7 @@ from .._waits import wait_set
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .finisher import Finisher
+from .golocks import GoLocks
 from .requeue import Requeue
 from .state import ConsumerState
 from .topology import Topology
@@ -38,6 +39,7 @@ class Heartbeat:
 
     def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
+        self.golocks = GoLocks(state)
         self._beats = 0  # ticks so far: picks which entries refresh their pending idle time
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
         self._overdue_next = 0.0  # when the tick looks for them again (monotonic)
@@ -118,6 +120,12 @@ class Heartbeat:
         lost = [h for h in lost if s.holdings.drop(h)]
         for h in lost:
             self._disown(h, "lock expired or taken while held (heartbeat missed)")
+        if self.golocks.enabled:
+            lost_ids = {h.entry_id for h in lost}
+            for h in await self.golocks.keep([h for h in snapshot if h.entry_id not in lost_ids]):
+                if s.holdings.drop(h):
+                    s.hooks.metric("go_taken_total", 1)
+                    self._disown(h, "a Go consumer took it (its Go-style lock holds another name)")
         if held:  # a tick holding nothing only kept the instance marker alive
             s.hooks.notify("lbs_locks_extended", extended=held - len(lost), lost=len(lost),
                            seconds=time.perf_counter() - started)

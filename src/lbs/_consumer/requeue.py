@@ -33,6 +33,7 @@ from .._redis.wire import first_error, text
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
+from .golocks import GoLocks
 from .state import ConsumerState
 
 __all__ = ["Requeue"]
@@ -56,6 +57,7 @@ class Requeue:
 
     def __init__(self, state: ConsumerState) -> None:
         self.state = state
+        self.golocks = GoLocks(state)
         #: Dead letters that could not be written yet: (entry, our lock value, reason).
         self.undead: list[tuple[Entry, str, str]] = []
         #: What brings parked copies back (its task runs while the client is started).
@@ -121,6 +123,7 @@ class Requeue:
                 await self._unparked(calls, results, count_retry)
         except RedisError as exc:
             raise RedisOperationError("hand back", exc) from exc
+        await self.golocks.release(items)
         out = []
         for h, res in zip(items, results):
             code, detail = int(res[0]), text(res[1])

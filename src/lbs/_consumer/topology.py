@@ -72,7 +72,11 @@ class Topology:
         s = self.state
         if await ensure_group(s.link.redis, s.names.stream_key, s.names.group):
             return
-        n, last, more = await skipped_entries(s.link.redis, s.names.stream_key, s.names.group)
+        try:
+            n, last, more = await skipped_entries(s.link.redis, s.names.stream_key, s.names.group)
+        except RedisError as exc:  # advisory: never what stops a start
+            s.log.debug("cannot count the entries the group skips: %s", exc)
+            return
         if n:
             s.log.warning(
                 "%s%d entries of %s are at or before group %s's last-delivered id %s and not pending: no "

@@ -66,7 +66,8 @@ LEAVE = _load("leave-1")
 PUBLISH = _load("publish-1")
 FETCH = _load("fetch-1")
 COMMIT = _load("commit-1")
-SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT)
+GOLOCKS = _load("golocks-n")
+SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT, GOLOCKS)
 
 
 def sources() -> list[str]:
@@ -296,3 +297,16 @@ class CommitCode(enum.IntEnum):
     NOT_OURS = 2
     RELEASED = 5
     YIELDED = 6
+
+
+# --------------------------------------------------------------- golocks-n ---
+# Caller: lbs._consumer.golocks.
+
+def go_locks(b: CommandBatch, keys: list[str], name: str, mode: str, ttl_ms: int = 0) -> None:
+    """Keep (``mode`` "keep", for ``ttl_ms``) or release ("release") the Go-style locks ``keys``
+    holding ``name``; the reply lists the 1-based positions of locks that hold something else."""
+    b.command("EVALSHA", GOLOCKS.sha, len(keys),
+              *keys,      # KEYS[1..n] Go-style lock keys
+              name,       # ARGV[1] our consumer name
+              mode,       # ARGV[2] "keep" or "release"
+              ttl_ms)     # ARGV[3] TTL (ms), for "keep"
