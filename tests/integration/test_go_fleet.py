@@ -409,3 +409,59 @@ async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_a
         await c.close()
         await runner
         await r.aclose()
+
+
+@pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
+async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
+        server: RedisServer, service: str, compatible: bool) -> None:
+    """lbs-claim's XREADGROUP ... CLAIM hands over whatever is idle, and Go never refreshes idle times:
+    with go_compatible read-3 leaves a claimed entry whose Go-style lock exists to its Go holder."""
+    lbs_claim = pytest.importorskip("lbs_claim")
+    release = asyncio.Event()
+    go, ids = await _go_holding(server, service, ["k1", "k2"], release)
+    ran: list[str] = []
+
+    async def handle(note: lbs.Notification) -> None:
+        ran.append(note.stream)
+
+    cfg = lbs.Config(read_block=0.1, lock_ttl=0.3, min_idle=1.0, go_compatible=compatible, recovery=False)
+    c = lbs.Client(server.url, service, consumer_id="lbs-1", config=cfg, load_entrypoint_plugins=False,
+                   plugins=[lbs_claim.ClaimReader(min_idle=1.0)])
+    runner = asyncio.create_task(c.run(handle))
+    r = aioredis.Redis.from_url(server.url)
+    try:
+        if not compatible:
+            async def robbed() -> bool:
+                return sorted(ran) == ["k1", "k2"]
+
+            await eventually(robbed, timeout=20)
+            return
+
+        async def reads() -> int:
+            return int((await r.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
+
+        async def claimed_by_lbs() -> bool:  # CLAIM moved them to lbs's pending list; read-3 locked nothing
+            pending = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
+            return len(pending) == 2 and {p["consumer"] for p in pending} == {c.id.encode()}
+
+        await eventually(claimed_by_lbs, timeout=20)
+        before = await reads()
+
+        async def read_again() -> bool:  # reads with CLAIM, every 0.1 s, while the entries are claimable
+            return await reads() >= before + 10
+
+        await eventually(read_again, timeout=20)
+        assert ran == []
+        release.set()
+
+        async def go_finished() -> bool:
+            return sorted(go.processed()) == ["k1", "k2"]
+
+        await eventually(go_finished)
+        assert ran == []
+    finally:
+        release.set()
+        await c.close()
+        await runner
+        await go.kill()
+        await r.aclose()

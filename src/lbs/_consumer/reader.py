@@ -26,6 +26,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from _lbscore import CommandBatch, Entry, Held
 
+from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.wire import text
@@ -159,7 +160,8 @@ class Reader:
         s = self.state
         n = s.names
         args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
-                n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex)
+                n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex,
+                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "")
 
         def build(b: CommandBatch) -> None:
             scripts.read(b, *args)

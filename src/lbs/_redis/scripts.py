@@ -79,7 +79,8 @@ def sources() -> list[str]:
 # Caller: lbs._consumer.reader.
 
 def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, consumer: str, count: int,
-         ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str, msetex: bool) -> None:
+         ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str, msetex: bool,
+         go_lock_sep: str = "") -> None:
     """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects."""
     b.command("EVALSHA", READ.sha, READ.fixed_keys,
               stream,       # KEYS[1] the LBS
@@ -93,7 +94,8 @@ def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, c
               start,        # ARGV[6] ">" new entries, "0" our own pending ones
               claim_ms,     # ARGV[7] CLAIM min-idle (ms), "" for none
               owner,        # ARGV[8] lock owner: values are "<token>:<owner>"
-              1 if msetex else 0)  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
+              1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
+              go_lock_sep)  # ARGV[10] Go-style lock separator ("": not checked)
     b.expect(Shape.SCRIPT_ENTRIES)
 
 

@@ -40,6 +40,13 @@
            PXAT, which sets all of them or none; a slice where any lock
            exists falls back to one SET NX per entry. "" or absent, or a
            user the ACL denies MSETEX: SET NX per entry.
+  ARGV[10] optional, beside a Go reference client v0.4 fleet
+           (Config.go_compatible): its lock key separator,
+           "<MUTEX_KEY_SEP>". An entry claimed with ARGV[7] whose Go-style
+           lock "<DataStreamName><sep><entry id>" exists is a live Go
+           holder's: its token is "Go consumer <the lock's value>" and no
+           lock of ours is taken (it stays pending, left to its holder).
+           The key is outside the service's slot: single Redis only.
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing and returns
@@ -179,6 +186,30 @@ if ARGV[6] ~= '>' then
 end
 local owner = ARGV[8]
 if not owner or owner == '' then owner = ARGV[2] end
+-- Beside a Go fleet: claimed entries a live Go consumer holds (its lock exists).
+local go_held = {}
+local go_sep = ARGV[10]
+if go_sep and go_sep ~= '' and ARGV[7] and ARGV[7] ~= '' then
+  for i = 1, n do
+    local e = entries[i]
+    if tonumber(e[4]) and tonumber(e[4]) > 0 and type(e[2]) == 'table' then
+      for j = 1, #e[2] - 1, 2 do
+        if e[2][j] == 'lbs-input' then
+          local ok, doc = pcall(cjson.decode, e[2][j + 1])
+          local name = ok and type(doc) == 'table' and doc['DataStreamName']
+          if type(name) == 'string' then
+            local v = redis.pcall('GET', name .. go_sep .. e[1])
+            if type(v) == 'table' then  -- not a string: not a lock we may take over
+              go_held[i] = 'Go consumer (a key of another type)'
+            elseif v then
+              go_held[i] = 'Go consumer ' .. v
+            end
+          end
+        end
+      end
+    end
+  end
+end
 local t = redis.call('TIME')
 if not fence_exists then
   -- Seed a lost counter from the clock (µs, exact in a double: < 2^53 until
@@ -196,7 +227,9 @@ local digits = string.format('%d', 2 ^ 52) == '4503599627370496' and '%d' or '%.
 local function lock_each(s, e)
   for i = s, e do
     local lock = ARGV[5] .. entries[i][1]
-    if redis.call('SET', lock, string.format(digits, first + i) .. ':' .. owner, 'NX', 'PXAT', deadline) then
+    if go_held[i] then
+      tokens[i] = go_held[i]
+    elseif redis.call('SET', lock, string.format(digits, first + i) .. ':' .. owner, 'NX', 'PXAT', deadline) then
       tokens[i] = first + i
       taken = true
     else
@@ -204,7 +237,7 @@ local function lock_each(s, e)
     end
   end
 end
-if msetex then
+if msetex and next(go_held) == nil then
   for s = 1, n, 500 do
     local e, args = math.min(s + 499, n), {}
     for i = s, e do
