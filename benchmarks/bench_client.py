@@ -113,10 +113,16 @@ async def cycle_lbs_run_defaults_prometheus(r: aioredis.Redis, service: str, n: 
     return await cycle_lbs_defaults(r, service, n, [PrometheusPlugin(registry=CollectorRegistry())])
 
 
+async def cycle_lbs_run_defaults_go_compatible(r: aioredis.Redis, service: str, n: int) -> int:
+    """The defaults with ``go_compatible=True`` (Go-style locks beside lbs's, a 2-s heartbeat): the mode's cost."""
+    return await cycle_lbs_defaults(r, service, n, go_compatible=True)
+
+
 CYCLES = {
     "lbs run()": cycle_lbs_run,
     "lbs run() defaults": cycle_lbs_run_defaults,
     "lbs run() defaults+prometheus": cycle_lbs_run_defaults_prometheus,
+    "lbs run() defaults go_compatible": cycle_lbs_run_defaults_go_compatible,
     "lbs done_streams": cycle_lbs_batched,
     "redis-py batched + Lua": cycle_redis_py_batched_lua,
     "redis-py pipelines": cycle_redis_py_pipelines,

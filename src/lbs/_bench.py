@@ -106,10 +106,12 @@ async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
                              load_entrypoint_plugins=False), n)
 
 
-async def cycle_lbs_defaults(r: aioredis.Redis, service: str, n: int, plugins: Sequence[object] = ()) -> int:
-    """run() as an application gets it: ``lbs.Config()``, ``concurrency=1024``, the given plugins."""
-    return await _run(Client(r, service, "bench", Config(), plugins=plugins, load_entrypoint_plugins=False), n,
-                      concurrency=1024)
+async def cycle_lbs_defaults(r: aioredis.Redis, service: str, n: int, plugins: Sequence[object] = (),
+                             **config: Any) -> int:
+    """run() as an application gets it: ``lbs.Config(**config)`` (none: the defaults), ``concurrency=1024``,
+    the given plugins."""
+    return await _run(Client(r, service, "bench", Config(**config), plugins=plugins, load_entrypoint_plugins=False),
+                      n, concurrency=1024)
 
 
 async def plain_read(r: aioredis.Redis, group: str, stream: str, count: int) -> list[Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,15 +19,23 @@ from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
 from _helpers import eventually
 
 import lbs
-from lbs.embedded import RedisServer
+from lbs.embedded import RedisServer, ServerNotFoundError, find_redis_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A Redis 8.x with ``notify-keyspace-events`` empty, as Go wants to find it."""
-    with RedisServer(config={"notify-keyspace-events": ""}) as s:
+@pytest.fixture(params=["redis8", "redis7"])
+def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """A Redis 8.x, then Debian's 7.0, with ``notify-keyspace-events`` empty, as Go wants to find it."""
+    binary = None
+    if request.param == "redis7":
+        try:
+            binary = find_redis_server(min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER")
+        except ServerNotFoundError as exc:
+            if os.environ.get("LBS_REQUIRE_REDIS7") == "1":
+                pytest.fail(f"LBS_REQUIRE_REDIS7=1 but {exc}")
+            pytest.skip(f"needs Debian's redis-server 7.x: {exc}")
+    with RedisServer(binary, config={"notify-keyspace-events": ""}) as s:
         yield s
 
 
@@ -417,6 +426,8 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
     """lbs-claim's XREADGROUP ... CLAIM hands over whatever is idle, and Go never refreshes idle times:
     with go_compatible read-3 leaves a claimed entry whose Go-style lock exists to its Go holder."""
     lbs_claim = pytest.importorskip("lbs_claim")
+    if server.version < (8, 4):
+        pytest.skip("XREADGROUP ... CLAIM needs Redis >= 8.4")
     release = asyncio.Event()
     go, ids = await _go_holding(server, service, ["k1", "k2"], release)
     ran: list[str] = []
@@ -465,3 +476,39 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
         await runner
         await go.kill()
         await r.aclose()
+
+
+async def test_go_style_locks_are_released_with_done_and_hand_back(server: RedisServer, service: str) -> None:
+    r = aioredis.Redis.from_url(server.url)
+    c = _client(server.url, service, "lbs-1", go_compatible=True, lock_ttl=1.0)
+    release = asyncio.Event()
+
+    async def go_locks() -> int:
+        return len([k async for k in r.scan_iter(match="*<MUTEX_KEY_SEP>*")])
+
+    async def handle(note: lbs.Notification) -> None:
+        if note.stream == "done-me":
+            await release.wait()  # finished (done) once both Go-style locks exist
+        else:
+            await asyncio.Event().wait()  # held until close() hands it back
+
+    runner = asyncio.create_task(c.run(handle))
+    try:
+        async with lbs.Producer(server.url, service) as producer:
+            await producer.add_streams(["done-me", "hand-me"])
+
+        async def both_locked() -> bool:
+            return await go_locks() == 2
+
+        await eventually(both_locked)
+        release.set()
+
+        async def one_left() -> bool:
+            return c.stats.done == 1 and await go_locks() == 1
+
+        await eventually(one_left)
+    finally:
+        await c.close()  # hands "hand-me" back
+        await runner
+    assert c.stats.handed_back == 1 and await go_locks() == 0
+    await r.aclose()

@@ -111,16 +111,17 @@ class Finisher:
 
             def build(b: CommandBatch) -> None:
                 scripts.done(b, n.stream_key, n.lock_prefix, ids, values, n.group, xackdel, retrying)
+                self.golocks.release_in(b, [h for h, _ in batch])
 
             wire = s.link.done
             try:
                 try:
-                    (codes,) = first_error(await wire.execute(build))
+                    (codes,) = first_error((await wire.execute(build))[:1])
                 except RedisConnectionError:
                     # The connection failed with the call in flight: it may have
                     # run. Send it once more on a fresh connection, saying so.
                     retrying = True
-                    (codes,) = first_error(await wire.execute(build))
+                    (codes,) = first_error((await wire.execute(build))[:1])
             except asyncio.CancelledError:
                 self._inflight = []
                 for _, fut in batch:
@@ -147,7 +148,6 @@ class Finisher:
                 continue
             self._inflight = []
             backoff.reset()
-            await self.golocks.release([h for h, _ in batch])
             released = s.hooks.listening("lbs_lock_released")
             outcomes: list[tuple[Held, DoneStatus]] | None = [] if s.hooks.listening("lbs_locks_released") else None
             for (h, fut), code in zip(batch, codes):

@@ -11,10 +11,11 @@ for every stream it holds:
   for ``max(lock_ttl, 4 s)``: when lbs dies, the lock outlives Go's 2-s
   claim idle, so Go's XCLAIM succeeds; a lock that holds another name means
   a Go consumer took the entry, and lbs lets it go (disowned);
-* done and hand-back release them right behind their own scripts
-  (:meth:`GoLocks.release`). Not atomically with them: a Go-style lock left
-  by a lost reply expires, and the Go consumer's Claim then finds the entry
-  gone (XCLAIM of an acknowledged or deleted entry takes nothing).
+* done and hand-back release them right behind their own scripts, in the
+  same round trip (:meth:`GoLocks.release_in`). Not atomically with them: a
+  Go-style lock left by a lost reply expires, and the Go consumer's Claim
+  then finds the entry gone (XCLAIM of an acknowledged or deleted entry
+  takes nothing).
 
 A stream taken by a read gets its Go-style lock at the next tick (at most
 2 s later in this mode); until then nothing in Go looks at it (its reader
@@ -57,17 +58,12 @@ class GoLocks:
         (others,) = first_error(await s.link.beat.execute(build, retry_safe=True))
         return [held[i - 1] for i in others]
 
-    async def release(self, held: Sequence[Held]) -> None:
-        """Delete the Go-style locks of ``held`` that are still ours (best effort: one left expires)."""
+    def release_in(self, b: CommandBatch, held: Sequence[Held]) -> int:
+        """Add the release of ``held``'s Go-style locks that are still ours to ``b``, the batch of the
+        caller's own release (done-n, requeue-5), right behind it; how many commands were added (0 or
+        1: the reply is the caller's to skip). Best effort: a lock a lost reply leaves expires."""
         if not self.enabled or not held:
-            return
-        s = self.state
-        keys = [_keys.go_lock_key(h.stream, h.entry_id) for h in held]
-
-        def build(b: CommandBatch) -> None:
-            scripts.go_locks(b, keys, s.names.id, "release")
-
-        try:
-            first_error(await s.link.pool.execute(build, retry_safe=True))
-        except Exception as exc:
-            s.log.debug("releasing %d Go-style locks failed (%s); they expire", len(keys), exc)
+            return 0
+        scripts.go_locks(b, [_keys.go_lock_key(h.stream, h.entry_id) for h in held], self.state.names.id,
+                         "release")
+        return 1

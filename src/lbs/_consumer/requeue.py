@@ -77,8 +77,9 @@ class Requeue:
         return [RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY] * count
 
     async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False,
-                   delay: float | None = 0.0) -> list[Any]:
-        """One batch of requeue-5.lua calls; one reply (or server error) per call."""
+                   delay: float | None = 0.0, go_release: Sequence[Held] = ()) -> list[Any]:
+        """One batch of requeue-5.lua calls; one reply (or server error) per call. ``go_release``:
+        held streams whose Go-style locks go in the same batch, right behind (``Config.go_compatible``)."""
         s = self.state
         n, cfg = s.names, s.config
         # Without a dead-letter stream the key is only a name in the same slot: nothing is written to it.
@@ -95,8 +96,9 @@ class Requeue:
                                 original_field=n.original_field, reason=reason, consumer=n.id,
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
                                 field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep)
+            self.golocks.release_in(b, go_release)
 
-        return await s.link.pool.execute(build)
+        return (await s.link.pool.execute(build))[:len(calls)]
 
     # ----------------------------------------------------------- hand back ---
 
@@ -118,12 +120,11 @@ class Requeue:
         s = self.state
         calls = [(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items]
         try:
-            results = first_error(await self._run(calls, count_retry=count_retry, delay=delay))
+            results = first_error(await self._run(calls, count_retry=count_retry, delay=delay, go_release=items))
             if delay != 0:
                 await self._unparked(calls, results, count_retry)
         except RedisError as exc:
             raise RedisOperationError("hand back", exc) from exc
-        await self.golocks.release(items)
         out = []
         for h, res in zip(items, results):
             code, detail = int(res[0]), text(res[1])
