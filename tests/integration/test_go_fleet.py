@@ -158,15 +158,17 @@ async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once
     assert by["go"] > 0 and by["lbs"] > 0
 
 
-async def _go_holding(server: RedisServer, service: str, names: list[str],
-                      release: asyncio.Event) -> tuple[GoConsumer, list[str]]:
+async def _go_holding(server: RedisServer, service: str, names: list[str], release: asyncio.Event,
+                      hb_interval: float = 5.0) -> tuple[GoConsumer, list[str]]:
     """A Go consumer holding ``names`` (its handler waits for ``release``: slow, alive, its locks
-    extended every second); their LBS entry ids."""
+    extended every ``hb_interval`` / 2); their LBS entry ids. The default, 5 s (``WithLBSHBInterval``),
+    keeps a live holder's locks through event-loop stalls of a loaded machine (the double shares the
+    test's loop); the Go default, 2 s, is for the tests that kill it."""
 
     async def slow(go: GoConsumer, s: GoStream) -> None:
         await release.wait()
 
-    go = GoConsumer(server.url, service, "go-1", slow, force_config_override=True)
+    go = GoConsumer(server.url, service, "go-1", slow, hb_interval=hb_interval, force_config_override=True)
     await go.start()
     async with lbs.Producer(server.url, service) as producer:
         await producer.add_streams(names)
@@ -251,7 +253,7 @@ async def test_a_dead_go_holders_streams_come_back_when_its_locks_expire(
     """kill -9 of a Go consumer holding three streams: with go_compatible the expiry of its 2-s locks
     brings them back (the keyspace listener); without it only the scan would, 30 s idle later."""
     release = asyncio.Event()
-    go, ids = await _go_holding(server, service, ["p", "q", "r"], release)
+    go, ids = await _go_holding(server, service, ["p", "q", "r"], release, hb_interval=2.0)
     got: dict[str, float] = {}
     seen = asyncio.Event()
 
