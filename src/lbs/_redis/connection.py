@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..exceptions import ConfigurationError, RedisOperationError
+from .wire import text
 
 #: What the public API accepts as ``redis``: a redis.asyncio client, a
 #: ``RedisCluster``, or a URL (``redis+cluster://`` / ``rediss+cluster://`` for a cluster).
@@ -176,10 +177,10 @@ async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tup
     from the group's lag where the server knows it (7.0+, no deletion inside the range), else
     by reading up to :data:`SKIPPED_COUNT_LIMIT` entries.
     """
-    info = next((g for g in await redis.xinfo_groups(stream) if _text(g.get("name")) == group), None)
+    info = next((g for g in await redis.xinfo_groups(stream) if text(g.get("name")) == group), None)
     if info is None:
         return 0, "0-0", False
-    last, pending = _text(info.get("last-delivered-id")) or "0-0", int(info.get("pending") or 0)
+    last, pending = text(info.get("last-delivered-id") or "0-0"), int(info.get("pending") or 0)
     if last == "0-0":
         return 0, last, False
     lag = info.get("lag")
@@ -191,12 +192,9 @@ async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tup
         seen += len(page)
         if len(page) < 1000:
             return max(0, seen - pending), last, False
-        start = "(" + _text(page[-1][0])
+        start = "(" + text(page[-1][0])
     return max(0, seen - pending), last, True
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else "" if value is None else str(value)
 
 
 def topology_error(exc: BaseException) -> bool:
