@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
@@ -15,7 +14,8 @@ from _lbscore import encode_input as _core_encode
 
 from . import _keys
 from ._keys import shard_of, shard_services
-from ._redis.connection import ClusterMode, RedisLike, node_client, owner_node, redirected, resolve_client
+from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client
+from ._redis.routes import Routes
 from ._redis.wire import Wire
 from .exceptions import BatchError, ConfigurationError, InvalidInputError, RedisOperationError
 
@@ -61,8 +61,7 @@ class Producer:
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
         # Batches go over the core's Wire: on one Redis, one; on a cluster, one per
         # master owning a shard's slot, through a client of ours made on first use.
-        self._plain_wire: Wire | None = None if isinstance(self._redis, RedisCluster) else Wire(self._redis)
-        self._nodes: dict[str, tuple[aioredis.Redis, Wire]] = {}
+        self._routes = Routes(self._redis)
 
     def _stream_for(self, name: str) -> str:
         return self.streams[shard_of(name, self.shards)] if self.shards > 1 else self.stream
@@ -75,24 +74,6 @@ class Producer:
                 where = "" if single else f"add_streams: entry {k}: "
                 raise InvalidInputError(f"{where}data stream {names[k]!r:.100}: {e.error}; "
                                         "a consumer would dead-letter it")
-
-    async def _wire_for(self, stream: str) -> tuple[str, Wire]:
-        if self._plain_wire is not None:
-            return "", self._plain_wire
-        assert isinstance(self._redis, RedisCluster)
-        node = await owner_node(self._redis, stream)
-        if node.name not in self._nodes:
-            client = node_client(node)
-            self._nodes[node.name] = (client, Wire(client))
-        return node.name, self._nodes[node.name][1]
-
-    async def _forget_routes(self) -> None:
-        for client, wire in self._nodes.values():
-            await wire.close()
-            await client.aclose()
-        self._nodes = {}
-        assert isinstance(self._redis, RedisCluster)
-        await self._redis.nodes_manager.initialize()
 
     async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
         """Register data stream ``name``; return the LBS entry id.
@@ -177,7 +158,7 @@ class Producer:
             # A transaction refused with a redirect met a node that no longer owns
             # its slot and ran nowhere: find the owners again, send it once more.
             try:
-                await self._forget_routes()
+                await self._routes.forget()
             except (RedisError, RedisClusterException) as exc:
                 failures.append((min(ks[0] for ks in stale.values()), exc))
             else:
@@ -195,7 +176,7 @@ class Producer:
         groups: dict[str, tuple[Wire, list[str]]] = {}
         for stream, ks in shards.items():
             try:
-                node, wire = await self._wire_for(stream)
+                node, wire = await self._routes.wire_for(stream)
             except Exception as exc:  # the slot map could not be read: this shard is not sent
                 failures.append((ks[0], exc))
                 continue
@@ -242,12 +223,7 @@ class Producer:
 
     async def close(self) -> None:
         """Give the batch connection back; close the Redis client if lbs opened it from a URL."""
-        if self._plain_wire is not None:
-            await self._plain_wire.close()
-        for client, wire in self._nodes.values():
-            await wire.close()
-            await client.aclose()
-        self._nodes = {}
+        await self._routes.close()
         if self._owned:
             await self._redis.aclose()
 

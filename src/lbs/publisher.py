@@ -29,7 +29,8 @@ from _lbscore import encode_input
 from . import _keys
 from ._keys import shard_of, shard_services
 from ._redis import scripts
-from ._redis.connection import ClusterMode, RedisLike, resolve_client
+from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client
+from ._redis.routes import Routes
 from .exceptions import InvalidInputError, RedisOperationError
 
 __all__ = ["Fields", "Publisher"]
@@ -53,7 +54,10 @@ class Publisher:
         #: The service of each shard (one: ``service`` itself).
         self.services = shard_services(service, shards)
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
-        self._script = self._redis.register_script(scripts.PUBLISH.source)
+        # One call per shard, sent over lbs's own connection to the Redis serving its LBS: never
+        # re-sent after a connection failure (publish-1 is not idempotent), re-sent after NOSCRIPT
+        # (it ran nowhere) or, on a cluster, a redirect (the slot moved: it ran nowhere).
+        self._routes = Routes(self._redis, [scripts.PUBLISH.source])
 
     async def publish(self, key: str, fields: Fields) -> str:
         """Append one message to ``key``'s data stream (registering the key if nobody has it); its id."""
@@ -67,7 +71,9 @@ class Publisher:
         :class:`lbs.InvalidInputError` before sending anything for a key that
         is not a non-empty str or fields that are not a non-empty mapping of
         str/bytes to str/bytes/int/float, and :class:`lbs.RedisOperationError`
-        when Redis fails (a shard whose reply was lost may have published).
+        when Redis fails. A call whose connection failed is not sent again (it
+        may have published: sending it again could publish twice); one that
+        met NOSCRIPT or, on a cluster, a redirect ran nowhere and is.
         """
         per_shard: dict[int, list[tuple[int, str, str, list[Any]]]] = {}
         n = 0
@@ -98,11 +104,21 @@ class Publisher:
         return ids
 
     async def _call(self, service: str, batch: list[tuple[str, str, list[Any]]]) -> Any:
-        return await self._script(keys=[_keys.input_stream(service)],
-                                  args=scripts.publish_args(_keys.key_prefix(service), batch))
+        stream = _keys.input_stream(service)
+        for attempt in range(2):
+            _, wire = await self._routes.wire_for(stream)
+            (reply,) = await wire.execute(lambda b: scripts.publish(b, stream, _keys.key_prefix(service), batch))
+            if attempt == 0 and self._routes.cluster and redirected(reply):
+                await self._routes.forget()  # the slot moved: the call ran nowhere
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        raise reply  # redirected twice
 
     async def close(self) -> None:
-        """Close the Redis client if lbs opened it from a URL."""
+        """Give the connections back; close the Redis client if lbs opened it from a URL."""
+        await self._routes.close()
         if self._owned:
             await self._redis.aclose()
 

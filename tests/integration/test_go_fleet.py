@@ -378,7 +378,11 @@ async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(server:
 
         await eventually(go_took_over, timeout=20)
         print(f"GO-RECOVERY dead lbs consumer -> Go: {time.monotonic() - died:.2f} s for 3 streams")
-        assert await r.xlen(lbs.input_stream(service)) == 0
+
+        async def go_finished() -> bool:  # DoneStream: unlock, XACK, XDEL
+            return sorted(go.processed()) == ["d", "e", "f"] and await r.xlen(lbs.input_stream(service)) == 0
+
+        await eventually(go_finished)
     finally:
         release.set()
         runner.cancel()

@@ -239,9 +239,17 @@ def leave(b: CommandBatch, instance_key: str, instance: str) -> None:
 # --------------------------------------------------------------- publish-1 ---
 # Caller: lbs.publisher.
 
+def publish(b: CommandBatch, stream: str, prefix: str, messages: list[tuple[str, str, list[Any]]]) -> None:
+    """Append ``messages`` (``(key, registration or "", [field, value, ...])`` each) to their keys'
+    data streams, registering the keys nobody has, in one call on the LBS ``stream``."""
+    b.command("EVALSHA", PUBLISH.sha, PUBLISH.fixed_keys,
+              stream,                           # KEYS[1] the LBS
+              *publish_args(prefix, messages))  # ARGV
+
+
 def publish_args(prefix: str, messages: list[tuple[str, str, list[Any]]]) -> list[Any]:
-    """ARGV of one call (KEYS[1]: the LBS), for redis-py's ``Script`` (cluster-routed by the LBS):
-    ``messages`` holds ``(key, registration or "", [field, value, ...])`` each."""
+    """ARGV of one call (KEYS[1]: the LBS): ``messages`` holds ``(key, registration or "", [field,
+    value, ...])`` each."""
     args: list[Any] = [prefix,          # ARGV[1] the service's key prefix
                        len(messages)]   # ARGV[2] the message count
     for key, registration, fields in messages:

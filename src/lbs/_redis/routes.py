@@ -1,0 +1,67 @@
+"""Wires to the Redis that serves each load-balancer stream, for the producing side.
+
+On one Redis there is one wire. On a cluster, lbs talks to the master that
+owns an LBS's slot through a plain client of its own (made on first use, one
+per master), so a batch goes out as one write with the core's encoding and
+is never re-sent behind the caller's back: redis-py's cluster client retries
+a command whose connection failed, which would run a non-idempotent script
+(an XADD) twice. A redirect (the slot moved) means the batch ran nowhere:
+:meth:`Routes.forget` reads the slot map again for a second try.
+
+Used by :class:`lbs.Producer` and :class:`lbs.Publisher`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from .connection import node_client, owner_node
+from .wire import Wire
+
+__all__ = ["Routes"]
+
+
+class Routes:
+    """A wire per Redis that serves a key: the client's own, or one per cluster master."""
+
+    def __init__(self, redis: aioredis.Redis | RedisCluster, scripts: Sequence[str] = ()) -> None:
+        self._redis = redis
+        self._scripts = list(scripts)
+        self._plain: Wire | None = None if isinstance(redis, RedisCluster) else Wire(redis, self._scripts)
+        self._nodes: dict[str, tuple[aioredis.Redis, Wire]] = {}
+
+    @property
+    def cluster(self) -> bool:
+        return self._plain is None
+
+    async def wire_for(self, key: str) -> tuple[str, Wire]:
+        """The wire to the Redis serving ``key``, and that master's ``host:port`` ("" on one Redis)."""
+        if self._plain is not None:
+            return "", self._plain
+        assert isinstance(self._redis, RedisCluster)
+        node = await owner_node(self._redis, key)
+        if node.name not in self._nodes:
+            client = node_client(node)
+            self._nodes[node.name] = (client, Wire(client, self._scripts))
+        return node.name, self._nodes[node.name][1]
+
+    async def forget(self) -> None:
+        """After a redirect: drop the masters' wires and read the slot map again."""
+        await self._close_nodes()
+        assert isinstance(self._redis, RedisCluster)
+        await self._redis.nodes_manager.initialize()
+
+    async def close(self) -> None:
+        """Give every connection back (the caller closes the client it was given)."""
+        if self._plain is not None:
+            await self._plain.close()
+        await self._close_nodes()
+
+    async def _close_nodes(self) -> None:
+        nodes, self._nodes = self._nodes, {}
+        for client, wire in nodes.values():
+            await wire.close()
+            await client.aclose()
