@@ -52,7 +52,7 @@ class _FakeWire:
 
 def _producer(shards: int, wire: _FakeWire) -> lbs.Producer:
     producer = lbs.Producer("redis://127.0.0.1:1", "svc", shards=shards)  # no I/O
-    producer._plain_wire = wire  # type: ignore[assignment]
+    producer._routes._plain = wire  # type: ignore[assignment]
     return producer
 
 
