@@ -145,7 +145,8 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     # -- the server -----------------------------------------------------------------
     Metric("go_taken_total", "counter",
            "Streams a Go reference client consumer took while this client held them (Config.go_compatible: "
-           "its Go-style lock held another name); each was disowned."),
+           "its Go-style lock held another name, or at done the entry was pending under another consumer); "
+           "none of them was finished here."),
     Metric("topology_changes_total", "counter",
            "Times the client moved to a new cluster master owning its service's slot."),
     Metric("server_restarts_total", "counter",

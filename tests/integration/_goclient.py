@@ -97,6 +97,7 @@ class GoConsumer:
         self.events: list[tuple[str, str, str]] = []
         self._redis = aioredis.Redis.from_url(url)
         self._tasks: list[asyncio.Task[None]] = []
+        self._spawned: set[asyncio.Task[None]] = set()  # every stream's extender and worker, until they end
         self._pubsub: Any = None
         self._extend = self._redis.register_script(_EXTEND)
         self._unlock = self._redis.register_script(_UNLOCK)
@@ -147,9 +148,15 @@ class GoConsumer:
             return  # redsync: the lock is taken; Go logs and moves on
         s = GoStream(name, entry_id, key)
         self.held[name] = s
-        s.extender = asyncio.create_task(self._keep(s))
+        s.extender = self._spawn(self._keep(s))
         self.events.append(("StreamAdded", name, entry_id))
-        s.worker = asyncio.create_task(self._work(s))
+        s.worker = self._spawn(self._work(s))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+        return task
 
     async def _keep(self, s: GoStream) -> None:
         while True:
@@ -193,7 +200,7 @@ class GoConsumer:
 
     async def kill(self) -> None:
         """kill -9: every task stops where it is; nothing is released (locks expire, entries stay pending)."""
-        tasks = [*self._tasks, *(t for s in self.held.values() for t in (s.extender, s.worker) if t)]
+        tasks = [*self._tasks, *self._spawned]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

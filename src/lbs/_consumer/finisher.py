@@ -110,7 +110,8 @@ class Finisher:
             xackdel = s.server.xackdel
 
             def build(b: CommandBatch) -> None:
-                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, n.group, xackdel, retrying)
+                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, n.group, xackdel, retrying,
+                             n.id if s.config.go_compatible else "")
                 self.golocks.release_in(b, [h for h, _ in batch])
 
             wire = s.link.done
@@ -151,6 +152,10 @@ class Finisher:
             released = s.hooks.listening("lbs_lock_released")
             outcomes: list[tuple[Held, DoneStatus]] | None = [] if s.hooks.listening("lbs_locks_released") else None
             for (h, fut), code in zip(batch, codes):
+                if code == DoneCode.TAKEN:
+                    s.hooks.metric("go_taken_total", 1)
+                    s.log.warning("%s (entry %s) was taken by a Go consumer while held: not finished here",
+                                  h.stream, h.entry_id)
                 if fut is None:
                     status = self._finished_one(h, code, released)
                     if outcomes is not None:

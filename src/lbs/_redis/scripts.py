@@ -117,10 +117,12 @@ def extend_args(ttl_ms: int, group: str, consumer: str, last: bool, instance: st
 # Caller: lbs._consumer.finisher.
 
 def done(b: CommandBatch, stream: str, lock_prefix: bytes, entry_ids: list[str], values: list[str], group: str,
-         xackdel: bool, retrying: bool) -> None:
+         xackdel: bool, retrying: bool, check_owner: str = "") -> None:
     """Finish a batch: KEYS[1] the LBS, then one lock key per entry; ARGV: group, the XACKDEL flag,
-    the retry flag, the lock values, the entry ids."""
-    b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, (group, 1 if xackdel else 0, 1 if retrying else 0),
+    the retry flag, ``check_owner`` when given (our consumer name: an entry pending under another
+    consumer is taken, ``DoneCode.TAKEN``), the lock values, the entry ids."""
+    head = (group, 1 if xackdel else 0, 1 if retrying else 0)
+    b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, (*head, check_owner) if check_owner else head,
                     values)
 
 
@@ -132,6 +134,8 @@ class DoneCode(enum.IntEnum):
     LOCK_LOST = 3
     #: A retried call (its first reply was lost) found the entry already finished.
     ALREADY_DONE = 4
+    #: With ``check_owner``: our lock, but the entry is another consumer's now (a Go consumer took it).
+    TAKEN = 5
 
 
 # --------------------------------------------------------------- requeue-5 ---

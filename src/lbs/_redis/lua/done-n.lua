@@ -12,6 +12,12 @@
   ARGV[4..n+3]    our lock values ("<token>:<owner>"), one per lock key
   ARGV[n+4..2n+3] the entry ids, one per lock key
 
+  Beside a Go reference client v0.4 fleet (Config.go_compatible) the
+  caller adds one argument after ARGV[3], our consumer name (2n + 4
+  arguments; the values and ids then start one later): an entry whose lock
+  is ours but that is no longer pending under that name (a Go consumer
+  claimed it) gets outcome 5.
+
   Two passes. The first only reads: the locks (one MGET per slice of 500;
   a nil is then told apart by EXISTS: a key of another type counts as
   someone else's garbage) and, for each lock that no longer exists,
@@ -41,15 +47,21 @@
     4  only when ARGV[3] is "1": the lock does not exist and the entry is
        no longer pending: the call being retried already finished it
        (reported instead of 3); nothing was touched.
+    5  only with the consumer name: the lock was ours (released) but the
+       entry is pending under another consumer, or no longer pending: a Go
+       consumer took it; nothing was acked or deleted.
 
-  Events: del on the lock keys (outcome 1).
+  Events: del on the lock keys (outcomes 1 and 5).
 ]]
 local n = #KEYS - 1
-if n < 0 or #ARGV ~= 2 * n + 3 then
-  return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 2n + 3 arguments, got '
+if n < 0 or (#ARGV ~= 2 * n + 3 and #ARGV ~= 2 * n + 4) then
+  return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 2n + 3 or 2n + 4 arguments, got '
                            .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 local group, xackdel, retry = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
+-- With our consumer name (2n + 4 arguments): ARGV[4]; the values and ids one later.
+local me = #ARGV == 2 * n + 4 and ARGV[4] or nil
+local base = me and 4 or 3
 local out, ids, at = {}, {}, {}
 local slice = 500
 
@@ -61,13 +73,18 @@ for s = 2, n + 1, slice do
 end
 local dels = {}
 for i = 1, n do
-  local lock, id, holder = KEYS[i + 1], ARGV[n + 3 + i], holders[i]
+  local lock, id, holder = KEYS[i + 1], ARGV[n + base + i], holders[i]
   if holder then
-    if holder == ARGV[i + 3] then
-      out[i] = 1
+    if holder == ARGV[i + base] then
       dels[#dels + 1] = lock
-      ids[#ids + 1] = id
-      at[#at + 1] = i
+      local p = me and redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
+      if me and not (type(p) == 'table' and p[1] and p[1][2] == me) then
+        out[i] = 5  -- taken by another consumer: released, not acked
+      else
+        out[i] = 1
+        ids[#ids + 1] = id
+        at[#at + 1] = i
+      end
     else
       out[i] = 3
     end
