@@ -135,6 +135,8 @@ class HeldTable:
         stop: int,
         refresh_every: int = 1,
         phase: int = 0,
+        go_sep: str | None = None,
+        go_ttl_ms: int = 0,
     ) -> None: ...
 
 class CommandBatch:

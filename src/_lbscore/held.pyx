@@ -257,7 +257,7 @@ cdef class HeldTable:
 
     def encode_extend(self, CommandBatch batch not None, sha, tuple head_keys, tuple head_args,
                       list held not None, Py_ssize_t start, Py_ssize_t stop,
-                      int64_t refresh_every=1, int64_t phase=0):
+                      int64_t refresh_every=1, int64_t phase=0, str go_sep=None, int64_t go_ttl_ms=0):
         """Append ``extend-n.lua``'s EVALSHA for ``held[start:stop]`` to ``batch``.
 
         KEYS are ``head_keys`` then each record's lock key; ARGV are
@@ -270,6 +270,10 @@ cdef class HeldTable:
         ("1"/"0"), set for the records whose token % refresh_every equals
         ``phase``: only their pending idle time is refreshed this tick, so
         each record's is refreshed every ``refresh_every`` ticks.
+
+        With ``go_sep`` (``Config.go_compatible``) the flags always follow
+        ("" for all records when ``refresh_every`` is 1), then ``go_ttl_ms``,
+        then each record's Go-style lock key, ``<stream><go_sep><entry id>``.
         """
         cdef WriteBuffer buf = batch._buf
         cdef Py_ssize_t n, i, idn
@@ -283,8 +287,9 @@ cdef class HeldTable:
         n = stop - start
         if refresh_every < 1:
             raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
+        cdef bint go = go_sep is not None
         evalsha_over_locks(buf, sha, head_keys, None, held, start, stop,
-                           len(head_args) + 2 * n + (refresh_every > 1))
+                           len(head_args) + 2 * n + (refresh_every > 1 or go) + (n + 1 if go else 0))
         for a in head_args:
             pack_arg(buf, a)
         for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
@@ -301,6 +306,13 @@ cdef class HeldTable:
                 h = <Held>held[i]
                 buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
             buf.write(b"\r\n", 2)
+        elif go:
+            buf.write_bulk(b"", 0)
+        if go:
+            pack_arg(buf, go_ttl_ms)
+            for i in range(start, stop):  # the Go-style lock keys
+                h = <Held>held[i]
+                pack_arg(buf, h.stream + go_sep + h.entry_id)
         if LBS_DEBUG:
             _check_command(buf, begin)
         batch._count += 1

@@ -17,6 +17,8 @@ __all__ = ["Config"]
 
 #: The Go reference client v0.4's shortest start-up XAUTOCLAIM idle time (``WithLBSIdleTime``), seconds.
 GO_MIN_IDLE = 4.0
+#: The Go client's ``hbInterval`` (seconds): its ``Claim`` takes an entry idle that long once its lock expired.
+GO_CLAIM_IDLE = 2.0
 
 @dataclass(frozen=True, kw_only=True)
 class Config:

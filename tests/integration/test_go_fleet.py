@@ -19,6 +19,10 @@ from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
 from _helpers import eventually
 
 import lbs
+from _lbscore import CommandBatch, EntryParser, HeldTable, encode_input
+from lbs import _keys
+from lbs._redis import scripts
+from lbs._redis.scripts import DoneCode, RequeueCode
 from lbs.embedded import RedisServer, ServerNotFoundError, find_redis_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -283,6 +287,44 @@ async def test_a_dead_go_holders_streams_come_back_when_its_locks_expire(
         await runner
 
 
+async def test_a_dead_go_holder_whose_expiries_lbs_missed_comes_back_when_its_listener_resubscribes(
+        server: RedisServer, service: str) -> None:
+    """kill -9 of a Go holder while lbs's keyspace listener is down: the expired events are lost, and no
+    deadline tells lbs the Go holder died. Resubscribing, the listener scans what is idle past Go's claim
+    idle (2 s), lock-checked: the streams come back at once, not at the next periodic scan (30 s idle)."""
+    release = asyncio.Event()
+    go, ids = await _go_holding(server, service, ["p", "q", "r"], release, hb_interval=2.0)
+    got: list[str] = []
+    seen = asyncio.Event()
+
+    async def handle(note: lbs.Notification) -> None:
+        got.append(note.stream)
+        if len(got) == 3:
+            seen.set()
+
+    # A listener that loses its connection waits 5-10 s before it subscribes again.
+    c = _client(server.url, service, "lbs-1", go_compatible=True, read_retry_initial=10.0)
+    r = aioredis.Redis.from_url(server.url)
+    runner = asyncio.create_task(c.run(handle))
+    try:
+        await eventually(lambda: _listening(c))
+        await go.kill()
+        await r.client_kill_filter(_type="pubsub")
+
+        async def expired() -> bool:  # EXISTS expires a lapsed lock on the spot: its event goes unheard
+            return await r.exists(*(go_lock_key(n, i) for n, i in zip("pqr", ids))) == 0
+
+        await eventually(expired)
+        assert not c.recovery.listening.is_set() and got == []
+        await asyncio.wait_for(seen.wait(), 30)
+        assert sorted(got) == ["p", "q", "r"]
+        assert c.metrics.get("keyspace_listener_reconnects_total") == 1
+    finally:
+        await c.close()
+        await runner
+        await r.aclose()
+
+
 @pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
 async def test_a_go_consumer_starting_with_a_5s_idle_time_takes_live_lbs_work_only_by_default(
         server: RedisServer, service: str, compatible: bool) -> None:
@@ -419,6 +461,14 @@ async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_a
             return c.metrics.get("go_taken_total", 0) == 1 and not c._state.holdings.table.values()
 
         await eventually(disowned)
+        beats = c.stats.heartbeats
+
+        async def ticked() -> bool:
+            return c.stats.heartbeats > beats
+
+        await eventually(ticked)  # one more tick: the entry stays the Go consumer's, lbs's lock is gone
+        assert await _owner(r, service, h.entry_id) == b"redis-consumer-go-1"
+        assert not await r.exists(h.lock_key)
     finally:
         release.set()
         await c.close()
@@ -562,3 +612,105 @@ async def test_a_stream_a_go_consumer_claimed_is_not_finished_as_done(server: Re
         await c.close()
         await runner
         await r.aclose()
+
+
+# -- the scripts beside a Go fleet: Go-style locks kept and released with lbs's own, atomically --------------
+
+async def _held_by_c1(r: aioredis.Redis, service: str, names: list[str]) -> list[tuple[str, str, str]]:
+    """One entry per data stream of ``names``, read by consumer c1 and locked (token 5): (entry id, our lock key,
+    its Go-style lock key) each."""
+    lbs_key, group = lbs.input_stream(service), lbs.group_name(service)
+    await r.xgroup_create(lbs_key, group, id="0", mkstream=True)
+    for name in names:
+        await r.xadd(lbs_key, {"lbs-input": f'{{"DataStreamName":"{name}","Info":{{}}}}'})
+    ((_, entries),) = await r.xreadgroup(group, "c1", {lbs_key: ">"})
+    out = []
+    for (entry_id, _), name in zip(entries, names):
+        lock = _keys.lock_key(service, entry_id.decode())
+        await r.set(lock, "5:c1", px=60_000)
+        out.append((entry_id.decode(), lock, go_lock_key(name, entry_id.decode())))
+    return out
+
+
+def _command(b: CommandBatch, script: str) -> list[bytes | str]:
+    """The one EVALSHA ``b`` holds, as an EVAL of ``script``'s source (no SCRIPT LOAD needed)."""
+    parts = b.getvalue().split(b"\r\n")
+    assert parts[0].startswith(b"*") and len(b) == 1
+    args = [parts[i] for i in range(2, 2 * int(parts[0][1:]) + 1, 2)]
+    assert args[0] == b"EVALSHA"
+    return ["EVAL", scripts.source(script), *args[2:]]
+
+
+async def _owner(r: aioredis.Redis, service: str, entry_id: str) -> bytes | None:
+    p = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1)
+    return p[0]["consumer"] if p else None
+
+
+async def test_done_beside_a_go_fleet_releases_our_go_style_locks_with_ours_and_leaves_a_go_holders(
+        server: RedisServer, service: str) -> None:
+    r = aioredis.Redis.from_url(server.url)
+    (ours, lock_a, go_a), (taken, lock_b, go_b), (expired, lock_c, go_c) = await _held_by_c1(r, service, "abc")
+    await r.set(go_a, "c1", px=60_000)
+    await r.set(go_b, "redis-consumer-go-1", px=60_000)  # a Go consumer took b while we held it
+    await r.delete(lock_c)  # our lock of c expired; a Go consumer claimed it and holds its Go-style lock
+    await r.xclaim(lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [expired])
+    await r.set(go_c, "redis-consumer-go-1", px=60_000)
+    ids = [ours, taken, expired]
+    b = CommandBatch()
+    scripts.done(b, lbs.input_stream(service), _keys.lock_key(service, "").encode(), ids, ["5:c1"] * 3,
+                 lbs.group_name(service), False, False, ("c1", [go_a, go_b, go_c]))
+    assert await r.execute_command(*_command(b, "done-n")) == [DoneCode.DONE, DoneCode.TAKEN, DoneCode.LOCK_LOST]
+    assert await r.exists(lock_a, go_a, lock_b) == 0  # a: both released and acked; b: our lock released
+    assert await _owner(r, service, ours) is None
+    assert await r.get(go_b) == await r.get(go_c) == b"redis-consumer-go-1"
+    assert await _owner(r, service, taken) == b"c1" and await _owner(r, service, expired) == b"redis-consumer-go-1"
+    await r.aclose()
+
+
+async def test_hand_back_beside_a_go_fleet_releases_our_go_style_lock_and_refuses_a_go_holders(
+        server: RedisServer, service: str) -> None:
+    r = aioredis.Redis.from_url(server.url)
+    (ours, lock_a, go_a), (taken, lock_b, go_b) = await _held_by_c1(r, service, "ab")
+    await r.set(go_a, "c1", px=60_000)
+    await r.set(go_b, "redis-consumer-go-1", px=60_000)
+    names = {ours: "a", taken: "b"}
+    replies = []
+    for entry_id, lock in ((ours, lock_a), (taken, lock_b)):
+        b = CommandBatch()
+        scripts.requeue(b, lbs.input_stream(service), _keys.dead_letter_stream(service), lock,
+                        _keys.delayed_stream(service), _keys.due_key(service), group=lbs.group_name(service),
+                        entry_id=entry_id, mode="owned", value="5:c1", count_retry=False, max_retries=5,
+                        retry_field="_retry_count", original_field="_original_id", reason="", consumer="c1",
+                        force_dead_letter=False, dead_letter_on=True, field_prefix="_",
+                        go_lock_sep=_keys.GO_MUTEX_KEY_SEP, stream_name=names[entry_id])
+        replies.append(await r.execute_command(*_command(b, "requeue-5")))
+    assert replies[0][0] == RequeueCode.REQUEUED and replies[1][:2] == [0, b"go lock"]
+    assert await r.exists(lock_a, go_a, lock_b) == 0  # a: re-queued, both released; b: our lock released
+    assert await r.get(go_b) == b"redis-consumer-go-1" and await _owner(r, service, taken) == b"c1"
+    await r.aclose()
+
+
+async def test_the_heartbeat_keeps_go_style_locks_and_never_pulls_back_an_entry_a_go_consumer_took(
+        server: RedisServer, service: str) -> None:
+    r = aioredis.Redis.from_url(server.url)
+    (kept, lock_a, go_a), (taken, lock_b, go_b), (lost, lock_c, go_c) = await _held_by_c1(r, service, "abc")
+    await r.xclaim(lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [taken])
+    await r.set(go_b, "redis-consumer-go-1", px=60_000)  # a Go consumer claimed b, then locked it
+    await r.delete(lock_c)  # our lock of c was lost; our Go-style lock of it is still there
+    await r.set(go_c, "c1", px=60_000)
+    table = HeldTable("c1", _keys.lock_key(service, ""))
+    (*held,) = (table.take(e, 5, 0, 0.0) for e in EntryParser().parse_entries(
+        [[i.encode(), [b"lbs-input", encode_input(name, {})]] for i, name in ((kept, "a"), (taken, "b"), (lost, "c"))]))
+    assert [h.lock_key for h in held] == [lock_a, lock_b, lock_c]
+    b = CommandBatch()
+    table.encode_extend(b, scripts.EXTEND.sha, scripts.extend_head(lbs.input_stream(service),
+                                                                   _keys.consumers_key(service),
+                                                                   _keys.instance_key(service, "c1")),
+                        scripts.extend_args(10_000, lbs.group_name(service), "c1", True, "n1"), held, 0, 3,
+                        1, 0, _keys.GO_MUTEX_KEY_SEP, 4_000)
+    assert await r.execute_command(*_command(b, "extend-n")) == [-2, 3]
+    assert await r.get(go_a) == b"c1" and 0 < await r.pttl(go_a) <= 4_000
+    assert await r.exists(lock_b, go_c) == 0  # b: our lock deleted; c: our Go-style lock deleted
+    assert await r.get(go_b) == b"redis-consumer-go-1"
+    assert await _owner(r, service, taken) == b"redis-consumer-go-1"  # not XCLAIMed back
+    await r.aclose()

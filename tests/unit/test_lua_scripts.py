@@ -81,7 +81,7 @@ def test_done_writes_keys_and_args_per_lock() -> None:
 _CALLS = {"read-3": "scripts.read(", "extend-n": "scripts.EXTEND", "done-n": "scripts.done(",
           "requeue-5": "scripts.requeue(", "promote-3": "scripts.promote(", "reap-3": "scripts.reap(",
           "leave-1": "scripts.leave(", "publish-1": "scripts.publish_args(", "fetch-1": "scripts.fetch(",
-          "commit-1": "scripts.commit(", "golocks-n": "scripts.go_locks("}
+          "commit-1": "scripts.commit("}
 #: Scripts called from outside the consumer: where from.
 _OUTSIDE = {"publish-1": "publisher.py"}
 
@@ -94,7 +94,8 @@ def test_every_script_has_exactly_one_caller_module(name: str) -> None:
     assert callers[0] == _OUTSIDE[name] if name in _OUTSIDE else callers[0].startswith("_consumer/")
 
 
-def test_go_locks_writes_its_keys_then_name_mode_and_ttl() -> None:
-    args = _args(lambda b: scripts.go_locks(b, ["s<MUTEX_KEY_SEP>1-1", "t<MUTEX_KEY_SEP>2-2"], "me", "keep", 4000))
-    assert args[1].decode() == scripts.GOLOCKS.sha
-    assert args[2:] == [b"2", b"s<MUTEX_KEY_SEP>1-1", b"t<MUTEX_KEY_SEP>2-2", b"me", b"keep", b"4000"]
+def test_done_beside_a_go_fleet_puts_our_name_first_and_the_go_lock_keys_last() -> None:
+    args = _args(lambda b: scripts.done(b, "s", b"lock:", ["1-1", "2-2"], ["5:me", "6:me"], "g", True, False,
+                                        ("me", ["a<MUTEX_KEY_SEP>1-1", "b<MUTEX_KEY_SEP>2-2"])))
+    assert args[2:] == [b"3", b"s", b"lock:1-1", b"lock:2-2", b"g", b"1", b"0", b"me", b"5:me", b"6:me", b"1-1",
+                        b"2-2", b"a<MUTEX_KEY_SEP>1-1", b"b<MUTEX_KEY_SEP>2-2"]

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from _lbscore import CommandBatch, Held
 
+from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait, topology_error
 from .._redis.scripts import DoneCode
@@ -27,7 +28,6 @@ from .._waits import wait_set
 from ..exceptions import RedisOperationError
 from ..notifications import DoneStatus
 from .backoff import Backoff
-from .golocks import GoLocks
 from .state import ConsumerState
 from .topology import Topology
 
@@ -50,7 +50,6 @@ class Finisher:
     def __init__(self, state: ConsumerState, topology: Topology) -> None:
         self.state = state
         self.topology = topology
-        self.golocks = GoLocks(state)
         self._queue: list[_Item] = []
         self._inflight: list[_Item] = []  # the batch Redis runs now
         self._retry: list[_Item] = []  # batches Redis did not answer
@@ -109,20 +108,20 @@ class Finisher:
             values = [h.value for h, _ in batch]
             xackdel = s.server.xackdel
 
+            go = (n.id, [_keys.go_lock_key(h.stream, h.entry_id) for h, _ in batch]) if s.config.go_compatible else None
+
             def build(b: CommandBatch) -> None:
-                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, n.group, xackdel, retrying,
-                             n.id if s.config.go_compatible else "")
-                self.golocks.release_in(b, [h for h, _ in batch])
+                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, n.group, xackdel, retrying, go)
 
             wire = s.link.done
             try:
                 try:
-                    (codes,) = first_error((await wire.execute(build))[:1])
+                    (codes,) = first_error(await wire.execute(build))
                 except RedisConnectionError:
                     # The connection failed with the call in flight: it may have
                     # run. Send it once more on a fresh connection, saying so.
                     retrying = True
-                    (codes,) = first_error((await wire.execute(build))[:1])
+                    (codes,) = first_error(await wire.execute(build))
             except asyncio.CancelledError:
                 self._inflight = []
                 for _, fut in batch:

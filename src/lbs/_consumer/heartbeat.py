@@ -8,6 +8,13 @@ consumer's deadline and refreshes its instance marker. A lock found lost
 while its holder lives (a stall, an eviction) disowns the stream and puts it
 back with no retry counted. The tick also warns of streams held past
 ``Config.hold_warning`` and retries dead letters that could not be written.
+
+Beside a Go fleet (``Config.go_compatible``) the same calls keep a Go-style
+lock beside each of ours (``max(lock_ttl, 4 s)``, so a dead lbs consumer's
+streams outlive Go's 2-s claim idle); a stream whose Go-style lock holds
+another name was taken by a Go consumer: extend-n deletes our lock and does
+not refresh the entry's idle time (which would XCLAIM it back), and the
+stream is disowned and counted (``go_taken_total``).
 """
 
 from __future__ import annotations
@@ -19,14 +26,15 @@ from redis.exceptions import RedisError
 
 from _lbscore import CommandBatch, Held
 
+from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.wire import first_error, text
 from .._waits import wait_set
+from ..config import GO_MIN_IDLE
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .finisher import Finisher
-from .golocks import GoLocks
 from .requeue import Requeue
 from .state import ConsumerState
 from .topology import Topology
@@ -39,7 +47,6 @@ class Heartbeat:
 
     def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
-        self.golocks = GoLocks(state)
         self._beats = 0  # ticks so far: picks which entries refresh their pending idle time
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
         self._overdue_next = 0.0  # when the tick looks for them again (monotonic)
@@ -97,11 +104,14 @@ class Heartbeat:
         every = cfg.pel_refresh_every
         phase = self._beats % every
         self._beats += 1
+        # Beside a Go fleet, each call also keeps our Go-style locks (they outlive Go's 2-s claim idle).
+        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else None
+        go_ttl = max(ttl, int(GO_MIN_IDLE * 1000))
 
         def build(b: CommandBatch, k: int) -> None:
             start = starts[k]
             encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
-                   min(start + chunk, len(snapshot)), every, phase)
+                   min(start + chunk, len(snapshot)), every, phase, go_sep, go_ttl)
 
         try:
             # Extending a lock checks its value first: sending a tick twice is harmless.
@@ -113,19 +123,16 @@ class Heartbeat:
         lost: list[Held] = []
         for start, positions in zip(starts, results):
             for p in positions:
-                if isinstance(p, int):
-                    lost.append(snapshot[start + p - 1])
-                else:
+                if not isinstance(p, int):
                     self._warn(text(p))
+                elif p > 0:
+                    lost.append(snapshot[start + p - 1])
+                elif s.holdings.drop(h := snapshot[start - p - 1]):  # a Go consumer took it: ours deleted
+                    s.hooks.metric("go_taken_total", 1)
+                    self._disown(h, "a Go consumer took it (its Go-style lock holds another name)")
         lost = [h for h in lost if s.holdings.drop(h)]
         for h in lost:
             self._disown(h, "lock expired or taken while held (heartbeat missed)")
-        if self.golocks.enabled:
-            lost_ids = {h.entry_id for h in lost}
-            for h in await self.golocks.keep([h for h in snapshot if h.entry_id not in lost_ids]):
-                if s.holdings.drop(h):
-                    s.hooks.metric("go_taken_total", 1)
-                    self._disown(h, "a Go consumer took it (its Go-style lock holds another name)")
         if held:  # a tick holding nothing only kept the instance marker alive
             s.hooks.notify("lbs_locks_extended", extended=held - len(lost), lost=len(lost),
                            seconds=time.perf_counter() - started)

@@ -18,7 +18,10 @@ Three paths find the entries to re-queue:
 * **keyspace listener** (fast, when Redis delivers): ``expired`` events of
   this service's lock keys, on a Pub/Sub connection that is PINGed and
   replaced when it drops or goes half-open, wake the deadline poller, which
-  alone judges whether the holder is dead;
+  alone judges whether the holder is dead. Beside a Go fleet
+  (``Config.go_compatible``) it also hears Go-style locks expire, and each
+  time it subscribes it scans the entries idle past Go's claim idle (2 s)
+  for the expiries it may have missed;
 * **scan** (the backstop for everything else: missed events, locks taken by
   other clients, restarts): at start and every ``reconciliation_interval``,
   XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS round trip per page,
@@ -50,6 +53,7 @@ from .._redis import scripts
 from .._redis.connection import cancel_and_wait, execute
 from .._redis.wire import first_error, text
 from .._waits import wait_set
+from ..config import GO_CLAIM_IDLE
 from .backoff import Backoff
 from .requeue import Requeue
 from .state import ConsumerState
@@ -70,6 +74,7 @@ class Recovery:
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
+        self._go_catch_up: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         make = asyncio.create_task
@@ -80,7 +85,7 @@ class Recovery:
             self.tasks.append(make(self._keyspace_loop(), name=f"lbs-keyspace-{consumer}"))
 
     async def stop(self) -> None:
-        await cancel_and_wait(self.tasks)
+        await cancel_and_wait([*self.tasks, self._go_catch_up])
         self.tasks = []
 
     # ------------------------------------------------------------ deadlines ---
@@ -154,6 +159,8 @@ class Recovery:
                 first = False
                 self.listening.set()
                 backoff.reset()
+                if self.config.go_compatible:
+                    self._catch_up_go()
                 last_pong = last_ping = time.monotonic()
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(1.0, ping_every))
@@ -192,6 +199,21 @@ class Recovery:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 except Exception:
                     pass
+
+    def _catch_up_go(self) -> None:
+        """Each time the listener (re)subscribes beside a Go fleet: Go-style locks that expired while it
+        was not listening sent events nobody heard, and nothing else in lbs knows when a Go holder dies
+        (Go writes no deadline). A scan of the entries idle past the Go client's own claim idle
+        (``hbInterval``, 2 s), lock-checked like every scan (requeue-5 also checks the Go-style lock),
+        takes their place."""
+        if self._go_catch_up is None or self._go_catch_up.done():
+            self._go_catch_up = asyncio.create_task(self._go_scan(), name=f"lbs-go-catch-up-{self.state.names.id}")
+
+    async def _go_scan(self) -> None:
+        try:
+            await self.scan(min_idle=GO_CLAIM_IDLE)
+        except RedisError as exc:
+            self.state.log.warning("catch-up scan for Go-style locks failed (%s); the periodic scan will", exc)
 
     async def _on_go_expired(self, entry_id: str) -> None:
         """A Go consumer's lock expired (``Config.go_compatible``): its holder stopped extending it.

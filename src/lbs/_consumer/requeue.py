@@ -33,7 +33,6 @@ from .._redis.wire import first_error, text
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
-from .golocks import GoLocks
 from .state import ConsumerState
 
 __all__ = ["Requeue"]
@@ -57,7 +56,6 @@ class Requeue:
 
     def __init__(self, state: ConsumerState) -> None:
         self.state = state
-        self.golocks = GoLocks(state)
         #: Dead letters that could not be written yet: (entry, our lock value, reason).
         self.undead: list[tuple[Entry, str, str]] = []
         #: What brings parked copies back (its task runs while the client is started).
@@ -77,9 +75,10 @@ class Requeue:
         return [RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY] * count
 
     async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False,
-                   delay: float | None = 0.0, go_release: Sequence[Held] = ()) -> list[Any]:
-        """One batch of requeue-5.lua calls; one reply (or server error) per call. ``go_release``:
-        held streams whose Go-style locks go in the same batch, right behind (``Config.go_compatible``)."""
+                   delay: float | None = 0.0, names: Sequence[str] = ()) -> list[Any]:
+        """One batch of requeue-5.lua calls; one reply (or server error) per call. ``names``: mode
+        "owned", each call's DataStreamName (``Config.go_compatible``: its Go-style lock is released
+        with ours)."""
         s = self.state
         n, cfg = s.names, s.config
         # Without a dead-letter stream the key is only a name in the same slot: nothing is written to it.
@@ -89,14 +88,14 @@ class Requeue:
         go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else ""
 
         def build(b: CommandBatch) -> None:
-            for (entry_id, lock_key, mode, value, reason), wait in zip(calls, delays):
+            for i, ((entry_id, lock_key, mode, value, reason), wait) in enumerate(zip(calls, delays)):
                 scripts.requeue(b, n.stream_key, dead_letters, lock_key, parked, due, group=n.group,
                                 entry_id=entry_id, mode=mode, value=value, count_retry=count_retry,
                                 max_retries=cfg.max_retries, retry_field=n.retry_field,
                                 original_field=n.original_field, reason=reason, consumer=n.id,
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
-                                field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep)
-            self.golocks.release_in(b, go_release)
+                                field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep,
+                                stream_name=names[i] if names else "")
 
         return (await s.link.pool.execute(build))[:len(calls)]
 
@@ -120,7 +119,8 @@ class Requeue:
         s = self.state
         calls = [(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items]
         try:
-            results = first_error(await self._run(calls, count_retry=count_retry, delay=delay, go_release=items))
+            results = first_error(await self._run(calls, count_retry=count_retry, delay=delay,
+                                                  names=[h.stream for h in items]))
             if delay != 0:
                 await self._unparked(calls, results, count_retry)
         except RedisError as exc:

@@ -66,8 +66,7 @@ LEAVE = _load("leave-1")
 PUBLISH = _load("publish-1")
 FETCH = _load("fetch-1")
 COMMIT = _load("commit-1")
-GOLOCKS = _load("golocks-n")
-SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT, GOLOCKS)
+SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT)
 
 
 def sources() -> list[str]:
@@ -117,13 +116,18 @@ def extend_args(ttl_ms: int, group: str, consumer: str, last: bool, instance: st
 # Caller: lbs._consumer.finisher.
 
 def done(b: CommandBatch, stream: str, lock_prefix: bytes, entry_ids: list[str], values: list[str], group: str,
-         xackdel: bool, retrying: bool, check_owner: str = "") -> None:
+         xackdel: bool, retrying: bool, go: tuple[str, list[str]] | None = None) -> None:
     """Finish a batch: KEYS[1] the LBS, then one lock key per entry; ARGV: group, the XACKDEL flag,
-    the retry flag, ``check_owner`` when given (our consumer name: an entry pending under another
-    consumer is taken, ``DoneCode.TAKEN``), the lock values, the entry ids."""
+    the retry flag, the lock values, the entry ids. Beside a Go fleet, ``go`` is (our consumer name,
+    each entry's Go-style lock key): the name goes before the values and the keys after the ids
+    (an entry a Go consumer took is ``DoneCode.TAKEN``; our Go-style locks are released with ours)."""
     head = (group, 1 if xackdel else 0, 1 if retrying else 0)
-    b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, (*head, check_owner) if check_owner else head,
-                    values)
+    if go is None:
+        b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, head, values)
+    else:
+        name, go_keys = go
+        b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, (*head, name, *values, *entry_ids, *go_keys),
+                        append_ids=False)
 
 
 class DoneCode(enum.IntEnum):
@@ -134,7 +138,7 @@ class DoneCode(enum.IntEnum):
     LOCK_LOST = 3
     #: A retried call (its first reply was lost) found the entry already finished.
     ALREADY_DONE = 4
-    #: With ``check_owner``: our lock, but the entry is another consumer's now (a Go consumer took it).
+    #: Beside a Go fleet: our lock (released), but a Go consumer took the entry; nothing acked.
     TAKEN = 5
 
 
@@ -161,8 +165,11 @@ NO_DELAY = RetryDelay()
 def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, parked: str, due: str, *, group: str,
             entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
             original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
-            field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "") -> None:
-    """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream."""
+            field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "") -> None:
+    """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
+
+    Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
+    DataStreamName) names our Go-style lock, released with ours."""
     b.command("EVALSHA", REQUEUE.sha, REQUEUE.fixed_keys,
               stream,                          # KEYS[1] the LBS
               dead_letters,                    # KEYS[2] the dead-letter stream
@@ -185,7 +192,8 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
               delay.first_ms,                  # ARGV[14] delay at retry 1 (ms); 0: at once
               delay.max_ms,                    # ARGV[15] longest delay (ms)
               repr(delay.jitter),              # ARGV[16] jitter factor in [0.5, 1]
-              go_lock_sep)                     # ARGV[17] Go-style lock separator ("": not checked)
+              go_lock_sep,                     # ARGV[17] Go-style lock separator ("": not checked)
+              stream_name)                     # ARGV[18] mode "owned": its Go-style lock is released
 
 
 class RequeueCode(enum.IntEnum):
@@ -312,15 +320,3 @@ class CommitCode(enum.IntEnum):
     RELEASED = 5
     YIELDED = 6
 
-
-# --------------------------------------------------------------- golocks-n ---
-# Caller: lbs._consumer.golocks.
-
-def go_locks(b: CommandBatch, keys: list[str], name: str, mode: str, ttl_ms: int = 0) -> None:
-    """Keep (``mode`` "keep", for ``ttl_ms``) or release ("release") the Go-style locks ``keys``
-    holding ``name``; the reply lists the 1-based positions of locks that hold something else."""
-    b.command("EVALSHA", GOLOCKS.sha, len(keys),
-              *keys,      # KEYS[1..n] Go-style lock keys
-              name,       # ARGV[1] our consumer name
-              mode,       # ARGV[2] "keep" or "release"
-              ttl_ms)     # ARGV[3] TTL (ms), for "keep"

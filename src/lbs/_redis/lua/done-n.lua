@@ -13,10 +13,14 @@
   ARGV[n+4..2n+3] the entry ids, one per lock key
 
   Beside a Go reference client v0.4 fleet (Config.go_compatible) the
-  caller adds one argument after ARGV[3], our consumer name (2n + 4
-  arguments; the values and ids then start one later): an entry whose lock
-  is ours but that is no longer pending under that name (a Go consumer
-  claimed it) gets outcome 5.
+  caller adds our consumer name after ARGV[3] and, after the entry ids,
+  each entry's Go-style lock key ("<DataStreamName><MUTEX_KEY_SEP><entry
+  id>", no hash tag: single Redis only, as the Go client is): 3n + 4
+  arguments, the values and ids starting one later. Then an entry whose
+  lock is ours but that is no longer pending under that name, or whose
+  Go-style lock holds another name (a Go consumer took it), gets outcome
+  5; a Go-style lock holding our name is deleted with our lock, in this
+  call, whenever our lock is released or the entry acked.
 
   Two passes. The first only reads: the locks (one MGET per slice of 500;
   a nil is then told apart by EXISTS: a key of another type counts as
@@ -47,20 +51,25 @@
     4  only when ARGV[3] is "1": the lock does not exist and the entry is
        no longer pending: the call being retried already finished it
        (reported instead of 3); nothing was touched.
-    5  only with the consumer name: the lock was ours (released) but the
-       entry is pending under another consumer, or no longer pending: a Go
-       consumer took it; nothing was acked or deleted.
+    5  only beside a Go fleet: the lock was ours (released) but the entry
+       is pending under another consumer, or no longer pending, or its
+       Go-style lock holds another name: a Go consumer took it; nothing
+       was acked or deleted, its Go-style lock is untouched.
+  Beside a Go fleet, outcome 2 needs the Go-style lock absent or ours (a
+  Go holder's entry is outcome 3, untouched).
 
-  Events: del on the lock keys (outcomes 1 and 5).
+  Events: del on the lock keys (outcomes 1 and 5) and on the Go-style
+  locks released.
 ]]
 local n = #KEYS - 1
-if n < 0 or (#ARGV ~= 2 * n + 3 and #ARGV ~= 2 * n + 4) then
-  return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 2n + 3 or 2n + 4 arguments, got '
+if n < 0 or (#ARGV ~= 2 * n + 3 and #ARGV ~= 3 * n + 4) then
+  return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 2n + 3 or 3n + 4 arguments, got '
                            .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 local group, xackdel, retry = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
--- With our consumer name (2n + 4 arguments): ARGV[4]; the values and ids one later.
-local me = #ARGV == 2 * n + 4 and ARGV[4] or nil
+-- Beside a Go fleet (3n + 4 arguments): our name is ARGV[4], the values and ids one later, then the
+-- Go-style lock keys.
+local me = #ARGV == 3 * n + 4 and n > 0 and ARGV[4] or nil
 local base = me and 4 or 3
 local out, ids, at = {}, {}, {}
 local slice = 500
@@ -74,27 +83,37 @@ end
 local dels = {}
 for i = 1, n do
   local lock, id, holder = KEYS[i + 1], ARGV[n + base + i], holders[i]
+  -- Beside a Go fleet: its Go-style lock, nil when absent, false when a Go consumer (or a key of
+  -- another type) holds it.
+  local go
+  if me then
+    local key = ARGV[2 * n + base + i]
+    local g = redis.pcall('GET', key)
+    if not g then go = nil elseif g == me then go = key else go = false end
+  end
   if holder then
     if holder == ARGV[i + base] then
       dels[#dels + 1] = lock
-      local p = me and redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
+      local p = me and go ~= false and redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
       if me and not (type(p) == 'table' and p[1] and p[1][2] == me) then
-        out[i] = 5  -- taken by another consumer: released, not acked
+        out[i] = 5  -- taken by a Go consumer: released, not acked
       else
         out[i] = 1
         ids[#ids + 1] = id
         at[#at + 1] = i
+        if go then dels[#dels + 1] = go end
       end
     else
       out[i] = 3
     end
-  elseif redis.call('EXISTS', lock) == 1 then
-    out[i] = 3  -- not a string: not our lock, not touched
+  elseif go == false or redis.call('EXISTS', lock) == 1 then
+    out[i] = 3  -- not a string, or a Go holder's: not our lock, not touched
   else
     local p = redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
     if type(p) == 'table' and p[1] then
       ids[#ids + 1] = id
       at[#at + 1] = i
+      if go then dels[#dels + 1] = go end
     else
       out[i] = retry and 4 or 3
     end

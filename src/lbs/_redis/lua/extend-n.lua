@@ -19,7 +19,15 @@
   ARGV[6..n+5]   the lock values we set ("<token>:<owner>"), one per key
   ARGV[n+6..2n+5] the entry ids behind the locks, one per key
   ARGV[2n+6]     optional: one flag per key, "1" to refresh that entry's
-                 pending idle time this call, "0" to leave it (absent: all)
+                 pending idle time this call, "0" to leave it (absent or
+                 "": all)
+  Beside a Go reference client v0.4 fleet (Config.go_compatible), 3n + 7
+  arguments: the flags (ARGV[2n+6]) are always there, then
+  ARGV[2n+7]     the Go-style locks' TTL in milliseconds, an integer >= 1
+  ARGV[2n+8..3n+7] each key's Go-style lock key, "<DataStreamName>
+                 <MUTEX_KEY_SEP><entry id>" (no hash tag: single Redis
+                 only, as the Go client is); its value is our consumer name
+                 (ARGV[3]), as a Go consumer's is its own.
 
   A wrong argument count, an empty nonce or a bad TTL is an "ERR lbs
   extend-n: ..." error, with nothing written.
@@ -29,6 +37,13 @@
   what was read, so no key can make the script stop part-way:
     * a lock holding our value gets PEXPIRE ttl; any other value, no key,
       or a key of another type is lost (reported, not touched);
+    * beside a Go fleet, where our lock holds our value: a Go-style lock
+      that is absent or ours is set to our name for the Go TTL, and the
+      entry's idle time refreshed as flagged; one holding anything else
+      means a Go consumer took the entry: our lock is deleted, the entry
+      not refreshed (so not pulled back from the Go holder), and the
+      position reported negative. Where our lock is lost, a Go-style lock
+      holding our name is deleted (so recovery need not wait for it);
     * only when ARGV[4] is "1":
         - the deadline index, if it does not exist or is a sorted set:
           ZADD <now + ttl> <consumer>, but only when n > 0 or the consumer
@@ -40,7 +55,8 @@
           touched, reported.
 
   Output: the 1-based positions (integers) of the locks that are no longer
-  ours (expired, taken by someone else, or not a string), followed, only
+  ours (expired, taken by someone else, or not a string), negative for
+  those a Go consumer took (beside a Go fleet), followed, only
   in a last call, by zero or more strings:
     "LBSKEY <KEYS[2]> holds a <type>, not the consumer deadline index"
     "INSTANCE <the other nonce>"
@@ -61,37 +77,57 @@
   clear of Lua's unpack limit. Errors from XCLAIM (NOGROUP after the group
   vanished) are ignored here: the reader recreates the group.
 
-  Events: none besides the keys it writes.
+  Events: none besides the keys it writes (del on the locks it deletes).
 ]]
 local n = #KEYS - 3
-if n < 0 or (#ARGV ~= 2 * n + 5 and #ARGV ~= 2 * n + 6) then
-  return redis.error_reply('ERR lbs extend-n: expected 3 + n keys and 2n + 5 or 2n + 6 arguments, got '
+local go = n >= 0 and #ARGV == 3 * n + 7
+if n < 0 or (#ARGV ~= 2 * n + 5 and #ARGV ~= 2 * n + 6 and not go) then
+  return redis.error_reply('ERR lbs extend-n: expected 3 + n keys and 2n + 5, 2n + 6 or 3n + 7 arguments, got '
                            .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 if ARGV[5] == '' then
   return redis.error_reply('ERR lbs extend-n: the instance nonce (ARGV[5]) must not be empty')
 end
+local function is_ttl(v) return v and #v <= 15 and string.match(v, '^[1-9]%d*$') end
 local ttl = ARGV[1]
-if not (ttl and #ttl <= 15 and string.match(ttl, '^[1-9]%d*$')) then
+if not is_ttl(ttl) then
   return redis.error_reply('ERR lbs extend-n: lock TTL (ARGV[1]) must be an integer >= 1 (ms)')
+end
+local go_ttl = go and ARGV[2 * n + 7]
+if go and not is_ttl(go_ttl) then
+  return redis.error_reply('ERR lbs extend-n: Go-style lock TTL (ARGV[2n+7]) must be an integer >= 1 (ms)')
 end
 local flags = ARGV[2 * n + 6]
 local all = flags == nil or flags == ''
 local byte = string.byte
 local last = ARGV[4] == '1'
 local nonce = ARGV[5]
+local me = ARGV[3]
 
 -- Reads.
 local out, mine, refresh = {}, {}, {}
+local go_keep, go_dels, taken = {}, {}, {}
 for i = 1, n do
   local v = redis.pcall('GET', KEYS[i + 3])
+  local g, go_key
+  if go then
+    go_key = ARGV[2 * n + 7 + i]
+    g = redis.pcall('GET', go_key)
+  end
   if type(v) == 'string' and v == ARGV[i + 5] then
-    mine[#mine + 1] = KEYS[i + 3]
-    if all or byte(flags, i) == 49 then
-      refresh[#refresh + 1] = ARGV[n + 5 + i]
+    if g and g ~= me then  -- a Go consumer took it (or a key of another type is there)
+      taken[#taken + 1] = KEYS[i + 3]
+      out[#out + 1] = -i
+    else
+      mine[#mine + 1] = KEYS[i + 3]
+      if go then go_keep[#go_keep + 1] = go_key end
+      if all or byte(flags, i) == 49 then
+        refresh[#refresh + 1] = ARGV[n + 5 + i]
+      end
     end
   else
     out[#out + 1] = i
+    if g == me then go_dels[#go_dels + 1] = go_key end
   end
 end
 local notes = {}
@@ -117,6 +153,15 @@ end
 -- Writes.
 for _, lock in ipairs(mine) do
   redis.call('PEXPIRE', lock, ttl)
+end
+for _, lock in ipairs(go_keep) do
+  redis.call('SET', lock, me, 'PX', go_ttl)
+end
+for s = 1, #taken, 500 do
+  redis.call('DEL', unpack(taken, s, math.min(s + 499, #taken)))
+end
+for s = 1, #go_dels, 500 do
+  redis.call('DEL', unpack(go_dels, s, math.min(s + 499, #go_dels)))
 end
 if zadd then
   local t = redis.call('TIME')

@@ -45,12 +45,14 @@
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
     1. the lock (GET through pcall; a key of another type counts as held
-       by someone else in modes "owned" and "absent");
+       by someone else in modes "owned" and "absent"), then, in mode
+       "owned" with ARGV[18], the Go-style lock;
     2. pending? (XPENDING <LBS> <group> <id> <id> 1, read-only; no group
        or no stream: not pending). If not: in mode "owned" the lock (ours)
        is deleted; nothing else is touched;
     3. the entry (XRANGE). Gone: its pending reference is acked, the lock
-       released (mode "owned"); then, with ARGV[17], its Go-style lock;
+       released (mode "owned"); then, with ARGV[17] in mode "absent", its
+       Go-style lock;
     4. the target: the LBS (re-queue), the parking stream and due index
        (park) or the dead-letter stream. The dead-letter stream and the
        parking stream must not exist or be streams, the due index must not
@@ -81,6 +83,7 @@
                            id's milliseconds + d, in KEYS[5])
     {0, "lock"}            lock check failed: nothing touched
     {0, "go lock"}         a Go consumer holds it (ARGV[17]): nothing touched
+                           (mode "owned", ARGV[18]: but our lock, deleted)
     {0, "acked"}           not pending (someone else already handled it);
                            in mode "owned" our lock was released
     {-1, "trimmed"}        the entry is gone from the stream; its pending
@@ -104,11 +107,28 @@ if mode == 'owned' and (foreign or holder ~= ARGV[4]) then
 elseif mode == 'absent' and (foreign or holder) then
   return {0, 'lock'}
 end
+local go_sep = ARGV[17]
+-- Mode "owned" beside a Go fleet: our Go-style lock, released with ours.
+local go_lock = mode == 'owned' and go_sep and go_sep ~= '' and ARGV[18] and ARGV[18] .. go_sep .. ARGV[2]
+if go_lock then
+  local g = redis.pcall('GET', go_lock)
+  if g and g ~= ARGV[10] then
+    redis.call('DEL', KEYS[3])
+    return {0, 'go lock'}
+  elseif not g then
+    go_lock = nil
+  end
+end
+local function release()
+  if mode == 'owned' then
+    if go_lock then redis.call('DEL', KEYS[3], go_lock) else redis.call('DEL', KEYS[3]) end
+  end
+end
 
 -- 2. Still pending?
 local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(p) ~= 'table' or not p[1] then
-  if mode == 'owned' then redis.call('DEL', KEYS[3]) end
+  release()
   return {0, 'acked'}
 end
 
@@ -116,14 +136,13 @@ end
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 if #found == 0 then
   redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
-  if mode == 'owned' then redis.call('DEL', KEYS[3]) end
+  release()
   return {-1, 'trimmed'}
 end
 
 local fields = found[1][2]
 
 -- 3b. Beside a Go fleet: a live Go holder's lock (its key needs the data stream's name).
-local go_sep = ARGV[17]
 if mode == 'absent' and go_sep and go_sep ~= '' then
   for i = 1, #fields, 2 do
     if fields[i] == 'lbs-input' then
@@ -226,6 +245,6 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 if not oversized then
   redis.call('XDEL', KEYS[1], ARGV[2])
 end
-if mode == 'owned' then redis.call('DEL', KEYS[3]) end
+release()
 if code == 4 then return {code, id, input or '', retries, delay} end
 return {code, id, input or '', retries}
