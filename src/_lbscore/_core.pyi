@@ -48,6 +48,7 @@ class Message:
     its ``fields``, decoded as UTF-8 (invalid bytes replaced) when first read."""
 
     id: str
+    """The message's id in the key's data stream."""
     def __init__(self, id: str, fields: Mapping[str, str] | None = None) -> None: ...
     @property
     def fields(self) -> dict[str, str]: ...
@@ -86,21 +87,26 @@ class Held:
         task: asyncio.Task[Any] | None = None,
     ) -> None: ...
     @property
-    def entry_id(self) -> str: ...
+    def entry_id(self) -> str:
+        """The assignment's entry id in the LBS."""
     @property
-    def stream(self) -> str: ...
+    def stream(self) -> str:
+        """The data stream's name."""
     @property
     def info(self) -> dict[str, Any]: ...
     @property
-    def retry_count(self) -> int: ...
+    def retry_count(self) -> int:
+        """Failed attempts so far (``_retry_count``)."""
     @property
-    def token(self) -> int: ...
+    def token(self) -> int:
+        """The lock's fencing token."""
     @property
     def value(self) -> str: ...
     @property
     def lock_key(self) -> str: ...
     @property
-    def taken_at(self) -> float: ...
+    def taken_at(self) -> float:
+        """When it was taken: the client's monotonic clock, in seconds."""
     task: asyncio.Task[Any] | None
 
 class HeldTable:

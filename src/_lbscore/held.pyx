@@ -78,7 +78,12 @@ cdef class Held:
 
     @property
     def value(self):
-        """What the lock key holds while the lock is ours: ``"<token>:<consumer id>"``."""
+        """What the lock key holds while the lock is ours: ``"<token>:<owner>"``.
+
+        The owner is the ``consumer id`` the record was made with; a client's
+        own records use ``<consumer id>:<instance>``, so a lock value reads
+        ``<token>:<consumer id>:<instance>``.
+        """
         return f"{self.token}:{self._keys.consumer_id}"
 
     @property

@@ -82,6 +82,7 @@ class Client:
         load_entrypoint_plugins: bool = True,
         cluster: bool | ClusterMode = ClusterMode.NONE,
     ) -> None:
+        #: The service's name: its LBS is ``<service>-input``.
         self.service = _keys.validate_service(service)
         if config is not None and not isinstance(config, Config):
             raise ConfigurationError(f"config must be an lbs.Config, got {type(config).__name__}")
@@ -89,7 +90,9 @@ class Client:
             plugins, load_entrypoints=load_entrypoint_plugins,
             disabled=config.disabled_plugins if config is not None else ())
         # Without an explicit Config, plugins may contribute defaults (hook lbs_config_defaults).
+        #: The settings: ``config`` as given, else the defaults with what plugins contribute.
         self.config = config if config is not None else Config(**plugin_config_defaults(self.pm))
+        #: The consumer id: ``redis-consumer-<consumer_id or $POD_NAME or $POD_IP>``.
         self.id = consumer_id_from_env(consumer_id)
         #: This process's instance nonce: lock values are "<token>:<id>:<instance>", so a
         #: process adopts only its own locks, and a second live process with the same

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
 NAME = "lbs"
 
 hookspec = pluggy.HookspecMarker(NAME)
+#: Marks a function or method as a hook implementation: ``@lbs.hookimpl`` (pluggy's options too,
+#: ``@lbs.hookimpl(trylast=True)``).
 hookimpl = pluggy.HookimplMarker(NAME)
 
 

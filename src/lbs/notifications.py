@@ -47,12 +47,19 @@ class Notification:
                     await process(note)
     """
 
+    #: What happened.
     type: NotificationType
+    #: The data stream's name.
     stream: str = ""
+    #: The assignment's entry id in the LBS.
     entry_id: str = ""
+    #: The Info the producer registered the stream with (empty when none).
     info: dict[str, Any] = field(default_factory=dict)
+    #: Failed attempts so far (``_retry_count``).
     retry_count: int = 0
+    #: The lock's fencing token.
     token: int = 0
+    #: Why, for STREAM_DISOWNED and STREAM_TERMINATED.
     reason: str = ""
     #: The client that holds the stream (STREAM_ADDED only): what ``async with`` finishes it on.
     holder: Any = field(default=None, repr=False, compare=False)

@@ -61,6 +61,7 @@ class ShardedClient:
             cfg = replace(cfg, read_count=max(1, min(cfg.read_count, per // 2 or 1)))
         cfg = replace(cfg, max_streams=per)
         plugins = list(plugins)
+        #: One :class:`lbs.Client` per shard, in shard order (``<service>.0`` first).
         self.clients = [Client(self._redis, svc, consumer_id, cfg, plugins=plugins,
                                load_entrypoint_plugins=load_entrypoint_plugins)
                         for svc in shard_services(service, self.shards)]
@@ -69,9 +70,11 @@ class ShardedClient:
 
     @property
     def held(self) -> int:
+        """How many data streams the shards' clients hold now, together."""
         return sum(c.held for c in self.clients)
 
     async def start(self) -> None:
+        """Start every shard's client (:meth:`lbs.Client.start`)."""
         await asyncio.gather(*(c.start() for c in self.clients))
 
     async def _pump(self, c: Client) -> None:

@@ -46,9 +46,11 @@ class SyncClient:
 
     @property
     def id(self) -> str:
+        """The consumer id (:attr:`lbs.Client.id`)."""
         return self.client.id
 
     def start(self) -> None:
+        """:meth:`lbs.Client.start`, blocking."""
         self._call(self.client.start())
 
     def notifications(self, timeout: float | None = None) -> Iterator[Notification]:
@@ -60,12 +62,15 @@ class SyncClient:
             yield note
 
     def done_stream(self, stream: str, entry_id: str | None = None) -> DoneStatus:
+        """:meth:`lbs.Client.done_stream`, blocking."""
         return self._call(self.client.done_stream(stream, entry_id))
 
     def hand_back(self, stream: str, entry_id: str | None = None, *, count_retry: bool = False) -> str:
+        """:meth:`lbs.Client.hand_back`, blocking; returns the new entry id."""
         return self._call(self.client.hand_back(stream, entry_id, count_retry=count_retry))
 
     def claim(self, entry_id: str) -> bool:
+        """:meth:`lbs.Client.claim`, blocking."""
         return self._call(self.client.claim(entry_id))
 
     def run(self, handler: Callable[[Notification], Any], concurrency: int | None = None) -> None:
@@ -77,6 +82,7 @@ class SyncClient:
         self._call(self.client.run(call, concurrency))
 
     def close(self) -> None:
+        """:meth:`lbs.Client.close`, blocking; then stops the client's event loop thread."""
         if self._loop.is_closed():
             return
         try:

@@ -1,7 +1,7 @@
 """The PySpark data source ``lbs`` (extra ``lbs[spark]``): sink, batch reader, streaming reader.
 
-``import lbs`` never imports this package; ``import lbs.spark`` needs pyspark
->= 4.0 and pyarrow. Register the source once per session::
+``import lbs`` never imports this package; ``import lbs.spark`` needs
+pyspark >= 4.0 and pyarrow. Register the source once per session::
 
     from lbs.spark import LbsDataSource
     spark.dataSource.register(LbsDataSource)
