@@ -1,7 +1,7 @@
 # Two entry points, each self-contained on a fresh machine and safe to repeat:
 #   make demo   venv + install + Redis 8.6 (built once, cached) + the demo
 #   make test   the same set-up + the whole test suite
-# Other targets: setup, redis, wheel, bench, proptest, faults, fuzz, typecheck, clean.
+# Other targets: setup, redis, docs, wheel, bench, proptest, faults, fuzz, typecheck, clean.
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -14,7 +14,7 @@ SOURCES := pyproject.toml setup.py $(wildcard src/_lbscore/*.pyx src/_lbscore/*.
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 PYTEST_ARGS ?=
 
-.PHONY: demo test faults setup redis wheel bench proptest fuzz typecheck clean
+.PHONY: demo test faults setup redis docs wheel bench proptest fuzz typecheck clean
 
 demo: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo
@@ -46,12 +46,17 @@ setup: $(STAMP)
 $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) -m pip install --quiet -e '.[dev,spark,docs]'
 	$(PY) -m pip install --quiet --no-build-isolation $(addprefix -e ./,$(PLUGINS))
 	@touch $@
 
 redis:
 	@scripts/redis.sh
+
+# The documentation site (mkdocs.yml) into site/, warnings as errors. Material's banner
+# about MkDocs 2.0 is no warning about these docs, hence NO_MKDOCS_2_WARNING.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 wheel: setup
 	$(PY) -m build --wheel --outdir dist
@@ -64,5 +69,5 @@ typecheck: setup
 	@for p in $(PLUGINS); do (cd $$p && $(CURDIR)/$(PY) -m mypy) || exit 1; done
 
 clean:
-	rm -rf build dist $(VENV) src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html
+	rm -rf build dist site $(VENV) src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html
 	rm -rf $(foreach p,$(PLUGINS),$(p)/build $(p)/src/*.egg-info)

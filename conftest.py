@@ -19,7 +19,7 @@ KeyboardInterrupt so pytest runs its teardown then too.
 Markers are set from the directory: ``tests/unit`` -> unit (no server),
 ``tests/integration`` -> integration, ``tests/typing`` -> typing,
 ``tests/packaging`` -> packaging, ``tests/faults`` -> faults, ``tests/cli``
--> integration.
+-> integration, ``tests/docs`` -> docs.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if len(parts) > 1 and parts[0] == "tests":
             kind = parts[1]
-            if kind in ("unit", "integration", "typing", "packaging", "faults"):
+            if kind in ("unit", "integration", "typing", "packaging", "faults", "docs"):
                 item.add_marker(kind)
             elif kind == "cli":  # the `lbs` command, run as a user would: against real servers
                 item.add_marker("integration")
