@@ -8,8 +8,8 @@ does all the work; with 3 and 6 the shards' slots spread it over the masters.
 
 On this 2-core machine the three masters, the client and the producer share
 two cores, so the absolute numbers say little; the shape (how the load
-spreads) is the point. See the README's "Redis Cluster" section for the
-scaling model.
+spreads) is the point. See docs/benchmarks.md ("Redis Cluster, sharded") for
+the scaling model.
 """
 
 from __future__ import annotations

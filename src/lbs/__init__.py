@@ -2,7 +2,7 @@
 
 Producers register *data streams* in a load-balancer stream (LBS); consumers
 of the service's group take them round-robin, each under an exclusive lock.
-See the README for the whole picture.
+The documentation starts with the guide, ``docs/index.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The minimal ACL the README's Operations section documents is enough, and nothing less is."""
+"""The minimal ACL docs/operations.md documents (Minimal ACL) is enough, and nothing less is."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from _helpers import eventually, take
 import lbs
 from lbs import _keys
 
-#: The README's list (Operations): every command lbs sends, scripts' inner commands included.
+#: The documented list (docs/operations.md, Minimal ACL): every command lbs sends, scripts' inner commands included.
 COMMANDS = ("+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xread +xadd +xack +xackdel "
             "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
             "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
@@ -67,7 +67,7 @@ async def test_the_documented_acl_runs_the_whole_cycle(redis_server: Any, servic
         await r.execute_command("ACL", "DELUSER", user)
 
 
-#: What keyed processing (Publisher, run_keyed) adds to the list (the README says so).
+#: What keyed processing (Publisher, run_keyed) adds to the list (docs/operations.md says so).
 KEYED = " +hget +hmget +hset +hdel +xtrim"
 
 

@@ -1,4 +1,4 @@
-"""The README stays true to the project: its commands, its versions, its layout."""
+"""The README and the docs stay true to the project: their commands, versions and layout."""
 
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ def test_python_floor_matches_pyproject() -> None:
     assert f"Python {floor}+" in README
 
 
-def test_make_targets_named_in_readme_exist() -> None:
+def test_make_targets_named_in_the_docs_exist() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    for target in set(re.findall(r"`make (\w+)", README)):
-        assert re.search(rf"^{target}:", makefile, re.M), f"README names make {target}, Makefile lacks it"
+    for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
+        for target in set(re.findall(r"`make (\w+)", doc.read_text())):
+            assert re.search(rf"^{target}:", makefile, re.M), f"{doc.name} names make {target}, Makefile lacks it"
 
 
 def test_files_named_in_architecture_exist() -> None:
@@ -54,5 +55,5 @@ def test_files_named_in_architecture_exist() -> None:
 
 def test_docs_never_import_the_private_core() -> None:
     # Docs may name the core's files; examples must use the public ``lbs`` names.
-    for doc in [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "plugins").rglob("*.md")]:
+    for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "plugins").rglob("*.md")]:
         assert not re.search(r"(import|from)\s+_lbscore", doc.read_text()), doc
