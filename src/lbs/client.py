@@ -287,7 +287,7 @@ class Client:
 
         Raises :class:`asyncio.TimeoutError` after ``timeout`` seconds.
         """
-        await within(self._finisher.wait_finished(count), timeout)
+        await within(self._state.wait_finished(count), timeout)
 
     # ---------------------------------------------------------- hand-back ---
 

@@ -58,6 +58,24 @@ async def test_messages_of_each_key_are_processed_in_order_and_leave_nothing(url
     assert await rr.xlen(_keys.input_stream(service)) == 0
 
 
+async def test_wait_finished_counts_the_keys_let_go(url: str, service: str) -> None:
+    """Under run_keyed, a key drained and let go is a finished stream: wait_finished returns."""
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([(f"t{k}", {"n": 1}) for k in range(3)])
+    c = keyed_client(url, service)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        pass
+
+    runner = asyncio.create_task(c.run_keyed(handle))
+    try:
+        await c.wait_finished(3, timeout=30)
+        assert c.stats.finished == c.stats.done == 3
+    finally:
+        await c.close()
+        await runner
+
+
 async def _all(seen: dict[str, list[int]], keys: int, n: int) -> bool:
     return len(seen) == keys and all(len(v) >= n for v in seen.values())
 

@@ -57,7 +57,6 @@ class Finisher:
         self._idle = asyncio.Event()
         self._idle.set()
         self._task: asyncio.Task[None] | None = None
-        self._finished = asyncio.Event()  # set whenever a stream finished (wait_finished)
 
     def queue(self, h: Held, fut: asyncio.Future[Any] | None = None) -> None:
         """Queue ``h`` for the next batch; ``fut`` gets the done code (None: log only)."""
@@ -168,8 +167,7 @@ class Finisher:
         s = self.state
         status = _DONE_STATUS.get(code, DoneStatus.LOCK_LOST)
         stats = s.stats
-        stats.finished += 1
-        self._finished.set()
+        s.count_finished()
         if status is DoneStatus.DONE:
             stats.done += 1
         elif status is DoneStatus.LOCK_EXPIRED:
@@ -181,12 +179,6 @@ class Finisher:
         if released:
             s.hooks.notify("lbs_lock_released", stream=h.stream, entry_id=h.entry_id, token=h.token, status=status)
         return status
-
-    async def wait_finished(self, count: int) -> None:
-        """Until ``stats.finished`` reaches ``count``."""
-        while self.state.stats.finished < count:
-            self._finished.clear()
-            await self._finished.wait()
 
     async def drain(self, timeout: float) -> None:
         """At shutdown: send what is queued (up to ``timeout`` seconds), then stop the task.

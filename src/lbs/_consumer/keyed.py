@@ -316,7 +316,7 @@ class KeyedRunner:
         s.holdings.drop(h)
         if code == CommitCode.RELEASED:
             s.stats.done += 1
-            s.stats.finished += 1
+            s.count_finished()
         elif code == CommitCode.YIELDED:
             s.stats.handed_back += 1
         else:

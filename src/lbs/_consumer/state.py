@@ -308,6 +308,7 @@ class ConsumerState:
         self.holdings = Holdings(names)
         self.mailbox: Mailbox[Notification] = Mailbox(config.notification_buffer)
         self.stats = ClientStats()
+        self._finished = asyncio.Event()  # set whenever a stream finished (wait_finished)
         #: Set once, when the client starts closing: every loop ends.
         self.stopping = asyncio.Event()
         #: How this client reads new work (hook ``lbs_reader``; set at start).
@@ -317,6 +318,17 @@ class ConsumerState:
         #: Under run(): its concurrency (0: not running), and its running handler tasks.
         self.run_limit = 0
         self.handlers: set[asyncio.Task[Any]] = set()
+
+    def count_finished(self) -> None:
+        """One stream finished (done, or found lost), by the finisher or a keyed holder letting it go."""
+        self.stats.finished += 1
+        self._finished.set()
+
+    async def wait_finished(self, count: int) -> None:
+        """Until ``stats.finished`` reaches ``count``."""
+        while self.stats.finished < count:
+            self._finished.clear()
+            await self._finished.wait()
 
     @property
     def read_count(self) -> int:
