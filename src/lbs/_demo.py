@@ -8,7 +8,7 @@
    process (``python -m lbs._demo spark URL SERVICE``, the rows as JSON on
    its stdin) with :func:`lbs.spark.local_session` (``local[2]``); the
    session is stopped and the JVM gone before the consumers start. The job
-   takes 20-60 s on a 2-core machine (:data:`SPARK_JOB_TIME`): 9-15 s to
+   takes 20-60 s on a 2-core machine (:data:`SPARK_JOB_TIME`): 9-20 s to
    start the JVM and the session, the rest for its first job.
    With ``spark=False`` (``lbs demo --no-spark``), without pyspark (the
    ``lbs[spark]`` extra; ``make setup`` installs it) or without a Java
@@ -88,8 +88,8 @@ CRASH_LOCK_TTL = 1.0
 SPARK_MASTER = "local[2]"
 #: How long the Spark job may take, session start included (a busy 2-core machine is slow).
 SPARK_TIMEOUT = 600.0
-#: How long the Spark job takes, session start included, measured on a 2-core machine: 22-38 s
-#: beside nothing or two busy processes, up to 60 s with more work running (the range the user is told).
+#: How long the Spark job takes, session start included, measured on a 2-core machine: 22-45 s
+#: beside nothing, two busy processes or the team's work, up to 60 s seen under more (what the user is told).
 SPARK_JOB_TIME = "20-60 s"
 #: The oldest Redis the demo runs on (with --redis-url); lbs's fallbacks cover 7.x.
 MIN_REDIS = (7, 0)

@@ -81,8 +81,8 @@ async def _touched(r: aioredis.Redis) -> AsyncIterator[set[str]]:
     pubsub = r.pubsub()
     try:
         await pubsub.psubscribe(channel + "*")
-        while (await pubsub.get_message(timeout=5)) is None:  # the subscription is in place
-            pass
+        confirmed = await pubsub.get_message(timeout=60)  # the subscription is in place
+        assert confirmed is not None and confirmed["type"] == "psubscribe", confirmed
         yield touched
         marker = f"test-demo-marker-{uuid.uuid4().hex}"
         await r.set(marker, 1)
