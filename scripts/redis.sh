@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Print the path of a redis-server >= 8.4 on stdout (progress goes to stderr).
+# Print the path of a redis-server >= 8.4 on stdout; everything else (what it
+# does, the build's progress) goes to stderr, so `srv=$(scripts/redis.sh)` works.
 #
 # Order of preference:
 #   1. $LBS_REDIS_SERVER, if set (must be new enough, or this fails);
@@ -7,7 +8,9 @@
 #   3. a build cached under ${XDG_CACHE_HOME:-~/.cache}/lbs/redis/<version>/;
 #   4. a fresh build of Debian's source package of Redis (suite "experimental",
 #      which carries 8.6), fetched from the same mirror as the machine's own
-#      Debian entry, then cached as in 3.
+#      Debian entry (about 4 MB), then cached as in 3. Only the first run
+#      builds: 1.5-6 min on 2 cores, a status line showing what is being
+#      compiled; later runs find the cache at once.
 #
 # It never installs, starts or reconfigures the system's Redis and never edits
 # /etc/apt: the experimental entry lives in a private sources file and the
@@ -22,7 +25,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --min-version) MIN_VERSION="$2"; shift 2 ;;
         --rebuild) REBUILD=1; shift ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "redis.sh: unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -30,6 +33,50 @@ done
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/lbs/redis"
 log() { echo "redis.sh: $*" >&2; }
 die() { echo "redis.sh: error: $*" >&2; exit 1; }
+
+# How long the build takes, measured on a 2-core machine (other work running beside it makes it slower).
+BUILD_TIME_NOTE="it takes 1.5-6 min on 2 cores (less with more), once"
+
+mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+
+# The build's progress from its log: what it is compiling now and how many files so far.
+# Redis's own Makefile prints "CC file.o" / "LINK redis-server" (in colour), its dependencies
+# "MAKE <name>" and then their compiler command lines.
+build_status() {
+    sed 's/\x1b\[[0-9;]*m//g' "$1" 2>/dev/null | awk '
+        / -c / && /\.c( |$)/ { files++ }
+        $1 == "CC" && $2 ~ /\.o$/ { files++; if ($2 !~ /\//) { redis = 1; last = $2 } }
+        $1 == "LINK" && NF == 2 { redis = 1; last = $2 " (linking)" }
+        $1 == "MAKE" && NF == 2 { dep = $2 }
+        END {
+            if (redis) stage = "redis: " last
+            else if (dep != "") stage = "dependencies: " dep
+            else stage = "configuring"
+            printf "%d files compiled, %s", files, stage
+        }'
+}
+
+# show_progress PID LOG: while PID runs, one status line on stderr: rewritten in place
+# every half second on a terminal, else printed every 30 s (a CI log).
+show_progress() {
+    local pid="$1" build_log="$2" spin='|/-\' i=0 next=30 line width
+    width="$(tput cols 2>/dev/null || echo 100)"
+    while kill -0 "$pid" 2>/dev/null; do
+        line="$(mmss $((SECONDS - STARTED))) elapsed, $(build_status "$build_log")"
+        if [ -t 2 ]; then
+            printf '\r\033[Kredis.sh: %s %s' "${spin:i++%4:1}" "${line:0:$((width - 14))}" >&2
+            sleep 0.5
+        else
+            if [ $((SECONDS - STARTED)) -ge "$next" ]; then
+                log "  $line"
+                next=$((next + 30))
+            fi
+            sleep 1
+        fi
+    done
+    if [ -t 2 ]; then printf '\r\033[K' >&2; fi
+    log "  make ended after $(mmss $((SECONDS - STARTED))), $(build_status "$build_log" | cut -d, -f1)"
+}
 
 # "Redis server v=8.6.3 sha=..." -> 8.6.3
 server_version() { "$1" --version 2>/dev/null | sed -n 's/.* v=\([0-9][0-9.]*\).*/\1/p'; }
@@ -120,20 +167,34 @@ APT_OPTS=(
     -o "Debug::NoLocking=1"
     -o "APT::Sandbox::User=root"
 )
-log "fetching the Redis source package from $URI (suite experimental)"
+log "[1/4] reading the source index of Debian's experimental suite from $URI (a few seconds)"
 apt-get "${APT_OPTS[@]}" -qq update >&2 || die "apt-get update of the experimental source index failed"
+# What will be downloaded, with sizes: one line per file, "'URL' NAME SIZE HASH".
+FILES="$(apt-get "${APT_OPTS[@]}" -qq --print-uris source redis 2>/dev/null | awk '{print $2, $3}')" || true
+[ -n "$FILES" ] || die "Debian's experimental suite lists no source package named redis"
+TOTAL_KB="$(echo "$FILES" | awk '{s += $2} END {printf "%d", s / 1024}')"
+log "[2/4] downloading the Redis source package ($(echo "$FILES" | awk '{printf "%s%s", sep, $1; sep=", "}'); $((TOTAL_KB / 1024)) MB)"
 (cd "$WORK" && apt-get "${APT_OPTS[@]}" -qq source --download-only redis >&2) \
     || die "apt-get source --download-only redis failed"
 ORIG="$(ls "$WORK"/redis_*.orig.tar.* 2>/dev/null | head -n1)"
 [ -n "$ORIG" ] || die "the source package has no upstream tarball"
+log "[3/4] unpacking $(basename "$ORIG")"
 tar -xf "$ORIG" -C "$WORK"
 SRC="$(find "$WORK" -maxdepth 1 -type d -name 'redis-*' | head -n1)"
 [ -n "$SRC" ] || die "could not find the unpacked Redis sources in $WORK"
 
 JOBS="$(nproc 2>/dev/null || echo 2)"
-log "building $(basename "$SRC") with make -j$JOBS (about a minute on 2 cores)"
-make -C "$SRC" -j"$JOBS" >"$WORK/build.log" 2>&1 \
-    || { tail -n 40 "$WORK/build.log" >&2; die "make failed (log above)"; }
+log "[4/4] building $(basename "$SRC") (its dependencies jemalloc, lua and hiredis, then redis-server) with make -j$JOBS: $BUILD_TIME_NOTE"
+STARTED=$SECONDS
+# In a session of its own, so an interrupted run stops the whole build (make and its compilers).
+setsid make -C "$SRC" -j"$JOBS" >"$WORK/build.log" 2>&1 </dev/null &
+MAKE_PID=$!
+# (|| true: under set -e a failing command in the trap would turn a success into exit 1.)
+trap 'kill -TERM -- "-$MAKE_PID" 2>/dev/null || true; wait "$MAKE_PID" 2>/dev/null || true; rm -rf "$WORK"' EXIT
+trap 'exit 130' INT TERM
+show_progress "$MAKE_PID" "$WORK/build.log"
+wait "$MAKE_PID" || { tail -n 40 "$WORK/build.log" >&2; die "make failed (log above)"; }
+BUILD_SECONDS=$((SECONDS - STARTED))
 VERSION="$(server_version "$SRC/src/redis-server")"
 version_ge "$VERSION" "$MIN_VERSION" \
     || die "Debian experimental carries Redis $VERSION, older than $MIN_VERSION"
@@ -144,5 +205,5 @@ for b in redis-server redis-cli redis-benchmark; do
     [ -x "$SRC/src/$b" ] && cp "$SRC/src/$b" "$DEST.tmp/bin/"
 done
 rm -rf "$DEST" && mv "$DEST.tmp" "$DEST"
-log "cached Redis $VERSION in $DEST"
+log "built and cached Redis $VERSION in $DEST in $(mmss "$BUILD_SECONDS") (later runs find it there at once)"
 echo "$DEST/bin/redis-server"

@@ -7,11 +7,14 @@
    and registers each data stream once in the LBS. The job runs in a child
    process (``python -m lbs._demo spark URL SERVICE``, the rows as JSON on
    its stdin) with :func:`lbs.spark.local_session` (``local[2]``); the
-   session is stopped and the JVM gone before the consumers start. Spark
-   takes 10-15 s to start. Without pyspark (the ``lbs[spark]`` extra;
-   ``make setup`` installs it) or without a Java runtime, an
-   :class:`lbs.Producer` registers the data streams instead. Either way a
-   malformed entry slips into the LBS (written directly, a producer bug).
+   session is stopped and the JVM gone before the consumers start. The job
+   takes 20-60 s on a 2-core machine (:data:`SPARK_JOB_TIME`): 9-20 s to
+   start the JVM and the session, the rest for its first job.
+   With ``spark=False`` (``lbs demo --no-spark``), without pyspark (the
+   ``lbs[spark]`` extra; ``make setup`` installs it) or without a Java
+   runtime, an :class:`lbs.Producer` registers the data streams instead.
+   Either way a malformed entry slips into the LBS (written directly, a
+   producer bug).
    The sink registers a stream with an empty ``Info``, so the handler reads
    the user from the stream's events.
 2. Two :class:`lbs.Client` consumers ``run()`` a handler: they take streams
@@ -33,6 +36,15 @@
    events are handled one by one, in order, by one desk at a time, across a
    desk killed in the middle of a ticket.
 
+Every key the demo writes is one of its service's (:func:`demo_keys`): the
+LBS ``<service>-input``, the keys under its hash tag ``{<service>-input}:``
+(the data streams among them, ``{<service>-input}:session-1`` ...) and its
+locks ``lock:{<service>-input}:*``, and the same for the keyed scenario's
+service ``<service>-tickets``. :func:`run_demo` refuses to start
+(:class:`ServiceInUseError`) when any such key exists, so it never writes
+into, or deletes, anyone else's data, and deletes every one of them at the
+end, whatever happened.
+
 ``python -m lbs._demo doomed URL SERVICE`` is the consumer that gets killed;
 ``python -m lbs._demo spark URL SERVICE`` is step 1's Spark job.
 """
@@ -42,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,15 +66,19 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from _lbscore import try_decode_input
+from redis.exceptions import RedisError
 
 from . import _keys
 from .client import Client, Handler
 from .config import Config
+from .exceptions import ConfigurationError, RedisOperationError, ServerError
 from .notifications import Notification
-from ._demo_keyed import KeyedResult, run_keyed_demo
+from ._demo_keyed import KeyedResult, keyed_service, run_keyed_demo
 from .producer import Producer
 
 Printer = Callable[[str], None]
+#: Told what a long step is doing (a status line, shown with a spinner), or None when it is over.
+Progress = Callable[[str | None], None]
 
 #: The demo's poison pill is dead-lettered after this many failed attempts.
 POISON_MAX_RETRIES = 2
@@ -71,6 +88,11 @@ CRASH_LOCK_TTL = 1.0
 SPARK_MASTER = "local[2]"
 #: How long the Spark job may take, session start included (a busy 2-core machine is slow).
 SPARK_TIMEOUT = 600.0
+#: How long the Spark job takes, session start included, measured on a 2-core machine: 22-45 s
+#: beside nothing, two busy processes or the team's work, up to 60 s seen under more (what the user is told).
+SPARK_JOB_TIME = "20-60 s"
+#: The oldest Redis the demo runs on (with --redis-url); lbs's fallbacks cover 7.x.
+MIN_REDIS = (7, 0)
 
 #: One row per event: the data stream it belongs to, then its payload fields.
 Row = tuple[str, int, str]
@@ -108,34 +130,129 @@ class DemoResult:
         )
 
 
+class ServiceInUseError(ConfigurationError):
+    """Raised when the Redis the demo is to run on already has keys of its service: the demo writes
+    and deletes only keys of a service of its own, so it refuses to start."""
+
+
+def data_stream(service: str, name: str) -> str:
+    """The demo's data stream ``name``: ``{<service>-input}:<name>``, under the service's hash tag."""
+    return f"{_keys.hash_tag(service)}:{name}"
+
+
+def demo_keys(service: str) -> tuple[list[str], list[str]]:
+    """What the demo writes with ``service``: ``(names, prefixes)``.
+
+    Every key it writes is one of ``names`` (the two LBS streams) or starts
+    with one of ``prefixes`` (the services' hash tags and locks), for
+    ``service`` and for the keyed scenario's ``<service>-tickets``.
+    """
+    services = [service, keyed_service(service)]
+    names = [_keys.input_stream(s) for s in services]
+    prefixes = [p for s in services for p in (_keys.key_prefix(s), _keys.lock_key(s, ""))]
+    return names, prefixes
+
+
+def describe_keys(service: str) -> str:
+    """The demo's keys as glob patterns, for messages."""
+    return (f"{_keys.input_stream(service)}, {_keys.key_prefix(service)}*, {_keys.lock_key(service, '*')} "
+            f"and the same for {keyed_service(service)}")
+
+
+async def find_demo_keys(r: aioredis.Redis, service: str) -> list[str]:
+    """Every key in ``r`` that the demo with ``service`` would write (sorted), in one SCAN."""
+    names, prefixes = demo_keys(service)
+    found = {n for n in names if await r.exists(n)}
+    # Every prefix holds "{<service>-"; the SCAN match narrows by it, the check here is exact.
+    tag = "{" + _glob_escape(service) + "-"
+    async for raw in r.scan_iter(match=f"*{tag}*", count=10_000):
+        key = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        if key.startswith(tuple(prefixes)):
+            found.add(key)
+    return sorted(found)
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` with the characters special in Redis's glob patterns backslash-escaped."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+async def check_server(r: aioredis.Redis, service: str) -> None:
+    """Refuse to start unless ``r`` is reachable, runs Redis >= :data:`MIN_REDIS` and holds no key of the demo's.
+
+    Raises :class:`RedisOperationError` (unreachable), :class:`ServerError`
+    (too old) or :class:`ServiceInUseError` (keys of ``service`` exist).
+    """
+    try:
+        info = await r.info("server")
+        found = await find_demo_keys(r, service)
+    except RedisError as exc:
+        raise RedisOperationError("reaching Redis", exc) from exc
+    version = tuple(int(p) for p in str(info["redis_version"]).split(".")[:2])
+    if version < MIN_REDIS:
+        raise ServerError(f"the demo needs Redis >= {'.'.join(map(str, MIN_REDIS))}; "
+                          f"this one is {info['redis_version']}")
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ServiceInUseError(
+            f"this Redis already has keys that the demo with service {service!r} would write and delete "
+            f"({shown}; its keys are {describe_keys(service)}): pick another --service")
+
+
+async def delete_demo_keys(r: aioredis.Redis, service: str) -> int:
+    """Delete every key of the demo's with ``service``; how many there were."""
+    found = await find_demo_keys(r, service)
+    for i in range(0, len(found), 500):
+        await r.delete(*found[i:i + 500])
+    return len(found)
+
+
 async def run_demo(
     url: str, *, service: str = "demo", streams: int = 6, consumers: int = 2,
-    events: int = 3, out: Printer = print,
+    events: int = 3, spark: bool = True, out: Printer = print, progress: Progress | None = None,
 ) -> DemoResult:
-    """Run the demo against the Redis at ``url``; return what happened."""
+    """Run the demo against the Redis at ``url``; return what happened.
+
+    ``spark=False`` registers the work with :class:`lbs.Producer` instead of
+    a Spark job. ``out`` gets the demo's lines, ``progress`` (if given) a
+    status line every half second while the Spark job runs, then None.
+    Raises :class:`ServiceInUseError` before writing anything when keys of
+    ``service`` exist (:func:`demo_keys`), and deletes all of them at the end.
+    """
+    _keys.validate_service(service)
     result = DemoResult()
     r = aioredis.Redis.from_url(url)
+    try:
+        await check_server(r, service)
+    except BaseException:
+        await r.aclose()
+        raise
     # max_streams=2 so the demo's handful of streams spreads over both consumers.
     config = Config(lock_ttl=30.0, read_block=0.1, max_streams=2, max_retries=POISON_MAX_RETRIES)
-    names = [f"session-{i + 1}" for i in range(streams)]
-    late = [f"late-{i + 1}" for i in range(2)]
+    prefix = data_stream(service, "")
+    names = [data_stream(service, f"session-{i + 1}") for i in range(streams)]
+    late = [data_stream(service, f"late-{i + 1}") for i in range(2)]
     every_name = names + late
+    crash, poison = data_stream(service, "crash-1"), data_stream(service, "poison-1")
     all_done = asyncio.Event()
     finished_at: dict[str, float] = {}
     clients: list[Client] = []
     try:
+        out(f"keys: the demo writes only {describe_keys(service)} (data streams {prefix}session-1 ...), "
+            f"and deletes them at the end")
         # The events of each data stream, for the consumers to read: one row per event.
         rows: list[Row] = [(name, n * 10 + e, f"u{n}") for n, name in enumerate(every_name) for e in range(events)]
         first, later = [row for row in rows if row[0] in names], [row for row in rows if row[0] in late]
         lbs_key = _keys.input_stream(service)
-        unavailable = _spark_unavailable()
+        unavailable = _spark_unavailable() if spark else "Spark skipped (--no-spark)"
         if unavailable is None:
             # A producer bug first: an entry that is not an assignment.
             await r.xadd(lbs_key, {_keys.INPUT_FIELD: "{not json"})
             out(f"a producer bug: one malformed entry written straight into {lbs_key}")
             out(f"spark: starting a local Spark job ({SPARK_MASTER}, in a child process) to write the work; "
-                f"Spark takes 10-15 s to start, and its first job a few more ...")
-            timings = await _spark_write(url, service, first)
+                f"it takes {SPARK_JOB_TIME} on 2 cores, starting the JVM and a session first "
+                f"(lbs demo --no-spark skips it) ...")
+            timings = await _spark_write(url, service, first, progress)
             result.source, result.spark_seconds = "spark", timings["total_s"]
             entries: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(lbs_key)  # type: ignore[assignment]
             registered = Counter(try_decode_input(f[_keys.INPUT_FIELD.encode()])[0] for _, f in entries)
@@ -159,13 +276,14 @@ async def run_demo(
 
         def handler_for(consumer: str, slow: asyncio.Event | None = None) -> Handler:
             async def handle(note: Notification) -> None:
-                if note.stream.startswith("poison"):
+                short = note.stream.removeprefix(prefix)
+                if short.startswith("poison"):
                     raise ValueError(f"cannot parse {note.stream} (attempt {note.retry_count + 1})")
                 events_: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(note.stream)  # type: ignore[assignment]
                 total = sum(int(f[b"value"]) for _, f in events_)
                 # The Spark sink registers with an empty Info: the events say whose stream it is.
                 user = note.info.get("user") or (events_[0][1].get(b"user", b"?").decode() if events_ else "?")
-                if slow is not None and note.stream.startswith("late"):
+                if slow is not None and short.startswith("late"):
                     slow.set()
                     await asyncio.sleep(3600)  # still working when its consumer shuts down
                 await asyncio.sleep(0.02)  # the application's work
@@ -231,7 +349,7 @@ async def run_demo(
         all_done.clear()
         result.registered += 1
         async with Producer(r, service) as producer:
-            await producer.add_stream("crash-1", {"user": "u-crash"})
+            await producer.add_stream(crash, {"user": "u-crash"})
         doomed = subprocess.Popen([sys.executable, "-m", "lbs._demo", "doomed", url, service],
                                   stdout=subprocess.PIPE, text=True)
         try:
@@ -253,14 +371,14 @@ async def run_demo(
         clients.append(c)
         runners.append(asyncio.create_task(c.run(handler_for("consumer-c"))))
         await asyncio.wait_for(all_done.wait(), timeout=30)
-        result.crash_recovery_s = finished_at["crash-1"] - killed_at
+        result.crash_recovery_s = finished_at[crash] - killed_at
         paths = {k.split("_")[1]: int(v) for k, v in c.metrics.items() if k.endswith("_requeued_total") and v}
-        out(f"consumer-c's recovery re-queued crash-1 once its lock had expired ({paths}); consumer-c "
+        out(f"consumer-c's recovery re-queued {crash} once its lock had expired ({paths}); consumer-c "
             f"finished it {result.crash_recovery_s:.2f} s after the kill")
 
         # Poison pill: its handler fails every time; after max_retries it is a dead letter.
         async with Producer(r, service) as producer:
-            await producer.add_stream("poison-1", {"user": "u-poison"})
+            await producer.add_stream(poison, {"user": "u-poison"})
         dlq_key = _keys.dead_letter_stream(service)
         deadline = time.monotonic() + 30
         while await r.xlen(dlq_key) < 2:
@@ -271,7 +389,7 @@ async def run_demo(
         pill = last[0][1]
         result.dead_letters = await r.xlen(dlq_key)
         result.poison_retries = int(pill[b"_retry_count"])
-        out(f"dead letter: poison-1 after {result.poison_retries} failed attempts "
+        out(f"dead letter: {poison} after {result.poison_retries} failed attempts "
             f"(max_retries {POISON_MAX_RETRIES}): {pill[b'_reason'].decode()}; "
             f"original entry {pill[b'_original_id'].decode()}")
 
@@ -283,14 +401,18 @@ async def run_demo(
         result.leftover_locks = len([k async for k in r.scan_iter(match=_keys.lock_key(service, "*"))])
         out(f"left behind: {result.leftover_pending} pending, {result.leftover_entries} LBS entries, "
             f"{result.leftover_locks} locks; {result.dead_letters} dead letters")
-        await r.delete(*every_name, _keys.dead_letter_stream(service), stream, _keys.fence_key(service))
 
         # Keyed, ordered processing: tickets whose events go one by one, in order, across a kill.
-        result.tickets = await run_keyed_demo(url, f"{service}-tickets", out)
+        result.tickets = await run_keyed_demo(url, keyed_service(service), out)
     finally:
-        for each in clients:
-            await each.close()
-        await r.aclose()
+        try:
+            for each in clients:
+                await each.close()
+            # Whatever happened: nothing of the demo's stays (no other key existed under these names).
+            removed = await delete_demo_keys(r, service)
+            out(f"cleaned up: deleted the demo's {removed} keys ({describe_keys(service)}); nothing else was touched")
+        finally:
+            await r.aclose()
     return result
 
 
@@ -314,41 +436,87 @@ def _spark_unavailable() -> str | None:
     return None
 
 
-async def _spark_write(url: str, service: str, rows: list[Row]) -> dict[str, float]:
+async def _spark_write(url: str, service: str, rows: list[Row], progress: Progress | None = None) -> dict[str, float]:
     """Run :func:`_spark_job` in a child process; return its timings (seconds), ``total_s`` included.
 
     A child process keeps Spark's JVM, its start-up chatter on stderr and its
-    threads out of the demo's process; the JVM exits with it.
+    threads out of the demo's process; the JVM exits with it. The child says
+    on stdout what it is doing (one JSON object a line, ``{"stage": ...}``),
+    and ``progress`` hears it with the time so far, every half second.
     """
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "lbs._demo", "spark", url, service,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stdout: asyncio.StreamReader = proc.stdout
+    stage = "starting the JVM and a local Spark session"
+    reports: list[dict[str, float]] = []
+
+    async def read_reports() -> None:
+        nonlocal stage
+        async for raw in stdout:
+            try:
+                report = json.loads(raw)
+            except ValueError:
+                continue  # not one of ours (a library's print)
+            if "stage" in report:
+                stage = str(report["stage"])
+            else:
+                reports.append(report)
+
+    reader, errors = asyncio.create_task(read_reports()), asyncio.create_task(proc.stderr.read())
+    exited = asyncio.create_task(proc.wait())
+    stderr = b""
     try:
-        stdout, stderr = await asyncio.wait_for(proc.communicate(json.dumps(rows).encode()), SPARK_TIMEOUT)
+        proc.stdin.write(json.dumps(rows).encode())
+        await proc.stdin.drain()
+        proc.stdin.close()
+        while not exited.done():
+            elapsed = time.perf_counter() - started
+            if elapsed > SPARK_TIMEOUT:
+                raise RuntimeError(f"the Spark job did not finish within {SPARK_TIMEOUT:.0f} s")
+            if progress is not None:
+                # The time first: a narrow terminal cuts the end of the line.
+                progress(f"spark {elapsed:.0f} s (takes {SPARK_JOB_TIME}): {stage}")
+            await asyncio.wait((exited,), timeout=0.5)
+        await asyncio.wait((reader, errors), timeout=30)  # the pipes are at EOF once the child has exited
+        stderr = errors.result() if errors.done() else b""
     finally:
+        if progress is not None:
+            progress(None)
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    if proc.returncode != 0:
+        for task in (reader, errors, exited):
+            task.cancel()
+    if proc.returncode != 0 or not reports:
         tail = "\n".join(stderr.decode(errors="replace").strip().splitlines()[-20:])
         raise RuntimeError(f"the Spark job exited with {proc.returncode}:\n{tail}")
-    timings: dict[str, float] = json.loads(stdout.decode().strip().splitlines()[-1])
+    timings = reports[-1]
     timings["total_s"] = time.perf_counter() - started
     return timings
 
 
 def _spark_job(url: str, service: str, rows: list[Row]) -> dict[str, float]:
-    """Step 1's Spark job: write ``rows`` with the lbs sink, stop the session; return the timings."""
+    """Step 1's Spark job: write ``rows`` with the lbs sink, stop the session; return the timings.
+
+    Says what it is doing on stdout as it goes (``{"stage": ...}`` lines), for :func:`_spark_write`.
+    """
     from .spark import local_session
+
+    def stage(text: str) -> None:
+        print(json.dumps({"stage": text}), flush=True)
 
     started = time.perf_counter()
     spark = local_session(SPARK_MASTER, app_name="lbs-demo")
     ready = time.perf_counter()
     try:
+        stage(f"writing {len(rows)} rows with the lbs sink (session up in {ready - started:.0f} s)")
         df = spark.createDataFrame(rows, "stream string, value long, user string")
         df.write.format("lbs").option("url", url).option("service", service).mode("append").save()
         written = time.perf_counter()
+        stage("written; stopping Spark")
     finally:
         spark.stop()
     return {"start_s": ready - started, "write_s": written - ready}

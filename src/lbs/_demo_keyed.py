@@ -56,6 +56,15 @@ class KeyedResult:
                 and self.cut_mid_ticket > 0)
 
 
+def keyed_service(service: str) -> str:
+    """The scenario's service when the demo runs as ``service``: ``<service>-tickets``.
+
+    Every key the scenario writes is under it: its LBS, its keys' streams and
+    state, the timeline, all under the hash tag ``{<service>-tickets-input}``.
+    """
+    return f"{service}-tickets"
+
+
 def _timeline(service: str) -> str:
     return _keys.hash_tag(service) + ":timeline"
 

@@ -7,6 +7,8 @@ import logging
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.status import Status
 
 from ..exceptions import LbsError
 from ._common import EXIT_FAILURE, EXIT_OK, fail, mask_url
@@ -14,36 +16,73 @@ from ._common import EXIT_FAILURE, EXIT_OK, fail, mask_url
 __all__ = ["demo"]
 
 
+class _Spinner:
+    """The demo's ``progress``: a status line with a spinner on a terminal (nothing elsewhere), gone when told None."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._status: Status | None = None
+
+    def __call__(self, text: str | None) -> None:
+        if text is None:
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
+        elif self._status is None:
+            self._status = self._console.status(text)
+            self._status.start()
+        else:
+            self._status.update(text)
+
+
 def demo(
     streams: Annotated[int, typer.Option(min=1, help="Data streams to register.")] = 6,
     consumers: Annotated[int, typer.Option(min=1, help="Consumers in the group.")] = 2,
-    service: Annotated[str, typer.Option(help="Service name; the LBS is `<service>-input`.")] = "demo",
+    service: Annotated[str, typer.Option(
+        help="Service name: the LBS is `<service>-input`, and every key the demo writes (then deletes) is "
+             "`<service>-input`, `{<service>-input}:*` or `lock:{<service>-input}:*`, or the same for "
+             "`<service>-tickets`. If any exists the demo refuses to start.")] = "demo",
     redis_url: Annotated[str | None, typer.Option(
         show_default=False,
-        help="Use this Redis instead of starting an embedded one (its data is left alone but for the demo's "
-             "keys).")] = None,
+        help="Use this Redis (>= 7.0) instead of starting an embedded one; nothing in it but the demo's own "
+             "keys (see --service) is written or deleted.")] = None,
+    spark: Annotated[bool, typer.Option(
+        "--spark/--no-spark",
+        help="Write the work with a local Spark job (its JVM takes tens of seconds to start), or with "
+             "lbs.Producer.")] = True,
 ) -> None:
     """Write work with a Spark job and process it with consumers on an embedded Redis.
 
-    Start a throwaway redis-server (>= 8.4, found as scripts/redis.sh provides it), write the work
-    with a local Spark job through the lbs Spark sink (with lbs.Producer when pyspark, the lbs\\[spark]
-    extra, is not installed), process it with consumers in one group, print what happened, and
-    check nothing is left behind. Exits 0 on success, 1 otherwise.
+    Start a throwaway redis-server (>= 8.4, found as scripts/redis.sh provides it) or use the one at
+    --redis-url, write the work with a local Spark job through the lbs Spark sink (with lbs.Producer
+    with --no-spark, or when pyspark, the lbs\\[spark] extra, or Java is missing), process it with
+    consumers in one group, print what happened, check nothing is left behind, and delete the demo's
+    keys. Exits 0 on success, 1 otherwise (a key of the service already there included).
     """
     from .._demo import run_demo
     from ..embedded import RedisServer
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console(highlight=False, soft_wrap=True)
+
+    def out(line: str) -> None:
+        console.print(line, markup=False)
+
+    progress = _Spinner(console)
     try:
         if redis_url:
-            print(f"lbs demo: using {mask_url(redis_url)}")
-            result = asyncio.run(run_demo(redis_url, service=service, streams=streams, consumers=consumers))
+            out(f"lbs demo: using {mask_url(redis_url)}")
+            result = asyncio.run(run_demo(redis_url, service=service, streams=streams, consumers=consumers,
+                                          spark=spark, out=out, progress=progress))
         else:
             with RedisServer() as server:
                 v = ".".join(map(str, server.version))
-                print(f"lbs demo: embedded Redis {v} at {server.url} (pid {server.pid})")
-                result = asyncio.run(run_demo(server.url, service=service, streams=streams, consumers=consumers))
+                out(f"lbs demo: embedded Redis {v} at {server.url} (pid {server.pid})")
+                result = asyncio.run(run_demo(server.url, service=service, streams=streams, consumers=consumers,
+                                              spark=spark, out=out, progress=progress))
     except LbsError as exc:
         fail("demo", str(exc))
-    print("lbs demo: OK" if result.ok else "lbs demo: FAILED")
+    finally:
+        progress(None)
+    out("lbs demo: OK" if result.ok else "lbs demo: FAILED")
     raise typer.Exit(EXIT_OK if result.ok else EXIT_FAILURE)
