@@ -46,6 +46,8 @@ setup: $(STAMP)
 $(STAMP): $(SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# A venv made before the distribution was renamed lbs-streams still has "lbs".
+	$(PY) -m pip uninstall --quiet --yes lbs 2>/dev/null || true
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
 	$(PY) -m pip install --quiet --no-build-isolation $(addprefix -e ./,$(PLUGINS))
 	@touch $@

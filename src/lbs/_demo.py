@@ -8,7 +8,7 @@
    process (``python -m lbs._demo spark URL SERVICE``, the rows as JSON on
    its stdin) with :func:`lbs.spark.local_session` (``local[2]``); the
    session is stopped and the JVM gone before the consumers start. Spark
-   takes 10-15 s to start. Without pyspark (the ``lbs[spark]`` extra;
+   takes 10-15 s to start. Without pyspark (the ``lbs-streams[spark]`` extra;
    ``make setup`` installs it) or without a Java runtime, an
    :class:`lbs.Producer` registers the data streams instead. Either way a
    malformed entry slips into the LBS (written directly, a producer bug).
@@ -308,7 +308,7 @@ def _spark_unavailable() -> str | None:
         import pyarrow  # noqa: F401
         from . import spark  # noqa: F401 - needs pyspark >= 4.0
     except ImportError:
-        return "pyspark not installed (pip install 'lbs[spark]')"
+        return "pyspark not installed (pip install 'lbs-streams[spark]')"
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         return "pyspark is installed but Spark needs a Java runtime (none on PATH, no JAVA_HOME)"
     return None
