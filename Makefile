@@ -55,8 +55,9 @@ $(STAMP): $(SOURCES)
 redis:
 	@scripts/redis.sh
 
+# The sdist, the repaired manylinux wheel and the plugins' wheels, into dist/.
 wheel: setup
-	$(PY) -m build --wheel --outdir dist
+	scripts/dist.sh --python $(PY) dist
 
 bench: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks --benchmark-disable-gc $(PYTEST_ARGS)
