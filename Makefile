@@ -59,6 +59,8 @@ $(STAMP): $(SOURCES)
 	      "and pyspark + pyarrow for the demo: about 540 MB to download and 1.5-8 min on 2 cores the first time," \
 	      "less once pip's cache has them; pip shows its progress"
 	$(PY) -m pip install --quiet --upgrade pip
+	@# A venv made before the distribution was renamed lbs-streams still has "lbs".
+	$(PY) -m pip uninstall --quiet --yes lbs 2>/dev/null || true
 	$(PY) -m pip install --progress-bar on -e '.[dev,spark,docs]'
 	@echo "make setup: installing the first-party plugins ($(notdir $(PLUGINS)))"
 	$(PY) -m pip install --quiet --no-build-isolation $(addprefix -e ./,$(PLUGINS))
@@ -73,8 +75,9 @@ redis:
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
+# The sdist, the repaired manylinux wheel and the plugins' wheels, into dist/.
 wheel: setup
-	$(PY) -m build --wheel --outdir dist
+	scripts/dist.sh --python $(PY) dist
 
 bench: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks --benchmark-disable-gc $(PYTEST_ARGS)

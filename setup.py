@@ -3,11 +3,15 @@
 Metadata lives in pyproject.toml; this file only declares the extension and
 its build modes, chosen by environment variables at build time:
 
+  (neither)       the release build: -O2, no debug information and a
+                  stripped symbol table (Python's own CFLAGS carry -g, which
+                  tripled the wheel), as the published wheels are built.
   LBS_DEBUG=1     line tracing, Cython annotation (HTML beside the .pyx),
                   -O0 -g, and the core's debug-only invariant checks
                   (the LBS_DEBUG C macro, see src/_lbscore/debug.h).
   LBS_SANITIZE=1  AddressSanitizer + UndefinedBehaviorSanitizer (run the
-                  tests with LD_PRELOAD=$(gcc -print-file-name=libasan.so)).
+                  tests with LD_PRELOAD=$(gcc -print-file-name=libasan.so)),
+                  with Python's debug information kept for the reports.
 """
 
 import os
@@ -35,6 +39,10 @@ if DEBUG:
     define_macros += [("LBS_DEBUG", "1"), ("CYTHON_TRACE", "1"), ("CYTHON_TRACE_NOGIL", "1")]
     extra_compile_args = ["-O0", "-g3"]
     directives.update(linetrace=True, boundscheck=True, wraparound=True)
+if not (DEBUG or SANITIZE):
+    # Last on the command line, so they win over -g in Python's CFLAGS.
+    extra_compile_args += ["-g0"]
+    extra_link_args += ["-s"]
 if SANITIZE:
     flags = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
     extra_compile_args += flags

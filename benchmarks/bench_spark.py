@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 
-pytest.importorskip("pyspark", reason="the Spark benchmarks need the lbs[spark] extra")
+pytest.importorskip("pyspark", reason="the Spark benchmarks need the lbs-streams[spark] extra")
 
 if TYPE_CHECKING:
     from .conftest import Bench

@@ -30,7 +30,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     # Numbers mean little without what produced them.
     server = find_redis_server()
     machine_info["lbs"] = {
-        "lbs": version("lbs"),
+        "lbs": version("lbs-streams"),
         "redis-py": version("redis"),
         "hiredis": version("hiredis"),
         "Cython": version("Cython"),

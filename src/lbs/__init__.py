@@ -53,7 +53,7 @@ try:
     from importlib.metadata import PackageNotFoundError as _NotFound
     from importlib.metadata import version as _version
 
-    __version__: str = _version("lbs")
+    __version__: str = _version("lbs-streams")  # the distribution; the import name is lbs
 except _NotFound:  # pragma: no cover - running from a tree that was never installed
     __version__ = "0+unknown"
 

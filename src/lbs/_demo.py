@@ -11,7 +11,7 @@
    takes 20-60 s on a 2-core machine (:data:`SPARK_JOB_TIME`): 9-20 s to
    start the JVM and the session, the rest for its first job.
    With ``spark=False`` (``lbs demo --no-spark``), without pyspark (the
-   ``lbs[spark]`` extra; ``make setup`` installs it) or without a Java
+   ``lbs-streams[spark]`` extra; ``make setup`` installs it) or without a Java
    runtime, an :class:`lbs.Producer` registers the data streams instead.
    Either way a malformed entry slips into the LBS (written directly, a
    producer bug).
@@ -430,7 +430,7 @@ def _spark_unavailable() -> str | None:
         import pyarrow  # noqa: F401
         from . import spark  # noqa: F401 - needs pyspark >= 4.0
     except ImportError:
-        return "pyspark not installed (pip install 'lbs[spark]')"
+        return "pyspark not installed (pip install 'lbs-streams[spark]')"
     if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
         return "pyspark is installed but Spark needs a Java runtime (none on PATH, no JAVA_HOME)"
     return None

@@ -104,12 +104,12 @@ async def _touched(r: aioredis.Redis) -> AsyncIterator[set[str]]:
 async def test_demo_processes_everything_and_leaves_nothing(  # type: ignore[no-untyped-def]
         redis_server, r: aioredis.Redis, service: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # As on a machine without pyspark: the producer registers the work.
-    monkeypatch.setattr(_demo, "_spark_unavailable", lambda: "pyspark not installed (pip install 'lbs[spark]')")
+    monkeypatch.setattr(_demo, "_spark_unavailable", lambda: "pyspark not installed (pip install 'lbs-streams[spark]')")
     lines: list[str] = []
     result = await run_demo(redis_server.url, service=service, streams=8, consumers=2, out=lines.append)
     assert result.ok, lines
     assert result.source == "producer"
-    assert "pyspark not installed (pip install 'lbs[spark]'): registering with lbs.Producer instead" in lines
+    assert "pyspark not installed (pip install 'lbs-streams[spark]'): registering with lbs.Producer instead" in lines
     # 8, the two handed back on shutdown, and the one whose consumer was killed
     assert sum(result.processed.values()) == 8 + 2 + 1
     assert (result.leftover_pending, result.leftover_entries, result.leftover_locks) == (0, 0, 0)

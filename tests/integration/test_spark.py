@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis
 
-pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the lbs[spark] extra")
+pyspark = pytest.importorskip("pyspark", reason="the Spark tests need the lbs-streams[spark] extra")
 
 import lbs  # noqa: E402
 

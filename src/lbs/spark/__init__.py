@@ -1,4 +1,4 @@
-"""The PySpark data source ``lbs`` (extra ``lbs[spark]``): sink, batch reader, streaming reader.
+"""The PySpark data source ``lbs`` (extra ``lbs-streams[spark]``): sink, batch reader, streaming reader.
 
 ``import lbs`` never imports this package; ``import lbs.spark`` needs
 pyspark >= 4.0 and pyarrow. Register the source once per session::

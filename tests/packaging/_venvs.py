@@ -1,0 +1,73 @@
+"""Running things outside the tree: a clean environment, a fresh venv, the release files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import venv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+#: The variables that could point a child at the tree, the dev venv or another Spark.
+_LEAKY = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what could leak the tree or the dev venv in."""
+    env = {k: v for k, v in os.environ.items() if k not in _LEAKY}
+    env.update(SPARK_LOCAL_IP="127.0.0.1", **extra)  # loopback only
+    return env
+
+
+def run(argv: Sequence[str | Path], *, cwd: Path, timeout: float, env: dict[str, str] | None = None,
+        ) -> subprocess.CompletedProcess[str]:
+    """Run a command to completion; a failure shows its output."""
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env or clean_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return proc
+
+
+@dataclass(frozen=True)
+class Dist:
+    """The files `make wheel` leaves in dist/."""
+
+    path: Path
+
+    @property
+    def wheel(self) -> Path:
+        (whl,) = self.path.glob("lbs_streams-*-manylinux*.whl")
+        return whl
+
+    @property
+    def sdist(self) -> Path:
+        (tgz,) = self.path.glob("lbs_streams-*.tar.gz")
+        return tgz
+
+
+@dataclass(frozen=True)
+class Venv:
+    """A venv of its own, made from this interpreter's base Python."""
+
+    path: Path
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+    @property
+    def bin(self) -> Path:
+        return self.path / "bin"
+
+    @classmethod
+    def create(cls, path: Path) -> Venv:
+        venv.create(path, with_pip=True)
+        return cls(path)
+
+    def pip_install(self, *requirements: str | Path, find_links: Path | None = None) -> None:
+        links = ["--find-links", str(find_links)] if find_links else []
+        run([self.python, "-m", "pip", "install", "--quiet", *links, *map(str, requirements)],
+            cwd=self.path, timeout=900)
