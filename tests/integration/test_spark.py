@@ -228,35 +228,3 @@ def test_sink_and_reader_on_a_cluster(spark: Any, redis_cluster: Any, service: s
     finally:
         client.delete(*streams)
         client.close()
-
-
-def test_the_spark_page_example_runs(spark: Any, redis_server: Any, tmp_path: Any) -> None:
-    """docs/spark.md's complete job, run as written on a server of its own (its names are fixed).
-
-    tests/docs/test_examples.py skips that block (its marker names this test): here it runs in
-    the shared Spark session, with its results checked.
-    """
-    import re
-    from pathlib import Path
-
-    from lbs.embedded import RedisServer
-
-    page = (Path(__file__).resolve().parents[2] / "docs" / "spark.md").read_text()
-    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)  # type: ignore[union-attr]
-    with RedisServer(redis_server.server.binary if redis_server.server else None) as server:
-        code = code.replace('"redis://127.0.0.1:6380"', repr(server.url)).replace('"/tmp/ckpt"', repr(str(tmp_path)))
-        with server.client() as r:
-            r.xadd("results", {"total": "12"})
-            namespace: dict[str, Any] = {}
-            exec(compile(code, "docs/spark.md", "exec"), namespace)
-            query = namespace["spark"].streams.active[0]
-            try:
-                query.processAllAvailable()
-            finally:
-                query.stop()
-            assert [r.xlen(s) for s in ("session-1", "session-2")] == [1, 1]
-            assert _lbs_names(r, "orders") == ["session-1", "session-2"]
-            assert sorted(row.kind for row in namespace["clicks"].collect()) == ["buy", "click"]
-            assert namespace["dead"].count() == 0
-            ((_, report),) = r.xrange("report")
-            assert report[b"total"] == b"12"
