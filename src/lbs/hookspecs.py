@@ -27,6 +27,7 @@ time).
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -190,10 +191,12 @@ def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mappi
 
 # The table goes into the docstring here, so it is never written out twice
 # (pluggy reads only the signature and the marker, not the docstring).
-# ``python -OO`` strips docstrings: then there is nothing to fill in.
+# ``python -OO`` strips docstrings: then there is nothing to fill in. Python 3.13
+# strips their common indentation when compiling: the table takes the placeholder's.
 if lbs_metric.__doc__ is not None:
-    lbs_metric.__doc__ = lbs_metric.__doc__.replace(
-        "    <lbs.metrics.METRICS>\n", textwrap.indent(_metrics.render_rst(), "    "))
+    lbs_metric.__doc__ = re.sub(r"^([ \t]*)<lbs\.metrics\.METRICS>\n",
+                                lambda m: textwrap.indent(_metrics.render_rst(), m[1]),
+                                lbs_metric.__doc__, count=1, flags=re.M)
 
 
 # ----------------------------------------------------------------- streams ---
