@@ -31,7 +31,45 @@ def encode_input(name, info=None):
         text = _dumps({"DataStreamName": name, "Info": info})
     except (TypeError, ValueError) as exc:
         raise _invalid_input(f"info is not JSON-serialisable: {exc}") from exc
-    return (<str>text).encode("utf-8")
+    except RecursionError:  # deeper than Python's own recursion limit
+        raise _invalid_input(_TOO_DEEP) from None
+    raw = (<str>text).encode("utf-8")
+    if _json_depth(raw, len(raw)) > JSON_MAX_NESTING:
+        raise _invalid_input(_TOO_DEEP)
+    return raw
+
+
+# How deep a document may nest ([ and {, the document's own object counted),
+# whatever Python runs: json's own limit is Python's recursion limit on 3.10-3.12
+# and none on 3.13, so without this a 3.13 producer could write what a 3.12
+# consumer dead-letters. Go's encoding/json allows 10,000.
+cdef enum:
+    JSON_MAX_NESTING = 512
+_TOO_DEEP = f"info is nested too deeply (JSON deeper than {JSON_MAX_NESTING} levels)"
+
+
+cdef Py_ssize_t _json_depth(const char* p, Py_ssize_t n):
+    # The deepest nesting of [ and { outside strings in p[:n] (no validation).
+    cdef Py_ssize_t i = 0, depth = 0, deepest = 0
+    cdef char c
+    cdef bint quoted = False
+    while i < n:
+        c = p[i]
+        if quoted:
+            if c == 92:  # backslash: skip the escaped character
+                i += 1
+            elif c == 34:
+                quoted = False
+        elif c == 34:
+            quoted = True
+        elif c == 91 or c == 123:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif c == 93 or c == 125:
+            depth -= 1
+        i += 1
+    return deepest
 
 
 from libc.string cimport memcmp
@@ -370,6 +408,9 @@ cdef tuple decode_input_c(object raw):
         return (None, None, "entry has no lbs-input field")
     elif not isinstance(raw, str):
         return (None, None, f"lbs-input has unexpected type {type(raw).__name__}")
+    encoded = (<str>raw).encode("utf-8", "surrogatepass")
+    if _json_depth(encoded, len(encoded)) > JSON_MAX_NESTING:
+        return (None, None, f"lbs-input is not valid JSON: nested too deeply (deeper than {JSON_MAX_NESTING} levels)")
     try:
         doc = _loads(raw)
     except ValueError as exc:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 import lbs
+from _lbscore import try_decode_input
 
 
 @pytest.mark.parametrize("name, info, says", [
@@ -26,6 +27,25 @@ def test_encode_input_refuses_info_nested_too_deep() -> None:
         deep = {"d": deep}
     with pytest.raises(lbs.InvalidInputError, match="nested too deeply"):
         lbs.encode_input("s", deep)
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    deep: dict[str, Any] = {}
+    for _ in range(levels):
+        deep = {"d": deep}
+    return deep
+
+
+def test_the_nesting_limit_is_the_same_on_every_python() -> None:
+    """512 levels of JSON, the document's own object counted, whatever json's own limit (Python's
+    recursion limit on 3.10-3.12, none on 3.13): what one producer writes, every consumer reads."""
+    raw = lbs.encode_input("s", _nested(510))  # + the Info object + the document = 512
+    assert lbs.decode_input(raw) == ("s", _nested(510))
+    with pytest.raises(lbs.InvalidInputError, match="nested too deeply"):
+        lbs.encode_input("s", _nested(511))
+    deeper = raw.replace(b'"Info":', b'"Info":{"d":', 1) + b"}"
+    name, info, reason = try_decode_input(deeper)
+    assert (name, info) == (None, None) and "nested too deeply" in str(reason)
 
 
 def test_encode_input_writes_the_go_clients_compact_form() -> None:
