@@ -32,10 +32,10 @@ def encode_input(name, info=None):
     except (TypeError, ValueError) as exc:
         raise _invalid_input(f"info is not JSON-serialisable: {exc}") from exc
     except RecursionError:  # deeper than Python's own recursion limit
-        raise _invalid_input(_TOO_DEEP) from None
+        raise _invalid_input(_too_deep(name)) from None
     raw = (<str>text).encode("utf-8")
     if _json_depth(raw, len(raw)) > JSON_MAX_NESTING:
-        raise _invalid_input(_TOO_DEEP)
+        raise _invalid_input(_too_deep(name))
     return raw
 
 
@@ -45,7 +45,10 @@ def encode_input(name, info=None):
 # consumer dead-letters. Go's encoding/json allows 10,000.
 cdef enum:
     JSON_MAX_NESTING = 512
-_TOO_DEEP = f"info is nested too deeply (JSON deeper than {JSON_MAX_NESTING} levels)"
+
+
+def _too_deep(name):
+    return f"info of data stream {name!r:.100} is nested too deeply (JSON deeper than {JSON_MAX_NESTING} levels)"
 
 
 cdef Py_ssize_t _json_depth(const char* p, Py_ssize_t n):

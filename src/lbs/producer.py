@@ -264,9 +264,6 @@ def _encode(name: object, info: object, where: str) -> bytes:
         return _core_encode(name, info)
     except UnicodeEncodeError as exc:
         raise InvalidInputError(where + _unencodable(name, exc)) from None
-    except RecursionError:
-        raise InvalidInputError(f"{where}info of data stream {name!r:.100} is nested too deeply "
-                                "to encode as JSON") from None
     except InvalidInputError as exc:
         if not where:
             raise
