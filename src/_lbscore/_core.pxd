@@ -1,6 +1,7 @@
 # One compilation unit, as in asyncpg's protocol: every concern's .pxd is
 # included here so calls between concerns stay C calls.
 include "debug.pxd"
+include "compat.pxd"
 
 include "errors.pxd"
 include "buffer.pxd"

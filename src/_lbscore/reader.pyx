@@ -95,13 +95,17 @@ cdef class RespReader:
 
     def feed(self, data):
         """Append bytes received from the server (bytes, bytearray or memoryview)."""
-        cdef const unsigned char[::1] view
+        cdef lbs_byteview view
         if type(data) is bytes:
             self._feed(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
         else:
-            view = memoryview(data).cast("B")
-            if view.shape[0]:
-                self._feed(<const char *>&view[0], view.shape[0])
+            # Not a typed memoryview: that needs the buffer protocol in
+            # Cython's own code, which 3.10's limited API lacks (compat.h).
+            lbs_byteview_get(memoryview(data).cast("B"), &view)
+            try:
+                self._feed(view.buf, view.len)
+            finally:
+                lbs_byteview_release(&view)
 
     def gets(self):
         """The next whole reply, or :data:`NEED_MORE`."""

@@ -148,6 +148,26 @@ def test_a_reply_is_not_returned_before_its_last_byte(reply: tuple[bytes, Any]) 
     assert _norm(reader.gets()) == _norm(reply[1])
 
 
+def test_any_contiguous_buffer_can_be_fed() -> None:
+    # feed takes what memoryview(data).cast("B") takes: not only bytes. The
+    # limited-API build (LBS_LIMITED_API=1) reads these without the buffer protocol.
+    import array
+    raw = b"*2\r\n$3\r\nabc\r\n:7\r\n"
+    reader = RespReader()
+    for piece in (bytearray(raw[:5]), memoryview(raw)[5:5], memoryview(raw)[5:12], array.array("B", raw[12:])):
+        reader.feed(piece)
+    assert reader.gets() == [b"abc", 7]
+    wide = array.array("H")
+    wide.frombytes(b"++\r\n")
+    reader.feed(wide)  # any item format, read as its bytes
+    assert reader.gets() == b"+"
+    with pytest.raises(TypeError):
+        reader.feed(memoryview(raw)[::2])  # not contiguous
+    with pytest.raises(TypeError):
+        reader.feed("*1\r\n")  # str has no buffer
+    assert reader.buffered == 0
+
+
 @pytest.mark.parametrize("raw, value", [
     (b"(123456789012345678901234567890\r\n", 123456789012345678901234567890),  # hiredis: the digits as bytes
     (b"=8\r\ntxt:abcd\r\n", b"abcd"),
