@@ -11,6 +11,9 @@ What the docstrings need to read well on the site, neither changing them in the 
   know. A role naming a public ``lbs`` object (not a module: modules are no pages) becomes a cross-reference, which ``mkdocs build
   --strict`` requires to resolve; any other (a relative name, the standard library, a private
   module) becomes plain code. reST's ``::`` before a code block becomes a colon.
+* ``.. versionadded:: X`` becomes a line "*New in version X.*"; the ``<lbs.metrics.METRICS>``
+  placeholder in ``lbs_metric``'s docstring (filled at import, which static analysis does not
+  see) becomes the metrics table.
 * Attributes documented the Sphinx way, with ``#:`` comments above them (``Config``'s fields),
   get those comments as their docstrings.
 """
@@ -27,6 +30,8 @@ import griffe
 # reST ends the paragraph before a code block with "::": "text::" reads "text:", a lone "::" goes.
 _LONE_LITERAL = re.compile(r"(?m)^[ \t]*::[ \t]*$")
 _TRAILING_LITERAL = re.compile(r"(?m)(?<=\S)::[ \t]*$")
+_VERSION_ADDED = re.compile(r"(?m)^([ \t]*)\.\. versionadded::[ \t]*(\S+)[ \t]*$")
+_METRICS_PLACEHOLDER = re.compile(r"(?m)^[ \t]*<lbs\.metrics\.METRICS>[ \t]*$")
 _ROLE = re.compile(r":(?:py:)?(class|meth|func|attr|data|exc|mod|obj):`(~?)([^`<>]+)`")
 
 
@@ -90,6 +95,12 @@ class LbsDocstrings(griffe.Extension):
                 obj.docstring = griffe.Docstring(comment, parent=obj)
         if obj.docstring is not None:
             text = _TRAILING_LITERAL.sub(":", _LONE_LITERAL.sub("", obj.docstring.value))
+            text = _VERSION_ADDED.sub(r"\1*New in version \2.*", text)
+            if _METRICS_PLACEHOLDER.search(text):
+                from lbs import metrics  # the table is lbs's own, rendered as PLUGINS.md shows it
+
+                table = metrics.render_markdown()
+                text = _METRICS_PLACEHOLDER.sub(lambda _: "\n" + table, text)
             obj.docstring.value = _ROLE.sub(_markdown_role, text)
         for member in obj.members.values():
             if not member.is_alias:
