@@ -1,7 +1,7 @@
 /* What the core needs from Python's C API beyond the limited API, with the
  * limited-API equivalent used when setup.py builds with LBS_LIMITED_API=1
- * (Py_LIMITED_API defined). A regular build gets exactly what it had before:
- * the CPython macros and the buffer protocol.
+ * (Py_LIMITED_API defined). A regular build uses the CPython macros and
+ * the buffer protocol.
  *
  * - PyBytes_AS_STRING / PyBytes_GET_SIZE are macros outside the limited
  *   API; there the exported functions do the same (with a type check).

@@ -47,6 +47,9 @@ cdef enum:
     JSON_MAX_NESTING = 512
 
 
+_DECODE_TOO_DEEP = f"lbs-input is not valid JSON: nested too deeply (deeper than {JSON_MAX_NESTING} levels)"
+
+
 def _too_deep(name):
     return f"info of data stream {name!r:.100} is nested too deeply (JSON deeper than {JSON_MAX_NESTING} levels)"
 
@@ -398,28 +401,31 @@ cdef tuple decode_input_c(object raw):
     # not an exception, so one malformed entry never aborts a batch.
     cdef object doc, name, info
     cdef tuple fast
+    cdef bytes encoded  # what the depth scan reads: the caller's bytes, or a str's UTF-8
     if type(raw) is bytes:
         fast = _decode_fast(<bytes>raw, len(<bytes>raw))
         if fast is not None:
             return fast
     if isinstance(raw, (bytes, bytearray, memoryview)):
+        encoded = bytes(raw)
         try:
-            raw = bytes(raw).decode("utf-8")
+            raw = encoded.decode("utf-8")
         except UnicodeDecodeError as exc:
             return (None, None, f"lbs-input is not UTF-8: {exc}")
     elif raw is None:
         return (None, None, "entry has no lbs-input field")
     elif not isinstance(raw, str):
         return (None, None, f"lbs-input has unexpected type {type(raw).__name__}")
-    encoded = (<str>raw).encode("utf-8", "surrogatepass")
+    else:
+        encoded = (<str>raw).encode("utf-8", "surrogatepass")
     if _json_depth(encoded, len(encoded)) > JSON_MAX_NESTING:
-        return (None, None, f"lbs-input is not valid JSON: nested too deeply (deeper than {JSON_MAX_NESTING} levels)")
+        return (None, None, _DECODE_TOO_DEEP)
     try:
         doc = _loads(raw)
     except ValueError as exc:
         return (None, None, f"lbs-input is not valid JSON: {exc}")
-    except RecursionError:
-        return (None, None, "lbs-input is not valid JSON: nested too deeply")
+    except RecursionError:  # within the limit, but the caller's stack was already deep
+        return (None, None, _DECODE_TOO_DEEP)
     if not isinstance(doc, dict):
         return (None, None, f"lbs-input is not a JSON object but {type(doc).__name__}")
     name = (<dict>doc).get("DataStreamName")
