@@ -9,16 +9,14 @@ vectorcall), so the published wheels stay per version.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from _pyprojects import ROOT
+from _venvs import clean_env, run
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -34,10 +32,8 @@ def abi3_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     # No isolation: the dev environment has setuptools and Cython, and this
     # test is about the build mode, not about fetching the build requirements.
-    subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(tree)],
-        check=True, capture_output=True, text=True, timeout=540, env={**os.environ, "LBS_LIMITED_API": "1"},
-    )
+    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, tree],
+        cwd=tree, timeout=540, env=clean_env(LBS_LIMITED_API="1"))
     (whl,) = out.glob("*.whl")
     return whl
 
@@ -59,6 +55,4 @@ def test_limited_api_core_imports_and_works(abi3_wheel: Path, tmp_path: Path) ->
         "assert r.gets() == [7]\n"
     )
     # Isolated and from the temporary directory, so the source tree cannot be imported.
-    proc = subprocess.run([sys.executable, "-I", "-c", probe, str(tmp_path / "site")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run([sys.executable, "-I", "-c", probe, tmp_path / "site"], cwd=tmp_path, timeout=60)
