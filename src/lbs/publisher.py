@@ -18,25 +18,24 @@ and state carry its shard's hash tag, so every step is one call in one slot.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
-from typing import Any, Union
+from collections.abc import Iterable
+from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from _lbscore import encode_input
+from _lbscore import EntryParser
 
 from . import _keys
 from ._keys import shard_of, shard_services
 from ._redis import scripts
 from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client
 from ._redis.routes import Routes
-from .exceptions import InvalidInputError, RedisOperationError
+from .exceptions import ConfigurationError, InvalidInputError, RedisOperationError
+from .keyed import Fields, flatten_fields
+from .producer import encode_input
 
 __all__ = ["Fields", "Publisher"]
-
-#: A message's fields: names to values (str, bytes, int or float).
-Fields = Mapping[Union[str, bytes], Union[str, bytes, int, float]]
 
 
 class Publisher:
@@ -45,12 +44,25 @@ class Publisher:
     ``redis`` is a ``redis.asyncio.Redis`` (or cluster) client, left open by
     :meth:`close`, or a URL (lbs opens the client and closes it). ``shards``
     must match the consumers' (see :mod:`lbs.sharding`).
+
+    Nothing a consumer would dead-letter whole is sent: a key's registration
+    is judged by the consumers' own entry parser with ``max_input_bytes`` as
+    the size limit (keep it at or below the consumers'
+    ``Config.max_input_bytes``; both default to 65,536), so a key too long
+    to register is refused here, not dead-lettered with every message
+    published to it.
     """
 
     def __init__(self, redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
-                 shards: int = 1) -> None:
+                 shards: int = 1, max_input_bytes: int = 65_536) -> None:
         self.service = _keys.validate_service(service)
         self.shards = _keys.check_shards(shards)
+        if not isinstance(max_input_bytes, int) or isinstance(max_input_bytes, bool) or max_input_bytes < 1:
+            raise ConfigurationError(f"max_input_bytes must be a positive integer, got {max_input_bytes!r}")
+        #: Largest registration (``lbs-input`` value, bytes) this publisher sends.
+        self.max_input_bytes = max_input_bytes
+        # The consumers' judge of an LBS entry: a key it would dead-letter is refused here.
+        self._judge = EntryParser(_keys.INPUT_FIELD, max_input_bytes=max_input_bytes)
         #: The service of each shard (one: ``service`` itself).
         self.services = shard_services(service, shards)
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
@@ -69,18 +81,24 @@ class Publisher:
         One atomic call per shard (all shards at once): a shard's messages
         are all appended, and its keys registered, or none is. Raises
         :class:`lbs.InvalidInputError` before sending anything for a key that
-        is not a non-empty str or fields that are not a non-empty mapping of
-        str/bytes to str/bytes/int/float, and :class:`lbs.RedisOperationError`
+        is not a non-empty str or whose registration would be bigger than
+        ``max_input_bytes``, fields that are not a non-empty mapping of
+        str/bytes to str/bytes/int/float or number more than
+        :data:`lbs.keyed.MAX_FIELDS`, and text UTF-8 cannot encode (a lone
+        surrogate) anywhere; and :class:`lbs.RedisOperationError`
         when Redis fails. A call whose connection failed is not sent again (it
         may have published: sending it again could publish twice); one that
         met NOSCRIPT or, on a cluster, a redirect ran nowhere and is.
         """
-        per_shard: dict[int, list[tuple[int, str, str, list[Any]]]] = {}
+        per_shard: dict[int, list[tuple[int, str, list[Any]]]] = {}
+        registrations: dict[str, str] = {}
         n = 0
         for n, item in enumerate(messages, 1):
             key, fields = _check(item, n - 1)
+            if key not in registrations:
+                registrations[key] = self._registration(key, n - 1)
             shard = shard_of(key, self.shards) if self.shards > 1 else 0
-            per_shard.setdefault(shard, []).append((n - 1, key, "", fields))
+            per_shard.setdefault(shard, []).append((n - 1, key, fields))
         ids: list[str] = [""] * n
         if not n:
             return ids
@@ -88,10 +106,9 @@ class Publisher:
         for shard, items in per_shard.items():
             seen: set[str] = set()
             batch = []
-            for _, key, _, fields in items:
-                registration = "" if key in seen else encode_input(key, {}).decode()
+            for _, key, fields in items:
+                batch.append((key, "" if key in seen else registrations[key], fields))
                 seen.add(key)
-                batch.append((key, registration, fields))
             calls.append(self._call(self.services[shard], batch))
         replies = await asyncio.gather(*calls, return_exceptions=True)
         for (shard, items), reply in zip(per_shard.items(), replies):
@@ -102,6 +119,18 @@ class Publisher:
             for (k, *_), message_id in zip(items, reply[0]):
                 ids[k] = message_id.decode() if isinstance(message_id, bytes) else str(message_id)
         return ids
+
+    def _registration(self, key: str, k: int) -> str:
+        """The lbs-input value registering ``key``, or InvalidInputError for one a consumer would dead-letter."""
+        try:
+            payload = encode_input(key, {})
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"message {k}: {exc}") from None
+        (entry,) = self._judge.parse_entries([[b"", [_keys.INPUT_FIELD.encode(), payload]]])
+        if entry.error is not None:
+            raise InvalidInputError(f"message {k}: key {key!r:.100}: its registration {entry.error}; "
+                                    "a consumer would dead-letter it")
+        return payload.decode()
 
     async def _call(self, service: str, batch: list[tuple[str, str, list[Any]]]) -> Any:
         stream = _keys.input_stream(service)
@@ -136,16 +165,7 @@ def _check(item: object, k: int) -> tuple[str, list[Any]]:
     key, fields = item
     if not isinstance(key, str) or not key:
         raise InvalidInputError(f"message {k}: the key must be a non-empty str, got {key!r:.100}")
-    if not isinstance(fields, Mapping) or not fields:
-        raise InvalidInputError(f"message {k} of key {key!r:.100}: fields must be a non-empty mapping")
-    flat: list[Any] = []
-    for name, value in fields.items():
-        if not isinstance(name, (str, bytes)) or isinstance(value, bool) or not isinstance(
-                value, (str, bytes, int, float)):
-            raise InvalidInputError(f"message {k} of key {key!r:.100}: field {name!r:.50} must map a str or "
-                                    f"bytes name to a str, bytes, int or float, got {type(value).__name__}")
-        flat += (name, value)
-    return key, flat
+    return key, flatten_fields(fields, f"message {k} of key {key!r:.100}")
 
 
 def publish_in_transaction(pipe: Any, service: str, key: str, fields: Fields) -> None:

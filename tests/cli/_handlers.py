@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import lbs
 
@@ -47,3 +48,18 @@ async def keyed(batch: lbs.KeyedBatch) -> None:
     for m in batch.messages:
         batch.emit(out, {"key": batch.key, "n": m.fields["n"], "pid": os.getpid()}, m)
     await asyncio.sleep(float(os.environ.get("LBS_TEST_KEYED_SLEEP", "0.01")))
+
+
+async def keyed_stall(batch: lbs.KeyedBatch) -> None:
+    """As :func:`keyed`, but the batch holding message ``$LBS_TEST_STALL_AT`` emits its effects,
+    logs ``stalled <pid>``, then blocks the whole process (no heartbeat, as a stop-the-world pause
+    or SIGSTOP would) until the file ``$LBS_TEST_RESUME`` exists; then it returns at once."""
+    out = batch.data_stream.partition("}:")[0] + "}:out"
+    for m in batch.messages:
+        batch.emit(out, {"key": batch.key, "n": m.fields["n"], "pid": os.getpid()}, m)
+    if any(m.fields["n"] == os.environ["LBS_TEST_STALL_AT"] for m in batch.messages):
+        with open(os.environ["LBS_TEST_LOG"], "a") as f:
+            f.write(f"stalled {os.getpid()} {batch.key} {batch.token}\n")
+        resume = os.environ["LBS_TEST_RESUME"]
+        while not os.path.exists(resume):
+            time.sleep(0.01)

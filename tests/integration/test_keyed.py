@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -230,16 +231,18 @@ async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredi
     ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "zombie", {stream: ">"})
     entry = entry.decode()
     await rr.set(lock_prefix + entry, "7:zombie", px=60_000)
-    (ours,) = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, "t", entry, "7:zombie")
-    assert ours == [1, 1, b""]  # ours, first try, nothing committed yet
+    (ours,) = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "7:zombie")
+    assert ours == [1, 1, b"", 0, 0, b""]  # ours, first try, nothing committed yet, no failure isolated
     first = (await rr.xrange(_keys.keyed_stream(service, "t"), count=1))[0][0].decode()
     await rr.delete(lock_prefix + entry)  # the lock expired: the zombie's hold is over
+    out = _keys.hash_tag(service) + ":out"
     (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service),
-                              await _xackdel(rr),
-                              _keys.dead_letter_stream(service), "_", "t", entry, "7:zombie", first, "go", "{}", "")
+                               await _xackdel(rr), _keys.dead_letter_stream(service), "_", 3, "zombie",
+                               "t", entry, "7:zombie", first, "go", "{}", "", "", 1, out, 2, "n", "0")
     assert refused == [2]
     assert await rr.hget(_keys.key_state(service, "t"), "pos") is None  # the position never moved
     assert await rr.xlen(_keys.keyed_stream(service, "t")) == 3
+    assert await rr.exists(out) == 0  # and its effect was not written
 
 
 async def test_status_lists_held_keys_with_backlog_and_position(url: str, service: str, rr: aioredis.Redis) -> None:
@@ -304,14 +307,14 @@ async def test_a_failed_batch_waits_out_the_retry_delay_and_a_publish_meanwhile_
     await eventually(lambda: _released(c, 1), timeout=30)
     await c.close()
     await runner
-    assert seen == [["0", "1"], ["0"], ["1", "2"]]  # the retry one message at a time, then on
+    assert seen == [["0", "1"], ["0"], ["1"], ["2"]]  # the failed batch one message at a time, then on
     assert await leftovers(rr, service) == []
 
 
 async def test_a_server_that_lost_its_scripts_gets_them_again(url: str, service: str, rr: aioredis.Redis,
                                                                any_server: Any) -> None:
     """A restart or a failover empties the script cache: the commit that meets NOSCRIPT loads the
-    scripts and goes again (its effects are written twice: IDMP keeps one on 8.6)."""
+    scripts and goes again (its effects, written by the script, once)."""
     out = _keys.hash_tag(service) + ":out"
     seen: list[str] = []
     c = keyed_client(url, service)
@@ -331,9 +334,7 @@ async def test_a_server_that_lost_its_scripts_gets_them_again(url: str, service:
     await runner
     assert seen == ["0", "1", "2", "3"]
     assert await leftovers(rr, service) == []
-    effects = [f[b"n"].decode() for _, f in await rr.xrange(out)]
-    # The first batch's effects went out twice: IDMP (8.6) keeps one; before, at least once.
-    assert effects == (["0", "1", "2", "3"] if any_server.version >= (8, 6) else ["0", "1", "0", "1", "2", "3"])
+    assert [f[b"n"].decode() for _, f in await rr.xrange(out)] == ["0", "1", "2", "3"]
 
 
 async def test_a_hot_key_yields_after_max_hold_messages_so_others_are_not_starved(
@@ -373,7 +374,7 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
         await rr.set(lock_prefix + entry, "5:c", px=60_000)
     await rr.delete(_keys.key_state(service, "bad"))
     await rr.rpush(_keys.key_state(service, "bad"), "garbage")
-    out = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, "good", good, "5:c", "bad", bad, "5:c")
+    out = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "good", good, "5:c", "bad", bad, "5:c")
     assert out[0][0] == 1 and out[1] == [4, f"{_keys.key_state(service, 'bad')} holds a list".encode()]
     assert await rr.lrange(_keys.key_state(service, "bad"), 0, -1) == [b"garbage"]
     # The good key's data stream turns to garbage before its commit: refused, nothing of it written.
@@ -382,8 +383,199 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
     await rr.rpush(_keys.keyed_stream(service, "good"), "garbage")
     before = await rr.hgetall(_keys.key_state(service, "good"))
     (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service),
-                              await _xackdel(rr),
-                               _keys.dead_letter_stream(service), "_", "good", good, "5:c", first, "go", "{}", "")
+                               await _xackdel(rr), _keys.dead_letter_stream(service), "_", 3, "c",
+                               "good", good, "5:c", first, "go", "{}", "", "", 0)
     assert refused == [2]
     assert await rr.hgetall(_keys.key_state(service, "good")) == before
     assert await rr.get(lock_prefix + good) == b"5:c"
+
+
+# -- the promises users rely on: ids that only grow, effects once, poison costs one message ---------
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
+async def test_ids_only_grow_and_no_effect_is_lost_when_a_key_is_published_as_soon_as_it_is_let_go(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """Each message is published the moment the key is let go (its data stream deleted), so many
+    start a new data stream in the millisecond the old one ended: ids still grow, and every
+    message's effect is written (an effect id built from a repeated message id was taken for the
+    earlier message's and dropped)."""
+    rounds = 600
+    out = _keys.hash_tag(service) + ":out"
+    c = keyed_client(url, service)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        for m in batch.messages:
+            batch.emit(out, {"n": m.fields["n"], "id": m.id}, m)
+
+    runner = asyncio.create_task(c.run_keyed(handle))
+    ids: list[str] = []
+    try:
+        async with lbs.Publisher(url, service) as pub:
+            for i in range(rounds):
+                ids.append(await pub.publish("hot", {"n": i}))
+                await c.wait_finished(i + 1, timeout=30)  # let go: the next one starts a new data stream
+    finally:
+        await c.close()
+        await runner
+    assert all(_id(a) < _id(b) for a, b in zip(ids, ids[1:])), "a key's message ids went back"
+    effects = [(int(f[b"n"]), f[b"id"].decode()) for _, f in await rr.xrange(out)]
+    assert effects == list(zip(range(rounds), ids))  # each message's effect, once, in order
+    assert await leftovers(rr, service) == []
+
+
+async def test_a_key_published_in_the_millisecond_its_stream_was_deleted_starts_above_it(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """publish-1 starts a new data stream above the id floor commit-1 leaves (here set far ahead, as a
+    let-go in the same millisecond or a clock step back would)."""
+    floor_key = _keys.key_prefix(service) + "idfloor"
+    ahead = (int(time.time() * 1000) + 3_600_000, 7)
+    await rr.set(floor_key, f"{ahead[0]}-{ahead[1]}")
+    async with lbs.Publisher(url, service) as pub:
+        first, second = await pub.publish_many([("t", {"n": 0}), ("t", {"n": 1})])
+        other = await pub.publish("u", {"n": 0})
+    assert _id(first) == (ahead[0], 8) and _id(second) == (ahead[0], 9) and _id(other) == (ahead[0], 8)
+    await rr.set(floor_key, "garbage")
+    with pytest.raises(lbs.RedisOperationError, match="idfloor holds garbage"):
+        async with lbs.Publisher(url, service) as pub:
+            await pub.publish("new-key", {"n": 0})
+    assert await rr.exists(_keys.keyed_stream(service, "new-key")) == 0  # refused before any write
+
+
+@pytest.mark.parametrize("poison", [0, 4, 9])
+async def test_a_poison_message_costs_one_message_and_exactly_the_documented_holds(
+        url: str, service: str, rr: aioredis.Redis, poison: int) -> None:
+    """15 messages, batches of 10, the message at ``poison`` always raises, max_retries 3: the first
+    batch fails once; then each of its messages is tried alone: those before the poison succeed
+    and are committed once, the poison fails alone 3 more times (1 + max_retries = 4 failing
+    holds) and is dead-lettered with its exception and traceback; the rest goes on."""
+    out = _keys.hash_tag(service) + ":out"
+    calls: list[list[int]] = []
+    failing = 0
+    c = keyed_client(url, service, max_retries=3, retry_delay=0.01, retry_delay_max=0.02)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        nonlocal failing
+        ns = [int(m.fields["n"]) for m in batch.messages]
+        calls.append(ns)
+        for m in batch.messages:
+            if int(m.fields["n"]) == poison:
+                failing += 1
+                raise ValueError(f"poison {poison}")
+            batch.emit(out, {"n": m.fields["n"]}, m)
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": i}) for i in range(15)])
+    runner = asyncio.create_task(c.run_keyed(handle, batch=10))
+    try:
+        await c.wait_finished(1, timeout=30)
+    finally:
+        await c.close()
+        await runner
+    alone = [[n] for n in range(10) if n != poison]
+    assert failing == 4
+    assert calls == [list(range(10)), *alone[:poison], [poison], [poison], [poison], *alone[poison:], [10, 11, 12, 13, 14]]
+    assert [int(f[b"n"]) for _, f in await rr.xrange(out)] == [n for n in range(15) if n != poison]
+    (letter,) = await rr.xrange(_keys.dead_letter_stream(service))
+    fields = letter[1]
+    assert fields[b"n"] == str(poison).encode() and fields[b"_key"] == b"t" and fields[b"_retry_count"] == b"3"
+    assert fields[b"_reason"] == f"failed in 4 holds; ValueError: poison {poison}".encode()
+    assert fields[b"_consumer"] == b"redis-consumer-c1"
+    assert b'raise ValueError(f"poison {poison}")' in fields[b"_traceback"]
+    assert c.stats.dead_lettered == 1 and c.stats.handler_failures == 4
+    assert await leftovers(rr, service) == []
+
+
+async def test_an_effect_that_cannot_be_written_fails_its_batch_instead_of_committing(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """Message 2's effect targets a key of the wrong type: its batch is refused whole (nothing written),
+    isolated, and message 2 dead-lettered with the reason; every other effect is written once."""
+    out, bad = _keys.hash_tag(service) + ":out", _keys.hash_tag(service) + ":bad"
+    await rr.rpush(bad, "not a stream")
+    c = keyed_client(url, service, max_retries=1, retry_delay=0.01, retry_delay_max=0.02)
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        for m in batch.messages:
+            batch.emit(bad if m.fields["n"] == "2" else out, {"n": m.fields["n"]}, m)
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": i}) for i in range(5)])
+    runner = asyncio.create_task(c.run_keyed(handle, batch=10))
+    try:
+        await c.wait_finished(1, timeout=30)
+    finally:
+        await c.close()
+        await runner
+    assert [int(f[b"n"]) for _, f in await rr.xrange(out)] == [0, 1, 3, 4]
+    assert await rr.lrange(bad, 0, -1) == [b"not a stream"]
+    (letter,) = await rr.xrange(_keys.dead_letter_stream(service))
+    assert letter[1][b"n"] == b"2"
+    assert letter[1][b"_reason"] == f"failed in 2 holds; an effect cannot be written: {bad} holds a list, not a stream".encode()
+
+
+async def test_a_commit_sent_again_after_its_reply_was_lost_writes_its_effects_once(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """commit-1 twice with the same step (a connection dropped after sending): the second finds the
+    position moved already and writes no effect again; a failure sent twice is counted once."""
+    from lbs._redis.scripts import source
+
+    stream, prefix, lock_prefix = _keys.input_stream(service), _keys.key_prefix(service), _keys.lock_key(service, "")
+    out = _keys.hash_tag(service) + ":out"
+    async with lbs.Publisher(url, service) as pub:
+        ids = await pub.publish_many([("t", {"n": i}) for i in range(4)])
+    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
+    ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "c", {stream: ">"})
+    entry = entry.decode()
+    await rr.set(lock_prefix + entry, "5:c", px=60_000)
+    await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "5:c")
+    head = (stream, prefix, lock_prefix, _keys.group_name(service), await _xackdel(rr),
+            _keys.dead_letter_stream(service), "_", 3, "c")
+    go = ("t", entry, "5:c", ids[0], "go", "", "", "", 1, out, 2, "n", "0")
+    for _ in range(2):
+        (reply,) = await rr.eval(source("commit-1"), 1, *head, *go)
+        assert reply == [1, 0, 0, b""]
+    assert await rr.xlen(out) == 1
+    fail = ("t", entry, "5:c", "", f"fail:0:1:{ids[1]}:10", '{"DataStreamName":"t","Info":{}}', "E: x", "", 0)
+    (parked,) = await rr.eval(source("commit-1"), 1, *head, *fail)
+    assert parked[0] == 6
+    assert await rr.hget(_keys.key_state(service, "t"), "fails") == b"1"
+    (again,) = await rr.eval(source("commit-1"), 1, *head, *fail)
+    assert again == [2]  # the first let the key go: nothing counted twice
+    assert await rr.hget(_keys.key_state(service, "t"), "fails") == b"1"
+
+
+async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_message_is_alone(
+        url: str, service: str, rr: aioredis.Redis) -> None:
+    """fetch-1 after holders that died without a commit: the first death takes the batch apart (until,
+    unblamed); each later death, with one message in hand, is blamed on it (a crash-looping poison
+    reaches the limit); a live holder's second registration is neither."""
+    from lbs._redis.scripts import source
+
+    stream, prefix, lock_prefix = _keys.input_stream(service), _keys.key_prefix(service), _keys.lock_key(service, "")
+    async with lbs.Publisher(url, service) as pub:
+        ids = await pub.publish_many([("t", {"n": i}) for i in range(5)])
+    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
+    registration = '{"DataStreamName":"t","Info":{}}'
+
+    async def hold(token: int) -> tuple[str, list[Any]]:
+        if token > 1:
+            await rr.xadd(stream, {"lbs-input": registration, "lbs-keyed": "1"})
+        ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "c", {stream: ">"}, count=1)
+        entry = entry.decode()
+        await rr.set(lock_prefix + entry, f"{token}:c", px=60_000)
+        (reply,) = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 3, "t", entry, f"{token}:c")
+        await rr.delete(lock_prefix + entry)  # ... and the holder dies
+        return entry, reply
+
+    _, first = await hold(1)
+    assert first == [1, 1, b"", 0, 0, b""]
+    _, second = await hold(2)  # the first holder died with up to 3 messages: take them apart
+    assert second == [1, 2, b"", 0, 1, ids[2].encode()]
+    _, third = await hold(3)  # died with the first of them alone: blamed, with the batch's failure
+    assert third == [1, 3, b"", 2, 0, ids[2].encode()]
+    _, fourth = await hold(4)
+    assert fourth == [1, 4, b"", 3, 0, ids[2].encode()]

@@ -8,20 +8,24 @@ link's two keyed connections:
 * ``fetch-1.lua`` for newly taken keys: our entry becomes the key's holder
   (a second registration of a key someone else holds is finished unprocessed)
   and the first messages after the committed position come back;
-* the effects of finished batches (``XADD ... IDMP``, Redis >= 8.6), then
-  ``commit-1.lua``: the position moves past the batch (fenced by the lock),
-  and the key's next messages come back, or the key is released when
-  drained, or yielded (registered again at the back of the LBS) once it has
-  been held for ``max_hold_messages`` messages or ``max_hold_seconds``.
+* ``commit-1.lua`` for finished batches: the batch's effects are written and
+  the position moves past the batch in one atomic step, fenced by the lock
+  (a holder that lost the key writes nothing), and the key's next messages
+  come back, or the key is released when drained, or yielded (registered
+  again at the back of the LBS) once it has been held for
+  ``max_hold_messages`` messages or ``max_hold_seconds``.
 
-A handler that raises hands the key back with its position, parked for
-the retry back-off (``Config.retry_delay``, doubling up to
-``retry_delay_max``; the parking stream that :mod:`lbs._consumer.delays`
-promotes); the next hold counts a retry and gets one message at a time; a
-message that has failed in more than ``Config.max_retries`` holds, one of
-them at least alone, goes to the dead-letter stream (``commit-1.lua``'s
-``skip``) and the key goes on after it: a failed batch never dead-letters a
-message that was not tried by itself.
+A handler that raises (or whose effect cannot be written) hands the key back
+with its position, parked for the retry back-off (``Config.retry_delay``,
+doubling up to ``retry_delay_max``; the parking stream that
+:mod:`lbs._consumer.delays` promotes). The failed batch is then taken apart:
+the holds after it give the handler one message at a time up to the failed
+batch's last message, so the messages before the culprit are committed once,
+and the culprit is dead-lettered once it has failed in 1 +
+``Config.max_retries`` holds (the failed batch and the holds that tried it
+alone; ``commit-1.lua`` counts them in the key's state, so they add up across
+consumers); the key goes on after it. A holder that died holding the key
+counts as a failed hold the same way (``fetch-1.lua``).
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import traceback
 from typing import Any
 
+from redis.crc import key_slot
 from redis.exceptions import NoScriptError
 
 from _lbscore import CommandBatch, Held, Shape, encode_input, messages_of
 
 from .._redis import scripts
-from .._redis.scripts import CommitCode, FetchCode
+from .._redis.scripts import CommitCode, FetchCode, KeyCommit
 from .._redis.wire import text
 from ..exceptions import ProtocolError
 from ..keyed import KeyedBatch, KeyedHandler, Message
@@ -48,18 +54,35 @@ from .state import ConsumerState
 
 __all__ = ["KeyedRunner"]
 
+#: The most of a failure's traceback a dead letter keeps (its end: where it was raised).
+TRACEBACK_LIMIT = 8192
+
 
 class _Hold:
-    """One held key: when the hold started, messages processed in it, its last batch."""
+    """One held key: when the hold started, messages processed in it, its last batch, and where a
+    failure is being isolated (from the key's state: ``fetch-1.lua`` and ``commit-1.lua`` replies)."""
 
-    __slots__ = ("held", "started", "processed", "batch", "retry_count")
+    __slots__ = ("held", "started", "processed", "batch", "fails", "unblamed", "until")
 
     def __init__(self, held: Held) -> None:
         self.held = held
         self.started = time.monotonic()
         self.processed = 0
         self.batch: KeyedBatch | None = None
-        self.retry_count = 0
+        #: Failed holds blamed on the message after the position.
+        self.fails = 0
+        #: 1 while a failed batch's failure is not blamed on one of its messages yet.
+        self.unblamed = 0
+        #: The last message of the failed batch being taken apart ("" when none).
+        self.until = ""
+
+    def state(self, fails: Any, unblamed: Any, until: Any) -> None:
+        self.fails, self.unblamed, self.until = int(fails), int(unblamed), text(until)
+
+    @property
+    def isolating(self) -> bool:
+        """One message at a time: a failed batch is being taken apart, or the head failed alone."""
+        return bool(self.until) or self.fails > 0
 
 
 class KeyedRunner:
@@ -70,8 +93,8 @@ class KeyedRunner:
         self.state, self.finisher, self.handler = state, finisher, handler
         self.batch, self.max_hold_messages, self.max_hold_seconds = batch, max_hold_messages, max_hold_seconds
         self._fetch: list[_Hold] = []
-        #: (hold, position, mode, reason)
-        self._commit: list[tuple[_Hold, str, str, str]] = []
+        #: Each key's next step for commit-1.lua.
+        self._commit: list[tuple[_Hold, KeyCommit]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._backoff = Backoff(state.config.read_retry_initial, state.config.read_retry_max)
@@ -92,27 +115,38 @@ class KeyedRunner:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._send_loop(), name=f"lbs-keyed-{self.state.names.id}")
 
+    def _step(self, hold: _Hold, position: str, mode: str, *, reason: str = "", trace: str = "",
+              effects: tuple[tuple[str, tuple[Any, ...]], ...] = ()) -> None:
+        """Queue a key's next commit-1.lua step."""
+        h = hold.held
+        registers = mode == "yield" or mode.startswith("fail:")
+        self._commit.append((hold, KeyCommit(h.stream, h.entry_id, h.value, position, mode,
+                                             encode_input(h.stream, {}) if registers else "", reason, trace,
+                                             effects)))
+        self._kick()
+
     def _start(self, hold: _Hold, messages: list[Message]) -> None:
         """Hand ``messages`` (XRANGE's reply) of a held key to the handler."""
         s = self.state
         h = hold.held
         if s.holdings.table.get(h.entry_id) is not h:
             return  # disowned meanwhile: the heartbeat let it go
-        if hold.retry_count > max(1, s.config.max_retries):  # (hold 1 may have failed a whole batch)
-            reason = f"failed in {hold.retry_count} holds; consumer {s.names.id}"
-            self._commit.append((hold, "", "skip", reason))
-            s.stats.dead_lettered += 1
-            hold.retry_count = 0
-            self._kick()
+        limit = s.config.max_retries
+        if limit >= 0 and hold.fails >= 1 + limit and messages:
+            # The holders that had this message died (or were cut off) until its limit: fetch-1.lua counted them.
+            reason = (f"failed in {hold.fails} holds, the last lost with its holder (died, stalled past the lock "
+                      "TTL or cut off)")
+            s.log.warning("key %s: message %s %s; dead-lettered", h.stream, messages[0].id, reason)
+            self._step(hold, "", "skip", reason=reason)
             return
         if not messages:
-            self._commit.append((hold, "", self._last, ""))  # nothing to do: let it go (or go on, if one came)
-            self._kick()
+            self._step(hold, "", self._last)  # nothing to do: let it go (or go on, if one came)
             return
-        if hold.retry_count:
+        if hold.isolating:
             messages = messages[:1]
-        batch = KeyedBatch(h.stream, h.token, h.entry_id, hold.retry_count, messages,
-                           data_stream=self._prefix + "k:" + h.stream)
+        batch = KeyedBatch(h.stream, h.token, h.entry_id, hold.fails + hold.unblamed, messages,
+                           data_stream=self._prefix + "k:" + h.stream,
+                           slot=key_slot(s.names.stream_key.encode()) if s.link.node else None)
         hold.batch = batch
         task = start_task(self._loop, handler_coroutine(self.handler, batch), f"lbs-keyed-{h.stream}")
         if task.done():
@@ -128,16 +162,18 @@ class KeyedRunner:
         h.task = None
         s.handlers.discard(task)
         exc = asyncio.CancelledError() if task.cancelled() else task.exception()
-        if s.holdings.table.get(h.entry_id) is not h or (exc is not None and s.stopping.is_set()):
-            return  # disowned, or stopping: close() hands it back
+        if s.holdings.table.get(h.entry_id) is not h:
+            return  # disowned: the heartbeat let it go
         batch = hold.batch
         assert batch is not None
-        if exc is not None:
+        if exc is not None and s.stopping.is_set():
+            # Cut short by close(): let the key go where it is, no failure counted.
+            self._step(hold, "", "yield")
+        elif exc is not None:
             s.stats.handler_failures += 1
-            s.log.warning("keyed handler failed on %s at %s: %r; handing the key back", h.stream,
-                          batch.messages[0].id if batch.messages else "-", exc)
-            batch.effects.clear()
-            self._commit.append((hold, "", self._retry_mode(hold.retry_count), ""))
+            s.log.warning("keyed handler failed on %s at %s (%d message(s)); handing the key back", h.stream,
+                          batch.messages[0].id, len(batch.messages), exc_info=exc)
+            self._failed(hold, batch, f"{type(exc).__name__}: {exc}", _traceback(exc))
         else:
             hold.processed += len(batch.messages)
             s.stats.keyed_messages += len(batch.messages)
@@ -145,20 +181,22 @@ class KeyedRunner:
                     or time.monotonic() - hold.started >= self.max_hold_seconds or s.stopping.is_set())
             if over:
                 mode = "yield"
-            elif len(batch.messages) >= self.batch or hold.retry_count:
+            elif len(batch.messages) >= self.batch or hold.isolating:
                 mode = "go"  # more likely follow: read them right behind the commit
             else:
                 mode = self._last  # the key looked drained: the commit says if more came
-            self._commit.append((hold, batch.messages[-1].id if batch.messages else "", mode, ""))
-        self._kick()
+            self._step(hold, batch.messages[-1].id, mode,
+                       effects=tuple((e.stream, e.fields) for e in batch.effects))
 
-    def _retry_mode(self, retry_count: int) -> str:
-        """commit-1.lua's mode for a failed batch: parked for the retry back-off (``Config.retry_delay``,
-        doubling per retry up to ``retry_delay_max``, jittered in [d/2, d]), or "yield" (no delay)."""
+    def _failed(self, hold: _Hold, batch: KeyedBatch, reason: str, trace: str) -> None:
+        """The batch failed: hand the key back parked for the retry back-off (``Config.retry_delay``,
+        doubling per failure up to ``retry_delay_max``, jittered in [d/2, d]); commit-1.lua counts
+        the failure and dead-letters a message that reached the limit instead."""
         cfg = self.state.config
-        delay = min(cfg.retry_delay * 2 ** retry_count, cfg.retry_delay_max) * random.uniform(0.5, 1.0)
-        ms = round(delay * 1000)
-        return f"retry:{ms}" if ms > 0 else "yield"
+        delay = min(cfg.retry_delay * 2 ** (hold.fails + hold.unblamed), cfg.retry_delay_max)
+        ms = round(delay * random.uniform(0.5, 1.0) * 1000)
+        mode = scripts.fail_mode(ms, len(batch.messages) == 1, batch.messages[-1].id, self.batch)
+        self._step(hold, "", mode, reason=reason[:1000], trace=trace)
 
     # -- the sender ----------------------------------------------------------
 
@@ -197,7 +235,7 @@ class KeyedRunner:
                 if t in done:
                     free.append(inflight.pop(t))
 
-    async def _round_trip(self, k: int, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]]) -> None:
+    async def _round_trip(self, k: int, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]) -> None:
         """One batch on the link's keyed wire ``k`` (read again on each try: the slot may move)."""
         s = self.state
         while True:
@@ -212,8 +250,8 @@ class KeyedRunner:
                 continue
             self._backoff.reset()
             if any(isinstance(r, NoScriptError) for r in replies):
-                # A restart or a failover emptied the script cache: the scripts ran nowhere (effects,
-                # if any, were written: IDMP makes the second write a no-op on Redis >= 8.6).
+                # A restart or a failover emptied the script cache: the scripts ran nowhere (and wrote no
+                # effect: they are commit-1.lua's).
                 s.log.info("Redis lost the scripts (restarted or failed over); loading them again")
                 try:
                     await wire.load_scripts()
@@ -224,43 +262,29 @@ class KeyedRunner:
             self._replies(fetch, commit, replies)
             return
 
-    def _build(self, b: CommandBatch, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]]) -> None:
+    def _build(self, b: CommandBatch, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]) -> None:
         # Each key's messages come from a plain XRANGE behind the script (no Lua in between):
         # every message up to a key's position is trimmed, so "-" starts right after it.
         s = self.state
         n = s.names
-        idmp = s.server.version >= (8, 6)
-        for hold, _, _, _ in commit:
-            batch = hold.batch
-            for e in (batch.effects if batch is not None else ()):
-                if idmp:
-                    b.command("XADD", e.stream, "IDMP", e.producer, e.iid, "*", *e.fields)
-                else:
-                    b.command("XADD", e.stream, "*", *e.fields)
         if fetch:
-            scripts.fetch(b, n.stream_key, self._prefix, self._lock_prefix,
+            scripts.fetch(b, n.stream_key, self._prefix, self._lock_prefix, self.batch,
                           [(hold.held.stream, hold.held.entry_id, hold.held.value) for hold in fetch])
             for hold in fetch:
                 b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
                 b.expect(Shape.MESSAGES)
         if commit:
             scripts.commit(b, n.stream_key, self._prefix, self._lock_prefix, n.group, s.server.xackdel,
-                           n.dead_letter_key, s.config.field_prefix,
-                           [(hold.held.stream, hold.held.entry_id, hold.held.value, pos, mode,
-                             encode_input(hold.held.stream, {}) if _registers(mode) else "", reason)
-                            for hold, pos, mode, reason in commit])
-            for hold, _, mode, _ in commit:
-                if mode in _GOING_ON:
+                           n.dead_letter_key, s.config.field_prefix, s.config.max_retries, n.id,
+                           [step for _, step in commit])
+            for hold, step in commit:
+                if step.mode in _GOING_ON:
                     b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
                     b.expect(Shape.MESSAGES)
 
-    def _replies(self, fetch: list[_Hold], commit: list[tuple[_Hold, str, str, str]], replies: list[Any]) -> None:
+    def _replies(self, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]], replies: list[Any]) -> None:
         s = self.state
-        effects = sum(len(hold.batch.effects) for hold, *_ in commit if hold.batch is not None)
-        for r in replies[:effects]:
-            if isinstance(r, Exception):
-                s.log.error("writing a keyed handler's effect failed: %s", r)
-        at = effects
+        at = 0
         if fetch:
             out, reads = replies[at], replies[at + 1:at + 1 + len(fetch)]
             at += 1 + len(fetch)
@@ -276,18 +300,18 @@ class KeyedRunner:
             after = iter(replies[at + 1:])
             if isinstance(out, Exception):
                 s.log.error("committing %d keys failed: %s; their locks will expire", len(commit), out)
-                for hold, *_ in commit:
+                for hold, _ in commit:
                     s.holdings.drop(hold.held)
             else:
-                for (hold, _, mode, _), reply in zip(commit, out):
-                    self._committed(hold, reply, next(after) if mode in _GOING_ON else None)
+                for (hold, step), reply in zip(commit, out):
+                    self._committed(hold, step, reply, next(after) if step.mode in _GOING_ON else None)
 
     def _fetched(self, hold: _Hold, reply: list[Any], messages: Any) -> None:
         s = self.state
         code = int(reply[0])
         h = hold.held
         if code == FetchCode.OURS:
-            hold.retry_count = max(0, int(reply[1]) - 1)
+            hold.state(reply[3], reply[4], reply[5])
             self._start(hold, _read(s, h.stream, messages))
         elif code == FetchCode.HELD_ELSEWHERE:
             # A second registration of a key another live holder processes: finish it unprocessed.
@@ -299,19 +323,34 @@ class KeyedRunner:
             s.holdings.drop(h)
             s.stats.lock_lost += code == FetchCode.LOST
 
-    def _committed(self, hold: _Hold, reply: list[Any], messages: Any) -> None:
+    def _committed(self, hold: _Hold, step: KeyCommit, reply: list[Any], messages: Any) -> None:
         s = self.state
         code = int(reply[0])
         h = hold.held
-        hold.batch = None
+        batch, hold.batch = hold.batch, None
+        failing = step.mode.startswith("fail:")
+        if failing and code in (CommitCode.MORE, CommitCode.RELEASED):
+            # commit-1.lua dead-lettered the message that failed in its last allowed hold (or this
+            # call was sent again and the first one had).
+            s.stats.dead_lettered += 1
+            s.log.warning("key %s: message %s dead-lettered (%s; the limit is 1 + max_retries = %d holds)",
+                          h.stream, batch.messages[0].id if batch else "-", step.reason, 1 + s.config.max_retries)
         if code == CommitCode.MORE:
-            hold.retry_count = 0
-            if messages is None:  # "last:<n>": the messages that came are in the reply
+            hold.state(reply[1], reply[2], reply[3])
+            if messages is None:  # "last:<n>" or "fail": the messages that came are in the reply
                 try:
-                    messages = messages_of(reply[1])
+                    messages = messages_of(reply[4]) if len(reply) > 4 else []
                 except ProtocolError as exc:
                     messages = exc
             self._start(hold, _read(s, h.stream, messages))
+            return
+        if code == CommitCode.EFFECT_REFUSED and batch is not None:
+            # Nothing was written and the key is still ours: the batch failed.
+            why = text(reply[1])
+            s.stats.handler_failures += 1
+            s.log.error("key %s: %s; the batch (%d message(s) from %s) fails", h.stream, why,
+                        len(batch.messages), batch.messages[0].id)
+            self._failed(hold, batch, why, "")
             return
         s.holdings.drop(h)
         if code == CommitCode.RELEASED:
@@ -321,6 +360,9 @@ class KeyedRunner:
             s.stats.handed_back += 1
         else:
             s.stats.lock_lost += 1
+            if step.effects:
+                s.log.info("key %s: lost before its commit (its lock expired or another holder took it over): "
+                           "its %d effect(s) were not written", h.stream, len(step.effects))
 
     async def flush(self, timeout: float) -> None:
         """Send what is queued (at shutdown, after the handlers ended), for up to ``timeout`` seconds."""
@@ -338,9 +380,10 @@ class KeyedRunner:
 _GOING_ON = ("go", "skip")
 
 
-def _registers(mode: str) -> bool:
-    """Whether commit-1.lua registers the key again in this mode ("yield", "retry:<ms>")."""
-    return mode == "yield" or mode.startswith("retry:")
+def _traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as text, its last ``TRACEBACK_LIMIT`` characters (where it was raised)."""
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= TRACEBACK_LIMIT else "...\n" + text[-TRACEBACK_LIMIT:]
 
 
 def _read(s: ConsumerState, key: str, messages: Any) -> list[Message]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from _lbscore import CommandBatch, Shape
 
-__all__ = ["CommitCode", "DoneCode", "FetchCode", "NO_DELAY", "RequeueCode", "RetryDelay", "Script", "SCRIPTS", "source", "sources"]
+__all__ = ["CommitCode", "DoneCode", "FetchCode", "KeyCommit", "NO_DELAY", "RequeueCode", "RetryDelay", "Script", "SCRIPTS", "source", "sources"]
 
 
 @dataclass(frozen=True)
@@ -272,12 +272,14 @@ def publish_args(prefix: str, messages: list[tuple[str, str, list[Any]]]) -> lis
 # ----------------------------------------------------------------- fetch-1 ---
 # Caller: lbs._consumer.keyed.
 
-def fetch(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, keys: list[tuple[str, str, str]]) -> None:
+def fetch(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, batch: int,
+          keys: list[tuple[str, str, str]]) -> None:
     """Become the holder of each ``(key, entry id, lock value)``; where each key stands."""
     args: list[Any] = [prefix,        # ARGV[1] the service's key prefix
-                       lock_prefix]   # ARGV[2] the lock key prefix
+                       lock_prefix,   # ARGV[2] the lock key prefix
+                       batch]         # ARGV[3] the most messages a hold takes
     for key in keys:
-        args += key                   # ARGV[3...] key, entry id, lock value
+        args += key                   # ARGV[4...] key, entry id, lock value
     b.command("EVALSHA", FETCH.sha, FETCH.fixed_keys,
               stream,   # KEYS[1] the LBS
               *args)
@@ -296,20 +298,49 @@ class FetchCode(enum.IntEnum):
 # ---------------------------------------------------------------- commit-1 ---
 # Caller: lbs._consumer.keyed.
 
+@dataclass(frozen=True, slots=True)
+class KeyCommit:
+    """One key's part of a ``commit-1.lua`` call (see its header for the modes)."""
+
+    key: str
+    entry_id: str
+    value: str
+    #: The last message processed ("" for none).
+    position: str
+    mode: str
+    #: The key's lbs-input value, for the modes that register it again ("" otherwise).
+    registration: str | bytes = ""
+    reason: str = ""
+    traceback: str = ""
+    #: ``(stream, (field, value, ...))`` per effect, written with the commit.
+    effects: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+
 def commit(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, group: str, xackdel: bool,
-           dead_letters: str, field_prefix: str, keys: list[tuple[str, str, str, str, str, str | bytes, str]]) -> None:
-    """Commit each ``(key, entry id, lock value, position, mode, registration, reason)``, fenced."""
+           dead_letters: str, field_prefix: str, max_retries: int, consumer: str, keys: list[KeyCommit]) -> None:
+    """Commit each key's step, fenced, with its effects."""
     args: list[Any] = [prefix,                  # ARGV[1] the service's key prefix
                        lock_prefix,             # ARGV[2] the lock key prefix
                        group,                   # ARGV[3]
                        1 if xackdel else 0,     # ARGV[4] XACKDEL or XACK + XDEL
                        dead_letters,            # ARGV[5] the dead-letter stream
-                       field_prefix]            # ARGV[6] the managed-field prefix
-    for key in keys:
-        args += key                             # ARGV[7...] 7 per key
+                       field_prefix,            # ARGV[6] the managed-field prefix
+                       max_retries,             # ARGV[7] failed holds past 1 before a dead letter (-1: never)
+                       consumer]                # ARGV[8] recorded in dead letters
+    for k in keys:                              # ARGV[9...] 9 per key, then its effects
+        args += (k.key, k.entry_id, k.value, k.position, k.mode, k.registration, k.reason, k.traceback,
+                 len(k.effects))
+        for target, fields in k.effects:
+            args += (target, len(fields), *fields)
     b.command("EVALSHA", COMMIT.sha, COMMIT.fixed_keys,
               stream,   # KEYS[1] the LBS
               *args)
+
+
+def fail_mode(delay_ms: int, blame: bool, last: str, count: int) -> str:
+    """commit-1.lua's mode for a failed batch after the position (``last``: its last message;
+    ``blame``: it held one message; ``count``: the messages to read when the call dead-letters)."""
+    return f"fail:{delay_ms}:{1 if blame else 0}:{last}:{count}"
 
 
 class CommitCode(enum.IntEnum):
@@ -318,5 +349,8 @@ class CommitCode(enum.IntEnum):
     MORE = 1
     NOT_OURS = 2
     RELEASED = 5
+    #: Registered again (yielded, or parked after a failure): the hold is over.
     YIELDED = 6
+    #: An effect cannot be written (its stream's type, the ACL): nothing written, still ours.
+    EFFECT_REFUSED = 7
 

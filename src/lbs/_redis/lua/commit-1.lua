@@ -1,12 +1,13 @@
 --[[
-  Commit held keys' positions, fenced, and go on, let go when drained, or
-  yield: for each key, atomically, move its committed position (trimming the
-  messages up to it), then keep the key when messages remain (the caller
-  reads them with a plain "XRANGE <data stream> - + COUNT n" sent right
-  behind this call: every message left is after the position), or (when
-  there are none) release it: the lock, the LBS entry and every key of the
-  key are gone, and a message published after this call registers it
-  again.
+  Commit held keys' positions, fenced, with their batches' effects, and go
+  on, let go when drained, yield, or count a failure: for each key,
+  atomically, write the effects its handler emitted and move its committed
+  position (trimming the messages up to it), then keep the key when
+  messages remain (the caller reads them with a plain "XRANGE <data
+  stream> - + COUNT n" sent right behind this call: every message left is
+  after the position), or (when there are none) release it: the lock, the
+  LBS entry and every key of the key are gone, and a message published
+  after this call registers it again.
 
   KEYS[1]  the load-balancer stream, <service>-input
 
@@ -15,61 +16,100 @@
   ARGV[2]  the lock key prefix, "lock:{<service>-input}:"
   ARGV[3]  consumer group
   ARGV[4]  "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
-  ARGV[5]  the dead-letter stream, {<service>-input}:dlq ("": a skipped
-           message is dropped)
+  ARGV[5]  the dead-letter stream, {<service>-input}:dlq ("": a message
+           dead-lettered is dropped)
   ARGV[6]  the managed-field prefix of dead letters (Config.field_prefix)
-  then, per key (7 each):
+  ARGV[7]  max retries: a message is dead-lettered once it has failed in
+           1 + this many holds ("-1": never)
+  ARGV[8]  our consumer name, recorded in dead letters
+  then, per key (9 + its effects):
            key, LBS entry id, our lock value ("<token>:<owner>"),
            new position: the id of the last message processed, "" for none,
            mode: "go" (carry on while messages remain), "yield" (messages
              remain: register the key again at the back of the LBS and let
-             go), "retry:<ms>" (a failed batch: as "yield", but the new
-             registration is parked for <ms> first, in the parking stream
-             "<prefix>delayed" with its due time in "<prefix>due", which
-             promote-3.lua moves back; "reg" names the parked copy, so a
-             message published meanwhile does not register the key again),
-             "skip" (after the position, dead-letter the next message with
-             the reason and commit past it, then as "go"), "last:<n>" (as
-             "go" for a holder that expects the key drained, so reads
+             go), "skip" (after the position, dead-letter the next message
+             with the reason and commit past it, then as "go"), "last:<n>"
+             (as "go" for a holder that expects the key drained, so reads
              nothing behind this call: the next <n> messages, if any came,
-             are in the reply),
-           registration: the key's lbs-input value (used by "yield" and
-             "retry:<ms>" only: "" will do for the others),
-           reason: why a skipped message is dead-lettered, with who skipped it
+             are in the reply), "fail:<ms>:<blame>:<last>:<n>" (the hold's
+             batch failed after the position; <last> is its last message;
+             <blame> "1" when it held one message, which is then the
+             culprit, "0" for several: see Failures; a "fail" whose batch
+             is behind the position already, sent again after its reply
+             was lost, counts nothing and goes on as "last:<n>"),
+           registration: the key's lbs-input value (used when the key is
+             registered again: "yield", "fail"; "" will do for the others),
+           reason: why a message is dead-lettered ("skip": all of it;
+             "fail": what failed, after "failed in <n> holds; "),
+           traceback: recorded with a dead letter ("" for none),
+           effect count e, then e effects: stream, field count f (even,
+             >= 2), f fields
+
+  Effects are written with the commit that moves the position past their
+  batch, in this call: a holder that lost the key writes none, and a call
+  sent again after its reply was lost (the position already moved) writes
+  none twice. Each is a plain "XADD <stream> * <fields>".
+
+  Failures. The key's state counts, for the message right after the
+  position (the head), "fails": the failed holds blamed on it; and while a
+  failed batch is being taken apart, "until" (the batch's last message)
+  and "unblamed" ("1": that batch's failure is not blamed on a message
+  yet). A failed batch of several messages sets "until" and "unblamed";
+  the holds after it give the handler one message at a time until the
+  position passes "until" (the client reads "until" and "fails" in the
+  replies). A failed hold of one message adds 1 (+ "unblamed", which goes
+  to 0) to the head's "fails"; once "fails" reaches 1 + ARGV[7] the head is
+  dead-lettered (reason "failed in <fails> holds; <reason>") and the key
+  goes on as "last:<n>"; otherwise the registration is parked for <ms> in
+  "<prefix>delayed" (due time in "<prefix>due", which promote-3.lua moves
+  back; "reg" names the parked copy, so a message published meanwhile does
+  not register the key again), or put at the back of the LBS for 0. A
+  position that moves sets "fails" to 0.
 
   Checked for every key before the first write: the lock holds our value
   and the key's state (a hash) names our entry as its holder (else code 2
   for that key: a zombie, a disowned holder, or a state of another type;
-  nothing written for it); each position is an entry id not below the
-  committed one and each mode known (else "ERR lbs commit-1: ...", nothing
-  written at all). A data stream of another type is found by the key's
-  first read, before its first write: code 2, nothing written for it.
+  nothing written for it); each effect's stream is a stream (or absent)
+  the ACL lets us XADD to (else code 7: nothing written for the key, which
+  stays ours); each position is an entry id not below the committed one and
+  each mode known (else "ERR lbs commit-1: ...", nothing written at all). A
+  data stream of another type is found by the key's first read, before its
+  first write: code 2, nothing written for it.
 
   A dead letter is the message's fields plus <prefix>reason,
-  <prefix>failed_id (the message id), <prefix>key and <prefix>retry_count
-  (the retries after its first failure: "tries" - 2, as the skipping hold
-  counted itself). A commit that moves the position sets "tries" to 1 with
-  "go" or "last" (this hold is the first try there) and 0 with "yield".
-  Trimming is exact (XTRIM MINID): every message up to the position is
-  deleted.
+  <prefix>failed_id (the message id), <prefix>key, <prefix>retry_count
+  (its failed holds after the first), <prefix>consumer (ARGV[8]) and, when
+  given, <prefix>traceback. A commit that moves the position sets "tries"
+  (holds that started at the position, counted by fetch-1.lua) to 1 with
+  "go", "last" or "skip" (this hold is the first try there) and 0 when the
+  key is registered again. Trimming is exact (XTRIM MINID): every message
+  up to the position is deleted. A drained key's data stream is deleted;
+  its last id is kept in "<prefix>idfloor" when higher (publish-1.lua
+  starts a new data stream above it, so a key's ids only grow).
 
   Output: one reply per key, in order:
-    {1}            still ours: messages remain after the position
-    {1, messages}  the same for "last:<n>": the next messages (XRANGE's reply)
+    {1, fails, unblamed, until}            still ours: messages remain
+    {1, fails, unblamed, until, messages}  the same for "last:<n>" and a
+                                           "fail" that dead-lettered: the
+                                           next messages (XRANGE's reply)
     {2}            not ours (lock lost, or another holder): nothing written
     {5}            released: drained; lock, entry and the key's keys deleted
-    {6, id}        yielded: registered again as LBS entry <id> (or parked as
-                   <id>, "retry:<ms>"); lock and old entry gone, position kept
+    {6, id}        registered again as LBS entry <id> (or parked as <id>);
+                   lock and old entry gone, position kept
+    {7, why}       an effect cannot be written: nothing written, still ours
+  ("until" is "" when no failed batch is being taken apart.)
 
   Events: del on the lock keys it releases.
 ]]
 local prefix, lock_prefix, group = ARGV[1], ARGV[2], ARGV[3]
 local xackdel, dlq, fp = ARGV[4] == '1', ARGV[5], ARGV[6]
-local last = #ARGV
-if (last - 6) % 7 ~= 0 then
-  return redis.error_reply('ERR lbs commit-1: expected 6 arguments, then 7 per key')
+local max_retries, consumer = tonumber(ARGV[7]), ARGV[8]
+local match, tonumber, tostring = string.match, tonumber, tostring
+if not max_retries or max_retries < -1 or max_retries ~= math.floor(max_retries) then
+  return redis.error_reply('ERR lbs commit-1: max retries (ARGV[7]) must be an integer >= -1')
 end
-local match, tonumber = string.match, tonumber
+local floor_key = prefix .. 'idfloor'
+
 -- Every command this script may call is allowed on these keys by the ACL:
 -- checked before anything is written, so a missing one refuses the call
 -- whole instead of stopping it half-way.
@@ -80,12 +120,13 @@ local function refused_by_acl(name, calls)
     end
   end
 end
-if last >= 13 then
-  local data, state, lock = prefix .. 'k:' .. ARGV[7], prefix .. 'm:' .. ARGV[7], lock_prefix .. ARGV[8]
+if #ARGV >= 17 then
+  local data, state, lock = prefix .. 'k:' .. ARGV[9], prefix .. 'm:' .. ARGV[9], lock_prefix .. ARGV[10]
   local calls = {{'GET', lock}, {'HMGET', state, 'holder'}, {'XRANGE', data, '-', '+'}, {'DEL', lock, state, data},
                  {'HSET', state, 'pos', 'v'}, {'XTRIM', data, 'MINID', '0'}, {'HDEL', state, 'holder'},
                  {'XADD', KEYS[1], '*', 'f', 'v'}, {'XADD', prefix .. 'delayed', '*', 'f', 'v'},
-                 {'ZADD', prefix .. 'due', '0', 'm'}, {'TYPE', prefix .. 'due'}, {'TIME'}}
+                 {'ZADD', prefix .. 'due', '0', 'm'}, {'TYPE', prefix .. 'due'}, {'TIME'},
+                 {'GET', floor_key}, {'SET', floor_key, '0-1'}}
   if dlq ~= '' then calls[#calls + 1] = {'XADD', dlq, '*', 'f', 'v'} end
   if xackdel then
     calls[#calls + 1] = {'XACKDEL', KEYS[1], group, 'IDS', '1', '0-1'}
@@ -97,69 +138,117 @@ if last >= 13 then
   if err then return err end
 end
 
+local function split(id)
+  local ms, seq = match(id, '^(%d+)%-(%d+)$')
+  if ms then return tonumber(ms), tonumber(seq) end
+end
+-- a < b, for two entry ids
+local function below(a, b)
+  local ams, aseq = split(a)
+  local bms, bseq = split(b)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
+
 -- Pass 1, reads only: check every argument and each key's hold; a bad
 -- argument (or a parking key of the wrong type) fails the call with
--- nothing written. Per key i: ours[i], and for ours its lock and state key
--- names, committed position ("": none) and tries.
-local ours, locks, states, committed, tries, delays, lasts = {}, {}, {}, {}, {}, {}, {}
+-- nothing written. Per key i: where its arguments start, ours[i] (or a
+-- refusal), and for ours its lock and state key names and state.
+local starts, ours, refusals, locks, states, st, fails_of, lasts, effects = {}, {}, {}, {}, {}, {}, {}, {}, {}
 local parking_checked = false
-local i = 0
-for at = 7, last, 7 do
+local streams_checked = {}
+local last = #ARGV
+local at, i = 9, 0
+while at <= last do
   i = i + 1
+  starts[i] = at
+  if at + 8 > last then
+    return redis.error_reply('ERR lbs commit-1: key ' .. i .. ' has fewer than 9 arguments')
+  end
   local pos, mode = ARGV[at + 3], ARGV[at + 4]
-  local pms, pseq
-  if pos ~= '' then
-    pms, pseq = match(pos, '^(%d+)%-(%d+)$')
-    if not pms then
-      return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' is not an entry id')
-    end
+  if pos ~= '' and not split(pos) then
+    return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' is not an entry id')
   end
-  local last = mode ~= 'go' and tonumber(match(mode, '^last:(%d+)$'))
-  if last then
-    lasts[i] = last
+  local n_last = mode ~= 'go' and tonumber(match(mode, '^last:(%d+)$'))
+  local delay
+  if n_last then
+    lasts[i] = n_last
   elseif mode ~= 'go' and mode ~= 'yield' and mode ~= 'skip' then
-    local delay = tonumber(match(mode, '^retry:(%d+)$'))
-    if not delay then
+    local ms, blame, fl, n = match(mode, '^fail:(%d+):([01]):(%d+%-%d+):(%d+)$')
+    if not ms then
       return redis.error_reply('ERR lbs commit-1: mode ' .. mode ..
-                               ' is not go, last:<n>, yield, retry:<ms> or skip')
+                               ' is not go, last:<n>, yield, skip or fail:<ms>:<blame>:<last>:<n>')
     end
-    delays[i] = delay
-    if delay > 0 and not parking_checked then
-      for key, want in pairs({[prefix .. 'delayed'] = 'stream', [prefix .. 'due'] = 'zset'}) do
-        local t = redis.call('TYPE', key)['ok']
-        if t ~= 'none' and t ~= want then
-          return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. t .. ', not a ' .. want)
-        end
-      end
-      parking_checked = true
-    end
+    delay = tonumber(ms)
+    fails_of[i] = {delay = delay, blame = blame == '1', last = fl, n = tonumber(n)}
   end
+  if delay and delay > 0 and not parking_checked then
+    for key, want in pairs({[prefix .. 'delayed'] = 'stream', [prefix .. 'due'] = 'zset'}) do
+      local t = redis.call('TYPE', key)['ok']
+      if t ~= 'none' and t ~= want then
+        return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. t .. ', not a ' .. want)
+      end
+    end
+    parking_checked = true
+  end
+  local e = tonumber(ARGV[at + 8])
+  if not e or e < 0 or e ~= math.floor(e) then
+    return redis.error_reply('ERR lbs commit-1: the effect count of key ' .. ARGV[at] .. ' is not an integer >= 0')
+  end
+  local list = {}
+  local next_at = at + 9
+  for k = 1, e do
+    local f = tonumber(ARGV[next_at + 1])
+    if not f or f < 2 or f % 2 ~= 0 or next_at + 1 + f > last then
+      return redis.error_reply('ERR lbs commit-1: effect ' .. k .. ' of key ' .. ARGV[at] .. ' is malformed')
+    end
+    list[k] = {ARGV[next_at], next_at + 2, next_at + 1 + f}
+    next_at = next_at + 2 + f
+  end
+  effects[i] = list
+
   local entry, lock = ARGV[at + 1], lock_prefix .. ARGV[at + 1]
   local mine = false
   if redis.pcall('GET', lock) == ARGV[at + 2] then
     local state = prefix .. 'm:' .. ARGV[at]
-    local got = redis.pcall('HMGET', state, 'holder', 'pos', 'tries')  -- a non-hash: an error, not ours
+    -- a non-hash: an error, not ours
+    local got = redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until')
     if not got.err and got[1] == entry then
-      local c = got[2]
-      if not c then
-        mine, c = true, ''
-      else
-        local cms, cseq = match(c, '^(%d+)%-(%d+)$')
-        if cms then
-          mine = true
-          if pms and pos ~= c then
-            pms, pseq, cms, cseq = tonumber(pms), tonumber(pseq), tonumber(cms), tonumber(cseq)
-            if pms < cms or (pms == cms and pseq < cseq) then
-              return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' of ' .. ARGV[at] ..
-                                       ' is below the committed ' .. c)
-            end
-          end
+      local c = got[2] or ''
+      if c == '' or split(c) then
+        mine = true
+        if pos ~= '' and c ~= '' and pos ~= c and below(pos, c) then
+          return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' of ' .. ARGV[at] ..
+                                   ' is below the committed ' .. c)
         end
+        locks[i], states[i] = lock, state
+        st[i] = {pos = c, tries = got[3], fails = tonumber(got[4]) or 0, unblamed = tonumber(got[5]) or 0,
+                 untl = got[6] and split(got[6]) and got[6] or ''}
       end
-      if mine then locks[i], states[i], committed[i], tries[i] = lock, state, c, got[3] end
     end
   end
   ours[i] = mine
+  if mine then
+    for _, eff in ipairs(list) do
+      local stream = eff[1]
+      local why = streams_checked[stream]
+      if why == nil then
+        local t = redis.call('TYPE', stream)['ok']
+        if t ~= 'none' and t ~= 'stream' then
+          why = stream .. ' holds a ' .. t .. ', not a stream'
+        elseif not redis.acl_check_cmd('XADD', stream, '*', 'f', 'v') then
+          why = 'the ACL does not allow XADD to ' .. stream
+        else
+          why = false
+        end
+        streams_checked[stream] = why
+      end
+      if why then
+        refusals[i] = {7, 'an effect cannot be written: ' .. why}
+        break
+      end
+    end
+  end
+  at = next_at
 end
 
 -- Pass 2: writes, key by key. A key's data stream of another type is found by
@@ -172,63 +261,138 @@ local function after_pos(data, pos, count)
   return redis.pcall('XRANGE', data, pos == '' and '-' or '(' .. pos, '+', 'COUNT', count)
 end
 
-local function commit(i, at)
+local function dead_letter(head, key, reason, traceback, retries)
+  local fields = head[2]
+  for _, f in ipairs({fp .. 'reason', reason, fp .. 'failed_id', head[1], fp .. 'key', key,
+                      fp .. 'retry_count', tostring(math.max(0, retries)), fp .. 'consumer', consumer}) do
+    fields[#fields + 1] = f
+  end
+  if traceback ~= '' then
+    fields[#fields + 1] = fp .. 'traceback'
+    fields[#fields + 1] = traceback
+  end
+  if dlq ~= '' then redis.call('XADD', dlq, '*', unpack(fields)) end
+end
+
+local function commit(i)
+  local at = starts[i]
   local key, entry, pos, mode = ARGV[at], ARGV[at + 1], ARGV[at + 3], ARGV[at + 4]
-  local data, state = prefix .. 'k:' .. key, states[i]
-  local position = committed[i]
+  local data, state, s = prefix .. 'k:' .. key, states[i], st[i]
+  local position = s.pos
   local moved = pos ~= '' and pos ~= position
   if moved then position = pos end
   local rest = after_pos(data, position, 1)
   if rest.err then return {2} end
-  if mode == 'skip' then
-    local head = rest[1]
-    if head then
-      local fields = head[2]
-      for _, f in ipairs({fp .. 'reason', ARGV[at + 6], fp .. 'failed_id', head[1], fp .. 'key', key,
-                          fp .. 'retry_count', tostring(math.max(0, (tonumber(tries[i]) or 2) - 2))}) do
-        fields[#fields + 1] = f
-      end
-      if dlq ~= '' then redis.call('XADD', dlq, '*', unpack(fields)) end
-      position, moved = head[1], true
-      rest = after_pos(data, position, 1)
+  -- The batch's effects, with the commit that moves the position past it.
+  if moved then
+    for _, eff in ipairs(effects[i]) do
+      redis.call('XADD', eff[1], '*', unpack(ARGV, eff[2], eff[3]))
     end
-    mode = 'go'
   end
+  local fails, unblamed, untl = s.fails, s.unblamed, s.untl
+  if moved then fails = 0 end
+  local fail = fails_of[i]
+  local going = lasts[i] and ('last:' .. lasts[i]) or mode
+  if fail and (not rest[1] or below(fail.last, rest[1][1])) then
+    -- The failed batch is behind the position already: this call was sent again after its
+    -- reply was lost, and the first one counted the failure. Go on.
+    fail, going = nil, 'last:' .. fail.n
+  end
+  if mode == 'skip' or (fail and fail.blame) then
+    if fail then
+      fails = fails + 1 + unblamed
+      unblamed = 0
+    end
+    if mode == 'skip' or (max_retries >= 0 and fails >= 1 + max_retries) then
+      local head = rest[1]
+      if head then
+        local reason = ARGV[at + 6]
+        if fail then reason = 'failed in ' .. fails .. ' holds; ' .. reason end
+        dead_letter(head, key, reason, ARGV[at + 7], fails - 1)
+        position, moved, fails = head[1], true, 0
+        rest = after_pos(data, position, 1)
+      end
+      going = fail and ('last:' .. fail.n) or 'go'
+    else
+      going = 'park'
+    end
+  elseif fail then
+    -- A batch of several failed: take it apart, one message a hold, up to its last.
+    if untl == '' or below(untl, fail.last) then untl = fail.last end
+    unblamed = 1
+    going = 'park'
+  end
+  if untl ~= '' and (position ~= '' and not below(position, untl)) then untl, unblamed = '', 0 end
   -- Every message up to the old position is trimmed: what follows the new one is what is left.
   if #rest == 0 then
-    redis.call('DEL', locks[i], state, data)  -- drained: nothing of the key is left
+    -- Drained: nothing of the key is left; its last id stays the floor of a new data stream's.
+    if position ~= '' then
+      local floor = redis.call('GET', floor_key)
+      if not floor or not split(floor) or below(floor, position) then redis.call('SET', floor_key, position) end
+    end
+    redis.call('DEL', locks[i], state, data)
     finished[#finished + 1] = entry
     return {5}
   end
+  local registers = going == 'yield' or going == 'park'
+  local set = {}
   if moved then
-    -- Going on, this hold is the first try at the new position; yielding, the next hold is.
-    redis.call('HSET', state, 'pos', position, 'tries', (mode == 'go' or lasts[i]) and 1 or 0)
-    local ms, seq = match(position, '^(%d+)%-(%d+)$')
-    redis.call('XTRIM', data, 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
+    -- Going on, this hold is the first try at the new position; registering again, the next hold is.
+    set[#set + 1], set[#set + 2] = 'pos', position
+    set[#set + 1], set[#set + 2] = 'tries', registers and 0 or 1
   end
-  if mode == 'go' then return {1} end
-  if lasts[i] then return {1, after_pos(data, position, lasts[i])} end
-  local id, delay = nil, delays[i]
-  if delay and delay > 0 then
-    id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
-    local t = redis.call('TIME')
-    redis.call('ZADD', prefix .. 'due', string.format('%.0f', tonumber(t[1]) * 1000
-               + math.floor(tonumber(t[2]) / 1000) + delay), id)
-  else
-    id = redis.call('XADD', KEYS[1], '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
+  local del = {}
+  for name, value in pairs({fails = fails, unblamed = unblamed}) do
+    if value ~= 0 then
+      set[#set + 1], set[#set + 2] = name, value
+    elseif s[name] ~= 0 then
+      del[#del + 1] = name
+    end
   end
-  redis.call('HSET', state, 'reg', id)
-  redis.call('HDEL', state, 'holder', 'token')
-  redis.call('DEL', locks[i])
-  finished[#finished + 1] = entry
-  return {6, id}
+  if untl ~= '' then
+    if untl ~= s.untl then set[#set + 1], set[#set + 2] = 'until', untl end
+  elseif s.untl ~= '' then
+    del[#del + 1] = 'until'
+  end
+  if moved then
+    local ms, seq = split(position)
+    redis.call('XTRIM', data, 'MINID', string.format('%d-%d', ms, seq + 1))
+  end
+  if registers then
+    local id
+    local delay = going == 'park' and fail.delay or 0
+    if delay > 0 then
+      id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
+      local t = redis.call('TIME')
+      redis.call('ZADD', prefix .. 'due', string.format('%.0f', tonumber(t[1]) * 1000
+                 + math.floor(tonumber(t[2]) / 1000) + delay), id)
+    else
+      id = redis.call('XADD', KEYS[1], '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
+    end
+    set[#set + 1], set[#set + 2] = 'reg', id
+    del[#del + 1], del[#del + 2] = 'holder', 'token'
+    redis.call('HSET', state, unpack(set))
+    redis.call('HDEL', state, unpack(del))
+    redis.call('DEL', locks[i])
+    finished[#finished + 1] = entry
+    return {6, id}
+  end
+  if #set > 0 then redis.call('HSET', state, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', state, unpack(del)) end
+  local n = match(going, '^last:(%d+)$')
+  if n then return {1, fails, unblamed, untl, after_pos(data, position, tonumber(n))} end
+  return {1, fails, unblamed, untl}
 end
 
 local out = {}
-i = 0
-for at = 7, last, 7 do
-  i = i + 1
-  out[i] = ours[i] and commit(i, at) or {2}
+for k = 1, i do
+  if not ours[k] then
+    out[k] = {2}
+  elseif refusals[k] then
+    out[k] = refusals[k]
+  else
+    out[k] = commit(k)
+  end
 end
 
 -- pcall: a group or LBS gone meanwhile leaves nothing to acknowledge.

@@ -12,13 +12,26 @@
   ARGV[1]  the service's key prefix, "{<service>-input}:" (data stream
            "<prefix>k:<key>", state "<prefix>m:<key>", in KEYS[1]'s slot)
   ARGV[2]  the lock key prefix, "lock:{<service>-input}:"
+  ARGV[3]  the caller's batch size (how many messages a hold may take)
   then, per key: key, LBS entry id, our lock value ("<token>:<owner>")
 
   The key's state is a hash: "pos" (the last committed message id; absent:
   none), "holder" (the LBS entry whose holder processes the key), "token"
   (that holder's fencing token), "reg" (the latest registration, see
   publish-1.lua), "tries" (holds that tried "pos" without committing past
-  it, this one included: fetch adds one, see commit-1.lua).
+  it, this one included: fetch adds one, see commit-1.lua), and while a
+  failure is being isolated "fails", "unblamed" and "until" (commit-1.lua,
+  Failures).
+
+  A hold that ended without a commit saying so (its holder died, stalled
+  past its lock TTL or was cut off: "holder" names an entry whose lock is
+  gone) counts as a failed hold: while one message at a time is being
+  tried ("until" or "fails" set) the dead holder had the head, whose
+  "fails" grows by 1 + "unblamed"; otherwise it had up to ARGV[3] messages,
+  which are taken apart like a failed batch ("until" the ARGV[3]-th message
+  after the position, "unblamed" 1), or, when only one message is left, the
+  head's "fails" grows by 1. The caller dead-letters the head when "fails"
+  reached its limit.
 
   Per key, checked before its first write (a key that fails writes nothing;
   the others go on):
@@ -30,17 +43,18 @@
       the caller finishes this entry without processing it).
 
   Output: one reply per key, in order:
-    {1, tries, pos}            ours
+    {1, tries, pos, fails, unblamed, until}   ours ("until": "" for none)
     {2}                        lock lost
     {3, holder}                another live holder
     {4, what}                  a key of the wrong type
 
   Events: none besides the keys it writes.
 ]]
-local prefix, lock_prefix = ARGV[1], ARGV[2]
-if (#ARGV - 2) % 3 ~= 0 then
-  return redis.error_reply('ERR lbs fetch-1: expected 2 arguments, then 3 per key')
+local prefix, lock_prefix, batch = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if (#ARGV - 3) % 3 ~= 0 or not batch or batch < 1 or batch ~= math.floor(batch) then
+  return redis.error_reply('ERR lbs fetch-1: expected 3 arguments (the batch an integer >= 1), then 3 per key')
 end
+local match = string.match
 local function kind(key)
   return redis.call('TYPE', key)['ok']
 end
@@ -54,35 +68,61 @@ local function refused_by_acl(name, calls)
     end
   end
 end
-if #ARGV >= 5 then
-  local state, lock = prefix .. 'm:' .. ARGV[3], lock_prefix .. ARGV[4]
+if #ARGV >= 6 then
+  local state, lock = prefix .. 'm:' .. ARGV[4], lock_prefix .. ARGV[5]
   local err = refused_by_acl('fetch-1', {{'GET', lock}, {'HMGET', state, 'holder'}, {'TYPE', state},
-                                          {'EXISTS', lock}, {'HSET', state, 'holder', 'v'}})
+                                          {'EXISTS', lock}, {'HSET', state, 'holder', 'v'},
+                                          {'XRANGE', prefix .. 'k:' .. ARGV[4], '-', '+'}})
   if err then return err end
+end
+local function is_id(v)
+  return match(v, '^%d+%-%d+$') ~= nil
 end
 
 local out = {}
-for at = 3, #ARGV, 3 do
+for at = 4, #ARGV, 3 do
   local key, entry, value = ARGV[at], ARGV[at + 1], ARGV[at + 2]
   local state = prefix .. 'm:' .. key
   local mine = redis.pcall('GET', lock_prefix .. entry)
   -- pcall: a state of another type than hash is an error here, before any write.
-  local got = mine == value and redis.pcall('HMGET', state, 'holder', 'pos', 'tries')
+  local got = mine == value and redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until')
   if mine ~= value then
     out[#out + 1] = {2}
   elseif got.err then
     out[#out + 1] = {4, state .. ' holds a ' .. kind(state)}
   else
     local holder, pos, tries = got[1], got[2] or '', got[3]
-    if holder and holder ~= entry and redis.call('EXISTS', lock_prefix .. holder) == 1 then
+    local fails, unblamed, untl = got[4] or '0', got[5] or '0', got[6] or ''
+    local dead = holder and holder ~= entry
+    if dead and redis.call('EXISTS', lock_prefix .. holder) == 1 then
       out[#out + 1] = {3, holder}
-    elseif (pos ~= '' and not string.match(pos, '^%d+%-%d+$')) or (tries and not string.match(tries, '^%d+$')) then
-      out[#out + 1] = {4, state .. ' holds a pos or tries that is not one'}
+    elseif (pos ~= '' and not is_id(pos)) or (tries and not match(tries, '^%d+$'))
+        or not match(fails, '^%d+$') or not match(unblamed, '^[01]$') or (untl ~= '' and not is_id(untl)) then
+      out[#out + 1] = {4, state .. ' holds a pos, tries, fails, unblamed or until that is not one'}
     else
-      local token = string.match(value, '^(%d+):') or ''
-      tries = (tonumber(tries) or 0) + 1
-      redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries)
-      out[#out + 1] = {1, tries, pos}
+      fails, unblamed = tonumber(fails), tonumber(unblamed)
+      local rest = dead and redis.pcall('XRANGE', prefix .. 'k:' .. key, pos == '' and '-' or '(' .. pos, '+',
+                                        'COUNT', untl == '' and fails == 0 and batch or 1)
+      if rest and rest.err then
+        out[#out + 1] = {4, prefix .. 'k:' .. key .. ' holds a ' .. kind(prefix .. 'k:' .. key)}
+      else
+        local set = {}
+        if rest and #rest > 0 then
+          -- The last hold ended with its holder: a failed hold (see the header).
+          if untl ~= '' or fails > 0 or #rest == 1 then
+            fails, unblamed = fails + 1 + unblamed, 0
+          else
+            untl, unblamed = rest[#rest][1], 1
+            set = {'until', untl}
+          end
+          set[#set + 1], set[#set + 2] = 'fails', fails
+          set[#set + 1], set[#set + 2] = 'unblamed', unblamed
+        end
+        local token = match(value, '^(%d+):') or ''
+        tries = (tonumber(tries) or 0) + 1
+        redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries, unpack(set))
+        out[#out + 1] = {1, tries, pos, fails, unblamed, untl}
+      end
     end
   end
 end

@@ -28,10 +28,21 @@
   is then registered twice, which fetch-1.lua resolves (a second copy finds
   a live holder and is finished unprocessed).
 
+  Message ids of a key only grow, across let-go: commit-1.lua deletes a
+  drained key's data stream, and a stream created again would start at
+  "<now ms>-0", the same id as (or below) the last one of the stream it
+  replaces when both fall in one millisecond. So commit-1.lua keeps the
+  highest id of every data stream it deleted in "<prefix>idfloor" (a
+  string), and the first message of a data stream this call creates gets
+  the explicit id max("<now ms>-0", floor + 1) (server time, TIME); later
+  messages of the stream are "*" (Redis makes them larger).
+
   Preconditions, checked before the first write; a violation writes nothing
   and returns "LBSKEY <key name> <what is wrong>":
     * KEYS[1] does not exist or is a stream;
-    * each data stream does not exist or is a stream, each state a hash.
+    * each data stream does not exist or is a stream, each state a hash;
+    * when a data stream is created, "<prefix>idfloor" does not exist or
+      is a string holding an entry id.
   Malformed ARGV gives "ERR lbs publish-1: ..." (nothing written).
 
   Output: {ids, registered}
@@ -67,7 +78,7 @@ do
   local err = refused_by_acl('publish-1', {
     {'TYPE', KEYS[1]}, {'TYPE', data}, {'TYPE', state}, {'XADD', data, '*', 'f', 'v'}, {'HGET', state, 'reg'},
     {'XRANGE', KEYS[1], '-', '+'}, {'XRANGE', prefix .. 'delayed', '-', '+'},
-    {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}})
+    {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}, {'GET', prefix .. 'idfloor'}, {'TIME'}})
   if err then return err end
 end
 local t = kind(KEYS[1])
@@ -76,7 +87,7 @@ if t ~= 'none' and t ~= 'stream' then
 end
 
 -- Parse and check everything first.
-local msgs, seen, order = {}, {}, {}
+local msgs, seen, order, created = {}, {}, {}, {}
 local at = 3
 for i = 1, m do
   local key, reg, f = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
@@ -93,6 +104,7 @@ for i = 1, m do
     local data, state = prefix .. 'k:' .. key, prefix .. 'm:' .. key
     t = kind(data)
     if t ~= 'none' and t ~= 'stream' then return refuse(data, 'holds a ' .. t .. ', not a data stream') end
+    if t == 'none' then created[key] = true end
     t = kind(state)
     if t ~= 'none' and t ~= 'hash' then return refuse(state, 'holds a ' .. t .. ', not a key state') end
   end
@@ -102,11 +114,39 @@ if at - 1 ~= #ARGV then
   return redis.error_reply('ERR lbs publish-1: ' .. (#ARGV - at + 1) .. ' arguments left over')
 end
 
+-- The first id of each data stream created here: above every id a deleted one had.
+local first
+if next(created) then
+  local floor = prefix .. 'idfloor'
+  t = kind(floor)
+  local fms, fseq = 0, -1
+  if t == 'string' then
+    local f = redis.call('GET', floor)
+    fms, fseq = string.match(f, '^(%d+)%-(%d+)$')
+    if not fms then return refuse(floor, 'holds ' .. f .. ', not an entry id') end
+    fms, fseq = tonumber(fms), tonumber(fseq)
+  elseif t ~= 'none' then
+    return refuse(floor, 'holds a ' .. t .. ', not a string')
+  end
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  if ms > fms then
+    first = string.format('%d-0', ms)
+  else
+    first = string.format('%d-%d', fms, fseq + 1)
+  end
+end
+
 -- Writes.
 local ids = {}
 for i = 1, m do
   local msg = msgs[i]
-  ids[i] = redis.call('XADD', prefix .. 'k:' .. msg[1], '*', unpack(ARGV, msg[2], msg[3]))
+  local key = msg[1]
+  local id = '*'
+  if created[key] then
+    id, created[key] = first, nil
+  end
+  ids[i] = redis.call('XADD', prefix .. 'k:' .. key, id, unpack(ARGV, msg[2], msg[3]))
 end
 local registered = 0
 for _, key in ipairs(order) do
