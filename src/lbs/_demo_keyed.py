@@ -9,7 +9,7 @@
 3. ``desk-b`` (here) takes over once the dead desk's locks have expired and
    finishes every ticket after its committed position.
 4. Each handled event writes one line to the ticket's timeline stream with
-   ``KeyedBatch.emit`` (``XADD IDMP`` on Redis >= 8.6); the demo reads the
+   ``KeyedBatch.emit`` (written by the fenced commit, so once); the demo reads the
    timelines back and checks every ticket's events are there once each, in
    order, whoever handled them.
 """

@@ -450,16 +450,21 @@ class Client:
         ``max_hold_seconds`` a key that still has messages is yielded: it goes
         to the back of the LBS, so one hot key cannot starve the others.
 
-        A handler that raises hands the key back with its position; the next
-        hold counts a retry and gets one message at a time, and a message
-        that has failed in more than ``Config.max_retries`` holds (one of them
-        at least alone: a failed batch never dead-letters a message that was
-        not tried by itself) goes to the dead-letter stream with its fields and the reason, and the key goes
-        on after it. A holder that dies (or stalls past its lock TTL) leaves
-        its key to recovery like any assignment: the next holder resumes
-        after the last committed message. At most ``concurrency`` keys are
-        held at once (default ``Config.max_streams``). Signals and
-        :meth:`close` work as for :meth:`run`.
+        A handler that raises hands the key back with its position (its
+        effects dropped), parked for the retry back-off; the failed batch is
+        then taken apart, one message a hold up to its last message, so the
+        messages before the culprit are committed once, and the culprit goes
+        to the dead-letter stream once it has failed in 1 +
+        ``Config.max_retries`` holds (at least one of them alone), with its
+        fields, the reason, the exception and its traceback; the key goes on
+        after it. A holder that dies (or stalls past its lock TTL) leaves its
+        key to recovery like any assignment, counted as a failed hold: the
+        next holder resumes after the last committed message and writes its
+        effects; the stalled one, if it comes back, writes none. At most
+        ``concurrency`` keys are held at once (default
+        ``Config.max_streams``). Signals and :meth:`close` work as for
+        :meth:`run`; a handler they cut short counts no failure (its key is
+        let go where it was).
         """
         if self._reader.dispatch is not None:
             raise ConfigurationError("run() is already running on this client")

@@ -1,5 +1,5 @@
 """Keyed processing under chaos: worker processes killed (SIGKILL) and stalled past their TTL
-(SIGSTOP), a publisher running throughout; the effects audited per key (Redis 8.6: IDMP)."""
+(SIGSTOP), a publisher running throughout; the effects audited per key (written by the fenced commit)."""
 
 from __future__ import annotations
 

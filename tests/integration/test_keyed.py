@@ -579,3 +579,36 @@ async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_messag
     assert third == [1, 3, b"", 2, 0, ids[2].encode()]
     _, fourth = await hold(4)
     assert fourth == [1, 4, b"", 3, 0, ids[2].encode()]
+
+
+async def test_a_handler_cut_short_by_close_counts_no_failure(url: str, service: str, rr: aioredis.Redis) -> None:
+    """close() cancels a running keyed handler (drain_timeout 0): its key is let go where it was, with
+    nothing counted against its messages, and the next holder gets the whole batch as a first try."""
+    started = asyncio.Event()
+
+    async def stuck(batch: lbs.KeyedBatch) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": i}) for i in range(5)])
+    first = keyed_client(url, service, "c1")
+    runner = asyncio.create_task(first.run_keyed(stuck, batch=10))
+    await asyncio.wait_for(started.wait(), 30)
+    await first.close()
+    await runner
+    state = await rr.hgetall(_keys.key_state(service, "t"))
+    assert not {b"holder", b"fails", b"unblamed", b"until"} & set(state)
+    seen: list[tuple[int, list[int]]] = []
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        seen.append((batch.retry_count, [int(m.fields["n"]) for m in batch.messages]))
+
+    second = keyed_client(url, service, "c2")
+    runner = asyncio.create_task(second.run_keyed(handle, batch=10))
+    try:
+        await second.wait_finished(1, timeout=30)
+    finally:
+        await second.close()
+        await runner
+    assert seen == [(0, [0, 1, 2, 3, 4])]
