@@ -7,7 +7,12 @@
   (ordered per key, exclusive, fenced, each key let go when drained),
   against redis-py reading the same 100,000 messages from one stream with
   XREADGROUP COUNT 256 and acking each batch with one XACK (no order, no
-  exclusivity). Client and Redis CPU per message go to ``extra_info``.
+  exclusivity), once waiting for each read and once keeping the next read
+  in flight while it acks (on a second connection). The "one effect per
+  message" pair does the same with a handler that emits one entry per
+  message (lbs: ``KeyedBatch.emit``, written by the fenced commit) and a
+  plain loop that XADDs it in the pipeline of its XACK. Client and Redis CPU
+  per message go to ``extra_info``.
 * Latency: a publisher at 2,000 messages/s over 200 keys for 3 s and one
   consumer in the same process; p50 and p99 publish-to-handler latency in
   ``extra_info``, beside the plain loop (XADD to one stream, XREADGROUP
@@ -75,11 +80,17 @@ async def _noop(batch: lbs.KeyedBatch) -> None:
     return None
 
 
-async def keyed_lbs(r: aioredis.Redis, service: str, n: int) -> int:
+async def _emit(batch: lbs.KeyedBatch) -> None:
+    out = batch.data_stream.partition("}:")[0] + "}:out"
+    for m in batch.messages:
+        batch.emit(out, {"n": m.fields["n"]}, m)
+
+
+async def keyed_lbs(r: aioredis.Redis, service: str, n: int, handler: lbs.KeyedHandler = _noop) -> int:
     """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus loaded."""
     c = lbs.Client(r, service, "bench", lbs.Config(), plugins=[PrometheusPlugin(registry=CollectorRegistry())],
                    load_entrypoint_plugins=False)
-    runner = asyncio.create_task(c.run_keyed(_noop, CONCURRENCY))
+    runner = asyncio.create_task(c.run_keyed(handler, CONCURRENCY))
     try:
         while c.stats.keyed_messages < n or c.stats.done < KEYS:
             await asyncio.sleep(0.005)
@@ -101,9 +112,47 @@ async def keyed_plain(r: aioredis.Redis, service: str, n: int) -> int:
     return done
 
 
+async def keyed_lbs_effects(r: aioredis.Redis, service: str, n: int) -> int:
+    """keyed_lbs with a handler that emits one entry per message."""
+    return await keyed_lbs(r, service, n, _emit)
+
+
+async def keyed_plain_ahead(r: aioredis.Redis, service: str, n: int, effects: bool = False) -> int:
+    """keyed_plain keeping one read in flight: the next XREADGROUP goes out (on a second connection
+    of the pool) before this batch's XACK (and, with ``effects``, its XADDs in the same pipeline)."""
+    stream, group = await _plain_group(r, service)
+    out = stream + ":out"
+    done = 0
+    ahead = asyncio.ensure_future(_plain_read(r, group, stream, 256))
+    try:
+        while done < n:
+            entries = await ahead
+            if done + len(entries) < n:
+                ahead = asyncio.ensure_future(_plain_read(r, group, stream, 256))
+            if entries:
+                pipe = r.pipeline(transaction=False)
+                if effects:
+                    for _, fields in entries:
+                        pipe.xadd(out, {"n": fields[b"n"]})
+                pipe.xack(stream, group, *(entry_id for entry_id, _ in entries))
+                await pipe.execute()
+                done += len(entries)
+    finally:
+        if not ahead.done():
+            ahead.cancel()
+    return done
+
+
+async def keyed_plain_ahead_effects(r: aioredis.Redis, service: str, n: int) -> int:
+    return await keyed_plain_ahead(r, service, n, effects=True)
+
+
 SIDES = {
     "lbs run_keyed() defaults+prometheus": (keyed_lbs, _published),
     "redis-py XREADGROUP + XACK, unordered": (keyed_plain, _plain_stream),
+    "redis-py XREADGROUP + XACK, one read in flight, unordered": (keyed_plain_ahead, _plain_stream),
+    "lbs run_keyed() defaults+prometheus, one effect per message": (keyed_lbs_effects, _published),
+    "redis-py one read in flight, XADD effect + XACK, unordered": (keyed_plain_ahead_effects, _plain_stream),
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from redis.crc import key_slot
 
@@ -31,8 +31,7 @@ Fields = Mapping[Union[str, bytes], Union[str, bytes, int, float]]
 MAX_FIELDS = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class Effect:
+class Effect(NamedTuple):
     """One stream entry a handler asked to write (:meth:`KeyedBatch.emit`)."""
 
     stream: str
@@ -90,42 +89,57 @@ class KeyedBatch:
         another slot. The stream must be a stream (or not exist) when the
         batch commits: one of another type fails the batch.
         """
-        if not isinstance(stream, str) or not stream:
-            raise InvalidInputError(f"emit: the stream must be a non-empty str, got {stream!r:.100}")
-        _check_text(stream, "emit: the stream name")
+        if type(stream) is not str or not stream or not stream.isascii():
+            _check_stream(stream)
         if self.slot is not None and key_slot(stream.encode()) != self.slot:
             prefix = self.data_stream.partition("}:")[0] + "}:"
             raise InvalidInputError(f"emit: stream {stream!r:.100} is not in the slot of key {self.key!r:.100} "
                                     f"on this cluster; give it the key's hash tag ({prefix}...)")
-        flat = flatten_fields(fields, f"emit to {stream!r:.100}")
+        try:
+            flat = flatten_fields(fields)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"emit to {stream!r:.100}: {exc}") from None
         source = message if message is not None else self.messages[-1]
         self.effects.append(Effect(stream, tuple(flat), source.id))
 
 
-def flatten_fields(fields: object, where: str) -> list[Any]:
-    """``[name, value, ...]`` of a message's or effect's fields, or InvalidInputError naming ``where``."""
+def _check_stream(stream: object) -> None:
+    if not isinstance(stream, str) or not stream:
+        raise InvalidInputError(f"emit: the stream must be a non-empty str, got {stream!r:.100}")
+    _check_text(stream, "emit: the stream name")
+
+
+def flatten_fields(fields: object) -> list[Any]:
+    """``[name, value, ...]`` of a message's or an effect's fields, or InvalidInputError saying what is wrong."""
     if not isinstance(fields, Mapping) or not fields:
-        raise InvalidInputError(f"{where}: fields must be a non-empty mapping, got {type(fields).__name__}")
+        raise InvalidInputError(f"fields must be a non-empty mapping, got {type(fields).__name__}")
     if len(fields) > MAX_FIELDS:
-        raise InvalidInputError(f"{where}: {len(fields)} fields, more than the limit of {MAX_FIELDS}")
+        raise InvalidInputError(f"{len(fields)} fields, more than the limit of {MAX_FIELDS}")
     flat: list[Any] = []
     for name, value in fields.items():
-        if not isinstance(name, (str, bytes)) or isinstance(value, bool) or not isinstance(
-                value, (str, bytes, int, float)):
-            raise InvalidInputError(f"{where}: field {name!r:.50} must map a str or bytes name to a str, "
-                                    f"bytes, int or float, got {type(value).__name__}")
-        if isinstance(name, str):
-            _check_text(name, f"{where}: field name {name!r:.50}")
-        if isinstance(value, str):
-            _check_text(value, f"{where}: the value of field {name!r:.50}")
-        flat += (name, value)
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                _check_text(value, f"the value of field {name!r:.50}")
+        elif kind is not bytes and kind is not int and kind is not float:
+            if isinstance(value, bool) or not isinstance(value, (str, bytes, int, float)):
+                raise InvalidInputError(f"field {name!r:.50} must map a str or bytes name to a str, bytes, int "
+                                        f"or float, got {type(value).__name__}")
+            if isinstance(value, str):
+                _check_text(value, f"the value of field {name!r:.50}")
+        if type(name) is not str or not name.isascii():
+            if isinstance(name, str):
+                _check_text(name, f"field name {name!r:.50}")
+            elif not isinstance(name, bytes):
+                raise InvalidInputError(f"field {name!r:.50} must map a str or bytes name to a str, bytes, int "
+                                        f"or float, got a {type(name).__name__} name")
+        flat.append(name)
+        flat.append(value)
     return flat
 
 
 def _check_text(text: str, what: str) -> None:
     """InvalidInputError when UTF-8 cannot encode ``text`` (a lone surrogate)."""
-    if text.isascii():
-        return
     try:
         text.encode()
     except UnicodeEncodeError as exc:

@@ -165,7 +165,10 @@ def _check(item: object, k: int) -> tuple[str, list[Any]]:
     key, fields = item
     if not isinstance(key, str) or not key:
         raise InvalidInputError(f"message {k}: the key must be a non-empty str, got {key!r:.100}")
-    return key, flatten_fields(fields, f"message {k} of key {key!r:.100}")
+    try:
+        return key, flatten_fields(fields)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"message {k} of key {key!r:.100}: {exc}") from None
 
 
 def publish_in_transaction(pipe: Any, service: str, key: str, fields: Fields) -> None:

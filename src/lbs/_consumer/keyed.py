@@ -34,6 +34,7 @@ import asyncio
 import random
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from redis.crc import key_slot
@@ -45,7 +46,7 @@ from .._redis import scripts
 from .._redis.scripts import CommitCode, FetchCode, KeyCommit
 from .._redis.wire import text
 from ..exceptions import ProtocolError
-from ..keyed import KeyedBatch, KeyedHandler, Message
+from ..keyed import Effect, KeyedBatch, KeyedHandler, Message
 from ..notifications import Notification
 from .backoff import Backoff
 from .finisher import Finisher
@@ -116,7 +117,7 @@ class KeyedRunner:
             self._task = asyncio.create_task(self._send_loop(), name=f"lbs-keyed-{self.state.names.id}")
 
     def _step(self, hold: _Hold, position: str, mode: str, *, reason: str = "", trace: str = "",
-              effects: tuple[tuple[str, tuple[Any, ...]], ...] = ()) -> None:
+              effects: Sequence[Effect] = ()) -> None:
         """Queue a key's next commit-1.lua step."""
         h = hold.held
         registers = mode == "yield" or mode.startswith("fail:")
@@ -185,8 +186,7 @@ class KeyedRunner:
                 mode = "go"  # more likely follow: read them right behind the commit
             else:
                 mode = self._last  # the key looked drained: the commit says if more came
-            self._step(hold, batch.messages[-1].id, mode,
-                       effects=tuple((e.stream, e.fields) for e in batch.effects))
+            self._step(hold, batch.messages[-1].id, mode, effects=batch.effects)
 
     def _failed(self, hold: _Hold, batch: KeyedBatch, reason: str, trace: str) -> None:
         """The batch failed: hand the key back parked for the retry back-off (``Config.retry_delay``,

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import enum
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from _lbscore import CommandBatch, Shape
 
@@ -298,8 +299,7 @@ class FetchCode(enum.IntEnum):
 # ---------------------------------------------------------------- commit-1 ---
 # Caller: lbs._consumer.keyed.
 
-@dataclass(frozen=True, slots=True)
-class KeyCommit:
+class KeyCommit(NamedTuple):
     """One key's part of a ``commit-1.lua`` call (see its header for the modes)."""
 
     key: str
@@ -312,8 +312,8 @@ class KeyCommit:
     registration: str | bytes = ""
     reason: str = ""
     traceback: str = ""
-    #: ``(stream, (field, value, ...))`` per effect, written with the commit.
-    effects: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    #: ``(stream, (field, value, ...), ...)`` per effect (an :class:`lbs.keyed.Effect`), written with the commit.
+    effects: Sequence[tuple[Any, ...]] = ()
 
 
 def commit(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, group: str, xackdel: bool,
@@ -330,8 +330,9 @@ def commit(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, group: s
     for k in keys:                              # ARGV[9...] 9 per key, then its effects
         args += (k.key, k.entry_id, k.value, k.position, k.mode, k.registration, k.reason, k.traceback,
                  len(k.effects))
-        for target, fields in k.effects:
-            args += (target, len(fields), *fields)
+        for effect in k.effects:
+            fields = effect[1]
+            args += (effect[0], len(fields), *fields)
     b.command("EVALSHA", COMMIT.sha, COMMIT.fixed_keys,
               stream,   # KEYS[1] the LBS
               *args)

@@ -72,9 +72,11 @@
   nothing written for it); each effect's stream is a stream (or absent)
   the ACL lets us XADD to (else code 7: nothing written for the key, which
   stays ours); each position is an entry id not below the committed one and
-  each mode known (else "ERR lbs commit-1: ...", nothing written at all). A
-  data stream of another type is found by the key's first read, before its
-  first write: code 2, nothing written for it.
+  each mode known (else "ERR lbs commit-1: ...", nothing written at all);
+  "<prefix>idfloor", and the parking keys when a step parks, are of their
+  type (else "LBSKEY <key> holds a <type>, not a <type>", nothing written at
+  all). A data stream of another type is found by the key's first read,
+  before its first write: code 2, nothing written for it.
 
   A dead letter is the message's fields plus <prefix>reason,
   <prefix>failed_id (the message id), <prefix>key, <prefix>retry_count
@@ -126,7 +128,7 @@ if #ARGV >= 17 then
                  {'HSET', state, 'pos', 'v'}, {'XTRIM', data, 'MINID', '0'}, {'HDEL', state, 'holder'},
                  {'XADD', KEYS[1], '*', 'f', 'v'}, {'XADD', prefix .. 'delayed', '*', 'f', 'v'},
                  {'ZADD', prefix .. 'due', '0', 'm'}, {'TYPE', prefix .. 'due'}, {'TIME'},
-                 {'GET', floor_key}, {'SET', floor_key, '0-1'}}
+                 {'TYPE', floor_key}, {'GET', floor_key}, {'SET', floor_key, '0-1'}}
   if dlq ~= '' then calls[#calls + 1] = {'XADD', dlq, '*', 'f', 'v'} end
   if xackdel then
     calls[#calls + 1] = {'XACKDEL', KEYS[1], group, 'IDS', '1', '0-1'}
@@ -156,7 +158,14 @@ end
 local starts, ours, refusals, locks, states, st, fails_of, lasts, effects = {}, {}, {}, {}, {}, {}, {}, {}, {}
 local parking_checked = false
 local streams_checked = {}
+local NONE = {}
 local last = #ARGV
+if last >= 9 then
+  local t = redis.call('TYPE', floor_key)['ok']
+  if t ~= 'none' and t ~= 'string' then
+    return redis.error_reply('LBSKEY ' .. floor_key .. ' holds a ' .. t .. ', not a string')
+  end
+end
 local at, i = 9, 0
 while at <= last do
   i = i + 1
@@ -165,7 +174,7 @@ while at <= last do
     return redis.error_reply('ERR lbs commit-1: key ' .. i .. ' has fewer than 9 arguments')
   end
   local pos, mode = ARGV[at + 3], ARGV[at + 4]
-  if pos ~= '' and not split(pos) then
+  if pos ~= '' and not match(pos, '^%d+%-%d+$') then
     return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' is not an entry id')
   end
   local n_last = mode ~= 'go' and tonumber(match(mode, '^last:(%d+)$'))
@@ -194,7 +203,7 @@ while at <= last do
   if not e or e < 0 or e ~= math.floor(e) then
     return redis.error_reply('ERR lbs commit-1: the effect count of key ' .. ARGV[at] .. ' is not an integer >= 0')
   end
-  local list = {}
+  local list = e > 0 and {} or NONE
   local next_at = at + 9
   for k = 1, e do
     local f = tonumber(ARGV[next_at + 1])
@@ -221,8 +230,7 @@ while at <= last do
                                    ' is below the committed ' .. c)
         end
         locks[i], states[i] = lock, state
-        st[i] = {pos = c, tries = got[3], fails = tonumber(got[4]) or 0, unblamed = tonumber(got[5]) or 0,
-                 untl = got[6] and split(got[6]) and got[6] or ''}
+        st[i] = got  -- holder, pos, tries, fails, unblamed, until
       end
     end
   end
@@ -256,6 +264,12 @@ end
 -- entries of the keys released or yielded are acknowledged and deleted
 -- together at the end (one XACKDEL per 500).
 local finished = {}
+-- Whether this call drains a key, and the highest position of those at or above now ("": none).
+local drained, highest = false, ''
+local byte, sub = string.byte, string.sub
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now13 = string.format('%013d', now_ms)
 
 local function after_pos(data, pos, count)
   return redis.pcall('XRANGE', data, pos == '' and '-' or '(' .. pos, '+', 'COUNT', count)
@@ -274,11 +288,26 @@ local function dead_letter(head, key, reason, traceback, retries)
   if dlq ~= '' then redis.call('XADD', dlq, '*', unpack(fields)) end
 end
 
+-- Drained: nothing of the key is left.
+local function release(i, position, data, state, entry)
+  -- The data stream's last id is at most the position, below now unless the clock went back since
+  -- (or the id was above now: see publish-1.lua); the floor is set to now at the end, so only a
+  -- position at or above now (13 digits of ms, then "-") is looked at.
+  drained = true
+  if position ~= '' and (byte(position, 14) ~= 45 or sub(position, 1, 13) >= now13)
+      and (highest == '' or below(highest, position)) then
+    highest = position
+  end
+  redis.call('DEL', locks[i], state, data)
+  finished[#finished + 1] = entry
+  return {5}
+end
+
 local function commit(i)
   local at = starts[i]
   local key, entry, pos, mode = ARGV[at], ARGV[at + 1], ARGV[at + 3], ARGV[at + 4]
-  local data, state, s = prefix .. 'k:' .. key, states[i], st[i]
-  local position = s.pos
+  local data, state, got = prefix .. 'k:' .. key, states[i], st[i]
+  local position = got[2] or ''
   local moved = pos ~= '' and pos ~= position
   if moved then position = pos end
   local rest = after_pos(data, position, 1)
@@ -289,14 +318,19 @@ local function commit(i)
       redis.call('XADD', eff[1], '*', unpack(ARGV, eff[2], eff[3]))
     end
   end
+  local fail = fails_of[i]
+  if #rest == 0 and not fail and mode ~= 'skip' then return release(i, position, data, state, entry) end
+  local s = {fails = tonumber(got[4]) or 0, unblamed = tonumber(got[5]) or 0,
+             untl = got[6] and split(got[6]) and got[6] or ''}
   local fails, unblamed, untl = s.fails, s.unblamed, s.untl
   if moved then fails = 0 end
-  local fail = fails_of[i]
-  local going = lasts[i] and ('last:' .. lasts[i]) or mode
+  -- What the key does next: "go", "last" (with count: read the next messages here), "yield", "park".
+  local going, count = mode, lasts[i]
+  if count then going = 'last' end
   if fail and (not rest[1] or below(fail.last, rest[1][1])) then
     -- The failed batch is behind the position already: this call was sent again after its
     -- reply was lost, and the first one counted the failure. Go on.
-    fail, going = nil, 'last:' .. fail.n
+    fail, going, count = nil, 'last', fail.n
   end
   if mode == 'skip' or (fail and fail.blame) then
     if fail then
@@ -312,7 +346,7 @@ local function commit(i)
         position, moved, fails = head[1], true, 0
         rest = after_pos(data, position, 1)
       end
-      going = fail and ('last:' .. fail.n) or 'go'
+      if fail then going, count = 'last', fail.n else going = 'go' end
     else
       going = 'park'
     end
@@ -324,16 +358,7 @@ local function commit(i)
   end
   if untl ~= '' and (position ~= '' and not below(position, untl)) then untl, unblamed = '', 0 end
   -- Every message up to the old position is trimmed: what follows the new one is what is left.
-  if #rest == 0 then
-    -- Drained: nothing of the key is left; its last id stays the floor of a new data stream's.
-    if position ~= '' then
-      local floor = redis.call('GET', floor_key)
-      if not floor or not split(floor) or below(floor, position) then redis.call('SET', floor_key, position) end
-    end
-    redis.call('DEL', locks[i], state, data)
-    finished[#finished + 1] = entry
-    return {5}
-  end
+  if #rest == 0 then return release(i, position, data, state, entry) end
   local registers = going == 'yield' or going == 'park'
   local set = {}
   if moved then
@@ -342,12 +367,15 @@ local function commit(i)
     set[#set + 1], set[#set + 2] = 'tries', registers and 0 or 1
   end
   local del = {}
-  for name, value in pairs({fails = fails, unblamed = unblamed}) do
-    if value ~= 0 then
-      set[#set + 1], set[#set + 2] = name, value
-    elseif s[name] ~= 0 then
-      del[#del + 1] = name
-    end
+  if fails ~= 0 then
+    set[#set + 1], set[#set + 2] = 'fails', fails
+  elseif s.fails ~= 0 then
+    del[#del + 1] = 'fails'
+  end
+  if unblamed ~= 0 then
+    set[#set + 1], set[#set + 2] = 'unblamed', unblamed
+  elseif s.unblamed ~= 0 then
+    del[#del + 1] = 'unblamed'
   end
   if untl ~= '' then
     if untl ~= s.untl then set[#set + 1], set[#set + 2] = 'until', untl end
@@ -379,8 +407,7 @@ local function commit(i)
   end
   if #set > 0 then redis.call('HSET', state, unpack(set)) end
   if #del > 0 then redis.call('HDEL', state, unpack(del)) end
-  local n = match(going, '^last:(%d+)$')
-  if n then return {1, fails, unblamed, untl, after_pos(data, position, tonumber(n))} end
+  if going == 'last' then return {1, fails, unblamed, untl, after_pos(data, position, count)} end
   return {1, fails, unblamed, untl}
 end
 
@@ -393,6 +420,14 @@ for k = 1, i do
   else
     out[k] = commit(k)
   end
+end
+
+-- One floor for the whole call, above the last id of every data stream it deleted: now, or the
+-- highest position at or above now.
+if drained then
+  if highest == '' or below(highest, now13 .. '-0') then highest = string.format('%d-0', now_ms) end
+  local floor = redis.call('GET', floor_key)
+  if not floor or not split(floor) or below(floor, highest) then redis.call('SET', floor_key, highest) end
 end
 
 -- pcall: a group or LBS gone meanwhile leaves nothing to acknowledge.

@@ -92,35 +92,35 @@ for at = 4, #ARGV, 3 do
     out[#out + 1] = {4, state .. ' holds a ' .. kind(state)}
   else
     local holder, pos, tries = got[1], got[2] or '', got[3]
-    local fails, unblamed, untl = got[4] or '0', got[5] or '0', got[6] or ''
+    local fails, unblamed, untl = got[4], got[5], got[6] or ''
     local dead = holder and holder ~= entry
     if dead and redis.call('EXISTS', lock_prefix .. holder) == 1 then
       out[#out + 1] = {3, holder}
     elseif (pos ~= '' and not is_id(pos)) or (tries and not match(tries, '^%d+$'))
-        or not match(fails, '^%d+$') or not match(unblamed, '^[01]$') or (untl ~= '' and not is_id(untl)) then
+        or (fails and not match(fails, '^%d+$')) or (unblamed and not match(unblamed, '^[01]$'))
+        or (untl ~= '' and not is_id(untl)) then
       out[#out + 1] = {4, state .. ' holds a pos, tries, fails, unblamed or until that is not one'}
     else
-      fails, unblamed = tonumber(fails), tonumber(unblamed)
+      fails, unblamed = tonumber(fails) or 0, tonumber(unblamed) or 0
       local rest = dead and redis.pcall('XRANGE', prefix .. 'k:' .. key, pos == '' and '-' or '(' .. pos, '+',
                                         'COUNT', untl == '' and fails == 0 and batch or 1)
       if rest and rest.err then
         out[#out + 1] = {4, prefix .. 'k:' .. key .. ' holds a ' .. kind(prefix .. 'k:' .. key)}
       else
-        local set = {}
+        local token = match(value, '^(%d+):') or ''
+        tries = (tonumber(tries) or 0) + 1
         if rest and #rest > 0 then
           -- The last hold ended with its holder: a failed hold (see the header).
           if untl ~= '' or fails > 0 or #rest == 1 then
             fails, unblamed = fails + 1 + unblamed, 0
           else
             untl, unblamed = rest[#rest][1], 1
-            set = {'until', untl}
           end
-          set[#set + 1], set[#set + 2] = 'fails', fails
-          set[#set + 1], set[#set + 2] = 'unblamed', unblamed
+          redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries,
+                     'fails', fails, 'unblamed', unblamed, 'until', untl)
+        else
+          redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries)
         end
-        local token = match(value, '^(%d+):') or ''
-        tries = (tonumber(tries) or 0) + 1
-        redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries, unpack(set))
         out[#out + 1] = {1, tries, pos, fails, unblamed, untl}
       end
     end
