@@ -24,7 +24,8 @@ back into the load-balancer stream as a fresh assignment with its full
 retries again: its fields (``lbs-input`` and any others) are kept, the
 retry count is 0, ``<prefix>original_id`` is kept (the entry's first id;
 ``<prefix>failed_id`` when the letter has none), and the letter's own fields
-(``<prefix>reason``, ``<prefix>consumer``, ``<prefix>failed_id``) give way
+(``<prefix>reason``, ``<prefix>consumer``, ``<prefix>failed_id``,
+``<prefix>key`` and ``<prefix>traceback``) give way
 to a record of where it came from: ``<prefix>replayed_from`` (the letter's
 id), ``<prefix>last_reason`` (its reason) and ``<prefix>replay_count``
 (replays of this assignment so far, this one included). The prefix is
@@ -131,7 +132,7 @@ class DeadLetterBackend(Protocol):
 #: The fields (after ``Config.field_prefix``) a replay records on the fresh entry.
 REPLAY_FIELDS = ("replayed_from", "last_reason", "replay_count")
 #: The fields (after the prefix) requeue-5.lua (and commit-1.lua: "key") adds to a dead letter; a replay drops them.
-_LETTER_FIELDS = ("reason", "consumer", "failed_id", "key")
+_LETTER_FIELDS = ("reason", "consumer", "failed_id", "key", "traceback")
 _STREAM_ID = re.compile(r"[0-9]+-[0-9]+\Z")
 #: Letters read per page when a filter (a reason, all) walks the stream.
 _PAGE = 200

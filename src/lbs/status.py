@@ -213,6 +213,10 @@ class KeyStatus(_Record):
     #: Whether the key's state names this entry as its holder (False: taken, not fetched yet, or a
     #: second registration that will be finished unprocessed).
     holder: bool
+    #: Failed holds that may have involved the message after the position (0: none).
+    failures: int = 0
+    #: Whether the key is taken one message a hold, to find the message a failure came from.
+    isolating: bool = False
 
 
 @dataclass(frozen=True)
@@ -353,6 +357,11 @@ def _s(value: Any) -> str:
     return "" if value is None else text(value, "replace")
 
 
+def _int(value: str) -> int:
+    """A counter of a key's state ("" or garbage: 0)."""
+    return int(value) if value.isdigit() else 0
+
+
 def _id_ms(entry_id: str) -> int:
     """The milliseconds part of a stream id."""
     return int(entry_id.partition("-")[0])
@@ -459,15 +468,17 @@ class _Reader:
             return ()
         pipe = self.r.pipeline(transaction=False)
         for key, _, _ in names:
-            pipe.hmget(_keys.key_state(self.service, key), "holder", "pos", "tries")
+            pipe.hmget(_keys.key_state(self.service, key), "holder", "pos", "tries", "fails", "unblamed", "until")
             pipe.xlen(_keys.keyed_stream(self.service, key))
         replies = await self._exec(pipe)
         rows = []
         for (key, entry_id, consumer), state, length in zip(names, replies[::2], replies[1::2]):
             if isinstance(state, Exception) or isinstance(length, Exception) or not any(state):
                 continue
-            holder, pos, tries = (_s(v) for v in state)
-            rows.append(KeyStatus(key, consumer, entry_id, pos, int(length), int(tries or 0), holder == entry_id))
+            holder, pos, tries, fails, unblamed, until = (_s(v) for v in state)
+            failures = _int(fails) + _int(unblamed)
+            rows.append(KeyStatus(key, consumer, entry_id, pos, int(length), _int(tries), holder == entry_id,
+                                  failures, bool(until) or _int(fails) > 0))
         return tuple(sorted(rows, key=lambda k: (-k.backlog, k.key)))
 
     async def _first(self) -> _First:

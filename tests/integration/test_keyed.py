@@ -209,7 +209,7 @@ async def test_a_keyed_dead_letter_replayed_is_published_again_to_its_key(
     key, fields = seen[-1]
     assert key == "t" and fields["n"] == "bad" and fields["_replayed_from"] == letter.id
     assert fields["_replay_count"] == "1" and "failed in 2 holds" in fields["_last_reason"]
-    assert not {"_reason", "_key", "_failed_id", "_retry_count"} & set(fields)
+    assert not {"_reason", "_key", "_failed_id", "_retry_count", "_consumer", "_traceback"} & set(fields)
     assert await leftovers(rr, service) == []
 
 
@@ -267,6 +267,7 @@ async def test_status_lists_held_keys_with_backlog_and_position(url: str, servic
     st = await collect_status(url, service)
     (key,) = st.keys
     assert (key.key, key.consumer, key.backlog, key.tries, key.holder) == ("busy", "redis-consumer-c1", 3, 1, True)
+    assert (key.failures, key.isolating) == (0, False)
     assert key.position == ids[1]  # the first batch (messages 0 and 1) committed
     assert st.to_dict()["keys"][0]["key"] == "busy"
     gate.set()
@@ -612,3 +613,30 @@ async def test_a_handler_cut_short_by_close_counts_no_failure(url: str, service:
         await second.close()
         await runner
     assert seen == [(0, [0, 1, 2, 3, 4])]
+
+
+async def test_status_shows_a_key_taken_apart_after_a_failure(url: str, service: str, rr: aioredis.Redis) -> None:
+    gate = asyncio.Event()
+    calls: list[int] = []
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        calls.append(len(batch.messages))
+        if len(calls) == 1:
+            raise ValueError("once")
+        await gate.wait()
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("t", {"n": i}) for i in range(3)])
+    c = keyed_client(url, service, retry_delay=0.01, retry_delay_max=0.01)
+    runner = asyncio.create_task(c.run_keyed(handle, batch=10))
+    try:
+        await eventually(lambda: _is(len(calls), 2), timeout=30)
+        (key,) = (await collect_status(url, service)).keys
+        assert (key.failures, key.isolating, calls) == (1, True, [3, 1])
+        gate.set()
+        await c.wait_finished(1, timeout=30)
+    finally:
+        gate.set()
+        await c.close()
+        await runner
+    assert calls == [3, 1, 1, 1]

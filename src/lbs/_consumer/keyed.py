@@ -167,8 +167,8 @@ class KeyedRunner:
             return  # disowned: the heartbeat let it go
         batch = hold.batch
         assert batch is not None
-        if exc is not None and s.stopping.is_set():
-            # Cut short by close(): let the key go where it is, no failure counted.
+        if isinstance(exc, asyncio.CancelledError) and s.stopping.is_set():
+            # Cut short by close() or a signal: let the key go where it is, no failure counted.
             self._step(hold, "", "yield")
         elif exc is not None:
             s.stats.handler_failures += 1
@@ -193,7 +193,7 @@ class KeyedRunner:
         doubling per failure up to ``retry_delay_max``, jittered in [d/2, d]); commit-1.lua counts
         the failure and dead-letters a message that reached the limit instead."""
         cfg = self.state.config
-        delay = min(cfg.retry_delay * 2 ** (hold.fails + hold.unblamed), cfg.retry_delay_max)
+        delay = min(cfg.retry_delay * 2 ** min(hold.fails + hold.unblamed, 40), cfg.retry_delay_max)
         ms = round(delay * random.uniform(0.5, 1.0) * 1000)
         mode = scripts.fail_mode(ms, len(batch.messages) == 1, batch.messages[-1].id, self.batch)
         self._step(hold, "", mode, reason=reason[:1000], trace=trace)

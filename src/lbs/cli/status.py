@@ -266,9 +266,12 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
         keys.add_column("backlog", justify="right")
         keys.add_column("position", no_wrap=True)
         keys.add_column("tries", justify="right")
+        keys.add_column("failures", justify="right")
         for k in st.keys[:max_rows]:
             keys.add_row(k.key, k.consumer, f"{k.backlog:,}", k.position or "-",
-                         f"{k.tries}" if k.holder else "not fetched")
+                         f"{k.tries}" if k.holder else "not fetched",
+                         f"{k.failures}{' (one at a time)' if k.isolating else ''}" if k.failures or k.isolating
+                         else "-")
         shown_backlog = sum(k.backlog for k in st.keys)
         keys.caption = (f"{len(st.keys):,} held keys, {shown_backlog:,} messages waiting in them"
                         + (f"; {len(st.keys) - max_rows} more not shown (--json lists them)"
