@@ -25,6 +25,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from _lbscore import EntryParser
+from _lbscore import encode_input as _core_encode
 
 from . import _keys
 from ._keys import shard_of, shard_services
@@ -91,17 +92,17 @@ class Publisher:
         met NOSCRIPT or, on a cluster, a redirect ran nowhere and is.
         """
         per_shard: dict[int, list[tuple[int, str, list[Any]]]] = {}
-        registrations: dict[str, str] = {}
+        first: dict[str, int] = {}  # each key's first message
         n = 0
         for n, item in enumerate(messages, 1):
             key, fields = _check(item, n - 1)
-            if key not in registrations:
-                registrations[key] = self._registration(key, n - 1)
+            first.setdefault(key, n - 1)
             shard = shard_of(key, self.shards) if self.shards > 1 else 0
             per_shard.setdefault(shard, []).append((n - 1, key, fields))
         ids: list[str] = [""] * n
         if not n:
             return ids
+        registrations = self._registrations(first)
         calls = []
         for shard, items in per_shard.items():
             seen: set[str] = set()
@@ -120,17 +121,26 @@ class Publisher:
                 ids[k] = message_id.decode() if isinstance(message_id, bytes) else str(message_id)
         return ids
 
-    def _registration(self, key: str, k: int) -> str:
-        """The lbs-input value registering ``key``, or InvalidInputError for one a consumer would dead-letter."""
-        try:
-            payload = encode_input(key, {})
-        except InvalidInputError as exc:
-            raise InvalidInputError(f"message {k}: {exc}") from None
-        (entry,) = self._judge.parse_entries([[b"", [_keys.INPUT_FIELD.encode(), payload]]])
-        if entry.error is not None:
-            raise InvalidInputError(f"message {k}: key {key!r:.100}: its registration {entry.error}; "
-                                    "a consumer would dead-letter it")
-        return payload.decode()
+    def _registrations(self, first: dict[str, int]) -> dict[str, str]:
+        """The lbs-input value registering each key (``first``: the key's first message), or
+        InvalidInputError for one a consumer would dead-letter, judged by the consumers' parser."""
+        payloads: dict[str, bytes] = {}
+        for key, k in first.items():
+            try:
+                payloads[key] = _core_encode(key, {})
+            except (InvalidInputError, UnicodeEncodeError):
+                try:
+                    encode_input(key, {})  # raises, with the reason
+                except InvalidInputError as exc:
+                    raise InvalidInputError(f"message {k}: {exc}") from None
+                raise
+        field = _keys.INPUT_FIELD.encode()
+        judged = self._judge.parse_entries([[b"", [field, p]] for p in payloads.values()])
+        for (key, payload), entry in zip(payloads.items(), judged):
+            if entry.error is not None:
+                raise InvalidInputError(f"message {first[key]}: key {key!r:.100}: its registration {entry.error}; "
+                                        "a consumer would dead-letter it")
+        return {key: payload.decode() for key, payload in payloads.items()}
 
     async def _call(self, service: str, batch: list[tuple[str, str, list[Any]]]) -> Any:
         stream = _keys.input_stream(service)

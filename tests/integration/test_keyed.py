@@ -434,14 +434,15 @@ async def test_a_key_published_in_the_millisecond_its_stream_was_deleted_starts_
     """publish-1 starts a new data stream above the id floor commit-1 leaves (here set far ahead, as a
     let-go in the same millisecond or a clock step back would)."""
     floor_key = _keys.key_prefix(service) + "idfloor"
-    ahead = (int(time.time() * 1000) + 3_600_000, 7)
-    await rr.set(floor_key, f"{ahead[0]}-{ahead[1]}")
+    ahead = int(time.time() * 1000) + 3_600_000
+    await rr.zadd(floor_key, {"ms": ahead})
     async with lbs.Publisher(url, service) as pub:
         first, second = await pub.publish_many([("t", {"n": 0}), ("t", {"n": 1})])
         other = await pub.publish("u", {"n": 0})
-    assert _id(first) == (ahead[0], 8) and _id(second) == (ahead[0], 9) and _id(other) == (ahead[0], 8)
-    await rr.set(floor_key, "garbage")
-    with pytest.raises(lbs.RedisOperationError, match="idfloor holds garbage"):
+    assert (_id(first), _id(second), _id(other)) == ((ahead + 1, 0), (ahead + 1, 1), (ahead + 1, 0))
+    await rr.delete(floor_key)
+    await rr.rpush(floor_key, "garbage")
+    with pytest.raises(lbs.RedisOperationError, match="idfloor holds a list, not a sorted set"):
         async with lbs.Publisher(url, service) as pub:
             await pub.publish("new-key", {"n": 0})
     assert await rr.exists(_keys.keyed_stream(service, "new-key")) == 0  # refused before any write

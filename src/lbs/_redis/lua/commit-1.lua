@@ -73,10 +73,12 @@
   the ACL lets us XADD to (else code 7: nothing written for the key, which
   stays ours); each position is an entry id not below the committed one and
   each mode known (else "ERR lbs commit-1: ...", nothing written at all);
-  "<prefix>idfloor", and the parking keys when a step parks, are of their
-  type (else "LBSKEY <key> holds a <type>, not a <type>", nothing written at
-  all). A data stream of another type is found by the key's first read,
-  before its first write: code 2, nothing written for it.
+  the parking keys, when a step parks, are of their type (else "LBSKEY <key>
+  holds a <type>, not a <type>", nothing written at all). A data stream of
+  another type is found by the key's first read, before its first write:
+  code 2, nothing written for it. A "<prefix>idfloor" of another type is
+  left alone (publish-1.lua refuses to start a data stream until it is
+  fixed, so no id can repeat meanwhile).
 
   A dead letter is the message's fields plus <prefix>reason,
   <prefix>failed_id (the message id), <prefix>key, <prefix>retry_count
@@ -86,8 +88,10 @@
   "go", "last" or "skip" (this hold is the first try there) and 0 when the
   key is registered again. Trimming is exact (XTRIM MINID): every message
   up to the position is deleted. A drained key's data stream is deleted;
-  its last id is kept in "<prefix>idfloor" when higher (publish-1.lua
-  starts a new data stream above it, so a key's ids only grow).
+  the milliseconds of its last id (the position) go into the sorted set
+  "<prefix>idfloor" (member "ms", ZADD GT: the highest so far), and
+  publish-1.lua starts a new data stream after that millisecond, so a key's
+  ids only grow.
 
   Output: one reply per key, in order:
     {1, fails, unblamed, until}            still ours: messages remain
@@ -128,7 +132,7 @@ if #ARGV >= 17 then
                  {'HSET', state, 'pos', 'v'}, {'XTRIM', data, 'MINID', '0'}, {'HDEL', state, 'holder'},
                  {'XADD', KEYS[1], '*', 'f', 'v'}, {'XADD', prefix .. 'delayed', '*', 'f', 'v'},
                  {'ZADD', prefix .. 'due', '0', 'm'}, {'TYPE', prefix .. 'due'}, {'TIME'},
-                 {'TYPE', floor_key}, {'GET', floor_key}, {'SET', floor_key, '0-1'}}
+                 {'ZADD', floor_key, 'GT', '0', 'ms'}}
   if dlq ~= '' then calls[#calls + 1] = {'XADD', dlq, '*', 'f', 'v'} end
   if xackdel then
     calls[#calls + 1] = {'XACKDEL', KEYS[1], group, 'IDS', '1', '0-1'}
@@ -160,12 +164,7 @@ local parking_checked = false
 local streams_checked = {}
 local NONE = {}
 local last = #ARGV
-if last >= 9 then
-  local t = redis.call('TYPE', floor_key)['ok']
-  if t ~= 'none' and t ~= 'string' then
-    return redis.error_reply('LBSKEY ' .. floor_key .. ' holds a ' .. t .. ', not a string')
-  end
-end
+
 local at, i = 9, 0
 while at <= last do
   i = i + 1
@@ -264,12 +263,9 @@ end
 -- entries of the keys released or yielded are acknowledged and deleted
 -- together at the end (one XACKDEL per 500).
 local finished = {}
--- Whether this call drains a key, and the highest position of those at or above now ("": none).
-local drained, highest = false, ''
-local byte, sub = string.byte, string.sub
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local now13 = string.format('%013d', now_ms)
+-- The highest milliseconds of the positions of the keys this call drains (-1: none).
+local highest = -1
+local find, sub = string.find, string.sub
 
 local function after_pos(data, pos, count)
   return redis.pcall('XRANGE', data, pos == '' and '-' or '(' .. pos, '+', 'COUNT', count)
@@ -290,13 +286,10 @@ end
 
 -- Drained: nothing of the key is left.
 local function release(i, position, data, state, entry)
-  -- The data stream's last id is at most the position, below now unless the clock went back since
-  -- (or the id was above now: see publish-1.lua); the floor is set to now at the end, so only a
-  -- position at or above now (13 digits of ms, then "-") is looked at.
-  drained = true
-  if position ~= '' and (byte(position, 14) ~= 45 or sub(position, 1, 13) >= now13)
-      and (highest == '' or below(highest, position)) then
-    highest = position
+  -- Every message up to the position is trimmed: the position is the data stream's last id.
+  if position ~= '' then
+    local ms = tonumber(sub(position, 1, find(position, '-', 1, true) - 1))
+    if ms > highest then highest = ms end
   end
   redis.call('DEL', locks[i], state, data)
   finished[#finished + 1] = entry
@@ -422,13 +415,8 @@ for k = 1, i do
   end
 end
 
--- One floor for the whole call, above the last id of every data stream it deleted: now, or the
--- highest position at or above now.
-if drained then
-  if highest == '' or below(highest, now13 .. '-0') then highest = string.format('%d-0', now_ms) end
-  local floor = redis.call('GET', floor_key)
-  if not floor or not split(floor) or below(floor, highest) then redis.call('SET', floor_key, highest) end
-end
+-- One floor for the whole call (pcall: a floor of another type is left alone, see above).
+if highest >= 0 then redis.pcall('ZADD', floor_key, 'GT', highest, 'ms') end
 
 -- pcall: a group or LBS gone meanwhile leaves nothing to acknowledge.
 for from = 1, #finished, 500 do

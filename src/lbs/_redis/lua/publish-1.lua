@@ -31,18 +31,20 @@
   Message ids of a key only grow, across let-go: commit-1.lua deletes a
   drained key's data stream, and a stream created again would start at
   "<now ms>-0", the same id as (or below) the last one of the stream it
-  replaces when both fall in one millisecond. So commit-1.lua keeps the
-  highest id of every data stream it deleted in "<prefix>idfloor" (a
-  string), and the first message of a data stream this call creates gets
-  the explicit id max("<now ms>-0", floor + 1) (server time, TIME); later
-  messages of the stream are "*" (Redis makes them larger).
+  replaces when both fall in one millisecond (or below it, after the
+  server's clock went back). So commit-1.lua keeps the highest millisecond
+  of the last ids of the data streams it deleted in the sorted set
+  "<prefix>idfloor" (member "ms"), and the first message of a data stream
+  this call creates gets the explicit id "<max(now ms, floor + 1)>-0"
+  (server time, TIME); later messages of the stream are "*" (Redis makes
+  them larger).
 
   Preconditions, checked before the first write; a violation writes nothing
   and returns "LBSKEY <key name> <what is wrong>":
     * KEYS[1] does not exist or is a stream;
     * each data stream does not exist or is a stream, each state a hash;
     * when a data stream is created, "<prefix>idfloor" does not exist or
-      is a string holding an entry id.
+      is a sorted set.
   Malformed ARGV gives "ERR lbs publish-1: ..." (nothing written).
 
   Output: {ids, registered}
@@ -78,7 +80,7 @@ do
   local err = refused_by_acl('publish-1', {
     {'TYPE', KEYS[1]}, {'TYPE', data}, {'TYPE', state}, {'XADD', data, '*', 'f', 'v'}, {'HGET', state, 'reg'},
     {'XRANGE', KEYS[1], '-', '+'}, {'XRANGE', prefix .. 'delayed', '-', '+'},
-    {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}, {'GET', prefix .. 'idfloor'}, {'TIME'}})
+    {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}, {'ZSCORE', prefix .. 'idfloor', 'ms'}, {'TIME'}})
   if err then return err end
 end
 local t = kind(KEYS[1])
@@ -119,22 +121,15 @@ local first
 if next(created) then
   local floor = prefix .. 'idfloor'
   t = kind(floor)
-  local fms, fseq = 0, -1
-  if t == 'string' then
-    local f = redis.call('GET', floor)
-    fms, fseq = string.match(f, '^(%d+)%-(%d+)$')
-    if not fms then return refuse(floor, 'holds ' .. f .. ', not an entry id') end
-    fms, fseq = tonumber(fms), tonumber(fseq)
+  local after = -1
+  if t == 'zset' then
+    after = tonumber(redis.call('ZSCORE', floor, 'ms')) or -1
   elseif t ~= 'none' then
-    return refuse(floor, 'holds a ' .. t .. ', not a string')
+    return refuse(floor, 'holds a ' .. t .. ', not a sorted set')
   end
   local now = redis.call('TIME')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  if ms > fms then
-    first = string.format('%d-0', ms)
-  else
-    first = string.format('%d-%d', fms, fseq + 1)
-  end
+  first = string.format('%d-0', math.max(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000),
+                                         after + 1))
 end
 
 -- Writes.
