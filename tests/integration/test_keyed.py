@@ -394,6 +394,16 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
 # -- the promises users rely on: ids that only grow, effects once, poison costs one message ---------
 
 
+async def drained(c: lbs.Client, handle: lbs.KeyedHandler, *, batch: int, keys: int = 1) -> None:
+    """``c.run_keyed(handle)`` until ``keys`` keys were drained and let go, then closed."""
+    runner = asyncio.create_task(c.run_keyed(handle, batch=batch))
+    try:
+        await c.wait_finished(keys, timeout=30)
+    finally:
+        await c.close()
+        await runner
+
+
 def _id(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq)
@@ -472,12 +482,7 @@ async def test_a_poison_message_costs_one_message_and_exactly_the_documented_hol
 
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([("t", {"n": i}) for i in range(15)])
-    runner = asyncio.create_task(c.run_keyed(handle, batch=10))
-    try:
-        await c.wait_finished(1, timeout=30)
-    finally:
-        await c.close()
-        await runner
+    await drained(c, handle, batch=10)
     alone = [[n] for n in range(10) if n != poison]
     assert failing == 4
     assert calls == [list(range(10)), *alone[:poison], [poison], [poison], [poison], *alone[poison:], [10, 11, 12, 13, 14]]
@@ -506,12 +511,7 @@ async def test_an_effect_that_cannot_be_written_fails_its_batch_instead_of_commi
 
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([("t", {"n": i}) for i in range(5)])
-    runner = asyncio.create_task(c.run_keyed(handle, batch=10))
-    try:
-        await c.wait_finished(1, timeout=30)
-    finally:
-        await c.close()
-        await runner
+    await drained(c, handle, batch=10)
     assert [int(f[b"n"]) for _, f in await rr.xrange(out)] == [0, 1, 3, 4]
     assert await rr.lrange(bad, 0, -1) == [b"not a stream"]
     (letter,) = await rr.xrange(_keys.dead_letter_stream(service))
@@ -606,13 +606,7 @@ async def test_a_handler_cut_short_by_close_counts_no_failure(url: str, service:
     async def handle(batch: lbs.KeyedBatch) -> None:
         seen.append((batch.retry_count, [int(m.fields["n"]) for m in batch.messages]))
 
-    second = keyed_client(url, service, "c2")
-    runner = asyncio.create_task(second.run_keyed(handle, batch=10))
-    try:
-        await second.wait_finished(1, timeout=30)
-    finally:
-        await second.close()
-        await runner
+    await drained(keyed_client(url, service, "c2"), handle, batch=10)
     assert seen == [(0, [0, 1, 2, 3, 4])]
 
 
