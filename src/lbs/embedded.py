@@ -344,9 +344,11 @@ class RedisServer:
             pass
         return " | ".join(text.strip().splitlines()[-lines:]) or "(no log output)"
 
-    def restart(self, *, save: bool = True) -> RedisServer:
+    def restart(self, *, save: bool = True, wait: bool = True) -> RedisServer:
         """Shut the server down (saving its data to its RDB file unless ``save``
-        is False) and start it again on the same port and directory."""
+        is False) and start it again on the same port and directory; with
+        ``wait`` False, return as soon as the new process runs (it may still
+        be loading its data, answering ``LOADING``)."""
         proc = self.process
         if proc is None:
             raise ServerStartError("restart() needs a running server")
@@ -359,7 +361,8 @@ class RedisServer:
         if proc.stderr is not None:
             proc.stderr.close()
         self._spawn()
-        self._wait_ready()
+        if wait:
+            self._wait_ready()
         return self
 
     def kill(self) -> None:

@@ -47,8 +47,10 @@ from typing import Any
 
 from _lbscore import Held
 
+from .._redis.connection import topology_error
 from ..exceptions import RedisOperationError
 from ..notifications import Notification
+from .backoff import Backoff
 from .finisher import Finisher
 from .requeue import Requeue
 from .state import ConsumerState
@@ -188,10 +190,24 @@ class Runner:
         hand_back.add_done_callback(s.handlers.discard)
 
     async def _hand_back(self, h: Held, reason: str) -> None:
-        try:
-            await self.requeue.hand_back([h], count_retry=True, reason=reason, delay=None)
-        except RedisOperationError as err:
-            self.state.log.error("hand-back of %s failed (%s); its lock will expire", h.stream, err)
+        """Hand a failed stream back; a failure that means "not now" (a dropped connection, a
+        restarting or loading Redis, a moved slot) is tried again with a back-off for as long as
+        the stream's lock lasts (requeue-5.lua checks the lock: a call that ran twice hands back
+        once). After that the lock has expired and recovery brings the stream back."""
+        s = self.state
+        backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)
+        until = time.monotonic() + s.config.lock_ttl
+        while True:
+            try:
+                await self.requeue.hand_back([h], count_retry=True, reason=reason, delay=None)
+                return
+            except RedisOperationError as err:
+                wait = backoff.next()
+                if not topology_error(err) or s.stopping.is_set() or time.monotonic() + wait > until:
+                    s.log.error("hand-back of %s failed (%s); its lock will expire", h.stream, err)
+                    return
+                s.log.warning("hand-back of %s failed (%s); trying again in %.2fs", h.stream, err, wait)
+                await asyncio.sleep(wait)
 
 
 _clock = time.perf_counter

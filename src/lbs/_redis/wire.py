@@ -24,16 +24,22 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import BusyLoadingError, NoScriptError, RedisError, ResponseError
 
 from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
 
 __all__ = ["Wire", "fields_text", "first_error", "text"]
 
+#: The first pause before a batch that met LOADING is sent again (seconds; doubling up to 1).
+LOADING_PAUSE = 0.05
 
-def _reply_error(message: str) -> ResponseError:
+
+def _reply_error(message: str) -> RedisError:
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
+    if message.startswith("LOADING"):
+        # Redis is loading its data set (it just restarted): like a refused connection, "not yet".
+        return BusyLoadingError(message)
     return ResponseError(message)
 
 
@@ -76,7 +82,11 @@ class Wire:
     ``scripts`` are the Lua sources a batch may call by SHA: after a
     NOSCRIPT (a restart, a failover) they are loaded and the batch is sent
     again, which is safe because a batch that got NOSCRIPT for every command
-    ran none of them.
+    ran none of them. A batch that got LOADING for every command (a restarted
+    Redis loading its data set) ran none of them either: it is sent again,
+    with a doubling pause up to a second, until Redis has loaded. A LOADING
+    reply among others is a ``redis.exceptions.BusyLoadingError``, a
+    ``ConnectionError`` for the callers' retry loops.
     """
 
     def __init__(self, redis: aioredis.Redis, scripts: Sequence[str] = (), *, hold: bool = True) -> None:
@@ -128,6 +138,11 @@ class Wire:
                     if not retry_safe:
                         raise
                     replies = await self._stream(count, build, parser)  # on a fresh connection
+                pause = LOADING_PAUSE
+                while replies and all(isinstance(r, BusyLoadingError) for r in replies):
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, 1.0)
+                    replies = await self._stream(count, build, parser)
                 if replies and all(isinstance(r, NoScriptError) for r in replies):
                     await self.load_scripts()
                     replies = await self._stream(count, build, parser)
