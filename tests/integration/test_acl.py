@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -12,12 +15,16 @@ from _helpers import eventually, take
 
 import lbs
 from lbs import _keys
+from lbs.status import collect_status
 
 #: The documented list (docs/operations.md, Minimal ACL): every command lbs sends, scripts' inner commands included.
 COMMANDS = ("+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xread +xadd +xack +xackdel "
             "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
             "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
-            "+hello +ping +psubscribe +punsubscribe")
+            "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups")
+
+#: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).
+OPERATOR = " +xinfo|consumers +zcard +watch +unwatch +eval"
 
 
 def _acl(service: str, user: str, password: str, commands: str) -> list[str]:
@@ -167,6 +174,100 @@ async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
         await runner
         assert await r.xrange(_keys.keyed_stream(service, "t")) == before  # no message trimmed or lost
         assert await r.xlen(lbs.dead_letter_stream(service)) == 0
+    finally:
+        await c.close()
+        await r.execute_command("ACL", "DELUSER", user)
+
+
+class _Gauges:
+    """The gauges a client records (hook lbs_metric)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    @lbs.hookimpl
+    def lbs_metric(self, name: str, value: float, labels: Any) -> None:
+        self.values[name] = value
+
+
+async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
+        redis_server: Any, service: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """As a user with exactly the documented rules (worker, keyed and operator lists): a consumer's
+    gauges are sampled, run() and run_keyed() dead-letter a failure each, and status, the
+    dead-letter tools (a keyed letter's replay included) and the lbs command all work."""
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex" + KEYED + OPERATOR))
+    url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
+    gauges = _Gauges()
+    cfg = lbs.Config(read_block=0.1, configure_keyspace_events=False, max_retries=0, retry_delay=0,
+                     metrics_interval=0.05)
+    try:
+        async with lbs.Producer(url, service) as producer:
+            await producer.add_streams(["ok", "bad"])
+
+        async def handle(note: lbs.Notification) -> None:
+            if note.stream == "bad":
+                raise ValueError("bad")
+
+        async def keyed(batch: lbs.KeyedBatch) -> None:
+            raise ValueError("poison")
+
+        c = lbs.Client(url, service, consumer_id="c", config=cfg, plugins=[gauges], load_entrypoint_plugins=False)
+        runner = asyncio.create_task(c.run(handle))
+
+        async def sampled() -> bool:
+            return gauges.values.get("dead_letter_depth") == 1 and "backlog_depth" in gauges.values
+
+        await eventually(sampled, timeout=20)
+        await c.close()
+        await runner
+        async with lbs.Publisher(url, service) as pub:  # after run(): its handler would take the key too
+            await pub.publish("key", {"n": "poison"})
+        k = lbs.Client(url, service, consumer_id="k", config=cfg, load_entrypoint_plugins=False)
+        runner = asyncio.create_task(k.run_keyed(keyed))
+        await k.wait_finished(1, timeout=20)
+        await k.close()
+        await runner
+        assert not [rec for rec in caplog.records if "ACL denies" in rec.getMessage()]
+        st = await collect_status(url, service)
+        assert st.dead_letters == 2
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LBS_")}
+        for args in (["status", service, "--url", url, "--json"],
+                     ["dlq", "list", service, "--url", url]):
+            done = subprocess.run([sys.executable, "-m", "lbs", *args], capture_output=True, text=True, env=env,
+                                  timeout=120)
+            assert done.returncode == 0, done.stderr
+        async with lbs.DeadLetters(url, service) as dlq:
+            assert await dlq.count() == 2
+            replays = await dlq.replay(all=True)
+            assert sorted(x.stream for x in replays) == ["bad", "key"] and {x.outcome for x in replays} == {"replayed"}
+            assert await dlq.purge(all=True) == 0
+    finally:
+        await r.execute_command("ACL", "DELUSER", user)
+
+
+async def test_a_denied_gauge_sample_says_once_which_rule_is_missing(
+        redis_server: Any, service: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS.replace(" +xlen", "")))
+    url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
+    c = lbs.Client(url, service, consumer_id="c", load_entrypoint_plugins=False,
+                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, metrics_interval=0.02))
+
+    def denials() -> list[str]:
+        return [rec.getMessage() for rec in caplog.records
+                if rec.levelname == "WARNING" and "ACL denies" in rec.getMessage()]
+
+    try:
+        await c.start()
+
+        async def warned() -> bool:
+            return bool(denials())
+
+        await eventually(warned, timeout=20)
+        await asyncio.sleep(0.2)  # ten more samples, all denied: still one warning
+        (warning,) = denials()
+        assert "sampling the queue lengths" in warning and "add +xlen to the user's rules" in warning
     finally:
         await c.close()
         await r.execute_command("ACL", "DELUSER", user)

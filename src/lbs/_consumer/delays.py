@@ -114,7 +114,7 @@ class Delays:
                         s.log.error("cannot bring delayed retries back: %s; they stay parked",
                                     message.removeprefix("LBSKEY "))
                     self._refused = message
-                else:
+                elif not s.denied(exc, "bringing delayed retries back"):
                     s.log.debug("promoting delayed retries failed: %s", exc)
             self._next_poll = min(self._next_poll, loop.time() + wait)
             while (left := self._next_poll - loop.time()) > 0:

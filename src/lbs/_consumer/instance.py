@@ -85,4 +85,5 @@ class Instance:
             if isinstance(reply, Exception):
                 raise reply
         except RedisError as exc:
-            s.log.debug("could not delete the instance marker %s (%s); it expires", key, exc)
+            if not s.denied(exc, f"deleting the instance marker {key}"):
+                s.log.debug("could not delete the instance marker %s (%s); it expires", key, exc)

@@ -12,7 +12,8 @@ count it (deleted entries after the group's last-delivered id; lbs deletes
 every finished entry) and older servers do not report it; then it is
 ``XLEN - pending``, exact for an LBS, whose delivered entries stay in the
 stream only while they are pending. A failed sample is logged at debug and
-tried again at the next interval: gauges are never worth stopping for.
+tried again at the next interval: gauges are never worth stopping for; one the
+ACL denies is logged once at WARNING, with the rule that would allow it.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class Observer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            s.log.debug("sampling the queue lengths failed (%s: %s); trying again in %.1fs",
-                        type(exc).__name__, exc, s.config.metrics_interval)
+            if not s.denied(exc, "sampling the queue lengths (backlog, pending, dead-letter gauges)"):
+                s.log.debug("sampling the queue lengths failed (%s: %s); trying again in %.1fs",
+                            type(exc).__name__, exc, s.config.metrics_interval)
             return False
         hooks = s.hooks
         hooks.metric("backlog_depth", backlog)

@@ -98,7 +98,8 @@ class Recovery:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.state.log.debug("deadline poll failed: %s", exc)
+                if not self.state.denied(exc, "polling the consumer deadlines"):
+                    self.state.log.debug("deadline poll failed: %s", exc)
 
     async def poll_deadlines(self, path: str = "deadline") -> int:
         """One poll of the deadline index; returns how many entries it re-queued.

@@ -23,6 +23,7 @@ from _lbscore import EntryParser, Held, HeldTable
 
 from .. import _keys
 from .._redis import scripts
+from .._redis.acl import denied_rule
 from .._redis.wire import Wire
 from ..config import Config
 from ..exceptions import ConfigurationError, NotHeldError
@@ -318,6 +319,20 @@ class ConsumerState:
         #: Under run(): its concurrency (0: not running), and its running handler tasks.
         self.run_limit = 0
         self.handlers: set[asyncio.Task[Any]] = set()
+        #: The ACL rules found missing so far (each logged once).
+        self._denied: set[str] = set()
+
+    def denied(self, exc: BaseException, doing: str) -> bool:
+        """Whether ``exc`` is an ACL denial; if so it is logged at WARNING, once per missing rule, with
+        the rule that would allow it (so a background task that keeps failing on it says why once)."""
+        rule = denied_rule(exc)
+        if rule is None:
+            return False
+        if rule not in self._denied:
+            self._denied.add(rule)
+            self.log.warning("%s: the ACL denies it (%s); add %s to the user's rules (see the Minimal ACL "
+                             "section of docs/operations.md)", doing, exc, rule)
+        return True
 
     def count_finished(self) -> None:
         """One stream finished (done, or found lost), by the finisher or a keyed holder letting it go."""

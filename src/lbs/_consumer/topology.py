@@ -75,7 +75,8 @@ class Topology:
         try:
             n, last, more = await skipped_entries(s.link.redis, s.names.stream_key, s.names.group)
         except RedisError as exc:  # advisory: never what stops a start
-            s.log.debug("cannot count the entries the group skips: %s", exc)
+            if not s.denied(exc, "counting the entries the group skips"):
+                s.log.debug("cannot count the entries the group skips: %s", exc)
             return
         if n:
             s.log.warning(
