@@ -61,6 +61,7 @@ class Topology:
                 await self._route(refresh=attempt > 0)
                 await self.ensure_group()
                 await self._read_server()
+                await self.check_eviction()
                 return
             except RedisError as exc:
                 if self.cluster is None or not topology_error(exc) or attempt == 4:
@@ -136,6 +137,26 @@ class Topology:
         server.version = parse_version(info.get("redis_version", "0"))
         before, server.run_id = server.run_id, str(info.get("run_id", ""))
         return before
+
+    async def check_eviction(self) -> None:
+        """Warn when the server's ``maxmemory-policy`` may evict lbs's own keys (read from ``INFO memory``,
+        which managed services leave open where they block ``CONFIG``)."""
+        s = self.state
+        try:
+            info = await s.link.redis.info("memory")
+        except RedisError as exc:  # advisory: never what stops a start
+            if not s.denied(exc, "reading the server's maxmemory-policy"):
+                s.log.debug("cannot read the server's maxmemory-policy: %s", exc)
+            return
+        policy = text(info.get("maxmemory_policy", ""))
+        if policy.startswith("allkeys-"):
+            s.log.warning("the server's maxmemory-policy is %s: when memory is full Redis may evict the LBS "
+                          "itself (registered work is lost), the dead-letter stream, the deadline index or the "
+                          "fencing counter. Give lbs a Redis of its own with maxmemory-policy noeviction (see "
+                          "'Persistence and eviction' in docs/operations.md)", policy)
+        elif policy.startswith("volatile-"):
+            s.log.info("the server's maxmemory-policy is %s: when memory is full Redis may evict live locks "
+                       "(their streams are re-queued, nothing is lost); noeviction is the safe policy", policy)
 
     async def check_server(self) -> bool:
         """Notice a server restart (its run id changed) and re-apply what it forgot; whether it restarted."""
