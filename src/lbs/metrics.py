@@ -114,6 +114,8 @@ METRICS: Final[Mapping[str, Metric]] = _table(
            "Reads of new work that failed (each is retried with back-off until Config.read_max_retries)."),
     Metric("heartbeat_failures_total", "counter",
            "Heartbeat ticks that failed (the next is tried soon, before the locks can expire)."),
+    Metric("lease_expired_total", "counter",
+           "Streams disowned locally because no heartbeat confirmed their locks for a lock TTL (a partition)."),
     Metric("duplicate_consumer_total", "counter",
            "Heartbeat ticks that found another live process running with this consumer id."),
     Metric("held_overdue", "gauge",

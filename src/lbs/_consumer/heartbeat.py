@@ -30,7 +30,7 @@ from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.wire import first_error, text
-from .._waits import wait_set
+from .._waits import wait_set, within
 from ..config import GO_MIN_IDLE
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
@@ -51,6 +51,15 @@ class Heartbeat:
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
         self._overdue_next = 0.0  # when the tick looks for them again (monotonic)
         self._task: asyncio.Task[None] | None = None
+        #: The local lease: until when (monotonic) the locks are ours for sure, whatever the network
+        #: does: the send time of the last tick Redis answered (or of the start) plus the lock TTL,
+        #: less a margin. A lock Redis set then expires no earlier (it counts from when it ran).
+        self.lease_until = time.monotonic() + self._lease()
+        #: Streams disowned when the lease ran out, put back (no retry counted) by the next tick that
+        #: reaches Redis: their holder lives, so no deadline will send anyone for them soon.
+        self._orphans: list[Held] = []
+        #: Fires at ``lease_until`` whatever the ticks are doing (a cut-off round trip may take long to give up).
+        self._lease_timer: asyncio.TimerHandle | None = None
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -60,27 +69,69 @@ class Heartbeat:
         self._task = asyncio.create_task(self._loop(), name=f"lbs-heartbeat-{self.state.names.id}")
 
     async def stop(self) -> None:
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
         await cancel_and_wait([self._task])
+
+    def _renew(self, until: float) -> None:
+        """The locks are ours until ``until`` (monotonic): (re)arm the lease timer."""
+        self.lease_until = until
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+        loop = asyncio.get_running_loop()
+        # The loop's clock is time.monotonic() (asyncio's default); the timer fires at the lease's end.
+        self._lease_timer = loop.call_at(loop.time() + max(0.0, until - time.monotonic()), self._lease_expired)
+
+    def _lease(self) -> float:
+        """How long a confirmed lock is surely ours: the TTL less a margin for clock drift (5 %, at most 1 s)."""
+        ttl = self.state.config.lock_ttl
+        return ttl - min(0.05 * ttl, 1.0)
 
     async def _loop(self) -> None:
         s = self.state
         every = s.config.heartbeat_every
         wait = every
+        self._renew(time.monotonic() + self._lease())
         while not s.stopping.is_set():
             if await wait_set(s.stopping, wait):
                 return
+            sent = time.monotonic()
             try:
-                await self.tick()
+                # A round trip that does not answer in time is abandoned (its connection dropped): a tick
+                # waits at most an interval, and never past the lease.
+                limit = max(0.01, min(every, self.lease_until - sent)) if self.state.holdings.table else every
+                await within(self.tick(), limit)
+                self._renew(sent + self._lease())
                 wait = every
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if isinstance(exc, asyncio.TimeoutError):
+                    exc = RedisOperationError("heartbeat", TimeoutError(f"no answer within {limit:.2f}s"))
                 s.hooks.metric("heartbeat_failures_total", 1)
                 await self.topology.after_failure(exc)
                 # The Wire already tried a fresh connection; try again soon, well
                 # before the locks (extended at most a tick ago) can expire.
                 wait = every / 4
                 s.log.warning("heartbeat failed: %s; next try in %.2fs", exc, wait)
+
+    def _lease_expired(self) -> None:
+        """No tick confirmed the locks for a lock TTL (a partition, a stalled server): they may have
+        expired and another consumer may take the streams at any moment. Disown every held stream
+        here and now (handlers cancelled, STREAM_DISOWNED), before anyone else can start them."""
+        s = self.state
+        self._lease_timer = None
+        if s.stopping.is_set():
+            return  # close() hands the streams back
+        held = [h for h in s.holdings.table.values() if s.holdings.drop(h)]
+        if not held:
+            return
+        s.hooks.metric("lease_expired_total", len(held))
+        s.log.error("no heartbeat reached Redis for %.1fs (the lock TTL, less a margin): disowning the %d streams "
+                    "held, whose locks may be expiring", self._lease(), len(held))
+        for h in held:
+            self._disown(h, "lease expired: no heartbeat confirmed the lock for a lock TTL (cut off from Redis?)")
+        self._orphans += held
 
     async def tick(self) -> int:
         """Extend every held lock now, in one round trip; return how many were lost (``Client.heartbeat``)."""
@@ -136,16 +187,18 @@ class Heartbeat:
         if held:  # a tick holding nothing only kept the instance marker alive
             s.hooks.notify("lbs_locks_extended", extended=held - len(lost), lost=len(lost),
                            seconds=time.perf_counter() - started)
-        if lost:
+        orphans, self._orphans = self._orphans, []
+        if lost or orphans:
             # We live, so the consumer deadline index will not send anyone for
             # these: put back the ones whose lock is gone (not those someone
             # else holds) ourselves. The loss was not the stream's fault (a
-            # stall, an eviction): no retry is counted.
+            # stall, an eviction, a partition): no retry is counted.
             try:
-                await self.requeue.recover([h.entry_id for h in lost], "heartbeat",
+                await self.requeue.recover([h.entry_id for h in (*lost, *orphans)], "heartbeat",
                                            "lock lost while held (heartbeat missed)", count_retry=False)
             except RedisError as exc:
-                s.log.warning("re-queue of %d lost assignments failed (%s); the scan will", len(lost), exc)
+                s.log.warning("re-queue of %d lost assignments failed (%s); the scan will", len(lost) + len(orphans),
+                              exc)
         if cfg.hold_warning is not None:
             self._report_overdue(cfg.hold_warning)
         await self.requeue.retry_undead()
