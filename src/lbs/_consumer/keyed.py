@@ -103,6 +103,8 @@ class KeyedRunner:
         self._prefix = state.names.key_prefix
         self._lock_prefix = state.names.lock_key_prefix
         self._last = f"last:{batch}"
+        # On a cluster every effect's stream must hash to the LBS's slot (the script's): fixed per service.
+        self._slot = key_slot(state.names.stream_key.encode())
 
     # -- from the reader and the handlers ------------------------------------
 
@@ -147,7 +149,7 @@ class KeyedRunner:
             messages = messages[:1]
         batch = KeyedBatch(h.stream, h.token, h.entry_id, hold.fails + hold.unblamed, messages,
                            data_stream=self._prefix + "k:" + h.stream,
-                           slot=key_slot(s.names.stream_key.encode()) if s.link.node else None)
+                           slot=self._slot if s.link.node else None)
         hold.batch = batch
         task = start_task(self._loop, handler_coroutine(self.handler, batch), f"lbs-keyed-{h.stream}")
         if task.done():

@@ -313,9 +313,10 @@ local function commit(i)
   end
   local fail = fails_of[i]
   if #rest == 0 and not fail and mode ~= 'skip' then return release(i, position, data, state, entry) end
-  local s = {fails = tonumber(got[4]) or 0, unblamed = tonumber(got[5]) or 0,
-             untl = got[6] and split(got[6]) and got[6] or ''}
-  local fails, unblamed, untl = s.fails, s.unblamed, s.untl
+  -- The state as read, and as this step leaves it.
+  local was_fails, was_unblamed = tonumber(got[4]) or 0, tonumber(got[5]) or 0
+  local was_until = got[6] and split(got[6]) and got[6] or ''
+  local fails, unblamed, untl = was_fails, was_unblamed, was_until
   if moved then fails = 0 end
   -- What the key does next: "go", "last" (with count: read the next messages here), "yield", "park".
   local going, count = mode, lasts[i]
@@ -362,17 +363,17 @@ local function commit(i)
   local del = {}
   if fails ~= 0 then
     set[#set + 1], set[#set + 2] = 'fails', fails
-  elseif s.fails ~= 0 then
+  elseif was_fails ~= 0 then
     del[#del + 1] = 'fails'
   end
   if unblamed ~= 0 then
     set[#set + 1], set[#set + 2] = 'unblamed', unblamed
-  elseif s.unblamed ~= 0 then
+  elseif was_unblamed ~= 0 then
     del[#del + 1] = 'unblamed'
   end
   if untl ~= '' then
-    if untl ~= s.untl then set[#set + 1], set[#set + 2] = 'until', untl end
-  elseif s.untl ~= '' then
+    if untl ~= was_until then set[#set + 1], set[#set + 2] = 'until', untl end
+  elseif was_until ~= '' then
     del[#del + 1] = 'until'
   end
   if moved then
