@@ -9,7 +9,7 @@ again:
 * ``claim reader``: ``lbs-claim``'s XREADGROUP ... CLAIM (one read claims and
   locks the idle entries, with their delivery counts);
 * ``scan``: the default reader with the scan at start (XPENDING IDLE pages,
-  an EXISTS round trip per page, ``requeue-5.lua`` for the dead ones, which
+  an EXISTS round trip per page, ``requeue-6.lua`` for the dead ones, which
   the reader then reads as fresh entries).
 """
 

@@ -4,7 +4,7 @@
 checks every lock and re-queues the dead half.
 
 * ``lbs scan``: :meth:`lbs._consumer.recovery.Recovery.scan` (XPENDING pages by cursor,
-  one EXISTS round trip per page, one pipelined ``requeue-5.lua`` round trip
+  one EXISTS round trip per page, one pipelined ``requeue-6.lua`` round trip
   for the page's dead entries: atomic, exactly once under racing recoverers);
 * ``redis-py pipelines``: the RFC's steps per page with redis-py pipelines
   (XPENDING, EXISTS for the page, then XACK + XRANGE, XADD, XDEL for the dead

@@ -22,6 +22,10 @@ cdef class Held:
         readonly int64_t token
         public object task         # the run() handler's task, if any
         readonly double taken_at   # when it was taken (the client's monotonic clock, seconds)
+        # What its entry's pending delivery count tells recovery: MARK_HELD (0: merely held, queued
+        # for the application), MARK_WANTED (running, Redis not told yet), MARK_SENT (told, no answer
+        # yet), MARK_RUNNING (Redis has a count > 0: running).
+        unsigned char mark
         _HeldKeys _keys
 
 

@@ -12,6 +12,14 @@
 # times at once maps to a list.
 
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+
+# Held.mark: what the entry's pending delivery count says, and whether Redis must be told.
+# A dead holder's death counts a retry only against entries whose count is not 0 (requeue-6.lua).
+cdef enum:
+    MARK_HELD = 0      # count 0: queued for the application, not running
+    MARK_WANTED = 1    # the application took it: running, Redis not told yet
+    MARK_SENT = 2      # an extend-n call carrying its 'r' flag is on its way
+    MARK_RUNNING = 3   # count > 0: running (a handler's, or delivered so)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 
@@ -28,8 +36,10 @@ cdef class _HeldKeys:
 
 
 cdef inline Held _new_held(_HeldKeys keys, str entry_id, str stream, object info,
-                           int64_t retry_count, int64_t token, double taken_at=0.0):
+                           int64_t retry_count, int64_t token, double taken_at=0.0,
+                           unsigned char mark=MARK_RUNNING):
     cdef Held h = Held.__new__(Held)
+    h.mark = mark
     h.entry_id = entry_id
     h.stream = stream
     # An empty Info (most assignments) costs no dict until someone reads it.
@@ -67,7 +77,29 @@ cdef class Held:
         self.retry_count = retry_count
         self.token = token
         self.task = task
+        self.mark = MARK_RUNNING
         self._keys = _HeldKeys(value[len(head):], lock_key[:len(lock_key) - len(entry_id)])
+
+    @property
+    def running(self):
+        """Whether the application has it: recovery counts its holder's death as a failed attempt.
+
+        False only while it waits in the notification queue (read by a client
+        without ``run()``, not taken yet); :meth:`start` makes it True.
+        """
+        return self.mark != MARK_HELD
+
+    @property
+    def mark_pending(self):
+        """Whether Redis has yet to be told that it runs (the next ``extend-n.lua`` call carries it)."""
+        return self.mark == MARK_WANTED or self.mark == MARK_SENT
+
+    def start(self):
+        """The application took it: it runs from now on. True if Redis has to be told (it was merely held)."""
+        if self.mark != MARK_HELD:
+            return False
+        self.mark = MARK_WANTED
+        return True
 
     @property
     def info(self):
@@ -182,18 +214,21 @@ cdef class HeldTable:
         self._index(h)
         return 0
 
-    def take(self, Entry entry not None, int64_t token, int64_t retry_count, double taken_at):
+    def take(self, Entry entry not None, int64_t token, int64_t retry_count, double taken_at, bint queued=False):
         """Hold ``entry``: create its record, add it, and return it.
 
         ``entry`` is a well-formed :class:`Entry` (its id, stream and Info
         are the record's), ``token`` the lock's fencing token,
         ``retry_count`` the failed attempts so far and ``taken_at`` when it
-        was taken (a monotonic time).
+        was taken (a monotonic time). ``queued``: it waits for the
+        application and ``read-3.lua`` marked it merely held (a claimed entry
+        never is: it keeps its delivery count, so it counts as running).
         """
         cdef Held h
         if entry.error is not None or entry.stream is None:
             raise _data_error(f"entry {entry.id!r} cannot be held: {entry.error or 'it has no stream'}")
-        h = _new_held(self._keys, entry.id, entry.stream, entry.info, retry_count, token, taken_at)
+        h = _new_held(self._keys, entry.id, entry.stream, entry.info, retry_count, token, taken_at,
+                      MARK_HELD if queued and entry.delivery_count == 0 else MARK_RUNNING)
         self._add(h)
         return h
 
@@ -256,6 +291,17 @@ cdef class HeldTable:
             out.append(h)
         return out
 
+    @staticmethod
+    def settle_marks(list held not None):
+        """Redis answered the ``extend-n.lua`` calls that carried ``held``'s pending marks: those
+        records count as running from now on. (Unanswered, a mark stays pending: the next call
+        carries it again.)"""
+        cdef Held h
+        for v in held:
+            h = <Held?>v
+            if h.mark == MARK_SENT:
+                h.mark = MARK_RUNNING
+
     def streams(self):
         """How many distinct stream names are held."""
         return len(self._by_stream)
@@ -271,10 +317,13 @@ cdef class HeldTable:
         per-stream Python object. ``held`` is a snapshot (:meth:`values`),
         so the script's 1-based output positions map to ``held[start + p - 1]``.
 
-        With ``refresh_every`` > 1 one more ARGV follows: a flag per record
-        ("1"/"0"), set for the records whose token % refresh_every equals
-        ``phase``: only their pending idle time is refreshed this tick, so
-        each record's is refreshed every ``refresh_every`` ticks.
+        With ``refresh_every`` > 1, or when a record's mark is pending
+        (:meth:`Held.start`), one more ARGV follows: a flag per record, "r"
+        for a record whose mark is pending (its delivery count is set to 1,
+        running; it is sent again with every call until :meth:`settle_marks`),
+        else "1" for the records whose token % refresh_every equals ``phase``
+        (only their pending idle time is refreshed this tick, so each
+        record's is refreshed every ``refresh_every`` ticks) and "0".
 
         With ``go_sep`` (``Config.go_compatible``) the flags always follow
         ("" for all records when ``refresh_every`` is 1), then ``go_ttl_ms``,
@@ -293,8 +342,15 @@ cdef class HeldTable:
         if refresh_every < 1:
             raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
         cdef bint go = go_sep is not None
+        cdef bint marks = False
+        for i in range(start, stop):
+            h = <Held?>held[i]
+            if h.mark == MARK_WANTED or h.mark == MARK_SENT:
+                marks = True
+                break
+        cdef bint flags = refresh_every > 1 or marks
         evalsha_over_locks(buf, sha, head_keys, None, held, start, stop,
-                           len(head_args) + 2 * n + (refresh_every > 1 or go) + (n + 1 if go else 0))
+                           len(head_args) + 2 * n + (flags or go) + (n + 1 if go else 0))
         for a in head_args:
             pack_arg(buf, a)
         for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
@@ -305,11 +361,15 @@ cdef class HeldTable:
             h = <Held?>held[i]
             idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
             buf.write_bulk(idp, idn)
-        if refresh_every > 1:
+        if flags:
             buf.write_len_header(c'$', n)
             for i in range(start, stop):
                 h = <Held>held[i]
-                buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
+                if h.mark == MARK_WANTED or h.mark == MARK_SENT:
+                    h.mark = MARK_SENT
+                    buf.write_byte(c'r')
+                else:
+                    buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
             buf.write(b"\r\n", 2)
         elif go:
             buf.write_bulk(b"", 0)

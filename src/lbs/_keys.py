@@ -115,6 +115,18 @@ def due_key(service: str) -> str:
     return f"{hash_tag(service)}:due"
 
 
+def pardons_key(service: str) -> str:
+    """Deaths that were no one's fault: ``{<service>-input}:pardons``.
+
+    A sorted set of entry ids, scored by the server time (ms) they were added:
+    a holder that lost them while it lived (a partition, a stall past the lock
+    TTL) adds them once it reaches Redis again, and ``requeue-6.lua`` takes
+    back the retry another consumer's recovery counted for them. Trimmed to a
+    day and to 100,000 members by the holder that adds.
+    """
+    return f"{hash_tag(service)}:pardons"
+
+
 def instance_key(service: str, consumer_id: str) -> str:
     """The marker of the process running as ``consumer_id``: ``{<service>-input}:instance:<consumer id>``.
 

@@ -45,7 +45,7 @@ from ._waits import within
 from .config import Config
 from .keyed import KeyedHandler
 from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
-from .notifications import DoneStatus, Notification
+from .notifications import DoneStatus, Notification, NotificationType
 from .plugins import Hooks, MetricValues, make_plugin_manager, plugin_config_defaults
 from .strategy import ReadStrategy
 
@@ -120,6 +120,7 @@ class Client:
         self._requeue = Requeue(s)
         self._finisher = Finisher(s, self._topology)
         self._heartbeat = Heartbeat(s, self._finisher, self._requeue, self._topology)
+        self._marking: set[asyncio.Future[None]] = set()  # drain_notifications' marks, on their way
         self._reader = Reader(s, self._finisher, self._requeue, self._topology)
         self._keyed: KeyedRunner | None = None
         self._instance = Instance(s)
@@ -353,14 +354,18 @@ class Client:
             note = await mailbox.get()
             if note is None:
                 return
+            await self._hand_over([note])
             yield note
 
     async def next_notification(self, timeout: float | None = None) -> Notification | None:
         """The next notification, or None when closed (or after ``timeout`` seconds)."""
         try:
-            return await within(self._state.mailbox.get(), timeout)
+            note = await within(self._state.mailbox.get(), timeout)
         except asyncio.TimeoutError:
             return None
+        if note is not None:
+            await self._hand_over([note])
+        return note
 
     def drain_notifications(self, limit: int | None = None) -> list[Notification]:
         """The notifications already buffered (up to ``limit``), without waiting.
@@ -375,7 +380,29 @@ class Client:
             if note is None:
                 break
             out.append(note)
+        if started := self._taken(out):
+            # Not awaited (this call does not wait): Redis is told at once, in the background.
+            task = asyncio.ensure_future(self._heartbeat.mark_running(started))
+            self._marking.add(task)
+            task.add_done_callback(self._marking.discard)
         return out
+
+    def _taken(self, notes: list[Notification]) -> list[Held]:
+        """The application took ``notes`` out of the queue: their streams run from now on (a death of
+        this process counts against them, as a failed attempt). The records Redis has to be told of."""
+        table = self._state.holdings.table
+        out = []
+        for note in notes:
+            if note.type is NotificationType.STREAM_ADDED:
+                h = table.get(note.entry_id)
+                if h is not None and h.start():
+                    out.append(h)
+        return out
+
+    async def _hand_over(self, notes: list[Notification]) -> None:
+        """:meth:`_taken`, and Redis told before the application gets them."""
+        if started := self._taken(notes):
+            await self._heartbeat.mark_running(started)
 
     # ---------------------------------------------------------------- run ---
 

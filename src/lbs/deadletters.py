@@ -131,7 +131,7 @@ class DeadLetterBackend(Protocol):
 
 #: The fields (after ``Config.field_prefix``) a replay records on the fresh entry.
 REPLAY_FIELDS = ("replayed_from", "last_reason", "replay_count")
-#: The fields (after the prefix) requeue-5.lua (and commit-1.lua: "key") adds to a dead letter; a replay drops them.
+#: The fields (after the prefix) requeue-6.lua (and commit-1.lua: "key") adds to a dead letter; a replay drops them.
 _LETTER_FIELDS = ("reason", "consumer", "failed_id", "key", "traceback")
 _STREAM_ID = re.compile(r"[0-9]+-[0-9]+\Z")
 #: Letters read per page when a filter (a reason, all) walks the stream.
@@ -420,7 +420,7 @@ class DeadLetters:
     def _fresh(self, letter_id: str, fields: Mapping[Any, Any], letter: DeadLetter) -> dict[Any, Any]:
         """The fresh LBS entry a letter comes back as (see the module docstring)."""
         p = self.prefix
-        managed = {p + n for n in (*_LETTER_FIELDS, *REPLAY_FIELDS, "retry_count", "original_id")}
+        managed = {p + n for n in (*_LETTER_FIELDS, *REPLAY_FIELDS, "retry_count", "original_id", "deaths")}
         entry = {k: v for k, v in fields.items() if _text(k) not in managed}
         original = letter.fields.get(p + "original_id") or letter.failed_id
         try:

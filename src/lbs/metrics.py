@@ -116,6 +116,9 @@ METRICS: Final[Mapping[str, Metric]] = _table(
            "Heartbeat ticks that failed (the next is tried soon, before the locks can expire)."),
     Metric("lease_expired_total", "counter",
            "Streams disowned locally because no heartbeat confirmed their locks for a lock TTL (a partition)."),
+    Metric("pardoned_total", "counter",
+           "Streams lost while this consumer lived that another consumer's recovery took over: their counted "
+           "death is taken back."),
     Metric("duplicate_consumer_total", "counter",
            "Heartbeat ticks that found another live process running with this consumer id."),
     Metric("held_overdue", "gauge",

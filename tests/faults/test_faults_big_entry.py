@@ -1,7 +1,7 @@
 """Fault 7: a 10,000-field entry XADDed by hand into the LBS among good work.
 
 Its ``lbs-input`` is valid, so it is an assignment like any other; what used
-to break was putting it back: ``requeue-5.lua`` acked it first, then failed to
+to break was putting it back: ``requeue-6.lua`` acked it first, then failed to
 copy 10,000 fields ("too many results to unpack"), and the entry was gone. Its
 handler fails here, so it must be handed back: it goes to the dead-letter
 stream with the reason, and the original stays in the LBS (acked) as the record.

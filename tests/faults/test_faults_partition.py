@@ -1,7 +1,9 @@
 """Fault 10: a network partition between one consumer and Redis (a TCP proxy that forwards nothing
 and resets nothing, as a blackhole does) while it runs handlers. Its local lease runs out before its
 locks can expire, so it stops its handlers (STREAM_DISOWNED, handlers cancelled) before another
-consumer can take the streams; the other consumer then takes them."""
+consumer can take the streams; the other consumer then takes them. The takeover counts a death (to
+the other consumer a cut-off holder looks dead); once the network heals the cut-off holder pardons
+the streams it lost, and the retry is taken back."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import time
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 import lbs
+from lbs import _keys
 
 from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
@@ -21,12 +25,14 @@ STREAMS, TTL = 5, 1.0
 
 
 class Proxy:
-    """A loopback TCP proxy to ``port``; ``blackhole`` True forwards nothing either way (connections stay
-    open, bytes are dropped: what a cut network does until TCP gives up, minutes later)."""
+    """A loopback TCP proxy to ``port``; ``blackhole`` True forwards nothing either way: connections stay
+    open and what is sent waits, as on a cut network while TCP retransmits (minutes, before it gives up);
+    False again delivers it, as when the network heals."""
 
     def __init__(self, port: int) -> None:
         self.target = port
-        self.blackhole = False
+        self._healed = asyncio.Event()
+        self._healed.set()
         self.port = 0
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -46,13 +52,24 @@ class Proxy:
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while data := await src.read(65536):
-                if not self.blackhole:
-                    dst.write(data)
-                    await dst.drain()
+                await self._healed.wait()
+                dst.write(data)
+                await dst.drain()
         except (ConnectionError, OSError):
             pass
         finally:
             dst.close()
+
+    @property
+    def blackhole(self) -> bool:
+        return not self._healed.is_set()
+
+    @blackhole.setter
+    def blackhole(self, on: bool) -> None:
+        if on:
+            self._healed.clear()
+        else:
+            self._healed.set()
 
     async def close(self) -> None:
         if self._server is not None:
@@ -65,7 +82,7 @@ class Proxy:
 async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_starts_them(
         service: str, report: Report) -> None:
     started: dict[tuple[str, str], float] = {}
-    retried: list[int] = []  # the other consumer's retry counts (a takeover counts one today: issue 29, item 3)
+    retried: list[int] = []  # the other consumer's retry counts (the death it counted, pardoned later)
     stopped: dict[str, float] = {}  # the cut-off consumer's handlers, when each was told to stop
 
     def handler(name: str) -> Any:
@@ -106,6 +123,17 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
                 return sum(1 for who, _ in started if who == "other") == STREAMS
 
             settled = await eventually(taken_over, timeout=SETTLE, what="the other consumer running every stream")
+            proxy.blackhole = False  # heal: the cut-off consumer's next tick pardons what was taken over
+            r = aioredis.Redis.from_url(srv.url)
+            pardons = _keys.pardons_key(service)
+
+            async def pardoned() -> bool:
+                return await r.zcard(pardons) == STREAMS
+
+            all_pardoned = await eventually(pardoned, timeout=SETTLE, what="the cut-off consumer's pardons")
+            await other.close()  # hands every stream back, no retry counted: the copies show the pardon
+            copies = [fields for _, fields in await r.xrange(lbs.input_stream(service))]
+            await r.aclose()
         finally:
             proxy.blackhole = False  # heal, so the cut-off consumer can close
             await cut_off.close()
@@ -117,12 +145,17 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
     overlapping = [n for n in names if ("other", n) in started and not stopped.get(n, float("inf")) <
                    started[("other", n)]]
     fig = Figures("partition-blackhole", STREAMS, len(started), sum(1 for who, _ in started if who == "other"), 1,
-                  0, 0, sum(1 for n in retried if n), 0, len(overlapping),
+                  0, 0, sum(1 for f in copies if int(f.get(b"_retry_count", 0))), 0, len(overlapping),
                   extra={"stopped_after_cut_s": round(max(stopped.values(), default=cut_at) - cut_at, 2),
                          "taken_over_after_cut_s": round(max((t for (who, _), t in started.items() if who == "other"),
                                                              default=cut_at) - cut_at, 2),
-                         "lock_ttl_s": TTL})
+                         "lock_ttl_s": TTL, "retry_seen_by_taker": sum(1 for n in retried if n)})
     report(fig)
     assert settled, "the other consumer never took the streams over"
     assert sorted(stopped) == names, fig.line()
     assert overlapping == [], f"handlers of two consumers ran at once: {overlapping}; {fig.line()}"
+    # The takeover counted a death (the other side could not tell a cut-off holder from a dead one); the
+    # cut-off holder, back, pardoned them, and the copies handed back carry no retry.
+    assert all_pardoned, fig.line()
+    assert len(copies) == STREAMS and all(int(f.get(b"_retry_count", 0)) == 0 and b"_deaths" not in f
+                                          for f in copies), copies

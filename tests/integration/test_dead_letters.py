@@ -130,7 +130,7 @@ _INPUT = '{"DataStreamName":"%s","Info":{}}'
 
 
 async def _letters(r: aioredis.Redis, service: str, n: int, reason: str = "poison") -> list[str]:
-    """``n`` letters as requeue-5.lua writes them, one round trip."""
+    """``n`` letters as requeue-6.lua writes them, one round trip."""
     pipe = r.pipeline(transaction=False)
     for k in range(n):
         pipe.xadd(lbs.dead_letter_stream(service), {"lbs-input": _INPUT % f"s{k}", "_retry_count": "4",

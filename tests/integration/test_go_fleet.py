@@ -678,12 +678,13 @@ async def test_hand_back_beside_a_go_fleet_releases_our_go_style_lock_and_refuse
     for entry_id, lock in ((ours, lock_a), (taken, lock_b)):
         b = CommandBatch()
         scripts.requeue(b, lbs.input_stream(service), _keys.dead_letter_stream(service), lock,
-                        _keys.delayed_stream(service), _keys.due_key(service), group=lbs.group_name(service),
+                        _keys.delayed_stream(service), _keys.due_key(service), _keys.pardons_key(service),
+                        group=lbs.group_name(service),
                         entry_id=entry_id, mode="owned", value="5:c1", count_retry=False, max_retries=5,
                         retry_field="_retry_count", original_field="_original_id", reason="", consumer="c1",
                         force_dead_letter=False, dead_letter_on=True, field_prefix="_",
                         go_lock_sep=_keys.GO_MUTEX_KEY_SEP, stream_name=names[entry_id])
-        replies.append(await r.execute_command(*_command(b, "requeue-5")))
+        replies.append(await r.execute_command(*_command(b, "requeue-6")))
     assert replies[0][0] == RequeueCode.REQUEUED and replies[1][:2] == [0, b"go lock"]
     assert await r.exists(lock_a, go_a, lock_b) == 0  # a: re-queued, both released; b: our lock released
     assert await r.get(go_b) == b"redis-consumer-go-1" and await _owner(r, service, taken) == b"c1"

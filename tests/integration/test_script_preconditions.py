@@ -85,12 +85,12 @@ async def extend(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], 
 async def requeue(r: aioredis.Redis, service: str, entry_id: str, mode: str = "absent", value: str = "",
                   inc: str = "1", max_retries: str = "5", reason: str = "boom", force: str = "0",
                   dlq: str = "1", delay: tuple[int, int, float] = (0, 0, 1.0)) -> list[Any]:
-    """One requeue-5.lua call; ``delay`` is (ms at retry 1, longest ms, jitter): (0, ...) re-queues at once."""
+    """One requeue-6.lua call; ``delay`` is (ms at retry 1, longest ms, jitter): (0, ...) re-queues at once."""
     keys = [input_stream(service), dead_letter_stream(service), lock_key(service, entry_id),
             delayed_stream(service), due_key(service)]
     args = [group_name(service), entry_id, mode, value, inc, max_retries, "_retry_count", "_original_id",
             reason, "c1", force, dlq, "_", *delay]
-    return await r.eval(source("requeue-5"), 5, *keys, *args)
+    return await r.eval(source("requeue-6"), 5, *keys, *args)
 
 
 async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int]:
@@ -373,7 +373,7 @@ async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service
     assert await rr.pttl(lock_key(service, locks[2][0])) > 5_000
 
 
-# -- requeue-5.lua ------------------------------------------------------------
+# -- requeue-6.lua ------------------------------------------------------------
 
 async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(rr: aioredis.Redis,
                                                                               service: str) -> None:
@@ -461,12 +461,13 @@ async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(rr: aioredi
 
 async def test_requeue_just_below_the_copy_bound_copies(rr: aioredis.Redis, service: str) -> None:
     stream = input_stream(service)
-    entry_id, _ = await delivered_wide_entry(rr, service, {f"f{i}": "v" for i in range(3_495)})
+    entry_id, _ = await delivered_wide_entry(rr, service, {f"f{i}": "v" for i in range(3_494)})
     await rr.delete(lock_key(service, entry_id))
-    out = await requeue(rr, service, entry_id, force="1")  # 6,990 values + 10 = 7,000
+    # A death counted (delivered, its holder gone): 6,988 values + 12 (with _deaths) = 7,000.
+    out = await requeue(rr, service, entry_id, force="1")
     assert out[0] == 2
     (_, dl), = await rr.xrange(dead_letter_stream(service))
-    assert len(dl) == 3_495 + 5 and dl[b"_reason"] == b"boom"
+    assert len(dl) == 3_494 + 6 and dl[b"_reason"] == b"boom" and dl[b"_deaths"] == entry_id.encode()
     assert await rr.xlen(stream) == 0
 
 

@@ -48,7 +48,7 @@ def _args(build: object) -> list[bytes]:
 
 _FIXED = {
     "read-3": lambda b: scripts.read(b, "s", "f", "c", "g", "me", 10, 1000, b"lock:", ">", "", "me:x", True),
-    "requeue-5": lambda b: scripts.requeue(b, "s", "d", "l", "p", "z", group="g", entry_id="1-1", mode="owned",
+    "requeue-6": lambda b: scripts.requeue(b, "s", "d", "l", "p", "z", "q", group="g", entry_id="1-1", mode="owned",
                                            value="v", count_retry=True, max_retries=3, retry_field="_r",
                                            original_field="_o", reason="why", consumer="me",
                                            force_dead_letter=False, dead_letter_on=True, field_prefix="_",
@@ -79,7 +79,7 @@ def test_done_writes_keys_and_args_per_lock() -> None:
 
 #: How the code names each script's builder (or, for extend-n, its SHA).
 _CALLS = {"read-3": "scripts.read(", "extend-n": "scripts.EXTEND", "done-n": "scripts.done(",
-          "requeue-5": "scripts.requeue(", "promote-3": "scripts.promote(", "reap-3": "scripts.reap(",
+          "requeue-6": "scripts.requeue(", "promote-3": "scripts.promote(", "reap-3": "scripts.reap(",
           "leave-1": "scripts.leave(", "publish-1": "scripts.publish_args(", "fetch-1": "scripts.fetch(",
           "commit-1": "scripts.commit("}
 #: Scripts called from outside the consumer: where from.

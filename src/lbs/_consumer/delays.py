@@ -2,7 +2,7 @@
 
 A failed stream (a ``run()`` handler that raised or timed out, a
 ``hand_back`` with a retry counted or a delay) is not re-queued at once:
-``requeue-5.lua`` parks the copy it would have added to the LBS in the
+``requeue-6.lua`` parks the copy it would have added to the LBS in the
 stream ``{<service>-input}:delayed`` and scores its id in the sorted set
 ``{<service>-input}:due`` with the server time it is due, atomically with
 the ack and delete of the original. Both keys live in Redis, in the LBS's

@@ -24,12 +24,14 @@ import time
 
 from redis.exceptions import RedisError
 
-from _lbscore import CommandBatch, Held
+from typing import Any
+
+from _lbscore import CommandBatch, Held, HeldTable
 
 from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
-from .._redis.wire import first_error, text
+from .._redis.wire import Wire, first_error, text
 from .._waits import wait_set, within
 from ..config import GO_MIN_IDLE
 from ..exceptions import RedisOperationError
@@ -144,29 +146,11 @@ class Heartbeat:
         if finishing:  # still ours until Redis answers their done: keep them alive
             snapshot += finishing
         started = time.perf_counter()
-        chunk = cfg.heartbeat_chunk
-        # At least one call, even holding nothing: it keeps the instance marker alive.
-        starts = range(0, max(1, len(snapshot)), chunk)
-        sha, ttl = scripts.EXTEND.sha, cfg.lock_ttl_ms
-        head_keys = scripts.extend_head(n.stream_key, n.consumers_key, n.instance_key)
-        head_args = scripts.extend_args(ttl, n.group, n.id, False, n.instance)
-        last_args = scripts.extend_args(ttl, n.group, n.id, True, n.instance)
-        encode = table.encode_extend
-        every = cfg.pel_refresh_every
-        phase = self._beats % every
+        phase = self._beats % cfg.pel_refresh_every
         self._beats += 1
-        # Beside a Go fleet, each call also keeps our Go-style locks (they outlive Go's 2-s claim idle).
-        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else None
-        go_ttl = max(ttl, int(GO_MIN_IDLE * 1000))
-
-        def build(b: CommandBatch, k: int) -> None:
-            start = starts[k]
-            encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
-                   min(start + chunk, len(snapshot)), every, phase, go_sep, go_ttl)
-
         try:
             # Extending a lock checks its value first: sending a tick twice is harmless.
-            results = first_error(await s.link.beat.execute_chunks(len(starts), build, retry_safe=True))
+            results, starts = await self._extend(s.link.beat, snapshot, phase, last=True)
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         s.stats.heartbeats += 1
@@ -187,22 +171,66 @@ class Heartbeat:
         if held:  # a tick holding nothing only kept the instance marker alive
             s.hooks.notify("lbs_locks_extended", extended=held - len(lost), lost=len(lost),
                            seconds=time.perf_counter() - started)
-        orphans, self._orphans = self._orphans, []
+        # Kept until they are put back: a tick cut short (no answer in time) leaves them to the next.
+        orphans = self._orphans[:]
         if lost or orphans:
             # We live, so the consumer deadline index will not send anyone for
             # these: put back the ones whose lock is gone (not those someone
             # else holds) ourselves. The loss was not the stream's fault (a
-            # stall, an eviction, a partition): no retry is counted.
+            # stall, an eviction, a partition): no retry is counted, and those
+            # another consumer took over meanwhile are pardoned.
             try:
-                await self.requeue.recover([h.entry_id for h in (*lost, *orphans)], "heartbeat",
-                                           "lock lost while held (heartbeat missed)", count_retry=False)
+                await self.requeue.lost_while_alive([h.entry_id for h in (*lost, *orphans)],
+                                                    "lock lost while held (heartbeat missed)")
+                del self._orphans[:len(orphans)]
             except RedisError as exc:
-                s.log.warning("re-queue of %d lost assignments failed (%s); the scan will", len(lost) + len(orphans),
-                              exc)
+                s.log.warning("re-queue of %d lost assignments failed (%s); the next tick tries the ones lost "
+                              "to the lease again, the scan the others", len(lost) + len(orphans), exc)
         if cfg.hold_warning is not None:
             self._report_overdue(cfg.hold_warning)
         await self.requeue.retry_undead()
         return len(lost)
+
+    async def _extend(self, wire: Wire, snapshot: list[Held], phase: int, *, last: bool) -> tuple[list[Any], range]:
+        """``extend-n.lua`` over ``snapshot`` in chunks of ``Config.heartbeat_chunk``, one round trip
+        (``last``: the final call also moves the deadline and the instance marker); the replies per call
+        and where each call's records start. Marks Redis answered are settled."""
+        s = self.state
+        n, cfg = s.names, s.config
+        chunk = cfg.heartbeat_chunk
+        # At least one call, even holding nothing: it keeps the instance marker alive.
+        starts = range(0, max(1, len(snapshot)), chunk)
+        sha, ttl = scripts.EXTEND.sha, cfg.lock_ttl_ms
+        head_keys = scripts.extend_head(n.stream_key, n.consumers_key, n.instance_key)
+        head_args = scripts.extend_args(ttl, n.group, n.id, False, n.instance)
+        last_args = scripts.extend_args(ttl, n.group, n.id, True, n.instance) if last else head_args
+        encode = s.holdings.table.encode_extend
+        every = cfg.pel_refresh_every
+        # Beside a Go fleet, each call also keeps our Go-style locks (they outlive Go's 2-s claim idle).
+        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else None
+        go_ttl = max(ttl, int(GO_MIN_IDLE * 1000))
+
+        def build(b: CommandBatch, k: int) -> None:
+            start = starts[k]
+            encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
+                   min(start + chunk, len(snapshot)), every, phase, go_sep, go_ttl)
+
+        results = first_error(await wire.execute_chunks(len(starts), build, retry_safe=True))
+        HeldTable.settle_marks(snapshot)
+        return results, starts
+
+    async def mark_running(self, records: list[Held]) -> None:
+        """Tell Redis that these streams run now (the application took them from the notification
+        queue: :meth:`Held.start`), before the application works on them, so that a death from here
+        on counts against them. One round trip on a pool connection; extending their locks on the
+        way is harmless. When it fails the next tick carries the marks."""
+        if not records:
+            return
+        try:
+            await self._extend(self.state.link.pool, records, -1, last=False)
+        except (RedisError, OSError) as exc:
+            self.state.log.debug("marking %d streams running failed (%s); the next heartbeat will", len(records),
+                                 exc)
 
     def _warn(self, what: str) -> None:
         """Something the tick's last call could not do (extend-n.lua's string outputs)."""

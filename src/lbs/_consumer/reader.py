@@ -161,7 +161,7 @@ class Reader:
         n = s.names
         args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
                 n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex,
-                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "")
+                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "", self.dispatch is None)
 
         def build(b: CommandBatch) -> None:
             scripts.read(b, *args)
@@ -204,6 +204,7 @@ class Reader:
         taken_at = time.monotonic()
         # Re-reading our pending entries: those being finished are not to be taken again.
         finishing = {h.entry_id for h in self.finisher.finishing()} if start != ">" else ()
+        queued = dispatch is None and start == ">"  # a re-read ("0") bumped the delivery counts
         for e, tok in zip(raw_entries, tokens):
             tok = self._own_token(tok, owner)
             if not isinstance(tok, int):
@@ -232,7 +233,8 @@ class Reader:
                     bad.append((e, f"{tok}:{owner}", f"out of retries: {e.retry_count} re-queued, "
                                                      f"{e.delivery_count} deliveries (claimed)"))
                     continue
-            h = table.take(e, tok, retry_count, taken_at)
+            # Queued for the application (no run()): read-3 marked it merely held until it is taken.
+            h = table.take(e, tok, retry_count, taken_at, queued)
             stats.taken += 1
             if acquired:
                 hooks.notify("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)

@@ -1,6 +1,6 @@
 """Recovery: dead consumers' streams go back into circulation, living ones are never robbed.
 
-Every re-queue is one call of ``requeue-5.lua`` with lock mode ``absent``:
+Every re-queue is one call of ``requeue-6.lua`` with lock mode ``absent``:
 it acts only when the lock does not exist, acks first (0 acked means another
 recoverer won: nothing else happens), then writes the fresh entry (or the
 dead letter) and deletes the old one, atomically. Any number of recoverers,
@@ -205,7 +205,7 @@ class Recovery:
         """Each time the listener (re)subscribes beside a Go fleet: Go-style locks that expired while it
         was not listening sent events nobody heard, and nothing else in lbs knows when a Go holder dies
         (Go writes no deadline). A scan of the entries idle past the Go client's own claim idle
-        (``hbInterval``, 2 s), lock-checked like every scan (requeue-5 also checks the Go-style lock),
+        (``hbInterval``, 2 s), lock-checked like every scan (requeue-6 also checks the Go-style lock),
         takes their place."""
         if self._go_catch_up is None or self._go_catch_up.done():
             self._go_catch_up = asyncio.create_task(self._go_scan(), name=f"lbs-go-catch-up-{self.state.names.id}")
@@ -218,7 +218,7 @@ class Recovery:
 
     async def _on_go_expired(self, entry_id: str) -> None:
         """A Go consumer's lock expired (``Config.go_compatible``): its holder stopped extending it.
-        If the entry is pending in our LBS, recover it (requeue-5 checks both locks first)."""
+        If the entry is pending in our LBS, recover it (requeue-6 checks both locks first)."""
         s = self.state
         n = s.names
         try:

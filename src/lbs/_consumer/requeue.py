@@ -1,4 +1,4 @@
-"""Every call of ``requeue-5.lua`` and what its outcomes mean: re-queue, park, hand back, dead-letter.
+"""Every call of ``requeue-6.lua`` and what its outcomes mean: re-queue, park, hand back, dead-letter.
 
 Three kinds of caller, one script, each with its lock mode:
 
@@ -19,16 +19,18 @@ Every batch is one round trip on the link's pool wire.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from _lbscore import CommandBatch, Entry, Held, try_decode_input
 
 from .. import _keys
 from .._redis import scripts
 from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
+from .._redis.connection import execute
 from .._redis.wire import first_error, text
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
@@ -47,12 +49,16 @@ REQUEUED_METRIC = {
     "heartbeat": "recovery_heartbeat_requeued_total",
 }
 
+#: How long, and how many, pardons are kept (``{<service>-input}:pardons``).
+PARDON_KEEP_MS = 86_400_000
+PARDON_KEEP = 100_000
+
 #: One call: (entry id, lock key, lock mode, our lock value, reason).
 _Call = tuple[str, str, str, str, str]
 
 
 class Requeue:
-    """The one caller of ``requeue-5.lua`` for one client."""
+    """The one caller of ``requeue-6.lua`` for one client."""
 
     def __init__(self, state: ConsumerState) -> None:
         self.state = state
@@ -60,6 +66,8 @@ class Requeue:
         self.undead: list[tuple[Entry, str, str]] = []
         #: What brings parked copies back (its task runs while the client is started).
         self.delays = Delays(state)
+        #: Entry ids whose counted death was no one's fault (see :meth:`lost_while_alive`).
+        self.pardons_key = _keys.pardons_key(state.names.service)
 
     def _delays(self, count: int, delay: float | None) -> list[RetryDelay]:
         """Per call, how long its copy is parked: ``delay`` None is the configured back-off
@@ -76,7 +84,7 @@ class Requeue:
 
     async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False,
                    delay: float | None = 0.0, names: Sequence[str] = ()) -> list[Any]:
-        """One batch of requeue-5.lua calls; one reply (or server error) per call. ``names``: mode
+        """One batch of requeue-6.lua calls; one reply (or server error) per call. ``names``: mode
         "owned", each call's DataStreamName (``Config.go_compatible``: its Go-style lock is released
         with ours)."""
         s = self.state
@@ -89,7 +97,7 @@ class Requeue:
 
         def build(b: CommandBatch) -> None:
             for i, ((entry_id, lock_key, mode, value, reason), wait) in enumerate(zip(calls, delays)):
-                scripts.requeue(b, n.stream_key, dead_letters, lock_key, parked, due, group=n.group,
+                scripts.requeue(b, n.stream_key, dead_letters, lock_key, parked, due, self.pardons_key, group=n.group,
                                 entry_id=entry_id, mode=mode, value=value, count_retry=count_retry,
                                 max_retries=cfg.max_retries, retry_field=n.retry_field,
                                 original_field=n.original_field, reason=reason, consumer=n.id,
@@ -180,6 +188,40 @@ class Requeue:
         """
         codes = await self._recover(list(entry_ids), path, reason, count_retry)
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
+
+    async def lost_while_alive(self, entry_ids: list[str], reason: str) -> int:
+        """Streams this living client lost (a stall, an eviction, a partition): re-queue those whose lock
+        is gone with no retry counted, and pardon the rest: another consumer's recovery took them and may
+        have counted a death, which ``requeue-6.lua`` takes back when the copy next goes back. How many
+        went back to the LBS. Raises the Redis error of a failed batch."""
+        codes = await self._recover(entry_ids, "heartbeat", reason, False)
+        taken = [i for i, code in zip(entry_ids, codes) if code != RequeueCode.REQUEUED]
+        if taken:
+            await self.pardon(taken)
+        return sum(1 for code in codes if code == RequeueCode.REQUEUED)
+
+    async def pardon(self, entry_ids: list[str]) -> None:
+        """Record that these entries' holder lived (``{<service>-input}:pardons``), trimmed to a day and
+        100,000 members. A key of another type is reported and left alone."""
+        s = self.state
+        key = self.pardons_key
+        try:
+            now = int(time.time() * 1000)
+            pipe = s.link.redis.pipeline(transaction=True)
+            pipe.zadd(key, {i: now for i in entry_ids})
+            pipe.zremrangebyscore(key, "-inf", now - PARDON_KEEP_MS)
+            pipe.zremrangebyrank(key, 0, -PARDON_KEEP - 1)
+            await execute(pipe)
+        except ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            s.hooks.metric("wrong_type_keys_total", 1)
+            s.log.error("cannot pardon %d streams lost while this consumer lived: %s holds a value of the wrong "
+                        "type; the retries counted for them stand", len(entry_ids), key)
+            return
+        s.hooks.metric("pardoned_total", len(entry_ids))
+        s.log.info("pardoned %d streams taken over while this consumer was cut off: their counted deaths are "
+                   "taken back", len(entry_ids))
 
     async def claim(self, entry_id: str) -> bool:
         """Recover one assignment if its lock is gone (``Client.claim``): whether this call took it out

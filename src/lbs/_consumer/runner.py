@@ -192,7 +192,7 @@ class Runner:
     async def _hand_back(self, h: Held, reason: str) -> None:
         """Hand a failed stream back; a failure that means "not now" (a dropped connection, a
         restarting or loading Redis, a moved slot) is tried again with a back-off for as long as
-        the stream's lock lasts (requeue-5.lua checks the lock: a call that ran twice hands back
+        the stream's lock lasts (requeue-6.lua checks the lock: a call that ran twice hands back
         once). After that the lock has expired and recovery brings the stream back."""
         s = self.state
         backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)

@@ -60,7 +60,7 @@ def _load(name: str) -> Script:
 READ = _load("read-3")
 EXTEND = _load("extend-n")
 DONE = _load("done-n")
-REQUEUE = _load("requeue-5")
+REQUEUE = _load("requeue-6")
 PROMOTE = _load("promote-3")
 REAP = _load("reap-3")
 LEAVE = _load("leave-1")
@@ -80,8 +80,12 @@ def sources() -> list[str]:
 
 def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, consumer: str, count: int,
          ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str, msetex: bool,
-         go_lock_sep: str = "") -> None:
-    """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects."""
+         go_lock_sep: str = "", queued: bool = False) -> None:
+    """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects.
+
+    ``queued``: what is read waits for the application (the notification API), so new entries are
+    marked merely held (pending delivery count 0) until it takes them; see ``extend-n.lua``.
+    """
     b.command("EVALSHA", READ.sha, READ.fixed_keys,
               stream,       # KEYS[1] the LBS
               fence,        # KEYS[2] the fencing counter
@@ -95,7 +99,8 @@ def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, c
               claim_ms,     # ARGV[7] CLAIM min-idle (ms), "" for none
               owner,        # ARGV[8] lock owner: values are "<token>:<owner>"
               1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
-              go_lock_sep)  # ARGV[10] Go-style lock separator ("": not checked)
+              go_lock_sep,  # ARGV[10] Go-style lock separator ("": not checked)
+              1 if queued else 0)  # ARGV[11] "1": new entries marked merely held (count 0)
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
@@ -143,7 +148,7 @@ class DoneCode(enum.IntEnum):
     TAKEN = 5
 
 
-# --------------------------------------------------------------- requeue-5 ---
+# --------------------------------------------------------------- requeue-6 ---
 # Caller: lbs._consumer.requeue.
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +168,8 @@ class RetryDelay:
 NO_DELAY = RetryDelay()
 
 
-def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, parked: str, due: str, *, group: str,
+def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, parked: str, due: str, pardons: str, *,
+            group: str,
             entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
             original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
             field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "") -> None:
@@ -177,6 +183,7 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
               lock_key,                        # KEYS[3] the assignment's lock
               parked,                          # KEYS[4] the parking stream
               due,                             # KEYS[5] the due index
+              pardons,                         # KEYS[6] deaths taken back (a holder that lived)
               group,                           # ARGV[1]
               entry_id,                        # ARGV[2]
               mode,                            # ARGV[3] "owned", "absent" or "any"
@@ -198,7 +205,7 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
 
 
 class RequeueCode(enum.IntEnum):
-    """First element of the output of ``requeue-5.lua``."""
+    """First element of the output of ``requeue-6.lua``."""
 
     #: A key had the wrong type (the detail names it): nothing was touched.
     REFUSED = -2

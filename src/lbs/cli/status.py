@@ -374,7 +374,7 @@ def claim(
 
 async def _claim(url: str, service: str, entry_ids: list[str], max_retries: int) -> list[ClaimOutcome]:
     outcomes = _Outcomes()
-    # No reader, recovery or heartbeat is ever started: the client only runs requeue-5.lua through claim().
+    # No reader, recovery or heartbeat is ever started: the client only runs requeue-6.lua through claim().
     # retry_delay 0: what is claimed comes back at once, not parked for a delay.
     config = Config(recovery=False, configure_keyspace_events=False, max_retries=max_retries, retry_delay=0.0)
     client = Client(url, service, consumer_id=f"lbs-cli-{socket.gethostname()}-{os.getpid()}", config=config,

@@ -31,7 +31,7 @@
   unpack limit; XACKDEL, XACK and XDEL through pcall, so a vanished group
   or stream fails nothing part-way). Only entries this call acks are
   deleted (XACKDEL does the same): one that is not pending was handed on,
-  or requeue-5.lua kept it in the LBS as the record of a dead letter.
+  or requeue-6.lua kept it in the LBS as the record of a dead letter.
 
   A wrong argument count is an "ERR lbs done-n: ..." error, with nothing
   written.

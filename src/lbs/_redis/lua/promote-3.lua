@@ -21,7 +21,7 @@
   A malformed ARGV[1] gives "ERR lbs promote-3: ..." (nothing written).
 
   For each id due (score <= TIME in ms, earliest first, at most ARGV[1]):
-    * the parked entry exists: XADD its fields (the copy requeue-5.lua made:
+    * the parked entry exists: XADD its fields (the copy requeue-6.lua made:
       the entry's fields, retry count, original id) to KEYS[3], XDEL it
       from KEYS[2], ZREM it from KEYS[1];
     * it is gone (deleted by hand, or not a stream id): ZREM it;

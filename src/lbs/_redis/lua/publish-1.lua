@@ -19,7 +19,7 @@
 
   A registration parked for a retry delay (in "<prefix>delayed", see
   commit-1.lua) is in force too. A registration is an LBS entry with fields lbs-input (the JSON above) and
-  lbs-keyed = "1": requeue-5.lua never dead-letters one for its retries (a
+  lbs-keyed = "1": requeue-6.lua never dead-letters one for its retries (a
   key counts its failures per message). A key is registered when its
   state's "reg" names no entry of the LBS (none
   yet, or the entry was finished, dead-lettered or lost): an entry that is

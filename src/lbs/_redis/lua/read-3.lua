@@ -47,6 +47,14 @@
            holder's: its token is "Go consumer <the lock's value>" and no
            lock of ours is taken (it stays pending, left to its holder).
            The key is outside the service's slot: single Redis only.
+  ARGV[11] optional: "1" when the reader queues what it takes instead of
+           starting a handler at once (the notification API): every new
+           entry it locks is marked "merely held" by setting its pending
+           delivery count to 0 (XCLAIM ... RETRYCOUNT 0 JUSTID); the client
+           marks it running (count 1, extend-n.lua) when the application
+           takes it. requeue-6.lua counts a dead holder's death only against
+           entries whose count is not 0. Claimed entries (ARGV[7]) keep
+           theirs: it counts their earlier deliveries.
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing and returns
@@ -139,6 +147,9 @@ end
 if ARGV[6] == '>' then
   local writes = {{'TIME'}, {'SET', KEYS[2], '1'}, {'INCRBY', KEYS[2], '1'},
                   {'SET', ARGV[5] .. '0-1', '1', 'NX', 'PXAT', '1'}, {'ZADD', KEYS[3], 'NX', '1', ARGV[2]}}
+  if ARGV[11] == '1' then
+    writes[#writes + 1] = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], '0', '0-1', 'RETRYCOUNT', '0', 'JUSTID'}
+  end
   for _, cmd in ipairs(writes) do
     if not redis.acl_check_cmd(unpack(cmd)) then
       return redis.error_reply('NOPERM lbs read-3: this user may not run ' .. cmd[1] ..
@@ -257,5 +268,21 @@ else
 end
 if taken then
   redis.call('ZADD', KEYS[3], 'NX', deadline, ARGV[2])
+end
+if ARGV[11] == '1' then
+  -- Queued, not running: count 0 (new entries whose lock we took; a claimed one keeps its count).
+  local held = {}
+  for i = 1, n do
+    local e = entries[i]
+    if type(tokens[i]) == 'number' and not (tonumber(e[4]) and tonumber(e[4]) > 0) then
+      held[#held + 1] = e[1]
+    end
+  end
+  for s = 1, #held, 500 do
+    local claim = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+    for j = s, math.min(s + 499, #held) do claim[#claim + 1] = held[j] end
+    claim[#claim + 1], claim[#claim + 2], claim[#claim + 3] = 'RETRYCOUNT', 0, 'JUSTID'
+    redis.call(unpack(claim))
+  end
 end
 return {entries, tokens, ''}

@@ -18,7 +18,7 @@
            gets this long to heartbeat again before it is judged
 
   Output: the ids of overdue consumers' pending entries whose lock no longer
-  exists. They stay pending until requeue-5.lua handles them.
+  exists. They stay pending until requeue-6.lua handles them.
 
   After a stall (SIGSTOP of the server, a long pause of every recoverer) all
   deadlines and locks lapse at once, though their holders live: a live

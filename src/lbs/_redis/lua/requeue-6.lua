@@ -10,13 +10,26 @@
   KEYS[5]  the due index, {<service>-input}:due: a sorted set of the ids of
            KEYS[4]'s entries, each scored by the server time (ms) at which
            promote-3.lua moves it back into the LBS
+  KEYS[6]  optional: the pardons, {<service>-input}:pardons: a sorted set of
+           the ids of entries whose holder lost them while it lived (a
+           partition, a stall longer than the lock TTL) although another
+           consumer's recovery counted a death against them (the holder
+           adds them when it is back, scored by the time, ms)
 
   ARGV[1]   consumer group
   ARGV[2]   entry id
   ARGV[3]   lock mode: "owned" (the lock must hold ARGV[4]; it is released),
             "absent" (the lock must not exist), "any" (not checked)
   ARGV[4]   our lock value, for mode "owned"
-  ARGV[5]   retry increment: "0" (hand-back on shutdown) or "1" (a failure)
+  ARGV[5]   retry increment: "0" (hand-back on shutdown) or "1" (a failure).
+            In mode "absent" (its holder is gone) a "1" counts only when the
+            entry's pending delivery count is not 0: read-3.lua marks what a
+            client merely holds (queued for its application) with 0, and
+            extend-n.lua sets 1 once the application takes it. A death
+            counted so also appends the entry id to the copy's
+            <prefix>deaths (space-separated, the latest 32 kept): when a
+            later call finds one of them in KEYS[6] it takes that retry back
+            (and drops the id)
   ARGV[6]   max retries: past it the entry is dead-lettered; "-1" = never (and never
             an entry with the field lbs-keyed: a key's registration, publish-1.lua)
   ARGV[7]   retry count field name (default "_retry_count")
@@ -61,8 +74,8 @@
        at the time of its id's milliseconds + d, so the stored delay is
        exactly d), XACK, XDEL the original, DEL the lock (mode "owned").
 
-  Copies: the entry's fields, the retry count (+ ARGV[5]) and the original
-  id (a parked copy too: it goes back into the LBS as it is); dead letters
+  Copies: the entry's fields, the retry count (+ ARGV[5], less pardoned
+  deaths), the original id and <prefix>deaths when any (a parked copy too: it goes back into the LBS as it is); dead letters
   also get <prefix>reason, <prefix>consumer and <prefix>failed_id. A copy
   of more than 7,000 values (fields and values counted apart) cannot be
   passed through Lua's unpack: such an entry is dead-lettered whatever its
@@ -141,6 +154,12 @@ if #found == 0 then
 end
 
 local fields = found[1][2]
+-- A dead holder's death counts only against what it was running (count > 0; see ARGV[5]).
+local increment = tonumber(ARGV[5])
+local died = mode == 'absent' and increment > 0
+if died and tonumber(p[1][4]) == 0 then
+  increment, died = 0, false
+end
 
 -- 3b. Beside a Go fleet: a live Go holder's lock (its key needs the data stream's name).
 if mode == 'absent' and go_sep and go_sep ~= '' then
@@ -156,11 +175,11 @@ if mode == 'absent' and go_sep and go_sep ~= '' then
 end
 
 -- 4. The copy and its target.
-local retry_field, original_field = ARGV[7], ARGV[8]
+local retry_field, original_field, deaths_field = ARGV[7], ARGV[8], ARGV[13] .. 'deaths'
 local out = {}
 local retries = 0
 local original = ARGV[2]
-local input, keyed
+local input, keyed, deaths
 for i = 1, #fields, 2 do
   local k, v = fields[i], fields[i + 1]
   if k == 'lbs-input' then input = v end
@@ -169,13 +188,29 @@ for i = 1, #fields, 2 do
     retries = tonumber(v) or 0
   elseif k == original_field then
     original = v
+  elseif k == deaths_field then
+    deaths = v
   else
     out[#out + 1] = k
     out[#out + 1] = v
   end
 end
-retries = retries + tonumber(ARGV[5])
-local oversized = #out + 10 > MAX_COPY  -- the copy with its bookkeeping fields
+-- Deaths counted while the holder in fact lived (it pardoned them since): taken back.
+local kept = {}
+if deaths then
+  for d in string.gmatch(deaths, '%S+') do
+    local pardoned = KEYS[6] and redis.pcall('ZSCORE', KEYS[6], d)
+    if type(pardoned) == 'string' then
+      retries = math.max(retries - 1, 0)
+    else
+      kept[#kept + 1] = d
+    end
+  end
+end
+if died then kept[#kept + 1] = ARGV[2] end
+while #kept > 32 do table.remove(kept, 1) end
+retries = retries + increment
+local oversized = #out + 10 + (#kept > 0 and 2 or 0) > MAX_COPY  -- the copy with its bookkeeping fields
 if oversized then
   out = {}
   if input then
@@ -187,6 +222,10 @@ out[#out + 1] = retry_field
 out[#out + 1] = tostring(retries)
 out[#out + 1] = original_field
 out[#out + 1] = original
+if #kept > 0 and not oversized then
+  out[#out + 1] = deaths_field
+  out[#out + 1] = table.concat(kept, ' ')
+end
 local max = tonumber(ARGV[6])
 -- A key's registration (field lbs-keyed, see publish-1.lua) is never dead-lettered for its retries:
 -- its retries are counted per message, in the key's state, and a poison message goes alone.
