@@ -74,6 +74,8 @@ class Recovery:
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
+        self._wake = asyncio.Event()  # set: the deadline loop polls now, not at its next interval
+        self._heard = False  # the keyspace listener heard a lock expire since the last poll
         self._go_catch_up: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -91,10 +93,22 @@ class Recovery:
     # ------------------------------------------------------------ deadlines ---
 
     async def _deadline_loop(self) -> None:
+        """Poll every ``deadline_poll_interval``, at once when the keyspace listener hears a lock expire,
+        and again at once after a poll that re-queued something: a dead holder of 100,000 streams is
+        emptied ``deadline_batch`` at a time back to back, not one batch per interval."""
         every = self.config.deadline_poll_interval
-        while not await wait_set(self.state.stopping, every):
+        wake = self._wake
+        while True:
+            if not wake.is_set():
+                await wait_set(wake, every)
+            if self.state.stopping.is_set():
+                return
+            path = "keyspace" if self._heard else "deadline"
+            self._heard = False
+            wake.clear()
             try:
-                await self.poll_deadlines()
+                if await self.poll_deadlines(path):
+                    wake.set()  # more may be due: poll again at once
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -229,19 +243,24 @@ class Recovery:
             s.log.warning("re-queue of %s after its Go lock expired failed: %s", entry_id, exc)
 
     async def _on_expired(self, entry_id: str) -> None:
-        """A lock expired: poll the deadline index now (it re-queues the entry if its holder is overdue)."""
+        """A lock expired: wake the deadline loop (it re-queues the entry if its holder is overdue).
+
+        A dead holder's locks expire together, each with its event: only the first of a burst (the
+        loop not woken yet) looks up how late Redis announced it, for ``recovery_expiry_lag_seconds``.
+        """
         s = self.state
+        first = not self._wake.is_set()
+        self._heard = True
+        self._wake.set()
+        if not first:
+            return
         r, n = s.link.redis, s.names
         try:
             holder = await r.xpending_range(n.stream_key, n.group, min=entry_id, max=entry_id, count=1)
-            if not holder:
-                return  # finished or already recovered
             # The holder's deadline is its last heartbeat's; the lock expires no later.
-            deadline = await r.zscore(n.consumers_key, holder[0]["consumer"])
-            if not await self.poll_deadlines("keyspace"):
-                return
+            deadline = await r.zscore(n.consumers_key, holder[0]["consumer"]) if holder else None
         except RedisError as exc:
-            s.log.warning("re-queue of %s after its expired event failed: %s", entry_id, exc)
+            s.log.debug("looking up the holder of %s after its expired event failed: %s", entry_id, exc)
             return
         if deadline is not None:
             # How late Redis announced the expiry, against the lock's deadline.
