@@ -156,3 +156,31 @@ async def test_a_part_that_fails_to_encode_drops_the_connection(rp: aioredis.Red
         assert await wire.execute(lambda b: b.command("ECHO", "mine")) in ([b"mine"], ["mine"])
     finally:
         await wire.close()
+
+
+async def test_a_batch_that_gets_no_reply_drops_its_connection_after_the_reply_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server that answers nothing (stopped: as a half-open connection looks) fails the batch after
+    # REPLY_TIMEOUT instead of leaving it (and every batch queued behind it on the wire) waiting on TCP.
+    import signal
+
+    from lbs._redis import wire as wire_module
+    from lbs.embedded import RedisServer
+
+    monkeypatch.setattr(wire_module, "REPLY_TIMEOUT", 0.3)
+    with RedisServer() as srv:
+        r = aioredis.Redis.from_url(srv.url)
+        wire = Wire(r)
+        try:
+            assert await wire.execute(lambda b: b.command("PING")) in ([b"PONG"], ["PONG"])
+            assert srv.process is not None
+            srv.process.send_signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(RedisConnectionError, match="no reply within 0.3s"):
+                    await wire.execute(lambda b: b.command("PING"))
+            finally:
+                srv.process.send_signal(signal.SIGCONT)
+            assert await wire.execute(lambda b: b.command("PING")) in ([b"PONG"], ["PONG"])  # a fresh connection
+        finally:
+            await wire.close()
+            await r.aclose()

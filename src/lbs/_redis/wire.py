@@ -13,7 +13,11 @@ A connection the server closed while it sat idle (``CLIENT KILL``, a
 restart, an idle timeout) is noticed before the next batch is written (its
 stream is at EOF) and replaced, so nothing is sent on a dead socket. A batch
 whose connection fails while it is in flight may or may not have run: the
-caller decides whether sending it again is safe (``retry_safe``).
+caller decides whether sending it again is safe (``retry_safe``). A batch
+whose replies do not arrive within :data:`REPLY_TIMEOUT` (a connection left
+half-open by a partition or a NAT that forgot it, which TCP would only give
+up on after many minutes) has its connection aborted and fails the same way,
+so no activity waits on a dead socket longer than that.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ __all__ = ["Wire", "fields_text", "first_error", "text"]
 
 #: The first pause before a batch that met LOADING is sent again (seconds; doubling up to 1).
 LOADING_PAUSE = 0.05
+#: Longest wait for a batch's replies (seconds) before its connection is taken for dead. Far above
+#: what any lbs batch takes (a heartbeat over 100,000 locks: about 0.1 s), so only a connection
+#: that delivers nothing (half-open, a server stopped for that long) reaches it.
+REPLY_TIMEOUT = 30.0
 
 
 def _reply_error(message: str) -> RedisError:
@@ -41,6 +49,12 @@ def _reply_error(message: str) -> RedisError:
         # Redis is loading its data set (it just restarted): like a refused connection, "not yet".
         return BusyLoadingError(message)
     return ResponseError(message)
+
+
+def _abort(writer: asyncio.StreamWriter, late: list[bool]) -> None:
+    """The watchdog's end: no replies in time; close the transport at once (the pending read fails)."""
+    late.append(True)
+    writer.transport.abort()
 
 
 def _closed_by_peer(conn: Any) -> bool:
@@ -176,33 +190,45 @@ class Wire:
                 await conn.connect()
                 self._reader = RespReader(_reply_error)
             writer, stream = conn._writer, conn._reader
-            shapes: list[int] = []  # per reply, when some part expects entries
-            n = 0
-            for k in range(count):
-                if batch.expects_entries:
-                    shapes += [Shape.ANY] * (n - len(shapes))
-                    shapes += [batch.reply_shape(i) for i in range(len(batch))]
-                n += len(batch)
-                writer.write(batch.getvalue())
-                if k + 1 < count:
-                    batch.clear()
-                    build(batch, k + 1)  # while Redis runs part k
-                await writer.drain()
-            reader = self._reader
-            out: list[Any] = []
-            while len(out) < n:
-                i = len(out)
-                if i < len(shapes) and shapes[i] != Shape.ANY:
-                    reply = reader.gets_entries(parser, shapes[i])
-                else:
-                    reply = reader.gets()
-                if reply is NEED_MORE:
-                    data = await stream.read(65536)
-                    if not data:
-                        raise RedisConnectionError("connection closed by the server")
-                    reader.feed(data)
-                    continue
-                out.append(reply)
+            # The watchdog: nothing written and answered within REPLY_TIMEOUT, the connection is aborted
+            # (the pending write or read then fails).
+            late: list[bool] = []
+            watchdog = asyncio.get_running_loop().call_later(REPLY_TIMEOUT, _abort, writer, late)
+            try:
+                shapes: list[int] = []  # per reply, when some part expects entries
+                n = 0
+                for k in range(count):
+                    if batch.expects_entries:
+                        shapes += [Shape.ANY] * (n - len(shapes))
+                        shapes += [batch.reply_shape(i) for i in range(len(batch))]
+                    n += len(batch)
+                    writer.write(batch.getvalue())
+                    if k + 1 < count:
+                        batch.clear()
+                        build(batch, k + 1)  # while Redis runs part k
+                    await writer.drain()
+                reader = self._reader
+                out: list[Any] = []
+                while len(out) < n:
+                    i = len(out)
+                    if i < len(shapes) and shapes[i] != Shape.ANY:
+                        reply = reader.gets_entries(parser, shapes[i])
+                    else:
+                        reply = reader.gets()
+                    if reply is NEED_MORE:
+                        data = await stream.read(65536)
+                        if not data:
+                            raise RedisConnectionError("connection closed by the server")
+                        reader.feed(data)
+                        continue
+                    out.append(reply)
+            except (OSError, RedisConnectionError) as exc:
+                if late:
+                    raise RedisConnectionError(f"no reply within {REPLY_TIMEOUT:g}s: the connection was "
+                                               "dropped (half-open, or the server stopped)") from exc
+                raise
+            finally:
+                watchdog.cancel()
             return out
         except OSError as exc:
             self._reader = None
