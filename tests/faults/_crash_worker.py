@@ -1,8 +1,9 @@
 """A consumer process that a poison pill kills: ``python _crash_worker.py URL SERVICE CONSUMER TTL MODE HOLD``.
 
-MODE ``queue``: a first client (the notification API) holds HOLD streams (read, queued for the
-application, never taken) and the process prints ``{"held": HOLD}``; then a second client of the same
-service runs ``client.run(handler, concurrency=1)``.
+MODE ``queue``: a first client (the notification API) holds HOLD streams of SERVICE (read, queued for
+the application, never taken) and the process prints ``{"held": HOLD}``; then a second client runs
+``client.run(handler, concurrency=1)`` on the service ``SERVICE-poison`` (so that which stream it
+gets never depends on the order recovery put them back in).
 MODE ``run``: only the second client, with ``concurrency=HOLD``.
 The handler prints ``{"running": stream}`` and kills the process (``os._exit(3)``, no clean-up) on a
 stream named ``poison*``; the others work until the process dies.
@@ -34,7 +35,7 @@ async def main(url: str, service: str, consumer: str, ttl: float, mode: str, hol
         while holder.held < hold:
             await asyncio.sleep(0.05)
         print(json.dumps({"held": holder.held}), flush=True)
-        hold = 1
+        hold, service = 1, service + "-poison"
     cfg = lbs.Config(lock_ttl=ttl, read_block=0.1, recovery=False)
     runner = lbs.Client(url, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False)
     await runner.run(handle, concurrency=hold)

@@ -110,7 +110,7 @@ async def crash_and_restart(srv: RedisServer, downtime: float) -> None:
 
 # ------------------------------------------------------------- recording ----
 
-@dataclass
+@dataclass(slots=True)
 class Run:
     """One handler call."""
 

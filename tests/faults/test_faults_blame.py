@@ -38,8 +38,13 @@ async def _crash(url: str, service: str, mode: str, hold: int) -> tuple[int, flo
     proc = await asyncio.create_subprocess_exec(sys.executable, WORKER, url, service, "doomed", str(TTL), mode,
                                                 str(hold), stdout=subprocess.PIPE)
     assert proc.stdout is not None
-    out = (await asyncio.wait_for(proc.stdout.read(), SETTLE * 3)).decode().splitlines()
-    code = await asyncio.wait_for(proc.wait(), SETTLE)
+    try:
+        out = (await asyncio.wait_for(proc.stdout.read(), SETTLE * 3)).decode().splitlines()
+        code = await asyncio.wait_for(proc.wait(), SETTLE)
+    finally:
+        if proc.returncode is None:  # it did not die as it should: never leave it running
+            proc.kill()
+            await proc.wait()
     return code, time.monotonic(), out
 
 
@@ -70,32 +75,38 @@ def _retries(fields: dict[bytes, bytes]) -> int:
 
 async def test_a_poison_pill_that_kills_its_process_is_dead_lettered_and_its_bystanders_are_not(
         service: str, report: Report) -> None:
+    poisoned = service + "-poison"  # the worker's run() client's service (see _crash_worker.py)
     with server() as srv:
         r = aioredis.Redis.from_url(srv.url)
         async with lbs.Producer(srv.url, service) as producer:
             for i in range(0, BYSTANDERS, 10_000):
                 await producer.add_streams([f"bystander-{j}" for j in range(i, min(i + 10_000, BYSTANDERS))])
-            await producer.add_stream("poison")  # last: the worker's queueing client holds the others
-        rescuer = lbs.Client(srv.url, service, "rescuer", lbs.Config(lock_ttl=TTL, deadline_batch=5_000),
-                             load_entrypoint_plugins=False)
+        async with lbs.Producer(srv.url, poisoned) as producer:
+            await producer.add_stream("poison")
+        rescuers = [lbs.Client(srv.url, name, "rescuer", lbs.Config(lock_ttl=TTL, deadline_batch=5_000),
+                               load_entrypoint_plugins=False) for name in (service, poisoned)]
         recoveries = []
         try:
             for crash in range(CRASHES):
                 code, _, out = await _crash(srv.url, service, "queue", BYSTANDERS)
                 assert code == 3, f"crash {crash + 1}: the worker did not die on the poison pill ({code}): {out}"
                 assert [json.loads(line) for line in out] == [{"held": BYSTANDERS}, {"running": "poison"}], out
-                recoveries.append(await _recover(rescuer, r, service))
+                recoveries.append(max([await _recover(rescuers[0], r, service),
+                                       await _recover(rescuers[1], r, poisoned)]))
             waiting = await _entries(r, lbs.input_stream(service))
-            dead = await _entries(r, lbs.dead_letter_stream(service))
+            dead = {**await _entries(r, lbs.dead_letter_stream(service)),
+                    **await _entries(r, lbs.dead_letter_stream(poisoned))}
+            poison_left = await _entries(r, lbs.input_stream(poisoned))
         finally:
-            await rescuer.close()
+            for rescuer in rescuers:
+                await rescuer.close()
             await r.aclose()
     counted = sum(1 for name, f in waiting.items() if _retries(f))
     fig = Figures("blame-queued-bystanders", BYSTANDERS + 1, CRASHES, 0, CRASHES, BYSTANDERS + 1 - len(waiting) -
                   len(dead), 0, counted, len(dead), 0,
                   extra={"recovery_s": [round(t, 1) for t in recoveries]})
     report(fig)
-    assert list(dead) == ["poison"] and _retries(dead["poison"]) == CRASHES, fig.line()
+    assert list(dead) == ["poison"] and _retries(dead["poison"]) == CRASHES and not poison_left, fig.line()
     assert dead["poison"][b"_deaths"].decode().count(" ") == CRASHES - 1  # one id per counted death
     assert len(waiting) == BYSTANDERS and counted == 0, fig.line()
 
