@@ -120,7 +120,7 @@ class Client:
         self._requeue = Requeue(s)
         self._finisher = Finisher(s, self._topology)
         self._heartbeat = Heartbeat(s, self._finisher, self._requeue, self._topology)
-        self._marking: set[asyncio.Future[None]] = set()  # drain_notifications' marks, on their way
+        self._marking: set[asyncio.Task[None]] = set()  # drain_notifications' marks, on their way
         self._reader = Reader(s, self._finisher, self._requeue, self._topology)
         self._keyed: KeyedRunner | None = None
         self._instance = Instance(s)
@@ -382,7 +382,7 @@ class Client:
             out.append(note)
         if started := self._taken(out):
             # Not awaited (this call does not wait): Redis is told at once, in the background.
-            task = asyncio.ensure_future(self._heartbeat.mark_running(started))
+            task = asyncio.create_task(self._heartbeat.mark_running(started))
             self._marking.add(task)
             task.add_done_callback(self._marking.discard)
         return out
@@ -587,6 +587,7 @@ class Client:
             for waiter in (ended, cut):
                 waiter.cancel()
         await cancel_and_wait(running)
+        await cancel_and_wait(list(self._marking))  # drain_notifications' marks: the streams go back below
         if self._keyed is not None:
             # Keys whose handlers finished commit (and yield) first; the rest are handed back below.
             await self._keyed.flush(self.config.read_block + 5.0)
