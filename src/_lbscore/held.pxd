@@ -22,9 +22,9 @@ cdef class Held:
         readonly int64_t token
         public object task         # the run() handler's task, if any
         readonly double taken_at   # when it was taken (the client's monotonic clock, seconds)
-        # What its entry's pending delivery count tells recovery: MARK_HELD (0: merely held, queued
-        # for the application), MARK_WANTED (running, Redis not told yet), MARK_SENT (told, no answer
-        # yet), MARK_RUNNING (Redis has a count > 0: running).
+        # Whether recovery sees it as running: MARK_HELD (in the consumer's queued set: waiting for
+        # the application), MARK_WANTED (taken, Redis not told yet), MARK_SENT (told, no answer yet),
+        # MARK_RUNNING (not in the set: running).
         unsigned char mark
         _HeldKeys _keys
 

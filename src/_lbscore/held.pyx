@@ -13,13 +13,14 @@
 
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 
-# Held.mark: what the entry's pending delivery count says, and whether Redis must be told.
-# A dead holder's death counts a retry only against entries whose count is not 0 (requeue-6.lua).
+# Held.mark: whether its entry id is in the consumer's queued set ({<service>-input}:queued:<consumer>),
+# and whether Redis must be told it left it. A dead holder's death counts a retry only against
+# entries not in its queued set (requeue-6.lua).
 cdef enum:
-    MARK_HELD = 0      # count 0: queued for the application, not running
+    MARK_HELD = 0      # in the queued set: waiting for the application, not running
     MARK_WANTED = 1    # the application took it: running, Redis not told yet
-    MARK_SENT = 2      # an extend-n call carrying its 'r' flag is on its way
-    MARK_RUNNING = 3   # count > 0: running (a handler's, or delivered so)
+    MARK_SENT = 2      # an SREM taking it out of the set is on its way
+    MARK_RUNNING = 3   # not in the set: running (a handler's, or delivered so)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 
@@ -221,8 +222,8 @@ cdef class HeldTable:
         are the record's), ``token`` the lock's fencing token,
         ``retry_count`` the failed attempts so far and ``taken_at`` when it
         was taken (a monotonic time). ``queued``: it waits for the
-        application and ``read-3.lua`` marked it merely held (a claimed entry
-        never is: it keeps its delivery count, so it counts as running).
+        application and ``read-3.lua`` put it in the consumer's queued set
+        (a claimed entry never is: it counts as running from delivery).
         """
         cdef Held h
         if entry.error is not None or entry.stream is None:
@@ -292,10 +293,22 @@ cdef class HeldTable:
         return out
 
     @staticmethod
+    def pending_marks(list held not None):
+        """The entry ids of ``held`` whose application took them since Redis last heard (:meth:`Held.start`);
+        they count as sent from now on (:meth:`settle_marks` when Redis answered)."""
+        cdef Held h
+        cdef list out = []
+        for v in held:
+            h = <Held?>v
+            if h.mark == MARK_WANTED or h.mark == MARK_SENT:
+                h.mark = MARK_SENT
+                out.append(h.entry_id)
+        return out
+
+    @staticmethod
     def settle_marks(list held not None):
-        """Redis answered the ``extend-n.lua`` calls that carried ``held``'s pending marks: those
-        records count as running from now on. (Unanswered, a mark stays pending: the next call
-        carries it again.)"""
+        """Redis answered the call that carried ``held``'s pending marks: those records count as
+        running from now on. (Unanswered, a mark stays pending: the next call carries it again.)"""
         cdef Held h
         for v in held:
             h = <Held?>v
@@ -317,13 +330,10 @@ cdef class HeldTable:
         per-stream Python object. ``held`` is a snapshot (:meth:`values`),
         so the script's 1-based output positions map to ``held[start + p - 1]``.
 
-        With ``refresh_every`` > 1, or when a record's mark is pending
-        (:meth:`Held.start`), one more ARGV follows: a flag per record, "r"
-        for a record whose mark is pending (its delivery count is set to 1,
-        running; it is sent again with every call until :meth:`settle_marks`),
-        else "1" for the records whose token % refresh_every equals ``phase``
-        (only their pending idle time is refreshed this tick, so each
-        record's is refreshed every ``refresh_every`` ticks) and "0".
+        With ``refresh_every`` > 1 one more ARGV follows: a flag per record
+        ("1"/"0"), set for the records whose token % refresh_every equals
+        ``phase``: only their pending idle time is refreshed this tick, so
+        each record's is refreshed every ``refresh_every`` ticks.
 
         With ``go_sep`` (``Config.go_compatible``) the flags always follow
         ("" for all records when ``refresh_every`` is 1), then ``go_ttl_ms``,
@@ -342,15 +352,8 @@ cdef class HeldTable:
         if refresh_every < 1:
             raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
         cdef bint go = go_sep is not None
-        cdef bint marks = False
-        for i in range(start, stop):
-            h = <Held?>held[i]
-            if h.mark == MARK_WANTED or h.mark == MARK_SENT:
-                marks = True
-                break
-        cdef bint flags = refresh_every > 1 or marks
         evalsha_over_locks(buf, sha, head_keys, None, held, start, stop,
-                           len(head_args) + 2 * n + (flags or go) + (n + 1 if go else 0))
+                           len(head_args) + 2 * n + (refresh_every > 1 or go) + (n + 1 if go else 0))
         for a in head_args:
             pack_arg(buf, a)
         for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
@@ -361,15 +364,11 @@ cdef class HeldTable:
             h = <Held?>held[i]
             idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
             buf.write_bulk(idp, idn)
-        if flags:
+        if refresh_every > 1:
             buf.write_len_header(c'$', n)
             for i in range(start, stop):
                 h = <Held>held[i]
-                if h.mark == MARK_WANTED or h.mark == MARK_SENT:
-                    h.mark = MARK_SENT
-                    buf.write_byte(c'r')
-                else:
-                    buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
+                buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
             buf.write(b"\r\n", 2)
         elif go:
             buf.write_bulk(b"", 0)

@@ -115,6 +115,16 @@ def due_key(service: str) -> str:
     return f"{hash_tag(service)}:due"
 
 
+def queued_prefix(service: str) -> str:
+    """``{<service>-input}:queued:``: a consumer's queued set is this plus its consumer id.
+
+    The set holds the entry ids the consumer read for its application but that
+    the application has not taken yet (the notification API): merely held, not
+    running, so its death counts no retry against them (``requeue-6.lua``).
+    """
+    return f"{hash_tag(service)}:queued:"
+
+
 def pardons_key(service: str) -> str:
     """Deaths that were no one's fault: ``{<service>-input}:pardons``.
 

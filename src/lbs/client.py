@@ -267,6 +267,8 @@ class Client:
         when Redis refuses it, or when the client closes first.
         """
         (h,) = self._state.holdings.to_finish([(stream, entry_id)])
+        if h.start():  # finished without its notification ever taken: out of the queued set first
+            await self._heartbeat.mark_running([h])
         (status,) = await self._finisher.finish([h])
         return status
 
@@ -281,6 +283,8 @@ class Client:
             raise ConfigurationError("done_streams takes a list of names or notifications, not one name")
         picked = self._state.holdings.to_finish(
             (item.stream, item.entry_id) if isinstance(item, Notification) else (item, None) for item in streams)
+        # Finished without its notification ever taken: out of the queued set first (nothing left behind).
+        await self._heartbeat.mark_running([h for h in picked if h.start()])
         return await self._finisher.finish(picked)
 
     async def wait_finished(self, count: int, timeout: float | None = None) -> None:

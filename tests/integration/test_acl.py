@@ -21,7 +21,8 @@ from lbs.status import collect_status
 COMMANDS = ("+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xread +xadd +xack +xackdel "
             "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
             "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
-            "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank")
+            "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
+            "+sismember")
 
 #: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).
 OPERATOR = " +xinfo|consumers +zcard +watch +unwatch +eval"

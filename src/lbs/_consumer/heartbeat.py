@@ -43,6 +43,9 @@ from .topology import Topology
 
 __all__ = ["Heartbeat"]
 
+#: Entry ids per SREM that takes streams out of the queued set.
+MARK_SLICE = 5_000
+
 
 class Heartbeat:
     """The heartbeat task of one client; the one caller of ``extend-n.lua``."""
@@ -155,6 +158,7 @@ class Heartbeat:
             raise RedisOperationError("heartbeat", exc) from exc
         s.stats.heartbeats += 1
         s.stats.heartbeat_at = time.monotonic()
+        await self.mark_running(snapshot)  # marks a take could not send (none, nearly always)
         lost: list[Held] = []
         for start, positions in zip(starts, results):
             for p in positions:
@@ -194,7 +198,7 @@ class Heartbeat:
     async def _extend(self, wire: Wire, snapshot: list[Held], phase: int, *, last: bool) -> tuple[list[Any], range]:
         """``extend-n.lua`` over ``snapshot`` in chunks of ``Config.heartbeat_chunk``, one round trip
         (``last``: the final call also moves the deadline and the instance marker); the replies per call
-        and where each call's records start. Marks Redis answered are settled."""
+        and where each call's records start."""
         s = self.state
         n, cfg = s.names, s.config
         chunk = cfg.heartbeat_chunk
@@ -216,21 +220,28 @@ class Heartbeat:
                    min(start + chunk, len(snapshot)), every, phase, go_sep, go_ttl)
 
         results = first_error(await wire.execute_chunks(len(starts), build, retry_safe=True))
-        HeldTable.settle_marks(snapshot)
         return results, starts
 
     async def mark_running(self, records: list[Held]) -> None:
-        """Tell Redis that these streams run now (the application took them from the notification
-        queue: :meth:`Held.start`), before the application works on them, so that a death from here
-        on counts against them. One round trip on a pool connection; extending their locks on the
-        way is harmless. When it fails the next tick carries the marks."""
-        if not records:
+        """Tell Redis that those of ``records`` the application took from the notification queue
+        (:meth:`Held.start`) run now, before it works on them, so that a death from here on counts
+        against them: their ids leave this consumer's queued set (SREM), in one round trip on a pool
+        connection. When it fails the next tick sends them again."""
+        ids = HeldTable.pending_marks(records)
+        if not ids:
             return
+        key = self.state.names.queued_key
+
+        def build(b: CommandBatch) -> None:
+            for i in range(0, len(ids), MARK_SLICE):
+                b.command("SREM", key, *ids[i:i + MARK_SLICE])
+
         try:
-            await self._extend(self.state.link.pool, records, -1, last=False)
+            first_error(await self.state.link.pool.execute(build, retry_safe=True))
         except (RedisError, OSError) as exc:
-            self.state.log.debug("marking %d streams running failed (%s); the next heartbeat will", len(records),
-                                 exc)
+            self.state.log.debug("marking %d streams running failed (%s); the next heartbeat will", len(ids), exc)
+            return
+        HeldTable.settle_marks(records)
 
     def _warn(self, what: str) -> None:
         """Something the tick's last call could not do (extend-n.lua's string outputs)."""

@@ -161,7 +161,7 @@ class Reader:
         n = s.names
         args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
                 n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex,
-                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "", self.dispatch is None)
+                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "", n.queued_key if self.dispatch is None else "")
 
         def build(b: CommandBatch) -> None:
             scripts.read(b, *args)
@@ -233,7 +233,7 @@ class Reader:
                     bad.append((e, f"{tok}:{owner}", f"out of retries: {e.retry_count} re-queued, "
                                                      f"{e.delivery_count} deliveries (claimed)"))
                     continue
-            # Queued for the application (no run()): read-3 marked it merely held until it is taken.
+            # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
             h = table.take(e, tok, retry_count, taken_at, queued)
             stats.taken += 1
             if acquired:

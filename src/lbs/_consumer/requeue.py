@@ -103,7 +103,7 @@ class Requeue:
                                 original_field=n.original_field, reason=reason, consumer=n.id,
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
                                 field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep,
-                                stream_name=names[i] if names else "")
+                                stream_name=names[i] if names else "", queued_prefix=n.queued_prefix)
 
         return (await s.link.pool.execute(build))[:len(calls)]
 

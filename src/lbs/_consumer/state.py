@@ -67,6 +67,13 @@ class Names:
     lock_prefix: bytes
     #: ``{<service>-input}:``: keyed processing's data streams and key states start with it.
     key_prefix: str
+    #: ``{<service>-input}:queued:``; a consumer's queued set is this plus its id.
+    queued_prefix: str
+
+    @property
+    def queued_key(self) -> str:
+        """This consumer's queued set: what it read for the application that the application has not taken."""
+        return self.queued_prefix + self.id
 
     @classmethod
     def of(cls, service: str, consumer_id: str, instance: str, config: Config) -> Names:
@@ -76,7 +83,8 @@ class Names:
                    _keys.fence_key(service), _keys.consumers_key(service), _keys.instance_key(service, consumer_id),
                    _keys.reaped_key(service), _keys.dead_letter_stream(service) if dlq is None else dlq,
                    _keys.lock_key(service, ""), prefix + "retry_count", prefix + "original_id", prefix,
-                   f"{consumer_id}:{instance}", _keys.lock_key(service, "").encode(), _keys.key_prefix(service))
+                   f"{consumer_id}:{instance}", _keys.lock_key(service, "").encode(), _keys.key_prefix(service),
+                   _keys.queued_prefix(service))
 
 
 class Link:

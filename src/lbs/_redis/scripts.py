@@ -80,11 +80,11 @@ def sources() -> list[str]:
 
 def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, consumer: str, count: int,
          ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str, msetex: bool,
-         go_lock_sep: str = "", queued: bool = False) -> None:
+         go_lock_sep: str = "", queued: str = "") -> None:
     """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects.
 
-    ``queued``: what is read waits for the application (the notification API), so new entries are
-    marked merely held (pending delivery count 0) until it takes them; see ``extend-n.lua``.
+    ``queued``: what is read waits for the application (the notification API): new entries go into
+    this consumer's queued set (merely held) until it takes them.
     """
     b.command("EVALSHA", READ.sha, READ.fixed_keys,
               stream,       # KEYS[1] the LBS
@@ -100,7 +100,7 @@ def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, c
               owner,        # ARGV[8] lock owner: values are "<token>:<owner>"
               1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
               go_lock_sep,  # ARGV[10] Go-style lock separator ("": not checked)
-              1 if queued else 0)  # ARGV[11] "1": new entries marked merely held (count 0)
+              queued)       # ARGV[11] the consumer's queued set ("": nothing queued)
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
@@ -172,7 +172,8 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
             group: str,
             entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
             original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
-            field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "") -> None:
+            field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "",
+            queued_prefix: str = "") -> None:
     """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
 
     Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
@@ -201,7 +202,8 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
               delay.max_ms,                    # ARGV[15] longest delay (ms)
               repr(delay.jitter),              # ARGV[16] jitter factor in [0.5, 1]
               go_lock_sep,                     # ARGV[17] Go-style lock separator ("": not checked)
-              stream_name)                     # ARGV[18] mode "owned": its Go-style lock is released
+              stream_name,                     # ARGV[18] mode "owned": its Go-style lock is released
+              queued_prefix)                   # ARGV[19] queued sets: what a holder merely held counts no death
 
 
 class RequeueCode(enum.IntEnum):

@@ -19,12 +19,8 @@
   ARGV[6..n+5]   the lock values we set ("<token>:<owner>"), one per key
   ARGV[n+6..2n+5] the entry ids behind the locks, one per key
   ARGV[2n+6]     optional: one flag per key, "1" to refresh that entry's
-                 pending idle time this call, "0" to leave it, "r" to mark
-                 it running: its pending delivery count is set to 1 (which
-                 refreshes its idle time too). Absent or "": refresh all.
-                 read-3.lua marks what a client queues for its application
-                 merely held (count 0); requeue-6.lua counts a dead holder's
-                 death only against entries whose count is not 0
+                 pending idle time this call, "0" to leave it (absent or
+                 "": all)
   Beside a Go reference client v0.4 fleet (Config.go_compatible), 3n + 7
   arguments: the flags (ARGV[2n+6]) are always there, then
   ARGV[2n+7]     the Go-style locks' TTL in milliseconds, an integer >= 1
@@ -74,7 +70,7 @@
   lost locks in this output.
 
   XCLAIM ... 0 ... JUSTID to ourselves resets the idle time without bumping
-  the delivery counter (RETRYCOUNT 1 for the entries flagged "r"), so live work never looks idle to an XPENDING IDLE
+  the delivery counter, so live work never looks idle to an XPENDING IDLE
   scan or to XREADGROUP CLAIM. The client flags a rotating share of the
   entries per call, so each is refreshed well within the scan's min-idle
   without paying for every entry on every tick. Slices of 500 ids stay
@@ -109,7 +105,7 @@ local nonce = ARGV[5]
 local me = ARGV[3]
 
 -- Reads.
-local out, mine, refresh, running = {}, {}, {}, {}
+local out, mine, refresh = {}, {}, {}
 local go_keep, go_dels, taken = {}, {}, {}
 for i = 1, n do
   local v = redis.pcall('GET', KEYS[i + 3])
@@ -125,10 +121,7 @@ for i = 1, n do
     else
       mine[#mine + 1] = KEYS[i + 3]
       if go then go_keep[#go_keep + 1] = go_key end
-      local flag = not all and byte(flags, i)
-      if flag == 114 then  -- 'r'
-        running[#running + 1] = ARGV[n + 5 + i]
-      elseif all or flag == 49 then
+      if all or byte(flags, i) == 49 then
         refresh[#refresh + 1] = ARGV[n + 5 + i]
       end
     end
@@ -178,22 +171,14 @@ if set_marker then
   redis.call('SET', KEYS[3], nonce, 'PX', ttl)
 end
 local slice = 500
-local function xclaim(ids, count)
-  for s = 1, #ids, slice do
-    local claim = {'XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0}
-    for j = s, math.min(s + slice - 1, #ids) do
-      claim[#claim + 1] = ids[j]
-    end
-    if count then
-      claim[#claim + 1] = 'RETRYCOUNT'
-      claim[#claim + 1] = count
-    end
-    claim[#claim + 1] = 'JUSTID'
-    redis.pcall(unpack(claim))
+for s = 1, #refresh, slice do
+  local claim = {'XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0}
+  for j = s, math.min(s + slice - 1, #refresh) do
+    claim[#claim + 1] = refresh[j]
   end
+  claim[#claim + 1] = 'JUSTID'
+  redis.pcall(unpack(claim))
 end
-xclaim(refresh)
-xclaim(running, 1)
 for _, note in ipairs(notes) do
   out[#out + 1] = note
 end

@@ -47,14 +47,15 @@
            holder's: its token is "Go consumer <the lock's value>" and no
            lock of ours is taken (it stays pending, left to its holder).
            The key is outside the service's slot: single Redis only.
-  ARGV[11] optional: "1" when the reader queues what it takes instead of
-           starting a handler at once (the notification API): every new
-           entry it locks is marked "merely held" by setting its pending
-           delivery count to 0 (XCLAIM ... RETRYCOUNT 0 JUSTID); the client
-           marks it running (count 1, extend-n.lua) when the application
-           takes it. requeue-6.lua counts a dead holder's death only against
-           entries whose count is not 0. Claimed entries (ARGV[7]) keep
-           theirs: it counts their earlier deliveries.
+  ARGV[11] optional: the reading consumer's queued set, {<service>-input}:
+           queued:<consumer id>, when the reader queues what it takes
+           instead of starting a handler at once (the notification API):
+           every new entry it locks is added to it (SADD): merely held, not
+           running. The client takes an entry out (SREM) when the
+           application takes it; requeue-6.lua counts a dead holder's death
+           only against entries not in its set. Claimed entries (ARGV[7])
+           are never added: they count as running from delivery. "" or
+           absent: nothing is added. (Same slot as KEYS[3]: not declared.)
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing and returns
@@ -147,8 +148,8 @@ end
 if ARGV[6] == '>' then
   local writes = {{'TIME'}, {'SET', KEYS[2], '1'}, {'INCRBY', KEYS[2], '1'},
                   {'SET', ARGV[5] .. '0-1', '1', 'NX', 'PXAT', '1'}, {'ZADD', KEYS[3], 'NX', '1', ARGV[2]}}
-  if ARGV[11] == '1' then
-    writes[#writes + 1] = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], '0', '0-1', 'RETRYCOUNT', '0', 'JUSTID'}
+  if ARGV[11] and ARGV[11] ~= '' then
+    writes[#writes + 1] = {'SADD', ARGV[11], '0-1'}
   end
   for _, cmd in ipairs(writes) do
     if not redis.acl_check_cmd(unpack(cmd)) then
@@ -269,8 +270,8 @@ end
 if taken then
   redis.call('ZADD', KEYS[3], 'NX', deadline, ARGV[2])
 end
-if ARGV[11] == '1' then
-  -- Queued, not running: count 0 (new entries whose lock we took; a claimed one keeps its count).
+if ARGV[11] and ARGV[11] ~= '' then
+  -- Queued, not running: new entries whose lock we took go into the consumer's queued set.
   local held = {}
   for i = 1, n do
     local e = entries[i]
@@ -279,10 +280,7 @@ if ARGV[11] == '1' then
     end
   end
   for s = 1, #held, 500 do
-    local claim = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
-    for j = s, math.min(s + 499, #held) do claim[#claim + 1] = held[j] end
-    claim[#claim + 1], claim[#claim + 2], claim[#claim + 3] = 'RETRYCOUNT', 0, 'JUSTID'
-    redis.call(unpack(claim))
+    redis.call('SADD', ARGV[11], unpack(held, s, math.min(s + 499, #held)))
   end
 end
 return {entries, tokens, ''}

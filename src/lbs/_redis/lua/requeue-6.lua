@@ -23,9 +23,9 @@
   ARGV[4]   our lock value, for mode "owned"
   ARGV[5]   retry increment: "0" (hand-back on shutdown) or "1" (a failure).
             In mode "absent" (its holder is gone) a "1" counts only when the
-            entry's pending delivery count is not 0: read-3.lua marks what a
-            client merely holds (queued for its application) with 0, and
-            extend-n.lua sets 1 once the application takes it. A death
+            entry is not in its holder's queued set (ARGV[19]): read-3.lua
+            adds what a client merely holds (queued for its application),
+            and the client takes it out once the application takes it. A death
             counted so also appends the entry id to the copy's
             <prefix>deaths (space-separated, the latest 32 kept): when a
             later call finds one of them in KEYS[6] it takes that retry back
@@ -54,6 +54,13 @@
             "<DataStreamName><sep><entry id>" exists is held by a live Go
             consumer: nothing is touched ({0, "go lock"}). The key is outside
             the service's slot: single Redis only, as the Go client is.
+  ARGV[18]  mode "owned" beside a Go fleet: the DataStreamName, whose
+            Go-style lock "<ARGV[18]><ARGV[17]><entry id>" is released with ours
+  ARGV[19]  optional: the queued sets' prefix, {<service>-input}:queued:; the
+            holder's set is this plus its consumer name (from XPENDING; same
+            slot, not declared). An entry in it was merely held (see ARGV[5]);
+            it leaves the set when the entry is re-queued, parked,
+            dead-lettered or found trimmed. "" or absent: not looked at.
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
@@ -145,19 +152,27 @@ if type(p) ~= 'table' or not p[1] then
   return {0, 'acked'}
 end
 
+-- Merely held by its holder (queued for its application, never taken)?
+local qkey = ARGV[19] and ARGV[19] ~= '' and (ARGV[19] .. p[1][2]) or nil
+local queued = qkey ~= nil and redis.pcall('SISMEMBER', qkey, ARGV[2]) == 1
+local function unqueue()
+  if queued then redis.pcall('SREM', qkey, ARGV[2]) end
+end
+
 -- 3. The entry.
 local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
 if #found == 0 then
   redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
   release()
+  unqueue()
   return {-1, 'trimmed'}
 end
 
 local fields = found[1][2]
--- A dead holder's death counts only against what it was running (count > 0; see ARGV[5]).
+-- A dead holder's death counts only against what it was running, not what it merely held (ARGV[5]).
 local increment = tonumber(ARGV[5])
 local died = mode == 'absent' and increment > 0
-if died and tonumber(p[1][4]) == 0 then
+if died and queued then
   increment, died = 0, false
 end
 
@@ -285,5 +300,6 @@ if not oversized then
   redis.call('XDEL', KEYS[1], ARGV[2])
 end
 release()
+unqueue()
 if code == 4 then return {code, id, input or '', retries, delay} end
 return {code, id, input or '', retries}
