@@ -204,7 +204,7 @@ class Reader:
         taken_at = time.monotonic()
         # Re-reading our pending entries: those being finished are not to be taken again.
         finishing = {h.entry_id for h in self.finisher.finishing()} if start != ">" else ()
-        queued = dispatch is None and start == ">"  # a re-read ("0") bumped the delivery counts
+        queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
         for e, tok in zip(raw_entries, tokens):
             tok = self._own_token(tok, owner)
             if not isinstance(tok, int):
