@@ -9,6 +9,7 @@ roll back a script that fails part-way, so "refused" must mean "untouched".
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from lbs._keys import (
     input_stream,
     instance_key,
     lock_key,
+    queued_prefix,
     reaped_key,
 )
 from lbs._redis.scripts import source
@@ -198,6 +200,22 @@ async def test_read_refuses_an_lbs_of_the_wrong_type(rr: aioredis.Redis, service
     await refused(read(rr, service), input_stream(service), "holds a hash, not the load-balancer stream")
     assert await snapshot(rr, service) == before
     assert not await rr.exists(fence_key(service), consumers_key(service))
+
+
+async def test_read_refuses_a_queued_set_of_the_wrong_type_before_delivering(rr: aioredis.Redis,
+                                                                               service: str) -> None:
+    await lbs_with(rr, service, 2)
+    queued = queued_prefix(service) + "c1"
+    await rr.set(queued, "x")
+    before = await snapshot(rr, service)
+    args = [group_name(service), "c1", 10, TTL, lock_key(service, ""), ">", "", "", "", "", queued]
+    with pytest.raises(ResponseError, match=f"LBSKEY {re.escape(queued)} holds a string, not a queued set"):
+        await rr.eval(source("read-3"), 3, input_stream(service), fence_key(service), consumers_key(service), *args)
+    assert await snapshot(rr, service) == before  # nothing delivered, nothing locked
+    await rr.delete(queued)
+    reply = await rr.eval(source("read-3"), 3, input_stream(service), fence_key(service), consumers_key(service),
+                          *args)
+    assert len(reply[0]) == 2 and await rr.scard(queued) == 2  # queued: merely held
 
 
 async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(rr: aioredis.Redis,

@@ -66,7 +66,8 @@
       refuse; at most 16 digits, as a seed from the clock has 16) whose
       value + COUNT stays below 2^53 (9007199254740992): Lua numbers are
       doubles, and a token past 2^53 would lose precision;
-    * KEYS[3] does not exist or is a sorted set.
+    * KEYS[3] does not exist or is a sorted set;
+    * ARGV[11], when given, does not exist or is a set.
   Malformed ARGV[3] / ARGV[4] give "ERR lbs read-3: ..." (nothing written).
 
   Output: {entries, tokens, top}
@@ -141,6 +142,12 @@ end
 kind = key_type(KEYS[3])
 if kind ~= 'none' and kind ~= 'zset' then
   return refuse(KEYS[3], 'holds a ' .. kind .. ', not the consumer deadline index')
+end
+if ARGV[6] == '>' and ARGV[11] and ARGV[11] ~= '' then
+  kind = key_type(ARGV[11])
+  if kind ~= 'none' and kind ~= 'set' then
+    return refuse(ARGV[11], 'holds a ' .. kind .. ', not a queued set')
+  end
 end
 
 -- Permissions: a user allowed to read but not to take the locks would get
