@@ -107,9 +107,6 @@ class Held:
     @property
     def running(self) -> bool:
         """Whether the application has it (recovery counts its holder's death against it)."""
-    @property
-    def mark_pending(self) -> bool:
-        """Whether Redis has yet to be told that it runs."""
     def start(self) -> bool:
         """The application took it; True if Redis has to be told."""
     @property

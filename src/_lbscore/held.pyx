@@ -90,11 +90,6 @@ cdef class Held:
         """
         return self.mark != MARK_HELD
 
-    @property
-    def mark_pending(self):
-        """Whether Redis has yet to be told that it runs (the next ``extend-n.lua`` call carries it)."""
-        return self.mark == MARK_WANTED or self.mark == MARK_SENT
-
     def start(self):
         """The application took it: it runs from now on. True if Redis has to be told (it was merely held)."""
         if self.mark != MARK_HELD:

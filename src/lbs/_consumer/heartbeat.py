@@ -24,14 +24,12 @@ import time
 
 from redis.exceptions import RedisError
 
-from typing import Any
-
 from _lbscore import CommandBatch, Held, HeldTable
 
 from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
-from .._redis.wire import Wire, first_error, text
+from .._redis.wire import first_error, text
 from .._waits import wait_set, within
 from ..config import GO_MIN_IDLE
 from ..exceptions import RedisOperationError
@@ -149,11 +147,29 @@ class Heartbeat:
         if finishing:  # still ours until Redis answers their done: keep them alive
             snapshot += finishing
         started = time.perf_counter()
-        phase = self._beats % cfg.pel_refresh_every
+        chunk = cfg.heartbeat_chunk
+        # At least one call, even holding nothing: it keeps the instance marker alive.
+        starts = range(0, max(1, len(snapshot)), chunk)
+        sha, ttl = scripts.EXTEND.sha, cfg.lock_ttl_ms
+        head_keys = scripts.extend_head(n.stream_key, n.consumers_key, n.instance_key)
+        head_args = scripts.extend_args(ttl, n.group, n.id, False, n.instance)
+        last_args = scripts.extend_args(ttl, n.group, n.id, True, n.instance)
+        encode = table.encode_extend
+        every = cfg.pel_refresh_every
+        phase = self._beats % every
         self._beats += 1
+        # Beside a Go fleet, each call also keeps our Go-style locks (they outlive Go's 2-s claim idle).
+        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else None
+        go_ttl = max(ttl, int(GO_MIN_IDLE * 1000))
+
+        def build(b: CommandBatch, k: int) -> None:
+            start = starts[k]
+            encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
+                   min(start + chunk, len(snapshot)), every, phase, go_sep, go_ttl)
+
         try:
             # Extending a lock checks its value first: sending a tick twice is harmless.
-            results, starts = await self._extend(s.link.beat, snapshot, phase, last=True)
+            results = first_error(await s.link.beat.execute_chunks(len(starts), build, retry_safe=True))
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         s.stats.heartbeats += 1
@@ -194,33 +210,6 @@ class Heartbeat:
             self._report_overdue(cfg.hold_warning)
         await self.requeue.retry_undead()
         return len(lost)
-
-    async def _extend(self, wire: Wire, snapshot: list[Held], phase: int, *, last: bool) -> tuple[list[Any], range]:
-        """``extend-n.lua`` over ``snapshot`` in chunks of ``Config.heartbeat_chunk``, one round trip
-        (``last``: the final call also moves the deadline and the instance marker); the replies per call
-        and where each call's records start."""
-        s = self.state
-        n, cfg = s.names, s.config
-        chunk = cfg.heartbeat_chunk
-        # At least one call, even holding nothing: it keeps the instance marker alive.
-        starts = range(0, max(1, len(snapshot)), chunk)
-        sha, ttl = scripts.EXTEND.sha, cfg.lock_ttl_ms
-        head_keys = scripts.extend_head(n.stream_key, n.consumers_key, n.instance_key)
-        head_args = scripts.extend_args(ttl, n.group, n.id, False, n.instance)
-        last_args = scripts.extend_args(ttl, n.group, n.id, True, n.instance) if last else head_args
-        encode = s.holdings.table.encode_extend
-        every = cfg.pel_refresh_every
-        # Beside a Go fleet, each call also keeps our Go-style locks (they outlive Go's 2-s claim idle).
-        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else None
-        go_ttl = max(ttl, int(GO_MIN_IDLE * 1000))
-
-        def build(b: CommandBatch, k: int) -> None:
-            start = starts[k]
-            encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
-                   min(start + chunk, len(snapshot)), every, phase, go_sep, go_ttl)
-
-        results = first_error(await wire.execute_chunks(len(starts), build, retry_safe=True))
-        return results, starts
 
     async def mark_running(self, records: list[Held]) -> None:
         """Tell Redis that those of ``records`` the application took from the notification queue

@@ -143,10 +143,12 @@ kind = key_type(KEYS[3])
 if kind ~= 'none' and kind ~= 'zset' then
   return refuse(KEYS[3], 'holds a ' .. kind .. ', not the consumer deadline index')
 end
-if ARGV[6] == '>' and ARGV[11] and ARGV[11] ~= '' then
-  kind = key_type(ARGV[11])
+-- The queued set (ARGV[11]): only new entries (">") are ever added.
+local queued = ARGV[6] == '>' and ARGV[11] and ARGV[11] ~= '' and ARGV[11] or nil
+if queued then
+  kind = key_type(queued)
   if kind ~= 'none' and kind ~= 'set' then
-    return refuse(ARGV[11], 'holds a ' .. kind .. ', not a queued set')
+    return refuse(queued, 'holds a ' .. kind .. ', not a queued set')
   end
 end
 
@@ -155,8 +157,8 @@ end
 if ARGV[6] == '>' then
   local writes = {{'TIME'}, {'SET', KEYS[2], '1'}, {'INCRBY', KEYS[2], '1'},
                   {'SET', ARGV[5] .. '0-1', '1', 'NX', 'PXAT', '1'}, {'ZADD', KEYS[3], 'NX', '1', ARGV[2]}}
-  if ARGV[11] and ARGV[11] ~= '' then
-    writes[#writes + 1] = {'SADD', ARGV[11], '0-1'}
+  if queued then
+    writes[#writes + 1] = {'SADD', queued, '0-1'}
   end
   for _, cmd in ipairs(writes) do
     if not redis.acl_check_cmd(unpack(cmd)) then
@@ -277,7 +279,7 @@ end
 if taken then
   redis.call('ZADD', KEYS[3], 'NX', deadline, ARGV[2])
 end
-if ARGV[11] and ARGV[11] ~= '' then
+if queued then
   -- Queued, not running: new entries whose lock we took go into the consumer's queued set.
   local held = {}
   for i = 1, n do
@@ -287,7 +289,7 @@ if ARGV[11] and ARGV[11] ~= '' then
     end
   end
   for s = 1, #held, 500 do
-    redis.call('SADD', ARGV[11], unpack(held, s, math.min(s + 499, #held)))
+    redis.call('SADD', queued, unpack(held, s, math.min(s + 499, #held)))
   end
 end
 return {entries, tokens, ''}
