@@ -2,8 +2,9 @@
 [--cluster] [--paths deadline,keyspace]``.
 
 For each trial a consumer process takes a stream and is killed with SIGKILL;
-the time from the kill to the stream's STREAM_EXPIRED notification (it is
-back in the LBS) is measured on a rescuer that runs one recovery path only:
+the time from the kill to the stream being back (the rescuer's STREAM_ADDED
+when it adopts it, or STREAM_EXPIRED when it re-queues it into the LBS) is
+measured on a rescuer that runs one recovery path only:
 
 * ``deadline``: the deadline poller (keyspace listener off);
 * ``keyspace``: the keyspace listener (deadline poller off).
@@ -57,7 +58,7 @@ async def trial(url: str, service: str, ttl: float, path: str) -> float:
         proc.kill()
         killed = time.monotonic()
         async for note in rescuer.notifications():
-            if note.type is lbs.NotificationType.STREAM_EXPIRED:
+            if note.type in (lbs.NotificationType.STREAM_EXPIRED, lbs.NotificationType.STREAM_ADDED):
                 return time.monotonic() - killed
         raise RuntimeError("rescuer closed")
     finally:

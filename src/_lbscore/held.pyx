@@ -217,14 +217,15 @@ cdef class HeldTable:
         are the record's), ``token`` the lock's fencing token,
         ``retry_count`` the failed attempts so far and ``taken_at`` when it
         was taken (a monotonic time). ``queued``: it waits for the
-        application and ``read-3.lua`` put it in the consumer's queued set
-        (a claimed entry never is: it counts as running from delivery).
+        application and the script that delivered it put it in the
+        consumer's queued set (``read-3.lua`` never puts a claimed entry
+        there, ``reap-4.lua`` puts every adopted one: the caller says).
         """
         cdef Held h
         if entry.error is not None or entry.stream is None:
             raise _data_error(f"entry {entry.id!r} cannot be held: {entry.error or 'it has no stream'}")
         h = _new_held(self._keys, entry.id, entry.stream, entry.info, retry_count, token, taken_at,
-                      MARK_HELD if queued and entry.delivery_count == 0 else MARK_RUNNING)
+                      MARK_HELD if queued else MARK_RUNNING)
         self._add(h)
         return h
 

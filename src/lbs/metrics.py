@@ -80,6 +80,9 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric("recovery_heartbeat_requeued_total", "counter",
            "Entries this client's heartbeat re-queued, without a retry counted, after finding their locks lost "
            "while it held them."),
+    Metric("recovery_adopted_total", "counter",
+           "Dead holders' entries the deadline poll adopted: moved to this client under fresh locks in the same "
+           "step that found them, with no copy and no second read.", ("path",)),
     # -- recovery, other outcomes (label path: which of the six found the entry) ----
     Metric("recovery_dlq_total", "counter",
            "Entries recovery found out of retries and dead-lettered (or dropped, without a dead-letter stream).",

@@ -134,6 +134,11 @@ class Mailbox(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def room(self) -> int:
+        """How many more items fit before ``put`` waits."""
+        return max(0, self._maxsize - len(self._items))
+
     async def put(self, item: T) -> bool:
         while not self._closed and len(self._items) >= self._maxsize:
             await self._writable.wait()

@@ -94,3 +94,60 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
         await rescuer.close()
         await dead.close()
         await r.aclose()
+
+
+async def _die(r: aioredis.Redis, service: str, c: lbs.Client) -> None:
+    """``c``'s process dies: nothing more of it reaches Redis, its locks go and its deadline passes."""
+    await c._heartbeat.stop()
+    await c._reader.stop()
+    for h in c.held_streams():
+        await r.delete(h.lock_key)
+    await r.zadd(_keys.consumers_key(service), {c.id: 1})
+
+
+@pytest.mark.parametrize("room", [True, False])
+async def test_a_rescuer_with_room_adopts_a_dead_holders_streams_in_place(any_server, service, room) -> None:
+    """With room, the deadline poller adopts (reap-4.lua): the same entries, pending to the rescuer under
+    fresh larger tokens, the death counted in the delivery count of the running one only; without room
+    they are re-queued as fresh entries. Either way a pardon takes the death back on the next trip."""
+    url = any_server.url
+    r = aioredis.Redis.from_url(url)
+    async with lbs.Producer(url, service) as p:
+        await p.add_streams(["running", "queued"])
+    dead = client(url, service, "dead", max_streams=2, recovery=False)
+    rescuer = client(url, service, "rescuer", recovery=False)
+    try:
+        await dead.start()
+        await eventually(lambda: is_true(dead.held == 2))
+        running = await dead.next_notification(timeout=5)
+        assert running is not None and running.stream == "running"
+        old = {h.stream: h for h in dead.held_streams()}
+        await _die(r, service, dead)
+        if room:
+            await rescuer.start()
+        assert await rescuer.recovery.poll_deadlines() == 2  # a client not started has no room: re-queued
+        if room:
+            adopted = [await rescuer.next_notification(timeout=5) for _ in range(2)]
+            by_stream = {n.stream: n for n in adopted if n is not None}
+            assert {s: n.entry_id for s, n in by_stream.items()} == {s: h.entry_id for s, h in old.items()}
+            assert all(by_stream[s].token > old[s].token for s in old)
+            assert by_stream["running"].retry_count == 1 and by_stream["queued"].retry_count == 0
+            page = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
+            assert {p["message_id"].decode(): (p["consumer"], p["times_delivered"]) for p in page} == {
+                old["running"].entry_id: (rescuer.id.encode(), 2), old["queued"].entry_id: (rescuer.id.encode(), 1)}
+        else:
+            copies = await _copies(r, service)
+            assert copies["running"][b"_retry_count"] == b"1" and copies["queued"][b"_retry_count"] == b"0"
+            await rescuer.start()
+        # The dead holder was in fact alive (a partition): it pardons the running stream.
+        await dead._requeue.pardon([old["running"].entry_id])
+        await eventually(lambda: is_true(rescuer.held == 2))
+        await rescuer.close()  # hands both back, no retry counted
+        copies = await _copies(r, service)
+        assert copies["running"][b"_retry_count"] == b"0" and b"_deaths" not in copies["running"]
+        assert copies["queued"][b"_retry_count"] == b"0"
+        assert await r.zscore(_keys.pardons_key(service), old["running"].entry_id) is None  # used up
+    finally:
+        await rescuer.close()
+        await dead.close()
+        await r.aclose()

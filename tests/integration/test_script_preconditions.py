@@ -100,9 +100,10 @@ async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int
                         batch)
 
 
-async def reap(r: aioredis.Redis, service: str) -> list[bytes]:
-    return await r.eval(source("reap-3"), 3, consumers_key(service), input_stream(service),
-                        reaped_key(service), group_name(service), lock_key(service, ""), 100, 60_000, 1_000)
+async def reap(r: aioredis.Redis, service: str, adopter: str = "", room: int = 0, queues: str = "0") -> list[Any]:
+    return await r.eval(source("reap-4"), 4, consumers_key(service), input_stream(service),
+                        reaped_key(service), fence_key(service), group_name(service), lock_key(service, ""), 100,
+                        60_000, 1_000, adopter, room, TTL, f"{adopter}:n", queued_prefix(service), queues)
 
 
 # -- state --------------------------------------------------------------------
@@ -640,7 +641,57 @@ async def test_promote_leaves_an_entry_too_wide_to_copy_parked(rr: aioredis.Redi
     assert await rr.xlen(delayed_stream(service)) == 1 and await rr.xlen(input_stream(service)) == 0
 
 
-# -- reap-3.lua ---------------------------------------------------------------
+# -- reap-4.lua ---------------------------------------------------------------
+
+async def dead(r: aioredis.Redis, service: str, n: int) -> list[str]:
+    """``n`` entries c1 read and locked, then c1 dead: its locks gone, its deadline passed."""
+    ids = [i for i, _ in await taken(r, service, n)]
+    await r.delete(*[lock_key(service, i) for i in ids])
+    await r.zadd(consumers_key(service), {"c1": 1})
+    return ids
+
+
+@pytest.mark.parametrize("key, kind, what", [
+    (fence_key, "hash", "not the fencing counter"),
+    (lambda service: queued_prefix(service) + "c2", "hash", "not a queued set"),
+])
+async def test_reap_refuses_an_adoption_key_of_another_type(rr: aioredis.Redis, service: str, key: Any, kind: str,
+                                                             what: str) -> None:
+    await dead(rr, service, 2)
+    name = key(service)
+    await rr.delete(name)
+    await rr.hset(name, "x", "1")
+    before = await snapshot(rr, service)
+    await refused(reap(rr, service, "c2", 10, queues="1"), name, what)
+    assert await snapshot(rr, service) == before
+
+
+async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_what_was_running(
+        rr: aioredis.Redis, service: str) -> None:
+    ids = await dead(rr, service, 5)
+    await rr.sadd(queued_prefix(service) + "c1", ids[0], ids[1])  # merely held by c1: no death counted
+    fence = int(await rr.get(fence_key(service)))
+    entries, tokens, gone, trimmed, _next = await reap(rr, service, "c2", 4, queues="1")
+    assert len(entries) == 4 and gone == [ids[4].encode()] and trimmed == 0  # no room for the fifth
+    assert sorted(tokens) == [fence + 1, fence + 2, fence + 3, fence + 4]
+    deaths = {e[0].decode(): e[3] for e in entries}
+    for entry_id, token in zip([e[0].decode() for e in entries], tokens):
+        assert await rr.get(lock_key(service, entry_id)) == f"{token}:c2:n".encode()
+    assert deaths == {ids[0]: 0, ids[1]: 0, ids[2]: 1, ids[3]: 1}
+    info = {p["message_id"].decode(): p for p in
+            await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)}
+    assert [info[i]["consumer"] for i in ids] == [b"c2"] * 4 + [b"c1"]
+    assert [info[i]["times_delivered"] for i in ids[:4]] == [1, 1, 2, 2]
+    assert await rr.smembers(queued_prefix(service) + "c2") == {i.encode() for i in ids[:4]}
+    assert not await rr.exists(queued_prefix(service) + "c1")
+    assert await rr.zscore(consumers_key(service), "c2") is not None
+    # The death counted in the delivery count goes into the copy when the entry is re-queued later.
+    await rr.delete(lock_key(service, ids[2]))
+    code, _new, _input, retries = await requeue(rr, service, ids[2], inc="0")
+    assert (code, retries) == (1, 1)
+
+
+# -- reap-4.lua, without adoption ------------------------------------------------
 
 async def test_reap_refuses_a_deadline_index_of_another_type(rr: aioredis.Redis, service: str) -> None:
     await taken(rr, service, 2)

@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from lbs._redis.subscription import Subscription
 from lbs._redis.wire import Wire
 
 from _helpers import eventually, is_true
@@ -184,3 +185,51 @@ async def test_a_batch_that_gets_no_reply_drops_its_connection_after_the_reply_t
         finally:
             await wire.close()
             await r.aclose()
+
+
+# -- Subscription: Pub/Sub messages read in bulk --------------------------------------------------
+
+async def _subscribed(r: aioredis.Redis) -> int:
+    """How many connections of the server are subscribed to patterns."""
+    return sum(1 for c in await r.client_list() if int(c.get("psub", 0)))
+
+
+async def test_a_subscription_reads_a_burst_in_bulk_and_answers_pings(rp: aioredis.Redis, service: str) -> None:
+    before = await _subscribed(rp)
+    sub = Subscription(rp)
+    await sub.open(f"{service}:*")
+    try:
+        pipe = rp.pipeline(transaction=False)
+        for i in range(5000):
+            pipe.publish(f"{service}:{i}", "expired")
+        await pipe.execute()
+        got: list[Any] = []
+        while len(got) < 5000:
+            batch = await sub.messages(5.0)
+            assert batch, f"only {len(got)} of 5000 messages came"
+            got += batch
+        assert got[0] == [b"pmessage", f"{service}:*".encode(), f"{service}:0".encode(), b"expired"]
+        assert [m[2] for m in got] == [f"{service}:{i}".encode() for i in range(5000)]  # in order, none lost
+        sub.ping()
+        pong = await sub.messages(5.0)
+        assert pong in ([[b"pong", b""]], [b"PONG"], ["PONG"]), pong
+        assert await sub.messages(0.05) == []  # nothing more: an empty list once the wait is over
+    finally:
+        await sub.close()
+
+    async def unsubscribed() -> bool:
+        return await _subscribed(rp) == before
+
+    await eventually(unsubscribed)  # closed: the connection went back unsubscribed (disconnected)
+
+
+async def test_a_subscription_whose_connection_is_killed_raises(rp: aioredis.Redis, service: str) -> None:
+    sub = Subscription(rp)
+    await sub.open(f"{service}:*")
+    try:
+        await rp.client_kill_filter(_type="pubsub")
+        with pytest.raises(RedisConnectionError):
+            for _ in range(50):
+                await sub.messages(0.1)
+    finally:
+        await sub.close()

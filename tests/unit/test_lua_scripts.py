@@ -33,7 +33,16 @@ def test_header_matches_the_file_name(name: str) -> None:
 
 
 def test_every_script_file_is_registered() -> None:
-    assert sorted(p.stem for p in LUA.glob("*.lua")) == sorted(NAMES)
+    """Scripts are named <name>-<keys>.lua; a shared part (``_fence.lua``) is only ever included."""
+    assert sorted(p.stem for p in LUA.glob("*.lua") if not p.stem.startswith("_")) == sorted(NAMES)
+
+
+def test_an_include_is_replaced_by_the_shared_part() -> None:
+    part = (LUA / "_fence.lua").read_text().rstrip("\n")
+    users = [s for s in scripts.SCRIPTS if "--#include _fence" in (LUA / f"{s.name}.lua").read_text()]
+    assert {s.name for s in users} == {"read-3", "reap-4"}
+    for s in users:
+        assert part in s.source and "--#include" not in s.source.replace("\"--#include _fence\"", "")
 
 
 def _args(build: object) -> list[bytes]:
@@ -54,8 +63,9 @@ _FIXED = {
                                            force_dead_letter=False, dead_letter_on=True, field_prefix="_",
                                            delay=scripts.RetryDelay(1000, 300_000, 0.75)),
     "promote-3": lambda b: scripts.promote(b, "z", "p", "s", batch=100),
-    "reap-3": lambda b: scripts.reap(b, "c", "s", "r", group="g", lock_prefix="lock:", batch=10, stall_ms=1000,
-                                     grace_ms=1000),
+    "reap-4": lambda b: scripts.reap(b, "c", "s", "r", "f", group="g", lock_prefix="lock:", batch=10,
+                                     stall_ms=1000, grace_ms=1000, adopter="me", room=5, ttl_ms=1000, owner="me:x",
+                                     queued_prefix="q:", queues=True),
     "leave-1": lambda b: scripts.leave(b, "k", "nonce"),
 }
 
@@ -79,7 +89,7 @@ def test_done_writes_keys_and_args_per_lock() -> None:
 
 #: How the code names each script's builder (or, for extend-n, its SHA).
 _CALLS = {"read-3": "scripts.read(", "extend-n": "scripts.EXTEND", "done-n": "scripts.done(",
-          "requeue-6": "scripts.requeue(", "promote-3": "scripts.promote(", "reap-3": "scripts.reap(",
+          "requeue-6": "scripts.requeue(", "promote-3": "scripts.promote(", "reap-4": "scripts.reap(",
           "leave-1": "scripts.leave(", "publish-1": "scripts.publish_args(", "fetch-1": "scripts.fetch(",
           "commit-1": "scripts.commit("}
 #: Scripts called from outside the consumer: where from.

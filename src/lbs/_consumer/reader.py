@@ -63,6 +63,7 @@ class Reader:
         self._blocked = False  # in an XREAD BLOCK now
         #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
         self.reply_lost = False
+        self._reads: dict[asyncio.Task[list[Any]], int] = {}  # reads of new entries in flight: how many each asked
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -167,8 +168,11 @@ class Reader:
             scripts.read(b, *args)
 
         # Re-reading our own pending entries ("0") takes nothing: safe to send twice.
-        return start_task(asyncio.get_running_loop(),
+        task = start_task(asyncio.get_running_loop(),
                           s.link.read.execute(build, s.parser, retry_safe=start != ">"), "lbs-read")
+        if start == ">":
+            self._reads[task] = count  # until taken: not room for an adoption
+        return task
 
     async def _take(self, sent: asyncio.Task[list[Any]], start: str,
                     before_dispatch: Callable[[int], None] | None = None) -> str | None:
@@ -179,19 +183,56 @@ class Reader:
         are handed out (to send the next read).
         """
         try:
-            (reply,) = await sent
-        except BaseException:
-            # Wire returns server errors as values: anything raised here (I/O,
-            # cancellation) may have lost a reply whose locks are now ours.
-            self.reply_lost = True
-            raise
-        if isinstance(reply, Exception):
-            raise reply
-        raw_entries, tokens, top = reply
-        if not raw_entries:
-            return text(top) or "0-0"
-        if before_dispatch is not None:
-            before_dispatch(len(raw_entries))
+            try:
+                (reply,) = await sent
+            except BaseException:
+                # Wire returns server errors as values: anything raised here (I/O,
+                # cancellation) may have lost a reply whose locks are now ours.
+                self.reply_lost = True
+                raise
+            if isinstance(reply, Exception):
+                raise reply
+            raw_entries, tokens, top = reply
+            if not raw_entries:
+                return text(top) or "0-0"
+            if before_dispatch is not None:
+                before_dispatch(len(raw_entries))
+            await self._hand_out(raw_entries, tokens, start)
+            return None
+        finally:
+            self._reads.pop(sent, None)
+
+    @property
+    def queues(self) -> bool:
+        """Whether what this client takes waits for the application (the notification API) rather than
+        starting a handler at once (``run()``)."""
+        return self.dispatch is None
+
+    def adoption_room(self) -> int:
+        """How many streams recovery may adopt for this client now: its free slots less what its reads in
+        flight may take, and under the notification API no more than its mailbox has room for."""
+        s = self.state
+        if s.stopping.is_set() or self._task is None:
+            return 0
+        reads = sum(self._reads.values())  # what the reads in flight may bring
+        free = s.free_slots() - reads
+        if self.dispatch is None:
+            free = min(free, s.mailbox.room - reads)
+        return max(0, free)
+
+    async def adopt(self, entries: list[Entry], tokens: list[Any]) -> None:
+        """Take entries recovery adopted from a dead holder (``reap-4.lua``): pending to this consumer
+        under fresh locks of ours, handed out as a read's are."""
+        await self._hand_out(entries, tokens, ">", adopted=True)
+
+    def adoption_lost(self) -> None:
+        """An adoption's reply was lost: what it adopted is pending to us under our locks; the next read
+        re-reads and takes it, as after a lost read reply."""
+        self.reply_lost = True
+
+    async def _hand_out(self, raw_entries: list[Any], tokens: list[Any], start: str, adopted: bool = False) -> None:
+        """Entries read (or adopted) and their tokens become held streams, handed to the runner or the
+        mailbox; the malformed and those out of retries are dead-lettered."""
         s = self.state
         owner = s.names.lock_owner
         table = s.holdings.table
@@ -231,10 +272,13 @@ class Reader:
                 retry_count += e.delivery_count
                 if 0 <= max_retries < retry_count:
                     bad.append((e, f"{tok}:{owner}", f"out of retries: {e.retry_count} re-queued, "
-                                                     f"{e.delivery_count} deliveries (claimed)"))
+                                                     + (f"{e.delivery_count} holders died running it (adopted once their locks expired)"
+                                                        if adopted else
+                                                        f"{e.delivery_count} deliveries (claimed)")))
                     continue
             # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
-            h = table.take(e, tok, retry_count, taken_at, queued)
+            # read-3 never queues a claimed entry (it counts as running from delivery); reap-4 queues all it adopts.
+            h = table.take(e, tok, retry_count, taken_at, queued and (adopted or not e.claimed))
             stats.taken += 1
             if acquired:
                 hooks.notify("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
@@ -252,7 +296,6 @@ class Reader:
             hooks.notify("lbs_streams_started", notifications=batch)
         if bad:
             await self.requeue.dead_letter(bad)
-        return None
 
     @staticmethod
     def _own_token(tok: Any, owner: str) -> int | str:

@@ -11,10 +11,14 @@ Three paths find the entries to re-queue:
 * **deadline poller** (fast, does not depend on Redis's expiry timing):
   every consumer holding locks has a deadline in the sorted set
   ``{<service>-input}:consumers``, moved by each heartbeat tick; every
-  ``deadline_poll_interval`` the ``reap-3.lua`` script lists the pending
-  entries of consumers past their deadline whose lock is gone (its PTTL
-  expires an overdue lock on the spot). A live consumer re-queues its own
-  lost locks when its heartbeat finds them (path ``heartbeat``);
+  ``deadline_poll_interval``, and at the earliest deadline in the index,
+  the ``reap-4.lua`` script finds the pending entries of consumers past
+  their deadline whose lock is gone (its PTTL expires an overdue lock on
+  the spot) and **adopts** as many as this client has room for: they move
+  to it under fresh fenced locks in the same step (XCLAIM, no copy, no
+  second read), and its reader hands them out as it does a read's. The
+  rest are re-queued. A live consumer re-queues its own lost locks when
+  its heartbeat finds them (path ``heartbeat``);
 * **keyspace listener** (fast, when Redis delivers): ``expired`` events of
   this service's lock keys, on a Pub/Sub connection that is PINGed and
   replaced when it drops or goes half-open, wake the deadline poller, which
@@ -28,7 +32,7 @@ Three paths find the entries to re-queue:
   re-queue only where the lock is gone.
 
 After a stall of the server every deadline and lock lapses at once although
-the holders live; ``reap-3.lua`` notices the gap since its last call and
+the holders live; ``reap-4.lua`` notices the gap since its last call and
 gives every overdue consumer a grace of one lock TTL instead, and the live
 holders re-queue their lost locks themselves with no retry counted.
 
@@ -43,14 +47,16 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from _lbscore import CommandBatch
+from _lbscore import CommandBatch, Entry
 
 from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait, execute
+from .._redis.subscription import Subscription
 from .._redis.wire import first_error, text
 from .._waits import wait_set
 from ..config import GO_CLAIM_IDLE
@@ -59,18 +65,35 @@ from .requeue import Requeue
 from .state import ConsumerState
 from .topology import Topology
 
-__all__ = ["Recovery"]
+__all__ = ["Adopter", "Recovery"]
 
 _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 
 
-class Recovery:
-    """The recovery tasks of one client; the one caller of ``reap-3.lua``. Re-queues go through :class:`Requeue`."""
+class Adopter(Protocol):
+    """What takes the streams recovery adopts (the client's :class:`lbs._consumer.reader.Reader`)."""
 
-    def __init__(self, state: ConsumerState, requeue: Requeue, topology: Topology) -> None:
+    @property
+    def queues(self) -> bool: ...
+
+    def adoption_room(self) -> int: ...
+
+    async def adopt(self, entries: list[Entry], tokens: list[Any]) -> None: ...
+
+    def adoption_lost(self) -> None: ...
+
+
+class Recovery:
+    """The recovery tasks of one client; the one caller of ``reap-4.lua``. Re-queues go through :class:`Requeue`,
+    adopted streams to the ``adopter``."""
+
+    def __init__(self, state: ConsumerState, requeue: Requeue, topology: Topology,
+                 adopter: Adopter | None = None) -> None:
         self.state = state
         self.requeue = requeue
         self.topology = topology
+        self.adopter = adopter
+        self._next_due: float | None = None  # seconds until the earliest deadline in the index, after a poll
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
@@ -100,7 +123,10 @@ class Recovery:
         wake = self._wake
         while True:
             if not wake.is_set():
-                await wait_set(wake, every)
+                due = self._next_due
+                # At the earliest deadline when it comes before the next interval (a few ms late, so
+                # the lock is past its PXAT too).
+                await wait_set(wake, every if due is None else min(every, max(0.005, due + 0.002)))
             if self.state.stopping.is_set():
                 return
             path = "keyspace" if self._heard else "deadline"
@@ -116,7 +142,7 @@ class Recovery:
                     self.state.log.debug("deadline poll failed: %s", exc)
 
     async def poll_deadlines(self, path: str = "deadline") -> int:
-        """One poll of the deadline index; returns how many entries it re-queued.
+        """One poll of the deadline index; returns how many entries it adopted or re-queued.
 
         The one judge of "this consumer is dead": the keyspace listener calls
         it too (``path="keyspace"``) when a lock expires, so a lock that
@@ -130,12 +156,38 @@ class Recovery:
         # client polling rarely on purpose never mistakes its own pace for a stall).
         stall_ms = max(1000, ttl_ms // 2, int(4000 * cfg.deadline_poll_interval))
 
-        def build(b: CommandBatch) -> None:
-            scripts.reap(b, n.consumers_key, n.stream_key, n.reaped_key, group=n.group,
-                         lock_prefix=n.lock_key_prefix, batch=cfg.deadline_batch, stall_ms=stall_ms, grace_ms=ttl_ms)
+        adopter = self.adopter
+        # Beside a Go fleet every entry goes back through requeue-6.lua, which checks Go-style locks.
+        room = 0 if adopter is None or cfg.go_compatible else min(cfg.deadline_batch, adopter.adoption_room())
 
-        (gone,) = first_error(await s.link.pool.execute(build))
-        return await self.requeue.recover([text(g) for g in gone], path, f"lock expired ({path}: deadline passed)")
+        def build(b: CommandBatch) -> None:
+            scripts.reap(b, n.consumers_key, n.stream_key, n.reaped_key, n.fence_key, group=n.group,
+                         lock_prefix=n.lock_key_prefix, batch=cfg.deadline_batch, stall_ms=stall_ms, grace_ms=ttl_ms,
+                         adopter=n.id if room else "", room=room, ttl_ms=ttl_ms, owner=n.lock_owner,
+                         queued_prefix=n.queued_prefix, queues=adopter is not None and adopter.queues)
+
+        s.adopting += room  # promised: the reader leaves these slots alone until the adopted are held
+        try:
+            try:
+                (reply,) = await s.link.pool.execute(build, s.parser)
+            except BaseException:
+                if room and adopter is not None:
+                    adopter.adoption_lost()  # what it adopted is ours, pending, locked: the reader re-reads it
+                raise
+            if isinstance(reply, Exception):
+                raise reply
+            entries, tokens, gone, trimmed, next_ms = reply
+            self._next_due = None if int(next_ms) < 0 else int(next_ms) / 1000
+            if trimmed:
+                s.hooks.metric("recovery_trimmed_total", int(trimmed), path=path)
+            if entries and adopter is not None:
+                s.hooks.metric("recovery_adopted_total", len(entries), path=path)
+                s.log.info("adopted %d streams of dead consumers (%s recovery)", len(entries), path)
+                await adopter.adopt(entries, tokens)
+        finally:
+            s.adopting -= room
+        requeued = await self.requeue.recover([text(g) for g in gone], path, f"lock expired ({path}: deadline passed)")
+        return len(entries) + requeued
 
     # ------------------------------------------------------------- keyspace ---
 
@@ -150,10 +202,14 @@ class Recovery:
         return f"__keyspace@{db}__:*" + _GLOB_SPECIAL.sub(r"\\\1", _keys.GO_MUTEX_KEY_SEP) + "*"
 
     async def _keyspace_loop(self) -> None:
-        """Listen for this service's lock expirations; reconnect on drops and half-open links."""
+        """Listen for this service's lock expirations; reconnect on drops and half-open links.
+
+        Messages are read in bulk (:class:`lbs._redis.subscription.Subscription`): a burst of 100,000
+        expiries wakes the deadline poller once and costs the client about a microsecond each."""
         s = self.state
         pattern = self._channel_pattern()
-        prefix_len = len(pattern) - 1  # the channel minus the trailing '*'
+        ours = pattern.encode()
+        prefix_len = len(ours) - 1  # the channel minus the trailing '*'
         patterns = [pattern, self._go_channel_pattern()] if self.config.go_compatible else [pattern]
         backoff = Backoff(self.config.read_retry_initial, self.config.read_retry_max)
         ping_every = self.config.pubsub_ping_interval
@@ -161,9 +217,9 @@ class Recovery:
         lost_at: float | None = None
         while not s.stopping.is_set():
             link = s.link
-            pubsub = link.redis.pubsub()  # on the slot's owner: where the locks expire
+            sub = Subscription(link.redis)  # on the slot's owner: where the locks expire
             try:
-                await pubsub.psubscribe(*patterns)
+                await sub.open(*patterns)
                 if not first:
                     s.hooks.metric("keyspace_listener_reconnects_total", 1)
                     await self.topology.check_server()  # a restart forgets the keyspace-event setting
@@ -178,19 +234,22 @@ class Recovery:
                     self._catch_up_go()
                 last_pong = last_ping = time.monotonic()
                 while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(1.0, ping_every))
+                    messages = await sub.messages(min(1.0, ping_every))
                     now = time.monotonic()
-                    if msg is not None:
+                    if messages:
                         last_pong = now  # anything arriving proves the link is alive
-                        if msg.get("type") == "pmessage" and text(msg.get("data")) == "expired":
-                            if text(msg.get("pattern")) == pattern:
-                                await self._on_expired(text(msg["channel"])[prefix_len:])
+                    expired: bytes | None = None
+                    for msg in messages:
+                        if type(msg) is list and len(msg) == 4 and msg[0] == b"pmessage" and msg[3] == b"expired":
+                            if msg[1] == ours:
+                                expired = expired or msg[2]
                             else:
-                                await self._on_go_expired(text(msg["channel"]).rpartition(_keys.GO_MUTEX_KEY_SEP)[2])
+                                await self._on_go_expired(text(msg[2]).rpartition(_keys.GO_MUTEX_KEY_SEP)[2])
+                    if expired is not None:
+                        await self._on_expired(text(expired[prefix_len:]))
                     if now - last_ping >= ping_every:
-                        # redis-py's health check only sends; the PONG must come back
-                        # on the subscription, or the connection is half-open.
-                        await pubsub.ping()
+                        # The PONG must come back on the subscription, or the connection is half-open.
+                        sub.ping()
                         last_ping = now
                     if now - last_pong > 2 * ping_every:
                         raise ConnectionError("no PONG on the subscription: the connection is half-open")
@@ -211,7 +270,7 @@ class Recovery:
             finally:
                 self.listening.clear()
                 try:
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await sub.close()
                 except Exception:
                     pass
 

@@ -326,6 +326,8 @@ class ConsumerState:
         self.capacity = config.max_streams
         #: Under run(): its concurrency (0: not running), and its running handler tasks.
         self.run_limit = 0
+        #: Slots promised to an adoption in flight (recovery's ``reap-4.lua`` call): not free for reads.
+        self.adopting = 0
         self.handlers: set[asyncio.Task[Any]] = set()
         #: The ACL rules found missing so far (each logged once).
         self._denied: set[str] = set()
@@ -361,7 +363,7 @@ class ConsumerState:
 
     def free_slots(self, taking: int = 0) -> int:
         """How many more streams may be taken now (the capacity, and under run() its handlers)."""
-        free = self.capacity - len(self.holdings) - taking
+        free = self.capacity - len(self.holdings) - taking - self.adopting
         if self.run_limit:
-            free = min(free, self.run_limit - len(self.handlers) - taking)
+            free = min(free, self.run_limit - len(self.handlers) - taking - self.adopting)
         return free

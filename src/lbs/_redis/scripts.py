@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,8 +48,13 @@ class Script:
 
 @lru_cache(maxsize=None)
 def source(name: str) -> str:
-    """The Lua source of script ``name`` (e.g. ``"read-3"``)."""
-    return resources.files("lbs").joinpath("_redis").joinpath("lua").joinpath(f"{name}.lua").read_text()
+    """The Lua source of script ``name`` (e.g. ``"read-3"``), as sent: a line ``--#include _<part>`` is
+    replaced by ``lua/_<part>.lua`` (code two scripts share, e.g. the fencing counter's)."""
+    text = resources.files("lbs").joinpath("_redis").joinpath("lua").joinpath(f"{name}.lua").read_text()
+    return _INCLUDE.sub(lambda m: source(m.group(1)).rstrip("\n"), text)
+
+
+_INCLUDE = re.compile(r"^--#include (_[a-z]+)$", re.MULTILINE)
 
 
 def _load(name: str) -> Script:
@@ -62,7 +68,7 @@ EXTEND = _load("extend-n")
 DONE = _load("done-n")
 REQUEUE = _load("requeue-6")
 PROMOTE = _load("promote-3")
-REAP = _load("reap-3")
+REAP = _load("reap-4")
 LEAVE = _load("leave-1")
 PUBLISH = _load("publish-1")
 FETCH = _load("fetch-1")
@@ -232,21 +238,32 @@ def promote(b: CommandBatch, due: str, parked: str, stream: str, *, batch: int) 
               batch)    # ARGV[1] most copies moved
 
 
-# ------------------------------------------------------------------- reap-3 ---
+# ------------------------------------------------------------------- reap-4 ---
 # Caller: lbs._consumer.recovery.
 
-def reap(b: CommandBatch, consumers: str, stream: str, reaped: str, *, group: str, lock_prefix: str, batch: int,
-         stall_ms: int, grace_ms: int) -> None:
-    """List the pending entries of overdue consumers whose lock is gone."""
+def reap(b: CommandBatch, consumers: str, stream: str, reaped: str, fence: str, *, group: str, lock_prefix: str,
+         batch: int, stall_ms: int, grace_ms: int, adopter: str = "", room: int = 0, ttl_ms: int = 0,
+         owner: str = "", queued_prefix: str = "", queues: bool = False) -> None:
+    """Find the pending entries of overdue consumers whose lock is gone; ``adopter`` (a consumer id) takes
+    up to ``room`` of them on the spot (the reply's entries come back as ``Entry`` objects), the rest are
+    listed for a re-queue."""
     b.command("EVALSHA", REAP.sha, REAP.fixed_keys,
               consumers,    # KEYS[1] the consumer deadline index
               stream,       # KEYS[2] the LBS
               reaped,       # KEYS[3] when the last call ran (server ms)
+              fence,        # KEYS[4] the fencing counter (adoption's tokens)
               group,        # ARGV[1]
               lock_prefix,  # ARGV[2]
               batch,        # ARGV[3] most pending entries looked at
               stall_ms,     # ARGV[4] a longer gap since the last call is a stall
-              grace_ms)     # ARGV[5] after a stall, each overdue consumer's grace
+              grace_ms,     # ARGV[5] after a stall, each overdue consumer's grace
+              adopter,      # ARGV[6] the adopting consumer ("": none)
+              room,         # ARGV[7] most entries it adopts
+              ttl_ms,       # ARGV[8] lock TTL of adopted entries
+              owner,        # ARGV[9] lock owner: values are "<token>:<owner>"
+              queued_prefix,  # ARGV[10] the queued sets' prefix
+              1 if queues else 0)  # ARGV[11] "1": adopted entries go into the adopter's queued set
+    b.expect(Shape.SCRIPT_ENTRIES)
 
 
 # ------------------------------------------------------------------ leave-1 ---

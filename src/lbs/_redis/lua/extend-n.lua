@@ -66,7 +66,7 @@
   when its last call moves the deadline every lock of the tick has been
   extended, and the deadline is at most one tick's duration after the
   earliest of them expires. A consumer that stops heartbeating is found by
-  recovery's deadline poller (reap-3.lua); one that lives finds its own
+  recovery's deadline poller (reap-4.lua); one that lives finds its own
   lost locks in this output.
 
   XCLAIM ... 0 ... JUSTID to ourselves resets the idle time without bumping

@@ -95,7 +95,7 @@
 
   Events: none besides the keys it writes.
 ]]
-local TWO53 = 9007199254740992
+--#include _fence
 
 local function key_type(key)
   return redis.call('TYPE', key)['ok']
@@ -121,24 +121,8 @@ local kind = key_type(KEYS[1])
 if kind ~= 'none' and kind ~= 'stream' then
   return refuse(KEYS[1], 'holds a ' .. kind .. ', not the load-balancer stream')
 end
-kind = key_type(KEYS[2])
-local fence_exists = kind ~= 'none'
-if kind == 'string' then
-  local v = redis.call('GET', KEYS[2])
-  if not (v == '0' or string.match(v, '^[1-9]%d*$')) then
-    return refuse(KEYS[2], 'holds a string that is not a plain decimal integer, not the fencing counter')
-  end
-  local shown = #v <= 40 and v or (string.sub(v, 1, 40) .. '...')
-  if #v > 16 or tonumber(v) >= TWO53 then
-    return refuse(KEYS[2], 'holds ' .. shown .. ': the fencing counter is past 2^53')
-  end
-  if tonumber(v) + count >= TWO53 then
-    return refuse(KEYS[2], 'holds ' .. shown .. ': the fencing counter would pass 2^53 reading '
-                  .. ARGV[3] .. ' entries')
-  end
-elseif fence_exists then
-  return refuse(KEYS[2], 'holds a ' .. kind .. ', not the fencing counter')
-end
+local fence_error, fence_exists = fence_check(KEYS[2], count)
+if fence_error then return fence_error end
 kind = key_type(KEYS[3])
 if kind ~= 'none' and kind ~= 'zset' then
   return refuse(KEYS[3], 'holds a ' .. kind .. ', not the consumer deadline index')
@@ -232,18 +216,9 @@ if go_sep and go_sep ~= '' and ARGV[7] and ARGV[7] ~= '' then
   end
 end
 local t = redis.call('TIME')
-if not fence_exists then
-  -- Seed a lost counter from the clock (µs, exact in a double: < 2^53 until
-  -- the year 2255), built as a string: Lua would print the number as 1.7e+15.
-  redis.call('SET', KEYS[2], t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
-end
-local last = redis.call('INCRBY', KEYS[2], n)
-local first = last - n
+local first = fence_take(KEYS[2], fence_exists, n, t)
 local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl_ms
--- Tokens have up to 16 digits, more than tostring's 14. '%d' prints a Lua
--- number through a C long: exact and cheaper than '%.0f' where a long has
--- 64 bits; '%.0f' on a 32-bit build.
-local digits = string.format('%d', 2 ^ 52) == '4503599627370496' and '%d' or '%.0f'
+local digits = fence_digits
 -- PXAT the deadline: the lock expires exactly when the index says it may.
 local function lock_each(s, e)
   for i = s, e do

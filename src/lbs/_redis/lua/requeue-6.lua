@@ -81,8 +81,9 @@
        at the time of its id's milliseconds + d, so the stored delay is
        exactly d), XACK, XDEL the original, DEL the lock (mode "owned").
 
-  Copies: the entry's fields, the retry count (+ ARGV[5], less pardoned
-  deaths), the original id and <prefix>deaths when any (a parked copy too: it goes back into the LBS as it is); dead letters
+  Copies: the entry's fields, the retry count (+ the deaths counted while
+  it was pending, its delivery count less one, + ARGV[5], less pardoned
+  deaths; each pardon takes one back and is removed), the original id and <prefix>deaths when any (a parked copy too: it goes back into the LBS as it is); dead letters
   also get <prefix>reason, <prefix>consumer and <prefix>failed_id. A copy
   of more than 7,000 values (fields and values counted apart) cannot be
   passed through Lua's unpack: such an entry is dead-lettered whatever its
@@ -210,16 +211,25 @@ for i = 1, #fields, 2 do
     out[#out + 1] = v
   end
 end
--- Deaths counted while the holder in fact lived (it pardoned them since): taken back.
-local kept = {}
+-- Deaths counted while the entry was pending: its delivery count less one (reap-4.lua's adoption and
+-- XREADGROUP CLAIM count them there), carried into the copy like those of earlier copies.
+local before = math.min(math.max(tonumber(p[1][4]) - 1, 0), 32)
+retries = retries + before
+local counted = {}
 if deaths then
-  for d in string.gmatch(deaths, '%S+') do
-    local pardoned = KEYS[6] and redis.pcall('ZSCORE', KEYS[6], d)
-    if type(pardoned) == 'string' then
-      retries = math.max(retries - 1, 0)
-    else
-      kept[#kept + 1] = d
-    end
+  for d in string.gmatch(deaths, '%S+') do counted[#counted + 1] = d end
+end
+for _ = 1, before do counted[#counted + 1] = ARGV[2] end
+-- Deaths counted while the holder in fact lived (it pardoned them since): taken back, one per pardon
+-- (the pardons used are removed with the writes, below).
+local kept, used = {}, {}
+for _, d in ipairs(counted) do
+  local pardoned = KEYS[6] and not used[d] and redis.pcall('ZSCORE', KEYS[6], d)
+  if type(pardoned) == 'string' then
+    retries = math.max(retries - 1, 0)
+    used[d] = true
+  else
+    kept[#kept + 1] = d
   end
 end
 if died then kept[#kept + 1] = ARGV[2] end
@@ -301,5 +311,6 @@ if not oversized then
 end
 release()
 unqueue()
+for d in pairs(used) do redis.pcall('ZREM', KEYS[6], d) end
 if code == 4 then return {code, id, input or '', retries, delay} end
 return {code, id, input or '', retries}

@@ -1,0 +1,51 @@
+-- The service's fencing counter, shared by the scripts that hand out tokens
+-- (read-3.lua, reap-4.lua; included where they say "--#include _fence").
+--
+-- fence_check(key, count): before any write. nil and whether the counter
+-- exists when `count` more tokens can be taken; otherwise the error
+-- "LBSKEY <key> ..." (a key of another type, a string that is not a plain
+-- decimal integer, or a value that would pass 2^53: Lua numbers are doubles,
+-- and a token past 2^53 would lose precision).
+--
+-- fence_take(key, exists, n, t): takes n tokens; returns `first`, the tokens
+-- being first + 1 .. first + n. A counter that does not exist (a restart
+-- without persistence, an eviction) is seeded with the server time `t`
+-- (TIME's reply) in microseconds first, so tokens never go backwards.
+--
+-- fence_digits: the format that prints a token exactly (up to 16 digits,
+-- more than tostring's 14): '%d' through a C long where it has 64 bits,
+-- else '%.0f'.
+local TWO53 = 9007199254740992
+
+local function fence_check(key, count)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then return nil, false end
+  if kind ~= 'string' then
+    return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. kind .. ', not the fencing counter')
+  end
+  local v = redis.call('GET', key)
+  if not (v == '0' or string.match(v, '^[1-9]%d*$')) then
+    return redis.error_reply('LBSKEY ' .. key ..
+                             ' holds a string that is not a plain decimal integer, not the fencing counter')
+  end
+  local shown = #v <= 40 and v or (string.sub(v, 1, 40) .. '...')
+  if #v > 16 or tonumber(v) >= TWO53 then
+    return redis.error_reply('LBSKEY ' .. key .. ' holds ' .. shown .. ': the fencing counter is past 2^53')
+  end
+  if tonumber(v) + count >= TWO53 then
+    return redis.error_reply('LBSKEY ' .. key .. ' holds ' .. shown .. ': the fencing counter would pass 2^53 '
+                             .. 'taking ' .. count .. ' tokens')
+  end
+  return nil, true
+end
+
+local function fence_take(key, exists, n, t)
+  if not exists then
+    -- Microseconds, exact in a double until the year 2255, built as a string:
+    -- Lua would print the number as 1.7e+15.
+    redis.call('SET', key, t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
+  end
+  return redis.call('INCRBY', key, n) - n
+end
+
+local fence_digits = string.format('%d', 2 ^ 52) == '4503599627370496' and '%d' or '%.0f'

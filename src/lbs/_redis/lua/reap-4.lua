@@ -1,0 +1,227 @@
+--[[
+  Recovery's fast path: find the assignments of consumers that stopped
+  heartbeating, without waiting for Redis to get round to expiring their
+  locks, and adopt as many as the caller has room for on the spot.
+
+  KEYS[1]  the consumer deadline index, {<service>-input}:consumers (consumer
+           id scored by the server time, ms, by which it heartbeats again)
+  KEYS[2]  the load-balancer stream, <service>-input
+  KEYS[3]  {<service>-input}:reaped: the server time (ms) of the last call,
+           by any recoverer
+  KEYS[4]  the service's fencing counter, {<service>-input}:fence (as in
+           read-3.lua: seeded from the clock when it does not exist)
+
+  ARGV[1]  consumer group
+  ARGV[2]  the lock key prefix, lock:{<service>-input}:
+  ARGV[3]  most pending entries to look at in this call (over all consumers)
+  ARGV[4]  stall threshold (ms): a longer gap since the last call means the
+           server (or every recoverer) was stopped
+  ARGV[5]  grace (ms, the lock TTL): after such a gap, every overdue consumer
+           gets this long to heartbeat again before it is judged
+  ARGV[6]  optional, adoption: the calling consumer's id ("" or absent: no
+           adoption, every entry found is returned for requeue-6.lua)
+  ARGV[7]  most entries to adopt (the caller's free room), an integer >= 0
+  ARGV[8]  lock TTL (ms) of adopted entries
+  ARGV[9]  lock owner: lock values are "<token>:<ARGV[9]>" (as read-3.lua's)
+  ARGV[10] the queued sets' prefix, {<service>-input}:queued: (same slot,
+           not declared): a dead holder's set says which entries it merely
+           held (see read-3.lua, ARGV[11])
+  ARGV[11] "1" when the caller queues what it takes (the notification API):
+           adopted entries go into its own queued set, merely held
+
+  Output: {adopted, tokens, gone, trimmed, next}
+    adopted  the entries adopted, {{id, fields, idle ms, deaths}, ...} (the
+             shape of XREADGROUP CLAIM's entries): each is now pending to the
+             caller under a fresh fenced lock, "<token>:<ARGV[9]>", PXAT now
+             + ARGV[8], and the caller is in KEYS[1] (ZADD NX), as a read
+             leaves it. deaths: the deaths counted against the entry while it
+             was pending, its delivery count less one.
+    tokens   one per adopted entry: its fencing token (an integer)
+    gone     ids of dead holders' entries whose lock is gone and that were
+             not adopted (no room, or no adoption asked): requeue-6.lua puts
+             them back into the LBS
+    trimmed  how many adoptable entries had been deleted from the stream:
+             XCLAIM dropped their pending references (Redis >= 7.0)
+    next     ms until the earliest deadline left in KEYS[1]; -1 when empty
+
+  Adoption is a re-queue and a read in one step, without copying the entry:
+  XCLAIM moves it to the caller with RETRYCOUNT its delivery count, plus one
+  when the death counts against it (it was not in its holder's queued set:
+  its handler was running; see requeue-6.lua's ARGV[5]), and it leaves the
+  holder's queued set. requeue-6.lua carries the deaths in the delivery
+  count into the copy when the entry goes back later.
+
+  After a stall (SIGSTOP of the server, a long pause of every recoverer) all
+  deadlines and locks lapse at once, though their holders live: a live
+  holder's heartbeat finds its lost locks and re-queues them itself, with no
+  retry counted. So a call that finds the last one further back than the
+  threshold only moves every overdue consumer's deadline to now + grace and
+  returns nothing; a consumer that is really dead is judged one grace later.
+
+  Overdue consumers are taken oldest deadline first. Each one's pending
+  entries are listed (XPENDING ... <consumer>) and every lock is looked up
+  with PTTL, which deletes a lock past its TTL on the spot (and fires its
+  expired keyspace event), however many other volatile keys the active
+  expire cycle is busy with. Then the consumer's place in the index:
+    * nothing pending: removed (its next read adds it again);
+    * some locks still live (a late heartbeat, or a death part-way through
+      one): rescored to the earliest of their expiries, so the next call
+      comes when the next of them can be gone;
+    * only gone locks seen: left due; once these are adopted or re-queued
+      the next call sees the rest of its pending entries;
+    * only locks without a TTL: removed; they are not ours to time (the scan
+      still covers them).
+  A live consumer finds its own lost locks in its heartbeat, so the index
+  only has to bring back the work of consumers that stopped.
+
+  Preconditions, checked before anything is written; a violation returns
+  "LBSKEY <key> ..." with nothing written:
+    * KEYS[1] does not exist or is a sorted set;
+    * KEYS[3] does not exist or is a string holding a time;
+    * with adoption: KEYS[4] as read-3.lua requires, for ARGV[7] tokens;
+      the caller's queued set (ARGV[11]) does not exist or is a set.
+  A user the ACL denies one of adoption's writes (XCLAIM, SET, INCRBY, ZADD,
+  SADD, SREM) is not refused: nothing is adopted, every entry found is
+  returned in gone. (XPENDING on the LBS goes through pcall: no group or no
+  stream is nothing pending; a holder's queued set of another type counts as
+  empty and is left alone.)
+
+  Events: expired on locks found past their TTL; with adoption, set on the
+  new locks and xclaim on the LBS.
+]]
+--#include _fence
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and kind ~= 'zset' then
+  return redis.error_reply('LBSKEY ' .. KEYS[1] .. ' holds a ' .. kind .. ', not the consumer deadline index')
+end
+kind = redis.call('TYPE', KEYS[3])['ok']
+local last = kind == 'string' and tonumber(redis.call('GET', KEYS[3])) or nil
+if kind ~= 'none' and not last then
+  return redis.error_reply('LBSKEY ' .. KEYS[3] .. ' holds a ' .. kind .. ' that is not a time, not the last reap')
+end
+local adopter = ARGV[6] ~= nil and ARGV[6] ~= '' and ARGV[6] or nil
+local room = adopter and tonumber(ARGV[7]) or 0
+local mine = adopter and ARGV[11] == '1' and (ARGV[10] .. adopter) or nil
+local fence_exists = false
+if room > 0 then
+  local fence_error
+  fence_error, fence_exists = fence_check(KEYS[4], room)
+  if fence_error then return fence_error end
+  if mine then
+    kind = redis.call('TYPE', mine)['ok']
+    if kind ~= 'none' and kind ~= 'set' then
+      return redis.error_reply('LBSKEY ' .. mine .. ' holds a ' .. kind .. ', not a queued set')
+    end
+  end
+  -- A user who may look but not take: nothing adopted, everything re-queued.
+  local writes = {{'XCLAIM', KEYS[2], ARGV[1], adopter, '0', '0-1'}, {'SET', ARGV[2] .. '0-1', '1'},
+                  {'INCRBY', KEYS[4], '1'}, {'SET', KEYS[4], '1'}, {'ZADD', KEYS[1], 'NX', '1', adopter},
+                  {'SREM', ARGV[10] .. adopter, '0-1'}}
+  if mine then writes[#writes + 1] = {'SADD', mine, '0-1'} end
+  for _, cmd in ipairs(writes) do
+    if not redis.acl_check_cmd(unpack(cmd)) then
+      room = 0
+      break
+    end
+  end
+end
+
+local function next_due(now)
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return first[2] and math.max(0, tonumber(first[2]) - now) or -1
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local budget = tonumber(ARGV[3])
+local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, budget)
+redis.call('SET', KEYS[3], string.format('%.0f', now))
+if last and now - last > tonumber(ARGV[4]) then
+  for i = 1, #due do
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), due[i])
+  end
+  return {{}, {}, {}, 0, next_due(now)}
+end
+local gone = {}
+-- Adoptable: {id, idle ms, delivery count, holder}
+local take = {}
+for i = 1, #due do
+  if budget <= 0 then break end
+  local consumer = due[i]
+  local pending = redis.pcall('XPENDING', KEYS[2], ARGV[1], '-', '+', budget, consumer)
+  if type(pending) ~= 'table' then pending = {} end  -- no group or no stream: nothing pending
+  budget = budget - #pending
+  local soonest, dead = nil, 0
+  for j = 1, #pending do
+    local p = pending[j]
+    local pttl = redis.call('PTTL', ARGV[2] .. p[1])
+    if pttl == -2 then
+      dead = dead + 1
+      if #take < room then
+        take[#take + 1] = {p[1], p[3], p[4], consumer}
+      else
+        gone[#gone + 1] = p[1]
+      end
+    elseif pttl >= 0 and (soonest == nil or pttl < soonest) then
+      soonest = pttl
+    end
+  end
+  if soonest then
+    redis.call('ZADD', KEYS[1], now + soonest, consumer)
+  elseif dead == 0 then
+    redis.call('ZREM', KEYS[1], consumer)
+  end
+end
+if #take == 0 then
+  return {{}, {}, gone, 0, next_due(now)}
+end
+
+-- Adoption. A death counts against an entry its holder was running, not one
+-- it merely held (in its queued set); the count is the entry's delivery count.
+-- (MSETEX and SMISMEMBER instead of a SET and a SISMEMBER per entry measured
+-- no faster: the cost is in XCLAIM and in the Lua tables of the replies.)
+local deliveries = {}  -- delivery count after adoption -> ids
+local idle, deaths = {}, {}
+for _, a in ipairs(take) do
+  local id, holder_set = a[1], ARGV[10] .. a[4]
+  local queued = redis.pcall('SISMEMBER', holder_set, id) == 1  -- a key of another type: not queued
+  if queued then redis.call('SREM', holder_set, id) end
+  local count = a[3] + (queued and 0 or 1)
+  deliveries[count] = deliveries[count] or {}
+  table.insert(deliveries[count], id)
+  idle[id], deaths[id] = a[2], count - 1
+end
+local adopted = {}
+for count, ids in pairs(deliveries) do
+  for s = 1, #ids, 500 do
+    local args = {KEYS[2], ARGV[1], adopter, 0}
+    for i = s, math.min(s + 499, #ids) do args[#args + 1] = ids[i] end
+    args[#args + 1], args[#args + 2] = 'RETRYCOUNT', count
+    local claimed = redis.call('XCLAIM', unpack(args))
+    for _, e in ipairs(claimed) do
+      adopted[#adopted + 1] = {e[1], e[2], idle[e[1]], deaths[e[1]]}
+    end
+  end
+end
+local n = #adopted
+if n == 0 then
+  return {{}, {}, gone, #take, next_due(now)}
+end
+local first = fence_take(KEYS[4], fence_exists, n, t)
+local deadline = now + tonumber(ARGV[8])
+local owner = ARGV[9]
+local tokens = {}
+for i = 1, n do
+  redis.call('SET', ARGV[2] .. adopted[i][1], string.format(fence_digits, first + i) .. ':' .. owner,
+             'PXAT', deadline)
+  tokens[i] = first + i
+end
+redis.call('ZADD', KEYS[1], 'NX', deadline, adopter)
+if mine then
+  for s = 1, n, 500 do
+    local ids = {}
+    for i = s, math.min(s + 499, n) do ids[#ids + 1] = adopted[i][1] end
+    redis.call('SADD', mine, unpack(ids))
+  end
+end
+return {adopted, tokens, gone, #take - n, next_due(now)}
