@@ -290,7 +290,8 @@ class Client:
     async def wait_finished(self, count: int, timeout: float | None = None) -> None:
         """Wait until ``stats.finished`` (streams finished, whatever the outcome) reaches ``count``.
 
-        Raises :class:`asyncio.TimeoutError` after ``timeout`` seconds.
+        Raises :class:`asyncio.TimeoutError` after ``timeout`` seconds, and at once the error
+        ``run()`` / ``run_keyed()`` died of (at start, e.g. a plugin refusing the server, or later).
         """
         await within(self._state.wait_finished(count), timeout)
 
@@ -357,18 +358,27 @@ class Client:
         while True:
             note = await mailbox.get()
             if note is None:
+                self._raise_failure()
                 return
             await self._hand_over([note])
             yield note
 
+    def _raise_failure(self) -> None:
+        """The error ``run()`` died of, raised (closed without one: nothing)."""
+        if self._state.failure is not None:
+            raise self._state.failure
+
     async def next_notification(self, timeout: float | None = None) -> Notification | None:
-        """The next notification, or None when closed (or after ``timeout`` seconds)."""
+        """The next notification, or None when closed (or after ``timeout`` seconds). After ``run()`` died,
+        raises what it died of."""
         try:
             note = await within(self._state.mailbox.get(), timeout)
         except asyncio.TimeoutError:
             return None
         if note is not None:
             await self._hand_over([note])
+        else:
+            self._raise_failure()
         return note
 
     def drain_notifications(self, limit: int | None = None) -> list[Notification]:
@@ -537,6 +547,11 @@ class Client:
                 await asyncio.gather(*s.handlers, return_exceptions=True)
             if self._closing is not None:
                 await asyncio.shield(self._closing)  # close() ran elsewhere: return once it is over
+        except Exception as exc:
+            # Nothing waits forever on a worker that is gone: wait_finished() and the notifications raise it.
+            self.log.error("run() failed: %s", exc, exc_info=True)
+            s.fail(exc)
+            raise
         finally:
             if catching:
                 SIGNALS.release(loop, self._on_signal)

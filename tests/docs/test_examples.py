@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from lbs.embedded import RedisServer
+from lbs.embedded import RedisServer, ServerNotFoundError, find_redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -107,20 +107,35 @@ def _program(block: Block, url: str) -> str:
     return block.code.replace(DOC_URL, url)
 
 
+def _binary(server: str) -> str | None:
+    """The redis-server an example runs on: the development server (8.x), or Debian's 7.x."""
+    if server == "redis8":
+        return None
+    try:
+        return find_redis_server(min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER")
+    except ServerNotFoundError as exc:
+        if os.environ.get("LBS_REQUIRE_REDIS7") == "1":
+            pytest.fail(f"LBS_REQUIRE_REDIS7=1 but {exc}")
+        pytest.skip(f"Redis 7 needs Debian's redis-server 7.x: {exc}")
+
+
+@pytest.mark.parametrize("server", ["redis8", "redis7"])
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_the_example_runs(block: Block, tmp_path: Path) -> None:
+def test_the_example_runs(block: Block, server: str, tmp_path: Path) -> None:
+    """On Redis 8.x and on 7.x, with every plugin the environment has installed (the first-party ones,
+    after ``make setup``): installing one must never break a server lbs supports."""
     if block.skip_reason:
         pytest.skip(block.skip_reason)
     others = sorted(set(_URL.findall(block.code)) - {DOC_URL})
     assert not others, f"{block.id} uses {others}: examples connect to {DOC_URL} (the test replaces it)"
-    with RedisServer(config={"notify-keyspace-events": "Kx"}) as server:
+    with RedisServer(_binary(server), config={"notify-keyspace-events": "Kx"}) as server_:
         for other in BLOCKS:  # the page's named files, for its blocks to import
             if other.page == block.page and other.filename:
                 target = tmp_path / other.filename
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(_program(other, server.url))
+                target.write_text(_program(other, server_.url))
         script = tmp_path / (block.filename or "example.py")
-        script.write_text(_program(block, server.url))
+        script.write_text(_program(block, server_.url))
         env = {**os.environ, "PYTHONPATH": str(tmp_path)}
         try:
             proc = subprocess.run([sys.executable, "-W", "error", str(script)], cwd=tmp_path, env=env,

@@ -326,3 +326,40 @@ async def test_an_installed_plugin_is_discovered_called_and_can_be_disabled(
         assert "tiny" in names
         assert [e["event"] for e in events] == ["started", "acquired"]
         assert events[0]["consumer"].endswith("tiny") and events[1]["stream"] == "work"
+
+
+class _Refuses:
+    """A reader plugin that refuses every server (what lbs-claim did below 8.4)."""
+
+    @lbs.hookimpl
+    def lbs_reader(self, client: lbs.Client, server_version: tuple[int, ...]) -> lbs.ReadStrategy:
+        raise lbs.ConfigurationError("this plugin refuses the server")
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+async def test_a_run_that_fails_at_start_makes_every_waiter_raise(redis_server: Any, service: str, keyed: bool,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """No silent death: run() (or run_keyed()) dies at start; wait_finished() and the notifications raise its
+    error at once (they waited forever before), and the log has it with its traceback."""
+    c = client(redis_server.url, service, plugins=[_Refuses()])
+
+    async def handler(_: Any) -> None:
+        return None
+
+    worker = asyncio.create_task(c.run_keyed(handler) if keyed else c.run(handler))
+    try:
+        with pytest.raises(lbs.ConfigurationError, match="refuses the server"):
+            await c.wait_finished(2, timeout=30)
+        with pytest.raises(lbs.ConfigurationError, match="refuses the server"):
+            await c.next_notification(timeout=30)
+        with pytest.raises(lbs.ConfigurationError, match="refuses the server"):
+            async for _ in c.notifications():
+                pass
+        with pytest.raises(lbs.ConfigurationError):
+            await worker
+        failed = [r for r in caplog.records if "run() failed" in r.getMessage()]
+        assert failed and failed[0].exc_info is not None and failed[0].levelname == "ERROR"
+    finally:
+        await c.close()
+        if not worker.done():
+            worker.cancel()

@@ -1,4 +1,4 @@
-"""lbs-claim against real Redis 8.6 (and Debian's 7.0 for the refusal)."""
+"""lbs-claim against real Redis 8.6 (and Debian's 7.0, where it steps aside)."""
 
 from __future__ import annotations
 
@@ -86,11 +86,24 @@ async def test_a_threshold_that_would_claim_live_work_is_refused(redis_server: A
     await c.close()
 
 
-async def test_redis_7_is_refused_with_its_version(redis7_server: Any, service: str) -> None:
-    c = claimer(redis7_server.url, service)
-    with pytest.raises(lbs.ConfigurationError, match=r"needs Redis >= 8\.4 .* this server is Redis 7\."):
-        await c.start()
-    await c.close()
+async def test_on_redis_7_it_steps_aside_with_one_warning_and_the_client_works(
+        redis7_server: Any, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    reader = ClaimReader()
+    async with lbs.Producer(redis7_server.url, service) as p:
+        await p.add_streams(["a"])
+    for name in ("claimer", "second"):
+        c = lbs.Client(redis7_server.url, service, name, lbs.Config(**{**FAST, "recovery": False}),
+                       plugins=[reader], load_entrypoint_plugins=False)
+        try:
+            await c.start()
+            assert c.read_strategy.name == "default"
+            if name == "claimer":
+                note = await next_added(c)
+                assert await c.done_stream(note.stream) is lbs.DoneStatus.DONE
+        finally:
+            await c.close()
+    warnings = [r for r in caplog.records if r.name == "lbs_claim" and r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "this server is 7." in warnings[0].getMessage()
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

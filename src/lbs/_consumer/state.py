@@ -326,6 +326,8 @@ class ConsumerState:
         self.capacity = config.max_streams
         #: Under run(): its concurrency (0: not running), and its running handler tasks.
         self.run_limit = 0
+        #: What ``run()`` died of (see :meth:`fail`); None while it lives, or when it ended normally.
+        self.failure: BaseException | None = None
         #: Slots promised to an adoption in flight (recovery's ``reap-4.lua`` call): not free for reads.
         self.adopting = 0
         self.handlers: set[asyncio.Task[Any]] = set()
@@ -350,10 +352,20 @@ class ConsumerState:
         self._finished.set()
 
     async def wait_finished(self, count: int) -> None:
-        """Until ``stats.finished`` reaches ``count``."""
+        """Until ``stats.finished`` reaches ``count``; raises the client's :attr:`failure` once there is one."""
         while self.stats.finished < count:
+            if self.failure is not None:
+                raise self.failure
             self._finished.clear()
             await self._finished.wait()
+
+    def fail(self, exc: BaseException) -> None:
+        """``run()`` (or ``run_keyed()``) died of ``exc``: every waiter raises it now, none waits forever
+        (``wait_finished``; the notifications, once the buffered ones are read)."""
+        if self.failure is None:
+            self.failure = exc
+        self._finished.set()
+        self.mailbox.close()
 
     @property
     def read_count(self) -> int:

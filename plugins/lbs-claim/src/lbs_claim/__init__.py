@@ -29,6 +29,7 @@ the constructor's arguments, then ``LBS_CLAIM_MIN_IDLE`` and
 
 from __future__ import annotations
 
+import logging
 import os
 
 import lbs
@@ -37,6 +38,8 @@ __all__ = ["ClaimReader", "MIN_SERVER", "plugin"]
 
 #: XREADGROUP ... CLAIM arrived in Redis 8.4.0.
 MIN_SERVER = (8, 4)
+
+_log = logging.getLogger("lbs_claim")
 
 
 def _env_seconds(name: str) -> float | None:
@@ -50,11 +53,12 @@ def _env_seconds(name: str) -> float | None:
 
 
 class ClaimReader:
-    """Answers ``lbs_reader`` with a CLAIM strategy; refuses servers older than 8.4."""
+    """Answers ``lbs_reader`` with a CLAIM strategy; on servers older than 8.4 it steps aside (one warning)."""
 
     def __init__(self, min_idle: float | None = None, reconciliation_interval: float | None = None) -> None:
         self.min_idle = min_idle
         self.reconciliation_interval = reconciliation_interval
+        self._warned = False  # the one warning on a server without CLAIM
 
     def strategy(self, config: lbs.Config) -> lbs.ReadStrategy:
         """The strategy for a client with ``config`` (validated against its heartbeat)."""
@@ -77,12 +81,16 @@ class ClaimReader:
         return lbs.ReadStrategy(name="claim", claim_min_idle=min_idle, reconciliation_interval=scan)
 
     @lbs.hookimpl
-    def lbs_reader(self, client: lbs.Client, server_version: tuple[int, ...]) -> lbs.ReadStrategy:
+    def lbs_reader(self, client: lbs.Client, server_version: tuple[int, ...]) -> lbs.ReadStrategy | None:
         if server_version < MIN_SERVER:
-            shown = ".".join(map(str, server_version)) or "unknown"
-            raise lbs.ConfigurationError(
-                f"lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is Redis {shown}. "
-                "Uninstall lbs-claim or disable it with lbs.Config(disabled_plugins=('claim',)).")
+            # Installing an extra must never break a server lbs supports: step aside, say so once.
+            if not self._warned:
+                self._warned = True
+                shown = ".".join(map(str, server_version)) or "unknown"
+                _log.warning("lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is %s: reading "
+                             "without CLAIM (the scan and the deadline poller recover, as without the plugin). "
+                             "Disable it with lbs.Config(disabled_plugins=('claim',)) to silence this.", shown)
+            return None
         return self.strategy(client.config)
 
 
