@@ -101,6 +101,12 @@ class DeadLetter:
             return 0
 
     @property
+    def traceback(self) -> str:
+        """The failure's traceback (its last 8,192 characters), "" when the failure had none (a lost lock,
+        a malformed entry)."""
+        return self.fields.get(self.prefix + "traceback", "")
+
+    @property
     def key(self) -> str:
         """The key of a keyed message's letter (``run_keyed()``); "" for an assignment's."""
         return self.fields.get(self.prefix + "key", "")
@@ -111,9 +117,10 @@ class DeadLetter:
         return self.fields.get(_keys.INPUT_FIELD, "")
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"id", "reason", "consumer", "failed_id", "retry_count", "fields"}``: JSON-ready."""
+        """``{"id", "reason", "consumer", "failed_id", "retry_count", "key", "traceback", "fields"}``: JSON-ready."""
         return {"id": self.id, "reason": self.reason, "consumer": self.consumer, "failed_id": self.failed_id,
-                "retry_count": self.retry_count, "fields": dict(self.fields)}
+                "retry_count": self.retry_count, "key": self.key, "traceback": self.traceback,
+                "fields": dict(self.fields)}
 
 
 @runtime_checkable

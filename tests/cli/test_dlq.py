@@ -70,8 +70,12 @@ async def test_list_show_replay_purge_round_trip(rr: aioredis.Redis, any_server:
     assert set(by_failed) == set(ids.values())
     for name in ("s1", "s2", "s3"):
         letter = by_failed[ids[name]]
-        assert letter["reason"] == f"handler raised ValueError('boom {name}')"
+        assert letter["reason"] == f"handler raised ValueError: boom {name}"
         assert (letter["stream"], letter["retry_count"], letter["consumer"]) == (name, 1, "redis-consumer-failing")
+        # The failure keeps its story: the traceback, ending with the exception, through the handler's frame.
+        trace = letter["traceback"]
+        assert trace.startswith("Traceback") and "in boom" in trace and trace.endswith(f"ValueError: boom {name}\n")
+    assert by_failed[ids["bad"]]["traceback"] == ""  # malformed: no exception, no traceback
     assert by_failed[ids["bad"]]["stream"] == "" and "JSON" in by_failed[ids["bad"]]["reason"]
     result = await invoke("dlq", "list", service, "--url", url, "--json", "--limit", "2")
     assert [x["id"] for x in json.loads(result.stdout)] == [x["id"] for x in letters[:2]]
@@ -184,3 +188,29 @@ async def test_an_empty_dead_letter_stream_lists_nothing(redis_server: Any, serv
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq)
+
+
+async def test_a_keyed_letter_is_listed_by_its_key_with_its_consumer_and_exception(
+        any_server: Any, rr: aioredis.Redis, service: str) -> None:  # noqa: F811
+    url = any_server.url
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish_many([("order-7", {"n": "poison"})])
+
+    async def boom(batch: Any) -> None:
+        raise ValueError(f"cannot take {batch.messages[0].fields['n']}")
+
+    c = client(url, service, "keyed", max_retries=0, retry_delay=0.0)
+    task = asyncio.create_task(c.run_keyed(boom, handle_signals=False))
+    try:
+        await eventually(lambda: _len_is(rr, _keys.dead_letter_stream(service), 1), timeout=30)
+    finally:
+        await c.close()
+        await task
+    result = await invoke("dlq", "list", service, "--url", url, "--json")
+    assert result.exit_code == 0, result.output
+    (letter,) = json.loads(result.stdout)
+    assert letter["key"] == "order-7" and letter["consumer"] == c.id
+    assert "ValueError: cannot take poison" in letter["reason"]
+    assert letter["traceback"].endswith("ValueError: cannot take poison\n") and "in boom" in letter["traceback"]
+    result = await invoke("dlq", "list", service, "--url", url)
+    assert "key order-7" in flat(result.output) and "(malformed)" not in result.output

@@ -412,3 +412,23 @@ async def test_a_due_index_of_the_wrong_type_loses_nothing(any_server: Any, serv
     finally:
         await c.close()
         await asyncio.wait_for(runner, 10)
+
+
+async def test_a_handler_failure_is_logged_with_its_traceback(redis_server: Any, service: str,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    await produce(redis_server.url, service, "bad-1")
+    c = client(redis_server.url, service, retry_delay=0.0, max_retries=0)
+
+    async def handler(note: lbs.Notification) -> None:
+        raise RuntimeError(f"cannot process {note.stream}")
+
+    task = asyncio.create_task(c.run(handler, handle_signals=False))
+    try:
+        await eventually(lambda: is_true(c.stats.dead_lettered == 1), timeout=30)
+    finally:
+        await c.close()
+        await task
+    (record,) = [r for r in caplog.records if "handler failed on bad-1" in r.getMessage()]
+    assert "RuntimeError: cannot process bad-1" in record.getMessage()
+    assert record.exc_info is not None and record.exc_info[1] is not None
+    assert "cannot process bad-1" in str(record.exc_info[1])

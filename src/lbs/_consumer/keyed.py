@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,13 +49,10 @@ from ..keyed import Effect, KeyedBatch, KeyedHandler, Message
 from ..notifications import Notification
 from .backoff import Backoff
 from .finisher import Finisher
-from .runner import handler_coroutine, start_task
+from .runner import failure_traceback, handler_coroutine, start_task
 from .state import ConsumerState
 
 __all__ = ["KeyedRunner"]
-
-#: The most of a failure's traceback a dead letter keeps (its end: where it was raised).
-TRACEBACK_LIMIT = 8192
 
 
 class _Hold:
@@ -176,7 +172,7 @@ class KeyedRunner:
             s.stats.handler_failures += 1
             s.log.warning("keyed handler failed on %s at %s (%d message(s)); handing the key back", h.stream,
                           batch.messages[0].id, len(batch.messages), exc_info=exc)
-            self._failed(hold, batch, f"{type(exc).__name__}: {exc}", _traceback(exc))
+            self._failed(hold, batch, f"{type(exc).__name__}: {exc}", failure_traceback(exc))
         else:
             hold.processed += len(batch.messages)
             s.stats.keyed_messages += len(batch.messages)
@@ -380,12 +376,6 @@ class KeyedRunner:
 
 #: Modes after which a key may go on: its next messages are read behind the commit.
 _GOING_ON = ("go", "skip")
-
-
-def _traceback(exc: BaseException) -> str:
-    """``exc``'s traceback as text, its last ``TRACEBACK_LIMIT`` characters (where it was raised)."""
-    text = "".join(traceback.format_exception(exc))
-    return text if len(text) <= TRACEBACK_LIMIT else "...\n" + text[-TRACEBACK_LIMIT:]
 
 
 def _read(s: ConsumerState, key: str, messages: Any) -> list[Message]:

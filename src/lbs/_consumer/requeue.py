@@ -83,7 +83,7 @@ class Requeue:
         return [RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY] * count
 
     async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False,
-                   delay: float | None = 0.0, names: Sequence[str] = ()) -> list[Any]:
+                   delay: float | None = 0.0, names: Sequence[str] = (), traceback: str = "") -> list[Any]:
         """One batch of requeue-6.lua calls; one reply (or server error) per call. ``names``: mode
         "owned", each call's DataStreamName (``Config.go_compatible``: its Go-style lock is released
         with ours)."""
@@ -103,14 +103,15 @@ class Requeue:
                                 original_field=n.original_field, reason=reason, consumer=n.id,
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
                                 field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep,
-                                stream_name=names[i] if names else "", queued_prefix=n.queued_prefix)
+                                stream_name=names[i] if names else "", queued_prefix=n.queued_prefix,
+                                traceback=traceback)
 
         return (await s.link.pool.execute(build))[:len(calls)]
 
     # ----------------------------------------------------------- hand back ---
 
     async def hand_back(self, items: list[Held], *, count_retry: bool, reason: str,
-                        delay: float | None = 0.0) -> list[str]:
+                        delay: float | None = 0.0, traceback: str = "") -> list[str]:
         """Give held streams back (lock mode ``owned``); per stream its new entry id, or "".
 
         ``delay`` None parks each for the configured back-off (none when
@@ -119,7 +120,8 @@ class Requeue:
         stream (a parking key of the wrong type: re-queued at once instead).
         "" means dead-lettered (out of retries), dropped, refused (a
         dead-letter key of the wrong type: it stays pending, and recovery
-        retries it once its lock expires) or already lost. Raises
+        retries it once its lock expires) or already lost. ``traceback``:
+        the failure's, kept in a dead letter (``_traceback``). Raises
         :class:`lbs.RedisOperationError`.
         """
         if not items:
@@ -128,7 +130,7 @@ class Requeue:
         calls = [(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items]
         try:
             results = first_error(await self._run(calls, count_retry=count_retry, delay=delay,
-                                                  names=[h.stream for h in items]))
+                                                  names=[h.stream for h in items], traceback=traceback))
             if delay != 0:
                 await self._unparked(calls, results, count_retry)
         except RedisError as exc:

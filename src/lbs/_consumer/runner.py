@@ -40,6 +40,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from types import CoroutineType
@@ -178,18 +179,21 @@ class Runner:
         if exc is None:
             self.finisher.queue(h)
             return
+        trace = ""
         if timed_out:
             reason = str(exc)
             s.log.warning("%s on %s (entry %s); handing it back", reason, h.stream, h.entry_id)
         else:
             s.stats.handler_failures += 1
-            reason = f"handler raised {exc!r}"[:500]
-            s.log.warning("handler failed on %s (entry %s): %r; handing it back", h.stream, h.entry_id, exc)
-        hand_back = asyncio.ensure_future(self._hand_back(h, reason))
+            reason = f"handler raised {type(exc).__name__}: {exc}"[:500]
+            trace = failure_traceback(exc)
+            s.log.warning("handler failed on %s (entry %s): %s; handing it back", h.stream, h.entry_id, reason,
+                          exc_info=(type(exc), exc, exc.__traceback__))
+        hand_back = asyncio.ensure_future(self._hand_back(h, reason, trace))
         s.handlers.add(hand_back)
         hand_back.add_done_callback(s.handlers.discard)
 
-    async def _hand_back(self, h: Held, reason: str) -> None:
+    async def _hand_back(self, h: Held, reason: str, trace: str = "") -> None:
         """Hand a failed stream back; a failure that means "not now" (a dropped connection, a
         restarting or loading Redis, a moved slot) is tried again with a back-off for as long as
         the stream's lock lasts (requeue-6.lua checks the lock: a call that ran twice hands back
@@ -199,7 +203,7 @@ class Runner:
         until = time.monotonic() + s.config.lock_ttl
         while True:
             try:
-                await self.requeue.hand_back([h], count_retry=True, reason=reason, delay=None)
+                await self.requeue.hand_back([h], count_retry=True, reason=reason, delay=None, traceback=trace)
                 return
             except RedisOperationError as err:
                 wait = backoff.next()
@@ -211,6 +215,15 @@ class Runner:
 
 
 _clock = time.perf_counter
+
+#: The most of a traceback a dead letter keeps (its last characters: the innermost frames and the error).
+TRACEBACK_CHARS = 8192
+
+
+def failure_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as text, at most :data:`TRACEBACK_CHARS` (cut at the start)."""
+    text = "".join(traceback.format_exception(exc))
+    return text if len(text) <= TRACEBACK_CHARS else "...\n" + text[-TRACEBACK_CHARS:]
 
 
 def handler_coroutine(handler: Callable[[Any], Awaitable[Any]], arg: Any) -> Coroutine[Any, Any, Any]:

@@ -179,7 +179,7 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
             entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
             original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
             field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "",
-            queued_prefix: str = "") -> None:
+            queued_prefix: str = "", traceback: str = "") -> None:
     """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
 
     Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
@@ -209,7 +209,8 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
               repr(delay.jitter),              # ARGV[16] jitter factor in [0.5, 1]
               go_lock_sep,                     # ARGV[17] Go-style lock separator ("": not checked)
               stream_name,                     # ARGV[18] mode "owned": its Go-style lock is released
-              queued_prefix)                   # ARGV[19] queued sets: what a holder merely held counts no death
+              queued_prefix,                   # ARGV[19] queued sets: what a holder merely held counts no death
+              traceback)                       # ARGV[20] recorded in dead letters ("": none)
 
 
 class RequeueCode(enum.IntEnum):

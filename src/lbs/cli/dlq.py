@@ -66,6 +66,14 @@ def _stream_name(letter: DeadLetter) -> str:
     return name or ""
 
 
+def _subject(letter: DeadLetter) -> Text:
+    """What the letter is about: its data stream, ``key <k>`` for a keyed message, or "(malformed)"."""
+    if letter.key:
+        return Text(f"key {letter.key}")
+    name = _stream_name(letter)
+    return Text(name) if name else Text("(malformed)", style="red")
+
+
 # --------------------------------------------------------------------- list ---
 
 @app.command("list")
@@ -76,7 +84,8 @@ def list_letters(
     reason: ReasonOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """List the newest dead letters, newest first: id, age, stream, consumer, retries, reason."""
+    """List the newest dead letters, newest first: id, age, data stream (or a keyed message's key), consumer,
+    retries, reason."""
     check_service("dlq list", service)
 
     async def work() -> tuple[list[DeadLetter], int, int]:
@@ -98,13 +107,13 @@ def list_letters(
                   pad_edge=False)
     table.add_column("id", no_wrap=True)
     table.add_column("age", justify="right", no_wrap=True)
-    table.add_column("stream", overflow="ellipsis", max_width=30)
+    table.add_column("stream / key", overflow="ellipsis", max_width=30)
     table.add_column("consumer", overflow="ellipsis", max_width=30)
     table.add_column("retries", justify="right")
     table.add_column("reason", overflow="fold")
     for x in letters:
-        table.add_row(x.id, duration(now - letter_time_ms(x.id)), _stream_name(x) or Text("(malformed)", style="red"),
-                      x.consumer, str(x.retry_count), x.reason)
+        table.add_row(x.id, duration(now - letter_time_ms(x.id)), _subject(x), x.consumer, str(x.retry_count),
+                      x.reason)
     console.print(table)
 
 

@@ -61,6 +61,8 @@
             slot, not declared). An entry in it was merely held (see ARGV[5]);
             it leaves the set when the entry is re-queued, parked,
             dead-lettered or found trimmed. "" or absent: not looked at.
+  ARGV[20]  optional: the failure's traceback, recorded in a dead letter as
+            <prefix>traceback ("" or absent: no such field)
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
@@ -84,7 +86,8 @@
   Copies: the entry's fields, the retry count (+ the deaths counted while
   it was pending, its delivery count less one, + ARGV[5], less pardoned
   deaths; each pardon takes one back and is removed), the original id and <prefix>deaths when any (a parked copy too: it goes back into the LBS as it is); dead letters
-  also get <prefix>reason, <prefix>consumer and <prefix>failed_id. A copy
+  also get <prefix>reason, <prefix>consumer, <prefix>failed_id and, with
+  ARGV[20], <prefix>traceback. A copy
   of more than 7,000 values (fields and values counted apart) cannot be
   passed through Lua's unpack: such an entry is dead-lettered whatever its
   retry count (never parked), with only lbs-input (if present), the retry
@@ -235,7 +238,7 @@ end
 if died then kept[#kept + 1] = ARGV[2] end
 while #kept > 32 do table.remove(kept, 1) end
 retries = retries + increment
-local oversized = #out + 10 + (#kept > 0 and 2 or 0) > MAX_COPY  -- the copy with its bookkeeping fields
+local oversized = #out + 12 + (#kept > 0 and 2 or 0) > MAX_COPY  -- the copy with its bookkeeping fields
 if oversized then
   out = {}
   if input then
@@ -290,6 +293,10 @@ if dead then
     out[#out + 1] = ARGV[10]
     out[#out + 1] = ARGV[13] .. 'failed_id'
     out[#out + 1] = ARGV[2]
+    if ARGV[20] and ARGV[20] ~= '' then
+      out[#out + 1] = ARGV[13] .. 'traceback'
+      out[#out + 1] = ARGV[20]
+    end
     id = redis.call('XADD', KEYS[2], '*', unpack(out))
     code = 2
   else
