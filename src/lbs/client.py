@@ -127,7 +127,7 @@ class Client:
         self._observer = Observer(s)
         self._forwarder: Forwarder | None = None
         #: The recovery tasks (deadline poller, keyspace listener, scan); see lbs._consumer.recovery.
-        self.recovery = Recovery(s, self._requeue, self._topology, self._reader)
+        self.recovery = Recovery(s, self._requeue, self._topology, self._reader, self._instance.forget_departed)
         #: Counters of what this client did (cheap, always on).
         self.stats = s.stats
         self._started = False

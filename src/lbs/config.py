@@ -124,6 +124,10 @@ class Config:
     min_idle: float | None = None
     #: Pending entries per XPENDING page (and per lock-check round trip).
     scan_batch: int = 50
+    #: With each scan, consumers of the group with nothing pending that have not read for this
+    #: long (seconds) are deleted from it (a consumer that closes cleanly leaves at once); ``0``
+    #: never. With pod names as consumer ids, each deployment would otherwise add one for good.
+    forget_consumers_after: float = 3600.0
     #: How often the client samples the service's backlog, pending and dead-letter
     #: lengths for its gauges (seconds); ``0`` turns the sampling off.
     metrics_interval: float = 5.0
@@ -190,7 +194,7 @@ class Config:
             positive("hold_warning")
         if self.handler_timeout is not None:
             positive("handler_timeout")
-        for name in ("retry_delay", "retry_delay_max", "metrics_interval"):
+        for name in ("retry_delay", "retry_delay_max", "metrics_interval", "forget_consumers_after"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
                 raise ConfigurationError(f"Config.{name} must be a number >= 0, got {v!r}")

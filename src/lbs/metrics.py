@@ -83,6 +83,8 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric("recovery_adopted_total", "counter",
            "Dead holders' entries the deadline poll adopted: moved to this client under fresh locks in the same "
            "step that found them, with no copy and no second read.", ("path",)),
+    Metric("consumers_forgotten_total", "counter",
+           "Departed consumers (nothing pending, idle past Config.forget_consumers_after) deleted from the group."),
     # -- recovery, other outcomes (label path: which of the six found the entry) ----
     Metric("recovery_dlq_total", "counter",
            "Entries recovery found out of retries and dead-lettered (or dropped, without a dead-letter stream).",

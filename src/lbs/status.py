@@ -63,6 +63,7 @@ __all__ = [
     "KeyStatus",
     "ConsumerStatus",
     "DelayedRetries",
+    "HeldStream",
     "PendingEntry",
     "ReasonCount",
     "Requeued",
@@ -91,6 +92,21 @@ def _plain(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class HeldStream(_Record):
+    """A data stream (or key) a consumer holds: one of its pending entries."""
+
+    #: The data stream's name (a keyed service: the key); "" when the entry does not decode.
+    stream: str
+    entry_id: str
+    #: The fencing token of its lock; None when the lock is gone (its holder died: recovery takes it).
+    token: int | None
+    #: ms since it was registered (its entry id's time against the server's TIME).
+    age_ms: int
+    #: ms since it was last delivered, adopted or refreshed by its holder's heartbeat.
+    idle_ms: int
+
+
+@dataclass(frozen=True)
 class ConsumerStatus(_Record):
     """One consumer of the group, or of the deadline index."""
 
@@ -108,6 +124,8 @@ class ConsumerStatus(_Record):
     deadline_ms: int | None
     #: Its instance marker's remaining TTL in ms (-1: no TTL); None when there is no marker.
     instance_ttl_ms: int | None
+    #: What it holds, oldest entry first: among the service's first ``sample`` pending entries.
+    held: tuple[HeldStream, ...] = ()
 
     @property
     def state(self) -> ConsumerState:
@@ -119,8 +137,9 @@ class ConsumerStatus(_Record):
           is gone (it is dying);
         * ``dead``: no marker, and it still holds streams whose deadline passed (or never had one):
           they wait for recovery (every running client recovers them within the lock TTL + 1 s);
-        * ``departed``: no marker and nothing held (it closed, or its streams were recovered);
-          the group keeps its name, and the deadline index may until a recoverer's next poll.
+        * ``departed``: no marker and nothing held (it went away without a clean close, or its
+          streams were recovered); a clean close takes its name out of the group, and the scan
+          forgets a departed one after ``Config.forget_consumers_after``.
         """
         ahead = self.deadline_ms is not None and self.deadline_ms > 0
         if self.instance_ttl_ms is not None:
@@ -442,30 +461,40 @@ class _Reader:
         second = await self._second(first)
         status = self._assemble(first, second)
         if first.pending and self.sample:
-            status = dataclasses.replace(status, keys=await self._held_keys())
+            held, keys = await self._held(first.now)
+            consumers = tuple(dataclasses.replace(c, held=held.get(c.name, ())) for c in status.consumers)
+            status = dataclasses.replace(status, keys=keys, consumers=consumers)
         return status
 
-    async def _held_keys(self) -> tuple[KeyStatus, ...]:
-        """Rounds 3 and 4 (plain pipelines): the first ``sample`` pending entries and their data streams'
-        names; then, for each, the key's state and data stream length. Keys without a state are left out
-        (the service is not keyed, or the key was let go meanwhile)."""
+    async def _held(self, now: int) -> tuple[dict[str, tuple[HeldStream, ...]], tuple[KeyStatus, ...]]:
+        """Rounds 3 and 4 (plain pipelines): the first ``sample`` pending entries, their data streams'
+        names and lock values (by consumer); then, for each, the key's state and data stream length. Keys
+        without a state are left out (the service is not keyed, or the key was let go meanwhile)."""
         pending = self._check("XPENDING range", await self.r.xpending_range(self.stream, self.group, "-", "+",
                                                                               self.sample))
-        held = [(_s(p.get("message_id")), _s(p.get("consumer"))) for p in map(_keyed, pending)]
+        held = [(_s(p.get("message_id")), _s(p.get("consumer")), int(p.get("time_since_delivered") or 0))
+                for p in map(_keyed, pending)]
         pipe = self.r.pipeline(transaction=False)
-        for entry_id, _ in held:
+        for entry_id, _, _ in held:
             pipe.xrange(self.stream, entry_id, entry_id, count=1)
+            pipe.get(_keys.lock_key(self.service, entry_id))
+        replies = await self._exec(pipe)
         names = []
-        for (entry_id, consumer), entries in zip(held, await self._exec(pipe)):
-            if isinstance(entries, Exception) or not entries:
-                continue
-            try:
-                names.append((decode_input(fields_text(entries[0][1]).get(_keys.INPUT_FIELD, ""))[0],
-                              entry_id, consumer))
-            except (LbsError, ValueError, AttributeError):
-                continue
+        by_consumer: dict[str, list[HeldStream]] = {}
+        for (entry_id, consumer, idle), entries, lock in zip(held, replies[::2], replies[1::2]):
+            name = ""
+            if not isinstance(entries, Exception) and entries:
+                try:
+                    name = decode_input(fields_text(entries[0][1]).get(_keys.INPUT_FIELD, ""))[0]
+                    names.append((name, entry_id, consumer))
+                except (LbsError, ValueError, AttributeError):
+                    pass
+            token, _, _ = _s(lock).partition(":") if isinstance(lock, (bytes, str)) else ("", "", "")
+            by_consumer.setdefault(consumer, []).append(HeldStream(
+                name, entry_id, int(token) if token.isdigit() else None, max(0, now - _id_ms(entry_id)), idle))
+        streams = {c: tuple(rows) for c, rows in by_consumer.items()}
         if not names:
-            return ()
+            return streams, ()
         pipe = self.r.pipeline(transaction=False)
         for key, _, _ in names:
             pipe.hmget(_keys.key_state(self.service, key), "holder", "pos", "tries", "fails", "unblamed", "until")
@@ -479,7 +508,7 @@ class _Reader:
             failures = _int(fails) + _int(unblamed)
             rows.append(KeyStatus(key, consumer, entry_id, pos, int(length), _int(tries), holder == entry_id,
                                   failures, bool(until) or _int(fails) > 0))
-        return tuple(sorted(rows, key=lambda k: (-k.backlog, k.key)))
+        return streams, tuple(sorted(rows, key=lambda k: (-k.backlog, k.key)))
 
     async def _first(self) -> _First:
         """Round trip 1, one MULTI/EXEC: a snapshot of everything that needs no earlier answer."""

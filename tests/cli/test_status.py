@@ -42,8 +42,9 @@ async def consumer_state(url: str, service: str, name: str) -> str:
 
 
 class Scene:
-    """A service with a departed consumer that dead-lettered two malformed entries, a live consumer holding
-    two streams (one handed back once with a retry), a dead one holding one, and three entries waiting."""
+    """A service whose janitor dead-lettered two malformed entries and left the group (a clean close with
+    nothing pending), a departed consumer (gone without closing, nothing held), a live consumer holding two
+    streams (one handed back once with a retry), a dead one holding one, and three entries waiting."""
 
     def __init__(self, url: str, service: str) -> None:
         self.url, self.service = url, service
@@ -60,6 +61,7 @@ class Scene:
         await janitor.start()
         await eventually(lambda: _len_is(r, _keys.dead_letter_stream(service), 2))
         await janitor.close()
+        await r.xgroup_createconsumer(lbs_key, _keys.group_name(service), "redis-consumer-gone")
         for name, entry_id in zip("abcdef", await produce(url, service, *"abcdef")):
             self.ids[name] = entry_id
         # Nobody recovers here (recovery=False everywhere): the dead consumer's stream stays where it is.
@@ -108,15 +110,20 @@ async def test_collect_status_counts_exactly(any_server: Any, service: str) -> N
         assert st.requeued.to_dict() == {"looked_at": 3, "complete": True, "requeued": 1, "retried": 1,
                                          "replayed": 0}
         by_name = {c.name: c for c in st.consumers}
-        assert set(by_name) == {scene.live.id, scene.dying.id, "redis-consumer-janitor"}
-        live, dying, janitor = by_name[scene.live.id], by_name[scene.dying.id], by_name["redis-consumer-janitor"]
+        assert set(by_name) == {scene.live.id, scene.dying.id, "redis-consumer-gone"}  # the janitor left
+        live, dying, gone = by_name[scene.live.id], by_name[scene.dying.id], by_name["redis-consumer-gone"]
         assert (live.state, live.pending) == ("alive", 2)
         assert live.deadline_ms is not None and live.deadline_ms > 0
         assert live.instance_ttl_ms is not None and live.instance_ttl_ms > 0
         assert (dying.state, dying.pending, dying.instance_ttl_ms) == ("dead", 1, None)
         assert dying.deadline_ms is not None and dying.deadline_ms <= 0
-        assert (janitor.state, janitor.pending, janitor.instance_ttl_ms) == ("departed", 0, None)
-        assert [c.name for c in st.consumers] == [scene.live.id, scene.dying.id, "redis-consumer-janitor"]
+        assert (gone.state, gone.pending, gone.instance_ttl_ms) == ("departed", 0, None)
+        assert [c.name for c in st.consumers] == [scene.live.id, scene.dying.id, "redis-consumer-gone"]
+        # What each holds, with its token (a dead holder's lock is gone) and age.
+        assert [(h.stream, h.entry_id) for h in live.held] == [("b", ids["b"]), ("d", ids["d"])]
+        assert all(h.token is not None and h.token > 0 and h.age_ms >= 0 for h in live.held)
+        assert [(h.stream, h.token) for h in dying.held] == [("c", None)]
+        assert gone.held == ()
         assert (st.count("alive"), st.count("late"), st.count("dead"), st.count("departed")) == (1, 0, 1, 1)
         if any_server.version >= (7, 2):
             assert live.inactive_ms is not None
@@ -153,7 +160,8 @@ async def test_the_screen_names_what_matters(redis_server: Any, service: str) ->
     for text in (f"lbs status {service}", "6 entries", "3 waiting", "3 pending", "1 alive", "1 dead",
                  "1 departed", scene.live.id, scene.dying.id, "1 of all 3 waiting", "dead letters"):
         assert text in screen, (text, screen)
-    assert "redis-consumer-janitor" not in screen  # departed consumers are counted, not listed
+    assert "redis-consumer-gone" not in screen  # departed consumers are counted, not listed
+    assert "b (token" in screen and "c (lock gone" in screen  # what each consumer holds
 
 
 async def test_a_missing_service_says_so(any_server: Any, service: str) -> None:

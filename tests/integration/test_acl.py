@@ -22,10 +22,10 @@ COMMANDS = ("+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xr
             "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
             "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
             "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
-            "+sismember")
+            "+sismember +xinfo|consumers +xgroup|delconsumer")
 
 #: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).
-OPERATOR = " +xinfo|consumers +zcard +watch +unwatch +eval"
+OPERATOR = " +zcard +watch +unwatch +eval"
 
 
 def _acl(service: str, user: str, password: str, commands: str) -> list[str]:

@@ -684,3 +684,38 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
     assert (await rr.xpending(stream, group))["pending"] == 0
     assert await rr.xlen(stream) == 6
     assert not await rr.keys(lbs.lock_key(service, "*"))
+
+
+async def test_a_clean_close_leaves_the_group_and_departed_consumers_are_forgotten(any_server: Any,
+                                                                                 service: str) -> None:
+    """Group hygiene: a consumer that closes with nothing pending is deleted from the group; one that went
+    away without closing is forgotten by a sweep once idle past Config.forget_consumers_after, never while
+    it has something pending."""
+    url = any_server.url
+    r = aioredis.Redis.from_url(url)
+    try:
+        await produce(url, service, "a", "b")
+
+        async def names() -> set[str]:
+            return {c["name"].decode() for c in await r.xinfo_consumers(lbs.input_stream(service),
+                                                                       lbs.group_name(service))}
+
+        tidy = client(url, service, "tidy", max_streams=1)
+        await tidy.start()
+        note = await tidy.next_notification(timeout=10)
+        assert note is not None and await tidy.done_stream(note.stream) is lbs.DoneStatus.DONE
+        await tidy.close()
+        # A consumer that vanished: one with an entry pending, one with nothing.
+        await r.xreadgroup(lbs.group_name(service), "gone-busy", {lbs.input_stream(service): ">"}, count=1)
+        await r.xgroup_createconsumer(lbs.input_stream(service), lbs.group_name(service), "gone-idle")
+        assert tidy.id not in await names() and {"gone-busy", "gone-idle"} <= await names()
+        sweeper = client(url, service, "sweeper", forget_consumers_after=0.05, recovery=False)
+        try:
+            await asyncio.sleep(0.1)  # both idle past 50 ms by the server's clock
+            assert sweeper.recovery.sweep is not None and await sweeper.recovery.sweep() == 1
+            left = await names()
+            assert "gone-idle" not in left and "gone-busy" in left  # pending: kept
+        finally:
+            await sweeper.close()
+    finally:
+        await r.aclose()

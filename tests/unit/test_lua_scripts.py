@@ -66,7 +66,7 @@ _FIXED = {
     "reap-4": lambda b: scripts.reap(b, "c", "s", "r", "f", group="g", lock_prefix="lock:", batch=10,
                                      stall_ms=1000, grace_ms=1000, adopter="me", room=5, ttl_ms=1000, owner="me:x",
                                      queued_prefix="q:", queues=True),
-    "leave-1": lambda b: scripts.leave(b, "k", "nonce"),
+    "leave-3": lambda b: scripts.leave(b, "k", "s", "c", instance="nonce", group="g", consumer="me"),
 }
 
 
@@ -90,7 +90,7 @@ def test_done_writes_keys_and_args_per_lock() -> None:
 #: How the code names each script's builder (or, for extend-n, its SHA).
 _CALLS = {"read-3": "scripts.read(", "extend-n": "scripts.EXTEND", "done-n": "scripts.done(",
           "requeue-6": "scripts.requeue(", "promote-3": "scripts.promote(", "reap-4": "scripts.reap(",
-          "leave-1": "scripts.leave(", "publish-1": "scripts.publish_args(", "fetch-1": "scripts.fetch(",
+          "leave-3": "scripts.leave(", "publish-1": "scripts.publish_args(", "fetch-1": "scripts.fetch(",
           "commit-1": "scripts.commit("}
 #: Scripts called from outside the consumer: where from.
 _OUTSIDE = {"publish-1": "publisher.py"}

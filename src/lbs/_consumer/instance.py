@@ -5,7 +5,9 @@ only its own locks; two processes under one consumer id would still share a
 pending list and a deadline. The marker ``{<service>-input}:instance:<id>``
 holds the running process's nonce with the lock TTL, and every heartbeat
 tick refreshes it (``extend-n.lua``); a second live process with the same id
-is refused at start, and ``leave-1.lua`` deletes the marker on close.
+is refused at start, and ``leave-3.lua`` deletes the marker on close, with the consumer
+itself when it has nothing pending (so the group does not grow with every pod name); departed
+consumers are swept after ``Config.forget_consumers_after``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ __all__ = ["Instance"]
 
 
 class Instance:
-    """This process's claim on its consumer id; the one caller of ``leave-1.lua``."""
+    """This process's claim on its consumer id and its place in the group; the one caller of ``leave-3.lua``."""
 
     def __init__(self, state: ConsumerState) -> None:
         self.state = state
@@ -73,17 +75,44 @@ class Instance:
                 f"{key} holds a value of the wrong type, not this consumer's instance marker: {exc}")) from exc
 
     async def release(self) -> None:
-        """Delete the marker if still ours, so a restart under this id need not wait for it."""
+        """Delete the marker if still ours, so a restart under this id need not wait for it, and this
+        consumer from the group when it has nothing pending (a clean close)."""
         s = self.state
-        key, instance = s.names.instance_key, s.names.instance
+        n = s.names
+        key = n.instance_key
 
         def build(b: CommandBatch) -> None:
-            scripts.leave(b, key, instance)
+            scripts.leave(b, key, n.stream_key, n.consumers_key, instance=n.instance, group=n.group, consumer=n.id)
 
         try:
             (reply,) = await s.link.pool.execute(build)
             if isinstance(reply, Exception):
                 raise reply
+            if int(reply[1]):
+                s.log.debug("left the group %s (nothing pending)", n.group)
         except RedisError as exc:
             if not s.denied(exc, f"deleting the instance marker {key}"):
                 s.log.debug("could not delete the instance marker %s (%s); it expires", key, exc)
+
+    async def forget_departed(self) -> int:
+        """Delete the group's consumers with nothing pending that have not read for
+        ``Config.forget_consumers_after`` seconds (0: never); how many. A live consumer deleted so is
+        created again by its next read."""
+        s = self.state
+        n = s.names
+        grace = s.config.forget_consumers_after
+        if grace <= 0:
+            return 0
+
+        def build(b: CommandBatch) -> None:
+            scripts.leave(b, n.instance_key, n.stream_key, n.consumers_key, instance="", group=n.group, consumer="",
+                          grace_ms=int(grace * 1000))
+
+        (reply,) = await s.link.pool.execute(build)
+        if isinstance(reply, Exception):
+            raise reply
+        gone = int(reply[1])
+        if gone:
+            s.hooks.metric("consumers_forgotten_total", gone)
+            s.log.info("forgot %d departed consumers of %s (nothing pending, idle over %gs)", gone, n.group, grace)
+        return gone

@@ -46,7 +46,7 @@ import asyncio
 import random
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
@@ -88,11 +88,13 @@ class Recovery:
     adopted streams to the ``adopter``."""
 
     def __init__(self, state: ConsumerState, requeue: Requeue, topology: Topology,
-                 adopter: Adopter | None = None) -> None:
+                 adopter: Adopter | None = None, sweep: Callable[[], Awaitable[int]] | None = None) -> None:
         self.state = state
         self.requeue = requeue
         self.topology = topology
         self.adopter = adopter
+        #: Housekeeping that runs with each scan: departed consumers forgotten (``Instance.forget_departed``).
+        self.sweep = sweep
         self._next_due: float | None = None  # seconds until the earliest deadline in the index, after a poll
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
@@ -334,6 +336,8 @@ class Recovery:
             try:
                 await self.topology.check_server()
                 await self.scan()
+                if self.sweep is not None:
+                    await self.sweep()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -69,7 +69,7 @@ DONE = _load("done-n")
 REQUEUE = _load("requeue-6")
 PROMOTE = _load("promote-3")
 REAP = _load("reap-4")
-LEAVE = _load("leave-1")
+LEAVE = _load("leave-3")
 PUBLISH = _load("publish-1")
 FETCH = _load("fetch-1")
 COMMIT = _load("commit-1")
@@ -267,12 +267,22 @@ def reap(b: CommandBatch, consumers: str, stream: str, reaped: str, fence: str, 
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
-# ------------------------------------------------------------------ leave-1 ---
+# ------------------------------------------------------------------ leave-3 ---
 # Caller: lbs._consumer.instance.
 
-def leave(b: CommandBatch, instance_key: str, instance: str) -> None:
-    """Delete this process's instance marker (KEYS[1]) if it still holds our nonce (ARGV[1])."""
-    b.command("EVALSHA", LEAVE.sha, LEAVE.fixed_keys, instance_key, instance)
+def leave(b: CommandBatch, instance_key: str, stream: str, consumers: str, *, instance: str, group: str,
+          consumer: str, grace_ms: int = 0) -> None:
+    """A closing process (``instance``): delete its instance marker if still ours and its consumer if it has
+    nothing pending. A sweep (``instance`` and ``consumer`` ""): delete every consumer with nothing pending
+    idle at least ``grace_ms``."""
+    b.command("EVALSHA", LEAVE.sha, LEAVE.fixed_keys,
+              instance_key,  # KEYS[1] the instance marker
+              stream,        # KEYS[2] the LBS
+              consumers,     # KEYS[3] the consumer deadline index
+              instance,      # ARGV[1] our nonce ("": a sweep)
+              group,         # ARGV[2]
+              consumer,      # ARGV[3] the closing consumer ("": every consumer)
+              grace_ms)      # ARGV[4] a sweep's grace
 
 
 

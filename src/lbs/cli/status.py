@@ -253,9 +253,10 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
         table.add_column("idle", justify="right")
         table.add_column("deadline", justify="right")
         table.add_column("instance marker", justify="right")
+        table.add_column("holds (token, registered ago)", overflow="fold")
         for c in shown[:max_rows]:
             table.add_row(c.name, Text(c.state, style=_STATE_STYLE[c.state]), f"{c.pending:,}", duration(c.idle_ms),
-                          duration(c.deadline_ms, signed=True), _marker(c))
+                          duration(c.deadline_ms, signed=True), _marker(c), _holds(c))
         if len(shown) > max_rows:
             table.caption = f"{len(shown) - max_rows} more not shown (--json lists every consumer)"
         parts.append(table)
@@ -288,6 +289,18 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
             reasons.caption = f"{len(st.reasons) - 5} other reasons"
         parts.append(reasons)
     return Group(*parts)
+
+
+#: Held streams named per consumer on the screen (``--json`` has every one sampled).
+HOLDS_SHOWN = 3
+
+
+def _holds(c: ConsumerStatus) -> str:
+    """``name (token 12, 3s), ...`` for the first :data:`HOLDS_SHOWN` streams ``c`` holds; ``+N`` for the rest."""
+    parts = [f"{h.stream or h.entry_id} ({'lock gone' if h.token is None else f'token {h.token}'}, "
+             f"{duration(h.age_ms)})" for h in c.held[:HOLDS_SHOWN]]
+    more = c.pending - len(parts)
+    return ", ".join(parts) + (f", +{more:,}" if more > 0 and parts else "")
 
 
 def _marker(c: ConsumerStatus) -> str:
