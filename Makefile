@@ -1,7 +1,7 @@
 # Two entry points, each self-contained on a fresh machine and safe to repeat:
 #   make demo   venv + install + Redis 8.6 (built once, cached) + the demo
 #   make test   the same set-up + the whole test suite
-# `make demo DEMO_ARGS=--no-spark` skips Spark; `make demo DEMO_ARGS='--redis-url redis://HOST:PORT'`
+# `make demo DEMO_ARGS=--no-spark` skips Spark; `make demo DEMO_ARGS='--url redis://HOST:PORT'`
 # runs on an existing Redis >= 7.0 (then nothing is built). DEMO_ARGS takes any `lbs demo` option.
 # Other targets: setup, redis, docs, wheel, bench, proptest, faults, fuzz, typecheck, clean.
 
@@ -20,7 +20,7 @@ DEMO_ARGS ?=
 .PHONY: demo test faults setup redis docs wheel bench proptest fuzz typecheck clean
 
 demo: setup
-ifneq (,$(findstring --redis-url,$(DEMO_ARGS)))
+ifneq (,$(findstring -url,$(DEMO_ARGS)))
 	$(PY) -m lbs demo $(DEMO_ARGS)
 else
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo $(DEMO_ARGS)

@@ -44,7 +44,7 @@ from ._redis.connection import ClusterMode, RedisLike, cancel_and_wait, resolve_
 from ._waits import within
 from .config import Config
 from .keyed import KeyedHandler
-from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
+from .exceptions import ConfigurationError, LbsError, NotHeldError, RedisOperationError
 from .notifications import DoneStatus, Notification, NotificationType
 from .plugins import Hooks, MetricValues, make_plugin_manager, plugin_config_defaults
 from .strategy import ReadStrategy
@@ -549,7 +549,9 @@ class Client:
                 await asyncio.shield(self._closing)  # close() ran elsewhere: return once it is over
         except Exception as exc:
             # Nothing waits forever on a worker that is gone: wait_finished() and the notifications raise it.
-            self.log.error("run() failed: %s", exc, exc_info=True)
+            # lbs's own errors say what went wrong in their message (the caller gets them too); anything
+            # else keeps its traceback.
+            self.log.error("run() failed: %s", exc, exc_info=not isinstance(exc, LbsError))
             s.fail(exc)
             raise
         finally:

@@ -211,8 +211,6 @@ def test_an_invalid_setting_is_exit_78_with_its_source(tmp_path: Path, log: Path
     (["--set", "lock_ttl"], "--set takes FIELD=VALUE"),
     (["--set", "lock_ttl=3", "--lock-ttl", "4"], "lock_ttl is given twice"),
     (["--processes", "0"], "--processes"),
-    (["--service", "a{b}"], "service must not contain"),
-    (["--url", "http://nowhere"], "--url"),
     (["--log-level", "loud"], "'loud' is not one of 'debug', 'info', 'warning', 'error'"),
 ])
 def test_a_usage_error_is_exit_2(log: Path, args: list[str], message: str) -> None:

@@ -17,6 +17,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "err_console",
+    "explain",
     "fail",
     "mask_url",
     "setup_logging",
@@ -39,6 +40,46 @@ def fail(command: str, message: str, code: int = EXIT_FAILURE) -> NoReturn:
     """Print ``lbs <command>: error: <message>`` to stderr and exit with ``code`` (no traceback)."""
     err_console.print(f"[bold red]lbs {command}: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps (``lbs.RedisOperationError.cause``, ``__cause__``, ``__context__``)."""
+    out: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in out and len(out) < 8:
+        out.append(seen)
+        seen = getattr(seen, "cause", None) or seen.__cause__ or seen.__context__
+    return out
+
+
+def explain(exc: BaseException, url: str = "") -> str:
+    """``exc`` as one line, with the fix when the URL made the usual mistakes: no password (redis-py
+    says "HELLO must be called..."), a wrong one, TLS (``rediss://``) against a plain port (a timeout)
+    or a plain URL against a TLS port (the server hangs up)."""
+    import ssl
+
+    from redis.exceptions import AuthenticationError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    chain = _chain(exc)
+    text = " ".join(str(e) for e in chain)
+    tls = url.lower().startswith("rediss")
+    shown = mask_url(url) if url else "the URL"
+    if any(isinstance(e, AuthenticationError) for e in chain) or "NOAUTH" in text or "WRONGPASS" in text:
+        if "HELLO must be called" in text or "NOAUTH" in text or "Authentication required" in text:
+            return (f"the server wants a password and {shown} has none: put it in the URL, "
+                    "redis://:PASSWORD@HOST:PORT (an ACL user: redis://USER:PASSWORD@HOST:PORT)")
+        return (f"the server refused the user or password of {shown} (WRONGPASS): check them "
+                "(redis://USER:PASSWORD@HOST:PORT)")
+    if any(isinstance(e, ssl.SSLError) for e in chain) or (tls and any(
+            isinstance(e, (RedisTimeoutError, TimeoutError)) for e in chain)):
+        return (f"no TLS handshake with {shown} ({exc}): if the server does not speak TLS on that port, use "
+                "redis:// (rediss:// is for TLS; a CA of your own goes in ?ssl_ca_certs=PATH)")
+    if not tls and url and any(isinstance(e, RedisConnectionError) for e in chain) and (
+            "closed by server" in text or "Connection reset" in text):
+        return f"{exc} (if the server speaks TLS on that port, use rediss://)"
+    return str(exc)
 
 
 def mask_url(url: str) -> str:

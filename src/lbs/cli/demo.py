@@ -1,4 +1,4 @@
-"""``lbs demo``: the demo of :mod:`lbs._demo` on an embedded Redis, or on one given with ``--redis-url``."""
+"""``lbs demo``: the demo of :mod:`lbs._demo` on an embedded Redis, or on one given with ``--url``."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ def demo(
              "`<service>-input`, `{<service>-input}:*` or `lock:{<service>-input}:*`, or the same for "
              "`<service>-tickets`. If any exists the demo refuses to start.")] = "demo",
     redis_url: Annotated[str | None, typer.Option(
-        show_default=False,
+        "--url", "--redis-url", envvar="LBS_URL", show_envvar=True, show_default=False,
         help="Use this Redis (>= 7.0) instead of starting an embedded one; nothing in it but the demo's own "
-             "keys (see --service) is written or deleted.")] = None,
+             "keys (see --service) is written or deleted. (--redis-url: the older spelling.)")] = None,
     spark: Annotated[bool, typer.Option(
         "--spark/--no-spark",
         help="Write the work with a local Spark job (its JVM takes tens of seconds to start), or with "
@@ -54,7 +54,7 @@ def demo(
     """Write work with a Spark job and process it with consumers on an embedded Redis.
 
     Start a throwaway redis-server (>= 8.4, found as scripts/redis.sh provides it) or use the one at
-    --redis-url, write the work with a local Spark job through the lbs Spark sink (with lbs.Producer
+    --url, write the work with a local Spark job through the lbs Spark sink (with lbs.Producer
     with --no-spark, or when pyspark, the lbs\\[spark] extra, or Java is missing), process it with
     consumers in one group, print what happened, check nothing is left behind, and delete the demo's
     keys. Exits 0 on success, 1 otherwise (a key of the service already there included).

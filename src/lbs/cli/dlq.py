@@ -93,7 +93,7 @@ def list_letters(
             letters = await dlq.list(limit, reason)
             return letters, await dlq.count(), await dlq.server_time_ms()
 
-    letters, total, now = run("dlq list", work)
+    letters, total, now = run("dlq list", work, url)
     if json_out:
         sys.stdout.write(json.dumps([{**x.to_dict(), "stream": _stream_name(x), "age_ms": now - letter_time_ms(x.id)}
                                      for x in letters]) + "\n")
@@ -134,7 +134,7 @@ def show(
         async with DeadLetters(url, service) as dlq:
             return await dlq.get(letter_id), await dlq.server_time_ms(), dlq.key
 
-    letter, now, key = run("dlq show", work)
+    letter, now, key = run("dlq show", work, url)
     if letter is None:
         fail("dlq show", f"no dead letter {letter_id} in {key}", EXIT_FAILURE)
     if json_out:
@@ -190,7 +190,7 @@ def replay(
         async with DeadLetters(url, service) as dlq:
             return await dlq.replay(ids, reason=reason, all=every, force=force), dlq.stream
 
-    results, stream = run("dlq replay", work)
+    results, stream = run("dlq replay", work, url)
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")
     else:
@@ -245,7 +245,7 @@ def purge(
             n, newest = await dlq.matching(ids, reason=reason, all=every)
             return n, newest, dlq.key
 
-    n, newest, key = run("dlq purge", count)
+    n, newest, key = run("dlq purge", count, url)
     missing = len(ids) - n if ids else 0
     console = Console()
     if n == 0:
@@ -259,7 +259,7 @@ def purge(
         async with DeadLetters(url, service) as dlq:
             return await dlq.purge(ids, reason=reason, all=every, until=newest)
 
-    deleted = run("dlq purge", delete)
+    deleted = run("dlq purge", delete, url)
     console.print(f"Deleted {deleted:,} dead letter{'s' * (deleted != 1)} from {key}.", markup=False,
                   highlight=False)
     if missing:

@@ -48,7 +48,7 @@ from ..config import Config
 from ..exceptions import ConfigurationError, LbsError
 from ..hookspecs import hookimpl
 from ..status import ConsumerStatus, ServiceStatus, collect_status
-from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, fail, mask_url
+from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, explain, fail, mask_url
 
 __all__ = ["EXIT_INCOMPLETE", "ServiceArgument", "UrlOption", "check_service", "claim", "duration", "owner",
            "render_status", "run", "status"]
@@ -66,18 +66,19 @@ ServiceArgument = Annotated[str, typer.Argument(
 T = TypeVar("T")
 
 
-def run(command: str, work: Callable[[], Coroutine[Any, Any, T]]) -> T:
+def run(command: str, work: Callable[[], Coroutine[Any, Any, T]], url: str = "") -> T:
     """Run ``work()`` to its end; lbs and Redis errors become a message on stderr and an exit code.
 
     A bad setting (a URL redis-py cannot use, a service name with braces)
-    exits 78, any other lbs or Redis error 1. Ctrl-C is not caught here.
+    exits 78, any other lbs or Redis error 1 (with the fix, for a password
+    or TLS mistake in ``url``). Ctrl-C is not caught here.
     """
     try:
         return asyncio.run(work())
     except ConfigurationError as exc:
         fail(command, str(exc), EXIT_CONFIG)
     except (LbsError, RedisError, OSError) as exc:
-        fail(command, str(exc), EXIT_FAILURE)
+        fail(command, explain(exc, url), EXIT_FAILURE)
 
 
 # ------------------------------------------------------------------- status ---
@@ -105,11 +106,11 @@ def status(
     check_service("status", service)
     if watch:
         try:
-            run("status", lambda: _watch(url, service, interval, json_out, letters))
+            run("status", lambda: _watch(url, service, interval, json_out, letters), url)
         except KeyboardInterrupt:
             pass
         raise typer.Exit(EXIT_OK)
-    st = run("status", lambda: collect_status(url, service, letters=letters))
+    st = run("status", lambda: collect_status(url, service, letters=letters), url)
     if json_out:
         sys.stdout.write(json.dumps(st.to_dict()) + "\n")
     else:
@@ -372,7 +373,7 @@ def claim(
     (or could not be claimed); 1 when Redis fails.
     """
     check_service("claim", service)
-    results = run("claim", lambda: _claim(url, service, entry_ids, max_retries))
+    results = run("claim", lambda: _claim(url, service, entry_ids, max_retries), url)
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")
     else:

@@ -41,7 +41,7 @@ from ..hookspecs import hookimpl
 from ..keyed import KeyedBatch
 from ..plugins import make_plugin_manager
 from ..sharding import ShardedClient
-from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, fail, mask_url, setup_logging
+from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, explain, fail, mask_url, setup_logging
 from .settings import HandlerError, changed_fields, field_type, load_handler, resolve_config
 
 __all__ = ["WorkerSettings", "run_in_process", "worker"]
@@ -205,7 +205,7 @@ def run_in_process(s: WorkerSettings, handler: Handler | None = None) -> int:
         log.error("%s", exc)
         return EXIT_CONFIG
     except RedisOperationError as exc:
-        log.error("cannot run against %s: %s", mask_url(s.url), exc)
+        log.error("cannot run against %s: %s", mask_url(s.url), explain(exc, s.url))
         return EXIT_FAILURE
     except LbsError as exc:
         log.error("%s: %s", type(exc).__name__, exc)
@@ -270,14 +270,14 @@ def _check_service(value: str) -> str:
     try:
         return validate_service(value)
     except ConfigurationError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        fail("worker", f"invalid --service: {exc}", EXIT_CONFIG)  # a bad setting: 78, as in every command
 
 
 def _check_url(value: str) -> str:
     try:
         resolve_client(value)  # parses the URL and its options; connects to nothing
     except ConfigurationError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        fail("worker", f"invalid --url {mask_url(value)}: {exc}", EXIT_CONFIG)
     return value
 
 
