@@ -214,8 +214,8 @@ class Client:
         self._requeue.delays.start()
         if self._forwarder is not None:
             self._forwarder.start()
-        self.log.info("started on %s (group %s, Redis %s)", self.stream_key, self.group,
-                      ".".join(map(str, s.server.version)) or "?")
+        self.log.info("started on %s (group %s, %s)", self.stream_key, self.group,
+                      s.server.name or "Redis " + (".".join(map(str, s.server.version)) or "?"))
         self._hooks.notify("lbs_client_started")
 
     async def check_server(self) -> bool:

@@ -53,7 +53,8 @@ from redis.exceptions import RedisError, ResponseError
 from _lbscore import decode_input
 
 from . import _keys
-from ._redis.connection import ClusterMode, RedisLike, parse_version, redirected, resolve_client, slot_owner
+from ._redis.connection import (ClusterMode, RedisLike, parse_version, redirected, resolve_client, server_name,
+                                slot_owner)
 from ._redis.wire import fields_text, text
 from .config import Config
 from .exceptions import ConfigurationError, LbsError, RedisOperationError
@@ -285,6 +286,8 @@ class ServiceStatus(_Record):
     keys: tuple[KeyStatus, ...] = ()
     #: Notes on anything odd that was read (e.g. a consumer id the index lists but the group does not).
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The server's product: "Redis" or "Valkey" (:attr:`server_version` is its own version).
+    server_name: str = "Redis"
 
     def count(self, state: ConsumerState) -> int:
         """How many consumers are in ``state``."""
@@ -401,7 +404,8 @@ class _First:
     """What round trip 1 read."""
 
     now: int
-    version: str
+    version: str  # the Redis version it is compatible with (what behaviour checks go by)
+    product: tuple[str, str]  # ("Redis", "8.6.3"), ("Valkey", "9.0.1"); ("", "") when INFO is refused
     exists: bool
     length: int
     group: dict[str, Any] | None
@@ -534,7 +538,9 @@ class _Reader:
         it = iter(await self._exec(pipe))
         now = _now_ms(self._check("TIME", next(it)))
         info = next(it)
-        version = _s(info.get("redis_version", "")) if isinstance(info, dict) else ""  # INFO may be refused (ACL)
+        # INFO may be refused (ACL). Valkey says so (and the Redis version it is compatible with).
+        product = server_name(info) if isinstance(info, dict) else ("", "")
+        version = _s(info.get("redis_version", "")) if isinstance(info, dict) else ""
         types = {role: _s(self._check("TYPE", next(it))) for role in roles}
         for role, kind in types.items():
             if kind not in ("none", _WANTED[role]):
@@ -565,7 +571,7 @@ class _Reader:
         if int(parked) or int(scheduled):
             delayed = DelayedRetries(self.keys["delayed"], int(parked), self.keys["due"], int(scheduled),
                                      int(float(first_due[0][1])) - now if first_due else None)
-        return _First(now, version, exists, int(self._check("XLEN", xlen)), group, in_group, pending, oldest_pending,
+        return _First(now, version, product, exists, int(self._check("XLEN", xlen)), group, in_group, pending, oldest_pending,
                       {_s(m): int(float(score)) for m, score in self._check("ZRANGE", index)},
                       int(self._check("XLEN", dlq_len)), newest_letters, delayed)
 
@@ -670,7 +676,8 @@ class _Reader:
                                         for _id, fields in first.newest_letters)
         return ServiceStatus(
             service=self.service, stream=self.stream, group=self.group, exists=first.exists,
-            server_version=first.version, node=self.node, time_ms=first.now, length=first.length,
+            server_name=first.product[0] or "Redis", server_version=first.product[1] or first.version,
+            node=self.node, time_ms=first.now, length=first.length,
             group_exists=first.group is not None,
             last_delivered_id=_s(first.group.get("last-delivered-id")) if first.group else "",
             backlog=backlog, backlog_exact=exact, backlog_method=method, oldest_waiting=second.oldest_waiting,

@@ -125,6 +125,9 @@ class Server:
     version: tuple[int, ...] = ()
     #: Its run id at the last look: a change means it restarted.
     run_id: str = ""
+    #: What it is, for people: "Redis 8.6.3", "Valkey 9.0.1" (``version`` is the Redis version it
+    #: is compatible with, what the feature checks go by).
+    name: str = ""
 
     @property
     def xackdel(self) -> bool:

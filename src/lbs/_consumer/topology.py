@@ -20,8 +20,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from .._redis.connection import (ensure_group, first_node_client, parse_version, skipped_entries, slot_owner,
-                                 topology_error)
+from .._redis.connection import (ensure_group, first_node_client, parse_version, server_name, skipped_entries,
+                                 slot_owner, topology_error)
 from .._redis.wire import text
 from ..exceptions import RedisOperationError
 from .state import ConsumerState, Link
@@ -135,6 +135,7 @@ class Topology:
         info = await self.state.link.redis.info("server")
         server = self.state.server
         server.version = parse_version(info.get("redis_version", "0"))
+        server.name = " ".join(server_name(info))
         before, server.run_id = server.run_id, str(info.get("run_id", ""))
         return before
 

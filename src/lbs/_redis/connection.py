@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 import redis.asyncio as aioredis
@@ -149,6 +149,15 @@ def parse_version(raw: object) -> tuple[int, ...]:
         return tuple(int(p) for p in str(raw).split("."))
     except ValueError:
         return ()
+
+
+def server_name(info: Mapping[str, Any]) -> tuple[str, str]:
+    """(product, version) from ``INFO server``: ``("Valkey", "9.0.1")`` for Valkey (which also reports the
+    Redis version it is compatible with, ``redis_version:7.2.4``: what lbs's feature checks go by), else
+    ``("Redis", redis_version)``."""
+    if str(info.get("server_name", "")).lower() == "valkey" and info.get("valkey_version"):
+        return "Valkey", str(info["valkey_version"])
+    return "Redis", str(info.get("redis_version", ""))
 
 
 async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> bool:

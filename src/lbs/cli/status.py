@@ -201,7 +201,7 @@ def _server_clock(ms: int) -> str:
 def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, footer: str = "") -> RenderableType:
     """The status as one screen: a summary panel, the consumers (at most ``max_rows``, the departed
     counted, not listed), the dead-letter reasons (the five most frequent)."""
-    where = f"{st.stream} · Redis {st.server_version or '?'}" + (f" · {st.node}" if st.node else "")
+    where = f"{st.stream} · {st.server_name} {st.server_version or '?'}" + (f" · {st.node}" if st.node else "")
     title = f"[bold]lbs status {st.service}[/] · {where}"
     subtitle = f"server time {_server_clock(st.time_ms)}" + (f" · {footer}" if footer else "")
     if not st.exists:
