@@ -60,18 +60,29 @@ async def test_queued_streams_are_merely_held_until_the_application_takes_them(a
         await r.aclose()
 
 
+async def _two_held(url: str, service: str) -> tuple[lbs.Client, lbs.Client]:
+    """"running" and "queued" registered; a client "dead" holds both, "rescuer" is made (not started)."""
+    async with lbs.Producer(url, service) as p:
+        await p.add_streams(["running", "queued"])
+    return (client(url, service, "dead", max_streams=2, recovery=False),
+            client(url, service, "rescuer", recovery=False))
+
+
+async def _take_running(dead: lbs.Client) -> lbs.Notification:
+    """Start ``dead``; its application takes "running" (the other stays queued)."""
+    await dead.start()
+    await eventually(lambda: is_true(dead.held == 2))
+    note = await dead.next_notification(timeout=5)
+    assert note is not None and note.stream == "running"
+    return note
+
+
 async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it_back(any_server, service) -> None:
     url = any_server.url
     r = aioredis.Redis.from_url(url)
-    async with lbs.Producer(url, service) as p:
-        await p.add_streams(["running", "queued"])
-    dead = client(url, service, "dead", max_streams=2, recovery=False)
-    rescuer = client(url, service, "rescuer", recovery=False)
+    dead, rescuer = await _two_held(url, service)
     try:
-        await dead.start()
-        await eventually(lambda: is_true(dead.held == 2))
-        note = await dead.next_notification(timeout=5)
-        assert note is not None and note.stream == "running"
+        note = await _take_running(dead)
         # The process dies: nothing more of it reaches Redis; its locks go.
         await dead._heartbeat.stop()
         await dead._reader.stop()
@@ -112,15 +123,9 @@ async def test_a_rescuer_with_room_adopts_a_dead_holders_streams_in_place(any_se
     they are re-queued as fresh entries. Either way a pardon takes the death back on the next trip."""
     url = any_server.url
     r = aioredis.Redis.from_url(url)
-    async with lbs.Producer(url, service) as p:
-        await p.add_streams(["running", "queued"])
-    dead = client(url, service, "dead", max_streams=2, recovery=False)
-    rescuer = client(url, service, "rescuer", recovery=False)
+    dead, rescuer = await _two_held(url, service)
     try:
-        await dead.start()
-        await eventually(lambda: is_true(dead.held == 2))
-        running = await dead.next_notification(timeout=5)
-        assert running is not None and running.stream == "running"
+        await _take_running(dead)
         old = {h.stream: h for h in dead.held_streams()}
         await _die(r, service, dead)
         if room:
