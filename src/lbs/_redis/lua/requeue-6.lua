@@ -238,7 +238,9 @@ end
 if died then kept[#kept + 1] = ARGV[2] end
 while #kept > 32 do table.remove(kept, 1) end
 retries = retries + increment
-local oversized = #out + 12 + (#kept > 0 and 2 or 0) > MAX_COPY  -- the copy with its bookkeeping fields
+local traced = ARGV[20] ~= nil and ARGV[20] ~= ''
+-- The copy with its bookkeeping fields (and a dead letter's traceback).
+local oversized = #out + 10 + (#kept > 0 and 2 or 0) + (traced and 2 or 0) > MAX_COPY
 if oversized then
   out = {}
   if input then
@@ -293,7 +295,7 @@ if dead then
     out[#out + 1] = ARGV[10]
     out[#out + 1] = ARGV[13] .. 'failed_id'
     out[#out + 1] = ARGV[2]
-    if ARGV[20] and ARGV[20] ~= '' then
+    if traced then
       out[#out + 1] = ARGV[13] .. 'traceback'
       out[#out + 1] = ARGV[20]
     end
