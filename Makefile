@@ -30,13 +30,16 @@ endif
 # timing off so none can rot, and the property tests in their short "smoke"
 # profile (see conftest.py).
 test: setup
-	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
+	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && \
+		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 \
+		LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
 		$(PY) -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
 
 # The fault suite (tests/faults) at full size: 10x the streams and durations
 # of the smoke size `make test` runs, with each test's figures printed.
 faults: setup
-	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv LBS_FAULTS=full \
+	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && \
+		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 LBS_FAULTS=full \
 		$(PY) -m pytest tests/faults -s $(PYTEST_ARGS)
 
 # The property tests with thousands of examples each (about 10 minutes).

@@ -16,16 +16,31 @@
 # /etc/apt: the experimental entry lives in a private sources file and the
 # package lists in a private directory under the cache.
 #
-# Usage: scripts/redis.sh [--min-version 8.4] [--rebuild]
+# Usage: scripts/redis.sh [--min-version 8.4] [--below VERSION] [--suite experimental] [--rebuild]
+#
+# The fallback tests' Redis 7.x comes the same way from Debian stable's source
+# package (`make test` asks for it): scripts/redis.sh --redis7, short for
+# --min-version 7.0 --below 8.0 --suite <this machine's Debian codename>, with
+# $LBS_REDIS7_SERVER in place of $LBS_REDIS_SERVER.
 set -euo pipefail
 
 MIN_VERSION="${LBS_REDIS_MIN_VERSION:-8.4}"
+BELOW=""
+SUITE=experimental
+ENV_VAR=LBS_REDIS_SERVER
 REBUILD=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --min-version) MIN_VERSION="$2"; shift 2 ;;
+        --below) BELOW="$2"; shift 2 ;;
+        --suite) SUITE="$2"; shift 2 ;;
+        --redis7)
+            MIN_VERSION=7.0; BELOW=8.0; ENV_VAR=LBS_REDIS7_SERVER
+            SUITE="$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")"
+            [ -n "$SUITE" ] || SUITE=stable
+            shift ;;
         --rebuild) REBUILD=1; shift ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "redis.sh: unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -88,13 +103,13 @@ good_enough() {
     local bin="$1" v
     [ -x "$bin" ] || return 1
     v="$(server_version "$bin")"
-    [ -n "$v" ] && version_ge "$v" "$MIN_VERSION"
+    [ -n "$v" ] && version_ge "$v" "$MIN_VERSION" && { [ -z "$BELOW" ] || ! version_ge "$v" "$BELOW"; }
 }
+WANTED=">= $MIN_VERSION${BELOW:+ and < $BELOW}"
 
-if [ -n "${LBS_REDIS_SERVER:-}" ]; then
-    good_enough "$LBS_REDIS_SERVER" \
-        || die "LBS_REDIS_SERVER=$LBS_REDIS_SERVER is not a redis-server >= $MIN_VERSION"
-    echo "$LBS_REDIS_SERVER"; exit 0
+if [ -n "${!ENV_VAR:-}" ]; then
+    good_enough "${!ENV_VAR}" || die "$ENV_VAR=${!ENV_VAR} is not a redis-server $WANTED"
+    echo "${!ENV_VAR}"; exit 0
 fi
 
 if [ "$REBUILD" = 0 ]; then
@@ -112,7 +127,7 @@ if [ "$REBUILD" = 0 ]; then
 fi
 
 # ---------------------------------------------------------------- build ----
-command -v apt-get >/dev/null || die "no redis-server >= $MIN_VERSION found and apt-get is missing, so it cannot be built; set LBS_REDIS_SERVER to one"
+command -v apt-get >/dev/null || die "no redis-server $WANTED found and apt-get is missing, so it cannot be built; set $ENV_VAR to one"
 command -v make >/dev/null && command -v gcc >/dev/null \
     || die "building Redis needs make and gcc (apt-get install build-essential)"
 
@@ -151,27 +166,27 @@ done
 WORK="$(mktemp -d "$CACHE/.build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 APT_DIR="$CACHE/.apt"
-mkdir -p "$APT_DIR/lists/partial"
+mkdir -p "$APT_DIR/lists-$SUITE/partial"
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-cat >"$APT_DIR/experimental.sources" <<EOF
+cat >"$APT_DIR/$SUITE.sources" <<EOF
 Types: deb-src
 URIs: $URI
-Suites: experimental
+Suites: $SUITE
 Components: main
 $( [ -r "$KEYRING" ] && echo "Signed-By: $KEYRING" )
 EOF
 APT_OPTS=(
-    -o "Dir::Etc::SourceList=$APT_DIR/experimental.sources"
+    -o "Dir::Etc::SourceList=$APT_DIR/$SUITE.sources"
     -o "Dir::Etc::SourceParts=$APT_DIR/none"
-    -o "Dir::State::Lists=$APT_DIR/lists"
+    -o "Dir::State::Lists=$APT_DIR/lists-$SUITE"
     -o "Debug::NoLocking=1"
     -o "APT::Sandbox::User=root"
 )
-log "[1/4] reading the source index of Debian's experimental suite from $URI (a few seconds)"
-apt-get "${APT_OPTS[@]}" -qq update >&2 || die "apt-get update of the experimental source index failed"
+log "[1/4] reading the source index of Debian's $SUITE suite from $URI (a few seconds)"
+apt-get "${APT_OPTS[@]}" -qq update >&2 || die "apt-get update of the $SUITE source index failed"
 # What will be downloaded, with sizes: one line per file, "'URL' NAME SIZE HASH".
 FILES="$(apt-get "${APT_OPTS[@]}" -qq --print-uris source redis 2>/dev/null | awk '{print $2, $3}')" || true
-[ -n "$FILES" ] || die "Debian's experimental suite lists no source package named redis"
+[ -n "$FILES" ] || die "Debian's $SUITE suite lists no source package named redis"
 TOTAL_KB="$(echo "$FILES" | awk '{s += $2} END {printf "%d", s / 1024}')"
 log "[2/4] downloading the Redis source package ($(echo "$FILES" | awk '{printf "%s%s", sep, $1; sep=", "}'); $((TOTAL_KB / 1024)) MB)"
 (cd "$WORK" && apt-get "${APT_OPTS[@]}" -qq source --download-only redis >&2) \
@@ -196,8 +211,7 @@ show_progress "$MAKE_PID" "$WORK/build.log"
 wait "$MAKE_PID" || { tail -n 40 "$WORK/build.log" >&2; die "make failed (log above)"; }
 BUILD_SECONDS=$((SECONDS - STARTED))
 VERSION="$(server_version "$SRC/src/redis-server")"
-version_ge "$VERSION" "$MIN_VERSION" \
-    || die "Debian experimental carries Redis $VERSION, older than $MIN_VERSION"
+good_enough "$SRC/src/redis-server" || die "Debian $SUITE carries Redis $VERSION, not $WANTED"
 
 DEST="$CACHE/$VERSION"
 rm -rf "$DEST.tmp" && mkdir -p "$DEST.tmp/bin"

@@ -28,8 +28,8 @@ def _fake_server(path: Path, version: str) -> Path:
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("LBS_REDIS_SERVER", "LBS_REDIS_MIN_VERSION")}
-    base.update(XDG_CACHE_HOME=str(tmp_path / "cache"), PATH=SEARCH_PATH, **env)
+    base = {k: v for k, v in os.environ.items() if k not in ("LBS_REDIS_SERVER", "LBS_REDIS7_SERVER", "LBS_REDIS_MIN_VERSION")}
+    base.update({"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": SEARCH_PATH, **env})
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=base, timeout=60)
 
 
@@ -67,3 +67,21 @@ def test_a_wrong_argument_is_a_usage_error(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--no-such-option")
     assert (proc.returncode, proc.stdout) == (2, "")
     assert "unknown argument" in proc.stderr
+
+
+def test_redis7_finds_a_7x_and_never_an_8x(tmp_path: Path) -> None:
+    """``--redis7``: the fallback tests' server, from $LBS_REDIS7_SERVER, PATH or the cache (7.x only)."""
+    cache = tmp_path / "cache" / "lbs" / "redis"
+    _fake_server(cache / "8.6.3" / "bin" / "redis-server", "8.6.3")
+    seven = _fake_server(cache / "7.0.15" / "bin" / "redis-server", "7.0.15")
+    proc = _run(tmp_path, "--redis7")
+    # A 7.x on PATH (Debian's redis-server package) comes before the cache; an 8.x there never does.
+    system = shutil.which("redis-server", path=SEARCH_PATH)
+    expected = system if system and (7, 0) <= (redis_server_version(system) or ()) < (8, 0) else str(seven)
+    assert (proc.returncode, proc.stdout) == (0, f"{expected}\n"), proc.stderr
+    given = _fake_server(tmp_path / "mine" / "redis-server", "7.2.4")
+    proc = _run(tmp_path, "--redis7", LBS_REDIS7_SERVER=str(given))
+    assert (proc.returncode, proc.stdout) == (0, f"{given}\n")
+    proc = _run(tmp_path, "--redis7", LBS_REDIS7_SERVER=str(cache / "8.6.3" / "bin" / "redis-server"))
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert "is not a redis-server >= 7.0 and < 8.0" in proc.stderr
