@@ -154,8 +154,11 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
     grown = {k: alive[k] - before["alive"][k] for k in ("Held", "Notification")}
     if any(v > 3 * TOMBSTONES for v in grown.values()):
         problems.append(f"lbs records kept growing: {grown}")
-    # Slack for connections a pool opens late; a leak per fault (every interval) would pass it at full size.
-    if after["fds"] > before["fds"] + 6:
+    # Slack for connections a pool opens late, up to its peak concurrency: 2-4 more at the smoke size, 7 once
+    # on a machine running a second suite beside it; a leak per fault (every interval) would pass it at full
+    # size. (Sockets in CLOSE_WAIT are no sign of a leak here: idle pool connections a CLIENT KILL closed stay
+    # so until their next use replaces them.)
+    if after["fds"] > before["fds"] + 10:
         problems.append(f"descriptors grew: {before['fds']} -> {after['fds']}")
     if after["tasks"] > before["tasks"] + 3:
         problems.append(f"tasks grew: {before['tasks']} -> {after['tasks']}")
