@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 import sys
 from typing import NoReturn
 
 import typer
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 from rich.markup import escape
 
@@ -56,12 +60,6 @@ def explain(exc: BaseException, url: str = "") -> str:
     """``exc`` as one line, with the fix when the URL made the usual mistakes: no password (redis-py
     says "HELLO must be called..."), a wrong one, TLS (``rediss://``) against a plain port (a timeout)
     or a plain URL against a TLS port (the server hangs up)."""
-    import ssl
-
-    from redis.exceptions import AuthenticationError
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
     chain = _chain(exc)
     text = " ".join(str(e) for e in chain)
     tls = url.lower().startswith("rediss")
