@@ -175,6 +175,7 @@ class CommandBatch:
         head_args: tuple[EncodableT, ...],
         values: list[_Encodable] | None = None,
         append_ids: bool = True,
+        tail: list[_Encodable] | None = None,
     ) -> None: ...
 
 class Shape:

@@ -72,22 +72,24 @@ cdef class CommandBatch:
         self._count += 1
 
     def evalsha_locks(self, sha, tuple head_keys, bytes lock_prefix not None, list entry_ids not None,
-                      tuple head_args, list values=None, bint append_ids=True):
+                      tuple head_args, list values=None, bint append_ids=True, list tail=None):
         """Append ``EVALSHA sha numkeys KEYS... ARGV...`` for a batch of locks.
 
         KEYS are ``head_keys`` then ``lock_prefix + id`` per entry id; ARGV
         are ``head_args``, then ``values`` (one per entry, when given), then
-        the entry ids themselves when ``append_ids``.
+        the entry ids themselves when ``append_ids``, then ``tail`` (any
+        length, when given).
         """
         cdef Py_ssize_t n = len(entry_ids)
         cdef Py_ssize_t nvalues = 0
+        cdef Py_ssize_t ntail = 0 if tail is None else len(tail)
         cdef Py_ssize_t begin = self._buf._length
         if values is not None:
             nvalues = len(values)
             if nvalues != n:
                 raise _data_error(f"{nvalues} lock values for {n} entry ids")
         evalsha_over_locks(self._buf, sha, head_keys, lock_prefix, entry_ids, 0, n,
-                           len(head_args) + nvalues + (n if append_ids else 0))
+                           len(head_args) + nvalues + (n if append_ids else 0) + ntail)
         for a in head_args:
             pack_arg(self._buf, a)
         if values is not None:
@@ -96,6 +98,9 @@ cdef class CommandBatch:
         if append_ids:
             for entry_id in entry_ids:
                 pack_arg(self._buf, entry_id)
+        if tail is not None:
+            for a in tail:
+                pack_arg(self._buf, a)
         if LBS_DEBUG:
             _check_command(self._buf, begin)
         self._count += 1

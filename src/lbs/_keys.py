@@ -110,9 +110,36 @@ def due_key(service: str) -> str:
 
     A sorted set of the ids of :func:`delayed_stream`'s entries, each scored
     by the server time (ms) at which any started client moves it back into
-    the LBS as a fresh entry (promote-3.lua).
+    the LBS as a fresh entry (promote-4.lua).
     """
     return f"{hash_tag(service)}:due"
+
+
+def name_holder(service: str, name: str) -> str:
+    """Which registration holds data stream ``name``: ``{<service>-input}:name:<name>``.
+
+    One holder per data stream name, whatever the registrations: the value is
+    the holding entry's id (``+`` after it while registrations wait, or
+    ``+<id>`` once the oldest waiter is back in the LBS as that entry). The
+    scripts build it from :func:`key_prefix` (``_names.lua`` documents it).
+    """
+    return f"{key_prefix(service)}name:{name}"
+
+
+def waiting_list(service: str, name: str) -> str:
+    """The registrations waiting for data stream ``name``: ``{<service>-input}:waiting:<name>``.
+
+    A list of LBS entry ids, oldest first: each was read while the name was
+    held, acked (it stays in the LBS as its own record) and parked here until
+    the holder releases the name.
+    """
+    return f"{key_prefix(service)}waiting:{name}"
+
+
+def waiting_key(service: str) -> str:
+    """The names registrations wait for: ``{<service>-input}:waiting``, a sorted set scored by when
+    ``promote-4.lua`` looks at the name again (a holder gone without releasing it)."""
+    return f"{key_prefix(service)}waiting"
 
 
 def queued_prefix(service: str) -> str:

@@ -115,6 +115,9 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric("startup_recovery_success", "gauge",
            "1 when the last start-up recovery pass finished, 0 when it failed."),
     # -- reading, heartbeats, finishing, handing back -------------------------------
+    Metric("streams_waiting_total", "counter",
+           "Registrations this client read whose data stream was held under another registration: parked in "
+           "the name's waiting list, back in the load-balancer stream once the holder releases the name."),
     Metric("read_failures_total", "counter",
            "Reads of new work that failed (each is retried with back-off until Config.read_max_retries)."),
     Metric("heartbeat_failures_total", "counter",

@@ -22,7 +22,7 @@ COMMANDS = ("+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xr
             "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
             "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
             "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
-            "+sismember +xinfo|consumers +xgroup|delconsumer")
+            "+sismember +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen")
 
 #: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).
 OPERATOR = " +zcard +watch +unwatch +eval"

@@ -657,8 +657,8 @@ async def test_done_beside_a_go_fleet_releases_our_go_style_locks_with_ours_and_
     await r.set(go_c, "redis-consumer-go-1", px=60_000)
     ids = [ours, taken, expired]
     b = CommandBatch()
-    scripts.done(b, lbs.input_stream(service), _keys.lock_key(service, "").encode(), ids, ["5:c1"] * 3,
-                 lbs.group_name(service), False, False, ("c1", [go_a, go_b, go_c]))
+    scripts.done(b, lbs.input_stream(service), _keys.lock_key(service, "").encode(), ids, ["5:c1"] * 3, list("abc"),
+                 lbs.group_name(service), _keys.key_prefix(service), False, False, ("c1", [go_a, go_b, go_c]))
     assert await r.execute_command(*_command(b, "done-n")) == [DoneCode.DONE, DoneCode.TAKEN, DoneCode.LOCK_LOST]
     assert await r.exists(lock_a, go_a, lock_b) == 0  # a: both released and acked; b: our lock released
     assert await _owner(r, service, ours) is None

@@ -25,9 +25,11 @@ from lbs._keys import (
     group_name,
     input_stream,
     instance_key,
+    key_prefix,
     lock_key,
     queued_prefix,
     reaped_key,
+    waiting_key,
 )
 from lbs._redis.scripts import source
 
@@ -70,9 +72,11 @@ async def read(r: aioredis.Redis, service: str, consumer: str = "c1", count: int
 
 
 async def done(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], xackdel: str = "0",
-               retry: str = "0") -> list[int]:
+               retry: str = "0", names: list[str] | None = None) -> list[int]:
+    """One done-n.lua call; with ``names`` (each lock's DataStreamName) it releases them."""
     keys = [input_stream(service)] + [lock_key(service, i) for i, _ in locks]
-    args = [group_name(service), xackdel, retry] + [v for _, v in locks] + [i for i, _ in locks]
+    args = [group_name(service), xackdel, retry, key_prefix(service) if names else "", ""]
+    args += [v for _, v in locks] + [i for i, _ in locks] + (names or [""] * len(locks))
     return await r.eval(source("done-n"), len(keys), *keys, *args)
 
 
@@ -96,8 +100,8 @@ async def requeue(r: aioredis.Redis, service: str, entry_id: str, mode: str = "a
 
 
 async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int]:
-    return await r.eval(source("promote-3"), 3, due_key(service), delayed_stream(service), input_stream(service),
-                        batch)
+    return await r.eval(source("promote-4"), 4, due_key(service), delayed_stream(service), input_stream(service),
+                        waiting_key(service), batch, group_name(service), key_prefix(service))
 
 
 async def reap(r: aioredis.Redis, service: str, adopter: str = "", room: int = 0, queues: str = "0") -> list[Any]:
@@ -596,13 +600,13 @@ async def test_promote_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, servic
         assert await snapshot(rr, service) == before
         await rr.delete(key)
         await rr.restore(key, 0, saved)
-    with pytest.raises(ResponseError, match="promote-3"):
+    with pytest.raises(ResponseError, match="promote-4"):
         await promote(rr, service, batch=0)
-    assert await promote(rr, service) == [1, 0, -1, 0]
+    assert await promote(rr, service) == [1, 0, -1, 0, 0]
     # Nothing parked: nothing looked at, whatever the other keys hold.
     await rr.delete(delayed_stream(service))
     await rr.set(delayed_stream(service), "x")
-    assert await promote(rr, service) == [0, 0, -1, 0]
+    assert await promote(rr, service) == [0, 0, -1, 0, 0]
 
 
 async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(rr: aioredis.Redis, service: str) -> None:
@@ -611,7 +615,7 @@ async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(rr: aioredi
               for (entry_id, value), ms in zip(locks, (1, 1, 3_600_000))]
     await rr.xdel(delayed_stream(service), parked[1])  # gone by hand: its due id is dropped, nothing added
     await past(rr, max([await rr.zscore(due_key(service), p) or 0 for p in parked[:2]]))
-    moved, vanished, next_ms, stuck = await promote(rr, service)
+    moved, vanished, next_ms, stuck, _ = await promote(rr, service)
     assert (moved, vanished, stuck) == (1, 1, 0) and 0 < next_ms <= 3_600_000
     (_, fields), = await rr.xrange(input_stream(service))
     assert fields == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1",
@@ -626,8 +630,8 @@ async def test_promote_a_full_batch_asks_to_be_called_again(rr: aioredis.Redis, 
     for entry_id, value in locks:
         await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0))
     await past(rr, max(s for _, s in await rr.zrange(due_key(service), 0, -1, withscores=True)))
-    assert await promote(rr, service, batch=2) == [2, 0, 0, 0]
-    assert await promote(rr, service, batch=2) == [1, 0, -1, 0]
+    assert await promote(rr, service, batch=2) == [2, 0, 0, 0, 0]
+    assert await promote(rr, service, batch=2) == [1, 0, -1, 0, 0]
     assert await rr.xlen(input_stream(service)) == 3 and await rr.xlen(delayed_stream(service)) == 0
     assert not await rr.exists(due_key(service))
 
@@ -636,7 +640,7 @@ async def test_promote_leaves_an_entry_too_wide_to_copy_parked(rr: aioredis.Redi
     await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
     wide = (await rr.xadd(delayed_stream(service), {f"f{i}": "v" for i in range(3_501)})).decode()
     await rr.zadd(due_key(service), {wide: 0})
-    assert await promote(rr, service) == [0, 0, -1, 1]
+    assert await promote(rr, service) == [0, 0, -1, 1, 0]
     assert await rr.zscore(due_key(service), wide) == float("inf")
     assert await rr.xlen(delayed_stream(service)) == 1 and await rr.xlen(input_stream(service)) == 0
 

@@ -1,4 +1,4 @@
-"""Delayed retries: parked copies go back into the LBS when they are due; the one caller of ``promote-3.lua``.
+"""Delayed retries: parked copies go back into the LBS when they are due; the one caller of ``promote-4.lua``.
 
 A failed stream (a ``run()`` handler that raised or timed out, a
 ``hand_back`` with a retry counted or a delay) is not re-queued at once:
@@ -8,7 +8,7 @@ stream ``{<service>-input}:delayed`` and scores its id in the sorted set
 the ack and delete of the original. Both keys live in Redis, in the LBS's
 slot, so a parked retry survives restarts of every client.
 
-Every started client runs one task that calls ``promote-3.lua``: it moves
+Every started client runs one task that calls ``promote-4.lua``: it moves
 the due copies back into the LBS as fresh entries (each copy with its
 removal from the parking stream and the due index, in one script), so any
 number of clients promote without duplicates, and the parked work of a
@@ -34,7 +34,7 @@ from .state import ConsumerState
 
 __all__ = ["Delays"]
 
-#: Most parked copies one promote-3.lua call moves (a full batch calls again at once).
+#: Most parked copies one promote-4.lua call moves (a full batch calls again at once).
 PROMOTE_BATCH = 500
 #: The shortest and longest wait between two polls (seconds).
 MIN_POLL, MAX_POLL = 0.05, 1.0
@@ -49,6 +49,8 @@ class Delays:
         #: The parking stream and the due index.
         self.parked_key = _keys.delayed_stream(service)
         self.due_key = _keys.due_key(service)
+        #: The names registrations wait for (one holder per data stream name).
+        self.waiting_key = _keys.waiting_key(service)
         delay = state.config.retry_delay
         #: How long the task waits between polls when nothing is known to be due sooner.
         self.interval = min(MAX_POLL, max(MIN_POLL, delay / 2)) if delay > 0 else MAX_POLL
@@ -72,16 +74,21 @@ class Delays:
             self._wake.set()
 
     async def promote(self) -> tuple[int, float | None]:
-        """One ``promote-3.lua`` call: how many copies went back, and seconds until the next is due
+        """One ``promote-4.lua`` call: how many copies went back, and seconds until the next is due
         (0: more are due now; None: nothing more is parked). Raises the Redis error."""
         s = self.state
         n = s.names
 
         def build(b: CommandBatch) -> None:
-            scripts.promote(b, self.due_key, self.parked_key, n.stream_key, batch=PROMOTE_BATCH)
+            scripts.promote(b, self.due_key, self.parked_key, n.stream_key, self.waiting_key, batch=PROMOTE_BATCH,
+                            group=n.group, key_prefix=n.key_prefix)
 
         (out,) = first_error(await s.link.pool.execute(build, retry_safe=True))
-        moved, vanished, next_ms, stuck = (int(v) for v in out)
+        moved, vanished, next_ms, stuck, waiters = (int(v) for v in out)
+        if waiters:
+            s.log.warning("%d registrations waited for data streams whose holder vanished without releasing "
+                          "them (its entry trimmed or deleted while pending); the oldest of each is back in %s",
+                          waiters, n.stream_key)
         if vanished:
             s.log.warning("%d parked retries were gone from %s when due; dropped from %s",
                           vanished, self.parked_key, self.due_key)

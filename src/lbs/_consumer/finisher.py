@@ -105,12 +105,14 @@ class Finisher:
             del queue[:DONE_BATCH]
             ids = [h.entry_id for h, _ in batch]
             values = [h.value for h, _ in batch]
+            streams = [h.stream for h, _ in batch]
             xackdel = s.server.xackdel
 
             go = (n.id, [_keys.go_lock_key(h.stream, h.entry_id) for h, _ in batch]) if s.config.go_compatible else None
 
             def build(b: CommandBatch) -> None:
-                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, n.group, xackdel, retrying, go)
+                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, streams, n.group, n.key_prefix, xackdel,
+                             retrying, go)
 
             wire = s.link.done
             try:

@@ -162,7 +162,8 @@ class Reader:
         n = s.names
         args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
                 n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex,
-                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "", n.queued_key if self.dispatch is None else "")
+                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "", n.queued_key if self.dispatch is None else "",
+                n.key_prefix)
 
         def build(b: CommandBatch) -> None:
             scripts.read(b, *args)
@@ -246,15 +247,23 @@ class Reader:
         # Re-reading our pending entries: those being finished are not to be taken again.
         finishing = {h.entry_id for h in self.finisher.finishing()} if start != ">" else ()
         queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
+        waiting = 0
         for e, tok in zip(raw_entries, tokens):
             tok = self._own_token(tok, owner)
             if not isinstance(tok, int):
-                if tok.startswith("WRONGTYPE"):
+                if tok.startswith("WAIT "):
+                    # Its data stream is held under another registration: parked in the
+                    # name's waiting list, back in the LBS once the holder releases it.
+                    waiting += 1
+                    s.log.debug("entry %s (%s) waits: its data stream is held under entry %s", e.id, e.stream,
+                                tok[5:])
+                elif tok.startswith("WRONGTYPE"):
                     # Not a lock at all: the entry stays pending, and the scan
                     # brings it back once the key is removed.
-                    s.log.error("entry %s: its lock key %s holds a value of the wrong type (%s); leaving "
-                                "the entry pending until the key is removed", e.id,
-                                s.names.lock_key_prefix + e.id, tok)
+                    kind, _, key = tok[10:].partition(" ")
+                    s.log.error("entry %s: %s holds a value of the wrong type (%s); leaving the entry pending "
+                                "until the key is removed", e.id, key or f"its lock key {s.names.lock_key_prefix + e.id}",
+                                kind)
                 elif start == ">":
                     # Someone holds this entry's lock (a slow holder whose entry
                     # was claimed away): leave it pending; it is theirs.
@@ -292,6 +301,8 @@ class Reader:
                 dispatch(h, note)
             else:
                 await s.mailbox.put(note)
+        if waiting:
+            hooks.metric("streams_waiting_total", waiting)
         if batch:
             hooks.notify("lbs_streams_started", notifications=batch)
         if bad:

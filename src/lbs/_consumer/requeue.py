@@ -104,7 +104,7 @@ class Requeue:
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
                                 field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep,
                                 stream_name=names[i] if names else "", queued_prefix=n.queued_prefix,
-                                traceback=traceback)
+                                traceback=traceback, key_prefix=n.key_prefix)
 
         return (await s.link.pool.execute(build))[:len(calls)]
 

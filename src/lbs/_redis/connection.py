@@ -192,6 +192,11 @@ async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tup
     last, pending = text(info.get("last-delivered-id") or "0-0"), int(info.get("pending") or 0)
     if last == "0-0":
         return 0, last, False
+    # Registrations waiting for their data stream's holder are read and acked but kept in the stream.
+    waiting = await waiting_registrations(redis, stream)
+    if waiting is None:
+        return 0, last, False  # too many names wait to count them: cannot tell
+    pending += waiting
     lag = info.get("lag")
     if lag is not None:
         return max(0, int(await redis.xlen(stream)) - int(lag) - pending), last, False
@@ -203,6 +208,26 @@ async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tup
             return max(0, seen - pending), last, False
         start = "(" + text(page[-1][0])
     return max(0, seen - pending), last, True
+
+
+#: Most names :func:`waiting_registrations` counts the waiters of.
+WAITING_COUNT_LIMIT = 1000
+
+
+async def waiting_registrations(redis: aioredis.Redis, stream: str) -> int | None:
+    """Registrations of LBS ``stream`` that wait for their data stream's holder (one holder per name):
+    read, acked and kept in the stream, listed in their name's waiting list. None when more than
+    :data:`WAITING_COUNT_LIMIT` names have waiters."""
+    index = "{" + stream + "}:waiting"
+    names = await redis.zrange(index, 0, WAITING_COUNT_LIMIT)
+    if len(names) > WAITING_COUNT_LIMIT:
+        return None
+    if not names:
+        return 0
+    async with redis.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.llen(index + ":" + text(name))
+        return sum(int(n) for n in await execute(pipe))
 
 
 

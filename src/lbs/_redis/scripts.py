@@ -67,7 +67,7 @@ READ = _load("read-3")
 EXTEND = _load("extend-n")
 DONE = _load("done-n")
 REQUEUE = _load("requeue-6")
-PROMOTE = _load("promote-3")
+PROMOTE = _load("promote-4")
 REAP = _load("reap-4")
 LEAVE = _load("leave-3")
 PUBLISH = _load("publish-1")
@@ -86,7 +86,7 @@ def sources() -> list[str]:
 
 def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, consumer: str, count: int,
          ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str, msetex: bool,
-         go_lock_sep: str = "", queued: str = "") -> None:
+         go_lock_sep: str = "", queued: str = "", key_prefix: str = "") -> None:
     """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects.
 
     ``queued``: what is read waits for the application (the notification API): new entries go into
@@ -106,7 +106,8 @@ def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, c
               owner,        # ARGV[8] lock owner: values are "<token>:<owner>"
               1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
               go_lock_sep,  # ARGV[10] Go-style lock separator ("": not checked)
-              queued)       # ARGV[11] the consumer's queued set ("": nothing queued)
+              queued,       # ARGV[11] the consumer's queued set ("": nothing queued)
+              key_prefix)   # ARGV[12] {<service>-input}: one holder per name ("": names not locked)
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
@@ -127,19 +128,16 @@ def extend_args(ttl_ms: int, group: str, consumer: str, last: bool, instance: st
 # ------------------------------------------------------------------ done-n ---
 # Caller: lbs._consumer.finisher.
 
-def done(b: CommandBatch, stream: str, lock_prefix: bytes, entry_ids: list[str], values: list[str], group: str,
-         xackdel: bool, retrying: bool, go: tuple[str, list[str]] | None = None) -> None:
+def done(b: CommandBatch, stream: str, lock_prefix: bytes, entry_ids: list[str], values: list[str], names: list[str],
+         group: str, key_prefix: str, xackdel: bool, retrying: bool, go: tuple[str, list[str]] | None = None) -> None:
     """Finish a batch: KEYS[1] the LBS, then one lock key per entry; ARGV: group, the XACKDEL flag,
-    the retry flag, the lock values, the entry ids. Beside a Go fleet, ``go`` is (our consumer name,
-    each entry's Go-style lock key): the name goes before the values and the keys after the ids
-    (an entry a Go consumer took is ``DoneCode.TAKEN``; our Go-style locks are released with ours)."""
-    head = (group, 1 if xackdel else 0, 1 if retrying else 0)
-    if go is None:
-        b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, head, values)
-    else:
-        name, go_keys = go
-        b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, (*head, name, *values, *entry_ids, *go_keys),
-                        append_ids=False)
+    the retry flag, the key prefix (names released; "": untouched), our consumer name beside a Go
+    fleet (else ""), the lock values, the entry ids, their DataStreamNames. Beside a Go fleet, ``go``
+    is (our consumer name, each entry's Go-style lock key), the keys after the names (an entry a Go
+    consumer took is ``DoneCode.TAKEN``; our Go-style locks are released with ours)."""
+    head = (group, 1 if xackdel else 0, 1 if retrying else 0, key_prefix, "" if go is None else go[0])
+    b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, head, values,
+                    tail=names if go is None else [*names, *go[1]])
 
 
 class DoneCode(enum.IntEnum):
@@ -179,7 +177,7 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
             entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
             original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
             field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "",
-            queued_prefix: str = "", traceback: str = "") -> None:
+            queued_prefix: str = "", traceback: str = "", key_prefix: str = "") -> None:
     """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
 
     Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
@@ -210,7 +208,8 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
               go_lock_sep,                     # ARGV[17] Go-style lock separator ("": not checked)
               stream_name,                     # ARGV[18] mode "owned": its Go-style lock is released
               queued_prefix,                   # ARGV[19] queued sets: what a holder merely held counts no death
-              traceback)                       # ARGV[20] recorded in dead letters ("": none)
+              traceback,                       # ARGV[20] recorded in dead letters ("": none)
+              key_prefix)                      # ARGV[21] names released ("": untouched)
 
 
 class RequeueCode(enum.IntEnum):
@@ -227,16 +226,21 @@ class RequeueCode(enum.IntEnum):
     PARKED = 4
 
 
-# --------------------------------------------------------------- promote-3 ---
+# --------------------------------------------------------------- promote-4 ---
 # Caller: lbs._consumer.delays.
 
-def promote(b: CommandBatch, due: str, parked: str, stream: str, *, batch: int) -> None:
-    """Move up to ``batch`` due parked copies back into the LBS; output {moved, vanished, next ms, stuck}."""
+def promote(b: CommandBatch, due: str, parked: str, stream: str, waiting: str, *, batch: int, group: str,
+            key_prefix: str) -> None:
+    """Move up to ``batch`` due parked copies back into the LBS and look at up to ``batch`` names due in the
+    waiting index; output {moved, vanished, next ms, stuck, waiters put back}."""
     b.command("EVALSHA", PROMOTE.sha, PROMOTE.fixed_keys,
-              due,      # KEYS[1] the due index
-              parked,   # KEYS[2] the parking stream
-              stream,   # KEYS[3] the LBS
-              batch)    # ARGV[1] most copies moved
+              due,         # KEYS[1] the due index
+              parked,      # KEYS[2] the parking stream
+              stream,      # KEYS[3] the LBS
+              waiting,     # KEYS[4] the waiting index
+              batch,       # ARGV[1] most copies moved, most names looked at
+              group,       # ARGV[2]
+              key_prefix)  # ARGV[3] {<service>-input}: (names' holders and waiting lists)
 
 
 # ------------------------------------------------------------------- reap-4 ---

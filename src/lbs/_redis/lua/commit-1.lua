@@ -61,7 +61,7 @@
   to 0) to the head's "fails"; once "fails" reaches 1 + ARGV[7] the head is
   dead-lettered (reason "failed in <fails> holds; <reason>") and the key
   goes on as "last:<n>"; otherwise the registration is parked for <ms> in
-  "<prefix>delayed" (due time in "<prefix>due", which promote-3.lua moves
+  "<prefix>delayed" (due time in "<prefix>due", which promote-4.lua moves
   back; "reg" names the parked copy, so a message published meanwhile does
   not register the key again), or put at the back of the LBS for 0. A
   position that moves sets "fails" to 0.

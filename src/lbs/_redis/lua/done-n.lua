@@ -5,18 +5,24 @@
   KEYS[1]         the load-balancer stream, <service>-input
   KEYS[2..n+1]    the assignments' lock keys
 
-  ARGV[1]         consumer group
-  ARGV[2]         "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
-  ARGV[3]         "1" when this call retries one whose reply was lost (the
-                  connection dropped): it may already have run; "0" otherwise
-  ARGV[4..n+3]    our lock values ("<token>:<owner>"), one per lock key
-  ARGV[n+4..2n+3] the entry ids, one per lock key
+  ARGV[1]          consumer group
+  ARGV[2]          "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
+  ARGV[3]          "1" when this call retries one whose reply was lost (the
+                   connection dropped): it may already have run; "0" otherwise
+  ARGV[4]          the service's key prefix, {<service>-input}: (one holder
+                   per name, _names.lua; same slot, keys not declared): an
+                   entry this call acks (outcomes 1, 2) releases its name
+                   if it holds it, and the oldest registration waiting for
+                   the name goes back into the LBS. "": names untouched
+  ARGV[5]          beside a Go fleet: our consumer name; "" otherwise
+  ARGV[6..n+5]     our lock values ("<token>:<owner>"), one per lock key
+  ARGV[n+6..2n+5]  the entry ids, one per lock key
+  ARGV[2n+6..3n+5] the entries' DataStreamNames, one per lock key
 
-  Beside a Go reference client v0.4 fleet (Config.go_compatible) the
-  caller adds our consumer name after ARGV[3] and, after the entry ids,
-  each entry's Go-style lock key ("<DataStreamName><MUTEX_KEY_SEP><entry
-  id>", no hash tag: single Redis only, as the Go client is): 3n + 4
-  arguments, the values and ids starting one later. Then an entry whose
+  Beside a Go reference client v0.4 fleet (Config.go_compatible) ARGV[5]
+  is our consumer name and, after the names, come each entry's Go-style
+  lock key ("<DataStreamName><MUTEX_KEY_SEP><entry id>", no hash tag:
+  single Redis only, as the Go client is): 4n + 5 arguments. Then an entry whose
   lock is ours but that is no longer pending under that name, or whose
   Go-style lock holds another name (a Go consumer took it), gets outcome
   5; a Go-style lock holding our name is deleted with our lock, in this
@@ -34,7 +40,9 @@
   or requeue-6.lua kept it in the LBS as the record of a dead letter.
 
   A wrong argument count is an "ERR lbs done-n: ..." error, with nothing
-  written.
+  written. A name's holder key or waiting list of another type is left
+  alone (the name is not released; the next registration of it takes it
+  over, its entry being no longer pending).
 
   The consumer deadline index is left alone: the consumer's deadline stays
   its heartbeat's, and recovery drops a consumer with nothing pending.
@@ -59,18 +67,21 @@
   Go holder's entry is outcome 3, untouched).
 
   Events: del on the lock keys (outcomes 1 and 5) and on the Go-style
-  locks released.
+  locks released; del on a released name's holder key, and lpop, xadd,
+  xdel for a waiting registration put back.
 ]]
+--#include _names
 local n = #KEYS - 1
-if n < 0 or (#ARGV ~= 2 * n + 3 and #ARGV ~= 3 * n + 4) then
-  return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 2n + 3 or 3n + 4 arguments, got '
-                           .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+local me = ARGV[5] ~= nil and ARGV[5] ~= '' and ARGV[5] or nil
+if n < 0 or #ARGV ~= (me and 4 or 3) * n + 5 then
+  return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 3n + 5 (4n + 5 beside a Go fleet) '
+                           .. 'arguments, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
 local group, xackdel, retry = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
--- Beside a Go fleet (3n + 4 arguments): our name is ARGV[4], the values and ids one later, then the
+local prefix = ARGV[4] ~= '' and ARGV[4] or nil
+-- The values start at ARGV[6], the ids n later, the names n after them, then (beside a Go fleet) the
 -- Go-style lock keys.
-local me = #ARGV == 3 * n + 4 and n > 0 and ARGV[4] or nil
-local base = me and 4 or 3
+local base = 5
 local out, ids, at = {}, {}, {}
 local slice = 500
 
@@ -87,7 +98,7 @@ for i = 1, n do
   -- another type) holds it.
   local go
   if me then
-    local key = ARGV[2 * n + base + i]
+    local key = ARGV[3 * n + base + i]
     local g = redis.pcall('GET', key)
     if not g then go = nil elseif g == me then go = key else go = false end
   end
@@ -149,6 +160,19 @@ for s = 1, #ids, slice do
       end
     end
     if #acked > 0 then redis.pcall('XDEL', KEYS[1], unpack(acked)) end
+  end
+end
+-- Names: what this call acked releases its name (and puts the oldest waiter back).
+if prefix then
+  local now_ms
+  for i = 1, n do
+    if out[i] == 1 or out[i] == 2 then
+      if not now_ms then
+        local t = redis.call('TIME')
+        now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      name_release(prefix, KEYS[1], group, ARGV[2 * n + base + i], ARGV[n + base + i], now_ms)
+    end
   end
 end
 return out

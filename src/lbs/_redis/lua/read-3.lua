@@ -56,6 +56,17 @@
            only against entries not in its set. Claimed entries (ARGV[7])
            are never added: they count as running from delivery. "" or
            absent: nothing is added. (Same slot as KEYS[3]: not declared.)
+  ARGV[12] optional: the service's key prefix, {<service>-input}: (same
+           slot, keys not declared): one holder per data stream name (see
+           _names.lua). A new or claimed entry whose DataStreamName is held
+           by another entry still pending in the group waits: it is acked
+           (not deleted: it stays in the LBS as its own record), its id is
+           appended to the name's waiting list and the name is scored in
+           the waiting index; no lock is taken and its token is
+           "WAIT <holder's entry id>". The holder's release (done-n.lua,
+           requeue-6.lua) puts the oldest waiter back into the LBS. A name
+           whose holder is no longer pending is taken over. "" or absent:
+           names are not locked (exclusive per registration only).
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing and returns
@@ -67,7 +78,14 @@
       value + COUNT stays below 2^53 (9007199254740992): Lua numbers are
       doubles, and a token past 2^53 would lose precision;
     * KEYS[3] does not exist or is a sorted set;
-    * ARGV[11], when given, does not exist or is a set.
+    * ARGV[11], when given, does not exist or is a set;
+    * with ARGV[12], the waiting index ARGV[12] .. "waiting" does not exist
+      or is a sorted set.
+  A name's holder key or waiting list of another type (only known once the
+  entry is read) makes that entry's token "WRONGTYPE <type> <key>": no lock
+  is taken, nothing of its name is written, it stays pending (the scan
+  brings it back once the key is removed), as with a lock key of another
+  type.
   Malformed ARGV[3] / ARGV[4] give "ERR lbs read-3: ..." (nothing written).
 
   Output: {entries, tokens, top}
@@ -77,6 +95,8 @@
                * the new fencing token (an integer): the lock is ours;
                * the lock value already set (a string: "<token>:<owner>" of
                  its holder);
+               * "WAIT <entry id>" (a string): its name is held by that
+                 entry; it waits in the name's list (ARGV[12]);
                * "WRONGTYPE <type>" (a string) when the lock key exists
                  with another type than string (garbage nobody can hold):
                  no lock is taken; the client logs an error naming the key
@@ -96,6 +116,7 @@
   Events: none besides the keys it writes.
 ]]
 --#include _fence
+--#include _names
 
 local function key_type(key)
   return redis.call('TYPE', key)['ok']
@@ -136,6 +157,16 @@ if queued then
   end
 end
 
+-- One holder per name (ARGV[12]): the waiting index.
+local prefix = ARGV[6] == '>' and ARGV[12] and ARGV[12] ~= '' and ARGV[12] or nil
+local index = prefix and prefix .. 'waiting'
+if index then
+  kind = key_type(index)
+  if kind ~= 'none' and kind ~= 'zset' then
+    return refuse(index, 'holds a ' .. kind .. ', not the waiting index')
+  end
+end
+
 -- Permissions: a user allowed to read but not to take the locks would get
 -- entries delivered with no lock, so every later write is checked first.
 if ARGV[6] == '>' then
@@ -143,6 +174,12 @@ if ARGV[6] == '>' then
                   {'SET', ARGV[5] .. '0-1', '1', 'NX', 'PXAT', '1'}, {'ZADD', KEYS[3], 'NX', '1', ARGV[2]}}
   if queued then
     writes[#writes + 1] = {'SADD', queued, '0-1'}
+  end
+  if prefix then
+    writes[#writes + 1] = {'SET', prefix .. 'name:x', '1', 'NX', 'GET'}
+    writes[#writes + 1] = {'XACK', KEYS[1], ARGV[1], '0-1'}
+    writes[#writes + 1] = {'RPUSH', prefix .. 'waiting:x', '0-1'}
+    writes[#writes + 1] = {'ZADD', index, 'NX', '1', 'x'}
   end
   for _, cmd in ipairs(writes) do
     if not redis.acl_check_cmd(unpack(cmd)) then
@@ -192,7 +229,7 @@ end
 local owner = ARGV[8]
 if not owner or owner == '' then owner = ARGV[2] end
 -- Beside a Go fleet: claimed entries a live Go consumer holds (its lock exists).
-local go_held = {}
+local preset = {}
 local go_sep = ARGV[10]
 if go_sep and go_sep ~= '' and ARGV[7] and ARGV[7] ~= '' then
   for i = 1, n do
@@ -205,9 +242,9 @@ if go_sep and go_sep ~= '' and ARGV[7] and ARGV[7] ~= '' then
           if type(name) == 'string' then
             local v = redis.pcall('GET', name .. go_sep .. e[1])
             if type(v) == 'table' then  -- not a string: not a lock we may take over
-              go_held[i] = 'Go consumer (a key of another type)'
+              preset[i] = 'Go consumer (a key of another type)'
             elseif v then
-              go_held[i] = 'Go consumer ' .. v
+              preset[i] = 'Go consumer ' .. v
             end
           end
         end
@@ -216,16 +253,55 @@ if go_sep and go_sep ~= '' and ARGV[7] and ARGV[7] ~= '' then
   end
 end
 local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- One holder per name: an entry whose name another pending entry holds waits (token "WAIT <id>").
+if prefix then
+  for i = 1, n do
+    local e = entries[i]
+    local name = not preset[i] and name_of(e[2])
+    if name then
+      local id, hkey = e[1], prefix .. 'name:' .. name
+      local v = redis.pcall('SET', hkey, id, 'NX', 'GET')
+      if type(v) == 'table' then
+        preset[i] = 'WRONGTYPE ' .. key_type(hkey) .. ' ' .. hkey
+      elseif v then
+        local h, marked = name_holder(v)
+        if h ~= id then
+          if h ~= '' and name_pending(KEYS[1], ARGV[1], h) then
+            local wkey = prefix .. 'waiting:' .. name
+            kind = key_type(wkey)
+            if kind ~= 'none' and kind ~= 'list' then
+              preset[i] = 'WRONGTYPE ' .. kind .. ' ' .. wkey
+            else
+              redis.call('XACK', KEYS[1], ARGV[1], id)
+              redis.call('RPUSH', wkey, id)
+              if not marked then redis.call('SET', hkey, h .. '+') end
+              redis.call('ZADD', index, 'NX', now_ms + NAME_RECHECK_MS, name)
+              preset[i] = 'WAIT ' .. h
+            end
+          else
+            -- Its holder is gone (not pending): the name is this entry's now.
+            redis.call('SET', hkey, marked and (id .. '+') or id)
+          end
+        end
+      end
+    end
+  end
+end
 local first = fence_take(KEYS[2], fence_exists, n, t)
-local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl_ms
+local deadline = now_ms + ttl_ms
 local digits = fence_digits
+-- What gets a lock of ours: every entry but those a Go consumer holds or that wait for their name.
+local todo = {}
+for i = 1, n do
+  if preset[i] then tokens[i] = preset[i] else todo[#todo + 1] = i end
+end
 -- PXAT the deadline: the lock expires exactly when the index says it may.
 local function lock_each(s, e)
-  for i = s, e do
+  for j = s, e do
+    local i = todo[j]
     local lock = ARGV[5] .. entries[i][1]
-    if go_held[i] then
-      tokens[i] = go_held[i]
-    elseif redis.call('SET', lock, string.format(digits, first + i) .. ':' .. owner, 'NX', 'PXAT', deadline) then
+    if redis.call('SET', lock, string.format(digits, first + i) .. ':' .. owner, 'NX', 'PXAT', deadline) then
       tokens[i] = first + i
       taken = true
     else
@@ -233,23 +309,24 @@ local function lock_each(s, e)
     end
   end
 end
-if msetex and next(go_held) == nil then
-  for s = 1, n, 500 do
-    local e, args = math.min(s + 499, n), {}
-    for i = s, e do
+if msetex then
+  for s = 1, #todo, 500 do
+    local e, args = math.min(s + 499, #todo), {}
+    for j = s, e do
+      local i = todo[j]
       args[#args + 1] = ARGV[5] .. entries[i][1]
       args[#args + 1] = string.format(digits, first + i) .. ':' .. owner
     end
     args[#args + 1], args[#args + 2], args[#args + 3] = 'NX', 'PXAT', deadline
     if redis.call('MSETEX', e - s + 1, unpack(args)) == 1 then
-      for i = s, e do tokens[i] = first + i end
+      for j = s, e do tokens[todo[j]] = first + todo[j] end
       taken = true
     else
       lock_each(s, e)
     end
   end
 else
-  lock_each(1, n)
+  lock_each(1, #todo)
 end
 if taken then
   redis.call('ZADD', KEYS[3], 'NX', deadline, ARGV[2])

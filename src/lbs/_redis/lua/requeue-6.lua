@@ -9,7 +9,7 @@
   KEYS[4]  the parking stream of delayed retries, {<service>-input}:delayed
   KEYS[5]  the due index, {<service>-input}:due: a sorted set of the ids of
            KEYS[4]'s entries, each scored by the server time (ms) at which
-           promote-3.lua moves it back into the LBS
+           promote-4.lua moves it back into the LBS
   KEYS[6]  optional: the pardons, {<service>-input}:pardons: a sorted set of
            the ids of entries whose holder lost them while it lived (a
            partition, a stall longer than the lock TTL) although another
@@ -63,6 +63,12 @@
             dead-lettered or found trimmed. "" or absent: not looked at.
   ARGV[20]  optional: the failure's traceback, recorded in a dead letter as
             <prefix>traceback ("" or absent: no such field)
+  ARGV[21]  optional: the service's key prefix, {<service>-input}: (one
+            holder per name, _names.lua; same slot, keys not declared):
+            once the entry is re-queued, parked or dead-lettered (codes 1-4)
+            it releases its DataStreamName if it holds it, and the oldest
+            registration waiting for the name goes back into the LBS (after
+            the copy). "" or absent: names untouched
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
@@ -118,8 +124,10 @@
                            not the due index"
 
   Events: xadd on the LBS, the parking stream or the dead-letter stream;
-  zadd on the due index; del on the lock key.
+  zadd on the due index; del on the lock key; a released name's as in
+  done-n.lua.
 ]]
+--#include _names
 local MAX_COPY = 7000
 local mode = ARGV[3]
 
@@ -321,5 +329,10 @@ end
 release()
 unqueue()
 for d in pairs(used) do redis.pcall('ZREM', KEYS[6], d) end
+local name = ARGV[21] and ARGV[21] ~= '' and name_of(fields)
+if name then
+  local t = redis.call('TIME')
+  name_release(ARGV[21], KEYS[1], ARGV[1], name, ARGV[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
 if code == 4 then return {code, id, input or '', retries, delay} end
 return {code, id, input or '', retries}

@@ -8,17 +8,32 @@
            each scored by the server time (ms) at which it is due
   KEYS[2]  the parking stream of delayed retries, {<service>-input}:delayed
   KEYS[3]  the load-balancer stream, <service>-input
+  KEYS[4]  the waiting index, {<service>-input}:waiting (see _names.lua):
+           the names registrations wait for, each scored by the server time
+           (ms) at which it is looked at again
 
-  ARGV[1]  most parked copies to move in this call, an integer >= 1
+  ARGV[1]  most parked copies to move in this call, an integer >= 1 (also
+           the most names looked at)
+  ARGV[2]  consumer group
+  ARGV[3]  the service's key prefix, {<service>-input}: (same slot)
+
+  The waiting sweep: a name whose holder released it puts its oldest waiter
+  back at once (done-n.lua, requeue-6.lua). One whose holder vanished
+  without releasing it (its entry trimmed or deleted by hand while pending,
+  acked by a peer that knows no names) would keep its waiters forever, so
+  each name due in KEYS[4] is looked at: held by an entry still pending, or
+  its last waiter put back still in the LBS: looked at again 10 s later;
+  otherwise its oldest waiter still in the LBS goes back into it now.
 
   Preconditions, checked before the first write; a violation writes nothing
   and returns the error "LBSKEY <key> holds a <type>, not <what>":
-    * KEYS[1] does not exist or is a sorted set ("the due index"); when it
-      does not exist nothing is parked, and the call returns at once;
+    * KEYS[1] does not exist or is a sorted set ("the due index"), KEYS[4]
+      does not exist or is a sorted set ("the waiting index"); when neither
+      exists nothing waits, and the call returns at once;
     * when a copy is due: KEYS[2] does not exist or is a stream ("a
       stream"), and KEYS[3] does not exist or is a stream ("the
       load-balancer stream").
-  A malformed ARGV[1] gives "ERR lbs promote-3: ..." (nothing written).
+  A malformed ARGV[1] gives "ERR lbs promote-4: ..." (nothing written).
 
   For each id due (score <= TIME in ms, earliest first, at most ARGV[1]):
     * the parked entry exists: XADD its fields (the copy requeue-6.lua made:
@@ -31,15 +46,18 @@
   Each id is handled whole before the next, so a call that fails part-way
   leaves every copy either moved or parked.
 
-  Output: {moved, vanished, next, stuck}
+  Output: {moved, vanished, next, stuck, names}
     moved     copies put back into KEYS[3]
     vanished  ids removed from KEYS[1] whose parked entry was gone
     next      ms until the next copy is due; 0 when ARGV[1] copies were
               due (call again now); -1 when nothing more is parked
     stuck     copies too wide to move, rescored to +inf
+    names     waiting registrations put back by the sweep
 
-  Events: xadd on KEYS[3]; xdel on KEYS[2]; zrem (or zadd) on KEYS[1].
+  Events: xadd on KEYS[3]; xdel on KEYS[2]; zrem (or zadd) on KEYS[1]; the
+  sweep's as in done-n.lua.
 ]]
+--#include _names
 local MAX_COPY = 7000
 
 local function refused(key, want, what)
@@ -51,14 +69,37 @@ end
 
 local batch = tonumber(ARGV[1])
 if not batch or batch < 1 or batch ~= math.floor(batch) then
-  return redis.error_reply('ERR lbs promote-3: ARGV[1] must be an integer >= 1, got ' .. tostring(ARGV[1]))
+  return redis.error_reply('ERR lbs promote-4: ARGV[1] must be an integer >= 1, got ' .. tostring(ARGV[1]))
 end
-if redis.call('TYPE', KEYS[1])['ok'] == 'none' then return {0, 0, -1, 0} end  -- nothing parked
-local bad = refused(KEYS[1], 'zset', 'the due index')
+local parked, waiting = redis.call('TYPE', KEYS[1])['ok'] ~= 'none', redis.call('TYPE', KEYS[4])['ok'] ~= 'none'
+if not parked and not waiting then return {0, 0, -1, 0, 0} end  -- nothing parked, nobody waits
+local bad = refused(KEYS[1], 'zset', 'the due index') or refused(KEYS[4], 'zset', 'the waiting index')
 if bad then return bad end
 
 local t = redis.call('TIME')
-local now = string.format('%.0f', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = string.format('%.0f', now_ms)
+
+-- The waiting sweep: names whose holder vanished without releasing them.
+local names = 0
+if waiting then
+  local prefix = ARGV[3]
+  for _, name in ipairs(redis.call('ZRANGE', KEYS[4], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch)) do
+    local v = redis.pcall('GET', prefix .. 'name:' .. name)
+    local live = type(v) == 'table'  -- a key of another type: left alone
+    if type(v) == 'string' then
+      local h, _, copy = name_holder(v)
+      live = (h ~= '' and name_pending(KEYS[3], ARGV[2], h)) or
+             (copy ~= '' and #redis.call('XRANGE', KEYS[3], copy, copy) > 0)
+    end
+    if live then
+      redis.call('ZADD', KEYS[4], 'XX', now_ms + NAME_RECHECK_MS, name)
+    else
+      names = names + name_promote(prefix, KEYS[3], name, now_ms)
+    end
+  end
+end
+if not parked then return {0, 0, -1, 0, names} end
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch)
 if #due > 0 then
   bad = refused(KEYS[2], 'stream', 'a stream') or refused(KEYS[3], 'stream', 'the load-balancer stream')
@@ -91,4 +132,4 @@ else
     next = tonumber(first[2]) - tonumber(now)
   end
 end
-return {moved, vanished, next, stuck}
+return {moved, vanished, next, stuck, names}

@@ -1,0 +1,272 @@
+"""One holder per data stream name, whatever the registrations (``_names.lua``).
+
+A data stream registered again while it is held waits: read, acked (it stays
+in the LBS as its own record) and parked in the name's waiting list, with no
+lock and no retry counted; the holder's release (done, re-queue, dead letter)
+puts the oldest waiter back into the LBS. The script tests run on Redis 8.x
+and 7.0 (``rr``); the client tests show two handlers of one name never run at
+once, and every registration runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from _helpers import client, eventually, is_true, produce, take
+
+import lbs
+from lbs._keys import (
+    consumers_key,
+    fence_key,
+    group_name,
+    input_stream,
+    key_prefix,
+    lock_key,
+    name_holder,
+    waiting_key,
+    waiting_list,
+)
+from lbs._redis.scripts import source
+
+pytestmark = pytest.mark.timeout(90)
+
+TTL = 60_000
+
+
+def reg(name: str, n: int = 0) -> dict[str, str]:
+    """A registration of data stream ``name`` (``n`` tells registrations of one name apart)."""
+    return {"lbs-input": json.dumps({"DataStreamName": name, "Info": {"n": n}}, separators=(",", ":"))}
+
+
+async def setup(r: aioredis.Redis, service: str, *regs: dict[str, str]) -> list[str]:
+    await r.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    return [(await r.xadd(input_stream(service), f)).decode() for f in regs]
+
+
+async def read(r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10) -> tuple[list[str], list[Any]]:
+    """One read-3.lua call with names locked: (entry ids, tokens)."""
+    entries, tokens, _ = await r.eval(source("read-3"), 3, input_stream(service), fence_key(service),
+                                      consumers_key(service), group_name(service), consumer, count, TTL,
+                                      lock_key(service, ""), ">", "", consumer, "", "", "", key_prefix(service))
+    return [e[0].decode() for e in entries], [t.decode() if isinstance(t, bytes) else t for t in tokens]
+
+
+async def done(r: aioredis.Redis, service: str, held: list[tuple[str, int, str]]) -> list[int]:
+    """One done-n.lua call over (entry id, token, name) held by c1."""
+    keys = [input_stream(service)] + [lock_key(service, i) for i, _, _ in held]
+    args = [group_name(service), "0", "0", key_prefix(service), "",
+            *(f"{t}:c1" for _, t, _ in held), *(i for i, _, _ in held), *(n for _, _, n in held)]
+    return await r.eval(source("done-n"), len(keys), *keys, *args)
+
+
+async def requeue(r: aioredis.Redis, service: str, entry_id: str, value: str) -> list[Any]:
+    keys = [input_stream(service), f"{{{input_stream(service)}}}:dlq", lock_key(service, entry_id),
+            f"{{{input_stream(service)}}}:delayed", f"{{{input_stream(service)}}}:due"]
+    args = [group_name(service), entry_id, "owned", value, "1", "5", "_retry_count", "_original_id", "boom", "c1",
+            "0", "1", "_", 0, 0, 1.0, "", "", "", "", key_prefix(service)]
+    return await r.eval(source("requeue-6"), 5, *keys, *args)
+
+
+async def promote(r: aioredis.Redis, service: str) -> list[int]:
+    p = f"{{{input_stream(service)}}}:"
+    return await r.eval(source("promote-4"), 4, p + "due", p + "delayed", input_stream(service),
+                        waiting_key(service), 100, group_name(service), key_prefix(service))
+
+
+async def fields_of(r: aioredis.Redis, service: str, entry_id: str) -> dict[str, str]:
+    found = await r.xrange(input_stream(service), entry_id, entry_id)
+    return decoded(found[0][1]) if found else {}
+
+
+def decoded(fields: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in fields.items()}
+
+
+async def pending_ids(r: aioredis.Redis, service: str) -> list[str]:
+    rows = await r.xpending_range(input_stream(service), group_name(service), "-", "+", 100)
+    return [row["message_id"].decode() for row in rows]
+
+
+# -- the scripts ----------------------------------------------------------------
+
+async def test_a_second_registration_waits_and_comes_back_when_the_holder_is_done(
+        rr: aioredis.Redis, service: str) -> None:
+    a1, b1, a2, a3 = await setup(rr, service, reg("a", 1), reg("b"), reg("a", 2), reg("a", 3))
+    ids, tokens = await read(rr, service)
+    assert ids == [a1, b1, a2, a3]
+    assert isinstance(tokens[0], int) and isinstance(tokens[1], int)
+    assert tokens[2:] == [f"WAIT {a1}", f"WAIT {a1}"]
+    assert not await rr.exists(lock_key(service, a2), lock_key(service, a3))
+    assert await pending_ids(rr, service) == [a1, b1]  # the waiters are acked ...
+    assert await fields_of(rr, service, a2) == reg("a", 2)  # ... and kept in the LBS as their record
+    assert [i.decode() for i in await rr.lrange(waiting_list(service, "a"), 0, -1)] == [a2, a3]
+    assert await rr.get(name_holder(service, "a")) == f"{a1}+".encode()
+    assert await rr.get(name_holder(service, "b")) == b1.encode()
+
+    assert await done(rr, service, [(a1, tokens[0], "a"), (b1, tokens[1], "b")]) == [1, 1]
+    assert not await rr.exists(name_holder(service, "b"))
+    # The oldest waiter is back as a fresh entry, its fields unchanged (no retry counted).
+    (back, fields), = await rr.xrange(input_stream(service), f"({a3}", "+")
+    assert decoded(fields) == reg("a", 2) and not await fields_of(rr, service, a2)
+    assert await rr.get(name_holder(service, "a")) == f"+{back.decode()}".encode()
+    ids, tokens = await read(rr, service)
+    assert ids == [back.decode()] and isinstance(tokens[0], int)
+    assert await rr.get(name_holder(service, "a")) == f"{back.decode()}+".encode()
+    assert tokens[0] > 0
+
+    # The last waiter: back once this one is done, then the name is free and nothing is left behind.
+    assert await done(rr, service, [(back.decode(), tokens[0], "a")]) == [1]
+    ids, tokens = await read(rr, service)
+    assert len(ids) == 1 and await fields_of(rr, service, ids[0]) == reg("a", 3)
+    assert await done(rr, service, [(ids[0], tokens[0], "a")]) == [1]
+    assert not await rr.exists(name_holder(service, "a"), waiting_list(service, "a"), waiting_key(service))
+    assert await rr.xlen(input_stream(service)) == 0
+
+
+async def test_tokens_of_one_name_grow_across_its_holds(rr: aioredis.Redis, service: str) -> None:
+    await setup(rr, service, *(reg("a", i) for i in range(5)))
+    tokens = []
+    for _ in range(5):
+        ids, got = await read(rr, service)
+        held = [(i, t) for i, t in zip(ids, got) if isinstance(t, int)]
+        assert len(held) == 1
+        tokens.append(held[0][1])
+        await done(rr, service, [(held[0][0], held[0][1], "a")])
+    assert tokens == sorted(set(tokens))
+
+
+async def test_a_name_whose_holder_is_no_longer_pending_is_taken_over(rr: aioredis.Redis, service: str) -> None:
+    a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
+    await rr.set(name_holder(service, "a"), "1-1+")  # a holder gone without releasing it; waiters marked
+    ids, tokens = await read(rr, service, count=1)
+    assert ids == [a1] and isinstance(tokens[0], int)
+    assert await rr.get(name_holder(service, "a")) == f"{a1}+".encode()  # the mark is kept
+    ids, tokens = await read(rr, service)
+    assert tokens == [f"WAIT {a1}"]
+
+
+async def test_requeue_releases_the_name_and_puts_the_waiter_back_after_the_copy(
+        rr: aioredis.Redis, service: str) -> None:
+    a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
+    _, tokens = await read(rr, service)
+    out = await requeue(rr, service, a1, f"{tokens[0]}:c1")
+    assert out[0] == 1
+    (copy, cf), (waiter, wf) = await rr.xrange(input_stream(service), f"({a2}", "+")
+    assert copy.decode() == out[1].decode() and cf[b"_retry_count"] == b"1"
+    assert decoded(wf) == reg("a", 2)  # the waiter has no retry counted
+    assert await rr.get(name_holder(service, "a")) is None
+    ids, tokens = await read(rr, service)
+    assert tokens[0] > 0 and tokens[1] == f"WAIT {copy.decode()}"
+
+
+async def test_the_sweep_puts_back_waiters_of_a_holder_that_vanished(rr: aioredis.Redis, service: str) -> None:
+    a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
+    await read(rr, service)
+    score = await rr.zscore(waiting_key(service), "a")
+    await rr.zadd(waiting_key(service), {"a": 0})  # due now
+    assert (await promote(rr, service))[4] == 0  # a1 is pending: still held, looked at again later
+    assert await rr.zscore(waiting_key(service), "a") >= score
+    # The holder vanishes without releasing the name (deleted by hand while pending).
+    await rr.xack(input_stream(service), group_name(service), a1)
+    await rr.xdel(input_stream(service), a1)
+    await rr.zadd(waiting_key(service), {"a": 0})
+    assert (await promote(rr, service))[4] == 1
+    (back, fields), = await rr.xrange(input_stream(service), f"({a2}", "+")
+    assert decoded(fields) == reg("a", 2)
+    assert not await rr.exists(name_holder(service, "a"), waiting_key(service))
+
+
+async def test_name_keys_of_another_type_touch_nothing_of_the_name(rr: aioredis.Redis, service: str) -> None:
+    a1, = await setup(rr, service, reg("a", 1))
+    await rr.hset(name_holder(service, "a"), "x", "1")
+    ids, tokens = await read(rr, service)
+    assert tokens == [f"WRONGTYPE hash {name_holder(service, 'a')}"]
+    assert await pending_ids(rr, service) == [a1]  # left pending: the scan brings it back once fixed
+    assert not await rr.exists(lock_key(service, a1), waiting_list(service, "a"))
+
+    await rr.delete(name_holder(service, "a"))
+    await rr.set(waiting_key(service), "x")
+    await rr.xadd(input_stream(service), reg("b"))
+    with pytest.raises(ResponseError, match="LBSKEY .* not the waiting index"):
+        await read(rr, service)
+    assert not await rr.exists(name_holder(service, "b"))
+
+
+async def test_a_waiting_list_of_another_type_leaves_the_second_registration_pending(
+        rr: aioredis.Redis, service: str) -> None:
+    a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
+    await rr.hset(waiting_list(service, "a"), "x", "1")
+    ids, tokens = await read(rr, service)
+    assert isinstance(tokens[0], int) and tokens[1] == f"WRONGTYPE hash {waiting_list(service, 'a')}"
+    assert await pending_ids(rr, service) == [a1, a2]
+    assert await rr.get(name_holder(service, "a")) == a1.encode()  # no waiter recorded
+    assert not await rr.exists(lock_key(service, a2))
+
+
+# -- clients -----------------------------------------------------------------------
+
+class Audit:
+    """Handlers of one name that run at the same time, and every registration run."""
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+        self.running: dict[str, int] = {}
+        self.overlaps: list[str] = []
+        self.runs: list[tuple[str, int]] = []
+        self.tokens: dict[str, list[int]] = {}
+
+    async def handler(self, note: lbs.Notification) -> None:
+        name = note.stream
+        self.running[name] = self.running.get(name, 0) + 1
+        if self.running[name] > 1:
+            self.overlaps.append(name)
+        self.tokens.setdefault(name, []).append(note.token)
+        try:
+            await asyncio.sleep(self.hold)
+        finally:
+            self.running[name] -= 1
+        self.runs.append((name, note.info["n"]))
+
+
+async def test_two_consumers_never_run_one_name_at_once(redis_server: Any, service: str) -> None:
+    """Registered again and again (a retry after an uncertain add, two producers), each name runs one
+    registration at a time, every registration runs once, and its tokens grow."""
+    names = [f"dup-{i}" for i in range(5)]
+    async with lbs.Producer(redis_server.url, service) as p:
+        await p.add_streams([(n, {"n": k}) for k in range(4) for n in names])
+    audit = Audit(0.05)
+    clients = [client(redis_server.url, service, f"c{i}", lock_ttl=10) for i in range(2)]
+    tasks = []
+    for c in clients:
+        await c.start()
+        tasks.append(asyncio.create_task(c.run(audit.handler, handle_signals=False)))
+    try:
+        await eventually(lambda: is_true(len(audit.runs) == 20), timeout=30)
+    finally:
+        for c in clients:
+            await c.close()
+        await asyncio.gather(*tasks)
+    assert audit.overlaps == []
+    assert sorted(audit.runs) == sorted((n, k) for n in names for k in range(4))
+    assert all(t == sorted(set(t)) for t in audit.tokens.values())
+    assert sum(int(c.metrics.get("streams_waiting_total", 0)) for c in clients) >= 15
+
+
+async def test_the_notification_api_gets_a_second_registration_only_after_done(
+        redis_server: Any, service: str) -> None:
+    await produce(redis_server.url, service, "solo", "solo")
+    async with client(redis_server.url, service) as c:
+        first, = await take(c, 1)
+        # The second registration is read (and parked), not delivered.
+        await eventually(lambda: is_true(c.metrics.get("streams_waiting_total") == 1))
+        assert c.drain_notifications() == []
+        assert c.held == 1
+        await c.done_stream(first.stream, first.entry_id)
+        second, = await take(c, 1)
+        assert second.stream == "solo" and second.entry_id != first.entry_id and second.retry_count == 0
