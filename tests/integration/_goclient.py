@@ -99,6 +99,7 @@ class GoConsumer:
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[None]] = set()  # every stream's extender and worker, until they end
         self._pubsub: Any = None
+        self._done = asyncio.Event()  # set at each Done
         self._extend = self._redis.register_script(_EXTEND)
         self._unlock = self._redis.register_script(_UNLOCK)
 
@@ -195,6 +196,7 @@ class GoConsumer:
         await self._redis.xack(self.stream, self.group, s.entry_id)
         await self._redis.xdel(self.stream, s.entry_id)
         self.events.append(("Done", name, s.entry_id))
+        self._done.set()
 
     # -- ending --------------------------------------------------------------
 
@@ -208,6 +210,15 @@ class GoConsumer:
         if self._pubsub is not None:
             await self._pubsub.aclose()
         await self._redis.aclose()
+
+    async def finished(self, n: int, timeout: float = 60.0) -> None:
+        """Wait (on its Done events, never polling a clock) until ``n`` streams are done; bounded."""
+        async def done() -> None:
+            while len(self.processed()) < n:
+                self._done.clear()
+                await self._done.wait()
+
+        await asyncio.wait_for(done(), timeout)
 
     def processed(self) -> list[str]:
         return [name for kind, name, _ in self.events if kind == "Done"]

@@ -232,11 +232,8 @@ async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(server: R
         await eventually(scanned_while_held, timeout=30)
         assert ran == []  # nothing taken from Go
         release.set()
-
-        async def go_finished() -> bool:
-            return sorted(go.processed()) == ["x", "y", "z"]
-
-        await eventually(go_finished, timeout=10)
+        await go.finished(3)  # its Done events (bounded at 60 s: a loaded machine's event loop stalls)
+        assert sorted(go.processed()) == ["x", "y", "z"]
         assert ran == [] and await r.xlen(lbs.input_stream(service)) == 0
     finally:
         release.set()
@@ -715,3 +712,64 @@ async def test_the_heartbeat_keeps_go_style_locks_and_never_pulls_back_an_entry_
     assert await r.get(go_b) == b"redis-consumer-go-1"
     assert await _owner(r, service, taken) == b"redis-consumer-go-1"  # not XCLAIMed back
     await r.aclose()
+
+
+#: Contested recoveries in the race test: streams of one dead Go holder that a live Go consumer
+#: (its Claim) and an lbs consumer (the keyspace listener's re-queue) both go for at once.
+CONTESTED = 2_000
+
+
+async def test_go_claim_and_lbs_recovery_never_both_take_a_dead_holders_stream(
+        server: RedisServer, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A dead Go holder's 2,000 locks expire together; a live Go consumer claims each (XCLAIM, then its
+    lock one round trip later) while an lbs consumer re-queues each: every stream runs exactly once.
+    Before requeue-6 checked the idle time with the re-queue, about 1 in 100 ran on both sides."""
+    r = aioredis.Redis.from_url(server.url)
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    names = [f"c{i}" for i in range(CONTESTED)]
+    await r.xgroup_create(stream, group, id="0", mkstream=True)
+    async with r.pipeline(transaction=False) as pipe:
+        for n in names:
+            pipe.xadd(stream, {"lbs-input": encode_input(n, {})})
+        ids = [i.decode() for i in await pipe.execute()]
+    dead = "redis-consumer-dead"
+    assert len((await r.xreadgroup(group, dead, {stream: ">"}, count=CONTESTED))[0][1]) == CONTESTED
+    runs: Counter[str] = Counter()
+    caplog.set_level(logging.DEBUG, logger="lbs")
+
+    async def go_handler(go: GoConsumer, s: GoStream) -> None:
+        runs[s.name] += 1
+
+    async def lbs_handler(note: lbs.Notification) -> None:
+        runs[note.stream] += 1
+
+    go = GoConsumer(server.url, service, "go-live", go_handler, hb_interval=1.0, force_config_override=True)
+    c = _client(server.url, service, "lbs-1", go_compatible=True)
+    await go.start()
+    runner = asyncio.create_task(c.run(lbs_handler))
+    try:
+        await eventually(lambda: _listening(c))
+        # The dead holder's Go-style locks, 1.5 s: past the live Go consumer's Claim idle time (1 s).
+        async with r.pipeline(transaction=False) as pipe:
+            for n, i in zip(names, ids):
+                pipe.set(go_lock_key(n, i), dead, px=1500)
+            await pipe.execute()
+
+        async def all_ran() -> bool:
+            return len(runs) == CONTESTED and await r.xlen(stream) == 0
+
+        await eventually(all_ran, timeout=120, every=0.1)
+    finally:
+        await c.close()
+        await runner
+        await go.kill()
+        await r.aclose()
+    by_go = len(go.processed())
+    twice = sorted(n for n, k in runs.items() if k > 1)
+    # What lbs's re-queue found: just claimed by Go (left to it), already finished by Go, or its own.
+    claimed = sum(1 for rec in caplog.records if "was just claimed" in rec.getMessage())
+    finished = int(c.metrics.get("recovery_duplicate_ack_total", 0))
+    print(f"GO-CLAIM-RACE {CONTESTED} contested recoveries: {by_go} by the Go consumer, {CONTESTED - by_go} by "
+          f"lbs; lbs's re-queue found {claimed} just claimed, {finished} finished; {len(twice)} ran twice")
+    assert twice == [] and sum(runs.values()) == CONTESTED
+    assert claimed > 0  # contested: lbs went for streams the Go consumer had just claimed

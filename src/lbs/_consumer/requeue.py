@@ -57,6 +57,13 @@ PARDON_KEEP = 100_000
 _Call = tuple[str, str, str, str, str]
 
 
+#: Beside a Go fleet: a dead holder's entry idle less than this (ms; or the lock TTL, when shorter) was
+#: just claimed by a Go consumer, whose Claim moves the entry first and takes its lock one round trip
+#: later; re-queue leaves it alone. A dead holder's entry has been idle at least its lock's TTL (Go's:
+#: 2 s by default), so this delays no recovery.
+GO_CLAIM_WINDOW_MS = 1000
+
+
 class Requeue:
     """The one caller of ``requeue-6.lua`` for one client."""
 
@@ -104,7 +111,9 @@ class Requeue:
                                 force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
                                 field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep,
                                 stream_name=names[i] if names else "", queued_prefix=n.queued_prefix,
-                                traceback=traceback, key_prefix=n.key_prefix)
+                                traceback=traceback, key_prefix=n.key_prefix,
+                                min_idle_ms=str(min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS))
+                                if go_sep and mode == "absent" else "")
 
         return (await s.link.pool.execute(build))[:len(calls)]
 
@@ -262,6 +271,8 @@ class Requeue:
                 s.hooks.metric("recovery_duplicate_ack_total", 1, path=path)
             elif detail == "go lock":
                 s.log.debug("entry %s is held by a Go consumer (its lock exists): left to it", entry_id)
+            elif detail == "claimed":
+                s.log.debug("entry %s was just claimed (a Go consumer's Claim): left to it", entry_id)
         if requeued:
             # One line and one metric call per batch: a dead holder of 100,000 streams is 200 batches.
             s.hooks.metric(REQUEUED_METRIC[path], requeued)

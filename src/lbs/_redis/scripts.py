@@ -177,11 +177,12 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
             entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
             original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
             field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "",
-            queued_prefix: str = "", traceback: str = "", key_prefix: str = "") -> None:
+            queued_prefix: str = "", traceback: str = "", key_prefix: str = "", min_idle_ms: str = "") -> None:
     """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
 
     Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
-    DataStreamName) names our Go-style lock, released with ours."""
+    DataStreamName) names our Go-style lock, released with ours, and ``min_idle_ms`` (mode "absent":
+    the lock TTL) leaves an entry idle less than that to the Go consumer that just claimed it."""
     b.command("EVALSHA", REQUEUE.sha, REQUEUE.fixed_keys,
               stream,                          # KEYS[1] the LBS
               dead_letters,                    # KEYS[2] the dead-letter stream
@@ -209,7 +210,8 @@ def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, park
               stream_name,                     # ARGV[18] mode "owned": its Go-style lock is released
               queued_prefix,                   # ARGV[19] queued sets: what a holder merely held counts no death
               traceback,                       # ARGV[20] recorded in dead letters ("": none)
-              key_prefix)                      # ARGV[21] names released ("": untouched)
+              key_prefix,                      # ARGV[21] names released ("": untouched)
+              min_idle_ms)                     # ARGV[22] mode "absent" beside Go: idle less is just claimed
 
 
 class RequeueCode(enum.IntEnum):

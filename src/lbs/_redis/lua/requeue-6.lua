@@ -69,6 +69,14 @@
             it releases its DataStreamName if it holds it, and the oldest
             registration waiting for the name goes back into the LBS (after
             the copy). "" or absent: names untouched
+  ARGV[22]  optional, beside a Go fleet in mode "absent": the least idle
+            time (ms) of an entry it re-queues (the client passes 1 s, or
+            the lock TTL when shorter). The Go
+            client's Claim moves an entry (XCLAIM, idle reset to 0) and takes
+            its Go-style lock one round trip later; an entry of a dead holder
+            has been idle at least its lock's TTL (it expired). An entry
+            idle less was just claimed: nothing is touched ({0, "claimed"}).
+            "" or absent: not checked.
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
@@ -112,6 +120,8 @@
     {4, parked id, ..., d} parked in KEYS[4] for d ms (due at the parked
                            id's milliseconds + d, in KEYS[5])
     {0, "lock"}            lock check failed: nothing touched
+    {0, "claimed"}         just claimed (idle less than ARGV[22]): nothing
+                           touched
     {0, "go lock"}         a Go consumer holds it (ARGV[17]): nothing touched
                            (mode "owned", ARGV[18]: but our lock, deleted)
     {0, "acked"}           not pending (someone else already handled it);
@@ -162,6 +172,10 @@ local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(p) ~= 'table' or not p[1] then
   release()
   return {0, 'acked'}
+end
+-- Mode "absent" beside a Go fleet: not just claimed (the Go client's Claim is two steps)?
+if mode == 'absent' and ARGV[22] and ARGV[22] ~= '' and tonumber(p[1][3]) < tonumber(ARGV[22]) then
+  return {0, 'claimed'}
 end
 
 -- Merely held by its holder (queued for its application, never taken)?
