@@ -144,28 +144,20 @@ if kind ~= 'none' and kind ~= 'stream' then
 end
 local fence_error, fence_exists = fence_check(KEYS[2], count)
 if fence_error then return fence_error end
-kind = key_type(KEYS[3])
-if kind ~= 'none' and kind ~= 'zset' then
-  return refuse(KEYS[3], 'holds a ' .. kind .. ', not the consumer deadline index')
+-- A key that must not exist or be of type `want`: the refusal, else nil.
+local function misfit(key, want, what)
+  if not key then return nil end
+  local k = key_type(key)
+  if k ~= 'none' and k ~= want then return refuse(key, 'holds a ' .. k .. ', not ' .. what) end
 end
 -- The queued set (ARGV[11]): only new entries (">") are ever added.
 local queued = ARGV[6] == '>' and ARGV[11] and ARGV[11] ~= '' and ARGV[11] or nil
-if queued then
-  kind = key_type(queued)
-  if kind ~= 'none' and kind ~= 'set' then
-    return refuse(queued, 'holds a ' .. kind .. ', not a queued set')
-  end
-end
-
 -- One holder per name (ARGV[12]): the waiting index.
 local prefix = ARGV[6] == '>' and ARGV[12] and ARGV[12] ~= '' and ARGV[12] or nil
 local index = prefix and prefix .. 'waiting'
-if index then
-  kind = key_type(index)
-  if kind ~= 'none' and kind ~= 'zset' then
-    return refuse(index, 'holds a ' .. kind .. ', not the waiting index')
-  end
-end
+local misfits = misfit(KEYS[3], 'zset', 'the consumer deadline index') or misfit(queued, 'set', 'a queued set')
+                or misfit(index, 'zset', 'the waiting index')
+if misfits then return misfits end
 
 -- Permissions: a user allowed to read but not to take the locks would get
 -- entries delivered with no lock, so every later write is checked first.
