@@ -270,3 +270,16 @@ async def test_the_notification_api_gets_a_second_registration_only_after_done(
         await c.done_stream(first.stream, first.entry_id)
         second, = await take(c, 1)
         assert second.stream == "solo" and second.entry_id != first.entry_id and second.retry_count == 0
+
+
+async def test_waiting_registrations_are_not_reported_as_skipped_by_the_group(
+        redis_server: Any, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Waiters are acked and kept in the LBS, below the group's last-delivered id: a consumer starting
+    then must not count them as entries no consumer will ever read (the Go client's ``$`` group)."""
+    await produce(redis_server.url, service, "solo", "solo", "solo")
+    async with client(redis_server.url, service) as c:
+        await take(c, 1)
+        await eventually(lambda: is_true(c.metrics.get("streams_waiting_total") == 2))
+        async with client(redis_server.url, service, "c2"):
+            pass
+    assert not [r for r in caplog.records if "no consumer will ever read them" in r.getMessage()]

@@ -74,7 +74,7 @@ class Topology:
         if await ensure_group(s.link.redis, s.names.stream_key, s.names.group):
             return
         try:
-            n, last, more = await skipped_entries(s.link.redis, s.names.stream_key, s.names.group)
+            n, last, more = await skipped_entries(s.link.redis, s.names.service)
         except RedisError as exc:  # advisory: never what stops a start
             if not s.denied(exc, "counting the entries the group skips"):
                 s.log.debug("cannot count the entries the group skips: %s", exc)

@@ -24,6 +24,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyErr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .. import _keys
 from ..exceptions import ConfigurationError, RedisOperationError
 from .wire import text
 
@@ -178,14 +179,16 @@ async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> bool:
 SKIPPED_COUNT_LIMIT = 10_000
 
 
-async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tuple[int, str, bool]:
-    """Entries of ``stream`` that ``group`` will never deliver: at or below its last-delivered id and
-    not pending (a group created at ``$`` after they were added, as the Go client v0.4 does).
+async def skipped_entries(redis: aioredis.Redis, service: str) -> tuple[int, str, bool]:
+    """Entries of ``service``'s LBS that its group will never deliver: at or below its last-delivered
+    id, not pending and not waiting for their data stream's holder (a group created at ``$`` after
+    they were added, as the Go client v0.4 does).
 
     Returns (count, the group's last-delivered id, whether the count is a lower bound). Counted
     from the group's lag where the server knows it (7.0+, no deletion inside the range), else
     by reading up to :data:`SKIPPED_COUNT_LIMIT` entries.
     """
+    stream, group = _keys.input_stream(service), _keys.group_name(service)
     info = next((g for g in await redis.xinfo_groups(stream) if text(g.get("name")) == group), None)
     if info is None:
         return 0, "0-0", False
@@ -193,7 +196,7 @@ async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tup
     if last == "0-0":
         return 0, last, False
     # Registrations waiting for their data stream's holder are read and acked but kept in the stream.
-    waiting = await waiting_registrations(redis, stream)
+    waiting = await waiting_registrations(redis, service)
     if waiting is None:
         return 0, last, False  # too many names wait to count them: cannot tell
     pending += waiting
@@ -214,19 +217,20 @@ async def skipped_entries(redis: aioredis.Redis, stream: str, group: str) -> tup
 WAITING_COUNT_LIMIT = 1000
 
 
-async def waiting_registrations(redis: aioredis.Redis, stream: str) -> int | None:
-    """Registrations of LBS ``stream`` that wait for their data stream's holder (one holder per name):
-    read, acked and kept in the stream, listed in their name's waiting list. None when more than
+async def waiting_registrations(redis: aioredis.Redis, service: str) -> int | None:
+    """Registrations of ``service`` that wait for their data stream's holder (one holder per name):
+    read, acked and kept in the LBS, listed in their name's waiting list. None when more than
     :data:`WAITING_COUNT_LIMIT` names have waiters."""
-    index = "{" + stream + "}:waiting"
-    names = await redis.zrange(index, 0, WAITING_COUNT_LIMIT)
+    names: list[bytes] = [n if isinstance(n, bytes) else str(n).encode()
+                          for n in await redis.zrange(_keys.waiting_key(service), 0, WAITING_COUNT_LIMIT)]
     if len(names) > WAITING_COUNT_LIMIT:
         return None
     if not names:
         return 0
+    prefix = _keys.waiting_list(service, "").encode()  # names as stored: bytes, whatever their encoding
     async with redis.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.llen(index + ":" + text(name))
+            pipe.llen(prefix + name)
         return sum(int(n) for n in await execute(pipe))
 
 
