@@ -226,20 +226,13 @@ local go_sep = ARGV[10]
 if go_sep and go_sep ~= '' and ARGV[7] and ARGV[7] ~= '' then
   for i = 1, n do
     local e = entries[i]
-    if tonumber(e[4]) and tonumber(e[4]) > 0 and type(e[2]) == 'table' then
-      for j = 1, #e[2] - 1, 2 do
-        if e[2][j] == 'lbs-input' then
-          local ok, doc = pcall(cjson.decode, e[2][j + 1])
-          local name = ok and type(doc) == 'table' and doc['DataStreamName']
-          if type(name) == 'string' then
-            local v = redis.pcall('GET', name .. go_sep .. e[1])
-            if type(v) == 'table' then  -- not a string: not a lock we may take over
-              preset[i] = 'Go consumer (a key of another type)'
-            elseif v then
-              preset[i] = 'Go consumer ' .. v
-            end
-          end
-        end
+    local name = tonumber(e[4]) and tonumber(e[4]) > 0 and name_of(e[2])
+    if name then
+      local v = redis.pcall('GET', name .. go_sep .. e[1])
+      if type(v) == 'table' then  -- not a string: not a lock we may take over
+        preset[i] = 'Go consumer (a key of another type)'
+      elseif v then
+        preset[i] = 'Go consumer ' .. v
       end
     end
   end

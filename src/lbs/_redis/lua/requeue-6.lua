@@ -203,16 +203,9 @@ if died and queued then
 end
 
 -- 3b. Beside a Go fleet: a live Go holder's lock (its key needs the data stream's name).
-if mode == 'absent' and go_sep and go_sep ~= '' then
-  for i = 1, #fields, 2 do
-    if fields[i] == 'lbs-input' then
-      local ok, doc = pcall(cjson.decode, fields[i + 1])
-      local name = ok and type(doc) == 'table' and doc['DataStreamName']
-      if type(name) == 'string' and redis.call('EXISTS', name .. go_sep .. ARGV[2]) == 1 then
-        return {0, 'go lock'}
-      end
-    end
-  end
+local name = name_of(fields)
+if mode == 'absent' and go_sep and go_sep ~= '' and name and redis.call('EXISTS', name .. go_sep .. ARGV[2]) == 1 then
+  return {0, 'go lock'}
 end
 
 -- 4. The copy and its target.
@@ -343,8 +336,7 @@ end
 release()
 unqueue()
 for d in pairs(used) do redis.pcall('ZREM', KEYS[6], d) end
-local name = ARGV[21] and ARGV[21] ~= '' and name_of(fields)
-if name then
+if name and ARGV[21] and ARGV[21] ~= '' then
   local t = redis.call('TIME')
   name_release(ARGV[21], KEYS[1], ARGV[1], name, ARGV[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
