@@ -48,6 +48,20 @@ def _alive() -> Counter[str]:
     return Counter(type(o).__name__ for o in gc.get_objects() if type(o).__name__ in ("Notification", "Held", "Task"))
 
 
+def _tasks() -> Counter[str]:
+    """The asyncio tasks alive in this process, by coroutine."""
+    return Counter(getattr(t.get_coro(), "__qualname__", "?") for t in asyncio.all_tasks())
+
+
+async def _tasks_settled(limit: int, timeout: float = 15.0) -> Counter[str]:
+    """The tasks once at most ``limit`` are left (handlers, retries and reconnects end on their own), or after
+    ``timeout`` seconds: awaited, not slept for a fixed time, so a loaded machine only takes longer."""
+    deadline = time.monotonic() + timeout
+    while len(asyncio.all_tasks()) > limit and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return _tasks()
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -83,7 +97,8 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
                     elapsed = time.monotonic() - started
                     if not rss_early:
                         rss_early = _rss_kb()
-                        before.update(tasks=len(asyncio.all_tasks()), fds=_fds(), alive=_alive())
+                        before.update(tasks=len(asyncio.all_tasks()), task_names=_tasks(), fds=_fds(),
+                                          alive=_alive())
                     if not restarted and elapsed >= DURATION / 2:
                         await crash_and_restart(srv, downtime=0.5)
                         restarted = True
@@ -110,14 +125,15 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
             returned = Counter(r.stream for r in fleet.rec.runs if r.outcome == "returned")
             # What lbs keeps once the work is done: every client's held streams, tasks, descriptors.
             held = sum(c.held for c in fleet.clients.values())
-            await asyncio.sleep(1.0)  # let the last handlers' tasks end
-            after = {"tasks": len(asyncio.all_tasks()), "fds": _fds(),
+            task_names = await _tasks_settled(before["tasks"] + 3)  # the last handlers' tasks end
+            after = {"tasks": sum(task_names.values()), "task_names": task_names, "fds": _fds(),
                      "redis_memory": (await admin.info("memory"))["used_memory"]}
             rss_end = _rss_kb()
             alive = _alive()
             fig = await fleet.figures("soak", faults, names=[n for n in names if not _fails(n, 1)], settled=settled, restarted=restarted, killed=dict(killed),
                                       dead_lettered=len(letters), held_at_end=held,
                                       tasks=f"{before['tasks']}->{after['tasks']}",
+                                      tasks_new=dict(after["task_names"] - before["task_names"]),
                                       fds=f"{before['fds']}->{after['fds']}",
                                       redis_memory_kb=f"{before['redis_memory'] // 1024}->"
                                                       f"{after['redis_memory'] // 1024}",
@@ -161,7 +177,8 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
     if after["fds"] > before["fds"] + 10:
         problems.append(f"descriptors grew: {before['fds']} -> {after['fds']}")
     if after["tasks"] > before["tasks"] + 3:
-        problems.append(f"tasks grew: {before['tasks']} -> {after['tasks']}")
+        problems.append(f"tasks grew: {before['tasks']} -> {after['tasks']}: "
+                        f"{dict(after['task_names'] - before['task_names'])}")
     if after["redis_memory"] > before["redis_memory"] + 4 * 1024 * 1024:
         problems.append(f"Redis memory grew: {before['redis_memory']} -> {after['redis_memory']}")
     verdict(problems, why)
