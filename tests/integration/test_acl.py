@@ -59,10 +59,10 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
     return survivor
 
 
-@pytest.mark.parametrize("msetex", ["", " +msetex"], ids=["without-msetex", "with-msetex"])
+@pytest.mark.parametrize("msetex", ["", " +msetex +msetnx"], ids=["without-msetex", "with-msetex"])
 async def test_the_documented_acl_runs_the_whole_cycle(redis_server: Any, service: str,
                                                        r: aioredis.Redis, msetex: str) -> None:
-    # +msetex (Redis >= 8.4) is optional: reads lock one SET at a time without it.
+    # +msetex (Redis >= 8.4) and +msetnx are optional: reads lock and take names one SET at a time without them.
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + msetex))
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
@@ -88,7 +88,7 @@ async def test_the_documented_acl_runs_keyed_processing(redis_server: Any, servi
     """Publish, process in order, retry a failing message (parked, promoted) until it is
     dead-lettered, as a user with the documented list plus the keyed commands."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex" + KEYED))
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED))
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     seen: list[str] = []
     c = lbs.Client(url, service, consumer_id="k", load_entrypoint_plugins=False,
@@ -150,7 +150,7 @@ async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
     """The keyed list is not padded either: each command taken away is a NOPERM naming it, raised by
     the Publisher or logged by the consumer, and the script that needed it wrote nothing."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, (COMMANDS + " +msetex" + KEYED)
+    await r.execute_command("ACL", *_acl(service, user, password, (COMMANDS + " +msetex +msetnx" + KEYED)
                                          .replace(f" {missing}", "")))
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     command = missing.lstrip("+").upper()
@@ -202,7 +202,7 @@ async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
     gauges are sampled, run() and run_keyed() dead-letter a failure each, and status, the
     dead-letter tools (a keyed letter's replay included) and the lbs command all work."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex" + KEYED + OPERATOR))
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED + OPERATOR))
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     gauges = _Gauges()
     cfg = lbs.Config(read_block=0.1, configure_keyspace_events=False, max_retries=0, retry_delay=0,

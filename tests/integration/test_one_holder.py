@@ -129,6 +129,28 @@ async def test_a_second_registration_waits_and_comes_back_when_the_holder_is_don
     assert await rr.xlen(input_stream(service)) == 0
 
 
+async def msetnx_calls(r: aioredis.Redis) -> int:
+    return int((await r.info("commandstats")).get("cmdstat_msetnx", {}).get("calls", 0))
+
+
+async def test_a_batch_of_free_names_takes_them_in_one_call_and_a_held_one_falls_back_per_entry(
+        rr: aioredis.Redis, service: str) -> None:
+    await rr.config_resetstat()
+    a1, b1, c1 = await setup(rr, service, reg("a"), reg("b"), reg("c"))
+    ids, tokens = await read(rr, service)
+    assert ids == [a1, b1, c1] and all(isinstance(t, int) for t in tokens)
+    assert await msetnx_calls(rr) == 1  # every name at once
+    assert await rr.mget([name_holder(service, n) for n in "abc"]) == [a1.encode(), b1.encode(), c1.encode()]
+    # "a" is held: the one MSETNX sets nothing, and each entry is taken on its own.
+    a2 = (await rr.xadd(input_stream(service), reg("a", 2))).decode()
+    d1 = (await rr.xadd(input_stream(service), reg("d"))).decode()
+    ids, tokens = await read(rr, service)
+    assert ids == [a2, d1] and tokens[0] == f"WAIT {a1}" and isinstance(tokens[1], int)
+    assert await msetnx_calls(rr) == 2
+    assert await rr.get(name_holder(service, "a")) == f"{a1}+".encode()
+    assert await rr.get(name_holder(service, "d")) == d1.encode()
+
+
 async def test_tokens_of_one_name_grow_across_its_holds(rr: aioredis.Redis, service: str) -> None:
     await setup(rr, service, *(reg("a", i) for i in range(5)))
     tokens = []

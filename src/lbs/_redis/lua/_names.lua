@@ -23,8 +23,9 @@
 --
 -- name_of(fields): the DataStreamName of an entry's fields (an XRANGE or
 -- XREADGROUP field list), nil when it has none (malformed: never name-locked).
--- A compact "lbs-input" that starts with the name and has no escapes in it is
--- read with one match; any other JSON is decoded.
+-- An "lbs-input" that starts with the name (compact or with json.dumps's
+-- default spaces) and has no escapes in it is read with one match; any other
+-- JSON is decoded.
 --
 -- name_holder(v): a holder key's value parsed: the holding entry id ("" for
 -- none), whether registrations wait, and the id of the waiter put back ("").
@@ -50,7 +51,7 @@ local function name_of(fields)
   for j = 1, #fields - 1, 2 do
     if fields[j] == 'lbs-input' then
       local v = fields[j + 1]
-      local fast = string.match(v, '^{"DataStreamName":"([^"\\]*)"[,}]')
+      local fast = string.match(v, '^{%s*"DataStreamName"%s*:%s*"([^"\\]*)"%s*[,}]')
       if fast then return fast end
       local ok, doc = pcall(cjson.decode, v)
       local name = ok and type(doc) == 'table' and doc['DataStreamName']

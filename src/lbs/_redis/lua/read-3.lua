@@ -240,7 +240,29 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- One holder per name: an entry whose name another pending entry holds waits (token "WAIT <id>").
-if prefix then
+-- The common batch (names nobody holds, each once) takes all its names with one MSETNX, which sets
+-- every key or none; otherwise (or without +msetnx in the ACL) one SET NX GET per entry.
+local function names_at_once()
+  local args, seen = {}, {}
+  for i = 1, n do
+    local name = not preset[i] and name_of(entries[i][2])
+    if name then
+      if seen[name] then return false end
+      seen[name] = true
+      args[#args + 1] = prefix .. 'name:' .. name
+      args[#args + 1] = entries[i][1]
+    end
+  end
+  if #args == 0 then return true end
+  if not redis.acl_check_cmd('MSETNX', args[1], args[2]) then return false end
+  -- In slices of 500 names; after a refused slice the loop below finds the earlier slices' keys
+  -- already holding their own entries' ids.
+  for s = 1, #args, 1000 do
+    if redis.call('MSETNX', unpack(args, s, math.min(s + 999, #args))) ~= 1 then return false end
+  end
+  return true
+end
+if prefix and not names_at_once() then
   for i = 1, n do
     local e = entries[i]
     local name = not preset[i] and name_of(e[2])
