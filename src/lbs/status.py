@@ -15,7 +15,10 @@ a frozen :class:`ServiceStatus` (``to_dict()`` is JSON-ready):
   whether it is alive, late, dead (still holding streams that wait for
   recovery) or departed (left, nothing held);
 * the **dead-letter stream**: its length and the reasons of its newest letters;
-* the parked **delayed retries** (``{<service>-input}:delayed`` and its due index).
+* the parked **delayed retries** (``{<service>-input}:delayed`` and its due index);
+* the registrations **waiting for their data stream's holder** (one holder per
+  name): how many names have waiters and, for the first ``names`` of them, the
+  holding entry and how many wait (round trip 5, only when some do).
 
 Round trip 1 is one MULTI/EXEC (a consistent snapshot, with the server's
 ``TIME``): key types, lengths, the group, its consumers, the pending summary,
@@ -178,6 +181,20 @@ class WaitingEntry(_Record):
 
 
 @dataclass(frozen=True)
+class NameWait(_Record):
+    """A data stream name whose registrations wait for its holder (one holder per name)."""
+
+    name: str
+    #: The LBS entry id holding the name: pending in the group, or (with :attr:`back`) the oldest
+    #: waiter, put back into the LBS and not yet read.
+    holder: str
+    #: Whether :attr:`holder` is a waiter put back (nobody holds the name until it is read).
+    back: bool
+    #: Registrations waiting in the name's list.
+    waiting: int
+
+
+@dataclass(frozen=True)
 class Requeued(_Record):
     """Re-queued copies among the newest waiting entries (what Redis keeps of recent recoveries)."""
 
@@ -288,6 +305,10 @@ class ServiceStatus(_Record):
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: The server's product: "Redis" or "Valkey" (:attr:`server_version` is its own version).
     server_name: str = "Redis"
+    #: Data stream names with registrations waiting for their holder (the waiting index's size).
+    names_waiting: int = 0
+    #: The first of them (by when the sweep looks at them again), with their holders and waiters.
+    waiting_names: tuple[NameWait, ...] = ()
 
     def count(self, state: ConsumerState) -> int:
         """How many consumers are in ``state``."""
@@ -298,11 +319,15 @@ class ServiceStatus(_Record):
         out = super().to_dict()
         out["consumers"] = [c.to_dict() for c in self.consumers]
         out["keys"] = [k.to_dict() for k in self.keys]
+        out["waiting_names"] = [w.to_dict() for w in self.waiting_names]
         out["consumer_states"] = {s: self.count(s) for s in ("alive", "late", "dead", "departed")}
         return out
 
 
 # ------------------------------------------------------------------ reading ---
+
+#: Names with waiting registrations read by round trip 5 (at most ``sample``).
+WAITING_NAMES_SHOWN = 50
 
 #: What each of a service's keys must be (besides absent), and what it is, for the error.
 _ROLES = {
@@ -311,8 +336,10 @@ _ROLES = {
     "consumers": "the consumer deadline index",
     "delayed": "the parking stream of delayed retries",
     "due": "the due index of delayed retries",
+    "waiting": "the waiting index of held names",
 }
-_WANTED = {"stream": "stream", "dead letters": "stream", "consumers": "zset", "delayed": "stream", "due": "zset"}
+_WANTED = {"stream": "stream", "dead letters": "stream", "consumers": "zset", "delayed": "stream", "due": "zset",
+           "waiting": "zset"}
 
 
 async def collect_status(redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
@@ -416,6 +443,7 @@ class _First:
     dead_letters: int
     newest_letters: list[Any]
     delayed: DelayedRetries | None
+    names_waiting: int
 
 
 @dataclass
@@ -443,7 +471,8 @@ class _Reader:
         dlq = config.dead_letter_stream
         self.dlq = _keys.dead_letter_stream(service) if dlq is None else dlq
         self.keys = {"stream": self.stream, "consumers": _keys.consumers_key(service),
-                     "delayed": _keys.delayed_stream(service), "due": _keys.due_key(service)}
+                     "delayed": _keys.delayed_stream(service), "due": _keys.due_key(service),
+                     "waiting": _keys.waiting_key(service)}
         if self.dlq:
             self.keys["dead letters"] = self.dlq
 
@@ -468,7 +497,31 @@ class _Reader:
             held, keys = await self._held(first.now)
             consumers = tuple(dataclasses.replace(c, held=held.get(c.name, ())) for c in status.consumers)
             status = dataclasses.replace(status, keys=keys, consumers=consumers)
+        if first.names_waiting and self.sample:
+            status = dataclasses.replace(status, waiting_names=await self._waiting_names())
         return status
+
+    async def _waiting_names(self) -> tuple[NameWait, ...]:
+        """Round trip 5 (two, plain pipelines): the first ``sample`` names of the waiting index, then
+        each one's holder key and waiting list's length."""
+        index, names_at = self.keys["waiting"], min(self.sample, WAITING_NAMES_SHOWN)
+        names = [n if isinstance(n, bytes) else str(n).encode()
+                 for n in self._check("ZRANGE", await self.r.zrange(index, 0, names_at - 1))]
+        holder, listed = _keys.name_holder(self.service, "").encode(), _keys.waiting_list(self.service, "").encode()
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.get(holder + name)
+            pipe.llen(listed + name)
+        replies = await self._exec(pipe)
+        out = []
+        for i, name in enumerate(names):
+            value, waiting = replies[2 * i], replies[2 * i + 1]
+            # A key of another type (garbage lbs leaves alone) shows as held by nobody, nothing waiting.
+            value = "" if isinstance(value, Exception) or value is None else _s(value)
+            back = value.startswith("+")
+            out.append(NameWait(text(name, "replace"), value.strip("+"), back,
+                                0 if isinstance(waiting, Exception) else int(waiting)))
+        return tuple(out)
 
     async def _held(self, now: int) -> tuple[dict[str, tuple[HeldStream, ...]], tuple[KeyStatus, ...]]:
         """Rounds 3 and 4 (plain pipelines): the first ``sample`` pending entries, their data streams'
@@ -535,6 +588,7 @@ class _Reader:
         pipe.xlen(self.keys["delayed"])
         pipe.zcard(self.keys["due"])
         pipe.zrange(self.keys["due"], 0, 0, withscores=True)
+        pipe.zcard(self.keys["waiting"])
         it = iter(await self._exec(pipe))
         now = _now_ms(self._check("TIME", next(it)))
         info = next(it)
@@ -550,6 +604,7 @@ class _Reader:
         dlq_len = next(it) if self.dlq else 0
         newest_letters = self._check("XREVRANGE", next(it)) if self.dlq and self.letters else []
         parked, scheduled, first_due = (self._check("delayed retries", next(it)) for _ in range(3))
+        names_waiting = int(self._check("ZCARD", next(it)))
 
         exists = types["stream"] == "stream"
         group = next((g for g in map(_keyed, self._check("XINFO GROUPS", groups) if exists else [])
@@ -573,7 +628,7 @@ class _Reader:
                                      int(float(first_due[0][1])) - now if first_due else None)
         return _First(now, version, product, exists, int(self._check("XLEN", xlen)), group, in_group, pending, oldest_pending,
                       {_s(m): int(float(score)) for m, score in self._check("ZRANGE", index)},
-                      int(self._check("XLEN", dlq_len)), newest_letters, delayed)
+                      int(self._check("XLEN", dlq_len)), newest_letters, delayed, names_waiting)
 
     async def _second(self, first: _First) -> _Second:
         """Round trip 2, one MULTI/EXEC: the instance markers of the consumers round trip 1 named, and
@@ -685,4 +740,5 @@ class _Reader:
             consumers=consumers, requeued=self._requeued(second, backlog, exact),
             dead_letter_stream=self.dlq, dead_letters=first.dead_letters,
             reasons=tuple(ReasonCount(r, n) for r, n in reasons.most_common()),
-            reasons_over=len(first.newest_letters), delayed=first.delayed, notes=tuple(notes))
+            reasons_over=len(first.newest_letters), delayed=first.delayed, notes=tuple(notes),
+            names_waiting=first.names_waiting)

@@ -384,3 +384,28 @@ async def test_an_unreachable_redis_is_a_failure(service: str) -> None:
     result = await invoke("status", service, "--url", f"redis://127.0.0.1:{free_port()}")
     assert result.exit_code == 1 and "lbs status: error:" in flat(result.stderr)
     assert "Traceback" not in result.output
+
+
+async def test_registrations_waiting_for_their_holder_are_shown(any_server: Any, service: str) -> None:
+    first, second, third = await produce(any_server.url, service, "a", "a", "b")
+    c = client(any_server.url, service, "holder", recovery=False)
+    await c.start()
+    try:
+        assert sorted(n.stream for n in await take(c, 2)) == ["a", "b"]
+        st = await collect_status(any_server.url, service)
+        assert st.names_waiting == 1
+        assert [w.to_dict() for w in st.waiting_names] == [
+            {"name": "a", "holder": first, "back": False, "waiting": 1}]
+        assert st.pending == 2 and st.backlog == 0  # the waiter is neither delivered-and-held nor backlog
+        result = await invoke("status", service, "--url", any_server.url)
+        assert result.exit_code == 0, result.output
+        assert f"1 data stream with registrations waiting for their holder: a (1 after {first})" \
+            in flat(result.stdout), flat(result.stdout)
+        got = json.loads((await invoke("status", service, "--url", any_server.url, "--json")).stdout)
+        assert got["names_waiting"] == 1 and got["waiting_names"][0]["holder"] == first
+        # Done with the holder: its last waiter is put back, and no name waits any more.
+        assert await c.done_stream("a", first) == lbs.DoneStatus.DONE
+        assert (await collect_status(any_server.url, service)).names_waiting == 0
+    finally:
+        await c.close()
+    assert second != first and third

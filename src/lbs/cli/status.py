@@ -233,6 +233,8 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
         among = f"all {rq.looked_at:,} waiting" if rq.complete else f"the {rq.looked_at:,} newest waiting"
         grid.add_row("re-queued", f"{rq.requeued:,} of {among} ({rq.retried:,} with a retry counted, "
                                   f"{rq.replayed:,} replayed from dead letters)")
+    if st.names_waiting:
+        grid.add_row("waiting for a holder", Text(_waiting_names(st)))
     if st.delayed:
         d = st.delayed
         due = f", next due in {duration(d.next_due_ms)}" if d.next_due_ms is not None else ""
@@ -290,6 +292,16 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
             reasons.caption = f"{len(st.reasons) - 5} other reasons"
         parts.append(reasons)
     return Group(*parts)
+
+
+def _waiting_names(st: ServiceStatus) -> str:
+    """``N data streams have registrations waiting for their holder: name (2 after <id>), ...``."""
+    names = ", ".join(f"{w.name} ({w.waiting:,} after {w.holder}{', put back' if w.back else ''})"
+                      for w in st.waiting_names[:HOLDS_SHOWN])
+    shown = min(HOLDS_SHOWN, len(st.waiting_names))
+    rest = f", +{st.names_waiting - shown:,} more" if shown and st.names_waiting > shown else ""
+    return (f"{st.names_waiting:,} data stream{'s' if st.names_waiting != 1 else ''} with registrations waiting "
+            f"for their holder" + (f": {names}{rest}" if names else ""))
 
 
 #: Held streams named per consumer on the screen (``--json`` has every one sampled).
