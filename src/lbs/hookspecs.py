@@ -298,6 +298,22 @@ def lbs_config_defaults() -> Mapping[str, Any] | None:
     """
 
 
+@hookspec
+def lbs_worker_banner(client: Client) -> Mapping[str, str] | None:
+    """Rows for ``lbs worker``'s start banner: what a plugin serves, e.g.
+    ``{"metrics": "http://127.0.0.1:9100/metrics and /healthz"}``.
+
+    Called once, by the worker process that prints the banner, after its
+    client started (in ``--processes N``, the one in slot 0: describe every
+    process, see :func:`lbs.plugins.worker_slot`). Return None for nothing.
+    A plugin that raises is logged and left out of the banner.
+
+    :param client: the worker's started client.
+
+    .. versionadded:: 0.2
+    """
+
+
 @hookspec(firstresult=True)
 def lbs_handler(client: Client) -> Handler | None:
     """Provide the handler :meth:`lbs.Client.run` calls when it is given none.
@@ -384,6 +400,7 @@ __all__ = ["NAME", "hookimpl", "hookspec",
     "lbs_client_started",
     "lbs_client_closed",
     "lbs_reader_terminated",
+    "lbs_worker_banner",
     "lbs_lock_acquired",
     "lbs_locks_extended",
     "lbs_metric",

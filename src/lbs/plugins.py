@@ -28,7 +28,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lbs.plugins")
 
-__all__ = ["Hooks", "MetricValues", "Series", "make_plugin_manager", "plugin_config_defaults"]
+__all__ = ["WORKER_PROCESSES_ENV", "WORKER_SLOT_ENV", "Hooks", "MetricValues", "Series", "make_plugin_manager",
+           "plugin_config_defaults", "worker_slot"]
+
+#: Set in each worker process of ``lbs worker --processes N``: its slot, 0 to N-1 (a restarted process keeps
+#: its slot), and N. A plugin that binds something per process (a port) offsets it by the slot.
+WORKER_SLOT_ENV = "LBS_WORKER_SLOT"
+WORKER_PROCESSES_ENV = "LBS_WORKER_PROCESSES"
+
+
+def worker_slot() -> tuple[int, int] | None:
+    """``(slot, processes)`` in a worker process of ``lbs worker --processes N``; None elsewhere (or when the
+    variables are not two integers with 0 <= slot < processes)."""
+    try:
+        slot, processes = int(os.environ[WORKER_SLOT_ENV]), int(os.environ[WORKER_PROCESSES_ENV])
+    except (KeyError, ValueError):
+        return None
+    return (slot, processes) if 0 <= slot < processes else None
 
 #: One metric's values by label values (in the order of its :attr:`lbs.metrics.Metric.labels`;
 #: ``()`` when it has none): a counter's sum, a gauge's last value, a histogram's buckets.

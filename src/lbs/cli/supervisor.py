@@ -3,7 +3,9 @@
 * Each child is ``python -m lbs.cli._child`` (the same interpreter), given its
   settings as JSON on stdin (so a password in the URL shows in no process
   list), and runs :func:`lbs.cli.worker.run_in_process` with consumer id
-  ``<id>-<slot>``. A restarted child keeps its slot's id, so it re-queues
+  ``<id>-<slot>``; its environment adds ``LBS_WORKER_SLOT`` and
+  ``LBS_WORKER_PROCESSES`` (:func:`lbs.plugins.worker_slot`), so a plugin
+  serving a port per process offsets it (lbs-prometheus: its port + slot). A restarted child keeps its slot's id, so it re-queues
   what its predecessor left pending (once the dead one's instance marker has
   expired, within ``lock_ttl``).
 * Children run in their own session: a terminal's Ctrl-C reaches only the
@@ -31,6 +33,7 @@ import signal
 import sys
 
 from .._waits import wait_set
+from ..plugins import WORKER_PROCESSES_ENV, WORKER_SLOT_ENV
 from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from .worker import WorkerSettings
 
@@ -91,7 +94,8 @@ class Supervisor:
         child = dataclasses.replace(s, consumer_id=f"{s.consumer_base}-{slot}", banner=slot == 0 and first,
                                     slot=slot, parent_pid=os.getpid())
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "lbs.cli._child", stdin=asyncio.subprocess.PIPE, start_new_session=True)
+            sys.executable, "-m", "lbs.cli._child", stdin=asyncio.subprocess.PIPE, start_new_session=True,
+            env={**os.environ, WORKER_SLOT_ENV: str(slot), WORKER_PROCESSES_ENV: str(s.processes)})
         assert proc.stdin is not None
         try:
             proc.stdin.write(child.to_json().encode() + b"\n")

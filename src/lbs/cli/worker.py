@@ -21,6 +21,7 @@ import socket
 import sys
 import traceback
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -94,8 +95,9 @@ def _seconds(value: float | None) -> str:
     return "none" if value is None else f"{value:g} s"
 
 
-def banner(s: WorkerSettings, config: Config, *, plugins: list[str], server: str) -> Panel:
-    """The start banner: what runs, against what, with which settings."""
+def banner(s: WorkerSettings, config: Config, *, plugins: list[str], server: str,
+           extra: Sequence[tuple[str, str]] = ()) -> Panel:
+    """The start banner: what runs, against what, with which settings (``extra``: the plugins' rows)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold cyan", no_wrap=True)
     grid.add_column(overflow="fold")
@@ -120,6 +122,7 @@ def banner(s: WorkerSettings, config: Config, *, plugins: list[str], server: str
         ("set", ", ".join(f"{name}={value!r} ({s.sources.get(name, '?')})"
                           for name, value in changed_fields(config).items()) or "nothing: lbs's defaults"),
         ("plugins", ", ".join(plugins) or "none"),
+        *extra,
     ]
     for key, value in rows:
         grid.add_row(key, escape(str(value)))
@@ -135,13 +138,28 @@ class StartBanner:
         self.config = config
         self.printed = False
 
-    @hookimpl
+    @hookimpl(trylast=True)  # after the plugins' own: a server they start is in the banner
     def lbs_client_started(self, client: Client) -> None:
         if self.printed:
             return
         self.printed = True
         server = f"Redis {'.'.join(map(str, client.server_version)) or '?'}"
-        err_console.print(banner(self.settings, self.config, plugins=plugin_names(client.pm, self), server=server))
+        err_console.print(banner(self.settings, self.config, plugins=plugin_names(client.pm, self), server=server,
+                                 extra=plugin_rows(client)))
+
+
+def plugin_rows(client: Client) -> list[tuple[str, str]]:
+    """The rows the plugins add to the banner (``lbs_worker_banner``); one that raises is logged and left out."""
+    rows: list[tuple[str, str]] = []
+    for impl in reversed(client.pm.hook.lbs_worker_banner.get_hookimpls()):
+        try:
+            got = typing.cast("Mapping[str, str] | None",
+                              impl.function(*({"client": client}[name] for name in impl.argnames)))
+        except Exception:
+            log.exception("plugin %s: lbs_worker_banner failed; left out of the banner", impl.plugin_name)
+            continue
+        rows.extend((str(k), str(v)) for k, v in (got or {}).items())
+    return rows
 
 
 def plugin_names(pm: pluggy.PluginManager, *leave_out: object) -> list[str]:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from lbs.plugins import worker_slot
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -71,7 +72,9 @@ def start_server(port: int, addr: str, registry: CollectorRegistry) -> WSGIServe
         log.error("lbs_prometheus: cannot serve /metrics on %s:%s: %s", addr, port, exc)
         return None
     threading.Thread(target=server.serve_forever, daemon=True, name="lbs-prometheus-http").start()
-    log.info("lbs_prometheus: serving http://%s:%d/metrics and %s", addr, server.server_port, HEALTH_PATH)
+    slot = worker_slot()
+    log.info("lbs_prometheus: serving http://%s:%d/metrics and %s%s", addr, server.server_port, HEALTH_PATH,
+             f" (worker process {slot[0]} of {slot[1]})" if slot else "")
     return server
 
 

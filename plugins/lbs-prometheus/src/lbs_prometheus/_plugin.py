@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final
 
 import lbs
 from lbs.metrics import METRICS
+from lbs.plugins import worker_slot
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._collector import ClientRecord, collector_for
@@ -170,6 +171,22 @@ class PrometheusPlugin:
             self._failed("lbs_locks_extended")
 
     @lbs.hookimpl
+    def lbs_worker_banner(self, client: lbs.Client) -> dict[str, str] | None:
+        try:
+            if not self._takes_part(client):
+                return None
+            return self._describe()
+        except Exception:
+            self._failed("lbs_worker_banner")
+            return None
+
+    def _describe(self) -> dict[str, str] | None:
+        port = self.port
+        if port is None:
+            return None
+        return {"metrics": f"http://{self.addr}:{port}/metrics and /healthz"}
+
+    @lbs.hookimpl
     def lbs_metric(self, client: lbs.Client, name: str, kind: str, value: float,
                    labels: Mapping[str, str]) -> None:
         if name in METRICS:
@@ -222,10 +239,40 @@ class _EnvPlugin(PrometheusPlugin):
     def _stop_in_background(self) -> None:
         pass
 
+    def _describe(self) -> dict[str, str] | None:
+        port, slot = self.port, worker_slot()
+        if port is None:
+            return None
+        addr = os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
+        if slot is None or slot[1] == 1:
+            return {"metrics": f"http://{addr}:{port}/metrics and /healthz"}
+        if env_port() == 0:
+            return {"metrics": f"http://{addr}:{port}/metrics and /healthz for this process; the others on "
+                               f"free ports of their own ({PORT_ENV}=0: each logs its own)"}
+        base = port - slot[0]
+        return {"metrics": f"http://{addr}:{base}/metrics … :{base + slot[1] - 1}/metrics and /healthz, "
+                           f"one port per worker process ({PORT_ENV} + slot)"}
+
 
 _env_lock = threading.Lock()
 _env_tried = False
 _env_server: WSGIServer | None = None
+
+
+def env_port() -> int | None:
+    """The port ``LBS_PROMETHEUS_PORT`` asks this process to serve on: in worker process ``slot`` of
+    ``lbs worker --processes N`` the variable's port + slot (one port per process; 0 stays 0: each picks
+    a free one). None when unset or not a port number (logged)."""
+    raw = os.environ.get(PORT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        port = int(raw)
+    except ValueError:
+        log.error("lbs_prometheus: %s=%r is not a port number; not serving", PORT_ENV, raw)
+        return None
+    slot = worker_slot()
+    return port + slot[0] if slot is not None and port else port
 
 
 def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
@@ -239,15 +286,10 @@ def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
         return None if _env_server is None else int(_env_server.server_port)
     with _env_lock:
         if not _env_tried:
-            raw = os.environ.get(PORT_ENV, "").strip()
-            if raw:
-                try:
-                    port = int(raw)
-                except ValueError:
-                    log.error("lbs_prometheus: %s=%r is not a port number; not serving", PORT_ENV, raw)
-                else:
-                    addr = os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
-                    _env_server = start_server(port, addr, REGISTRY if registry is None else registry)
+            port = env_port()
+            if port is not None:
+                addr = os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
+                _env_server = start_server(port, addr, REGISTRY if registry is None else registry)
             _env_tried = True
     return None if _env_server is None else int(_env_server.server_port)
 
