@@ -76,6 +76,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _interrupt)
+    # Started in the background by a shell without job control (`make test &`, nohup), the suite
+    # inherits SIGINT ignored, and so would every process it starts: the tests that press Ctrl-C
+    # (SIGINT to `lbs status --watch`, to a server's owner) would wait in vain. Python's own handler
+    # here makes its children start with SIGINT at its default again.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
