@@ -58,7 +58,8 @@ def _args(build: object) -> list[bytes]:
 
 
 _FIXED = {
-    "read-3": lambda b: scripts.read(b, "s", "f", "c", "g", "me", 10, 1000, b"lock:", ">", "", "me:x", True, "", "", "{s}:"),
+    "read-3": lambda b: scripts.read(b, "s", "f", "c", "g", "me", 10, 1000, b"lock:", ">", "", "me:x", True, "", "", "{s}:",
+                                     5000),
     "requeue-6": lambda b: scripts.requeue(b, "s", "d", "l", "p", "z", "q", group="g", entry_id="1-1", mode="owned",
                                            value="v", count_retry=True, max_retries=3, retry_field="_r",
                                            original_field="_o", reason="why", consumer="me",

@@ -163,7 +163,7 @@ class Reader:
         args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
                 n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex,
                 _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "", n.queued_key if self.dispatch is None else "",
-                n.key_prefix)
+                n.key_prefix, s.config.fair_window_ms)
 
         def build(b: CommandBatch) -> None:
             scripts.read(b, *args)

@@ -86,11 +86,12 @@ def sources() -> list[str]:
 
 def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, consumer: str, count: int,
          ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str, msetex: bool,
-         go_lock_sep: str = "", queued: str = "", key_prefix: str = "") -> None:
+         go_lock_sep: str = "", queued: str = "", key_prefix: str = "", fair_ms: int | None = None) -> None:
     """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects.
 
     ``queued``: what is read waits for the application (the notification API): new entries go into
-    this consumer's queued set (merely held) until it takes them.
+    this consumer's queued set (merely held) until it takes them. ``fair_ms``: fair dispatch, peers
+    idle less than this many ms are live (None: off).
     """
     b.command("EVALSHA", READ.sha, READ.fixed_keys,
               stream,       # KEYS[1] the LBS
@@ -107,7 +108,8 @@ def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, c
               1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
               go_lock_sep,  # ARGV[10] Go-style lock separator ("": not checked)
               queued,       # ARGV[11] the consumer's queued set ("": nothing queued)
-              key_prefix)   # ARGV[12] {<service>-input}: one holder per name ("": names not locked)
+              key_prefix,   # ARGV[12] {<service>-input}: one holder per name ("": names not locked)
+              "" if fair_ms is None else fair_ms)  # ARGV[13] fair dispatch: live peers' window ("": off)
     b.expect(Shape.SCRIPT_ENTRIES)
 
 

@@ -67,6 +67,21 @@
            requeue-6.lua) puts the oldest waiter back into the LBS. A name
            whose holder is no longer pending is taken over. "" or absent:
            names are not locked (exclusive per registration only).
+  ARGV[13] optional, with ">": fair dispatch, a window in ms. Idle peers
+           are the group's other consumers (XINFO CONSUMERS) that hold
+           nothing, read less than this long ago (a live lbs consumer with
+           nothing to do reads every read_block) and, with ARGV[12], whose
+           instance marker ARGV[12] .. "instance:" .. <name> exists (it
+           lapses with a dead process's locks: a consumer that just died is
+           no peer, and Go consumers, which keep none, are never counted).
+           While there are any
+           and entries wait, this read takes no more than this consumer's
+           share: ceil((entries waiting + what it holds) / (idle peers +
+           1)) less what it holds, at most COUNT. A share already taken
+           reads nothing (the reply says where to block, as when nothing
+           waits). What waits is the group's lag (XINFO GROUPS), or, when
+           Redis has none (an entry not yet read was deleted), counted with
+           XRANGE up to COUNT x (idle peers + 1). "" or absent: COUNT.
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing and returns
@@ -195,12 +210,53 @@ local function lock_value(lock)
   return v or ''
 end
 
+-- Fair dispatch (ARGV[13]): no more than this consumer's share while live peers hold less.
+local function field_of(flat, name)
+  for j = 1, #flat - 1, 2 do
+    if flat[j] == name then return flat[j + 1] end
+  end
+end
+local function fair_count(window)
+  local peers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
+  if type(peers) ~= 'table' or peers.err then return count end  -- no group: XREADGROUP says so
+  local idle, mine = 0, 0
+  for _, c in ipairs(peers) do
+    local pending = tonumber(field_of(c, 'pending')) or 0
+    if field_of(c, 'name') == ARGV[2] then
+      mine = pending
+    elseif pending == 0 and (tonumber(field_of(c, 'idle')) or window) < window
+           and (not prefix or redis.call('EXISTS', prefix .. 'instance:' .. field_of(c, 'name')) == 1) then
+      idle = idle + 1  -- holds nothing, reads, and its process is alive (its instance marker)
+    end
+  end
+  if idle == 0 then return count end
+  local waiting = 0
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    if field_of(g, 'name') == ARGV[1] then
+      waiting = tonumber(field_of(g, 'lag'))
+      if not waiting then
+        local last = field_of(g, 'last-delivered-id')
+        waiting = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', count * (idle + 1))
+      end
+    end
+  end
+  if waiting == 0 then return count end  -- nothing to share (the read still registers this consumer)
+  return math.max(0, math.min(count, math.ceil((waiting + mine) / (idle + 1)) - mine))
+end
+if ARGV[6] == '>' and ARGV[13] and ARGV[13] ~= '' then
+  count = fair_count(tonumber(ARGV[13]))
+  if count == 0 then
+    local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+    return {{}, {}, newest[1] and newest[1][1] or '0-0'}
+  end
+end
+
 local reply
 if ARGV[6] == '>' and ARGV[7] and ARGV[7] ~= '' then
-  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'CLAIM', ARGV[7],
+  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'CLAIM', ARGV[7],
                      'STREAMS', KEYS[1], '>')
 else
-  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3], 'STREAMS', KEYS[1], ARGV[6])
+  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], ARGV[6])
 end
 local entries = reply and reply[1] and reply[1][2] or {}
 local n = #entries
