@@ -227,8 +227,9 @@ async def run_demo(
     except BaseException:
         await r.aclose()
         raise
-    # max_streams=2 so the demo's handful of streams spreads over both consumers.
-    config = Config(lock_ttl=30.0, read_block=0.1, max_streams=2, max_retries=POISON_MAX_RETRIES)
+    # max_streams=2 so the demo's handful of streams spreads over both consumers; drain_timeout=0 so the
+    # consumer that shuts down mid-stream (step 3) hands its running streams back at once.
+    config = Config(lock_ttl=30.0, read_block=0.1, max_streams=2, max_retries=POISON_MAX_RETRIES, drain_timeout=0.0)
     prefix = data_stream(service, "")
     names = [data_stream(service, f"session-{i + 1}") for i in range(streams)]
     late = [data_stream(service, f"late-{i + 1}") for i in range(2)]

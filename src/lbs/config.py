@@ -50,6 +50,14 @@ class Config:
     #: capacity left allows it. ``None``: half the capacity (``max_streams``, or ``run()``'s
     #: ``concurrency``), at most 500, so Redis reads the next batch while this one is handed out.
     read_count: int | None = None
+    #: Fair dispatch: while other consumers of the group hold nothing and read in the last
+    #: ``max(5 s, 3 x read_block)`` (idle peers), a read takes no more than this consumer's
+    #: share of what waits (``ceil((waiting + held) / (idle peers + 1)) - held``), so a few long
+    #: registrations spread over idle consumers instead of going to the first that reads. A
+    #: consumer that has taken its share reads again after ``read_block`` or when more arrives.
+    #: Costs one ``XINFO CONSUMERS`` per read (and ``XINFO GROUPS`` when peers are idle).
+    #: ``False``: every read takes up to ``read_count``.
+    fair_dispatch: bool = True
     #: How long the reader waits for new entries (``XREAD BLOCK``) after an empty read.
     #: Bounded, so shutdown is prompt even without cancellation.
     read_block: float = 1.0
@@ -87,8 +95,10 @@ class Config:
     #: Notifications buffered before the reader waits for the application (backpressure).
     notification_buffer: int = 1024
     #: On ``close()`` (or SIGTERM/SIGINT under ``run()``), how long to let running
-    #: ``run()`` handlers finish before their streams are handed back.
-    drain_timeout: float = 0.0
+    #: ``run()`` handlers finish before their streams are handed back (a second signal cuts it
+    #: short). 20 s fits Kubernetes' default 30 s grace period with time left for the hand-back;
+    #: raise both together for longer handlers. ``0``: cancel them at once.
+    drain_timeout: float = 20.0
     #: A ``run()`` handler still running after this many seconds is cancelled and its
     #: stream handed back with a retry counted (a failure). ``None``: no limit.
     handler_timeout: float | None = None
@@ -203,7 +213,7 @@ class Config:
         if (not isinstance(self.drain_timeout, (int, float)) or isinstance(self.drain_timeout, bool)
                 or math.isnan(self.drain_timeout) or self.drain_timeout < 0):
             raise ConfigurationError(f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}")
-        for name in ("configure_keyspace_events", "recovery", "keyspace_recovery"):
+        for name in ("configure_keyspace_events", "recovery", "keyspace_recovery", "fair_dispatch"):
             if not isinstance(getattr(self, name), bool):  # "false" would be true
                 raise ConfigurationError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.field_prefix, str) or not self.field_prefix:
@@ -243,6 +253,11 @@ class Config:
     @property
     def lock_ttl_ms(self) -> int:
         return max(1, int(self.lock_ttl * 1000))
+
+    @property
+    def fair_window_ms(self) -> int | None:
+        """Fair dispatch's window (ms): peers idle less than this are live; None when it is off."""
+        return int(max(5.0, 3 * self.read_block) * 1000) if self.fair_dispatch else None
 
     def replace(self, **changes: object) -> Config:
         """A copy with some fields changed (validated again)."""

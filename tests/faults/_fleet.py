@@ -279,9 +279,9 @@ def default_work(rng: random.Random) -> Callable[[lbs.Notification, str], float]
 
 
 def config(**changes: Any) -> lbs.Config:
-    """The suite's client settings: short TTL, quick reads and deadline polls."""
+    """The suite's client settings: short TTL, quick reads and deadline polls, closes that do not drain."""
     base: dict[str, Any] = dict(lock_ttl=2.0, read_block=0.1, deadline_poll_interval=0.05, max_streams=50,
-                                read_retry_max=1.0)
+                                read_retry_max=1.0, drain_timeout=0.0)
     base.update(changes)
     return lbs.Config(**base)
 

@@ -49,12 +49,14 @@ async def take(client: lbs.Client, n: int, timeout: float = 10.0,
 
 def client(url: Any, service: str, consumer: str = "c1", *, plugins: Iterable[object] = (),
            **config: object) -> lbs.Client:
-    """A client with test-friendly defaults: short blocks, no entry-point plugins.
+    """A client with test-friendly defaults: short blocks, no drain, no entry-point plugins.
 
     ``url`` is anything ``lbs.Client`` takes (a URL, a redis-py or cluster client);
     ``plugins`` are registered as given, ``config`` goes to ``lbs.Config``.
     """
     config.setdefault("read_block", 0.1)
+    # Tests close clients whose handlers wait for ever: handed back at once unless a test drains.
+    config.setdefault("drain_timeout", 0.0)
     return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**config),  # type: ignore[arg-type]
                       plugins=plugins, load_entrypoint_plugins=False)
 

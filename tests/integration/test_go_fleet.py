@@ -44,7 +44,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
 
 
 def _client(url: str, service: str, consumer: str, **config: Any) -> lbs.Client:
-    cfg = dict(read_block=0.1, deadline_poll_interval=0.1)
+    cfg = dict(read_block=0.1, deadline_poll_interval=0.1, drain_timeout=0.0)  # handlers that wait for ever
     cfg.update(config)
     return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**cfg), load_entrypoint_plugins=False)
 

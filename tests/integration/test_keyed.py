@@ -594,7 +594,7 @@ async def test_a_handler_cut_short_by_close_counts_no_failure(url: str, service:
 
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([("t", {"n": i}) for i in range(5)])
-    first = keyed_client(url, service, "c1")
+    first = keyed_client(url, service, "c1", drain_timeout=0.0)
     runner = asyncio.create_task(first.run_keyed(stuck, batch=10))
     await asyncio.wait_for(started.wait(), 30)
     await first.close()
