@@ -351,8 +351,8 @@ def worker(
         help="Config.max_retries: failed attempts before the dead-letter stream.")] = None,
     drain_timeout: Annotated[float | None, typer.Option(
         show_default=False, rich_help_panel=_SETTINGS,
-        help="Config.drain_timeout: on SIGTERM/SIGINT, seconds running handlers get before their streams "
-             "are handed back.")] = None,
+        help="Config.drain_timeout (default 20, inside Kubernetes' 30 s grace): on SIGTERM/SIGINT, seconds "
+             "running handlers get before their streams are handed back.")] = None,
     keyed: Annotated[bool | None, typer.Option(
         "--keyed/--not-keyed", show_default=False,
         help="Run the handler on keys published with lbs.Publisher (run_keyed: it takes an lbs.KeyedBatch of "
