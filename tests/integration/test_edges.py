@@ -139,6 +139,50 @@ async def test_adoption_takes_only_this_instances_locks(redis_server: Any, servi
         await first.close()
 
 
+async def test_a_re_read_after_a_lost_reply_leaves_a_stream_being_handed_back_alone(
+        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    # A handler failed and its hand-back waits for Redis (a restart's LOADING, a slow link) while the
+    # reader, its last reply lost, re-reads the pending list: the entry is still pending under our lock,
+    # but it is no longer held. Taking it again ran the failed handler a second time and then made
+    # the hand-back fail ("lock") - the fault suite's loading test saw exactly that; and the re-read
+    # (XREADGROUP's history) counted a delivery, which the re-queue took for a holder's death.
+    runs: list[tuple[str, int]] = []
+
+    async def handler(note: lbs.Notification) -> None:
+        runs.append((note.stream, note.retry_count))
+        if note.stream == "x" and note.retry_count == 0:
+            raise RuntimeError("fails once")
+
+    (entry_id,) = await produce(redis_server.url, service, "x")
+    c = client(redis_server.url, service, recovery=False, retry_delay=0.0)
+    requeue = c._requeue
+    sent, go_on = asyncio.Event(), asyncio.Event()
+    run_batch = requeue._run
+
+    async def slow_run(*args: Any, **kwargs: Any) -> Any:
+        sent.set()
+        await go_on.wait()  # the hand-back's reply is slow to come
+        return await run_batch(*args, **kwargs)
+
+    requeue._run = slow_run  # type: ignore[method-assign]
+    runner = asyncio.create_task(c.run(handler))
+    try:
+        await asyncio.wait_for(sent.wait(), 10)
+        assert requeue.handing_back == {entry_id}
+        c._reader.reply_lost = True  # the next read re-reads the pending list ("0") first
+        await produce(redis_server.url, service, "y")  # wakes the reader
+        await eventually(lambda: is_true(not c._reader.reply_lost and ("y", 0) in runs))
+        assert runs.count(("x", 0)) == 1  # not taken again while it is being handed back
+        go_on.set()
+        # Back with one retry counted: the re-read counted no delivery (a death) of its own.
+        await eventually(lambda: is_true(c.stats.done == 2))
+        assert sorted(runs) == [("x", 0), ("x", 1), ("y", 0)] and c.stats.handed_back == 1
+    finally:
+        go_on.set()
+        await c.close()
+        await runner
+
+
 async def test_a_notification_is_an_async_with_block(redis_server: Any, service: str, r: aioredis.Redis) -> None:
     # An application task that dies without done_stream/hand_back must not
     # leak the stream: the block finishes it, or hands it back with a retry.

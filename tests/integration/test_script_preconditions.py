@@ -270,6 +270,18 @@ async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(rr: a
     assert again == [f"{tokens[0]}:c1".encode(), b"WRONGTYPE list", f"{tokens[2]}:c1".encode()]
 
 
+async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery(rr: aioredis.Redis,
+                                                                                   service: str) -> None:
+    ids = await lbs_with(rr, service, 3)
+    entries, tokens, _ = await read(rr, service)
+    await rr.xdel(input_stream(service), ids[1])  # a pending entry deleted: it comes back with no fields
+    again, values, _ = await read(rr, service, start="0")
+    assert [e[0].decode() for e in again] == ids and again[1][1] is None and again[0][1] == entries[0][1]
+    assert values == [f"{tokens[0]}:c1".encode(), f"{tokens[1]}:c1".encode(), f"{tokens[2]}:c1".encode()]
+    rows = await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
+    assert [row["times_delivered"] for row in rows] == [1, 1, 1]  # a second delivery would read as a death
+
+
 async def test_read_locks_every_entry_of_a_free_batch(rr: aioredis.Redis, service: str, msetex: str) -> None:
     ids = await lbs_with(rr, service, 3)
     entries, tokens, _ = await read(rr, service, msetex=msetex)

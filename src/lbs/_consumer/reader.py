@@ -244,8 +244,9 @@ class Reader:
         batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
         dispatch, stats, holder = self.dispatch, s.stats, s.owner
         taken_at = time.monotonic()
-        # Re-reading our pending entries: those being finished are not to be taken again.
-        finishing = {h.entry_id for h in self.finisher.finishing()} if start != ">" else ()
+        # Re-reading our pending entries: those being finished or handed back are not to be taken again.
+        finishing = ({h.entry_id for h in self.finisher.finishing()} | self.requeue.handing_back
+                     if start != ">" else ())
         queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
         waiting = 0
         for e, tok in zip(raw_entries, tokens):
@@ -270,7 +271,7 @@ class Reader:
                     s.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
                 continue
             if e.id in table or e.id in finishing:
-                continue  # re-read: already ours, or being finished
+                continue  # re-read: already ours, or being finished or handed back
             if e.error is not None:
                 bad.append((e, f"{tok}:{owner}", str(e.error)))
                 continue

@@ -75,6 +75,9 @@ class Requeue:
         self.delays = Delays(state)
         #: Entry ids whose counted death was no one's fault (see :meth:`lost_while_alive`).
         self.pardons_key = _keys.pardons_key(state.names.service)
+        #: Entry ids of hand-backs sent and not answered yet (a re-read of our pending entries after a
+        #: lost reply leaves them alone: they are no longer held, only not yet back in the LBS).
+        self.handing_back: set[str] = set()
 
     def _delays(self, count: int, delay: float | None) -> list[RetryDelay]:
         """Per call, how long its copy is parked: ``delay`` None is the configured back-off
@@ -137,6 +140,8 @@ class Requeue:
             return []
         s = self.state
         calls = [(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items]
+        ids = {h.entry_id for h in items} - self.handing_back
+        self.handing_back |= ids
         try:
             results = first_error(await self._run(calls, count_retry=count_retry, delay=delay,
                                                   names=[h.stream for h in items], traceback=traceback))
@@ -144,6 +149,8 @@ class Requeue:
                 await self._unparked(calls, results, count_retry)
         except RedisError as exc:
             raise RedisOperationError("hand back", exc) from exc
+        finally:
+            self.handing_back -= ids
         out = []
         for h, res in zip(items, results):
             code, detail = int(res[0]), text(res[1])

@@ -24,7 +24,10 @@
   ARGV[5]  lock key prefix, lock:{<service>-input}: (lock keys share the
            LBS's hash tag, so they live in this slot)
   ARGV[6]  ">" for new entries; "0" to re-read this consumer's own pending
-           entries (after a read whose reply was lost)
+           entries (after a read whose reply was lost): listed with XPENDING
+           and read with XRANGE, not XREADGROUP's history, which would count
+           one more delivery of each (and a delivery beyond the first is a
+           holder's death to requeue-6.lua: a retry nobody caused)
   ARGV[7]  optional, with ">": also claim pending entries idle at least this
            many ms (XREADGROUP ... CLAIM, Redis >= 8.4); "" or absent: none.
            Claimed entries come first, as 4-element entries (id, fields,
@@ -252,13 +255,22 @@ if ARGV[6] == '>' and ARGV[13] and ARGV[13] ~= '' then
 end
 
 local reply
-if ARGV[6] == '>' and ARGV[7] and ARGV[7] ~= '' then
-  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'CLAIM', ARGV[7],
-                     'STREAMS', KEYS[1], '>')
+local entries
+if ARGV[6] ~= '>' then
+  -- Our own pending entries, as XREADGROUP's history would list them (a deleted one with no fields).
+  entries = {}
+  for i, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', count, ARGV[2])) do
+    entries[i] = redis.call('XRANGE', KEYS[1], row[1], row[1])[1] or {row[1], false}
+  end
 else
-  reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], ARGV[6])
+  if ARGV[7] and ARGV[7] ~= '' then
+    reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'CLAIM', ARGV[7],
+                       'STREAMS', KEYS[1], '>')
+  else
+    reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], '>')
+  end
+  entries = reply and reply[1] and reply[1][2] or {}
 end
-local entries = reply and reply[1] and reply[1][2] or {}
 local n = #entries
 if n == 0 then
   local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
