@@ -32,7 +32,7 @@
 --
 -- name_pending(lbs, group, id): whether entry id is pending in the group.
 --
--- name_release(P, lbs, group, name, id, now_ms): after entry `id` left the
+-- name_release(P, lbs, name, id, now_ms): after entry `id` left the
 -- group (acked: done, re-queued, parked, dead-lettered), release its name if
 -- it holds it; when registrations wait, the oldest that is still in the LBS
 -- goes back into it as a fresh entry (its fields unchanged: no retry counted)
@@ -102,7 +102,7 @@ local function name_promote(prefix, lbs, name, now_ms)
   end
 end
 
-local function name_release(prefix, lbs, group, name, id, now_ms)
+local function name_release(prefix, lbs, name, id, now_ms)
   local holder = prefix .. 'name:' .. name
   local v = redis.pcall('GET', holder)
   if v == id then

@@ -213,6 +213,12 @@ local function lock_value(lock)
   return v or ''
 end
 
+-- Nothing read: the reply says where to block (the newest entry's id, "0-0" for an empty stream).
+local function nothing_read()
+  local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  return {{}, {}, newest[1] and newest[1][1] or '0-0'}
+end
+
 -- Fair dispatch (ARGV[13]): no more than this consumer's share while live peers hold less.
 local function field_of(flat, name)
   for j = 1, #flat - 1, 2 do
@@ -224,11 +230,11 @@ local function fair_count(window)
   if type(peers) ~= 'table' or peers.err then return count end  -- no group: XREADGROUP says so
   local idle, mine = 0, 0
   for _, c in ipairs(peers) do
-    local pending = tonumber(field_of(c, 'pending')) or 0
-    if field_of(c, 'name') == ARGV[2] then
+    local name, pending = field_of(c, 'name'), tonumber(field_of(c, 'pending')) or 0
+    if name == ARGV[2] then
       mine = pending
     elseif pending == 0 and (tonumber(field_of(c, 'idle')) or window) < window
-           and (not prefix or redis.call('EXISTS', prefix .. 'instance:' .. field_of(c, 'name')) == 1) then
+           and (not prefix or redis.call('EXISTS', prefix .. 'instance:' .. name) == 1) then
       idle = idle + 1  -- holds nothing, reads, and its process is alive (its instance marker)
     end
   end
@@ -248,10 +254,7 @@ local function fair_count(window)
 end
 if ARGV[6] == '>' and ARGV[13] and ARGV[13] ~= '' then
   count = fair_count(tonumber(ARGV[13]))
-  if count == 0 then
-    local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-    return {{}, {}, newest[1] and newest[1][1] or '0-0'}
-  end
+  if count == 0 then return nothing_read() end
 end
 
 local reply
@@ -272,10 +275,7 @@ else
   entries = reply and reply[1] and reply[1][2] or {}
 end
 local n = #entries
-if n == 0 then
-  local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-  return {{}, {}, newest[1] and newest[1][1] or '0-0'}
-end
+if n == 0 then return nothing_read() end
 local tokens, taken = {}, false
 if ARGV[6] ~= '>' then
   -- Re-reading our own pending entries: report their locks, take none.

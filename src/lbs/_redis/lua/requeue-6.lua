@@ -338,7 +338,7 @@ unqueue()
 for d in pairs(used) do redis.pcall('ZREM', KEYS[6], d) end
 if name and ARGV[21] and ARGV[21] ~= '' then
   local t = redis.call('TIME')
-  name_release(ARGV[21], KEYS[1], ARGV[1], name, ARGV[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  name_release(ARGV[21], KEYS[1], name, ARGV[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
 if code == 4 then return {code, id, input or '', retries, delay} end
 return {code, id, input or '', retries}
