@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lbs.plugins")
 
-__all__ = ["WORKER_PROCESSES_ENV", "WORKER_SLOT_ENV", "Hooks", "MetricValues", "Series", "make_plugin_manager",
-           "plugin_config_defaults", "worker_slot"]
+__all__ = ["WORKER_PROCESSES_ENV", "WORKER_SLOT_ENV", "Hooks", "MetricValues", "Series", "call_each", "collect",
+           "make_plugin_manager", "plugin_config_defaults", "worker_slot"]
 
 #: Set in each worker process of ``lbs worker --processes N``: its slot, 0 to N-1 (a restarted process keeps
 #: its slot), and N. A plugin that binds something per process (a port) offsets it by the slot.
@@ -132,6 +132,30 @@ class MetricValues(dict[str, float]):
         self.series: dict[str, Series] = {}
 
 
+def call_each(impls: Sequence[pluggy.HookImpl], hook: str, kwargs: Mapping[str, Any],
+              log: logging.LoggerAdapter | logging.Logger) -> list[Any]:  # type: ignore[type-arg]
+    """Call each implementation of a 1:N hook (``impls``: its ``get_hookimpls()``) on its own, in pluggy's
+    order (the last registered first, tryfirst/trylast kept), with the arguments it takes from ``kwargs``;
+    their answers. One that raises is logged with its name and left out; the others are still called
+    (pluggy would stop at the first)."""
+    answers = []
+    for impl in reversed(impls):
+        if impl.hookwrapper or impl.wrapper:
+            continue  # nothing to wrap: each is called on its own
+        try:
+            answers.append(impl.function(*[kwargs[name] for name in impl.argnames]))
+        except Exception:
+            log.exception("plugin %r raised in hook %s; ignored", impl.plugin_name, hook)
+    return answers
+
+
+def collect(pm: pluggy.PluginManager, hook: str, /, **kwargs: Any) -> list[Any]:
+    """Every plugin's answer to a 1:N hook that asks for one (``lbs_worker_banner``), each called on its
+    own (:func:`call_each`); None answers left out."""
+    impls = getattr(pm.hook, hook).get_hookimpls()
+    return [a for a in call_each(impls, hook, kwargs, log) if a is not None] if impls else []
+
+
 class Hooks:
     """How a client's activities reach the plugins: every call goes through here.
 
@@ -181,13 +205,7 @@ class Hooks:
         kwargs["client"] = self.owner
         if self._trace:
             self.log.debug("hook %s(%s) -> %s", hook, ", ".join(kwargs), [i.plugin_name for i in impls])
-        for impl in reversed(impls):  # pluggy's order (tryfirst/trylast kept): the last registered first
-            if impl.hookwrapper or impl.wrapper:
-                continue  # notifications have no result to wrap
-            try:
-                impl.function(*[kwargs[name] for name in impl.argnames])
-            except Exception:
-                self.log.exception("plugin %r raised in hook %s; ignored", impl.plugin_name, hook)
+        call_each(impls, hook, kwargs, self.log)
 
     def metric(self, name: str, value: float, **labels: str) -> None:
         """Record one metric event (``name`` from :data:`lbs.metrics.METRICS`) and tell ``lbs_metric``.

@@ -17,8 +17,8 @@ a frozen :class:`ServiceStatus` (``to_dict()`` is JSON-ready):
 * the **dead-letter stream**: its length and the reasons of its newest letters;
 * the parked **delayed retries** (``{<service>-input}:delayed`` and its due index);
 * the registrations **waiting for their data stream's holder** (one holder per
-  name): how many names have waiters and, for the first ``names`` of them, the
-  holding entry and how many wait (round trip 5, only when some do).
+  name): how many names have waiters and, for the first of them, the holding
+  entry and how many wait (rounds 5 and 6, only when some do).
 
 Round trip 1 is one MULTI/EXEC (a consistent snapshot, with the server's
 ``TIME``): key types, lengths, the group, its consumers, the pending summary,
@@ -57,7 +57,7 @@ from _lbscore import decode_input
 
 from . import _keys
 from ._redis.connection import (ClusterMode, RedisLike, parse_version, redirected, resolve_client, server_name,
-                                slot_owner)
+                                slot_owner, waiting_names)
 from ._redis.wire import fields_text, text
 from .config import Config
 from .exceptions import ConfigurationError, LbsError, RedisOperationError
@@ -326,7 +326,7 @@ class ServiceStatus(_Record):
 
 # ------------------------------------------------------------------ reading ---
 
-#: Names with waiting registrations read by round trip 5 (at most ``sample``).
+#: Names with waiting registrations read by rounds 5 and 6 (at most ``sample``).
 WAITING_NAMES_SHOWN = 50
 
 #: What each of a service's keys must be (besides absent), and what it is, for the error.
@@ -502,11 +502,10 @@ class _Reader:
         return status
 
     async def _waiting_names(self) -> tuple[NameWait, ...]:
-        """Round trip 5 (two, plain pipelines): the first ``sample`` names of the waiting index, then
-        each one's holder key and waiting list's length."""
-        index, names_at = self.keys["waiting"], min(self.sample, WAITING_NAMES_SHOWN)
-        names = [n if isinstance(n, bytes) else str(n).encode()
-                 for n in self._check("ZRANGE", await self.r.zrange(index, 0, names_at - 1))]
+        """Rounds 5 and 6: the first names of the waiting index (at most ``sample`` and
+        :data:`WAITING_NAMES_SHOWN`), then, in one plain pipeline, each one's holder key and waiting
+        list's length."""
+        names = await waiting_names(self.r, self.service, min(self.sample, WAITING_NAMES_SHOWN))
         holder, listed = _keys.name_holder(self.service, "").encode(), _keys.waiting_list(self.service, "").encode()
         pipe = self.r.pipeline(transaction=False)
         for name in names:

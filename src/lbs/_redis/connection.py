@@ -217,12 +217,18 @@ async def skipped_entries(redis: aioredis.Redis, service: str) -> tuple[int, str
 WAITING_COUNT_LIMIT = 1000
 
 
+async def waiting_names(redis: aioredis.Redis, service: str, count: int) -> list[bytes]:
+    """The first ``count`` names of ``service``'s waiting index (names with registrations waiting for
+    their holder, by when the sweep looks at them again), as stored: bytes, whatever their encoding."""
+    return [n if isinstance(n, bytes) else str(n).encode()
+            for n in await redis.zrange(_keys.waiting_key(service), 0, count - 1)]
+
+
 async def waiting_registrations(redis: aioredis.Redis, service: str) -> int | None:
     """Registrations of ``service`` that wait for their data stream's holder (one holder per name):
     read, acked and kept in the LBS, listed in their name's waiting list. None when more than
     :data:`WAITING_COUNT_LIMIT` names have waiters."""
-    names: list[bytes] = [n if isinstance(n, bytes) else str(n).encode()
-                          for n in await redis.zrange(_keys.waiting_key(service), 0, WAITING_COUNT_LIMIT)]
+    names = await waiting_names(redis, service, WAITING_COUNT_LIMIT + 1)
     if len(names) > WAITING_COUNT_LIMIT:
         return None
     if not names:

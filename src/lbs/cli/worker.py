@@ -40,7 +40,7 @@ from ..config import Config
 from ..exceptions import ConfigurationError, LbsError, RedisOperationError
 from ..hookspecs import hookimpl
 from ..keyed import KeyedBatch
-from ..plugins import make_plugin_manager
+from ..plugins import collect, make_plugin_manager
 from ..sharding import ShardedClient
 from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, explain, fail, mask_url, setup_logging
 from .settings import HandlerError, changed_fields, field_type, load_handler, resolve_config
@@ -150,16 +150,8 @@ class StartBanner:
 
 def plugin_rows(client: Client) -> list[tuple[str, str]]:
     """The rows the plugins add to the banner (``lbs_worker_banner``); one that raises is logged and left out."""
-    rows: list[tuple[str, str]] = []
-    for impl in reversed(client.pm.hook.lbs_worker_banner.get_hookimpls()):
-        try:
-            got = typing.cast("Mapping[str, str] | None",
-                              impl.function(*({"client": client}[name] for name in impl.argnames)))
-        except Exception:
-            log.exception("plugin %s: lbs_worker_banner failed; left out of the banner", impl.plugin_name)
-            continue
-        rows.extend((str(k), str(v)) for k, v in (got or {}).items())
-    return rows
+    answers: list[Mapping[str, str]] = collect(client.pm, "lbs_worker_banner", client=client)
+    return [(str(k), str(v)) for rows in answers for k, v in rows.items()]
 
 
 def plugin_names(pm: pluggy.PluginManager, *leave_out: object) -> list[str]:

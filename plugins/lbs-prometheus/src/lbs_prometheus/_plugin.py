@@ -243,7 +243,7 @@ class _EnvPlugin(PrometheusPlugin):
         port, slot = self.port, worker_slot()
         if port is None:
             return None
-        addr = os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
+        addr = env_addr()
         if slot is None or slot[1] == 1:
             return {"metrics": f"http://{addr}:{port}/metrics and /healthz"}
         if env_port() == 0:
@@ -275,6 +275,11 @@ def env_port() -> int | None:
     return port + slot[0] if slot is not None and port else port
 
 
+def env_addr() -> str:
+    """The address ``LBS_PROMETHEUS_ADDR`` asks to serve on (default 127.0.0.1)."""
+    return os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
+
+
 def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
     """Start the process-wide ``/metrics`` and ``/healthz`` server if ``LBS_PROMETHEUS_PORT`` is set (once).
 
@@ -288,8 +293,7 @@ def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
         if not _env_tried:
             port = env_port()
             if port is not None:
-                addr = os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
-                _env_server = start_server(port, addr, REGISTRY if registry is None else registry)
+                _env_server = start_server(port, env_addr(), REGISTRY if registry is None else registry)
             _env_tried = True
     return None if _env_server is None else int(_env_server.server_port)
 
