@@ -55,16 +55,21 @@ ROOT = Path(__file__).parent
 # draws would then fail a fresh run (one without the .hypothesis database)
 # at random, so it is off; the properties themselves are checked in full.
 _SIZE_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large]
-settings.register_profile("smoke", max_examples=40, deadline=None, suppress_health_check=_SIZE_CHECKS)
+settings.register_profile(
+    "smoke", max_examples=40, deadline=None, suppress_health_check=_SIZE_CHECKS
+)
 settings.register_profile("default", deadline=None, suppress_health_check=_SIZE_CHECKS)
-settings.register_profile("thorough", max_examples=3000, deadline=None, suppress_health_check=_SIZE_CHECKS)
+settings.register_profile(
+    "thorough", max_examples=3000, deadline=None, suppress_health_check=_SIZE_CHECKS
+)
 settings.load_profile(os.environ.get("LBS_HYPOTHESIS_PROFILE", "default"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("lbs")
     group.addoption(
-        "--redis-url", default=None,
+        "--redis-url",
+        default=None,
         help="run integration tests against this Redis (>= 8.4) instead of starting one",
     )
 
@@ -136,7 +141,9 @@ def redis_cluster() -> Iterator[RedisClusterServers]:
 def redis7_server() -> Iterator[ServerInfo]:
     """Debian's Redis 7.x, to test the fallbacks for servers without 8.x commands."""
     try:
-        binary = find_redis_server(min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER")
+        binary = find_redis_server(
+            min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER"
+        )
     except ServerNotFoundError as exc:
         if os.environ.get("LBS_REQUIRE_REDIS7") == "1":
             pytest.fail(f"LBS_REQUIRE_REDIS7=1 but {exc}")

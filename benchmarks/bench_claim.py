@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
-from lbs_claim import ClaimReader
 
 import lbs
+from lbs_claim import ClaimReader
 
 if TYPE_CHECKING:
     from .conftest import Bench
@@ -49,13 +49,21 @@ async def _pending(bench: Bench) -> tuple[aioredis.Redis, str]:
     await pipe.execute()
     await asyncio.sleep(MIN_IDLE + 0.1)  # every entry is now idle past the threshold...
     for i in range(0, LIVE, CHUNK):  # ...and the live holder's heartbeat refreshes its own
-        await r.xclaim(stream, group, "alive", 0, live_ids[i:i + CHUNK], justid=True)
+        await r.xclaim(stream, group, "alive", 0, live_ids[i : i + CHUNK], justid=True)
     return r, service
 
 
 def _config(**kw: Any) -> lbs.Config:
-    return lbs.Config(read_block=0.05, lock_ttl=0.5, min_idle=MIN_IDLE, max_streams=2 * CHUNK, read_count=CHUNK,
-                      configure_keyspace_events=False, keyspace_recovery=False, **kw)
+    return lbs.Config(
+        read_block=0.05,
+        lock_ttl=0.5,
+        min_idle=MIN_IDLE,
+        max_streams=2 * CHUNK,
+        read_count=CHUNK,
+        configure_keyspace_events=False,
+        keyspace_recovery=False,
+        **kw,
+    )
 
 
 async def _delivered(c: lbs.Client, n: int) -> list[lbs.Notification]:
@@ -69,8 +77,14 @@ async def _delivered(c: lbs.Client, n: int) -> list[lbs.Notification]:
 
 
 async def recover_claim(r: aioredis.Redis, service: str) -> list[lbs.Notification]:
-    c = lbs.Client(r, service, "rescuer", _config(recovery=False), plugins=[ClaimReader()],
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        r,
+        service,
+        "rescuer",
+        _config(recovery=False),
+        plugins=[ClaimReader()],
+        load_entrypoint_plugins=False,
+    )
     await c.start()
     try:
         return await _delivered(c, DEAD)
@@ -96,6 +110,9 @@ def bench_recover_idle(bench: Bench, path: str) -> None:
     notes = bench(PATHS[path], setup=lambda: _pending(bench))
     assert len(notes) == DEAD and all(n.retry_count == 1 for n in notes)
     r, service = bench.inputs[-1]
-    pending = bench.run(r.xpending_range(lbs.input_stream(service), lbs.group_name(service),
-                                         "-", "+", 10, consumername="alive"))
+    pending = bench.run(
+        r.xpending_range(
+            lbs.input_stream(service), lbs.group_name(service), "-", "+", 10, consumername="alive"
+        )
+    )
     assert len(pending) == 10  # the live holder kept its entries

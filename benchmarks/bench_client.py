@@ -22,16 +22,22 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis.asyncio as aioredis
-
-from lbs_prometheus import PrometheusPlugin
 from prometheus_client import CollectorRegistry
 
 import lbs
-from lbs._bench import CHUNK, CYCLE_N, cycle_lbs_defaults, cycle_lbs_run, cycle_redis_py_batched_lua, register
+from lbs._bench import (
+    CHUNK,
+    CYCLE_N,
+    cycle_lbs_defaults,
+    cycle_lbs_run,
+    cycle_redis_py_batched_lua,
+    register,
+)
 from lbs._bench import config as _config
 from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
 from lbs._bench import server_cpu as _server_cpu
+from lbs_prometheus import PrometheusPlugin
 
 if TYPE_CHECKING:
     from .conftest import Bench
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
 # The lbs run() cycle, the redis-py batched + Lua baseline and what the
 # cycles share live in lbs._bench, which `lbs bench` runs too.
 
+
 async def _registered(bench: Bench, tag: str, n: int) -> str:
     service = bench.service(tag)
     await register(bench.url, service, n)
@@ -52,8 +59,13 @@ async def _registered(bench: Bench, tag: str, n: int) -> str:
 
 
 async def cycle_lbs_batched(r: aioredis.Redis, service: str, n: int) -> int:
-    c = lbs.Client(r, service, "bench", _config(max_streams=CHUNK, read_count=CHUNK // 2),
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        r,
+        service,
+        "bench",
+        _config(max_streams=CHUNK, read_count=CHUNK // 2),
+        load_entrypoint_plugins=False,
+    )
     await c.start()
     finished = 0
     while finished < n:
@@ -71,8 +83,8 @@ async def cycle_redis_py_one_by_one(r: aioredis.Redis, service: str, n: int) -> 
     done = 0
     while done < n:
         reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=1, block=50)
-        for _, entries in (reply.items() if isinstance(reply, dict) else reply):
-            for entry_id, fields in (entries[0] if isinstance(reply, dict) else entries):
+        for _, entries in reply.items() if isinstance(reply, dict) else reply:
+            for entry_id, fields in entries[0] if isinstance(reply, dict) else entries:
                 lbs.decode_input(fields[b"lbs-input"])
                 lock = lbs.lock_key(service, entry_id.decode())
                 await r.set(lock, "bench", nx=True, px=60_000)
@@ -138,16 +150,26 @@ def bench_assignment_cycle(bench: Bench, impl: str) -> None:
 
 # -------------------------------------------------------------- heartbeat ---
 
+
 async def _holding(bench: Bench, n: int) -> tuple[aioredis.Redis, lbs.Client]:
     service = bench.service(f"hb{n}")
     r = bench.redis()
     async with lbs.Producer(r, service) as p:
         for i in range(0, n, 10_000):
             await p.add_streams([f"s{j}" for j in range(i, min(n, i + 10_000))])
-    c = lbs.Client(r, service, "bench",
-                   _config(max_streams=n, read_count=10_000, notification_buffer=n + 1,
-                           lock_ttl=600.0, heartbeat_interval=300.0),
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        r,
+        service,
+        "bench",
+        _config(
+            max_streams=n,
+            read_count=10_000,
+            notification_buffer=n + 1,
+            lock_ttl=600.0,
+            heartbeat_interval=300.0,
+        ),
+        load_entrypoint_plugins=False,
+    )
     await c.start()
     bench.defer(c.close)
     while c.held < n:
@@ -164,7 +186,9 @@ HEARTBEAT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("impl, held", HEARTBEAT_CASES, ids=[f"{i}-held={h}" for i, h in HEARTBEAT_CASES])
+@pytest.mark.parametrize(
+    "impl, held", HEARTBEAT_CASES, ids=[f"{i}-held={h}" for i, h in HEARTBEAT_CASES]
+)
 def bench_heartbeat_tick(bench: Bench, impl: str, held: int) -> None:
     bench.benchmark.group = f"heartbeat tick, {held} held"
     r, c = bench.run(_holding(bench, held))
@@ -185,8 +209,11 @@ def bench_heartbeat_tick(bench: Bench, impl: str, held: int) -> None:
             await r.pexpire(k, 600_000)
         return 0
 
-    fn = {"lbs heartbeat": tick_lbs, "redis-py pipelined PEXPIRE": tick_pipeline,
-          "redis-py PEXPIRE per round trip": tick_one_by_one}[impl]
+    fn = {
+        "lbs heartbeat": tick_lbs,
+        "redis-py pipelined PEXPIRE": tick_pipeline,
+        "redis-py PEXPIRE per round trip": tick_one_by_one,
+    }[impl]
     client_cpu: list[float] = []
 
     def tick() -> int:

@@ -38,7 +38,10 @@ def _spread(cluster: RedisClusterServers, tag: str, shards: int) -> str:
     with cluster.client() as c:
         while True:
             service = _service(tag)
-            owners = {c.get_node_from_key(lbs.input_stream(s)).name for s in lbs.shard_services(service, shards)}
+            owners = {
+                c.get_node_from_key(lbs.input_stream(s)).name
+                for s in lbs.shard_services(service, shards)
+            }
             if len(owners) == want:
                 return service
 
@@ -48,7 +51,9 @@ def _calls(cluster: RedisClusterServers) -> dict[str, dict[str, int]]:
     for node in cluster.masters:
         with redis.Redis(host=node.host, port=node.port) as r:
             stats = r.info("commandstats")
-        out[f"{node.port}"] = {cmd: int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("evalsha", "xadd")}
+        out[f"{node.port}"] = {
+            cmd: int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("evalsha", "xadd")
+        }
     return out
 
 
@@ -56,12 +61,17 @@ async def _register(url: str, service: str, shards: int) -> None:
     async with lbs.Producer(url, service, shards=shards) as p:
         names = [f"s{i}" for i in range(CYCLE_N)]
         for i in range(0, CYCLE_N, CHUNK):
-            await p.add_streams(names[i:i + CHUNK])
+            await p.add_streams(names[i : i + CHUNK])
 
 
 async def _drain(url: str, service: str, shards: int) -> int:
-    cfg = lbs.Config(read_block=0.05, configure_keyspace_events=False, lock_ttl=60.0,
-                     max_streams=CHUNK * shards, read_count=CHUNK // 2)
+    cfg = lbs.Config(
+        read_block=0.05,
+        configure_keyspace_events=False,
+        lock_ttl=60.0,
+        max_streams=CHUNK * shards,
+        read_count=CHUNK // 2,
+    )
     c = lbs.ShardedClient(url, service, "bench", cfg, shards=shards, load_entrypoint_plugins=False)
 
     async def noop(note: lbs.Notification) -> None:

@@ -10,8 +10,8 @@ import pytest
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
-from lbs import decode_input, encode_input
 from _lbscore import pack_commands
+from lbs import decode_input, encode_input
 
 from .data import stream_specs, xadd_commands
 
@@ -27,7 +27,11 @@ def _hiredis_pack_commands(commands: list[tuple[Any, ...]]) -> bytes:
     return b"".join(hiredis.pack_command(c) for c in commands)
 
 
-PACKERS = {"lbs": pack_commands, "redis-py": _redis_py_pack_commands, "hiredis": _hiredis_pack_commands}
+PACKERS = {
+    "lbs": pack_commands,
+    "redis-py": _redis_py_pack_commands,
+    "hiredis": _hiredis_pack_commands,
+}
 
 
 @pytest.mark.benchmark(group="pack 100 XADD")
@@ -39,7 +43,9 @@ def bench_pack_xadd_batch(benchmark: Any, impl: str) -> None:
 
 
 def _json_encode(name: str, info: dict[str, Any]) -> bytes:
-    return json.dumps({"DataStreamName": name, "Info": info}, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(
+        {"DataStreamName": name, "Info": info}, separators=(",", ":"), ensure_ascii=False
+    ).encode()
 
 
 @pytest.mark.benchmark(group="encode 100 lbs-input")
@@ -77,8 +83,10 @@ JSON_DUMPS_LAYOUTS: dict[str, dict[str, Any]] = {
 @pytest.mark.benchmark(group="decode 100 lbs-input written by json.dumps")
 @pytest.mark.parametrize("layout", list(JSON_DUMPS_LAYOUTS))
 def bench_decode_json_dumps_inputs(benchmark: Any, layout: str) -> None:
-    raws = [json.dumps({"DataStreamName": n, "Info": i}, **JSON_DUMPS_LAYOUTS[layout]).encode()
-            for n, i in stream_specs(100)]
+    raws = [
+        json.dumps({"DataStreamName": n, "Info": i}, **JSON_DUMPS_LAYOUTS[layout]).encode()
+        for n, i in stream_specs(100)
+    ]
     assert benchmark(lambda: [decode_input(r) for r in raws]) == [_json_decode(r) for r in raws]
 
 
@@ -91,7 +99,14 @@ def _xreadgroup_reply(service: str, n: int) -> bytes:
     out = [b"%1\r\n", b"$%d\r\n%s\r\n" % (len(stream), stream), b"*%d\r\n" % n]
     for i, (name, info) in enumerate(stream_specs(n)):
         entry_id = b"1795360974434-%d" % i
-        fields = [b"lbs-input", encode_input(name, info), b"_retry_count", b"1", b"_original_id", entry_id]
+        fields = [
+            b"lbs-input",
+            encode_input(name, info),
+            b"_retry_count",
+            b"1",
+            b"_original_id",
+            entry_id,
+        ]
         out.append(b"*2\r\n$%d\r\n%s\r\n*%d\r\n" % (len(entry_id), entry_id, len(fields)))
         out.extend(b"$%d\r\n%s\r\n" % (len(f), f) for f in fields)
     return b"".join(out)
@@ -117,13 +132,23 @@ def _parse_redis_py(raw: bytes, parser: Any) -> list[tuple[bytes, dict[bytes, by
     out = []
     for entries in parse_xread_resp3(reader.gets()).values():
         for entry_id, fields in entries[0]:
-            out.append((entry_id, fields, json.loads(fields[b"lbs-input"]), int(fields.get(b"_retry_count", 0))))
+            out.append(
+                (
+                    entry_id,
+                    fields,
+                    json.loads(fields[b"lbs-input"]),
+                    int(fields.get(b"_retry_count", 0)),
+                )
+            )
     return out
 
 
 def _summary(result: list[Any]) -> list[tuple[str, str, dict[str, Any], int]]:
     if result and isinstance(result[0], tuple):
-        return [(i.decode(), doc["DataStreamName"], doc.get("Info") or {}, rc) for i, _f, doc, rc in result]
+        return [
+            (i.decode(), doc["DataStreamName"], doc.get("Info") or {}, rc)
+            for i, _f, doc, rc in result
+        ]
     return [(e.id, e.stream, e.info, e.retry_count) for e in result]
 
 
@@ -137,7 +162,6 @@ def bench_parse_xreadgroup(benchmark: Any, impl: str) -> None:
     fn = _parse_lbs if impl == "lbs" else _parse_redis_py
     result = benchmark(fn, raw, parser)
     assert _summary(result) == _summary(_parse_redis_py(raw, parser)) and len(result) == 256
-
 
 
 # The consumer's hot paths in the core: one EVALSHA over many locks (finish
@@ -154,8 +178,10 @@ def _held_entries(n: int) -> list[Any]:
     # Entries as the reader parses them from the LBS.
     from _lbscore import EntryParser
 
-    replies = [[b"1795360974434-%d" % i, [b"lbs-input", encode_input(name, info)]]
-               for i, (name, info) in enumerate(stream_specs(n))]
+    replies = [
+        [b"1795360974434-%d" % i, [b"lbs-input", encode_input(name, info)]]
+        for i, (name, info) in enumerate(stream_specs(n))
+    ]
     return EntryParser().parse_entries(replies)
 
 
@@ -169,17 +195,34 @@ def _held_table(n: int) -> Any:
 
 
 def _evalsha_redis_py(table: Any, held: list[Any]) -> bytes:
-    return _redis_py_pack_commands([("EVALSHA", "f" * 40, len(_KEYS) + len(held), *_KEYS,
-                                     *(h.lock_key for h in held), *_ARGS,
-                                     *(h.value for h in held), *(h.entry_id for h in held))])
+    return _redis_py_pack_commands(
+        [
+            (
+                "EVALSHA",
+                "f" * 40,
+                len(_KEYS) + len(held),
+                *_KEYS,
+                *(h.lock_key for h in held),
+                *_ARGS,
+                *(h.value for h in held),
+                *(h.entry_id for h in held),
+            )
+        ]
+    )
 
 
 def _evalsha_locks(table: Any, held: list[Any]) -> bytes:
     from _lbscore import CommandBatch
 
     batch = CommandBatch()
-    batch.evalsha_locks("f" * 40, _KEYS, _LOCK_PREFIX.encode(), [h.entry_id for h in held], _ARGS,
-                        [h.value for h in held])
+    batch.evalsha_locks(
+        "f" * 40,
+        _KEYS,
+        _LOCK_PREFIX.encode(),
+        [h.entry_id for h in held],
+        _ARGS,
+        [h.value for h in held],
+    )
     return batch.getvalue()
 
 
@@ -191,8 +234,11 @@ def _encode_extend(table: Any, held: list[Any]) -> bytes:
     return batch.getvalue()
 
 
-EVALSHA_WRITERS = {"lbs encode_extend": _encode_extend, "lbs evalsha_locks": _evalsha_locks,
-                   "redis-py": _evalsha_redis_py}
+EVALSHA_WRITERS = {
+    "lbs encode_extend": _encode_extend,
+    "lbs evalsha_locks": _evalsha_locks,
+    "redis-py": _evalsha_redis_py,
+}
 
 
 @pytest.mark.benchmark(group=f"EVALSHA over {_HELD} locks")

@@ -30,13 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
-
-from lbs_prometheus import PrometheusPlugin
 from prometheus_client import CollectorRegistry
 
 import lbs
 from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
+from lbs_prometheus import PrometheusPlugin
 
 if TYPE_CHECKING:
     from .conftest import Bench
@@ -58,7 +57,7 @@ async def _published(bench: Bench) -> str:
     msgs = _messages()
     async with lbs.Publisher(bench.url, service) as pub:
         for at in range(0, TOTAL, CHUNK):
-            await pub.publish_many(msgs[at:at + CHUNK])
+            await pub.publish_many(msgs[at : at + CHUNK])
     return service
 
 
@@ -70,7 +69,7 @@ async def _plain_stream(bench: Bench) -> str:
     msgs = _messages()
     for at in range(0, TOTAL, CHUNK):
         pipe = r.pipeline(transaction=False)
-        for key, fields in msgs[at:at + CHUNK]:
+        for key, fields in msgs[at : at + CHUNK]:
             pipe.xadd(stream, {"key": key, **fields})
         await pipe.execute()
     return service
@@ -86,10 +85,18 @@ async def _emit(batch: lbs.KeyedBatch) -> None:
         batch.emit(out, {"n": m.fields["n"]}, m)
 
 
-async def keyed_lbs(r: aioredis.Redis, service: str, n: int, handler: lbs.KeyedHandler = _noop) -> int:
+async def keyed_lbs(
+    r: aioredis.Redis, service: str, n: int, handler: lbs.KeyedHandler = _noop
+) -> int:
     """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus loaded."""
-    c = lbs.Client(r, service, "bench", lbs.Config(), plugins=[PrometheusPlugin(registry=CollectorRegistry())],
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        r,
+        service,
+        "bench",
+        lbs.Config(),
+        plugins=[PrometheusPlugin(registry=CollectorRegistry())],
+        load_entrypoint_plugins=False,
+    )
     runner = asyncio.create_task(c.run_keyed(handler, CONCURRENCY))
     try:
         while c.stats.keyed_messages < n or c.stats.done < KEYS:
@@ -152,7 +159,10 @@ SIDES = {
     "redis-py XREADGROUP + XACK, unordered": (keyed_plain, _plain_stream),
     "redis-py XREADGROUP + XACK, one read in flight, unordered": (keyed_plain_ahead, _plain_stream),
     "lbs run_keyed() defaults+prometheus, one effect per message": (keyed_lbs_effects, _published),
-    "redis-py one read in flight, XADD effect + XACK, unordered": (keyed_plain_ahead_effects, _plain_stream),
+    "redis-py one read in flight, XADD effect + XACK, unordered": (
+        keyed_plain_ahead_effects,
+        _plain_stream,
+    ),
 }
 
 
@@ -235,7 +245,10 @@ async def latency_plain(bench: Bench, service: str) -> list[float]:
     return seen
 
 
-LATENCY = {"lbs run_keyed() defaults": latency_lbs, "redis-py XREADGROUP + XACK, unordered": latency_plain}
+LATENCY = {
+    "lbs run_keyed() defaults": latency_lbs,
+    "redis-py XREADGROUP + XACK, unordered": latency_plain,
+}
 
 
 @pytest.mark.benchmark(group=f"keyed latency, {RATE} messages/s over {LATENCY_KEYS} keys")
@@ -301,7 +314,9 @@ async def keyed_memory(bench: Bench) -> dict[str, float]:
 
         async def hold() -> None:
             async with lbs.Publisher(bench.url, service) as pub:
-                await pub.publish_many([(f"held-{k}", {"body": "x" * 32}) for k in range(MEMORY_HELD)])
+                await pub.publish_many(
+                    [(f"held-{k}", {"body": "x" * 32}) for k in range(MEMORY_HELD)]
+                )
             while held < MEMORY_HELD:
                 await asyncio.sleep(0.01)
 
@@ -313,7 +328,10 @@ async def keyed_memory(bench: Bench) -> dict[str, float]:
         await runner
     finally:
         tracemalloc.stop()
-    return {"bytes_per_idle_key": idle_bytes / (MEMORY_IDLE - 100), "bytes_per_held_key": held_bytes / MEMORY_HELD}
+    return {
+        "bytes_per_idle_key": idle_bytes / (MEMORY_IDLE - 100),
+        "bytes_per_held_key": held_bytes / MEMORY_HELD,
+    }
 
 
 @pytest.mark.benchmark(group="keyed memory")

@@ -30,8 +30,10 @@ HELD = 100_000
 def _replies(n: int) -> list[list[Any]]:
     # Entry ids as XADD makes them (several per millisecond), stream names and
     # an empty Info as the benchmarks' producers register them.
-    return [[f"{1_700_000_000_000 + i // 4}-{i % 4}".encode(), [b"lbs-input", encode_input(f"s{i}")]]
-            for i in range(n)]
+    return [
+        [f"{1_700_000_000_000 + i // 4}-{i % 4}".encode(), [b"lbs-input", encode_input(f"s{i}")]]
+        for i in range(n)
+    ]
 
 
 def _fill(table: HeldTable, parser: EntryParser, replies: list[list[Any]]) -> None:
@@ -41,8 +43,12 @@ def _fill(table: HeldTable, parser: EntryParser, replies: list[list[Any]]) -> No
 
 def _new() -> tuple[HeldTable, EntryParser]:
     config = lbs.Config()
-    parser = EntryParser(lbs.INPUT_FIELD, config.field_prefix + "retry_count", config.field_prefix + "original_id",
-                         config.max_input_bytes)
+    parser = EntryParser(
+        lbs.INPUT_FIELD,
+        config.field_prefix + "retry_count",
+        config.field_prefix + "original_id",
+        config.max_input_bytes,
+    )
     return HeldTable("redis-consumer-bench", lbs.lock_key("bench-memory", "")), parser
 
 

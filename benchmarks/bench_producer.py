@@ -18,8 +18,10 @@ N = 100
 
 
 @pytest.mark.benchmark(group=f"register {N} data streams")
-@pytest.mark.parametrize("impl", ["lbs add_streams", "redis-py pipeline", "redis-py one by one",
-                                  "redis-py pipeline json.dumps"])
+@pytest.mark.parametrize(
+    "impl",
+    ["lbs add_streams", "redis-py pipeline", "redis-py one by one", "redis-py pipeline json.dumps"],
+)
 def bench_register(bench: Bench, impl: str) -> None:
     r = bench.redis()
     # "bench-<impl>": the key names the figures were taken with.
@@ -50,8 +52,12 @@ def bench_register(bench: Bench, impl: str) -> None:
             pipe.xadd(stream, {"lbs-input": json.dumps({"DataStreamName": name, "Info": info})})
         return len(await pipe.execute())
 
-    fn = {"lbs add_streams": with_lbs, "redis-py pipeline": pipeline, "redis-py one by one": one_by_one,
-          "redis-py pipeline json.dumps": pipeline_json_dumps}[impl]
+    fn = {
+        "lbs add_streams": with_lbs,
+        "redis-py pipeline": pipeline,
+        "redis-py one by one": one_by_one,
+        "redis-py pipeline json.dumps": pipeline_json_dumps,
+    }[impl]
     assert bench(fn, rounds=None) == N
     if fn is pipeline_json_dumps:  # what lbs consumers make of it: the same streams
         entries = bench.run(r.xrange(stream, count=N))

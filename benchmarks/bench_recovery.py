@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis.asyncio as aioredis
+
 import lbs
 
 if TYPE_CHECKING:
@@ -55,8 +56,13 @@ async def _pending(bench: Bench) -> tuple[aioredis.Redis, str]:
 
 
 async def scan_lbs(r: aioredis.Redis, service: str) -> int:
-    c = lbs.Client(r, service, "rescuer", lbs.Config(scan_batch=PAGE, configure_keyspace_events=False),
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        r,
+        service,
+        "rescuer",
+        lbs.Config(scan_batch=PAGE, configure_keyspace_events=False),
+        load_entrypoint_plugins=False,
+    )
     counts = await c.recovery.scan(min_idle=0)
     assert counts["alive"] == PENDING // 2
     return counts["requeued"]
@@ -113,7 +119,7 @@ async def scan_redis_py_one_by_one(r: aioredis.Redis, service: str) -> int:
             if await r.exists(lbs.lock_key(service, entry_id)):
                 continue
             await r.xack(stream, group, entry_id)
-            (_, fields), = await r.xrange(stream, entry_id, entry_id)
+            ((_, fields),) = await r.xrange(stream, entry_id, entry_id)
             await r.xadd(stream, _requeued(fields, entry_id))
             await r.xdel(stream, entry_id)
             requeued += 1

@@ -60,8 +60,11 @@ def _frame(spark: Any, service: str, rows: int) -> Any:
     from pyspark.sql import functions as F
 
     ids = spark.range(0, rows, numPartitions=PARTITIONS)
-    return ids.select(F.concat(F.lit(f"{service}-s"), (ids.id % 2).cast("string")).alias("stream"),
-                      ids.id.alias("n"), F.lit("payload").alias("body"))
+    return ids.select(
+        F.concat(F.lit(f"{service}-s"), (ids.id % 2).cast("string")).alias("stream"),
+        ids.id.alias("n"),
+        F.lit("payload").alias("body"),
+    )
 
 
 def _append(r: redis.Redis, streams: list[str], rows: int, per_round: int) -> None:
@@ -82,7 +85,9 @@ def _report(bench: Bench, rows: int) -> None:
 
 
 @pytest.mark.benchmark(group="spark sink: 1M rows, 2 partitions")
-@pytest.mark.parametrize("impl", ["lbs sink, IDMP (exactly-once)", "lbs sink, idmp=false", "redis-py pipeline XADD"])
+@pytest.mark.parametrize(
+    "impl", ["lbs sink, IDMP (exactly-once)", "lbs sink, idmp=false", "redis-py pipeline XADD"]
+)
 def bench_spark_sink(bench: Bench, spark: Any, impl: str) -> None:
     rows = _rows(bench)
     service = bench.service("spark-sink")
@@ -94,8 +99,14 @@ def bench_spark_sink(bench: Bench, spark: Any, impl: str) -> None:
         r.delete(*streams, f"{service}-input")
 
     def with_lbs() -> None:
-        (df.write.format("lbs").option("url", bench.url).option("service", service)
-         .option("idmp", str("idmp=false" not in impl).lower()).mode("append").save())
+        (
+            df.write.format("lbs")
+            .option("url", bench.url)
+            .option("service", service)
+            .option("idmp", str("idmp=false" not in impl).lower())
+            .mode("append")
+            .save()
+        )
 
     def plain() -> None:
         _append(r, streams, rows, 1_000)
@@ -116,7 +127,12 @@ def bench_spark_reader(bench: Bench, spark: Any, impl: str) -> None:
     _append(r, streams, rows, 10_000)
 
     def with_lbs() -> int:
-        df = spark.read.format("lbs").option("url", bench.url).option("streams", ",".join(streams)).load()
+        df = (
+            spark.read.format("lbs")
+            .option("url", bench.url)
+            .option("streams", ",".join(streams))
+            .load()
+        )
         return int(df.count())  # the source cannot prune: every row is read and converted
 
     def plain() -> int:

@@ -26,7 +26,9 @@ from lbs.embedded import find_redis_server, redis_server_version
 from .data import cleanup, service_name
 
 
-def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+def pytest_benchmark_update_machine_info(
+    config: pytest.Config, machine_info: dict[str, Any]
+) -> None:
     # Numbers mean little without what produced them.
     server = find_redis_server()
     machine_info["lbs"] = {
@@ -75,8 +77,13 @@ class Bench:
       ``disabled``); ``bench.extra_info`` its figures beside the timing.
     """
 
-    def __init__(self, benchmark: Any, loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest,
-                 teardown: contextlib.ExitStack) -> None:
+    def __init__(
+        self,
+        benchmark: Any,
+        loop: asyncio.AbstractEventLoop,
+        request: pytest.FixtureRequest,
+        teardown: contextlib.ExitStack,
+    ) -> None:
         self.benchmark = benchmark
         self.loop = loop
         self.inputs: list[tuple[Any, ...]] = []
@@ -97,6 +104,7 @@ class Bench:
 
     def defer(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call ``fn(*args)`` at teardown, awaiting what it returns if that is awaitable."""
+
         def call() -> None:
             result = fn(*args)
             if inspect.isawaitable(result):
@@ -120,18 +128,34 @@ class Bench:
         self.defer(cleanup, self._admin, name)
         return name
 
-    def __call__(self, fn: Callable[..., Any], *, setup: Callable[[], Any] | None = None,
-                 rounds: int | None = 3, warmup_rounds: int = 0) -> Any:
+    def __call__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        setup: Callable[[], Any] | None = None,
+        rounds: int | None = 3,
+        warmup_rounds: int = 0,
+    ) -> Any:
         target = self._timed(fn)
         if rounds is None:
             if setup is not None or warmup_rounds:
                 raise ValueError("calibrated rounds take no setup and no warm-up rounds")
             return self.benchmark(target)
-        return self.benchmark.pedantic(target, setup=None if setup is None else self._arguments(setup),
-                                       rounds=rounds, iterations=1, warmup_rounds=warmup_rounds)
+        return self.benchmark.pedantic(
+            target,
+            setup=None if setup is None else self._arguments(setup),
+            rounds=rounds,
+            iterations=1,
+            warmup_rounds=warmup_rounds,
+        )
 
-    def drain(self, cycle: Callable[[aioredis.Redis, str, int], Awaitable[int]], n: int,
-              setup: Callable[[], Any], per: str) -> None:
+    def drain(
+        self,
+        cycle: Callable[[aioredis.Redis, str, int], Awaitable[int]],
+        n: int,
+        setup: Callable[[], Any],
+        per: str,
+    ) -> None:
         """Time ``await cycle(r, service, n)`` (``service`` from ``setup``), which must finish ``n``;
         the least client and Redis CPU of the rounds go to ``extra_info``, in µs per ``per``."""
         r = self.redis()
@@ -153,7 +177,9 @@ class Bench:
         run = self.loop.run_until_complete
         return lambda *args: run(fn(*args))
 
-    def _arguments(self, setup: Callable[[], Any]) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None]:
+    def _arguments(
+        self, setup: Callable[[], Any]
+    ) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]] | None]:
         def made() -> tuple[tuple[Any, ...], dict[str, Any]] | None:
             value = setup()
             if inspect.isawaitable(value):
@@ -166,7 +192,9 @@ class Bench:
 
 
 @pytest.fixture
-def bench(benchmark: Any, loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest) -> Iterator[Bench]:
+def bench(
+    benchmark: Any, loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest
+) -> Iterator[Bench]:
     """The benchmark's timing, event loop, Redis clients and service names (see ``Bench``)."""
     with contextlib.ExitStack() as teardown:
         yield Bench(benchmark, loop, request, teardown)

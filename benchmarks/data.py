@@ -20,15 +20,19 @@ async def cleanup(r: aioredis.Redis, service: str) -> None:
     """Delete every key of ``service``."""
     keys = [k async for k in r.scan_iter(match=f"*{service}*", count=10_000)]
     for i in range(0, len(keys), 10_000):
-        await r.unlink(*keys[i:i + 10_000])
+        await r.unlink(*keys[i : i + 10_000])
 
 
 def stream_specs(n: int) -> list[tuple[str, dict[str, Any]]]:
-    return [(f"session-{i}", {"user": f"u{i}", "shard": i % 7, "tags": ["a", "b"]}) for i in range(n)]
+    return [
+        (f"session-{i}", {"user": f"u{i}", "shard": i % 7, "tags": ["a", "b"]}) for i in range(n)
+    ]
 
 
 def xadd_commands(service: str, n: int) -> list[tuple[Any, ...]]:
     from lbs import encode_input, input_stream
 
-    return [("XADD", input_stream(service), "*", "lbs-input", encode_input(name, info))
-            for name, info in stream_specs(n)]
+    return [
+        ("XADD", input_stream(service), "*", "lbs-input", encode_input(name, info))
+        for name, info in stream_specs(n)
+    ]

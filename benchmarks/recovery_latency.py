@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-
 from redis.asyncio.cluster import RedisCluster
 
 import lbs
@@ -41,8 +40,11 @@ WORKER = str(Path(__file__).resolve().parents[1] / "tests" / "integration" / "_w
 async def trial(url: str, service: str, ttl: float, path: str) -> float:
     async with lbs.Producer(url, service) as p:
         await p.add_stream("victim")
-    proc = subprocess.Popen([sys.executable, WORKER, url, service, "doomed", str(ttl), "3600", "norecovery"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, url, service, "doomed", str(ttl), "3600", "norecovery"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     cfg = dict(lock_ttl=ttl, read_block=0.1, max_streams=1)
     if path == "deadline":
         cfg.update(keyspace_recovery=False, deadline_poll_interval=0.1)
@@ -58,7 +60,10 @@ async def trial(url: str, service: str, ttl: float, path: str) -> float:
         proc.kill()
         killed = time.monotonic()
         async for note in rescuer.notifications():
-            if note.type in (lbs.NotificationType.STREAM_EXPIRED, lbs.NotificationType.STREAM_ADDED):
+            if note.type in (
+                lbs.NotificationType.STREAM_EXPIRED,
+                lbs.NotificationType.STREAM_ADDED,
+            ):
                 return time.monotonic() - killed
         raise RuntimeError("rescuer closed")
     finally:
@@ -68,15 +73,29 @@ async def trial(url: str, service: str, ttl: float, path: str) -> float:
         await rescuer.close()
 
 
-async def main(trials: int, ttl: float, noise: int = 10_000, cluster: bool = False,
-               paths: tuple[str, ...] = ("deadline", "keyspace")) -> dict[str, list[float]]:
+async def main(
+    trials: int,
+    ttl: float,
+    noise: int = 10_000,
+    cluster: bool = False,
+    paths: tuple[str, ...] = ("deadline", "keyspace"),
+) -> dict[str, list[float]]:
     """Print and return the sorted latencies of each path."""
     results: dict[str, list[float]] = {}
     config = {"notify-keyspace-events": "Kx"}
-    with (RedisClusterServers(masters=3, config=config) if cluster else RedisServer(config=config)) as server:
-        url = f"redis+cluster://{server.nodes[-1].host}:{server.nodes[-1].port}" if cluster else server.url
-        r: Any = (RedisCluster(host=server.nodes[-1].host, port=server.nodes[-1].port) if cluster
-                  else aioredis.Redis.from_url(server.url))
+    with (
+        RedisClusterServers(masters=3, config=config) if cluster else RedisServer(config=config)
+    ) as server:
+        url = (
+            f"redis+cluster://{server.nodes[-1].host}:{server.nodes[-1].port}"
+            if cluster
+            else server.url
+        )
+        r: Any = (
+            RedisCluster(host=server.nodes[-1].host, port=server.nodes[-1].port)
+            if cluster
+            else aioredis.Redis.from_url(server.url)
+        )
         version = server.nodes[0].version if cluster else server.version
         pipe = r.pipeline(transaction=False)
         for i in range(noise):
@@ -84,20 +103,33 @@ async def main(trials: int, ttl: float, noise: int = 10_000, cluster: bool = Fal
         await pipe.execute()
         async with lbs.Producer(r, "live") as p:
             await p.add_streams([f"live-{i}" for i in range(noise)])
-        live = lbs.Client(r, "live", "live", lbs.Config(max_streams=max(1, noise), read_count=max(1, noise),
-                                                         notification_buffer=noise + 1, lock_ttl=ttl),
-                          load_entrypoint_plugins=False)
+        live = lbs.Client(
+            r,
+            "live",
+            "live",
+            lbs.Config(
+                max_streams=max(1, noise),
+                read_count=max(1, noise),
+                notification_buffer=noise + 1,
+                lock_ttl=ttl,
+            ),
+            load_entrypoint_plugins=False,
+        )
         await live.start()
         while live.held < noise:
             await asyncio.sleep(0.05)
-        print(f"Redis {'.'.join(map(str, version))}{' Cluster, 3 masters' if cluster else ''}; {noise:,} volatile "
-              f"keys, {noise:,} live locks; lock TTL {ttl} s; {trials} trials per path")
+        print(
+            f"Redis {'.'.join(map(str, version))}{' Cluster, 3 masters' if cluster else ''}; {noise:,} volatile "
+            f"keys, {noise:,} live locks; lock TTL {ttl} s; {trials} trials per path"
+        )
         for path in paths:
             lat = sorted([await trial(url, f"lat-{path}-{i}", ttl, path) for i in range(trials)])
             results[path] = lat
             p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
-            print(f"{path:9s} p50 {statistics.median(lat):.3f} s  p99 {p99:.3f} s  max {lat[-1]:.3f} s  "
-                  f"(target <= {ttl + 1:.1f} s)")
+            print(
+                f"{path:9s} p50 {statistics.median(lat):.3f} s  p99 {p99:.3f} s  max {lat[-1]:.3f} s  "
+                f"(target <= {ttl + 1:.1f} s)"
+            )
         await live.close()
         await r.aclose()
     return results
@@ -107,8 +139,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--ttl", type=float, default=1.0)
-    ap.add_argument("--noise", type=int, default=10_000, help="volatile keys and live locks beside the victim")
+    ap.add_argument(
+        "--noise", type=int, default=10_000, help="volatile keys and live locks beside the victim"
+    )
     ap.add_argument("--cluster", action="store_true", help="on a 3-master Redis Cluster")
-    ap.add_argument("--paths", default="deadline,keyspace", help="comma-separated: deadline, keyspace")
+    ap.add_argument(
+        "--paths", default="deadline,keyspace", help="comma-separated: deadline, keyspace"
+    )
     args = ap.parse_args()
     asyncio.run(main(args.trials, args.ttl, args.noise, args.cluster, tuple(args.paths.split(","))))

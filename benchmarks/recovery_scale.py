@@ -31,6 +31,7 @@ from lbs.embedded import RedisServer
 
 def _worker(url: str, service: str, streams: int, ttl: float) -> None:
     """The doomed holder: hold every stream (queued, never taken), say so, wait to be killed."""
+
     async def main() -> None:
         cfg = lbs.Config(lock_ttl=ttl, max_streams=streams, notification_buffer=streams + 16)
         client = lbs.Client(url, service, "doomed", cfg, load_entrypoint_plugins=False)
@@ -55,14 +56,33 @@ async def main(streams: int, ttl: float, rescuers: int, quiet: bool = False) -> 
         async with lbs.Producer(server.url, service) as p:
             for i in range(0, streams, 10_000):
                 await p.add_streams([f"s-{j}" for j in range(i, min(i + 10_000, streams))])
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.recovery_scale", "--worker", server.url, service,
-                                 str(streams), str(ttl)], stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.recovery_scale",
+                "--worker",
+                server.url,
+                service,
+                str(streams),
+                str(ttl),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         seen: dict[str, float] = {}
         closing = False
         twice = retried = 0
-        clients = [lbs.Client(server.url, service, f"rescuer-{i}",
-                              lbs.Config(lock_ttl=ttl, max_streams=streams, notification_buffer=streams + 16),
-                              load_entrypoint_plugins=False) for i in range(rescuers)]
+        clients = [
+            lbs.Client(
+                server.url,
+                service,
+                f"rescuer-{i}",
+                lbs.Config(lock_ttl=ttl, max_streams=streams, notification_buffer=streams + 16),
+                load_entrypoint_plugins=False,
+            )
+            for i in range(rescuers)
+        ]
         killed = 0.0
 
         async def collect(c: lbs.Client) -> None:
@@ -95,7 +115,11 @@ async def main(streams: int, ttl: float, rescuers: int, quiet: bool = False) -> 
             killed = time.monotonic()
             # When the dead holder's locks expire: its last heartbeat's deadline, against the server's clock.
             server_now, deadline_ms = await r.time(), await r.zscore(consumers_key(service), doomed)
-            expiry = (deadline_ms - (server_now[0] * 1000 + server_now[1] / 1000)) / 1000 if deadline_ms else 0.0
+            expiry = (
+                (deadline_ms - (server_now[0] * 1000 + server_now[1] / 1000)) / 1000
+                if deadline_ms
+                else 0.0
+            )
             deadline = killed + ttl + 120
             while len(seen) < streams and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
@@ -113,25 +137,48 @@ async def main(streams: int, ttl: float, rescuers: int, quiet: bool = False) -> 
         for t in tasks:
             await t
     lat = sorted(seen.values())
-    out = {"streams": streams, "back": len(lat), "twice": twice, "retried": retried, "ttl": ttl,
-           "p50": statistics.median(lat) if lat else float("nan"), "p99": _quantile(lat, 0.99) if lat else float("nan"),
-           "max": lat[-1] if lat else float("nan"), "version": server.version,
-           "first": lat[0] if lat else float("nan"), "expiry": expiry,
-           "p99_after_expiry": (_quantile(lat, 0.99) - expiry) if lat else float("nan"), "client_cpu_s": own1 - own0,
-           "redis_cpu_s": sum(cpu1[k] - cpu0[k] for k in ("used_cpu_sys", "used_cpu_user")),
-           "top": sorted(((v["usec"], k.removeprefix("cmdstat_"), v["calls"]) for k, v in stats.items()), reverse=True)[:6]}
+    out = {
+        "streams": streams,
+        "back": len(lat),
+        "twice": twice,
+        "retried": retried,
+        "ttl": ttl,
+        "p50": statistics.median(lat) if lat else float("nan"),
+        "p99": _quantile(lat, 0.99) if lat else float("nan"),
+        "max": lat[-1] if lat else float("nan"),
+        "version": server.version,
+        "first": lat[0] if lat else float("nan"),
+        "expiry": expiry,
+        "p99_after_expiry": (_quantile(lat, 0.99) - expiry) if lat else float("nan"),
+        "client_cpu_s": own1 - own0,
+        "redis_cpu_s": sum(cpu1[k] - cpu0[k] for k in ("used_cpu_sys", "used_cpu_user")),
+        "top": sorted(
+            ((v["usec"], k.removeprefix("cmdstat_"), v["calls"]) for k, v in stats.items()),
+            reverse=True,
+        )[:6],
+    }
     if not quiet:
-        print(f"Redis {'.'.join(map(str, server.version))}; one process held {streams:,} streams, killed -9; "
-              f"{rescuers} rescuers (default Config, lock TTL {ttl:g} s)")
-        print(f"back {out['back']:,}/{streams:,}, twice {twice}, with a retry counted {retried}; from the kill: "
-              f"p50 {out['p50']:.2f} s, p99 {out['p99']:.2f} s, max {out['max']:.2f} s "
-              f"(target p99 <= {ttl + 1:g} s)")
-        print(f"the locks expired {expiry:.2f} s after the kill (the holder's last heartbeat + TTL); first back "
-              f"{out['first']:.2f} s after the kill; p99 {out['p99_after_expiry']:.2f} s after the locks expired; "
-              f"CPU of the rescuers' process {out['client_cpu_s']:.2f} s")
-        print(f"Redis CPU from the kill until all were back: {out['redis_cpu_s']:.2f} s "
-              f"({out['redis_cpu_s'] / max(1, len(lat)) * 1e6:.0f} us per stream); most: "
-              + ", ".join(f"{name} {usec / 1e6:.2f} s in {calls:,} calls" for usec, name, calls in out["top"]))
+        print(
+            f"Redis {'.'.join(map(str, server.version))}; one process held {streams:,} streams, killed -9; "
+            f"{rescuers} rescuers (default Config, lock TTL {ttl:g} s)"
+        )
+        print(
+            f"back {out['back']:,}/{streams:,}, twice {twice}, with a retry counted {retried}; from the kill: "
+            f"p50 {out['p50']:.2f} s, p99 {out['p99']:.2f} s, max {out['max']:.2f} s "
+            f"(target p99 <= {ttl + 1:g} s)"
+        )
+        print(
+            f"the locks expired {expiry:.2f} s after the kill (the holder's last heartbeat + TTL); first back "
+            f"{out['first']:.2f} s after the kill; p99 {out['p99_after_expiry']:.2f} s after the locks expired; "
+            f"CPU of the rescuers' process {out['client_cpu_s']:.2f} s"
+        )
+        print(
+            f"Redis CPU from the kill until all were back: {out['redis_cpu_s']:.2f} s "
+            f"({out['redis_cpu_s'] / max(1, len(lat)) * 1e6:.0f} us per stream); most: "
+            + ", ".join(
+                f"{name} {usec / 1e6:.2f} s in {calls:,} calls" for usec, name, calls in out["top"]
+            )
+        )
     return out
 
 

@@ -25,35 +25,57 @@ def main(url: str, checkpoint: str) -> None:
 
     # 1. Write the work: each row goes to the data stream its "stream" column names (payload
     #    columns become fields), then each touched stream is registered once in "orders-input".
-    events = spark.createDataFrame([("session-1", "click", 3), ("session-2", "buy", 9)],
-                                   "stream string, kind string, amount long")
+    events = spark.createDataFrame(
+        [("session-1", "click", 3), ("session-2", "buy", 9)],
+        "stream string, kind string, amount long",
+    )
     events.write.format("lbs").option("url", url).option("service", "orders").mode("append").save()
 
     # 2. Read entries back (typed columns picked from the fields), or the dead letters with
     #    their reasons.
-    clicks = (spark.read.format("lbs").schema("stream string, id string, kind string, amount long")
-              .option("url", url).option("pattern", "session-*").load())
-    dead = (spark.read.format("lbs").option("url", url).option("source", "dlq")
-            .option("service", "orders").load())  # rows: stream, id, fields (a map)
+    clicks = (
+        spark.read.format("lbs")
+        .schema("stream string, id string, kind string, amount long")
+        .option("url", url)
+        .option("pattern", "session-*")
+        .load()
+    )
+    dead = (
+        spark.read.format("lbs")
+        .option("url", url)
+        .option("source", "dlq")
+        .option("service", "orders")
+        .load()
+    )  # rows: stream, id, fields (a map)
     print("entries:", sorted((row.stream, row.kind, row.amount) for row in clicks.collect()))
     print("dead letters:", dead.count())
 
     # 3. Stream: results written by the workers, read as they come, written on exactly once.
     #    availableNow: take what is there now, in as many batches as it needs, then stop (a
     #    job that runs for ever leaves it out and keeps awaiting).
-    query = (spark.readStream.format("lbs").option("url", url).option("streams", "results")
-             .option("group", "daily-report")  # a consumer group of the query's own
-             .load()
-             .selectExpr("'report' AS stream", "id AS src", "fields['total'] AS total")
-             .writeStream.format("lbs").option("url", url).option("service", "reports")
-             .option("checkpointLocation", checkpoint)
-             .trigger(availableNow=True)
-             .start())
+    query = (
+        spark.readStream.format("lbs")
+        .option("url", url)
+        .option("streams", "results")
+        .option("group", "daily-report")  # a consumer group of the query's own
+        .load()
+        .selectExpr("'report' AS stream", "id AS src", "fields['total'] AS total")
+        .writeStream.format("lbs")
+        .option("url", url)
+        .option("service", "reports")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     print("report batches:", sum(1 for p in query.recentProgress if p["numInputRows"]))
     spark.stop()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LBS_URL", "redis://localhost:6379/0"),
-         sys.argv[2] if len(sys.argv) > 2 else os.environ.get("LBS_CHECKPOINT", "/tmp/lbs-spark-job-checkpoint"))
+    main(
+        sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LBS_URL", "redis://localhost:6379/0"),
+        sys.argv[2]
+        if len(sys.argv) > 2
+        else os.environ.get("LBS_CHECKPOINT", "/tmp/lbs-spark-job-checkpoint"),
+    )

@@ -38,7 +38,11 @@ _ROLE = re.compile(r":(?:py:)?(class|meth|func|attr|data|exc|mod|obj):`(~?)([^`<
 def _markdown_role(match: re.Match[str]) -> str:
     kind, short, target = match.group(1), match.group(2), match.group(3).strip()
     title = target.rsplit(".", 1)[-1] if short else target
-    if kind != "mod" and target.startswith("lbs.") and not any(part.startswith("_") for part in target.split(".")):
+    if (
+        kind != "mod"
+        and target.startswith("lbs.")
+        and not any(part.startswith("_") for part in target.split("."))
+    ):
         return f"[`{title}`][{target}]"
     return f"`{title}`"
 

@@ -31,11 +31,16 @@ def on_page_markdown(markdown: str, *, page: Any, config: Any, **kwargs: Any) ->
         if path.is_relative_to(docs_dir) or not path.is_relative_to(root):
             return match.group(0)  # a page of the site: mkdocs checks it
         if not path.exists():
-            log.warning("Doc file '%s' links to '%s', which is not in the repository",
-                        page.file.src_path, target)
+            log.warning(
+                "Doc file '%s' links to '%s', which is not in the repository",
+                page.file.src_path,
+                target,
+            )
             return match.group(0)
         kind = "tree" if path.is_dir() else "blob"
-        url = f"{config['repo_url'].rstrip('/')}/{kind}/{_BRANCH}/{path.relative_to(root).as_posix()}"
+        url = (
+            f"{config['repo_url'].rstrip('/')}/{kind}/{_BRANCH}/{path.relative_to(root).as_posix()}"
+        )
         return f"]({url}{'#' + anchor if anchor else ''})"
 
     return _LINK.sub(repoint, markdown)

@@ -126,7 +126,9 @@ class HeldTable:
     def __contains__(self, entry_id: object) -> bool: ...
     def __iter__(self) -> Iterator[str]: ...
     def __bool__(self) -> bool: ...
-    def take(self, entry: Entry, token: int, retry_count: int, taken_at: float, queued: bool = False) -> Held: ...
+    def take(
+        self, entry: Entry, token: int, retry_count: int, taken_at: float, queued: bool = False
+    ) -> Held: ...
     @staticmethod
     def pending_marks(held: list[Held]) -> list[str]: ...
     @staticmethod
@@ -209,11 +211,17 @@ class XaddRoute:
     size: int
     pid_prefix: bytes
     count: int
-    def __init__(self, batch: CommandBatch, stream: str, size: int = 0, pid_prefix: bytes = b"") -> None: ...
+    def __init__(
+        self, batch: CommandBatch, stream: str, size: int = 0, pid_prefix: bytes = b""
+    ) -> None: ...
 
 def encode_xadds(
-    streams: list[Any], names: list[str], columns: list[list[Any]], routes: dict[Any, XaddRoute],
-    start: int = 0, stop: int = -1,
+    streams: list[Any],
+    names: list[str],
+    columns: list[list[Any]],
+    routes: dict[Any, XaddRoute],
+    start: int = 0,
+    stop: int = -1,
 ) -> int: ...
 
 class EntryColumns:

@@ -20,8 +20,10 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from _lbscore import decode_input, try_decode_input
 
 from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input_stream, lock_key
+from ._redis.connection import ClusterMode
 from .client import Client, ClientStats, Held, consumer_id_from_env
 from .config import Config
+from .deadletters import DeadLetter, DeadLetterBackend, DeadLetters
 from .exceptions import (
     BatchError,
     ConfigurationError,
@@ -39,14 +41,12 @@ from .exceptions import (
     ServerStartError,
 )
 from .hookspecs import hookimpl
+from .keyed import KeyedBatch, KeyedHandler, Message
 from .notifications import DoneStatus, Notification, NotificationType
 from .producer import Producer, encode_input
 from .publisher import Publisher
-from .keyed import KeyedBatch, KeyedHandler, Message
-from .deadletters import DeadLetter, DeadLetterBackend, DeadLetters
-from ._redis.connection import ClusterMode
-from .strategy import ReadStrategy
 from .sharding import ShardedClient, shard_of, shard_services
+from .strategy import ReadStrategy
 from .sync import SyncClient
 
 try:
@@ -58,41 +58,39 @@ except _NotFound:  # pragma: no cover - running from a tree that was never insta
     __version__ = "0+unknown"
 
 __all__ = [
-    "BatchError",
-    "ClusterMode",
-    "ShardedClient",
-    "shard_of",
-    "shard_services",
-    "DeadLetter",
-    "DeadLetterBackend",
-    "DeadLetters",
-    "ReadStrategy",
     "INPUT_FIELD",
+    "BatchError",
     "Client",
     "ClientStats",
+    "ClusterMode",
     "Config",
     "ConfigurationError",
     "DataError",
+    "DeadLetter",
+    "DeadLetterBackend",
+    "DeadLetters",
     "DoneStatus",
     "Held",
     "InterfaceError",
     "InternalError",
     "InvalidInputError",
+    "KeyedBatch",
+    "KeyedHandler",
     "LbsError",
     "LockError",
+    "Message",
     "NotHeldError",
     "Notification",
     "NotificationType",
     "Producer",
-    "Publisher",
-    "KeyedBatch",
-    "KeyedHandler",
-    "Message",
     "ProtocolError",
+    "Publisher",
+    "ReadStrategy",
     "RedisOperationError",
     "ServerError",
     "ServerNotFoundError",
     "ServerStartError",
+    "ShardedClient",
     "SyncClient",
     "__version__",
     "consumer_id_from_env",
@@ -104,5 +102,7 @@ __all__ = [
     "hookimpl",
     "input_stream",
     "lock_key",
+    "shard_of",
+    "shard_services",
     "try_decode_input",
 ]

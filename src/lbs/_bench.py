@@ -25,11 +25,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+
 from _lbscore import decode_input
 
 from . import _keys
-from .client import Client
 from ._redis.connection import ensure_group
+from .client import Client
 from .config import Config
 from .notifications import Notification
 
@@ -77,7 +78,9 @@ async def register(redis: aioredis.Redis | str, service: str, n: int) -> None:
         for i in range(0, n, CHUNK):
             pipe = r.pipeline(transaction=False)
             for j in range(i, min(n, i + CHUNK)):
-                pipe.xadd(stream, {_keys.INPUT_FIELD: json.dumps({"DataStreamName": f"s{j}", "Info": {}})})
+                pipe.xadd(
+                    stream, {_keys.INPUT_FIELD: json.dumps({"DataStreamName": f"s{j}", "Info": {}})}
+                )
             await pipe.execute()
     finally:
         if r is not redis:
@@ -102,23 +105,40 @@ async def _run(c: Client, n: int, concurrency: int | None = None) -> int:
 
 async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
     """The public run() API, tuned: ``max_streams`` 1,000, reads of 500."""
-    return await _run(Client(r, service, "bench", config(max_streams=CHUNK, read_count=CHUNK // 2),
-                             load_entrypoint_plugins=False), n)
+    return await _run(
+        Client(
+            r,
+            service,
+            "bench",
+            config(max_streams=CHUNK, read_count=CHUNK // 2),
+            load_entrypoint_plugins=False,
+        ),
+        n,
+    )
 
 
-async def cycle_lbs_defaults(r: aioredis.Redis, service: str, n: int, plugins: Sequence[object] = (),
-                             **config: Any) -> int:
+async def cycle_lbs_defaults(
+    r: aioredis.Redis, service: str, n: int, plugins: Sequence[object] = (), **config: Any
+) -> int:
     """run() as an application gets it: ``lbs.Config(**config)`` (none: the defaults), ``concurrency=1024``,
     the given plugins."""
-    return await _run(Client(r, service, "bench", Config(**config), plugins=plugins, load_entrypoint_plugins=False),
-                      n, concurrency=1024)
+    return await _run(
+        Client(
+            r, service, "bench", Config(**config), plugins=plugins, load_entrypoint_plugins=False
+        ),
+        n,
+        concurrency=1024,
+    )
 
 
 async def plain_read(r: aioredis.Redis, group: str, stream: str, count: int) -> list[Any]:
     """One XREADGROUP's ``(id, fields)`` entries, in either RESP shape."""
     reply = await r.xreadgroup(group, "bench", {stream: ">"}, count=count, block=50)
-    return [e for _, es in (reply.items() if isinstance(reply, dict) else reply)
-            for e in (es[0] if isinstance(reply, dict) else es)]
+    return [
+        e
+        for _, es in (reply.items() if isinstance(reply, dict) else reply)
+        for e in (es[0] if isinstance(reply, dict) else es)
+    ]
 
 
 async def plain_group(r: aioredis.Redis, service: str) -> tuple[str, str]:
@@ -166,7 +186,9 @@ async def server_cpu(r: aioredis.Redis) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-async def measure(cycle: Cycle, r: aioredis.Redis, service: str, n: int) -> tuple[int, float, float]:
+async def measure(
+    cycle: Cycle, r: aioredis.Redis, service: str, n: int
+) -> tuple[int, float, float]:
     """Run one cycle; ``(finished, client CPU seconds, Redis CPU seconds)``."""
     server0, client0 = await server_cpu(r), time.process_time()
     done = await cycle(r, service, n)

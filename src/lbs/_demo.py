@@ -65,15 +65,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
-from _lbscore import try_decode_input
 from redis.exceptions import RedisError
 
+from _lbscore import try_decode_input
+
 from . import _keys
+from ._demo_keyed import KeyedResult, keyed_service, run_keyed_demo
 from .client import Client, Handler
 from .config import Config
 from .exceptions import ConfigurationError, RedisOperationError, ServerError
 from .notifications import Notification
-from ._demo_keyed import KeyedResult, keyed_service, run_keyed_demo
 from .producer import Producer
 
 Printer = Callable[[str], None]
@@ -119,7 +120,8 @@ class DemoResult:
     @property
     def ok(self) -> bool:
         return (
-            self.tickets is not None and self.tickets.ok
+            self.tickets is not None
+            and self.tickets.ok
             and sum(self.processed.values()) == self.registered
             and self.dead_letters == 2
             and self.crash_recovery_s >= 0
@@ -155,8 +157,10 @@ def demo_keys(service: str) -> tuple[list[str], list[str]]:
 
 def describe_keys(service: str) -> str:
     """The demo's keys as glob patterns, for messages."""
-    return (f"{_keys.input_stream(service)}, {_keys.key_prefix(service)}*, {_keys.lock_key(service, '*')} "
-            f"and the same for {keyed_service(service)}")
+    return (
+        f"{_keys.input_stream(service)}, {_keys.key_prefix(service)}*, {_keys.lock_key(service, '*')} "
+        f"and the same for {keyed_service(service)}"
+    )
 
 
 async def find_demo_keys(r: aioredis.Redis, service: str) -> list[str]:
@@ -190,26 +194,36 @@ async def check_server(r: aioredis.Redis, service: str) -> None:
         raise RedisOperationError("reaching Redis", exc) from exc
     version = tuple(int(p) for p in str(info["redis_version"]).split(".")[:2])
     if version < MIN_REDIS:
-        raise ServerError(f"the demo needs Redis >= {'.'.join(map(str, MIN_REDIS))}; "
-                          f"this one is {info['redis_version']}")
+        raise ServerError(
+            f"the demo needs Redis >= {'.'.join(map(str, MIN_REDIS))}; "
+            f"this one is {info['redis_version']}"
+        )
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise ServiceInUseError(
             f"this Redis already has keys that the demo with service {service!r} would write and delete "
-            f"({shown}; its keys are {describe_keys(service)}): pick another --service")
+            f"({shown}; its keys are {describe_keys(service)}): pick another --service"
+        )
 
 
 async def delete_demo_keys(r: aioredis.Redis, service: str) -> int:
     """Delete every key of the demo's with ``service``; how many there were."""
     found = await find_demo_keys(r, service)
     for i in range(0, len(found), 500):
-        await r.delete(*found[i:i + 500])
+        await r.delete(*found[i : i + 500])
     return len(found)
 
 
 async def run_demo(
-    url: str, *, service: str = "demo", streams: int = 6, consumers: int = 2,
-    events: int = 3, spark: bool = True, out: Printer = print, progress: Progress | None = None,
+    url: str,
+    *,
+    service: str = "demo",
+    streams: int = 6,
+    consumers: int = 2,
+    events: int = 3,
+    spark: bool = True,
+    out: Printer = print,
+    progress: Progress | None = None,
 ) -> DemoResult:
     """Run the demo against the Redis at ``url``; return what happened.
 
@@ -229,7 +243,13 @@ async def run_demo(
         raise
     # max_streams=2 so the demo's handful of streams spreads over both consumers; drain_timeout=0 so the
     # consumer that shuts down mid-stream (step 3) hands its running streams back at once.
-    config = Config(lock_ttl=30.0, read_block=0.1, max_streams=2, max_retries=POISON_MAX_RETRIES, drain_timeout=0.0)
+    config = Config(
+        lock_ttl=30.0,
+        read_block=0.1,
+        max_streams=2,
+        max_retries=POISON_MAX_RETRIES,
+        drain_timeout=0.0,
+    )
     prefix = data_stream(service, "")
     names = [data_stream(service, f"session-{i + 1}") for i in range(streams)]
     late = [data_stream(service, f"late-{i + 1}") for i in range(2)]
@@ -239,41 +259,60 @@ async def run_demo(
     finished_at: dict[str, float] = {}
     clients: list[Client] = []
     try:
-        out(f"keys: the demo writes only {describe_keys(service)} (data streams {prefix}session-1 ...), "
-            f"and deletes them at the end")
+        out(
+            f"keys: the demo writes only {describe_keys(service)} (data streams {prefix}session-1 ...), "
+            f"and deletes them at the end"
+        )
         # The events of each data stream, for the consumers to read: one row per event.
-        rows: list[Row] = [(name, n * 10 + e, f"u{n}") for n, name in enumerate(every_name) for e in range(events)]
-        first, later = [row for row in rows if row[0] in names], [row for row in rows if row[0] in late]
+        rows: list[Row] = [
+            (name, n * 10 + e, f"u{n}") for n, name in enumerate(every_name) for e in range(events)
+        ]
+        first, later = (
+            [row for row in rows if row[0] in names],
+            [row for row in rows if row[0] in late],
+        )
         lbs_key = _keys.input_stream(service)
         unavailable = _spark_unavailable() if spark else "Spark skipped (--no-spark)"
         if unavailable is None:
             # A producer bug first: an entry that is not an assignment.
             await r.xadd(lbs_key, {_keys.INPUT_FIELD: "{not json"})
             out(f"a producer bug: one malformed entry written straight into {lbs_key}")
-            out(f"spark: starting a local Spark job ({SPARK_MASTER}, in a child process) to write the work; "
+            out(
+                f"spark: starting a local Spark job ({SPARK_MASTER}, in a child process) to write the work; "
                 f"it takes {SPARK_JOB_TIME} on 2 cores, starting the JVM and a session first "
-                f"(lbs demo --no-spark skips it) ...")
+                f"(lbs demo --no-spark skips it) ..."
+            )
             timings = await _spark_write(url, service, first, progress)
             result.source, result.spark_seconds = "spark", timings["total_s"]
             entries: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(lbs_key)  # type: ignore[assignment]
-            registered = Counter(try_decode_input(f[_keys.INPUT_FIELD.encode()])[0] for _, f in entries)
+            registered = Counter(
+                try_decode_input(f[_keys.INPUT_FIELD.encode()])[0] for _, f in entries
+            )
             result.registered = sum(registered[name] for name in names)
             once = "once each" if set(registered.values()) == {1} else f"counts {dict(registered)}"
-            out(f"spark: the work came from a Spark job: the lbs sink appended {len(first)} rows (events) to "
+            out(
+                f"spark: the work came from a Spark job: the lbs sink appended {len(first)} rows (events) to "
                 f"{len(names)} data streams and registered {result.registered} data streams in {lbs_key}, "
                 f"{once}; {timings['total_s']:.1f} s (session start {timings['start_s']:.1f} s, write "
-                f"{timings['write_s']:.1f} s); Spark stopped")
-            await _xadd_rows(r, later)  # the late streams' events; a producer registers them in step 3
+                f"{timings['write_s']:.1f} s); Spark stopped"
+            )
+            await _xadd_rows(
+                r, later
+            )  # the late streams' events; a producer registers them in step 3
         else:
             out(f"{unavailable}: registering with lbs.Producer instead")
             await _xadd_rows(r, rows)
             async with Producer(r, service) as producer:
                 # A producer bug first: an entry that is not an assignment.
                 await r.xadd(lbs_key, {_keys.INPUT_FIELD: "{not json"})
-                ids = await producer.add_streams((name, {"user": f"u{i}"}) for i, name in enumerate(names))
+                ids = await producer.add_streams(
+                    (name, {"user": f"u{i}"}) for i, name in enumerate(names)
+                )
             result.source, result.registered = "producer", len(ids)
-            out(f"producer: one malformed entry, then registered {len(ids)} data streams in {lbs_key} "
-                f"in one round trip")
+            out(
+                f"producer: one malformed entry, then registered {len(ids)} data streams in {lbs_key} "
+                f"in one round trip"
+            )
 
         def handler_for(consumer: str, slow: asyncio.Event | None = None) -> Handler:
             async def handle(note: Notification) -> None:
@@ -283,17 +322,22 @@ async def run_demo(
                 events_: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(note.stream)  # type: ignore[assignment]
                 total = sum(int(f[b"value"]) for _, f in events_)
                 # The Spark sink registers with an empty Info: the events say whose stream it is.
-                user = note.info.get("user") or (events_[0][1].get(b"user", b"?").decode() if events_ else "?")
+                user = note.info.get("user") or (
+                    events_[0][1].get(b"user", b"?").decode() if events_ else "?"
+                )
                 if slow is not None and short.startswith("late"):
                     slow.set()
                     await asyncio.sleep(3600)  # still working when its consumer shuts down
                 await asyncio.sleep(0.02)  # the application's work
                 result.processed[consumer] += 1
                 finished_at[note.stream] = time.perf_counter()
-                out(f"{consumer}: {note.stream} (token {note.token}, user {user}) -> "
-                    f"{len(events_)} events, sum {total}; done")
+                out(
+                    f"{consumer}: {note.stream} (token {note.token}, user {user}) -> "
+                    f"{len(events_)} events, sum {total}; done"
+                )
                 if sum(result.processed.values()) >= result.registered:
                     all_done.set()
+
             return handle
 
         started = time.perf_counter()
@@ -302,13 +346,23 @@ async def run_demo(
         metrics, scrape = _metrics_plugin(out)
         for n in range(consumers):
             consumer = f"consumer-{chr(97 + n)}"
-            client = Client(r, service, consumer_id=consumer, config=config, plugins=metrics,
-                            load_entrypoint_plugins=False)
+            client = Client(
+                r,
+                service,
+                consumer_id=consumer,
+                config=config,
+                plugins=metrics,
+                load_entrypoint_plugins=False,
+            )
             clients.append(client)
-            runners.append(asyncio.create_task(client.run(handler_for(consumer, a_busy if n == 0 else None))))
+            runners.append(
+                asyncio.create_task(client.run(handler_for(consumer, a_busy if n == 0 else None)))
+            )
         await asyncio.wait_for(all_done.wait(), timeout=30)
-        out(f"all {result.registered} data streams processed in {time.perf_counter() - started:.2f}s "
-            f"({', '.join(f'{c} {n}' for c, n in sorted(result.processed.items()))})")
+        out(
+            f"all {result.registered} data streams processed in {time.perf_counter() - started:.2f}s "
+            f"({', '.join(f'{c} {n}' for c, n in sorted(result.processed.items()))})"
+        )
         if scrape is not None:
             await scrape()
 
@@ -316,7 +370,8 @@ async def run_demo(
         while not await r.exists(_keys.dead_letter_stream(service)) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         dlq: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(  # type: ignore[assignment]
-            _keys.dead_letter_stream(service))
+            _keys.dead_letter_stream(service)
+        )
         result.dead_letters = len(dlq)
         for _, f in dlq:
             out(f"dead letter: {f[b'lbs-input'].decode()!r}: {f[b'_reason'].decode()}")
@@ -334,13 +389,17 @@ async def run_demo(
         await clients[0].close()
         result.handed_back = held
         out(f"consumer-a shut down holding {held} stream(s): handed back to the LBS at once")
-        b = Client(r, service, consumer_id="consumer-b", config=config, load_entrypoint_plugins=False)
+        b = Client(
+            r, service, consumer_id="consumer-b", config=config, load_entrypoint_plugins=False
+        )
         clients.append(b)
         runners.append(asyncio.create_task(b.run(handler_for("consumer-b"))))
         await asyncio.wait_for(all_done.wait(), timeout=30)
         result.hand_back_pickup_ms = (max(finished_at[n] for n in late) - closed_at) * 1000
-        out(f"consumer-b finished them {result.hand_back_pickup_ms:.0f} ms later "
-            f"(the lock TTL is {config.lock_ttl:.0f} s: nobody waited for it)")
+        out(
+            f"consumer-b finished them {result.hand_back_pickup_ms:.0f} ms later "
+            f"(the lock TTL is {config.lock_ttl:.0f} s: nobody waited for it)"
+        )
 
         for each in clients:
             await each.close()
@@ -351,31 +410,46 @@ async def run_demo(
         result.registered += 1
         async with Producer(r, service) as producer:
             await producer.add_stream(crash, {"user": "u-crash"})
-        doomed = subprocess.Popen([sys.executable, "-m", "lbs._demo", "doomed", url, service],
-                                  stdout=subprocess.PIPE, text=True)
+        doomed = subprocess.Popen(
+            [sys.executable, "-m", "lbs._demo", "doomed", url, service],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert doomed.stdout is not None
             line = await asyncio.wait_for(asyncio.to_thread(doomed.stdout.readline), timeout=30)
             if not line:
-                raise RuntimeError(f"the doomed consumer exited with {doomed.wait()} before taking a stream")
+                raise RuntimeError(
+                    f"the doomed consumer exited with {doomed.wait()} before taking a stream"
+                )
             held_note = json.loads(line)
             doomed.kill()
             killed_at = time.perf_counter()
-            out(f"consumer-x (pid {doomed.pid}) took {held_note['stream']} (token {held_note['token']}, "
-                f"lock TTL {CRASH_LOCK_TTL:.0f} s) and was killed with SIGKILL")
+            out(
+                f"consumer-x (pid {doomed.pid}) took {held_note['stream']} (token {held_note['token']}, "
+                f"lock TTL {CRASH_LOCK_TTL:.0f} s) and was killed with SIGKILL"
+            )
         finally:
             doomed.kill()
             doomed.wait()
             if doomed.stdout:
                 doomed.stdout.close()
-        c = Client(r, service, consumer_id="consumer-c", config=config, load_entrypoint_plugins=False)
+        c = Client(
+            r, service, consumer_id="consumer-c", config=config, load_entrypoint_plugins=False
+        )
         clients.append(c)
         runners.append(asyncio.create_task(c.run(handler_for("consumer-c"))))
         await asyncio.wait_for(all_done.wait(), timeout=30)
         result.crash_recovery_s = finished_at[crash] - killed_at
-        paths = {k.split("_")[1]: int(v) for k, v in c.metrics.items() if k.endswith("_requeued_total") and v}
-        out(f"consumer-c's recovery re-queued {crash} once its lock had expired ({paths}); consumer-c "
-            f"finished it {result.crash_recovery_s:.2f} s after the kill")
+        paths = {
+            k.split("_")[1]: int(v)
+            for k, v in c.metrics.items()
+            if k.endswith("_requeued_total") and v
+        }
+        out(
+            f"consumer-c's recovery re-queued {crash} once its lock had expired ({paths}); consumer-c "
+            f"finished it {result.crash_recovery_s:.2f} s after the kill"
+        )
 
         # Poison pill: its handler fails every time; after max_retries it is a dead letter.
         async with Producer(r, service) as producer:
@@ -390,18 +464,24 @@ async def run_demo(
         pill = last[0][1]
         result.dead_letters = await r.xlen(dlq_key)
         result.poison_retries = int(pill[b"_retry_count"])
-        out(f"dead letter: {poison} after {result.poison_retries} failed attempts "
+        out(
+            f"dead letter: {poison} after {result.poison_retries} failed attempts "
             f"(max_retries {POISON_MAX_RETRIES}): {pill[b'_reason'].decode()}; "
-            f"original entry {pill[b'_original_id'].decode()}")
+            f"original entry {pill[b'_original_id'].decode()}"
+        )
 
         await c.close()
         await asyncio.gather(*runners)
         stream, group = _keys.input_stream(service), _keys.group_name(service)
         result.leftover_pending = (await r.xpending(stream, group))["pending"]
         result.leftover_entries = await r.xlen(stream)
-        result.leftover_locks = len([k async for k in r.scan_iter(match=_keys.lock_key(service, "*"))])
-        out(f"left behind: {result.leftover_pending} pending, {result.leftover_entries} LBS entries, "
-            f"{result.leftover_locks} locks; {result.dead_letters} dead letters")
+        result.leftover_locks = len(
+            [k async for k in r.scan_iter(match=_keys.lock_key(service, "*"))]
+        )
+        out(
+            f"left behind: {result.leftover_pending} pending, {result.leftover_entries} LBS entries, "
+            f"{result.leftover_locks} locks; {result.dead_letters} dead letters"
+        )
 
         # Keyed, ordered processing: tickets whose events go one by one, in order, across a kill.
         result.tickets = await run_keyed_demo(url, keyed_service(service), out)
@@ -411,7 +491,9 @@ async def run_demo(
                 await each.close()
             # Whatever happened: nothing of the demo's stays (no other key existed under these names).
             removed = await delete_demo_keys(r, service)
-            out(f"cleaned up: deleted the demo's {removed} keys ({describe_keys(service)}); nothing else was touched")
+            out(
+                f"cleaned up: deleted the demo's {removed} keys ({describe_keys(service)}); nothing else was touched"
+            )
         finally:
             await r.aclose()
     return result
@@ -429,6 +511,7 @@ def _spark_unavailable() -> str | None:
     """Why the demo cannot write its work with Spark here, or None when it can."""
     try:
         import pyarrow  # noqa: F401
+
         from . import spark  # noqa: F401 - needs pyspark >= 4.0
     except ImportError:
         return "pyspark not installed (pip install 'lbs-streams[spark]')"
@@ -437,7 +520,9 @@ def _spark_unavailable() -> str | None:
     return None
 
 
-async def _spark_write(url: str, service: str, rows: list[Row], progress: Progress | None = None) -> dict[str, float]:
+async def _spark_write(
+    url: str, service: str, rows: list[Row], progress: Progress | None = None
+) -> dict[str, float]:
     """Run :func:`_spark_job` in a child process; return its timings (seconds), ``total_s`` included.
 
     A child process keeps Spark's JVM, its start-up chatter on stderr and its
@@ -447,8 +532,16 @@ async def _spark_write(url: str, service: str, rows: list[Row], progress: Progre
     """
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lbs._demo", "spark", url, service,
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "lbs._demo",
+        "spark",
+        url,
+        service,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stdout: asyncio.StreamReader = proc.stdout
     stage = "starting the JVM and a local Spark session"
@@ -481,7 +574,9 @@ async def _spark_write(url: str, service: str, rows: list[Row], progress: Progre
                 # The time first: a narrow terminal cuts the end of the line.
                 progress(f"spark {elapsed:.0f} s (takes {SPARK_JOB_TIME}): {stage}")
             await asyncio.wait((exited,), timeout=0.5)
-        await asyncio.wait((reader, errors), timeout=30)  # the pipes are at EOF once the child has exited
+        await asyncio.wait(
+            (reader, errors), timeout=30
+        )  # the pipes are at EOF once the child has exited
         stderr = errors.result() if errors.done() else b""
     finally:
         if progress is not None:
@@ -526,18 +621,24 @@ def _spark_job(url: str, service: str, rows: list[Row]) -> dict[str, float]:
 def _metrics_plugin(out: Printer) -> tuple[list[object], Callable[[], Awaitable[None]] | None]:
     """The lbs-prometheus plugin serving /metrics on a free port, when it is installed (make setup does)."""
     try:
-        from lbs_prometheus import PrometheusPlugin  # type: ignore[import-not-found, unused-ignore]
         from prometheus_client import CollectorRegistry
+
+        from lbs_prometheus import PrometheusPlugin  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
         return [], None
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
     url = f"http://127.0.0.1:{plugin.port}/metrics"
 
     def fetch() -> list[str]:
-        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - our own loopback endpoint
+        with urllib.request.urlopen(url, timeout=5) as resp:
             text: str = resp.read().decode()
-        return [line for line in text.splitlines()
-                if line.startswith(("lbs_locks_acquired_total", "lbs_locks_released_total", "lbs_held_streams"))]
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith(
+                ("lbs_locks_acquired_total", "lbs_locks_released_total", "lbs_held_streams")
+            )
+        ]
 
     async def scrape() -> None:
         lines = await asyncio.to_thread(fetch)
@@ -551,7 +652,9 @@ def _metrics_plugin(out: Printer) -> tuple[list[object], Callable[[], Awaitable[
 async def _doomed(url: str, service: str) -> None:
     """A consumer that takes one stream, says so on stdout, and waits to be killed."""
     config = Config(lock_ttl=CRASH_LOCK_TTL, read_block=0.1, max_streams=1, recovery=False)
-    client = Client(url, service, consumer_id="consumer-x", config=config, load_entrypoint_plugins=False)
+    client = Client(
+        url, service, consumer_id="consumer-x", config=config, load_entrypoint_plugins=False
+    )
     await client.start()
     async for note in client.notifications():
         print(json.dumps({"stream": note.stream, "token": note.token}), flush=True)

@@ -51,9 +51,11 @@ class KeyedResult:
 
     @property
     def ok(self) -> bool:
-        return (len(self.timelines) == TICKETS
-                and all([e for e, _ in t] == list(EVENTS) for t in self.timelines.values())
-                and self.cut_mid_ticket > 0)
+        return (
+            len(self.timelines) == TICKETS
+            and all([e for e, _ in t] == list(EVENTS) for t in self.timelines.values())
+            and self.cut_mid_ticket > 0
+        )
 
 
 def keyed_service(service: str) -> str:
@@ -72,8 +74,13 @@ def _timeline(service: str) -> str:
 def _handler(service: str, desk: str, slow: float) -> KeyedHandler:
     async def handle(batch: KeyedBatch) -> None:
         for m in batch.messages:
-            batch.emit(_timeline(service), {"ticket": batch.key, "event": m.fields["event"], "desk": desk}, m)
+            batch.emit(
+                _timeline(service),
+                {"ticket": batch.key, "event": m.fields["event"], "desk": desk},
+                m,
+            )
         await asyncio.sleep(slow)  # the desk's work
+
     return handle
 
 
@@ -85,10 +92,15 @@ async def run_keyed_demo(url: str, service: str, out: Printer = print) -> KeyedR
     try:
         async with Publisher(r, service) as pub:
             await pub.publish_many([(t, {"event": e}) for e in EVENTS for t in names])
-        out(f"tickets: published {len(EVENTS)} events of each of {TICKETS} tickets, interleaved; "
-            f"{await r.xlen(_keys.input_stream(service))} tickets registered in {_keys.input_stream(service)}")
-        doomed = subprocess.Popen([sys.executable, "-m", "lbs._demo_keyed", "doomed", url, service],
-                                  stdout=subprocess.PIPE, text=True)
+        out(
+            f"tickets: published {len(EVENTS)} events of each of {TICKETS} tickets, interleaved; "
+            f"{await r.xlen(_keys.input_stream(service))} tickets registered in {_keys.input_stream(service)}"
+        )
+        doomed = subprocess.Popen(
+            [sys.executable, "-m", "lbs._demo_keyed", "doomed", url, service],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert doomed.stdout is not None
             line = await within(asyncio.to_thread(doomed.stdout.readline), 30)
@@ -103,10 +115,17 @@ async def run_keyed_demo(url: str, service: str, out: Printer = print) -> KeyedR
                 doomed.stdout.close()
         positions = {t: await r.hget(_keys.key_state(service, t), "pos") for t in names}
         result.cut_mid_ticket = sum(1 for p in positions.values() if p)
-        out(f"tickets: desk-x (pid {doomed.pid}) committed part of {result.cut_mid_ticket} ticket(s) "
-            f"({json.loads(line)['committed']} events) and was killed with SIGKILL mid-ticket")
-        b = Client(r, service, consumer_id="desk-b", load_entrypoint_plugins=False,
-                   config=Config(lock_ttl=10.0, read_block=0.1, deadline_poll_interval=0.1))
+        out(
+            f"tickets: desk-x (pid {doomed.pid}) committed part of {result.cut_mid_ticket} ticket(s) "
+            f"({json.loads(line)['committed']} events) and was killed with SIGKILL mid-ticket"
+        )
+        b = Client(
+            r,
+            service,
+            consumer_id="desk-b",
+            load_entrypoint_plugins=False,
+            config=Config(lock_ttl=10.0, read_block=0.1, deadline_poll_interval=0.1),
+        )
         runner = asyncio.create_task(b.run_keyed(_handler(service, "desk-b", 0.0), batch=2))
         try:
             deadline = time.monotonic() + 30
@@ -117,19 +136,27 @@ async def run_keyed_demo(url: str, service: str, out: Printer = print) -> KeyedR
         finally:
             await b.close()
             await runner
-        out(f"tickets: desk-b took over once desk-x's locks expired and finished all {TICKETS} tickets "
-            f"{time.perf_counter() - killed_at:.2f} s after the kill, each after its committed position")
+        out(
+            f"tickets: desk-b took over once desk-x's locks expired and finished all {TICKETS} tickets "
+            f"{time.perf_counter() - killed_at:.2f} s after the kill, each after its committed position"
+        )
         timeline: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(_timeline(service))  # type: ignore[assignment]
         for _, f in timeline:
             ticket = f[b"ticket"].decode()
-            result.timelines.setdefault(ticket, []).append((f[b"event"].decode(), f[b"desk"].decode()))
+            result.timelines.setdefault(ticket, []).append(
+                (f[b"event"].decode(), f[b"desk"].decode())
+            )
         for t in names:
             steps = " > ".join(f"{e} ({d})" for e, d in result.timelines.get(t, []))
             out(f"tickets: {t}: {steps}")
         verdict = "in order, once each" if result.ok else "NOT in order once each"
         out(f"tickets: every ticket's events {verdict}, across the kill")
-        await r.delete(_timeline(service), _keys.dead_letter_stream(service), _keys.input_stream(service),
-                       _keys.fence_key(service))
+        await r.delete(
+            _timeline(service),
+            _keys.dead_letter_stream(service),
+            _keys.input_stream(service),
+            _keys.fence_key(service),
+        )
     finally:
         await r.aclose()
     return result
@@ -137,14 +164,24 @@ async def run_keyed_demo(url: str, service: str, out: Printer = print) -> KeyedR
 
 async def _doomed(url: str, service: str) -> None:
     """desk-x: handles tickets slowly, says how much it committed once a ticket is part-way, then waits to die."""
-    c = Client(url, service, consumer_id="desk-x", load_entrypoint_plugins=False,
-               config=Config(lock_ttl=LOCK_TTL, read_block=0.1))
-    runner = asyncio.create_task(c.run_keyed(_handler(service, "desk-x", 0.5), batch=2, handle_signals=False))
+    c = Client(
+        url,
+        service,
+        consumer_id="desk-x",
+        load_entrypoint_plugins=False,
+        config=Config(lock_ttl=LOCK_TTL, read_block=0.1),
+    )
+    runner = asyncio.create_task(
+        c.run_keyed(_handler(service, "desk-x", 0.5), batch=2, handle_signals=False)
+    )
     async with aioredis.Redis.from_url(url) as r:
         states = [_keys.key_state(service, f"ticket-{i + 1}") for i in range(TICKETS)]
         deadline = time.monotonic() + 30
         # Until a commit has landed (its batch's effects with it); the next batches are under way.
-        while not any([await r.hexists(state, "pos") for state in states]) and time.monotonic() < deadline:
+        while (
+            not any([await r.hexists(state, "pos") for state in states])
+            and time.monotonic() < deadline
+        ):
             await asyncio.sleep(0.01)
     print(json.dumps({"committed": c.stats.keyed_messages, "pid": os.getpid()}), flush=True)
     await runner

@@ -181,6 +181,7 @@ def dead_letter_group(service: str) -> str:
 
 # -- sharded LBS: which shard's keys a data stream uses (see lbs.sharding) ---------
 
+
 def check_shards(shards: int) -> int:
     """``shards`` if it is a shard count (an int >= 1), else ConfigurationError."""
     if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-__all__ = ["within", "wait_set"]
+__all__ = ["wait_set", "within"]
 
 T = TypeVar("T")
 

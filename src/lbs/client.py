@@ -19,7 +19,6 @@ import math
 import signal
 import uuid
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
 
 import pluggy
 from redis.asyncio.cluster import RedisCluster
@@ -43,8 +42,8 @@ from ._consumer.topology import Topology
 from ._redis.connection import ClusterMode, RedisLike, cancel_and_wait, resolve_client
 from ._waits import within
 from .config import Config
-from .keyed import KeyedHandler
 from .exceptions import ConfigurationError, LbsError, NotHeldError, RedisOperationError
+from .keyed import KeyedHandler
 from .notifications import DoneStatus, Notification, NotificationType
 from .plugins import Hooks, MetricValues, make_plugin_manager, plugin_config_defaults
 from .strategy import ReadStrategy
@@ -52,6 +51,7 @@ from .strategy import ReadStrategy
 __all__ = ["Client", "ClientStats", "Handler", "Held", "consumer_id_from_env"]
 
 log = logging.getLogger("lbs.client")
+
 
 class Client:
     """A consumer of the service's load-balancer stream.
@@ -87,8 +87,10 @@ class Client:
         if config is not None and not isinstance(config, Config):
             raise ConfigurationError(f"config must be an lbs.Config, got {type(config).__name__}")
         self.pm: pluggy.PluginManager = make_plugin_manager(
-            plugins, load_entrypoints=load_entrypoint_plugins,
-            disabled=config.disabled_plugins if config is not None else ())
+            plugins,
+            load_entrypoints=load_entrypoint_plugins,
+            disabled=config.disabled_plugins if config is not None else (),
+        )
         # Without an explicit Config, plugins may contribute defaults (hook lbs_config_defaults).
         #: The settings: ``config`` as given, else the defaults with what plugins contribute.
         self.config = config if config is not None else Config(**plugin_config_defaults(self.pm))
@@ -109,12 +111,15 @@ class Client:
         source, self._owned = resolve_client(redis, cluster=cluster)
         cluster_client = source if isinstance(source, RedisCluster) else None
         if cluster_client is not None and self.config.go_compatible:  # (nothing connected yet)
-            raise ConfigurationError("Config.go_compatible needs a single Redis: the Go reference client's "
-                                     "lock keys have no hash tag, so they are in other slots than the LBS")
+            raise ConfigurationError(
+                "Config.go_compatible needs a single Redis: the Go reference client's "
+                "lock keys have no hash tag, so they are in other slots than the LBS"
+            )
         self.log = ConsumerLog(log, {"consumer_id": self.id})
         self._hooks = Hooks(self.pm, self, {"service": self.service, "consumer": self.id}, self.log)
-        self._state = s = ConsumerState(self.config, names, self._hooks, self.log,
-                                        Topology.first_link(source), self)
+        self._state = s = ConsumerState(
+            self.config, names, self._hooks, self.log, Topology.first_link(source), self
+        )
         self._cluster = cluster_client
         self._topology = Topology(s, cluster_client)
         self._requeue = Requeue(s)
@@ -127,12 +132,16 @@ class Client:
         self._observer = Observer(s)
         self._forwarder: Forwarder | None = None
         #: The recovery tasks (deadline poller, keyspace listener, scan); see lbs._consumer.recovery.
-        self.recovery = Recovery(s, self._requeue, self._topology, self._reader, self._instance.forget_departed)
+        self.recovery = Recovery(
+            s, self._requeue, self._topology, self._reader, self._instance.forget_departed
+        )
         #: Counters of what this client did (cheap, always on).
         self.stats = s.stats
         self._started = False
         self._closed = False
-        self._closing: asyncio.Future[None] | None = None  # the one shutdown every close() waits for
+        self._closing: asyncio.Future[None] | None = (
+            None  # the one shutdown every close() waits for
+        )
         self._drain_cut = asyncio.Event()  # a second signal: stop waiting for handlers
 
     # ------------------------------------------------------------ answers ---
@@ -214,8 +223,12 @@ class Client:
         self._requeue.delays.start()
         if self._forwarder is not None:
             self._forwarder.start()
-        self.log.info("started on %s (group %s, %s)", self.stream_key, self.group,
-                      s.server.name or "Redis " + (".".join(map(str, s.server.version)) or "?"))
+        self.log.info(
+            "started on %s (group %s, %s)",
+            self.stream_key,
+            self.group,
+            s.server.name or "Redis " + (".".join(map(str, s.server.version)) or "?"),
+        )
         self._hooks.notify("lbs_client_started")
 
     async def check_server(self) -> bool:
@@ -280,9 +293,13 @@ class Client:
         :class:`lbs.NotHeldError` before touching Redis if any is not held.
         """
         if isinstance(streams, (str, bytes)):
-            raise ConfigurationError("done_streams takes a list of names or notifications, not one name")
+            raise ConfigurationError(
+                "done_streams takes a list of names or notifications, not one name"
+            )
         picked = self._state.holdings.to_finish(
-            (item.stream, item.entry_id) if isinstance(item, Notification) else (item, None) for item in streams)
+            (item.stream, item.entry_id) if isinstance(item, Notification) else (item, None)
+            for item in streams
+        )
         # Finished without its notification ever taken: out of the queued set first (nothing left behind).
         await self._heartbeat.mark_running([h for h in picked if h.start()])
         return await self._finisher.finish(picked)
@@ -297,8 +314,15 @@ class Client:
 
     # ---------------------------------------------------------- hand-back ---
 
-    async def hand_back(self, stream: str, entry_id: str | None = None, *, count_retry: bool = False,
-                        reason: str = "handed back", delay: float | None = None) -> str:
+    async def hand_back(
+        self,
+        stream: str,
+        entry_id: str | None = None,
+        *,
+        count_retry: bool = False,
+        reason: str = "handed back",
+        delay: float | None = None,
+    ) -> str:
         """Give a held stream back to the LBS as a fresh entry, now or after ``delay`` seconds.
 
         With ``count_retry`` its ``_retry_count`` goes up, and past
@@ -319,9 +343,15 @@ class Client:
         a ``delay`` that is not a finite number >= 0 and
         :class:`lbs.NotHeldError` for a stream not held.
         """
-        if delay is not None and (not isinstance(delay, (int, float)) or isinstance(delay, bool)
-                                  or not math.isfinite(delay) or delay < 0):
-            raise ConfigurationError(f"delay must be None or a finite number of seconds >= 0, got {delay!r}")
+        if delay is not None and (
+            not isinstance(delay, (int, float))
+            or isinstance(delay, bool)
+            or not math.isfinite(delay)
+            or delay < 0
+        ):
+            raise ConfigurationError(
+                f"delay must be None or a finite number of seconds >= 0, got {delay!r}"
+            )
         holdings = self._state.holdings
         h = holdings.find(stream, entry_id)
         holdings.drop(h)
@@ -329,7 +359,9 @@ class Client:
         if task is not None and task is not asyncio.current_task() and not task.done():
             await cancel_and_wait([task])
         wait = delay if delay is not None else None if count_retry else 0.0
-        return (await self._requeue.hand_back([h], count_retry=count_retry, reason=reason, delay=wait))[0]
+        return (
+            await self._requeue.hand_back([h], count_retry=count_retry, reason=reason, delay=wait)
+        )[0]
 
     async def claim(self, entry: str | Notification) -> bool:
         """Recover one assignment now if its lock is gone (Go parity).
@@ -420,8 +452,14 @@ class Client:
 
     # ---------------------------------------------------------------- run ---
 
-    async def run(self, handler: Handler | None = None, concurrency: int | None = None, *,
-                  handle_signals: bool = True, timeout: float | None = None) -> None:
+    async def run(
+        self,
+        handler: Handler | None = None,
+        concurrency: int | None = None,
+        *,
+        handle_signals: bool = True,
+        timeout: float | None = None,
+    ) -> None:
         """Call ``await handler(notification)`` for every assigned stream until closed.
 
         Without ``handler``, a plugin provides it (hook ``lbs_handler``).
@@ -461,22 +499,39 @@ class Client:
         if handler is None:
             handler = self._hooks.ask("lbs_handler")
             if handler is None:
-                raise ConfigurationError("run() needs a handler: pass one, or install a plugin that "
-                                         "implements the lbs_handler hook")
+                raise ConfigurationError(
+                    "run() needs a handler: pass one, or install a plugin that "
+                    "implements the lbs_handler hook"
+                )
         if not callable(handler):
-            raise ConfigurationError(f"run() needs a callable handler, got {type(handler).__name__}")
+            raise ConfigurationError(
+                f"run() needs a callable handler, got {type(handler).__name__}"
+            )
         if timeout is None:
             timeout = self.config.handler_timeout
-        elif (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or math.isnan(timeout)
-              or timeout <= 0):
-            raise ConfigurationError(f"timeout must be None or a number of seconds > 0, got {timeout!r}")
+        elif (
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or math.isnan(timeout)
+            or timeout <= 0
+        ):
+            raise ConfigurationError(
+                f"timeout must be None or a number of seconds > 0, got {timeout!r}"
+            )
         limit = timeout if timeout is not None and math.isfinite(timeout) else None  # inf: no limit
         runner = Runner(self._state, self._finisher, self._requeue, handler, limit)
         await self._serve(runner.dispatch, concurrency, handle_signals)
 
-    async def run_keyed(self, handler: KeyedHandler, concurrency: int | None = None, *, batch: int = 100,
-                        max_hold_messages: int = 1000, max_hold_seconds: float = 5.0,
-                        handle_signals: bool = True) -> None:
+    async def run_keyed(
+        self,
+        handler: KeyedHandler,
+        concurrency: int | None = None,
+        *,
+        batch: int = 100,
+        max_hold_messages: int = 1000,
+        max_hold_seconds: float = 5.0,
+        handle_signals: bool = True,
+    ) -> None:
         """Process keys published by :class:`lbs.Publisher`: each key's messages in order, one holder at a time.
 
         For every key this consumer takes, ``await handler(batch)`` gets a
@@ -510,15 +565,28 @@ class Client:
         if self._reader.dispatch is not None:
             raise ConfigurationError("run() is already running on this client")
         if not callable(handler):
-            raise ConfigurationError(f"run_keyed() needs a callable handler, got {type(handler).__name__}")
+            raise ConfigurationError(
+                f"run_keyed() needs a callable handler, got {type(handler).__name__}"
+            )
         for name, value in (("batch", batch), ("max_hold_messages", max_hold_messages)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer of at least 1, got {value!r}")
-        if (not isinstance(max_hold_seconds, (int, float)) or isinstance(max_hold_seconds, bool)
-                or not max_hold_seconds > 0):
-            raise ConfigurationError(f"max_hold_seconds must be a number > 0, got {max_hold_seconds!r}")
-        keyed = KeyedRunner(self._state, self._finisher, handler, batch=batch, max_hold_messages=max_hold_messages,
-                            max_hold_seconds=float(max_hold_seconds))
+        if (
+            not isinstance(max_hold_seconds, (int, float))
+            or isinstance(max_hold_seconds, bool)
+            or not max_hold_seconds > 0
+        ):
+            raise ConfigurationError(
+                f"max_hold_seconds must be a number > 0, got {max_hold_seconds!r}"
+            )
+        keyed = KeyedRunner(
+            self._state,
+            self._finisher,
+            handler,
+            batch=batch,
+            max_hold_messages=max_hold_messages,
+            max_hold_seconds=float(max_hold_seconds),
+        )
         self._keyed = keyed
         try:
             await self._serve(keyed.dispatch, concurrency, handle_signals)
@@ -526,16 +594,22 @@ class Client:
             self._keyed = None
             await keyed.close()
 
-    async def _serve(self, dispatch: Dispatch, concurrency: int | None,
-                     handle_signals: bool) -> None:
+    async def _serve(
+        self, dispatch: Dispatch, concurrency: int | None, handle_signals: bool
+    ) -> None:
         """Hand every taken stream to ``dispatch`` until closed (``run()`` and ``run_keyed()``)."""
-        if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
-                                        or concurrency < 1):
-            raise ConfigurationError(f"concurrency must be an integer of at least 1, got {concurrency!r}")
+        if concurrency is not None and (
+            not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"concurrency must be an integer of at least 1, got {concurrency!r}"
+            )
         s = self._state
         loop = asyncio.get_running_loop()
         self._reader.dispatch = dispatch
-        s.capacity = s.run_limit = concurrency if concurrency is not None else self.config.max_streams
+        s.capacity = s.run_limit = (
+            concurrency if concurrency is not None else self.config.max_streams
+        )
         catching = handle_signals and SIGNALS.catch(loop, self._on_signal)
         try:
             await self.start()
@@ -562,7 +636,9 @@ class Client:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if self._closing is None:
-            self.log.warning("%s: stopping (drain %.1fs, then hand back)", sig.name, self.config.drain_timeout)
+            self.log.warning(
+                "%s: stopping (drain %.1fs, then hand back)", sig.name, self.config.drain_timeout
+            )
             asyncio.ensure_future(self.close())
         else:
             self.log.warning("%s again: handing back without waiting for handlers", sig.name)
@@ -604,11 +680,15 @@ class Client:
             # Until every handler ended, the drain time is up, or a second signal cuts it short.
             ended = asyncio.ensure_future(asyncio.wait(running))
             cut = asyncio.ensure_future(self._drain_cut.wait())
-            await asyncio.wait([ended, cut], timeout=self.config.drain_timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [ended, cut], timeout=self.config.drain_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
             for waiter in (ended, cut):
                 waiter.cancel()
         await cancel_and_wait(running)
-        await cancel_and_wait(list(self._marking))  # drain_notifications' marks: the streams go back below
+        await cancel_and_wait(
+            list(self._marking)
+        )  # drain_notifications' marks: the streams go back below
         if self._keyed is not None:
             # Keys whose handlers finished commit (and yield) first; the rest are handed back below.
             await self._keyed.flush(self.config.read_block + 5.0)
@@ -617,11 +697,15 @@ class Client:
             s.holdings.drop(h)
         handed_back = 0
         try:
-            results = await self._requeue.hand_back(handed, count_retry=False, reason=f"{self.id} shut down")
+            results = await self._requeue.hand_back(
+                handed, count_retry=False, reason=f"{self.id} shut down"
+            )
             handed_back = sum(1 for r in results if r)
         except RedisOperationError as exc:
             self._hooks.metric("hand_back_failures_total", len(handed))
-            self.log.error("hand-back on close failed (%s); %d locks will expire instead", exc, len(handed))
+            self.log.error(
+                "hand-back on close failed (%s); %d locks will expire instead", exc, len(handed)
+            )
         # Streams whose handlers finished are queued for done-n.lua: send them.
         await self._finisher.drain(self.config.read_block + 5.0)
         await self._heartbeat.stop()
@@ -647,4 +731,3 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<lbs.Client {self.id} service={self.service!r} held={self.held}>"
-

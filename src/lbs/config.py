@@ -20,6 +20,7 @@ GO_MIN_IDLE = 4.0
 #: The Go client's ``hbInterval`` (seconds): its ``Claim`` takes an entry idle that long once its lock expired.
 GO_CLAIM_IDLE = 2.0
 
+
 @dataclass(frozen=True, kw_only=True)
 class Config:
     """Settings of an :class:`lbs.Client`. Durations are in seconds.
@@ -158,7 +159,12 @@ class Config:
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            if (
+                not isinstance(v, (int, float))
+                or isinstance(v, bool)
+                or not math.isfinite(v)
+                or v <= 0
+            ):
                 raise ConfigurationError(f"Config.{name} must be a positive number, got {v!r}")
 
         def at_least(name: str, low: int) -> None:
@@ -169,7 +175,9 @@ class Config:
         for name in ("lock_ttl", "read_block", "read_retry_initial", "read_retry_max"):
             positive(name)
         if self.lock_ttl < 0.01:
-            raise ConfigurationError(f"Config.lock_ttl must be at least 0.01 s, got {self.lock_ttl!r}")
+            raise ConfigurationError(
+                f"Config.lock_ttl must be at least 0.01 s, got {self.lock_ttl!r}"
+            )
         if self.heartbeat_interval is not None:
             positive("heartbeat_interval")
             if self.heartbeat_interval >= self.lock_ttl:
@@ -180,11 +188,16 @@ class Config:
         if self.go_compatible and self.heartbeat_every >= GO_MIN_IDLE:
             raise ConfigurationError(
                 f"Config.go_compatible needs a heartbeat under {GO_MIN_IDLE} s (the Go client's shortest "
-                f"XAUTOCLAIM idle time), got heartbeat_interval {self.heartbeat_interval}")
+                f"XAUTOCLAIM idle time), got heartbeat_interval {self.heartbeat_interval}"
+            )
         if self.read_retry_max < self.read_retry_initial:
             raise ConfigurationError("Config.read_retry_max must be >= read_retry_initial")
-        for name in ("deadline_poll_interval", "reconciliation_interval", "pubsub_ping_interval",
-                     "dead_letter_claim_idle"):
+        for name in (
+            "deadline_poll_interval",
+            "reconciliation_interval",
+            "pubsub_ping_interval",
+            "dead_letter_claim_idle",
+        ):
             positive(name)
         if self.min_idle is not None:
             positive("min_idle")
@@ -195,8 +208,15 @@ class Config:
                 )
         if self.read_count is not None:
             at_least("read_count", 1)
-        for name in ("max_streams", "heartbeat_chunk", "notification_buffer", "max_input_bytes",
-                     "scan_batch", "deadline_batch", "dead_letter_batch"):
+        for name in (
+            "max_streams",
+            "heartbeat_chunk",
+            "notification_buffer",
+            "max_input_bytes",
+            "scan_batch",
+            "deadline_batch",
+            "dead_letter_batch",
+        ):
             at_least(name, 1)
         at_least("read_max_retries", -1)
         at_least("max_retries", -1)
@@ -204,24 +224,47 @@ class Config:
             positive("hold_warning")
         if self.handler_timeout is not None:
             positive("handler_timeout")
-        for name in ("retry_delay", "retry_delay_max", "metrics_interval", "forget_consumers_after"):
+        for name in (
+            "retry_delay",
+            "retry_delay_max",
+            "metrics_interval",
+            "forget_consumers_after",
+        ):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            if (
+                not isinstance(v, (int, float))
+                or isinstance(v, bool)
+                or not math.isfinite(v)
+                or v < 0
+            ):
                 raise ConfigurationError(f"Config.{name} must be a number >= 0, got {v!r}")
         if self.retry_delay_max < self.retry_delay:
             raise ConfigurationError("Config.retry_delay_max must be >= retry_delay")
-        if (not isinstance(self.drain_timeout, (int, float)) or isinstance(self.drain_timeout, bool)
-                or math.isnan(self.drain_timeout) or self.drain_timeout < 0):
-            raise ConfigurationError(f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}")
+        if (
+            not isinstance(self.drain_timeout, (int, float))
+            or isinstance(self.drain_timeout, bool)
+            or math.isnan(self.drain_timeout)
+            or self.drain_timeout < 0
+        ):
+            raise ConfigurationError(
+                f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}"
+            )
         for name in ("configure_keyspace_events", "recovery", "keyspace_recovery", "fair_dispatch"):
             if not isinstance(getattr(self, name), bool):  # "false" would be true
-                raise ConfigurationError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+                raise ConfigurationError(
+                    f"Config.{name} must be True or False, got {getattr(self, name)!r}"
+                )
         if not isinstance(self.field_prefix, str) or not self.field_prefix:
             raise ConfigurationError("Config.field_prefix must be a non-empty str")
-        if (isinstance(self.disabled_plugins, str) or not isinstance(self.disabled_plugins, Iterable)
-                or not all(isinstance(n, str) for n in self.disabled_plugins)):
-            raise ConfigurationError("Config.disabled_plugins must be a sequence of entry-point names (str), "
-                                     f"got {self.disabled_plugins!r}")
+        if (
+            isinstance(self.disabled_plugins, str)
+            or not isinstance(self.disabled_plugins, Iterable)
+            or not all(isinstance(n, str) for n in self.disabled_plugins)
+        ):
+            raise ConfigurationError(
+                "Config.disabled_plugins must be a sequence of entry-point names (str), "
+                f"got {self.disabled_plugins!r}"
+            )
         object.__setattr__(self, "disabled_plugins", tuple(self.disabled_plugins))
         if self.dead_letter_stream is not None and not isinstance(self.dead_letter_stream, str):
             raise ConfigurationError("Config.dead_letter_stream must be a str or None")
@@ -247,7 +290,9 @@ class Config:
         under half of :attr:`scan_min_idle`: the scan (and XREADGROUP CLAIM)
         never sees live work as idle, and Redis skips most of the XCLAIM work.
         """
-        keep_under = min(self.scan_min_idle, GO_MIN_IDLE) if self.go_compatible else self.scan_min_idle
+        keep_under = (
+            min(self.scan_min_idle, GO_MIN_IDLE) if self.go_compatible else self.scan_min_idle
+        )
         return max(1, int((keep_under / 2) // self.heartbeat_every))
 
     @property
@@ -290,4 +335,4 @@ def _checked_init(init: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
-setattr(Config, "__init__", _checked_init(Config.__init__))
+setattr(Config, "__init__", _checked_init(Config.__init__))  # noqa: B010 (mypy refuses assigning a method)

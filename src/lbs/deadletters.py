@@ -64,9 +64,16 @@ from ._redis.connection import ClusterMode, RedisLike, resolve_client, slot_owne
 from ._redis.wire import fields_text, text
 from .config import Config
 from .exceptions import ConfigurationError, LbsError, RedisOperationError
-from .publisher import published_id, publish_in_transaction
+from .publisher import publish_in_transaction, published_id
 
-__all__ = ["DeadLetter", "DeadLetterBackend", "DeadLetters", "REPLAY_FIELDS", "Replay", "letter_time_ms"]
+__all__ = [
+    "REPLAY_FIELDS",
+    "DeadLetter",
+    "DeadLetterBackend",
+    "DeadLetters",
+    "Replay",
+    "letter_time_ms",
+]
 
 
 @dataclass(frozen=True)
@@ -118,9 +125,16 @@ class DeadLetter:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"id", "reason", "consumer", "failed_id", "retry_count", "key", "traceback", "fields"}``: JSON-ready."""
-        return {"id": self.id, "reason": self.reason, "consumer": self.consumer, "failed_id": self.failed_id,
-                "retry_count": self.retry_count, "key": self.key, "traceback": self.traceback,
-                "fields": dict(self.fields)}
+        return {
+            "id": self.id,
+            "reason": self.reason,
+            "consumer": self.consumer,
+            "failed_id": self.failed_id,
+            "retry_count": self.retry_count,
+            "key": self.key,
+            "traceback": self.traceback,
+            "fields": dict(self.fields),
+        }
 
 
 @runtime_checkable
@@ -166,8 +180,11 @@ def _text(value: Any) -> str:
 
 
 def _as_bytes(value: Any) -> bytes:
-    return bytes(value) if isinstance(value, (bytes, bytearray, memoryview)) else str(value).encode("utf-8",
-                                                                                                   "surrogatepass")
+    return (
+        bytes(value)
+        if isinstance(value, (bytes, bytearray, memoryview))
+        else str(value).encode("utf-8", "surrogatepass")
+    )
 
 
 @dataclass(frozen=True)
@@ -189,8 +206,13 @@ class Replay:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"letter_id": self.letter_id, "outcome": self.outcome, "entry_id": self.entry_id,
-                "stream": self.stream, "detail": self.detail}
+        return {
+            "letter_id": self.letter_id,
+            "outcome": self.outcome,
+            "entry_id": self.entry_id,
+            "stream": self.stream,
+            "detail": self.detail,
+        }
 
 
 # Aliases for annotations inside DeadLetters, whose method ``list`` hides the builtin there.
@@ -227,15 +249,23 @@ class DeadLetters:
     :class:`lbs.ConfigurationError`.
     """
 
-    def __init__(self, redis: RedisLike, service: str, *, config: Config | None = None,
-                 cluster: bool | ClusterMode = ClusterMode.NONE) -> None:
+    def __init__(
+        self,
+        redis: RedisLike,
+        service: str,
+        *,
+        config: Config | None = None,
+        cluster: bool | ClusterMode = ClusterMode.NONE,
+    ) -> None:
         self.service = _keys.validate_service(service)
         if config is not None and not isinstance(config, Config):
             raise ConfigurationError(f"config must be an lbs.Config, got {type(config).__name__}")
         self.config = config or Config()
         if self.config.dead_letter_stream == "":
-            raise ConfigurationError("Config.dead_letter_stream is \"\": this service's dead letters are dropped, "
-                                     "there is no dead-letter stream to read")
+            raise ConfigurationError(
+                'Config.dead_letter_stream is "": this service\'s dead letters are dropped, '
+                "there is no dead-letter stream to read"
+            )
         self.prefix = self.config.field_prefix
         #: The dead-letter stream and the load-balancer stream.
         self.key = self.config.dead_letter_stream or _keys.dead_letter_stream(service)
@@ -243,8 +273,12 @@ class DeadLetters:
         self._forwarders = _keys.dead_letter_group(service)
         self._client, self._owned = resolve_client(redis, cluster=cluster)
         # A replayed entry is judged by the consumers' own parser, as the producer judges new ones.
-        self._judge = EntryParser(_keys.INPUT_FIELD, self.prefix + "retry_count", self.prefix + "original_id",
-                                  max_input_bytes=self.config.max_input_bytes)
+        self._judge = EntryParser(
+            _keys.INPUT_FIELD,
+            self.prefix + "retry_count",
+            self.prefix + "original_id",
+            max_input_bytes=self.config.max_input_bytes,
+        )
 
     async def aclose(self) -> None:
         """Close the Redis client if it was opened here (from a URL)."""
@@ -303,8 +337,14 @@ class DeadLetters:
             rows = _rows(await r.xrange(self.key, letter_id, letter_id, count=1))
         return self._letter(letter_id, rows[0][1]) if rows else None
 
-    async def matching(self, ids: Iterable[str] | None = None, *, reason: str | None = None, all: bool = False,
-                       until: str | None = None) -> tuple[int, str]:
+    async def matching(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        reason: str | None = None,
+        all: bool = False,
+        until: str | None = None,
+    ) -> tuple[int, str]:
         """How many letters the selection holds now, and the newest id among them ("" if none).
 
         Pass that id as ``until`` to :meth:`purge` or :meth:`replay` to act on
@@ -322,8 +362,15 @@ class DeadLetters:
 
     # ------------------------------------------------------------- replay ---
 
-    async def replay(self, ids: Iterable[str] | None = None, *, reason: str | None = None, all: bool = False,
-                     until: str | None = None, force: bool = False) -> _Replays:
+    async def replay(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        reason: str | None = None,
+        all: bool = False,
+        until: str | None = None,
+        force: bool = False,
+    ) -> _Replays:
         """Put the selected letters back into the LBS as fresh assignments (oldest first); one :class:`Replay` each.
 
         A letter whose ``lbs-input`` a consumer would refuse (not JSON, no
@@ -342,20 +389,31 @@ class DeadLetters:
                 for letter_id in self._ids(ids):
                     if until is not None and _id_key(letter_id) > _id_key(until):
                         continue
-                    one, _, read = await self._replay_rows(r, letter_id, letter_id, 1, wanted, force, forwarders)
+                    one, _, read = await self._replay_rows(
+                        r, letter_id, letter_id, 1, wanted, force, forwarders
+                    )
                     out.extend(one if read else [Replay(letter_id, "missing")])
                 return out
             start = "-"
             while True:
-                done, last, _ = await self._replay_rows(r, start, until or "+", _PAGE, wanted, force, forwarders)
+                done, last, _ = await self._replay_rows(
+                    r, start, until or "+", _PAGE, wanted, force, forwarders
+                )
                 out.extend(done)
                 if last is None:
                     return out
                 start = "(" + last
 
-    async def _replay_rows(self, r: aioredis.Redis, start: str, end: str, count: int,
-                           wanted: Callable[[DeadLetter], bool] | None, force: bool,
-                           forwarders: bool) -> tuple[_Replays, str | None, int]:
+    async def _replay_rows(
+        self,
+        r: aioredis.Redis,
+        start: str,
+        end: str,
+        count: int,
+        wanted: Callable[[DeadLetter], bool] | None,
+        force: bool,
+        forwarders: bool,
+    ) -> tuple[_Replays, str | None, int]:
         """Replay the matching letters of one page, in one MULTI/EXEC under WATCH of the dead-letter stream.
 
         Returns what was done, the last id read (None when the page was the last) and how many were read.
@@ -375,15 +433,20 @@ class DeadLetters:
                     if letter.key:  # a keyed message: published again to its key
                         entry.pop(self.prefix + "original_id", None)
                         entry.pop(self.prefix + "retry_count", None)
-                        moves.append((lid, entry, Replay(lid, "replayed", stream=letter.key), letter.key))
+                        moves.append(
+                            (lid, entry, Replay(lid, "replayed", stream=letter.key), letter.key)
+                        )
                         continue
-                    judged = self._judge.parse_entries([[b"0-0", [x for kv in entry.items() for x in map(
-                        _as_bytes, kv)]]])[0]
+                    judged = self._judge.parse_entries(
+                        [[b"0-0", [x for kv in entry.items() for x in map(_as_bytes, kv)]]]
+                    )[0]
                     stream, detail = judged.stream or "", judged.error or ""
                     if judged.error is not None and not force:
                         done.append(Replay(lid, "malformed", stream=stream, detail=detail))
                         continue
-                    moves.append((lid, entry, Replay(lid, "replayed", stream=stream, detail=detail), ""))
+                    moves.append(
+                        (lid, entry, Replay(lid, "replayed", stream=stream, detail=detail), "")
+                    )
                 if not moves:
                     await pipe.unwatch()  # type: ignore[no-untyped-call]
                     return done, last, len(page)
@@ -400,7 +463,7 @@ class DeadLetters:
                     replies = await pipe.execute(raise_on_error=False)
                 except WatchError:
                     # Another writer changed the dead-letter stream (a new letter, a forwarder): read again.
-                    await asyncio.sleep(random.uniform(0, min(0.5, 0.01 * 2 ** attempt)))
+                    await asyncio.sleep(random.uniform(0, min(0.5, 0.01 * 2**attempt)))
                     continue
             step = 3 if forwarders else 2
             lost: _Ids = []
@@ -413,21 +476,41 @@ class DeadLetters:
                         await r.xadd(self.key, self._raw_fields(lid, entry, key))
                     lost.append(f"{lid}: {added}")
                     continue
-                done.append(Replay(lid, "replayed", published_id(added) if key else _text(added), result.stream,
-                                   result.detail))
+                done.append(
+                    Replay(
+                        lid,
+                        "replayed",
+                        published_id(added) if key else _text(added),
+                        result.stream,
+                        result.detail,
+                    )
+                )
             if lost:
-                raise RedisOperationError("replay", ResponseError(
-                    f"{self.stream} refused {len(lost)} replayed letters (kept in {self.key}): " + "; ".join(lost)))
+                raise RedisOperationError(
+                    "replay",
+                    ResponseError(
+                        f"{self.stream} refused {len(lost)} replayed letters (kept in {self.key}): "
+                        + "; ".join(lost)
+                    ),
+                )
             done.sort(key=lambda x: _id_key(x.letter_id))
             return done, last, len(page)
-        raise RedisOperationError("replay", WatchError(
-            f"{self.key} kept changing under {_WATCH_TRIES} tries of one page; the letters replayed so far "
-            "are out of it, try again"))
+        raise RedisOperationError(
+            "replay",
+            WatchError(
+                f"{self.key} kept changing under {_WATCH_TRIES} tries of one page; the letters replayed so far "
+                "are out of it, try again"
+            ),
+        )
 
-    def _fresh(self, letter_id: str, fields: Mapping[Any, Any], letter: DeadLetter) -> dict[Any, Any]:
+    def _fresh(
+        self, letter_id: str, fields: Mapping[Any, Any], letter: DeadLetter
+    ) -> dict[Any, Any]:
         """The fresh LBS entry a letter comes back as (see the module docstring)."""
         p = self.prefix
-        managed = {p + n for n in (*_LETTER_FIELDS, *REPLAY_FIELDS, "retry_count", "original_id", "deaths")}
+        managed = {
+            p + n for n in (*_LETTER_FIELDS, *REPLAY_FIELDS, "retry_count", "original_id", "deaths")
+        }
         entry = {k: v for k, v in fields.items() if _text(k) not in managed}
         original = letter.fields.get(p + "original_id") or letter.failed_id
         try:
@@ -442,7 +525,9 @@ class DeadLetters:
         entry[p + "replay_count"] = str(replays)
         return entry
 
-    def _raw_fields(self, letter_id: str, entry: Mapping[Any, Any], key: str = "") -> dict[Any, Any]:
+    def _raw_fields(
+        self, letter_id: str, entry: Mapping[Any, Any], key: str = ""
+    ) -> dict[Any, Any]:
         """A letter rebuilt from its fresh entry, to put back when the LBS (or the key's publish) refused the copy."""
         p = self.prefix
         back = {k: v for k, v in entry.items() if _text(k) not in {p + n for n in REPLAY_FIELDS}}
@@ -454,8 +539,14 @@ class DeadLetters:
 
     # -------------------------------------------------------------- purge ---
 
-    async def purge(self, ids: Iterable[str] | None = None, *, reason: str | None = None, all: bool = False,
-                    until: str | None = None) -> int:
+    async def purge(
+        self,
+        ids: Iterable[str] | None = None,
+        *,
+        reason: str | None = None,
+        all: bool = False,
+        until: str | None = None,
+    ) -> int:
         """Delete the selected letters; how many were deleted (ids not in the stream count 0)."""
         deleted = 0
         async with self._redis("purge") as r:
@@ -498,7 +589,9 @@ class DeadLetters:
         out: dict[str, None] = {}
         for letter_id in ids:
             if not isinstance(letter_id, str) or not _STREAM_ID.match(letter_id):
-                raise ConfigurationError(f"{letter_id!r} is not a stream id (<milliseconds>-<sequence>)")
+                raise ConfigurationError(
+                    f"{letter_id!r} is not a stream id (<milliseconds>-<sequence>)"
+                )
             out[letter_id] = None
         return list(out)
 
@@ -509,8 +602,14 @@ class DeadLetters:
         if ids is None and reason is None and not all:
             raise ConfigurationError("say which letters: ids, reason=..., or all=True")
 
-    async def _walk(self, r: aioredis.Redis, ids: Iterable[str] | None, reason: str | None, all: bool,
-                    until: str | None) -> AsyncIterator[_Rows]:
+    async def _walk(
+        self,
+        r: aioredis.Redis,
+        ids: Iterable[str] | None,
+        reason: str | None,
+        all: bool,
+        until: str | None,
+    ) -> AsyncIterator[_Rows]:
         """The selected letters, a page at a time, oldest first."""
         self._selection(ids, reason, all)
         if until is not None:
@@ -520,14 +619,18 @@ class DeadLetters:
             chosen = [i for i in self._ids(ids) if until is None or _id_key(i) <= _id_key(until)]
             for k in range(0, len(chosen), _PAGE):
                 pipe = r.pipeline(transaction=False)
-                for letter_id in chosen[k:k + _PAGE]:
+                for letter_id in chosen[k : k + _PAGE]:
                     pipe.xrange(self.key, letter_id, letter_id, count=1)
                 try:
                     replies = await pipe.execute()
                 finally:
                     await pipe.reset()  # type: ignore[no-untyped-call]
-                yield [(_text(rows[0][0]), rows[0][1]) for rows in replies
-                       if rows and (wanted is None or wanted(self._letter(_text(rows[0][0]), rows[0][1])))]
+                yield [
+                    (_text(rows[0][0]), rows[0][1])
+                    for rows in replies
+                    if rows
+                    and (wanted is None or wanted(self._letter(_text(rows[0][0]), rows[0][1])))
+                ]
             return
         start = "-"
         while True:
@@ -550,13 +653,19 @@ class DeadLetters:
         for reply in (dlq_type, lbs_type):
             if isinstance(reply, Exception):
                 raise RedisOperationError(operation, reply)
-        for key, kind, what, needed in ((self.key, _text(dlq_type), "the dead-letter stream", True),
-                                        (self.stream, _text(lbs_type), "the load-balancer stream", lbs)):
+        for key, kind, what, needed in (
+            (self.key, _text(dlq_type), "the dead-letter stream", True),
+            (self.stream, _text(lbs_type), "the load-balancer stream", lbs),
+        ):
             if needed and kind not in ("none", "stream"):
-                raise RedisOperationError(operation, ResponseError(f"LBSKEY {key} holds a {kind}, not {what}"))
+                raise RedisOperationError(
+                    operation, ResponseError(f"LBSKEY {key} holds a {kind}, not {what}")
+                )
         if isinstance(groups, Exception):
             return False  # no such key (no letters yet): no group either
-        return any(_text(dict(g).get("name", dict(g).get(b"name", ""))) == self._forwarders for g in groups)
+        return any(
+            _text(dict(g).get("name", dict(g).get(b"name", ""))) == self._forwarders for g in groups
+        )
 
     @asynccontextmanager
     async def _redis(self, operation: str) -> AsyncIterator[aioredis.Redis]:

@@ -52,7 +52,7 @@ MIN_VERSION: Version = (8, 4)
 _VERSION_RE = re.compile(rb"v=(\d+(?:\.\d+)*)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def redis_server_version(binary: str) -> Version | None:
     """The version a redis-server binary reports, or None if it cannot run."""
     try:
@@ -128,6 +128,7 @@ def find_redis_server(
 
 
 # ------------------------------------------------------------------ ports ----
+
 
 def _ephemeral_floor() -> int:
     try:
@@ -261,16 +262,18 @@ class RedisServer:
             "protected-mode": "yes",
         }
         if self.cluster:
-            args.update({
-                "cluster-enabled": "yes",
-                "cluster-config-file": "nodes.conf",
-                "cluster-node-timeout": "2000",
-                # Replicas sync at once instead of waiting 5 s for more of them.
-                "repl-diskless-sync-delay": "0",
-                # CLUSTER SLOTS hides a replica until its replication offset
-                # moves, which with no writes takes a master PING: 10 s by default.
-                "repl-ping-replica-period": "1",
-            })
+            args.update(
+                {
+                    "cluster-enabled": "yes",
+                    "cluster-config-file": "nodes.conf",
+                    "cluster-node-timeout": "2000",
+                    # Replicas sync at once instead of waiting 5 s for more of them.
+                    "repl-diskless-sync-delay": "0",
+                    # CLUSTER SLOTS hides a replica until its replication offset
+                    # moves, which with no writes takes a master PING: 10 s by default.
+                    "repl-ping-replica-period": "1",
+                }
+            )
         args.update(self.config)
         argv = [self.binary]
         for name, value in args.items():
@@ -283,7 +286,9 @@ class RedisServer:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            preexec_fn=functools.partial(_die_with_parent, os.getpid()) if self.kill_with_parent else None,
+            preexec_fn=functools.partial(_die_with_parent, os.getpid())
+            if self.kill_with_parent
+            else None,
         )
 
     def start(self) -> RedisServer:
@@ -336,7 +341,11 @@ class RedisServer:
 
     def _log_tail(self, lines: int = 8) -> str:
         text = ""
-        if self.process is not None and self.process.stderr is not None and self.process.poll() is not None:
+        if (
+            self.process is not None
+            and self.process.stderr is not None
+            and self.process.poll() is not None
+        ):
             text = self.process.stderr.read().decode(errors="replace")
         try:
             text += self.log_path.read_text(errors="replace")
@@ -486,12 +495,18 @@ class RedisClusterServers:
             first_node = self.nodes[0]
             for c in clients[1:]:
                 _cmd(c, "CLUSTER", "MEET", first_node.host, first_node.port)
-            self._wait(clients, lambda c: _cluster_info(c)["cluster_known_nodes"] == str(len(self.nodes)),
-                       "every node to know every other node")
+            self._wait(
+                clients,
+                lambda c: _cluster_info(c)["cluster_known_nodes"] == str(len(self.nodes)),
+                "every node to know every other node",
+            )
             for r, c in enumerate(clients[self.masters_count :]):
                 master_id = ids[r % self.masters_count]
-                self._wait([c], lambda c, m=master_id: m in _cmd(c, "CLUSTER", "NODES"),
-                           "replicas to learn their master")
+                self._wait(
+                    [c],
+                    lambda c, m=master_id: m in _cmd(c, "CLUSTER", "NODES"),
+                    "replicas to learn their master",
+                )
                 _cmd(c, "CLUSTER", "REPLICATE", master_id)
             self._wait(clients, self._node_ready, "cluster_state:ok on every node")
         finally:
@@ -518,7 +533,9 @@ class RedisClusterServers:
         deadline = time.monotonic() + self.start_timeout
         while not all(ready(c) for c in clients):  # type: ignore[operator]
             if time.monotonic() > deadline:
-                raise ServerStartError(f"cluster did not converge within {self.start_timeout}s: waiting for {what}")
+                raise ServerStartError(
+                    f"cluster did not converge within {self.start_timeout}s: waiting for {what}"
+                )
             time.sleep(0.05)
 
     def client(self, **kwargs: object) -> redis.RedisCluster:

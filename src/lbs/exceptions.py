@@ -27,20 +27,20 @@ wrapped in RedisOperationError, with the redis-py exception as ``cause``
 from __future__ import annotations
 
 __all__ = [
-    "LbsError",
-    "InterfaceError",
+    "BatchError",
     "ConfigurationError",
     "DataError",
+    "InterfaceError",
+    "InternalError",
     "InvalidInputError",
+    "LbsError",
     "LockError",
     "NotHeldError",
+    "ProtocolError",
     "RedisOperationError",
-    "BatchError",
     "ServerError",
     "ServerNotFoundError",
     "ServerStartError",
-    "InternalError",
-    "ProtocolError",
 ]
 
 
@@ -91,15 +91,22 @@ class BatchError(RedisOperationError):
     been registered. ``cause`` is the first failure, in input order.
     """
 
-    def __init__(self, operation: str, cause: BaseException, entry_ids: list[str | None],
-                 unknown: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        operation: str,
+        cause: BaseException,
+        entry_ids: list[str | None],
+        unknown: list[int] | None = None,
+    ) -> None:
         super().__init__(operation, cause)
         self.entry_ids = list(entry_ids)
         self.unknown = list(unknown or ())
         written = sum(i is not None for i in self.entry_ids)
         unknown_note = f", {len(self.unknown)} unknown" if self.unknown else ""
-        self.args = (f"{operation} failed: {written} of {len(self.entry_ids)} registered{unknown_note}: "
-                     f"{type(cause).__name__}: {cause}",)
+        self.args = (
+            f"{operation} failed: {written} of {len(self.entry_ids)} registered{unknown_note}: "
+            f"{type(cause).__name__}: {cause}",
+        )
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.operation, self.cause, self.entry_ids, self.unknown))
@@ -129,5 +136,9 @@ class ProtocolError(InternalError):
 # them in now, so no core error can reach a user of lbs as a built-in type.
 import _lbscore  # noqa: E402 - after the classes it is handed
 
-_lbscore.use_errors(data_error=DataError, invalid_input=InvalidInputError, internal_error=InternalError,
-                    protocol_error=ProtocolError)
+_lbscore.use_errors(
+    data_error=DataError,
+    invalid_input=InvalidInputError,
+    internal_error=InternalError,
+    protocol_error=ProtocolError,
+)

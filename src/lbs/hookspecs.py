@@ -39,8 +39,8 @@ from . import metrics as _metrics
 if TYPE_CHECKING:
     from .client import Client, Handler, Held
     from .deadletters import DeadLetterBackend
-    from .strategy import ReadStrategy
     from .notifications import DoneStatus, Notification
+    from .strategy import ReadStrategy
 
 #: The project name: marker name and entry-point group.
 NAME = "lbs"
@@ -52,6 +52,7 @@ hookimpl = pluggy.HookimplMarker(NAME)
 
 
 # --------------------------------------------------------------- lifecycle ---
+
 
 @hookspec
 def lbs_client_started(client: Client) -> None:
@@ -89,6 +90,7 @@ def lbs_reader_terminated(client: Client, error: BaseException) -> None:
 
 # ------------------------------------------------------------------- locks ---
 
+
 @hookspec
 def lbs_lock_acquired(client: Client, stream: str, entry_id: str, token: int) -> None:
     """Called when the reader took an assignment's lock, before STREAM_ADDED
@@ -121,7 +123,9 @@ def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float)
 
 
 @hookspec
-def lbs_lock_released(client: Client, stream: str, entry_id: str, token: int, status: DoneStatus) -> None:
+def lbs_lock_released(
+    client: Client, stream: str, entry_id: str, token: int, status: DoneStatus
+) -> None:
     """Called when :meth:`lbs.Client.done_stream` or
     :meth:`lbs.Client.done_streams`, or a :meth:`lbs.Client.run` handler that
     returned, finished an assignment (per event: one call per stream;
@@ -160,8 +164,11 @@ def lbs_locks_released(client: Client, released: Sequence[tuple[Held, DoneStatus
 
 # ----------------------------------------------------------------- metrics ---
 
+
 @hookspec
-def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mapping[str, str]) -> None:
+def lbs_metric(
+    client: Client, name: str, kind: str, value: float, labels: Mapping[str, str]
+) -> None:
     """Called for every metric event, on the client's event loop (none is
     per assignment). An exporter need not implement it for lbs's names:
     :attr:`lbs.Client.metrics` keeps every event's value, by name and (in
@@ -194,12 +201,17 @@ def lbs_metric(client: Client, name: str, kind: str, value: float, labels: Mappi
 # ``python -OO`` strips docstrings: then there is nothing to fill in. Python 3.13
 # strips their common indentation when compiling: the table takes the placeholder's.
 if lbs_metric.__doc__ is not None:
-    lbs_metric.__doc__ = re.sub(r"^([ \t]*)<lbs\.metrics\.METRICS>\n",
-                                lambda m: textwrap.indent(_metrics.render_rst(), m[1]),
-                                lbs_metric.__doc__, count=1, flags=re.M)
+    lbs_metric.__doc__ = re.sub(
+        r"^([ \t]*)<lbs\.metrics\.METRICS>\n",
+        lambda m: textwrap.indent(_metrics.render_rst(), m[1]),
+        lbs_metric.__doc__,
+        count=1,
+        flags=re.M,
+    )
 
 
 # ----------------------------------------------------------------- streams ---
+
 
 @hookspec
 def lbs_stream_started(client: Client, notification: Notification) -> None:
@@ -248,7 +260,9 @@ def lbs_stream_disowned(client: Client, stream: str, entry_id: str, token: int) 
 
 
 @hookspec
-def lbs_stream_handed_back(client: Client, stream: str, entry_id: str, new_entry_id: str, retry_counted: bool) -> None:
+def lbs_stream_handed_back(
+    client: Client, stream: str, entry_id: str, new_entry_id: str, retry_counted: bool
+) -> None:
     """Called when a held stream went back to the LBS as a fresh entry: by
     :meth:`lbs.Client.hand_back` (``retry_counted`` as asked), on ``close()``
     or a signal under ``run()`` (False), or after a ``run()`` handler raised
@@ -267,7 +281,9 @@ def lbs_stream_handed_back(client: Client, stream: str, entry_id: str, new_entry
 
 
 @hookspec
-def lbs_stream_dead_lettered(client: Client, entry_id: str, reason: str, dead_letter_id: str) -> None:
+def lbs_stream_dead_lettered(
+    client: Client, entry_id: str, reason: str, dead_letter_id: str
+) -> None:
     """Called when an entry went to the dead-letter stream (malformed, or out
     of retries).
 
@@ -282,6 +298,7 @@ def lbs_stream_dead_lettered(client: Client, entry_id: str, reason: str, dead_le
 
 
 # ---------------------------------------------------------------- providers ---
+
 
 @hookspec
 def lbs_config_defaults() -> Mapping[str, Any] | None:
@@ -369,8 +386,9 @@ def lbs_dead_letter_backend(client: Client) -> DeadLetterBackend | None:
 
 
 @hookspec
-def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id: str, retry_count: int,
-                       path: str) -> None:
+def lbs_stream_expired(
+    client: Client, stream: str, entry_id: str, new_entry_id: str, retry_count: int, path: str
+) -> None:
     """Called when this client's recovery put a stream back into circulation.
 
     The stream's holder lost its lock (it died, stalled or was evicted); the
@@ -391,24 +409,27 @@ def lbs_stream_expired(client: Client, stream: str, entry_id: str, new_entry_id:
     """
 
 
-__all__ = ["NAME", "hookimpl", "hookspec",
-    "lbs_config_defaults",
-    "lbs_handler",
-    "lbs_reader",
-    "lbs_dead_letter_backend",
-    "lbs_stream_expired",
-    "lbs_client_started",
+__all__ = [
+    "NAME",
+    "hookimpl",
+    "hookspec",
     "lbs_client_closed",
-    "lbs_reader_terminated",
-    "lbs_worker_banner",
+    "lbs_client_started",
+    "lbs_config_defaults",
+    "lbs_dead_letter_backend",
+    "lbs_handler",
     "lbs_lock_acquired",
-    "lbs_locks_extended",
-    "lbs_metric",
     "lbs_lock_released",
+    "lbs_locks_extended",
     "lbs_locks_released",
+    "lbs_metric",
+    "lbs_reader",
+    "lbs_reader_terminated",
+    "lbs_stream_dead_lettered",
+    "lbs_stream_disowned",
+    "lbs_stream_expired",
+    "lbs_stream_handed_back",
     "lbs_stream_started",
     "lbs_streams_started",
-    "lbs_stream_disowned",
-    "lbs_stream_handed_back",
-    "lbs_stream_dead_lettered",
+    "lbs_worker_banner",
 ]

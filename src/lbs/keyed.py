@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from redis.crc import key_slot
 
@@ -22,7 +22,7 @@ from .exceptions import InvalidInputError
 __all__ = ["MAX_FIELDS", "Effect", "Fields", "KeyedBatch", "KeyedHandler", "Message"]
 
 #: A message's (or an effect's) fields: names to values (str, bytes, int or float).
-Fields = Mapping[Union[str, bytes], Union[str, bytes, int, float]]
+Fields = Mapping[str | bytes, str | bytes | int | float]
 
 #: The most fields (name-value pairs) a message or an effect may have. A dead letter
 #: adds seven of lbs's own, and Redis's Lua unpacks at most about 8,000 values in one
@@ -93,8 +93,10 @@ class KeyedBatch:
             _check_stream(stream)
         if self.slot is not None and key_slot(stream.encode()) != self.slot:
             prefix = self.data_stream.partition("}:")[0] + "}:"
-            raise InvalidInputError(f"emit: stream {stream!r:.100} is not in the slot of key {self.key!r:.100} "
-                                    f"on this cluster; give it the key's hash tag ({prefix}...)")
+            raise InvalidInputError(
+                f"emit: stream {stream!r:.100} is not in the slot of key {self.key!r:.100} "
+                f"on this cluster; give it the key's hash tag ({prefix}...)"
+            )
         try:
             flat = flatten_fields(fields)
         except InvalidInputError as exc:
@@ -123,16 +125,20 @@ def flatten_fields(fields: object) -> list[Any]:
                 _check_text(value, f"the value of field {name!r:.50}")
         elif kind is not bytes and kind is not int and kind is not float:
             if isinstance(value, bool) or not isinstance(value, (str, bytes, int, float)):
-                raise InvalidInputError(f"field {name!r:.50} must map a str or bytes name to a str, bytes, int "
-                                        f"or float, got {type(value).__name__}")
+                raise InvalidInputError(
+                    f"field {name!r:.50} must map a str or bytes name to a str, bytes, int "
+                    f"or float, got {type(value).__name__}"
+                )
             if isinstance(value, str):
                 _check_text(value, f"the value of field {name!r:.50}")
         if type(name) is not str or not name.isascii():
             if isinstance(name, str):
                 _check_text(name, f"field name {name!r:.50}")
             elif not isinstance(name, bytes):
-                raise InvalidInputError(f"field {name!r:.50} must map a str or bytes name to a str, bytes, int "
-                                        f"or float, got a {type(name).__name__} name")
+                raise InvalidInputError(
+                    f"field {name!r:.50} must map a str or bytes name to a str, bytes, int "
+                    f"or float, got a {type(name).__name__} name"
+                )
         flat.append(name)
         flat.append(value)
     return flat
@@ -143,8 +149,10 @@ def _check_text(text: str, what: str) -> None:
     try:
         text.encode()
     except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"{what} contains {exc.object[exc.start:exc.end]!r} at position {exc.start}, "
-                                f"which UTF-8 cannot encode ({exc.reason}: a lone surrogate)") from None
+        raise InvalidInputError(
+            f"{what} contains {exc.object[exc.start : exc.end]!r} at position {exc.start}, "
+            f"which UTF-8 cannot encode ({exc.reason}: a lone surrogate)"
+        ) from None
 
 
 #: A keyed handler: ``await handler(batch)``.

@@ -54,7 +54,9 @@ class Metric:
         if not self.help.strip():
             raise ValueError(f"metric {self.name!r} has no help text")
         if set(self.labels) & set(BASE_LABELS) or len(set(self.labels)) != len(self.labels):
-            raise ValueError(f"metric {self.name!r}: labels {self.labels} repeat one, or one of {BASE_LABELS}")
+            raise ValueError(
+                f"metric {self.name!r}: labels {self.labels} repeat one, or one of {BASE_LABELS}"
+            )
 
 
 def _table(*metrics: Metric) -> Mapping[str, Metric]:
@@ -67,103 +69,215 @@ def _table(*metrics: Metric) -> Mapping[str, Metric]:
 #: Every metric lbs emits, by name (read-only).
 METRICS: Final[Mapping[str, Metric]] = _table(
     # -- recovery, by path: one per entry re-queued as a fresh entry ---------------
-    Metric("recovery_keyspace_requeued_total", "counter",
-           "Entries re-queued by the deadline poll that a lock's expiry keyspace event started."),
-    Metric("recovery_deadline_requeued_total", "counter",
-           "Entries re-queued by the periodic deadline poll because their holder's heartbeat deadline passed."),
-    Metric("recovery_scan_requeued_total", "counter",
-           "Entries re-queued by the pending-list scan because their lock was gone."),
-    Metric("recovery_startup_requeued_total", "counter",
-           "Entries of this consumer id re-queued by start-up recovery because their lock was gone."),
-    Metric("recovery_claim_requeued_total", "counter",
-           "Entries re-queued through Client.claim() because their lock was gone."),
-    Metric("recovery_heartbeat_requeued_total", "counter",
-           "Entries this client's heartbeat re-queued, without a retry counted, after finding their locks lost "
-           "while it held them."),
-    Metric("recovery_adopted_total", "counter",
-           "Dead holders' entries the deadline poll adopted: moved to this client under fresh locks in the same "
-           "step that found them, with no copy and no second read.", ("path",)),
-    Metric("consumers_forgotten_total", "counter",
-           "Departed consumers (nothing pending, idle past Config.forget_consumers_after) deleted from the group."),
+    Metric(
+        "recovery_keyspace_requeued_total",
+        "counter",
+        "Entries re-queued by the deadline poll that a lock's expiry keyspace event started.",
+    ),
+    Metric(
+        "recovery_deadline_requeued_total",
+        "counter",
+        "Entries re-queued by the periodic deadline poll because their holder's heartbeat deadline passed.",
+    ),
+    Metric(
+        "recovery_scan_requeued_total",
+        "counter",
+        "Entries re-queued by the pending-list scan because their lock was gone.",
+    ),
+    Metric(
+        "recovery_startup_requeued_total",
+        "counter",
+        "Entries of this consumer id re-queued by start-up recovery because their lock was gone.",
+    ),
+    Metric(
+        "recovery_claim_requeued_total",
+        "counter",
+        "Entries re-queued through Client.claim() because their lock was gone.",
+    ),
+    Metric(
+        "recovery_heartbeat_requeued_total",
+        "counter",
+        "Entries this client's heartbeat re-queued, without a retry counted, after finding their locks lost "
+        "while it held them.",
+    ),
+    Metric(
+        "recovery_adopted_total",
+        "counter",
+        "Dead holders' entries the deadline poll adopted: moved to this client under fresh locks in the same "
+        "step that found them, with no copy and no second read.",
+        ("path",),
+    ),
+    Metric(
+        "consumers_forgotten_total",
+        "counter",
+        "Departed consumers (nothing pending, idle past Config.forget_consumers_after) deleted from the group.",
+    ),
     # -- recovery, other outcomes (label path: which of the six found the entry) ----
-    Metric("recovery_dlq_total", "counter",
-           "Entries recovery found out of retries and dead-lettered (or dropped, without a dead-letter stream).",
-           ("path",)),
-    Metric("recovery_trimmed_total", "counter",
-           "Pending entries recovery found already trimmed from the stream, whose pending reference it cleaned.",
-           ("path",)),
-    Metric("recovery_duplicate_ack_total", "counter",
-           "Entries recovery meant to re-queue that were no longer pending (finished or recovered elsewhere first).",
-           ("path",)),
+    Metric(
+        "recovery_dlq_total",
+        "counter",
+        "Entries recovery found out of retries and dead-lettered (or dropped, without a dead-letter stream).",
+        ("path",),
+    ),
+    Metric(
+        "recovery_trimmed_total",
+        "counter",
+        "Pending entries recovery found already trimmed from the stream, whose pending reference it cleaned.",
+        ("path",),
+    ),
+    Metric(
+        "recovery_duplicate_ack_total",
+        "counter",
+        "Entries recovery meant to re-queue that were no longer pending (finished or recovered elsewhere first).",
+        ("path",),
+    ),
     # -- the pending-list scan --------------------------------------------------------
-    Metric("recovery_scan_skipped_alive_total", "counter",
-           "Pending entries the scan left alone because their lock was alive."),
-    Metric("recovery_scan_duration_seconds", "histogram",
-           "Duration of one full pass of the pending-list scan."),
+    Metric(
+        "recovery_scan_skipped_alive_total",
+        "counter",
+        "Pending entries the scan left alone because their lock was alive.",
+    ),
+    Metric(
+        "recovery_scan_duration_seconds",
+        "histogram",
+        "Duration of one full pass of the pending-list scan.",
+    ),
     # -- keyspace events ------------------------------------------------------------
-    Metric("recovery_expiry_lag_seconds", "histogram",
-           "How long after the holder's heartbeat deadline a lock's expiry keyspace event led to a re-queue."),
-    Metric("keyspace_listener_reconnects_total", "counter",
-           "Times the keyspace-event listener subscribed again after losing its subscription."),
-    Metric("keyspace_listener_gap_seconds", "histogram",
-           "How long the keyspace-event listener was unsubscribed before it subscribed again."),
+    Metric(
+        "recovery_expiry_lag_seconds",
+        "histogram",
+        "How long after the holder's heartbeat deadline a lock's expiry keyspace event led to a re-queue.",
+    ),
+    Metric(
+        "keyspace_listener_reconnects_total",
+        "counter",
+        "Times the keyspace-event listener subscribed again after losing its subscription.",
+    ),
+    Metric(
+        "keyspace_listener_gap_seconds",
+        "histogram",
+        "How long the keyspace-event listener was unsubscribed before it subscribed again.",
+    ),
     # -- start-up recovery ----------------------------------------------------------
-    Metric("startup_recovery_requeued_total", "counter",
-           "Entries re-queued by start-up recovery, added once at the end of each pass."),
-    Metric("startup_recovery_duration_seconds", "histogram",
-           "Duration of one start-up recovery pass, which start() runs before the reader starts."),
-    Metric("startup_recovery_success", "gauge",
-           "1 when the last start-up recovery pass finished, 0 when it failed."),
+    Metric(
+        "startup_recovery_requeued_total",
+        "counter",
+        "Entries re-queued by start-up recovery, added once at the end of each pass.",
+    ),
+    Metric(
+        "startup_recovery_duration_seconds",
+        "histogram",
+        "Duration of one start-up recovery pass, which start() runs before the reader starts.",
+    ),
+    Metric(
+        "startup_recovery_success",
+        "gauge",
+        "1 when the last start-up recovery pass finished, 0 when it failed.",
+    ),
     # -- reading, heartbeats, finishing, handing back -------------------------------
-    Metric("streams_waiting_total", "counter",
-           "Registrations this client read whose data stream was held under another registration: parked in "
-           "the name's waiting list, back in the load-balancer stream once the holder releases the name."),
-    Metric("read_failures_total", "counter",
-           "Reads of new work that failed (each is retried with back-off until Config.read_max_retries)."),
-    Metric("heartbeat_failures_total", "counter",
-           "Heartbeat ticks that failed (the next is tried soon, before the locks can expire)."),
-    Metric("lease_expired_total", "counter",
-           "Streams disowned locally because no heartbeat confirmed their locks for a lock TTL (a partition)."),
-    Metric("pardoned_total", "counter",
-           "Streams lost while this consumer lived that another consumer's recovery took over: their counted "
-           "death is taken back."),
-    Metric("duplicate_consumer_total", "counter",
-           "Heartbeat ticks that found another live process running with this consumer id."),
-    Metric("held_overdue", "gauge",
-           "Streams held longer than Config.hold_warning without being finished, at the last heartbeat's check."),
-    Metric("done_failures_total", "counter",
-           "Streams whose batched finishing call failed (retried when Redis was unreachable or failing over)."),
-    Metric("hand_back_failures_total", "counter",
-           "Held streams whose hand-back in close() failed, so their locks expire instead."),
-    Metric("wrong_type_keys_total", "counter",
-           "Script calls refused because one of the service's keys had the wrong type."),
+    Metric(
+        "streams_waiting_total",
+        "counter",
+        "Registrations this client read whose data stream was held under another registration: parked in "
+        "the name's waiting list, back in the load-balancer stream once the holder releases the name.",
+    ),
+    Metric(
+        "read_failures_total",
+        "counter",
+        "Reads of new work that failed (each is retried with back-off until Config.read_max_retries).",
+    ),
+    Metric(
+        "heartbeat_failures_total",
+        "counter",
+        "Heartbeat ticks that failed (the next is tried soon, before the locks can expire).",
+    ),
+    Metric(
+        "lease_expired_total",
+        "counter",
+        "Streams disowned locally because no heartbeat confirmed their locks for a lock TTL (a partition).",
+    ),
+    Metric(
+        "pardoned_total",
+        "counter",
+        "Streams lost while this consumer lived that another consumer's recovery took over: their counted "
+        "death is taken back.",
+    ),
+    Metric(
+        "duplicate_consumer_total",
+        "counter",
+        "Heartbeat ticks that found another live process running with this consumer id.",
+    ),
+    Metric(
+        "held_overdue",
+        "gauge",
+        "Streams held longer than Config.hold_warning without being finished, at the last heartbeat's check.",
+    ),
+    Metric(
+        "done_failures_total",
+        "counter",
+        "Streams whose batched finishing call failed (retried when Redis was unreachable or failing over).",
+    ),
+    Metric(
+        "hand_back_failures_total",
+        "counter",
+        "Held streams whose hand-back in close() failed, so their locks expire instead.",
+    ),
+    Metric(
+        "wrong_type_keys_total",
+        "counter",
+        "Script calls refused because one of the service's keys had the wrong type.",
+    ),
     # -- dead letters (label backend: the backend's name) ------------------------------
-    Metric("dead_letters_forwarded_total", "counter",
-           "Dead letters the backend wrote, then deleted from the dead-letter stream by the forwarder.",
-           ("backend",)),
-    Metric("dead_letters_forward_failures_total", "counter",
-           "Batches of dead letters whose write to the backend failed (they stay in the stream and are "
-           "written again).",
-           ("backend",)),
+    Metric(
+        "dead_letters_forwarded_total",
+        "counter",
+        "Dead letters the backend wrote, then deleted from the dead-letter stream by the forwarder.",
+        ("backend",),
+    ),
+    Metric(
+        "dead_letters_forward_failures_total",
+        "counter",
+        "Batches of dead letters whose write to the backend failed (they stay in the stream and are "
+        "written again).",
+        ("backend",),
+    ),
     # -- the service's queues (the same for every client of the service: take the max) ---
-    Metric("backlog_depth", "gauge",
-           "Entries in the load-balancer stream not yet delivered to the consumer group, sampled every "
-           "Config.metrics_interval."),
-    Metric("pel_depth", "gauge",
-           "Entries in the consumer group's pending list (delivered, not yet finished), sampled every "
-           "Config.metrics_interval and after each scan."),
-    Metric("dead_letter_depth", "gauge",
-           "Entries in the dead-letter stream, sampled every Config.metrics_interval (not sampled when dead "
-           "letters are dropped)."),
+    Metric(
+        "backlog_depth",
+        "gauge",
+        "Entries in the load-balancer stream not yet delivered to the consumer group, sampled every "
+        "Config.metrics_interval.",
+    ),
+    Metric(
+        "pel_depth",
+        "gauge",
+        "Entries in the consumer group's pending list (delivered, not yet finished), sampled every "
+        "Config.metrics_interval and after each scan.",
+    ),
+    Metric(
+        "dead_letter_depth",
+        "gauge",
+        "Entries in the dead-letter stream, sampled every Config.metrics_interval (not sampled when dead "
+        "letters are dropped).",
+    ),
     # -- the server -----------------------------------------------------------------
-    Metric("go_taken_total", "counter",
-           "Streams a Go reference client consumer took while this client held them (Config.go_compatible: "
-           "its Go-style lock held another name, or at done the entry was pending under another consumer); "
-           "none of them was finished here."),
-    Metric("topology_changes_total", "counter",
-           "Times the client moved to a new cluster master owning its service's slot."),
-    Metric("server_restarts_total", "counter",
-           "Server restarts the client noticed because the server's run id changed."),
+    Metric(
+        "go_taken_total",
+        "counter",
+        "Streams a Go reference client consumer took while this client held them (Config.go_compatible: "
+        "its Go-style lock held another name, or at done the entry was pending under another consumer); "
+        "none of them was finished here.",
+    ),
+    Metric(
+        "topology_changes_total",
+        "counter",
+        "Times the client moved to a new cluster master owning its service's slot.",
+    ),
+    Metric(
+        "server_restarts_total",
+        "counter",
+        "Server restarts the client noticed because the server's run id changed.",
+    ),
 )
 
 
@@ -176,7 +290,12 @@ def render_rst() -> str:
     for m in METRICS.values():
         what: str = m.kind
         if m.labels:
-            what += "; label" + "s" * (len(m.labels) > 1) + " " + ", ".join(f"``{lb}``" for lb in m.labels)
+            what += (
+                "; label"
+                + "s" * (len(m.labels) > 1)
+                + " "
+                + ", ".join(f"``{lb}``" for lb in m.labels)
+            )
         out.append(f"``{m.name}`` ({what})\n    {m.help}\n")
     return "".join(out)
 

@@ -66,19 +66,29 @@ class Notification:
 
     async def __aenter__(self) -> Notification:
         if self.holder is None or self.type is not NotificationType.STREAM_ADDED:
-            raise InterfaceError(f"only a client's STREAM_ADDED notification holds a stream; this is {self.type.name}")
+            raise InterfaceError(
+                f"only a client's STREAM_ADDED notification holds a stream; this is {self.type.name}"
+            )
         return self
 
-    async def __aexit__(self, exc_type: Type[BaseException] | None, exc: BaseException | None,  # noqa: UP006 (a field is named type)
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: Type[BaseException] | None,  # noqa: UP006 (a field is named type)
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         client = self.holder
         try:
             if exc is None:
                 await client.done_stream(self.stream, self.entry_id)
             else:
                 failed = not isinstance(exc, asyncio.CancelledError)
-                await client.hand_back(self.stream, self.entry_id, count_retry=failed,
-                                       reason=f"raised {exc!r}"[:500] if failed else "cancelled")
+                await client.hand_back(
+                    self.stream,
+                    self.entry_id,
+                    count_retry=failed,
+                    reason=f"raised {exc!r}"[:500] if failed else "cancelled",
+                )
         except NotHeldError:
             pass  # finished, handed back or disowned inside the block already
 

@@ -28,8 +28,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lbs.plugins")
 
-__all__ = ["WORKER_PROCESSES_ENV", "WORKER_SLOT_ENV", "Hooks", "MetricValues", "Series", "call_each", "collect",
-           "make_plugin_manager", "plugin_config_defaults", "worker_slot"]
+__all__ = [
+    "WORKER_PROCESSES_ENV",
+    "WORKER_SLOT_ENV",
+    "Hooks",
+    "MetricValues",
+    "Series",
+    "call_each",
+    "collect",
+    "make_plugin_manager",
+    "plugin_config_defaults",
+    "worker_slot",
+]
 
 #: Set in each worker process of ``lbs worker --processes N``: its slot, 0 to N-1 (a restarted process keeps
 #: its slot), and N. A plugin that binds something per process (a port) offsets it by the slot.
@@ -46,13 +56,15 @@ def worker_slot() -> tuple[int, int] | None:
         return None
     return (slot, processes) if 0 <= slot < processes else None
 
+
 #: One metric's values by label values (in the order of its :attr:`lbs.metrics.Metric.labels`;
 #: ``()`` when it has none): a counter's sum, a gauge's last value, a histogram's buckets.
 Series = dict[tuple[str, ...], Union[float, "Histogram"]]
 
 
-def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: bool = True,
-                        disabled: Iterable[str] = ()) -> pluggy.PluginManager:
+def make_plugin_manager(
+    plugins: Iterable[object] = (), *, load_entrypoints: bool = True, disabled: Iterable[str] = ()
+) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.NAME)
     pm.add_hookspecs(hookspecs)
     for name in disabled:
@@ -74,11 +86,20 @@ def make_plugin_manager(plugins: Iterable[object] = (), *, load_entrypoints: boo
             pm.register(plugin)
     pm.check_pending()
     if os.environ.get("LBS_TRACE_PLUGINS") == "1":
-        def before(hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]) -> None:
-            log.debug("hook %s(%s) -> %s", hook_name, ", ".join(kwargs), [i.plugin_name for i in impls])
 
-        def after(outcome: pluggy.Result[Any], hook_name: str, impls: Sequence[pluggy.HookImpl],
-                  kwargs: Mapping[str, Any]) -> None:
+        def before(
+            hook_name: str, impls: Sequence[pluggy.HookImpl], kwargs: Mapping[str, Any]
+        ) -> None:
+            log.debug(
+                "hook %s(%s) -> %s", hook_name, ", ".join(kwargs), [i.plugin_name for i in impls]
+            )
+
+        def after(
+            outcome: pluggy.Result[Any],
+            hook_name: str,
+            impls: Sequence[pluggy.HookImpl],
+            kwargs: Mapping[str, Any],
+        ) -> None:
             pass
 
         pm.add_hookcall_monitoring(before, after)
@@ -104,11 +125,15 @@ def plugin_config_defaults(pm: pluggy.PluginManager) -> dict[str, Any]:
         defaults: Mapping[str, Any] = impl.function() or {}  # type: ignore[assignment]
         for key, value in defaults.items():
             if key not in fields:
-                raise ConfigurationError(f"plugin {name!r} contributes a default for {key!r}, which is not a "
-                                         "Config field it may set")
+                raise ConfigurationError(
+                    f"plugin {name!r} contributes a default for {key!r}, which is not a "
+                    "Config field it may set"
+                )
             if key in merged and merged[key] != value:
-                raise ConfigurationError(f"plugins {source[key]!r} and {name!r} disagree on the default of "
-                                         f"Config.{key}: {merged[key]!r} against {value!r}")
+                raise ConfigurationError(
+                    f"plugins {source[key]!r} and {name!r} disagree on the default of "
+                    f"Config.{key}: {merged[key]!r} against {value!r}"
+                )
             merged[key], source[key] = value, name
     return merged
 
@@ -132,8 +157,12 @@ class MetricValues(dict[str, float]):
         self.series: dict[str, Series] = {}
 
 
-def call_each(impls: Sequence[pluggy.HookImpl], hook: str, kwargs: Mapping[str, Any],
-              log: logging.LoggerAdapter | logging.Logger) -> list[Any]:  # type: ignore[type-arg]
+def call_each(
+    impls: Sequence[pluggy.HookImpl],
+    hook: str,
+    kwargs: Mapping[str, Any],
+    log: logging.LoggerAdapter | logging.Logger,  # type: ignore[type-arg]
+) -> list[Any]:
     """Call each implementation of a 1:N hook (``impls``: its ``get_hookimpls()``) on its own, in pluggy's
     order (the last registered first, tryfirst/trylast kept), with the arguments it takes from ``kwargs``;
     their answers. One that raises is logged with its name and left out; the others are still called
@@ -173,8 +202,13 @@ class Hooks:
     metric (``service`` and ``consumer``).
     """
 
-    def __init__(self, pm: pluggy.PluginManager, owner: object, labels: Mapping[str, str],
-                 logger: logging.LoggerAdapter | logging.Logger) -> None:  # type: ignore[type-arg]
+    def __init__(
+        self,
+        pm: pluggy.PluginManager,
+        owner: object,
+        labels: Mapping[str, str],
+        logger: logging.LoggerAdapter | logging.Logger,  # type: ignore[type-arg]
+    ) -> None:
         self.pm = pm
         self.owner = owner
         self.labels = dict(labels)
@@ -204,7 +238,9 @@ class Hooks:
             return  # the common case on the hot path: nobody listens
         kwargs["client"] = self.owner
         if self._trace:
-            self.log.debug("hook %s(%s) -> %s", hook, ", ".join(kwargs), [i.plugin_name for i in impls])
+            self.log.debug(
+                "hook %s(%s) -> %s", hook, ", ".join(kwargs), [i.plugin_name for i in impls]
+            )
         call_each(impls, hook, kwargs, self.log)
 
     def metric(self, name: str, value: float, **labels: str) -> None:
@@ -235,4 +271,6 @@ class Hooks:
                 histogram = buckets[key] = self._histogram()
             histogram.observe(value)
         if self.listening("lbs_metric"):
-            self.notify("lbs_metric", name=name, kind=kind, value=value, labels={**self.labels, **labels})
+            self.notify(
+                "lbs_metric", name=name, kind=kind, value=value, labels={**self.labels, **labels}
+            )

@@ -44,11 +44,24 @@ class Producer:
     default to 65,536), and refused with :class:`lbs.InvalidInputError`.
     """
 
-    def __init__(self, redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
-                 shards: int = 1, max_input_bytes: int = 65_536) -> None:
+    def __init__(
+        self,
+        redis: RedisLike,
+        service: str,
+        *,
+        cluster: bool | ClusterMode = ClusterMode.NONE,
+        shards: int = 1,
+        max_input_bytes: int = 65_536,
+    ) -> None:
         self.service = _keys.validate_service(service)
-        if not isinstance(max_input_bytes, int) or isinstance(max_input_bytes, bool) or max_input_bytes < 1:
-            raise ConfigurationError(f"max_input_bytes must be a positive integer, got {max_input_bytes!r}")
+        if (
+            not isinstance(max_input_bytes, int)
+            or isinstance(max_input_bytes, bool)
+            or max_input_bytes < 1
+        ):
+            raise ConfigurationError(
+                f"max_input_bytes must be a positive integer, got {max_input_bytes!r}"
+            )
         #: Largest ``lbs-input`` value (bytes) this producer sends.
         self.max_input_bytes = max_input_bytes
         #: The LBS of each shard (one: ``<service>-input``); see :mod:`lbs.sharding`.
@@ -72,8 +85,10 @@ class Producer:
         for k, e in enumerate(entries):
             if e.error is not None:
                 where = "" if single else f"add_streams: entry {k}: "
-                raise InvalidInputError(f"{where}data stream {names[k]!r:.100}: {e.error}; "
-                                        "a consumer would dead-letter it")
+                raise InvalidInputError(
+                    f"{where}data stream {names[k]!r:.100}: {e.error}; "
+                    "a consumer would dead-letter it"
+                )
 
     async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
         """Register data stream ``name``; return the LBS entry id.
@@ -114,7 +129,8 @@ class Producer:
         """
         if isinstance(streams, (str, bytes)):
             raise InvalidInputError(
-                f"add_streams takes an iterable of names or (name, info) pairs, not one {type(streams).__name__}")
+                f"add_streams takes an iterable of names or (name, info) pairs, not one {type(streams).__name__}"
+            )
         try:
             specs = iter(streams)
         except TypeError:
@@ -133,8 +149,14 @@ class Producer:
             else:
                 name, info = _unpack(spec, k)
             try:
-                payloads.append(_core_encode(name, info if info is None or type(info) is dict
-                                             else _as_info(info, f"add_streams: entry {k}: ")))
+                payloads.append(
+                    _core_encode(
+                        name,
+                        info
+                        if info is None or type(info) is dict
+                        else _as_info(info, f"add_streams: entry {k}: "),
+                    )
+                )
             except (InvalidInputError, UnicodeEncodeError, RecursionError):
                 _encode(name, info, f"add_streams: entry {k}: ")  # raises, with the reason
                 raise
@@ -153,7 +175,9 @@ class Producer:
         unknown: list[int] = []
         failures: list[tuple[int, BaseException]] = []  # (first position it hit, cause)
         cluster = isinstance(self._redis, RedisCluster)
-        stale = await self._send_shards(shards, payloads, ids, unknown, failures, retry_redirects=cluster)
+        stale = await self._send_shards(
+            shards, payloads, ids, unknown, failures, retry_redirects=cluster
+        )
         if stale:
             # A transaction refused with a redirect met a node that no longer owns
             # its slot and ran nowhere: find the owners again, send it once more.
@@ -162,15 +186,23 @@ class Producer:
             except (RedisError, RedisClusterException) as exc:
                 failures.append((min(ks[0] for ks in stale.values()), exc))
             else:
-                await self._send_shards(stale, payloads, ids, unknown, failures, retry_redirects=False)
+                await self._send_shards(
+                    stale, payloads, ids, unknown, failures, retry_redirects=False
+                )
         if failures:
             cause = min(failures, key=lambda f: f[0])[1]
             raise BatchError("add_streams", cause, ids, sorted(unknown)) from cause
         return ids  # type: ignore[return-value]  # no failure: every one is an id
 
-    async def _send_shards(self, shards: dict[str, list[int]], payloads: list[bytes], ids: list[str | None],
-                           unknown: list[int], failures: list[tuple[int, BaseException]],
-                           retry_redirects: bool) -> dict[str, list[int]]:
+    async def _send_shards(
+        self,
+        shards: dict[str, list[int]],
+        payloads: list[bytes],
+        ids: list[str | None],
+        unknown: list[int],
+        failures: list[tuple[int, BaseException]],
+        retry_redirects: bool,
+    ) -> dict[str, list[int]]:
         """Send each shard's transaction (one batch per connection), filling ``ids``, ``unknown``
         and ``failures``; return the shards refused with a redirect when ``retry_redirects``."""
         groups: dict[str, tuple[Wire, list[str]]] = {}
@@ -182,8 +214,12 @@ class Producer:
                 continue
             groups.setdefault(node, (wire, []))[1].append(stream)
         results = await asyncio.gather(
-            *(self._send(wire, [(s, shards[s]) for s in streams], payloads) for wire, streams in groups.values()),
-            return_exceptions=True)
+            *(
+                self._send(wire, [(s, shards[s]) for s in streams], payloads)
+                for wire, streams in groups.values()
+            ),
+            return_exceptions=True,
+        )
         stale: dict[str, list[int]] = {}
         for (_, streams), replies in zip(groups.values(), results):
             if isinstance(replies, BaseException):
@@ -197,7 +233,7 @@ class Producer:
             at = 0
             for s in streams:
                 ks = shards[s]
-                shard_ids, error = _transaction_outcome(replies[at:at + len(ks) + 2], len(ks))
+                shard_ids, error = _transaction_outcome(replies[at : at + len(ks) + 2], len(ks))
                 at += len(ks) + 2
                 for k, entry_id in zip(ks, shard_ids):
                     ids[k] = entry_id
@@ -210,7 +246,9 @@ class Producer:
         return stale
 
     @staticmethod
-    async def _send(wire: Wire, shards: list[tuple[str, list[int]]], payloads: list[bytes]) -> list[Any]:
+    async def _send(
+        wire: Wire, shards: list[tuple[str, list[int]]], payloads: list[bytes]
+    ) -> list[Any]:
         def build(b: CommandBatch) -> None:
             for stream, ks in shards:
                 key = stream.encode()
@@ -240,7 +278,9 @@ def _unpack(spec: object, k: int) -> tuple[object, object]:
         return spec, None
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
         return spec[0], spec[1]
-    raise InvalidInputError(f"add_streams: entry {k}: expected a name or a (name, info) pair, got {spec!r:.100}")
+    raise InvalidInputError(
+        f"add_streams: entry {k}: expected a name or a (name, info) pair, got {spec!r:.100}"
+    )
 
 
 def encode_input(name: str, info: Mapping[str, Any] | None = None) -> bytes:
@@ -270,7 +310,6 @@ def _encode(name: object, info: object, where: str) -> bytes:
         raise InvalidInputError(f"{where}{exc}") from exc
 
 
-
 def _as_info(info: object, where: str) -> dict[str, Any]:
     """An Info that is not a dict, as one; InvalidInputError when it is not a mapping."""
     if not isinstance(info, Mapping):
@@ -281,7 +320,7 @@ def _as_info(info: object, where: str) -> dict[str, Any]:
 def _transaction_outcome(replies: list[Any], n: int) -> tuple[list[str | None], Exception | None]:
     """One shard's ``MULTI``, ``n`` XADDs and ``EXEC``: each entry's id (None where it failed) and
     the first error."""
-    multi, queued, done = replies[0], replies[1:n + 1], replies[n + 1]
+    multi, queued, done = replies[0], replies[1 : n + 1], replies[n + 1]
     if isinstance(multi, Exception):
         results = queued  # no transaction (MULTI refused, e.g. by an ACL): each XADD ran alone
     elif isinstance(done, list) and len(done) == n:
@@ -291,7 +330,9 @@ def _transaction_outcome(replies: list[Any], n: int) -> tuple[list[str | None], 
         # redirect, ...), and none of them ran.
         error = next((q for q in queued if isinstance(q, Exception)), None)
         if error is None:
-            error = done if isinstance(done, Exception) else ResponseError(f"EXEC returned {done!r}")
+            error = (
+                done if isinstance(done, Exception) else ResponseError(f"EXEC returned {done!r}")
+            )
         return [None] * n, error
     out: list[str | None] = []
     first: Exception | None = None
@@ -309,11 +350,15 @@ def _unencodable(name: str, exc: UnicodeEncodeError) -> str:
     try:
         name.encode()
     except UnicodeEncodeError as bad:
-        return (f"data stream name {name!r:.100} contains {bad.object[bad.start:bad.end]!r} at position "
-                f"{bad.start}, which UTF-8 cannot encode ({bad.reason}: a lone surrogate)")
-    around = exc.object[max(0, exc.start - 30):exc.end + 30]
-    return (f"info of data stream {name!r:.100} contains {exc.object[exc.start:exc.end]!r}, which UTF-8 "
-            f"cannot encode ({exc.reason}: a lone surrogate), in {around!r}")
+        return (
+            f"data stream name {name!r:.100} contains {bad.object[bad.start : bad.end]!r} at position "
+            f"{bad.start}, which UTF-8 cannot encode ({bad.reason}: a lone surrogate)"
+        )
+    around = exc.object[max(0, exc.start - 30) : exc.end + 30]
+    return (
+        f"info of data stream {name!r:.100} contains {exc.object[exc.start : exc.end]!r}, which UTF-8 "
+        f"cannot encode ({exc.reason}: a lone surrogate), in {around!r}"
+    )
 
 
 def _as_str(value: bytes | str) -> str:

@@ -21,7 +21,6 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from _lbscore import EntryParser
@@ -54,12 +53,25 @@ class Publisher:
     published to it.
     """
 
-    def __init__(self, redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
-                 shards: int = 1, max_input_bytes: int = 65_536) -> None:
+    def __init__(
+        self,
+        redis: RedisLike,
+        service: str,
+        *,
+        cluster: bool | ClusterMode = ClusterMode.NONE,
+        shards: int = 1,
+        max_input_bytes: int = 65_536,
+    ) -> None:
         self.service = _keys.validate_service(service)
         self.shards = _keys.check_shards(shards)
-        if not isinstance(max_input_bytes, int) or isinstance(max_input_bytes, bool) or max_input_bytes < 1:
-            raise ConfigurationError(f"max_input_bytes must be a positive integer, got {max_input_bytes!r}")
+        if (
+            not isinstance(max_input_bytes, int)
+            or isinstance(max_input_bytes, bool)
+            or max_input_bytes < 1
+        ):
+            raise ConfigurationError(
+                f"max_input_bytes must be a positive integer, got {max_input_bytes!r}"
+            )
         #: Largest registration (``lbs-input`` value, bytes) this publisher sends.
         self.max_input_bytes = max_input_bytes
         # The consumers' judge of an LBS entry: a key it would dead-letter is refused here.
@@ -138,15 +150,19 @@ class Publisher:
         judged = self._judge.parse_entries([[b"", [field, p]] for p in payloads.values()])
         for (key, payload), entry in zip(payloads.items(), judged):
             if entry.error is not None:
-                raise InvalidInputError(f"message {first[key]}: key {key!r:.100}: its registration {entry.error}; "
-                                        "a consumer would dead-letter it")
+                raise InvalidInputError(
+                    f"message {first[key]}: key {key!r:.100}: its registration {entry.error}; "
+                    "a consumer would dead-letter it"
+                )
         return {key: payload.decode() for key, payload in payloads.items()}
 
     async def _call(self, service: str, batch: list[tuple[str, str, list[Any]]]) -> Any:
         stream = _keys.input_stream(service)
         for attempt in range(2):
             _, wire = await self._routes.wire_for(stream)
-            (reply,) = await wire.execute(lambda b: scripts.publish(b, stream, _keys.key_prefix(service), batch))
+            (reply,) = await wire.execute(
+                lambda b: scripts.publish(b, stream, _keys.key_prefix(service), batch)
+            )
             if attempt == 0 and self._routes.cluster and redirected(reply):
                 await self._routes.forget()  # the slot moved: the call ran nowhere
                 continue
@@ -171,7 +187,9 @@ class Publisher:
 def _check(item: object, k: int) -> tuple[str, list[Any]]:
     """``(key, flat fields)`` of message ``k``, or InvalidInputError."""
     if not isinstance(item, tuple) or len(item) != 2:
-        raise InvalidInputError(f"message {k}: expected a (key, fields) pair, got {type(item).__name__}")
+        raise InvalidInputError(
+            f"message {k}: expected a (key, fields) pair, got {type(item).__name__}"
+        )
     key, fields = item
     if not isinstance(key, str) or not key:
         raise InvalidInputError(f"message {k}: the key must be a non-empty str, got {key!r:.100}")
@@ -190,8 +208,14 @@ def publish_in_transaction(pipe: Any, service: str, key: str, fields: Fields) ->
     message id from the reply with :func:`published_id`.
     """
     key, flat = _check((key, fields), 0)
-    pipe.eval(scripts.PUBLISH.source, 1, _keys.input_stream(service),
-              *scripts.publish_args(_keys.key_prefix(service), [(key, encode_input(key, {}).decode(), flat)]))
+    pipe.eval(
+        scripts.PUBLISH.source,
+        1,
+        _keys.input_stream(service),
+        *scripts.publish_args(
+            _keys.key_prefix(service), [(key, encode_input(key, {}).decode(), flat)]
+        ),
+    )
 
 
 def published_id(reply: Any) -> str:

@@ -29,8 +29,8 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
-from ._redis.connection import ClusterMode, RedisLike, resolve_client
 from ._keys import check_shards, shard_of, shard_services
+from ._redis.connection import ClusterMode, RedisLike, resolve_client
 from .client import Client, Handler
 from .config import Config
 from .exceptions import NotHeldError
@@ -49,9 +49,18 @@ class ShardedClient:
     registered in every shard's client.
     """
 
-    def __init__(self, redis: RedisLike, service: str, consumer_id: str | None = None,
-                 config: Config | None = None, *, shards: int, plugins: Iterable[object] = (),
-                 load_entrypoint_plugins: bool = True, cluster: bool | ClusterMode = ClusterMode.NONE) -> None:
+    def __init__(
+        self,
+        redis: RedisLike,
+        service: str,
+        consumer_id: str | None = None,
+        config: Config | None = None,
+        *,
+        shards: int,
+        plugins: Iterable[object] = (),
+        load_entrypoint_plugins: bool = True,
+        cluster: bool | ClusterMode = ClusterMode.NONE,
+    ) -> None:
         self.service = service
         self.shards = check_shards(shards)
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
@@ -62,9 +71,17 @@ class ShardedClient:
         cfg = replace(cfg, max_streams=per)
         plugins = list(plugins)
         #: One :class:`lbs.Client` per shard, in shard order (``<service>.0`` first).
-        self.clients = [Client(self._redis, svc, consumer_id, cfg, plugins=plugins,
-                               load_entrypoint_plugins=load_entrypoint_plugins)
-                        for svc in shard_services(service, self.shards)]
+        self.clients = [
+            Client(
+                self._redis,
+                svc,
+                consumer_id,
+                cfg,
+                plugins=plugins,
+                load_entrypoint_plugins=load_entrypoint_plugins,
+            )
+            for svc in shard_services(service, self.shards)
+        ]
         self._merged: asyncio.Queue[Notification | None] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
 
@@ -96,7 +113,7 @@ class ShardedClient:
 
     def _holder(self, stream: str, entry_id: str | None) -> Client:
         first = shard_of(stream, self.shards)
-        for c in [self.clients[first], *self.clients[:first], *self.clients[first + 1:]]:
+        for c in [self.clients[first], *self.clients[:first], *self.clients[first + 1 :]]:
             if c.find_held(stream, entry_id) is not None:
                 return c
         raise NotHeldError(f"data stream {stream!r} is not held by any shard of {self.service!r}")
@@ -110,7 +127,9 @@ class ShardedClient:
         per = None if concurrency is None else max(1, -(-concurrency // self.shards))
         await asyncio.gather(*(c.run(handler, per) for c in self.clients))
 
-    async def run_keyed(self, handler: KeyedHandler, concurrency: int | None = None, **options: Any) -> None:
+    async def run_keyed(
+        self, handler: KeyedHandler, concurrency: int | None = None, **options: Any
+    ) -> None:
         """:meth:`lbs.Client.run_keyed` on every shard (``options`` as there); returns once all are closed.
 
         Publish with ``lbs.Publisher(..., shards=N)``: a key's messages go to its shard."""

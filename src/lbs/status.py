@@ -56,18 +56,26 @@ from redis.exceptions import RedisError, ResponseError
 from _lbscore import decode_input
 
 from . import _keys
-from ._redis.connection import (ClusterMode, RedisLike, parse_version, redirected, resolve_client, server_name,
-                                slot_owner, waiting_names)
+from ._redis.connection import (
+    ClusterMode,
+    RedisLike,
+    parse_version,
+    redirected,
+    resolve_client,
+    server_name,
+    slot_owner,
+    waiting_names,
+)
 from ._redis.wire import fields_text, text
 from .config import Config
 from .exceptions import ConfigurationError, LbsError, RedisOperationError
 
 __all__ = [
     "ConsumerState",
-    "KeyStatus",
     "ConsumerStatus",
     "DelayedRetries",
     "HeldStream",
+    "KeyStatus",
     "PendingEntry",
     "ReasonCount",
     "Requeued",
@@ -338,12 +346,25 @@ _ROLES = {
     "due": "the due index of delayed retries",
     "waiting": "the waiting index of held names",
 }
-_WANTED = {"stream": "stream", "dead letters": "stream", "consumers": "zset", "delayed": "stream", "due": "zset",
-           "waiting": "zset"}
+_WANTED = {
+    "stream": "stream",
+    "dead letters": "stream",
+    "consumers": "zset",
+    "delayed": "stream",
+    "due": "zset",
+    "waiting": "zset",
+}
 
 
-async def collect_status(redis: RedisLike, service: str, *, cluster: bool | ClusterMode = ClusterMode.NONE,
-                         config: Config | None = None, letters: int = 100, sample: int = 200) -> ServiceStatus:
+async def collect_status(
+    redis: RedisLike,
+    service: str,
+    *,
+    cluster: bool | ClusterMode = ClusterMode.NONE,
+    config: Config | None = None,
+    letters: int = 100,
+    sample: int = 200,
+) -> ServiceStatus:
     """Read ``service``'s status in two round trips (each one MULTI/EXEC).
 
     ``redis`` is a redis.asyncio client, a ``RedisCluster`` (or
@@ -381,8 +402,9 @@ async def collect_status(redis: RedisLike, service: str, *, cluster: bool | Clus
             await client.aclose()
 
 
-async def _collect(client: aioredis.Redis | RedisCluster, service: str, config: Config, letters: int,
-                   sample: int) -> ServiceStatus:
+async def _collect(
+    client: aioredis.Redis | RedisCluster, service: str, config: Config, letters: int, sample: int
+) -> ServiceStatus:
     if not isinstance(client, RedisCluster):
         return await _Reader(client, service, config, letters, sample, "").read()
     stream = _keys.input_stream(service)
@@ -432,7 +454,9 @@ class _First:
 
     now: int
     version: str  # the Redis version it is compatible with (what behaviour checks go by)
-    product: tuple[str, str]  # ("Redis", "8.6.3"), ("Valkey", "9.0.1"); ("", "") when INFO is refused
+    product: tuple[
+        str, str
+    ]  # ("Redis", "8.6.3"), ("Valkey", "9.0.1"); ("", "") when INFO is refused
     exists: bool
     length: int
     group: dict[str, Any] | None
@@ -462,17 +486,28 @@ class _Second:
 class _Reader:
     """One status read on one plain client (the slot owner on a cluster)."""
 
-    def __init__(self, r: aioredis.Redis, service: str, config: Config, letters: int, sample: int,
-                 node: str) -> None:
-        self.r, self.service, self.letters, self.sample, self.node = r, service, letters, sample, node
+    def __init__(
+        self, r: aioredis.Redis, service: str, config: Config, letters: int, sample: int, node: str
+    ) -> None:
+        self.r, self.service, self.letters, self.sample, self.node = (
+            r,
+            service,
+            letters,
+            sample,
+            node,
+        )
         self.prefix = config.field_prefix
         self.stream = _keys.input_stream(service)
         self.group = _keys.group_name(service)
         dlq = config.dead_letter_stream
         self.dlq = _keys.dead_letter_stream(service) if dlq is None else dlq
-        self.keys = {"stream": self.stream, "consumers": _keys.consumers_key(service),
-                     "delayed": _keys.delayed_stream(service), "due": _keys.due_key(service),
-                     "waiting": _keys.waiting_key(service)}
+        self.keys = {
+            "stream": self.stream,
+            "consumers": _keys.consumers_key(service),
+            "delayed": _keys.delayed_stream(service),
+            "due": _keys.due_key(service),
+            "waiting": _keys.waiting_key(service),
+        }
         if self.dlq:
             self.keys["dead letters"] = self.dlq
 
@@ -495,7 +530,9 @@ class _Reader:
         status = self._assemble(first, second)
         if first.pending and self.sample:
             held, keys = await self._held(first.now)
-            consumers = tuple(dataclasses.replace(c, held=held.get(c.name, ())) for c in status.consumers)
+            consumers = tuple(
+                dataclasses.replace(c, held=held.get(c.name, ())) for c in status.consumers
+            )
             status = dataclasses.replace(status, keys=keys, consumers=consumers)
         if first.names_waiting and self.sample:
             status = dataclasses.replace(status, waiting_names=await self._waiting_names())
@@ -506,7 +543,10 @@ class _Reader:
         :data:`WAITING_NAMES_SHOWN`), then, in one plain pipeline, each one's holder key and waiting
         list's length."""
         names = await waiting_names(self.r, self.service, min(self.sample, WAITING_NAMES_SHOWN))
-        holder, listed = _keys.name_holder(self.service, "").encode(), _keys.waiting_list(self.service, "").encode()
+        holder, listed = (
+            _keys.name_holder(self.service, "").encode(),
+            _keys.waiting_list(self.service, "").encode(),
+        )
         pipe = self.r.pipeline(transaction=False)
         for name in names:
             pipe.get(holder + name)
@@ -518,18 +558,34 @@ class _Reader:
             # A key of another type (garbage lbs leaves alone) shows as held by nobody, nothing waiting.
             value = "" if isinstance(value, Exception) or value is None else _s(value)
             back = value.startswith("+")
-            out.append(NameWait(text(name, "replace"), value.strip("+"), back,
-                                0 if isinstance(waiting, Exception) else int(waiting)))
+            out.append(
+                NameWait(
+                    text(name, "replace"),
+                    value.strip("+"),
+                    back,
+                    0 if isinstance(waiting, Exception) else int(waiting),
+                )
+            )
         return tuple(out)
 
-    async def _held(self, now: int) -> tuple[dict[str, tuple[HeldStream, ...]], tuple[KeyStatus, ...]]:
+    async def _held(
+        self, now: int
+    ) -> tuple[dict[str, tuple[HeldStream, ...]], tuple[KeyStatus, ...]]:
         """Rounds 3 and 4 (plain pipelines): the first ``sample`` pending entries, their data streams'
         names and lock values (by consumer); then, for each, the key's state and data stream length. Keys
         without a state are left out (the service is not keyed, or the key was let go meanwhile)."""
-        pending = self._check("XPENDING range", await self.r.xpending_range(self.stream, self.group, "-", "+",
-                                                                              self.sample))
-        held = [(_s(p.get("message_id")), _s(p.get("consumer")), int(p.get("time_since_delivered") or 0))
-                for p in map(_keyed, pending)]
+        pending = self._check(
+            "XPENDING range",
+            await self.r.xpending_range(self.stream, self.group, "-", "+", self.sample),
+        )
+        held = [
+            (
+                _s(p.get("message_id")),
+                _s(p.get("consumer")),
+                int(p.get("time_since_delivered") or 0),
+            )
+            for p in map(_keyed, pending)
+        ]
         pipe = self.r.pipeline(transaction=False)
         for entry_id, _, _ in held:
             pipe.xrange(self.stream, entry_id, entry_id, count=1)
@@ -545,15 +601,32 @@ class _Reader:
                     names.append((name, entry_id, consumer))
                 except (LbsError, ValueError, AttributeError):
                     pass
-            token, _, _ = _s(lock).partition(":") if isinstance(lock, (bytes, str)) else ("", "", "")
-            by_consumer.setdefault(consumer, []).append(HeldStream(
-                name, entry_id, int(token) if token.isdigit() else None, max(0, now - _id_ms(entry_id)), idle))
+            token, _, _ = (
+                _s(lock).partition(":") if isinstance(lock, (bytes, str)) else ("", "", "")
+            )
+            by_consumer.setdefault(consumer, []).append(
+                HeldStream(
+                    name,
+                    entry_id,
+                    int(token) if token.isdigit() else None,
+                    max(0, now - _id_ms(entry_id)),
+                    idle,
+                )
+            )
         streams = {c: tuple(rows) for c, rows in by_consumer.items()}
         if not names:
             return streams, ()
         pipe = self.r.pipeline(transaction=False)
         for key, _, _ in names:
-            pipe.hmget(_keys.key_state(self.service, key), "holder", "pos", "tries", "fails", "unblamed", "until")
+            pipe.hmget(
+                _keys.key_state(self.service, key),
+                "holder",
+                "pos",
+                "tries",
+                "fails",
+                "unblamed",
+                "until",
+            )
             pipe.xlen(_keys.keyed_stream(self.service, key))
         replies = await self._exec(pipe)
         rows = []
@@ -562,8 +635,19 @@ class _Reader:
                 continue
             holder, pos, tries, fails, unblamed, until = (_s(v) for v in state)
             failures = _int(fails) + _int(unblamed)
-            rows.append(KeyStatus(key, consumer, entry_id, pos, int(length), _int(tries), holder == entry_id,
-                                  failures, bool(until) or _int(fails) > 0))
+            rows.append(
+                KeyStatus(
+                    key,
+                    consumer,
+                    entry_id,
+                    pos,
+                    int(length),
+                    _int(tries),
+                    holder == entry_id,
+                    failures,
+                    bool(until) or _int(fails) > 0,
+                )
+            )
         return streams, tuple(sorted(rows, key=lambda k: (-k.backlog, k.key)))
 
     async def _first(self) -> _First:
@@ -597,8 +681,10 @@ class _Reader:
         types = {role: _s(self._check("TYPE", next(it))) for role in roles}
         for role, kind in types.items():
             if kind not in ("none", _WANTED[role]):
-                raise RedisOperationError("status", ResponseError(
-                    f"LBSKEY {self.keys[role]} holds a {kind}, not {_ROLES[role]}"))
+                raise RedisOperationError(
+                    "status",
+                    ResponseError(f"LBSKEY {self.keys[role]} holds a {kind}, not {_ROLES[role]}"),
+                )
         xlen, groups, consumers, summary, oldest, index = (next(it) for _ in range(6))
         dlq_len = next(it) if self.dlq else 0
         newest_letters = self._check("XREVRANGE", next(it)) if self.dlq and self.letters else []
@@ -606,8 +692,14 @@ class _Reader:
         names_waiting = int(self._check("ZCARD", next(it)))
 
         exists = types["stream"] == "stream"
-        group = next((g for g in map(_keyed, self._check("XINFO GROUPS", groups) if exists else [])
-                      if _s(g.get("name")) == self.group), None)
+        group = next(
+            (
+                g
+                for g in map(_keyed, self._check("XINFO GROUPS", groups) if exists else [])
+                if _s(g.get("name")) == self.group
+            ),
+            None,
+        )
         # Without a group, XINFO CONSUMERS and XPENDING answer NOGROUP: nothing delivered, nobody in it.
         in_group: list[dict[str, Any]] = []
         pending, oldest_pending = 0, None
@@ -618,16 +710,38 @@ class _Reader:
             if head:
                 p = _keyed(head[0])
                 pid = _s(p.get("message_id"))
-                oldest_pending = PendingEntry(pid, _s(p.get("consumer")), max(0, now - _id_ms(pid)),
-                                              int(p.get("time_since_delivered") or 0),
-                                              int(p.get("times_delivered") or 0))
+                oldest_pending = PendingEntry(
+                    pid,
+                    _s(p.get("consumer")),
+                    max(0, now - _id_ms(pid)),
+                    int(p.get("time_since_delivered") or 0),
+                    int(p.get("times_delivered") or 0),
+                )
         delayed = None
         if int(parked) or int(scheduled):
-            delayed = DelayedRetries(self.keys["delayed"], int(parked), self.keys["due"], int(scheduled),
-                                     int(float(first_due[0][1])) - now if first_due else None)
-        return _First(now, version, product, exists, int(self._check("XLEN", xlen)), group, in_group, pending, oldest_pending,
-                      {_s(m): int(float(score)) for m, score in self._check("ZRANGE", index)},
-                      int(self._check("XLEN", dlq_len)), newest_letters, delayed, names_waiting)
+            delayed = DelayedRetries(
+                self.keys["delayed"],
+                int(parked),
+                self.keys["due"],
+                int(scheduled),
+                int(float(first_due[0][1])) - now if first_due else None,
+            )
+        return _First(
+            now,
+            version,
+            product,
+            exists,
+            int(self._check("XLEN", xlen)),
+            group,
+            in_group,
+            pending,
+            oldest_pending,
+            {_s(m): int(float(score)) for m, score in self._check("ZRANGE", index)},
+            int(self._check("XLEN", dlq_len)),
+            newest_letters,
+            delayed,
+            names_waiting,
+        )
 
     async def _second(self, first: _First) -> _Second:
         """Round trip 2, one MULTI/EXEC: the instance markers of the consumers round trip 1 named, and
@@ -642,7 +756,9 @@ class _Reader:
         after = "(" + last_id if group is not None else "-"
         # The waiting side is counted when it holds fewer than ``sample`` entries; otherwise the
         # delivered side (the pending entries, mostly), when it may be that small.
-        count_delivered = group is not None and self.sample > 0 and first.length - first.pending >= self.sample
+        count_delivered = (
+            group is not None and self.sample > 0 and first.length - first.pending >= self.sample
+        )
         if first.exists:
             pipe.xlen(self.stream)
             pipe.xrange(self.stream, after, "+", count=1)
@@ -661,7 +777,9 @@ class _Reader:
             out.length = int(self._check("XLEN", next(it)))
             head = self._check("XRANGE", next(it))
             if head:
-                out.oldest_waiting = WaitingEntry(_s(head[0][0]), max(0, now - _id_ms(_s(head[0][0]))))
+                out.oldest_waiting = WaitingEntry(
+                    _s(head[0][0]), max(0, now - _id_ms(_s(head[0][0])))
+                )
             if self.sample:
                 out.newest_waiting = self._check("XREVRANGE", next(it))
             if count_delivered:
@@ -702,7 +820,9 @@ class _Reader:
         complete = len(waiting) < self.sample or (exact and len(waiting) >= backlog)
         return Requeued(len(waiting), complete, requeued, retried, replayed)
 
-    def _consumers(self, first: _First, second: _Second, notes: list[str]) -> tuple[ConsumerStatus, ...]:
+    def _consumers(
+        self, first: _First, second: _Second, notes: list[str]
+    ) -> tuple[ConsumerStatus, ...]:
         """Every consumer of the group or of the deadline index; alive, late and dead ones first, most held
         first, then the departed by name."""
         now, deadlines, markers = first.now, first.deadlines, second.markers
@@ -710,34 +830,66 @@ class _Reader:
         for c in first.in_group:
             name = _s(c.get("name"))
             inactive = c.get("inactive")  # Redis >= 7.2; -1: never
-            rows.append(ConsumerStatus(
-                name, True, int(c.get("pending") or 0), int(c.get("idle") or 0),
-                None if inactive is None or int(inactive) < 0 else int(inactive),
-                deadlines[name] - now if name in deadlines else None, markers.get(name)))
+            rows.append(
+                ConsumerStatus(
+                    name,
+                    True,
+                    int(c.get("pending") or 0),
+                    int(c.get("idle") or 0),
+                    None if inactive is None or int(inactive) < 0 else int(inactive),
+                    deadlines[name] - now if name in deadlines else None,
+                    markers.get(name),
+                )
+            )
         for name in sorted(set(deadlines) - {c.name for c in rows}):
             notes.append(f"{name} is in the deadline index but not in the group")
-            rows.append(ConsumerStatus(name, False, 0, None, None, deadlines[name] - now, markers.get(name)))
+            rows.append(
+                ConsumerStatus(name, False, 0, None, None, deadlines[name] - now, markers.get(name))
+            )
         order = {"dead": 0, "late": 1, "alive": 2, "departed": 3}
-        rows.sort(key=lambda c: (c.state == "departed", -c.pending if c.state != "departed" else 0,
-                                 order[c.state], c.name))
+        rows.sort(
+            key=lambda c: (
+                c.state == "departed",
+                -c.pending if c.state != "departed" else 0,
+                order[c.state],
+                c.name,
+            )
+        )
         return tuple(rows)
 
     def _assemble(self, first: _First, second: _Second) -> ServiceStatus:
         notes: list[str] = []
         consumers = self._consumers(first, second, notes)
         backlog, exact, method = self._backlog(first, second)
-        reasons: Counter[str] = Counter(fields_text(fields).get(self.prefix + "reason", "")
-                                        for _id, fields in first.newest_letters)
+        reasons: Counter[str] = Counter(
+            fields_text(fields).get(self.prefix + "reason", "")
+            for _id, fields in first.newest_letters
+        )
         return ServiceStatus(
-            service=self.service, stream=self.stream, group=self.group, exists=first.exists,
-            server_name=first.product[0] or "Redis", server_version=first.product[1] or first.version,
-            node=self.node, time_ms=first.now, length=first.length,
+            service=self.service,
+            stream=self.stream,
+            group=self.group,
+            exists=first.exists,
+            server_name=first.product[0] or "Redis",
+            server_version=first.product[1] or first.version,
+            node=self.node,
+            time_ms=first.now,
+            length=first.length,
             group_exists=first.group is not None,
             last_delivered_id=_s(first.group.get("last-delivered-id")) if first.group else "",
-            backlog=backlog, backlog_exact=exact, backlog_method=method, oldest_waiting=second.oldest_waiting,
-            pending=first.pending, oldest_pending=first.oldest_pending,
-            consumers=consumers, requeued=self._requeued(second, backlog, exact),
-            dead_letter_stream=self.dlq, dead_letters=first.dead_letters,
+            backlog=backlog,
+            backlog_exact=exact,
+            backlog_method=method,
+            oldest_waiting=second.oldest_waiting,
+            pending=first.pending,
+            oldest_pending=first.oldest_pending,
+            consumers=consumers,
+            requeued=self._requeued(second, backlog, exact),
+            dead_letter_stream=self.dlq,
+            dead_letters=first.dead_letters,
             reasons=tuple(ReasonCount(r, n) for r, n in reasons.most_common()),
-            reasons_over=len(first.newest_letters), delayed=first.delayed, notes=tuple(notes),
-            names_waiting=first.names_waiting)
+            reasons_over=len(first.newest_letters),
+            delayed=first.delayed,
+            notes=tuple(notes),
+            names_waiting=first.names_waiting,
+        )

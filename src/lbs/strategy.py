@@ -37,8 +37,12 @@ class ReadStrategy:
     def __post_init__(self) -> None:
         for name in ("claim_min_idle", "reconciliation_interval"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
-                raise ConfigurationError(f"ReadStrategy.{name} must be a positive number or None, got {v!r}")
+            if v is not None and (
+                not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
+            ):
+                raise ConfigurationError(
+                    f"ReadStrategy.{name} must be a positive number or None, got {v!r}"
+                )
 
     @property
     def claim_min_idle_ms(self) -> int | None:

@@ -26,10 +26,18 @@ class SyncClient:
     per stream in a worker thread.
     """
 
-    def __init__(self, redis: str, service: str, consumer_id: str | None = None,
-                 config: Config | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        redis: str,
+        service: str,
+        consumer_id: str | None = None,
+        config: Config | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="lbs-sync-loop", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="lbs-sync-loop", daemon=True
+        )
         self._thread.start()
 
         async def make() -> Client:
@@ -65,7 +73,9 @@ class SyncClient:
         """:meth:`lbs.Client.done_stream`, blocking."""
         return self._call(self.client.done_stream(stream, entry_id))
 
-    def hand_back(self, stream: str, entry_id: str | None = None, *, count_retry: bool = False) -> str:
+    def hand_back(
+        self, stream: str, entry_id: str | None = None, *, count_retry: bool = False
+    ) -> str:
         """:meth:`lbs.Client.hand_back`, blocking; returns the new entry id."""
         return self._call(self.client.hand_back(stream, entry_id, count_retry=count_retry))
 
@@ -99,6 +109,10 @@ class SyncClient:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()

@@ -37,7 +37,9 @@ START_TIMEOUT = 60.0
 
 
 def cli_env(log: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LBS_") or k == "LBS_REDIS_SERVER"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("LBS_") or k == "LBS_REDIS_SERVER"
+    }
     env.update(PYTHONPATH=str(ROOT), LBS_TEST_LOG=str(log), LBS_LOAD_PLUGINS="", COLUMNS="120")
     env.update(extra)
     return env
@@ -48,13 +50,23 @@ def flat(text: str) -> str:
     return " ".join(re.sub("[\u2500-\u257f]", " ", text).split())
 
 
-def run_lbs(args: list[str], env: dict[str, str], timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+def run_lbs(
+    args: list[str], env: dict[str, str], timeout: float = 120.0
+) -> subprocess.CompletedProcess[str]:
     """``python -m lbs ARGS`` to completion."""
-    return subprocess.run([sys.executable, "-m", "lbs", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "lbs", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = START_TIMEOUT) -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool]], what: str, timeout: float = START_TIMEOUT
+) -> None:
     """Poll ``check`` until true; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not await check():
@@ -106,7 +118,9 @@ class Proc:
 
 def handled(log: Path, event: str = "done") -> list[list[str]]:
     """The handlers' lines of ``event``: ``[pid, stream, retry_count]`` each."""
-    return [line.split()[1:] for line in log.read_text().splitlines() if line.startswith(event + " ")]
+    return [
+        line.split()[1:] for line in log.read_text().splitlines() if line.startswith(event + " ")
+    ]
 
 
 async def leftovers(r: aioredis.Redis, service: str) -> tuple[int, int, int]:

@@ -16,9 +16,9 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
-import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,9 +42,11 @@ async def rr(any_server: Any) -> AsyncIterator[aioredis.Redis]:
 
 
 #: ``python -c`` source of a process that runs the commands on an app of its own.
-APP_MAIN = ("import sys, typer; from lbs.cli import dlq; from lbs.cli.status import claim, status; "
-            "app = typer.Typer(); app.command('status')(status); app.command('claim')(claim); "
-            "app.add_typer(dlq.app, name='dlq'); sys.exit(app(prog_name='lbs'))")
+APP_MAIN = (
+    "import sys, typer; from lbs.cli import dlq; from lbs.cli.status import claim, status; "
+    "app = typer.Typer(); app.command('status')(status); app.command('claim')(claim); "
+    "app.add_typer(dlq.app, name='dlq'); sys.exit(app(prog_name='lbs'))"
+)
 
 
 def make_app() -> typer.Typer:
@@ -59,7 +61,9 @@ def make_app() -> typer.Typer:
 async def invoke(*args: str, input: str | None = None) -> Result:
     """Run ``lbs <args>`` in-process (in a thread: the commands run their own event loop), 200 columns wide."""
     runner = CliRunner(env={"COLUMNS": "200", "LINES": "100"})
-    return await asyncio.to_thread(runner.invoke, make_app(), list(args), input=input, catch_exceptions=False)
+    return await asyncio.to_thread(
+        runner.invoke, make_app(), list(args), input=input, catch_exceptions=False
+    )
 
 
 def flat(text: str) -> str:
@@ -70,6 +74,7 @@ def flat(text: str) -> str:
 def app_argv(*args: str) -> list[str]:
     """The argv of a child process running ``lbs <args>`` on the test's own app."""
     return [sys.executable, "-c", APP_MAIN, *args]
+
 
 #: CSI and OSC escape sequences (colours, cursor moves, window titles).
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -83,14 +88,32 @@ def plain(text: str) -> str:
 class Terminal:
     """A child process whose stdin, stdout and stderr are a pseudo-terminal of ``rows`` x ``cols``."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None, rows: int = 50,
-                 cols: int = 120) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        rows: int = 50,
+        cols: int = 120,
+    ) -> None:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        full_env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows), **(env or {})}
+        full_env = {
+            **os.environ,
+            "TERM": "xterm-256color",
+            "COLUMNS": str(cols),
+            "LINES": str(rows),
+            **(env or {}),
+        }
         full_env.pop("NO_COLOR", None)
-        self.proc = subprocess.Popen(list(argv), stdin=slave, stdout=slave, stderr=slave, env=full_env,
-                                     start_new_session=True, close_fds=True)
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=full_env,
+            start_new_session=True,
+            close_fds=True,
+        )
         os.close(slave)
         self.output = ""
 
@@ -100,7 +123,9 @@ class Terminal:
         while not done(plain(self.output)):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"not seen within {timeout}s; the screen so far:\n{plain(self.output)[-3000:]}")
+                raise AssertionError(
+                    f"not seen within {timeout}s; the screen so far:\n{plain(self.output)[-3000:]}"
+                )
             ready, _, _ = select.select([self.master], [], [], min(left, 0.5))
             if not ready:
                 continue
@@ -109,8 +134,10 @@ class Terminal:
             except OSError:  # EIO: the child closed the terminal
                 chunk = b""
             if not chunk:
-                raise AssertionError(f"the process ended (exit code {self.proc.poll()}) before; its screen:\n"
-                                     f"{plain(self.output)[-3000:]}")
+                raise AssertionError(
+                    f"the process ended (exit code {self.proc.poll()}) before; its screen:\n"
+                    f"{plain(self.output)[-3000:]}"
+                )
             self.output += chunk.decode("utf-8", "replace")
         return plain(self.output)
 

@@ -30,8 +30,13 @@ def start_worker(tmp_path: Path, log: Path) -> Iterator[Callable[..., Proc]]:
         n = len(procs)
         out, err = tmp_path / f"worker{n}.out", tmp_path / f"worker{n}.err"
         with out.open("wb") as o, err.open("wb") as e:
-            popen = subprocess.Popen([sys.executable, "-m", "lbs", "worker", *args], cwd=ROOT,
-                                     env=cli_env(log, **env), stdout=o, stderr=e)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "lbs", "worker", *args],
+                cwd=ROOT,
+                env=cli_env(log, **env),
+                stdout=o,
+                stderr=e,
+            )
         proc = Proc(popen, out, err)
         procs.append(proc)
         return proc
@@ -42,7 +47,9 @@ def start_worker(tmp_path: Path, log: Path) -> Iterator[Callable[..., Proc]]:
         if proc.popen.poll() is None:
             proc.popen.kill()
             proc.popen.wait(timeout=30)
-        for pid in children:  # a supervisor's, in their own session: they stop with it, but make sure
+        for (
+            pid
+        ) in children:  # a supervisor's, in their own session: they stop with it, but make sure
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-
-import lbs
-from lbs import _keys
+from _helpers import client, eventually, is_true, produce
 
 # _pty first: it makes _helpers importable. rr is a fixture.
 from _pty import flat, invoke, rr  # noqa: F401
-from _helpers import client, eventually, is_true, produce
+
+import lbs
+from lbs import _keys
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +34,20 @@ async def make_letters(r: aioredis.Redis, url: str, service: str) -> dict[str, s
     async def boom(note: lbs.Notification) -> None:
         raise ValueError(f"boom {note.stream}")
 
-    await run_until(url, service, "failing", boom,
-                    lambda: _len_is(r, _keys.dead_letter_stream(service), 4), max_retries=0)
+    await run_until(
+        url,
+        service,
+        "failing",
+        boom,
+        lambda: _len_is(r, _keys.dead_letter_stream(service), 4),
+        max_retries=0,
+    )
     return ids
 
 
-async def run_until(url: str, service: str, name: str, handler: Any, done: Any, **config: Any) -> None:
+async def run_until(
+    url: str, service: str, name: str, handler: Any, done: Any, **config: Any
+) -> None:
     """Run a consumer's ``run(handler)`` until ``done()`` holds, then close it."""
     c = client(url, service, name, retry_delay=0.0, **config)
     await c.start()
@@ -52,11 +60,15 @@ async def run_until(url: str, service: str, name: str, handler: Any, done: Any, 
 
 
 async def lbs_entries(r: aioredis.Redis, service: str) -> list[dict[str, str]]:
-    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in
-            await r.xrange(_keys.input_stream(service))]
+    return [
+        {k.decode(): v.decode() for k, v in fields.items()}
+        for _, fields in await r.xrange(_keys.input_stream(service))
+    ]
 
 
-async def test_list_show_replay_purge_round_trip(rr: aioredis.Redis, any_server: Any, service: str) -> None:
+async def test_list_show_replay_purge_round_trip(
+    rr: aioredis.Redis, any_server: Any, service: str
+) -> None:
     url, dlq = any_server.url, _keys.dead_letter_stream(service)
     ids = await make_letters(rr, url, service)
 
@@ -65,16 +77,26 @@ async def test_list_show_replay_purge_round_trip(rr: aioredis.Redis, any_server:
     assert result.exit_code == 0, result.output
     letters = json.loads(result.stdout)
     assert len(letters) == 4
-    assert [x["id"] for x in letters] == sorted((x["id"] for x in letters), key=_id_key, reverse=True)
+    assert [x["id"] for x in letters] == sorted(
+        (x["id"] for x in letters), key=_id_key, reverse=True
+    )
     by_failed = {x["failed_id"]: x for x in letters}
     assert set(by_failed) == set(ids.values())
     for name in ("s1", "s2", "s3"):
         letter = by_failed[ids[name]]
         assert letter["reason"] == f"handler raised ValueError: boom {name}"
-        assert (letter["stream"], letter["retry_count"], letter["consumer"]) == (name, 1, "redis-consumer-failing")
+        assert (letter["stream"], letter["retry_count"], letter["consumer"]) == (
+            name,
+            1,
+            "redis-consumer-failing",
+        )
         # The failure keeps its story: the traceback, ending with the exception, through the handler's frame.
         trace = letter["traceback"]
-        assert trace.startswith("Traceback") and "in boom" in trace and trace.endswith(f"ValueError: boom {name}\n")
+        assert (
+            trace.startswith("Traceback")
+            and "in boom" in trace
+            and trace.endswith(f"ValueError: boom {name}\n")
+        )
     assert by_failed[ids["bad"]]["traceback"] == ""  # malformed: no exception, no traceback
     assert by_failed[ids["bad"]]["stream"] == "" and "JSON" in by_failed[ids["bad"]]["reason"]
     result = await invoke("dlq", "list", service, "--url", url, "--json", "--limit", "2")
@@ -82,7 +104,11 @@ async def test_list_show_replay_purge_round_trip(rr: aioredis.Redis, any_server:
     result = await invoke("dlq", "list", service, "--url", url, "--json", "--reason", "BOOM")
     assert sorted(x["stream"] for x in json.loads(result.stdout)) == ["s1", "s2", "s3"]
     result = await invoke("dlq", "list", service, "--url", url)
-    assert result.exit_code == 0 and "(malformed)" in result.stdout and "boom s2" in flat(result.stdout)
+    assert (
+        result.exit_code == 0
+        and "(malformed)" in result.stdout
+        and "boom s2" in flat(result.stdout)
+    )
 
     # -- show ----------------------------------------------------------------------
     s2 = by_failed[ids["s2"]]["id"]
@@ -91,7 +117,11 @@ async def test_list_show_replay_purge_round_trip(rr: aioredis.Redis, any_server:
     assert shown["fields"]["_failed_id"] == ids["s2"] and shown["fields"]["_retry_count"] == "1"
     assert json.loads(shown["fields"]["lbs-input"])["DataStreamName"] == "s2"
     result = await invoke("dlq", "show", service, s2, "--url", url)
-    assert result.exit_code == 0 and '"DataStreamName": "s2"' in result.stdout and "_consumer" in result.stdout
+    assert (
+        result.exit_code == 0
+        and '"DataStreamName": "s2"' in result.stdout
+        and "_consumer" in result.stdout
+    )
     result = await invoke("dlq", "show", service, "1-0", "--url", url)
     assert result.exit_code == 1 and f"no dead letter 1-0 in {dlq}" in flat(result.stderr)
 
@@ -106,8 +136,14 @@ async def test_list_show_replay_purge_round_trip(rr: aioredis.Redis, any_server:
     for entry in entries:
         name = json.loads(entry["lbs-input"])["DataStreamName"]
         letter = by_failed[ids[name]]
-        assert entry == {"lbs-input": entry["lbs-input"], "_retry_count": "0", "_original_id": ids[name],
-                         "_replayed_from": letter["id"], "_last_reason": letter["reason"], "_replay_count": "1"}
+        assert entry == {
+            "lbs-input": entry["lbs-input"],
+            "_retry_count": "0",
+            "_original_id": ids[name],
+            "_replayed_from": letter["id"],
+            "_last_reason": letter["reason"],
+            "_replay_count": "1",
+        }
     seen: list[tuple[str, int]] = []
 
     async def record(note: lbs.Notification) -> None:
@@ -127,54 +163,82 @@ async def test_list_show_replay_purge_round_trip(rr: aioredis.Redis, any_server:
     await run_until(url, service, "again", record, lambda: _len_is(rr, dlq, 1))
     (again,) = json.loads((await invoke("dlq", "list", service, "--url", url, "--json")).stdout)
     assert again["fields"]["_replayed_from"] == bad and again["fields"]["_replay_count"] == "1"
-    assert again["fields"]["_original_id"] == ids["bad"] and again["fields"]["_last_reason"] == again["reason"]
-    result = await invoke("dlq", "replay", service, again["id"], "1-0", "--url", url, "--force", "--json")
+    assert (
+        again["fields"]["_original_id"] == ids["bad"]
+        and again["fields"]["_last_reason"] == again["reason"]
+    )
+    result = await invoke(
+        "dlq", "replay", service, again["id"], "1-0", "--url", url, "--force", "--json"
+    )
     assert result.exit_code == 3  # 1-0 is not there
-    assert [(r["letter_id"], r["outcome"]) for r in json.loads(result.stdout)] == \
-        [(again["id"], "replayed"), ("1-0", "missing")]
+    assert [(r["letter_id"], r["outcome"]) for r in json.loads(result.stdout)] == [
+        (again["id"], "replayed"),
+        ("1-0", "missing"),
+    ]
     (entry,) = await lbs_entries(rr, service)
-    assert (entry["_replay_count"], entry["_replayed_from"], entry["_retry_count"]) == ("2", again["id"], "0")
+    assert (entry["_replay_count"], entry["_replayed_from"], entry["_retry_count"]) == (
+        "2",
+        again["id"],
+        "0",
+    )
 
     # -- purge: asks first; no is no -----------------------------------------------
     for reason in ("poison A", "poison B", "other"):
         await rr.xadd(dlq, {"lbs-input": '{"DataStreamName":"p","Info":{}}', "_reason": reason})
     result = await invoke("dlq", "purge", service, "--url", url, "--reason", "poison", input="n\n")
-    assert result.exit_code == 3 and "Delete 2 dead letters" in result.stdout and "Nothing deleted" in result.stderr
+    assert (
+        result.exit_code == 3
+        and "Delete 2 dead letters" in result.stdout
+        and "Nothing deleted" in result.stderr
+    )
     assert await rr.xlen(dlq) == 3
-    result = await invoke("dlq", "purge", service, "--url", url, "--reason", "poison")  # no answer at all
+    result = await invoke(
+        "dlq", "purge", service, "--url", url, "--reason", "poison"
+    )  # no answer at all
     assert result.exit_code == 3 and await rr.xlen(dlq) == 3
     result = await invoke("dlq", "purge", service, "--url", url, "--reason", "poison", input="y\n")
     assert result.exit_code == 0 and "Deleted 2 dead letters" in result.stdout
     (other,) = await rr.xrange(dlq)
     assert other[1][b"_reason"] == b"other"
     result = await invoke("dlq", "purge", service, other[0].decode(), "1-0", "--url", url, "--yes")
-    assert result.exit_code == 3 and "Deleted 1 dead letter" in result.stdout and "1 of the given ids" in result.stdout
+    assert (
+        result.exit_code == 3
+        and "Deleted 1 dead letter" in result.stdout
+        and "1 of the given ids" in result.stdout
+    )
     result = await invoke("dlq", "purge", service, "--url", url, "--all", "--yes")
     assert result.exit_code == 0 and "nothing deleted" in result.stdout and await rr.xlen(dlq) == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["replay"], "say which letters"),
-    (["purge"], "say which letters"),
-    (["replay", "1-0", "--all"], "not both"),
-    (["purge", "12"], "not a stream id"),
-    (["show", "x"], "not a stream id"),
-    (["replay", "--reason", ""], "non-empty"),
-])
-async def test_a_command_line_that_does_not_say_which_letters_is_refused(redis_server: Any, service: str,
-                                                                         args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["replay"], "say which letters"),
+        (["purge"], "say which letters"),
+        (["replay", "1-0", "--all"], "not both"),
+        (["purge", "12"], "not a stream id"),
+        (["show", "x"], "not a stream id"),
+        (["replay", "--reason", ""], "non-empty"),
+    ],
+)
+async def test_a_command_line_that_does_not_say_which_letters_is_refused(
+    redis_server: Any, service: str, args: list[str], message: str
+) -> None:
     result = await invoke("dlq", args[0], service, *args[1:], "--url", redis_server.url)
     assert result.exit_code == 2 and message in flat(result.stderr)
 
 
-async def test_a_dead_letter_key_of_the_wrong_type_is_named(rr: aioredis.Redis, any_server: Any,
-                                                            service: str) -> None:
+async def test_a_dead_letter_key_of_the_wrong_type_is_named(
+    rr: aioredis.Redis, any_server: Any, service: str
+) -> None:
     await rr.rpush(_keys.dead_letter_stream(service), "x")
     for args in (["list"], ["replay", "--all"], ["purge", "--all", "--yes"]):
         result = await invoke("dlq", *args[:1], service, *args[1:], "--url", any_server.url)
         assert result.exit_code == 1, args
-        assert f"LBSKEY {_keys.dead_letter_stream(service)} holds a list, not the dead-letter stream" in \
-            flat(result.stderr)
+        assert (
+            f"LBSKEY {_keys.dead_letter_stream(service)} holds a list, not the dead-letter stream"
+            in flat(result.stderr)
+        )
         assert "Traceback" not in result.output
 
 
@@ -191,7 +255,8 @@ def _id_key(entry_id: str) -> tuple[int, int]:
 
 
 async def test_a_keyed_letter_is_listed_by_its_key_with_its_consumer_and_exception(
-        any_server: Any, rr: aioredis.Redis, service: str) -> None:  # noqa: F811
+    any_server: Any, rr: aioredis.Redis, service: str
+) -> None:
     url = any_server.url
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([("order-7", {"n": "poison"})])
@@ -211,6 +276,9 @@ async def test_a_keyed_letter_is_listed_by_its_key_with_its_consumer_and_excepti
     (letter,) = json.loads(result.stdout)
     assert letter["key"] == "order-7" and letter["consumer"] == c.id
     assert "ValueError: cannot take poison" in letter["reason"]
-    assert letter["traceback"].endswith("ValueError: cannot take poison\n") and "in boom" in letter["traceback"]
+    assert (
+        letter["traceback"].endswith("ValueError: cannot take poison\n")
+        and "in boom" in letter["traceback"]
+    )
     result = await invoke("dlq", "list", service, "--url", url)
     assert "key order-7" in flat(result.output) and "(malformed)" not in result.output

@@ -39,8 +39,13 @@ def _commands() -> list[tuple[list[str], Any]]:
 
 COMMANDS = _commands()
 #: Every option any command takes (a command's help may point at another's).
-EVERY_OPTION = {opt for _, c in COMMANDS for p in c.params for opt in [*p.opts, *p.secondary_opts]
-                if opt.startswith("--")} | {"--help"}
+EVERY_OPTION = {
+    opt
+    for _, c in COMMANDS
+    for p in c.params
+    for opt in [*p.opts, *p.secondary_opts]
+    if opt.startswith("--")
+} | {"--help"}
 
 
 def test_the_app_has_its_commands() -> None:
@@ -53,7 +58,9 @@ def test_the_app_has_its_commands() -> None:
 
 
 @pytest.mark.parametrize("path, command", COMMANDS, ids=[" ".join(p) or "lbs" for p, _ in COMMANDS])
-def test_help_names_every_option_the_command_takes(tmp_path: Path, path: list[str], command: Any) -> None:
+def test_help_names_every_option_the_command_takes(
+    tmp_path: Path, path: list[str], command: Any
+) -> None:
     proc = run_lbs([*path, "--help"], cli_env(tmp_path / "log"))
     assert proc.returncode == 0, proc.stderr
     out = flat(proc.stdout)
@@ -81,9 +88,17 @@ def test_version(tmp_path: Path) -> None:
 def test_the_installed_script_is_the_same_app(tmp_path: Path) -> None:
     script = Path(sys.executable).parent / "lbs"
     if not script.exists():
-        pytest.skip(f"no `lbs` script beside {sys.executable} (lbs is not installed in this environment)")
-    proc = subprocess.run([str(script), "--version"], cwd=ROOT, env=cli_env(tmp_path / "log"),
-                          capture_output=True, text=True, timeout=60)
+        pytest.skip(
+            f"no `lbs` script beside {sys.executable} (lbs is not installed in this environment)"
+        )
+    proc = subprocess.run(
+        [str(script), "--version"],
+        cwd=ROOT,
+        env=cli_env(tmp_path / "log"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (proc.returncode, proc.stdout) == (0, f"lbs {lbs.__version__}\n")
 
 

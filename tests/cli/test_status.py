@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from _helpers import client, eventually, produce, take
+
+# _pty first: it makes _helpers importable. rr is a fixture.
+from _pty import Terminal, app_argv, flat, invoke, rr  # noqa: F401
 
 import lbs
 from lbs import _keys
 from lbs.status import collect_status
-
-# _pty first: it makes _helpers importable. rr is a fixture.
-from _pty import Terminal, app_argv, flat, invoke, rr  # noqa: F401
-from _helpers import client, eventually, produce, take
 
 pytestmark = pytest.mark.integration
 
@@ -94,6 +94,7 @@ async def _is(value: Any, expected: Any) -> bool:
 
 # -------------------------------------------------------------- collect_status ---
 
+
 async def test_collect_status_counts_exactly(any_server: Any, service: str) -> None:
     async with Scene(any_server.url, service) as scene:
         st = await collect_status(any_server.url, service)
@@ -107,24 +108,46 @@ async def test_collect_status_counts_exactly(any_server: Any, service: str) -> N
         assert st.oldest_pending is not None
         assert (st.oldest_pending.id, st.oldest_pending.consumer) == (ids["b"], scene.live.id)
         assert st.oldest_pending.deliveries == 1
-        assert st.requeued.to_dict() == {"looked_at": 3, "complete": True, "requeued": 1, "retried": 1,
-                                         "replayed": 0}
+        assert st.requeued.to_dict() == {
+            "looked_at": 3,
+            "complete": True,
+            "requeued": 1,
+            "retried": 1,
+            "replayed": 0,
+        }
         by_name = {c.name: c for c in st.consumers}
-        assert set(by_name) == {scene.live.id, scene.dying.id, "redis-consumer-gone"}  # the janitor left
-        live, dying, gone = by_name[scene.live.id], by_name[scene.dying.id], by_name["redis-consumer-gone"]
+        assert set(by_name) == {
+            scene.live.id,
+            scene.dying.id,
+            "redis-consumer-gone",
+        }  # the janitor left
+        live, dying, gone = (
+            by_name[scene.live.id],
+            by_name[scene.dying.id],
+            by_name["redis-consumer-gone"],
+        )
         assert (live.state, live.pending) == ("alive", 2)
         assert live.deadline_ms is not None and live.deadline_ms > 0
         assert live.instance_ttl_ms is not None and live.instance_ttl_ms > 0
         assert (dying.state, dying.pending, dying.instance_ttl_ms) == ("dead", 1, None)
         assert dying.deadline_ms is not None and dying.deadline_ms <= 0
         assert (gone.state, gone.pending, gone.instance_ttl_ms) == ("departed", 0, None)
-        assert [c.name for c in st.consumers] == [scene.live.id, scene.dying.id, "redis-consumer-gone"]
+        assert [c.name for c in st.consumers] == [
+            scene.live.id,
+            scene.dying.id,
+            "redis-consumer-gone",
+        ]
         # What each holds, with its token (a dead holder's lock is gone) and age.
         assert [(h.stream, h.entry_id) for h in live.held] == [("b", ids["b"]), ("d", ids["d"])]
         assert all(h.token is not None and h.token > 0 and h.age_ms >= 0 for h in live.held)
         assert [(h.stream, h.token) for h in dying.held] == [("c", None)]
         assert gone.held == ()
-        assert (st.count("alive"), st.count("late"), st.count("dead"), st.count("departed")) == (1, 0, 1, 1)
+        assert (st.count("alive"), st.count("late"), st.count("dead"), st.count("departed")) == (
+            1,
+            0,
+            1,
+            1,
+        )
         if any_server.version >= (7, 2):
             assert live.inactive_ms is not None
         else:
@@ -144,10 +167,12 @@ async def test_json_output_is_the_status(any_server: Any, service: str) -> None:
     assert set(got) == set(expected)
     # Everything but the clocks (ages, idle times, deadlines, TTLs move between the two reads).
     moving = {"time_ms", "oldest_waiting", "oldest_pending", "consumers"}
-    assert {k: v for k, v in got.items() if k not in moving} == {k: v for k, v in expected.items()
-                                                                 if k not in moving}
-    assert [(c["name"], c["state"], c["pending"]) for c in got["consumers"]] == \
-        [(c["name"], c["state"], c["pending"]) for c in expected["consumers"]]
+    assert {k: v for k, v in got.items() if k not in moving} == {
+        k: v for k, v in expected.items() if k not in moving
+    }
+    assert [(c["name"], c["state"], c["pending"]) for c in got["consumers"]] == [
+        (c["name"], c["state"], c["pending"]) for c in expected["consumers"]
+    ]
     assert got["oldest_pending"]["id"] == expected["oldest_pending"]["id"]
     assert got["consumer_states"] == {"alive": 1, "late": 0, "dead": 1, "departed": 1}
 
@@ -157,8 +182,19 @@ async def test_the_screen_names_what_matters(redis_server: Any, service: str) ->
         result = await invoke("status", service, "--url", redis_server.url)
     assert result.exit_code == 0, result.output
     screen = flat(result.stdout)
-    for text in (f"lbs status {service}", "6 entries", "3 waiting", "3 pending", "1 alive", "1 dead",
-                 "1 departed", scene.live.id, scene.dying.id, "1 of all 3 waiting", "dead letters"):
+    for text in (
+        f"lbs status {service}",
+        "6 entries",
+        "3 waiting",
+        "3 pending",
+        "1 alive",
+        "1 dead",
+        "1 departed",
+        scene.live.id,
+        scene.dying.id,
+        "1 of all 3 waiting",
+        "dead letters",
+    ):
         assert text in screen, (text, screen)
     assert "redis-consumer-gone" not in screen  # departed consumers are counted, not listed
     assert "b (token" in screen and "c (lock gone" in screen  # what each consumer holds
@@ -175,19 +211,33 @@ async def test_a_missing_service_says_so(any_server: Any, service: str) -> None:
     assert result.exit_code == 1 and json.loads(result.stdout)["exists"] is False
 
 
-async def test_a_stream_without_a_group_is_all_backlog(rr: aioredis.Redis, any_server: Any, service: str) -> None:
+async def test_a_stream_without_a_group_is_all_backlog(
+    rr: aioredis.Redis, any_server: Any, service: str
+) -> None:
     for _ in range(4):
-        await rr.xadd(_keys.input_stream(service), {"lbs-input": '{"DataStreamName":"x","Info":{}}'})
+        await rr.xadd(
+            _keys.input_stream(service), {"lbs-input": '{"DataStreamName":"x","Info":{}}'}
+        )
     st = await collect_status(any_server.url, service)
-    assert (st.exists, st.group_exists, st.length, st.backlog, st.backlog_method) == (True, False, 4, 4, "no group")
+    assert (st.exists, st.group_exists, st.length, st.backlog, st.backlog_method) == (
+        True,
+        False,
+        4,
+        4,
+        "no group",
+    )
     assert st.pending == 0 and st.consumers == ()
 
 
 @pytest.mark.parametrize("role", ["stream", "dlq", "consumers"])
-async def test_a_key_of_the_wrong_type_is_named(rr: aioredis.Redis, any_server: Any, service: str,
-                                                role: str) -> None:
-    key = {"stream": _keys.input_stream(service), "dlq": _keys.dead_letter_stream(service),
-           "consumers": _keys.consumers_key(service)}[role]
+async def test_a_key_of_the_wrong_type_is_named(
+    rr: aioredis.Redis, any_server: Any, service: str, role: str
+) -> None:
+    key = {
+        "stream": _keys.input_stream(service),
+        "dlq": _keys.dead_letter_stream(service),
+        "consumers": _keys.consumers_key(service),
+    }[role]
     await rr.set(key, "oops")
     with pytest.raises(lbs.RedisOperationError, match=f"LBSKEY {key} holds a string, not the "):
         await collect_status(any_server.url, service)
@@ -197,9 +247,13 @@ async def test_a_key_of_the_wrong_type_is_named(rr: aioredis.Redis, any_server: 
     assert "Traceback" not in result.output
 
 
-async def test_parked_retries_are_counted(rr: aioredis.Redis, any_server: Any, service: str) -> None:
+async def test_parked_retries_are_counted(
+    rr: aioredis.Redis, any_server: Any, service: str
+) -> None:
     await produce(any_server.url, service, "x")
-    parked = await rr.xadd(_keys.delayed_stream(service), {"lbs-input": '{"DataStreamName":"y","Info":{}}'})
+    parked = await rr.xadd(
+        _keys.delayed_stream(service), {"lbs-input": '{"DataStreamName":"y","Info":{}}'}
+    )
     seconds, micros = await rr.time()
     await rr.zadd(_keys.due_key(service), {parked: seconds * 1000 + micros // 1000 + 60_000})
     st = await collect_status(any_server.url, service)
@@ -208,7 +262,9 @@ async def test_parked_retries_are_counted(rr: aioredis.Redis, any_server: Any, s
     assert st.delayed.next_due_ms is not None and 50_000 < st.delayed.next_due_ms <= 60_000
 
 
-async def test_the_backlog_is_exact_whatever_was_deleted(rr: aioredis.Redis, any_server: Any, service: str) -> None:
+async def test_the_backlog_is_exact_whatever_was_deleted(
+    rr: aioredis.Redis, any_server: Any, service: str
+) -> None:
     """Random adds, reads, finishes (ack + delete, as done-n.lua) and deletions of waiting entries; after each
     step a backlog said to be exact is the number of entries after the group's last-delivered id, whichever
     way it was obtained (Redis's lag is nil after most of these steps, and wrong after some before 7.4)."""
@@ -222,9 +278,13 @@ async def test_the_backlog_is_exact_whatever_was_deleted(rr: aioredis.Redis, any
             for _ in range(rng.randint(1, 3)):
                 await rr.xadd(stream, {"lbs-input": f'{{"DataStreamName":"s{step}","Info":{{}}}}'})
         elif op == "read":
-            await rr.xreadgroup(group, rng.choice(["c1", "c2"]), {stream: ">"}, count=rng.randint(1, 3))
+            await rr.xreadgroup(
+                group, rng.choice(["c1", "c2"]), {stream: ">"}, count=rng.randint(1, 3)
+            )
         else:
-            pending = [p["message_id"] for p in await rr.xpending_range(stream, group, "-", "+", 100)]
+            pending = [
+                p["message_id"] for p in await rr.xpending_range(stream, group, "-", "+", 100)
+            ]
             (last,) = [g["last-delivered-id"].decode() for g in await rr.xinfo_groups(stream)]
             waiting = [e[0] for e in await rr.xrange(stream, "(" + last, "+")]
             pool = pending if op == "finish" else waiting
@@ -260,8 +320,10 @@ async def test_status_on_a_cluster(redis_cluster: Any, service: str) -> None:
     assert result.exit_code == 0 and "not pending" in result.stdout
     cluster = redis_cluster.client()
     try:
-        cluster.xadd(_keys.dead_letter_stream(service), {"lbs-input": '{"DataStreamName":"c","Info":{}}',
-                                                         "_reason": "r"})
+        cluster.xadd(
+            _keys.dead_letter_stream(service),
+            {"lbs-input": '{"DataStreamName":"c","Info":{}}', "_reason": "r"},
+        )
     finally:
         cluster.close()
     result = await invoke("dlq", "replay", service, "--all", "--url", url)
@@ -271,9 +333,12 @@ async def test_status_on_a_cluster(redis_cluster: Any, service: str) -> None:
 
 # --------------------------------------------------------------------- --watch ---
 
+
 async def test_watch_redraws_until_ctrl_c(any_server: Any, service: str) -> None:
     await produce(any_server.url, service, "a")
-    term = Terminal(app_argv("status", service, "--url", any_server.url, "--watch", "--interval", "0.2"))
+    term = Terminal(
+        app_argv("status", service, "--url", any_server.url, "--watch", "--interval", "0.2")
+    )
     try:
         title = f"lbs status {service}"
         screen = await asyncio.to_thread(term.read_until, lambda s: s.count(title) >= 2, 60)
@@ -284,9 +349,13 @@ async def test_watch_redraws_until_ctrl_c(any_server: Any, service: str) -> None
     assert code == 0
 
 
-async def test_watch_with_json_prints_one_document_per_line(redis_server: Any, service: str) -> None:
+async def test_watch_with_json_prints_one_document_per_line(
+    redis_server: Any, service: str
+) -> None:
     await produce(redis_server.url, service, "a")
-    term = Terminal(app_argv("status", service, "--url", redis_server.url, "--watch", "-n", "0.1", "--json"))
+    term = Terminal(
+        app_argv("status", service, "--url", redis_server.url, "--watch", "-n", "0.1", "--json")
+    )
     try:
         screen = await asyncio.to_thread(term.read_until, lambda s: s.count('"service"') >= 3, 60)
         code = await asyncio.to_thread(term.interrupt)
@@ -304,18 +373,37 @@ def _lbs_has(command: str) -> bool:
     return any(c.name == command for c in app.registered_commands)
 
 
-@pytest.mark.skipif(not _lbs_has("status"), reason="`lbs status` is not registered in lbs.cli's app yet")
+@pytest.mark.skipif(
+    not _lbs_has("status"), reason="`lbs status` is not registered in lbs.cli's app yet"
+)
 async def test_python_m_lbs_status(redis_server: Any, service: str) -> None:
     await produce(redis_server.url, service, "a", "b")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lbs", "status", service, "--json", env={**_env(), "LBS_URL": redis_server.url},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "lbs",
+        "status",
+        service,
+        "--json",
+        env={**_env(), "LBS_URL": redis_server.url},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err
     assert json.loads(out)["backlog"] == 2
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lbs", "status", service + "-none", "--url", redis_server.url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=_env())
+        sys.executable,
+        "-m",
+        "lbs",
+        "status",
+        service + "-none",
+        "--url",
+        redis_server.url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_env(),
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 1 and b"No such service" in out
 
@@ -328,7 +416,10 @@ def _env() -> dict[str, str]:
 
 # ----------------------------------------------------------------------- claim ---
 
-async def test_claim_requeues_only_what_lost_its_lock(rr: aioredis.Redis, any_server: Any, service: str) -> None:
+
+async def test_claim_requeues_only_what_lost_its_lock(
+    rr: aioredis.Redis, any_server: Any, service: str
+) -> None:
     url = any_server.url
     ids = dict(zip("abc", await produce(url, service, "a", "b", "c")))
     dying = client(url, service, "dying", recovery=False, max_streams=2, lock_ttl=0.5)
@@ -339,15 +430,20 @@ async def test_claim_requeues_only_what_lost_its_lock(rr: aioredis.Redis, any_se
     try:
         assert [n.stream for n in await take(live, 1)] == ["c"]
         kill(dying)
-        await eventually(lambda: _is(rr.exists(_keys.lock_key(service, ids["a"]), _keys.lock_key(service, ids["b"])),
-                                     0))
+        await eventually(
+            lambda: _is(
+                rr.exists(_keys.lock_key(service, ids["a"]), _keys.lock_key(service, ids["b"])), 0
+            )
+        )
         result = await invoke("claim", service, ids["a"], ids["c"], "1-0", "--url", url, "--json")
         assert result.exit_code == 3, result.output
         got = {d["entry_id"]: d for d in json.loads(result.stdout)}
         assert got[ids["a"]]["outcome"] == "requeued" and "(retry 1)" in got[ids["a"]]["detail"]
         assert got[ids["c"]]["outcome"] == "locked" and live.id in got[ids["c"]]["detail"]
         assert got["1-0"]["outcome"] == "not pending"
-        (fresh,) = [e for e in await rr.xrange(_keys.input_stream(service)) if e[1].get(b"_original_id")]
+        (fresh,) = [
+            e for e in await rr.xrange(_keys.input_stream(service)) if e[1].get(b"_original_id")
+        ]
         assert fresh[1][b"_original_id"].decode() == ids["a"] and fresh[1][b"_retry_count"] == b"1"
         # Past --max-retries the claim dead-letters it; and an id with nothing to do exits 0.
         result = await invoke("claim", service, ids["b"], "--url", url, "--max-retries", "0")
@@ -386,7 +482,9 @@ async def test_an_unreachable_redis_is_a_failure(service: str) -> None:
     assert "Traceback" not in result.output
 
 
-async def test_registrations_waiting_for_their_holder_are_shown(any_server: Any, service: str) -> None:
+async def test_registrations_waiting_for_their_holder_are_shown(
+    any_server: Any, service: str
+) -> None:
     first, second, third = await produce(any_server.url, service, "a", "a", "b")
     c = client(any_server.url, service, "holder", recovery=False)
     await c.start()
@@ -395,13 +493,20 @@ async def test_registrations_waiting_for_their_holder_are_shown(any_server: Any,
         st = await collect_status(any_server.url, service)
         assert st.names_waiting == 1
         assert [w.to_dict() for w in st.waiting_names] == [
-            {"name": "a", "holder": first, "back": False, "waiting": 1}]
-        assert st.pending == 2 and st.backlog == 0  # the waiter is neither delivered-and-held nor backlog
+            {"name": "a", "holder": first, "back": False, "waiting": 1}
+        ]
+        assert (
+            st.pending == 2 and st.backlog == 0
+        )  # the waiter is neither delivered-and-held nor backlog
         result = await invoke("status", service, "--url", any_server.url)
         assert result.exit_code == 0, result.output
-        assert f"1 data stream with registrations waiting for their holder: a (1 after {first})" \
-            in flat(result.stdout), flat(result.stdout)
-        got = json.loads((await invoke("status", service, "--url", any_server.url, "--json")).stdout)
+        assert (
+            f"1 data stream with registrations waiting for their holder: a (1 after {first})"
+            in flat(result.stdout)
+        ), flat(result.stdout)
+        got = json.loads(
+            (await invoke("status", service, "--url", any_server.url, "--json")).stdout
+        )
         assert got["names_waiting"] == 1 and got["waiting_names"][0]["holder"] == first
         # Done with the holder: its last waiter is put back, and no name waits any more.
         assert await c.done_stream("a", first) == lbs.DoneStatus.DONE

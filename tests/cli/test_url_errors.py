@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-
-from lbs.embedded import RedisServer
+from _cli_helpers import cli_env, run_lbs
 
 # _pty first: it makes _helpers importable.
-from _pty import flat, invoke  # noqa: F401
-from _cli_helpers import cli_env, run_lbs
+from _pty import flat, invoke
+
+from lbs.embedded import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -24,6 +23,7 @@ pytestmark = pytest.mark.integration
 def locked() -> Iterator[str]:
     """A server that wants the password ``sekrit`` (set after start: the readiness check has none)."""
     with RedisServer() as server:
+
         async def lock() -> None:
             r = aioredis.Redis.from_url(server.url)
             await r.config_set("requirepass", "sekrit")
@@ -57,8 +57,15 @@ async def test_tls_against_a_plain_port_says_to_use_redis(locked: str) -> None:
     assert "no TLS handshake" in out and "use redis://" in out and "sekrit" not in out
 
 
-@pytest.mark.parametrize("command", [["status", "svc"], ["dlq", "list", "svc"], ["claim", "svc", "1-1"],
-                                     ["worker", "tests.cli._handlers:ok", "--service", "svc"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status", "svc"],
+        ["dlq", "list", "svc"],
+        ["claim", "svc", "1-1"],
+        ["worker", "tests.cli._handlers:ok", "--service", "svc"],
+    ],
+)
 def test_a_bad_url_exits_78_in_every_command(command: list[str], tmp_path: Path) -> None:
     proc = run_lbs([*command, "--url", "http://nowhere"], cli_env(tmp_path / "log"))
     assert proc.returncode == 78, (proc.returncode, proc.stderr)
@@ -73,6 +80,8 @@ def test_the_demo_takes_url_and_keeps_redis_url(tmp_path: Path) -> None:
 
 
 def test_a_bad_service_name_exits_78_in_the_worker_too(tmp_path: Path) -> None:
-    proc = run_lbs(["worker", "tests.cli._handlers:ok", "--service", "a{b}"], cli_env(tmp_path / "log"))
+    proc = run_lbs(
+        ["worker", "tests.cli._handlers:ok", "--service", "a{b}"], cli_env(tmp_path / "log")
+    )
     assert proc.returncode == 78, (proc.returncode, proc.stderr)
     assert "service must not contain" in flat(proc.stderr)

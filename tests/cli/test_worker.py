@@ -28,7 +28,9 @@ StartWorker = Callable[..., Proc]
 
 async def _markers(r: aioredis.Redis, service: str, *ids: str) -> list[bytes | None]:
     """The instance markers (this process's nonce) of the consumer ids: set once a worker is inside run()."""
-    return [await r.get(f"{{{lbs.input_stream(service)}}}:instance:redis-consumer-{i}") for i in ids]
+    return [
+        await r.get(f"{{{lbs.input_stream(service)}}}:instance:redis-consumer-{i}") for i in ids
+    ]
 
 
 async def _all_finished(r: aioredis.Redis, service: str, shards: int = 1) -> bool:
@@ -41,19 +43,37 @@ async def _all_finished(r: aioredis.Redis, service: str, shards: int = 1) -> boo
 
 @pytest.mark.parametrize("shards", [1, 2])
 async def test_worker_processes_the_work_and_stops_cleanly_on_sigterm(
-        redis_server: Any, r: aioredis.Redis, service: str, log: Path, start_worker: StartWorker,
-        shards: int) -> None:
+    redis_server: Any,
+    r: aioredis.Redis,
+    service: str,
+    log: Path,
+    start_worker: StartWorker,
+    shards: int,
+) -> None:
     names = [f"s{i}" for i in range(20)]
     async with lbs.Producer(r, service, shards=shards) as producer:
         await producer.add_streams(names)
-    worker = start_worker(f"{HANDLERS}:ok", "--service", service, "--url", redis_server.url,
-                          "--consumer-id", "w1", "--shards", str(shards), "--lock-ttl", "5")
+    worker = start_worker(
+        f"{HANDLERS}:ok",
+        "--service",
+        service,
+        "--url",
+        redis_server.url,
+        "--consumer-id",
+        "w1",
+        "--shards",
+        str(shards),
+        "--lock-ttl",
+        "5",
+    )
 
     async def all_handled() -> bool:
         return {stream for _, stream, _ in handled(log)} == set(names)
 
     await eventually(all_handled, "every registered stream handled")
-    await eventually(lambda: _all_finished(r, service, shards), "every stream finished (acked and deleted)")
+    await eventually(
+        lambda: _all_finished(r, service, shards), "every stream finished (acked and deleted)"
+    )
     worker.signal(signal.SIGTERM)
     assert await worker.wait() == 0, worker.err()
     for svc in lbs.shard_services(service, shards):
@@ -61,19 +81,34 @@ async def test_worker_processes_the_work_and_stops_cleanly_on_sigterm(
     assert {pid for pid, _, _ in handled(log)} == {str(worker.pid)}
     err = flat(worker.err())
     # the banner: version, service, LBS, Redis (connected), consumer id, settings and where they came from
-    for text in (f"lbs {lbs.__version__} worker", service, f"Redis {'.'.join(map(str, redis_server.version))}",
-                 "redis-consumer-w1", "lock_ttl 5 s", "lock_ttl=5.0 (--lock-ttl)", "lbs-default-reader",
-                 "SIGTERM: stopping"):
+    for text in (
+        f"lbs {lbs.__version__} worker",
+        service,
+        f"Redis {'.'.join(map(str, redis_server.version))}",
+        "redis-consumer-w1",
+        "lock_ttl 5 s",
+        "lock_ttl=5.0 (--lock-ttl)",
+        "lbs-default-reader",
+        "SIGTERM: stopping",
+    ):
         assert text in err, err
     assert "Traceback" not in err
 
 
 async def test_sigterm_drains_then_hands_back_without_a_retry(
-        redis_server: Any, r: aioredis.Redis, service: str, log: Path, start_worker: StartWorker) -> None:
+    redis_server: Any, r: aioredis.Redis, service: str, log: Path, start_worker: StartWorker
+) -> None:
     async with lbs.Producer(r, service) as producer:
         ids = await producer.add_streams(["slow-1", "slow-2"])
-    worker = start_worker(f"{HANDLERS}:slow", "--service", service, "--url", redis_server.url,
-                          "--drain-timeout", "0.5")
+    worker = start_worker(
+        f"{HANDLERS}:slow",
+        "--service",
+        service,
+        "--url",
+        redis_server.url,
+        "--drain-timeout",
+        "0.5",
+    )
 
     async def both_started() -> bool:
         return len(handled(log, "started")) == 2
@@ -91,15 +126,30 @@ async def test_sigterm_drains_then_hands_back_without_a_retry(
 
 
 async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(
-        redis_server: Any, r: aioredis.Redis, service: str, log: Path, start_worker: StartWorker) -> None:
+    redis_server: Any, r: aioredis.Redis, service: str, log: Path, start_worker: StartWorker
+) -> None:
     ids = ("sup-0", "sup-1")
-    supervisor = start_worker(f"{HANDLERS}:ok", "--service", service, "--url", redis_server.url,
-                              "--consumer-id", "sup", "--processes", "2", "--lock-ttl", "1")
+    supervisor = start_worker(
+        f"{HANDLERS}:ok",
+        "--service",
+        service,
+        "--url",
+        redis_server.url,
+        "--consumer-id",
+        "sup",
+        "--processes",
+        "2",
+        "--lock-ttl",
+        "1",
+    )
 
     async def both_running() -> bool:
         # The banner too: child 0 prints it once it started, and may be the one killed below.
-        return (None not in await _markers(r, service, *ids) and len(supervisor.children()) == 2
-                and f"lbs {lbs.__version__} worker" in flat(supervisor.err()))
+        return (
+            None not in await _markers(r, service, *ids)
+            and len(supervisor.children()) == 2
+            and f"lbs {lbs.__version__} worker" in flat(supervisor.err())
+        )
 
     await eventually(both_running, "two children inside run(), the banner printed")
     before = await _markers(r, service, *ids)
@@ -127,7 +177,10 @@ async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(
     supervisor.signal(signal.SIGTERM)
     assert await supervisor.wait() == 0, supervisor.err()
     for pid in last:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        )
     assert await leftovers(r, service) == (0, 0, 0)
     err = flat(supervisor.err())
     assert f"(pid {victim}) was killed by SIGKILL; restarting it in" in err, err
@@ -136,10 +189,19 @@ async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(
     assert "Traceback" not in err
 
 
-async def test_supervisor_gives_up_on_a_child_that_keeps_crashing(log: Path, start_worker: StartWorker) -> None:
+async def test_supervisor_gives_up_on_a_child_that_keeps_crashing(
+    log: Path, start_worker: StartWorker
+) -> None:
     # Nobody listens on this port: every child exits 1 at start, again and again.
-    supervisor = start_worker(f"{HANDLERS}:ok", "--service", "s", "--url", f"redis://:secret@127.0.0.1:{free_port()}",
-                              "--processes", "2")
+    supervisor = start_worker(
+        f"{HANDLERS}:ok",
+        "--service",
+        "s",
+        "--url",
+        f"redis://:secret@127.0.0.1:{free_port()}",
+        "--processes",
+        "2",
+    )
     assert await supervisor.wait(timeout=180) == 1
     err = flat(supervisor.err())
     assert "in a row: giving up; stopping the others" in err, err
@@ -152,54 +214,123 @@ def test_redis_unreachable_at_start_is_exit_1_with_a_message(log: Path) -> None:
     url = f"redis://user:secret@127.0.0.1:{free_port()}/0"
     proc = run_lbs(["worker", f"{HANDLERS}:ok", "--service", "s", "--url", url], cli_env(log))
     assert proc.returncode == 1, proc.stderr
-    assert "cannot run against redis://user:***@127.0.0.1" in flat(proc.stderr) and "ConnectionError" in proc.stderr
+    assert (
+        "cannot run against redis://user:***@127.0.0.1" in flat(proc.stderr)
+        and "ConnectionError" in proc.stderr
+    )
     assert "secret" not in proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr
 
 
 # ------------------------------------------------------------- settings ---
 
+
 def test_settings_precedence_flags_over_env_over_file(tmp_path: Path, log: Path) -> None:
     config = tmp_path / "lbs.toml"
-    config.write_text('[lbs]\nlock_ttl = 7\nmax_streams = 3\nread_count = 2\nhandler_timeout = "none"\n\n'
-                      '[myapp]\nanything = "left alone"\n')
+    config.write_text(
+        '[lbs]\nlock_ttl = 7\nmax_streams = 3\nread_count = 2\nhandler_timeout = "none"\n\n'
+        '[myapp]\nanything = "left alone"\n'
+    )
     env = cli_env(log, LBS_LOCK_TTL="8", LBS_MAX_STREAMS="4", LBS_RECOVERY="off", LBS_LOCK_TLL="1")
-    proc = run_lbs(["worker", f"{HANDLERS}:ok", "--service", "s", "--config", str(config),
-                    "--lock-ttl", "9", "--set", "drain_timeout=2.5", "--timeout", "30", "--check"], env)
+    proc = run_lbs(
+        [
+            "worker",
+            f"{HANDLERS}:ok",
+            "--service",
+            "s",
+            "--config",
+            str(config),
+            "--lock-ttl",
+            "9",
+            "--set",
+            "drain_timeout=2.5",
+            "--timeout",
+            "30",
+            "--check",
+        ],
+        env,
+    )
     assert proc.returncode == 0, proc.stderr
     table = tomllib.loads(proc.stdout)["lbs"]
     assert table["lock_ttl"] == 9.0  # flag > env > file
     assert table["max_streams"] == 4  # env > file
     assert table["read_count"] == 2  # file > default
-    assert table["recovery"] is False and table["drain_timeout"] == 2.5 and table["handler_timeout"] == 30.0
+    assert (
+        table["recovery"] is False
+        and table["drain_timeout"] == 2.5
+        and table["handler_timeout"] == 30.0
+    )
     assert table["max_retries"] == lbs.Config().max_retries  # default
-    assert lbs.Config(**{k: (None if v == "none" else v) for k, v in table.items()})  # the output is a valid Config
-    for line in ("lock_ttl = 9.0  # --lock-ttl", "max_streams = 4  # environment LBS_MAX_STREAMS",
-                 f"read_count = 2  # {config} [lbs] read_count", "drain_timeout = 2.5  # --set drain_timeout",
-                 "handler_timeout = 30.0  # --timeout"):
+    assert lbs.Config(
+        **{k: (None if v == "none" else v) for k, v in table.items()}
+    )  # the output is a valid Config
+    for line in (
+        "lock_ttl = 9.0  # --lock-ttl",
+        "max_streams = 4  # environment LBS_MAX_STREAMS",
+        f"read_count = 2  # {config} [lbs] read_count",
+        "drain_timeout = 2.5  # --set drain_timeout",
+        "handler_timeout = 30.0  # --timeout",
+    ):
         assert line in proc.stdout.splitlines(), proc.stdout
     assert "LBS_LOCK_TLL is not a Config field's; did you mean LBS_LOCK_TTL?" in flat(proc.stderr)
 
 
-@pytest.mark.parametrize("args, env, message", [
-    (["--set", "lock_ttl=-1"], {}, "Config.lock_ttl must be a positive number, got -1.0 (lock_ttl from --set lock_ttl)"),
-    ([], {"LBS_LOCK_TTL": "abc"}, "environment LBS_LOCK_TTL: Config.lock_ttl takes a number, got 'abc'"),
-    ([], {"LBS_RECOVERY": "maybe"}, "environment LBS_RECOVERY: Config.recovery takes true or false, got 'maybe'"),
-    (["--set", "lock_tll=3"], {}, "--set lock_tll: Config has no field 'lock_tll'; did you mean 'lock_ttl'?"),
-    (["--lock-ttl", "3", "--set", "heartbeat_interval=5"], {},
-     "must be shorter than lock_ttl (3.0), or every lock expires between heartbeats "
-     "(heartbeat_interval from --set heartbeat_interval; lock_ttl from --lock-ttl)"),
-    (["--config", "{tmp}/missing.toml"], {}, "cannot read the config file"),
-    (["--config", "{tmp}/bad.toml"], {}, "is not valid TOML"),
-    (["--config", "{tmp}/typo.toml"], {}, "[lbs] max_stream: Config has no field 'max_stream'; did you mean 'max_streams'?"),
-    (["--config", "{tmp}/top.toml"], {}, "sets lock_ttl at the top level: put lbs's settings under an [lbs] table"),
-])
-def test_an_invalid_setting_is_exit_78_with_its_source(tmp_path: Path, log: Path, args: list[str],
-                                                        env: dict[str, str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (
+            ["--set", "lock_ttl=-1"],
+            {},
+            "Config.lock_ttl must be a positive number, got -1.0 (lock_ttl from --set lock_ttl)",
+        ),
+        (
+            [],
+            {"LBS_LOCK_TTL": "abc"},
+            "environment LBS_LOCK_TTL: Config.lock_ttl takes a number, got 'abc'",
+        ),
+        (
+            [],
+            {"LBS_RECOVERY": "maybe"},
+            "environment LBS_RECOVERY: Config.recovery takes true or false, got 'maybe'",
+        ),
+        (
+            ["--set", "lock_tll=3"],
+            {},
+            "--set lock_tll: Config has no field 'lock_tll'; did you mean 'lock_ttl'?",
+        ),
+        (
+            ["--lock-ttl", "3", "--set", "heartbeat_interval=5"],
+            {},
+            "must be shorter than lock_ttl (3.0), or every lock expires between heartbeats "
+            "(heartbeat_interval from --set heartbeat_interval; lock_ttl from --lock-ttl)",
+        ),
+        (["--config", "{tmp}/missing.toml"], {}, "cannot read the config file"),
+        (["--config", "{tmp}/bad.toml"], {}, "is not valid TOML"),
+        (
+            ["--config", "{tmp}/typo.toml"],
+            {},
+            "[lbs] max_stream: Config has no field 'max_stream'; did you mean 'max_streams'?",
+        ),
+        (
+            ["--config", "{tmp}/top.toml"],
+            {},
+            "sets lock_ttl at the top level: put lbs's settings under an [lbs] table",
+        ),
+    ],
+)
+def test_an_invalid_setting_is_exit_78_with_its_source(
+    tmp_path: Path, log: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
     (tmp_path / "bad.toml").write_text("[lbs\n")
     (tmp_path / "typo.toml").write_text("[lbs]\nmax_stream = 3\n")
     (tmp_path / "top.toml").write_text("lock_ttl = 3\n")
-    argv = ["worker", f"{HANDLERS}:ok", "--service", "s", *(a.replace("{tmp}", str(tmp_path)) for a in args)]
+    argv = [
+        "worker",
+        f"{HANDLERS}:ok",
+        "--service",
+        "s",
+        *(a.replace("{tmp}", str(tmp_path)) for a in args),
+    ]
     proc = run_lbs(argv, cli_env(log, **env))
     assert proc.returncode == 78, proc.stderr
     assert "lbs worker: error: invalid configuration: " in proc.stderr
@@ -207,12 +338,15 @@ def test_an_invalid_setting_is_exit_78_with_its_source(tmp_path: Path, log: Path
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--set", "lock_ttl"], "--set takes FIELD=VALUE"),
-    (["--set", "lock_ttl=3", "--lock-ttl", "4"], "lock_ttl is given twice"),
-    (["--processes", "0"], "--processes"),
-    (["--log-level", "loud"], "'loud' is not one of 'debug', 'info', 'warning', 'error'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "lock_ttl"], "--set takes FIELD=VALUE"),
+        (["--set", "lock_ttl=3", "--lock-ttl", "4"], "lock_ttl is given twice"),
+        (["--processes", "0"], "--processes"),
+        (["--log-level", "loud"], "'loud' is not one of 'debug', 'info', 'warning', 'error'"),
+    ],
+)
 def test_a_usage_error_is_exit_2(log: Path, args: list[str], message: str) -> None:
     proc = run_lbs(["worker", f"{HANDLERS}:ok", "--service", "s", *args, "--check"], cli_env(log))
     assert proc.returncode == 2, proc.stderr
@@ -229,14 +363,18 @@ def test_service_is_required(log: Path) -> None:
 
 # -------------------------------------------------------------- handler ---
 
-@pytest.mark.parametrize("target, message", [
-    (HANDLERS, f"expected MODULE:HANDLER (e.g. myapp.workers:handle), got '{HANDLERS}'"),
-    ("tests.cli.nowhere:ok", "no module named 'tests.cli.nowhere'"),
-    (f"{HANDLERS}:missing", f"module '{HANDLERS}' has no attribute 'missing'"),
-    (f"{HANDLERS}:not_callable", f"{HANDLERS}:not_callable is not callable (a int)"),
-    (f"{HANDLERS}:sync", "is not an async function"),
-    (f"{HANDLERS}:two_args", "must take one argument, the lbs.Notification"),
-])
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        (HANDLERS, f"expected MODULE:HANDLER (e.g. myapp.workers:handle), got '{HANDLERS}'"),
+        ("tests.cli.nowhere:ok", "no module named 'tests.cli.nowhere'"),
+        (f"{HANDLERS}:missing", f"module '{HANDLERS}' has no attribute 'missing'"),
+        (f"{HANDLERS}:not_callable", f"{HANDLERS}:not_callable is not callable (a int)"),
+        (f"{HANDLERS}:sync", "is not an async function"),
+        (f"{HANDLERS}:two_args", "must take one argument, the lbs.Notification"),
+    ],
+)
 def test_a_bad_handler_is_a_usage_error(log: Path, target: str, message: str) -> None:
     proc = run_lbs(["worker", target, "--service", "s"], cli_env(log))
     assert proc.returncode == 2, proc.stderr
@@ -249,7 +387,9 @@ def test_a_handler_module_that_raises_shows_its_traceback(log: Path) -> None:
     proc = run_lbs(["worker", "tests.cli._broken:handle", "--service", "s"], cli_env(log))
     assert proc.returncode == 1, proc.stderr
     assert "RuntimeError: boom at import" in proc.stderr
-    assert "_broken.py" in proc.stderr and "importlib" not in proc.stderr  # the application's frames only
+    assert (
+        "_broken.py" in proc.stderr and "importlib" not in proc.stderr
+    )  # the application's frames only
     assert "importing 'tests.cli._broken' failed" in proc.stderr
 
 
@@ -258,18 +398,26 @@ def test_the_app_dir_is_where_the_module_is_found(tmp_path: Path, log: Path) -> 
     env = cli_env(log)
     proc = run_lbs(["worker", "myapp:handle", "--service", "s", "--check"], env)
     assert proc.returncode == 2 and "no module named 'myapp'" in flat(proc.stderr), proc.stderr
-    proc = run_lbs(["worker", "myapp:handle", "--service", "s", "--check", "--app-dir", str(tmp_path)], env)
+    proc = run_lbs(
+        ["worker", "myapp:handle", "--service", "s", "--check", "--app-dir", str(tmp_path)], env
+    )
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("url, shown", [
-    ("redis://localhost:6379/0", "redis://localhost:6379/0"),
-    ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
-    ("redis://user:pw@h", "redis://user:***@h"),
-    ("redis://secret@h", "redis://***@h"),
-    ("rediss://u:p@h/0?password=x&ssl_cert_reqs=none", "rediss://u:***@h/0?password=***&ssl_cert_reqs=none"),
-    ("unix:///tmp/redis.sock?db=1&password=z", "unix:///tmp/redis.sock?db=1&password=***"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        ("redis://localhost:6379/0", "redis://localhost:6379/0"),
+        ("redis://:pw@h:1/0", "redis://:***@h:1/0"),
+        ("redis://user:pw@h", "redis://user:***@h"),
+        ("redis://secret@h", "redis://***@h"),
+        (
+            "rediss://u:p@h/0?password=x&ssl_cert_reqs=none",
+            "rediss://u:***@h/0?password=***&ssl_cert_reqs=none",
+        ),
+        ("unix:///tmp/redis.sock?db=1&password=z", "unix:///tmp/redis.sock?db=1&password=***"),
+    ],
+)
 def test_urls_are_printed_without_their_secrets(url: str, shown: str) -> None:
     from lbs.cli._common import mask_url
 

@@ -55,7 +55,7 @@ class Block:
     def skip_reason(self) -> str | None:
         if self.marker is None or not re.match(r"skip\b", self.marker):
             return None
-        return self.marker[len("skip"):].lstrip(" ,")
+        return self.marker[len("skip") :].lstrip(" ,")
 
     @property
     def filename(self) -> str | None:
@@ -73,7 +73,7 @@ def blocks_of(path: Path) -> list[Block]:
         stripped = lines[i].strip()
         if stripped.startswith("```"):
             fence = stripped[: len(stripped) - len(stripped.lstrip("`"))]
-            lang = stripped[len(fence):].strip()
+            lang = stripped[len(fence) :].strip()
             indent = len(lines[i]) - len(lines[i].lstrip())
             start = i
             body: list[str] = []
@@ -84,8 +84,14 @@ def blocks_of(path: Path) -> list[Block]:
             if lang == "python":
                 before = [line.strip() for line in lines[:start] if line.strip()]
                 marker = _MARKER.fullmatch(before[-1]) if before else None
-                found.append(Block(str(path.relative_to(ROOT)), start + 1, "\n".join(body) + "\n",
-                                   marker.group(1) if marker else None))
+                found.append(
+                    Block(
+                        str(path.relative_to(ROOT)),
+                        start + 1,
+                        "\n".join(body) + "\n",
+                        marker.group(1) if marker else None,
+                    )
+                )
         i += 1
     return found
 
@@ -97,7 +103,9 @@ def test_the_docs_have_examples_and_well_formed_markers() -> None:
     assert len(BLOCKS) >= 8, [b.id for b in BLOCKS]
     for block in BLOCKS:
         if block.marker is not None and block.marker.startswith("skip"):
-            assert block.skip_reason, f"{block.id}: a skip marker needs a reason: <!-- test: skip, REASON -->"
+            assert block.skip_reason, (
+                f"{block.id}: a skip marker needs a reason: <!-- test: skip, REASON -->"
+            )
     for page in PAGES:
         names = [b.filename for b in BLOCKS if b.page == str(page.relative_to(ROOT)) and b.filename]
         assert len(names) == len(set(names)), f"{page}: two blocks claim one file name: {names}"
@@ -112,7 +120,9 @@ def _binary(server: str) -> str | None:
     if server == "redis8":
         return None
     try:
-        return find_redis_server(min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER")
+        return find_redis_server(
+            min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER"
+        )
     except ServerNotFoundError as exc:
         if os.environ.get("LBS_REQUIRE_REDIS7") == "1":
             pytest.fail(f"LBS_REQUIRE_REDIS7=1 but {exc}")
@@ -127,7 +137,9 @@ def test_the_example_runs(block: Block, server: str, tmp_path: Path) -> None:
     if block.skip_reason:
         pytest.skip(block.skip_reason)
     others = sorted(set(_URL.findall(block.code)) - {DOC_URL})
-    assert not others, f"{block.id} uses {others}: examples connect to {DOC_URL} (the test replaces it)"
+    assert not others, (
+        f"{block.id} uses {others}: examples connect to {DOC_URL} (the test replaces it)"
+    )
     with RedisServer(_binary(server), config={"notify-keyspace-events": "Kx"}) as server_:
         for other in BLOCKS:  # the page's named files, for its blocks to import
             if other.page == block.page and other.filename:
@@ -138,9 +150,19 @@ def test_the_example_runs(block: Block, server: str, tmp_path: Path) -> None:
         script.write_text(_program(block, server_.url))
         env = {**os.environ, "PYTHONPATH": str(tmp_path)}
         try:
-            proc = subprocess.run([sys.executable, "-W", "error", str(script)], cwd=tmp_path, env=env,
-                                  capture_output=True, text=True, timeout=TIMEOUT)
+            proc = subprocess.run(
+                [sys.executable, "-W", "error", str(script)],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT,
+            )
         except subprocess.TimeoutExpired as exc:
-            pytest.fail(f"{block.id} did not end within {TIMEOUT:.0f} s (an example must stop by itself)\n"
-                        f"{exc.stdout!r}\n{exc.stderr!r}")
-    assert proc.returncode == 0, f"{block.id} failed (exit code {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            pytest.fail(
+                f"{block.id} did not end within {TIMEOUT:.0f} s (an example must stop by itself)\n"
+                f"{exc.stdout!r}\n{exc.stderr!r}"
+            )
+    assert proc.returncode == 0, (
+        f"{block.id} failed (exit code {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )

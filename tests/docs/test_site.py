@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mkdocs", reason="the docs tests need the lbs[docs] extra (make setup installs it)")
+pytest.importorskip(
+    "mkdocs", reason="the docs tests need the lbs[docs] extra (make setup installs it)"
+)
 
-import lbs  # noqa: E402
-import lbs.exceptions  # noqa: E402
+import lbs
+import lbs.exceptions
 
 ROOT = Path(__file__).resolve().parents[2]
 API_PAGES = sorted((ROOT / "docs" / "api").glob("*.md"))
@@ -31,11 +33,27 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Material prints a banner about MkDocs 2.0 on every build: news, not a warning about these docs.
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-         "--site-dir", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     problems = [line for line in proc.stderr.splitlines() if line.startswith(("WARNING", "ERROR"))]
-    assert proc.returncode == 0 and not problems, f"mkdocs build --strict failed:\n{proc.stderr[-8000:]}"
+    assert proc.returncode == 0 and not problems, (
+        f"mkdocs build --strict failed:\n{proc.stderr[-8000:]}"
+    )
     return out
 
 
@@ -50,7 +68,9 @@ def test_the_site_builds_with_warnings_as_errors(site: Path) -> None:
 
 def test_the_guide_includes_the_readme_example_rather_than_a_copy(site: Path) -> None:
     readme = (ROOT / "README.md").read_text()
-    section = re.search(r"--8<-- \[start:using-it\] -->\n(.*?)<!-- --8<-- \[end:using-it\]", readme, re.S)
+    section = re.search(
+        r"--8<-- \[start:using-it\] -->\n(.*?)<!-- --8<-- \[end:using-it\]", readme, re.S
+    )
     assert section, "README.md has no using-it snippet section"
     code = re.search(r"```python\n(.*?)```", section.group(1), re.S)
     assert code

@@ -22,7 +22,9 @@ import lbs
 
 
 async def main(url: str, service: str, consumer: str, ttl: float) -> None:
-    audit = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, max_connections=1))
+    audit = aioredis.Redis(
+        connection_pool=aioredis.BlockingConnectionPool.from_url(url, max_connections=1)
+    )
     key = f"{service}-audit"
 
     async def handle(note: lbs.Notification) -> None:
@@ -30,13 +32,20 @@ async def main(url: str, service: str, consumer: str, ttl: float) -> None:
         if info.get("kill") and await audit.set(f"{key}:killed:{info['reg']}", consumer, nx=True):
             await audit.xadd(key, {"ev": "dying", "consumer": consumer})
             os._exit(3)
-        fields = {"name": note.stream, "consumer": consumer, "token": note.token, "reg": str(info.get("reg"))}
+        fields = {
+            "name": note.stream,
+            "consumer": consumer,
+            "token": note.token,
+            "reg": str(info.get("reg")),
+        }
         await audit.xadd(key, {"ev": "start", **fields})
         await asyncio.sleep(random.uniform(0.01, 0.06))
         await audit.xadd(key, {"ev": "end", **fields})
 
     cfg = lbs.Config(lock_ttl=ttl, read_block=0.1)
-    client = lbs.Client(url, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False)
+    client = lbs.Client(
+        url, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False
+    )
     await client.run(handle)
 
 

@@ -28,16 +28,25 @@ async def main(url: str, service: str, consumer: str, ttl: float, mode: str, hol
         await asyncio.sleep(3600)
 
     if mode == "queue":
-        cfg = lbs.Config(lock_ttl=ttl, read_block=0.1, recovery=False, max_streams=hold,
-                         notification_buffer=hold + 16)
-        holder = lbs.Client(url, service, consumer_id=consumer + "-queue", config=cfg, load_entrypoint_plugins=False)
+        cfg = lbs.Config(
+            lock_ttl=ttl,
+            read_block=0.1,
+            recovery=False,
+            max_streams=hold,
+            notification_buffer=hold + 16,
+        )
+        holder = lbs.Client(
+            url, service, consumer_id=consumer + "-queue", config=cfg, load_entrypoint_plugins=False
+        )
         await holder.start()
         while holder.held < hold:
             await asyncio.sleep(0.05)
         print(json.dumps({"held": holder.held}), flush=True)
         hold, service = 1, service + "-poison"
     cfg = lbs.Config(lock_ttl=ttl, read_block=0.1, recovery=False)
-    runner = lbs.Client(url, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False)
+    runner = lbs.Client(
+        url, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False
+    )
     await runner.run(handle, concurrency=hold)
 
 

@@ -66,8 +66,10 @@ HERE = Path(__file__).parent
 
 # ---------------------------------------------------------------- waiting ----
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, every: float = 0.05,
-                     what: str = "") -> bool:
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], timeout: float, every: float = 0.05, what: str = ""
+) -> bool:
     """Poll ``check`` until it is true; False after ``timeout`` seconds (never raises on timeout).
 
     Redis errors while polling (a server being restarted, a killed
@@ -110,6 +112,7 @@ async def crash_and_restart(srv: RedisServer, downtime: float) -> None:
 
 # ------------------------------------------------------------- recording ----
 
+
 @dataclass(slots=True)
 class Run:
     """One handler call."""
@@ -133,7 +136,9 @@ class Recorder:
         self.done: dict[tuple[str, int], lbs.DoneStatus] = {}  # (label, token) -> status
         self.disowned: set[tuple[str, int]] = set()
         self.dead_lettered: list[tuple[str, str, str]] = []  # (label, entry id, reason)
-        self.handed_back: list[tuple[str, str, str, bool, float]] = []  # (label, stream, new id, retry, t)
+        self.handed_back: list[
+            tuple[str, str, str, bool, float]
+        ] = []  # (label, stream, new id, retry, t)
         self.terminated: list[tuple[str, str]] = []  # (label, error)
         self.started: set[str] = set()
         self.closed: dict[str, float] = {}  # label -> when lbs_client_closed fired
@@ -164,8 +169,12 @@ class Recorder:
         self.dead_lettered.append((self.label(client), entry_id, reason))
 
     @lbs.hookimpl
-    def lbs_stream_handed_back(self, client: Any, stream: str, new_entry_id: str, retry_counted: bool) -> None:
-        self.handed_back.append((self.label(client), stream, new_entry_id, retry_counted, time.monotonic()))
+    def lbs_stream_handed_back(
+        self, client: Any, stream: str, new_entry_id: str, retry_counted: bool
+    ) -> None:
+        self.handed_back.append(
+            (self.label(client), stream, new_entry_id, retry_counted, time.monotonic())
+        )
 
     @lbs.hookimpl
     def lbs_reader_terminated(self, client: Any, error: BaseException) -> None:
@@ -173,10 +182,13 @@ class Recorder:
 
     # -- the handler ---------------------------------------------------------------
 
-    def handler(self, label: str, work: Callable[[lbs.Notification, str], float]
-                ) -> Callable[[lbs.Notification], Awaitable[None]]:
+    def handler(
+        self, label: str, work: Callable[[lbs.Notification, str], float]
+    ) -> Callable[[lbs.Notification], Awaitable[None]]:
         async def handle(note: lbs.Notification) -> None:
-            run = Run(note.stream, label, note.token, note.entry_id, note.retry_count, time.monotonic())
+            run = Run(
+                note.stream, label, note.token, note.entry_id, note.retry_count, time.monotonic()
+            )
             self.runs.append(run)
             try:
                 await asyncio.sleep(work(note, label))
@@ -201,8 +213,11 @@ class Recorder:
 
     def told(self, run: Run) -> bool:
         """The run was told it lost the lock (cancelled, disowned, or done said LOCK_LOST)."""
-        return (run.outcome == "cancelled" or (run.consumer, run.token) in self.disowned
-                or self.status(run) is lbs.DoneStatus.LOCK_LOST)
+        return (
+            run.outcome == "cancelled"
+            or (run.consumer, run.token) in self.disowned
+            or self.status(run) is lbs.DoneStatus.LOCK_LOST
+        )
 
     def overlaps(self, runs: Iterable[Run], *, valid_only: bool = True) -> list[tuple[Run, Run]]:
         """Pairs of runs of one stream overlapping in time (both valid holders, unless ``valid_only`` is off)."""
@@ -216,7 +231,7 @@ class Recorder:
             rs.sort(key=lambda r: r.t0)
             for i, a in enumerate(rs):
                 a1 = a.t1 if a.t1 is not None else now
-                for b in rs[i + 1:]:
+                for b in rs[i + 1 :]:
                     if b.t0 >= a1:
                         break
                     out.append((a, b))
@@ -224,6 +239,7 @@ class Recorder:
 
 
 # ---------------------------------------------------------------- figures ----
+
 
 @dataclass
 class Figures:
@@ -241,31 +257,45 @@ class Figures:
     two_valid_holders: int
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def problems(self, *, lost: bool = True, duplicated: bool = True, holders: bool = True,
-                 retries: bool = True) -> list[str]:
+    def problems(
+        self,
+        *,
+        lost: bool = True,
+        duplicated: bool = True,
+        holders: bool = True,
+        retries: bool = True,
+    ) -> list[str]:
         """The standard checks that failed, one message each (the test adds its own)."""
         out = []
         if lost and self.lost:
             out.append(f"lost={self.lost}: registered streams never finished")
         if duplicated and self.duplicated:
-            out.append(f"duplicated={self.duplicated}: streams whose handler ran to completion more than once")
+            out.append(
+                f"duplicated={self.duplicated}: streams whose handler ran to completion more than once"
+            )
         if holders and self.two_valid_holders:
-            out.append(f"two_valid_holders={self.two_valid_holders}: overlapping runs of one stream, neither told "
-                       "it lost the lock")
+            out.append(
+                f"two_valid_holders={self.two_valid_holders}: overlapping runs of one stream, neither told "
+                "it lost the lock"
+            )
         if retries and self.retries:
             out.append(f"retries={self.retries}: deliveries with retry_count > 0 plus dead letters")
         return out
 
     def unsettled(self) -> str:
         """Why :meth:`Fleet.settle` timed out."""
-        return (f"not settled within {SETTLE:.0f}s (every registered stream finished, the LBS empty): "
-                f"{self.lost} unfinished, LBS {self.extra.get('lbs_left', '?')} (XLEN/pending)")
+        return (
+            f"not settled within {SETTLE:.0f}s (every registered stream finished, the LBS empty): "
+            f"{self.lost} unfinished, LBS {self.extra.get('lbs_left', '?')} (XLEN/pending)"
+        )
 
     def line(self) -> str:
-        head = (f"FAULTS {self.test} [{SIZE}]: registered={self.registered} handled={self.handled} "
-                f"finished={self.finished} faults={self.faults} lost={self.lost} duplicated={self.duplicated} "
-                f"retries={self.retries} (dead letters {self.dead_letters}) "
-                f"two_valid_holders={self.two_valid_holders}")
+        head = (
+            f"FAULTS {self.test} [{SIZE}]: registered={self.registered} handled={self.handled} "
+            f"finished={self.finished} faults={self.faults} lost={self.lost} duplicated={self.duplicated} "
+            f"retries={self.retries} (dead letters {self.dead_letters}) "
+            f"two_valid_holders={self.two_valid_holders}"
+        )
         return head + "".join(f" {k}={v}" for k, v in self.extra.items())
 
 
@@ -280,13 +310,20 @@ def default_work(rng: random.Random) -> Callable[[lbs.Notification, str], float]
 
 def config(**changes: Any) -> lbs.Config:
     """The suite's client settings: short TTL, quick reads and deadline polls, closes that do not drain."""
-    base: dict[str, Any] = dict(lock_ttl=2.0, read_block=0.1, deadline_poll_interval=0.05, max_streams=50,
-                                read_retry_max=1.0, drain_timeout=0.0)
+    base: dict[str, Any] = dict(
+        lock_ttl=2.0,
+        read_block=0.1,
+        deadline_poll_interval=0.05,
+        max_streams=50,
+        read_retry_max=1.0,
+        drain_timeout=0.0,
+    )
     base.update(changes)
     return lbs.Config(**base)
 
 
 # ------------------------------------------------------------------ fleet ----
+
 
 class Fleet:
     """2-3 ``lbs.Client`` objects in this event loop, each in ``run(handler)``, plus a producer.
@@ -295,9 +332,17 @@ class Fleet:
     always stops them (close from another task, as an application would).
     """
 
-    def __init__(self, url: str, service: str, labels: Iterable[str] = ("a", "b", "c"), *,
-                 cfg: lbs.Config | None = None, concurrency: int = 10,
-                 work: Callable[[lbs.Notification, str], float] | None = None, seed: int = 7) -> None:
+    def __init__(
+        self,
+        url: str,
+        service: str,
+        labels: Iterable[str] = ("a", "b", "c"),
+        *,
+        cfg: lbs.Config | None = None,
+        concurrency: int = 10,
+        work: Callable[[lbs.Notification, str], float] | None = None,
+        seed: int = 7,
+    ) -> None:
         self.url = url
         self.service = service
         self.cfg = cfg or config()
@@ -330,13 +375,23 @@ class Fleet:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def make_client(self, label: str, consumer_id: str | None = None, cfg: lbs.Config | None = None) -> lbs.Client:
-        client = lbs.Client(self.url, self.service, consumer_id=consumer_id or label, config=cfg or self.cfg,
-                            plugins=[self.rec], load_entrypoint_plugins=False)
+    def make_client(
+        self, label: str, consumer_id: str | None = None, cfg: lbs.Config | None = None
+    ) -> lbs.Client:
+        client = lbs.Client(
+            self.url,
+            self.service,
+            consumer_id=consumer_id or label,
+            config=cfg or self.cfg,
+            plugins=[self.rec],
+            load_entrypoint_plugins=False,
+        )
         self.rec.labels[id(client)] = label
         return client
 
-    async def add_client(self, label: str, consumer_id: str | None = None, timeout: float = 20.0) -> lbs.Client:
+    async def add_client(
+        self, label: str, consumer_id: str | None = None, timeout: float = 20.0
+    ) -> lbs.Client:
         """Start one more client in ``run()`` (README pattern: run, and close in a finally)."""
         client = self.make_client(label, consumer_id)
         self.clients[label] = client
@@ -379,7 +434,9 @@ class Fleet:
 
     async def stop(self) -> None:
         """Close every client (concurrently), the producer and the test's connection. Bounded."""
-        await asyncio.gather(*(self.close_client(label) for label in list(self.clients)), return_exceptions=True)
+        await asyncio.gather(
+            *(self.close_client(label) for label in list(self.clients)), return_exceptions=True
+        )
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.producer.close(), 10)
@@ -422,7 +479,7 @@ class Fleet:
     async def feed(self, prefix: str, total: int, duration: float, batch: int = 10) -> list[str]:
         """Register ``total`` streams ``<prefix>-<i>`` in batches spread over ``duration`` seconds."""
         names = [f"{prefix}-{i}" for i in range(total)]
-        batches = [names[i:i + batch] for i in range(0, total, batch)]
+        batches = [names[i : i + batch] for i in range(0, total, batch)]
         start = time.monotonic()
         for k, chunk in enumerate(batches):
             due = start + duration * k / max(1, len(batches))
@@ -455,7 +512,9 @@ class Fleet:
         except (RedisError, OSError):
             return -1, -1
 
-    async def settle(self, names: Iterable[str] | None = None, timeout: float = 30.0, empty: bool = True) -> bool:
+    async def settle(
+        self, names: Iterable[str] | None = None, timeout: float = 30.0, empty: bool = True
+    ) -> bool:
         """Wait until every registered stream (of ``names``) is finished and, with
         ``empty``, the LBS is empty (XLEN and XPENDING 0). False on timeout."""
         wanted = list(names) if names is not None else None
@@ -475,8 +534,9 @@ class Fleet:
 
     # -- figures ---------------------------------------------------------------------
 
-    async def figures(self, test: str, faults: int, *, names: Iterable[str] | None = None,
-                      **extra: Any) -> Figures:
+    async def figures(
+        self, test: str, faults: int, *, names: Iterable[str] | None = None, **extra: Any
+    ) -> Figures:
         rec = self.rec
         scope = self.expected(names)
         in_scope = set(scope) if names is not None else None
@@ -490,7 +550,9 @@ class Fleet:
             "statuses": dict(statuses),
             "cancelled": sum(1 for r in runs if r.outcome == "cancelled"),
             "disowned": len(rec.disowned),
-            "done_unknown": sum(1 for r in runs if r.outcome == "returned" and rec.status(r) is None),
+            "done_unknown": sum(
+                1 for r in runs if r.outcome == "returned" and rec.status(r) is None
+            ),
             "lbs_left": f"{xlen}/{pending}",
         }
         if self.register_failures:
@@ -519,19 +581,26 @@ class Fleet:
         lines = []
         for name in self.unfinished(names)[:limit]:
             runs = [r for r in rec.runs if r.stream == name]
-            lines.append(f"unfinished {name}: " + (", ".join(self._show(r) for r in runs) or "never handled"))
+            lines.append(
+                f"unfinished {name}: " + (", ".join(self._show(r) for r in runs) or "never handled")
+            )
         returned = Counter(r.stream for r in rec.runs if r.outcome == "returned")
         for name in [n for n, k in returned.items() if k > 1][:limit]:
-            lines.append(f"duplicated {name}: " + ", ".join(self._show(r) for r in rec.runs if r.stream == name))
+            lines.append(
+                f"duplicated {name}: "
+                + ", ".join(self._show(r) for r in rec.runs if r.stream == name)
+            )
         for a, b in rec.overlaps(rec.runs)[:limit]:
             lines.append(f"two valid holders of {a.stream}: {self._show(a)} and {self._show(b)}")
         return "; ".join(lines)
 
     def _show(self, r: Run) -> str:
         status = self.rec.status(r)
-        return (f"[{r.consumer} token {r.token} retry {r.retry_count} {r.outcome} "
-                f"{status.name if status else 'no-done'}"
-                f"{' disowned' if (r.consumer, r.token) in self.rec.disowned else ''}]")
+        return (
+            f"[{r.consumer} token {r.token} retry {r.retry_count} {r.outcome} "
+            f"{status.name if status else 'no-done'}"
+            f"{' disowned' if (r.consumer, r.token) in self.rec.disowned else ''}]"
+        )
 
 
 # ------------------------------------------------------- worker processes ----
@@ -539,11 +608,15 @@ class Fleet:
 WORKER = str(HERE / "_sigterm_worker.py")
 
 
-def spawn_worker(url: str, service: str, consumer: str, ttl: float, drain: float,
-                 concurrency: int) -> subprocess.Popen[str]:
+def spawn_worker(
+    url: str, service: str, consumer: str, ttl: float, drain: float, concurrency: int
+) -> subprocess.Popen[str]:
     """A consumer process running ``client.run(handler, concurrency=...)`` (see ``_sigterm_worker.py``)."""
-    return subprocess.Popen([sys.executable, WORKER, url, service, consumer, str(ttl), str(drain), str(concurrency)],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, WORKER, url, service, consumer, str(ttl), str(drain), str(concurrency)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 async def worker_lines(proc: subprocess.Popen[str], n: int, timeout: float) -> list[dict[str, Any]]:
@@ -572,7 +645,9 @@ def stop_worker(proc: subprocess.Popen[str]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def chaos(every: float, action: Callable[[int], Awaitable[None]]) -> AsyncIterator[Callable[[], int]]:
+async def chaos(
+    every: float, action: Callable[[int], Awaitable[None]]
+) -> AsyncIterator[Callable[[], int]]:
     """Call ``action(n)`` every ``every`` seconds in a task for the block; yields a count getter."""
     count = 0
 
@@ -594,4 +669,6 @@ async def chaos(every: float, action: Callable[[int], Awaitable[None]]) -> Async
 
 def verdict(problems: list[str], why: str = "") -> None:
     """Fail with every problem found (not just the first), and what happened to the first few streams."""
-    assert not problems, "\n  - ".join(["fault test failed:", *problems]) + (f"\n  details: {why}" if why else "")
+    assert not problems, "\n  - ".join(["fault test failed:", *problems]) + (
+        f"\n  details: {why}" if why else ""
+    )

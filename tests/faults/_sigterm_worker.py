@@ -17,13 +17,21 @@ import sys
 import lbs
 
 
-async def main(url: str, service: str, consumer: str, ttl: float, drain: float, concurrency: int) -> None:
+async def main(
+    url: str, service: str, consumer: str, ttl: float, drain: float, concurrency: int
+) -> None:
     cfg = lbs.Config(lock_ttl=ttl, read_block=0.1, deadline_poll_interval=0.05, drain_timeout=drain)
-    client = lbs.Client(url, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False)
+    client = lbs.Client(
+        url, service, consumer_id=consumer, config=cfg, load_entrypoint_plugins=False
+    )
 
     async def handle(note: lbs.Notification) -> None:
-        print(json.dumps({"stream": note.stream, "token": note.token, "retry_count": note.retry_count}),
-              flush=True)
+        print(
+            json.dumps(
+                {"stream": note.stream, "token": note.token, "retry_count": note.retry_count}
+            ),
+            flush=True,
+        )
         await asyncio.sleep(3600)
 
     try:

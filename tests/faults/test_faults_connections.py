@@ -6,7 +6,6 @@ from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
-
 from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, chaos, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
@@ -25,10 +24,15 @@ async def test_connection_kills_lose_and_repeat_nothing(service: str, report: Re
 
             async def kill(n: int) -> None:
                 if n % 2 == 0:
-                    killed["normal"] += int(await killer.execute_command("CLIENT", "KILL", "TYPE", "normal",
-                                                                         "SKIPME", "yes"))
+                    killed["normal"] += int(
+                        await killer.execute_command(
+                            "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"
+                        )
+                    )
                 else:
-                    killed["pubsub"] += int(await killer.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
+                    killed["pubsub"] += int(
+                        await killer.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                    )
 
             try:
                 async with chaos(0.5, kill) as sent:
@@ -37,7 +41,9 @@ async def test_connection_kills_lose_and_repeat_nothing(service: str, report: Re
             finally:
                 await killer.aclose()
             settled = await fleet.settle(timeout=SETTLE)
-            fig = await fleet.figures("connection-kills", faults, killed=dict(killed), settled=settled)
+            fig = await fleet.figures(
+                "connection-kills", faults, killed=dict(killed), settled=settled
+            )
             why = fleet.explain()
     report(fig)
     assert fig.registered > 0 and fig.faults > 0

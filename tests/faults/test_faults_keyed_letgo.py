@@ -13,11 +13,10 @@ from collections import defaultdict
 
 import pytest
 import redis.asyncio as aioredis
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 import lbs
 from lbs import _keys
-
-from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -31,7 +30,8 @@ def _id(entry_id: str) -> tuple[int, int]:
 
 
 async def test_bursts_over_keys_let_go_and_published_again_lose_and_repeat_no_effect(
-        service: str, report: Report) -> None:
+    service: str, report: Report
+) -> None:
     rng = random.Random(28)
     out = _keys.hash_tag(service) + ":out"
     published: dict[str, list[tuple[int, str]]] = defaultdict(list)
@@ -43,7 +43,9 @@ async def test_bursts_over_keys_let_go_and_published_again_lose_and_repeat_no_ef
     cfg = lbs.Config(read_block=0.05, lock_ttl=2.0, configure_keyspace_events=False)
 
     def consumer(name: str) -> tuple[lbs.Client, asyncio.Task[None]]:
-        c = lbs.Client(srv.url, service, consumer_id=name, config=cfg, load_entrypoint_plugins=False)
+        c = lbs.Client(
+            srv.url, service, consumer_id=name, config=cfg, load_entrypoint_plugins=False
+        )
         return c, asyncio.create_task(c.run_keyed(handle, batch=10))
 
     with server() as srv:
@@ -54,14 +56,20 @@ async def test_bursts_over_keys_let_go_and_published_again_lose_and_repeat_no_ef
             async with lbs.Publisher(srv.url, service) as pub:
                 start = time.monotonic()
                 while time.monotonic() - start < SECONDS:
-                    burst = [(f"key-{rng.randrange(KEYS)}", n + i) for i in range(rng.randint(1, 20))]
+                    burst = [
+                        (f"key-{rng.randrange(KEYS)}", n + i) for i in range(rng.randint(1, 20))
+                    ]
                     n += len(burst)
                     ids = await pub.publish_many([(key, {"n": i}) for key, i in burst])
                     for (key, i), message_id in zip(burst, ids):
                         published[key].append((i, message_id))
-                    await asyncio.sleep(rng.uniform(0, 0.002))  # keys drain and are let go meanwhile
+                    await asyncio.sleep(
+                        rng.uniform(0, 0.002)
+                    )  # keys drain and are let go meanwhile
                     if restarts == 0 and time.monotonic() - start > SECONDS / 2:
-                        c, task = fleet.pop(0)  # a clean stop and a new consumer: keys change holders
+                        c, task = fleet.pop(
+                            0
+                        )  # a clean stop and a new consumer: keys change holders
                         await c.close()
                         await task
                         fleet.append(consumer("c"))
@@ -80,15 +88,35 @@ async def test_bursts_over_keys_let_go_and_published_again_lose_and_repeat_no_ef
             for c, task in fleet:
                 await c.close()
                 await task
-    went_back = sum(1 for ids in published.values() for a, b in zip(ids, ids[1:]) if _id(a[1]) >= _id(b[1]))
+    went_back = sum(
+        1 for ids in published.values() for a, b in zip(ids, ids[1:]) if _id(a[1]) >= _id(b[1])
+    )
     lost = sum(len(set(published[k]) - set(effects.get(k, []))) for k in published)
     written = sum(len(v) for v in effects.values())
     duplicated = written - sum(len(set(v)) for v in effects.values())
-    out_of_order = sum(1 for k in published
-                       if effects.get(k) != published[k] and set(effects.get(k, [])) == set(published[k]))
-    fig = Figures("keyed-let-go-bursts", n, written, written - duplicated, restarts, lost, duplicated, 0, 0, 0,
-                  extra={"keys": KEYS, "ids_went_back": went_back, "out_of_order_keys": out_of_order,
-                         "settled": settled})
+    out_of_order = sum(
+        1
+        for k in published
+        if effects.get(k) != published[k] and set(effects.get(k, [])) == set(published[k])
+    )
+    fig = Figures(
+        "keyed-let-go-bursts",
+        n,
+        written,
+        written - duplicated,
+        restarts,
+        lost,
+        duplicated,
+        0,
+        0,
+        0,
+        extra={
+            "keys": KEYS,
+            "ids_went_back": went_back,
+            "out_of_order_keys": out_of_order,
+            "settled": settled,
+        },
+    )
     report(fig)
     assert settled, f"not every effect was written within {SETTLE:.0f}s"
     assert (went_back, lost, duplicated, out_of_order) == (0, 0, 0, 0), fig.line()

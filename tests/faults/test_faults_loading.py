@@ -11,12 +11,11 @@ from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
+from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import lbs
-
-from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -25,10 +24,14 @@ STREAMS, FAILING = 10, 3
 FILLER, LOAD_DELAY_US = 8_000, 500
 
 
-async def test_dones_and_hand_backs_during_loading_wait_for_the_data_set(service: str, report: Report) -> None:
+async def test_dones_and_hand_backs_during_loading_wait_for_the_data_set(
+    service: str, report: Report
+) -> None:
     # Redis answers while loading only every loading-process-events-interval-bytes of the file
     # (2 MB by default: more than this whole data set), so that is made small.
-    with server(**{"key-load-delay": str(LOAD_DELAY_US), "loading-process-events-interval-bytes": "1024"}) as srv:
+    with server(
+        **{"key-load-delay": str(LOAD_DELAY_US), "loading-process-events-interval-bytes": "1024"}
+    ) as srv:
         r = aioredis.Redis.from_url(srv.url)
         pipe = r.pipeline(transaction=False)
         for i in range(FILLER):
@@ -43,19 +46,30 @@ async def test_dones_and_hand_backs_during_loading_wait_for_the_data_set(service
             if note.stream.startswith("fail-") and note.retry_count == 0:
                 raise RuntimeError("fails once, during the loading")
 
-        names = [f"ok-{i}" for i in range(STREAMS - FAILING)] + [f"fail-{i}" for i in range(FAILING)]
+        names = [f"ok-{i}" for i in range(STREAMS - FAILING)] + [
+            f"fail-{i}" for i in range(FAILING)
+        ]
         async with lbs.Producer(r, service) as producer:
             await producer.add_streams(names)
-        c = lbs.Client(srv.url, service, consumer_id="c",
-                       config=lbs.Config(lock_ttl=30.0, read_block=0.05, retry_delay=0.05, retry_delay_max=0.05),
-                       load_entrypoint_plugins=False)
+        c = lbs.Client(
+            srv.url,
+            service,
+            consumer_id="c",
+            config=lbs.Config(
+                lock_ttl=30.0, read_block=0.05, retry_delay=0.05, retry_delay_max=0.05
+            ),
+            load_entrypoint_plugins=False,
+        )
         runner = asyncio.create_task(c.run(handle, concurrency=STREAMS))
         try:
+
             async def all_running() -> bool:
                 return len(runs) == STREAMS
 
             assert await eventually(all_running, timeout=SETTLE, what="every handler running")
-            srv.restart(save=True, wait=False)  # the locks and entries are saved; loading takes seconds
+            srv.restart(
+                save=True, wait=False
+            )  # the locks and entries are saved; loading takes seconds
             loading_seen = False
             probe = aioredis.Redis.from_url(srv.url)
 
@@ -95,10 +109,24 @@ async def test_dones_and_hand_backs_during_loading_wait_for_the_data_set(service
         after = aioredis.Redis.from_url(srv.url)
         left = await after.xlen(lbs.input_stream(service))
         await after.aclose()
-    fig = Figures("loading-restart", STREAMS, len(runs), c.stats.done, 1, STREAMS - c.stats.done,
-                  sum(max(0, n - (2 if s.startswith("fail-") else 1)) for s, n in counts.items()), retries,
-                  0, 0, extra={"loading_seen": loading_seen, "settle_s": round(took, 2), "lbs_left": left,
-                               "token_went_back": token_went_back})
+    fig = Figures(
+        "loading-restart",
+        STREAMS,
+        len(runs),
+        c.stats.done,
+        1,
+        STREAMS - c.stats.done,
+        sum(max(0, n - (2 if s.startswith("fail-") else 1)) for s, n in counts.items()),
+        retries,
+        0,
+        0,
+        extra={
+            "loading_seen": loading_seen,
+            "settle_s": round(took, 2),
+            "lbs_left": left,
+            "token_went_back": token_went_back,
+        },
+    )
     report(fig)
     assert loading_seen, "the server was never seen loading: the fault did not happen"
     assert settled, fig.unsettled()

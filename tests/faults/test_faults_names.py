@@ -19,10 +19,9 @@ from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
+from _fleet import FULL, HERE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 import lbs
-
-from _fleet import FULL, HERE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -44,9 +43,17 @@ class Workers:
         self.deaths = 0
 
     async def start(self) -> None:
-        self.procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, WORKER, self.url, self.service, f"w{next(self.ids)}", str(TTL),
-            stdout=subprocess.DEVNULL))
+        self.procs.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                WORKER,
+                self.url,
+                self.service,
+                f"w{next(self.ids)}",
+                str(TTL),
+                stdout=subprocess.DEVNULL,
+            )
+        )
 
     async def keep(self) -> None:
         """Replace every process that dies, until cancelled."""
@@ -109,7 +116,9 @@ def replay(events: list[dict[str, str]]) -> tuple[list[str], list[str], Counter[
     return twice, shrinking, ended
 
 
-async def test_no_name_is_ever_held_by_two_while_consumers_die(service: str, report: Report) -> None:
+async def test_no_name_is_ever_held_by_two_while_consumers_die(
+    service: str, report: Report
+) -> None:
     with server() as srv:
         r = aioredis.Redis.from_url(srv.url, decode_responses=True)
         workers = Workers(srv.url, service)
@@ -119,16 +128,23 @@ async def test_no_name_is_ever_held_by_two_while_consumers_die(service: str, rep
                 await workers.start()
             keeper = asyncio.create_task(workers.keep())
             kills = list(range(KILLS))
-            regs = [reg for part in await asyncio.gather(produce(srv.url, service, "p0", kills[::2]),
-                                                         produce(srv.url, service, "p1", kills[1::2]))
-                    for reg in part]
+            regs = [
+                reg
+                for part in await asyncio.gather(
+                    produce(srv.url, service, "p0", kills[::2]),
+                    produce(srv.url, service, "p1", kills[1::2]),
+                )
+                for reg in part
+            ]
             audit = f"{service}-audit"
 
             async def all_ended() -> bool:
                 ended = {f["reg"] for _, f in await r.xrange(audit) if f["ev"] == "end"}
                 return ended >= set(regs)
 
-            settled = await eventually(all_ended, timeout=SETTLE * 3, what="every registration run to its end")
+            settled = await eventually(
+                all_ended, timeout=SETTLE * 3, what="every registration run to its end"
+            )
             events = [f for _, f in await r.xrange(audit)]
             waiting = sum(1 for f in events if f["ev"] == "start") - len(set(regs))
         finally:
@@ -138,9 +154,19 @@ async def test_no_name_is_ever_held_by_two_while_consumers_die(service: str, rep
             await r.aclose()
     twice, shrinking, ended = replay(events)
     dying = sum(1 for f in events if f["ev"] == "dying")
-    fig = Figures("names-many-registrations-kills", len(regs), sum(ended.values()), len(ended), dying,
-                  len(set(regs) - set(ended)), sum(1 for n in ended.values() if n > 1), 0, 0, len(twice),
-                  extra={"names": NAMES + KILLS, "runs_again": waiting, "tokens_not_growing": len(shrinking)})
+    fig = Figures(
+        "names-many-registrations-kills",
+        len(regs),
+        sum(ended.values()),
+        len(ended),
+        dying,
+        len(set(regs) - set(ended)),
+        sum(1 for n in ended.values() if n > 1),
+        0,
+        0,
+        len(twice),
+        extra={"names": NAMES + KILLS, "runs_again": waiting, "tokens_not_growing": len(shrinking)},
+    )
     report(fig)
     assert settled, fig.line()
     assert dying == KILLS and workers.deaths == KILLS, fig.line()

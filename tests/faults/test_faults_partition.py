@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 import lbs
 from lbs import _keys
-
-from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -80,9 +79,12 @@ class Proxy:
 
 
 async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_starts_them(
-        service: str, report: Report) -> None:
+    service: str, report: Report
+) -> None:
     started: dict[tuple[str, str], float] = {}
-    retried: list[int] = []  # the other consumer's retry counts (the death it counted, pardoned later)
+    retried: list[
+        int
+    ] = []  # the other consumer's retry counts (the death it counted, pardoned later)
     stopped: dict[str, float] = {}  # the cut-off consumer's handlers, when each was told to stop
 
     def handler(name: str) -> Any:
@@ -96,15 +98,26 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
                 if name == "cut-off":
                     stopped.setdefault(note.stream, time.monotonic())
                 raise
+
         return handle
 
     cfg = dict(lock_ttl=TTL, read_block=0.05, deadline_poll_interval=0.05, retry_delay=0.0)
     with server() as srv:
         proxy = await Proxy(srv.port).start()
-        cut_off = lbs.Client(f"redis://127.0.0.1:{proxy.port}", service, consumer_id="cut-off",
-                             config=lbs.Config(**cfg), load_entrypoint_plugins=False)
-        other = lbs.Client(srv.url, service, consumer_id="other", config=lbs.Config(**cfg),
-                           load_entrypoint_plugins=False)
+        cut_off = lbs.Client(
+            f"redis://127.0.0.1:{proxy.port}",
+            service,
+            consumer_id="cut-off",
+            config=lbs.Config(**cfg),
+            load_entrypoint_plugins=False,
+        )
+        other = lbs.Client(
+            srv.url,
+            service,
+            consumer_id="other",
+            config=lbs.Config(**cfg),
+            load_entrypoint_plugins=False,
+        )
         runners: list[asyncio.Task[None]] = []
         try:
             async with lbs.Producer(srv.url, service) as producer:
@@ -114,7 +127,9 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
             async def all_held() -> bool:
                 return sum(1 for who, _ in started if who == "cut-off") == STREAMS
 
-            assert await eventually(all_held, timeout=SETTLE, what="the first consumer running every stream")
+            assert await eventually(
+                all_held, timeout=SETTLE, what="the first consumer running every stream"
+            )
             runners.append(asyncio.create_task(other.run(handler("other"))))
             proxy.blackhole = True  # the partition: nothing arrives, nothing is reset
             cut_at = time.monotonic()
@@ -122,16 +137,24 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
             async def taken_over() -> bool:
                 return sum(1 for who, _ in started if who == "other") == STREAMS
 
-            settled = await eventually(taken_over, timeout=SETTLE, what="the other consumer running every stream")
-            proxy.blackhole = False  # heal: the cut-off consumer's next tick pardons what was taken over
+            settled = await eventually(
+                taken_over, timeout=SETTLE, what="the other consumer running every stream"
+            )
+            proxy.blackhole = (
+                False  # heal: the cut-off consumer's next tick pardons what was taken over
+            )
             r = aioredis.Redis.from_url(srv.url)
             pardons = _keys.pardons_key(service)
 
             async def pardoned() -> bool:
                 return await r.zcard(pardons) == STREAMS
 
-            all_pardoned = await eventually(pardoned, timeout=SETTLE, what="the cut-off consumer's pardons")
-            await other.close()  # hands every stream back, no retry counted: the copies show the pardon
+            all_pardoned = await eventually(
+                pardoned, timeout=SETTLE, what="the cut-off consumer's pardons"
+            )
+            await (
+                other.close()
+            )  # hands every stream back, no retry counted: the copies show the pardon
             copies = [fields for _, fields in await r.xrange(lbs.input_stream(service))]
             await r.aclose()
         finally:
@@ -142,14 +165,33 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
                 await task
             await proxy.close()
     names = [f"s-{i}" for i in range(STREAMS)]
-    overlapping = [n for n in names if ("other", n) in started and not stopped.get(n, float("inf")) <
-                   started[("other", n)]]
-    fig = Figures("partition-blackhole", STREAMS, len(started), sum(1 for who, _ in started if who == "other"), 1,
-                  0, 0, sum(1 for f in copies if int(f.get(b"_retry_count", 0))), 0, len(overlapping),
-                  extra={"stopped_after_cut_s": round(max(stopped.values(), default=cut_at) - cut_at, 2),
-                         "taken_over_after_cut_s": round(max((t for (who, _), t in started.items() if who == "other"),
-                                                             default=cut_at) - cut_at, 2),
-                         "lock_ttl_s": TTL, "retry_seen_by_taker": sum(1 for n in retried if n)})
+    overlapping = [
+        n
+        for n in names
+        if ("other", n) in started and not stopped.get(n, float("inf")) < started[("other", n)]
+    ]
+    fig = Figures(
+        "partition-blackhole",
+        STREAMS,
+        len(started),
+        sum(1 for who, _ in started if who == "other"),
+        1,
+        0,
+        0,
+        sum(1 for f in copies if int(f.get(b"_retry_count", 0))),
+        0,
+        len(overlapping),
+        extra={
+            "stopped_after_cut_s": round(max(stopped.values(), default=cut_at) - cut_at, 2),
+            "taken_over_after_cut_s": round(
+                max((t for (who, _), t in started.items() if who == "other"), default=cut_at)
+                - cut_at,
+                2,
+            ),
+            "lock_ttl_s": TTL,
+            "retry_seen_by_taker": sum(1 for n in retried if n),
+        },
+    )
     report(fig)
     assert settled, "the other consumer never took the streams over"
     assert sorted(stopped) == names, fig.line()
@@ -157,5 +199,6 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
     # The takeover counted a death (the other side could not tell a cut-off holder from a dead one); the
     # cut-off holder, back, pardoned them, and the copies handed back carry no retry.
     assert all_pardoned, fig.line()
-    assert len(copies) == STREAMS and all(int(f.get(b"_retry_count", 0)) == 0 and b"_deaths" not in f
-                                          for f in copies), copies
+    assert len(copies) == STREAMS and all(
+        int(f.get(b"_retry_count", 0)) == 0 and b"_deaths" not in f for f in copies
+    ), copies

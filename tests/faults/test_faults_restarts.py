@@ -7,8 +7,17 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-
-from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, crash_and_restart, eventually, server, verdict
+from _fleet import (
+    SCALE,
+    SETTLE,
+    TEST_TIMEOUT,
+    Fleet,
+    Report,
+    crash_and_restart,
+    eventually,
+    server,
+    verdict,
+)
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -49,21 +58,31 @@ async def test_restart_with_aof_loses_and_repeats_nothing(service: str, report: 
                 return has_kx(flags[-1])
 
             reapplied = await eventually(flags_back, timeout=15, every=0.2, what="keyspace flags")
-            fig = await fleet.figures("restart-aof", faults, settled=settled,
-                                      keyspace_events=f"{flags_before!r}->{(flags or [''])[-1]!r}")
+            fig = await fleet.figures(
+                "restart-aof",
+                faults,
+                settled=settled,
+                keyspace_events=f"{flags_before!r}->{(flags or [''])[-1]!r}",
+            )
             why = fleet.explain()
     report(fig)
-    assert has_kx(flags_before), f"lbs did not set notify-keyspace-events at start: {flags_before!r}"
+    assert has_kx(flags_before), (
+        f"lbs did not set notify-keyspace-events at start: {flags_before!r}"
+    )
     problems = fig.problems()
     if not settled:
         problems.append(fig.unsettled())
     if not reapplied:
-        problems.append(f"notify-keyspace-events is {flags[-1] if flags else '?'!r} 15 s after the restart: "
-                        "lbs did not set Kx again")
+        problems.append(
+            f"notify-keyspace-events is {flags[-1] if flags else '?'!r} 15 s after the restart: "
+            "lbs did not set Kx again"
+        )
     verdict(problems, why)
 
 
-async def test_restart_without_persistence_keeps_working_and_tokens_grow(service: str, report: Report) -> None:
+async def test_restart_without_persistence_keeps_working_and_tokens_grow(
+    service: str, report: Report
+) -> None:
     # Every key is lost: the LBS, its group, the locks, the fencing counter.
     # Work registered before is gone with it (not counted); work registered
     # after must all be finished, with tokens above every earlier one.
@@ -77,9 +96,14 @@ async def test_restart_without_persistence_keeps_working_and_tokens_grow(service
             settled = await fleet.settle(after, timeout=SETTLE)
             pre = {r.token for r in fleet.rec.runs if r.stream in set(before)}
             post = {r.token for r in fleet.rec.runs if r.stream in set(after)}
-            fig = await fleet.figures("restart-no-persistence", 1, names=after, settled=settled,
-                                      max_token_before=max(pre, default=None),
-                                      min_token_after=min(post, default=None))
+            fig = await fleet.figures(
+                "restart-no-persistence",
+                1,
+                names=after,
+                settled=settled,
+                max_token_before=max(pre, default=None),
+                min_token_after=min(post, default=None),
+            )
             why = fleet.explain(after)
     report(fig)
     assert pre and post, "no tokens seen on one side of the restart"
@@ -88,6 +112,8 @@ async def test_restart_without_persistence_keeps_working_and_tokens_grow(service
         problems.append(fig.unsettled())
     backwards = sorted(t for t in post if t <= max(pre))
     if backwards:
-        problems.append(f"{len(backwards)} tokens issued after the restart are <= {max(pre)}, the largest "
-                        f"before it: {backwards[:5]}")
+        problems.append(
+            f"{len(backwards)} tokens issued after the restart are <= {max(pre)}, the largest "
+            f"before it: {backwards[:5]}"
+        )
     verdict(problems, why)

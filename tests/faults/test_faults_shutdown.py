@@ -12,25 +12,42 @@ import subprocess
 from collections.abc import AsyncIterator
 
 import pytest
+from _fleet import (
+    SCALE,
+    SETTLE,
+    TEST_TIMEOUT,
+    Fleet,
+    Report,
+    config,
+    eventually,
+    server,
+    spawn_worker,
+    stop_worker,
+    verdict,
+    worker_lines,
+)
 
 import lbs
-
-from _fleet import (SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, spawn_worker,
-                    stop_worker, verdict, worker_lines)
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
 
 def holding_work(fleet_ref: list[Fleet], holder: str):  # type: ignore[no-untyped-def]
     """``holder``'s handlers run until cancelled; everyone else's take 5-50 ms."""
+
     def work(note: lbs.Notification, label: str) -> float:
         return 3600.0 if label == holder else fleet_ref[0].rng.uniform(0.005, 0.05)
+
     return work
 
 
 async def held_by(fleet: Fleet, label: str, n: int) -> None:
     async def ok() -> bool:
-        return fleet.clients[label].held == n and sum(1 for r in fleet.rec.runs if r.consumer == label) >= n
+        return (
+            fleet.clients[label].held == n
+            and sum(1 for r in fleet.rec.runs if r.consumer == label) >= n
+        )
+
     assert await eventually(ok, timeout=15), f"{label} holds {fleet.clients[label].held} of {n}"
 
 
@@ -38,8 +55,14 @@ async def held_by(fleet: Fleet, label: str, n: int) -> None:
 async def s1_holding(url: str, service: str, n: int) -> AsyncIterator[Fleet]:
     """A fleet of one client, s1, holding ``n`` streams whose handlers run until cancelled."""
     ref: list[Fleet] = []
-    fleet = Fleet(url, service, ["s1"], work=holding_work(ref, "s1"), concurrency=n,
-                  cfg=config(max_streams=max(50, n)))
+    fleet = Fleet(
+        url,
+        service,
+        ["s1"],
+        work=holding_work(ref, "s1"),
+        concurrency=n,
+        cfg=config(max_streams=max(50, n)),
+    )
     ref.append(fleet)
     async with fleet:
         await fleet.register([f"held-{i}" for i in range(n)])
@@ -50,9 +73,14 @@ async def s1_holding(url: str, service: str, n: int) -> AsyncIterator[Fleet]:
 async def left_behind(fleet: Fleet, consumer_id: str) -> tuple[int, int]:
     """(entries pending to ``consumer_id`` in the group, lock keys of the service)."""
     summary = await fleet.r.xpending(fleet.lbs_key, fleet.group)
-    mine = sum(int(c["pending"]) for c in summary.get("consumers") or []
-               if (c["name"].decode() if isinstance(c["name"], bytes) else c["name"]) == consumer_id)
-    locks = [k async for k in fleet.r.scan_iter(match=lbs.lock_key(fleet.service, "") + "*", count=1000)]
+    mine = sum(
+        int(c["pending"])
+        for c in summary.get("consumers") or []
+        if (c["name"].decode() if isinstance(c["name"], bytes) else c["name"]) == consumer_id
+    )
+    locks = [
+        k async for k in fleet.r.scan_iter(match=lbs.lock_key(fleet.service, "") + "*", count=1000)
+    ]
     return mine, len(locks)
 
 
@@ -68,15 +96,22 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
             pending, locks = await left_behind(fleet, s1.id)
             await fleet.add_client("s2")
             settled = await fleet.settle(timeout=SETTLE)
-            fig = await fleet.figures("close-twice", 1, settled=settled, pending_after_close=pending,
-                                      locks_after_close=locks)
+            fig = await fleet.figures(
+                "close-twice",
+                1,
+                settled=settled,
+                pending_after_close=pending,
+                locks_after_close=locks,
+            )
             again = [fleet._show(r) for r in fleet.rec.runs if r.consumer == "s2" and r.retry_count]
             why = fleet.explain()
     report(fig)
     problems = fig.problems()
     if pending or locks:
-        problems.append(f"after close() returned, {pending} entries were still pending to the closed consumer "
-                        f"and {locks} lock keys remained")
+        problems.append(
+            f"after close() returned, {pending} entries were still pending to the closed consumer "
+            f"and {locks} lock keys remained"
+        )
     if again:
         problems.append(f"handed-back streams came back with a retry counted: {again[:5]}")
     if not settled:
@@ -84,7 +119,9 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
     verdict(problems, why)
 
 
-async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(service: str, report: Report) -> None:
+async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(
+    service: str, report: Report
+) -> None:
     n = 10 * SCALE
     with server() as srv:
         async with s1_holding(srv.url, service, n) as fleet:
@@ -101,18 +138,27 @@ async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(service: st
             pending, locks = await left_behind(fleet, s1.id)
             await fleet.add_client("s2")
             settled = await fleet.settle(timeout=SETTLE)
-            fig = await fleet.figures("close-concurrently", 2, settled=settled,
-                                      at_return={k: f"closed={c},held={h}" for k, (c, h) in sorted(at_return.items())},
-                                      pending_after_close=pending, locks_after_close=locks)
+            fig = await fleet.figures(
+                "close-concurrently",
+                2,
+                settled=settled,
+                at_return={k: f"closed={c},held={h}" for k, (c, h) in sorted(at_return.items())},
+                pending_after_close=pending,
+                locks_after_close=locks,
+            )
             why = fleet.explain()
     report(fig)
     problems = fig.problems()
     early = {k: v for k, v in at_return.items() if not v[0] or v[1]}
     if early:
-        problems.append(f"close() returned before the shutdown finished ({{call: (closed, held)}}): {early}")
+        problems.append(
+            f"close() returned before the shutdown finished ({{call: (closed, held)}}): {early}"
+        )
     if pending or locks:
-        problems.append(f"after both close() calls, {pending} entries were pending to the closed consumer and "
-                        f"{locks} lock keys remained")
+        problems.append(
+            f"after both close() calls, {pending} entries were pending to the closed consumer and "
+            f"{locks} lock keys remained"
+        )
     if not settled:
         problems.append(fig.unsettled())
     verdict(problems, why)
@@ -144,16 +190,21 @@ async def test_sigterm_to_a_worker_process(service: str, report: Report) -> None
             await fleet.add_client("rescuer")
             settled = await fleet.settle(timeout=10)
             retried = [fleet._show(r) for r in fleet.rec.runs if r.retry_count]
-            fig = await fleet.figures("sigterm-worker", 1, settled=settled, exit_code=code,
-                                      worker_took=len(taken))
+            fig = await fleet.figures(
+                "sigterm-worker", 1, settled=settled, exit_code=code, worker_took=len(taken)
+            )
             why = fleet.explain()
     report(fig)
     problems = []
     if code != 0:
-        problems.append(f"the worker did not exit with 0 within 15 s of SIGTERM: {code} (output after: {tail!r})")
+        problems.append(
+            f"the worker did not exit with 0 within 15 s of SIGTERM: {code} (output after: {tail!r})"
+        )
     if fig.lost:
-        problems.append(f"{fig.lost} of its {n} streams not back and finished within 10 s (the worker's lock TTL "
-                        f"is {ttl} s, so only a hand-back brings them back this soon)")
+        problems.append(
+            f"{fig.lost} of its {n} streams not back and finished within 10 s (the worker's lock TTL "
+            f"is {ttl} s, so only a hand-back brings them back this soon)"
+        )
     if retried:
         problems.append(f"streams came back with a retry counted: {retried[:5]}")
     if not settled:
@@ -173,8 +224,14 @@ async def test_hand_back_cancels_the_running_handler_first(service: str, report:
         return ref[0].rng.uniform(0.005, 0.05)
 
     with server() as srv:
-        fleet = Fleet(srv.url, service, ["a", "b"], work=work, concurrency=k + 10,
-                      cfg=config(max_streams=max(50, k + 10)))
+        fleet = Fleet(
+            srv.url,
+            service,
+            ["a", "b"],
+            work=work,
+            concurrency=k + 10,
+            cfg=config(max_streams=max(50, k + 10)),
+        )
         ref.append(fleet)
         async with fleet:
             hb = [f"hb-{i}" for i in range(k)]
@@ -192,15 +249,24 @@ async def test_hand_back_cancels_the_running_handler_first(service: str, report:
             settled = await fleet.settle(timeout=SETTLE)
             rec = fleet.rec
             hb_runs = [r for r in rec.runs if r.stream in set(hb)]
-            firsts = {name: min((r for r in hb_runs if r.stream == name), key=lambda r: r.t0) for name in hb}
+            firsts = {
+                name: min((r for r in hb_runs if r.stream == name), key=lambda r: r.t0)
+                for name in hb
+            }
             handed = {s: t for (_, s, _, _, t) in rec.handed_back if s in set(hb)}
             not_cancelled = [fleet._show(r) for r in firsts.values() if r.outcome != "cancelled"]
-            late = [n for n, r in firsts.items() if r.t1 is None or n not in handed or r.t1 > handed[n]]
+            late = [
+                n for n, r in firsts.items() if r.t1 is None or n not in handed or r.t1 > handed[n]
+            ]
             together = rec.overlaps(hb_runs, valid_only=False)
-            fig = await fleet.figures("hand-back-while-running", k, settled=settled,
-                                      first_runs_cancelled=f"{k - len(not_cancelled)}/{k}",
-                                      cancelled_before_hand_back=f"{k - len(late)}/{k}",
-                                      two_handlers_at_once=len(together))
+            fig = await fleet.figures(
+                "hand-back-while-running",
+                k,
+                settled=settled,
+                first_runs_cancelled=f"{k - len(not_cancelled)}/{k}",
+                cancelled_before_hand_back=f"{k - len(late)}/{k}",
+                two_handlers_at_once=len(together),
+            )
             why = fleet.explain()
     report(fig)
     problems = fig.problems()
@@ -209,8 +275,10 @@ async def test_hand_back_cancels_the_running_handler_first(service: str, report:
     if late:
         problems.append(f"handed back before its handler was cancelled: {late[:3]}")
     if together:
-        problems.append("two handlers ran one stream at once: "
-                        f"{[(fleet._show(a), fleet._show(b)) for a, b in together[:3]]}")
+        problems.append(
+            "two handlers ran one stream at once: "
+            f"{[(fleet._show(a), fleet._show(b)) for a, b in together[:3]]}"
+        )
     if not settled:
         problems.append(fig.unsettled())
     verdict(problems, why)

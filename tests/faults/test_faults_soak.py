@@ -15,15 +15,23 @@ import gc
 import os
 import time
 from collections import Counter
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from _fleet import (
+    FULL,
+    SETTLE,
+    TEST_TIMEOUT,
+    Fleet,
+    Report,
+    config,
+    crash_and_restart,
+    server,
+    verdict,
+)
 
 import lbs
 from lbs._consumer.state import TOMBSTONES
-
-from _fleet import FULL, SETTLE, TEST_TIMEOUT, Fleet, Report, config, crash_and_restart, server, verdict
 
 DURATION = 600.0 if FULL else 60.0
 RATE = 300 if FULL else 100
@@ -45,7 +53,11 @@ def _rss_kb() -> int:
 
 def _alive() -> Counter[str]:
     """lbs's per-stream records (and tasks) alive in this process."""
-    return Counter(type(o).__name__ for o in gc.get_objects() if type(o).__name__ in ("Notification", "Held", "Task"))
+    return Counter(
+        type(o).__name__
+        for o in gc.get_objects()
+        if type(o).__name__ in ("Notification", "Held", "Task")
+    )
 
 
 def _tasks() -> Counter[str]:
@@ -67,7 +79,8 @@ def _fds() -> int:
 
 
 async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_repeats_nothing(
-        service: str, report: Report) -> None:
+    service: str, report: Report
+) -> None:
     def work(note: lbs.Notification, label: str) -> float:
         if _fails(note.stream, note.retry_count):
             raise RuntimeError(f"cannot process {note.stream}")
@@ -79,7 +92,9 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
     # within the settle time at either size.
     cfg = config(retry_delay=0.2, retry_delay_max=1.0, max_streams=100)
     with server(appendonly="yes", appendfsync="always") as srv:
-        async with Fleet(srv.url, service, ["a", "b", "c"], cfg=cfg, concurrency=50, work=work) as fleet:
+        async with Fleet(
+            srv.url, service, ["a", "b", "c"], cfg=cfg, concurrency=50, work=work
+        ) as fleet:
             admin = aioredis.Redis.from_url(srv.url, socket_timeout=10)
             # Redis's memory is compared with the empty service's; the process's with a look one interval
             # in, once every client's connections are open and the work runs.
@@ -97,8 +112,12 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
                     elapsed = time.monotonic() - started
                     if not rss_early:
                         rss_early = _rss_kb()
-                        before.update(tasks=len(asyncio.all_tasks()), task_names=_tasks(), fds=_fds(),
-                                          alive=_alive())
+                        before.update(
+                            tasks=len(asyncio.all_tasks()),
+                            task_names=_tasks(),
+                            fds=_fds(),
+                            alive=_alive(),
+                        )
                     if not restarted and elapsed >= DURATION / 2:
                         await crash_and_restart(srv, downtime=0.5)
                         restarted = True
@@ -106,9 +125,14 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
                         continue
                     for attempt in (1, 2):  # the first may meet a connection the restart closed
                         try:
-                            killed["normal"] += int(await admin.execute_command("CLIENT", "KILL", "TYPE", "normal",
-                                                                                "SKIPME", "yes"))
-                            killed["pubsub"] += int(await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub"))
+                            killed["normal"] += int(
+                                await admin.execute_command(
+                                    "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"
+                                )
+                            )
+                            killed["pubsub"] += int(
+                                await admin.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                            )
                             faults += 1
                             break
                         except Exception as exc:
@@ -117,28 +141,45 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
             finally:
                 names = await feeder
             poison = [n for n in names if _fails(n, 1)]
-            settled = await fleet.settle([n for n in names if not _fails(n, 1)], timeout=SETTLE * 3, empty=True)
+            settled = await fleet.settle(
+                [n for n in names if not _fails(n, 1)], timeout=SETTLE * 3, empty=True
+            )
             poison = [n for n in fleet.expected() if _fails(n, 1)]
             letters = await fleet.dead_letter_entries()
             lettered = Counter(lbs.decode_input(f[b"lbs-input"])[0] for f in letters)
-            reasons = {lbs.decode_input(f[b"lbs-input"])[0]: f.get(b"_reason", b"").decode() for f in letters}
+            reasons = {
+                lbs.decode_input(f[b"lbs-input"])[0]: f.get(b"_reason", b"").decode()
+                for f in letters
+            }
             returned = Counter(r.stream for r in fleet.rec.runs if r.outcome == "returned")
             # What lbs keeps once the work is done: every client's held streams, tasks, descriptors.
             held = sum(c.held for c in fleet.clients.values())
             task_names = await _tasks_settled(before["tasks"] + 3)  # the last handlers' tasks end
-            after = {"tasks": sum(task_names.values()), "task_names": task_names, "fds": _fds(),
-                     "redis_memory": (await admin.info("memory"))["used_memory"]}
+            after = {
+                "tasks": sum(task_names.values()),
+                "task_names": task_names,
+                "fds": _fds(),
+                "redis_memory": (await admin.info("memory"))["used_memory"],
+            }
             rss_end = _rss_kb()
             alive = _alive()
-            fig = await fleet.figures("soak", faults, names=[n for n in names if not _fails(n, 1)], settled=settled, restarted=restarted, killed=dict(killed),
-                                      dead_lettered=len(letters), held_at_end=held,
-                                      tasks=f"{before['tasks']}->{after['tasks']}",
-                                      tasks_new=dict(after["task_names"] - before["task_names"]),
-                                      fds=f"{before['fds']}->{after['fds']}",
-                                      redis_memory_kb=f"{before['redis_memory'] // 1024}->"
-                                                      f"{after['redis_memory'] // 1024}",
-                                      rss_kb=f"{rss_early}->{rss_end}",
-                                      alive=f"{dict(before['alive'])}->{dict(alive)}")
+            fig = await fleet.figures(
+                "soak",
+                faults,
+                names=[n for n in names if not _fails(n, 1)],
+                settled=settled,
+                restarted=restarted,
+                killed=dict(killed),
+                dead_lettered=len(letters),
+                held_at_end=held,
+                tasks=f"{before['tasks']}->{after['tasks']}",
+                tasks_new=dict(after["task_names"] - before["task_names"]),
+                fds=f"{before['fds']}->{after['fds']}",
+                redis_memory_kb=f"{before['redis_memory'] // 1024}->"
+                f"{after['redis_memory'] // 1024}",
+                rss_kb=f"{rss_early}->{rss_end}",
+                alive=f"{dict(before['alive'])}->{dict(alive)}",
+            )
             why = fleet.explain(limit=5)
             await admin.aclose()
     report(fig)
@@ -154,13 +195,19 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
         problems.append(f"finished more than once: {twice[:5]}")
     missing = [n for n in poison if lettered[n] != 1]
     if missing:
-        problems.append(f"{len(missing)} always-failing streams not dead-lettered exactly once: {missing[:5]}")
+        problems.append(
+            f"{len(missing)} always-failing streams not dead-lettered exactly once: {missing[:5]}"
+        )
     stray = sorted(n for n in lettered if n not in set(poison))
     if stray:
-        problems.append(f"{len(stray)} streams dead-lettered that should have finished: {stray[:5]}")
+        problems.append(
+            f"{len(stray)} streams dead-lettered that should have finished: {stray[:5]}"
+        )
     bad_reason = [n for n in poison if "RuntimeError" not in reasons.get(n, "")]
     if bad_reason:
-        problems.append(f"dead letters without the handler's exception in their reason: {bad_reason[:3]}")
+        problems.append(
+            f"dead letters without the handler's exception in their reason: {bad_reason[:3]}"
+        )
     if not restarted or fig.faults < 2:
         problems.append(f"faults not injected: restarted={restarted}, faults={fig.faults}")
     if held:
@@ -177,8 +224,10 @@ async def test_a_soak_with_failures_connection_kills_and_a_restart_loses_and_rep
     if after["fds"] > before["fds"] + 10:
         problems.append(f"descriptors grew: {before['fds']} -> {after['fds']}")
     if after["tasks"] > before["tasks"] + 3:
-        problems.append(f"tasks grew: {before['tasks']} -> {after['tasks']}: "
-                        f"{dict(after['task_names'] - before['task_names'])}")
+        problems.append(
+            f"tasks grew: {before['tasks']} -> {after['tasks']}: "
+            f"{dict(after['task_names'] - before['task_names'])}"
+        )
     if after["redis_memory"] > before["redis_memory"] + 4 * 1024 * 1024:
         problems.append(f"Redis memory grew: {before['redis_memory']} -> {after['redis_memory']}")
     verdict(problems, why)

@@ -7,7 +7,6 @@ import os
 import signal
 
 import pytest
-
 from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
@@ -58,15 +57,23 @@ async def test_server_stalled_for_three_ttls(service: str, report: Report) -> No
             settled = await fleet.settle(timeout=SETTLE)
             rec = fleet.rec
             told = {r.stream for r in rec.runs if rec.told(r)}
-            unexplained = sorted({r.stream for r in rec.runs if r.retry_count > 0 and r.stream not in told})
-            fig = await fleet.figures("sigstop-3xttl", faults, settled=settled,
-                                      retried_streams_never_disowned=len(unexplained))
+            unexplained = sorted(
+                {r.stream for r in rec.runs if r.retry_count > 0 and r.stream not in told}
+            )
+            fig = await fleet.figures(
+                "sigstop-3xttl",
+                faults,
+                settled=settled,
+                retried_streams_never_disowned=len(unexplained),
+            )
             why = fleet.explain()
     report(fig)
     problems = fig.problems(duplicated=False, retries=False)
     if unexplained:
-        problems.append(f"{len(unexplained)} streams came back with a retry counted though no holder was "
-                        f"told it lost them: {unexplained[:5]}")
+        problems.append(
+            f"{len(unexplained)} streams came back with a retry counted though no holder was "
+            f"told it lost them: {unexplained[:5]}"
+        )
     if not settled:
         problems.append(fig.unsettled())
     verdict(problems, why)

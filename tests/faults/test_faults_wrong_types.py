@@ -12,11 +12,10 @@ import logging
 from typing import Any
 
 import pytest
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 import lbs
 from lbs._keys import consumers_key, dead_letter_stream, fence_key, input_stream
-
-from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -31,7 +30,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-async def test_wrong_type_key(case: str, service: str, report: Report, caplog: pytest.LogCaptureFixture) -> None:
+async def test_wrong_type_key(
+    case: str, service: str, report: Report, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="lbs")
     make_key, value = CASES[case]
     key = make_key(service)
@@ -45,7 +46,9 @@ async def test_wrong_type_key(case: str, service: str, report: Report, caplog: p
                 # The clients made the (empty) LBS with their group: put a string in its place.
                 await r.delete(key)
                 await r.set(key, value)
-                refused = not await fleet.register(["while-broken"])  # the producer cannot register into it
+                refused = not await fleet.register(
+                    ["while-broken"]
+                )  # the producer cannot register into it
                 fleet.uncertain.discard("while-broken")
             else:
                 await r.set(key, value)
@@ -68,20 +71,28 @@ async def test_wrong_type_key(case: str, service: str, report: Report, caplog: p
             await fleet.register(good[half:])
             settled = await fleet.settle(timeout=SETTLE)
             letters = await fleet.dead_letter_entries()
-            dead_names = [lbs.try_decode_input(f.get(lbs.INPUT_FIELD.encode(), b""))[0] for f in letters]
+            dead_names = [
+                lbs.try_decode_input(f.get(lbs.INPUT_FIELD.encode(), b""))[0] for f in letters
+            ]
             good_dead = sorted(n for n in dead_names if n in set(good))
             malformed_dead = None
             if case == "dlq":
+
                 async def in_dlq() -> bool:
                     for f in await fleet.dead_letter_entries():
                         if f.get(lbs.INPUT_FIELD.encode()) == b"{not json":
                             return bool(f.get(b"_reason"))
                     return False
 
-                malformed_dead = await eventually(in_dlq, timeout=5, what="the malformed entry dead-lettered")
-            extra: dict[str, Any] = {"settled": settled, "key_named": key_named,
-                                     "readers_alive": f"{len(alive)}/{len(fleet.tasks)}",
-                                     "good_dead_lettered": len(good_dead)}
+                malformed_dead = await eventually(
+                    in_dlq, timeout=5, what="the malformed entry dead-lettered"
+                )
+            extra: dict[str, Any] = {
+                "settled": settled,
+                "key_named": key_named,
+                "readers_alive": f"{len(alive)}/{len(fleet.tasks)}",
+                "good_dead_lettered": len(good_dead),
+            }
             if case == "lbs":
                 extra["producer_refused"] = refused
             if case == "dlq":
@@ -100,5 +111,7 @@ async def test_wrong_type_key(case: str, service: str, report: Report, caplog: p
     if not settled:
         problems.append("after the fix: " + fig.unsettled())
     if case == "dlq" and not malformed_dead:
-        problems.append(f"the malformed entry {malformed} did not reach the dead-letter stream after the fix")
+        problems.append(
+            f"the malformed entry {malformed} did not reach the dead-letter stream after the fix"
+        )
     verdict(problems, why)

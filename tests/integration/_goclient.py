@@ -82,9 +82,18 @@ GoHandler = Callable[["GoConsumer", GoStream], Awaitable[None]]
 class GoConsumer:
     """One Go consumer process (``redis-consumer-<pod>``) of ``service``."""
 
-    def __init__(self, url: str, service: str, pod: str, handler: GoHandler, *, hb_interval: float = 2.0,
-                 lbs_idle_time: float = 40.0, force_config_override: bool = False,
-                 claim_on_expiry: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        service: str,
+        pod: str,
+        handler: GoHandler,
+        *,
+        hb_interval: float = 2.0,
+        lbs_idle_time: float = 40.0,
+        force_config_override: bool = False,
+        claim_on_expiry: bool = True,
+    ) -> None:
         self.url, self.service, self.handler = url, service, handler
         self.name = f"redis-consumer-{pod}"
         self.stream, self.group = f"{service}-input", f"{service}-group"
@@ -97,7 +106,9 @@ class GoConsumer:
         self.events: list[tuple[str, str, str]] = []
         self._redis = aioredis.Redis.from_url(url)
         self._tasks: list[asyncio.Task[None]] = []
-        self._spawned: set[asyncio.Task[None]] = set()  # every stream's extender and worker, until they end
+        self._spawned: set[asyncio.Task[None]] = (
+            set()
+        )  # every stream's extender and worker, until they end
         self._pubsub: Any = None
         self._done = asyncio.Event()  # set at each Done
         self._extend = self._redis.register_script(_EXTEND)
@@ -118,7 +129,9 @@ class GoConsumer:
             await r.xgroup_create(self.stream, self.group, id="$", mkstream=True)
         cursor = "0-0"
         while True:
-            reply = await r.xautoclaim(self.stream, self.group, self.name, self.lbs_idle_ms, cursor, count=1000)
+            reply = await r.xautoclaim(
+                self.stream, self.group, self.name, self.lbs_idle_ms, cursor, count=1000
+            )
             cursor = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
             for entry_id, fields in reply[1]:
                 await self._take(entry_id.decode(), fields)
@@ -180,7 +193,9 @@ class GoConsumer:
 
     async def claim(self, name: str, entry_id: str) -> bool:
         """The application's ``Claim`` after ``StreamExpired``: XCLAIM at hbInterval idle, then lock."""
-        claimed = await self._redis.xclaim(self.stream, self.group, self.name, self.hb_ms, [entry_id])
+        claimed = await self._redis.xclaim(
+            self.stream, self.group, self.name, self.hb_ms, [entry_id]
+        )
         for cid, fields in claimed:
             await self._take(cid.decode(), fields)
         return bool(claimed)
@@ -213,6 +228,7 @@ class GoConsumer:
 
     async def finished(self, n: int, timeout: float = 60.0) -> None:
         """Wait (on its Done events, never polling a clock) until ``n`` streams are done; bounded."""
+
         async def done() -> None:
             while len(self.processed()) < n:
                 self._done.clear()

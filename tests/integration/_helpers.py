@@ -12,7 +12,9 @@ from typing import Any
 import lbs
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, every: float = 0.02) -> None:
+async def eventually(
+    check: Callable[[], Awaitable[bool]], timeout: float = 10.0, every: float = 0.02
+) -> None:
     """Poll Redis state until ``check`` is true; fail after ``timeout`` seconds.
 
     For state that no event announces (a key's expiry, a pending count);
@@ -31,8 +33,12 @@ async def is_true(value: bool) -> bool:
     return value
 
 
-async def take(client: lbs.Client, n: int, timeout: float = 10.0,
-               kind: lbs.NotificationType = lbs.NotificationType.STREAM_ADDED) -> list[lbs.Notification]:
+async def take(
+    client: lbs.Client,
+    n: int,
+    timeout: float = 10.0,
+    kind: lbs.NotificationType = lbs.NotificationType.STREAM_ADDED,
+) -> list[lbs.Notification]:
     """The next ``n`` notifications of ``kind`` (others are skipped)."""
     out: list[lbs.Notification] = []
 
@@ -47,8 +53,14 @@ async def take(client: lbs.Client, n: int, timeout: float = 10.0,
     return out
 
 
-def client(url: Any, service: str, consumer: str = "c1", *, plugins: Iterable[object] = (),
-           **config: object) -> lbs.Client:
+def client(
+    url: Any,
+    service: str,
+    consumer: str = "c1",
+    *,
+    plugins: Iterable[object] = (),
+    **config: object,
+) -> lbs.Client:
     """A client with test-friendly defaults: short blocks, no drain, no entry-point plugins.
 
     ``url`` is anything ``lbs.Client`` takes (a URL, a redis-py or cluster client);
@@ -57,8 +69,14 @@ def client(url: Any, service: str, consumer: str = "c1", *, plugins: Iterable[ob
     config.setdefault("read_block", 0.1)
     # Tests close clients whose handlers wait for ever: handed back at once unless a test drains.
     config.setdefault("drain_timeout", 0.0)
-    return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**config),  # type: ignore[arg-type]
-                      plugins=plugins, load_entrypoint_plugins=False)
+    return lbs.Client(
+        url,
+        service,
+        consumer_id=consumer,
+        config=lbs.Config(**config),  # type: ignore[arg-type]
+        plugins=plugins,
+        load_entrypoint_plugins=False,
+    )
 
 
 async def produce(url: str, service: str, *names: str) -> list[str]:

@@ -24,20 +24,40 @@ from redis.asyncio.cluster import RedisCluster
 import lbs
 
 
-async def main(url: str, service: str, consumer: str, ttl: float, work: float, flags: set[str]) -> None:
+async def main(
+    url: str, service: str, consumer: str, ttl: float, work: float, flags: set[str]
+) -> None:
     # A redis+cluster:// URL (the cluster latency benchmark) gets a cluster client for the audit stream.
-    r: Any = (RedisCluster.from_url("redis://" + url[len("redis+cluster://"):]) if url.startswith("redis+cluster://")
-              else aioredis.Redis.from_url(url))
+    r: Any = (
+        RedisCluster.from_url("redis://" + url[len("redis+cluster://") :])
+        if url.startswith("redis+cluster://")
+        else aioredis.Redis.from_url(url)
+    )
     # An entry delivered to a worker killed before it took the lock has no lock
     # and no deadline: only the scan recovers it. The chaos test's workers
     # rarely live the default 60 s between scans, so they scan every second.
-    cfg = lbs.Config(lock_ttl=ttl, read_block=0.1, deadline_poll_interval=0.05, max_streams=20,
-                     recovery="norecovery" not in flags, min_idle=3 * ttl, reconciliation_interval=1.0)
-    client = lbs.Client(url if isinstance(r, RedisCluster) else r, service, consumer_id=consumer, config=cfg,
-                        load_entrypoint_plugins=False)
+    cfg = lbs.Config(
+        lock_ttl=ttl,
+        read_block=0.1,
+        deadline_poll_interval=0.05,
+        max_streams=20,
+        recovery="norecovery" not in flags,
+        min_idle=3 * ttl,
+        reconciliation_interval=1.0,
+    )
+    client = lbs.Client(
+        url if isinstance(r, RedisCluster) else r,
+        service,
+        consumer_id=consumer,
+        config=cfg,
+        load_entrypoint_plugins=False,
+    )
 
     async def handle(note: lbs.Notification) -> None:
-        print(json.dumps({"stream": note.stream, "token": note.token, "entry_id": note.entry_id}), flush=True)
+        print(
+            json.dumps({"stream": note.stream, "token": note.token, "entry_id": note.entry_id}),
+            flush=True,
+        )
         if "poison" in flags and note.stream.startswith("poison"):
             os._exit(3)  # dies on it, every time
         start = time.time()

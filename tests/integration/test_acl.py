@@ -18,11 +18,13 @@ from lbs import _keys
 from lbs.status import collect_status
 
 #: The documented list (docs/operations.md, Minimal ACL): every command lbs sends, scripts' inner commands included.
-COMMANDS = ("+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xread +xadd +xack +xackdel "
-            "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
-            "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
-            "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
-            "+sismember +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen")
+COMMANDS = (
+    "+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xread +xadd +xack +xackdel "
+    "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
+    "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
+    "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
+    "+sismember +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen"
+)
 
 #: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).
 OPERATOR = " +zcard +watch +unwatch +eval"
@@ -30,15 +32,29 @@ OPERATOR = " +zcard +watch +unwatch +eval"
 
 def _acl(service: str, user: str, password: str, commands: str) -> list[str]:
     tag = _keys.hash_tag(service)
-    return ["SETUSER", user, "reset", "on", f">{password}", "-@all", *commands.split(),
-            f"~{_keys.input_stream(service)}", f"~{tag}:*", f"~lock:{tag}:*",
-            f"&__keyspace@0__:lock:{tag}:*"]
+    return [
+        "SETUSER",
+        user,
+        "reset",
+        "on",
+        f">{password}",
+        "-@all",
+        *commands.split(),
+        f"~{_keys.input_stream(service)}",
+        f"~{tag}:*",
+        f"~lock:{tag}:*",
+        f"&__keyspace@0__:lock:{tag}:*",
+    ]
 
 
 async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
     """Register, take, finish; then a consumer dies holding one and another recovers it."""
-    cfg = lbs.Config(lock_ttl=lock_ttl, read_block=0.1, configure_keyspace_events=False,
-                     deadline_poll_interval=0.05)
+    cfg = lbs.Config(
+        lock_ttl=lock_ttl,
+        read_block=0.1,
+        configure_keyspace_events=False,
+        deadline_poll_interval=0.05,
+    )
     async with lbs.Producer(url, service) as producer:
         await producer.add_streams(["a", "b", "c"])
     dying = lbs.Client(url, service, consumer_id="dying", config=cfg, load_entrypoint_plugins=False)
@@ -48,7 +64,9 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
     for task in (dying._reader.task, dying._heartbeat.task, *dying.recovery.tasks):
         assert task is not None
         task.cancel()
-    survivor = lbs.Client(url, service, consumer_id="survivor", config=cfg, load_entrypoint_plugins=False)
+    survivor = lbs.Client(
+        url, service, consumer_id="survivor", config=cfg, load_entrypoint_plugins=False
+    )
     await survivor.start()
     notes = await take(survivor, 3, timeout=20)  # two fresh, one recovered from "dying"
     assert sorted(n.stream for n in notes) == ["a", "b", "c"]
@@ -60,8 +78,9 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
 
 
 @pytest.mark.parametrize("msetex", ["", " +msetex +msetnx"], ids=["without-msetex", "with-msetex"])
-async def test_the_documented_acl_runs_the_whole_cycle(redis_server: Any, service: str,
-                                                       r: aioredis.Redis, msetex: str) -> None:
+async def test_the_documented_acl_runs_the_whole_cycle(
+    redis_server: Any, service: str, r: aioredis.Redis, msetex: str
+) -> None:
     # +msetex (Redis >= 8.4) and +msetnx are optional: reads lock and take names one SET at a time without them.
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + msetex))
@@ -84,16 +103,30 @@ async def test_the_documented_acl_runs_the_whole_cycle(redis_server: Any, servic
 KEYED = " +hget +hmget +hset +hdel +xtrim"
 
 
-async def test_the_documented_acl_runs_keyed_processing(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+async def test_the_documented_acl_runs_keyed_processing(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     """Publish, process in order, retry a failing message (parked, promoted) until it is
     dead-lettered, as a user with the documented list plus the keyed commands."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED))
+    await r.execute_command(
+        "ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED)
+    )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     seen: list[str] = []
-    c = lbs.Client(url, service, consumer_id="k", load_entrypoint_plugins=False,
-                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, max_retries=1,
-                                     retry_delay=0.05, retry_delay_max=0.05))
+    c = lbs.Client(
+        url,
+        service,
+        consumer_id="k",
+        load_entrypoint_plugins=False,
+        config=lbs.Config(
+            read_block=0.1,
+            configure_keyspace_events=False,
+            max_retries=1,
+            retry_delay=0.05,
+            retry_delay_max=0.05,
+        ),
+    )
 
     async def handle(batch: lbs.KeyedBatch) -> None:
         if batch.messages[0].fields["n"] == "poison":
@@ -102,7 +135,9 @@ async def test_the_documented_acl_runs_keyed_processing(redis_server: Any, servi
 
     try:
         async with lbs.Publisher(url, service) as pub:
-            await pub.publish_many([("t", {"n": "0"}), ("p", {"n": "poison"}), ("p", {"n": "after"})])
+            await pub.publish_many(
+                [("t", {"n": "0"}), ("p", {"n": "poison"}), ("p", {"n": "after"})]
+            )
         runner = asyncio.create_task(c.run_keyed(handle, batch=1))
 
         async def finished() -> bool:
@@ -120,15 +155,23 @@ async def test_the_documented_acl_runs_keyed_processing(redis_server: Any, servi
 
 
 @pytest.mark.parametrize("missing", ["+type", "+incrby", "+time"])
-async def test_without_a_command_of_the_list_the_reader_is_refused(redis_server: Any, service: str,
-                                                                   r: aioredis.Redis, missing: str) -> None:
+async def test_without_a_command_of_the_list_the_reader_is_refused(
+    redis_server: Any, service: str, r: aioredis.Redis, missing: str
+) -> None:
     # The list is not padded: a command the scripts call inside, taken away, stops the reads.
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS.replace(missing + " ", "")))
+    await r.execute_command(
+        "ACL", *_acl(service, user, password, COMMANDS.replace(missing + " ", ""))
+    )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     await r.xadd(lbs.input_stream(service), {"lbs-input": '{"DataStreamName":"x","Info":{}}'})
-    c = lbs.Client(url, service, consumer_id="c", load_entrypoint_plugins=False,
-                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, read_max_retries=0))
+    c = lbs.Client(
+        url,
+        service,
+        consumer_id="c",
+        load_entrypoint_plugins=False,
+        config=lbs.Config(read_block=0.1, configure_keyspace_events=False, read_max_retries=0),
+    )
     try:
         await c.start()
         note = await asyncio.wait_for(c.next_notification(), 10)
@@ -141,22 +184,47 @@ async def test_without_a_command_of_the_list_the_reader_is_refused(redis_server:
 
 
 async def _pending_is(r: aioredis.Redis, service: str, n: int) -> bool:
-    return int((await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"]) == n
+    return (
+        int((await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"]) == n
+    )
 
 
 @pytest.mark.parametrize("missing", KEYED.split())
 async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
-        redis_server: Any, service: str, r: aioredis.Redis, missing: str, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: Any,
+    service: str,
+    r: aioredis.Redis,
+    missing: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The keyed list is not padded either: each command taken away is a NOPERM naming it, raised by
     the Publisher or logged by the consumer, and the script that needed it wrote nothing."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, (COMMANDS + " +msetex +msetnx" + KEYED)
-                                         .replace(f" {missing}", "")))
+    await r.execute_command(
+        "ACL",
+        *_acl(
+            service,
+            user,
+            password,
+            (COMMANDS + " +msetex +msetnx" + KEYED).replace(f" {missing}", ""),
+        ),
+    )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     command = missing.lstrip("+").upper()
-    c = lbs.Client(url, service, consumer_id="k", load_entrypoint_plugins=False,
-                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, max_retries=1,
-                                     retry_delay=0.05, retry_delay_max=0.05, lock_ttl=1.0))
+    c = lbs.Client(
+        url,
+        service,
+        consumer_id="k",
+        load_entrypoint_plugins=False,
+        config=lbs.Config(
+            read_block=0.1,
+            configure_keyspace_events=False,
+            max_retries=1,
+            retry_delay=0.05,
+            retry_delay_max=0.05,
+            lock_ttl=1.0,
+        ),
+    )
 
     async def handle(batch: lbs.KeyedBatch) -> None:
         raise ValueError("fails: the retry path (parking, HDEL) runs too")
@@ -173,12 +241,16 @@ async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
         runner = asyncio.create_task(c.run_keyed(handle, batch=1))
 
         async def refused() -> bool:
-            return any("the ACL does not allow " + command in rec.getMessage() for rec in caplog.records)
+            return any(
+                "the ACL does not allow " + command in rec.getMessage() for rec in caplog.records
+            )
 
         await eventually(refused, timeout=20)
         await c.close()
         await runner
-        assert await r.xrange(_keys.keyed_stream(service, "t")) == before  # no message trimmed or lost
+        assert (
+            await r.xrange(_keys.keyed_stream(service, "t")) == before
+        )  # no message trimmed or lost
         assert await r.xlen(lbs.dead_letter_stream(service)) == 0
     finally:
         await c.close()
@@ -197,16 +269,24 @@ class _Gauges:
 
 
 async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
-        redis_server: Any, service: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     """As a user with exactly the documented rules (worker, keyed and operator lists): a consumer's
     gauges are sampled, run() and run_keyed() dead-letter a failure each, and status, the
     dead-letter tools (a keyed letter's replay included) and the lbs command all work."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED + OPERATOR))
+    await r.execute_command(
+        "ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED + OPERATOR)
+    )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     gauges = _Gauges()
-    cfg = lbs.Config(read_block=0.1, configure_keyspace_events=False, max_retries=0, retry_delay=0,
-                     metrics_interval=0.05)
+    cfg = lbs.Config(
+        read_block=0.1,
+        configure_keyspace_events=False,
+        max_retries=0,
+        retry_delay=0,
+        metrics_interval=0.05,
+    )
     try:
         async with lbs.Producer(url, service) as producer:
             await producer.add_streams(["ok", "bad"])
@@ -218,7 +298,14 @@ async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
         async def keyed(batch: lbs.KeyedBatch) -> None:
             raise ValueError("poison")
 
-        c = lbs.Client(url, service, consumer_id="c", config=cfg, plugins=[gauges], load_entrypoint_plugins=False)
+        c = lbs.Client(
+            url,
+            service,
+            consumer_id="c",
+            config=cfg,
+            plugins=[gauges],
+            load_entrypoint_plugins=False,
+        )
         runner = asyncio.create_task(c.run(handle))
 
         async def sampled() -> bool:
@@ -227,7 +314,9 @@ async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
         await eventually(sampled, timeout=20)
         await c.close()
         await runner
-        async with lbs.Publisher(url, service) as pub:  # after run(): its handler would take the key too
+        async with lbs.Publisher(
+            url, service
+        ) as pub:  # after run(): its handler would take the key too
             await pub.publish("key", {"n": "poison"})
         k = lbs.Client(url, service, consumer_id="k", config=cfg, load_entrypoint_plugins=False)
         runner = asyncio.create_task(k.run_keyed(keyed))
@@ -238,31 +327,49 @@ async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
         st = await collect_status(url, service)
         assert st.dead_letters == 2
         env = {k: v for k, v in os.environ.items() if not k.startswith("LBS_")}
-        for args in (["status", service, "--url", url, "--json"],
-                     ["dlq", "list", service, "--url", url]):
-            done = subprocess.run([sys.executable, "-m", "lbs", *args], capture_output=True, text=True, env=env,
-                                  timeout=120)
+        for args in (
+            ["status", service, "--url", url, "--json"],
+            ["dlq", "list", service, "--url", url],
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "lbs", *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=120,
+            )
             assert done.returncode == 0, done.stderr
         async with lbs.DeadLetters(url, service) as dlq:
             assert await dlq.count() == 2
             replays = await dlq.replay(all=True)
-            assert sorted(x.stream for x in replays) == ["bad", "key"] and {x.outcome for x in replays} == {"replayed"}
+            assert sorted(x.stream for x in replays) == ["bad", "key"] and {
+                x.outcome for x in replays
+            } == {"replayed"}
             assert await dlq.purge(all=True) == 0
     finally:
         await r.execute_command("ACL", "DELUSER", user)
 
 
 async def test_a_denied_gauge_sample_says_once_which_rule_is_missing(
-        redis_server: Any, service: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await r.execute_command("ACL", *_acl(service, user, password, COMMANDS.replace(" +xlen", "")))
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
-    c = lbs.Client(url, service, consumer_id="c", load_entrypoint_plugins=False,
-                   config=lbs.Config(read_block=0.1, configure_keyspace_events=False, metrics_interval=0.02))
+    c = lbs.Client(
+        url,
+        service,
+        consumer_id="c",
+        load_entrypoint_plugins=False,
+        config=lbs.Config(read_block=0.1, configure_keyspace_events=False, metrics_interval=0.02),
+    )
 
     def denials() -> list[str]:
-        return [rec.getMessage() for rec in caplog.records
-                if rec.levelname == "WARNING" and "ACL denies" in rec.getMessage()]
+        return [
+            rec.getMessage()
+            for rec in caplog.records
+            if rec.levelname == "WARNING" and "ACL denies" in rec.getMessage()
+        ]
 
     try:
         await c.start()
@@ -273,7 +380,9 @@ async def test_a_denied_gauge_sample_says_once_which_rule_is_missing(
         await eventually(warned, timeout=20)
         await asyncio.sleep(0.2)  # ten more samples, all denied: still one warning
         (warning,) = denials()
-        assert "sampling the queue lengths" in warning and "add +xlen to the user's rules" in warning
+        assert (
+            "sampling the queue lengths" in warning and "add +xlen to the user's rules" in warning
+        )
     finally:
         await c.close()
         await r.execute_command("ACL", "DELUSER", user)

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
+from _helpers import client, eventually, is_true
 
 import lbs
 from lbs import _keys
-
-from _helpers import client, eventually, is_true
-
 
 
 async def _queued(r: aioredis.Redis, service: str, consumer: str) -> set[str]:
@@ -32,7 +30,9 @@ async def _copies(r: aioredis.Redis, service: str) -> dict[str, dict[bytes, byte
     return out
 
 
-async def test_queued_streams_are_merely_held_until_the_application_takes_them(any_server, service) -> None:
+async def test_queued_streams_are_merely_held_until_the_application_takes_them(
+    any_server, service
+) -> None:
     url = any_server.url
     r = aioredis.Redis.from_url(url)
     async with lbs.Producer(url, service) as p:
@@ -42,11 +42,15 @@ async def test_queued_streams_are_merely_held_until_the_application_takes_them(a
         await c.start()
         await eventually(lambda: is_true(c.held == 3))
         me = c.id
-        assert await _queued(r, service, me) == set(await _pending(r, service))  # read, queued: merely held
+        assert await _queued(r, service, me) == set(
+            await _pending(r, service)
+        )  # read, queued: merely held
         first = await c.next_notification(timeout=5)
         assert first is not None and first.stream == "a"
         queued = await _queued(r, service, me)
-        assert first.entry_id not in queued and len(queued) == 2  # told before the application got it
+        assert (
+            first.entry_id not in queued and len(queued) == 2
+        )  # told before the application got it
         rest = c.drain_notifications()
         assert [n.stream for n in rest] == ["b", "c"]
 
@@ -61,11 +65,13 @@ async def test_queued_streams_are_merely_held_until_the_application_takes_them(a
 
 
 async def _two_held(url: str, service: str) -> tuple[lbs.Client, lbs.Client]:
-    """"running" and "queued" registered; a client "dead" holds both, "rescuer" is made (not started)."""
+    """ "running" and "queued" registered; a client "dead" holds both, "rescuer" is made (not started)."""
     async with lbs.Producer(url, service) as p:
         await p.add_streams(["running", "queued"])
-    return (client(url, service, "dead", max_streams=2, recovery=False),
-            client(url, service, "rescuer", recovery=False))
+    return (
+        client(url, service, "dead", max_streams=2, recovery=False),
+        client(url, service, "rescuer", recovery=False),
+    )
 
 
 async def _take_running(dead: lbs.Client) -> lbs.Notification:
@@ -77,7 +83,9 @@ async def _take_running(dead: lbs.Client) -> lbs.Notification:
     return note
 
 
-async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it_back(any_server, service) -> None:
+async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it_back(
+    any_server, service
+) -> None:
     url = any_server.url
     r = aioredis.Redis.from_url(url)
     dead, rescuer = await _two_held(url, service)
@@ -91,7 +99,10 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
         assert await rescuer.recovery.poll_deadlines() == 0  # its deadline has not passed yet
         assert await rescuer.recovery.scan(min_idle=0) == {"requeued": 2, "alive": 0, "pending": 2}
         copies = await _copies(r, service)
-        assert copies["running"][b"_retry_count"] == b"1" and copies["running"][b"_deaths"] == note.entry_id.encode()
+        assert (
+            copies["running"][b"_retry_count"] == b"1"
+            and copies["running"][b"_deaths"] == note.entry_id.encode()
+        )
         assert copies["queued"][b"_retry_count"] == b"0" and b"_deaths" not in copies["queued"]
         # Its holder was in fact alive (a partition): it pardons the entry; the copy's next trip takes it back.
         await dead._requeue.pardon([note.entry_id])
@@ -117,7 +128,9 @@ async def _die(r: aioredis.Redis, service: str, c: lbs.Client) -> None:
 
 
 @pytest.mark.parametrize("room", [True, False])
-async def test_a_rescuer_with_room_adopts_a_dead_holders_streams_in_place(any_server, service, room) -> None:
+async def test_a_rescuer_with_room_adopts_a_dead_holders_streams_in_place(
+    any_server, service, room
+) -> None:
     """With room, the deadline poller adopts (reap-4.lua): the same entries, pending to the rescuer under
     fresh larger tokens, the death counted in the delivery count of the running one only; without room
     they are re-queued as fresh entries. Either way a pardon takes the death back on the next trip."""
@@ -130,19 +143,32 @@ async def test_a_rescuer_with_room_adopts_a_dead_holders_streams_in_place(any_se
         await _die(r, service, dead)
         if room:
             await rescuer.start()
-        assert await rescuer.recovery.poll_deadlines() == 2  # a client not started has no room: re-queued
+        assert (
+            await rescuer.recovery.poll_deadlines() == 2
+        )  # a client not started has no room: re-queued
         if room:
             adopted = [await rescuer.next_notification(timeout=5) for _ in range(2)]
             by_stream = {n.stream: n for n in adopted if n is not None}
-            assert {s: n.entry_id for s, n in by_stream.items()} == {s: h.entry_id for s, h in old.items()}
+            assert {s: n.entry_id for s, n in by_stream.items()} == {
+                s: h.entry_id for s, h in old.items()
+            }
             assert all(by_stream[s].token > old[s].token for s in old)
             assert by_stream["running"].retry_count == 1 and by_stream["queued"].retry_count == 0
-            page = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
-            assert {p["message_id"].decode(): (p["consumer"], p["times_delivered"]) for p in page} == {
-                old["running"].entry_id: (rescuer.id.encode(), 2), old["queued"].entry_id: (rescuer.id.encode(), 1)}
+            page = await r.xpending_range(
+                lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
+            )
+            assert {
+                p["message_id"].decode(): (p["consumer"], p["times_delivered"]) for p in page
+            } == {
+                old["running"].entry_id: (rescuer.id.encode(), 2),
+                old["queued"].entry_id: (rescuer.id.encode(), 1),
+            }
         else:
             copies = await _copies(r, service)
-            assert copies["running"][b"_retry_count"] == b"1" and copies["queued"][b"_retry_count"] == b"0"
+            assert (
+                copies["running"][b"_retry_count"] == b"1"
+                and copies["queued"][b"_retry_count"] == b"0"
+            )
             await rescuer.start()
         # The dead holder was in fact alive (a partition): it pardons the running stream.
         await dead._requeue.pardon([old["running"].entry_id])
@@ -151,7 +177,9 @@ async def test_a_rescuer_with_room_adopts_a_dead_holders_streams_in_place(any_se
         copies = await _copies(r, service)
         assert copies["running"][b"_retry_count"] == b"0" and b"_deaths" not in copies["running"]
         assert copies["queued"][b"_retry_count"] == b"0"
-        assert await r.zscore(_keys.pardons_key(service), old["running"].entry_id) is None  # used up
+        assert (
+            await r.zscore(_keys.pardons_key(service), old["running"].entry_id) is None
+        )  # used up
     finally:
         await rescuer.close()
         await dead.close()

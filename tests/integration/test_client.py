@@ -20,9 +20,14 @@ from lbs.embedded import RedisServer
 pytestmark = pytest.mark.timeout(120)
 
 
-async def test_round_robin_each_stream_held_by_exactly_one_consumer(any_server: Any, service: str) -> None:
+async def test_round_robin_each_stream_held_by_exactly_one_consumer(
+    any_server: Any, service: str
+) -> None:
     names = [f"s{i}" for i in range(20)]
-    a, b = client(any_server.url, service, "a", read_count=1), client(any_server.url, service, "b", read_count=1)
+    a, b = (
+        client(any_server.url, service, "a", read_count=1),
+        client(any_server.url, service, "b", read_count=1),
+    )
     await a.start()
     await b.start()
     try:
@@ -48,7 +53,9 @@ async def test_round_robin_each_stream_held_by_exactly_one_consumer(any_server: 
         await b.close()
 
 
-async def test_streams_added_before_any_consumer_are_delivered(any_server: Any, service: str) -> None:
+async def test_streams_added_before_any_consumer_are_delivered(
+    any_server: Any, service: str
+) -> None:
     await produce(any_server.url, service, "early-1", "early-2")
     c = client(any_server.url, service)
     await c.start()
@@ -60,7 +67,9 @@ async def test_streams_added_before_any_consumer_are_delivered(any_server: Any, 
         await c.close()
 
 
-async def test_max_streams_is_never_exceeded(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_max_streams_is_never_exceeded(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(10)])
     c = client(any_server.url, service, max_streams=3)
     await c.start()
@@ -103,8 +112,14 @@ async def test_malformed_entries_are_dead_lettered_and_the_reader_keeps_serving(
         dlq = await rr.xrange(lbs.dead_letter_stream(service))
         assert len(dlq) == len(bad)
         reasons = [f[b"_reason"].decode() for _, f in dlq]
-        for expected in ("not valid JSON", "DataStreamName", "no lbs-input field", "not UTF-8",
-                         "more than the limit", "_retry_count"):
+        for expected in (
+            "not valid JSON",
+            "DataStreamName",
+            "no lbs-input field",
+            "not UTF-8",
+            "more than the limit",
+            "_retry_count",
+        ):
             assert any(expected in r for r in reasons), (expected, reasons)
         assert all(f[b"_consumer"] == c.id.encode() for _, f in dlq)
         # Malformed entries are acked and deleted; only the two good ones stay pending.
@@ -114,7 +129,9 @@ async def test_malformed_entries_are_dead_lettered_and_the_reader_keeps_serving(
         await c.close()
 
 
-async def test_heartbeat_keeps_locks_and_pending_entries_fresh(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_heartbeat_keeps_locks_and_pending_entries_fresh(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await lbs.Producer(rr, service).add_stream("kept")
     # Heartbeats every 0.133 s (TTL / 3); the pending idle time is refreshed
     # every third tick (pel_refresh_every = (min_idle / 2) // 0.133 = 3), so it
@@ -127,14 +144,18 @@ async def test_heartbeat_keeps_locks_and_pending_entries_fresh(any_server: Any, 
         lock = lbs.lock_key(service, note.entry_id)
         await asyncio.sleep(1.2)  # three TTLs: only heartbeats keep the lock
         assert await rr.get(lock) == f"{note.token}:{c.id}:{c.instance}".encode()
-        pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
+        pending = await rr.xpending_range(
+            lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
+        )
         assert pending[0]["time_since_delivered"] < 1000
         assert pending[0]["times_delivered"] == 1  # JUSTID refresh does not count deliveries
     finally:
         await c.close()
 
 
-async def test_one_heartbeat_round_trip_for_many_locks(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_one_heartbeat_round_trip_for_many_locks(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(250)])
     c = client(any_server.url, service, max_streams=250, heartbeat_chunk=100, lock_ttl=30)
     await c.start()
@@ -151,12 +172,15 @@ async def test_one_heartbeat_round_trip_for_many_locks(any_server: Any, service:
 
 
 async def test_each_tick_refreshes_the_pending_idle_time_of_its_share_of_entries(
-        any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     # pel_refresh_every = (40 / 2) // 5 = 4: a tick refreshes the entries
     # whose token % 4 is the tick's phase, and every lock. (The background
     # heartbeat, every 5 s, does not run during the test.)
     await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(12)])
-    c = client(any_server.url, service, max_streams=12, lock_ttl=10, heartbeat_interval=5, min_idle=40)
+    c = client(
+        any_server.url, service, max_streams=12, lock_ttl=10, heartbeat_interval=5, min_idle=40
+    )
     assert c.config.pel_refresh_every == 4
     await c.start()
     try:
@@ -166,7 +190,9 @@ async def test_each_tick_refreshes_the_pending_idle_time_of_its_share_of_entries
             await asyncio.sleep(0.15)  # idle times grow; time is the subject here
             phase = c._heartbeat._beats % 4
             assert await c.heartbeat() == 0
-            pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 20)
+            pending = await rr.xpending_range(
+                lbs.input_stream(service), lbs.group_name(service), "-", "+", 20
+            )
             for p in pending:
                 refreshed = held[p["message_id"].decode()].token % 4 == phase
                 assert (p["time_since_delivered"] < 100) is refreshed, (tick, p)
@@ -188,7 +214,9 @@ async def test_tokens_strictly_increase_across_retakes(any_server: Any, service:
     assert tokens == sorted(tokens) and len(set(tokens)) == 3
 
 
-async def test_same_consumer_id_cannot_touch_anothers_lock(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_same_consumer_id_cannot_touch_anothers_lock(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     # Two processes with one pod name: same consumer id, different tokens. (The
     # second is refused at start while the first lives; its marker is deleted
     # by hand here to get both running, as a lost marker would.)
@@ -201,8 +229,15 @@ async def test_same_consumer_id_cannot_touch_anothers_lock(any_server: Any, serv
     try:
         (note,) = await take(first, 1)
         lock = lbs.lock_key(service, note.entry_id)
-        impostor = lbs.Held(note.entry_id, "shared", {}, 0, note.token + 1000, f"{note.token + 1000}:{second.lock_owner}",
-                            lock)
+        impostor = lbs.Held(
+            note.entry_id,
+            "shared",
+            {},
+            0,
+            note.token + 1000,
+            f"{note.token + 1000}:{second.lock_owner}",
+            lock,
+        )
         second._state.holdings.table.add(impostor)  # as if the second process believed it held it
         assert await second.heartbeat() == 1  # not extended: not its token
         assert await second.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
@@ -223,7 +258,9 @@ async def test_done_stream_of_an_unknown_stream_is_not_held(any_server: Any, ser
         await c.close()
 
 
-async def test_done_releases_acks_and_deletes(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_done_releases_acks_and_deletes(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await lbs.Producer(rr, service).add_stream("s")
     c = client(any_server.url, service)
     await c.start()
@@ -232,7 +269,9 @@ async def test_done_releases_acks_and_deletes(any_server: Any, service: str, rr:
         assert await c.done_stream("s") is lbs.DoneStatus.DONE
         assert await rr.exists(lbs.lock_key(service, note.entry_id)) == 0
         assert await rr.xlen(lbs.input_stream(service)) == 0
-        assert (await rr.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"] == 0
+        assert (await rr.xpending(lbs.input_stream(service), lbs.group_name(service)))[
+            "pending"
+        ] == 0
         assert c.held == 0
         with pytest.raises(lbs.NotHeldError):
             await c.done_stream("s")
@@ -255,13 +294,17 @@ async def test_close_hands_streams_back_and_another_consumer_gets_them_at_once(
         again = await take(b, 3, timeout=2)  # far less than the 60 s TTL
         assert sorted(n.stream for n in again) == ["x", "y", "z"]
         assert all(n.retry_count == 0 for n in again)  # a hand-back is not a failure
-        originals = {f[b"_original_id"].decode() for _, f in await rr.xrange(lbs.input_stream(service))}
+        originals = {
+            f[b"_original_id"].decode() for _, f in await rr.xrange(lbs.input_stream(service))
+        }
         assert originals == {n.entry_id for n in first}
     finally:
         await b.close()
 
 
-async def test_nogroup_mid_run_is_survived(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_nogroup_mid_run_is_survived(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     c = client(any_server.url, service)
     await c.start()
     try:
@@ -275,14 +318,28 @@ async def test_nogroup_mid_run_is_survived(any_server: Any, service: str, rr: ai
         await c.close()
 
 
-async def test_go_client_entries_written_by_redis_cli_are_consumed(any_server: Any, service: str) -> None:
+async def test_go_client_entries_written_by_redis_cli_are_consumed(
+    any_server: Any, service: str
+) -> None:
     assert any_server.server is not None
     cli = Path(any_server.server.binary).with_name("redis-cli")
     if not cli.exists():
         pytest.skip(f"no redis-cli beside {any_server.server.binary}")
     payload = '{"DataStreamName":"go-stream","Info":{"tenant":"t1","n":3}}'
-    subprocess.run([str(cli), "-p", str(any_server.server.port), "XADD", lbs.input_stream(service), "*",
-                    "lbs-input", payload], check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(cli),
+            "-p",
+            str(any_server.server.port),
+            "XADD",
+            lbs.input_stream(service),
+            "*",
+            "lbs-input",
+            payload,
+        ],
+        check=True,
+        capture_output=True,
+    )
     c = client(any_server.url, service)
     await c.start()
     try:
@@ -368,25 +425,42 @@ async def test_hooks_see_the_lifecycle(any_server: Any, service: str) -> None:
             raise RuntimeError("a broken plugin must not break the client")
 
     await produce(any_server.url, service, "a", "b")
-    c = lbs.Client(any_server.url, service, "c", lbs.Config(read_block=0.1), plugins=[Recorder()],
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        any_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1),
+        plugins=[Recorder()],
+        load_entrypoint_plugins=False,
+    )
     await c.start()
     await take(c, 2)
     await c.heartbeat()
     await c.done_stream("a")
     await c.close()
-    assert calls == ["started", "acquired a", "acquired b", "extended 2/0", "released a done", "closed 1"]
+    assert calls == [
+        "started",
+        "acquired a",
+        "acquired b",
+        "extended 2/0",
+        "released a done",
+        "closed 1",
+    ]
 
 
-async def test_keyspace_flags_are_added_without_removing_others(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_keyspace_flags_are_added_without_removing_others(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await rr.config_set("notify-keyspace-events", "Elh")
     try:
         c = client(any_server.url, service)
         await c.start()
         await c.close()
-        flags = (await rr.config_get("notify-keyspace-events"))[b"notify-keyspace-events" if b"notify-keyspace-events"
-                                                                  in await rr.config_get("notify-keyspace-events")
-                                                                  else "notify-keyspace-events"]
+        flags = (await rr.config_get("notify-keyspace-events"))[
+            b"notify-keyspace-events"
+            if b"notify-keyspace-events" in await rr.config_get("notify-keyspace-events")
+            else "notify-keyspace-events"
+        ]
         flags = flags.decode() if isinstance(flags, bytes) else flags
         assert c.keyspace_events_configured
         assert set("Elh") <= set(flags) and set("Kx") <= set(flags)
@@ -398,8 +472,14 @@ async def test_refused_config_is_a_warning_not_a_failure(
     any_server: Any, service: str, rr: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     user = f"u-{service}"[:60]
-    await rr.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-                         commands=["+@all", "-config"])
+    await rr.acl_setuser(
+        user,
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-config"],
+    )
     url = any_server.url.replace("redis://", f"redis://{user}:pw@")
     try:
         await lbs.Producer(rr, service).add_stream("s")
@@ -408,7 +488,10 @@ async def test_refused_config_is_a_warning_not_a_failure(
         (note,) = await take(c, 1)
         assert note.stream == "s"
         assert not c.keyspace_events_configured
-        assert any("notify-keyspace-events" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+        assert any(
+            "notify-keyspace-events" in r.getMessage() and r.levelname == "WARNING"
+            for r in caplog.records
+        )
         await c.close()
     finally:
         await rr.acl_deluser(user)
@@ -416,7 +499,9 @@ async def test_refused_config_is_a_warning_not_a_failure(
 
 async def test_reader_gives_up_with_stream_terminated(service: str) -> None:
     with RedisServer() as server:
-        c = client(server.url, service, read_max_retries=2, read_retry_initial=0.01, read_retry_max=0.02)
+        c = client(
+            server.url, service, read_max_retries=2, read_retry_initial=0.01, read_retry_max=0.02
+        )
         await c.start()
         server.kill()
         (note,) = await take(c, 1, kind=lbs.NotificationType.STREAM_TERMINATED)
@@ -451,7 +536,9 @@ async def test_redis_restart_mid_run_loses_no_assignment(service: str) -> None:
             await producer.close()
 
 
-async def test_done_streams_finishes_a_batch_in_order(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_done_streams_finishes_a_batch_in_order(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await produce(any_server.url, service, "a", "b", "c")
     c = client(any_server.url, service)
     await c.start()
@@ -465,21 +552,26 @@ async def test_done_streams_finishes_a_batch_in_order(any_server: Any, service: 
         await c.close()
 
 
-async def test_close_wakes_a_blocked_read_and_strands_nothing(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_close_wakes_a_blocked_read_and_strands_nothing(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     c = client(any_server.url, service, read_block=30.0)
     await c.start()
     await eventually(lambda: is_true(c._reader._blocked))
     loop = asyncio.get_running_loop()
     started = loop.time()
     await c.close()
-    assert loop.time() - started < 15, "close() must wake the blocked XREADGROUP, not wait out read_block"
+    assert loop.time() - started < 15, (
+        "close() must wake the blocked XREADGROUP, not wait out read_block"
+    )
     await produce(any_server.url, service, "after-close")
     pending = await rr.xpending(lbs.input_stream(service), lbs.group_name(service))
     assert pending["pending"] == 0  # nothing delivered to the closed consumer
 
 
 async def test_every_delivered_entry_is_locked_and_its_consumer_has_a_deadline(
-        any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     # Delivery and locking are one script: whatever the reader was given is
     # pending under a lock, and its consumer is in the deadline index no
     # later than the locks expire, so a consumer dying at any moment leaves
@@ -489,7 +581,9 @@ async def test_every_delivered_entry_is_locked_and_its_consumer_has_a_deadline(
     await c.start()
     try:
         await take(c, 30)
-        pending = await rr.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 100)
+        pending = await rr.xpending_range(
+            lbs.input_stream(service), lbs.group_name(service), "-", "+", 100
+        )
         ids = [p["message_id"].decode() for p in pending]
         assert len(ids) == 30
         locks = await rr.mget([lbs.lock_key(service, i) for i in ids])
@@ -526,8 +620,9 @@ async def test_an_idle_reader_wakes_for_a_new_entry_at_once(any_server: Any, ser
         await c.close()
 
 
-async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(any_server: Any, service: str,
-                                                                rr: aioredis.Redis) -> None:
+async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     # A read whose reply is lost with the connection has already delivered and
     # locked its entries. Play that read by hand, under the client's id, then
     # start the client with the lost-reply flag set: it adopts those locks
@@ -537,9 +632,21 @@ async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(any_server: Any,
     await c._topology.ensure_group()
     sha = await rr.script_load(source("read-3"))
     stream = lbs.input_stream(service)
-    entries, tokens, _ = await rr.evalsha(sha, 3, stream, lbs.fence_key(service), consumers_key(service),
-                                          lbs.group_name(service), c.id, 10, 5000,
-                                          lbs.lock_key(service, ""), ">", "", c.lock_owner)
+    entries, tokens, _ = await rr.evalsha(
+        sha,
+        3,
+        stream,
+        lbs.fence_key(service),
+        consumers_key(service),
+        lbs.group_name(service),
+        c.id,
+        10,
+        5000,
+        lbs.lock_key(service, ""),
+        ">",
+        "",
+        c.lock_owner,
+    )
     assert len(entries) == 2
     c._reader.reply_lost = True
     await c.start()
@@ -656,7 +763,8 @@ async def test_a_handler_that_raises_before_returning_a_coroutine_is_handed_back
 
 
 async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
-        any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     # max_streams 4, read_count 2: after the first full read of 2 the next
     # read is sent before the first batch is dispatched. The reader is told to
     # stop while dispatching that first batch, with the second read in
@@ -674,8 +782,14 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
         def lbs_client_closed(self, handed_back: int) -> None:
             handed.append(handed_back)
 
-    c = lbs.Client(any_server.url, service, "c", lbs.Config(read_block=0.1, max_streams=4, read_count=2),
-                   plugins=[StopEarly()], load_entrypoint_plugins=False)
+    c = lbs.Client(
+        any_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1, max_streams=4, read_count=2),
+        plugins=[StopEarly()],
+        load_entrypoint_plugins=False,
+    )
     await c.start()
     await eventually(lambda: is_true(c._reader.task is not None and c._reader.task.done()))
     await c.close()
@@ -686,8 +800,9 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
     assert not await rr.keys(lbs.lock_key(service, "*"))
 
 
-async def test_a_clean_close_leaves_the_group_and_departed_consumers_are_forgotten(any_server: Any,
-                                                                                 service: str) -> None:
+async def test_a_clean_close_leaves_the_group_and_departed_consumers_are_forgotten(
+    any_server: Any, service: str
+) -> None:
     """Group hygiene: a consumer that closes with nothing pending is deleted from the group; one that went
     away without closing is forgotten by a sweep once idle past Config.forget_consumers_after, never while
     it has something pending."""
@@ -697,8 +812,10 @@ async def test_a_clean_close_leaves_the_group_and_departed_consumers_are_forgott
         await produce(url, service, "a", "b")
 
         async def names() -> set[str]:
-            return {c["name"].decode() for c in await r.xinfo_consumers(lbs.input_stream(service),
-                                                                       lbs.group_name(service))}
+            return {
+                c["name"].decode()
+                for c in await r.xinfo_consumers(lbs.input_stream(service), lbs.group_name(service))
+            }
 
         tidy = client(url, service, "tidy", max_streams=1)
         await tidy.start()
@@ -706,8 +823,12 @@ async def test_a_clean_close_leaves_the_group_and_departed_consumers_are_forgott
         assert note is not None and await tidy.done_stream(note.stream) is lbs.DoneStatus.DONE
         await tidy.close()
         # A consumer that vanished: one with an entry pending, one with nothing.
-        await r.xreadgroup(lbs.group_name(service), "gone-busy", {lbs.input_stream(service): ">"}, count=1)
-        await r.xgroup_createconsumer(lbs.input_stream(service), lbs.group_name(service), "gone-idle")
+        await r.xreadgroup(
+            lbs.group_name(service), "gone-busy", {lbs.input_stream(service): ">"}, count=1
+        )
+        await r.xgroup_createconsumer(
+            lbs.input_stream(service), lbs.group_name(service), "gone-idle"
+        )
         assert tidy.id not in await names() and {"gone-busy", "gone-idle"} <= await names()
         sweeper = client(url, service, "sweeper", forget_consumers_after=0.05, recovery=False)
         try:

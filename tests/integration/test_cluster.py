@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 import redis
+from _helpers import client, eventually, is_true, take
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
-
-from _helpers import client, eventually, is_true, take
 
 import lbs
 from lbs._redis.connection import cancel_and_wait
@@ -31,11 +30,14 @@ def _owner_and_other(cluster: RedisClusterServers, key: str) -> tuple[str, tuple
 
 
 def _client(rc: Any, service: str, consumer: str, **config: Any) -> lbs.Client:
-    return client(rc, service, consumer, **{"lock_ttl": 0.5, "deadline_poll_interval": 0.05, **config})
+    return client(
+        rc, service, consumer, **{"lock_ttl": 0.5, "deadline_poll_interval": 0.05, **config}
+    )
 
 
 async def test_work_and_recovery_go_through_the_master_owning_the_slot(
-        redis_cluster: RedisClusterServers, service: str) -> None:
+    redis_cluster: RedisClusterServers, service: str
+) -> None:
     owner, (host, port) = _owner_and_other(redis_cluster, lbs.input_stream(service))
     rc = RedisCluster(host=host, port=port)  # a node that does not own the slot
     dier = _client(rc, service, "dier", recovery=False)
@@ -48,7 +50,9 @@ async def test_work_and_recovery_go_through_the_master_owning_the_slot(
         assert dier.node == owner
         (held,) = await take(dier, 1)
         assert held.stream == "x"
-        await cancel_and_wait([dier._heartbeat.task, dier._reader.task])  # it stops: no beats, no reads
+        await cancel_and_wait(
+            [dier._heartbeat.task, dier._reader.task]
+        )  # it stops: no beats, no reads
         # A live consumer gets new work, and "x" back from the deadline poller
         # on the owner once the stopped one's lock has expired.
         async with lbs.Producer(rc, service) as producer:
@@ -66,7 +70,8 @@ async def test_work_and_recovery_go_through_the_master_owning_the_slot(
 
 
 async def test_the_keyspace_listener_subscribes_on_the_slot_owner(
-        redis_cluster: RedisClusterServers, service: str) -> None:
+    redis_cluster: RedisClusterServers, service: str
+) -> None:
     owner, (host, port) = _owner_and_other(redis_cluster, lbs.input_stream(service))
     c = _client(f"redis+cluster://{host}:{port}", service, "listener")
     await c.start()
@@ -83,14 +88,17 @@ async def test_the_keyspace_listener_subscribes_on_the_slot_owner(
 
 
 async def test_every_key_the_library_writes_is_in_the_services_slot(
-        redis_cluster: RedisClusterServers, service: str) -> None:
+    redis_cluster: RedisClusterServers, service: str
+) -> None:
     (_, (host, port)) = _owner_and_other(redis_cluster, lbs.input_stream(service))
     rc = RedisCluster(host=host, port=port)
     slot = key_slot(lbs.input_stream(service).encode())
     try:
         async with lbs.Producer(rc, service) as producer:
             await producer.add_streams(["p", "q", "r"])
-        await rc.xadd(lbs.input_stream(service), {"lbs-input": "{broken"})  # to the dead-letter stream
+        await rc.xadd(
+            lbs.input_stream(service), {"lbs-input": "{broken"}
+        )  # to the dead-letter stream
         c = _client(rc, service, "keys")
         await c.start()
         notes = await take(c, 3)
@@ -111,7 +119,9 @@ async def test_every_key_the_library_writes_is_in_the_services_slot(
 @pytest.fixture(scope="module")
 def replicated_cluster() -> Any:
     """3 masters with a replica each, for failover (its own: a failover changes the topology)."""
-    with RedisClusterServers(masters=3, replicas=1, config={"notify-keyspace-events": "Kx"}) as cluster:
+    with RedisClusterServers(
+        masters=3, replicas=1, config={"notify-keyspace-events": "Kx"}
+    ) as cluster:
         yield cluster
 
 
@@ -122,7 +132,10 @@ def _replica_of(cluster: RedisClusterServers, master: str) -> redis.Redis:
         master_id = r.execute_command("CLUSTER", "MYID").decode()
     for node in cluster.nodes:
         r = redis.Redis(host=node.host, port=node.port)
-        if r.execute_command("ROLE")[0] == b"slave" and f"{r.info('replication')['master_port']}" == port:
+        if (
+            r.execute_command("ROLE")[0] == b"slave"
+            and f"{r.info('replication')['master_port']}" == port
+        ):
             assert r.execute_command("CLUSTER", "MYID").decode() != master_id
             return r
         r.close()
@@ -130,7 +143,8 @@ def _replica_of(cluster: RedisClusterServers, master: str) -> redis.Redis:
 
 
 async def test_the_client_follows_a_failover_of_the_slot_owner_and_loses_nothing(
-        replicated_cluster: RedisClusterServers, service: str) -> None:
+    replicated_cluster: RedisClusterServers, service: str
+) -> None:
     stream = lbs.input_stream(service)
     owner, (host, port) = _owner_and_other(replicated_cluster, stream)
     rc = RedisCluster(host=host, port=port)
@@ -146,7 +160,9 @@ async def test_the_client_follows_a_failover_of_the_slot_owner_and_loses_nothing
         new_owner = f"{kw['host']}:{kw['port']}"
         stale = RedisCluster(host=host, port=port)  # its slot map will be out of date
         await stale.initialize()
-        replica.execute_command("CLUSTER", "FAILOVER")  # manual: the replica catches up first, nothing lost
+        replica.execute_command(
+            "CLUSTER", "FAILOVER"
+        )  # manual: the replica catches up first, nothing lost
         await eventually(lambda: _is_master(replica), timeout=15)
         # The heartbeat's next write meets a redirect, and the client moves.
         await eventually(lambda: is_true(c.node == new_owner), timeout=15)
@@ -171,11 +187,16 @@ async def _is_master(r: redis.Redis) -> bool:
     return bool(r.execute_command("ROLE")[0] == b"master")
 
 
-def _migrate_slot(cluster: RedisClusterServers, slot: int, source: str, target: tuple[str, int]) -> None:
+def _migrate_slot(
+    cluster: RedisClusterServers, slot: int, source: str, target: tuple[str, int]
+) -> None:
     """Move ``slot`` from master ``source`` (host:port) to ``target`` the classic way: IMPORTING /
     MIGRATING, MIGRATE of every key (TTLs kept), then SETSLOT NODE on every master."""
     shost, sport = source.rsplit(":", 1)
-    with redis.Redis(host=shost, port=int(sport)) as src, redis.Redis(host=target[0], port=target[1]) as dst:
+    with (
+        redis.Redis(host=shost, port=int(sport)) as src,
+        redis.Redis(host=target[0], port=target[1]) as dst,
+    ):
         src_id = src.execute_command("CLUSTER", "MYID").decode()
         dst_id = dst.execute_command("CLUSTER", "MYID").decode()
         dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
@@ -188,7 +209,8 @@ def _migrate_slot(cluster: RedisClusterServers, slot: int, source: str, target: 
 
 
 async def test_the_client_follows_a_migration_of_the_services_slot(
-        redis_cluster: RedisClusterServers, service: str) -> None:
+    redis_cluster: RedisClusterServers, service: str
+) -> None:
     stream = lbs.input_stream(service)
     owner, target = _owner_and_other(redis_cluster, stream)
     rc = RedisCluster(host=target[0], port=target[1])
@@ -201,7 +223,9 @@ async def test_the_client_follows_a_migration_of_the_services_slot(
         await asyncio.wait_for(c.recovery.listening.wait(), 10)
         _migrate_slot(redis_cluster, key_slot(stream.encode()), owner, target)
         await eventually(lambda: is_true(c.node == f"{target[0]}:{target[1]}"), timeout=15)
-        assert await c.done_stream(held.stream) is lbs.DoneStatus.DONE  # the lock moved with its TTL
+        assert (
+            await c.done_stream(held.stream) is lbs.DoneStatus.DONE
+        )  # the lock moved with its TTL
         async with lbs.Producer(rc, service) as producer:
             await producer.add_stream("after")
         (note,) = await take(c, 1, timeout=15)
@@ -232,16 +256,30 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 async def test_kill_9_during_a_failover_is_recovered_by_the_scan(
-        replicated_cluster: RedisClusterServers, service: str) -> None:
+    replicated_cluster: RedisClusterServers, service: str
+) -> None:
     stream = lbs.input_stream(service)
     owner, (host, port) = _owner_and_other(replicated_cluster, stream)
     rc = RedisCluster(host=host, port=port)
     # The rescuer recovers by the scan alone: no keyspace events (a failover
     # may drop them), no deadline poller.
-    rescuer = _client(rc, service, "rescuer", keyspace_recovery=False, deadline_poll_interval=3600.0,
-                      min_idle=1.2, reconciliation_interval=0.5)
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", HOLDER, f"redis+cluster://{host}:{port}",
-                                                service, stdout=asyncio.subprocess.PIPE)
+    rescuer = _client(
+        rc,
+        service,
+        "rescuer",
+        keyspace_recovery=False,
+        deadline_poll_interval=3600.0,
+        min_idle=1.2,
+        reconciliation_interval=0.5,
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOLDER,
+        f"redis+cluster://{host}:{port}",
+        service,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         async with lbs.Producer(rc, service) as producer:
             await producer.add_stream("victim")
@@ -266,17 +304,29 @@ async def test_kill_9_during_a_failover_is_recovered_by_the_scan(
 
 
 async def test_keyspace_events_on_the_owner_recover_a_stopped_consumers_stream(
-        redis_cluster: RedisClusterServers, service: str) -> None:
+    redis_cluster: RedisClusterServers, service: str
+) -> None:
     # The deadline poller off: only the expired event, delivered on the slot's
     # owner (which the client reached through another node), can bring it back.
     owner, (host, port) = _owner_and_other(redis_cluster, lbs.input_stream(service))
     url = f"redis://{host}:{port}"
     oss = lbs.ClusterMode.OSS  # a plain URL of one node, and the mode saying it is a cluster
-    dier = lbs.Client(url, service, "dier", lbs.Config(read_block=0.1, lock_ttl=0.5, recovery=False),
-                      load_entrypoint_plugins=False, cluster=oss)
-    rescuer = lbs.Client(url, service, "rescuer",
-                         lbs.Config(read_block=0.1, lock_ttl=0.5, deadline_poll_interval=3600.0),
-                         load_entrypoint_plugins=False, cluster=oss)
+    dier = lbs.Client(
+        url,
+        service,
+        "dier",
+        lbs.Config(read_block=0.1, lock_ttl=0.5, recovery=False),
+        load_entrypoint_plugins=False,
+        cluster=oss,
+    )
+    rescuer = lbs.Client(
+        url,
+        service,
+        "rescuer",
+        lbs.Config(read_block=0.1, lock_ttl=0.5, deadline_poll_interval=3600.0),
+        load_entrypoint_plugins=False,
+        cluster=oss,
+    )
     try:
         async with lbs.Producer(url, service, cluster=oss) as producer:
             await producer.add_stream("y")

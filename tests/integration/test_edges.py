@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-
 from _helpers import client, eventually, is_true, produce, take
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -32,7 +31,9 @@ async def _kill_clients_of(r: aioredis.Redis, c: lbs.Client) -> int:
     return killed
 
 
-async def test_one_dropped_connection_robs_nothing(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+async def test_one_dropped_connection_robs_nothing(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # Finding 1: hold 10 streams, kill the consumer's connections once after
     # its first heartbeat. The next tick must not fail on the dead connection
     # (the Wire notices the EOF and reconnects), so no lock ever expires.
@@ -62,7 +63,8 @@ async def test_one_dropped_connection_robs_nothing(redis_server: Any, service: s
 
 
 async def test_a_done_batch_whose_connection_dies_in_flight_is_retried(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # A done call whose connection fails after it was sent is sent once more
     # on a fresh connection; an entry the first call finished reads DONE
     # (done-n.lua's "already done" on a retry), not LOCK_LOST.
@@ -94,7 +96,8 @@ async def test_a_done_batch_whose_connection_dies_in_flight_is_retried(
 
 
 async def test_a_second_process_with_the_same_consumer_id_is_refused(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # Finding 4: two processes under one consumer id would share a pending
     # list and adopt each other's locks. The second is refused at start.
     await produce(redis_server.url, service, "a")
@@ -116,8 +119,9 @@ async def test_a_second_process_with_the_same_consumer_id_is_refused(
     await third.close()
 
 
-async def test_adoption_takes_only_this_instances_locks(redis_server: Any, service: str,
-                                                        r: aioredis.Redis) -> None:
+async def test_adoption_takes_only_this_instances_locks(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # A process whose read reply was lost re-reads its consumer's pending
     # entries and adopts the locks it took. Another process with the same id
     # (its marker lost, so not refused) must not adopt the first one's locks.
@@ -132,15 +136,18 @@ async def test_adoption_takes_only_this_instances_locks(redis_server: Any, servi
         await second.start()
         await eventually(lambda: is_true(not second._reader.reply_lost))
         assert second.held == 0 and first.held == 3
-        assert all(v.decode().endswith(first.lock_owner) for v in
-                   await r.mget([h.lock_key for h in first.held_streams()]))
+        assert all(
+            v.decode().endswith(first.lock_owner)
+            for v in await r.mget([h.lock_key for h in first.held_streams()])
+        )
     finally:
         await second.close()
         await first.close()
 
 
 async def test_a_re_read_after_a_lost_reply_leaves_a_stream_being_handed_back_alone(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # A handler failed and its hand-back waits for Redis (a restart's LOADING, a slow link) while the
     # reader, its last reply lost, re-reads the pending list: the entry is still pending under our lock,
     # but it is no longer held. Taking it again ran the failed handler a second time and then made
@@ -183,7 +190,9 @@ async def test_a_re_read_after_a_lost_reply_leaves_a_stream_being_handed_back_al
         await runner
 
 
-async def test_a_notification_is_an_async_with_block(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+async def test_a_notification_is_an_async_with_block(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # An application task that dies without done_stream/hand_back must not
     # leak the stream: the block finishes it, or hands it back with a retry.
     await produce(redis_server.url, service, "ok", "fails")
@@ -209,8 +218,9 @@ async def test_a_notification_is_an_async_with_block(redis_server: Any, service:
     assert await r.xlen(lbs.input_stream(service)) == 0
 
 
-async def test_a_stream_held_too_long_is_reported(redis_server: Any, service: str,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_stream_held_too_long_is_reported(
+    redis_server: Any, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
     await produce(redis_server.url, service, "forgotten")
     c = client(redis_server.url, service, recovery=False, lock_ttl=0.6, hold_warning=0.3)
     caplog.set_level(logging.WARNING, logger="lbs.client")
@@ -218,14 +228,22 @@ async def test_a_stream_held_too_long_is_reported(redis_server: Any, service: st
     try:
         (note,) = await take(c, 1)
         await eventually(lambda: is_true(c.metrics.get("held_overdue") == 1), timeout=10)
-        assert sum("forgotten" in r.getMessage() and "held for over" in r.getMessage() for r in caplog.records) == 1
+        assert (
+            sum(
+                "forgotten" in r.getMessage() and "held for over" in r.getMessage()
+                for r in caplog.records
+            )
+            == 1
+        )
         await c.done_stream(note.stream)
         await eventually(lambda: is_true(c.metrics.get("held_overdue") == 0), timeout=10)
     finally:
         await c.close()
 
 
-async def test_a_cancelled_run_handler_hands_its_stream_back(redis_server: Any, service: str) -> None:
+async def test_a_cancelled_run_handler_hands_its_stream_back(
+    redis_server: Any, service: str
+) -> None:
     # A handler cancelled by someone else (not a disown, not close()) would
     # otherwise leave its stream held forever under a healthy heartbeat.
     await produce(redis_server.url, service, "victim")
@@ -243,7 +261,9 @@ async def test_a_cancelled_run_handler_hands_its_stream_back(redis_server: Any, 
         assert h.task is not None
         h.task.cancel()
         again = await asyncio.wait_for(started.get(), 10)  # handed back, taken again
-        assert again.stream == "victim" and again.entry_id != first.entry_id and again.retry_count == 1
+        assert (
+            again.stream == "victim" and again.entry_id != first.entry_id and again.retry_count == 1
+        )
     finally:
         await c.close()
         await asyncio.wait_for(runner, 10)
@@ -282,7 +302,8 @@ async def test_hand_back_under_run_stops_the_handler_first(redis_server: Any, se
 
 
 async def test_close_from_elsewhere_then_close_again_waits_for_the_shutdown(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # Finding 6: the README's pattern (close() from elsewhere, then close()
     # in finally) returned before the first close had handed anything back.
     await produce(redis_server.url, service, *[f"s{i}" for i in range(5)])
@@ -300,14 +321,19 @@ async def test_close_from_elsewhere_then_close_again_waits_for_the_shutdown(
     await asyncio.sleep(0)
     await c.close()  # the second call: returns only once the shutdown is over
     assert await r.xpending(lbs.input_stream(service), lbs.group_name(service)) == {
-        "pending": 0, "min": None, "max": None, "consumers": []}
+        "pending": 0,
+        "min": None,
+        "max": None,
+        "consumers": [],
+    }
     assert [k async for k in r.scan_iter(_keys.lock_key(service, "*"))] == []
     await asyncio.wait_for(elsewhere, 1)
     await asyncio.wait_for(runner, 1)  # run() returned too
 
 
 async def test_sigterm_stops_every_run_in_the_process_and_hands_back_without_a_retry(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # Two clients in one loop (as a sharded client or the demo has): one
     # SIGTERM reaches both; each run() returns once its streams are back,
     # with no retry counted; the process's own SIGTERM handler is put back.

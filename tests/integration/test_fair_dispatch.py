@@ -11,11 +11,18 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-
 from _helpers import client, eventually
 
 import lbs
-from lbs._keys import consumers_key, fence_key, group_name, input_stream, instance_key, key_prefix, lock_key
+from lbs._keys import (
+    consumers_key,
+    fence_key,
+    group_name,
+    input_stream,
+    instance_key,
+    key_prefix,
+    lock_key,
+)
 from lbs._redis.scripts import source
 
 pytestmark = pytest.mark.timeout(90)
@@ -25,21 +32,43 @@ async def register(r: aioredis.Redis, service: str, n: int) -> None:
     """``n`` registrations in one MULTI/EXEC: every blocked reader wakes to all of them at once."""
     async with r.pipeline(transaction=True) as pipe:
         for i in range(n):
-            pipe.xadd(input_stream(service), {"lbs-input": json.dumps({"DataStreamName": f"long-{i}", "Info": {}})})
+            pipe.xadd(
+                input_stream(service),
+                {"lbs-input": json.dumps({"DataStreamName": f"long-{i}", "Info": {}})},
+            )
         await pipe.execute()
 
 
-async def read(r: aioredis.Redis, service: str, consumer: str, count: int, window: int | str) -> list[Any]:
+async def read(
+    r: aioredis.Redis, service: str, consumer: str, count: int, window: int | str
+) -> list[Any]:
     """One read-3.lua call (names locked, fair dispatch with ``window`` ms; "" off): the entries read."""
-    entries, _tokens, _ = await r.eval(source("read-3"), 3, input_stream(service), fence_key(service),
-                                       consumers_key(service), group_name(service), consumer, count, 60_000,
-                                       lock_key(service, ""), ">", "", consumer, "", "", "", key_prefix(service),
-                                       window)
+    entries, _tokens, _ = await r.eval(
+        source("read-3"),
+        3,
+        input_stream(service),
+        fence_key(service),
+        consumers_key(service),
+        group_name(service),
+        consumer,
+        count,
+        60_000,
+        lock_key(service, ""),
+        ">",
+        "",
+        consumer,
+        "",
+        "",
+        "",
+        key_prefix(service),
+        window,
+    )
     return list(entries)
 
 
-async def test_long_registrations_spread_over_idle_consumers(redis_server: Any, r: aioredis.Redis,
-                                                             service: str) -> None:
+async def test_long_registrations_spread_over_idle_consumers(
+    redis_server: Any, r: aioredis.Redis, service: str
+) -> None:
     release = asyncio.Event()
     running: Counter[str] = Counter()
 
@@ -65,7 +94,9 @@ async def test_long_registrations_spread_over_idle_consumers(redis_server: Any, 
             await t
 
 
-async def test_a_lone_consumer_takes_what_it_can(redis_server: Any, r: aioredis.Redis, service: str) -> None:
+async def test_a_lone_consumer_takes_what_it_can(
+    redis_server: Any, r: aioredis.Redis, service: str
+) -> None:
     release = asyncio.Event()
     running = 0
 

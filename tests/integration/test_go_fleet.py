@@ -34,7 +34,9 @@ def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
     binary = None
     if request.param == "redis7":
         try:
-            binary = find_redis_server(min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER")
+            binary = find_redis_server(
+                min_version=(7, 0), below_version=(8, 0), env_var="LBS_REDIS7_SERVER"
+            )
         except ServerNotFoundError as exc:
             if os.environ.get("LBS_REQUIRE_REDIS7") == "1":
                 pytest.fail(f"LBS_REQUIRE_REDIS7=1 but {exc}")
@@ -44,18 +46,25 @@ def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
 
 
 def _client(url: str, service: str, consumer: str, **config: Any) -> lbs.Client:
-    cfg = dict(read_block=0.1, deadline_poll_interval=0.1, drain_timeout=0.0)  # handlers that wait for ever
+    cfg = dict(
+        read_block=0.1, deadline_poll_interval=0.1, drain_timeout=0.0
+    )  # handlers that wait for ever
     cfg.update(config)
-    return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**cfg), load_entrypoint_plugins=False)
+    return lbs.Client(
+        url, service, consumer_id=consumer, config=lbs.Config(**cfg), load_entrypoint_plugins=False
+    )
 
 
 async def test_go_refuses_lbs_keyspace_events_unless_forced_and_lbs_keeps_what_go_sets(
-        server: RedisServer, service: str) -> None:
+    server: RedisServer, service: str
+) -> None:
     c = _client(server.url, service, "lbs-1")
     await c.start()  # adds K and x to an empty setting
     r = aioredis.Redis.from_url(server.url)
     try:
-        assert set((await r.config_get("notify-keyspace-events"))["notify-keyspace-events"]) >= set("Kx")
+        assert set((await r.config_get("notify-keyspace-events"))["notify-keyspace-events"]) >= set(
+            "Kx"
+        )
 
         async def nothing(go: GoConsumer, s: GoStream) -> None:
             return None
@@ -77,7 +86,8 @@ async def test_go_refuses_lbs_keyspace_events_unless_forced_and_lbs_keeps_what_g
 
 
 async def test_a_group_go_created_at_dollar_is_reported_with_the_count_and_the_fix(
-        server: RedisServer, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    server: RedisServer, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
     async with lbs.Producer(server.url, service) as producer:
         await producer.add_streams([f"early-{i}" for i in range(5)])
 
@@ -90,7 +100,9 @@ async def test_a_group_go_created_at_dollar_is_reported_with_the_count_and_the_f
     caplog.set_level(logging.WARNING, logger="lbs")
     c = _client(server.url, service, "lbs-1")
     await c.start()
-    warning = next(r.getMessage() for r in caplog.records if "will ever read them" in r.getMessage())
+    warning = next(
+        r.getMessage() for r in caplog.records if "will ever read them" in r.getMessage()
+    )
     assert f"] 5 entries of {lbs.input_stream(service)}" in warning
     assert f"XGROUP SETID {lbs.input_stream(service)} {lbs.group_name(service)} 0" in warning
     await c.close()
@@ -107,7 +119,8 @@ async def test_a_group_go_created_at_dollar_is_reported_with_the_count_and_the_f
 
 
 async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once(
-        server: RedisServer, service: str) -> None:
+    server: RedisServer, service: str
+) -> None:
     names = [f"s{i}" for i in range(120)]
     runs: Counter[str] = Counter()
     by: Counter[str] = Counter()
@@ -130,8 +143,13 @@ async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once
         await work(note.stream, "lbs")
 
     lbs_clients = [_client(server.url, service, f"lbs-{i}") for i in range(2)]
-    gos = [GoConsumer(server.url, service, f"go-{i}", go_handler, force_config_override=True) for i in range(2)]
-    runners = [asyncio.create_task(c.run(lbs_handler, concurrency=10)) for c in lbs_clients]  # the group at 0
+    gos = [
+        GoConsumer(server.url, service, f"go-{i}", go_handler, force_config_override=True)
+        for i in range(2)
+    ]
+    runners = [
+        asyncio.create_task(c.run(lbs_handler, concurrency=10)) for c in lbs_clients
+    ]  # the group at 0
     try:
         async with lbs.Producer(server.url, service) as producer:
             # The first 40 go to lbs alone (Go's reader, one round trip and no COUNT, wins most races),
@@ -145,7 +163,7 @@ async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once
             for g in gos:
                 await g.start()
             for at in range(40, len(names), 20):
-                await producer.add_streams(names[at:at + 20])
+                await producer.add_streams(names[at : at + 20])
                 await asyncio.sleep(0.02)
 
         async def all_done() -> bool:
@@ -158,12 +176,17 @@ async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once
         await asyncio.gather(*runners)
         for g in gos:
             await g.kill()
-    assert runs == Counter({n: 1 for n in names}) and overlaps == []
+    assert runs == Counter(dict.fromkeys(names, 1)) and overlaps == []
     assert by["go"] > 0 and by["lbs"] > 0
 
 
-async def _go_holding(server: RedisServer, service: str, names: list[str], release: asyncio.Event,
-                      hb_interval: float = 5.0) -> tuple[GoConsumer, list[str]]:
+async def _go_holding(
+    server: RedisServer,
+    service: str,
+    names: list[str],
+    release: asyncio.Event,
+    hb_interval: float = 5.0,
+) -> tuple[GoConsumer, list[str]]:
     """A Go consumer holding ``names`` (its handler waits for ``release``: slow, alive, its locks
     extended every ``hb_interval`` / 2); their LBS entry ids. The default, 5 s (``WithLBSHBInterval``),
     keeps a live holder's locks through event-loop stalls of a loaded machine (the double shares the
@@ -172,7 +195,9 @@ async def _go_holding(server: RedisServer, service: str, names: list[str], relea
     async def slow(go: GoConsumer, s: GoStream) -> None:
         await release.wait()
 
-    go = GoConsumer(server.url, service, "go-1", slow, hb_interval=hb_interval, force_config_override=True)
+    go = GoConsumer(
+        server.url, service, "go-1", slow, hb_interval=hb_interval, force_config_override=True
+    )
     await go.start()
     async with lbs.Producer(server.url, service) as producer:
         await producer.add_streams(names)
@@ -186,7 +211,8 @@ async def _go_holding(server: RedisServer, service: str, names: list[str], relea
 
 @pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
 async def test_claim_takes_a_live_go_holders_entry_only_outside_go_compatible_mode(
-        server: RedisServer, service: str, compatible: bool) -> None:
+    server: RedisServer, service: str, compatible: bool
+) -> None:
     release = asyncio.Event()
     go, ids = await _go_holding(server, service, ["a", "b"], release)
     c = _client(server.url, service, "lbs-1", go_compatible=compatible, recovery=False)
@@ -200,7 +226,9 @@ async def test_claim_takes_a_live_go_holders_entry_only_outside_go_compatible_mo
         await go.kill()
 
 
-async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(server: RedisServer, service: str) -> None:
+async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(
+    server: RedisServer, service: str
+) -> None:
     """lbs consumers scanning every 0.3 s for entries idle past 1.2 s, beside a Go consumer that holds
     three streams for as long as it takes several such scans (Go never refreshes the idle time)."""
     release = asyncio.Event()
@@ -211,28 +239,45 @@ async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(server: R
     async def handle(note: lbs.Notification) -> None:
         ran.append(note.stream)
 
-    clients = [_client(server.url, service, f"lbs-{i}", go_compatible=True, lock_ttl=0.5, min_idle=1.2,
-                       reconciliation_interval=0.3) for i in range(2)]
+    clients = [
+        _client(
+            server.url,
+            service,
+            f"lbs-{i}",
+            go_compatible=True,
+            lock_ttl=0.5,
+            min_idle=1.2,
+            reconciliation_interval=0.3,
+        )
+        for i in range(2)
+    ]
     runners = [asyncio.create_task(c.run(handle)) for c in clients]
     try:
+
         async def scans() -> int:
             return int((await r.info("commandstats")).get("cmdstat_xpending", {}).get("calls", 0))
 
         async def idle_enough() -> bool:
             assert ran == [], "lbs took a stream a live Go consumer holds"
-            pending = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
+            pending = await r.xpending_range(
+                lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
+            )
             return len(pending) == 3 and min(p["time_since_delivered"] for p in pending) > 1500
 
         await eventually(idle_enough, timeout=20)
         before = await scans()
 
-        async def scanned_while_held() -> bool:  # each scan reads XPENDING; the requeue checks run with it
+        async def scanned_while_held() -> (
+            bool
+        ):  # each scan reads XPENDING; the requeue checks run with it
             return await scans() >= before + 6
 
         await eventually(scanned_while_held, timeout=30)
         assert ran == []  # nothing taken from Go
         release.set()
-        await go.finished(3)  # its Done events (bounded at 60 s: a loaded machine's event loop stalls)
+        await go.finished(
+            3
+        )  # its Done events (bounded at 60 s: a loaded machine's event loop stalls)
         assert sorted(go.processed()) == ["x", "y", "z"]
         assert ran == [] and await r.xlen(lbs.input_stream(service)) == 0
     finally:
@@ -250,7 +295,8 @@ async def _listening(c: lbs.Client) -> bool:
 
 @pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
 async def test_a_dead_go_holders_streams_come_back_when_its_locks_expire(
-        server: RedisServer, service: str, compatible: bool) -> None:
+    server: RedisServer, service: str, compatible: bool
+) -> None:
     """kill -9 of a Go consumer holding three streams: with go_compatible the expiry of its 2-s locks
     brings them back (the keyspace listener); without it only the scan would, 30 s idle later."""
     release = asyncio.Event()
@@ -271,12 +317,16 @@ async def test_a_dead_go_holders_streams_come_back_when_its_locks_expire(
         killed = time.monotonic()
         await go.kill()
         try:
-            await asyncio.wait_for(seen.wait(), 10 if compatible else 4)  # (Go TTL 2 s: 4 s shows the difference)
+            await asyncio.wait_for(
+                seen.wait(), 10 if compatible else 4
+            )  # (Go TTL 2 s: 4 s shows the difference)
         except asyncio.TimeoutError:
             pass
         if compatible:
             assert sorted(got) == ["p", "q", "r"]
-            print(f"GO-RECOVERY dead Go holder -> lbs: {max(got.values()) - killed:.2f} s for 3 streams")
+            print(
+                f"GO-RECOVERY dead Go holder -> lbs: {max(got.values()) - killed:.2f} s for 3 streams"
+            )
         else:
             assert got == {}
     finally:
@@ -285,7 +335,8 @@ async def test_a_dead_go_holders_streams_come_back_when_its_locks_expire(
 
 
 async def test_a_dead_go_holder_whose_expiries_lbs_missed_comes_back_when_its_listener_resubscribes(
-        server: RedisServer, service: str) -> None:
+    server: RedisServer, service: str
+) -> None:
     """kill -9 of a Go holder while lbs's keyspace listener is down: the expired events are lost, and no
     deadline tells lbs the Go holder died. Resubscribing, the listener scans what is idle past Go's claim
     idle (2 s), lock-checked: the streams come back at once, not at the next periodic scan (30 s idle)."""
@@ -308,7 +359,9 @@ async def test_a_dead_go_holder_whose_expiries_lbs_missed_comes_back_when_its_li
         await go.kill()
         await r.client_kill_filter(_type="pubsub")
 
-        async def expired() -> bool:  # EXISTS expires a lapsed lock on the spot: its event goes unheard
+        async def expired() -> (
+            bool
+        ):  # EXISTS expires a lapsed lock on the spot: its event goes unheard
             return await r.exists(*(go_lock_key(n, i) for n, i in zip("pqr", ids))) == 0
 
         await eventually(expired)
@@ -324,7 +377,8 @@ async def test_a_dead_go_holder_whose_expiries_lbs_missed_comes_back_when_its_li
 
 @pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
 async def test_a_go_consumer_starting_with_a_5s_idle_time_takes_live_lbs_work_only_by_default(
-        server: RedisServer, service: str, compatible: bool) -> None:
+    server: RedisServer, service: str, compatible: bool
+) -> None:
     """Go's start-up XAUTOCLAIM takes whatever is idle past WithLBSIdleTime, live holders included:
     with go_compatible lbs's heartbeat keeps its entries' idle time under 4 s."""
     release = asyncio.Event()
@@ -345,12 +399,16 @@ async def test_a_go_consumer_starting_with_a_5s_idle_time_takes_live_lbs_work_on
             return len(took) == 3
 
         await eventually(holding)
-        await asyncio.sleep(6.0)  # past Go's 5 s idle time: only the heartbeat's refresh keeps them "fresh"
+        await asyncio.sleep(
+            6.0
+        )  # past Go's 5 s idle time: only the heartbeat's refresh keeps them "fresh"
 
         async def nothing(go: GoConsumer, s: GoStream) -> None:
             return None
 
-        go = GoConsumer(server.url, service, "go-1", nothing, lbs_idle_time=5.0, force_config_override=True)
+        go = GoConsumer(
+            server.url, service, "go-1", nothing, lbs_idle_time=5.0, force_config_override=True
+        )
         await go.start()
         stolen = [name for kind, name, _ in go.events if kind == "StreamAdded"]
         if compatible:
@@ -375,7 +433,9 @@ async def _die(c: lbs.Client) -> None:
     await c._state.link.close()
 
 
-async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(server: RedisServer, service: str) -> None:
+async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(
+    server: RedisServer, service: str
+) -> None:
     """With go_compatible an lbs consumer holds a Go-style lock per stream (kept by its heartbeat for
     max(lock_ttl, 4 s)); when it dies those expire and the Go consumers' keyspace listener claims them."""
     release = asyncio.Event()
@@ -398,15 +458,27 @@ async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(server:
         async with lbs.Producer(server.url, service) as producer:
             await producer.add_streams(["d", "e", "f"])
 
-        async def go_style_locks() -> bool:  # taken by lbs, and a heartbeat tick set their Go-style locks
+        async def go_style_locks() -> (
+            bool
+        ):  # taken by lbs, and a heartbeat tick set their Go-style locks
             if len(mine) < 3:
                 return False
             ids = [h.entry_id for h in c._state.holdings.table.values()]
-            return len(ids) == 3 and await r.exists(*(go_lock_key(n, i) for n, i in zip(
-                [h.stream for h in c._state.holdings.table.values()], ids))) == 3
+            return (
+                len(ids) == 3
+                and await r.exists(
+                    *(
+                        go_lock_key(n, i)
+                        for n, i in zip([h.stream for h in c._state.holdings.table.values()], ids)
+                    )
+                )
+                == 3
+            )
 
         await eventually(go_style_locks)
-        values = [await r.get(go_lock_key(h.stream, h.entry_id)) for h in c._state.holdings.table.values()]
+        values = [
+            await r.get(go_lock_key(h.stream, h.entry_id)) for h in c._state.holdings.table.values()
+        ]
         assert values == [c.id.encode()] * 3  # the value a Go consumer writes: the holder's name
         await go.start()
         died = time.monotonic()
@@ -419,7 +491,10 @@ async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(server:
         print(f"GO-RECOVERY dead lbs consumer -> Go: {time.monotonic() - died:.2f} s for 3 streams")
 
         async def go_finished() -> bool:  # DoneStream: unlock, XACK, XDEL
-            return sorted(go.processed()) == ["d", "e", "f"] and await r.xlen(lbs.input_stream(service)) == 0
+            return (
+                sorted(go.processed()) == ["d", "e", "f"]
+                and await r.xlen(lbs.input_stream(service)) == 0
+            )
 
         await eventually(go_finished)
     finally:
@@ -432,7 +507,8 @@ async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(server:
 
 
 async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_and_counted(
-        server: RedisServer, service: str) -> None:
+    server: RedisServer, service: str
+) -> None:
     release = asyncio.Event()
 
     async def slow(note: lbs.Notification) -> None:
@@ -451,7 +527,13 @@ async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_a
         await eventually(held)
         (h,) = c._state.holdings.table.values()
         # A Go consumer's Claim after a tick it missed: XCLAIM, then its lock, with its name.
-        await r.xclaim(lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [h.entry_id])
+        await r.xclaim(
+            lbs.input_stream(service),
+            lbs.group_name(service),
+            "redis-consumer-go-1",
+            0,
+            [h.entry_id],
+        )
         await r.set(go_lock_key(h.stream, h.entry_id), "redis-consumer-go-1", px=2000)
 
         async def disowned() -> bool:
@@ -463,7 +545,9 @@ async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_a
         async def ticked() -> bool:
             return c.stats.heartbeats > beats
 
-        await eventually(ticked)  # one more tick: the entry stays the Go consumer's, lbs's lock is gone
+        await eventually(
+            ticked
+        )  # one more tick: the entry stays the Go consumer's, lbs's lock is gone
         assert await _owner(r, service, h.entry_id) == b"redis-consumer-go-1"
         assert not await r.exists(h.lock_key)
     finally:
@@ -475,7 +559,8 @@ async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_a
 
 @pytest.mark.parametrize("compatible", [False, True], ids=["default", "go-compatible"])
 async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
-        server: RedisServer, service: str, compatible: bool) -> None:
+    server: RedisServer, service: str, compatible: bool
+) -> None:
     """lbs-claim's XREADGROUP ... CLAIM hands over whatever is idle, and Go never refreshes idle times:
     with go_compatible read-3 leaves a claimed entry whose Go-style lock exists to its Go holder."""
     lbs_claim = pytest.importorskip("lbs_claim")
@@ -488,13 +573,22 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
     async def handle(note: lbs.Notification) -> None:
         ran.append(note.stream)
 
-    cfg = lbs.Config(read_block=0.1, lock_ttl=0.3, min_idle=1.0, go_compatible=compatible, recovery=False)
-    c = lbs.Client(server.url, service, consumer_id="lbs-1", config=cfg, load_entrypoint_plugins=False,
-                   plugins=[lbs_claim.ClaimReader(min_idle=1.0)])
+    cfg = lbs.Config(
+        read_block=0.1, lock_ttl=0.3, min_idle=1.0, go_compatible=compatible, recovery=False
+    )
+    c = lbs.Client(
+        server.url,
+        service,
+        consumer_id="lbs-1",
+        config=cfg,
+        load_entrypoint_plugins=False,
+        plugins=[lbs_claim.ClaimReader(min_idle=1.0)],
+    )
     runner = asyncio.create_task(c.run(handle))
     r = aioredis.Redis.from_url(server.url)
     try:
         if not compatible:
+
             async def robbed() -> bool:
                 return sorted(ran) == ["k1", "k2"]
 
@@ -504,14 +598,20 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
         async def reads() -> int:
             return int((await r.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
 
-        async def claimed_by_lbs() -> bool:  # CLAIM moved them to lbs's pending list; read-3 locked nothing
-            pending = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
+        async def claimed_by_lbs() -> (
+            bool
+        ):  # CLAIM moved them to lbs's pending list; read-3 locked nothing
+            pending = await r.xpending_range(
+                lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
+            )
             return len(pending) == 2 and {p["consumer"] for p in pending} == {c.id.encode()}
 
         await eventually(claimed_by_lbs, timeout=20)
         before = await reads()
 
-        async def read_again() -> bool:  # reads with CLAIM, every 0.1 s, while the entries are claimable
+        async def read_again() -> (
+            bool
+        ):  # reads with CLAIM, every 0.1 s, while the entries are claimable
             return await reads() >= before + 10
 
         await eventually(read_again, timeout=20)
@@ -531,7 +631,9 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
         await r.aclose()
 
 
-async def test_go_style_locks_are_released_with_done_and_hand_back(server: RedisServer, service: str) -> None:
+async def test_go_style_locks_are_released_with_done_and_hand_back(
+    server: RedisServer, service: str
+) -> None:
     r = aioredis.Redis.from_url(server.url)
     c = _client(server.url, service, "lbs-1", go_compatible=True, lock_ttl=1.0)
     release = asyncio.Event()
@@ -567,7 +669,9 @@ async def test_go_style_locks_are_released_with_done_and_hand_back(server: Redis
     await r.aclose()
 
 
-async def test_a_stream_a_go_consumer_claimed_is_not_finished_as_done(server: RedisServer, service: str) -> None:
+async def test_a_stream_a_go_consumer_claimed_is_not_finished_as_done(
+    server: RedisServer, service: str
+) -> None:
     """Between two ticks a Go consumer XCLAIMs a live lbs stream; the lbs handler then returns: done-n
     finds the entry pending under the Go consumer, releases lbs's lock and acks nothing (TAKEN)."""
     release = asyncio.Event()
@@ -589,11 +693,19 @@ async def test_a_stream_a_go_consumer_claimed_is_not_finished_as_done(server: Re
         (h,) = c._state.holdings.table.values()
         beats = c.stats.heartbeats
 
-        async def ticked() -> bool:  # right after a tick: 3.5 s before the next one refreshes the entry
+        async def ticked() -> (
+            bool
+        ):  # right after a tick: 3.5 s before the next one refreshes the entry
             return c.stats.heartbeats > beats
 
         await eventually(ticked, timeout=10)
-        await r.xclaim(lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [h.entry_id])
+        await r.xclaim(
+            lbs.input_stream(service),
+            lbs.group_name(service),
+            "redis-consumer-go-1",
+            0,
+            [h.entry_id],
+        )
         release.set()
 
         async def not_done() -> bool:
@@ -601,8 +713,12 @@ async def test_a_stream_a_go_consumer_claimed_is_not_finished_as_done(server: Re
 
         await eventually(not_done)
         assert c.stats.done == 0
-        pending = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 10)
-        assert [(p["message_id"].decode(), p["consumer"]) for p in pending] == [(h.entry_id, b"redis-consumer-go-1")]
+        pending = await r.xpending_range(
+            lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
+        )
+        assert [(p["message_id"].decode(), p["consumer"]) for p in pending] == [
+            (h.entry_id, b"redis-consumer-go-1")
+        ]
         assert not await r.exists(h.lock_key)  # lbs's own lock released
     finally:
         release.set()
@@ -613,7 +729,10 @@ async def test_a_stream_a_go_consumer_claimed_is_not_finished_as_done(server: Re
 
 # -- the scripts beside a Go fleet: Go-style locks kept and released with lbs's own, atomically --------------
 
-async def _held_by_c1(r: aioredis.Redis, service: str, names: list[str]) -> list[tuple[str, str, str]]:
+
+async def _held_by_c1(
+    r: aioredis.Redis, service: str, names: list[str]
+) -> list[tuple[str, str, str]]:
     """One entry per data stream of ``names``, read by consumer c1 and locked (token 5): (entry id, our lock key,
     its Go-style lock key) each."""
     lbs_key, group = lbs.input_stream(service), lbs.group_name(service)
@@ -639,33 +758,63 @@ def _command(b: CommandBatch, script: str) -> list[bytes | str]:
 
 
 async def _owner(r: aioredis.Redis, service: str, entry_id: str) -> bytes | None:
-    p = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1)
+    p = await r.xpending_range(
+        lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1
+    )
     return p[0]["consumer"] if p else None
 
 
 async def test_done_beside_a_go_fleet_releases_our_go_style_locks_with_ours_and_leaves_a_go_holders(
-        server: RedisServer, service: str) -> None:
+    server: RedisServer, service: str
+) -> None:
     r = aioredis.Redis.from_url(server.url)
-    (ours, lock_a, go_a), (taken, lock_b, go_b), (expired, lock_c, go_c) = await _held_by_c1(r, service, "abc")
+    (ours, lock_a, go_a), (taken, lock_b, go_b), (expired, lock_c, go_c) = await _held_by_c1(
+        r, service, "abc"
+    )
     await r.set(go_a, "c1", px=60_000)
     await r.set(go_b, "redis-consumer-go-1", px=60_000)  # a Go consumer took b while we held it
-    await r.delete(lock_c)  # our lock of c expired; a Go consumer claimed it and holds its Go-style lock
-    await r.xclaim(lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [expired])
+    await r.delete(
+        lock_c
+    )  # our lock of c expired; a Go consumer claimed it and holds its Go-style lock
+    await r.xclaim(
+        lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [expired]
+    )
     await r.set(go_c, "redis-consumer-go-1", px=60_000)
     ids = [ours, taken, expired]
     b = CommandBatch()
-    scripts.done(b, lbs.input_stream(service), _keys.lock_key(service, "").encode(), ids, ["5:c1"] * 3, list("abc"),
-                 lbs.group_name(service), _keys.key_prefix(service), False, False, ("c1", [go_a, go_b, go_c]))
-    assert await r.execute_command(*_command(b, "done-n")) == [DoneCode.DONE, DoneCode.TAKEN, DoneCode.LOCK_LOST]
-    assert await r.exists(lock_a, go_a, lock_b) == 0  # a: both released and acked; b: our lock released
+    scripts.done(
+        b,
+        lbs.input_stream(service),
+        _keys.lock_key(service, "").encode(),
+        ids,
+        ["5:c1"] * 3,
+        list("abc"),
+        lbs.group_name(service),
+        _keys.key_prefix(service),
+        False,
+        False,
+        ("c1", [go_a, go_b, go_c]),
+    )
+    assert await r.execute_command(*_command(b, "done-n")) == [
+        DoneCode.DONE,
+        DoneCode.TAKEN,
+        DoneCode.LOCK_LOST,
+    ]
+    assert (
+        await r.exists(lock_a, go_a, lock_b) == 0
+    )  # a: both released and acked; b: our lock released
     assert await _owner(r, service, ours) is None
     assert await r.get(go_b) == await r.get(go_c) == b"redis-consumer-go-1"
-    assert await _owner(r, service, taken) == b"c1" and await _owner(r, service, expired) == b"redis-consumer-go-1"
+    assert (
+        await _owner(r, service, taken) == b"c1"
+        and await _owner(r, service, expired) == b"redis-consumer-go-1"
+    )
     await r.aclose()
 
 
 async def test_hand_back_beside_a_go_fleet_releases_our_go_style_lock_and_refuses_a_go_holders(
-        server: RedisServer, service: str) -> None:
+    server: RedisServer, service: str
+) -> None:
     r = aioredis.Redis.from_url(server.url)
     (ours, lock_a, go_a), (taken, lock_b, go_b) = await _held_by_c1(r, service, "ab")
     await r.set(go_a, "c1", px=60_000)
@@ -674,38 +823,81 @@ async def test_hand_back_beside_a_go_fleet_releases_our_go_style_lock_and_refuse
     replies = []
     for entry_id, lock in ((ours, lock_a), (taken, lock_b)):
         b = CommandBatch()
-        scripts.requeue(b, lbs.input_stream(service), _keys.dead_letter_stream(service), lock,
-                        _keys.delayed_stream(service), _keys.due_key(service), _keys.pardons_key(service),
-                        group=lbs.group_name(service),
-                        entry_id=entry_id, mode="owned", value="5:c1", count_retry=False, max_retries=5,
-                        retry_field="_retry_count", original_field="_original_id", reason="", consumer="c1",
-                        force_dead_letter=False, dead_letter_on=True, field_prefix="_",
-                        go_lock_sep=_keys.GO_MUTEX_KEY_SEP, stream_name=names[entry_id])
+        scripts.requeue(
+            b,
+            lbs.input_stream(service),
+            _keys.dead_letter_stream(service),
+            lock,
+            _keys.delayed_stream(service),
+            _keys.due_key(service),
+            _keys.pardons_key(service),
+            group=lbs.group_name(service),
+            entry_id=entry_id,
+            mode="owned",
+            value="5:c1",
+            count_retry=False,
+            max_retries=5,
+            retry_field="_retry_count",
+            original_field="_original_id",
+            reason="",
+            consumer="c1",
+            force_dead_letter=False,
+            dead_letter_on=True,
+            field_prefix="_",
+            go_lock_sep=_keys.GO_MUTEX_KEY_SEP,
+            stream_name=names[entry_id],
+        )
         replies.append(await r.execute_command(*_command(b, "requeue-6")))
     assert replies[0][0] == RequeueCode.REQUEUED and replies[1][:2] == [0, b"go lock"]
-    assert await r.exists(lock_a, go_a, lock_b) == 0  # a: re-queued, both released; b: our lock released
+    assert (
+        await r.exists(lock_a, go_a, lock_b) == 0
+    )  # a: re-queued, both released; b: our lock released
     assert await r.get(go_b) == b"redis-consumer-go-1" and await _owner(r, service, taken) == b"c1"
     await r.aclose()
 
 
 async def test_the_heartbeat_keeps_go_style_locks_and_never_pulls_back_an_entry_a_go_consumer_took(
-        server: RedisServer, service: str) -> None:
+    server: RedisServer, service: str
+) -> None:
     r = aioredis.Redis.from_url(server.url)
-    (kept, lock_a, go_a), (taken, lock_b, go_b), (lost, lock_c, go_c) = await _held_by_c1(r, service, "abc")
-    await r.xclaim(lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [taken])
+    (kept, lock_a, go_a), (taken, lock_b, go_b), (lost, lock_c, go_c) = await _held_by_c1(
+        r, service, "abc"
+    )
+    await r.xclaim(
+        lbs.input_stream(service), lbs.group_name(service), "redis-consumer-go-1", 0, [taken]
+    )
     await r.set(go_b, "redis-consumer-go-1", px=60_000)  # a Go consumer claimed b, then locked it
     await r.delete(lock_c)  # our lock of c was lost; our Go-style lock of it is still there
     await r.set(go_c, "c1", px=60_000)
     table = HeldTable("c1", _keys.lock_key(service, ""))
-    (*held,) = (table.take(e, 5, 0, 0.0) for e in EntryParser().parse_entries(
-        [[i.encode(), [b"lbs-input", encode_input(name, {})]] for i, name in ((kept, "a"), (taken, "b"), (lost, "c"))]))
+    (*held,) = (
+        table.take(e, 5, 0, 0.0)
+        for e in EntryParser().parse_entries(
+            [
+                [i.encode(), [b"lbs-input", encode_input(name, {})]]
+                for i, name in ((kept, "a"), (taken, "b"), (lost, "c"))
+            ]
+        )
+    )
     assert [h.lock_key for h in held] == [lock_a, lock_b, lock_c]
     b = CommandBatch()
-    table.encode_extend(b, scripts.EXTEND.sha, scripts.extend_head(lbs.input_stream(service),
-                                                                   _keys.consumers_key(service),
-                                                                   _keys.instance_key(service, "c1")),
-                        scripts.extend_args(10_000, lbs.group_name(service), "c1", True, "n1"), held, 0, 3,
-                        1, 0, _keys.GO_MUTEX_KEY_SEP, 4_000)
+    table.encode_extend(
+        b,
+        scripts.EXTEND.sha,
+        scripts.extend_head(
+            lbs.input_stream(service),
+            _keys.consumers_key(service),
+            _keys.instance_key(service, "c1"),
+        ),
+        scripts.extend_args(10_000, lbs.group_name(service), "c1", True, "n1"),
+        held,
+        0,
+        3,
+        1,
+        0,
+        _keys.GO_MUTEX_KEY_SEP,
+        4_000,
+    )
     assert await r.execute_command(*_command(b, "extend-n")) == [-2, 3]
     assert await r.get(go_a) == b"c1" and 0 < await r.pttl(go_a) <= 4_000
     assert await r.exists(lock_b, go_c) == 0  # b: our lock deleted; c: our Go-style lock deleted
@@ -720,7 +912,8 @@ CONTESTED = 2_000
 
 
 async def test_go_claim_and_lbs_recovery_never_both_take_a_dead_holders_stream(
-        server: RedisServer, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    server: RedisServer, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """A dead Go holder's 2,000 locks expire together; a live Go consumer claims each (XCLAIM, then its
     lock one round trip later) while an lbs consumer re-queues each: every stream runs exactly once.
     Before requeue-6 checked the idle time with the re-queue, about 1 in 100 ran on both sides."""
@@ -743,7 +936,9 @@ async def test_go_claim_and_lbs_recovery_never_both_take_a_dead_holders_stream(
     async def lbs_handler(note: lbs.Notification) -> None:
         runs[note.stream] += 1
 
-    go = GoConsumer(server.url, service, "go-live", go_handler, hb_interval=1.0, force_config_override=True)
+    go = GoConsumer(
+        server.url, service, "go-live", go_handler, hb_interval=1.0, force_config_override=True
+    )
     c = _client(server.url, service, "lbs-1", go_compatible=True)
     await go.start()
     runner = asyncio.create_task(c.run(lbs_handler))
@@ -769,7 +964,9 @@ async def test_go_claim_and_lbs_recovery_never_both_take_a_dead_holders_stream(
     # What lbs's re-queue found: just claimed by Go (left to it), already finished by Go, or its own.
     claimed = sum(1 for rec in caplog.records if "was just claimed" in rec.getMessage())
     finished = int(c.metrics.get("recovery_duplicate_ack_total", 0))
-    print(f"GO-CLAIM-RACE {CONTESTED} contested recoveries: {by_go} by the Go consumer, {CONTESTED - by_go} by "
-          f"lbs; lbs's re-queue found {claimed} just claimed, {finished} finished; {len(twice)} ran twice")
+    print(
+        f"GO-CLAIM-RACE {CONTESTED} contested recoveries: {by_go} by the Go consumer, {CONTESTED - by_go} by "
+        f"lbs; lbs's re-queue found {claimed} just claimed, {finished} finished; {len(twice)} ran twice"
+    )
     assert twice == [] and sum(runs.values()) == CONTESTED
     assert claimed > 0  # contested: lbs went for streams the Go consumer had just claimed

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from lbs.embedded import RedisClusterServers, RedisServer, free_port, _ephemeral_floor
+from lbs.embedded import RedisClusterServers, RedisServer, _ephemeral_floor, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,7 +107,9 @@ def test_failed_start_is_a_clear_error() -> None:
         RedisServer(config={"no-such-option": "1"}).start()
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "how", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name
+)
 def test_killing_the_owner_midway_leaves_no_server(how: signal.Signals) -> None:
     # A child Python starts a server the way the fixtures do, reports its pid,
     # and is then killed; the server must not outlive it, however it dies.

@@ -17,6 +17,7 @@ from lbs.status import collect_status
 
 pytestmark = pytest.mark.timeout(120)
 
+
 @pytest.fixture
 def url(any_server: Any) -> str:
     """Each test runs on Redis 8.x, then on Debian's 7.0."""
@@ -27,19 +28,27 @@ CFG = dict(read_block=0.05, configure_keyspace_events=False, lock_ttl=2.0)
 
 
 def keyed_client(url: str, service: str, consumer: str = "c1", **kw: Any) -> lbs.Client:
-    return lbs.Client(url, service, consumer_id=consumer, config=lbs.Config(**{**CFG, **kw}),
-                      load_entrypoint_plugins=False)
+    return lbs.Client(
+        url,
+        service,
+        consumer_id=consumer,
+        config=lbs.Config(**{**CFG, **kw}),
+        load_entrypoint_plugins=False,
+    )
 
 
 async def leftovers(r: aioredis.Redis, service: str) -> list[bytes]:
     """Keys of the service besides the LBS and the bookkeeping every consumer keeps."""
     tag = _keys.hash_tag(service)
     found = [k async for k in r.scan_iter(match=f"*{tag}*")]
-    return sorted(k for k in found if k.decode().startswith((f"{tag}:k:", f"{tag}:m:", f"lock:{tag}")))
+    return sorted(
+        k for k in found if k.decode().startswith((f"{tag}:k:", f"{tag}:m:", f"lock:{tag}"))
+    )
 
 
-async def test_messages_of_each_key_are_processed_in_order_and_leave_nothing(url: str, service: str,
-                                                                                rr: aioredis.Redis) -> None:
+async def test_messages_of_each_key_are_processed_in_order_and_leave_nothing(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     seen: dict[str, list[int]] = defaultdict(list)
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([(f"t{k}", {"n": i}) for i in range(20) for k in range(5)])
@@ -86,7 +95,8 @@ async def _released(c: lbs.Client, n: int) -> bool:
 
 
 async def test_messages_that_come_while_a_drained_key_is_processed_follow_in_the_commits_reply(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """A short batch commits with "last:<n>" (nothing read behind it): what came meanwhile is in the
     commit's reply, handed over in order in the same hold, and the key is let go once drained."""
     seen: list[tuple[int, list[int]]] = []
@@ -97,7 +107,9 @@ async def test_messages_that_come_while_a_drained_key_is_processed_follow_in_the
         async def handle(batch: lbs.KeyedBatch) -> None:
             seen.append((batch.token, [int(m.fields["n"]) for m in batch.messages]))
             if len(seen) < 3:  # two more arrive while this batch is processed
-                await pub.publish_many([("t", {"n": 2 * len(seen) - 1}), ("t", {"n": 2 * len(seen)})])
+                await pub.publish_many(
+                    [("t", {"n": 2 * len(seen) - 1}), ("t", {"n": 2 * len(seen)})]
+                )
 
         runner = asyncio.create_task(c.run_keyed(handle, batch=5))
         await eventually(lambda: _released(c, 1))
@@ -108,7 +120,9 @@ async def test_messages_that_come_while_a_drained_key_is_processed_follow_in_the
     assert await rr.xlen(_keys.input_stream(service)) == 0 and await leftovers(rr, service) == []
 
 
-async def test_a_key_is_registered_once_while_registered(url: str, service: str, rr: aioredis.Redis) -> None:
+async def test_a_key_is_registered_once_while_registered(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     async with lbs.Publisher(url, service) as pub:
         await pub.publish("t1", {"n": 1})
         await pub.publish("t1", {"n": 2})
@@ -117,8 +131,9 @@ async def test_a_key_is_registered_once_while_registered(url: str, service: str,
     assert await rr.xlen(_keys.keyed_stream(service, "t1")) == 3
 
 
-async def test_a_message_published_while_the_holder_lets_go_is_never_stranded(url: str, service: str,
-                                                                               rr: aioredis.Redis) -> None:
+async def test_a_message_published_while_the_holder_lets_go_is_never_stranded(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """The publish/done race, hammered: a publisher and a finishing holder in parallel, many rounds."""
     got: list[int] = []
     c = keyed_client(url, service)
@@ -145,7 +160,8 @@ async def _is(a: int, b: int) -> bool:
 
 
 async def test_a_failing_message_is_retried_alone_then_dead_lettered_and_the_key_goes_on(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """A failed batch's effects are dropped and the batch comes again; the poison message, once it
     failed in more than max_retries holds, is dead-lettered, and the key goes on after it."""
     out = _keys.hash_tag(service) + ":out"
@@ -175,7 +191,8 @@ async def test_a_failing_message_is_retried_alone_then_dead_lettered_and_the_key
 
 
 async def test_a_keyed_dead_letter_replayed_is_published_again_to_its_key(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """lbs dlq replay of a keyed message: appended to its key (after what came since), the key
     registered again, the letter gone in the same transaction; the fixed handler processes it.
     With max_retries=0 the failed batch's first message, tried alone, is not dead-lettered."""
@@ -209,7 +226,9 @@ async def test_a_keyed_dead_letter_replayed_is_published_again_to_its_key(
     key, fields = seen[-1]
     assert key == "t" and fields["n"] == "bad" and fields["_replayed_from"] == letter.id
     assert fields["_replay_count"] == "1" and "failed in 2 holds" in fields["_last_reason"]
-    assert not {"_reason", "_key", "_failed_id", "_retry_count", "_consumer", "_traceback"} & set(fields)
+    assert not {"_reason", "_key", "_failed_id", "_retry_count", "_consumer", "_traceback"} & set(
+        fields
+    )
     assert await leftovers(rr, service) == []
 
 
@@ -231,21 +250,55 @@ async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredi
     ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "zombie", {stream: ">"})
     entry = entry.decode()
     await rr.set(lock_prefix + entry, "7:zombie", px=60_000)
-    (ours,) = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "7:zombie")
-    assert ours == [1, 1, b"", 0, 0, b""]  # ours, first try, nothing committed yet, no failure isolated
+    (ours,) = await rr.eval(
+        source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "7:zombie"
+    )
+    assert ours == [
+        1,
+        1,
+        b"",
+        0,
+        0,
+        b"",
+    ]  # ours, first try, nothing committed yet, no failure isolated
     first = (await rr.xrange(_keys.keyed_stream(service, "t"), count=1))[0][0].decode()
     await rr.delete(lock_prefix + entry)  # the lock expired: the zombie's hold is over
     out = _keys.hash_tag(service) + ":out"
-    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service),
-                               await _xackdel(rr), _keys.dead_letter_stream(service), "_", 3, "zombie",
-                               "t", entry, "7:zombie", first, "go", "{}", "", "", 1, out, 2, "n", "0")
+    (refused,) = await rr.eval(
+        source("commit-1"),
+        1,
+        stream,
+        prefix,
+        lock_prefix,
+        _keys.group_name(service),
+        await _xackdel(rr),
+        _keys.dead_letter_stream(service),
+        "_",
+        3,
+        "zombie",
+        "t",
+        entry,
+        "7:zombie",
+        first,
+        "go",
+        "{}",
+        "",
+        "",
+        1,
+        out,
+        2,
+        "n",
+        "0",
+    )
     assert refused == [2]
     assert await rr.hget(_keys.key_state(service, "t"), "pos") is None  # the position never moved
     assert await rr.xlen(_keys.keyed_stream(service, "t")) == 3
     assert await rr.exists(out) == 0  # and its effect was not written
 
 
-async def test_status_lists_held_keys_with_backlog_and_position(url: str, service: str, rr: aioredis.Redis) -> None:
+async def test_status_lists_held_keys_with_backlog_and_position(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     gate = asyncio.Event()
     first_batch = asyncio.Event()
 
@@ -266,7 +319,13 @@ async def test_status_lists_held_keys_with_backlog_and_position(url: str, servic
     await eventually(committed_once)
     st = await collect_status(url, service)
     (key,) = st.keys
-    assert (key.key, key.consumer, key.backlog, key.tries, key.holder) == ("busy", "redis-consumer-c1", 3, 1, True)
+    assert (key.key, key.consumer, key.backlog, key.tries, key.holder) == (
+        "busy",
+        "redis-consumer-c1",
+        3,
+        1,
+        True,
+    )
     assert (key.failures, key.isolating) == (0, False)
     assert key.position == ids[1]  # the first batch (messages 0 and 1) committed
     assert st.to_dict()["keys"][0]["key"] == "busy"
@@ -282,7 +341,8 @@ async def _is_set(event: asyncio.Event) -> bool:
 
 
 async def test_a_failed_batch_waits_out_the_retry_delay_and_a_publish_meanwhile_does_not_jump_it(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     seen: list[list[str]] = []
     c = keyed_client(url, service, retry_delay=2.0, retry_delay_max=2.0)
 
@@ -299,8 +359,10 @@ async def test_a_failed_batch_waits_out_the_retry_delay_and_a_publish_meanwhile_
         async def is_parked() -> bool:
             return await rr.xlen(parked) == 1 and await rr.xlen(_keys.input_stream(service)) == 0
 
-        await eventually(is_parked)  # parked for 1-2 s (jittered): the key is out of the LBS meanwhile
-        (parked_id, fields), = await rr.xrange(parked)
+        await eventually(
+            is_parked
+        )  # parked for 1-2 s (jittered): the key is out of the LBS meanwhile
+        ((parked_id, fields),) = await rr.xrange(parked)
         assert fields[b"lbs-keyed"] == b"1" and await rr.zcard(_keys.due_key(service)) == 1
         await pub.publish("t", {"n": 2})  # a registration in force: parked, so no new one
         assert await rr.xlen(_keys.input_stream(service)) == 0
@@ -308,12 +370,18 @@ async def test_a_failed_batch_waits_out_the_retry_delay_and_a_publish_meanwhile_
     await eventually(lambda: _released(c, 1), timeout=30)
     await c.close()
     await runner
-    assert seen == [["0", "1"], ["0"], ["1"], ["2"]]  # the failed batch one message at a time, then on
+    assert seen == [
+        ["0", "1"],
+        ["0"],
+        ["1"],
+        ["2"],
+    ]  # the failed batch one message at a time, then on
     assert await leftovers(rr, service) == []
 
 
-async def test_a_server_that_lost_its_scripts_gets_them_again(url: str, service: str, rr: aioredis.Redis,
-                                                               any_server: Any) -> None:
+async def test_a_server_that_lost_its_scripts_gets_them_again(
+    url: str, service: str, rr: aioredis.Redis, any_server: Any
+) -> None:
     """A restart or a failover empties the script cache: the commit that meets NOSCRIPT loads the
     scripts and goes again (its effects, written by the script, once)."""
     out = _keys.hash_tag(service) + ":out"
@@ -339,7 +407,8 @@ async def test_a_server_that_lost_its_scripts_gets_them_again(url: str, service:
 
 
 async def test_a_hot_key_yields_after_max_hold_messages_so_others_are_not_starved(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     order: list[tuple[str, int]] = []
     c = keyed_client(url, service)
 
@@ -360,12 +429,17 @@ async def test_a_hot_key_yields_after_max_hold_messages_so_others_are_not_starve
 
 
 async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """fetch-1 and commit-1 on a batch where one key's state or data stream is garbage: that key is
     refused with nothing of it written, the other key of the same call goes through."""
     from lbs._redis.scripts import source
 
-    stream, prefix, lock_prefix = _keys.input_stream(service), _keys.key_prefix(service), _keys.lock_key(service, "")
+    stream, prefix, lock_prefix = (
+        _keys.input_stream(service),
+        _keys.key_prefix(service),
+        _keys.lock_key(service, ""),
+    )
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([("good", {"n": 1}), ("bad", {"n": 1})])
     await rr.xgroup_create(stream, _keys.group_name(service), id="0")
@@ -375,17 +449,52 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
         await rr.set(lock_prefix + entry, "5:c", px=60_000)
     await rr.delete(_keys.key_state(service, "bad"))
     await rr.rpush(_keys.key_state(service, "bad"), "garbage")
-    out = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "good", good, "5:c", "bad", bad, "5:c")
-    assert out[0][0] == 1 and out[1] == [4, f"{_keys.key_state(service, 'bad')} holds a list".encode()]
+    out = await rr.eval(
+        source("fetch-1"),
+        1,
+        stream,
+        prefix,
+        lock_prefix,
+        10,
+        "good",
+        good,
+        "5:c",
+        "bad",
+        bad,
+        "5:c",
+    )
+    assert out[0][0] == 1 and out[1] == [
+        4,
+        f"{_keys.key_state(service, 'bad')} holds a list".encode(),
+    ]
     assert await rr.lrange(_keys.key_state(service, "bad"), 0, -1) == [b"garbage"]
     # The good key's data stream turns to garbage before its commit: refused, nothing of it written.
     first = (await rr.xrange(_keys.keyed_stream(service, "good")))[0][0].decode()
     await rr.delete(_keys.keyed_stream(service, "good"))
     await rr.rpush(_keys.keyed_stream(service, "good"), "garbage")
     before = await rr.hgetall(_keys.key_state(service, "good"))
-    (refused,) = await rr.eval(source("commit-1"), 1, stream, prefix, lock_prefix, _keys.group_name(service),
-                               await _xackdel(rr), _keys.dead_letter_stream(service), "_", 3, "c",
-                               "good", good, "5:c", first, "go", "{}", "", "", 0)
+    (refused,) = await rr.eval(
+        source("commit-1"),
+        1,
+        stream,
+        prefix,
+        lock_prefix,
+        _keys.group_name(service),
+        await _xackdel(rr),
+        _keys.dead_letter_stream(service),
+        "_",
+        3,
+        "c",
+        "good",
+        good,
+        "5:c",
+        first,
+        "go",
+        "{}",
+        "",
+        "",
+        0,
+    )
     assert refused == [2]
     assert await rr.hgetall(_keys.key_state(service, "good")) == before
     assert await rr.get(lock_prefix + good) == b"5:c"
@@ -410,7 +519,8 @@ def _id(entry_id: str) -> tuple[int, int]:
 
 
 async def test_ids_only_grow_and_no_effect_is_lost_when_a_key_is_published_as_soon_as_it_is_let_go(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """Each message is published the moment the key is let go (its data stream deleted), so many
     start a new data stream in the millisecond the old one ended: ids still grow, and every
     message's effect is written (an effect id built from a repeated message id was taken for the
@@ -429,7 +539,9 @@ async def test_ids_only_grow_and_no_effect_is_lost_when_a_key_is_published_as_so
         async with lbs.Publisher(url, service) as pub:
             for i in range(rounds):
                 ids.append(await pub.publish("hot", {"n": i}))
-                await c.wait_finished(i + 1, timeout=30)  # let go: the next one starts a new data stream
+                await c.wait_finished(
+                    i + 1, timeout=30
+                )  # let go: the next one starts a new data stream
     finally:
         await c.close()
         await runner
@@ -440,7 +552,8 @@ async def test_ids_only_grow_and_no_effect_is_lost_when_a_key_is_published_as_so
 
 
 async def test_a_key_published_in_the_millisecond_its_stream_was_deleted_starts_above_it(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """publish-1 starts a new data stream above the id floor commit-1 leaves (here set far ahead, as a
     let-go in the same millisecond or a clock step back would)."""
     floor_key = _keys.key_prefix(service) + "idfloor"
@@ -460,7 +573,8 @@ async def test_a_key_published_in_the_millisecond_its_stream_was_deleted_starts_
 
 @pytest.mark.parametrize("poison", [0, 4, 9])
 async def test_a_poison_message_costs_one_message_and_exactly_the_documented_holds(
-        url: str, service: str, rr: aioredis.Redis, poison: int) -> None:
+    url: str, service: str, rr: aioredis.Redis, poison: int
+) -> None:
     """15 messages, batches of 10, the message at ``poison`` always raises, max_retries 3: the first
     batch fails once; then each of its messages is tried alone: those before the poison succeed
     and are committed once, the poison fails alone 3 more times (1 + max_retries = 4 failing
@@ -485,11 +599,23 @@ async def test_a_poison_message_costs_one_message_and_exactly_the_documented_hol
     await drained(c, handle, batch=10)
     alone = [[n] for n in range(10) if n != poison]
     assert failing == 4
-    assert calls == [list(range(10)), *alone[:poison], [poison], [poison], [poison], *alone[poison:], [10, 11, 12, 13, 14]]
+    assert calls == [
+        list(range(10)),
+        *alone[:poison],
+        [poison],
+        [poison],
+        [poison],
+        *alone[poison:],
+        [10, 11, 12, 13, 14],
+    ]
     assert [int(f[b"n"]) for _, f in await rr.xrange(out)] == [n for n in range(15) if n != poison]
     (letter,) = await rr.xrange(_keys.dead_letter_stream(service))
     fields = letter[1]
-    assert fields[b"n"] == str(poison).encode() and fields[b"_key"] == b"t" and fields[b"_retry_count"] == b"3"
+    assert (
+        fields[b"n"] == str(poison).encode()
+        and fields[b"_key"] == b"t"
+        and fields[b"_retry_count"] == b"3"
+    )
     assert fields[b"_reason"] == f"failed in 4 holds; ValueError: poison {poison}".encode()
     assert fields[b"_consumer"] == b"redis-consumer-c1"
     assert b'raise ValueError(f"poison {poison}")' in fields[b"_traceback"]
@@ -498,7 +624,8 @@ async def test_a_poison_message_costs_one_message_and_exactly_the_documented_hol
 
 
 async def test_an_effect_that_cannot_be_written_fails_its_batch_instead_of_committing(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """Message 2's effect targets a key of the wrong type: its batch is refused whole (nothing written),
     isolated, and message 2 dead-lettered with the reason; every other effect is written once."""
     out, bad = _keys.hash_tag(service) + ":out", _keys.hash_tag(service) + ":bad"
@@ -516,16 +643,24 @@ async def test_an_effect_that_cannot_be_written_fails_its_batch_instead_of_commi
     assert await rr.lrange(bad, 0, -1) == [b"not a stream"]
     (letter,) = await rr.xrange(_keys.dead_letter_stream(service))
     assert letter[1][b"n"] == b"2"
-    assert letter[1][b"_reason"] == f"failed in 2 holds; an effect cannot be written: {bad} holds a list, not a stream".encode()
+    assert (
+        letter[1][b"_reason"]
+        == f"failed in 2 holds; an effect cannot be written: {bad} holds a list, not a stream".encode()
+    )
 
 
 async def test_a_commit_sent_again_after_its_reply_was_lost_writes_its_effects_once(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """commit-1 twice with the same step (a connection dropped after sending): the second finds the
     position moved already and writes no effect again; a failure sent twice is counted once."""
     from lbs._redis.scripts import source
 
-    stream, prefix, lock_prefix = _keys.input_stream(service), _keys.key_prefix(service), _keys.lock_key(service, "")
+    stream, prefix, lock_prefix = (
+        _keys.input_stream(service),
+        _keys.key_prefix(service),
+        _keys.lock_key(service, ""),
+    )
     out = _keys.hash_tag(service) + ":out"
     async with lbs.Publisher(url, service) as pub:
         ids = await pub.publish_many([("t", {"n": i}) for i in range(4)])
@@ -534,14 +669,33 @@ async def test_a_commit_sent_again_after_its_reply_was_lost_writes_its_effects_o
     entry = entry.decode()
     await rr.set(lock_prefix + entry, "5:c", px=60_000)
     await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "5:c")
-    head = (stream, prefix, lock_prefix, _keys.group_name(service), await _xackdel(rr),
-            _keys.dead_letter_stream(service), "_", 3, "c")
+    head = (
+        stream,
+        prefix,
+        lock_prefix,
+        _keys.group_name(service),
+        await _xackdel(rr),
+        _keys.dead_letter_stream(service),
+        "_",
+        3,
+        "c",
+    )
     go = ("t", entry, "5:c", ids[0], "go", "", "", "", 1, out, 2, "n", "0")
     for _ in range(2):
         (reply,) = await rr.eval(source("commit-1"), 1, *head, *go)
         assert reply == [1, 0, 0, b""]
     assert await rr.xlen(out) == 1
-    fail = ("t", entry, "5:c", "", f"fail:0:1:{ids[1]}:10", '{"DataStreamName":"t","Info":{}}', "E: x", "", 0)
+    fail = (
+        "t",
+        entry,
+        "5:c",
+        "",
+        f"fail:0:1:{ids[1]}:10",
+        '{"DataStreamName":"t","Info":{}}',
+        "E: x",
+        "",
+        0,
+    )
     (parked,) = await rr.eval(source("commit-1"), 1, *head, *fail)
     assert parked[0] == 6
     assert await rr.hget(_keys.key_state(service, "t"), "fails") == b"1"
@@ -551,13 +705,18 @@ async def test_a_commit_sent_again_after_its_reply_was_lost_writes_its_effects_o
 
 
 async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_message_is_alone(
-        url: str, service: str, rr: aioredis.Redis) -> None:
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """fetch-1 after holders that died without a commit: the first death takes the batch apart (until,
     unblamed); each later death, with one message in hand, is blamed on it (a crash-looping poison
     reaches the limit); a live holder's second registration is neither."""
     from lbs._redis.scripts import source
 
-    stream, prefix, lock_prefix = _keys.input_stream(service), _keys.key_prefix(service), _keys.lock_key(service, "")
+    stream, prefix, lock_prefix = (
+        _keys.input_stream(service),
+        _keys.key_prefix(service),
+        _keys.lock_key(service, ""),
+    )
     async with lbs.Publisher(url, service) as pub:
         ids = await pub.publish_many([("t", {"n": i}) for i in range(5)])
     await rr.xgroup_create(stream, _keys.group_name(service), id="0")
@@ -566,10 +725,14 @@ async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_messag
     async def hold(token: int) -> tuple[str, list[Any]]:
         if token > 1:
             await rr.xadd(stream, {"lbs-input": registration, "lbs-keyed": "1"})
-        ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "c", {stream: ">"}, count=1)
+        ((_, ((entry, _),)),) = await rr.xreadgroup(
+            _keys.group_name(service), "c", {stream: ">"}, count=1
+        )
         entry = entry.decode()
         await rr.set(lock_prefix + entry, f"{token}:c", px=60_000)
-        (reply,) = await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 3, "t", entry, f"{token}:c")
+        (reply,) = await rr.eval(
+            source("fetch-1"), 1, stream, prefix, lock_prefix, 3, "t", entry, f"{token}:c"
+        )
         await rr.delete(lock_prefix + entry)  # ... and the holder dies
         return entry, reply
 
@@ -583,7 +746,9 @@ async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_messag
     assert fourth == [1, 4, b"", 3, 0, ids[2].encode()]
 
 
-async def test_a_handler_cut_short_by_close_counts_no_failure(url: str, service: str, rr: aioredis.Redis) -> None:
+async def test_a_handler_cut_short_by_close_counts_no_failure(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     """close() cancels a running keyed handler (drain_timeout 0): its key is let go where it was, with
     nothing counted against its messages, and the next holder gets the whole batch as a first try."""
     started = asyncio.Event()
@@ -610,7 +775,9 @@ async def test_a_handler_cut_short_by_close_counts_no_failure(url: str, service:
     assert seen == [(0, [0, 1, 2, 3, 4])]
 
 
-async def test_status_shows_a_key_taken_apart_after_a_failure(url: str, service: str, rr: aioredis.Redis) -> None:
+async def test_status_shows_a_key_taken_apart_after_a_failure(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
     gate = asyncio.Event()
     calls: list[int] = []
 

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
-
 from _helpers import client, eventually, is_true, produce, take
+from redis.exceptions import ResponseError
 
 import lbs
 from lbs._keys import (
@@ -41,7 +40,9 @@ TTL = 60_000
 
 def reg(name: str, n: int = 0) -> dict[str, str]:
     """A registration of data stream ``name`` (``n`` tells registrations of one name apart)."""
-    return {"lbs-input": json.dumps({"DataStreamName": name, "Info": {"n": n}}, separators=(",", ":"))}
+    return {
+        "lbs-input": json.dumps({"DataStreamName": name, "Info": {"n": n}}, separators=(",", ":"))
+    }
 
 
 async def setup(r: aioredis.Redis, service: str, *regs: dict[str, str]) -> list[str]:
@@ -49,34 +50,97 @@ async def setup(r: aioredis.Redis, service: str, *regs: dict[str, str]) -> list[
     return [(await r.xadd(input_stream(service), f)).decode() for f in regs]
 
 
-async def read(r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10) -> tuple[list[str], list[Any]]:
+async def read(
+    r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10
+) -> tuple[list[str], list[Any]]:
     """One read-3.lua call with names locked: (entry ids, tokens)."""
-    entries, tokens, _ = await r.eval(source("read-3"), 3, input_stream(service), fence_key(service),
-                                      consumers_key(service), group_name(service), consumer, count, TTL,
-                                      lock_key(service, ""), ">", "", consumer, "", "", "", key_prefix(service))
-    return [e[0].decode() for e in entries], [t.decode() if isinstance(t, bytes) else t for t in tokens]
+    entries, tokens, _ = await r.eval(
+        source("read-3"),
+        3,
+        input_stream(service),
+        fence_key(service),
+        consumers_key(service),
+        group_name(service),
+        consumer,
+        count,
+        TTL,
+        lock_key(service, ""),
+        ">",
+        "",
+        consumer,
+        "",
+        "",
+        "",
+        key_prefix(service),
+    )
+    return [e[0].decode() for e in entries], [
+        t.decode() if isinstance(t, bytes) else t for t in tokens
+    ]
 
 
 async def done(r: aioredis.Redis, service: str, held: list[tuple[str, int, str]]) -> list[int]:
     """One done-n.lua call over (entry id, token, name) held by c1."""
     keys = [input_stream(service)] + [lock_key(service, i) for i, _, _ in held]
-    args = [group_name(service), "0", "0", key_prefix(service), "",
-            *(f"{t}:c1" for _, t, _ in held), *(i for i, _, _ in held), *(n for _, _, n in held)]
+    args = [
+        group_name(service),
+        "0",
+        "0",
+        key_prefix(service),
+        "",
+        *(f"{t}:c1" for _, t, _ in held),
+        *(i for i, _, _ in held),
+        *(n for _, _, n in held),
+    ]
     return await r.eval(source("done-n"), len(keys), *keys, *args)
 
 
 async def requeue(r: aioredis.Redis, service: str, entry_id: str, value: str) -> list[Any]:
-    keys = [input_stream(service), f"{{{input_stream(service)}}}:dlq", lock_key(service, entry_id),
-            f"{{{input_stream(service)}}}:delayed", f"{{{input_stream(service)}}}:due"]
-    args = [group_name(service), entry_id, "owned", value, "1", "5", "_retry_count", "_original_id", "boom", "c1",
-            "0", "1", "_", 0, 0, 1.0, "", "", "", "", key_prefix(service)]
+    keys = [
+        input_stream(service),
+        f"{{{input_stream(service)}}}:dlq",
+        lock_key(service, entry_id),
+        f"{{{input_stream(service)}}}:delayed",
+        f"{{{input_stream(service)}}}:due",
+    ]
+    args = [
+        group_name(service),
+        entry_id,
+        "owned",
+        value,
+        "1",
+        "5",
+        "_retry_count",
+        "_original_id",
+        "boom",
+        "c1",
+        "0",
+        "1",
+        "_",
+        0,
+        0,
+        1.0,
+        "",
+        "",
+        "",
+        "",
+        key_prefix(service),
+    ]
     return await r.eval(source("requeue-6"), 5, *keys, *args)
 
 
 async def promote(r: aioredis.Redis, service: str) -> list[int]:
     p = f"{{{input_stream(service)}}}:"
-    return await r.eval(source("promote-4"), 4, p + "due", p + "delayed", input_stream(service),
-                        waiting_key(service), 100, group_name(service), key_prefix(service))
+    return await r.eval(
+        source("promote-4"),
+        4,
+        p + "due",
+        p + "delayed",
+        input_stream(service),
+        waiting_key(service),
+        100,
+        group_name(service),
+        key_prefix(service),
+    )
 
 
 async def fields_of(r: aioredis.Redis, service: str, entry_id: str) -> dict[str, str]:
@@ -95,8 +159,10 @@ async def pending_ids(r: aioredis.Redis, service: str) -> list[str]:
 
 # -- the scripts ----------------------------------------------------------------
 
+
 async def test_a_second_registration_waits_and_comes_back_when_the_holder_is_done(
-        rr: aioredis.Redis, service: str) -> None:
+    rr: aioredis.Redis, service: str
+) -> None:
     a1, b1, a2, a3 = await setup(rr, service, reg("a", 1), reg("b"), reg("a", 2), reg("a", 3))
     ids, tokens = await read(rr, service)
     assert ids == [a1, b1, a2, a3]
@@ -104,7 +170,9 @@ async def test_a_second_registration_waits_and_comes_back_when_the_holder_is_don
     assert tokens[2:] == [f"WAIT {a1}", f"WAIT {a1}"]
     assert not await rr.exists(lock_key(service, a2), lock_key(service, a3))
     assert await pending_ids(rr, service) == [a1, b1]  # the waiters are acked ...
-    assert await fields_of(rr, service, a2) == reg("a", 2)  # ... and kept in the LBS as their record
+    assert await fields_of(rr, service, a2) == reg(
+        "a", 2
+    )  # ... and kept in the LBS as their record
     assert [i.decode() for i in await rr.lrange(waiting_list(service, "a"), 0, -1)] == [a2, a3]
     assert await rr.get(name_holder(service, "a")) == f"{a1}+".encode()
     assert await rr.get(name_holder(service, "b")) == b1.encode()
@@ -112,7 +180,7 @@ async def test_a_second_registration_waits_and_comes_back_when_the_holder_is_don
     assert await done(rr, service, [(a1, tokens[0], "a"), (b1, tokens[1], "b")]) == [1, 1]
     assert not await rr.exists(name_holder(service, "b"))
     # The oldest waiter is back as a fresh entry, its fields unchanged (no retry counted).
-    (back, fields), = await rr.xrange(input_stream(service), f"({a3}", "+")
+    ((back, fields),) = await rr.xrange(input_stream(service), f"({a3}", "+")
     assert decoded(fields) == reg("a", 2) and not await fields_of(rr, service, a2)
     assert await rr.get(name_holder(service, "a")) == f"+{back.decode()}".encode()
     ids, tokens = await read(rr, service)
@@ -125,7 +193,9 @@ async def test_a_second_registration_waits_and_comes_back_when_the_holder_is_don
     ids, tokens = await read(rr, service)
     assert len(ids) == 1 and await fields_of(rr, service, ids[0]) == reg("a", 3)
     assert await done(rr, service, [(ids[0], tokens[0], "a")]) == [1]
-    assert not await rr.exists(name_holder(service, "a"), waiting_list(service, "a"), waiting_key(service))
+    assert not await rr.exists(
+        name_holder(service, "a"), waiting_list(service, "a"), waiting_key(service)
+    )
     assert await rr.xlen(input_stream(service)) == 0
 
 
@@ -134,13 +204,18 @@ async def msetnx_calls(r: aioredis.Redis) -> int:
 
 
 async def test_a_batch_of_free_names_takes_them_in_one_call_and_a_held_one_falls_back_per_entry(
-        rr: aioredis.Redis, service: str) -> None:
+    rr: aioredis.Redis, service: str
+) -> None:
     await rr.config_resetstat()
     a1, b1, c1 = await setup(rr, service, reg("a"), reg("b"), reg("c"))
     ids, tokens = await read(rr, service)
     assert ids == [a1, b1, c1] and all(isinstance(t, int) for t in tokens)
     assert await msetnx_calls(rr) == 1  # every name at once
-    assert await rr.mget([name_holder(service, n) for n in "abc"]) == [a1.encode(), b1.encode(), c1.encode()]
+    assert await rr.mget([name_holder(service, n) for n in "abc"]) == [
+        a1.encode(),
+        b1.encode(),
+        c1.encode(),
+    ]
     # "a" is held: the one MSETNX sets nothing, and each entry is taken on its own.
     a2 = (await rr.xadd(input_stream(service), reg("a", 2))).decode()
     d1 = (await rr.xadd(input_stream(service), reg("d"))).decode()
@@ -163,9 +238,13 @@ async def test_tokens_of_one_name_grow_across_its_holds(rr: aioredis.Redis, serv
     assert tokens == sorted(set(tokens))
 
 
-async def test_a_name_whose_holder_is_no_longer_pending_is_taken_over(rr: aioredis.Redis, service: str) -> None:
+async def test_a_name_whose_holder_is_no_longer_pending_is_taken_over(
+    rr: aioredis.Redis, service: str
+) -> None:
     a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
-    await rr.set(name_holder(service, "a"), "1-1+")  # a holder gone without releasing it; waiters marked
+    await rr.set(
+        name_holder(service, "a"), "1-1+"
+    )  # a holder gone without releasing it; waiters marked
     ids, tokens = await read(rr, service, count=1)
     assert ids == [a1] and isinstance(tokens[0], int)
     assert await rr.get(name_holder(service, "a")) == f"{a1}+".encode()  # the mark is kept
@@ -174,7 +253,8 @@ async def test_a_name_whose_holder_is_no_longer_pending_is_taken_over(rr: aiored
 
 
 async def test_requeue_releases_the_name_and_puts_the_waiter_back_after_the_copy(
-        rr: aioredis.Redis, service: str) -> None:
+    rr: aioredis.Redis, service: str
+) -> None:
     a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
     _, tokens = await read(rr, service)
     out = await requeue(rr, service, a1, f"{tokens[0]}:c1")
@@ -187,7 +267,9 @@ async def test_requeue_releases_the_name_and_puts_the_waiter_back_after_the_copy
     assert tokens[0] > 0 and tokens[1] == f"WAIT {copy.decode()}"
 
 
-async def test_the_sweep_puts_back_waiters_of_a_holder_that_vanished(rr: aioredis.Redis, service: str) -> None:
+async def test_the_sweep_puts_back_waiters_of_a_holder_that_vanished(
+    rr: aioredis.Redis, service: str
+) -> None:
     a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
     await read(rr, service)
     score = await rr.zscore(waiting_key(service), "a")
@@ -199,17 +281,21 @@ async def test_the_sweep_puts_back_waiters_of_a_holder_that_vanished(rr: aioredi
     await rr.xdel(input_stream(service), a1)
     await rr.zadd(waiting_key(service), {"a": 0})
     assert (await promote(rr, service))[4] == 1
-    (back, fields), = await rr.xrange(input_stream(service), f"({a2}", "+")
+    ((back, fields),) = await rr.xrange(input_stream(service), f"({a2}", "+")
     assert decoded(fields) == reg("a", 2)
     assert not await rr.exists(name_holder(service, "a"), waiting_key(service))
 
 
-async def test_name_keys_of_another_type_touch_nothing_of_the_name(rr: aioredis.Redis, service: str) -> None:
-    a1, = await setup(rr, service, reg("a", 1))
+async def test_name_keys_of_another_type_touch_nothing_of_the_name(
+    rr: aioredis.Redis, service: str
+) -> None:
+    (a1,) = await setup(rr, service, reg("a", 1))
     await rr.hset(name_holder(service, "a"), "x", "1")
     ids, tokens = await read(rr, service)
     assert tokens == [f"WRONGTYPE hash {name_holder(service, 'a')}"]
-    assert await pending_ids(rr, service) == [a1]  # left pending: the scan brings it back once fixed
+    assert await pending_ids(rr, service) == [
+        a1
+    ]  # left pending: the scan brings it back once fixed
     assert not await rr.exists(lock_key(service, a1), waiting_list(service, "a"))
 
     await rr.delete(name_holder(service, "a"))
@@ -221,17 +307,21 @@ async def test_name_keys_of_another_type_touch_nothing_of_the_name(rr: aioredis.
 
 
 async def test_a_waiting_list_of_another_type_leaves_the_second_registration_pending(
-        rr: aioredis.Redis, service: str) -> None:
+    rr: aioredis.Redis, service: str
+) -> None:
     a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
     await rr.hset(waiting_list(service, "a"), "x", "1")
     ids, tokens = await read(rr, service)
-    assert isinstance(tokens[0], int) and tokens[1] == f"WRONGTYPE hash {waiting_list(service, 'a')}"
+    assert (
+        isinstance(tokens[0], int) and tokens[1] == f"WRONGTYPE hash {waiting_list(service, 'a')}"
+    )
     assert await pending_ids(rr, service) == [a1, a2]
     assert await rr.get(name_holder(service, "a")) == a1.encode()  # no waiter recorded
     assert not await rr.exists(lock_key(service, a2))
 
 
 # -- clients -----------------------------------------------------------------------
+
 
 class Audit:
     """Handlers of one name that run at the same time, and every registration run."""
@@ -281,21 +371,27 @@ async def test_two_consumers_never_run_one_name_at_once(redis_server: Any, servi
 
 
 async def test_the_notification_api_gets_a_second_registration_only_after_done(
-        redis_server: Any, service: str) -> None:
+    redis_server: Any, service: str
+) -> None:
     await produce(redis_server.url, service, "solo", "solo")
     async with client(redis_server.url, service) as c:
-        first, = await take(c, 1)
+        (first,) = await take(c, 1)
         # The second registration is read (and parked), not delivered.
         await eventually(lambda: is_true(c.metrics.get("streams_waiting_total") == 1))
         assert c.drain_notifications() == []
         assert c.held == 1
         await c.done_stream(first.stream, first.entry_id)
-        second, = await take(c, 1)
-        assert second.stream == "solo" and second.entry_id != first.entry_id and second.retry_count == 0
+        (second,) = await take(c, 1)
+        assert (
+            second.stream == "solo"
+            and second.entry_id != first.entry_id
+            and second.retry_count == 0
+        )
 
 
 async def test_waiting_registrations_are_not_reported_as_skipped_by_the_group(
-        redis_server: Any, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: Any, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Waiters are acked and kept in the LBS, below the group's last-delivered id: a consumer starting
     then must not count them as entries no consumer will ever read (the Go client's ``$`` group)."""
     await produce(redis_server.url, service, "solo", "solo", "solo")

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-
 from _helpers import produce
 
 import lbs
@@ -24,8 +23,9 @@ def test_the_default_drain_leaves_time_for_the_hand_back_within_a_pods_grace() -
     assert 0 < drain <= K8S_GRACE - 5
 
 
-async def test_close_lets_a_running_handler_finish_under_the_defaults(redis_server: Any, r: aioredis.Redis,
-                                                                        service: str) -> None:
+async def test_close_lets_a_running_handler_finish_under_the_defaults(
+    redis_server: Any, r: aioredis.Redis, service: str
+) -> None:
     started, finished = asyncio.Event(), asyncio.Event()
 
     async def handler(note: lbs.Notification) -> None:
@@ -34,8 +34,13 @@ async def test_close_lets_a_running_handler_finish_under_the_defaults(redis_serv
         finished.set()
 
     (entry_id,) = await produce(redis_server.url, service, "s")
-    c = lbs.Client(redis_server.url, service, consumer_id="c1", config=lbs.Config(read_block=0.1),
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        redis_server.url,
+        service,
+        consumer_id="c1",
+        config=lbs.Config(read_block=0.1),
+        load_entrypoint_plugins=False,
+    )
     run = asyncio.create_task(c.run(handler))
     await asyncio.wait_for(started.wait(), 20)
     await c.close()

@@ -25,7 +25,8 @@ FIXTURE = Path(__file__).parent.parent / "fixtures" / "lbs-tiny-plugin"
 
 
 async def test_a_raising_plugin_is_logged_by_name_and_the_others_still_hear(
-        redis_server: Any, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    redis_server: Any, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
     heard: list[str] = []
 
     class Broken:
@@ -42,8 +43,14 @@ async def test_a_raising_plugin_is_logged_by_name_and_the_others_still_hear(
     # Listener registered first, so pluggy's order calls Broken first: the
     # failure must not stop the call from reaching Listener.
     broken = Broken()
-    c = lbs.Client(redis_server.url, service, "c", lbs.Config(read_block=0.1), load_entrypoint_plugins=False,
-                   plugins=[Listener(), broken])
+    c = lbs.Client(
+        redis_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1),
+        load_entrypoint_plugins=False,
+        plugins=[Listener(), broken],
+    )
     broken_name = c.pm.get_name(broken)
     assert broken_name
     caplog.set_level(logging.ERROR, logger="lbs")
@@ -54,7 +61,11 @@ async def test_a_raising_plugin_is_logged_by_name_and_the_others_still_hear(
         assert [await c.done_stream(n.stream) for n in notes] == [lbs.DoneStatus.DONE] * 3
     finally:
         await c.close()
-    failures = [r.getMessage() for r in caplog.records if "raised in hook lbs_lock_acquired" in r.getMessage()]
+    failures = [
+        r.getMessage()
+        for r in caplog.records
+        if "raised in hook lbs_lock_acquired" in r.getMessage()
+    ]
     assert len(failures) == 3
     assert all(repr(broken_name) in m for m in failures)
 
@@ -67,6 +78,7 @@ async def test_run_takes_its_handler_from_a_plugin(redis_server: Any, service: s
         def lbs_handler(self, client: lbs.Client) -> Any:
             async def handle(note: lbs.Notification) -> None:
                 handled.append(note.stream)
+
             return handle
 
     class Declines:
@@ -75,8 +87,14 @@ async def test_run_takes_its_handler_from_a_plugin(redis_server: Any, service: s
             return None  # lets the next plugin answer
 
     await produce(redis_server.url, service, "x", "y")
-    c = lbs.Client(redis_server.url, service, "c", lbs.Config(read_block=0.1), load_entrypoint_plugins=False,
-                   plugins=[Provider(), Declines()])
+    c = lbs.Client(
+        redis_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1),
+        load_entrypoint_plugins=False,
+        plugins=[Provider(), Declines()],
+    )
     runner = asyncio.create_task(c.run())
     await c.wait_finished(2)
     await c.close()
@@ -90,7 +108,8 @@ async def test_run_takes_its_handler_from_a_plugin(redis_server: Any, service: s
 
 
 async def test_stream_expired_tells_plugins_which_path_recovered_it(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     seen: list[tuple[str, int, str]] = []
 
     class Watcher:
@@ -101,10 +120,18 @@ async def test_stream_expired_tells_plugins_which_path_recovered_it(
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     await r.xgroup_create(stream, group, id="0", mkstream=True)
     await produce(redis_server.url, service, "orphan")
-    await r.xreadgroup(group, "redis-consumer-gone", {stream: ">"}, count=1)  # pending, never locked
+    await r.xreadgroup(
+        group, "redis-consumer-gone", {stream: ">"}, count=1
+    )  # pending, never locked
     entry_id = (await r.xpending_range(stream, group, "-", "+", 1))[0]["message_id"].decode()
-    c = lbs.Client(redis_server.url, service, "c", lbs.Config(read_block=0.1, recovery=False),
-                   load_entrypoint_plugins=False, plugins=[Watcher()])
+    c = lbs.Client(
+        redis_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1, recovery=False),
+        load_entrypoint_plugins=False,
+        plugins=[Watcher()],
+    )
     try:
         assert await c.claim(entry_id) is True
     finally:
@@ -157,7 +184,9 @@ async def test_batched_hooks_hear_a_read_and_a_finish_once(redis_server: Any, se
     assert heard.each_started == names and heard.each_released == names
 
 
-async def test_batched_hooks_under_run_cover_every_stream_once(redis_server: Any, service: str) -> None:
+async def test_batched_hooks_under_run_cover_every_stream_once(
+    redis_server: Any, service: str
+) -> None:
     names = [f"s{i}" for i in range(30)]
     await produce(redis_server.url, service, *names)
     heard = Batched()
@@ -173,7 +202,9 @@ async def test_batched_hooks_under_run_cover_every_stream_once(redis_server: Any
         await c.close()
         await runner
     started = [s for batch in heard.started for s in batch]
-    released = [s for batch in heard.released for s, status in batch if status is lbs.DoneStatus.DONE]
+    released = [
+        s for batch in heard.released for s, status in batch if status is lbs.DoneStatus.DONE
+    ]
     assert sorted(started) == sorted(released) == sorted(names)
     assert len(heard.started) < 30 and len(heard.released) < 30  # batched, not per stream
 
@@ -183,6 +214,7 @@ async def test_batched_hooks_under_run_cover_every_stream_once(redis_server: Any
 # Client.start() runs it every Config.metrics_interval; here it is driven by hand
 # on a client that is not started, against real servers (8.x, and 7.0's fallbacks).
 
+
 async def _lbs_with_group(r: aioredis.Redis, url: str, service: str, n: int) -> list[str]:
     """``n`` entries in the LBS and the group, nothing delivered yet; their ids."""
     ids = await produce(url, service, *(f"s{i}" for i in range(n)))
@@ -190,12 +222,16 @@ async def _lbs_with_group(r: aioredis.Redis, url: str, service: str, n: int) -> 
     return ids
 
 
-async def test_observer_samples_backlog_pending_and_dead_letters(any_server: Any, service: str) -> None:
+async def test_observer_samples_backlog_pending_and_dead_letters(
+    any_server: Any, service: str
+) -> None:
     r = aioredis.Redis.from_url(any_server.url)
     c = client(any_server.url, service)
     try:
         await _lbs_with_group(r, any_server.url, service, 5)
-        await r.xreadgroup(lbs.group_name(service), "someone", {lbs.input_stream(service): ">"}, count=2)
+        await r.xreadgroup(
+            lbs.group_name(service), "someone", {lbs.input_stream(service): ">"}, count=2
+        )
         await r.xadd(lbs.dead_letter_stream(service), {"_reason": "test"})
         assert await Observer(c._state).sample()
         assert c.metrics.get("backlog_depth") == 3
@@ -212,8 +248,12 @@ async def test_observer_counts_the_backlog_when_redis_cannot(any_server: Any, se
     c = client(any_server.url, service, dead_letter_stream="")
     try:
         ids = await _lbs_with_group(r, any_server.url, service, 4)
-        await r.xreadgroup(lbs.group_name(service), "someone", {lbs.input_stream(service): ">"}, count=1)
-        await r.xdel(lbs.input_stream(service), ids[2])  # a deleted entry after the last delivered one ...
+        await r.xreadgroup(
+            lbs.group_name(service), "someone", {lbs.input_stream(service): ">"}, count=1
+        )
+        await r.xdel(
+            lbs.input_stream(service), ids[2]
+        )  # a deleted entry after the last delivered one ...
         (group,) = await r.xinfo_groups(lbs.input_stream(service))
         assert group.get("lag") is None  # ... so Redis cannot count the lag
         assert await Observer(c._state).sample()
@@ -225,26 +265,39 @@ async def test_observer_counts_the_backlog_when_redis_cannot(any_server: Any, se
         await r.aclose()
 
 
-async def test_observer_before_the_lbs_exists_reports_empty_queues(redis_server: Any, service: str) -> None:
+async def test_observer_before_the_lbs_exists_reports_empty_queues(
+    redis_server: Any, service: str
+) -> None:
     c = client(redis_server.url, service)
     try:
         assert await Observer(c._state).sample()
-        assert (c.metrics.get("backlog_depth"), c.metrics.get("pel_depth"), c.metrics.get("dead_letter_depth")) == (
-            0, 0, 0)
+        assert (
+            c.metrics.get("backlog_depth"),
+            c.metrics.get("pel_depth"),
+            c.metrics.get("dead_letter_depth"),
+        ) == (0, 0, 0)
     finally:
         await c.close()
 
 
-async def test_observer_failures_are_logged_at_debug_and_retried(caplog: pytest.LogCaptureFixture,
-                                                                 service: str) -> None:
+async def test_observer_failures_are_logged_at_debug_and_retried(
+    caplog: pytest.LogCaptureFixture, service: str
+) -> None:
     c = client("redis://127.0.0.1:1", service, metrics_interval=0.01)  # nothing listens there
     observer = Observer(c._state)
     try:
         with caplog.at_level(logging.DEBUG, logger="lbs"):
             assert not await observer.sample()
             observer.start()
-            await eventually(lambda: is_true(sum("sampling the queue lengths failed" in r.getMessage()
-                                                 for r in caplog.records) >= 3))
+            await eventually(
+                lambda: is_true(
+                    sum(
+                        "sampling the queue lengths failed" in r.getMessage()
+                        for r in caplog.records
+                    )
+                    >= 3
+                )
+            )
             assert observer.task is not None and not observer.task.done()  # never fatal: it goes on
             await observer.stop()
     finally:
@@ -253,7 +306,9 @@ async def test_observer_failures_are_logged_at_debug_and_retried(caplog: pytest.
     assert "backlog_depth" not in c.metrics
 
 
-async def test_observer_samples_every_interval_until_stopped(redis_server: Any, service: str) -> None:
+async def test_observer_samples_every_interval_until_stopped(
+    redis_server: Any, service: str
+) -> None:
     r = aioredis.Redis.from_url(redis_server.url)
     c = client(redis_server.url, service, metrics_interval=0.01)
     try:
@@ -299,23 +354,48 @@ CONSUMER = textwrap.dedent(
 def tiny_plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fixture plugin, pip-installed into a directory of its own (not the test venv)."""
     target = tmp_path_factory.mktemp("tiny-plugin")
-    source = shutil.copytree(FIXTURE, tmp_path_factory.mktemp("tiny-plugin-src") / "src")  # builds write in-tree
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
-                    "--target", str(target), str(source)], check=True)
+    source = shutil.copytree(
+        FIXTURE, tmp_path_factory.mktemp("tiny-plugin-src") / "src"
+    )  # builds write in-tree
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-build-isolation",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+    )
     return target
 
 
 @pytest.mark.parametrize("disabled", [False, True], ids=["enabled", "disabled"])
 async def test_an_installed_plugin_is_discovered_called_and_can_be_disabled(
-        redis_server: Any, service: str, tiny_plugin_path: Path, tmp_path: Path, disabled: bool) -> None:
+    redis_server: Any, service: str, tiny_plugin_path: Path, tmp_path: Path, disabled: bool
+) -> None:
     log = tmp_path / "events.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "LBS_LOAD_PLUGINS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tiny_plugin_path), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(tiny_plugin_path), env.get("PYTHONPATH")])
+    )
     env["LBS_TINY_PLUGIN_LOG"] = str(log)
     await produce(redis_server.url, service, "work")
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CONSUMER, redis_server.url, service, "tiny" if disabled else "",
-        env=env, stdout=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-c",
+        CONSUMER,
+        redis_server.url,
+        service,
+        "tiny" if disabled else "",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0
     names = json.loads(out.decode().splitlines()[0])
@@ -337,8 +417,9 @@ class _Refuses:
 
 
 @pytest.mark.parametrize("keyed", [False, True])
-async def test_a_run_that_fails_at_start_makes_every_waiter_raise(redis_server: Any, service: str, keyed: bool,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_run_that_fails_at_start_makes_every_waiter_raise(
+    redis_server: Any, service: str, keyed: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """No silent death: run() (or run_keyed()) dies at start; wait_finished() and the notifications raise its
     error at once (they waited forever before), and the log has it with its traceback."""
     c = client(redis_server.url, service, plugins=[_Refuses()])
@@ -358,7 +439,11 @@ async def test_a_run_that_fails_at_start_makes_every_waiter_raise(redis_server: 
         with pytest.raises(lbs.ConfigurationError):
             await worker
         failed = [r for r in caplog.records if "run() failed" in r.getMessage()]
-        assert failed and failed[0].levelname == "ERROR" and "refuses the server" in failed[0].getMessage()
+        assert (
+            failed
+            and failed[0].levelname == "ERROR"
+            and "refuses the server" in failed[0].getMessage()
+        )
     finally:
         await c.close()
         if not worker.done():

@@ -42,13 +42,17 @@ CONSUMER = textwrap.dedent(
 )
 
 
-async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(any_server: Any, service: str,
-                                                                            rr: aioredis.Redis) -> None:
+async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     ttl = 0.5
     r = rr  # closed by the fixture, even when an assertion fails
     await lbs.Producer(r, service).add_stream("slow")
-    with subprocess.Popen([sys.executable, "-c", CONSUMER, any_server.url, service, str(ttl)],
-                          stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        [sys.executable, "-c", CONSUMER, any_server.url, service, str(ttl)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
         try:
             added = await next_line(proc, timeout=15)
             assert added["type"] == "STREAM_ADDED" and added["stream"] == "slow"
@@ -62,7 +66,11 @@ async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(an
             await eventually(lock_gone, timeout=ttl * 20)
             os.kill(proc.pid, signal.SIGCONT)
             disowned = await next_line(proc, timeout=15)
-            assert disowned == {"type": "STREAM_DISOWNED", "stream": "slow", "token": added["token"]}
+            assert disowned == {
+                "type": "STREAM_DISOWNED",
+                "stream": "slow",
+                "token": added["token"],
+            }
             done = await next_line(proc, timeout=15)
             assert proc.wait(timeout=15) == 0
         finally:

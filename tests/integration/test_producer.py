@@ -12,11 +12,10 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
+from _helpers import client, eventually, take
 
 import lbs
 from lbs.embedded import RedisServer
-
-from _helpers import client, eventually, take
 
 
 async def test_add_stream_writes_one_lbs_entry(r: aioredis.Redis, service: str) -> None:
@@ -28,10 +27,14 @@ async def test_add_stream_writes_one_lbs_entry(r: aioredis.Redis, service: str) 
     ]
 
 
-async def test_add_streams_is_one_round_trip_and_keeps_order(r: aioredis.Redis, service: str) -> None:
+async def test_add_streams_is_one_round_trip_and_keeps_order(
+    r: aioredis.Redis, service: str
+) -> None:
     producer = lbs.Producer(r, service)
     names = [f"s{i}" for i in range(50)]
-    ids = await producer.add_streams([names[0], *((n, {"i": i}) for i, n in enumerate(names[1:], 1))])
+    ids = await producer.add_streams(
+        [names[0], *((n, {"i": i}) for i, n in enumerate(names[1:], 1))]
+    )
     assert len(ids) == 50 and ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
     entries = await r.xrange(lbs.input_stream(service))
     decoded = [json.loads(f[b"lbs-input"])["DataStreamName"] for _, f in entries]
@@ -74,42 +77,54 @@ async def test_producer_works_on_redis7(redis7_server, service: str) -> None:  #
 
 # -- bad input is refused at the producer, before anything is sent -------------------------------
 
+
 def _payload_of_size(size: int, name: str = "big") -> dict[str, str]:
     """An Info whose lbs-input value for stream ``name`` is exactly ``size`` bytes."""
     base = len(lbs.encode_input(name, {"p": ""}))
     return {"p": "a" * (size - base)}
 
 
-async def test_a_value_over_max_input_bytes_is_refused_and_nothing_is_written(r: aioredis.Redis, service: str) -> None:
+async def test_a_value_over_max_input_bytes_is_refused_and_nothing_is_written(
+    r: aioredis.Redis, service: str
+) -> None:
     info = _payload_of_size(65_537)
     assert len(lbs.encode_input("big", info)) == 65_537
     producer = lbs.Producer(r, service)
     with pytest.raises(lbs.InvalidInputError, match="65537 bytes, more than the limit of 65536"):
         await producer.add_stream("big", info)
-    with pytest.raises(lbs.InvalidInputError, match="entry 1: .*65537 bytes, more than the limit of 65536"):
+    with pytest.raises(
+        lbs.InvalidInputError, match="entry 1: .*65537 bytes, more than the limit of 65536"
+    ):
         await producer.add_streams(["ok", ("big", info), "also-ok"])
     assert await r.xlen(lbs.input_stream(service)) == 0
 
 
 async def test_a_value_at_max_input_bytes_is_sent_and_taken_without_dead_lettering(
-        redis_server, r: aioredis.Redis, service: str) -> None:  # type: ignore[no-untyped-def]
+    redis_server, r: aioredis.Redis, service: str
+) -> None:  # type: ignore[no-untyped-def]
     at_limit, at_limit_2 = _payload_of_size(65_536), _payload_of_size(65_536, "big-2")
     async with lbs.Producer(r, service) as producer:  # both calls
         await producer.add_stream("big", at_limit)
         await producer.add_streams([("big-2", at_limit_2)])
-    assert [len(f[b"lbs-input"]) for _, f in await r.xrange(lbs.input_stream(service))] == [65_536] * 2
+    assert [len(f[b"lbs-input"]) for _, f in await r.xrange(lbs.input_stream(service))] == [
+        65_536
+    ] * 2
     c = client(redis_server.url, service)
     try:
         await c.start()
         notes = await take(c, 2)
-        assert sorted((n.stream, n.info) for n in notes) == [("big", at_limit), ("big-2", at_limit_2)]
+        assert sorted((n.stream, n.info) for n in notes) == [
+            ("big", at_limit),
+            ("big-2", at_limit_2),
+        ]
         assert await r.exists(lbs.dead_letter_stream(service)) == 0
     finally:
         await c.close()
 
 
 async def test_one_byte_more_than_the_producer_sends_is_what_a_consumer_dead_letters(
-        redis_server, r: aioredis.Redis, service: str) -> None:  # type: ignore[no-untyped-def]
+    redis_server, r: aioredis.Redis, service: str
+) -> None:  # type: ignore[no-untyped-def]
     # The producer's line and the consumer's are the same byte: 65,537 written
     # behind the producer's back is dead-lettered for its size.
     over = lbs.encode_input("big", _payload_of_size(65_537))
@@ -130,7 +145,9 @@ async def _is(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
 
 
-async def test_a_smaller_max_input_bytes_is_the_producers_limit(r: aioredis.Redis, service: str) -> None:
+async def test_a_smaller_max_input_bytes_is_the_producers_limit(
+    r: aioredis.Redis, service: str
+) -> None:
     async with lbs.Producer(r, service, max_input_bytes=100) as producer:
         assert producer.max_input_bytes == 100
         await producer.add_stream("big", _payload_of_size(100))
@@ -159,8 +176,14 @@ async def test_lone_surrogates_are_refused_naming_the_part(r: aioredis.Redis, se
         await lbs.Producer(r, service, shards=2).add_streams([("a", {"x": ["\ud800"]})])
     with pytest.raises(lbs.InvalidInputError, match=r"data stream name"):
         await lbs.Producer(r, service, shards=2).add_stream("\ud800")  # before it is routed
-    assert await r.exists(lbs.input_stream(service), lbs.input_stream(f"{service}.0"),
-                          lbs.input_stream(f"{service}.1")) == 0
+    assert (
+        await r.exists(
+            lbs.input_stream(service),
+            lbs.input_stream(f"{service}.0"),
+            lbs.input_stream(f"{service}.1"),
+        )
+        == 0
+    )
 
 
 def _nested(depth: int) -> dict[str, Any]:
@@ -176,41 +199,58 @@ def _circular() -> dict[str, Any]:
     return info
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda p: p.add_stream(42), "name must be a str, got int"),
-    (lambda p: p.add_stream(b"x"), "name must be a str, got bytes"),
-    (lambda p: p.add_stream(""), "non-empty"),
-    (lambda p: p.add_stream("x", ["a", "b"]), "info must be a mapping or None, got list"),
-    (lambda p: p.add_stream("x", "info"), "info must be a mapping or None, got str"),
-    (lambda p: p.add_stream("x", {"n": float("nan")}), "JSON"),
-    (lambda p: p.add_stream("x", _nested(5000)), "nested too deeply"),
-    (lambda p: p.add_streams(["a", ("x", _nested(5000))]), "entry 1: info of data stream 'x' is nested too deeply"),
-    (lambda p: p.add_stream("x", _circular()), "Circular reference"),
-    (lambda p: p.add_streams("abc"), "not one str"),
-    (lambda p: p.add_streams(7), "got int"),
-    (lambda p: p.add_streams(["a", ("b",)]), r"entry 1: expected a name or a \(name, info\) pair"),
-    (lambda p: p.add_streams(["a", None]), "entry 1: expected"),
-    (lambda p: p.add_streams(["a", ("b", 3)]), "entry 1: info must be a mapping"),
-    (lambda p: p.add_streams(["a", (3, None)]), "entry 1: data stream name must be a str"),
-])
-async def test_bad_arguments_are_invalid_input_errors(r: aioredis.Redis, service: str, call: Any,
-                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda p: p.add_stream(42), "name must be a str, got int"),
+        (lambda p: p.add_stream(b"x"), "name must be a str, got bytes"),
+        (lambda p: p.add_stream(""), "non-empty"),
+        (lambda p: p.add_stream("x", ["a", "b"]), "info must be a mapping or None, got list"),
+        (lambda p: p.add_stream("x", "info"), "info must be a mapping or None, got str"),
+        (lambda p: p.add_stream("x", {"n": float("nan")}), "JSON"),
+        (lambda p: p.add_stream("x", _nested(5000)), "nested too deeply"),
+        (
+            lambda p: p.add_streams(["a", ("x", _nested(5000))]),
+            "entry 1: info of data stream 'x' is nested too deeply",
+        ),
+        (lambda p: p.add_stream("x", _circular()), "Circular reference"),
+        (lambda p: p.add_streams("abc"), "not one str"),
+        (lambda p: p.add_streams(7), "got int"),
+        (
+            lambda p: p.add_streams(["a", ("b",)]),
+            r"entry 1: expected a name or a \(name, info\) pair",
+        ),
+        (lambda p: p.add_streams(["a", None]), "entry 1: expected"),
+        (lambda p: p.add_streams(["a", ("b", 3)]), "entry 1: info must be a mapping"),
+        (lambda p: p.add_streams(["a", (3, None)]), "entry 1: data stream name must be a str"),
+    ],
+)
+async def test_bad_arguments_are_invalid_input_errors(
+    r: aioredis.Redis, service: str, call: Any, message: str
+) -> None:
     for shards in (1, 2):
         producer = lbs.Producer(r, service, shards=shards)
         with pytest.raises(lbs.InvalidInputError, match=message):
             await call(producer)
-    assert await r.exists(lbs.input_stream(service), lbs.input_stream(f"{service}.0"),
-                          lbs.input_stream(f"{service}.1")) == 0
+    assert (
+        await r.exists(
+            lbs.input_stream(service),
+            lbs.input_stream(f"{service}.0"),
+            lbs.input_stream(f"{service}.1"),
+        )
+        == 0
+    )
 
 
 async def test_any_mapping_is_an_info(r: aioredis.Redis, service: str) -> None:
     producer = lbs.Producer(r, service)
     await producer.add_stream("x", MappingProxyType({"a": 1}))
-    (_, fields), = await r.xrange(lbs.input_stream(service))
+    ((_, fields),) = await r.xrange(lbs.input_stream(service))
     assert fields[b"lbs-input"] == b'{"DataStreamName":"x","Info":{"a":1}}'
 
 
 # -- a failed batch says what was written -------------------------------------------------------
+
 
 def _names_by_shard(shards: int, per_shard: int) -> list[list[str]]:
     out: list[list[str]] = [[] for _ in range(shards)]
@@ -223,7 +263,9 @@ def _names_by_shard(shards: int, per_shard: int) -> list[list[str]]:
     return out
 
 
-async def test_a_shard_that_fails_leaves_the_other_written_and_says_so(r: aioredis.Redis, service: str) -> None:
+async def test_a_shard_that_fails_leaves_the_other_written_and_says_so(
+    r: aioredis.Redis, service: str
+) -> None:
     good, bad = _names_by_shard(2, 3)
     names = [good[0], bad[0], bad[1], good[1], good[2], bad[2]]
     bad_stream = lbs.input_stream(f"{service}.1")
@@ -247,7 +289,9 @@ async def test_a_batch_refused_for_memory_writes_nothing() -> None:
         r = aioredis.Redis.from_url(server.url)
         try:
             await r.config_set("maxmemory-policy", "noeviction")
-            await r.config_set("maxmemory", "1")  # far below what the server uses: writes are refused
+            await r.config_set(
+                "maxmemory", "1"
+            )  # far below what the server uses: writes are refused
             for shards in (1, 2):
                 async with lbs.Producer(r, "svc", shards=shards) as producer:
                     with pytest.raises(lbs.BatchError, match="OOM") as info:
@@ -262,7 +306,8 @@ async def test_a_batch_refused_for_memory_writes_nothing() -> None:
 
 
 async def test_a_connection_lost_after_sending_makes_the_batch_unknown(
-        redis_server, r: aioredis.Redis, service: str) -> None:  # type: ignore[no-untyped-def]
+    redis_server, r: aioredis.Redis, service: str
+) -> None:  # type: ignore[no-untyped-def]
     # A proxy that passes the handshake through, then forwards the batch and
     # hangs up on the producer before any reply: Redis runs it, the producer
     # cannot know.

@@ -43,7 +43,8 @@ async def produce_one(r: aioredis.Redis, service: str, name: str) -> None:
 
 
 async def test_idle_dead_work_comes_back_in_the_same_read_as_new_work(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     entry_id = await _orphan(r, service, "dead", "redis-consumer-gone")
     await asyncio.sleep(IDLE + 0.1)  # idle past the threshold
     await produce_one(r, service, "new")
@@ -57,16 +58,21 @@ async def test_idle_dead_work_comes_back_in_the_same_read_as_new_work(
         assert dead.entry_id == entry_id  # claimed, not re-queued as a fresh entry
         assert dead.retry_count == 1  # one earlier delivery, which failed
         assert notes["new"].retry_count == 0
-        (p,) = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1)
+        (p,) = await r.xpending_range(
+            lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1
+        )
         assert p["consumer"].decode() == c.id
-        assert await r.get(lbs.lock_key(service, entry_id)) == f"{dead.token}:{c.lock_owner}".encode()
+        assert (
+            await r.get(lbs.lock_key(service, entry_id)) == f"{dead.token}:{c.lock_owner}".encode()
+        )
         assert await c.done_stream("dead") is lbs.DoneStatus.DONE
     finally:
         await c.close()
 
 
 async def test_a_claimed_entry_whose_lock_is_held_stays_with_its_holder(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     # A live holder that keeps its lock but not the entry's idle time (a Go client).
     entry_id = await _orphan(r, service, "slow", "redis-consumer-go")
     lock = lbs.lock_key(service, entry_id)
@@ -78,7 +84,9 @@ async def test_a_claimed_entry_whose_lock_is_held_stays_with_its_holder(
     try:
         (note,) = await take(c, 1)
         assert note.stream == "new"
-        await eventually(lambda: _pending_to(r, service, entry_id, c.id))  # CLAIM moved it; we did not take it
+        await eventually(
+            lambda: _pending_to(r, service, entry_id, c.id)
+        )  # CLAIM moved it; we did not take it
         assert await r.get(lock) == b"7:redis-consumer-go"
         assert entry_id not in {h.entry_id for h in c.held_streams()}
     finally:
@@ -87,14 +95,20 @@ async def test_a_claimed_entry_whose_lock_is_held_stays_with_its_holder(
 
 
 async def _pending_to(r: aioredis.Redis, service: str, entry_id: str, consumer: str) -> bool:
-    p = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1)
+    p = await r.xpending_range(
+        lbs.input_stream(service), lbs.group_name(service), entry_id, entry_id, 1
+    )
     return bool(p) and p[0]["consumer"].decode() == consumer
 
 
-async def test_deliveries_count_towards_max_retries(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+async def test_deliveries_count_towards_max_retries(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     entry_id = await _orphan(r, service, "poison", "redis-consumer-first")
-    await r.xclaim(stream, group, "redis-consumer-second", 0, [entry_id])  # a second delivery, also lost
+    await r.xclaim(
+        stream, group, "redis-consumer-second", 0, [entry_id]
+    )  # a second delivery, also lost
     await asyncio.sleep(IDLE + 0.1)
     dead_letters: list[str] = []
 
@@ -103,8 +117,14 @@ async def test_deliveries_count_towards_max_retries(redis_server: Any, service: 
         def lbs_stream_dead_lettered(self, reason: str) -> None:
             dead_letters.append(reason)
 
-    c = lbs.Client(redis_server.url, service, "claimer", lbs.Config(read_block=0.1, recovery=False, max_retries=1),
-                   plugins=[ClaimIdle(), Watch()], load_entrypoint_plugins=False)
+    c = lbs.Client(
+        redis_server.url,
+        service,
+        "claimer",
+        lbs.Config(read_block=0.1, recovery=False, max_retries=1),
+        plugins=[ClaimIdle(), Watch()],
+        load_entrypoint_plugins=False,
+    )
     await c.start()
     try:
         await eventually(lambda: _exists(r, lbs.dead_letter_stream(service)))
@@ -127,17 +147,29 @@ async def test_a_reader_plugin_can_refuse_the_server(redis_server: Any, service:
     class Picky:
         @lbs.hookimpl
         def lbs_reader(self, server_version: tuple[int, ...]) -> lbs.ReadStrategy:
-            raise lbs.ConfigurationError(f"needs Redis 99, this is {'.'.join(map(str, server_version))}")
+            raise lbs.ConfigurationError(
+                f"needs Redis 99, this is {'.'.join(map(str, server_version))}"
+            )
 
-    c = lbs.Client(redis_server.url, service, "c", lbs.Config(read_block=0.1), plugins=[Picky()],
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        redis_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1),
+        plugins=[Picky()],
+        load_entrypoint_plugins=False,
+    )
     with pytest.raises(lbs.ConfigurationError, match=r"needs Redis 99, this is 8\."):
         await c.start()
     await c.close()
 
 
-async def test_the_default_reader_is_a_plugin_that_can_be_replaced(redis_server: Any, service: str) -> None:
-    c = lbs.Client(redis_server.url, service, "c", lbs.Config(read_block=0.1), load_entrypoint_plugins=False)
+async def test_the_default_reader_is_a_plugin_that_can_be_replaced(
+    redis_server: Any, service: str
+) -> None:
+    c = lbs.Client(
+        redis_server.url, service, "c", lbs.Config(read_block=0.1), load_entrypoint_plugins=False
+    )
     assert c.pm.get_plugin("lbs-default-reader") is not None
     await produce(redis_server.url, service, "s")
     await c.start()

@@ -24,11 +24,21 @@ pytestmark = pytest.mark.timeout(180)
 WORKER = str(Path(__file__).with_name("_worker.py"))
 
 
-def spawn(url: str, service: str, consumer: str, ttl: float, work: float = 3600.0,
-          flags: str = "", quiet: bool = False) -> subprocess.Popen[str]:
+def spawn(
+    url: str,
+    service: str,
+    consumer: str,
+    ttl: float,
+    work: float = 3600.0,
+    flags: str = "",
+    quiet: bool = False,
+) -> subprocess.Popen[str]:
     """A worker process; ``quiet`` when nobody reads its lines (a full pipe would stall it)."""
-    return subprocess.Popen([sys.executable, WORKER, url, service, consumer, str(ttl), str(work), flags],
-                            stdout=subprocess.DEVNULL if quiet else subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, WORKER, url, service, consumer, str(ttl), str(work), flags],
+        stdout=subprocess.DEVNULL if quiet else subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -61,11 +71,12 @@ async def volatile_keys(rr: aioredis.Redis, service: str) -> Any:
     await pipe.execute()
     yield keys
     for i in range(0, len(keys), 5000):
-        await rr.unlink(*keys[i:i + 5000])
+        await rr.unlink(*keys[i : i + 5000])
 
 
-async def _kill_and_time_recovery(redis_server: Any, rr: aioredis.Redis, service: str, ttl: float,
-                                  **recoverer: Any) -> float:
+async def _kill_and_time_recovery(
+    redis_server: Any, rr: aioredis.Redis, service: str, ttl: float, **recoverer: Any
+) -> float:
     """Kill -9 a holder mid-stream; seconds until its stream is back in the LBS."""
     await produce(redis_server.url, service, "victim")
     proc = spawn(redis_server.url, service, "doomed", ttl, flags="norecovery")
@@ -89,7 +100,9 @@ async def test_kill_9_is_recovered_within_ttl_plus_1s_among_10k_volatile_keys(
     redis_server: Any, rr: aioredis.Redis, service: str, volatile_keys: list[str]
 ) -> None:
     ttl = 1.0
-    elapsed = await _kill_and_time_recovery(redis_server, rr, service, ttl, deadline_poll_interval=0.1)
+    elapsed = await _kill_and_time_recovery(
+        redis_server, rr, service, ttl, deadline_poll_interval=0.1
+    )
     assert elapsed <= ttl + 1.0, f"recovered after {elapsed:.2f}s"
 
 
@@ -99,17 +112,28 @@ async def test_kill_9_is_recovered_with_keyspace_events_disabled(
     ttl = 1.0
     await rr.config_set("notify-keyspace-events", "")
     try:
-        elapsed = await _kill_and_time_recovery(redis_server, rr, service, ttl, deadline_poll_interval=0.1,
-                                                configure_keyspace_events=False, keyspace_recovery=False)
+        elapsed = await _kill_and_time_recovery(
+            redis_server,
+            rr,
+            service,
+            ttl,
+            deadline_poll_interval=0.1,
+            configure_keyspace_events=False,
+            keyspace_recovery=False,
+        )
     finally:
         await rr.config_set("notify-keyspace-events", "Kx")
     assert elapsed <= ttl + 1.0, f"recovered after {elapsed:.2f}s"
 
 
-async def test_keyspace_path_alone_recovers(redis_server: Any, rr: aioredis.Redis, service: str) -> None:
+async def test_keyspace_path_alone_recovers(
+    redis_server: Any, rr: aioredis.Redis, service: str
+) -> None:
     # The deadline poller effectively off: only the expired event can do it.
     ttl = 1.0
-    elapsed = await _kill_and_time_recovery(redis_server, rr, service, ttl, deadline_poll_interval=3600.0)
+    elapsed = await _kill_and_time_recovery(
+        redis_server, rr, service, ttl, deadline_poll_interval=3600.0
+    )
     assert elapsed < ttl + 10
 
 
@@ -123,15 +147,24 @@ async def test_restart_under_the_same_id_recovers_its_own_pending_work(
         await next_line(proc)
     finally:
         stop(proc)
-    lock_keys = [lbs.lock_key(service, i.decode()) for i, _ in await rr.xrange(lbs.input_stream(service))]
+    lock_keys = [
+        lbs.lock_key(service, i.decode()) for i, _ in await rr.xrange(lbs.input_stream(service))
+    ]
 
     async def expired() -> bool:
         return await rr.exists(*lock_keys) == 0
 
     await eventually(expired, timeout=10)
     # Same id, every fast path off: only startup recovery can bring it back.
-    again = client(redis_server.url, service, "pod-0", lock_ttl=ttl, keyspace_recovery=False,
-                   deadline_poll_interval=3600.0, reconciliation_interval=3600.0)
+    again = client(
+        redis_server.url,
+        service,
+        "pod-0",
+        lock_ttl=ttl,
+        keyspace_recovery=False,
+        deadline_poll_interval=3600.0,
+        reconciliation_interval=3600.0,
+    )
     await again.start()
     try:
         assert again.metrics.get("startup_recovery_requeued_total") == 1
@@ -150,7 +183,11 @@ async def test_a_slow_holder_with_a_live_lock_is_never_robbed(
     await rr.xgroup_create(stream, group, id="0", mkstream=True)
     await produce(redis_server.url, service, "slow")
     reply = await rr.xreadgroup(group, "redis-consumer-go-slow", {stream: ">"}, count=1)
-    entry_id = next(iter(reply.values()))[0][0][0].decode() if isinstance(reply, dict) else reply[0][1][0][0].decode()
+    entry_id = (
+        next(iter(reply.values()))[0][0][0].decode()
+        if isinstance(reply, dict)
+        else reply[0][1][0][0].decode()
+    )
     lock = lbs.lock_key(service, entry_id)
     await rr.set(lock, "1:redis-consumer-go-slow", px=60_000)
     await asyncio.sleep(0.7)  # idle past min_idle (0.5 s below); time is the subject here
@@ -183,7 +220,11 @@ async def test_a_live_consumer_puts_back_a_lock_it_lost(
         (disowned,) = await take(c, 1, kind=lbs.NotificationType.STREAM_DISOWNED)
         assert disowned.stream == "evicted"
         (again,) = await take(c, 1)  # back in circulation, and read again
-        assert again.stream == "evicted" and again.retry_count == 0 and again.entry_id != victim.entry_id
+        assert (
+            again.stream == "evicted"
+            and again.retry_count == 0
+            and again.entry_id != victim.entry_id
+        )
         assert {h.stream for h in c.held_streams()} == {"evicted", "kept"}
         assert await rr.get(lbs.lock_key(service, notes["kept"].entry_id)) is not None
     finally:
@@ -224,7 +265,11 @@ async def test_the_deadline_poller_spares_a_late_live_consumer_and_times_its_nex
     # live: the poller takes nothing, and looks again when the first of its
     # locks could expire. One lock gone: only that entry comes back. Nothing
     # pending: the consumer leaves the index.
-    index, stream, group = consumers_key(service), lbs.input_stream(service), lbs.group_name(service)
+    index, stream, group = (
+        consumers_key(service),
+        lbs.input_stream(service),
+        lbs.group_name(service),
+    )
     await produce(redis_server.url, service, "a", "b", "c")
     c = client(redis_server.url, service, "late", recovery=False, max_streams=3, lock_ttl=30)
     rec = client(redis_server.url, service, "rescuer", recovery=False)
@@ -243,8 +288,9 @@ async def test_the_deadline_poller_spares_a_late_live_consumer_and_times_its_nex
         await rr.zadd(index, {c.id: 0})
         assert await rec.recovery.poll_deadlines() == 1
         pending = await rr.xpending_range(stream, group, "-", "+", 10)
-        assert sorted(p["message_id"].decode() for p in pending if p["consumer"] == c.id.encode()) == sorted(
-            [notes["a"].entry_id, notes["c"].entry_id])
+        assert sorted(
+            p["message_id"].decode() for p in pending if p["consumer"] == c.id.encode()
+        ) == sorted([notes["a"].entry_id, notes["c"].entry_id])
         assert (await rr.zscore(index, c.id) or 0) > now_ms  # rescored: it still holds two
 
         # (Its heartbeat, every 15 s, has not run: it does not know about "b" yet.)
@@ -310,7 +356,9 @@ async def test_a_poison_pill_lands_in_the_dead_letter_stream(
     ((_, fields),) = await rr.xrange(lbs.dead_letter_stream(service))
     assert fields[b"_retry_count"] == b"4"
     assert fields[b"_original_id"] == first_id.encode()
-    assert b"lock" in fields[b"_reason"] and fields[b"_consumer"].startswith(b"redis-consumer-victim-")
+    assert b"lock" in fields[b"_reason"] and fields[b"_consumer"].startswith(
+        b"redis-consumer-victim-"
+    )
     assert fields[b"lbs-input"] == lbs.encode_input("poison-1")
     assert await rr.xlen(lbs.input_stream(service)) == 0
 
@@ -364,9 +412,11 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
     names = [f"c{i}" for i in range(n)]
     async with lbs.Producer(redis_server.url, service) as p:
         for i in range(0, n, 500):
-            await p.add_streams(names[i:i + 500])
+            await p.add_streams(names[i : i + 500])
     work = 0.25  # 4 workers x 20 streams at a time: about 7 s of work to disturb
-    procs = [spawn(redis_server.url, service, f"w{i}", ttl, work=work, quiet=True) for i in range(4)]
+    procs = [
+        spawn(redis_server.url, service, f"w{i}", ttl, work=work, quiet=True) for i in range(4)
+    ]
     rng = random.Random(7)
     spawned = 4
     audit = f"audit:{service}"
@@ -381,7 +431,10 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
             r = {k.decode(): v.decode() for k, v in f.items()}
             if r["status"] != "CALLING" or r["token"] not in out:
                 out[r["token"]] = r
-        return {t: ({**r, "status": "UNKNOWN"} if r["status"] == "CALLING" else r) for t, r in out.items()}
+        return {
+            t: ({**r, "status": "UNKNOWN"} if r["status"] == "CALLING" else r)
+            for t, r in out.items()
+        }
 
     def completions(by_token: dict[str, dict[str, str]]) -> dict[str, list[dict[str, str]]]:
         # DONE: released our lock, acked and deleted. LOCK_EXPIRED: our lock
@@ -410,7 +463,9 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
             proc = procs[victim]
             if action < 0.15 and proc.poll() is None:
                 stop(proc)  # kill -9 mid-stream
-                procs[victim] = spawn(redis_server.url, service, f"w{spawned}", ttl, work=work, quiet=True)
+                procs[victim] = spawn(
+                    redis_server.url, service, f"w{spawned}", ttl, work=work, quiet=True
+                )
                 spawned += 1
             elif action < 0.3 and proc.poll() is None:
                 os.kill(proc.pid, signal.SIGSTOP)  # stall past the TTL, then resume
@@ -429,13 +484,24 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
         left = {}
         for eid, f in await rr.xrange(lbs_key):
             left[lbs.decode_input(f[b"lbs-input"])[0]] = eid.decode()
-        pel = {p["message_id"].decode(): (p["consumer"].decode(), p["time_since_delivered"])
-               for p in await rr.xpending_range(lbs_key, lbs.group_name(service), min="-", max="+", count=5000)}
-        detail = {m: {"attempts": [r for r in records if r["stream"] == m], "entry": left.get(m),
-                      "pending": pel.get(left.get(m, "")),
-                      "locked": bool(left.get(m)) and await rr.exists(lbs.lock_key(service, left[m]))}
-                  for m in missing[:3]}
-        raise AssertionError(f"{len(missing)} streams never done: {missing[:25]}; first ones: {detail}")
+        pel = {
+            p["message_id"].decode(): (p["consumer"].decode(), p["time_since_delivered"])
+            for p in await rr.xpending_range(
+                lbs_key, lbs.group_name(service), min="-", max="+", count=5000
+            )
+        }
+        detail = {
+            m: {
+                "attempts": [r for r in records if r["stream"] == m],
+                "entry": left.get(m),
+                "pending": pel.get(left.get(m, "")),
+                "locked": bool(left.get(m)) and await rr.exists(lbs.lock_key(service, left[m])),
+            }
+            for m in missing[:3]
+        }
+        raise AssertionError(
+            f"{len(missing)} streams never done: {missing[:25]}; first ones: {detail}"
+        )
     twice = {s: rs for s, rs in by_stream.items() if len(rs) > 1}
     assert not twice, f"done twice: {list(twice.items())[:3]}"
     # No two consumers held one stream at the same time. The attempt that

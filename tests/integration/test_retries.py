@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from _helpers import client, eventually, is_true, produce, take
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
-
-from _helpers import client, eventually, is_true, produce, take
 
 import lbs
 from lbs._keys import delayed_stream, due_key
@@ -71,8 +70,9 @@ async def run_without_promoting(c: lbs.Client, handler: Any) -> asyncio.Task[Non
     return runner
 
 
-async def test_a_failed_stream_comes_back_after_its_delay_and_not_before(any_server: Any, service: str,
-                                                                         rr: aioredis.Redis) -> None:
+async def test_a_failed_stream_comes_back_after_its_delay_and_not_before(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await produce(any_server.url, service, "flaky")
     watch = HandBacks()
     c = client(any_server.url, service, plugins=[watch], retry_delay=1.0)
@@ -93,11 +93,16 @@ async def test_a_failed_stream_comes_back_after_its_delay_and_not_before(any_ser
         assert 500 <= delay <= 1000
         due = ms_of(parked_id) + delay
         assert await rr.xrange(delayed_stream(service), parked_id, parked_id)
+
         # Until it is back, every snapshot taken before its due time finds it parked.
         async def back() -> bool:
             async with rr.pipeline(transaction=True) as pipe:
-                now, score, copies = await pipe.time().zscore(due_key(service), parked_id).xrange(
-                    delayed_stream(service), parked_id, parked_id).execute()
+                now, score, copies = (
+                    await pipe.time()
+                    .zscore(due_key(service), parked_id)
+                    .xrange(delayed_stream(service), parked_id, parked_id)
+                    .execute()
+                )
             now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
             if now_ms < due:
                 assert score == due and copies, "a parked copy left before its due time"
@@ -107,7 +112,11 @@ async def test_a_failed_stream_comes_back_after_its_delay_and_not_before(any_ser
         note, seen_at = await asyncio.wait_for(again, 20)
         assert seen_at >= due  # the server's clock, when the handler saw it again
         assert (note.stream, note.retry_count) == ("flaky", 1)
-        assert c.stats.handler_failures == 1 and c.stats.retries_delayed == 1 and c.stats.handed_back == 1
+        assert (
+            c.stats.handler_failures == 1
+            and c.stats.retries_delayed == 1
+            and c.stats.handed_back == 1
+        )
         await c.wait_finished(1, timeout=10)
         assert await rr.xlen(delayed_stream(service)) == 0 and not await rr.exists(due_key(service))
     finally:
@@ -115,17 +124,27 @@ async def test_a_failed_stream_comes_back_after_its_delay_and_not_before(any_ser
         await asyncio.wait_for(runner, 10)
 
 
-async def test_the_delay_doubles_per_retry_then_the_stream_is_dead_lettered(any_server: Any, service: str,
-                                                                           rr: aioredis.Redis) -> None:
+async def test_the_delay_doubles_per_retry_then_the_stream_is_dead_lettered(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     watch = HandBacks()
-    c = client(any_server.url, service, plugins=[watch], retry_delay=0.1, retry_delay_max=0.3, max_retries=4)
+    c = client(
+        any_server.url,
+        service,
+        plugins=[watch],
+        retry_delay=0.1,
+        retry_delay_max=0.3,
+        max_retries=4,
+    )
     attempts: list[int] = []
 
     async def handler(note: lbs.Notification) -> None:
         attempts.append(note.retry_count)
         raise RuntimeError("always fails")
 
-    runner = await run_without_promoting(c, handler)  # this test promotes by hand, after reading each due score
+    runner = await run_without_promoting(
+        c, handler
+    )  # this test promotes by hand, after reading each due score
     try:
         await produce(any_server.url, service, "poison")
         delays = []
@@ -143,7 +162,7 @@ async def test_the_delay_doubles_per_retry_then_the_stream_is_dead_lettered(any_
         # Retry 5 is past max_retries: dead-lettered at once, not parked.
         await eventually(lambda: is_true(c.stats.dead_lettered == 1))
         assert attempts == [0, 1, 2, 3, 4]
-        (dl_id, dl), = await rr.xrange(lbs.dead_letter_stream(service))
+        ((dl_id, dl),) = await rr.xrange(lbs.dead_letter_stream(service))
         assert dl[b"_retry_count"] == b"5" and b"always fails" in dl[b"_reason"]
         assert await rr.xlen(delayed_stream(service)) == 0 and not await rr.exists(due_key(service))
         assert c.stats.retries_delayed == 4 and c.stats.handler_failures == 5
@@ -152,14 +171,18 @@ async def test_the_delay_doubles_per_retry_then_the_stream_is_dead_lettered(any_
         await asyncio.wait_for(runner, 10)
 
 
-async def test_a_parked_stream_survives_a_restart(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_a_parked_stream_survives_a_restart(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     watch = HandBacks()
     first = client(any_server.url, service, "c1", plugins=[watch], retry_delay=0.2)
 
     async def fail(note: lbs.Notification) -> None:
         raise RuntimeError("fails before the restart")
 
-    runner = await run_without_promoting(first, fail)  # so the copy is still parked when this client is gone
+    runner = await run_without_promoting(
+        first, fail
+    )  # so the copy is still parked when this client is gone
     await produce(any_server.url, service, "flaky")
     _, parked_id, _ = await watch.next()
     await first.close()
@@ -170,7 +193,7 @@ async def test_a_parked_stream_survives_a_restart(any_server: Any, service: str,
     second = client(any_server.url, service, "c1", retry_delay=0.2)
     await second.start()
     try:
-        note, = await take(second, 1, timeout=20)
+        (note,) = await take(second, 1, timeout=20)
         assert (note.stream, note.retry_count) == ("flaky", 1)
         assert await second.done_stream(note.stream) is lbs.DoneStatus.DONE
         assert await rr.xlen(delayed_stream(service)) == 0 and not await rr.exists(due_key(service))
@@ -179,8 +202,9 @@ async def test_a_parked_stream_survives_a_restart(any_server: Any, service: str,
         await second.close()
 
 
-async def test_two_clients_promoting_at_once_bring_each_stream_back_once(any_server: Any, service: str,
-                                                                         rr: aioredis.Redis) -> None:
+async def test_two_clients_promoting_at_once_bring_each_stream_back_once(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     names = [f"s{i}" for i in range(40)]
     await produce(any_server.url, service, *names)
     seen: Counter[tuple[str, int]] = Counter()
@@ -193,7 +217,9 @@ async def test_two_clients_promoting_at_once_bring_each_stream_back_once(any_ser
     clients = [client(any_server.url, service, f"c{i}", retry_delay=0.1) for i in range(2)]
     runners = [asyncio.create_task(c.run(handler)) for c in clients]
     try:
-        await eventually(lambda: is_true(sum(c.stats.finished for c in clients) == len(names)), timeout=30)
+        await eventually(
+            lambda: is_true(sum(c.stats.finished for c in clients) == len(names)), timeout=30
+        )
         # Both clients' promoters ran over the same due index the whole time; once more, at once, by hand.
         await asyncio.gather(*(c._requeue.delays.promote() for c in clients))
         # A duplicate would be an entry left in the LBS (read or not: entries stay until done) or a third call.
@@ -206,8 +232,9 @@ async def test_two_clients_promoting_at_once_bring_each_stream_back_once(any_ser
         await asyncio.wait_for(asyncio.gather(*runners), 10)
 
 
-async def test_concurrent_promote_calls_move_each_copy_once(any_server: Any, service: str,
-                                                            rr: aioredis.Redis) -> None:
+async def test_concurrent_promote_calls_move_each_copy_once(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     names = [f"s{i}" for i in range(30)]
     await produce(any_server.url, service, *names)
     c = client(any_server.url, service, retry_delay=0.05, max_streams=30)
@@ -223,7 +250,9 @@ async def test_concurrent_promote_calls_move_each_copy_once(any_server: Any, ser
         await asyncio.sleep(0.01)
     try:
         # Clients that never start (no reader, no promoter of their own): only these calls promote.
-        results = await asyncio.gather(*(p._requeue.delays.promote() for p in others for _ in range(3)))
+        results = await asyncio.gather(
+            *(p._requeue.delays.promote() for p in others for _ in range(3))
+        )
         assert sum(moved for moved, _ in results) == len(names)
         entries = await rr.xrange(lbs.input_stream(service))
         assert sorted(lbs.decode_input(f[b"lbs-input"])[0] for _, f in entries) == sorted(names)
@@ -235,8 +264,9 @@ async def test_concurrent_promote_calls_move_each_copy_once(any_server: Any, ser
 
 
 @pytest.mark.parametrize("where", ["run", "config"])
-async def test_a_handler_past_its_timeout_is_cancelled_and_counted(any_server: Any, service: str,
-                                                                    rr: aioredis.Redis, where: str) -> None:
+async def test_a_handler_past_its_timeout_is_cancelled_and_counted(
+    any_server: Any, service: str, rr: aioredis.Redis, where: str
+) -> None:
     await produce(any_server.url, service, "slow")
     watch = HandBacks()
     config: dict[str, Any] = {"handler_timeout": 0.2} if where == "config" else {}
@@ -269,7 +299,8 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_counted(any_server: A
 
 
 async def test_a_timed_out_stream_past_max_retries_is_dead_lettered_with_the_reason(
-        any_server: Any, service: str, rr: aioredis.Redis) -> None:
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await produce(any_server.url, service, "stuck")
     c = client(any_server.url, service, max_retries=0)
 
@@ -279,7 +310,7 @@ async def test_a_timed_out_stream_past_max_retries_is_dead_lettered_with_the_rea
     runner = asyncio.create_task(c.run(handler, timeout=0.1))
     try:
         await eventually(lambda: is_true(c.stats.dead_lettered == 1))
-        (_, dl), = await rr.xrange(lbs.dead_letter_stream(service))
+        ((_, dl),) = await rr.xrange(lbs.dead_letter_stream(service))
         assert dl[b"_reason"] == b"handler timed out after 0.1s"
         assert c.stats.handler_timeouts == 1 and c.stats.retries_delayed == 0
     finally:
@@ -303,11 +334,11 @@ async def test_hand_back_delay(any_server: Any, service: str, rr: aioredis.Redis
         # An explicit delay: exactly that long, retry counted or not.
         parked = await c.hand_back("later", delay=5)
         assert await parked_delay(rr, service, parked) == 5_000
-        (_, fields), = await rr.xrange(delayed_stream(service), parked, parked)
+        ((_, fields),) = await rr.xrange(delayed_stream(service), parked, parked)
         assert fields[b"_retry_count"] == b"0"
         # delay=0: at once, even with a retry counted.
         new_id = await c.hand_back("counted-now", count_retry=True, delay=0)
-        (_, fields), = await rr.xrange(lbs.input_stream(service), new_id, new_id)
+        ((_, fields),) = await rr.xrange(lbs.input_stream(service), new_id, new_id)
         assert fields[b"_retry_count"] == b"1"
         assert c.stats.retries_delayed == 2 and c.stats.handed_back == 4
         for bad in (-1, float("nan"), float("inf"), "5", True):
@@ -318,25 +349,28 @@ async def test_hand_back_delay(any_server: Any, service: str, rr: aioredis.Redis
         await c.close()
 
 
-async def test_leaving_a_notification_block_with_an_error_gets_the_back_off(any_server: Any, service: str,
-                                                                            rr: aioredis.Redis) -> None:
+async def test_leaving_a_notification_block_with_an_error_gets_the_back_off(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await produce(any_server.url, service, "a")
     c = client(any_server.url, service, retry_delay=30.0)
     await c.start()
     await stop_promoting(c)
     try:
-        note, = await take(c, 1)
+        (note,) = await take(c, 1)
         with pytest.raises(RuntimeError):
             async with note:
                 raise RuntimeError("boom")
-        (parked_id, fields), = await rr.xrange(delayed_stream(service))
+        ((parked_id, fields),) = await rr.xrange(delayed_stream(service))
         assert fields[b"_retry_count"] == b"1"
         assert 15_000 <= await parked_delay(rr, service, parked_id.decode()) <= 30_000
     finally:
         await c.close()
 
 
-async def test_close_hands_back_at_once_without_a_retry(any_server: Any, service: str, rr: aioredis.Redis) -> None:
+async def test_close_hands_back_at_once_without_a_retry(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     await produce(any_server.url, service, "busy")
     started = asyncio.Event()
 
@@ -349,16 +383,20 @@ async def test_close_hands_back_at_once_without_a_retry(any_server: Any, service
     await asyncio.wait_for(started.wait(), 10)
     await c.close()
     await asyncio.wait_for(runner, 10)
-    (_, fields), = await rr.xrange(lbs.input_stream(service))
+    ((_, fields),) = await rr.xrange(lbs.input_stream(service))
     assert fields.get(b"_retry_count", b"0") == b"0"
     assert not await rr.exists(delayed_stream(service), due_key(service))
     assert c.stats.retries_delayed == 0 and c.stats.handler_failures == 0
 
 
 @pytest.mark.cluster
-async def test_on_a_cluster_the_parked_keys_share_the_lbs_slot(redis_cluster: RedisClusterServers,
-                                                               service: str) -> None:
-    slots = {key_slot(k.encode()) for k in (lbs.input_stream(service), delayed_stream(service), due_key(service))}
+async def test_on_a_cluster_the_parked_keys_share_the_lbs_slot(
+    redis_cluster: RedisClusterServers, service: str
+) -> None:
+    slots = {
+        key_slot(k.encode())
+        for k in (lbs.input_stream(service), delayed_stream(service), due_key(service))
+    }
     assert len(slots) == 1
     host, port = redis_cluster.masters[0].host, redis_cluster.masters[0].port
     rc = RedisCluster(host=host, port=port)
@@ -384,8 +422,9 @@ async def test_on_a_cluster_the_parked_keys_share_the_lbs_slot(redis_cluster: Re
         await rc.aclose()
 
 
-async def test_a_due_index_of_the_wrong_type_loses_nothing(any_server: Any, service: str,
-                                                           rr: aioredis.Redis) -> None:
+async def test_a_due_index_of_the_wrong_type_loses_nothing(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
     # The park is refused with nothing written (the script's precondition), and the
     # client re-queues the stream at once instead of leaving it pending.
     await rr.set(due_key(service), "not a sorted set")
@@ -414,8 +453,9 @@ async def test_a_due_index_of_the_wrong_type_loses_nothing(any_server: Any, serv
         await asyncio.wait_for(runner, 10)
 
 
-async def test_a_handler_failure_is_logged_with_its_traceback(redis_server: Any, service: str,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_handler_failure_is_logged_with_its_traceback(
+    redis_server: Any, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
     await produce(redis_server.url, service, "bad-1")
     c = client(redis_server.url, service, retry_delay=0.0, max_retries=0)
 

@@ -60,19 +60,39 @@ def us(t: tuple[int, int]) -> int:
 
 # -- calling the scripts ------------------------------------------------------
 
-async def read(r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10, start: str = ">",
-               owner: str | None = None, msetex: str | None = None) -> Any:
+
+async def read(
+    r: aioredis.Redis,
+    service: str,
+    consumer: str = "c1",
+    count: int = 10,
+    start: str = ">",
+    owner: str | None = None,
+    msetex: str | None = None,
+) -> Any:
     args: list[Any] = [group_name(service), consumer, count, TTL, lock_key(service, ""), start, ""]
     if owner is not None or msetex is not None:
         args.append(owner or "")
     if msetex is not None:
         args.append(msetex)
-    return await r.eval(source("read-3"), 3, input_stream(service), fence_key(service),
-                        consumers_key(service), *args)
+    return await r.eval(
+        source("read-3"),
+        3,
+        input_stream(service),
+        fence_key(service),
+        consumers_key(service),
+        *args,
+    )
 
 
-async def done(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], xackdel: str = "0",
-               retry: str = "0", names: list[str] | None = None) -> list[int]:
+async def done(
+    r: aioredis.Redis,
+    service: str,
+    locks: list[tuple[str, str]],
+    xackdel: str = "0",
+    retry: str = "0",
+    names: list[str] | None = None,
+) -> list[int]:
     """One done-n.lua call; with ``names`` (each lock's DataStreamName) it releases them."""
     keys = [input_stream(service)] + [lock_key(service, i) for i, _ in locks]
     args = [group_name(service), xackdel, retry, key_prefix(service) if names else "", ""]
@@ -80,46 +100,118 @@ async def done(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], xa
     return await r.eval(source("done-n"), len(keys), *keys, *args)
 
 
-async def extend(r: aioredis.Redis, service: str, locks: list[tuple[str, str]], last: str = "1",
-                 nonce: str = "n1", consumer: str = "c1", ttl: int = TTL) -> list[Any]:
+async def extend(
+    r: aioredis.Redis,
+    service: str,
+    locks: list[tuple[str, str]],
+    last: str = "1",
+    nonce: str = "n1",
+    consumer: str = "c1",
+    ttl: int = TTL,
+) -> list[Any]:
     keys = [input_stream(service), consumers_key(service), instance_key(service, consumer)]
     keys += [lock_key(service, i) for i, _ in locks]
-    args = [ttl, group_name(service), consumer, last, nonce] + [v for _, v in locks] + [i for i, _ in locks]
+    args = (
+        [ttl, group_name(service), consumer, last, nonce]
+        + [v for _, v in locks]
+        + [i for i, _ in locks]
+    )
     return await r.eval(source("extend-n"), len(keys), *keys, *args)
 
 
-async def requeue(r: aioredis.Redis, service: str, entry_id: str, mode: str = "absent", value: str = "",
-                  inc: str = "1", max_retries: str = "5", reason: str = "boom", force: str = "0",
-                  dlq: str = "1", delay: tuple[int, int, float] = (0, 0, 1.0)) -> list[Any]:
+async def requeue(
+    r: aioredis.Redis,
+    service: str,
+    entry_id: str,
+    mode: str = "absent",
+    value: str = "",
+    inc: str = "1",
+    max_retries: str = "5",
+    reason: str = "boom",
+    force: str = "0",
+    dlq: str = "1",
+    delay: tuple[int, int, float] = (0, 0, 1.0),
+) -> list[Any]:
     """One requeue-6.lua call; ``delay`` is (ms at retry 1, longest ms, jitter): (0, ...) re-queues at once."""
-    keys = [input_stream(service), dead_letter_stream(service), lock_key(service, entry_id),
-            delayed_stream(service), due_key(service)]
-    args = [group_name(service), entry_id, mode, value, inc, max_retries, "_retry_count", "_original_id",
-            reason, "c1", force, dlq, "_", *delay]
+    keys = [
+        input_stream(service),
+        dead_letter_stream(service),
+        lock_key(service, entry_id),
+        delayed_stream(service),
+        due_key(service),
+    ]
+    args = [
+        group_name(service),
+        entry_id,
+        mode,
+        value,
+        inc,
+        max_retries,
+        "_retry_count",
+        "_original_id",
+        reason,
+        "c1",
+        force,
+        dlq,
+        "_",
+        *delay,
+    ]
     return await r.eval(source("requeue-6"), 5, *keys, *args)
 
 
 async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int]:
-    return await r.eval(source("promote-4"), 4, due_key(service), delayed_stream(service), input_stream(service),
-                        waiting_key(service), batch, group_name(service), key_prefix(service))
+    return await r.eval(
+        source("promote-4"),
+        4,
+        due_key(service),
+        delayed_stream(service),
+        input_stream(service),
+        waiting_key(service),
+        batch,
+        group_name(service),
+        key_prefix(service),
+    )
 
 
-async def reap(r: aioredis.Redis, service: str, adopter: str = "", room: int = 0, queues: str = "0") -> list[Any]:
-    return await r.eval(source("reap-4"), 4, consumers_key(service), input_stream(service),
-                        reaped_key(service), fence_key(service), group_name(service), lock_key(service, ""), 100,
-                        60_000, 1_000, adopter, room, TTL, f"{adopter}:n", queued_prefix(service), queues)
+async def reap(
+    r: aioredis.Redis, service: str, adopter: str = "", room: int = 0, queues: str = "0"
+) -> list[Any]:
+    return await r.eval(
+        source("reap-4"),
+        4,
+        consumers_key(service),
+        input_stream(service),
+        reaped_key(service),
+        fence_key(service),
+        group_name(service),
+        lock_key(service, ""),
+        100,
+        60_000,
+        1_000,
+        adopter,
+        room,
+        TTL,
+        f"{adopter}:n",
+        queued_prefix(service),
+        queues,
+    )
 
 
 # -- state --------------------------------------------------------------------
 
+
 async def lbs_with(r: aioredis.Redis, service: str, n: int) -> list[str]:
     """The LBS and its group, with ``n`` entries; their ids."""
     await r.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    return [(await r.xadd(input_stream(service), {"lbs-input": f'{{"stream":"s{i}"}}'})).decode()
-            for i in range(n)]
+    return [
+        (await r.xadd(input_stream(service), {"lbs-input": f'{{"stream":"s{i}"}}'})).decode()
+        for i in range(n)
+    ]
 
 
-async def taken(r: aioredis.Redis, service: str, n: int, consumer: str = "c1") -> list[tuple[str, str]]:
+async def taken(
+    r: aioredis.Redis, service: str, n: int, consumer: str = "c1"
+) -> list[tuple[str, str]]:
     """``n`` entries read and locked by ``consumer``: (entry id, lock value) each."""
     await lbs_with(r, service, n)
     entries, tokens, _ = await read(r, service, consumer)
@@ -154,17 +246,22 @@ async def refused(call: Any, *names: str) -> str:
 
 # -- read-3.lua ---------------------------------------------------------------
 
-@pytest.mark.parametrize(("fence", "what"), [
-    ("9223372036854775807", "holds 9223372036854775807: the fencing counter is past 2^53"),
-    ("9007199254740992", "the fencing counter is past 2^53"),
-    ("9007199254740990", "the fencing counter would pass 2^53"),  # + COUNT 10
-    ("abc", "not a plain decimal integer"),
-    ("-1", "not a plain decimal integer"),
-    ("0123", "not a plain decimal integer"),  # INCRBY refuses a leading zero
-    ("1.5", "not a plain decimal integer"),
-])
-async def test_read_refuses_a_bad_fence_before_delivering(rr: aioredis.Redis, service: str, fence: str,
-                                                          what: str) -> None:
+
+@pytest.mark.parametrize(
+    ("fence", "what"),
+    [
+        ("9223372036854775807", "holds 9223372036854775807: the fencing counter is past 2^53"),
+        ("9007199254740992", "the fencing counter is past 2^53"),
+        ("9007199254740990", "the fencing counter would pass 2^53"),  # + COUNT 10
+        ("abc", "not a plain decimal integer"),
+        ("-1", "not a plain decimal integer"),
+        ("0123", "not a plain decimal integer"),  # INCRBY refuses a leading zero
+        ("1.5", "not a plain decimal integer"),
+    ],
+)
+async def test_read_refuses_a_bad_fence_before_delivering(
+    rr: aioredis.Redis, service: str, fence: str, what: str
+) -> None:
     await lbs_with(rr, service, 3)
     await rr.set(fence_key(service), fence)
     before = await snapshot(rr, service)
@@ -182,13 +279,17 @@ async def test_read_takes_a_fence_just_below_2_53(rr: aioredis.Redis, service: s
     assert tokens == [2**53 - 10, 2**53 - 9]
 
 
-@pytest.mark.parametrize(("key", "setup", "what"), [
-    (fence_key, "rpush", "holds a list, not the fencing counter"),
-    (consumers_key, "set", "holds a string, not the consumer deadline index"),
-    (consumers_key, "rpush", "holds a list, not the consumer deadline index"),
-])
-async def test_read_refuses_a_key_of_the_wrong_type(rr: aioredis.Redis, service: str, key: Any, setup: str,
-                                                    what: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "setup", "what"),
+    [
+        (fence_key, "rpush", "holds a list, not the fencing counter"),
+        (consumers_key, "set", "holds a string, not the consumer deadline index"),
+        (consumers_key, "rpush", "holds a list, not the consumer deadline index"),
+    ],
+)
+async def test_read_refuses_a_key_of_the_wrong_type(
+    rr: aioredis.Redis, service: str, key: Any, setup: str, what: str
+) -> None:
     await lbs_with(rr, service, 3)
     name = key(service)
     await (rr.rpush(name, "x") if setup == "rpush" else rr.set(name, "x"))
@@ -202,29 +303,48 @@ async def test_read_refuses_a_key_of_the_wrong_type(rr: aioredis.Redis, service:
 async def test_read_refuses_an_lbs_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
     await rr.hset(input_stream(service), "lbs-input", "{}")
     before = await snapshot(rr, service)
-    await refused(read(rr, service), input_stream(service), "holds a hash, not the load-balancer stream")
+    await refused(
+        read(rr, service), input_stream(service), "holds a hash, not the load-balancer stream"
+    )
     assert await snapshot(rr, service) == before
     assert not await rr.exists(fence_key(service), consumers_key(service))
 
 
-async def test_read_refuses_a_queued_set_of_the_wrong_type_before_delivering(rr: aioredis.Redis,
-                                                                               service: str) -> None:
+async def test_read_refuses_a_queued_set_of_the_wrong_type_before_delivering(
+    rr: aioredis.Redis, service: str
+) -> None:
     await lbs_with(rr, service, 2)
     queued = queued_prefix(service) + "c1"
     await rr.set(queued, "x")
     before = await snapshot(rr, service)
     args = [group_name(service), "c1", 10, TTL, lock_key(service, ""), ">", "", "", "", "", queued]
-    with pytest.raises(ResponseError, match=f"LBSKEY {re.escape(queued)} holds a string, not a queued set"):
-        await rr.eval(source("read-3"), 3, input_stream(service), fence_key(service), consumers_key(service), *args)
+    with pytest.raises(
+        ResponseError, match=f"LBSKEY {re.escape(queued)} holds a string, not a queued set"
+    ):
+        await rr.eval(
+            source("read-3"),
+            3,
+            input_stream(service),
+            fence_key(service),
+            consumers_key(service),
+            *args,
+        )
     assert await snapshot(rr, service) == before  # nothing delivered, nothing locked
     await rr.delete(queued)
-    reply = await rr.eval(source("read-3"), 3, input_stream(service), fence_key(service), consumers_key(service),
-                          *args)
+    reply = await rr.eval(
+        source("read-3"),
+        3,
+        input_stream(service),
+        fence_key(service),
+        consumers_key(service),
+        *args,
+    )
     assert len(reply[0]) == 2 and await rr.scard(queued) == 2  # queued: merely held
 
 
-async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(rr: aioredis.Redis,
-                                                                         service: str) -> None:
+async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(
+    rr: aioredis.Redis, service: str
+) -> None:
     await lbs_with(rr, service, 3)
     at_call = us(await rr.time())
     entries, tokens, _ = await read(rr, service, count=3)
@@ -248,13 +368,17 @@ async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(rr: aio
 async def test_lock_owner_argument(rr: aioredis.Redis, service: str) -> None:
     await lbs_with(rr, service, 2)
     entries, tokens, _ = await read(rr, service, count=1, owner="c1:nonce-a")
-    assert await rr.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1:nonce-a".encode()
+    assert (
+        await rr.get(lock_key(service, entries[0][0].decode()))
+        == f"{tokens[0]}:c1:nonce-a".encode()
+    )
     entries, tokens, _ = await read(rr, service, count=1, owner="")
     assert await rr.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1".encode()
 
 
-async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(rr: aioredis.Redis, service: str,
-                                                                           msetex: str) -> None:
+async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(
+    rr: aioredis.Redis, service: str, msetex: str
+) -> None:
     ids = await lbs_with(rr, service, 3)
     await rr.rpush(lock_key(service, ids[1]), "garbage")
     entries, tokens, top = await read(rr, service, msetex=msetex)
@@ -270,19 +394,36 @@ async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(rr: a
     assert again == [f"{tokens[0]}:c1".encode(), b"WRONGTYPE list", f"{tokens[2]}:c1".encode()]
 
 
-async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery(rr: aioredis.Redis,
-                                                                                   service: str) -> None:
+async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery(
+    rr: aioredis.Redis, service: str
+) -> None:
     ids = await lbs_with(rr, service, 3)
     entries, tokens, _ = await read(rr, service)
-    await rr.xdel(input_stream(service), ids[1])  # a pending entry deleted: it comes back with no fields
+    await rr.xdel(
+        input_stream(service), ids[1]
+    )  # a pending entry deleted: it comes back with no fields
     again, values, _ = await read(rr, service, start="0")
-    assert [e[0].decode() for e in again] == ids and again[1][1] is None and again[0][1] == entries[0][1]
-    assert values == [f"{tokens[0]}:c1".encode(), f"{tokens[1]}:c1".encode(), f"{tokens[2]}:c1".encode()]
+    assert (
+        [e[0].decode() for e in again] == ids
+        and again[1][1] is None
+        and again[0][1] == entries[0][1]
+    )
+    assert values == [
+        f"{tokens[0]}:c1".encode(),
+        f"{tokens[1]}:c1".encode(),
+        f"{tokens[2]}:c1".encode(),
+    ]
     rows = await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
-    assert [row["times_delivered"] for row in rows] == [1, 1, 1]  # a second delivery would read as a death
+    assert [row["times_delivered"] for row in rows] == [
+        1,
+        1,
+        1,
+    ]  # a second delivery would read as a death
 
 
-async def test_read_locks_every_entry_of_a_free_batch(rr: aioredis.Redis, service: str, msetex: str) -> None:
+async def test_read_locks_every_entry_of_a_free_batch(
+    rr: aioredis.Redis, service: str, msetex: str
+) -> None:
     ids = await lbs_with(rr, service, 3)
     entries, tokens, _ = await read(rr, service, msetex=msetex)
     assert [e[0].decode() for e in entries] == ids
@@ -293,7 +434,9 @@ async def test_read_locks_every_entry_of_a_free_batch(rr: aioredis.Redis, servic
     assert await rr.zscore(consumers_key(service), "c1") is not None
 
 
-async def test_read_past_a_slice_with_one_held_lock(rr: aioredis.Redis, service: str, msetex: str) -> None:
+async def test_read_past_a_slice_with_one_held_lock(
+    rr: aioredis.Redis, service: str, msetex: str
+) -> None:
     """600 entries are two MSETEX slices (500 + 100); a held lock in the second
     makes only that slice fall back to SET NX per entry: it is reported, the
     other 599 are ours."""
@@ -312,8 +455,10 @@ async def test_read_past_a_slice_with_one_held_lock(rr: aioredis.Redis, service:
 
 # -- done-n.lua ---------------------------------------------------------------
 
-async def test_done_retry_flag_reports_what_a_lost_call_finished(any_server: Any, rr: aioredis.Redis,
-                                                                 service: str, xackdel: str) -> None:
+
+async def test_done_retry_flag_reports_what_a_lost_call_finished(
+    any_server: Any, rr: aioredis.Redis, service: str, xackdel: str
+) -> None:
     locks = await taken(rr, service, 3)
     assert await done(rr, service, locks[:2], xackdel) == [1, 1]
     assert await rr.xlen(input_stream(service)) == 1
@@ -327,8 +472,9 @@ async def test_done_retry_flag_reports_what_a_lost_call_finished(any_server: Any
     assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
 
 
-async def test_done_leaves_a_lock_of_another_type_and_its_entry(any_server: Any, rr: aioredis.Redis,
-                                                                service: str, xackdel: str) -> None:
+async def test_done_leaves_a_lock_of_another_type_and_its_entry(
+    any_server: Any, rr: aioredis.Redis, service: str, xackdel: str
+) -> None:
     locks = await taken(rr, service, 2)
     bad = lock_key(service, locks[0][0])
     await rr.delete(bad)
@@ -344,13 +490,18 @@ async def test_done_refuses_the_old_argument_layout(rr: aioredis.Redis, service:
     before = await snapshot(rr, service)
     keys = [input_stream(service), lock_key(service, locks[0][0])]
     with pytest.raises(ResponseError, match="done-n"):
-        await rr.eval(source("done-n"), 2, *keys, group_name(service), "0", locks[0][1], locks[0][0])
+        await rr.eval(
+            source("done-n"), 2, *keys, group_name(service), "0", locks[0][1], locks[0][0]
+        )
     assert await snapshot(rr, service) == before
 
 
 # -- extend-n.lua -------------------------------------------------------------
 
-async def test_extend_sets_and_refreshes_its_instance_marker(rr: aioredis.Redis, service: str) -> None:
+
+async def test_extend_sets_and_refreshes_its_instance_marker(
+    rr: aioredis.Redis, service: str
+) -> None:
     locks = await taken(rr, service, 2)
     marker = instance_key(service, "c1")
     assert await extend(rr, service, locks, nonce="n1") == []
@@ -364,7 +515,9 @@ async def test_extend_sets_and_refreshes_its_instance_marker(rr: aioredis.Redis,
     assert await rr.get(marker) == b"n1" and await rr.pttl(marker) <= 5_000
 
 
-async def test_extend_reports_another_instance_and_still_extends(rr: aioredis.Redis, service: str) -> None:
+async def test_extend_reports_another_instance_and_still_extends(
+    rr: aioredis.Redis, service: str
+) -> None:
     locks = await taken(rr, service, 2)
     marker = instance_key(service, "c1")
     await rr.set(marker, "n2", px=30_000)
@@ -398,9 +551,11 @@ async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service
     for entry_id, _ in locks:
         await rr.pexpire(lock_key(service, entry_id), 5_000)
     out = await extend(rr, service, locks)
-    assert out == [2,
-                   f"LBSKEY {consumers_key(service)} holds a string, not the consumer deadline index".encode(),
-                   f"LBSKEY {instance_key(service, 'c1')} holds a list, not an instance marker".encode()]
+    assert out == [
+        2,
+        f"LBSKEY {consumers_key(service)} holds a string, not the consumer deadline index".encode(),
+        f"LBSKEY {instance_key(service, 'c1')} holds a list, not an instance marker".encode(),
+    ]
     assert await rr.get(consumers_key(service)) == b"x"
     assert await rr.lrange(instance_key(service, "c1"), 0, -1) == [b"x"]
     assert await rr.type(bad) == b"set" and await rr.pttl(bad) <= 5_000
@@ -410,9 +565,11 @@ async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service
 
 # -- requeue-6.lua ------------------------------------------------------------
 
-async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(rr: aioredis.Redis,
-                                                                              service: str) -> None:
-    (entry_id, _), = await taken(rr, service, 1)
+
+async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(
+    rr: aioredis.Redis, service: str
+) -> None:
+    ((entry_id, _),) = await taken(rr, service, 1)
     await rr.delete(lock_key(service, entry_id))
     dlq = dead_letter_stream(service)
     await rr.set(dlq, "not a stream")
@@ -428,8 +585,10 @@ async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(rr
     assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
 
 
-async def test_requeue_past_max_retries_checks_the_dead_letter_key(rr: aioredis.Redis, service: str) -> None:
-    (entry_id, _), = await taken(rr, service, 1)
+async def test_requeue_past_max_retries_checks_the_dead_letter_key(
+    rr: aioredis.Redis, service: str
+) -> None:
+    ((entry_id, _),) = await taken(rr, service, 1)
     await rr.delete(lock_key(service, entry_id))
     await rr.rpush(dead_letter_stream(service), "x")
     before = await snapshot(rr, service)
@@ -440,11 +599,15 @@ async def test_requeue_past_max_retries_checks_the_dead_letter_key(rr: aioredis.
     assert out[0] == 1 and await pending(rr, service) == 0
 
 
-async def test_requeue_never_dead_letters_a_keys_registration_for_its_retries(rr: aioredis.Redis,
-                                                                               service: str) -> None:
+async def test_requeue_never_dead_letters_a_keys_registration_for_its_retries(
+    rr: aioredis.Redis, service: str
+) -> None:
     """A key counts failures per message (commit-1.lua's skip): its registration goes round."""
-    entry_id, _ = await delivered_wide_entry(rr, service, {"lbs-input": '{"DataStreamName":"k","Info":{}}',
-                                                           "lbs-keyed": "1", "_retry_count": "9"})
+    entry_id, _ = await delivered_wide_entry(
+        rr,
+        service,
+        {"lbs-input": '{"DataStreamName":"k","Info":{}}', "lbs-keyed": "1", "_retry_count": "9"},
+    )
     await rr.delete(lock_key(service, entry_id))
     out = await requeue(rr, service, entry_id, max_retries="3")
     assert out[0] == 1
@@ -453,7 +616,9 @@ async def test_requeue_never_dead_letters_a_keys_registration_for_its_retries(rr
     assert await rr.xlen(dead_letter_stream(service)) == 0
 
 
-async def delivered_wide_entry(rr: aioredis.Redis, service: str, fields: dict[str, str]) -> tuple[str, int]:
+async def delivered_wide_entry(
+    rr: aioredis.Redis, service: str, fields: dict[str, str]
+) -> tuple[str, int]:
     """XADD one entry with ``fields`` into a fresh LBS and deliver it (read-3.lua): its id and token."""
     await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
     entry_id = (await rr.xadd(input_stream(service), fields)).decode()  # type: ignore[arg-type]
@@ -461,31 +626,37 @@ async def delivered_wide_entry(rr: aioredis.Redis, service: str, fields: dict[st
     return entry_id, token
 
 
-async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(rr: aioredis.Redis,
-                                                                          service: str) -> None:
+async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(
+    rr: aioredis.Redis, service: str
+) -> None:
     stream = input_stream(service)
     fields: dict[str, str] = {"lbs-input": '{"stream":"huge"}'}
     fields.update({f"f{i}": str(i) for i in range(9_999)})
     entry_id, token = await delivered_wide_entry(rr, service, fields)
     out = await requeue(rr, service, entry_id, mode="owned", value=f"{token}:c1", max_retries="5")
     assert out[0] == 2 and out[2] == b'{"stream":"huge"}' and out[3] == 1
-    (dl_id, dl), = await rr.xrange(dead_letter_stream(service))
+    ((dl_id, dl),) = await rr.xrange(dead_letter_stream(service))
     assert dl_id == out[1]
     assert dl == {
-        b"lbs-input": b'{"stream":"huge"}', b"_retry_count": b"1", b"_original_id": entry_id.encode(),
+        b"lbs-input": b'{"stream":"huge"}',
+        b"_retry_count": b"1",
+        b"_original_id": entry_id.encode(),
         b"_reason": f"entry has 10000 fields, too many to copy; kept in {stream} as {entry_id}; boom".encode(),
-        b"_consumer": b"c1", b"_failed_id": entry_id.encode(),
+        b"_consumer": b"c1",
+        b"_failed_id": entry_id.encode(),
     }
     assert await pending(rr, service) == 0
     assert not await rr.exists(lock_key(service, entry_id))
-    (kept_id, kept), = await rr.xrange(stream)
+    ((kept_id, kept),) = await rr.xrange(stream)
     assert kept_id.decode() == entry_id and len(kept) == 10_000
     # The record stays: a late done-n (lock gone, not pending) does not delete it.
     assert await done(rr, service, [(entry_id, f"{token}:c1")]) == [3]
     assert await rr.xlen(stream) == 1
 
 
-async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(rr: aioredis.Redis, service: str) -> None:
+async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(
+    rr: aioredis.Redis, service: str
+) -> None:
     stream = input_stream(service)
     entry_id, _ = await delivered_wide_entry(rr, service, {f"f{i}": "v" for i in range(4_000)})
     await rr.delete(lock_key(service, entry_id))
@@ -501,15 +672,18 @@ async def test_requeue_just_below_the_copy_bound_copies(rr: aioredis.Redis, serv
     # A death counted (delivered, its holder gone): 6,988 values + 12 (with _deaths) = 7,000.
     out = await requeue(rr, service, entry_id, force="1")
     assert out[0] == 2
-    (_, dl), = await rr.xrange(dead_letter_stream(service))
-    assert len(dl) == 3_494 + 6 and dl[b"_reason"] == b"boom" and dl[b"_deaths"] == entry_id.encode()
+    ((_, dl),) = await rr.xrange(dead_letter_stream(service))
+    assert (
+        len(dl) == 3_494 + 6 and dl[b"_reason"] == b"boom" and dl[b"_deaths"] == entry_id.encode()
+    )
     assert await rr.xlen(stream) == 0
 
 
 @pytest.mark.parametrize("mode", ["owned", "absent"])
-async def test_requeue_a_lock_key_of_another_type_is_someone_elses(rr: aioredis.Redis, service: str,
-                                                                   mode: str) -> None:
-    (entry_id, value), = await taken(rr, service, 1)
+async def test_requeue_a_lock_key_of_another_type_is_someone_elses(
+    rr: aioredis.Redis, service: str, mode: str
+) -> None:
+    ((entry_id, value),) = await taken(rr, service, 1)
     await rr.delete(lock_key(service, entry_id))
     await rr.rpush(lock_key(service, entry_id), value)
     before = await snapshot(rr, service)
@@ -518,17 +692,23 @@ async def test_requeue_a_lock_key_of_another_type_is_someone_elses(rr: aioredis.
 
 
 async def test_requeue_adds_before_it_acks(rr: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(rr, service, 1)
-    code, new_id, lbs_input, retries = await requeue(rr, service, entry_id, mode="owned", value=value)
+    ((entry_id, value),) = await taken(rr, service, 1)
+    code, new_id, lbs_input, retries = await requeue(
+        rr, service, entry_id, mode="owned", value=value
+    )
     assert code == 1 and retries == 1 and lbs_input == b'{"stream":"s0"}'
-    (got_id, got), = await rr.xrange(input_stream(service))
+    ((got_id, got),) = await rr.xrange(input_stream(service))
     assert got_id == new_id
-    assert got == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1", b"_original_id": entry_id.encode()}
+    assert got == {
+        b"lbs-input": b'{"stream":"s0"}',
+        b"_retry_count": b"1",
+        b"_original_id": entry_id.encode(),
+    }
     assert await pending(rr, service) == 0 and not await rr.exists(lock_key(service, entry_id))
 
 
 async def test_requeue_of_an_entry_no_longer_pending(rr: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(rr, service, 1)
+    ((entry_id, value),) = await taken(rr, service, 1)
     await rr.xack(input_stream(service), group_name(service), entry_id)
     assert await requeue(rr, service, entry_id, mode="owned", value=value) == [0, b"acked"]
     assert not await rr.exists(lock_key(service, entry_id))  # ours: released
@@ -536,74 +716,113 @@ async def test_requeue_of_an_entry_no_longer_pending(rr: aioredis.Redis, service
 
 
 async def test_requeue_of_a_trimmed_entry(rr: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(rr, service, 1)
+    ((entry_id, value),) = await taken(rr, service, 1)
     await rr.xdel(input_stream(service), entry_id)
     assert await requeue(rr, service, entry_id, mode="owned", value=value) == [-1, b"trimmed"]
     assert await pending(rr, service) == 0 and not await rr.exists(lock_key(service, entry_id))
 
 
-@pytest.mark.parametrize(("key", "setup", "what"), [
-    (delayed_stream, "set", "holds a string, not a stream"),
-    (delayed_stream, "rpush", "holds a list, not a stream"),
-    (due_key, "set", "holds a string, not the due index"),
-    (due_key, "hset", "holds a hash, not the due index"),
-])
-async def test_requeue_parking_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, service: str, key: Any,
-                                                              setup: str, what: str) -> None:
-    (entry_id, value), = await taken(rr, service, 1)
+@pytest.mark.parametrize(
+    ("key", "setup", "what"),
+    [
+        (delayed_stream, "set", "holds a string, not a stream"),
+        (delayed_stream, "rpush", "holds a list, not a stream"),
+        (due_key, "set", "holds a string, not the due index"),
+        (due_key, "hset", "holds a hash, not the due index"),
+    ],
+)
+async def test_requeue_parking_refuses_keys_of_the_wrong_type(
+    rr: aioredis.Redis, service: str, key: Any, setup: str, what: str
+) -> None:
+    ((entry_id, value),) = await taken(rr, service, 1)
     name = key(service)
-    await (rr.rpush(name, "x") if setup == "rpush" else rr.hset(name, "x", "1") if setup == "hset"
-           else rr.set(name, "x"))
+    await (
+        rr.rpush(name, "x")
+        if setup == "rpush"
+        else rr.hset(name, "x", "1")
+        if setup == "hset"
+        else rr.set(name, "x")
+    )
     before = await snapshot(rr, service)
-    code, message = await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1000, 60_000, 1.0))
+    code, message = await requeue(
+        rr, service, entry_id, mode="owned", value=value, delay=(1000, 60_000, 1.0)
+    )
     assert code == -2 and message == f"LBSKEY {name} {what}".encode()
     assert await snapshot(rr, service) == before
     assert await pending(rr, service) == 1
     # At once (no delay), neither key is needed; past max retries neither is either.
-    out = await requeue(rr, service, entry_id, mode="owned", value=value, max_retries="0",
-                        delay=(1000, 60_000, 1.0))
+    out = await requeue(
+        rr, service, entry_id, mode="owned", value=value, max_retries="0", delay=(1000, 60_000, 1.0)
+    )
     assert out[0] == 2 and await pending(rr, service) == 0
 
 
 async def test_requeue_parks_the_copy_for_its_delay(rr: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(rr, service, 1)
+    ((entry_id, value),) = await taken(rr, service, 1)
     # Retry count 1 after this call: d = min(400 * 2^0, 1000) = 400, jittered by 0.5: 200 ms.
-    code, parked_id, lbs_input, retries, delay = await requeue(rr, service, entry_id, mode="owned", value=value,
-                                                               delay=(400, 1000, 0.5))
+    code, parked_id, lbs_input, retries, delay = await requeue(
+        rr, service, entry_id, mode="owned", value=value, delay=(400, 1000, 0.5)
+    )
     assert (code, lbs_input, retries, delay) == (4, b'{"stream":"s0"}', 1, 200)
-    (got_id, got), = await rr.xrange(delayed_stream(service))
+    ((got_id, got),) = await rr.xrange(delayed_stream(service))
     assert got_id == parked_id
-    assert got == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1", b"_original_id": entry_id.encode()}
+    assert got == {
+        b"lbs-input": b'{"stream":"s0"}',
+        b"_retry_count": b"1",
+        b"_original_id": entry_id.encode(),
+    }
     # Due exactly the delay after the parked id's milliseconds (the server's clock when it was parked).
     parked_ms = int(parked_id.split(b"-")[0])
-    assert await rr.zrange(due_key(service), 0, -1, withscores=True) == [(parked_id, parked_ms + 200)]
+    assert await rr.zrange(due_key(service), 0, -1, withscores=True) == [
+        (parked_id, parked_ms + 200)
+    ]
     assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
     assert not await rr.exists(lock_key(service, entry_id))
 
 
-@pytest.mark.parametrize(("retries", "first", "most", "jitter", "expected"), [
-    (0, 100, 10_000, 1.0, 100),      # retry 1: the first delay
-    (1, 100, 10_000, 1.0, 200),      # retry 2: doubled
-    (3, 100, 10_000, 0.75, 600),     # retry 4: 800, jittered by 0.75
-    (9, 100, 10_000, 1.0, 10_000),   # retry 10: 51,200, capped
-    (9, 100, 10_000, 0.5, 5_000),
-])
-async def test_requeue_delay_doubles_per_retry_up_to_the_cap(rr: aioredis.Redis, service: str, retries: int,
-                                                             first: int, most: int, jitter: float,
-                                                             expected: int) -> None:
+@pytest.mark.parametrize(
+    ("retries", "first", "most", "jitter", "expected"),
+    [
+        (0, 100, 10_000, 1.0, 100),  # retry 1: the first delay
+        (1, 100, 10_000, 1.0, 200),  # retry 2: doubled
+        (3, 100, 10_000, 0.75, 600),  # retry 4: 800, jittered by 0.75
+        (9, 100, 10_000, 1.0, 10_000),  # retry 10: 51,200, capped
+        (9, 100, 10_000, 0.5, 5_000),
+    ],
+)
+async def test_requeue_delay_doubles_per_retry_up_to_the_cap(
+    rr: aioredis.Redis,
+    service: str,
+    retries: int,
+    first: int,
+    most: int,
+    jitter: float,
+    expected: int,
+) -> None:
     await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    await rr.xadd(input_stream(service), {"lbs-input": '{"stream":"s"}', "_retry_count": str(retries)})
+    await rr.xadd(
+        input_stream(service), {"lbs-input": '{"stream":"s"}', "_retry_count": str(retries)}
+    )
     ((entry_id, _),), _, _ = await read(rr, service)
-    out = await requeue(rr, service, entry_id.decode(), mode="any", max_retries="-1", delay=(first, most, jitter))
+    out = await requeue(
+        rr, service, entry_id.decode(), mode="any", max_retries="-1", delay=(first, most, jitter)
+    )
     assert out[0] == 4 and out[3] == retries + 1 and out[4] == expected
 
 
 async def test_promote_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
-    (entry_id, value), = await taken(rr, service, 1)
-    parked_id = (await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0)))[1]
-    await past(rr, await rr.zscore(due_key(service), parked_id) or 0)  # due: the other keys are looked at
-    for key, what in [(due_key(service), "the due index"), (delayed_stream(service), "a stream"),
-                      (input_stream(service), "the load-balancer stream")]:
+    ((entry_id, value),) = await taken(rr, service, 1)
+    parked_id = (
+        await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0))
+    )[1]
+    await past(
+        rr, await rr.zscore(due_key(service), parked_id) or 0
+    )  # due: the other keys are looked at
+    for key, what in [
+        (due_key(service), "the due index"),
+        (delayed_stream(service), "a stream"),
+        (input_stream(service), "the load-balancer stream"),
+    ]:
         saved = await rr.dump(key)
         await rr.delete(key)
         await rr.set(key, "x")
@@ -621,23 +840,34 @@ async def test_promote_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, servic
     assert await promote(rr, service) == [0, 0, -1, 0, 0]
 
 
-async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(rr: aioredis.Redis, service: str) -> None:
+async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(
+    rr: aioredis.Redis, service: str
+) -> None:
     locks = await taken(rr, service, 3)
-    parked = [(await requeue(rr, service, entry_id, mode="owned", value=value, delay=(ms, ms, 1.0)))[1]
-              for (entry_id, value), ms in zip(locks, (1, 1, 3_600_000))]
-    await rr.xdel(delayed_stream(service), parked[1])  # gone by hand: its due id is dropped, nothing added
+    parked = [
+        (await requeue(rr, service, entry_id, mode="owned", value=value, delay=(ms, ms, 1.0)))[1]
+        for (entry_id, value), ms in zip(locks, (1, 1, 3_600_000))
+    ]
+    await rr.xdel(
+        delayed_stream(service), parked[1]
+    )  # gone by hand: its due id is dropped, nothing added
     await past(rr, max([await rr.zscore(due_key(service), p) or 0 for p in parked[:2]]))
     moved, vanished, next_ms, stuck, _ = await promote(rr, service)
     assert (moved, vanished, stuck) == (1, 1, 0) and 0 < next_ms <= 3_600_000
-    (_, fields), = await rr.xrange(input_stream(service))
-    assert fields == {b"lbs-input": b'{"stream":"s0"}', b"_retry_count": b"1",
-                      b"_original_id": locks[0][0].encode()}
+    ((_, fields),) = await rr.xrange(input_stream(service))
+    assert fields == {
+        b"lbs-input": b'{"stream":"s0"}',
+        b"_retry_count": b"1",
+        b"_original_id": locks[0][0].encode(),
+    }
     assert [i for i, _ in await rr.xrange(delayed_stream(service))] == [parked[2]]
     assert await rr.zrange(due_key(service), 0, -1) == [parked[2]]
     assert (await promote(rr, service))[:2] == [0, 0]
 
 
-async def test_promote_a_full_batch_asks_to_be_called_again(rr: aioredis.Redis, service: str) -> None:
+async def test_promote_a_full_batch_asks_to_be_called_again(
+    rr: aioredis.Redis, service: str
+) -> None:
     locks = await taken(rr, service, 3)
     for entry_id, value in locks:
         await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0))
@@ -648,7 +878,9 @@ async def test_promote_a_full_batch_asks_to_be_called_again(rr: aioredis.Redis, 
     assert not await rr.exists(due_key(service))
 
 
-async def test_promote_leaves_an_entry_too_wide_to_copy_parked(rr: aioredis.Redis, service: str) -> None:
+async def test_promote_leaves_an_entry_too_wide_to_copy_parked(
+    rr: aioredis.Redis, service: str
+) -> None:
     await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
     wide = (await rr.xadd(delayed_stream(service), {f"f{i}": "v" for i in range(3_501)})).decode()
     await rr.zadd(due_key(service), {wide: 0})
@@ -659,6 +891,7 @@ async def test_promote_leaves_an_entry_too_wide_to_copy_parked(rr: aioredis.Redi
 
 # -- reap-4.lua ---------------------------------------------------------------
 
+
 async def dead(r: aioredis.Redis, service: str, n: int) -> list[str]:
     """``n`` entries c1 read and locked, then c1 dead: its locks gone, its deadline passed."""
     ids = [i for i, _ in await taken(r, service, n)]
@@ -667,12 +900,16 @@ async def dead(r: aioredis.Redis, service: str, n: int) -> list[str]:
     return ids
 
 
-@pytest.mark.parametrize("key, kind, what", [
-    (fence_key, "hash", "not the fencing counter"),
-    (lambda service: queued_prefix(service) + "c2", "hash", "not a queued set"),
-])
-async def test_reap_refuses_an_adoption_key_of_another_type(rr: aioredis.Redis, service: str, key: Any, kind: str,
-                                                             what: str) -> None:
+@pytest.mark.parametrize(
+    "key, kind, what",
+    [
+        (fence_key, "hash", "not the fencing counter"),
+        (lambda service: queued_prefix(service) + "c2", "hash", "not a queued set"),
+    ],
+)
+async def test_reap_refuses_an_adoption_key_of_another_type(
+    rr: aioredis.Redis, service: str, key: Any, kind: str, what: str
+) -> None:
     await dead(rr, service, 2)
     name = key(service)
     await rr.delete(name)
@@ -683,9 +920,12 @@ async def test_reap_refuses_an_adoption_key_of_another_type(rr: aioredis.Redis, 
 
 
 async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_what_was_running(
-        rr: aioredis.Redis, service: str) -> None:
+    rr: aioredis.Redis, service: str
+) -> None:
     ids = await dead(rr, service, 5)
-    await rr.sadd(queued_prefix(service) + "c1", ids[0], ids[1])  # merely held by c1: no death counted
+    await rr.sadd(
+        queued_prefix(service) + "c1", ids[0], ids[1]
+    )  # merely held by c1: no death counted
     fence = int(await rr.get(fence_key(service)))
     entries, tokens, gone, trimmed, _next = await reap(rr, service, "c2", 4, queues="1")
     assert len(entries) == 4 and gone == [ids[4].encode()] and trimmed == 0  # no room for the fifth
@@ -694,8 +934,10 @@ async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_wh
     for entry_id, token in zip([e[0].decode() for e in entries], tokens):
         assert await rr.get(lock_key(service, entry_id)) == f"{token}:c2:n".encode()
     assert deaths == {ids[0]: 0, ids[1]: 0, ids[2]: 1, ids[3]: 1}
-    info = {p["message_id"].decode(): p for p in
-            await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)}
+    info = {
+        p["message_id"].decode(): p
+        for p in await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
+    }
     assert [info[i]["consumer"] for i in ids] == [b"c2"] * 4 + [b"c1"]
     assert [info[i]["times_delivered"] for i in ids[:4]] == [1, 1, 2, 2]
     assert await rr.smembers(queued_prefix(service) + "c2") == {i.encode() for i in ids[:4]}
@@ -709,10 +951,15 @@ async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_wh
 
 # -- reap-4.lua, without adoption ------------------------------------------------
 
-async def test_reap_refuses_a_deadline_index_of_another_type(rr: aioredis.Redis, service: str) -> None:
+
+async def test_reap_refuses_a_deadline_index_of_another_type(
+    rr: aioredis.Redis, service: str
+) -> None:
     await taken(rr, service, 2)
     await rr.delete(consumers_key(service))
     await rr.hset(consumers_key(service), "c1", "0")
     before = await snapshot(rr, service)
-    await refused(reap(rr, service), consumers_key(service), "holds a hash, not the consumer deadline index")
+    await refused(
+        reap(rr, service), consumers_key(service), "holds a hash, not the consumer deadline index"
+    )
     assert await snapshot(rr, service) == before

@@ -41,9 +41,12 @@ def _lbs_names(r: redis.Redis, service: str) -> list[str]:
 
 
 def test_the_sink_appends_every_row_and_registers_each_stream_once(
-        spark: Any, redis_server: Any, service: str) -> None:
+    spark: Any, redis_server: Any, service: str
+) -> None:
     df = _frame(spark, streams=3, rows=100)
-    df.write.format("lbs").option("url", redis_server.url).option("SERVICE", service).mode("append").save()
+    df.write.format("lbs").option("url", redis_server.url).option("SERVICE", service).mode(
+        "append"
+    ).save()
     with redis.Redis.from_url(redis_server.url) as r:
         assert [r.xlen(f"ds-{i}") for i in range(3)] == [100, 100, 100]
         assert _lbs_names(r, service) == ["ds-0", "ds-1", "ds-2"]
@@ -54,11 +57,13 @@ def test_the_sink_appends_every_row_and_registers_each_stream_once(
 
 
 def test_rows_without_a_stream_are_skipped_and_the_others_written(
-        spark: Any, redis_server: Any, service: str) -> None:
+    spark: Any, redis_server: Any, service: str
+) -> None:
     name = f"{service}-named"
     df = spark.createDataFrame([(name, 1), (None, 2), (name, 3)], "stream string, n long")
-    df.coalesce(1).write.format("lbs").option("url", redis_server.url).option("service", service) \
-        .mode("append").save()
+    df.coalesce(1).write.format("lbs").option("url", redis_server.url).option(
+        "service", service
+    ).mode("append").save()
     with redis.Redis.from_url(redis_server.url) as r:
         assert [f[b"n"] for _, f in r.xrange(name)] == [b"1", b"3"]
         assert _lbs_names(r, service) == [name]
@@ -68,7 +73,9 @@ def test_rows_without_a_stream_are_skipped_and_the_others_written(
 def test_overwrite_is_refused(spark: Any, redis_server: Any, service: str) -> None:
     df = _frame(spark, streams=1, rows=1)
     with pytest.raises(Exception, match="append-only"):
-        df.write.format("lbs").option("url", redis_server.url).option("service", service).mode("overwrite").save()
+        df.write.format("lbs").option("url", redis_server.url).option("service", service).mode(
+            "overwrite"
+        ).save()
 
 
 def test_a_missing_option_is_a_clear_error(spark: Any, redis_server: Any) -> None:
@@ -79,14 +86,21 @@ def test_a_missing_option_is_a_clear_error(spark: Any, redis_server: Any) -> Non
 
 @pytest.mark.parametrize("server", ["redis_server", "redis7_server"])
 def test_a_retried_task_writes_no_duplicates_on_8_6_and_documented_ones_on_7(
-        spark: Any, service: str, server: str, request: pytest.FixtureRequest) -> None:
+    spark: Any, service: str, server: str, request: pytest.FixtureRequest
+) -> None:
     url = request.getfixturevalue(server).url
     streams = [f"{service}-retry-{i}" for i in range(2)]
     data = [(streams[i % 2], i) for i in range(4_000)]
     df = spark.createDataFrame(data, "stream string, n long").repartition(2)
     # Each partition's first attempt dies after 500 rows (already sent); Spark retries it.
-    (df.write.format("lbs").option("url", url).option("service", service).option("_failAfterRows", "500")
-     .mode("append").save())
+    (
+        df.write.format("lbs")
+        .option("url", url)
+        .option("service", service)
+        .option("_failAfterRows", "500")
+        .mode("append")
+        .save()
+    )
     with redis.Redis.from_url(url) as r:
         total = sum(r.xlen(s) for s in streams)
         if server == "redis_server":
@@ -106,18 +120,33 @@ def _seed(url: str, service: str) -> list[str]:
     return names
 
 
-def test_the_reader_gives_exact_rows_for_a_list_and_a_pattern(spark: Any, redis_server: Any, service: str) -> None:
+def test_the_reader_gives_exact_rows_for_a_list_and_a_pattern(
+    spark: Any, redis_server: Any, service: str
+) -> None:
     names = _seed(redis_server.url, service)
-    df = spark.read.format("lbs").option("url", redis_server.url).option("streams", ",".join(names)).load()
+    df = (
+        spark.read.format("lbs")
+        .option("url", redis_server.url)
+        .option("streams", ",".join(names))
+        .load()
+    )
     assert df.schema.names == ["stream", "id", "fields"]
     rows = df.collect()
     assert len(rows) == 10 + 20 + 30 and df.rdd.getNumPartitions() == 3
     with redis.Redis.from_url(redis_server.url) as r:
-        expected = {(name, i.decode(), f[b"n"].decode()) for name in names for i, f in r.xrange(name)}
+        expected = {
+            (name, i.decode(), f[b"n"].decode()) for name in names for i, f in r.xrange(name)
+        }
     assert {(row.stream, row.id, row.fields["n"]) for row in rows} == expected
     # A pattern, a typed schema, and a big stream split into ID ranges of 8 entries.
-    typed = (spark.read.format("lbs").schema("stream string, id string, n long")
-             .option("url", redis_server.url).option("pattern", f"{service}-r*").option("splitEntries", "8").load())
+    typed = (
+        spark.read.format("lbs")
+        .schema("stream string, id string, n long")
+        .option("url", redis_server.url)
+        .option("pattern", f"{service}-r*")
+        .option("splitEntries", "8")
+        .load()
+    )
     assert typed.rdd.getNumPartitions() == 2 + 3 + 4  # 10, 20, 30 entries in ranges of 8
     assert sorted(r.n for r in typed.filter(typed.stream == names[2]).collect()) == list(range(30))
     with redis.Redis.from_url(redis_server.url) as r:
@@ -126,9 +155,18 @@ def test_the_reader_gives_exact_rows_for_a_list_and_a_pattern(spark: Any, redis_
 
 def test_the_dead_letter_stream_is_readable(spark: Any, redis_server: Any, service: str) -> None:
     with redis.Redis.from_url(redis_server.url) as r:
-        r.xadd(lbs.dead_letter_stream(service), {"_reason": "poison", "_failed_id": "1-0", "lbs-input": "{}"})
-    df = (spark.read.format("lbs").schema("stream string, id string, _reason string")
-          .option("url", redis_server.url).option("source", "dlq").option("service", service).load())
+        r.xadd(
+            lbs.dead_letter_stream(service),
+            {"_reason": "poison", "_failed_id": "1-0", "lbs-input": "{}"},
+        )
+    df = (
+        spark.read.format("lbs")
+        .schema("stream string, id string, _reason string")
+        .option("url", redis_server.url)
+        .option("source", "dlq")
+        .option("service", service)
+        .load()
+    )
     ((stream, _id, reason),) = [tuple(r) for r in df.collect()]
     assert stream == lbs.dead_letter_stream(service) and reason == "poison"
 
@@ -146,7 +184,8 @@ def _wave(r: redis.Redis, streams: list[str], start: int, count: int) -> None:
 
 
 def test_a_stream_query_stopped_and_restarted_from_its_checkpoint_outputs_its_input_exactly_once(
-        spark: Any, redis_server: Any, service: str, tmp_path: Any) -> None:
+    spark: Any, redis_server: Any, service: str, tmp_path: Any
+) -> None:
     """Three waves: before the start, while running, while stopped; the restarted run also has a
     sink task that dies after 100 rows (and is retried). Output = input: no loss, no duplicates."""
     from pyspark.sql import functions as F
@@ -156,13 +195,27 @@ def test_a_stream_query_stopped_and_restarted_from_its_checkpoint_outputs_its_in
     checkpoint = str(tmp_path / "checkpoint")
 
     def run(extra: dict[str, str]) -> Any:
-        source = (spark.readStream.format("lbs").schema("stream string, id string, n long, body string")
-                  .option("url", redis_server.url).option("streams", ",".join(inputs)).option("group", group)
-                  .option("maxEntriesPerTrigger", "700").load())
-        out = source.select(F.concat(source.stream, F.lit("-out")).alias("stream"), source.id.alias("src"),
-                            source.n, source.body)
-        writer = (out.writeStream.format("lbs").option("url", redis_server.url).option("service", service)
-                  .option("checkpointLocation", checkpoint))
+        source = (
+            spark.readStream.format("lbs")
+            .schema("stream string, id string, n long, body string")
+            .option("url", redis_server.url)
+            .option("streams", ",".join(inputs))
+            .option("group", group)
+            .option("maxEntriesPerTrigger", "700")
+            .load()
+        )
+        out = source.select(
+            F.concat(source.stream, F.lit("-out")).alias("stream"),
+            source.id.alias("src"),
+            source.n,
+            source.body,
+        )
+        writer = (
+            out.writeStream.format("lbs")
+            .option("url", redis_server.url)
+            .option("service", service)
+            .option("checkpointLocation", checkpoint)
+        )
         for k, v in extra.items():
             writer = writer.option(k, v)
         return writer.start()
@@ -185,8 +238,11 @@ def test_a_stream_query_stopped_and_restarted_from_its_checkpoint_outputs_its_in
         ran += batches(query)
 
         sent = {(name, i.decode()) for name in inputs for i, _ in r.xrange(name)}
-        got = [(name[:-len("-out")], f[b"src"].decode(), int(f[b"n"])) for name in (s + "-out" for s in inputs)
-               for _, f in r.xrange(name)]
+        got = [
+            (name[: -len("-out")], f[b"src"].decode(), int(f[b"n"]))
+            for name in (s + "-out" for s in inputs)
+            for _, f in r.xrange(name)
+        ]
         assert len(sent) == 2_100
         assert len(got) == len(sent), "duplicates or losses"
         assert {(s, i) for s, i, _ in got} == sent
@@ -201,11 +257,19 @@ def test_a_stream_query_stopped_and_restarted_from_its_checkpoint_outputs_its_in
 
 
 def test_a_stream_query_needs_its_own_group(spark: Any, redis_server: Any) -> None:
-    query = (spark.readStream.format("lbs").option("url", redis_server.url).option("streams", "x").load()
-             .writeStream.format("noop").start())
+    query = (
+        spark.readStream.format("lbs")
+        .option("url", redis_server.url)
+        .option("streams", "x")
+        .load()
+        .writeStream.format("noop")
+        .start()
+    )
     try:
         with pytest.raises(Exception, match="needs option 'group'"):
-            query.awaitTermination(120)  # the reader is built once the query runs: its error ends it
+            query.awaitTermination(
+                120
+            )  # the reader is built once the query runs: its error ends it
     finally:
         query.stop()
 
@@ -215,15 +279,26 @@ def test_sink_and_reader_on_a_cluster(spark: Any, redis_cluster: Any, service: s
     url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
     streams = [f"{service}-c{i}" for i in range(6)]  # no hash tag: spread over the masters
     data = [(streams[i % 6], i) for i in range(3_000)]
-    spark.createDataFrame(data, "stream string, n long").repartition(2).write.format("lbs") \
-        .option("url", url).option("service", service).option("_failAfterRows", "700").mode("append").save()
+    spark.createDataFrame(data, "stream string, n long").repartition(2).write.format("lbs").option(
+        "url", url
+    ).option("service", service).option("_failAfterRows", "700").mode("append").save()
     client = redis.RedisCluster.from_url(redis_cluster.url)
     try:
-        assert len({client.keyslot(s) // 5462 for s in streams}) > 1, "the streams should span masters"
-        assert [client.xlen(s) for s in streams] == [500] * 6  # the retried partitions added nothing
+        assert len({client.keyslot(s) // 5462 for s in streams}) > 1, (
+            "the streams should span masters"
+        )
+        assert [client.xlen(s) for s in streams] == [
+            500
+        ] * 6  # the retried partitions added nothing
         assert _lbs_names(client, service) == sorted(streams)
-        df = (spark.read.format("lbs").schema("stream string, id string, n long").option("url", redis_cluster.url)
-              .option("cluster", "oss").option("streams", ",".join(streams)).load())
+        df = (
+            spark.read.format("lbs")
+            .schema("stream string, id string, n long")
+            .option("url", redis_cluster.url)
+            .option("cluster", "oss")
+            .option("streams", ",".join(streams))
+            .load()
+        )
         assert sorted(r.n for r in df.collect()) == list(range(3_000))
     finally:
         client.delete(*streams)

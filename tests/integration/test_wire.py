@@ -6,13 +6,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from _helpers import eventually, is_true
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from lbs._redis.subscription import Subscription
 from lbs._redis.wire import Wire
-
-from _helpers import eventually, is_true
 
 SCRIPT = "return {KEYS[1], ARGV[1]}"
 
@@ -24,12 +23,18 @@ async def rp(redis_server: Any, request: pytest.FixtureRequest) -> Any:
         yield c
 
 
-async def test_each_command_gets_its_own_reply_and_errors_stay_per_command(rp: aioredis.Redis, service: str) -> None:
+async def test_each_command_gets_its_own_reply_and_errors_stay_per_command(
+    rp: aioredis.Redis, service: str
+) -> None:
     wire = Wire(rp)
     try:
-        replies = await wire.execute(lambda b: (b.command("SET", f"{service}:k", "v"),
-                                                b.command("LPUSH", f"{service}:k", "x"),  # WRONGTYPE
-                                                b.command("GET", f"{service}:k")))
+        replies = await wire.execute(
+            lambda b: (
+                b.command("SET", f"{service}:k", "v"),
+                b.command("LPUSH", f"{service}:k", "x"),  # WRONGTYPE
+                b.command("GET", f"{service}:k"),
+            )
+        )
         assert replies[0] == b"OK" or replies[0] == "OK"
         assert isinstance(replies[1], ResponseError) and "WRONGTYPE" in str(replies[1])
         assert replies[2] == b"v"
@@ -39,21 +44,26 @@ async def test_each_command_gets_its_own_reply_and_errors_stay_per_command(rp: a
         await rp.delete(f"{service}:k")
 
 
-async def test_noscript_loads_the_scripts_and_sends_the_batch_again(rp: aioredis.Redis, service: str) -> None:
-    sha = (await rp.script_load(SCRIPT))
+async def test_noscript_loads_the_scripts_and_sends_the_batch_again(
+    rp: aioredis.Redis, service: str
+) -> None:
+    sha = await rp.script_load(SCRIPT)
     sha = sha.decode() if isinstance(sha, bytes) else sha
     await rp.script_flush()
     wire = Wire(rp, [SCRIPT])
     try:
-        (reply,) = await wire.execute(lambda b: b.evalsha_locks(sha, (), b"lock:", ["1-0"], (), None, True))
+        (reply,) = await wire.execute(
+            lambda b: b.evalsha_locks(sha, (), b"lock:", ["1-0"], (), None, True)
+        )
         assert reply == [b"lock:1-0", b"1-0"]
     finally:
         await wire.close()
 
 
 @pytest.mark.parametrize("parts", [1, 2], ids=["one write", "chunked"])
-async def test_a_connection_closed_while_idle_is_replaced_before_the_next_batch(rp: aioredis.Redis,
-                                                                              parts: int) -> None:
+async def test_a_connection_closed_while_idle_is_replaced_before_the_next_batch(
+    rp: aioredis.Redis, parts: int
+) -> None:
     # CLIENT KILL (or a restart) while the Wire holds its connection idle: the
     # next batch must not be written to the dead socket and fail; the Wire
     # sees the EOF and sends on a fresh connection.
@@ -62,15 +72,18 @@ async def test_a_connection_closed_while_idle_is_replaced_before_the_next_batch(
         (cid,) = await wire.execute(lambda b: b.command("CLIENT", "ID"))
         await rp.client_kill_filter(_id=cid)
         await eventually(lambda: is_true(wire._conn._reader.at_eof()))
-        assert await wire.execute_chunks(parts, lambda b, k: b.command("PING")) in ([b"PONG"] * parts,
-                                                                                  ["PONG"] * parts)
+        assert await wire.execute_chunks(parts, lambda b, k: b.command("PING")) in (
+            [b"PONG"] * parts,
+            ["PONG"] * parts,
+        )
     finally:
         await wire.close()
 
 
 @pytest.mark.parametrize("retry_safe", [False, True])
 async def test_a_batch_whose_connection_drops_in_flight_is_resent_only_when_safe(
-        rp: aioredis.Redis, service: str, retry_safe: bool) -> None:
+    rp: aioredis.Redis, service: str, retry_safe: bool
+) -> None:
     # The batch kills its own connection after an INCR: the reply is lost. Sent
     # again (retry_safe), it runs on a fresh connection, whose id the KILL no
     # longer matches; otherwise the failure is raised and it ran once.
@@ -96,8 +109,9 @@ async def test_a_batch_whose_connection_drops_in_flight_is_resent_only_when_safe
         await wire.close()
 
 
-async def test_parts_of_a_chunked_batch_reply_in_order_with_errors_per_command(rp: aioredis.Redis,
-                                                                              service: str) -> None:
+async def test_parts_of_a_chunked_batch_reply_in_order_with_errors_per_command(
+    rp: aioredis.Redis, service: str
+) -> None:
     wire = Wire(rp)
     built: list[int] = []
 
@@ -112,19 +126,25 @@ async def test_parts_of_a_chunked_batch_reply_in_order_with_errors_per_command(r
     try:
         replies = await wire.execute_chunks(3, build)
         assert built == [0, 1, 2]
-        assert [r.decode() if isinstance(r, bytes) else r for r in (replies[0], replies[1])] == ["OK", "v0"]
+        assert [r.decode() if isinstance(r, bytes) else r for r in (replies[0], replies[1])] == [
+            "OK",
+            "v0",
+        ]
         assert isinstance(replies[2], ResponseError) and "WRONGTYPE" in str(replies[2])
         assert replies[4] == b"v2" and len(replies) == 5
         assert await wire.execute_chunks(0, build) == []
         # A part may be empty.
-        assert await wire.execute_chunks(2, lambda b, k: b.command("PING") if k else None) in ([b"PONG"], ["PONG"])
+        assert await wire.execute_chunks(2, lambda b, k: b.command("PING") if k else None) in (
+            [b"PONG"],
+            ["PONG"],
+        )
     finally:
         await wire.close()
         await rp.delete(f"{service}:s")
 
 
 async def test_a_chunked_batch_after_noscript_is_encoded_and_sent_again(rp: aioredis.Redis) -> None:
-    sha = (await rp.script_load(SCRIPT))
+    sha = await rp.script_load(SCRIPT)
     sha = sha.decode() if isinstance(sha, bytes) else sha
     await rp.script_flush()
     wire = Wire(rp, [SCRIPT])
@@ -160,7 +180,8 @@ async def test_a_part_that_fails_to_encode_drops_the_connection(rp: aioredis.Red
 
 
 async def test_a_batch_that_gets_no_reply_drops_its_connection_after_the_reply_timeout(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A server that answers nothing (stopped: as a half-open connection looks) fails the batch after
     # REPLY_TIMEOUT instead of leaving it (and every batch queued behind it on the wire) waiting on TCP.
     import signal
@@ -181,7 +202,10 @@ async def test_a_batch_that_gets_no_reply_drops_its_connection_after_the_reply_t
                     await wire.execute(lambda b: b.command("PING"))
             finally:
                 srv.process.send_signal(signal.SIGCONT)
-            assert await wire.execute(lambda b: b.command("PING")) in ([b"PONG"], ["PONG"])  # a fresh connection
+            assert await wire.execute(lambda b: b.command("PING")) in (
+                [b"PONG"],
+                ["PONG"],
+            )  # a fresh connection
         finally:
             await wire.close()
             await r.aclose()
@@ -189,12 +213,15 @@ async def test_a_batch_that_gets_no_reply_drops_its_connection_after_the_reply_t
 
 # -- Subscription: Pub/Sub messages read in bulk --------------------------------------------------
 
+
 async def _subscribed(r: aioredis.Redis) -> int:
     """How many connections of the server are subscribed to patterns."""
     return sum(1 for c in await r.client_list() if int(c.get("psub", 0)))
 
 
-async def test_a_subscription_reads_a_burst_in_bulk_and_answers_pings(rp: aioredis.Redis, service: str) -> None:
+async def test_a_subscription_reads_a_burst_in_bulk_and_answers_pings(
+    rp: aioredis.Redis, service: str
+) -> None:
     before = await _subscribed(rp)
     sub = Subscription(rp)
     await sub.open(f"{service}:*")
@@ -209,7 +236,9 @@ async def test_a_subscription_reads_a_burst_in_bulk_and_answers_pings(rp: aiored
             assert batch, f"only {len(got)} of 5000 messages came"
             got += batch
         assert got[0] == [b"pmessage", f"{service}:*".encode(), f"{service}:0".encode(), b"expired"]
-        assert [m[2] for m in got] == [f"{service}:{i}".encode() for i in range(5000)]  # in order, none lost
+        assert [m[2] for m in got] == [
+            f"{service}:{i}".encode() for i in range(5000)
+        ]  # in order, none lost
         sub.ping()
         pong = await sub.messages(5.0)
         assert pong in ([[b"pong", b""]], [b"PONG"], ["PONG"]), pong
@@ -223,7 +252,9 @@ async def test_a_subscription_reads_a_burst_in_bulk_and_answers_pings(rp: aiored
     await eventually(unsubscribed)  # closed: the connection went back unsubscribed (disconnected)
 
 
-async def test_a_subscription_whose_connection_is_killed_raises(rp: aioredis.Redis, service: str) -> None:
+async def test_a_subscription_whose_connection_is_killed_raises(
+    rp: aioredis.Redis, service: str
+) -> None:
     sub = Subscription(rp)
     await sub.open(f"{service}:*")
     try:

@@ -12,7 +12,6 @@ import json
 import sys
 
 import _lbscore._core
-
 import lbs
 
 
@@ -32,14 +31,20 @@ async def main(url: str, service: str, count: int) -> None:
     finally:
         await client.close()
         await runner
-    print(json.dumps({
-        "lbs": lbs.__file__,
-        "core": _lbscore._core.__file__,
-        "version": lbs.__version__,
-        "seen": sorted(seen),
-        "done": client.stats.done,
-        "plugins": sorted(dist.project_name for _, dist in client.pm.list_plugin_distinfo()),
-    }))
+    print(
+        json.dumps(
+            {
+                "lbs": lbs.__file__,
+                "core": _lbscore._core.__file__,
+                "version": lbs.__version__,
+                "seen": sorted(seen),
+                "done": client.stats.done,
+                "plugins": sorted(
+                    dist.project_name for _, dist in client.pm.list_plugin_distinfo()
+                ),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,10 @@ PLUGINS = {p.parent.name: load(p) for p in sorted(ROOT.glob("plugins/*/pyproject
 
 def python_classifiers(project: dict[str, Any]) -> list[tuple[int, int]]:
     """The CPython versions a [project] table lists as classifiers, e.g. [(3, 10), (3, 11)]."""
-    found = (re.fullmatch(r"Programming Language :: Python :: (\d+)\.(\d+)", c) for c in project["classifiers"])
+    found = (
+        re.fullmatch(r"Programming Language :: Python :: (\d+)\.(\d+)", c)
+        for c in project["classifiers"]
+    )
     return sorted((int(m[1]), int(m[2])) for m in found if m)
 
 

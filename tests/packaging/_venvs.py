@@ -12,7 +12,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 #: The variables that could point a child at the tree, the dev venv or another Spark.
-_LEAKY = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
+_LEAKY = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "VIRTUAL_ENV",
+    "SPARK_HOME",
+    "PYSPARK_PYTHON",
+    "PYSPARK_DRIVER_PYTHON",
+)
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -22,12 +29,25 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(argv: Sequence[str | Path], *, cwd: Path, timeout: float, env: dict[str, str] | None = None,
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str | Path],
+    *,
+    cwd: Path,
+    timeout: float,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run a command to completion; a failure shows its output."""
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env=env or clean_env(), capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    proc = subprocess.run(
+        [str(a) for a in argv],
+        cwd=cwd,
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    )
     return proc
 
 
@@ -69,5 +89,8 @@ class Venv:
 
     def pip_install(self, *requirements: str | Path, find_links: Path | None = None) -> None:
         links = ["--find-links", str(find_links)] if find_links else []
-        run([self.python, "-m", "pip", "install", "--quiet", *links, *map(str, requirements)],
-            cwd=self.path, timeout=900)
+        run(
+            [self.python, "-m", "pip", "install", "--quiet", *links, *map(str, requirements)],
+            cwd=self.path,
+            timeout=900,
+        )

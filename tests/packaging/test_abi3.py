@@ -21,8 +21,21 @@ from _venvs import clean_env, run
 pytestmark = pytest.mark.timeout(600)
 
 # Build products a developer's tree may hold; a wheel built beside them could pick them up.
-_NOT_SOURCES = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "*.so",
-                                      "*.c", "*.html", ".*_cache", ".hypothesis", ".benchmarks", "fuzz-findings")
+_NOT_SOURCES = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    "*.so",
+    "*.c",
+    "*.html",
+    ".*_cache",
+    ".hypothesis",
+    ".benchmarks",
+    "fuzz-findings",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +45,12 @@ def abi3_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     # No isolation: the dev environment has setuptools and Cython, and this
     # test is about the build mode, not about fetching the build requirements.
-    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, tree],
-        cwd=tree, timeout=540, env=clean_env(LBS_LIMITED_API="1"))
+    run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, tree],
+        cwd=tree,
+        timeout=540,
+        env=clean_env(LBS_LIMITED_API="1"),
+    )
     (whl,) = out.glob("*.whl")
     return whl
 

@@ -16,9 +16,17 @@ LINUX: dict[str, Any] = CIBW.get("linux", {})
 PROJECT = ROOT_PYPROJECT["project"]
 
 #: The Linux identifiers cibuildwheel can build for CPython 3.8-3.14 (free-threaded included).
-_PLATFORMS = [f"{libc}_{arch}" for libc in ("manylinux", "musllinux")
-              for arch in ("x86_64", "i686", "aarch64", "ppc64le", "s390x", "armv7l", "riscv64")]
-UNIVERSE = [f"cp3{minor}{t}-{platform}" for minor in range(8, 15) for t in ("", "t") for platform in _PLATFORMS]
+_PLATFORMS = [
+    f"{libc}_{arch}"
+    for libc in ("manylinux", "musllinux")
+    for arch in ("x86_64", "i686", "aarch64", "ppc64le", "s390x", "armv7l", "riscv64")
+]
+UNIVERSE = [
+    f"cp3{minor}{t}-{platform}"
+    for minor in range(8, 15)
+    for t in ("", "t")
+    for platform in _PLATFORMS
+]
 
 
 def _selectors(value: str | list[str] | None) -> list[str]:
@@ -31,22 +39,34 @@ def _selected() -> set[str]:
     """What cibuildwheel builds on Linux: matching `build`, not `skip`, on an arch of `archs`."""
     build, skip = _selectors(CIBW.get("build")), _selectors(CIBW.get("skip"))
     archs = _selectors(LINUX.get("archs", CIBW.get("archs")))
-    return {i for i in UNIVERSE
-            if any(fnmatch(i, b) for b in build) and not any(fnmatch(i, s) for s in skip)
-            and i.split("_", 1)[1] in archs}
+    return {
+        i
+        for i in UNIVERSE
+        if any(fnmatch(i, b) for b in build)
+        and not any(fnmatch(i, s) for s in skip)
+        and i.split("_", 1)[1] in archs
+    }
 
 
 def test_the_wheels_built_are_cpython_of_the_classifiers_on_manylinux_and_both_archs() -> None:
     versions = python_classifiers(PROJECT)
-    expected = {f"cp{major}{minor}-manylinux_{arch}" for major, minor in versions for arch in ("x86_64", "aarch64")}
+    expected = {
+        f"cp{major}{minor}-manylinux_{arch}"
+        for major, minor in versions
+        for arch in ("x86_64", "aarch64")
+    }
     assert _selected() == expected
-    assert min(versions) == python_floor(PROJECT), "the oldest wheel must be for requires-python's floor"
+    assert min(versions) == python_floor(PROJECT), (
+        "the oldest wheel must be for requires-python's floor"
+    )
 
 
 def test_every_selector_does_something() -> None:
     build = _selectors(CIBW["build"])
     for pattern in build:
-        assert [i for i in UNIVERSE if fnmatch(i, pattern)], f"build selector {pattern!r} matches nothing"
+        assert [i for i in UNIVERSE if fnmatch(i, pattern)], (
+            f"build selector {pattern!r} matches nothing"
+        )
     for pattern in _selectors(CIBW.get("skip")):
         matched = [i for i in UNIVERSE if fnmatch(i, pattern) and any(fnmatch(i, b) for b in build)]
         assert matched, f"skip selector {pattern!r} skips nothing that would be built"
@@ -55,7 +75,9 @@ def test_every_selector_does_something() -> None:
 
 def test_both_archs_use_one_manylinux_image() -> None:
     images = {arch: LINUX.get(f"manylinux-{arch}-image") for arch in _selectors(LINUX["archs"])}
-    assert len(set(images.values())) == 1 and re.fullmatch(r"manylinux_2_\d+", str(images["x86_64"])), images
+    assert len(set(images.values())) == 1 and re.fullmatch(
+        r"manylinux_2_\d+", str(images["x86_64"])
+    ), images
 
 
 def test_the_test_command_runs_pytest_on_paths_of_the_project_with_extras_it_has() -> None:

@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from _pyprojects import PLUGINS, ROOT, ROOT_PYPROJECT, python_classifiers, python_floor
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-
-from _pyprojects import PLUGINS, ROOT, ROOT_PYPROJECT, python_classifiers, python_floor
 
 ROOT_PROJECT = ROOT_PYPROJECT["project"]
 ALL = {"(root)": ROOT_PYPROJECT, **PLUGINS}
@@ -41,8 +40,12 @@ def test_a_plugin_depends_on_the_root_distribution_at_a_version_it_has(plugin: s
     assert "lbs" not in names, f"{plugin} depends on 'lbs', an unrelated project on the index"
     req = names.get(canonicalize_name(ROOT_PROJECT["name"]))
     assert req is not None, f"{plugin} must depend on {ROOT_PROJECT['name']}"
-    assert str(req.specifier).startswith(">="), f"{plugin}: give lbs-streams a lower bound, not {req}"
-    assert req.specifier.contains(Version(ROOT_PROJECT["version"])), f"{plugin}: {req} excludes this lbs"
+    assert str(req.specifier).startswith(">="), (
+        f"{plugin}: give lbs-streams a lower bound, not {req}"
+    )
+    assert req.specifier.contains(Version(ROOT_PROJECT["version"])), (
+        f"{plugin}: {req} excludes this lbs"
+    )
 
 
 @each_plugin
@@ -51,7 +54,9 @@ def test_the_root_has_an_extra_that_installs_each_plugin(plugin: str) -> None:
     extra = plugin.removeprefix("lbs-")
     (req,) = [Requirement(r) for r in ROOT_PROJECT["optional-dependencies"][extra]]
     assert canonicalize_name(req.name) == canonicalize_name(project["name"])
-    assert req.specifier.contains(Version(project["version"])), f"[{extra}] = {req} excludes the plugin's version"
+    assert req.specifier.contains(Version(project["version"])), (
+        f"[{extra}] = {req} excludes the plugin's version"
+    )
 
 
 @each_project
@@ -59,7 +64,9 @@ def test_every_project_asks_the_same_python_floor(name: str) -> None:
     pyproject = ALL[name]
     assert python_floor(pyproject["project"]) == python_floor(ROOT_PROJECT)
     floor = ".".join(map(str, python_floor(ROOT_PROJECT)))
-    assert pyproject["tool"]["mypy"]["python_version"] == floor, "mypy must check the oldest Python supported"
+    assert pyproject["tool"]["mypy"]["python_version"] == floor, (
+        "mypy must check the oldest Python supported"
+    )
 
 
 @each_project
@@ -67,7 +74,9 @@ def test_every_project_lists_each_supported_python_from_the_floor(name: str) -> 
     versions = python_classifiers(ALL[name]["project"])
     assert versions == python_classifiers(ROOT_PROJECT)
     major, minor = python_floor(ROOT_PROJECT)
-    assert versions == [(major, m) for m in range(minor, minor + len(versions))], "from the floor, no gaps"
+    assert versions == [(major, m) for m in range(minor, minor + len(versions))], (
+        "from the floor, no gaps"
+    )
     assert versions[-1] >= (3, 13)
 
 
@@ -76,8 +85,12 @@ def test_licenses_are_spdx_strings_and_ship_the_license_text(name: str) -> None:
     pyproject = ALL[name]
     # A table ({text = ...}) makes setuptools >= 77 warn; SPDX strings need it as the backend.
     assert pyproject["project"]["license"] == ROOT_PROJECT["license"] == "MIT"
-    assert not [c for c in pyproject["project"].get("classifiers", []) if c.startswith("License ::")]
-    (backend,) = [Requirement(r) for r in pyproject["build-system"]["requires"] if r.startswith("setuptools")]
+    assert not [
+        c for c in pyproject["project"].get("classifiers", []) if c.startswith("License ::")
+    ]
+    (backend,) = [
+        Requirement(r) for r in pyproject["build-system"]["requires"] if r.startswith("setuptools")
+    ]
     assert backend.specifier.contains("77") and not backend.specifier.contains("76.9")
     directory = ROOT if name == "(root)" else ROOT / "plugins" / name
     assert (directory / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()

@@ -23,7 +23,9 @@ def test_dist_holds_the_sdist_the_manylinux_wheel_and_the_plugin_wheels(dist: Di
     names = sorted(p.name for p in dist.path.iterdir())
     assert len(names) == 2 + len(PLUGINS), names
     assert re.search(r"[-.]manylinux_2_\d+_x86_64\.whl$", dist.wheel.name), dist.wheel.name
-    assert not [n for n in names if n.endswith("-linux_x86_64.whl")], "the unrepaired wheel is left behind"
+    assert not [n for n in names if n.endswith("-linux_x86_64.whl")], (
+        "the unrepaired wheel is left behind"
+    )
     for plugin in PLUGINS:
         (whl,) = dist.path.glob(f"{plugin.replace('-', '_')}-*-py3-none-any.whl")
         assert "License-Expression: MIT" in _metadata(whl)
@@ -53,18 +55,25 @@ def test_the_wheel_ships_a_stripped_core_and_stubs_not_sources(dist: Dist, tmp_p
     # The release build (setup.py): no debug information, no static symbol table.
     with so.open("rb") as f:
         sections = {s.name for s in ELFFile(f).iter_sections()}
-    assert not {s for s in sections if s.startswith(".debug")} and ".symtab" not in sections, sorted(sections)
+    assert not {s for s in sections if s.startswith(".debug")} and ".symtab" not in sections, (
+        sorted(sections)
+    )
 
 
 def _probe(installed: Venv, workdir: Path, *args: str) -> Any:
     # -I: neither the script's directory nor the working directory is put on sys.path.
-    out = run([installed.python, "-I", HERE / "_probe_roundtrip.py", *args], cwd=workdir, env=clean_env(),
-              timeout=300).stdout
+    out = run(
+        [installed.python, "-I", HERE / "_probe_roundtrip.py", *args],
+        cwd=workdir,
+        env=clean_env(),
+        timeout=300,
+    ).stdout
     return json.loads(out.splitlines()[-1])
 
 
 def test_the_installed_wheel_runs_a_round_trip_on_its_own_core(
-        installed: Venv, redis_server: Any, service: str, workdir: Path) -> None:
+    installed: Venv, redis_server: Any, service: str, workdir: Path
+) -> None:
     got = _probe(installed, workdir, redis_server.url, service, "20")
     site = str(installed.path / "lib")
     assert got["lbs"].startswith(site) and got["core"].startswith(site), got

@@ -43,7 +43,7 @@ def _value(rng: random.Random, depth: int = 0) -> bytes:
     if kind == 2:
         return b"-%s\r\n" % rng.choice([b"ERR x", b"NOSCRIPT No matching script", b"NOGROUP"])
     if kind == 3:
-        return b":%d\r\n" % rng.choice([0, -1, 2**63 - 1, -(2**63), rng.randrange(-10**6, 10**6)])
+        return b":%d\r\n" % rng.choice([0, -1, 2**63 - 1, -(2**63), rng.randrange(-(10**6), 10**6)])
     if kind == 4:
         return rng.choice([b"$-1\r\n", b"*-1\r\n", b"_\r\n", b"#t\r\n", b"#f\r\n"])
     if kind == 5:
@@ -56,10 +56,16 @@ def _value(rng: random.Random, depth: int = 0) -> bytes:
         return _entry(rng)
     if kind in (9, 10):
         n = rng.randrange(5)
-        return rng.choice([b"*", b"~", b">"]) + b"%d\r\n" % n + b"".join(_value(rng, depth + 1) for _ in range(n))
+        return (
+            rng.choice([b"*", b"~", b">"])
+            + b"%d\r\n" % n
+            + b"".join(_value(rng, depth + 1) for _ in range(n))
+        )
     if kind == 11:
         n = rng.randrange(4)
-        return b"%%%d\r\n" % n + b"".join(_bulk(b"k%d" % i) + _value(rng, depth + 1) for i in range(n))
+        return b"%%%d\r\n" % n + b"".join(
+            _bulk(b"k%d" % i) + _value(rng, depth + 1) for i in range(n)
+        )
     if kind == 12:
         return b"|1\r\n+ttl\r\n:1\r\n" + _value(rng, depth + 1)
     n = rng.randrange(6)
@@ -68,7 +74,9 @@ def _value(rng: random.Random, depth: int = 0) -> bytes:
 
 def _entry(rng: random.Random) -> bytes:
     entry_id = b"%d-%d" % (rng.randrange(2**45), rng.randrange(10))
-    doc = encode_input(rng.choice(["s", "session-1", "é"]), rng.choice([{}, {"a": 1}, {"k": [1, 2.5, None, "v"]}]))
+    doc = encode_input(
+        rng.choice(["s", "session-1", "é"]), rng.choice([{}, {"a": 1}, {"k": [1, 2.5, None, "v"]}])
+    )
     fields = [b"lbs-input", doc]
     if rng.random() < 0.5:
         fields += [b"_retry_count", rng.choice([b"1", b"-3", b"x", b"99999999999999999999"])]
@@ -81,7 +89,12 @@ def _entry(rng: random.Random) -> bytes:
     else:
         body = b"*%d\r\n" % len(fields) + b"".join(_bulk(f) for f in fields)
     if rng.random() < 0.2:  # XREADGROUP CLAIM
-        return b"*4\r\n" + _bulk(entry_id) + body + rng.choice([b":5\r\n:2\r\n", _bulk(b"5") + _bulk(b"2")])
+        return (
+            b"*4\r\n"
+            + _bulk(entry_id)
+            + body
+            + rng.choice([b":5\r\n:2\r\n", _bulk(b"5") + _bulk(b"2")])
+        )
     return b"*2\r\n" + _bulk(entry_id) + body
 
 
@@ -108,10 +121,12 @@ def _mutate(rng: random.Random, data: bytes, other: bytes) -> bytes:
         elif op == 2 and b:
             del b[i % len(b)]
         elif op == 3:
-            b[i:i] = rng.choice([b"\r", b"\n", b"\r\n", b"-", b"0", b"9", b"*", b"$", b"%", b"|", b"\x00"])
+            b[i:i] = rng.choice(
+                [b"\r", b"\n", b"\r\n", b"-", b"0", b"9", b"*", b"$", b"%", b"|", b"\x00"]
+            )
         elif op == 4:
             j = rng.randrange(len(b) + 1)
-            b[i:i] = b[min(i, j):max(i, j)][:64]
+            b[i:i] = b[min(i, j) : max(i, j)][:64]
         elif op == 5:
             # a length header off by a little or a lot
             digits = [k for k in range(len(b)) if 48 <= b[k] <= 57]
@@ -142,7 +157,7 @@ def run_one(data: bytes, rng: random.Random, parser: EntryParser, stats: Stats) 
     try:
         while pos < len(data):
             step = rng.choice([1, 7, 64, 4096, len(data)])
-            reader.feed(data[pos:pos + step])
+            reader.feed(data[pos : pos + step])
             pos += step
             while True:
                 got = reader.gets() if shape == Shape.ANY else reader.gets_entries(parser, shape)
@@ -172,7 +187,7 @@ def fuzz(seconds: float, seed: int, out: Path | None = None) -> Stats:
             stats.inputs += 1
             try:
                 run_one(data, random.Random(stats.inputs), parser, stats)
-            except Exception:  # noqa: BLE001 - anything but ProtocolError is a finding
+            except Exception:
                 report = f"input #{stats.inputs} (seed {seed}): {data!r}\n{traceback.format_exc()}"
                 stats.findings.append(report)
                 if out is not None:
@@ -184,15 +199,19 @@ def fuzz(seconds: float, seed: int, out: Path | None = None) -> Stats:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=600.0, help="how long to run (default 600)")
-    ap.add_argument("--seed", type=int, default=int(time.time()), help="random seed (default: the time)")
+    ap.add_argument(
+        "--seed", type=int, default=int(time.time()), help="random seed (default: the time)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="directory for findings")
     args = ap.parse_args(argv)
     started = time.monotonic()
     stats = fuzz(args.seconds, args.seed, args.out)
     took = time.monotonic() - started
-    print(f"seed {args.seed}: {stats.inputs} inputs in {took:.0f} s ({stats.inputs / took:.0f}/s), "
-          f"{stats.replies} replies read, {stats.protocol_errors} protocol errors, "
-          f"{len(stats.findings)} findings")
+    print(
+        f"seed {args.seed}: {stats.inputs} inputs in {took:.0f} s ({stats.inputs / took:.0f}/s), "
+        f"{stats.replies} replies read, {stats.protocol_errors} protocol errors, "
+        f"{len(stats.findings)} findings"
+    )
     for f in stats.findings[:5]:
         print(f)
     return 1 if stats.findings else 0

@@ -20,8 +20,15 @@ def bulk(b: bytes) -> bytes:
 def entries_reply(entries: list[tuple[bytes, list[bytes] | None]]) -> bytes:
     out = b"*%d\r\n" % len(entries)
     for entry_id, flat in entries:
-        out += b"*2\r\n" + bulk(entry_id) + (b"*-1\r\n" if flat is None else b"*%d\r\n" % len(flat)
-                                              + b"".join(bulk(x) for x in flat))
+        out += (
+            b"*2\r\n"
+            + bulk(entry_id)
+            + (
+                b"*-1\r\n"
+                if flat is None
+                else b"*%d\r\n" % len(flat) + b"".join(bulk(x) for x in flat)
+            )
+        )
     return out
 
 
@@ -32,24 +39,41 @@ def unpack(taken: tuple[Any, ...]) -> list[tuple[bytes, list[tuple[bytes, bytes]
         assert len(raw) == 4 * (n + 1)
         return list(struct.unpack(f"<{n + 1}i", raw))
 
-    io, ko, vo, mo = offsets(id_off, rows), offsets(key_off, pairs), offsets(value_off, pairs), offsets(map_off, rows)
+    io, ko, vo, mo = (
+        offsets(id_off, rows),
+        offsets(key_off, pairs),
+        offsets(value_off, pairs),
+        offsets(map_off, rows),
+    )
     out = []
     for r in range(rows):
-        kv = [(keys[ko[j]:ko[j + 1]], values[vo[j]:vo[j + 1]]) for j in range(mo[r], mo[r + 1])]
-        out.append((ids[io[r]:io[r + 1]], kv))
+        kv = [(keys[ko[j] : ko[j + 1]], values[vo[j] : vo[j + 1]]) for j in range(mo[r], mo[r + 1])]
+        out.append((ids[io[r] : io[r + 1]], kv))
     return out
 
 
-entry = st.tuples(st.tuples(st.integers(0, 10**13), st.integers(0, 10)),
-                  st.one_of(st.none(), st.lists(st.tuples(st.binary(max_size=6), st.binary(max_size=6)), max_size=3)))
+entry = st.tuples(
+    st.tuples(st.integers(0, 10**13), st.integers(0, 10)),
+    st.one_of(
+        st.none(), st.lists(st.tuples(st.binary(max_size=6), st.binary(max_size=6)), max_size=3)
+    ),
+)
 
 
-@given(st.lists(entry, max_size=12, unique_by=lambda e: e[0]), st.one_of(st.none(), st.integers(0, 10**13)),
-       st.integers(1, 7), st.booleans())
+@given(
+    st.lists(entry, max_size=12, unique_by=lambda e: e[0]),
+    st.one_of(st.none(), st.integers(0, 10**13)),
+    st.integers(1, 7),
+    st.booleans(),
+)
 def test_entries_up_to_the_bound_arrive_whole_however_the_bytes_are_split(
-        raw: list[Any], bound: int | None, step: int, xread: bool) -> None:
+    raw: list[Any], bound: int | None, step: int, xread: bool
+) -> None:
     raw.sort()
-    entries = [(b"%d-%d" % ident, None if kv is None else [x for pair in kv for x in pair]) for ident, kv in raw]
+    entries = [
+        (b"%d-%d" % ident, None if kv is None else [x for pair in kv for x in pair])
+        for ident, kv in raw
+    ]
     data = entries_reply(entries)
     if xread:
         data = b"*1\r\n*2\r\n" + bulk(b"s") + data
@@ -58,10 +82,14 @@ def test_entries_up_to_the_bound_arrive_whole_however_the_bytes_are_split(
     seen: object = NEED_MORE
     for i in range(0, len(data), step):
         assert seen is NEED_MORE
-        reader.feed(data[i:i + step])
+        reader.feed(data[i : i + step])
         seen = cols.read(reader, Shape.XREAD if xread else Shape.ENTRIES)
     assert seen == len(entries) and reader.buffered == 0
-    kept = [(ident, kv) for ident, kv in raw if kv is not None and (bound is None or ident <= (bound, 5))]
+    kept = [
+        (ident, kv)
+        for ident, kv in raw
+        if kv is not None and (bound is None or ident <= (bound, 5))
+    ]
     assert unpack(cols.take()) == [(b"%d-%d" % ident, kv) for ident, kv in kept]
     assert cols.passed == (bound is not None and any(ident > (bound, 5) for ident, _ in raw))
     assert cols.last_id == (entries[-1][0] if entries else None)

@@ -11,8 +11,15 @@ import lbs
 
 def test_defaults_are_the_documented_ones() -> None:
     c = lbs.Config()
-    assert (c.lock_ttl, c.heartbeat_every, c.max_retries, c.read_retry_initial, c.read_retry_max,
-            c.read_max_retries, c.field_prefix) == (10.0, pytest.approx(10.0 / 3), 3, 0.1, 30.0, -1, "_")
+    assert (
+        c.lock_ttl,
+        c.heartbeat_every,
+        c.max_retries,
+        c.read_retry_initial,
+        c.read_retry_max,
+        c.read_max_retries,
+        c.field_prefix,
+    ) == (10.0, pytest.approx(10.0 / 3), 3, 0.1, 30.0, -1, "_")
     assert c.dead_letter_stream is None  # the service's {<service>-input}:dlq
 
 
@@ -70,9 +77,13 @@ def test_disabled_plugins_are_entry_point_names() -> None:
 
 
 def test_a_misspelt_field_is_a_configuration_error_with_the_likely_name() -> None:
-    with pytest.raises(lbs.ConfigurationError, match=r"^Config has no field 'lock_tll'; did you mean 'lock_ttl'\?$"):
+    with pytest.raises(
+        lbs.ConfigurationError, match=r"^Config has no field 'lock_tll'; did you mean 'lock_ttl'\?$"
+    ):
         lbs.Config(lock_tll=5)  # type: ignore[call-arg]
-    with pytest.raises(lbs.ConfigurationError, match=r"^Config has no field 'colour'$"):  # nothing close
+    with pytest.raises(
+        lbs.ConfigurationError, match=r"^Config has no field 'colour'$"
+    ):  # nothing close
         lbs.Config(colour="blue")  # type: ignore[call-arg]
     with pytest.raises(lbs.ConfigurationError, match="did you mean 'max_streams'"):
         lbs.Config().replace(max_stream=5)

@@ -19,7 +19,9 @@ class Defaults:
 
 
 def make(*plugins: object, config: lbs.Config | None = None) -> lbs.Client:
-    return lbs.Client("redis://127.0.0.1:1", "svc", "c", config, plugins=plugins, load_entrypoint_plugins=False)
+    return lbs.Client(
+        "redis://127.0.0.1:1", "svc", "c", config, plugins=plugins, load_entrypoint_plugins=False
+    )
 
 
 def test_defaults_apply_when_no_config_is_given() -> None:
@@ -33,7 +35,9 @@ def test_an_explicit_config_wins_whole() -> None:
 
 
 def test_disagreeing_plugins_and_unknown_fields_are_refused_by_name() -> None:
-    with pytest.raises(lbs.ConfigurationError, match="disagree on the default of Config.max_streams"):
+    with pytest.raises(
+        lbs.ConfigurationError, match="disagree on the default of Config.max_streams"
+    ):
         make(Defaults(max_streams=7), Defaults(max_streams=8))
     with pytest.raises(lbs.ConfigurationError, match="'no_such_field'"):
         make(Defaults(no_such_field=1))

@@ -37,7 +37,6 @@ def test_release_build_has_debug_checks_off() -> None:
     assert core.DEBUG_BUILD is False
 
 
-
 def test_lbs_hands_its_error_types_to_the_core() -> None:
     with pytest.raises(lbs.InvalidInputError):
         core.decode_input(b"not json")
@@ -48,8 +47,12 @@ def test_lbs_hands_its_error_types_to_the_core() -> None:
     with pytest.raises(lbs.ProtocolError):
         reader.gets()
     with pytest.raises(TypeError, match="exception classes"):
-        core.use_errors(data_error=lbs.DataError, invalid_input=lbs.InvalidInputError,
-                        internal_error="InternalError", protocol_error=lbs.ProtocolError)  # type: ignore[arg-type]
+        core.use_errors(
+            data_error=lbs.DataError,
+            invalid_input=lbs.InvalidInputError,
+            internal_error="InternalError",
+            protocol_error=lbs.ProtocolError,
+        )  # type: ignore[arg-type]
 
 
 _CORE_ALONE = """
@@ -77,5 +80,7 @@ assert imported() == [], imported()
 
 def test_the_core_alone_imports_neither_lbs_nor_redis() -> None:
     # Until lbs hands its types in, the core raises built-in ones.
-    proc = subprocess.run([sys.executable, "-c", _CORE_ALONE], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CORE_ALONE], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr

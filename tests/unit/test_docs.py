@@ -19,7 +19,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 def _first_screen_commands() -> list[str]:
     first_block = re.search(r"```sh\n(.*?)```", README, re.S)
     assert first_block, "README has no shell block"
-    return [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
+    return [
+        line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()
+    ]
 
 
 def test_first_screen_gives_exactly_two_commands() -> None:
@@ -30,7 +32,9 @@ def test_first_screen_gives_exactly_two_commands() -> None:
 def test_ci_runs_the_readme_test_command_verbatim() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     test_command = _first_screen_commands()[1]
-    assert re.search(rf"^{re.escape(test_command)}$", ci, re.M), ".ci/run must call the README's test command"
+    assert re.search(rf"^{re.escape(test_command)}$", ci, re.M), (
+        ".ci/run must call the README's test command"
+    )
 
 
 def test_python_floor_matches_pyproject() -> None:
@@ -42,7 +46,9 @@ def test_make_targets_named_in_the_docs_exist() -> None:
     makefile = (ROOT / "Makefile").read_text()
     for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]:
         for target in set(re.findall(r"`make (\w+)", doc.read_text())):
-            assert re.search(rf"^{target}:", makefile, re.M), f"{doc.name} names make {target}, Makefile lacks it"
+            assert re.search(rf"^{target}:", makefile, re.M), (
+                f"{doc.name} names make {target}, Makefile lacks it"
+            )
 
 
 def test_files_named_in_architecture_exist() -> None:
@@ -55,5 +61,9 @@ def test_files_named_in_architecture_exist() -> None:
 
 def test_docs_never_import_the_private_core() -> None:
     # Docs may name the core's files; examples must use the public ``lbs`` names.
-    for doc in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "plugins").rglob("*.md")]:
+    for doc in [
+        ROOT / "README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "plugins").rglob("*.md"),
+    ]:
         assert not re.search(r"(import|from)\s+_lbscore", doc.read_text()), doc

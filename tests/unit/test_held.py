@@ -30,8 +30,15 @@ def entry(entry_id: str, stream: str, info: dict[str, Any] | None = None) -> Ent
     return e
 
 
-def take(t: HeldTable, entry_id: str, stream: str, info: dict[str, Any] | None, retry_count: int, token: int,
-         taken_at: float = 0.0) -> Held:
+def take(
+    t: HeldTable,
+    entry_id: str,
+    stream: str,
+    info: dict[str, Any] | None,
+    retry_count: int,
+    token: int,
+    taken_at: float = 0.0,
+) -> Held:
     return t.take(entry(entry_id, stream, info), token, retry_count, taken_at)
 
 
@@ -43,8 +50,15 @@ def test_take_holds_the_entry_under_its_token() -> None:
     t = table()
     e = entry("1700000000000-3", "orders-7", {"user": "u1"})
     h = t.take(e, 41, 2, 12.5)
-    assert (h.entry_id, h.stream, h.info, h.retry_count, h.token, h.taken_at, h.task) == \
-        ("1700000000000-3", "orders-7", {"user": "u1"}, 2, 41, 12.5, None)
+    assert (h.entry_id, h.stream, h.info, h.retry_count, h.token, h.taken_at, h.task) == (
+        "1700000000000-3",
+        "orders-7",
+        {"user": "u1"},
+        2,
+        41,
+        12.5,
+        None,
+    )
     assert h.info is e.info  # the entry's own Info, not a copy
     assert t.get(e.id) is h and t.find("orders-7") is h
 
@@ -110,11 +124,19 @@ def test_constructor_takes_the_old_positional_fields_and_checks_they_agree() -> 
 
 def test_repr_and_pickle() -> None:
     h = take(table(), "1-0", "s", {"a": 1}, 0, 9)
-    assert repr(h) == (f"Held(entry_id='1-0', stream='s', info={{'a': 1}}, retry_count=0, token=9, "
-                       f"value='9:{CONSUMER}', lock_key='{PREFIX}1-0')")
+    assert repr(h) == (
+        f"Held(entry_id='1-0', stream='s', info={{'a': 1}}, retry_count=0, token=9, "
+        f"value='9:{CONSUMER}', lock_key='{PREFIX}1-0')"
+    )
     again = pickle.loads(pickle.dumps(h))
-    assert (again.entry_id, again.stream, again.info, again.token, again.value, again.lock_key) == \
-        (h.entry_id, h.stream, h.info, h.token, h.value, h.lock_key)
+    assert (again.entry_id, again.stream, again.info, again.token, again.value, again.lock_key) == (
+        h.entry_id,
+        h.stream,
+        h.info,
+        h.token,
+        h.value,
+        h.lock_key,
+    )
 
 
 def test_add_get_drop_len_contains_iteration() -> None:
@@ -175,28 +197,60 @@ def test_a_record_built_by_hand_can_be_added() -> None:
     assert t.find("s") is h and h.value == "3:redis-consumer-z"
 
 
-def _expected(records: list[Held], start: int, stop: int, refresh_every: int = 1, phase: int = 0) -> bytes:
+def _expected(
+    records: list[Held], start: int, stop: int, refresh_every: int = 1, phase: int = 0
+) -> bytes:
     # Packed argument by argument, apart from the EVALSHA writer that
     # encode_extend and evalsha_locks share.
     part = records[start:stop]
-    flags = ["".join("1" if h.token % refresh_every == phase else "0" for h in part)] if refresh_every > 1 else []
-    return pack_command("EVALSHA", "f" * 40, 2 + len(part), "lbs", "{lbs}:consumers", *(h.lock_key for h in part),
-                        600_000, "group", CONSUMER, 1, *(h.value for h in part), *(h.entry_id for h in part), *flags)
+    flags = (
+        ["".join("1" if h.token % refresh_every == phase else "0" for h in part)]
+        if refresh_every > 1
+        else []
+    )
+    return pack_command(
+        "EVALSHA",
+        "f" * 40,
+        2 + len(part),
+        "lbs",
+        "{lbs}:consumers",
+        *(h.lock_key for h in part),
+        600_000,
+        "group",
+        CONSUMER,
+        1,
+        *(h.value for h in part),
+        *(h.entry_id for h in part),
+        *flags,
+    )
 
 
 def _locks_batch(records: list[Held], start: int, stop: int) -> bytes:
     b = CommandBatch()
     part = records[start:stop]
-    b.evalsha_locks("f" * 40, ("lbs", "{lbs}:consumers"), PREFIX.encode(), [h.entry_id for h in part],
-                    (600_000, "group", CONSUMER, 1), [h.value for h in part])
+    b.evalsha_locks(
+        "f" * 40,
+        ("lbs", "{lbs}:consumers"),
+        PREFIX.encode(),
+        [h.entry_id for h in part],
+        (600_000, "group", CONSUMER, 1),
+        [h.value for h in part],
+    )
     return b.getvalue()
 
 
-@given(st.lists(st.tuples(st.integers(0, 2**48), st.integers(0, 2**20), st.integers(-(2**63), 2**63 - 1)),
-                min_size=1, max_size=40, unique_by=lambda x: (x[0], x[1])),
-       st.data())
-def test_encode_extend_writes_the_lock_keys_values_ids_and_refresh_flags(entries: list[tuple[int, int, int]],
-                                                        data: st.DataObject) -> None:
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**48), st.integers(0, 2**20), st.integers(-(2**63), 2**63 - 1)),
+        min_size=1,
+        max_size=40,
+        unique_by=lambda x: (x[0], x[1]),
+    ),
+    st.data(),
+)
+def test_encode_extend_writes_the_lock_keys_values_ids_and_refresh_flags(
+    entries: list[tuple[int, int, int]], data: st.DataObject
+) -> None:
     t = table()
     for ms, seq, token in entries:
         take(t, f"{ms}-{seq}", f"s{ms}é", {}, 0, token)
@@ -204,14 +258,31 @@ def test_encode_extend_writes_the_lock_keys_values_ids_and_refresh_flags(entries
     start = data.draw(st.integers(0, len(records)))
     stop = data.draw(st.integers(start, len(records)))
     b = CommandBatch()
-    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, start, stop)
+    t.encode_extend(
+        b,
+        "f" * 40,
+        ("lbs", "{lbs}:consumers"),
+        (600_000, "group", CONSUMER, 1),
+        records,
+        start,
+        stop,
+    )
     assert len(b) == 1
     assert b.getvalue() == _expected(records, start, stop) == _locks_batch(records, start, stop)
     every = data.draw(st.integers(2, 5))
     phase = data.draw(st.integers(0, every - 1))
     b.clear()
-    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, start, stop,
-                    every, phase)
+    t.encode_extend(
+        b,
+        "f" * 40,
+        ("lbs", "{lbs}:consumers"),
+        (600_000, "group", CONSUMER, 1),
+        records,
+        start,
+        stop,
+        every,
+        phase,
+    )
     assert b.getvalue() == _expected(records, start, stop, every, phase)
 
 
@@ -221,7 +292,9 @@ def test_encode_extend_uses_each_records_own_keys() -> None:
     t.add(Held("2-0", "s", {}, 0, 2, "2:redis-consumer-a", PREFIX + "2-0"))
     b = CommandBatch()
     records = t.values()
-    t.encode_extend(b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, 0, 2)
+    t.encode_extend(
+        b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, 0, 2
+    )
     assert b.getvalue() == _expected(records, 0, 2)
 
 

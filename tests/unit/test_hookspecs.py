@@ -13,7 +13,9 @@ from lbs.plugins import make_plugin_manager
 
 
 def _specs() -> list[tuple[str, Callable[..., Any]]]:
-    return [(n, f) for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("lbs_")]
+    return [
+        (n, f) for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("lbs_")
+    ]
 
 
 def test_every_hook_is_documented_and_exported() -> None:

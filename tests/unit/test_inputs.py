@@ -7,13 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from _strategies import infos, json_values, names
 from hypothesis import given
 from hypothesis import strategies as st
 
 import lbs
 from _lbscore import EntryParser
-
-from _strategies import infos, json_values, names
 
 
 @given(names, infos)
@@ -23,7 +22,10 @@ def test_round_trip(name: str, info: dict[str, Any]) -> None:
 
 def test_encoding_is_the_go_clients_compact_json() -> None:
     # json.Marshal of the Go client's struct: compact, field order fixed.
-    assert lbs.encode_input("session-1", {"k": "v"}) == b'{"DataStreamName":"session-1","Info":{"k":"v"}}'
+    assert (
+        lbs.encode_input("session-1", {"k": "v"})
+        == b'{"DataStreamName":"session-1","Info":{"k":"v"}}'
+    )
     assert lbs.encode_input("s") == b'{"DataStreamName":"s","Info":{}}'
     assert lbs.encode_input("é") == '{"DataStreamName":"é","Info":{}}'.encode()
 
@@ -34,10 +36,15 @@ def test_encoding_is_the_go_clients_compact_json() -> None:
         (b'{"DataStreamName":"a","Info":null}', ("a", {})),  # Go's nil map
         (b'{"DataStreamName":"a"}', ("a", {})),
         ('{"DataStreamName":"a","Info":{"x":[1,2]}}', ("a", {"x": [1, 2]})),
-        (b'{"Info":{},"DataStreamName":"a","Extra":1}', ("a", {})),  # unknown fields ignored, like Go
+        (
+            b'{"Info":{},"DataStreamName":"a","Extra":1}',
+            ("a", {}),
+        ),  # unknown fields ignored, like Go
     ],
 )
-def test_decode_accepts_what_go_sends(raw: bytes | str, expected: tuple[str, dict[str, Any]]) -> None:
+def test_decode_accepts_what_go_sends(
+    raw: bytes | str, expected: tuple[str, dict[str, Any]]
+) -> None:
     assert lbs.decode_input(raw) == expected
 
 
@@ -72,7 +79,14 @@ def test_random_bytes_never_raise_from_try_decode(raw: bytes) -> None:
 
 @pytest.mark.parametrize(
     "name, info",
-    [("", None), (None, None), (3, None), ("a", [1]), ("a", {"x": object()}), ("a", {"x": float("nan")})],
+    [
+        ("", None),
+        (None, None),
+        (3, None),
+        ("a", [1]),
+        ("a", {"x": object()}),
+        ("a", {"x": float("nan")}),
+    ],
     ids=repr,
 )
 def test_encode_refuses_what_the_wire_cannot_carry(name: Any, info: Any) -> None:
@@ -105,11 +119,17 @@ def _spaced(value: Any, ws: Callable[[], str], ensure_ascii: bool) -> str:
     """``value`` as JSON with ``ws()`` wherever JSON allows whitespace: around
     every structural character."""
     if isinstance(value, dict):
-        members = [f"{ws()}{json.dumps(k, ensure_ascii=ensure_ascii)}{ws()}:{ws()}{_spaced(v, ws, ensure_ascii)}{ws()}"
-                   for k, v in value.items()]
+        members = [
+            f"{ws()}{json.dumps(k, ensure_ascii=ensure_ascii)}{ws()}:{ws()}{_spaced(v, ws, ensure_ascii)}{ws()}"
+            for k, v in value.items()
+        ]
         return "{" + (",".join(members) or ws()) + "}"
     if isinstance(value, list):
-        return "[" + (",".join(f"{ws()}{_spaced(v, ws, ensure_ascii)}{ws()}" for v in value) or ws()) + "]"
+        return (
+            "["
+            + (",".join(f"{ws()}{_spaced(v, ws, ensure_ascii)}{ws()}" for v in value) or ws())
+            + "]"
+        )
     return json.dumps(value, ensure_ascii=ensure_ascii)
 
 
@@ -138,8 +158,10 @@ def _mutations(doc: bytes) -> st.SearchStrategy[bytes]:
     return st.one_of(
         st.just(doc),
         cut.map(lambda i: doc[:i]),  # truncated
-        st.tuples(cut, st.binary(min_size=1, max_size=3)).map(lambda t: doc[:t[0]] + t[1] + doc[t[0]:]),
-        cut.map(lambda i: doc[:i] + doc[i + 1:]),  # a byte dropped
+        st.tuples(cut, st.binary(min_size=1, max_size=3)).map(
+            lambda t: doc[: t[0]] + t[1] + doc[t[0] :]
+        ),
+        cut.map(lambda i: doc[:i] + doc[i + 1 :]),  # a byte dropped
     )
 
 
@@ -155,34 +177,40 @@ def test_fast_and_general_paths_agree(raw: bytes) -> None:
     assert as_bytes == as_text
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"DataStreamName":"s","Info":{}}',
-    b'{"DataStreamName":"s","Info":null}',
-    b'{"DataStreamName":"s"}',
-    b'{"DataStreamName":"s","Info":{"a":[1,{"b":"}"}]}}',
-    b'{"DataStreamName":"s\\u00e9","Info":{}}',  # an escape: the general path
-    b'{"DataStreamName":"s","Info":{} }',
-    b' \t\r\n{ "DataStreamName" : "s" , "Info" : null }\n',
-    b'{"DataStreamName": "s t", "Info": {"a \\" b": [ ], "c": { }, "d": [1, 2.5, true, false, null]}}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"DataStreamName":"s","Info":{}}',
+        b'{"DataStreamName":"s","Info":null}',
+        b'{"DataStreamName":"s"}',
+        b'{"DataStreamName":"s","Info":{"a":[1,{"b":"}"}]}}',
+        b'{"DataStreamName":"s\\u00e9","Info":{}}',  # an escape: the general path
+        b'{"DataStreamName":"s","Info":{} }',
+        b' \t\r\n{ "DataStreamName" : "s" , "Info" : null }\n',
+        b'{"DataStreamName": "s t", "Info": {"a \\" b": [ ], "c": { }, "d": [1, 2.5, true, false, null]}}',
+    ],
+)
 def test_canonical_and_near_canonical_documents_decode(raw: bytes) -> None:
     assert lbs.try_decode_input(raw) == (*lbs.decode_input(raw.decode()), None)
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"DataStreamName":"s","Info":{"n":1 2}}',  # whitespace between two values
-    b'{"DataStreamName":"s","Info":{"n":tr ue}}',  # or inside one
-    b'{"DataStreamName":"s","Info":{"n":- 1}}',
-    b'{"DataStreamName":"s","Info":{"n":"a" "b"}}',
-    b'{"DataStreamName" "s"}',
-    b'{"DataStreamName":"s","Info":nu ll}',
-    b'{"DataStreamName":"s",\x0c"Info":{}}',  # a form feed is not JSON whitespace
-    b'{"DataStreamName":"s",\x0b"Info":{}}',  # nor a vertical tab
-    b'{"DataStreamName":"s",\xc2\xa0"Info":{}}',  # nor a no-break space
-    b'{"DataStreamName":"s","Info":{"n":1,\t}}',
-    b'{"DataStreamName":"s"} x',
-    b" ",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"DataStreamName":"s","Info":{"n":1 2}}',  # whitespace between two values
+        b'{"DataStreamName":"s","Info":{"n":tr ue}}',  # or inside one
+        b'{"DataStreamName":"s","Info":{"n":- 1}}',
+        b'{"DataStreamName":"s","Info":{"n":"a" "b"}}',
+        b'{"DataStreamName" "s"}',
+        b'{"DataStreamName":"s","Info":nu ll}',
+        b'{"DataStreamName":"s",\x0c"Info":{}}',  # a form feed is not JSON whitespace
+        b'{"DataStreamName":"s",\x0b"Info":{}}',  # nor a vertical tab
+        b'{"DataStreamName":"s",\xc2\xa0"Info":{}}',  # nor a no-break space
+        b'{"DataStreamName":"s","Info":{"n":1,\t}}',
+        b'{"DataStreamName":"s"} x',
+        b" ",
+    ],
+)
 def test_whitespace_where_json_allows_none_is_refused_alike(raw: bytes) -> None:
     name, info, why = lbs.try_decode_input(raw)
     assert (name, info) == (None, None) and why is not None
@@ -203,8 +231,14 @@ def _by_json(raw: bytes) -> tuple[str, dict[str, Any]] | None:
     return name, info or {}
 
 
-@given(st.one_of(st.builds(lambda d, kw: json.dumps(d, **kw).encode(), _documents, st.sampled_from(_LAYOUTS)),
-                 _spaced_docs()))
+@given(
+    st.one_of(
+        st.builds(
+            lambda d, kw: json.dumps(d, **kw).encode(), _documents, st.sampled_from(_LAYOUTS)
+        ),
+        _spaced_docs(),
+    )
+)
 def test_json_dumps_output_decodes_as_json_loads_reads_it(raw: bytes) -> None:
     expected = _by_json(raw)
     got = lbs.try_decode_input(raw)
@@ -227,21 +261,44 @@ def test_json_dumps_layouts_take_the_fast_path(layout: dict[str, Any]) -> None:
     # object from two decodes means the fast path read both.
     keys = []
     for n in range(2):
-        raw = json.dumps({"DataStreamName": f"s{n}", "Info": {"shard": n, "tags": [1, {}]}}, **layout).encode()
+        raw = json.dumps(
+            {"DataStreamName": f"s{n}", "Info": {"shard": n, "tags": [1, {}]}}, **layout
+        ).encode()
         name, info = lbs.decode_input(raw)
         assert (name, info) == (f"s{n}", {"shard": n, "tags": [1, {}]})
         keys.append(next(iter(info)))
     assert keys[0] is keys[1]
 
 
-@pytest.mark.parametrize("number", [
-    "0", "-0", "7", "-7", "999999999999999999", "-999999999999999999",  # 18 digits
-    "9223372036854775807", "-9223372036854775808",  # the ends of int64
-    "9223372036854775808", "-9223372036854775809", "1" + "0" * 40,  # beyond: Python ints all the same
-    "01", "-", "1.", "1e", "-01", "1.5e-3", "2E+2",
-    # int() refuses more digits than sys.get_int_max_str_digits() (4300 by default, never below 640)
-    *(pytest.param(sign + "1" * n, id=f"{sign}1 x {n}") for sign in ("", "-") for n in (640, 641, 4300, 4301)),
-])
+@pytest.mark.parametrize(
+    "number",
+    [
+        "0",
+        "-0",
+        "7",
+        "-7",
+        "999999999999999999",
+        "-999999999999999999",  # 18 digits
+        "9223372036854775807",
+        "-9223372036854775808",  # the ends of int64
+        "9223372036854775808",
+        "-9223372036854775809",
+        "1" + "0" * 40,  # beyond: Python ints all the same
+        "01",
+        "-",
+        "1.",
+        "1e",
+        "-01",
+        "1.5e-3",
+        "2E+2",
+        # int() refuses more digits than sys.get_int_max_str_digits() (4300 by default, never below 640)
+        *(
+            pytest.param(sign + "1" * n, id=f"{sign}1 x {n}")
+            for sign in ("", "-")
+            for n in (640, 641, 4300, 4301)
+        ),
+    ],
+)
 def test_numbers_decode_as_json_decodes_them(number: str) -> None:
     raw = '{"DataStreamName":"s","Info":{"n":' + number + ',"l":[' + number + "]}}"
     try:

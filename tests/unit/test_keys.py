@@ -17,7 +17,11 @@ def test_names_follow_the_go_wire_format() -> None:
 def test_every_key_of_a_service_shares_one_slot(service: str) -> None:
     slots = {
         key_slot(k.encode())
-        for k in (lbs.input_stream(service), lbs.lock_key(service, "1700000000000-5"), lbs.dead_letter_stream(service))
+        for k in (
+            lbs.input_stream(service),
+            lbs.lock_key(service, "1700000000000-5"),
+            lbs.dead_letter_stream(service),
+        )
     }
     assert len(slots) == 1
 

@@ -37,11 +37,15 @@ def test_every_script_file_is_registered() -> None:
     assert sorted(p.stem for p in LUA.glob("*.lua") if not p.stem.startswith("_")) == sorted(NAMES)
 
 
-@pytest.mark.parametrize(("part", "users"), [("_fence", {"read-3", "reap-4"}),
-                                             ("_names", {"read-3", "done-n", "requeue-6", "promote-4"})])
+@pytest.mark.parametrize(
+    ("part", "users"),
+    [("_fence", {"read-3", "reap-4"}), ("_names", {"read-3", "done-n", "requeue-6", "promote-4"})],
+)
 def test_an_include_is_replaced_by_the_shared_part(part: str, users: set[str]) -> None:
     text = (LUA / f"{part}.lua").read_text().rstrip("\n")
-    including = [s for s in scripts.SCRIPTS if f"--#include {part}\n" in (LUA / f"{s.name}.lua").read_text()]
+    including = [
+        s for s in scripts.SCRIPTS if f"--#include {part}\n" in (LUA / f"{s.name}.lua").read_text()
+    ]
     assert {s.name for s in including} == users
     for s in including:
         assert text in s.source and not re.search(r"^--#include", s.source, re.MULTILINE)
@@ -58,18 +62,57 @@ def _args(build: object) -> list[bytes]:
 
 
 _FIXED = {
-    "read-3": lambda b: scripts.read(b, "s", "f", "c", "g", "me", 10, 1000, b"lock:", ">", "", "me:x", True, "", "", "{s}:",
-                                     5000),
-    "requeue-6": lambda b: scripts.requeue(b, "s", "d", "l", "p", "z", "q", group="g", entry_id="1-1", mode="owned",
-                                           value="v", count_retry=True, max_retries=3, retry_field="_r",
-                                           original_field="_o", reason="why", consumer="me",
-                                           force_dead_letter=False, dead_letter_on=True, field_prefix="_",
-                                           delay=scripts.RetryDelay(1000, 300_000, 0.75), key_prefix="{s}:"),
-    "promote-4": lambda b: scripts.promote(b, "z", "p", "s", "w", batch=100, group="g", key_prefix="{s}:"),
-    "reap-4": lambda b: scripts.reap(b, "c", "s", "r", "f", group="g", lock_prefix="lock:", batch=10,
-                                     stall_ms=1000, grace_ms=1000, adopter="me", room=5, ttl_ms=1000, owner="me:x",
-                                     queued_prefix="q:", queues=True),
-    "leave-3": lambda b: scripts.leave(b, "k", "s", "c", instance="nonce", group="g", consumer="me"),
+    "read-3": lambda b: scripts.read(
+        b, "s", "f", "c", "g", "me", 10, 1000, b"lock:", ">", "", "me:x", True, "", "", "{s}:", 5000
+    ),
+    "requeue-6": lambda b: scripts.requeue(
+        b,
+        "s",
+        "d",
+        "l",
+        "p",
+        "z",
+        "q",
+        group="g",
+        entry_id="1-1",
+        mode="owned",
+        value="v",
+        count_retry=True,
+        max_retries=3,
+        retry_field="_r",
+        original_field="_o",
+        reason="why",
+        consumer="me",
+        force_dead_letter=False,
+        dead_letter_on=True,
+        field_prefix="_",
+        delay=scripts.RetryDelay(1000, 300_000, 0.75),
+        key_prefix="{s}:",
+    ),
+    "promote-4": lambda b: scripts.promote(
+        b, "z", "p", "s", "w", batch=100, group="g", key_prefix="{s}:"
+    ),
+    "reap-4": lambda b: scripts.reap(
+        b,
+        "c",
+        "s",
+        "r",
+        "f",
+        group="g",
+        lock_prefix="lock:",
+        batch=10,
+        stall_ms=1000,
+        grace_ms=1000,
+        adopter="me",
+        room=5,
+        ttl_ms=1000,
+        owner="me:x",
+        queued_prefix="q:",
+        queues=True,
+    ),
+    "leave-3": lambda b: scripts.leave(
+        b, "k", "s", "c", instance="nonce", group="g", consumer="me"
+    ),
 }
 
 
@@ -85,32 +128,91 @@ def test_a_builder_writes_what_the_header_documents(name: str) -> None:
 
 
 def test_done_writes_keys_and_args_per_lock() -> None:
-    args = _args(lambda b: scripts.done(b, "s", b"lock:", ["1-1", "2-2"], ["5:me", "6:me"], ["a", "b"], "g", "{s}:",
-                                        True, False))
+    args = _args(
+        lambda b: scripts.done(
+            b, "s", b"lock:", ["1-1", "2-2"], ["5:me", "6:me"], ["a", "b"], "g", "{s}:", True, False
+        )
+    )
     assert args[1].decode() == scripts.DONE.sha
-    assert args[2:] == [b"3", b"s", b"lock:1-1", b"lock:2-2", b"g", b"1", b"0", b"{s}:", b"", b"5:me", b"6:me",
-                        b"1-1", b"2-2", b"a", b"b"]
+    assert args[2:] == [
+        b"3",
+        b"s",
+        b"lock:1-1",
+        b"lock:2-2",
+        b"g",
+        b"1",
+        b"0",
+        b"{s}:",
+        b"",
+        b"5:me",
+        b"6:me",
+        b"1-1",
+        b"2-2",
+        b"a",
+        b"b",
+    ]
 
 
 #: How the code names each script's builder (or, for extend-n, its SHA).
-_CALLS = {"read-3": "scripts.read(", "extend-n": "scripts.EXTEND", "done-n": "scripts.done(",
-          "requeue-6": "scripts.requeue(", "promote-4": "scripts.promote(", "reap-4": "scripts.reap(",
-          "leave-3": "scripts.leave(", "publish-1": "scripts.publish_args(", "fetch-1": "scripts.fetch(",
-          "commit-1": "scripts.commit("}
+_CALLS = {
+    "read-3": "scripts.read(",
+    "extend-n": "scripts.EXTEND",
+    "done-n": "scripts.done(",
+    "requeue-6": "scripts.requeue(",
+    "promote-4": "scripts.promote(",
+    "reap-4": "scripts.reap(",
+    "leave-3": "scripts.leave(",
+    "publish-1": "scripts.publish_args(",
+    "fetch-1": "scripts.fetch(",
+    "commit-1": "scripts.commit(",
+}
 #: Scripts called from outside the consumer: where from.
 _OUTSIDE = {"publish-1": "publisher.py"}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_script_has_exactly_one_caller_module(name: str) -> None:
-    callers = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                     if p.name != "scripts.py" and _CALLS[name] in p.read_text())
+    callers = sorted(
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if p.name != "scripts.py" and _CALLS[name] in p.read_text()
+    )
     assert len(callers) == 1, callers
     assert callers[0] == _OUTSIDE[name] if name in _OUTSIDE else callers[0].startswith("_consumer/")
 
 
 def test_done_beside_a_go_fleet_puts_our_name_first_and_the_go_lock_keys_last() -> None:
-    args = _args(lambda b: scripts.done(b, "s", b"lock:", ["1-1", "2-2"], ["5:me", "6:me"], ["a", "b"], "g", "{s}:",
-                                        True, False, ("me", ["a<MUTEX_KEY_SEP>1-1", "b<MUTEX_KEY_SEP>2-2"])))
-    assert args[2:] == [b"3", b"s", b"lock:1-1", b"lock:2-2", b"g", b"1", b"0", b"{s}:", b"me", b"5:me", b"6:me",
-                        b"1-1", b"2-2", b"a", b"b", b"a<MUTEX_KEY_SEP>1-1", b"b<MUTEX_KEY_SEP>2-2"]
+    args = _args(
+        lambda b: scripts.done(
+            b,
+            "s",
+            b"lock:",
+            ["1-1", "2-2"],
+            ["5:me", "6:me"],
+            ["a", "b"],
+            "g",
+            "{s}:",
+            True,
+            False,
+            ("me", ["a<MUTEX_KEY_SEP>1-1", "b<MUTEX_KEY_SEP>2-2"]),
+        )
+    )
+    assert args[2:] == [
+        b"3",
+        b"s",
+        b"lock:1-1",
+        b"lock:2-2",
+        b"g",
+        b"1",
+        b"0",
+        b"{s}:",
+        b"me",
+        b"5:me",
+        b"6:me",
+        b"1-1",
+        b"2-2",
+        b"a",
+        b"b",
+        b"a<MUTEX_KEY_SEP>1-1",
+        b"b<MUTEX_KEY_SEP>2-2",
+    ]

@@ -58,8 +58,11 @@ class Scan:
 
 
 def _looks_like_metric(text: str) -> bool:
-    return (bool(_NAME.match(text)) and not text.startswith(PROM_PREFIX)
-            and (text.endswith(SUFFIXES) or text in METRICS))
+    return (
+        bool(_NAME.match(text))
+        and not text.startswith(PROM_PREFIX)
+        and (text.endswith(SUFFIXES) or text in METRICS)
+    )
 
 
 def _pattern(node: ast.JoinedStr) -> str | None:
@@ -73,7 +76,11 @@ def _pattern(node: ast.JoinedStr) -> str | None:
         else:
             parts.append("[a-z0-9_]+")
     last = node.values[-1] if node.values else None
-    if not (isinstance(last, ast.Constant) and isinstance(last.value, str) and last.value.endswith(SUFFIXES)):
+    if not (
+        isinstance(last, ast.Constant)
+        and isinstance(last.value, str)
+        and last.value.endswith(SUFFIXES)
+    ):
         return None
     return "".join(parts)
 
@@ -82,10 +89,16 @@ def scan_source(source: str, filename: str, into: Scan | None = None) -> Scan:
     """Every metric-shaped literal, f-string pattern and emitting call in one module."""
     scan = Scan() if into is None else into
     tree = ast.parse(source, filename)
-    in_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    in_fstrings = {
+        id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values
+    }
     for node in ast.walk(tree):
         where = f"{filename}:{getattr(node, 'lineno', '?')}"
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in in_fstrings:
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in in_fstrings
+        ):
             if _looks_like_metric(node.value):
                 scan.literals.setdefault(node.value, []).append(where)
         elif isinstance(node, ast.JoinedStr):
@@ -94,7 +107,13 @@ def scan_source(source: str, filename: str, into: Scan | None = None) -> Scan:
                 scan.patterns.setdefault(regex, []).append(where)
         elif isinstance(node, ast.Call) and node.args:
             func = node.func
-            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            called = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
             if called not in EMITTERS:
                 continue
             first = node.args[0]
@@ -105,9 +124,14 @@ def scan_source(source: str, filename: str, into: Scan | None = None) -> Scan:
             else:
                 continue  # a name computed elsewhere: its literal is collected where it is written
             second = node.args[1] if len(node.args) > 1 else None
-            kind = second.value if isinstance(second, ast.Constant) and second.value in KINDS else None
-            labels = (None if any(k.arg is None for k in node.keywords)
-                      else frozenset(k.arg for k in node.keywords if k.arg is not None))
+            kind = (
+                second.value if isinstance(second, ast.Constant) and second.value in KINDS else None
+            )
+            labels = (
+                None
+                if any(k.arg is None for k in node.keywords)
+                else frozenset(k.arg for k in node.keywords if k.arg is not None)
+            )
             scan.calls.append(Emission(name, pattern, kind, labels, where))
     return scan
 
@@ -129,6 +153,7 @@ def _matching(regex: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ the table ---
+
 
 def test_every_metric_has_a_valid_kind_and_a_help_sentence() -> None:
     assert METRICS
@@ -154,21 +179,28 @@ def test_the_table_is_read_only() -> None:
 
 # ------------------------------------------------------ the table == src/lbs ---
 
+
 def test_the_scanner_sees_every_form_of_emission() -> None:
-    source = '''
+    source = """
 hooks.metric("read_failures_total", 1)
 self.recovery._metric("recovery_dlq_total", "counter", 1, path=path)
 self._metric(f"recovery_{path}_requeued_total", "counter", 1)
 REQUEUED = {"scan": "recovery_scan_requeued_total"}
 log.info(f"took {n}s", "not a metric", "lbs_locks_acquired_total", "_requeued_total")
-'''
+"""
     scan = scan_source(source, "example.py")
-    assert set(scan.literals) == {"read_failures_total", "recovery_dlq_total", "recovery_scan_requeued_total"}
+    assert set(scan.literals) == {
+        "read_failures_total",
+        "recovery_dlq_total",
+        "recovery_scan_requeued_total",
+    }
     assert list(scan.patterns) == [r"recovery_[a-z0-9_]+_requeued_total"]
     calls = {(c.name, c.pattern, c.kind, c.labels) for c in scan.calls}
-    assert calls == {("read_failures_total", False, None, frozenset()),
-                     ("recovery_dlq_total", False, "counter", frozenset({"path"})),
-                     (r"recovery_[a-z0-9_]+_requeued_total", True, "counter", frozenset())}
+    assert calls == {
+        ("read_failures_total", False, None, frozenset()),
+        ("recovery_dlq_total", False, "counter", frozenset({"path"})),
+        (r"recovery_[a-z0-9_]+_requeued_total", True, "counter", frozenset()),
+    }
 
 
 def test_every_name_emitted_is_in_the_table(emitted: Scan) -> None:
@@ -194,17 +226,23 @@ def test_emitting_calls_agree_with_the_table(emitted: Scan) -> None:
             if m is None:
                 continue  # reported by test_every_name_emitted_is_in_the_table
             if call.kind is not None:
-                assert call.kind == m.kind, f"{call.where}: {name} emitted as a {call.kind}, the table says {m.kind}"
+                assert call.kind == m.kind, (
+                    f"{call.where}: {name} emitted as a {call.kind}, the table says {m.kind}"
+                )
             if call.labels is not None:
                 assert call.labels == set(m.labels), (
-                    f"{call.where}: {name} emitted with labels {sorted(call.labels)}, the table says {list(m.labels)}")
+                    f"{call.where}: {name} emitted with labels {sorted(call.labels)}, the table says {list(m.labels)}"
+                )
 
 
 # ------------------------------------------------------------- the docs ---
 
+
 def test_the_hookspec_docstring_lists_every_metric() -> None:
     doc = inspect.getdoc(hookspecs.lbs_metric) or ""
-    assert "<lbs.metrics.METRICS>" not in doc, "the table was not filled into lbs_metric's docstring"
+    assert "<lbs.metrics.METRICS>" not in doc, (
+        "the table was not filled into lbs_metric's docstring"
+    )
     for m in METRICS.values():
         assert f"``{m.name}`` ({m.kind}" in doc, m.name
         assert m.help in doc, m.name
@@ -214,15 +252,21 @@ def test_the_hookspec_docstring_lists_every_metric() -> None:
 
 def test_the_plugin_guide_shows_the_table_as_rendered() -> None:
     guide = GUIDE.read_text()
-    found = re.search(r"<!-- begin: lbs\.metrics\.render_markdown\(\) -->\n(.*?)"
-                      r"<!-- end: lbs\.metrics\.render_markdown\(\) -->", guide, re.S)
+    found = re.search(
+        r"<!-- begin: lbs\.metrics\.render_markdown\(\) -->\n(.*?)"
+        r"<!-- end: lbs\.metrics\.render_markdown\(\) -->",
+        guide,
+        re.S,
+    )
     assert found, "docs/PLUGINS.md has no block rendered by lbs.metrics.render_markdown()"
     assert found.group(1) == render_markdown(), (
         "docs/PLUGINS.md's metric table differs from lbs.metrics.METRICS: paste in "
-        "`python -c \"import lbs.metrics as m; print(m.render_markdown())\"`")
+        '`python -c "import lbs.metrics as m; print(m.render_markdown())"`'
+    )
 
 
 # ------------------------------------------------------- Hooks keeps them ---
+
 
 def _hooks() -> Hooks:
     pm = make_plugin_manager([], load_entrypoints=False)
@@ -241,7 +285,11 @@ def test_hooks_keep_each_metric_by_name_and_by_labels() -> None:
     values = hooks.counts
     assert isinstance(values, MetricValues) and isinstance(values, dict)
     # By name, as Client.metrics always gave them: counters summed, the rest the last value.
-    assert dict(values) == {"recovery_dlq_total": 6, "pel_depth": 2, "recovery_scan_duration_seconds": 3.0}
+    assert dict(values) == {
+        "recovery_dlq_total": 6,
+        "pel_depth": 2,
+        "recovery_scan_duration_seconds": 3.0,
+    }
     # By labels, in the table's label order, with histograms kept whole.
     assert values.series["recovery_dlq_total"] == {("scan",): 4, ("deadline",): 2}
     assert values.series["pel_depth"] == {(): 2}
@@ -262,11 +310,18 @@ def test_hooks_tell_lbs_metric_only_when_someone_listens() -> None:
     pm = make_plugin_manager([Listener()], load_entrypoints=False)
     hooks = Hooks(pm, object(), {"service": "svc", "consumer": "c1"}, logging.getLogger("test"))
     hooks.metric("dead_letters_forwarded_total", 2, backend="jsonl")
-    assert heard == [("dead_letters_forwarded_total", "counter", 2,
-                      {"service": "svc", "consumer": "c1", "backend": "jsonl"})]
+    assert heard == [
+        (
+            "dead_letters_forwarded_total",
+            "counter",
+            2,
+            {"service": "svc", "consumer": "c1", "backend": "jsonl"},
+        )
+    ]
 
 
 # ----------------------------------------------------------- lbs-prometheus ---
+
 
 def test_lbs_prometheus_describes_each_metric_with_the_table() -> None:
     pytest.importorskip("prometheus_client")
@@ -285,16 +340,20 @@ def test_lbs_prometheus_describes_each_metric_with_the_table() -> None:
             self.service, self.id, self.held = "svc", "c1", 0
             self.config, self.stats = lbs.Config(), lbs.ClientStats()
             self.pm = make_plugin_manager([plugin], load_entrypoints=False)
-            self.hooks = Hooks(self.pm, self, {"service": "svc", "consumer": "c1"}, logging.getLogger("test"))
+            self.hooks = Hooks(
+                self.pm, self, {"service": "svc", "consumer": "c1"}, logging.getLogger("test")
+            )
             self.metrics = self.hooks.counts
 
     client = Client()
     client.pm.hook.lbs_client_started(client=client)
     for m in METRICS.values():
-        client.hooks.metric(m.name, 1.0, **{label: "x" for label in m.labels})
+        client.hooks.metric(m.name, 1.0, **dict.fromkeys(m.labels, "x"))
     families = {f.name: f for f in registry.collect()}
     for m in METRICS.values():
-        family_name = lbs_prometheus.PREFIX + m.name.removesuffix("_total" if m.kind == "counter" else "")
+        family_name = lbs_prometheus.PREFIX + m.name.removesuffix(
+            "_total" if m.kind == "counter" else ""
+        )
         family = families.get(family_name)
         assert family is not None, f"lbs-prometheus made no family {family_name} for {m.name}"
         assert family.documentation == m.help, m.name

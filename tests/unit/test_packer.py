@@ -29,7 +29,9 @@ args = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
 )
 # The command name: redis-py splits it on spaces ("CONFIG GET"), so must we.
-names = st.one_of(st.sampled_from(["SET", "XADD", "CONFIG GET", "xreadgroup"]), st.binary(min_size=1, max_size=12))
+names = st.one_of(
+    st.sampled_from(["SET", "XADD", "CONFIG GET", "xreadgroup"]), st.binary(min_size=1, max_size=12)
+)
 
 
 @given(name=names, rest=st.lists(args, max_size=8))
@@ -54,7 +56,9 @@ def test_ints_are_their_decimal_digits_within_int64_and_beyond(n: int) -> None:
 
 
 def test_buffer_types_are_sent_as_bytes() -> None:
-    assert pack_command("SET", bytearray(b"ab"), memoryview(b"cd")) == redis_py_pack("SET", b"ab", b"cd")
+    assert pack_command("SET", bytearray(b"ab"), memoryview(b"cd")) == redis_py_pack(
+        "SET", b"ab", b"cd"
+    )
 
 
 @pytest.mark.parametrize("bad", [True, None, object(), [1], {"a": 1}], ids=repr)
@@ -78,20 +82,46 @@ def test_lone_surrogate_fails_like_str_encode() -> None:
 ids = st.lists(st.one_of(text, st.binary(max_size=30)), max_size=20)
 
 
-@given(head_keys=st.lists(args, max_size=3), prefix=st.binary(max_size=20), entry_ids=ids,
-       head_args=st.lists(args, max_size=3), with_values=st.booleans(), append_ids=st.booleans())
-def test_command_batch_evalsha_locks_equals_redis_py(head_keys: list[object], prefix: bytes, entry_ids: list[object],
-                                                     head_args: list[object], with_values: bool,
-                                                     append_ids: bool) -> None:
+@given(
+    head_keys=st.lists(args, max_size=3),
+    prefix=st.binary(max_size=20),
+    entry_ids=ids,
+    head_args=st.lists(args, max_size=3),
+    with_values=st.booleans(),
+    append_ids=st.booleans(),
+)
+def test_command_batch_evalsha_locks_equals_redis_py(
+    head_keys: list[object],
+    prefix: bytes,
+    entry_ids: list[object],
+    head_args: list[object],
+    with_values: bool,
+    append_ids: bool,
+) -> None:
     from _lbscore import CommandBatch
 
     values = [f"{i}:c" for i in range(len(entry_ids))] if with_values else None
     batch = CommandBatch()
-    batch.evalsha_locks("a" * 40, tuple(head_keys), prefix, entry_ids, tuple(head_args),  # type: ignore[arg-type]
-                        values, append_ids)
+    batch.evalsha_locks(
+        "a" * 40,
+        tuple(head_keys),
+        prefix,
+        entry_ids,
+        tuple(head_args),  # type: ignore[arg-type]
+        values,
+        append_ids,
+    )
     locks = [prefix + (i.encode() if isinstance(i, str) else i) for i in entry_ids]  # type: ignore[union-attr]
-    expected = redis_py_pack("EVALSHA", "a" * 40, len(head_keys) + len(entry_ids), *head_keys, *locks, *head_args,
-                             *(values or []), *(entry_ids if append_ids else []))
+    expected = redis_py_pack(
+        "EVALSHA",
+        "a" * 40,
+        len(head_keys) + len(entry_ids),
+        *head_keys,
+        *locks,
+        *head_args,
+        *(values or []),
+        *(entry_ids if append_ids else []),
+    )
     assert batch.getvalue() == expected
     assert len(batch) == 1
 

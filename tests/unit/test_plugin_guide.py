@@ -36,7 +36,7 @@ def _marked_block() -> str:
 
 def _marked_pyproject() -> dict[str, Any]:
     """The first toml block after the marked one: the example's pyproject.toml."""
-    after = GUIDE[GUIDE.index(MARKER):]
+    after = GUIDE[GUIDE.index(MARKER) :]
     found = re.search(r"```toml\n(.*?)```", after, re.S)
     assert found, "docs/PLUGINS.md has no pyproject.toml block after the example"
     parsed: dict[str, Any] = tomllib.loads(found.group(1))
@@ -51,8 +51,11 @@ def _load_example() -> types.ModuleType:
 
 
 def _implemented(module: types.ModuleType) -> list[str]:
-    return [name for name, value in vars(module).items()
-            if callable(value) and hasattr(value, hookspecs.NAME + "_impl")]
+    return [
+        name
+        for name, value in vars(module).items()
+        if callable(value) and hasattr(value, hookspecs.NAME + "_impl")
+    ]
 
 
 def _documented_signatures() -> dict[str, list[list[str]]]:
@@ -74,8 +77,10 @@ def test_every_hook_is_in_the_guide_with_its_exact_signature() -> None:
         expected = list(inspect.signature(getattr(hookspecs, name)).parameters)
         rows = documented[name]
         assert len(rows) == 1, f"docs/PLUGINS.md has {len(rows)} rows for {name}"
-        assert rows[0] == expected, (f"docs/PLUGINS.md shows {name}({', '.join(rows[0])}), "
-                                     f"lbs.hookspecs declares {name}({', '.join(expected)})")
+        assert rows[0] == expected, (
+            f"docs/PLUGINS.md shows {name}({', '.join(rows[0])}), "
+            f"lbs.hookspecs declares {name}({', '.join(expected)})"
+        )
 
 
 def test_the_guide_describes_every_argument() -> None:
@@ -87,7 +92,8 @@ def test_the_guide_describes_every_argument() -> None:
         for param in inspect.signature(getattr(hookspecs, name)).parameters:
             if param != "client":
                 assert f"`{param}`" in arguments or f"`{param}:" in arguments, (
-                    f"docs/PLUGINS.md: the arguments of {name} do not describe {param!r}")
+                    f"docs/PLUGINS.md: the arguments of {name} do not describe {param!r}"
+                )
 
 
 def test_example_is_accepted_by_the_plugin_manager() -> None:
@@ -115,27 +121,40 @@ def test_example_counts_finished_streams() -> None:
     client: Any = types.SimpleNamespace(service="thumbnails")
     held = [types.SimpleNamespace(stream=f"s{i}", entry_id=f"{i}-0", token=i) for i in range(3)]
     statuses = (lbs.DoneStatus.DONE, lbs.DoneStatus.DONE, lbs.DoneStatus.LOCK_LOST)
-    pm.hook.lbs_locks_released(client=client, released=list(zip(held, statuses)))  # one finishing batch
+    pm.hook.lbs_locks_released(
+        client=client, released=list(zip(held, statuses))
+    )  # one finishing batch
     assert module.finished == {("thumbnails", "DONE"): 2, ("thumbnails", "LOCK_LOST"): 1}
 
 
 def test_example_backend_is_inert_without_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LBS_EXAMPLE_DB", raising=False)
     pm = make_plugin_manager([_load_example()], load_entrypoints=False)
-    assert pm.hook.lbs_dead_letter_backend(client=types.SimpleNamespace(service="thumbnails")) is None
+    assert (
+        pm.hook.lbs_dead_letter_backend(client=types.SimpleNamespace(service="thumbnails")) is None
+    )
 
 
-def test_example_backend_keeps_each_letter_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_example_backend_keeps_each_letter_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     db = tmp_path / "dead.db"
     monkeypatch.setenv("LBS_EXAMPLE_DB", str(db))
     pm = make_plugin_manager([_load_example()], load_entrypoints=False)
     backend = pm.hook.lbs_dead_letter_backend(client=types.SimpleNamespace(service="thumbnails"))
     assert isinstance(backend, lbs.DeadLetterBackend)
-    letters = [lbs.DeadLetter("1-0", {"_reason": "malformed", "lbs-input": "{"}),
-               lbs.DeadLetter("2-0", {"_reason": "out of retries", "lbs-input": "{}"})]
+    letters = [
+        lbs.DeadLetter("1-0", {"_reason": "malformed", "lbs-input": "{"}),
+        lbs.DeadLetter("2-0", {"_reason": "out of retries", "lbs-input": "{}"}),
+    ]
     asyncio.run(backend.write(letters))
     asyncio.run(backend.write(letters[:1]))  # at-least-once: a batch can come again
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT service, id, reason, input FROM dead_letters ORDER BY id").fetchall()
+        rows = conn.execute(
+            "SELECT service, id, reason, input FROM dead_letters ORDER BY id"
+        ).fetchall()
     conn.close()
-    assert rows == [("thumbnails", "1-0", "malformed", "{"), ("thumbnails", "2-0", "out of retries", "{}")]
+    assert rows == [
+        ("thumbnails", "1-0", "malformed", "{"),
+        ("thumbnails", "2-0", "out of retries", "{}"),
+    ]

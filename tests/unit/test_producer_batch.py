@@ -37,7 +37,11 @@ class _FakeWire:
             elif cmd[0] == b"XADD":
                 replies.append(b"QUEUED")
                 if cmd[1].decode() == self.fail_shard:
-                    results.append(ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"))
+                    results.append(
+                        ResponseError(
+                            "WRONGTYPE Operation against a key holding the wrong kind of value"
+                        )
+                    )
                 else:
                     self.seq += 1
                     results.append(f"1-{self.seq}".encode())
@@ -101,12 +105,18 @@ async def test_a_lost_connection_makes_every_position_unknown() -> None:
 
 
 def test_outcome_of_a_transaction_that_ran() -> None:
-    assert _transaction_outcome([b"OK", b"QUEUED", b"QUEUED", [b"1-0", b"1-1"]], 2) == (["1-0", "1-1"], None)
+    assert _transaction_outcome([b"OK", b"QUEUED", b"QUEUED", [b"1-0", b"1-1"]], 2) == (
+        ["1-0", "1-1"],
+        None,
+    )
 
 
 def test_outcome_of_a_command_that_failed_as_it_ran() -> None:
     err = ResponseError("WRONGTYPE x")
-    assert _transaction_outcome([b"OK", b"QUEUED", b"QUEUED", [b"1-0", err]], 2) == (["1-0", None], err)
+    assert _transaction_outcome([b"OK", b"QUEUED", b"QUEUED", [b"1-0", err]], 2) == (
+        ["1-0", None],
+        err,
+    )
 
 
 def test_outcome_of_an_aborted_transaction_names_the_refused_command() -> None:

@@ -10,12 +10,15 @@ import lbs
 from _lbscore import try_decode_input
 
 
-@pytest.mark.parametrize("name, info, says", [
-    ("\ud800", None, "lone surrogate"),
-    ("ok", {"k": "\udc00"}, "lone surrogate"),
-    (5, None, "must be a str"),
-    ("", None, "non-empty"),
-])
+@pytest.mark.parametrize(
+    "name, info, says",
+    [
+        ("\ud800", None, "lone surrogate"),
+        ("ok", {"k": "\udc00"}, "lone surrogate"),
+        (5, None, "must be a str"),
+        ("", None, "non-empty"),
+    ],
+)
 def test_encode_input_refuses_with_invalid_input_error(name: Any, info: Any, says: str) -> None:
     with pytest.raises(lbs.InvalidInputError, match=says):
         lbs.encode_input(name, info)

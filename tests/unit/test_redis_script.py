@@ -22,15 +22,23 @@ SEARCH_PATH = "/usr/bin:/bin"
 
 def _fake_server(path: Path, version: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f'#!/bin/sh\necho "Redis server v={version} sha=00000000:0 malloc=libc bits=64 build=0"\n')
+    path.write_text(
+        f'#!/bin/sh\necho "Redis server v={version} sha=00000000:0 malloc=libc bits=64 build=0"\n'
+    )
     path.chmod(0o755)
     return path
 
 
 def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("LBS_REDIS_SERVER", "LBS_REDIS7_SERVER", "LBS_REDIS_MIN_VERSION")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LBS_REDIS_SERVER", "LBS_REDIS7_SERVER", "LBS_REDIS_MIN_VERSION")
+    }
     base.update({"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": SEARCH_PATH, **env})
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=base, timeout=60)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, env=base, timeout=60
+    )
 
 
 def test_a_cached_build_is_found_at_once_and_stdout_is_only_its_path(tmp_path: Path) -> None:
@@ -77,11 +85,15 @@ def test_redis7_finds_a_7x_and_never_an_8x(tmp_path: Path) -> None:
     proc = _run(tmp_path, "--redis7")
     # A 7.x on PATH (Debian's redis-server package) comes before the cache; an 8.x there never does.
     system = shutil.which("redis-server", path=SEARCH_PATH)
-    expected = system if system and (7, 0) <= (redis_server_version(system) or ()) < (8, 0) else str(seven)
+    expected = (
+        system if system and (7, 0) <= (redis_server_version(system) or ()) < (8, 0) else str(seven)
+    )
     assert (proc.returncode, proc.stdout) == (0, f"{expected}\n"), proc.stderr
     given = _fake_server(tmp_path / "mine" / "redis-server", "7.2.4")
     proc = _run(tmp_path, "--redis7", LBS_REDIS7_SERVER=str(given))
     assert (proc.returncode, proc.stdout) == (0, f"{given}\n")
-    proc = _run(tmp_path, "--redis7", LBS_REDIS7_SERVER=str(cache / "8.6.3" / "bin" / "redis-server"))
+    proc = _run(
+        tmp_path, "--redis7", LBS_REDIS7_SERVER=str(cache / "8.6.3" / "bin" / "redis-server")
+    )
     assert (proc.returncode, proc.stdout) == (1, "")
     assert "is not a redis-server >= 7.0 and < 8.0" in proc.stderr

@@ -16,14 +16,13 @@ from typing import Any
 
 import hiredis
 import pytest
+from _strategies import infos, names
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from redis._parsers.helpers import parse_stream_list
 
 import lbs
 from _lbscore import NEED_MORE, EntryParser, ReplyError, RespReader, Shape
-
-from _strategies import infos, names
 
 # ------------------------------------------------------------ generic replies
 
@@ -53,7 +52,9 @@ def _bulk(b: bytes) -> bytes:
 
 
 _line = st.binary(max_size=30).filter(lambda b: b"\r" not in b and b"\n" not in b)
-_error_text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\r\n"), max_size=30)
+_error_text = st.text(
+    st.characters(exclude_categories=("Cs",), exclude_characters="\r\n"), max_size=30
+)
 
 
 def _double(f: float) -> tuple[bytes, float]:
@@ -67,24 +68,43 @@ _leaves = st.one_of(
     _line.map(lambda b: (b"+" + b + b"\r\n", b)),
     _error_text.map(lambda t: (b"-" + t.encode() + b"\r\n", _Err(t))),
     st.integers(-(2**63), 2**63 - 1).map(lambda i: (b":%d\r\n" % i, i)),
-    st.sampled_from([(b"$-1\r\n", None), (b"*-1\r\n", None), (b"_\r\n", None),
-                     (b"#t\r\n", True), (b"#f\r\n", False)]),
+    st.sampled_from(
+        [
+            (b"$-1\r\n", None),
+            (b"*-1\r\n", None),
+            (b"_\r\n", None),
+            (b"#t\r\n", True),
+            (b"#f\r\n", False),
+        ]
+    ),
     st.floats(allow_nan=False).map(_double),
 )
-_keys = st.one_of(st.binary(max_size=12).map(lambda b: (_bulk(b), b)),
-                  st.integers(-1000, 1000).map(lambda i: (b":%d\r\n" % i, i)))
+_keys = st.one_of(
+    st.binary(max_size=12).map(lambda b: (_bulk(b), b)),
+    st.integers(-1000, 1000).map(lambda i: (b":%d\r\n" % i, i)),
+)
 
 
-def _aggregate(children: st.SearchStrategy[tuple[bytes, Any]]) -> st.SearchStrategy[tuple[bytes, Any]]:
+def _aggregate(
+    children: st.SearchStrategy[tuple[bytes, Any]],
+) -> st.SearchStrategy[tuple[bytes, Any]]:
     def array(kind: bytes) -> st.SearchStrategy[tuple[bytes, Any]]:
         return st.lists(children, max_size=6).map(
-            lambda items: (kind + b"%d\r\n" % len(items) + b"".join(e for e, _ in items), [v for _, v in items]))
+            lambda items: (
+                kind + b"%d\r\n" % len(items) + b"".join(e for e, _ in items),
+                [v for _, v in items],
+            )
+        )
 
     def as_map(pairs: list[tuple[tuple[bytes, Any], tuple[bytes, Any]]]) -> tuple[bytes, Any]:
-        return (b"%%%d\r\n" % len(pairs) + b"".join(k + v for (k, _), (v, _) in pairs),
-                {k: v for (_, k), (_, v) in pairs})
+        return (
+            b"%%%d\r\n" % len(pairs) + b"".join(k + v for (k, _), (v, _) in pairs),
+            {k: v for (_, k), (_, v) in pairs},
+        )
 
-    maps = st.lists(st.tuples(_keys, children), max_size=5, unique_by=lambda kv: kv[0][1]).map(as_map)
+    maps = st.lists(st.tuples(_keys, children), max_size=5, unique_by=lambda kv: kv[0][1]).map(
+        as_map
+    )
     return st.one_of(array(b"*"), array(b"~"), array(b">"), maps)
 
 
@@ -121,7 +141,9 @@ def _hiredis_all(data: bytes) -> list[Any]:
 
 
 @given(st.lists(replies, min_size=1, max_size=4), st.lists(st.integers(0, 10**6), max_size=8))
-def test_valid_replies_read_as_hiredis_reads_them(batch: list[tuple[bytes, Any]], cuts: list[int]) -> None:
+def test_valid_replies_read_as_hiredis_reads_them(
+    batch: list[tuple[bytes, Any]], cuts: list[int]
+) -> None:
     data = b"".join(raw for raw, _ in batch)
     expected = [_norm(v) for _, v in batch]
     assert _norm(_read_all(data)) == expected
@@ -142,7 +164,7 @@ def test_a_reply_is_not_returned_before_its_last_byte(reply: tuple[bytes, Any]) 
     raw = reply[0]
     reader = RespReader()
     for i in range(len(raw) - 1):
-        reader.feed(raw[i:i + 1])
+        reader.feed(raw[i : i + 1])
         assert reader.gets() is NEED_MORE
     reader.feed(raw[-1:])
     assert _norm(reader.gets()) == _norm(reply[1])
@@ -152,9 +174,15 @@ def test_any_contiguous_buffer_can_be_fed() -> None:
     # feed takes what memoryview(data).cast("B") takes: not only bytes. The
     # limited-API build (LBS_LIMITED_API=1) reads these without the buffer protocol.
     import array
+
     raw = b"*2\r\n$3\r\nabc\r\n:7\r\n"
     reader = RespReader()
-    for piece in (bytearray(raw[:5]), memoryview(raw)[5:5], memoryview(raw)[5:12], array.array("B", raw[12:])):
+    for piece in (
+        bytearray(raw[:5]),
+        memoryview(raw)[5:5],
+        memoryview(raw)[5:12],
+        array.array("B", raw[12:]),
+    ):
         reader.feed(piece)
     assert reader.gets() == [b"abc", 7]
     wide = array.array("H")
@@ -168,16 +196,22 @@ def test_any_contiguous_buffer_can_be_fed() -> None:
     assert reader.buffered == 0
 
 
-@pytest.mark.parametrize("raw, value", [
-    (b"(123456789012345678901234567890\r\n", 123456789012345678901234567890),  # hiredis: the digits as bytes
-    (b"=8\r\ntxt:abcd\r\n", b"abcd"),
-    (b"|1\r\n+ttl\r\n:3\r\n:5\r\n", 5),  # an attribute annotates the value after it
-    (b",inf\r\n", math.inf),
-    (b",-inf\r\n", -math.inf),
-    (b",1e500\r\n", math.inf),
-    (b":-9223372036854775808\r\n", -(2**63)),
-    (b"%1\r\n$1\r\nk\r\n*-1\r\n", {b"k": None}),
-])
+@pytest.mark.parametrize(
+    "raw, value",
+    [
+        (
+            b"(123456789012345678901234567890\r\n",
+            123456789012345678901234567890,
+        ),  # hiredis: the digits as bytes
+        (b"=8\r\ntxt:abcd\r\n", b"abcd"),
+        (b"|1\r\n+ttl\r\n:3\r\n:5\r\n", 5),  # an attribute annotates the value after it
+        (b",inf\r\n", math.inf),
+        (b",-inf\r\n", -math.inf),
+        (b",1e500\r\n", math.inf),
+        (b":-9223372036854775808\r\n", -(2**63)),
+        (b"%1\r\n$1\r\nk\r\n*-1\r\n", {b"k": None}),
+    ],
+)
 def test_resp3_types_hiredis_reads_differently(raw: bytes, value: Any) -> None:
     assert _read_all(raw) == [value]
 
@@ -196,11 +230,25 @@ def test_error_replies_are_values_of_the_given_type(factory: str | None) -> None
     assert third == b"OK"
 
 
-@pytest.mark.parametrize("raw", [
-    b"x\r\n", b":12a\r\n", b":\r\n", b":99999999999999999999\r\n", b"$-2\r\n", b"$3\r\nabcd\r\n",
-    b"*-2\r\n", b"#x\r\n", b"_x\r\n", b",1.5x\r\n", b",\r\n", b"(12x\r\n", b"=2\r\nab\r\n",
-    b"*1\r\n" * 65 + b":1\r\n",
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"x\r\n",
+        b":12a\r\n",
+        b":\r\n",
+        b":99999999999999999999\r\n",
+        b"$-2\r\n",
+        b"$3\r\nabcd\r\n",
+        b"*-2\r\n",
+        b"#x\r\n",
+        b"_x\r\n",
+        b",1.5x\r\n",
+        b",\r\n",
+        b"(12x\r\n",
+        b"=2\r\nab\r\n",
+        b"*1\r\n" * 65 + b":1\r\n",
+    ],
+)
 def test_bytes_that_are_not_resp_raise_protocol_error(raw: bytes) -> None:
     reader = RespReader()
     reader.feed(raw)
@@ -227,8 +275,10 @@ def _drain(reader: RespReader, shape: int, parser: EntryParser) -> None:
             m.fields  # noqa: B018  (decoded lazily: must read too)
 
 
-@given(st.binary(max_size=300), st.sampled_from([Shape.ANY, Shape.ENTRIES, Shape.SCRIPT_ENTRIES, Shape.XREAD,
-                                                Shape.MESSAGES]))
+@given(
+    st.binary(max_size=300),
+    st.sampled_from([Shape.ANY, Shape.ENTRIES, Shape.SCRIPT_ENTRIES, Shape.XREAD, Shape.MESSAGES]),
+)
 def test_random_bytes_only_ever_raise_protocol_error(data: bytes, shape: int) -> None:
     reader = RespReader()
     reader.feed(data)
@@ -248,18 +298,31 @@ def _entry_ids() -> st.SearchStrategy[bytes]:
 _json_docs = st.one_of(
     st.builds(lbs.encode_input, names, infos),
     st.builds(lambda n, i: json.dumps({"DataStreamName": n, "Info": i}).encode(), names, infos),
-    st.builds(lambda n, x: json.dumps({"DataStreamName": n, "Info": x}, separators=(",", ":")).encode(),
-              names, st.floats(allow_nan=False) | st.integers() | st.lists(st.integers(), max_size=3)),
-    st.builds(lambda n, f: b'{"DataStreamName":"' + n.encode() + b'","Info":{"f":' + repr(f).encode() + b"}}",
-              names, st.floats(allow_nan=False, allow_infinity=False)),
+    st.builds(
+        lambda n, x: json.dumps({"DataStreamName": n, "Info": x}, separators=(",", ":")).encode(),
+        names,
+        st.floats(allow_nan=False) | st.integers() | st.lists(st.integers(), max_size=3),
+    ),
+    st.builds(
+        lambda n, f: (
+            b'{"DataStreamName":"' + n.encode() + b'","Info":{"f":' + repr(f).encode() + b"}}"
+        ),
+        names,
+        st.floats(allow_nan=False, allow_infinity=False),
+    ),
 )
 _inputs = st.one_of(
     _json_docs,
-    _json_docs.flatmap(lambda d: st.integers(0, len(d)).map(lambda i: d[:i] + d[i + 1:])),  # a byte dropped
+    _json_docs.flatmap(
+        lambda d: st.integers(0, len(d)).map(lambda i: d[:i] + d[i + 1 :])
+    ),  # a byte dropped
     st.binary(max_size=40),
 )
-_counts = st.one_of(st.integers(0, 10**20).map(lambda i: str(i).encode()),
-                    st.sampled_from([b"-1", b" 3", b"+4", b"1_0", b"", b"x", b"\xff"]), st.binary(max_size=4))
+_counts = st.one_of(
+    st.integers(0, 10**20).map(lambda i: str(i).encode()),
+    st.sampled_from([b"-1", b" 3", b"+4", b"1_0", b"", b"x", b"\xff"]),
+    st.binary(max_size=4),
+)
 _other = st.tuples(st.binary(max_size=12), st.binary(max_size=12))
 
 
@@ -283,26 +346,43 @@ def stream_entries(draw: st.DrawFn, claim: bool = False) -> tuple[bytes, list[An
         pairs = draw(st.permutations(pairs))
         fields = [x for kv in pairs for x in kv]
     nil = draw(st.sampled_from([b"*-1\r\n", b"_\r\n", b"$-1\r\n"]))
-    raw_fields = nil if fields is None else b"*%d\r\n" % len(fields) + b"".join(_bulk(f) for f in fields)
+    raw_fields = (
+        nil if fields is None else b"*%d\r\n" % len(fields) + b"".join(_bulk(f) for f in fields)
+    )
     if not claim:
         return b"*2\r\n" + _bulk(entry_id) + raw_fields, [entry_id, fields]
     idle, count = draw(st.integers(0, 10**9)), draw(st.integers(1, 100))
     as_text = draw(st.booleans())  # 8.4.0 sent them as strings
-    meta = _bulk(b"%d" % idle) + _bulk(b"%d" % count) if as_text else b":%d\r\n:%d\r\n" % (idle, count)
-    return (b"*4\r\n" + _bulk(entry_id) + raw_fields + meta,
-            [entry_id, fields, b"%d" % idle if as_text else idle, b"%d" % count if as_text else count])
+    meta = (
+        _bulk(b"%d" % idle) + _bulk(b"%d" % count) if as_text else b":%d\r\n:%d\r\n" % (idle, count)
+    )
+    return (
+        b"*4\r\n" + _bulk(entry_id) + raw_fields + meta,
+        [entry_id, fields, b"%d" % idle if as_text else idle, b"%d" % count if as_text else count],
+    )
 
 
 def _attrs(e: Any) -> tuple[Any, ...]:
-    return (e.id, e.stream, e.info, e.retry_count, e.original_id, e.error, e.fields, e.idle_ms,
-            e.delivery_count)
+    return (
+        e.id,
+        e.stream,
+        e.info,
+        e.retry_count,
+        e.original_id,
+        e.error,
+        e.fields,
+        e.idle_ms,
+        e.delivery_count,
+    )
 
 
 _entry_lists = st.booleans().flatmap(lambda claim: st.lists(stream_entries(claim), max_size=8))
 
 
 @given(_entry_lists)
-def test_entries_read_in_place_equal_the_generic_path(entries: list[tuple[bytes, list[Any]]]) -> None:
+def test_entries_read_in_place_equal_the_generic_path(
+    entries: list[tuple[bytes, list[Any]]],
+) -> None:
     parser = EntryParser()
     raw = b"*%d\r\n" % len(entries) + b"".join(e for e, _ in entries)
     reader = RespReader()
@@ -317,12 +397,16 @@ def _message_model(entry: list[Any]) -> tuple[str, dict[str, str]]:
     field repeated: the last wins, a nil (deleted) entry: no fields."""
     entry_id, fields = entry[0], entry[1] or []
     fields = fields + [b""] * (len(fields) % 2)
-    return entry_id.decode(), {fields[i].decode(errors="replace"): fields[i + 1].decode(errors="replace")
-                               for i in range(0, len(fields), 2)}
+    return entry_id.decode(), {
+        fields[i].decode(errors="replace"): fields[i + 1].decode(errors="replace")
+        for i in range(0, len(fields), 2)
+    }
 
 
 @given(_entry_lists, st.lists(st.integers(0, 10**6), max_size=6))
-def test_messages_read_in_place_equal_the_model(entries: list[tuple[bytes, list[Any]]], cuts: list[int]) -> None:
+def test_messages_read_in_place_equal_the_model(
+    entries: list[tuple[bytes, list[Any]]], cuts: list[int]
+) -> None:
     raw = b"*%d\r\n" % len(entries) + b"".join(e for e, _ in entries) + b"-ERR after\r\n"
     reader = RespReader(lambda msg: ValueError(msg))
     got: list[Any] = []
@@ -345,12 +429,27 @@ def test_messages_of_an_unexpected_layout_are_a_protocol_error_and_the_next_repl
         reader.gets_entries(None, Shape.ENTRIES)
 
 
-@pytest.mark.parametrize("count, expected", [
-    (b"0", 0), (b"7", 7), (b"-0", 0), (b"+4", 4), (b" 3", 3), (b"1_0", 10), (b"007", 7),
-    (b"9223372036854775807", 2**63 - 1),
-    (b"-1", None), (b"9223372036854775808", None), (b"", None), (b"x", None), (b"\xff", None),
-])
-def test_a_retry_count_is_what_int_makes_of_it_when_non_negative(count: bytes, expected: int | None) -> None:
+@pytest.mark.parametrize(
+    "count, expected",
+    [
+        (b"0", 0),
+        (b"7", 7),
+        (b"-0", 0),
+        (b"+4", 4),
+        (b" 3", 3),
+        (b"1_0", 10),
+        (b"007", 7),
+        (b"9223372036854775807", 2**63 - 1),
+        (b"-1", None),
+        (b"9223372036854775808", None),
+        (b"", None),
+        (b"x", None),
+        (b"\xff", None),
+    ],
+)
+def test_a_retry_count_is_what_int_makes_of_it_when_non_negative(
+    count: bytes, expected: int | None
+) -> None:
     fields = [b"lbs-input", lbs.encode_input("s"), b"_retry_count", count]
     raw = b"*1\r\n*2\r\n" + _bulk(b"1-0") + b"*4\r\n" + b"".join(_bulk(f) for f in fields)
     reader = RespReader()
@@ -363,8 +462,9 @@ def test_a_retry_count_is_what_int_makes_of_it_when_non_negative(count: bytes, e
 
 
 @given(_entry_lists, st.booleans(), st.lists(st.integers(0, 10**6), max_size=6))
-def test_xreadgroup_replies_equal_redis_py_plus_json(entries: list[tuple[bytes, list[Any]]], resp3: bool,
-                                                     cuts: list[int]) -> None:
+def test_xreadgroup_replies_equal_redis_py_plus_json(
+    entries: list[tuple[bytes, list[Any]]], resp3: bool, cuts: list[int]
+) -> None:
     parser = EntryParser()
     body = b"*%d\r\n" % len(entries) + b"".join(e for e, _ in entries)
     name = _bulk(b"svc-input")
@@ -387,15 +487,22 @@ def test_xreadgroup_replies_equal_redis_py_plus_json(entries: list[tuple[bytes, 
 
 
 @given(st.lists(stream_entries(), max_size=5), st.lists(replies, max_size=2))
-def test_script_reply_entries_come_first_the_rest_generic(entries: list[tuple[bytes, list[Any]]],
-                                                          rest: list[tuple[bytes, Any]]) -> None:
+def test_script_reply_entries_come_first_the_rest_generic(
+    entries: list[tuple[bytes, list[Any]]], rest: list[tuple[bytes, Any]]
+) -> None:
     parser = EntryParser()
-    raw = (b"*%d\r\n" % (1 + len(rest)) + b"*%d\r\n" % len(entries) + b"".join(e for e, _ in entries)
-           + b"".join(r for r, _ in rest))
+    raw = (
+        b"*%d\r\n" % (1 + len(rest))
+        + b"*%d\r\n" % len(entries)
+        + b"".join(e for e, _ in entries)
+        + b"".join(r for r, _ in rest)
+    )
     reader = RespReader()
     reader.feed(raw)
     first, *others = reader.gets_entries(parser, Shape.SCRIPT_ENTRIES)
-    assert [_attrs(e) for e in first] == [_attrs(e) for e in parser.parse_entries([x for _, x in entries])]
+    assert [_attrs(e) for e in first] == [
+        _attrs(e) for e in parser.parse_entries([x for _, x in entries])
+    ]
     assert _norm(others) == [_norm(v) for _, v in rest]
 
 
@@ -420,7 +527,7 @@ def test_a_big_reply_in_small_chunks_is_checked_once() -> None:
     reader = RespReader()
     for i in range(0, len(raw), 1024):
         assert reader.gets() is NEED_MORE
-        reader.feed(raw[i:i + 1024])
+        reader.feed(raw[i : i + 1024])
     assert reader.gets() == payload
 
 

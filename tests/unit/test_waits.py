@@ -83,13 +83,19 @@ async def test_within_returns_the_result_and_passes_errors_through() -> None:
 
 def test_the_library_waits_only_through_these_helpers() -> None:
     src = Path(lbs.__file__).parent
-    users = [str(p.relative_to(src)) for p in src.rglob("*.py")
-             if p.name != "_demo.py" and re.search(r"\bwait_for\(", p.read_text())]
+    users = [
+        str(p.relative_to(src))
+        for p in src.rglob("*.py")
+        if p.name != "_demo.py" and re.search(r"\bwait_for\(", p.read_text())
+    ]
     assert users == [], f"asyncio.wait_for can lose a cancellation before Python 3.12: {users}"
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is 3.11+: on 3.10 wait_set cannot "
-                    "see a swallowed cancellation, and this loop would never end")
+@pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="Task.cancelling() is 3.11+: on 3.10 wait_set cannot "
+    "see a swallowed cancellation, and this loop would never end",
+)
 async def test_a_loop_whose_cancellation_was_swallowed_stops_at_its_next_wait() -> None:
     # A library that catches CancelledError mid-call and goes on leaves the task's
     # cancelling() count up: lbs's loops stop at their next wait_set all the same.

@@ -12,8 +12,13 @@ from _lbscore import CommandBatch, XaddRoute, encode_xadds, pack_commands
 from lbs.exceptions import DataError
 
 
-def expected(streams: list[Any], names: list[str], columns: list[list[Any]], sizes: dict[str, int],
-             prefix: bytes) -> bytes:
+def expected(
+    streams: list[Any],
+    names: list[str],
+    columns: list[list[Any]],
+    sizes: dict[str, int],
+    prefix: bytes,
+) -> bytes:
     """What the sink means, written plainly: one XADD per row, IDMP ids counted per stream."""
     counts: dict[str, int] = {}
     commands = []
@@ -35,14 +40,22 @@ def expected(streams: list[Any], names: list[str], columns: list[list[Any]], siz
     return pack_commands(commands)
 
 
-values = st.one_of(st.none(), st.text(max_size=8), st.binary(max_size=8), st.integers(), st.booleans(),
-                   st.floats(allow_nan=False))
+values = st.one_of(
+    st.none(),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+    st.integers(),
+    st.booleans(),
+    st.floats(allow_nan=False),
+)
 
 
 @given(st.data())
 def test_rows_encode_as_one_xadd_each_with_idmp_ids_per_stream(data: st.DataObject) -> None:
     nrows = data.draw(st.integers(0, 30))
-    streams = data.draw(st.lists(st.sampled_from(["a", "b", "c", None]), min_size=nrows, max_size=nrows))
+    streams = data.draw(
+        st.lists(st.sampled_from(["a", "b", "c", None]), min_size=nrows, max_size=nrows)
+    )
     names = data.draw(st.lists(st.sampled_from(["x", "y", "z"]), max_size=3, unique=True))
     columns = [data.draw(st.lists(values, min_size=nrows, max_size=nrows)) for _ in names]
     sizes = {s: data.draw(st.integers(0, 4)) for s in "abc"}

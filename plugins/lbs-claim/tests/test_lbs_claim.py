@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from lbs_claim import ClaimReader, plugin
 
 import lbs
+from lbs_claim import ClaimReader, plugin
 
 # lock_ttl 0.2 s: a heartbeat every 0.1 s refreshing a live entry's idle time
 # every 2 ticks, so live work is never idle past 0.2 s; the threshold (the
@@ -21,7 +21,14 @@ FAST = dict(read_block=0.1, lock_ttl=0.2, min_idle=0.5)
 
 def claimer(url: str, service: str, reader: ClaimReader | None = None, **config: Any) -> lbs.Client:
     cfg = lbs.Config(**{**FAST, "recovery": False, **config})
-    return lbs.Client(url, service, "claimer", cfg, plugins=[reader or ClaimReader()], load_entrypoint_plugins=False)
+    return lbs.Client(
+        url,
+        service,
+        "claimer",
+        cfg,
+        plugins=[reader or ClaimReader()],
+        load_entrypoint_plugins=False,
+    )
 
 
 async def next_added(c: lbs.Client, timeout: float = 10.0) -> lbs.Notification:
@@ -40,12 +47,15 @@ def test_the_entry_point_is_published() -> None:
 
 
 async def test_a_stopped_consumers_work_comes_back_with_new_work(
-        redis_server: Any, service: str, r: aioredis.Redis) -> None:
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     producer = lbs.Producer(r, service)
     await r.xgroup_create(stream, group, id="0", mkstream=True)
     await producer.add_stream("orphaned")
-    assert await r.xreadgroup(group, "redis-consumer-stopped", {stream: ">"}, count=1)  # then it stopped
+    assert await r.xreadgroup(
+        group, "redis-consumer-stopped", {stream: ">"}, count=1
+    )  # then it stopped
     await asyncio.sleep(0.6)  # idle past the 0.5 s threshold; time is the subject here
     await producer.add_stream("fresh")
     c = claimer(redis_server.url, service)
@@ -59,9 +69,13 @@ async def test_a_stopped_consumers_work_comes_back_with_new_work(
         await c.close()
 
 
-async def test_a_live_lbs_holder_is_never_claimed_from(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+async def test_a_live_lbs_holder_is_never_claimed_from(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     await lbs.Producer(r, service).add_stream("busy")
-    holder = lbs.Client(redis_server.url, service, "holder", lbs.Config(**FAST), load_entrypoint_plugins=False)
+    holder = lbs.Client(
+        redis_server.url, service, "holder", lbs.Config(**FAST), load_entrypoint_plugins=False
+    )
     await holder.start()
     c = claimer(redis_server.url, service)
     try:
@@ -79,7 +93,9 @@ async def test_a_live_lbs_holder_is_never_claimed_from(redis_server: Any, servic
         await holder.close()
 
 
-async def test_a_threshold_that_would_claim_live_work_is_refused(redis_server: Any, service: str) -> None:
+async def test_a_threshold_that_would_claim_live_work_is_refused(
+    redis_server: Any, service: str
+) -> None:
     c = claimer(redis_server.url, service, ClaimReader(min_idle=0.15))
     with pytest.raises(lbs.ConfigurationError, match="must exceed 0.2 s"):
         await c.start()
@@ -87,13 +103,20 @@ async def test_a_threshold_that_would_claim_live_work_is_refused(redis_server: A
 
 
 async def test_on_redis_7_it_steps_aside_with_one_warning_and_the_client_works(
-        redis7_server: Any, service: str, caplog: pytest.LogCaptureFixture) -> None:
+    redis7_server: Any, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
     reader = ClaimReader()
     async with lbs.Producer(redis7_server.url, service) as p:
         await p.add_streams(["a"])
     for name in ("claimer", "second"):
-        c = lbs.Client(redis7_server.url, service, name, lbs.Config(**{**FAST, "recovery": False}),
-                       plugins=[reader], load_entrypoint_plugins=False)
+        c = lbs.Client(
+            redis7_server.url,
+            service,
+            name,
+            lbs.Config(**{**FAST, "recovery": False}),
+            plugins=[reader],
+            load_entrypoint_plugins=False,
+        )
         try:
             await c.start()
             assert c.read_strategy.name == "default"
@@ -118,7 +141,9 @@ def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_an_instance_the_application_passes_outranks_the_installed_one() -> None:
     mine = ClaimReader(min_idle=45.0)
-    c = lbs.Client("redis://127.0.0.1:1", "svc", "c", plugins=[mine, plugin])  # entry points loaded too
+    c = lbs.Client(
+        "redis://127.0.0.1:1", "svc", "c", plugins=[mine, plugin]
+    )  # entry points loaded too
     assert c.pm.get_plugin("claim") is plugin  # installed, registered once even though passed again
     strategy = c.pm.hook.lbs_reader(client=c, server_version=(8, 6, 0))
     assert strategy.claim_min_idle == 45.0

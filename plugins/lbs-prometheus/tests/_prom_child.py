@@ -33,7 +33,9 @@ async def main(url: str, service: str) -> None:
             "port": lbs_prometheus.default_plugin.port,
             "listening": sorted(listening_ports()),
             "acquired": REGISTRY.get_sample_value("lbs_locks_acquired_total", labels),
-            "released": REGISTRY.get_sample_value("lbs_locks_released_total", {**labels, "status": "DONE"}),
+            "released": REGISTRY.get_sample_value(
+                "lbs_locks_released_total", {**labels, "status": "DONE"}
+            ),
         }
         print(json.dumps(report), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)

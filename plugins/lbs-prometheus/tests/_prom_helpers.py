@@ -14,7 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 import lbs
 
 
-def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scrape(
+    port: int, host: str = "127.0.0.1"
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """GET /metrics over real HTTP and parse it: {(sample name, labels): value}."""
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as resp:
         assert resp.status == 200
@@ -36,7 +38,9 @@ def get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, bytes]:
             return exc.code, exc.read()
 
 
-def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
+def value(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 

@@ -22,11 +22,19 @@ CHILD = Path(__file__).with_name("_prom_child.py")
 @contextmanager
 def _child(url: str, service: str, **env: str) -> Iterator[dict[str, Any]]:
     """Run _prom_child.py; yield its report while it still runs; then let it close and exit."""
-    child_env = {k: v for k, v in os.environ.items()
-                 if k not in ("LBS_LOAD_PLUGINS", "LBS_PROMETHEUS_PORT", "LBS_PROMETHEUS_ADDR")}
+    child_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LBS_LOAD_PLUGINS", "LBS_PROMETHEUS_PORT", "LBS_PROMETHEUS_ADDR")
+    }
     child_env.update(env)
-    with subprocess.Popen([sys.executable, str(CHILD), url, service], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True, env=child_env) as proc:
+    with subprocess.Popen(
+        [sys.executable, str(CHILD), url, service],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env,
+    ) as proc:
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()
@@ -39,12 +47,17 @@ def _child(url: str, service: str, **env: str) -> Iterator[dict[str, Any]]:
                 proc.kill()
 
 
-def test_installed_plugin_records_but_binds_nothing_without_the_port_variable(redis_server: Any,
-                                                                               service: str) -> None:
+def test_installed_plugin_records_but_binds_nothing_without_the_port_variable(
+    redis_server: Any, service: str
+) -> None:
     with _child(redis_server.url, service) as report:
-        assert report["loaded"], "the entry point 'prometheus' must be loaded into a default lbs.Client"
+        assert report["loaded"], (
+            "the entry point 'prometheus' must be loaded into a default lbs.Client"
+        )
         assert report["port"] is None
-        assert report["listening"] == [], f"the plugin must not listen anywhere: {report['listening']}"
+        assert report["listening"] == [], (
+            f"the plugin must not listen anywhere: {report['listening']}"
+        )
         # It still records into prometheus_client's default REGISTRY.
         assert report["acquired"] == 1
         assert report["released"] == 1
@@ -64,4 +77,6 @@ def test_port_variable_makes_the_installed_plugin_serve(redis_server: Any, servi
         status, body = get(port, "/healthz")
         assert status == 200, body
         clients = json.loads(body)["clients"]
-        assert [(c["service"], c["consumer"], c["state"]) for c in clients] == [(service, lbl["consumer"], "running")]
+        assert [(c["service"], c["consumer"], c["state"]) for c in clients] == [
+            (service, lbl["consumer"], "running")
+        ]

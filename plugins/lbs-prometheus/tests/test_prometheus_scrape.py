@@ -21,8 +21,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 def _client(url: str, service: str, plugin: PrometheusPlugin, **config: Any) -> lbs.Client:
     config.setdefault("read_block", 0.1)
-    return lbs.Client(url, service, consumer_id="c1", config=lbs.Config(**config), plugins=[plugin],
-                      load_entrypoint_plugins=False)
+    return lbs.Client(
+        url,
+        service,
+        consumer_id="c1",
+        config=lbs.Config(**config),
+        plugins=[plugin],
+        load_entrypoint_plugins=False,
+    )
 
 
 async def _until_refused(port: int, timeout: float = 5.0) -> None:
@@ -39,7 +45,9 @@ async def _until(what: str, check: Callable[[], Awaitable[bool]], timeout: float
         await asyncio.sleep(0.05)
 
 
-async def test_take_done_hand_back_and_scan_move_the_scraped_numbers(redis_server: Any, service: str) -> None:
+async def test_take_done_hand_back_and_scan_move_the_scraped_numbers(
+    redis_server: Any, service: str
+) -> None:
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
     port = plugin.port
     assert port is not None and port > 0
@@ -93,7 +101,9 @@ async def test_take_done_hand_back_and_scan_move_the_scraped_numbers(redis_serve
     plugin.close()
 
 
-async def test_run_handler_failures_are_handed_back_with_retry_counted(redis_server: Any, service: str) -> None:
+async def test_run_handler_failures_are_handed_back_with_retry_counted(
+    redis_server: Any, service: str
+) -> None:
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
     port = plugin.port
     assert port is not None
@@ -122,14 +132,28 @@ async def test_run_handler_failures_are_handed_back_with_retry_counted(redis_ser
     assert plugin.port is None and await asyncio.to_thread(refused, port)
 
 
-async def test_one_plugin_serves_two_clients_until_the_last_closes(redis_server: Any, service: str) -> None:
+async def test_one_plugin_serves_two_clients_until_the_last_closes(
+    redis_server: Any, service: str
+) -> None:
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
     port = plugin.port
     assert port is not None
-    a = lbs.Client(redis_server.url, service, "a", lbs.Config(read_block=0.1), plugins=[plugin],
-                   load_entrypoint_plugins=False)
-    b = lbs.Client(redis_server.url, service, "b", lbs.Config(read_block=0.1), plugins=[plugin],
-                   load_entrypoint_plugins=False)
+    a = lbs.Client(
+        redis_server.url,
+        service,
+        "a",
+        lbs.Config(read_block=0.1),
+        plugins=[plugin],
+        load_entrypoint_plugins=False,
+    )
+    b = lbs.Client(
+        redis_server.url,
+        service,
+        "b",
+        lbs.Config(read_block=0.1),
+        plugins=[plugin],
+        load_entrypoint_plugins=False,
+    )
     await a.start()
     await b.start()
     await a.close()
@@ -139,8 +163,14 @@ async def test_one_plugin_serves_two_clients_until_the_last_closes(redis_server:
     await b.close()
     await _until_refused(port)
     # A client started later brings the server back, on the same port.
-    c = lbs.Client(redis_server.url, service, "c", lbs.Config(read_block=0.1), plugins=[plugin],
-                   load_entrypoint_plugins=False)
+    c = lbs.Client(
+        redis_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1),
+        plugins=[plugin],
+        load_entrypoint_plugins=False,
+    )
     await c.start()
     try:
         assert plugin.port == port
@@ -151,13 +181,19 @@ async def test_one_plugin_serves_two_clients_until_the_last_closes(redis_server:
         plugin.close()
 
 
-async def test_healthz_follows_the_heartbeat(redis_server: Any, service: str, r: aioredis.Redis) -> None:
+async def test_healthz_follows_the_heartbeat(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
     port = plugin.port
     assert port is not None
     status, body = await asyncio.to_thread(get, port, "/healthz")
-    assert status == 503 and json.loads(body)["unhealthy"] == [{"reason": "no lbs client is running"}]
-    client = _client(redis_server.url, service, plugin, heartbeat_interval=0.1)  # healthy: a beat < 0.2 s ago
+    assert status == 503 and json.loads(body)["unhealthy"] == [
+        {"reason": "no lbs client is running"}
+    ]
+    client = _client(
+        redis_server.url, service, plugin, heartbeat_interval=0.1
+    )  # healthy: a beat < 0.2 s ago
     await client.start()
 
     last: dict[str, Any] = {}
@@ -183,7 +219,9 @@ async def test_healthz_follows_the_heartbeat(redis_server: Any, service: str, r:
         # /metrics is still there beside it.
         samples = await asyncio.to_thread(scrape, port)
         assert value(samples, "lbs_client_running", service=service, consumer=client.id) == 1
-        assert (value(samples, "lbs_heartbeat_age_seconds", service=service, consumer=client.id) or 0) < 20
+        assert (
+            value(samples, "lbs_heartbeat_age_seconds", service=service, consumer=client.id) or 0
+        ) < 20
     finally:
         await client.close()
         plugin.close()

@@ -10,6 +10,11 @@ PLUGIN = Path(__file__).resolve().parents[1]
 
 
 def test_mypy_strict_passes_on_the_plugin() -> None:
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "src/lbs_prometheus"],
-                          cwd=PLUGIN, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "src/lbs_prometheus"],
+        cwd=PLUGIN,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -28,8 +28,9 @@ class FakeClient:
         self.pm = make_plugin_manager(plugins, load_entrypoints=False)
         self.config = lbs.Config(heartbeat_interval=1.0)
         self.stats = lbs.ClientStats()
-        self.hooks = Hooks(self.pm, self, {"service": self.service, "consumer": self.id},
-                           logging.getLogger("test"))
+        self.hooks = Hooks(
+            self.pm, self, {"service": self.service, "consumer": self.id}, logging.getLogger("test")
+        )
         self.metrics = self.hooks.counts
 
     def start(self) -> None:
@@ -47,10 +48,21 @@ def _started(*plugins: object, consumer: str = "c1") -> FakeClient:
 
 def test_the_plugin_implements_no_per_stream_hook() -> None:
     client = FakeClient(PrometheusPlugin(registry=CollectorRegistry()))
-    implemented = {name for name in ("lbs_lock_acquired", "lbs_stream_started", "lbs_lock_released",
-                                     "lbs_streams_started", "lbs_locks_released", "lbs_stream_disowned",
-                                     "lbs_stream_handed_back", "lbs_stream_dead_lettered", "lbs_stream_expired")
-                   if getattr(client.pm.hook, name).get_hookimpls()}
+    implemented = {
+        name
+        for name in (
+            "lbs_lock_acquired",
+            "lbs_stream_started",
+            "lbs_lock_released",
+            "lbs_streams_started",
+            "lbs_locks_released",
+            "lbs_stream_disowned",
+            "lbs_stream_handed_back",
+            "lbs_stream_dead_lettered",
+            "lbs_stream_expired",
+        )
+        if getattr(client.pm.hook, name).get_hookimpls()
+    }
     assert implemented == set()
 
 
@@ -121,11 +133,16 @@ def test_metric_events_are_read_from_the_client_with_their_labels() -> None:
     assert reg.get_sample_value("lbs_recovery_scan_requeued_total", LBL) == 5
     assert reg.get_sample_value("lbs_recovery_dlq_total", {**LBL, "path": "scan"}) == 1
     assert reg.get_sample_value("lbs_recovery_dlq_total", {**LBL, "path": "deadline"}) == 2
-    assert reg.get_sample_value("lbs_dead_letters_forwarded_total", {**LBL, "backend": "jsonl"}) == 4
+    assert (
+        reg.get_sample_value("lbs_dead_letters_forwarded_total", {**LBL, "backend": "jsonl"}) == 4
+    )
     assert reg.get_sample_value("lbs_pel_depth", LBL) == 4
     assert reg.get_sample_value("lbs_recovery_scan_duration_seconds_count", LBL) == 2
     assert reg.get_sample_value("lbs_recovery_scan_duration_seconds_sum", LBL) == 0.75
-    assert reg.get_sample_value("lbs_recovery_scan_duration_seconds_bucket", {**LBL, "le": "0.25"}) == 1
+    assert (
+        reg.get_sample_value("lbs_recovery_scan_duration_seconds_bucket", {**LBL, "le": "0.25"})
+        == 1
+    )
     families = {f.name: f for f in reg.collect()}
     assert families["lbs_pel_depth"].documentation == METRICS["pel_depth"].help
     assert families["lbs_recovery_dlq"].type == "counter"
@@ -149,8 +166,16 @@ def test_other_plugins_names_get_families_of_their_own() -> None:
     hook = client.pm.hook.lbs_metric
     hook(client=client, name="widgets", kind="counter", value=1, labels=LBL)
     hook(client=client, name="widgets", kind="counter", value=2, labels=LBL)
-    hook(client=client, name="queue_lag_seconds", kind="histogram", value=0.1, labels={**LBL, "queue": "q"})
-    hook(client=client, name="pel_depth", kind="gauge", value=9, labels=LBL)  # lbs's own: read from the client
+    hook(
+        client=client,
+        name="queue_lag_seconds",
+        kind="histogram",
+        value=0.1,
+        labels={**LBL, "queue": "q"},
+    )
+    hook(
+        client=client, name="pel_depth", kind="gauge", value=9, labels=LBL
+    )  # lbs's own: read from the client
     assert reg.get_sample_value("lbs_widgets_total", LBL) == 3
     assert reg.get_sample_value("lbs_queue_lag_seconds_count", {**LBL, "queue": "q"}) == 1
     assert reg.get_sample_value("lbs_pel_depth", LBL) is None
@@ -180,16 +205,28 @@ def test_misfit_events_are_logged_once_and_never_raised(caplog: pytest.LogCaptur
     assert any("read from its clients" in r.getMessage() for r in caplog.records)
 
     client = FakeClient(plugin)
-    client.pm.hook.lbs_metric(client=client, name="x_total", kind="counter", value=-1, labels=LBL)  # no raise
+    client.pm.hook.lbs_metric(
+        client=client, name="x_total", kind="counter", value=-1, labels=LBL
+    )  # no raise
 
 
 def test_family_names_are_stable_and_never_collide() -> None:
     own = {PREFIX + m.name for m in OWN}
     # The families lbs-prometheus 0.1 exported keep their names.
-    assert {"lbs_locks_acquired_total", "lbs_locks_released_total", "lbs_streams_disowned_total",
-            "lbs_streams_handed_back_total", "lbs_streams_dead_lettered_total", "lbs_heartbeat_ticks_total",
-            "lbs_heartbeat_locks_extended_total", "lbs_heartbeat_locks_lost_total", "lbs_heartbeat_tick_seconds",
-            "lbs_held_streams", "lbs_client_running", "lbs_reader_terminations_total"} <= own
+    assert {
+        "lbs_locks_acquired_total",
+        "lbs_locks_released_total",
+        "lbs_streams_disowned_total",
+        "lbs_streams_handed_back_total",
+        "lbs_streams_dead_lettered_total",
+        "lbs_heartbeat_ticks_total",
+        "lbs_heartbeat_locks_extended_total",
+        "lbs_heartbeat_locks_lost_total",
+        "lbs_heartbeat_tick_seconds",
+        "lbs_held_streams",
+        "lbs_client_running",
+        "lbs_reader_terminations_total",
+    } <= own
     stems = [n.removesuffix("_total") for n in (*own, *(PREFIX + n for n in METRICS))]
     assert len(stems) == len(set(stems))
 
@@ -207,7 +244,10 @@ def test_an_explicit_plugin_replaces_the_auto_loaded_one_for_its_client() -> Non
 
 def test_plugins_on_one_registry_share_its_collector_and_count_once() -> None:
     reg = CollectorRegistry()
-    a, b = PrometheusPlugin(registry=reg), PrometheusPlugin(registry=reg)  # no "Duplicated timeseries"
+    a, b = (
+        PrometheusPlugin(registry=reg),
+        PrometheusPlugin(registry=reg),
+    )  # no "Duplicated timeseries"
     assert a.collector is b.collector is collector_for(reg)
     client = _started(a, b)
     client.pm.hook.lbs_locks_extended(client=client, extended=3, lost=0, seconds=0.01)
@@ -239,13 +279,20 @@ def test_health_judges_each_running_client_by_its_last_heartbeat() -> None:
     a.stats.heartbeat_at = started + 2.0
     ok, body = collector.health(now=started + 3.0)  # a beat 1 s ago; b never, started 3 s ago
     assert not ok
-    assert [(u["consumer"], u["reason"]) for u in body["unhealthy"]] == [("b", "no heartbeat for 3.0s (limit 2s)")]
+    assert [(u["consumer"], u["reason"]) for u in body["unhealthy"]] == [
+        ("b", "no heartbeat for 3.0s (limit 2s)")
+    ]
     b.close()  # a closed client is listed, not judged
     ok, body = collector.health(now=started + 3.0)
-    assert ok and {e["consumer"]: e["state"] for e in body["clients"]} == {"a": "running", "b": "closed"}
+    assert ok and {e["consumer"]: e["state"] for e in body["clients"]} == {
+        "a": "running",
+        "b": "closed",
+    }
     a.pm.hook.lbs_reader_terminated(client=a, error=RuntimeError("gone"))
     ok, body = collector.health(now=started + 3.0)
-    assert not ok and body["unhealthy"] == [{"service": "svc", "consumer": "a", "reason": "its reader gave up"}]
+    assert not ok and body["unhealthy"] == [
+        {"service": "svc", "consumer": "a", "reason": "its reader gave up"}
+    ]
 
 
 def test_a_port_in_use_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:

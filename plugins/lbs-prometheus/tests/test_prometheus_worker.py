@@ -52,26 +52,58 @@ def _until(check: Any, what: str, timeout: float = 60.0) -> Any:
         time.sleep(0.2)
 
 
-def test_every_worker_process_serves_metrics_and_health_on_its_own_port(redis_server: Any, service: str,
-                                                                         tmp_path: Path) -> None:
+def test_every_worker_process_serves_metrics_and_health_on_its_own_port(
+    redis_server: Any, service: str, tmp_path: Path
+) -> None:
     base = _free_pair()
-    env = {k: v for k, v in os.environ.items() if k not in ("LBS_LOAD_PLUGINS", "LBS_PROMETHEUS_ADDR")}
-    env.update(LBS_PROMETHEUS_PORT=str(base), PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]))
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LBS_LOAD_PLUGINS", "LBS_PROMETHEUS_ADDR")
+    }
+    env.update(
+        LBS_PROMETHEUS_PORT=str(base),
+        PYTHONPATH=os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]),
+    )
     err = tmp_path / "err"
     with open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "lbs", "worker", "_prom_handlers:ok", "--service", service,
-                                 "--url", redis_server.url, "--consumer-id", "pw", "--processes", "2"],
-                                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lbs",
+                "worker",
+                "_prom_handlers:ok",
+                "--service",
+                service,
+                "--url",
+                redis_server.url,
+                "--consumer-id",
+                "pw",
+                "--processes",
+                "2",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=env,
+        )
     try:
         for slot in (0, 1):
             port = base + slot
             labels = {"service": service, "consumer": f"redis-consumer-pw-{slot}"}
-            _until(lambda: value(scrape(port), "lbs_held_streams", **labels) is not None,
-                   f"worker {slot}'s client on :{port}/metrics")
-            status, body = _until(lambda: (lambda r: r if r[0] == 200 else None)(get(port, "/healthz")),
-                                  f"worker {slot} healthy on :{port}/healthz")
-            assert [c["consumer"] for c in json.loads(body)["clients"]] == [labels["consumer"]], body
-        text = _until(lambda: "one port per worker process" in err.read_text() and err.read_text(), "the banner")
+            _until(
+                lambda: value(scrape(port), "lbs_held_streams", **labels) is not None,
+                f"worker {slot}'s client on :{port}/metrics",
+            )
+            status, body = _until(
+                lambda: (lambda r: r if r[0] == 200 else None)(get(port, "/healthz")),
+                f"worker {slot} healthy on :{port}/healthz",
+            )
+            assert [c["consumer"] for c in json.loads(body)["clients"]] == [labels["consumer"]], (
+                body
+            )
+        text = _until(
+            lambda: "one port per worker process" in err.read_text() and err.read_text(),
+            "the banner",
+        )
         flat = " ".join(text.split())
         assert f"http://127.0.0.1:{base}/metrics … :{base + 1}/metrics and /healthz" in flat, flat
         assert "(worker process 1 of 2)" in flat and "Address already in use" not in flat, flat

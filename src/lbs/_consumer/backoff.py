@@ -13,7 +13,7 @@ __all__ = ["Backoff"]
 class Backoff:
     """Delays for one retry loop: each a uniform draw in ``[d/2, d]``, ``d`` doubling up to ``maximum``."""
 
-    __slots__ = ("initial", "maximum", "delay")
+    __slots__ = ("delay", "initial", "maximum")
 
     def __init__(self, initial: float, maximum: float) -> None:
         self.initial = initial

@@ -80,21 +80,42 @@ class Delays:
         n = s.names
 
         def build(b: CommandBatch) -> None:
-            scripts.promote(b, self.due_key, self.parked_key, n.stream_key, self.waiting_key, batch=PROMOTE_BATCH,
-                            group=n.group, key_prefix=n.key_prefix)
+            scripts.promote(
+                b,
+                self.due_key,
+                self.parked_key,
+                n.stream_key,
+                self.waiting_key,
+                batch=PROMOTE_BATCH,
+                group=n.group,
+                key_prefix=n.key_prefix,
+            )
 
         (out,) = first_error(await s.link.pool.execute(build, retry_safe=True))
         moved, vanished, next_ms, stuck, waiters = (int(v) for v in out)
         if waiters:
-            s.log.warning("%d registrations waited for data streams whose holder vanished without releasing "
-                          "them (its entry trimmed or deleted while pending); the oldest of each is back in %s",
-                          waiters, n.stream_key)
+            s.log.warning(
+                "%d registrations waited for data streams whose holder vanished without releasing "
+                "them (its entry trimmed or deleted while pending); the oldest of each is back in %s",
+                waiters,
+                n.stream_key,
+            )
         if vanished:
-            s.log.warning("%d parked retries were gone from %s when due; dropped from %s",
-                          vanished, self.parked_key, self.due_key)
+            s.log.warning(
+                "%d parked retries were gone from %s when due; dropped from %s",
+                vanished,
+                self.parked_key,
+                self.due_key,
+            )
         if stuck:
-            s.log.error("%d parked entries in %s have too many fields to move back into %s; left there "
-                        "(scored +inf in %s)", stuck, self.parked_key, n.stream_key, self.due_key)
+            s.log.error(
+                "%d parked entries in %s have too many fields to move back into %s; left there "
+                "(scored +inf in %s)",
+                stuck,
+                self.parked_key,
+                n.stream_key,
+                self.due_key,
+            )
         if moved:
             s.log.debug("%d delayed retries are back in %s", moved, n.stream_key)
         return moved, None if next_ms < 0 else next_ms / 1000
@@ -118,8 +139,10 @@ class Delays:
                 if message.startswith("LBSKEY "):
                     if message != self._refused:
                         s.hooks.metric("wrong_type_keys_total", 1)
-                        s.log.error("cannot bring delayed retries back: %s; they stay parked",
-                                    message.removeprefix("LBSKEY "))
+                        s.log.error(
+                            "cannot bring delayed retries back: %s; they stay parked",
+                            message.removeprefix("LBSKEY "),
+                        )
                     self._refused = message
                 elif not s.denied(exc, "bringing delayed retries back"):
                     s.log.debug("promoting delayed retries failed: %s", exc)

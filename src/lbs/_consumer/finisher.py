@@ -37,8 +37,11 @@ __all__ = ["Finisher"]
 DONE_BATCH = 1_000
 # done-n.lua's codes as the statuses done_stream reports; anything else is a lost lock.
 # ALREADY_DONE: a retried call whose first reply was lost found its own work finished.
-_DONE_STATUS = {int(DoneCode.DONE): DoneStatus.DONE, int(DoneCode.LOCK_EXPIRED): DoneStatus.LOCK_EXPIRED,
-                int(DoneCode.ALREADY_DONE): DoneStatus.DONE}
+_DONE_STATUS = {
+    int(DoneCode.DONE): DoneStatus.DONE,
+    int(DoneCode.LOCK_EXPIRED): DoneStatus.LOCK_EXPIRED,
+    int(DoneCode.ALREADY_DONE): DoneStatus.DONE,
+}
 
 #: A stream to finish, and the future that gets its done-n.lua code (None: log the outcome only).
 _Item = tuple[Held, "asyncio.Future[Any] | None"]
@@ -62,7 +65,9 @@ class Finisher:
         """Queue ``h`` for the next batch; ``fut`` gets the done code (None: log only)."""
         self._queue.append((h, fut))
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._loop(), name=f"lbs-finisher-{self.state.names.id}")
+            self._task = asyncio.create_task(
+                self._loop(), name=f"lbs-finisher-{self.state.names.id}"
+            )
         self._idle.clear()
         self._wakeup.set()
 
@@ -108,11 +113,26 @@ class Finisher:
             streams = [h.stream for h, _ in batch]
             xackdel = s.server.xackdel
 
-            go = (n.id, [_keys.go_lock_key(h.stream, h.entry_id) for h, _ in batch]) if s.config.go_compatible else None
+            go = (
+                (n.id, [_keys.go_lock_key(h.stream, h.entry_id) for h, _ in batch])
+                if s.config.go_compatible
+                else None
+            )
 
             def build(b: CommandBatch) -> None:
-                scripts.done(b, n.stream_key, n.lock_prefix, ids, values, streams, n.group, n.key_prefix, xackdel,
-                             retrying, go)
+                scripts.done(
+                    b,
+                    n.stream_key,
+                    n.lock_prefix,
+                    ids,
+                    values,
+                    streams,
+                    n.group,
+                    n.key_prefix,
+                    xackdel,
+                    retrying,
+                    go,
+                )
 
             wire = s.link.done
             try:
@@ -136,11 +156,18 @@ class Finisher:
                 if topology_error(exc):  # Redis unreachable, restarting or failing over: try again
                     self._retry[:0] = batch
                     wait = backoff.next()
-                    s.log.warning("finishing %d streams failed (%s); trying again in %.2fs, their locks "
-                                  "kept alive", len(batch), exc, wait)
+                    s.log.warning(
+                        "finishing %d streams failed (%s); trying again in %.2fs, their locks "
+                        "kept alive",
+                        len(batch),
+                        exc,
+                        wait,
+                    )
                     await asyncio.sleep(wait)
                     continue
-                err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
+                err = (
+                    RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
+                )
                 for h, fut in batch:
                     if fut is None:
                         s.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
@@ -150,12 +177,17 @@ class Finisher:
             self._inflight = []
             backoff.reset()
             released = s.hooks.listening("lbs_lock_released")
-            outcomes: list[tuple[Held, DoneStatus]] | None = [] if s.hooks.listening("lbs_locks_released") else None
+            outcomes: list[tuple[Held, DoneStatus]] | None = (
+                [] if s.hooks.listening("lbs_locks_released") else None
+            )
             for (h, fut), code in zip(batch, codes):
                 if code == DoneCode.TAKEN:
                     s.hooks.metric("go_taken_total", 1)
-                    s.log.warning("%s (entry %s) was taken by a Go consumer while held: not finished here",
-                                  h.stream, h.entry_id)
+                    s.log.warning(
+                        "%s (entry %s) was taken by a Go consumer while held: not finished here",
+                        h.stream,
+                        h.entry_id,
+                    )
                 if fut is None:
                     status = self._finished_one(h, code, released)
                     if outcomes is not None:
@@ -177,9 +209,21 @@ class Finisher:
         else:
             stats.lock_lost += 1
         if status.lost:
-            s.log.warning("done_stream(%s): %s (entry %s, token %d)", h.stream, status.value, h.entry_id, h.token)
+            s.log.warning(
+                "done_stream(%s): %s (entry %s, token %d)",
+                h.stream,
+                status.value,
+                h.entry_id,
+                h.token,
+            )
         if released:
-            s.hooks.notify("lbs_lock_released", stream=h.stream, entry_id=h.entry_id, token=h.token, status=status)
+            s.hooks.notify(
+                "lbs_lock_released",
+                stream=h.stream,
+                entry_id=h.entry_id,
+                token=h.token,
+                status=status,
+            )
         return status
 
     async def drain(self, timeout: float) -> None:
@@ -190,9 +234,12 @@ class Finisher:
         if self._task is not None and not self._task.done():
             if not await wait_set(self._idle, timeout):
                 unsent = [*self._queue, *self._retry]
-                self.state.log.error("finisher did not drain; %d finished streams' locks will expire", len(unsent))
-                gone = RedisOperationError("done_stream", RedisConnectionError("the client closed before Redis "
-                                                                               "answered"))
+                self.state.log.error(
+                    "finisher did not drain; %d finished streams' locks will expire", len(unsent)
+                )
+                gone = RedisOperationError(
+                    "done_stream", RedisConnectionError("the client closed before Redis answered")
+                )
                 for _, fut in unsent:
                     if fut is not None and not fut.done():
                         fut.set_exception(gone)

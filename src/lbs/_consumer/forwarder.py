@@ -48,16 +48,22 @@ class Forwarder:
         (the batch then stays in the stream, pending to this forwarder).
         """
         s = self.state
-        reply = await s.link.redis.xreadgroup(self.group, s.names.id, {self.key: start},
-                                              count=s.config.dead_letter_batch, block=block_ms)
+        reply = await s.link.redis.xreadgroup(
+            self.group,
+            s.names.id,
+            {self.key: start},
+            count=s.config.dead_letter_batch,
+            block=block_ms,
+        )
         return await self._forward(_entries(reply))
 
     async def take_over(self) -> int:
         """Forward letters another forwarder left unconfirmed for ``dead_letter_claim_idle``."""
         s = self.state
         idle_ms = int(s.config.dead_letter_claim_idle * 1000)
-        reply = await s.link.redis.xautoclaim(self.key, self.group, s.names.id, idle_ms, "0-0",
-                                              count=s.config.dead_letter_batch)
+        reply = await s.link.redis.xautoclaim(
+            self.key, self.group, s.names.id, idle_ms, "0-0", count=s.config.dead_letter_batch
+        )
         return await self._forward([e for e in reply[1] if e and e[1] is not None])
 
     async def _forward(self, entries: list[Any]) -> int:
@@ -65,7 +71,9 @@ class Forwarder:
             return 0
         s = self.state
         prefix = s.config.field_prefix
-        letters = [DeadLetter(text(eid, "replace"), fields_text(fields), prefix) for eid, fields in entries]
+        letters = [
+            DeadLetter(text(eid, "replace"), fields_text(fields), prefix) for eid, fields in entries
+        ]
         try:
             await self.backend.write(letters)
         except Exception:
@@ -106,8 +114,14 @@ class Forwarder:
                 raise
             except Exception as exc:  # Redis, I/O, or the backend: retried, never fatal
                 wait = backoff.next()
-                s.log.warning("dead-letter forwarding to %s failed (%s); the letters stay in %s and are "
-                              "retried in %.1fs", self.backend.name, exc, self.key, wait)
+                s.log.warning(
+                    "dead-letter forwarding to %s failed (%s); the letters stay in %s and are "
+                    "retried in %.1fs",
+                    self.backend.name,
+                    exc,
+                    self.key,
+                    wait,
+                )
                 start = "0"
                 await asyncio.sleep(wait)
 
@@ -126,4 +140,3 @@ def _entries(reply: Any) -> list[Any]:
             if entry and entry[1] is not None:
                 out.append(entry)
     return out
-

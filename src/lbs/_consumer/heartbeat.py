@@ -48,7 +48,9 @@ MARK_SLICE = 5_000
 class Heartbeat:
     """The heartbeat task of one client; the one caller of ``extend-n.lua``."""
 
-    def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology) -> None:
+    def __init__(
+        self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology
+    ) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
         self._beats = 0  # ticks so far: picks which entries refresh their pending idle time
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
@@ -83,7 +85,9 @@ class Heartbeat:
             self._lease_timer.cancel()
         loop = asyncio.get_running_loop()
         # The loop's clock is time.monotonic() (asyncio's default); the timer fires at the lease's end.
-        self._lease_timer = loop.call_at(loop.time() + max(0.0, until - time.monotonic()), self._lease_expired)
+        self._lease_timer = loop.call_at(
+            loop.time() + max(0.0, until - time.monotonic()), self._lease_expired
+        )
 
     def _lease(self) -> float:
         """How long a confirmed lock is surely ours: the TTL less a margin for clock drift (5 %, at most 1 s)."""
@@ -102,7 +106,11 @@ class Heartbeat:
             try:
                 # A round trip that does not answer in time is abandoned (its connection dropped): a tick
                 # waits at most an interval, and never past the lease.
-                limit = max(0.01, min(every, self.lease_until - sent)) if self.state.holdings.table else every
+                limit = (
+                    max(0.01, min(every, self.lease_until - sent))
+                    if self.state.holdings.table
+                    else every
+                )
                 await within(self.tick(), limit)
                 self._renew(sent + self._lease())
                 wait = every
@@ -110,7 +118,9 @@ class Heartbeat:
                 raise
             except Exception as exc:
                 if isinstance(exc, asyncio.TimeoutError):
-                    exc = RedisOperationError("heartbeat", TimeoutError(f"no answer within {limit:.2f}s"))
+                    exc = RedisOperationError(
+                        "heartbeat", TimeoutError(f"no answer within {limit:.2f}s")
+                    )
                 s.hooks.metric("heartbeat_failures_total", 1)
                 await self.topology.after_failure(exc)
                 # The Wire already tried a fresh connection; try again soon, well
@@ -130,10 +140,17 @@ class Heartbeat:
         if not held:
             return
         s.hooks.metric("lease_expired_total", len(held))
-        s.log.error("no heartbeat reached Redis for %.1fs (the lock TTL, less a margin): disowning the %d streams "
-                    "held, whose locks may be expiring", self._lease(), len(held))
+        s.log.error(
+            "no heartbeat reached Redis for %.1fs (the lock TTL, less a margin): disowning the %d streams "
+            "held, whose locks may be expiring",
+            self._lease(),
+            len(held),
+        )
         for h in held:
-            self._disown(h, "lease expired: no heartbeat confirmed the lock for a lock TTL (cut off from Redis?)")
+            self._disown(
+                h,
+                "lease expired: no heartbeat confirmed the lock for a lock TTL (cut off from Redis?)",
+            )
         self._orphans += held
 
     async def tick(self) -> int:
@@ -164,12 +181,25 @@ class Heartbeat:
 
         def build(b: CommandBatch, k: int) -> None:
             start = starts[k]
-            encode(b, sha, head_keys, last_args if k == len(starts) - 1 else head_args, snapshot, start,
-                   min(start + chunk, len(snapshot)), every, phase, go_sep, go_ttl)
+            encode(
+                b,
+                sha,
+                head_keys,
+                last_args if k == len(starts) - 1 else head_args,
+                snapshot,
+                start,
+                min(start + chunk, len(snapshot)),
+                every,
+                phase,
+                go_sep,
+                go_ttl,
+            )
 
         try:
             # Extending a lock checks its value first: sending a tick twice is harmless.
-            results = first_error(await s.link.beat.execute_chunks(len(starts), build, retry_safe=True))
+            results = first_error(
+                await s.link.beat.execute_chunks(len(starts), build, retry_safe=True)
+            )
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         s.stats.heartbeats += 1
@@ -182,15 +212,21 @@ class Heartbeat:
                     self._warn(text(p))
                 elif p > 0:
                     lost.append(snapshot[start + p - 1])
-                elif s.holdings.drop(h := snapshot[start - p - 1]):  # a Go consumer took it: ours deleted
+                elif s.holdings.drop(
+                    h := snapshot[start - p - 1]
+                ):  # a Go consumer took it: ours deleted
                     s.hooks.metric("go_taken_total", 1)
                     self._disown(h, "a Go consumer took it (its Go-style lock holds another name)")
         lost = [h for h in lost if s.holdings.drop(h)]
         for h in lost:
             self._disown(h, "lock expired or taken while held (heartbeat missed)")
         if held:  # a tick holding nothing only kept the instance marker alive
-            s.hooks.notify("lbs_locks_extended", extended=held - len(lost), lost=len(lost),
-                           seconds=time.perf_counter() - started)
+            s.hooks.notify(
+                "lbs_locks_extended",
+                extended=held - len(lost),
+                lost=len(lost),
+                seconds=time.perf_counter() - started,
+            )
         # Kept until they are put back: a tick cut short (no answer in time) leaves them to the next.
         orphans = self._orphans[:]
         if lost or orphans:
@@ -200,12 +236,18 @@ class Heartbeat:
             # stall, an eviction, a partition): no retry is counted, and those
             # another consumer took over meanwhile are pardoned.
             try:
-                await self.requeue.lost_while_alive([h.entry_id for h in (*lost, *orphans)],
-                                                    "lock lost while held (heartbeat missed)")
-                del self._orphans[:len(orphans)]
+                await self.requeue.lost_while_alive(
+                    [h.entry_id for h in (*lost, *orphans)],
+                    "lock lost while held (heartbeat missed)",
+                )
+                del self._orphans[: len(orphans)]
             except RedisError as exc:
-                s.log.warning("re-queue of %d lost assignments failed (%s); the next tick tries the ones lost "
-                              "to the lease again, the scan the others", len(lost) + len(orphans), exc)
+                s.log.warning(
+                    "re-queue of %d lost assignments failed (%s); the next tick tries the ones lost "
+                    "to the lease again, the scan the others",
+                    len(lost) + len(orphans),
+                    exc,
+                )
         if cfg.hold_warning is not None:
             self._report_overdue(cfg.hold_warning)
         await self.requeue.retry_undead()
@@ -223,12 +265,14 @@ class Heartbeat:
 
         def build(b: CommandBatch) -> None:
             for i in range(0, len(ids), MARK_SLICE):
-                b.command("SREM", key, *ids[i:i + MARK_SLICE])
+                b.command("SREM", key, *ids[i : i + MARK_SLICE])
 
         try:
             first_error(await self.state.link.pool.execute(build, retry_safe=True))
         except (RedisError, OSError) as exc:
-            self.state.log.debug("marking %d streams running failed (%s); the next heartbeat will", len(ids), exc)
+            self.state.log.debug(
+                "marking %d streams running failed (%s); the next heartbeat will", len(ids), exc
+            )
             return
         HeldTable.settle_marks(records)
 
@@ -237,9 +281,13 @@ class Heartbeat:
         s = self.state
         if what.startswith("INSTANCE"):
             s.hooks.metric("duplicate_consumer_total", 1)
-            s.log.error("another live process runs with consumer id %s (instance %s, this one %s): their "
-                        "locks and pending entries mix; give each process its own id", s.names.id,
-                        what.partition(" ")[2], s.names.instance)
+            s.log.error(
+                "another live process runs with consumer id %s (instance %s, this one %s): their "
+                "locks and pending entries mix; give each process its own id",
+                s.names.id,
+                what.partition(" ")[2],
+                s.names.instance,
+            )
         else:
             s.hooks.metric("wrong_type_keys_total", 1)
             s.log.error("heartbeat: %s", what.removeprefix("LBSKEY "))
@@ -261,17 +309,33 @@ class Heartbeat:
         for h in overdue:
             if h.entry_id not in warned:
                 warned.add(h.entry_id)
-                self.state.log.warning("%s (entry %s, token %d) has been held for over %.0fs without being "
-                                       "finished: call done_stream or hand_back, or use `async with notification:`",
-                                       h.stream, h.entry_id, h.token, limit)
+                self.state.log.warning(
+                    "%s (entry %s, token %d) has been held for over %.0fs without being "
+                    "finished: call done_stream or hand_back, or use `async with notification:`",
+                    h.stream,
+                    h.entry_id,
+                    h.token,
+                    limit,
+                )
         self.state.hooks.metric("held_overdue", len(overdue))
 
     def _disown(self, h: Held, reason: str) -> None:
         s = self.state
         s.holdings.tombstone(h)
-        s.log.warning("lost the lock of %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason)
+        s.log.warning(
+            "lost the lock of %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason
+        )
         s.hooks.notify("lbs_stream_disowned", stream=h.stream, entry_id=h.entry_id, token=h.token)
         if h.task is not None and not h.task.done():
             h.task.cancel()
-        s.mailbox.put_nowait(Notification(NotificationType.STREAM_DISOWNED, h.stream, h.entry_id, h.info,
-                                          h.retry_count, h.token, reason))
+        s.mailbox.put_nowait(
+            Notification(
+                NotificationType.STREAM_DISOWNED,
+                h.stream,
+                h.entry_id,
+                h.info,
+                h.retry_count,
+                h.token,
+                reason,
+            )
+        )

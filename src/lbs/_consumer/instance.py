@@ -55,24 +55,36 @@ class Instance:
                 if holder is None:
                     continue  # expired between the two calls
                 if seen is None:
-                    s.log.warning("consumer id %s is marked in use by instance %s (%s); waiting up to %.1fs "
-                                  "for that process's marker to expire", me, text(holder), key, pttl / 1000)
+                    s.log.warning(
+                        "consumer id %s is marked in use by instance %s (%s); waiting up to %.1fs "
+                        "for that process's marker to expire",
+                        me,
+                        text(holder),
+                        key,
+                        pttl / 1000,
+                    )
                 elif holder != seen[0] or pttl > seen[1]:
                     raise ConfigurationError(
                         f"consumer id {me!r} is in use by another live process (instance "
                         f"{text(holder)}, marker {key}): give each process its own consumer id "
-                        "(POD_NAME or consumer_id=...)")
+                        "(POD_NAME or consumer_id=...)"
+                    )
                 if loop.time() > give_up:
                     raise ConfigurationError(
                         f"consumer id {me!r} stays marked in use by instance {text(holder)} ({key}, "
-                        f"ttl {pttl} ms): another process runs with it, or the key was set by hand")
+                        f"ttl {pttl} ms): another process runs with it, or the key was set by hand"
+                    )
                 seen = (holder, pttl)
                 await asyncio.sleep(min(0.1, cfg.heartbeat_every / 4))
         except ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
-            raise RedisOperationError("start", ResponseError(
-                f"{key} holds a value of the wrong type, not this consumer's instance marker: {exc}")) from exc
+            raise RedisOperationError(
+                "start",
+                ResponseError(
+                    f"{key} holds a value of the wrong type, not this consumer's instance marker: {exc}"
+                ),
+            ) from exc
 
     async def release(self) -> None:
         """Delete the marker if still ours, so a restart under this id need not wait for it, and this
@@ -82,7 +94,15 @@ class Instance:
         key = n.instance_key
 
         def build(b: CommandBatch) -> None:
-            scripts.leave(b, key, n.stream_key, n.consumers_key, instance=n.instance, group=n.group, consumer=n.id)
+            scripts.leave(
+                b,
+                key,
+                n.stream_key,
+                n.consumers_key,
+                instance=n.instance,
+                group=n.group,
+                consumer=n.id,
+            )
 
         try:
             (reply,) = await s.link.pool.execute(build)
@@ -105,8 +125,16 @@ class Instance:
             return 0
 
         def build(b: CommandBatch) -> None:
-            scripts.leave(b, n.instance_key, n.stream_key, n.consumers_key, instance="", group=n.group, consumer="",
-                          grace_ms=int(grace * 1000))
+            scripts.leave(
+                b,
+                n.instance_key,
+                n.stream_key,
+                n.consumers_key,
+                instance="",
+                group=n.group,
+                consumer="",
+                grace_ms=int(grace * 1000),
+            )
 
         (reply,) = await s.link.pool.execute(build)
         if isinstance(reply, Exception):
@@ -114,5 +142,10 @@ class Instance:
         gone = int(reply[1])
         if gone:
             s.hooks.metric("consumers_forgotten_total", gone)
-            s.log.info("forgot %d departed consumers of %s (nothing pending, idle over %gs)", gone, n.group, grace)
+            s.log.info(
+                "forgot %d departed consumers of %s (nothing pending, idle over %gs)",
+                gone,
+                n.group,
+                grace,
+            )
         return gone

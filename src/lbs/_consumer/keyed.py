@@ -59,7 +59,7 @@ class _Hold:
     """One held key: when the hold started, messages processed in it, its last batch, and where a
     failure is being isolated (from the key's state: ``fetch-1.lua`` and ``commit-1.lua`` replies)."""
 
-    __slots__ = ("held", "started", "processed", "batch", "fails", "unblamed", "until")
+    __slots__ = ("batch", "fails", "held", "processed", "started", "unblamed", "until")
 
     def __init__(self, held: Held) -> None:
         self.held = held
@@ -85,10 +85,22 @@ class _Hold:
 class KeyedRunner:
     """The keyed handlers of one client's ``run_keyed()`` and the one task that talks to Redis for them."""
 
-    def __init__(self, state: ConsumerState, finisher: Finisher, handler: KeyedHandler, *, batch: int,
-                 max_hold_messages: int, max_hold_seconds: float) -> None:
+    def __init__(
+        self,
+        state: ConsumerState,
+        finisher: Finisher,
+        handler: KeyedHandler,
+        *,
+        batch: int,
+        max_hold_messages: int,
+        max_hold_seconds: float,
+    ) -> None:
         self.state, self.finisher, self.handler = state, finisher, handler
-        self.batch, self.max_hold_messages, self.max_hold_seconds = batch, max_hold_messages, max_hold_seconds
+        self.batch, self.max_hold_messages, self.max_hold_seconds = (
+            batch,
+            max_hold_messages,
+            max_hold_seconds,
+        )
         self._fetch: list[_Hold] = []
         #: Each key's next step for commit-1.lua.
         self._commit: list[tuple[_Hold, KeyCommit]] = []
@@ -112,16 +124,39 @@ class KeyedRunner:
     def _kick(self) -> None:
         self._wake.set()
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._send_loop(), name=f"lbs-keyed-{self.state.names.id}")
+            self._task = asyncio.create_task(
+                self._send_loop(), name=f"lbs-keyed-{self.state.names.id}"
+            )
 
-    def _step(self, hold: _Hold, position: str, mode: str, *, reason: str = "", trace: str = "",
-              effects: Sequence[Effect] = ()) -> None:
+    def _step(
+        self,
+        hold: _Hold,
+        position: str,
+        mode: str,
+        *,
+        reason: str = "",
+        trace: str = "",
+        effects: Sequence[Effect] = (),
+    ) -> None:
         """Queue a key's next commit-1.lua step."""
         h = hold.held
         registers = mode == "yield" or mode.startswith("fail:")
-        self._commit.append((hold, KeyCommit(h.stream, h.entry_id, h.value, position, mode,
-                                             encode_input(h.stream, {}) if registers else "", reason, trace,
-                                             effects)))
+        self._commit.append(
+            (
+                hold,
+                KeyCommit(
+                    h.stream,
+                    h.entry_id,
+                    h.value,
+                    position,
+                    mode,
+                    encode_input(h.stream, {}) if registers else "",
+                    reason,
+                    trace,
+                    effects,
+                ),
+            )
+        )
         self._kick()
 
     def _start(self, hold: _Hold, messages: list[Message]) -> None:
@@ -133,8 +168,10 @@ class KeyedRunner:
         limit = s.config.max_retries
         if limit >= 0 and hold.fails >= 1 + limit and messages:
             # The holders that had this message died (or were cut off) until its limit: fetch-1.lua counted them.
-            reason = (f"failed in {hold.fails} holds, the last lost with its holder (died, stalled past the lock "
-                      "TTL or cut off)")
+            reason = (
+                f"failed in {hold.fails} holds, the last lost with its holder (died, stalled past the lock "
+                "TTL or cut off)"
+            )
             s.log.warning("key %s: message %s %s; dead-lettered", h.stream, messages[0].id, reason)
             self._step(hold, "", "skip", reason=reason)
             return
@@ -143,11 +180,19 @@ class KeyedRunner:
             return
         if hold.isolating:
             messages = messages[:1]
-        batch = KeyedBatch(h.stream, h.token, h.entry_id, hold.fails + hold.unblamed, messages,
-                           data_stream=self._prefix + "k:" + h.stream,
-                           slot=self._slot if s.link.node else None)
+        batch = KeyedBatch(
+            h.stream,
+            h.token,
+            h.entry_id,
+            hold.fails + hold.unblamed,
+            messages,
+            data_stream=self._prefix + "k:" + h.stream,
+            slot=self._slot if s.link.node else None,
+        )
         hold.batch = batch
-        task = start_task(self._loop, handler_coroutine(self.handler, batch), f"lbs-keyed-{h.stream}")
+        task = start_task(
+            self._loop, handler_coroutine(self.handler, batch), f"lbs-keyed-{h.stream}"
+        )
         if task.done():
             self._ended(hold, task)
         else:
@@ -170,14 +215,22 @@ class KeyedRunner:
             self._step(hold, "", "yield")
         elif exc is not None:
             s.stats.handler_failures += 1
-            s.log.warning("keyed handler failed on %s at %s (%d message(s)); handing the key back", h.stream,
-                          batch.messages[0].id, len(batch.messages), exc_info=exc)
+            s.log.warning(
+                "keyed handler failed on %s at %s (%d message(s)); handing the key back",
+                h.stream,
+                batch.messages[0].id,
+                len(batch.messages),
+                exc_info=exc,
+            )
             self._failed(hold, batch, f"{type(exc).__name__}: {exc}", failure_traceback(exc))
         else:
             hold.processed += len(batch.messages)
             s.stats.keyed_messages += len(batch.messages)
-            over = (hold.processed >= self.max_hold_messages
-                    or time.monotonic() - hold.started >= self.max_hold_seconds or s.stopping.is_set())
+            over = (
+                hold.processed >= self.max_hold_messages
+                or time.monotonic() - hold.started >= self.max_hold_seconds
+                or s.stopping.is_set()
+            )
             if over:
                 mode = "yield"
             elif len(batch.messages) >= self.batch or hold.isolating:
@@ -219,21 +272,27 @@ class KeyedRunner:
                 commit, self._commit = self._commit, []
                 k = free.pop()
                 inflight[asyncio.create_task(self._round_trip(k, fetch, commit))] = k
-                await asyncio.sleep(0)  # its request goes out; handlers that finish at once queue more
+                await asyncio.sleep(
+                    0
+                )  # its request goes out; handlers that finish at once queue more
                 continue
             if not inflight:
                 return
             self._wake.clear()
             woken = asyncio.ensure_future(self._wake.wait())
             try:
-                done, _ = await asyncio.wait((*inflight, woken), return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    (*inflight, woken), return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 woken.cancel()
             for t in list(inflight):
                 if t in done:
                     free.append(inflight.pop(t))
 
-    async def _round_trip(self, k: int, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]) -> None:
+    async def _round_trip(
+        self, k: int, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]
+    ) -> None:
         """One batch on the link's keyed wire ``k`` (read again on each try: the slot may move)."""
         s = self.state
         while True:
@@ -260,31 +319,60 @@ class KeyedRunner:
             self._replies(fetch, commit, replies)
             return
 
-    def _build(self, b: CommandBatch, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]) -> None:
+    def _build(
+        self, b: CommandBatch, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]
+    ) -> None:
         # Each key's messages come from a plain XRANGE behind the script (no Lua in between):
         # every message up to a key's position is trimmed, so "-" starts right after it.
         s = self.state
         n = s.names
         if fetch:
-            scripts.fetch(b, n.stream_key, self._prefix, self._lock_prefix, self.batch,
-                          [(hold.held.stream, hold.held.entry_id, hold.held.value) for hold in fetch])
+            scripts.fetch(
+                b,
+                n.stream_key,
+                self._prefix,
+                self._lock_prefix,
+                self.batch,
+                [(hold.held.stream, hold.held.entry_id, hold.held.value) for hold in fetch],
+            )
             for hold in fetch:
-                b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
+                b.command(
+                    "XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch
+                )
                 b.expect(Shape.MESSAGES)
         if commit:
-            scripts.commit(b, n.stream_key, self._prefix, self._lock_prefix, n.group, s.server.xackdel,
-                           n.dead_letter_key, s.config.field_prefix, s.config.max_retries, n.id,
-                           [step for _, step in commit])
+            scripts.commit(
+                b,
+                n.stream_key,
+                self._prefix,
+                self._lock_prefix,
+                n.group,
+                s.server.xackdel,
+                n.dead_letter_key,
+                s.config.field_prefix,
+                s.config.max_retries,
+                n.id,
+                [step for _, step in commit],
+            )
             for hold, step in commit:
                 if step.mode in _GOING_ON:
-                    b.command("XRANGE", self._prefix + "k:" + hold.held.stream, "-", "+", "COUNT", self.batch)
+                    b.command(
+                        "XRANGE",
+                        self._prefix + "k:" + hold.held.stream,
+                        "-",
+                        "+",
+                        "COUNT",
+                        self.batch,
+                    )
                     b.expect(Shape.MESSAGES)
 
-    def _replies(self, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]], replies: list[Any]) -> None:
+    def _replies(
+        self, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]], replies: list[Any]
+    ) -> None:
         s = self.state
         at = 0
         if fetch:
-            out, reads = replies[at], replies[at + 1:at + 1 + len(fetch)]
+            out, reads = replies[at], replies[at + 1 : at + 1 + len(fetch)]
             at += 1 + len(fetch)
             if isinstance(out, Exception):
                 s.log.error("fetching %d keys failed: %s; their locks will expire", len(fetch), out)
@@ -295,14 +383,18 @@ class KeyedRunner:
                     self._fetched(hold, reply, messages)
         if commit:
             out = replies[at]
-            after = iter(replies[at + 1:])
+            after = iter(replies[at + 1 :])
             if isinstance(out, Exception):
-                s.log.error("committing %d keys failed: %s; their locks will expire", len(commit), out)
+                s.log.error(
+                    "committing %d keys failed: %s; their locks will expire", len(commit), out
+                )
                 for hold, _ in commit:
                     s.holdings.drop(hold.held)
             else:
                 for (hold, step), reply in zip(commit, out):
-                    self._committed(hold, step, reply, next(after) if step.mode in _GOING_ON else None)
+                    self._committed(
+                        hold, step, reply, next(after) if step.mode in _GOING_ON else None
+                    )
 
     def _fetched(self, hold: _Hold, reply: list[Any], messages: Any) -> None:
         s = self.state
@@ -317,7 +409,12 @@ class KeyedRunner:
                 self.finisher.queue(h)
         else:
             if code == FetchCode.WRONG_TYPE:
-                s.log.error("key %s: %s; leaving its entry %s to recovery", h.stream, text(reply[1]), h.entry_id)
+                s.log.error(
+                    "key %s: %s; leaving its entry %s to recovery",
+                    h.stream,
+                    text(reply[1]),
+                    h.entry_id,
+                )
             s.holdings.drop(h)
             s.stats.lock_lost += code == FetchCode.LOST
 
@@ -331,8 +428,13 @@ class KeyedRunner:
             # commit-1.lua dead-lettered the message that failed in its last allowed hold (or this
             # call was sent again and the first one had).
             s.stats.dead_lettered += 1
-            s.log.warning("key %s: message %s dead-lettered (%s; the limit is 1 + max_retries = %d holds)",
-                          h.stream, batch.messages[0].id if batch else "-", step.reason, 1 + s.config.max_retries)
+            s.log.warning(
+                "key %s: message %s dead-lettered (%s; the limit is 1 + max_retries = %d holds)",
+                h.stream,
+                batch.messages[0].id if batch else "-",
+                step.reason,
+                1 + s.config.max_retries,
+            )
         if code == CommitCode.MORE:
             hold.state(reply[1], reply[2], reply[3])
             if messages is None:  # "last:<n>" or "fail": the messages that came are in the reply
@@ -346,8 +448,13 @@ class KeyedRunner:
             # Nothing was written and the key is still ours: the batch failed.
             why = text(reply[1])
             s.stats.handler_failures += 1
-            s.log.error("key %s: %s; the batch (%d message(s) from %s) fails", h.stream, why,
-                        len(batch.messages), batch.messages[0].id)
+            s.log.error(
+                "key %s: %s; the batch (%d message(s) from %s) fails",
+                h.stream,
+                why,
+                len(batch.messages),
+                batch.messages[0].id,
+            )
             self._failed(hold, batch, why, "")
             return
         s.holdings.drop(h)
@@ -359,8 +466,12 @@ class KeyedRunner:
         else:
             s.stats.lock_lost += 1
             if step.effects:
-                s.log.info("key %s: lost before its commit (its lock expired or another holder took it over): "
-                           "its %d effect(s) were not written", h.stream, len(step.effects))
+                s.log.info(
+                    "key %s: lost before its commit (its lock expired or another holder took it over): "
+                    "its %d effect(s) were not written",
+                    h.stream,
+                    len(step.effects),
+                )
 
     async def flush(self, timeout: float) -> None:
         """Send what is queued (at shutdown, after the handlers ended), for up to ``timeout`` seconds."""
@@ -385,5 +496,3 @@ def _read(s: ConsumerState, key: str, messages: Any) -> list[Message]:
         s.log.error("reading the messages of key %s failed: %s", key, messages)
         return []
     return list(messages or ())
-
-

@@ -42,7 +42,8 @@ class Observer:
         # On a cluster the link talks to the LBS's slot owner only: a dead-letter
         # stream named into another slot (Config.dead_letter_stream) is not sampled there.
         self._dlq_elsewhere = bool(n.dead_letter_key) and (
-            key_slot(n.dead_letter_key.encode()) != key_slot(n.stream_key.encode()))
+            key_slot(n.dead_letter_key.encode()) != key_slot(n.stream_key.encode())
+        )
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -51,7 +52,9 @@ class Observer:
 
     def start(self) -> None:
         if self.state.config.metrics_interval > 0:
-            self._task = asyncio.create_task(self._loop(), name=f"lbs-observer-{self.state.names.id}")
+            self._task = asyncio.create_task(
+                self._loop(), name=f"lbs-observer-{self.state.names.id}"
+            )
 
     async def stop(self) -> None:
         await cancel_and_wait([self._task])
@@ -93,9 +96,15 @@ class Observer:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not s.denied(exc, "sampling the queue lengths (backlog, pending, dead-letter gauges)"):
-                s.log.debug("sampling the queue lengths failed (%s: %s); trying again in %.1fs",
-                            type(exc).__name__, exc, s.config.metrics_interval)
+            if not s.denied(
+                exc, "sampling the queue lengths (backlog, pending, dead-letter gauges)"
+            ):
+                s.log.debug(
+                    "sampling the queue lengths failed (%s: %s); trying again in %.1fs",
+                    type(exc).__name__,
+                    exc,
+                    s.config.metrics_interval,
+                )
             return False
         hooks = s.hooks
         hooks.metric("backlog_depth", backlog)

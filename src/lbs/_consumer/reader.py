@@ -51,7 +51,9 @@ class Dispatch(Protocol):
 class Reader:
     """The reading task of one client; the one caller of ``read-3.lua``."""
 
-    def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology) -> None:
+    def __init__(
+        self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology
+    ) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
         #: Under run(): the runner's dispatch, which starts a handler per taken stream.
         self.dispatch: Dispatch | None = None
@@ -63,7 +65,9 @@ class Reader:
         self._blocked = False  # in an XREAD BLOCK now
         #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
         self.reply_lost = False
-        self._reads: dict[asyncio.Task[list[Any]], int] = {}  # reads of new entries in flight: how many each asked
+        self._reads: dict[
+            asyncio.Task[list[Any]], int
+        ] = {}  # reads of new entries in flight: how many each asked
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -121,8 +125,11 @@ class Reader:
                     raise
                 except ResponseError as exc:
                     if "NOGROUP" in str(exc):
-                        s.log.warning("group %s or stream %s vanished; recreating it", s.names.group,
-                                      s.names.stream_key)
+                        s.log.warning(
+                            "group %s or stream %s vanished; recreating it",
+                            s.names.group,
+                            s.names.stream_key,
+                        )
                         try:
                             await self.topology.ensure_group()
                             continue
@@ -160,23 +167,44 @@ class Reader:
         """
         s = self.state
         n = s.names
-        args = (n.stream_key, n.fence_key, n.consumers_key, n.group, n.id, count, s.config.lock_ttl_ms,
-                n.lock_prefix, start, self._claim_arg, n.lock_owner, s.server.msetex,
-                _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "", n.queued_key if self.dispatch is None else "",
-                n.key_prefix, s.config.fair_window_ms)
+        args = (
+            n.stream_key,
+            n.fence_key,
+            n.consumers_key,
+            n.group,
+            n.id,
+            count,
+            s.config.lock_ttl_ms,
+            n.lock_prefix,
+            start,
+            self._claim_arg,
+            n.lock_owner,
+            s.server.msetex,
+            _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "",
+            n.queued_key if self.dispatch is None else "",
+            n.key_prefix,
+            s.config.fair_window_ms,
+        )
 
         def build(b: CommandBatch) -> None:
             scripts.read(b, *args)
 
         # Re-reading our own pending entries ("0") takes nothing: safe to send twice.
-        task = start_task(asyncio.get_running_loop(),
-                          s.link.read.execute(build, s.parser, retry_safe=start != ">"), "lbs-read")
+        task = start_task(
+            asyncio.get_running_loop(),
+            s.link.read.execute(build, s.parser, retry_safe=start != ">"),
+            "lbs-read",
+        )
         if start == ">":
             self._reads[task] = count  # until taken: not room for an adoption
         return task
 
-    async def _take(self, sent: asyncio.Task[list[Any]], start: str,
-                    before_dispatch: Callable[[int], None] | None = None) -> str | None:
+    async def _take(
+        self,
+        sent: asyncio.Task[list[Any]],
+        start: str,
+        before_dispatch: Callable[[int], None] | None = None,
+    ) -> str | None:
         """Take the reply of a :meth:`_send`: its entries become held streams.
 
         Returns the id to block on when nothing was read, else None.
@@ -231,7 +259,9 @@ class Reader:
         re-reads and takes it, as after a lost read reply."""
         self.reply_lost = True
 
-    async def _hand_out(self, raw_entries: list[Any], tokens: list[Any], start: str, adopted: bool = False) -> None:
+    async def _hand_out(
+        self, raw_entries: list[Any], tokens: list[Any], start: str, adopted: bool = False
+    ) -> None:
         """Entries read (or adopted) and their tokens become held streams, handed to the runner or the
         mailbox; the malformed and those out of retries are dead-lettered."""
         s = self.state
@@ -240,13 +270,19 @@ class Reader:
         bad: list[tuple[Entry, str, str]] = []  # (entry, our lock value, reason): to dead-letter
         max_retries = s.config.max_retries
         hooks = s.hooks
-        acquired, started = hooks.listening("lbs_lock_acquired"), hooks.listening("lbs_stream_started")
+        acquired, started = (
+            hooks.listening("lbs_lock_acquired"),
+            hooks.listening("lbs_stream_started"),
+        )
         batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
         dispatch, stats, holder = self.dispatch, s.stats, s.owner
         taken_at = time.monotonic()
         # Re-reading our pending entries: those being finished or handed back are not to be taken again.
-        finishing = ({h.entry_id for h in self.finisher.finishing()} | self.requeue.handing_back
-                     if start != ">" else ())
+        finishing = (
+            {h.entry_id for h in self.finisher.finishing()} | self.requeue.handing_back
+            if start != ">"
+            else ()
+        )
         queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
         waiting = 0
         for e, tok in zip(raw_entries, tokens):
@@ -256,15 +292,23 @@ class Reader:
                     # Its data stream is held under another registration: parked in the
                     # name's waiting list, back in the LBS once the holder releases it.
                     waiting += 1
-                    s.log.debug("entry %s (%s) waits: its data stream is held under entry %s", e.id, e.stream,
-                                tok[5:])
+                    s.log.debug(
+                        "entry %s (%s) waits: its data stream is held under entry %s",
+                        e.id,
+                        e.stream,
+                        tok[5:],
+                    )
                 elif tok.startswith("WRONGTYPE"):
                     # Not a lock at all: the entry stays pending, and the scan
                     # brings it back once the key is removed.
                     kind, _, key = tok[10:].partition(" ")
-                    s.log.error("entry %s: %s holds a value of the wrong type (%s); leaving the entry pending "
-                                "until the key is removed", e.id, key or f"its lock key {s.names.lock_key_prefix + e.id}",
-                                kind)
+                    s.log.error(
+                        "entry %s: %s holds a value of the wrong type (%s); leaving the entry pending "
+                        "until the key is removed",
+                        e.id,
+                        key or f"its lock key {s.names.lock_key_prefix + e.id}",
+                        kind,
+                    )
                 elif start == ">":
                     # Someone holds this entry's lock (a slow holder whose entry
                     # was claimed away): leave it pending; it is theirs.
@@ -281,19 +325,31 @@ class Reader:
                 # count of earlier deliveries is the count of failed attempts.
                 retry_count += e.delivery_count
                 if 0 <= max_retries < retry_count:
-                    bad.append((e, f"{tok}:{owner}", f"out of retries: {e.retry_count} re-queued, "
-                                                     + (f"{e.delivery_count} holders died running it (adopted once their locks expired)"
-                                                        if adopted else
-                                                        f"{e.delivery_count} deliveries (claimed)")))
+                    bad.append(
+                        (
+                            e,
+                            f"{tok}:{owner}",
+                            f"out of retries: {e.retry_count} re-queued, "
+                            + (
+                                f"{e.delivery_count} holders died running it (adopted once their locks expired)"
+                                if adopted
+                                else f"{e.delivery_count} deliveries (claimed)"
+                            ),
+                        )
+                    )
                     continue
             # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
             # read-3 never queues a claimed entry (it counts as running from delivery); reap-4 queues all it adopts.
             h = table.take(e, tok, retry_count, taken_at, queued and (adopted or not e.claimed))
             stats.taken += 1
             if acquired:
-                hooks.notify("lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token)
+                hooks.notify(
+                    "lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token
+                )
             # e.info, not h.info: an empty Info then costs the held record no dict.
-            note = Notification(NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok, "", holder)
+            note = Notification(
+                NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok, "", holder
+            )
             if started:
                 hooks.notify("lbs_stream_started", notification=note)
             if batch is not None:
@@ -331,7 +387,9 @@ class Reader:
         """``XREAD BLOCK`` on the reader's own connection until an entry newer than ``after`` exists."""
         s = self.state
         link = s.link
-        if self._conn_link is not link:  # first use, or the slot moved: a connection of the new owner
+        if (
+            self._conn_link is not link
+        ):  # first use, or the slot moved: a connection of the new owner
             self._conn, self._conn_link, self._client_id = None, link, None
         conn = self._conn
         if conn is None:
@@ -345,7 +403,9 @@ class Reader:
                 return
             self._blocked = True  # before sending: sending can yield, and stop() must see it
             try:
-                await conn.send_command("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", s.names.stream_key, after)
+                await conn.send_command(
+                    "XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", s.names.stream_key, after
+                )
                 await conn.read_response()
             finally:
                 self._blocked = False
@@ -368,7 +428,9 @@ class Reader:
             s.mailbox.put_nowait(Notification(NotificationType.STREAM_TERMINATED, reason=str(exc)))
             return False
         wait = backoff.next()
-        s.log.warning("read failed (%s: %s); retry %d in %.2fs", type(exc).__name__, exc, failures, wait)
+        s.log.warning(
+            "read failed (%s: %s); retry %d in %.2fs", type(exc).__name__, exc, failures, wait
+        )
         await backoff.sleep(s.stopping, wait)
         return True
 
@@ -395,7 +457,9 @@ class Reader:
                     await s.link.redis.client_unblock(self._client_id)
                 except RedisError as exc:
                     unblock = False
-                    s.log.debug("CLIENT UNBLOCK refused (%s); waiting for the read to time out", exc)
+                    s.log.debug(
+                        "CLIENT UNBLOCK refused (%s); waiting for the read to time out", exc
+                    )
             if loop.time() > give_up:
                 await cancel_and_wait([task])
                 break

@@ -57,7 +57,7 @@ from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait, execute
 from .._redis.subscription import Subscription
-from .._redis.wire import first_error, text
+from .._redis.wire import text
 from .._waits import wait_set
 from ..config import GO_CLAIM_IDLE
 from .backoff import Backoff
@@ -87,15 +87,23 @@ class Recovery:
     """The recovery tasks of one client; the one caller of ``reap-4.lua``. Re-queues go through :class:`Requeue`,
     adopted streams to the ``adopter``."""
 
-    def __init__(self, state: ConsumerState, requeue: Requeue, topology: Topology,
-                 adopter: Adopter | None = None, sweep: Callable[[], Awaitable[int]] | None = None) -> None:
+    def __init__(
+        self,
+        state: ConsumerState,
+        requeue: Requeue,
+        topology: Topology,
+        adopter: Adopter | None = None,
+        sweep: Callable[[], Awaitable[int]] | None = None,
+    ) -> None:
         self.state = state
         self.requeue = requeue
         self.topology = topology
         self.adopter = adopter
         #: Housekeeping that runs with each scan: departed consumers forgotten (``Instance.forget_departed``).
         self.sweep = sweep
-        self._next_due: float | None = None  # seconds until the earliest deadline in the index, after a poll
+        self._next_due: float | None = (
+            None  # seconds until the earliest deadline in the index, after a poll
+        )
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
@@ -160,15 +168,35 @@ class Recovery:
 
         adopter = self.adopter
         # Beside a Go fleet every entry goes back through requeue-6.lua, which checks Go-style locks.
-        room = 0 if adopter is None or cfg.go_compatible else min(cfg.deadline_batch, adopter.adoption_room())
+        room = (
+            0
+            if adopter is None or cfg.go_compatible
+            else min(cfg.deadline_batch, adopter.adoption_room())
+        )
 
         def build(b: CommandBatch) -> None:
-            scripts.reap(b, n.consumers_key, n.stream_key, n.reaped_key, n.fence_key, group=n.group,
-                         lock_prefix=n.lock_key_prefix, batch=cfg.deadline_batch, stall_ms=stall_ms, grace_ms=ttl_ms,
-                         adopter=n.id if room else "", room=room, ttl_ms=ttl_ms, owner=n.lock_owner,
-                         queued_prefix=n.queued_prefix, queues=adopter is not None and adopter.queues)
+            scripts.reap(
+                b,
+                n.consumers_key,
+                n.stream_key,
+                n.reaped_key,
+                n.fence_key,
+                group=n.group,
+                lock_prefix=n.lock_key_prefix,
+                batch=cfg.deadline_batch,
+                stall_ms=stall_ms,
+                grace_ms=ttl_ms,
+                adopter=n.id if room else "",
+                room=room,
+                ttl_ms=ttl_ms,
+                owner=n.lock_owner,
+                queued_prefix=n.queued_prefix,
+                queues=adopter is not None and adopter.queues,
+            )
 
-        s.adopting += room  # promised: the reader leaves these slots alone until the adopted are held
+        s.adopting += (
+            room  # promised: the reader leaves these slots alone until the adopted are held
+        )
         try:
             try:
                 (reply,) = await s.link.pool.execute(build, s.parser)
@@ -188,14 +216,20 @@ class Recovery:
                 await adopter.adopt(entries, tokens)
         finally:
             s.adopting -= room
-        requeued = await self.requeue.recover([text(g) for g in gone], path, f"lock expired ({path}: deadline passed)")
+        requeued = await self.requeue.recover(
+            [text(g) for g in gone], path, f"lock expired ({path}: deadline passed)"
+        )
         return len(entries) + requeued
 
     # ------------------------------------------------------------- keyspace ---
 
     def _channel_pattern(self) -> str:
         db = int(self.state.link.redis.connection_pool.connection_kwargs.get("db", 0) or 0)
-        return f"__keyspace@{db}__:" + _GLOB_SPECIAL.sub(r"\\\1", self.state.names.lock_key_prefix) + "*"
+        return (
+            f"__keyspace@{db}__:"
+            + _GLOB_SPECIAL.sub(r"\\\1", self.state.names.lock_key_prefix)
+            + "*"
+        )
 
     def _go_channel_pattern(self) -> str:
         """With ``Config.go_compatible``: the Go reference client's lock keys (any service's: the
@@ -224,7 +258,9 @@ class Recovery:
                 await sub.open(*patterns)
                 if not first:
                     s.hooks.metric("keyspace_listener_reconnects_total", 1)
-                    await self.topology.check_server()  # a restart forgets the keyspace-event setting
+                    await (
+                        self.topology.check_server()
+                    )  # a restart forgets the keyspace-event setting
                 if lost_at is not None:
                     # How long recovery relied on the deadline poller and the scan alone.
                     s.hooks.metric("keyspace_listener_gap_seconds", time.monotonic() - lost_at)
@@ -242,11 +278,18 @@ class Recovery:
                         last_pong = now  # anything arriving proves the link is alive
                     expired: bytes | None = None
                     for msg in messages:
-                        if type(msg) is list and len(msg) == 4 and msg[0] == b"pmessage" and msg[3] == b"expired":
+                        if (
+                            type(msg) is list
+                            and len(msg) == 4
+                            and msg[0] == b"pmessage"
+                            and msg[3] == b"expired"
+                        ):
                             if msg[1] == ours:
                                 expired = expired or msg[2]
                             else:
-                                await self._on_go_expired(text(msg[2]).rpartition(_keys.GO_MUTEX_KEY_SEP)[2])
+                                await self._on_go_expired(
+                                    text(msg[2]).rpartition(_keys.GO_MUTEX_KEY_SEP)[2]
+                                )
                     if expired is not None:
                         await self._on_expired(text(expired[prefix_len:]))
                     if now - last_ping >= ping_every:
@@ -254,9 +297,13 @@ class Recovery:
                         sub.ping()
                         last_ping = now
                     if now - last_pong > 2 * ping_every:
-                        raise ConnectionError("no PONG on the subscription: the connection is half-open")
+                        raise ConnectionError(
+                            "no PONG on the subscription: the connection is half-open"
+                        )
                     if s.link is not link:
-                        raise ConnectionError(f"the slot moved to {s.link.node}: resubscribing there")
+                        raise ConnectionError(
+                            f"the slot moved to {s.link.node}: resubscribing there"
+                        )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -283,13 +330,17 @@ class Recovery:
         (``hbInterval``, 2 s), lock-checked like every scan (requeue-6 also checks the Go-style lock),
         takes their place."""
         if self._go_catch_up is None or self._go_catch_up.done():
-            self._go_catch_up = asyncio.create_task(self._go_scan(), name=f"lbs-go-catch-up-{self.state.names.id}")
+            self._go_catch_up = asyncio.create_task(
+                self._go_scan(), name=f"lbs-go-catch-up-{self.state.names.id}"
+            )
 
     async def _go_scan(self) -> None:
         try:
             await self.scan(min_idle=GO_CLAIM_IDLE)
         except RedisError as exc:
-            self.state.log.warning("catch-up scan for Go-style locks failed (%s); the periodic scan will", exc)
+            self.state.log.warning(
+                "catch-up scan for Go-style locks failed (%s); the periodic scan will", exc
+            )
 
     async def _on_go_expired(self, entry_id: str) -> None:
         """A Go consumer's lock expired (``Config.go_compatible``): its holder stopped extending it.
@@ -297,9 +348,13 @@ class Recovery:
         s = self.state
         n = s.names
         try:
-            if not await s.link.redis.xpending_range(n.stream_key, n.group, min=entry_id, max=entry_id, count=1):
+            if not await s.link.redis.xpending_range(
+                n.stream_key, n.group, min=entry_id, max=entry_id, count=1
+            ):
                 return  # another service's entry, or finished
-            await self.requeue.recover([entry_id], "keyspace", "a Go consumer's lock expired (keyspace)")
+            await self.requeue.recover(
+                [entry_id], "keyspace", "a Go consumer's lock expired (keyspace)"
+            )
         except RedisError as exc:
             s.log.warning("re-queue of %s after its Go lock expired failed: %s", entry_id, exc)
 
@@ -317,11 +372,15 @@ class Recovery:
             return
         r, n = s.link.redis, s.names
         try:
-            holder = await r.xpending_range(n.stream_key, n.group, min=entry_id, max=entry_id, count=1)
+            holder = await r.xpending_range(
+                n.stream_key, n.group, min=entry_id, max=entry_id, count=1
+            )
             # The holder's deadline is its last heartbeat's; the lock expires no later.
             deadline = await r.zscore(n.consumers_key, holder[0]["consumer"]) if holder else None
         except RedisError as exc:
-            s.log.debug("looking up the holder of %s after its expired event failed: %s", entry_id, exc)
+            s.log.debug(
+                "looking up the holder of %s after its expired event failed: %s", entry_id, exc
+            )
             return
         if deadline is not None:
             # How late Redis announced the expiry, against the lock's deadline.
@@ -354,14 +413,23 @@ class Recovery:
         exists = await execute(pipe) if ids else []
         return [i for i, e in zip(ids, exists) if not e]
 
-    async def _pages(self, idle_ms: int | None = None, consumer: str | None = None) -> AsyncIterator[list[str]]:
+    async def _pages(
+        self, idle_ms: int | None = None, consumer: str | None = None
+    ) -> AsyncIterator[list[str]]:
         """The pending list (or one consumer's part of it), page by page, with an exclusive cursor."""
         s = self.state
         n, batch = s.names, self.config.scan_batch
         cursor = "-"
         while True:
-            page = await s.link.redis.xpending_range(n.stream_key, n.group, min=cursor, max="+", count=batch,
-                                                     idle=idle_ms, consumername=consumer)
+            page = await s.link.redis.xpending_range(
+                n.stream_key,
+                n.group,
+                min=cursor,
+                max="+",
+                count=batch,
+                idle=idle_ms,
+                consumername=consumer,
+            )
             if not page:
                 return
             ids = [text(p["message_id"]) for p in page]

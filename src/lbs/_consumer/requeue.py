@@ -29,8 +29,8 @@ from _lbscore import CommandBatch, Entry, Held, try_decode_input
 
 from .. import _keys
 from .._redis import scripts
-from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
 from .._redis.connection import execute
+from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
 from .._redis.wire import first_error, text
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
@@ -92,8 +92,16 @@ class Requeue:
         fixed = round(delay * 1000)
         return [RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY] * count
 
-    async def _run(self, calls: Sequence[_Call], *, count_retry: bool, force_dead_letter: bool = False,
-                   delay: float | None = 0.0, names: Sequence[str] = (), traceback: str = "") -> list[Any]:
+    async def _run(
+        self,
+        calls: Sequence[_Call],
+        *,
+        count_retry: bool,
+        force_dead_letter: bool = False,
+        delay: float | None = 0.0,
+        names: Sequence[str] = (),
+        traceback: str = "",
+    ) -> list[Any]:
         """One batch of requeue-6.lua calls; one reply (or server error) per call. ``names``: mode
         "owned", each call's DataStreamName (``Config.go_compatible``: its Go-style lock is released
         with ours)."""
@@ -106,24 +114,54 @@ class Requeue:
         go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else ""
 
         def build(b: CommandBatch) -> None:
-            for i, ((entry_id, lock_key, mode, value, reason), wait) in enumerate(zip(calls, delays)):
-                scripts.requeue(b, n.stream_key, dead_letters, lock_key, parked, due, self.pardons_key, group=n.group,
-                                entry_id=entry_id, mode=mode, value=value, count_retry=count_retry,
-                                max_retries=cfg.max_retries, retry_field=n.retry_field,
-                                original_field=n.original_field, reason=reason, consumer=n.id,
-                                force_dead_letter=force_dead_letter, dead_letter_on=bool(n.dead_letter_key),
-                                field_prefix=n.field_prefix, delay=wait, go_lock_sep=go_sep,
-                                stream_name=names[i] if names else "", queued_prefix=n.queued_prefix,
-                                traceback=traceback, key_prefix=n.key_prefix,
-                                min_idle_ms=str(min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS))
-                                if go_sep and mode == "absent" else "")
+            for i, ((entry_id, lock_key, mode, value, reason), wait) in enumerate(
+                zip(calls, delays)
+            ):
+                scripts.requeue(
+                    b,
+                    n.stream_key,
+                    dead_letters,
+                    lock_key,
+                    parked,
+                    due,
+                    self.pardons_key,
+                    group=n.group,
+                    entry_id=entry_id,
+                    mode=mode,
+                    value=value,
+                    count_retry=count_retry,
+                    max_retries=cfg.max_retries,
+                    retry_field=n.retry_field,
+                    original_field=n.original_field,
+                    reason=reason,
+                    consumer=n.id,
+                    force_dead_letter=force_dead_letter,
+                    dead_letter_on=bool(n.dead_letter_key),
+                    field_prefix=n.field_prefix,
+                    delay=wait,
+                    go_lock_sep=go_sep,
+                    stream_name=names[i] if names else "",
+                    queued_prefix=n.queued_prefix,
+                    traceback=traceback,
+                    key_prefix=n.key_prefix,
+                    min_idle_ms=str(min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS))
+                    if go_sep and mode == "absent"
+                    else "",
+                )
 
-        return (await s.link.pool.execute(build))[:len(calls)]
+        return (await s.link.pool.execute(build))[: len(calls)]
 
     # ----------------------------------------------------------- hand back ---
 
-    async def hand_back(self, items: list[Held], *, count_retry: bool, reason: str,
-                        delay: float | None = 0.0, traceback: str = "") -> list[str]:
+    async def hand_back(
+        self,
+        items: list[Held],
+        *,
+        count_retry: bool,
+        reason: str,
+        delay: float | None = 0.0,
+        traceback: str = "",
+    ) -> list[str]:
         """Give held streams back (lock mode ``owned``); per stream its new entry id, or "".
 
         ``delay`` None parks each for the configured back-off (none when
@@ -143,8 +181,15 @@ class Requeue:
         ids = {h.entry_id for h in items} - self.handing_back
         self.handing_back |= ids
         try:
-            results = first_error(await self._run(calls, count_retry=count_retry, delay=delay,
-                                                  names=[h.stream for h in items], traceback=traceback))
+            results = first_error(
+                await self._run(
+                    calls,
+                    count_retry=count_retry,
+                    delay=delay,
+                    names=[h.stream for h in items],
+                    traceback=traceback,
+                )
+            )
             if delay != 0:
                 await self._unparked(calls, results, count_retry)
         except RedisError as exc:
@@ -159,19 +204,40 @@ class Requeue:
                 if code == RequeueCode.PARKED:
                     s.stats.retries_delayed += 1
                     wait = int(res[4]) / 1000
-                    s.log.debug("%s (entry %s) comes back in %.3fs (retry %d; parked as %s)", h.stream,
-                                h.entry_id, wait, int(res[3]), detail)
+                    s.log.debug(
+                        "%s (entry %s) comes back in %.3fs (retry %d; parked as %s)",
+                        h.stream,
+                        h.entry_id,
+                        wait,
+                        int(res[3]),
+                        detail,
+                    )
                     self.delays.soon(wait)
-                s.hooks.notify("lbs_stream_handed_back", stream=h.stream, entry_id=h.entry_id,
-                               new_entry_id=detail, retry_counted=count_retry)
+                s.hooks.notify(
+                    "lbs_stream_handed_back",
+                    stream=h.stream,
+                    entry_id=h.entry_id,
+                    new_entry_id=detail,
+                    retry_counted=count_retry,
+                )
                 out.append(detail)
                 continue
             if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
-                s.log.warning("%s (entry %s) is out of retries: dead-lettered (%s)", h.stream, h.entry_id, reason)
+                s.log.warning(
+                    "%s (entry %s) is out of retries: dead-lettered (%s)",
+                    h.stream,
+                    h.entry_id,
+                    reason,
+                )
                 self._dead_lettered(h.entry_id, reason, code, detail)
             elif code == RequeueCode.REFUSED:
-                s.log.error("could not hand back %s (entry %s): %s; it stays pending and recovery retries "
-                            "once its lock expires", h.stream, h.entry_id, detail.removeprefix("LBSKEY "))
+                s.log.error(
+                    "could not hand back %s (entry %s): %s; it stays pending and recovery retries "
+                    "once its lock expires",
+                    h.stream,
+                    h.entry_id,
+                    detail.removeprefix("LBSKEY "),
+                )
             else:
                 s.log.warning("could not hand back %s (entry %s): %s", h.stream, h.entry_id, detail)
             out.append("")
@@ -181,22 +247,29 @@ class Requeue:
         """Re-queue at once (in ``results``' place) what could not be parked: a parking key of the wrong
         type refuses the park with nothing written; a delay is not worth leaving the stream pending for."""
         keys = (f"LBSKEY {self.delays.parked_key} ", f"LBSKEY {self.delays.due_key} ")
-        refused = [i for i, res in enumerate(results)
-                   if int(res[0]) == RequeueCode.REFUSED and text(res[1]).startswith(keys)]
+        refused = [
+            i
+            for i, res in enumerate(results)
+            if int(res[0]) == RequeueCode.REFUSED and text(res[1]).startswith(keys)
+        ]
         if not refused:
             return
         s = self.state
         s.hooks.metric("wrong_type_keys_total", 1)
-        s.log.error("cannot park %d failed streams for their retry delay: %s; re-queued at once instead",
-                    len(refused), text(results[refused[0]][1]).removeprefix("LBSKEY "))
+        s.log.error(
+            "cannot park %d failed streams for their retry delay: %s; re-queued at once instead",
+            len(refused),
+            text(results[refused[0]][1]).removeprefix("LBSKEY "),
+        )
         again = first_error(await self._run([calls[i] for i in refused], count_retry=count_retry))
         for i, res in zip(refused, again):
             results[i] = res
 
     # ------------------------------------------------------------- recover ---
 
-    async def recover(self, entry_ids: Iterable[str], path: str, reason: str, *,
-                      count_retry: bool = True) -> int:
+    async def recover(
+        self, entry_ids: Iterable[str], path: str, reason: str, *, count_retry: bool = True
+    ) -> int:
         """Re-queue every entry whose lock is gone (lock mode ``absent``); how many went back to the LBS.
 
         ``path`` labels the metrics (``keyspace``, ``deadline``, ``scan``,
@@ -226,7 +299,7 @@ class Requeue:
         try:
             now = int(time.time() * 1000)
             pipe = s.link.redis.pipeline(transaction=True)
-            pipe.zadd(key, {i: now for i in entry_ids})
+            pipe.zadd(key, dict.fromkeys(entry_ids, now))
             pipe.zremrangebyscore(key, "-inf", now - PARDON_KEEP_MS)
             pipe.zremrangebyrank(key, 0, -PARDON_KEEP - 1)
             await execute(pipe)
@@ -234,26 +307,40 @@ class Requeue:
             if "WRONGTYPE" not in str(exc):
                 raise
             s.hooks.metric("wrong_type_keys_total", 1)
-            s.log.error("cannot pardon %d streams lost while this consumer lived: %s holds a value of the wrong "
-                        "type; the retries counted for them stand", len(entry_ids), key)
+            s.log.error(
+                "cannot pardon %d streams lost while this consumer lived: %s holds a value of the wrong "
+                "type; the retries counted for them stand",
+                len(entry_ids),
+                key,
+            )
             return
         s.hooks.metric("pardoned_total", len(entry_ids))
-        s.log.info("pardoned %d streams taken over while this consumer was cut off: their counted deaths are "
-                   "taken back", len(entry_ids))
+        s.log.info(
+            "pardoned %d streams taken over while this consumer was cut off: their counted deaths are "
+            "taken back",
+            len(entry_ids),
+        )
 
     async def claim(self, entry_id: str) -> bool:
         """Recover one assignment if its lock is gone (``Client.claim``): whether this call took it out
         of its holder's hands (re-queued, or dead-lettered past ``max_retries``)."""
-        (code,) = await self._recover([entry_id], "claim", f"claimed by {self.state.names.id}", True)
+        (code,) = await self._recover(
+            [entry_id], "claim", f"claimed by {self.state.names.id}", True
+        )
         return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
 
-    async def _recover(self, ids: list[str], path: str, reason: str, count_retry: bool) -> list[int]:
+    async def _recover(
+        self, ids: list[str], path: str, reason: str, count_retry: bool
+    ) -> list[int]:
         if not ids:
             return []
         s = self.state
         prefix = s.names.lock_key_prefix
-        results = first_error(await self._run([(i, prefix + i, "absent", "", reason) for i in ids],
-                                              count_retry=count_retry))
+        results = first_error(
+            await self._run(
+                [(i, prefix + i, "absent", "", reason) for i in ids], count_retry=count_retry
+            )
+        )
         codes = []
         requeued = 0
         for entry_id, res in zip(ids, results):
@@ -264,26 +351,41 @@ class Requeue:
                 self._announce(entry_id, res, detail, path)
             elif code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
                 s.hooks.metric("recovery_dlq_total", 1, path=path)
-                s.log.warning("entry %s out of retries after %s recovery: dead-lettered", entry_id, path)
+                s.log.warning(
+                    "entry %s out of retries after %s recovery: dead-lettered", entry_id, path
+                )
                 self._dead_lettered(entry_id, reason, code, detail)
             elif code == RequeueCode.REFUSED:
                 s.hooks.metric("wrong_type_keys_total", 1)
-                s.log.error("cannot re-queue entry %s (%s recovery): %s; it stays pending and is retried",
-                            entry_id, path, detail.removeprefix("LBSKEY "))
+                s.log.error(
+                    "cannot re-queue entry %s (%s recovery): %s; it stays pending and is retried",
+                    entry_id,
+                    path,
+                    detail.removeprefix("LBSKEY "),
+                )
             elif code == RequeueCode.TRIMMED:
                 s.hooks.metric("recovery_trimmed_total", 1, path=path)
-                s.log.warning("entry %s was trimmed from the stream before recovery; its pending "
-                              "reference was cleaned", entry_id)
+                s.log.warning(
+                    "entry %s was trimmed from the stream before recovery; its pending "
+                    "reference was cleaned",
+                    entry_id,
+                )
             elif detail == "acked":
                 s.hooks.metric("recovery_duplicate_ack_total", 1, path=path)
             elif detail == "go lock":
-                s.log.debug("entry %s is held by a Go consumer (its lock exists): left to it", entry_id)
+                s.log.debug(
+                    "entry %s is held by a Go consumer (its lock exists): left to it", entry_id
+                )
             elif detail == "claimed":
-                s.log.debug("entry %s was just claimed (a Go consumer's Claim): left to it", entry_id)
+                s.log.debug(
+                    "entry %s was just claimed (a Go consumer's Claim): left to it", entry_id
+                )
         if requeued:
             # One line and one metric call per batch: a dead holder of 100,000 streams is 200 batches.
             s.hooks.metric(REQUEUED_METRIC[path], requeued)
-            s.log.info("recovered %d of %d streams (%s recovery: %s)", requeued, len(ids), path, reason)
+            s.log.info(
+                "recovered %d of %d streams (%s recovery: %s)", requeued, len(ids), path, reason
+            )
         return codes
 
     def _announce(self, entry_id: str, res: Any, new_id: str, path: str) -> None:
@@ -294,11 +396,28 @@ class Requeue:
             stream = name or ""
             retry_count = int(res[3])
         s = self.state
-        s.log.debug("recovered %s (entry %s -> %s, retry %d)", stream, entry_id, new_id, retry_count)
-        s.hooks.notify("lbs_stream_expired", stream=stream, entry_id=entry_id, new_entry_id=new_id,
-                       retry_count=retry_count, path=path)
-        s.mailbox.put_nowait(Notification(NotificationType.STREAM_EXPIRED, stream, entry_id, {}, retry_count, 0,
-                                          f"lock expired; re-queued as {new_id}"))
+        s.log.debug(
+            "recovered %s (entry %s -> %s, retry %d)", stream, entry_id, new_id, retry_count
+        )
+        s.hooks.notify(
+            "lbs_stream_expired",
+            stream=stream,
+            entry_id=entry_id,
+            new_entry_id=new_id,
+            retry_count=retry_count,
+            path=path,
+        )
+        s.mailbox.put_nowait(
+            Notification(
+                NotificationType.STREAM_EXPIRED,
+                stream,
+                entry_id,
+                {},
+                retry_count,
+                0,
+                f"lock expired; re-queued as {new_id}",
+            )
+        )
 
     # --------------------------------------------------------- dead-letter ---
 
@@ -316,24 +435,40 @@ class Requeue:
         mode = "any" if again else "owned"
         prefix = s.names.lock_key_prefix
         try:
-            results = await self._run([(e.id, prefix + e.id, mode, value, reason) for e, value, reason in bad],
-                                      count_retry=False, force_dead_letter=True)
+            results = await self._run(
+                [(e.id, prefix + e.id, mode, value, reason) for e, value, reason in bad],
+                count_retry=False,
+                force_dead_letter=True,
+            )
         except RedisError as exc:
             results = [exc] * len(bad)
         log = s.log.debug if again else s.log.error
         for item, res in zip(bad, results):
             e, _, reason = item
             if isinstance(res, Exception) or int(res[0]) == RequeueCode.REFUSED:
-                why = str(res) if isinstance(res, Exception) else text(res[1]).removeprefix("LBSKEY ")
-                log("entry %s: %s; cannot dead-letter it (%s): it stays pending and is tried again every "
-                    "heartbeat", e.id, reason, why)
+                why = (
+                    str(res) if isinstance(res, Exception) else text(res[1]).removeprefix("LBSKEY ")
+                )
+                log(
+                    "entry %s: %s; cannot dead-letter it (%s): it stays pending and is tried again every "
+                    "heartbeat",
+                    e.id,
+                    reason,
+                    why,
+                )
                 self.undead.append(item)
                 continue
             code, detail = int(res[0]), text(res[1])
-            s.log.warning("entry %s: %s: %s", e.id, reason,
-                          "dead-lettered as " + detail if code == RequeueCode.DEAD_LETTERED
-                          else "dropped (no dead-letter stream)" if code == RequeueCode.DROPPED
-                          else f"left alone ({detail})")
+            s.log.warning(
+                "entry %s: %s: %s",
+                e.id,
+                reason,
+                "dead-lettered as " + detail
+                if code == RequeueCode.DEAD_LETTERED
+                else "dropped (no dead-letter stream)"
+                if code == RequeueCode.DROPPED
+                else f"left alone ({detail})",
+            )
             if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
                 self._dead_lettered(e.id, reason, code, detail)
 
@@ -345,5 +480,9 @@ class Requeue:
 
     def _dead_lettered(self, entry_id: str, reason: str, code: int, detail: str) -> None:
         self.state.stats.dead_lettered += 1
-        self.state.hooks.notify("lbs_stream_dead_lettered", entry_id=entry_id, reason=reason,
-                                dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "")
+        self.state.hooks.notify(
+            "lbs_stream_dead_lettered",
+            entry_id=entry_id,
+            reason=reason,
+            dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "",
+        )

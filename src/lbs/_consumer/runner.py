@@ -56,15 +56,16 @@ from .finisher import Finisher
 from .requeue import Requeue
 from .state import ConsumerState
 
-__all__ = ["Handler", "Runner", "SIGNALS", "handler_coroutine", "start_task"]
+__all__ = ["SIGNALS", "Handler", "Runner", "handler_coroutine", "start_task"]
 
 Handler = Callable[[Notification], Awaitable[Any]]
 
 
 if sys.version_info >= (3, 12):
 
-    def start_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-                   name: str | None = None) -> asyncio.Task[Any]:
+    def start_task(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], name: str | None = None
+    ) -> asyncio.Task[Any]:
         """A task running ``coro``, whose first step has already run."""
         if loop.get_task_factory() is not None:
             return loop.create_task(coro, name=name)
@@ -79,7 +80,7 @@ else:  # pragma: no cover - exercised on 3.11, the version CI runs
     class _Capture:
         """Stands in for ``loop.call_soon`` while one Task is constructed."""
 
-        __slots__ = ("step", "context")
+        __slots__ = ("context", "step")
 
         def __init__(self) -> None:
             self.step: Any = None
@@ -88,8 +89,9 @@ else:  # pragma: no cover - exercised on 3.11, the version CI runs
         def __call__(self, callback: Any, *args: Any, context: Any = None) -> None:
             self.step, self.context = callback, context
 
-    def start_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
-                   name: str | None = None) -> asyncio.Task[Any]:
+    def start_task(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], name: str | None = None
+    ) -> asyncio.Task[Any]:
         """A task running ``coro``, whose first step has already run."""
         if loop.get_task_factory() is not None or not isinstance(loop, asyncio.BaseEventLoop):
             return loop.create_task(coro, name=name)
@@ -100,7 +102,9 @@ else:  # pragma: no cover - exercised on 3.11, the version CI runs
         finally:
             del loop.call_soon
         if capture.step is None:  # pragma: no cover - defensive
-            raise RuntimeError("asyncio.Task did not schedule its first step through loop.call_soon")
+            raise RuntimeError(
+                "asyncio.Task did not schedule its first step through loop.call_soon"
+            )
         current = _tasks.current_task(loop)
         if current is not None:
             _leave_task(loop, current)
@@ -118,8 +122,14 @@ else:  # pragma: no cover - exercised on 3.11, the version CI runs
 class Runner:
     """Handlers for one client's ``run()``: started per taken stream, finished or handed back as they end."""
 
-    def __init__(self, state: ConsumerState, finisher: Finisher, requeue: Requeue, handler: Handler,
-                 timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        state: ConsumerState,
+        finisher: Finisher,
+        requeue: Requeue,
+        handler: Handler,
+        timeout: float | None = None,
+    ) -> None:
         self.state, self.finisher, self.requeue, self.handler = state, finisher, requeue, handler
         #: Seconds a handler may run before it is cancelled (None: no limit).
         self.timeout = timeout
@@ -130,13 +140,19 @@ class Runner:
     def dispatch(self, h: Held, note: Notification) -> None:
         """Start the handler of a taken stream (the reader calls this for each)."""
         started = _clock()
-        task = start_task(self._loop, handler_coroutine(self.handler, note), f"lbs-handler-{h.stream}")
+        task = start_task(
+            self._loop, handler_coroutine(self.handler, note), f"lbs-handler-{h.stream}"
+        )
         if task.done():
             self._ended(h, started, None, task)
         else:
             h.task = task
             self.state.handlers.add(task)
-            timer = None if self.timeout is None else self._loop.call_later(self.timeout, self._time_out, task)
+            timer = (
+                None
+                if self.timeout is None
+                else self._loop.call_later(self.timeout, self._time_out, task)
+            )
             task.add_done_callback(partial(self._ended, h, started, timer))
 
     def _time_out(self, task: asyncio.Task[Any]) -> None:
@@ -145,7 +161,9 @@ class Runner:
         self._timed_out.add(task)
         task.cancel(f"the handler ran past its timeout ({self.timeout:g}s)")
 
-    def _ended(self, h: Held, started: float, timer: asyncio.TimerHandle | None, task: asyncio.Task[Any]) -> None:
+    def _ended(
+        self, h: Held, started: float, timer: asyncio.TimerHandle | None, task: asyncio.Task[Any]
+    ) -> None:
         """A handler ended: finish its stream, or hand it back if it raised or timed out."""
         s = self.state
         s.stats.handler_seconds.observe(_clock() - started)
@@ -187,8 +205,13 @@ class Runner:
             s.stats.handler_failures += 1
             reason = f"handler raised {type(exc).__name__}: {exc}"[:500]
             trace = failure_traceback(exc)
-            s.log.warning("handler failed on %s (entry %s): %s; handing it back", h.stream, h.entry_id, reason,
-                          exc_info=(type(exc), exc, exc.__traceback__))
+            s.log.warning(
+                "handler failed on %s (entry %s): %s; handing it back",
+                h.stream,
+                h.entry_id,
+                reason,
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
         hand_back = asyncio.ensure_future(self._hand_back(h, reason, trace))
         s.handlers.add(hand_back)
         hand_back.add_done_callback(s.handlers.discard)
@@ -203,14 +226,22 @@ class Runner:
         until = time.monotonic() + s.config.lock_ttl
         while True:
             try:
-                await self.requeue.hand_back([h], count_retry=True, reason=reason, delay=None, traceback=trace)
+                await self.requeue.hand_back(
+                    [h], count_retry=True, reason=reason, delay=None, traceback=trace
+                )
                 return
             except RedisOperationError as err:
                 wait = backoff.next()
-                if not topology_error(err) or s.stopping.is_set() or time.monotonic() + wait > until:
+                if (
+                    not topology_error(err)
+                    or s.stopping.is_set()
+                    or time.monotonic() + wait > until
+                ):
                     s.log.error("hand-back of %s failed (%s); its lock will expire", h.stream, err)
                     return
-                s.log.warning("hand-back of %s failed (%s); trying again in %.2fs", h.stream, err, wait)
+                s.log.warning(
+                    "hand-back of %s failed (%s); trying again in %.2fs", h.stream, err, wait
+                )
                 await asyncio.sleep(wait)
 
 
@@ -226,7 +257,9 @@ def failure_traceback(exc: BaseException) -> str:
     return text if len(text) <= TRACEBACK_CHARS else "...\n" + text[-TRACEBACK_CHARS:]
 
 
-def handler_coroutine(handler: Callable[[Any], Awaitable[Any]], arg: Any) -> Coroutine[Any, Any, Any]:
+def handler_coroutine(
+    handler: Callable[[Any], Awaitable[Any]], arg: Any
+) -> Coroutine[Any, Any, Any]:
     """``handler(arg)`` as a coroutine for :func:`start_task`: an awaitable that is not one is awaited
     inside one, and a plain function that raised is one that raises (a failed handler)."""
     try:
@@ -259,7 +292,9 @@ class _SignalRoute:
         self.clients: list[Callable[[signal.Signals], None]] = []
         self.before: dict[signal.Signals, Any] = {}  # the handlers to put back
 
-    def catch(self, loop: asyncio.AbstractEventLoop, on_signal: Callable[[signal.Signals], None]) -> bool:
+    def catch(
+        self, loop: asyncio.AbstractEventLoop, on_signal: Callable[[signal.Signals], None]
+    ) -> bool:
         if threading.current_thread() is not threading.main_thread():
             return False
         if not self.clients:
@@ -273,7 +308,9 @@ class _SignalRoute:
         self.clients.append(on_signal)
         return True
 
-    def release(self, loop: asyncio.AbstractEventLoop, on_signal: Callable[[signal.Signals], None]) -> None:
+    def release(
+        self, loop: asyncio.AbstractEventLoop, on_signal: Callable[[signal.Signals], None]
+    ) -> None:
         self.clients.remove(on_signal)
         if not self.clients:
             self._restore(loop)
@@ -282,7 +319,9 @@ class _SignalRoute:
         for sig, handler in self.before.items():
             loop.remove_signal_handler(sig)
             if handler is not None:
-                signal.signal(sig, handler)  # asyncio would leave SIG_DFL: the application's own comes back
+                signal.signal(
+                    sig, handler
+                )  # asyncio would leave SIG_DFL: the application's own comes back
 
     def _deliver(self, sig: signal.Signals) -> None:
         for on_signal in list(self.clients):

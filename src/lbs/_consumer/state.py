@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +31,17 @@ from ..notifications import Mailbox, Notification
 from ..plugins import Hooks
 from ..strategy import ReadStrategy
 
-__all__ = ["ClientStats", "ConsumerLog", "Histogram", "ConsumerState", "Holdings", "Link", "Names", "Server",
-           "consumer_id_from_env"]
+__all__ = [
+    "ClientStats",
+    "ConsumerLog",
+    "ConsumerState",
+    "Histogram",
+    "Holdings",
+    "Link",
+    "Names",
+    "Server",
+    "consumer_id_from_env",
+]
 
 CONSUMER_PREFIX = "redis-consumer-"
 #: How many recently disowned streams ``done_stream`` still recognises.
@@ -79,12 +88,26 @@ class Names:
     def of(cls, service: str, consumer_id: str, instance: str, config: Config) -> Names:
         dlq = config.dead_letter_stream
         prefix = config.field_prefix
-        return cls(service, consumer_id, instance, _keys.input_stream(service), _keys.group_name(service),
-                   _keys.fence_key(service), _keys.consumers_key(service), _keys.instance_key(service, consumer_id),
-                   _keys.reaped_key(service), _keys.dead_letter_stream(service) if dlq is None else dlq,
-                   _keys.lock_key(service, ""), prefix + "retry_count", prefix + "original_id", prefix,
-                   f"{consumer_id}:{instance}", _keys.lock_key(service, "").encode(), _keys.key_prefix(service),
-                   _keys.queued_prefix(service))
+        return cls(
+            service,
+            consumer_id,
+            instance,
+            _keys.input_stream(service),
+            _keys.group_name(service),
+            _keys.fence_key(service),
+            _keys.consumers_key(service),
+            _keys.instance_key(service, consumer_id),
+            _keys.reaped_key(service),
+            _keys.dead_letter_stream(service) if dlq is None else dlq,
+            _keys.lock_key(service, ""),
+            prefix + "retry_count",
+            prefix + "original_id",
+            prefix,
+            f"{consumer_id}:{instance}",
+            _keys.lock_key(service, "").encode(),
+            _keys.key_prefix(service),
+            _keys.queued_prefix(service),
+        )
 
 
 class Link:
@@ -254,7 +277,9 @@ class Holdings:
             elif h in picked:
                 rest = [x for x in self.table.for_stream(stream) if x not in picked]
                 if not rest:
-                    raise NotHeldError(f"{self.consumer} does not hold data stream {stream!r} that many times")
+                    raise NotHeldError(
+                        f"{self.consumer} does not hold data stream {stream!r} that many times"
+                    )
                 h = rest[0]
             picked.append(h)
         for h in picked:
@@ -304,8 +329,15 @@ class ConsumerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 class ConsumerState:
     """What the activities of one client share (see the module docstring)."""
 
-    def __init__(self, config: Config, names: Names, hooks: Hooks, log: logging.LoggerAdapter,  # type: ignore[type-arg]
-                 link: Link, owner: Any) -> None:
+    def __init__(
+        self,
+        config: Config,
+        names: Names,
+        hooks: Hooks,
+        log: logging.LoggerAdapter,  # type: ignore[type-arg]
+        link: Link,
+        owner: Any,
+    ) -> None:
         self.config = config
         self.names = names
         self.hooks = hooks
@@ -315,8 +347,9 @@ class ConsumerState:
         #: The public client: what notifications hold and plugins receive.
         self.owner = owner
         self.server = Server()
-        self.parser = EntryParser(_keys.INPUT_FIELD, names.retry_field, names.original_field,
-                                  config.max_input_bytes)
+        self.parser = EntryParser(
+            _keys.INPUT_FIELD, names.retry_field, names.original_field, config.max_input_bytes
+        )
         self.holdings = Holdings(names)
         self.mailbox: Mailbox[Notification] = Mailbox(config.notification_buffer)
         self.stats = ClientStats()
@@ -345,8 +378,13 @@ class ConsumerState:
             return False
         if rule not in self._denied:
             self._denied.add(rule)
-            self.log.warning("%s: the ACL denies it (%s); add %s to the user's rules (see the Minimal ACL "
-                             "section of docs/operations.md)", doing, exc, rule)
+            self.log.warning(
+                "%s: the ACL denies it (%s); add %s to the user's rules (see the Minimal ACL "
+                "section of docs/operations.md)",
+                doing,
+                exc,
+                rule,
+            )
         return True
 
     def count_finished(self) -> None:

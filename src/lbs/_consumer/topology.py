@@ -20,8 +20,15 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from .._redis.connection import (ensure_group, first_node_client, parse_version, server_name, skipped_entries,
-                                 slot_owner, topology_error)
+from .._redis.connection import (
+    ensure_group,
+    first_node_client,
+    parse_version,
+    server_name,
+    skipped_entries,
+    slot_owner,
+    topology_error,
+)
 from .._redis.wire import text
 from ..exceptions import RedisOperationError
 from .state import ConsumerState, Link
@@ -66,7 +73,7 @@ class Topology:
             except RedisError as exc:
                 if self.cluster is None or not topology_error(exc) or attempt == 4:
                     raise RedisOperationError("start", exc) from exc
-                await asyncio.sleep(cfg.read_retry_initial * 2 ** attempt)
+                await asyncio.sleep(cfg.read_retry_initial * 2**attempt)
 
     async def ensure_group(self) -> None:
         """Create the group at 0 unless it exists; if it does, warn about entries it skips."""
@@ -84,8 +91,15 @@ class Topology:
                 "%s%d entries of %s are at or before group %s's last-delivered id %s and not pending: no "
                 "consumer will ever read them (the group was created at $ after they were added, as the Go "
                 "client v0.4 does). Fix: with every consumer stopped, XGROUP SETID %s %s 0; start an lbs "
-                "consumer first next time (it creates the group at 0)", "at least " if more else "", n,
-                s.names.stream_key, s.names.group, last, s.names.stream_key, s.names.group)
+                "consumer first next time (it creates the group at 0)",
+                "at least " if more else "",
+                n,
+                s.names.stream_key,
+                s.names.group,
+                last,
+                s.names.stream_key,
+                s.names.group,
+            )
 
     async def _route(self, refresh: bool = False) -> bool:
         """On a cluster: bind to the master that owns the LBS's slot; whether it changed."""
@@ -128,8 +142,9 @@ class Topology:
         try:
             await self.reset()
         except Exception as again:  # the cluster may still be electing: the next failure retries
-            self.state.log.warning("cannot resolve the slot owner of %s yet (%s)", self.state.names.stream_key,
-                                   again)
+            self.state.log.warning(
+                "cannot resolve the slot owner of %s yet (%s)", self.state.names.stream_key, again
+            )
 
     async def _read_server(self) -> str:
         info = await self.state.link.redis.info("server")
@@ -151,13 +166,19 @@ class Topology:
             return
         policy = text(info.get("maxmemory_policy", ""))
         if policy.startswith("allkeys-"):
-            s.log.warning("the server's maxmemory-policy is %s: when memory is full Redis may evict the LBS "
-                          "itself (registered work is lost), the dead-letter stream, the deadline index or the "
-                          "fencing counter. Give lbs a Redis of its own with maxmemory-policy noeviction (see "
-                          "'Persistence and eviction' in docs/operations.md)", policy)
+            s.log.warning(
+                "the server's maxmemory-policy is %s: when memory is full Redis may evict the LBS "
+                "itself (registered work is lost), the dead-letter stream, the deadline index or the "
+                "fencing counter. Give lbs a Redis of its own with maxmemory-policy noeviction (see "
+                "'Persistence and eviction' in docs/operations.md)",
+                policy,
+            )
         elif policy.startswith("volatile-"):
-            s.log.info("the server's maxmemory-policy is %s: when memory is full Redis may evict live locks "
-                       "(their streams are re-queued, nothing is lost); noeviction is the safe policy", policy)
+            s.log.info(
+                "the server's maxmemory-policy is %s: when memory is full Redis may evict live locks "
+                "(their streams are re-queued, nothing is lost); noeviction is the safe policy",
+                policy,
+            )
 
     async def check_server(self) -> bool:
         """Notice a server restart (its run id changed) and re-apply what it forgot; whether it restarted."""
@@ -167,8 +188,12 @@ class Topology:
             return False
         s.hooks.metric("server_restarts_total", 1)
         again = s.config.configure_keyspace_events
-        s.log.warning("the server restarted (run id %s -> %s)%s", before[:8], s.server.run_id[:8],
-                      "; setting notify-keyspace-events again" if again else "")
+        s.log.warning(
+            "the server restarted (run id %s -> %s)%s",
+            before[:8],
+            s.server.run_id[:8],
+            "; setting notify-keyspace-events again" if again else "",
+        )
         if again:
             await self.configure_keyspace_events()
         return True
@@ -194,4 +219,7 @@ class Topology:
         except RedisError as exc:
             self.state.log.warning(
                 "cannot configure notify-keyspace-events (%s); set it to include %r out of band. "
-                "Recovery falls back to its other paths.", exc, KEYSPACE_FLAGS)
+                "Recovery falls back to its other paths.",
+                exc,
+                KEYSPACE_FLAGS,
+            )

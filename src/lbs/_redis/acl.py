@@ -24,8 +24,9 @@ def denied_rule(exc: BaseException) -> str | None:
     """The ACL rule that would allow what ``exc`` was denied (``+xlen``, ``~<key pattern>``,
     ``&<channel pattern>``), or None when ``exc`` is no ACL denial."""
     message = str(exc)
-    if not isinstance(exc, NoPermissionError) and not (isinstance(exc, ResponseError)
-                                                       and message.startswith("NOPERM")):
+    if not isinstance(exc, NoPermissionError) and not (
+        isinstance(exc, ResponseError) and message.startswith("NOPERM")
+    ):
         cause = getattr(exc, "cause", None)  # lbs.RedisOperationError
         return denied_rule(cause) if isinstance(cause, BaseException) else None
     found = _COMMAND.search(message) or _SCRIPT.search(message)

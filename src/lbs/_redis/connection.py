@@ -19,8 +19,14 @@ from typing import Any, Union
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-from redis.exceptions import AskError, ClusterDownError, MovedError, ReadOnlyError, ResponseError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -44,8 +50,9 @@ class ClusterMode(enum.Enum):
     OSS = "oss"
 
 
-def resolve_client(redis: RedisLike, *, cluster: bool | ClusterMode = ClusterMode.NONE
-                   ) -> tuple[aioredis.Redis | RedisCluster, bool]:
+def resolve_client(
+    redis: RedisLike, *, cluster: bool | ClusterMode = ClusterMode.NONE
+) -> tuple[aioredis.Redis | RedisCluster, bool]:
     """Return ``(client, owned)``; ``owned`` clients are closed by lbs.
 
     A URL opens a cluster client when its scheme is ``redis+cluster://``
@@ -63,7 +70,7 @@ def resolve_client(redis: RedisLike, *, cluster: bool | ClusterMode = ClusterMod
         try:
             for scheme, plain in _CLUSTER_SCHEMES.items():
                 if url.startswith(scheme):
-                    return RedisCluster.from_url(plain + url[len(scheme):]), True
+                    return RedisCluster.from_url(plain + url[len(scheme) :]), True
             if oss:
                 return RedisCluster.from_url(url), True
             client = aioredis.Redis.from_url(url)
@@ -82,7 +89,9 @@ def resolve_client(redis: RedisLike, *, cluster: bool | ClusterMode = ClusterMod
             if at >= 0:
                 user, colon, password = rest[:at].partition(":")
                 secrets.append(password if colon else user)
-                masked = url[:len(url) - len(rest)] + (user + ":" if colon else "") + "***" + rest[at:]
+                masked = (
+                    url[: len(url) - len(rest)] + (user + ":" if colon else "") + "***" + rest[at:]
+                )
             else:
                 masked = url
             secrets += re.findall(r"(?i)[?&]password=([^&#]*)", url)
@@ -126,7 +135,9 @@ async def owner_node(cluster: RedisCluster, key: str, *, refresh: bool = False) 
     return node
 
 
-async def slot_owner(cluster: RedisCluster, key: str, *, refresh: bool = False) -> tuple[aioredis.Redis, str]:
+async def slot_owner(
+    cluster: RedisCluster, key: str, *, refresh: bool = False
+) -> tuple[aioredis.Redis, str]:
     """A plain client for the master that owns ``key``'s slot, and that master's ``host:port``."""
     node = await owner_node(cluster, key, refresh=refresh)
     return node_client(node), node.name
@@ -220,8 +231,10 @@ WAITING_COUNT_LIMIT = 1000
 async def waiting_names(redis: aioredis.Redis, service: str, count: int) -> list[bytes]:
     """The first ``count`` names of ``service``'s waiting index (names with registrations waiting for
     their holder, by when the sweep looks at them again), as stored: bytes, whatever their encoding."""
-    return [n if isinstance(n, bytes) else str(n).encode()
-            for n in await redis.zrange(_keys.waiting_key(service), 0, count - 1)]
+    return [
+        n if isinstance(n, bytes) else str(n).encode()
+        for n in await redis.zrange(_keys.waiting_key(service), 0, count - 1)
+    ]
 
 
 async def waiting_registrations(redis: aioredis.Redis, service: str) -> int | None:
@@ -233,12 +246,13 @@ async def waiting_registrations(redis: aioredis.Redis, service: str) -> int | No
         return None
     if not names:
         return 0
-    prefix = _keys.waiting_list(service, "").encode()  # names as stored: bytes, whatever their encoding
+    prefix = _keys.waiting_list(
+        service, ""
+    ).encode()  # names as stored: bytes, whatever their encoding
     async with redis.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.llen(prefix + name)
         return sum(int(n) for n in await execute(pipe))
-
 
 
 def topology_error(exc: BaseException) -> bool:

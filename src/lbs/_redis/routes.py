@@ -30,7 +30,9 @@ class Routes:
     def __init__(self, redis: aioredis.Redis | RedisCluster, scripts: Sequence[str] = ()) -> None:
         self._redis = redis
         self._scripts = list(scripts)
-        self._plain: Wire | None = None if isinstance(redis, RedisCluster) else Wire(redis, self._scripts)
+        self._plain: Wire | None = (
+            None if isinstance(redis, RedisCluster) else Wire(redis, self._scripts)
+        )
         self._nodes: dict[str, tuple[aioredis.Redis, Wire]] = {}
 
     @property

@@ -19,13 +19,25 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any, NamedTuple
 
 from _lbscore import CommandBatch, Shape
 
-__all__ = ["CommitCode", "DoneCode", "FetchCode", "KeyCommit", "NO_DELAY", "RequeueCode", "RetryDelay", "Script", "SCRIPTS", "source", "sources"]
+__all__ = [
+    "NO_DELAY",
+    "SCRIPTS",
+    "CommitCode",
+    "DoneCode",
+    "FetchCode",
+    "KeyCommit",
+    "RequeueCode",
+    "RetryDelay",
+    "Script",
+    "source",
+    "sources",
+]
 
 
 @dataclass(frozen=True)
@@ -46,11 +58,17 @@ class Script:
         return self.numkeys
 
 
-@lru_cache(maxsize=None)
+@cache
 def source(name: str) -> str:
     """The Lua source of script ``name`` (e.g. ``"read-3"``), as sent: a line ``--#include _<part>`` is
     replaced by ``lua/_<part>.lua`` (code two scripts share, e.g. the fencing counter's)."""
-    text = resources.files("lbs").joinpath("_redis").joinpath("lua").joinpath(f"{name}.lua").read_text()
+    text = (
+        resources.files("lbs")
+        .joinpath("_redis")
+        .joinpath("lua")
+        .joinpath(f"{name}.lua")
+        .read_text()
+    )
     return _INCLUDE.sub(lambda m: source(m.group(1)).rstrip("\n"), text)
 
 
@@ -60,7 +78,9 @@ _INCLUDE = re.compile(r"^--#include (_[a-z]+)$", re.MULTILINE)
 def _load(name: str) -> Script:
     text = source(name)
     count = name.rpartition("-")[2]
-    return Script(name, text, hashlib.sha1(text.encode()).hexdigest(), None if count == "n" else int(count))
+    return Script(
+        name, text, hashlib.sha1(text.encode()).hexdigest(), None if count == "n" else int(count)
+    )
 
 
 READ = _load("read-3")
@@ -84,32 +104,53 @@ def sources() -> list[str]:
 # ------------------------------------------------------------------ read-3 ---
 # Caller: lbs._consumer.reader.
 
-def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, consumer: str, count: int,
-         ttl_ms: int, lock_prefix: bytes, start: str, claim_ms: str, owner: str, msetex: bool,
-         go_lock_sep: str = "", queued: str = "", key_prefix: str = "", fair_ms: int | None = None) -> None:
+
+def read(
+    b: CommandBatch,
+    stream: str,
+    fence: str,
+    consumers: str,
+    group: str,
+    consumer: str,
+    count: int,
+    ttl_ms: int,
+    lock_prefix: bytes,
+    start: str,
+    claim_ms: str,
+    owner: str,
+    msetex: bool,
+    go_lock_sep: str = "",
+    queued: str = "",
+    key_prefix: str = "",
+    fair_ms: int | None = None,
+) -> None:
     """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects.
 
     ``queued``: what is read waits for the application (the notification API): new entries go into
     this consumer's queued set (merely held) until it takes them. ``fair_ms``: fair dispatch, peers
     idle less than this many ms are live (None: off).
     """
-    b.command("EVALSHA", READ.sha, READ.fixed_keys,
-              stream,       # KEYS[1] the LBS
-              fence,        # KEYS[2] the fencing counter
-              consumers,    # KEYS[3] the consumer deadline index
-              group,        # ARGV[1]
-              consumer,     # ARGV[2] consumer name in the group and in the index
-              count,        # ARGV[3] COUNT
-              ttl_ms,       # ARGV[4] lock TTL
-              lock_prefix,  # ARGV[5] lock key prefix
-              start,        # ARGV[6] ">" new entries, "0" our own pending ones
-              claim_ms,     # ARGV[7] CLAIM min-idle (ms), "" for none
-              owner,        # ARGV[8] lock owner: values are "<token>:<owner>"
-              1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
-              go_lock_sep,  # ARGV[10] Go-style lock separator ("": not checked)
-              queued,       # ARGV[11] the consumer's queued set ("": nothing queued)
-              key_prefix,   # ARGV[12] {<service>-input}: one holder per name ("": names not locked)
-              "" if fair_ms is None else fair_ms)  # ARGV[13] fair dispatch: live peers' window ("": off)
+    b.command(
+        "EVALSHA",
+        READ.sha,
+        READ.fixed_keys,
+        stream,  # KEYS[1] the LBS
+        fence,  # KEYS[2] the fencing counter
+        consumers,  # KEYS[3] the consumer deadline index
+        group,  # ARGV[1]
+        consumer,  # ARGV[2] consumer name in the group and in the index
+        count,  # ARGV[3] COUNT
+        ttl_ms,  # ARGV[4] lock TTL
+        lock_prefix,  # ARGV[5] lock key prefix
+        start,  # ARGV[6] ">" new entries, "0" our own pending ones
+        claim_ms,  # ARGV[7] CLAIM min-idle (ms), "" for none
+        owner,  # ARGV[8] lock owner: values are "<token>:<owner>"
+        1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
+        go_lock_sep,  # ARGV[10] Go-style lock separator ("": not checked)
+        queued,  # ARGV[11] the consumer's queued set ("": nothing queued)
+        key_prefix,  # ARGV[12] {<service>-input}: one holder per name ("": names not locked)
+        "" if fair_ms is None else fair_ms,
+    )  # ARGV[13] fair dispatch: live peers' window ("": off)
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
@@ -117,12 +158,15 @@ def read(b: CommandBatch, stream: str, fence: str, consumers: str, group: str, c
 # Caller: lbs._consumer.heartbeat. The lock keys, values, ids and refresh flags
 # are written by the core (HeldTable.encode_extend); this says what goes first.
 
+
 def extend_head(stream: str, consumers: str, instance_key: str) -> tuple[str, str, str]:
     """KEYS[1..3]: the LBS, the consumer deadline index, this consumer's instance marker."""
     return (stream, consumers, instance_key)
 
 
-def extend_args(ttl_ms: int, group: str, consumer: str, last: bool, instance: str) -> tuple[Any, ...]:
+def extend_args(
+    ttl_ms: int, group: str, consumer: str, last: bool, instance: str
+) -> tuple[Any, ...]:
     """ARGV[1..5]: lock TTL, group, consumer, "1" in a tick's last call, the instance nonce."""
     return (ttl_ms, group, consumer, 1 if last else 0, instance)
 
@@ -130,16 +174,41 @@ def extend_args(ttl_ms: int, group: str, consumer: str, last: bool, instance: st
 # ------------------------------------------------------------------ done-n ---
 # Caller: lbs._consumer.finisher.
 
-def done(b: CommandBatch, stream: str, lock_prefix: bytes, entry_ids: list[str], values: list[str], names: list[str],
-         group: str, key_prefix: str, xackdel: bool, retrying: bool, go: tuple[str, list[str]] | None = None) -> None:
+
+def done(
+    b: CommandBatch,
+    stream: str,
+    lock_prefix: bytes,
+    entry_ids: list[str],
+    values: list[str],
+    names: list[str],
+    group: str,
+    key_prefix: str,
+    xackdel: bool,
+    retrying: bool,
+    go: tuple[str, list[str]] | None = None,
+) -> None:
     """Finish a batch: KEYS[1] the LBS, then one lock key per entry; ARGV: group, the XACKDEL flag,
     the retry flag, the key prefix (names released; "": untouched), our consumer name beside a Go
     fleet (else ""), the lock values, the entry ids, their DataStreamNames. Beside a Go fleet, ``go``
     is (our consumer name, each entry's Go-style lock key), the keys after the names (an entry a Go
     consumer took is ``DoneCode.TAKEN``; our Go-style locks are released with ours)."""
-    head = (group, 1 if xackdel else 0, 1 if retrying else 0, key_prefix, "" if go is None else go[0])
-    b.evalsha_locks(DONE.sha, (stream,), lock_prefix, entry_ids, head, values,
-                    tail=names if go is None else [*names, *go[1]])
+    head = (
+        group,
+        1 if xackdel else 0,
+        1 if retrying else 0,
+        key_prefix,
+        "" if go is None else go[0],
+    )
+    b.evalsha_locks(
+        DONE.sha,
+        (stream,),
+        lock_prefix,
+        entry_ids,
+        head,
+        values,
+        tail=names if go is None else [*names, *go[1]],
+    )
 
 
 class DoneCode(enum.IntEnum):
@@ -156,6 +225,7 @@ class DoneCode(enum.IntEnum):
 
 # --------------------------------------------------------------- requeue-6 ---
 # Caller: lbs._consumer.requeue.
+
 
 @dataclass(frozen=True, slots=True)
 class RetryDelay:
@@ -174,46 +244,74 @@ class RetryDelay:
 NO_DELAY = RetryDelay()
 
 
-def requeue(b: CommandBatch, stream: str, dead_letters: str, lock_key: str, parked: str, due: str, pardons: str, *,
-            group: str,
-            entry_id: str, mode: str, value: str, count_retry: bool, max_retries: int, retry_field: str,
-            original_field: str, reason: str, consumer: str, force_dead_letter: bool, dead_letter_on: bool,
-            field_prefix: str, delay: RetryDelay = NO_DELAY, go_lock_sep: str = "", stream_name: str = "",
-            queued_prefix: str = "", traceback: str = "", key_prefix: str = "", min_idle_ms: str = "") -> None:
+def requeue(
+    b: CommandBatch,
+    stream: str,
+    dead_letters: str,
+    lock_key: str,
+    parked: str,
+    due: str,
+    pardons: str,
+    *,
+    group: str,
+    entry_id: str,
+    mode: str,
+    value: str,
+    count_retry: bool,
+    max_retries: int,
+    retry_field: str,
+    original_field: str,
+    reason: str,
+    consumer: str,
+    force_dead_letter: bool,
+    dead_letter_on: bool,
+    field_prefix: str,
+    delay: RetryDelay = NO_DELAY,
+    go_lock_sep: str = "",
+    stream_name: str = "",
+    queued_prefix: str = "",
+    traceback: str = "",
+    key_prefix: str = "",
+    min_idle_ms: str = "",
+) -> None:
     """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
 
     Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
     DataStreamName) names our Go-style lock, released with ours, and ``min_idle_ms`` (mode "absent":
     the lock TTL) leaves an entry idle less than that to the Go consumer that just claimed it."""
-    b.command("EVALSHA", REQUEUE.sha, REQUEUE.fixed_keys,
-              stream,                          # KEYS[1] the LBS
-              dead_letters,                    # KEYS[2] the dead-letter stream
-              lock_key,                        # KEYS[3] the assignment's lock
-              parked,                          # KEYS[4] the parking stream
-              due,                             # KEYS[5] the due index
-              pardons,                         # KEYS[6] deaths taken back (a holder that lived)
-              group,                           # ARGV[1]
-              entry_id,                        # ARGV[2]
-              mode,                            # ARGV[3] "owned", "absent" or "any"
-              value,                           # ARGV[4] our lock value (mode "owned")
-              1 if count_retry else 0,         # ARGV[5] retry increment
-              max_retries,                     # ARGV[6] past it: dead-lettered
-              retry_field,                     # ARGV[7]
-              original_field,                  # ARGV[8]
-              reason,                          # ARGV[9] recorded in dead letters
-              consumer,                        # ARGV[10] recorded in dead letters
-              1 if force_dead_letter else 0,   # ARGV[11] dead-letter unconditionally
-              1 if dead_letter_on else 0,      # ARGV[12] a dead-letter stream is configured
-              field_prefix,                    # ARGV[13] the managed-field prefix
-              delay.first_ms,                  # ARGV[14] delay at retry 1 (ms); 0: at once
-              delay.max_ms,                    # ARGV[15] longest delay (ms)
-              repr(delay.jitter),              # ARGV[16] jitter factor in [0.5, 1]
-              go_lock_sep,                     # ARGV[17] Go-style lock separator ("": not checked)
-              stream_name,                     # ARGV[18] mode "owned": its Go-style lock is released
-              queued_prefix,                   # ARGV[19] queued sets: what a holder merely held counts no death
-              traceback,                       # ARGV[20] recorded in dead letters ("": none)
-              key_prefix,                      # ARGV[21] names released ("": untouched)
-              min_idle_ms)                     # ARGV[22] mode "absent" beside Go: idle less is just claimed
+    b.command(
+        "EVALSHA",
+        REQUEUE.sha,
+        REQUEUE.fixed_keys,
+        stream,  # KEYS[1] the LBS
+        dead_letters,  # KEYS[2] the dead-letter stream
+        lock_key,  # KEYS[3] the assignment's lock
+        parked,  # KEYS[4] the parking stream
+        due,  # KEYS[5] the due index
+        pardons,  # KEYS[6] deaths taken back (a holder that lived)
+        group,  # ARGV[1]
+        entry_id,  # ARGV[2]
+        mode,  # ARGV[3] "owned", "absent" or "any"
+        value,  # ARGV[4] our lock value (mode "owned")
+        1 if count_retry else 0,  # ARGV[5] retry increment
+        max_retries,  # ARGV[6] past it: dead-lettered
+        retry_field,  # ARGV[7]
+        original_field,  # ARGV[8]
+        reason,  # ARGV[9] recorded in dead letters
+        consumer,  # ARGV[10] recorded in dead letters
+        1 if force_dead_letter else 0,  # ARGV[11] dead-letter unconditionally
+        1 if dead_letter_on else 0,  # ARGV[12] a dead-letter stream is configured
+        field_prefix,  # ARGV[13] the managed-field prefix
+        delay.first_ms,  # ARGV[14] delay at retry 1 (ms); 0: at once
+        delay.max_ms,  # ARGV[15] longest delay (ms)
+        repr(delay.jitter),  # ARGV[16] jitter factor in [0.5, 1]
+        go_lock_sep,  # ARGV[17] Go-style lock separator ("": not checked)
+        stream_name,  # ARGV[18] mode "owned": its Go-style lock is released
+        queued_prefix,  # ARGV[19] queued sets: what a holder merely held counts no death
+        traceback,  # ARGV[20] recorded in dead letters ("": none)
+        key_prefix,  # ARGV[21] names released ("": untouched)
+        min_idle_ms,
+    )  # ARGV[22] mode "absent" beside Go: idle less is just claimed
 
 
 class RequeueCode(enum.IntEnum):
@@ -233,83 +331,140 @@ class RequeueCode(enum.IntEnum):
 # --------------------------------------------------------------- promote-4 ---
 # Caller: lbs._consumer.delays.
 
-def promote(b: CommandBatch, due: str, parked: str, stream: str, waiting: str, *, batch: int, group: str,
-            key_prefix: str) -> None:
+
+def promote(
+    b: CommandBatch,
+    due: str,
+    parked: str,
+    stream: str,
+    waiting: str,
+    *,
+    batch: int,
+    group: str,
+    key_prefix: str,
+) -> None:
     """Move up to ``batch`` due parked copies back into the LBS and look at up to ``batch`` names due in the
     waiting index; output {moved, vanished, next ms, stuck, waiters put back}."""
-    b.command("EVALSHA", PROMOTE.sha, PROMOTE.fixed_keys,
-              due,         # KEYS[1] the due index
-              parked,      # KEYS[2] the parking stream
-              stream,      # KEYS[3] the LBS
-              waiting,     # KEYS[4] the waiting index
-              batch,       # ARGV[1] most copies moved, most names looked at
-              group,       # ARGV[2]
-              key_prefix)  # ARGV[3] {<service>-input}: (names' holders and waiting lists)
+    b.command(
+        "EVALSHA",
+        PROMOTE.sha,
+        PROMOTE.fixed_keys,
+        due,  # KEYS[1] the due index
+        parked,  # KEYS[2] the parking stream
+        stream,  # KEYS[3] the LBS
+        waiting,  # KEYS[4] the waiting index
+        batch,  # ARGV[1] most copies moved, most names looked at
+        group,  # ARGV[2]
+        key_prefix,
+    )  # ARGV[3] {<service>-input}: (names' holders and waiting lists)
 
 
 # ------------------------------------------------------------------- reap-4 ---
 # Caller: lbs._consumer.recovery.
 
-def reap(b: CommandBatch, consumers: str, stream: str, reaped: str, fence: str, *, group: str, lock_prefix: str,
-         batch: int, stall_ms: int, grace_ms: int, adopter: str = "", room: int = 0, ttl_ms: int = 0,
-         owner: str = "", queued_prefix: str = "", queues: bool = False) -> None:
+
+def reap(
+    b: CommandBatch,
+    consumers: str,
+    stream: str,
+    reaped: str,
+    fence: str,
+    *,
+    group: str,
+    lock_prefix: str,
+    batch: int,
+    stall_ms: int,
+    grace_ms: int,
+    adopter: str = "",
+    room: int = 0,
+    ttl_ms: int = 0,
+    owner: str = "",
+    queued_prefix: str = "",
+    queues: bool = False,
+) -> None:
     """Find the pending entries of overdue consumers whose lock is gone; ``adopter`` (a consumer id) takes
     up to ``room`` of them on the spot (the reply's entries come back as ``Entry`` objects), the rest are
     listed for a re-queue."""
-    b.command("EVALSHA", REAP.sha, REAP.fixed_keys,
-              consumers,    # KEYS[1] the consumer deadline index
-              stream,       # KEYS[2] the LBS
-              reaped,       # KEYS[3] when the last call ran (server ms)
-              fence,        # KEYS[4] the fencing counter (adoption's tokens)
-              group,        # ARGV[1]
-              lock_prefix,  # ARGV[2]
-              batch,        # ARGV[3] most pending entries looked at
-              stall_ms,     # ARGV[4] a longer gap since the last call is a stall
-              grace_ms,     # ARGV[5] after a stall, each overdue consumer's grace
-              adopter,      # ARGV[6] the adopting consumer ("": none)
-              room,         # ARGV[7] most entries it adopts
-              ttl_ms,       # ARGV[8] lock TTL of adopted entries
-              owner,        # ARGV[9] lock owner: values are "<token>:<owner>"
-              queued_prefix,  # ARGV[10] the queued sets' prefix
-              1 if queues else 0)  # ARGV[11] "1": adopted entries go into the adopter's queued set
+    b.command(
+        "EVALSHA",
+        REAP.sha,
+        REAP.fixed_keys,
+        consumers,  # KEYS[1] the consumer deadline index
+        stream,  # KEYS[2] the LBS
+        reaped,  # KEYS[3] when the last call ran (server ms)
+        fence,  # KEYS[4] the fencing counter (adoption's tokens)
+        group,  # ARGV[1]
+        lock_prefix,  # ARGV[2]
+        batch,  # ARGV[3] most pending entries looked at
+        stall_ms,  # ARGV[4] a longer gap since the last call is a stall
+        grace_ms,  # ARGV[5] after a stall, each overdue consumer's grace
+        adopter,  # ARGV[6] the adopting consumer ("": none)
+        room,  # ARGV[7] most entries it adopts
+        ttl_ms,  # ARGV[8] lock TTL of adopted entries
+        owner,  # ARGV[9] lock owner: values are "<token>:<owner>"
+        queued_prefix,  # ARGV[10] the queued sets' prefix
+        1 if queues else 0,
+    )  # ARGV[11] "1": adopted entries go into the adopter's queued set
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
 # ------------------------------------------------------------------ leave-3 ---
 # Caller: lbs._consumer.instance.
 
-def leave(b: CommandBatch, instance_key: str, stream: str, consumers: str, *, instance: str, group: str,
-          consumer: str, grace_ms: int = 0) -> None:
+
+def leave(
+    b: CommandBatch,
+    instance_key: str,
+    stream: str,
+    consumers: str,
+    *,
+    instance: str,
+    group: str,
+    consumer: str,
+    grace_ms: int = 0,
+) -> None:
     """A closing process (``instance``): delete its instance marker if still ours and its consumer if it has
     nothing pending. A sweep (``instance`` and ``consumer`` ""): delete every consumer with nothing pending
     idle at least ``grace_ms``."""
-    b.command("EVALSHA", LEAVE.sha, LEAVE.fixed_keys,
-              instance_key,  # KEYS[1] the instance marker
-              stream,        # KEYS[2] the LBS
-              consumers,     # KEYS[3] the consumer deadline index
-              instance,      # ARGV[1] our nonce ("": a sweep)
-              group,         # ARGV[2]
-              consumer,      # ARGV[3] the closing consumer ("": every consumer)
-              grace_ms)      # ARGV[4] a sweep's grace
-
+    b.command(
+        "EVALSHA",
+        LEAVE.sha,
+        LEAVE.fixed_keys,
+        instance_key,  # KEYS[1] the instance marker
+        stream,  # KEYS[2] the LBS
+        consumers,  # KEYS[3] the consumer deadline index
+        instance,  # ARGV[1] our nonce ("": a sweep)
+        group,  # ARGV[2]
+        consumer,  # ARGV[3] the closing consumer ("": every consumer)
+        grace_ms,
+    )  # ARGV[4] a sweep's grace
 
 
 # --------------------------------------------------------------- publish-1 ---
 # Caller: lbs.publisher.
 
-def publish(b: CommandBatch, stream: str, prefix: str, messages: list[tuple[str, str, list[Any]]]) -> None:
+
+def publish(
+    b: CommandBatch, stream: str, prefix: str, messages: list[tuple[str, str, list[Any]]]
+) -> None:
     """Append ``messages`` (``(key, registration or "", [field, value, ...])`` each) to their keys'
     data streams, registering the keys nobody has, in one call on the LBS ``stream``."""
-    b.command("EVALSHA", PUBLISH.sha, PUBLISH.fixed_keys,
-              stream,                           # KEYS[1] the LBS
-              *publish_args(prefix, messages))  # ARGV
+    b.command(
+        "EVALSHA",
+        PUBLISH.sha,
+        PUBLISH.fixed_keys,
+        stream,  # KEYS[1] the LBS
+        *publish_args(prefix, messages),
+    )  # ARGV
 
 
 def publish_args(prefix: str, messages: list[tuple[str, str, list[Any]]]) -> list[Any]:
     """ARGV of one call (KEYS[1]: the LBS): ``messages`` holds ``(key, registration or "", [field,
     value, ...])`` each."""
-    args: list[Any] = [prefix,          # ARGV[1] the service's key prefix
-                       len(messages)]   # ARGV[2] the message count
+    args: list[Any] = [
+        prefix,  # ARGV[1] the service's key prefix
+        len(messages),
+    ]  # ARGV[2] the message count
     for key, registration, fields in messages:
         args += (key, registration, len(fields), *fields)  # ARGV[3...] per message
     return args
@@ -318,17 +473,30 @@ def publish_args(prefix: str, messages: list[tuple[str, str, list[Any]]]) -> lis
 # ----------------------------------------------------------------- fetch-1 ---
 # Caller: lbs._consumer.keyed.
 
-def fetch(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, batch: int,
-          keys: list[tuple[str, str, str]]) -> None:
+
+def fetch(
+    b: CommandBatch,
+    stream: str,
+    prefix: str,
+    lock_prefix: str,
+    batch: int,
+    keys: list[tuple[str, str, str]],
+) -> None:
     """Become the holder of each ``(key, entry id, lock value)``; where each key stands."""
-    args: list[Any] = [prefix,        # ARGV[1] the service's key prefix
-                       lock_prefix,   # ARGV[2] the lock key prefix
-                       batch]         # ARGV[3] the most messages a hold takes
+    args: list[Any] = [
+        prefix,  # ARGV[1] the service's key prefix
+        lock_prefix,  # ARGV[2] the lock key prefix
+        batch,
+    ]  # ARGV[3] the most messages a hold takes
     for key in keys:
-        args += key                   # ARGV[4...] key, entry id, lock value
-    b.command("EVALSHA", FETCH.sha, FETCH.fixed_keys,
-              stream,   # KEYS[1] the LBS
-              *args)
+        args += key  # ARGV[4...] key, entry id, lock value
+    b.command(
+        "EVALSHA",
+        FETCH.sha,
+        FETCH.fixed_keys,
+        stream,  # KEYS[1] the LBS
+        *args,
+    )
 
 
 class FetchCode(enum.IntEnum):
@@ -343,6 +511,7 @@ class FetchCode(enum.IntEnum):
 
 # ---------------------------------------------------------------- commit-1 ---
 # Caller: lbs._consumer.keyed.
+
 
 class KeyCommit(NamedTuple):
     """One key's part of a ``commit-1.lua`` call (see its header for the modes)."""
@@ -361,26 +530,52 @@ class KeyCommit(NamedTuple):
     effects: Sequence[tuple[Any, ...]] = ()
 
 
-def commit(b: CommandBatch, stream: str, prefix: str, lock_prefix: str, group: str, xackdel: bool,
-           dead_letters: str, field_prefix: str, max_retries: int, consumer: str, keys: list[KeyCommit]) -> None:
+def commit(
+    b: CommandBatch,
+    stream: str,
+    prefix: str,
+    lock_prefix: str,
+    group: str,
+    xackdel: bool,
+    dead_letters: str,
+    field_prefix: str,
+    max_retries: int,
+    consumer: str,
+    keys: list[KeyCommit],
+) -> None:
     """Commit each key's step, fenced, with its effects."""
-    args: list[Any] = [prefix,                  # ARGV[1] the service's key prefix
-                       lock_prefix,             # ARGV[2] the lock key prefix
-                       group,                   # ARGV[3]
-                       1 if xackdel else 0,     # ARGV[4] XACKDEL or XACK + XDEL
-                       dead_letters,            # ARGV[5] the dead-letter stream
-                       field_prefix,            # ARGV[6] the managed-field prefix
-                       max_retries,             # ARGV[7] failed holds past 1 before a dead letter (-1: never)
-                       consumer]                # ARGV[8] recorded in dead letters
-    for k in keys:                              # ARGV[9...] 9 per key, then its effects
-        args += (k.key, k.entry_id, k.value, k.position, k.mode, k.registration, k.reason, k.traceback,
-                 len(k.effects))
+    args: list[Any] = [
+        prefix,  # ARGV[1] the service's key prefix
+        lock_prefix,  # ARGV[2] the lock key prefix
+        group,  # ARGV[3]
+        1 if xackdel else 0,  # ARGV[4] XACKDEL or XACK + XDEL
+        dead_letters,  # ARGV[5] the dead-letter stream
+        field_prefix,  # ARGV[6] the managed-field prefix
+        max_retries,  # ARGV[7] failed holds past 1 before a dead letter (-1: never)
+        consumer,
+    ]  # ARGV[8] recorded in dead letters
+    for k in keys:  # ARGV[9...] 9 per key, then its effects
+        args += (
+            k.key,
+            k.entry_id,
+            k.value,
+            k.position,
+            k.mode,
+            k.registration,
+            k.reason,
+            k.traceback,
+            len(k.effects),
+        )
         for effect in k.effects:
             fields = effect[1]
             args += (effect[0], len(fields), *fields)
-    b.command("EVALSHA", COMMIT.sha, COMMIT.fixed_keys,
-              stream,   # KEYS[1] the LBS
-              *args)
+    b.command(
+        "EVALSHA",
+        COMMIT.sha,
+        COMMIT.fixed_keys,
+        stream,  # KEYS[1] the LBS
+        *args,
+    )
 
 
 def fail_mode(delay_ms: int, blame: bool, last: str, count: int) -> str:
@@ -399,4 +594,3 @@ class CommitCode(enum.IntEnum):
     YIELDED = 6
     #: An effect cannot be written (its stream's type, the ACL): nothing written, still ours.
     EFFECT_REFUSED = 7
-

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import BusyLoadingError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
 
@@ -103,7 +103,9 @@ class Wire:
     ``ConnectionError`` for the callers' retry loops.
     """
 
-    def __init__(self, redis: aioredis.Redis, scripts: Sequence[str] = (), *, hold: bool = True) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, scripts: Sequence[str] = (), *, hold: bool = True
+    ) -> None:
         self._pool = redis.connection_pool
         self._hold = hold
         self._redis = redis
@@ -112,8 +114,13 @@ class Wire:
         self._reader: Any = None
         self._lock = asyncio.Lock()
 
-    async def execute(self, build: Callable[[CommandBatch], None], parser: EntryParser | None = None, *,
-                      retry_safe: bool = False) -> list[Any]:
+    async def execute(
+        self,
+        build: Callable[[CommandBatch], None],
+        parser: EntryParser | None = None,
+        *,
+        retry_safe: bool = False,
+    ) -> list[Any]:
         """Encode with ``build(batch)``, send, and return one reply per command.
 
         Server errors come back as exception instances in the list;
@@ -123,7 +130,9 @@ class Wire:
         commands check what they change), a batch whose connection failed is
         sent once more on a fresh connection before the failure is raised.
         """
-        return await self.execute_chunks(1, lambda batch, _k: build(batch), parser, retry_safe=retry_safe)
+        return await self.execute_chunks(
+            1, lambda batch, _k: build(batch), parser, retry_safe=retry_safe
+        )
 
     async def close(self) -> None:
         """Give the connection back to the pool."""
@@ -131,8 +140,14 @@ class Wire:
         if conn is not None:
             await self._pool.release(conn)
 
-    async def execute_chunks(self, count: int, build: Callable[[CommandBatch, int], None],
-                             parser: EntryParser | None = None, *, retry_safe: bool = False) -> list[Any]:
+    async def execute_chunks(
+        self,
+        count: int,
+        build: Callable[[CommandBatch, int], None],
+        parser: EntryParser | None = None,
+        *,
+        retry_safe: bool = False,
+    ) -> list[Any]:
         """Like :meth:`execute` for a batch sent in ``count`` parts, ``build(batch, k)`` encoding part ``k``.
 
         Each part is written as soon as it is encoded, and the next one is
@@ -171,8 +186,9 @@ class Wire:
         for source in self._scripts:
             await self._redis.script_load(source)
 
-    async def _stream(self, count: int, build: Callable[[CommandBatch, int], None],
-                      parser: EntryParser | None) -> list[Any]:
+    async def _stream(
+        self, count: int, build: Callable[[CommandBatch, int], None], parser: EntryParser | None
+    ) -> list[Any]:
         batch = CommandBatch()
         build(batch, 0)
         if count == 1 and not len(batch):
@@ -224,8 +240,10 @@ class Wire:
                     out.append(reply)
             except (OSError, RedisConnectionError) as exc:
                 if late:
-                    raise RedisConnectionError(f"no reply within {REPLY_TIMEOUT:g}s: the connection was "
-                                               "dropped (half-open, or the server stopped)") from exc
+                    raise RedisConnectionError(
+                        f"no reply within {REPLY_TIMEOUT:g}s: the connection was "
+                        "dropped (half-open, or the server stopped)"
+                    ) from exc
                 raise
             finally:
                 watchdog.cancel()

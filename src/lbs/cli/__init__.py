@@ -45,8 +45,12 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option(
-        "--version", callback=_show_version, is_eager=True, help="Print lbs's version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print lbs's version and exit."
+        ),
+    ] = False,
 ) -> None:
     """lbs: spread work over Redis Streams with exclusive per-stream locks."""
 

@@ -42,7 +42,9 @@ err_console = Console(stderr=True)
 
 def fail(command: str, message: str, code: int = EXIT_FAILURE) -> NoReturn:
     """Print ``lbs <command>: error: <message>`` to stderr and exit with ``code`` (no traceback)."""
-    err_console.print(f"[bold red]lbs {command}: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold red]lbs {command}: error:[/] {escape(message)}", highlight=False, soft_wrap=True
+    )
     raise typer.Exit(code)
 
 
@@ -64,18 +66,33 @@ def explain(exc: BaseException, url: str = "") -> str:
     text = " ".join(str(e) for e in chain)
     tls = url.lower().startswith("rediss")
     shown = mask_url(url) if url else "the URL"
-    if any(isinstance(e, AuthenticationError) for e in chain) or "NOAUTH" in text or "WRONGPASS" in text:
+    if (
+        any(isinstance(e, AuthenticationError) for e in chain)
+        or "NOAUTH" in text
+        or "WRONGPASS" in text
+    ):
         if "HELLO must be called" in text or "NOAUTH" in text or "Authentication required" in text:
-            return (f"the server wants a password and {shown} has none: put it in the URL, "
-                    "redis://:PASSWORD@HOST:PORT (an ACL user: redis://USER:PASSWORD@HOST:PORT)")
-        return (f"the server refused the user or password of {shown} (WRONGPASS): check them "
-                "(redis://USER:PASSWORD@HOST:PORT)")
-    if any(isinstance(e, ssl.SSLError) for e in chain) or (tls and any(
-            isinstance(e, (RedisTimeoutError, TimeoutError)) for e in chain)):
-        return (f"no TLS handshake with {shown} ({exc}): if the server does not speak TLS on that port, use "
-                "redis:// (rediss:// is for TLS; a CA of your own goes in ?ssl_ca_certs=PATH)")
-    if not tls and url and any(isinstance(e, RedisConnectionError) for e in chain) and (
-            "closed by server" in text or "Connection reset" in text):
+            return (
+                f"the server wants a password and {shown} has none: put it in the URL, "
+                "redis://:PASSWORD@HOST:PORT (an ACL user: redis://USER:PASSWORD@HOST:PORT)"
+            )
+        return (
+            f"the server refused the user or password of {shown} (WRONGPASS): check them "
+            "(redis://USER:PASSWORD@HOST:PORT)"
+        )
+    if any(isinstance(e, ssl.SSLError) for e in chain) or (
+        tls and any(isinstance(e, (RedisTimeoutError, TimeoutError)) for e in chain)
+    ):
+        return (
+            f"no TLS handshake with {shown} ({exc}): if the server does not speak TLS on that port, use "
+            "redis:// (rediss:// is for TLS; a CA of your own goes in ?ssl_ca_certs=PATH)"
+        )
+    if (
+        not tls
+        and url
+        and any(isinstance(e, RedisConnectionError) for e in chain)
+        and ("closed by server" in text or "Connection reset" in text)
+    ):
         return f"{exc} (if the server speaks TLS on that port, use rediss://)"
     return str(exc)
 

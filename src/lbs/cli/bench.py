@@ -50,15 +50,20 @@ async def _service_keys(r: aioredis.Redis, service: str) -> list[bytes]:
     return [k async for k in r.scan_iter(match=f"*{pattern}*", count=10_000)]
 
 
-async def _run(url: str, service: str, streams: int, rounds: int, force: bool) -> tuple[list[Side], str]:
+async def _run(
+    url: str, service: str, streams: int, rounds: int, force: bool
+) -> tuple[list[Side], str]:
     r = aioredis.Redis.from_url(url)
     try:
         server = str((await r.info("server"))["redis_version"])
         existing = await _service_keys(r, service)
         if existing and not force:
-            fail("bench", f"{mask_url(url)} already has {len(existing)} key(s) of service {service!r} "
-                          f"(e.g. {existing[0].decode(errors='replace')}): pass --force to run anyway, "
-                          "or --service NAME")
+            fail(
+                "bench",
+                f"{mask_url(url)} already has {len(existing)} key(s) of service {service!r} "
+                f"(e.g. {existing[0].decode(errors='replace')}): pass --force to run anyway, "
+                "or --service NAME",
+            )
         sides: list[Side] = []
         for name, cycle in SIDES.items():
             side = Side(name)
@@ -67,7 +72,9 @@ async def _run(url: str, service: str, streams: int, rounds: int, force: bool) -
                 try:
                     await _bench.register(r, run_service, streams)  # set-up, outside the timing
                     started = time.perf_counter()
-                    done, client_cpu, server_cpu = await _bench.measure(cycle, r, run_service, streams)
+                    done, client_cpu, server_cpu = await _bench.measure(
+                        cycle, r, run_service, streams
+                    )
                     side.times.append(time.perf_counter() - started)
                 finally:
                     keys = await _service_keys(r, run_service)
@@ -76,7 +83,9 @@ async def _run(url: str, service: str, streams: int, rounds: int, force: bool) -
                 if done != streams:
                     fail("bench", f"{name} finished {done} of {streams} streams")
                 side.cpu.append((client_cpu, server_cpu))
-                err_console.print(f"{name}: round {n + 1}/{rounds} {side.times[-1]:.3f} s", highlight=False)
+                err_console.print(
+                    f"{name}: round {n + 1}/{rounds} {side.times[-1]:.3f} s", highlight=False
+                )
             sides.append(side)
         return sides, server
     finally:
@@ -94,33 +103,68 @@ def _scale(seconds: float) -> tuple[float, str]:
 def table(sides: list[Side], streams: int) -> Table:
     """pytest-benchmark's columns (min, max, mean, stddev, median, rounds) and its extra_info, per side."""
     factor, unit = _scale(min(min(s.times) for s in sides))
-    t = Table(title=f"assignment cycle, {streams} streams (times in {unit})", title_justify="left",
-              caption="per s: assignments per second at the median; client µs, Redis µs: CPU per assignment in "
-                      "the best round (extra_info's client_cpu_us_per_assignment, redis_cpu_us_per_assignment; "
-                      "Redis's from INFO cpu, every client of the server included)",
-              caption_justify="left", box=box.SIMPLE_HEAVY, pad_edge=False)
+    t = Table(
+        title=f"assignment cycle, {streams} streams (times in {unit})",
+        title_justify="left",
+        caption="per s: assignments per second at the median; client µs, Redis µs: CPU per assignment in "
+        "the best round (extra_info's client_cpu_us_per_assignment, redis_cpu_us_per_assignment; "
+        "Redis's from INFO cpu, every client of the server included)",
+        caption_justify="left",
+        box=box.SIMPLE_HEAVY,
+        pad_edge=False,
+    )
     t.add_column("Name", no_wrap=True)
-    for column in ("Min", "Max", "Mean", "StdDev", "Median", "Rounds", "per s", "client µs", "Redis µs"):
+    for column in (
+        "Min",
+        "Max",
+        "Mean",
+        "StdDev",
+        "Median",
+        "Rounds",
+        "per s",
+        "client µs",
+        "Redis µs",
+    ):
         t.add_column(column, justify="right", no_wrap=True)
     for s in sides:
         client_cpu, server_cpu = min(s.cpu)  # the best round's, as the benchmark records them
         median = statistics.median(s.times)
         values = (min(s.times), max(s.times), statistics.mean(s.times), s.stddev(), median)
-        t.add_row(s.name, *(f"{v * factor:.4f}" for v in values), str(len(s.times)),
-                  f"{streams / median:,.0f}", f"{client_cpu / streams * 1e6:.2f}",
-                  f"{server_cpu / streams * 1e6:.2f}")
+        t.add_row(
+            s.name,
+            *(f"{v * factor:.4f}" for v in values),
+            str(len(s.times)),
+            f"{streams / median:,.0f}",
+            f"{client_cpu / streams * 1e6:.2f}",
+            f"{server_cpu / streams * 1e6:.2f}",
+        )
     return t
 
 
 def bench(
-    url: Annotated[str, typer.Option(envvar="LBS_URL", show_default=False,
-                                     help="The Redis to measure on (written to: the rounds' keys are deleted after).")],
+    url: Annotated[
+        str,
+        typer.Option(
+            envvar="LBS_URL",
+            show_default=False,
+            help="The Redis to measure on (written to: the rounds' keys are deleted after).",
+        ),
+    ],
     streams: Annotated[int, typer.Option(min=1, help="Data streams per round.")] = _bench.CYCLE_N,
     rounds: Annotated[int, typer.Option(min=1, help="Rounds per side.")] = 3,
-    service: Annotated[str, typer.Option(
-        help="Prefix of the rounds' service names (`<service>-<side>-<round>-<random>`).")] = "lbs-bench",
-    force: Annotated[bool, typer.Option(
-        "--force", help="Run even if the Redis already has keys whose name contains the service name.")] = False,
+    service: Annotated[
+        str,
+        typer.Option(
+            help="Prefix of the rounds' service names (`<service>-<side>-<round>-<random>`)."
+        ),
+    ] = "lbs-bench",
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Run even if the Redis already has keys whose name contains the service name.",
+        ),
+    ] = False,
 ) -> None:
     """Time the assignment cycle (read, lock, no-op handler, done): lbs run() against the plain redis-py
     batched + Lua loop, as make bench does (benchmarks/bench_client.py::bench_assignment_cycle).
@@ -143,8 +187,11 @@ def bench(
     console.print(result)
     lbs_side, base = sides
     ratio = statistics.median(base.times) / statistics.median(lbs_side.times)
-    console.print(f"{lbs_side.name}: {ratio:.2f}x the throughput of {base.name} (by median); "
-                  f"lbs {__version__}, redis-py {version('redis')}, hiredis {version('hiredis')}, "
-                  f"Python {platform.python_version()}, Redis {server} at {mask_url(url)}",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"{lbs_side.name}: {ratio:.2f}x the throughput of {base.name} (by median); "
+        f"lbs {__version__}, redis-py {version('redis')}, hiredis {version('hiredis')}, "
+        f"Python {platform.python_version()}, Redis {server} at {mask_url(url)}",
+        highlight=False,
+        soft_wrap=True,
+    )
     sys.stdout.flush()

@@ -38,18 +38,34 @@ class _Spinner:
 def demo(
     streams: Annotated[int, typer.Option(min=1, help="Data streams to register.")] = 6,
     consumers: Annotated[int, typer.Option(min=1, help="Consumers in the group.")] = 2,
-    service: Annotated[str, typer.Option(
-        help="Service name: the LBS is `<service>-input`, and every key the demo writes (then deletes) is "
-             "`<service>-input`, `{<service>-input}:*` or `lock:{<service>-input}:*`, or the same for "
-             "`<service>-tickets`. If any exists the demo refuses to start.")] = "demo",
-    redis_url: Annotated[str | None, typer.Option(
-        "--url", "--redis-url", envvar="LBS_URL", show_envvar=True, show_default=False,
-        help="Use this Redis (>= 7.0) instead of starting an embedded one; nothing in it but the demo's own "
-             "keys (see --service) is written or deleted. (--redis-url: the older spelling.)")] = None,
-    spark: Annotated[bool, typer.Option(
-        "--spark/--no-spark",
-        help="Write the work with a local Spark job (its JVM takes tens of seconds to start), or with "
-             "lbs.Producer.")] = True,
+    service: Annotated[
+        str,
+        typer.Option(
+            help="Service name: the LBS is `<service>-input`, and every key the demo writes (then deletes) is "
+            "`<service>-input`, `{<service>-input}:*` or `lock:{<service>-input}:*`, or the same for "
+            "`<service>-tickets`. If any exists the demo refuses to start."
+        ),
+    ] = "demo",
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            "--redis-url",
+            envvar="LBS_URL",
+            show_envvar=True,
+            show_default=False,
+            help="Use this Redis (>= 7.0) instead of starting an embedded one; nothing in it but the demo's own "
+            "keys (see --service) is written or deleted. (--redis-url: the older spelling.)",
+        ),
+    ] = None,
+    spark: Annotated[
+        bool,
+        typer.Option(
+            "--spark/--no-spark",
+            help="Write the work with a local Spark job (its JVM takes tens of seconds to start), or with "
+            "lbs.Producer.",
+        ),
+    ] = True,
 ) -> None:
     """Write work with a Spark job and process it with consumers on an embedded Redis.
 
@@ -72,14 +88,32 @@ def demo(
     try:
         if redis_url:
             out(f"lbs demo: using {mask_url(redis_url)}")
-            result = asyncio.run(run_demo(redis_url, service=service, streams=streams, consumers=consumers,
-                                          spark=spark, out=out, progress=progress))
+            result = asyncio.run(
+                run_demo(
+                    redis_url,
+                    service=service,
+                    streams=streams,
+                    consumers=consumers,
+                    spark=spark,
+                    out=out,
+                    progress=progress,
+                )
+            )
         else:
             with RedisServer() as server:
                 v = ".".join(map(str, server.version))
                 out(f"lbs demo: embedded Redis {v} at {server.url} (pid {server.pid})")
-                result = asyncio.run(run_demo(server.url, service=service, streams=streams, consumers=consumers,
-                                              spark=spark, out=out, progress=progress))
+                result = asyncio.run(
+                    run_demo(
+                        server.url,
+                        service=service,
+                        streams=streams,
+                        consumers=consumers,
+                        spark=spark,
+                        out=out,
+                        progress=progress,
+                    )
+                )
     except LbsError as exc:
         fail("demo", str(exc))
     finally:

@@ -35,16 +35,31 @@ app = typer.Typer(
 
 _LETTER_ID = re.compile(r"[0-9]+-[0-9]+\Z")
 
-IdsArgument = Annotated[list[str] | None, typer.Argument(
-    help="Dead-letter ids (`MILLISECONDS-SEQUENCE`), as `lbs dlq list` shows them.", show_default=False,
-    metavar="ID")]
-ReasonOption = Annotated[str | None, typer.Option(
-    "--reason", metavar="SUBSTRING", help="Only letters whose reason contains SUBSTRING (case-insensitive).")]
-AllOption = Annotated[bool, typer.Option("--all", help="Every letter (with --reason: every letter matching it).")]
+IdsArgument = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Dead-letter ids (`MILLISECONDS-SEQUENCE`), as `lbs dlq list` shows them.",
+        show_default=False,
+        metavar="ID",
+    ),
+]
+ReasonOption = Annotated[
+    str | None,
+    typer.Option(
+        "--reason",
+        metavar="SUBSTRING",
+        help="Only letters whose reason contains SUBSTRING (case-insensitive).",
+    ),
+]
+AllOption = Annotated[
+    bool, typer.Option("--all", help="Every letter (with --reason: every letter matching it).")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
-def _selection(command: str, ids: list[str] | None, reason: str | None, every: bool) -> list[str] | None:
+def _selection(
+    command: str, ids: list[str] | None, reason: str | None, every: bool
+) -> list[str] | None:
     """The explicit ids (or None); exits 2 when the command line does not say which letters."""
     if ids and every:
         fail(command, "give dead-letter ids or --all, not both", EXIT_USAGE)
@@ -76,11 +91,14 @@ def _subject(letter: DeadLetter) -> Text:
 
 # --------------------------------------------------------------------- list ---
 
+
 @app.command("list")
 def list_letters(
     service: ServiceArgument,
     url: UrlOption,
-    limit: Annotated[int, typer.Option("--limit", "-l", min=0, metavar="N", help="Show at most N letters.")] = 20,
+    limit: Annotated[
+        int, typer.Option("--limit", "-l", min=0, metavar="N", help="Show at most N letters.")
+    ] = 20,
     reason: ReasonOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -95,16 +113,29 @@ def list_letters(
 
     letters, total, now = run("dlq list", work, url)
     if json_out:
-        sys.stdout.write(json.dumps([{**x.to_dict(), "stream": _stream_name(x), "age_ms": now - letter_time_ms(x.id)}
-                                     for x in letters]) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                [
+                    {**x.to_dict(), "stream": _stream_name(x), "age_ms": now - letter_time_ms(x.id)}
+                    for x in letters
+                ]
+            )
+            + "\n"
+        )
         return
     console = Console()
     if not letters:
-        console.print(f"No dead letters{' matching ' + repr(reason) if reason else ''} ({total:,} in the stream).",
-                      markup=False, highlight=False)
+        console.print(
+            f"No dead letters{' matching ' + repr(reason) if reason else ''} ({total:,} in the stream).",
+            markup=False,
+            highlight=False,
+        )
         return
-    table = Table(title=f"dead letters of {service}: {len(letters):,} shown of {total:,}", title_justify="left",
-                  pad_edge=False)
+    table = Table(
+        title=f"dead letters of {service}: {len(letters):,} shown of {total:,}",
+        title_justify="left",
+        pad_edge=False,
+    )
     table.add_column("id", no_wrap=True)
     table.add_column("age", justify="right", no_wrap=True)
     table.add_column("stream / key", overflow="ellipsis", max_width=30)
@@ -112,17 +143,26 @@ def list_letters(
     table.add_column("retries", justify="right")
     table.add_column("reason", overflow="fold")
     for x in letters:
-        table.add_row(x.id, duration(now - letter_time_ms(x.id)), _subject(x), x.consumer, str(x.retry_count),
-                      x.reason)
+        table.add_row(
+            x.id,
+            duration(now - letter_time_ms(x.id)),
+            _subject(x),
+            x.consumer,
+            str(x.retry_count),
+            x.reason,
+        )
     console.print(table)
 
 
 # --------------------------------------------------------------------- show ---
 
+
 @app.command("show")
 def show(
     service: ServiceArgument,
-    letter_id: Annotated[str, typer.Argument(metavar="ID", help="The dead letter's id.", show_default=False)],
+    letter_id: Annotated[
+        str, typer.Argument(metavar="ID", help="The dead letter's id.", show_default=False)
+    ],
     url: UrlOption,
     json_out: JsonOption = False,
 ) -> None:
@@ -138,16 +178,31 @@ def show(
     if letter is None:
         fail("dlq show", f"no dead letter {letter_id} in {key}", EXIT_FAILURE)
     if json_out:
-        sys.stdout.write(json.dumps({**letter.to_dict(), "stream": _stream_name(letter),
-                                     "age_ms": now - letter_time_ms(letter.id)}) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    **letter.to_dict(),
+                    "stream": _stream_name(letter),
+                    "age_ms": now - letter_time_ms(letter.id),
+                }
+            )
+            + "\n"
+        )
         return
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     for name, value in letter.fields.items():
         table.add_row(name, _pretty(value))
-    Console().print(Panel(table, title=f"dead letter {letter.id} of {service}", title_align="left",
-                          subtitle=f"written {duration(now - letter_time_ms(letter.id))} ago", subtitle_align="left"))
+    Console().print(
+        Panel(
+            table,
+            title=f"dead letter {letter.id} of {service}",
+            title_align="left",
+            subtitle=f"written {duration(now - letter_time_ms(letter.id))} ago",
+            subtitle_align="left",
+        )
+    )
 
 
 def _pretty(value: str) -> Text:
@@ -162,6 +217,7 @@ def _pretty(value: str) -> Text:
 
 # ------------------------------------------------------------------- replay ---
 
+
 @app.command("replay")
 def replay(
     service: ServiceArgument,
@@ -169,10 +225,17 @@ def replay(
     letter_ids: IdsArgument = None,
     reason: ReasonOption = None,
     every: AllOption = False,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Replay letters whose `lbs-input` a consumer would refuse, too (they come back as dead "
-        "letters).")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON array, one object per letter.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Replay letters whose `lbs-input` a consumer would refuse, too (they come back as dead "
+            "letters).",
+        ),
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON array, one object per letter.")
+    ] = False,
 ) -> None:
     """Put dead letters back into the load-balancer stream as fresh assignments, oldest first.
 
@@ -203,24 +266,37 @@ def _report_replay(results: list[Replay], stream: str, reason: str | None) -> No
     console = Console()
     replayed = [r for r in results if r.outcome == "replayed"]
     if not results:
-        console.print(f"No dead letters{' matching ' + repr(reason) if reason else ''}: nothing replayed.",
-                      markup=False, highlight=False)
+        console.print(
+            f"No dead letters{' matching ' + repr(reason) if reason else ''}: nothing replayed.",
+            markup=False,
+            highlight=False,
+        )
         return
-    console.print(f"Replayed {len(replayed):,} dead letter{'s' * (len(replayed) != 1)} into {stream}.",
-                  markup=False, highlight=False)
+    console.print(
+        f"Replayed {len(replayed):,} dead letter{'s' * (len(replayed) != 1)} into {stream}.",
+        markup=False,
+        highlight=False,
+    )
     for r in results:
         if r.outcome == "malformed":
-            console.print(Text(f"  {r.letter_id}  refused: ", style="red") + Text(
-                f"its lbs-input is malformed ({r.detail}); --force replays it anyway"))
+            console.print(
+                Text(f"  {r.letter_id}  refused: ", style="red")
+                + Text(f"its lbs-input is malformed ({r.detail}); --force replays it anyway")
+            )
         elif r.outcome == "missing":
-            console.print(Text(f"  {r.letter_id}  not found", style="red") + Text(
-                " (not in the dead-letter stream: replayed, purged or forwarded already?)"))
+            console.print(
+                Text(f"  {r.letter_id}  not found", style="red")
+                + Text(" (not in the dead-letter stream: replayed, purged or forwarded already?)")
+            )
         elif len(replayed) <= 20:
-            console.print(Text(f"  {r.letter_id} -> {r.entry_id}  ") + Text(r.stream or "(malformed, forced)",
-                                                                             style="dim"))
+            console.print(
+                Text(f"  {r.letter_id} -> {r.entry_id}  ")
+                + Text(r.stream or "(malformed, forced)", style="dim")
+            )
 
 
 # -------------------------------------------------------------------- purge ---
+
 
 @app.command("purge")
 def purge(
@@ -249,9 +325,13 @@ def purge(
     missing = len(ids) - n if ids else 0
     console = Console()
     if n == 0:
-        console.print(f"No dead letters match in {key}: nothing deleted.", markup=False, highlight=False)
+        console.print(
+            f"No dead letters match in {key}: nothing deleted.", markup=False, highlight=False
+        )
         raise typer.Exit(EXIT_INCOMPLETE if missing else 0)
-    if not yes and not _confirm(f"Delete {n:,} dead letter{'s' * (n != 1)} of {service} from {key}?"):
+    if not yes and not _confirm(
+        f"Delete {n:,} dead letter{'s' * (n != 1)} of {service} from {key}?"
+    ):
         err_console.print("Nothing deleted.", markup=False, highlight=False)
         raise typer.Exit(EXIT_INCOMPLETE)
 
@@ -260,10 +340,15 @@ def purge(
             return await dlq.purge(ids, reason=reason, all=every, until=newest)
 
     deleted = run("dlq purge", delete, url)
-    console.print(f"Deleted {deleted:,} dead letter{'s' * (deleted != 1)} from {key}.", markup=False,
-                  highlight=False)
+    console.print(
+        f"Deleted {deleted:,} dead letter{'s' * (deleted != 1)} from {key}.",
+        markup=False,
+        highlight=False,
+    )
     if missing:
-        console.print(f"{missing} of the given ids were not in the stream.", markup=False, highlight=False)
+        console.print(
+            f"{missing} of the given ids were not in the stream.", markup=False, highlight=False
+        )
         raise typer.Exit(EXIT_INCOMPLETE)
 
 

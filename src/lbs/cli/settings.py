@@ -48,8 +48,19 @@ __all__ = ["HandlerError", "Layers", "env_name", "load_handler", "resolve_config
 #: The Config fields, and the type of each (resolved from the annotations).
 FIELDS: dict[str, Any] = typing.get_type_hints(Config)
 #: The environment variables of the ``lbs`` command itself, never taken for misspelt Config fields.
-COMMAND_ENV = frozenset({"LBS_URL", "LBS_SERVICE", "LBS_CONCURRENCY", "LBS_PROCESSES", "LBS_SHARDS",
-                         "LBS_CONFIG", "LBS_LOG_LEVEL", "LBS_LOAD_PLUGINS", "LBS_TRACE_PLUGINS"})
+COMMAND_ENV = frozenset(
+    {
+        "LBS_URL",
+        "LBS_SERVICE",
+        "LBS_CONCURRENCY",
+        "LBS_PROCESSES",
+        "LBS_SHARDS",
+        "LBS_CONFIG",
+        "LBS_LOG_LEVEL",
+        "LBS_LOAD_PLUGINS",
+        "LBS_TRACE_PLUGINS",
+    }
+)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -85,7 +96,9 @@ class Layers:
             message = str(exc)
             named = dict.fromkeys(w for w in re.findall(r"[a-z_]+", message) if w in merged)
             where = [f"{n} from {self.sources.get(n, 'a plugin default')}" for n in named]
-            raise ConfigurationError(f"{message} ({'; '.join(where)})" if where else message) from None
+            raise ConfigurationError(
+                f"{message} ({'; '.join(where)})" if where else message
+            ) from None
 
 
 def field_type(name: str) -> tuple[Any, bool]:
@@ -116,7 +129,9 @@ def parse_text(name: str, text: str, source: str) -> Any:
             return base(raw)
         except ValueError:
             kind = "an integer" if base is int else "a number"
-            raise ConfigurationError(f"{source}: Config.{name} takes {kind}, got {text!r}") from None
+            raise ConfigurationError(
+                f"{source}: Config.{name} takes {kind}, got {text!r}"
+            ) from None
     return text
 
 
@@ -126,19 +141,27 @@ def from_file(layers: Layers, path: Path) -> None:
         with path.open("rb") as f:
             doc = tomllib.load(f)
     except OSError as exc:
-        raise ConfigurationError(f"cannot read the config file {str(path)!r}: {exc.strerror or exc}") from None
+        raise ConfigurationError(
+            f"cannot read the config file {str(path)!r}: {exc.strerror or exc}"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigurationError(f"the config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ConfigurationError(
+            f"the config file {str(path)!r} is not valid TOML: {exc}"
+        ) from None
     table = doc.get("lbs")
     if table is None:
         stray = sorted(set(doc) & set(FIELDS))
         if stray:
-            raise ConfigurationError(f"the config file {str(path)!r} sets {', '.join(stray)} at the top level: "
-                                     "put lbs's settings under an [lbs] table")
+            raise ConfigurationError(
+                f"the config file {str(path)!r} sets {', '.join(stray)} at the top level: "
+                "put lbs's settings under an [lbs] table"
+            )
         return
     if not isinstance(table, dict):
-        raise ConfigurationError(f"the config file {str(path)!r}: 'lbs' must be a table ([lbs]), "
-                                 f"got {type(table).__name__}")
+        raise ConfigurationError(
+            f"the config file {str(path)!r}: 'lbs' must be a table ([lbs]), "
+            f"got {type(table).__name__}"
+        )
     for name, value in table.items():
         source = f"{path} [lbs] {name}"
         if isinstance(value, str) and name in FIELDS and field_type(name)[0] is not str:
@@ -158,8 +181,10 @@ def from_env(layers: Layers, environ: Mapping[str, str]) -> None:
         elif key not in COMMAND_ENV:
             close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.85)
             if close:
-                layers.warnings.append(f"environment variable {key} is not a Config field's; did you mean "
-                                       f"{close[0]}? (ignored)")
+                layers.warnings.append(
+                    f"environment variable {key} is not a Config field's; did you mean "
+                    f"{close[0]}? (ignored)"
+                )
 
 
 def from_flags(layers: Layers, sets: list[str], flags: Mapping[str, tuple[str, Any]]) -> None:
@@ -187,8 +212,12 @@ def from_flags(layers: Layers, sets: list[str], flags: Mapping[str, tuple[str, A
         layers.set(name, value, flag)
 
 
-def resolve_config(config_file: Path | None, environ: Mapping[str, str], sets: list[str],
-                   flags: Mapping[str, tuple[str, Any]]) -> tuple[Config, Layers]:
+def resolve_config(
+    config_file: Path | None,
+    environ: Mapping[str, str],
+    sets: list[str],
+    flags: Mapping[str, tuple[str, Any]],
+) -> tuple[Config, Layers]:
     """The worker's Config from every layer, and the layers (sources, warnings).
 
     Raises :class:`lbs.ConfigurationError` for a value Config refuses, a
@@ -202,7 +231,9 @@ def resolve_config(config_file: Path | None, environ: Mapping[str, str], sets: l
         from_file(layers, config_file)
     from_env(layers, environ)
     from_flags(layers, sets, flags)
-    alone = layers.build()  # the layers without the plugins' defaults first: their errors name their sources
+    alone = (
+        layers.build()
+    )  # the layers without the plugins' defaults first: their errors name their sources
     defaults = plugin_config_defaults(make_plugin_manager(disabled=alone.disabled_plugins))
     for name in defaults:
         layers.sources.setdefault(name, "a plugin default")
@@ -212,11 +243,15 @@ def resolve_config(config_file: Path | None, environ: Mapping[str, str], sets: l
 def changed_fields(config: Config) -> dict[str, Any]:
     """The fields of ``config`` that differ from lbs's defaults."""
     default = Config()
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(Config)
-            if getattr(config, f.name) != getattr(default, f.name)}
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(Config)
+        if getattr(config, f.name) != getattr(default, f.name)
+    }
 
 
 # ------------------------------------------------------------- the handler ---
+
 
 class HandlerError(Exception):
     """``MODULE:HANDLER`` names no usable handler; ``usage`` tells a wrong name (exit 2) from an import that raised."""
@@ -243,11 +278,17 @@ def load_handler(target: str, app_dir: str | None = None) -> Handler:
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
-            raise HandlerError(f"no module named {missing!r} (looked on sys.path, which starts with {path!r}; "
-                               "see --app-dir)") from None
-        raise HandlerError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}", usage=False) from exc
+            raise HandlerError(
+                f"no module named {missing!r} (looked on sys.path, which starts with {path!r}; "
+                "see --app-dir)"
+            ) from None
+        raise HandlerError(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}", usage=False
+        ) from exc
     except Exception as exc:
-        raise HandlerError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}", usage=False) from exc
+        raise HandlerError(
+            f"importing {module_name!r} failed: {type(exc).__name__}: {exc}", usage=False
+        ) from exc
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -255,11 +296,18 @@ def load_handler(target: str, app_dir: str | None = None) -> Handler:
         except AttributeError:
             raise HandlerError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not callable(obj):
-        raise HandlerError(f"{target} is not callable (a {type(obj).__name__}): lbs calls "
-                           "`await handler(notification)`")
-    if not (inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(getattr(obj, "__call__", None))):
-        raise HandlerError(f"{target} is not an async function: lbs calls `await handler(notification)`, "
-                           "so define it with `async def`")
+        raise HandlerError(
+            f"{target} is not callable (a {type(obj).__name__}): lbs calls "
+            "`await handler(notification)`"
+        )
+    if not (
+        inspect.iscoroutinefunction(obj)
+        or inspect.iscoroutinefunction(getattr(obj, "__call__", None))
+    ):
+        raise HandlerError(
+            f"{target} is not an async function: lbs calls `await handler(notification)`, "
+            "so define it with `async def`"
+        )
     try:
         inspect.signature(obj).bind(object())
     except TypeError:

@@ -48,20 +48,51 @@ from ..config import Config
 from ..exceptions import ConfigurationError, LbsError
 from ..hookspecs import hookimpl
 from ..status import ConsumerStatus, ServiceStatus, collect_status
-from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, explain, fail, mask_url
+from ._common import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    err_console,
+    explain,
+    fail,
+    mask_url,
+)
 
-__all__ = ["EXIT_INCOMPLETE", "ServiceArgument", "UrlOption", "check_service", "claim", "duration", "owner",
-           "render_status", "run", "status"]
+__all__ = [
+    "EXIT_INCOMPLETE",
+    "ServiceArgument",
+    "UrlOption",
+    "check_service",
+    "claim",
+    "duration",
+    "owner",
+    "render_status",
+    "run",
+    "status",
+]
 
 #: The command ran but did not do all it was asked: a stream still locked, a letter refused or missing.
 EXIT_INCOMPLETE = 3
 
 #: ``--url``: every command that reads a service takes it, defaulting to ``$LBS_URL``.
-UrlOption = Annotated[str, typer.Option(
-    "--url", envvar="LBS_URL", show_envvar=True,
-    help="Redis URL: redis://, rediss://, redis+cluster:// (any node of a cluster) or rediss+cluster://.")]
-ServiceArgument = Annotated[str, typer.Argument(
-    metavar="SERVICE", help="The service: its load-balancer stream is `SERVICE-input`.", show_default=False)]
+UrlOption = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="LBS_URL",
+        show_envvar=True,
+        help="Redis URL: redis://, rediss://, redis+cluster:// (any node of a cluster) or rediss+cluster://.",
+    ),
+]
+ServiceArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="SERVICE",
+        help="The service: its load-balancer stream is `SERVICE-input`.",
+        show_default=False,
+    ),
+]
 
 T = TypeVar("T")
 
@@ -83,19 +114,43 @@ def run(command: str, work: Callable[[], Coroutine[Any, Any, T]], url: str = "")
 
 # ------------------------------------------------------------------- status ---
 
+
 def status(
     service: ServiceArgument,
     url: UrlOption,
-    watch: Annotated[bool, typer.Option(
-        "--watch", "-w", help="Redraw every --interval seconds until Ctrl-C (exit code 0). With --json: one "
-        "document per line.")] = False,
-    interval: Annotated[float, typer.Option(
-        "--interval", "-n", min=0.1, metavar="SECONDS", help="Seconds between two reads with --watch.")] = 2.0,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON document (`ServiceStatus.to_dict()`: ages and deadlines in ms of the "
-        "server's clock) instead of the screen.")] = False,
-    letters: Annotated[int, typer.Option(
-        min=0, metavar="N", help="Count the dead-letter reasons over the newest N letters.")] = 100,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            "-w",
+            help="Redraw every --interval seconds until Ctrl-C (exit code 0). With --json: one "
+            "document per line.",
+        ),
+    ] = False,
+    interval: Annotated[
+        float,
+        typer.Option(
+            "--interval",
+            "-n",
+            min=0.1,
+            metavar="SECONDS",
+            help="Seconds between two reads with --watch.",
+        ),
+    ] = 2.0,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON document (`ServiceStatus.to_dict()`: ages and deadlines in ms of the "
+            "server's clock) instead of the screen.",
+        ),
+    ] = False,
+    letters: Annotated[
+        int,
+        typer.Option(
+            min=0, metavar="N", help="Count the dead-letter reasons over the newest N letters."
+        ),
+    ] = 100,
 ) -> None:
     """Show a service's state: backlog, pending, consumers (alive, late, dead, departed), dead letters.
 
@@ -117,8 +172,11 @@ def status(
         Console().print(render_status(st, url=mask_url(url)))
     if not st.exists:
         if json_out:
-            err_console.print(f"lbs status: no service {service!r}: {st.stream} does not exist", markup=False,
-                              highlight=False)
+            err_console.print(
+                f"lbs status: no service {service!r}: {st.stream} does not exist",
+                markup=False,
+                highlight=False,
+            )
         raise typer.Exit(EXIT_FAILURE)
 
 
@@ -150,11 +208,18 @@ async def _watch(url: str, service: str, interval: float, json_out: bool, letter
                 st = await _read_or_error(client, service, letters)
                 rows = max(3, console.size.height - 20)
                 if isinstance(st, ServiceStatus):
-                    screen = render_status(st, url=mask_url(url), max_rows=rows, footer=f"every {interval:g} s, "
-                                           "Ctrl-C to stop")
+                    screen = render_status(
+                        st,
+                        url=mask_url(url),
+                        max_rows=rows,
+                        footer=f"every {interval:g} s, Ctrl-C to stop",
+                    )
                 else:
-                    screen = Panel(Text(st, style="red"), title=f"lbs status {service}: cannot read",
-                                   subtitle=time.strftime("%H:%M:%S"))
+                    screen = Panel(
+                        Text(st, style="red"),
+                        title=f"lbs status {service}: cannot read",
+                        subtitle=time.strftime("%H:%M:%S"),
+                    )
                 live.update(screen, refresh=True)
                 await asyncio.sleep(interval)
     finally:
@@ -162,7 +227,9 @@ async def _watch(url: str, service: str, interval: float, json_out: bool, letter
             await client.aclose()
 
 
-async def _read_or_error(client: aioredis.Redis | RedisCluster, service: str, letters: int) -> ServiceStatus | str:
+async def _read_or_error(
+    client: aioredis.Redis | RedisCluster, service: str, letters: int
+) -> ServiceStatus | str:
     """A status, or what kept it from being read (the watch goes on: Redis may come back)."""
     try:
         return await collect_status(client, service, letters=letters)
@@ -198,41 +265,70 @@ def _server_clock(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
 
 
-def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, footer: str = "") -> RenderableType:
+def render_status(
+    st: ServiceStatus, *, url: str = "", max_rows: int = 20, footer: str = ""
+) -> RenderableType:
     """The status as one screen: a summary panel, the consumers (at most ``max_rows``, the departed
     counted, not listed), the dead-letter reasons (the five most frequent)."""
-    where = f"{st.stream} · {st.server_name} {st.server_version or '?'}" + (f" · {st.node}" if st.node else "")
+    where = f"{st.stream} · {st.server_name} {st.server_version or '?'}" + (
+        f" · {st.node}" if st.node else ""
+    )
     title = f"[bold]lbs status {st.service}[/] · {where}"
     subtitle = f"server time {_server_clock(st.time_ms)}" + (f" · {footer}" if footer else "")
     if not st.exists:
-        body = Text(f"No such service: {st.stream} does not exist" + (f" on {url}" if url else "") + ".",
-                    style="bold red")
+        body = Text(
+            f"No such service: {st.stream} does not exist" + (f" on {url}" if url else "") + ".",
+            style="bold red",
+        )
         if st.dead_letters:
-            body.append(f"\n{st.dead_letters:,} dead letters remain in {st.dead_letter_stream}.", style="")
-        return Panel(body, title=title, subtitle=subtitle, title_align="left", subtitle_align="left")
+            body.append(
+                f"\n{st.dead_letters:,} dead letters remain in {st.dead_letter_stream}.", style=""
+            )
+        return Panel(
+            body, title=title, subtitle=subtitle, title_align="left", subtitle_align="left"
+        )
 
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     how = {"lag": "", "counted": "", "no group": " (no group yet)", "estimated": " (estimated)"}
     backlog = ("~" if not st.backlog_exact else "") + f"{st.backlog:,}"
-    grid.add_row("load-balancer stream",
-                 f"{st.length:,} entries: [bold]{backlog}[/] waiting{how.get(st.backlog_method, '')}, "
-                 f"[bold]{st.pending:,}[/] pending (held)")
+    grid.add_row(
+        "load-balancer stream",
+        f"{st.length:,} entries: [bold]{backlog}[/] waiting{how.get(st.backlog_method, '')}, "
+        f"[bold]{st.pending:,}[/] pending (held)",
+    )
     if st.oldest_waiting:
-        grid.add_row("oldest waiting", f"{st.oldest_waiting.id}, waiting for {duration(st.oldest_waiting.age_ms)}")
+        grid.add_row(
+            "oldest waiting",
+            f"{st.oldest_waiting.id}, waiting for {duration(st.oldest_waiting.age_ms)}",
+        )
     if st.oldest_pending:
         p = st.oldest_pending
-        grid.add_row("oldest pending", Text(
-            f"{p.id}, held by {p.consumer}: added {duration(p.age_ms)} ago, idle {duration(p.idle_ms)}, "
-            f"{p.deliveries} deliver{'y' if p.deliveries == 1 else 'ies'}"))
+        grid.add_row(
+            "oldest pending",
+            Text(
+                f"{p.id}, held by {p.consumer}: added {duration(p.age_ms)} ago, idle {duration(p.idle_ms)}, "
+                f"{p.deliveries} deliver{'y' if p.deliveries == 1 else 'ies'}"
+            ),
+        )
     counts = [(s, st.count(s)) for s in ("alive", "late", "dead", "departed")]
-    grid.add_row("consumers", ", ".join(f"[{_STATE_STYLE[s]}]{n} {s}[/]" if n else f"{n} {s}" for s, n in counts))
+    grid.add_row(
+        "consumers",
+        ", ".join(f"[{_STATE_STYLE[s]}]{n} {s}[/]" if n else f"{n} {s}" for s, n in counts),
+    )
     rq = st.requeued
     if rq.looked_at:
-        among = f"all {rq.looked_at:,} waiting" if rq.complete else f"the {rq.looked_at:,} newest waiting"
-        grid.add_row("re-queued", f"{rq.requeued:,} of {among} ({rq.retried:,} with a retry counted, "
-                                  f"{rq.replayed:,} replayed from dead letters)")
+        among = (
+            f"all {rq.looked_at:,} waiting"
+            if rq.complete
+            else f"the {rq.looked_at:,} newest waiting"
+        )
+        grid.add_row(
+            "re-queued",
+            f"{rq.requeued:,} of {among} ({rq.retried:,} with a retry counted, "
+            f"{rq.replayed:,} replayed from dead letters)",
+        )
     if st.names_waiting:
         grid.add_row("waiting for a holder", Text(_waiting_names(st)))
     if st.delayed:
@@ -240,12 +336,24 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
         due = f", next due in {duration(d.next_due_ms)}" if d.next_due_ms is not None else ""
         grid.add_row("delayed retries", f"{d.parked:,} parked{due}")
     dl_style = "bold red" if st.dead_letters else ""
-    grid.add_row("dead letters", Text(f"{st.dead_letters:,}", style=dl_style) + Text(f" in {st.dead_letter_stream}")
-                 if st.dead_letter_stream else Text("dropped (no dead-letter stream)"))
+    grid.add_row(
+        "dead letters",
+        Text(f"{st.dead_letters:,}", style=dl_style) + Text(f" in {st.dead_letter_stream}")
+        if st.dead_letter_stream
+        else Text("dropped (no dead-letter stream)"),
+    )
     for note in st.notes:
         grid.add_row("note", Text(note, style="yellow"))
-    parts: list[RenderableType] = [Panel(grid, title=title, subtitle=subtitle, title_align="left",
-                                         subtitle_align="left", box=box.ROUNDED)]
+    parts: list[RenderableType] = [
+        Panel(
+            grid,
+            title=title,
+            subtitle=subtitle,
+            title_align="left",
+            subtitle_align="left",
+            box=box.ROUNDED,
+        )
+    ]
 
     shown = [c for c in st.consumers if c.state != "departed"]
     if shown:
@@ -258,8 +366,15 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
         table.add_column("instance marker", justify="right")
         table.add_column("holds (token, registered ago)", overflow="fold")
         for c in shown[:max_rows]:
-            table.add_row(c.name, Text(c.state, style=_STATE_STYLE[c.state]), f"{c.pending:,}", duration(c.idle_ms),
-                          duration(c.deadline_ms, signed=True), _marker(c), _holds(c))
+            table.add_row(
+                c.name,
+                Text(c.state, style=_STATE_STYLE[c.state]),
+                f"{c.pending:,}",
+                duration(c.idle_ms),
+                duration(c.deadline_ms, signed=True),
+                _marker(c),
+                _holds(c),
+            )
         if len(shown) > max_rows:
             table.caption = f"{len(shown) - max_rows} more not shown (--json lists every consumer)"
         parts.append(table)
@@ -272,19 +387,31 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
         keys.add_column("tries", justify="right")
         keys.add_column("failures", justify="right")
         for k in st.keys[:max_rows]:
-            keys.add_row(k.key, k.consumer, f"{k.backlog:,}", k.position or "-",
-                         f"{k.tries}" if k.holder else "not fetched",
-                         f"{k.failures}{' (one at a time)' if k.isolating else ''}" if k.failures or k.isolating
-                         else "-")
+            keys.add_row(
+                k.key,
+                k.consumer,
+                f"{k.backlog:,}",
+                k.position or "-",
+                f"{k.tries}" if k.holder else "not fetched",
+                f"{k.failures}{' (one at a time)' if k.isolating else ''}"
+                if k.failures or k.isolating
+                else "-",
+            )
         shown_backlog = sum(k.backlog for k in st.keys)
-        keys.caption = (f"{len(st.keys):,} held keys, {shown_backlog:,} messages waiting in them"
-                        + (f"; {len(st.keys) - max_rows} more not shown (--json lists them)"
-                           if len(st.keys) > max_rows else ""))
+        keys.caption = f"{len(st.keys):,} held keys, {shown_backlog:,} messages waiting in them" + (
+            f"; {len(st.keys) - max_rows} more not shown (--json lists them)"
+            if len(st.keys) > max_rows
+            else ""
+        )
         parts.append(keys)
     if st.reasons:
         reasons = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-        reasons.add_column(f"dead-letter reason (newest {st.reasons_over:,} letters)", overflow="ellipsis",
-                           no_wrap=True, max_width=90)
+        reasons.add_column(
+            f"dead-letter reason (newest {st.reasons_over:,} letters)",
+            overflow="ellipsis",
+            no_wrap=True,
+            max_width=90,
+        )
         reasons.add_column("letters", justify="right", no_wrap=True, min_width=7)
         for r in st.reasons[:5]:
             reasons.add_row(r.reason or "(none)", f"{r.count:,}")
@@ -296,12 +423,16 @@ def render_status(st: ServiceStatus, *, url: str = "", max_rows: int = 20, foote
 
 def _waiting_names(st: ServiceStatus) -> str:
     """``N data streams have registrations waiting for their holder: name (2 after <id>), ...``."""
-    names = ", ".join(f"{w.name} ({w.waiting:,} after {w.holder}{', put back' if w.back else ''})"
-                      for w in st.waiting_names[:HOLDS_SHOWN])
+    names = ", ".join(
+        f"{w.name} ({w.waiting:,} after {w.holder}{', put back' if w.back else ''})"
+        for w in st.waiting_names[:HOLDS_SHOWN]
+    )
     shown = min(HOLDS_SHOWN, len(st.waiting_names))
     rest = f", +{st.names_waiting - shown:,} more" if shown and st.names_waiting > shown else ""
-    return (f"{st.names_waiting:,} data stream{'s' if st.names_waiting != 1 else ''} with registrations waiting "
-            f"for their holder" + (f": {names}{rest}" if names else ""))
+    return (
+        f"{st.names_waiting:,} data stream{'s' if st.names_waiting != 1 else ''} with registrations waiting "
+        f"for their holder" + (f": {names}{rest}" if names else "")
+    )
 
 
 #: Held streams named per consumer on the screen (``--json`` has every one sampled).
@@ -310,8 +441,11 @@ HOLDS_SHOWN = 3
 
 def _holds(c: ConsumerStatus) -> str:
     """``name (token 12, 3s), ...`` for the first :data:`HOLDS_SHOWN` streams ``c`` holds; ``+N`` for the rest."""
-    parts = [f"{h.stream or h.entry_id} ({'lock gone' if h.token is None else f'token {h.token}'}, "
-             f"{duration(h.age_ms)})" for h in c.held[:HOLDS_SHOWN]]
+    parts = [
+        f"{h.stream or h.entry_id} ({'lock gone' if h.token is None else f'token {h.token}'}, "
+        f"{duration(h.age_ms)})"
+        for h in c.held[:HOLDS_SHOWN]
+    ]
     more = c.pending - len(parts)
     return ", ".join(parts) + (f", +{more:,}" if more > 0 and parts else "")
 
@@ -366,15 +500,29 @@ class _Outcomes:
 
 def claim(
     service: ServiceArgument,
-    entry_ids: Annotated[list[str], typer.Argument(
-        metavar="ENTRY_ID...", help="Entry ids of the load-balancer stream (`MILLISECONDS-SEQUENCE`), as "
-        "`lbs status` or XPENDING show them.", callback=_entry_ids, show_default=False)],
+    entry_ids: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="ENTRY_ID...",
+            help="Entry ids of the load-balancer stream (`MILLISECONDS-SEQUENCE`), as "
+            "`lbs status` or XPENDING show them.",
+            callback=_entry_ids,
+            show_default=False,
+        ),
+    ],
     url: UrlOption,
-    max_retries: Annotated[int, typer.Option(
-        min=-1, metavar="N", help="The service's `Config.max_retries`: an entry past it goes to the dead-letter "
-        "stream instead (-1: never).")] = 3,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON array of `{entry_id, outcome, detail}`.")]
-    = False,
+    max_retries: Annotated[
+        int,
+        typer.Option(
+            min=-1,
+            metavar="N",
+            help="The service's `Config.max_retries`: an entry past it goes to the dead-letter "
+            "stream instead (-1: never).",
+        ),
+    ] = 3,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON array of `{entry_id, outcome, detail}`.")
+    ] = False,
 ) -> None:
     """Re-queue assignments now if their lock is gone (a holder that died), with one retry counted.
 
@@ -392,19 +540,32 @@ def claim(
         console = Console()
         style = {"requeued": "green", "dead-lettered": "yellow", "not pending": "dim"}
         for r in results:
-            console.print(Text(r.entry_id + "  ") + Text(r.outcome, style=style.get(r.outcome, "bold red"))
-                          + Text(f"  {r.detail}" if r.detail else ""))
+            console.print(
+                Text(r.entry_id + "  ")
+                + Text(r.outcome, style=style.get(r.outcome, "bold red"))
+                + Text(f"  {r.detail}" if r.detail else "")
+            )
     if any(r.outcome in ("locked", "not claimed") for r in results):
         raise typer.Exit(EXIT_INCOMPLETE)
 
 
-async def _claim(url: str, service: str, entry_ids: list[str], max_retries: int) -> list[ClaimOutcome]:
+async def _claim(
+    url: str, service: str, entry_ids: list[str], max_retries: int
+) -> list[ClaimOutcome]:
     outcomes = _Outcomes()
     # No reader, recovery or heartbeat is ever started: the client only runs requeue-6.lua through claim().
     # retry_delay 0: what is claimed comes back at once, not parked for a delay.
-    config = Config(recovery=False, configure_keyspace_events=False, max_retries=max_retries, retry_delay=0.0)
-    client = Client(url, service, consumer_id=f"lbs-cli-{socket.gethostname()}-{os.getpid()}", config=config,
-                    plugins=[outcomes], load_entrypoint_plugins=False)
+    config = Config(
+        recovery=False, configure_keyspace_events=False, max_retries=max_retries, retry_delay=0.0
+    )
+    client = Client(
+        url,
+        service,
+        consumer_id=f"lbs-cli-{socket.gethostname()}-{os.getpid()}",
+        config=config,
+        plugins=[outcomes],
+        load_entrypoint_plugins=False,
+    )
     taken: dict[str, bool] = {}
     try:
         await client.reset_topology()  # on a cluster: route to the slot's owner (a no-op otherwise)
@@ -421,7 +582,9 @@ async def _claim(url: str, service: str, entry_ids: list[str], max_retries: int)
             pipe = r.pipeline(transaction=False)
             for entry_id in left:
                 pipe.get(_keys.lock_key(service, entry_id))
-                pipe.xpending_range(_keys.input_stream(service), _keys.group_name(service), entry_id, entry_id, 1)
+                pipe.xpending_range(
+                    _keys.input_stream(service), _keys.group_name(service), entry_id, entry_id, 1
+                )
             try:
                 replies = await pipe.execute(raise_on_error=False)
             finally:
@@ -435,8 +598,13 @@ async def _claim(url: str, service: str, entry_ids: list[str], max_retries: int)
             new_id, retries = outcomes.requeued[entry_id]
             out.append(ClaimOutcome(entry_id, "requeued", f"as {new_id} (retry {retries})"))
         elif entry_id in outcomes.dead:
-            out.append(ClaimOutcome(entry_id, "dead-lettered",
-                                    f"as {outcomes.dead[entry_id]} (past --max-retries {max_retries})"))
+            out.append(
+                ClaimOutcome(
+                    entry_id,
+                    "dead-lettered",
+                    f"as {outcomes.dead[entry_id]} (past --max-retries {max_retries})",
+                )
+            )
         elif taken[entry_id]:
             out.append(ClaimOutcome(entry_id, "requeued", ""))
         elif isinstance(locks.get(entry_id), Exception):
@@ -444,9 +612,17 @@ async def _claim(url: str, service: str, entry_ids: list[str], max_retries: int)
         elif locks.get(entry_id) is not None:
             out.append(ClaimOutcome(entry_id, "locked", f"held by {_holder(locks[entry_id])}"))
         elif not pending.get(entry_id):
-            out.append(ClaimOutcome(entry_id, "not pending", "finished, recovered already, or never delivered"))
+            out.append(
+                ClaimOutcome(
+                    entry_id, "not pending", "finished, recovered already, or never delivered"
+                )
+            )
         else:
-            out.append(ClaimOutcome(entry_id, "not claimed", "pending without a lock, yet refused (see the log)"))
+            out.append(
+                ClaimOutcome(
+                    entry_id, "not claimed", "pending without a lock, yet refused (see the log)"
+                )
+            )
     return out
 
 

@@ -84,18 +84,30 @@ class Supervisor:
     def _on_signal(self, sig: signal.Signals) -> None:
         self.signals += 1
         if self.signals == 1:
-            log.warning("%s: stopping %d worker processes (drain, then hand back)", sig.name, len(self.live))
+            log.warning(
+                "%s: stopping %d worker processes (drain, then hand back)", sig.name, len(self.live)
+            )
         else:
             log.warning("%s again: forwarded, the workers cut their drain short", sig.name)
         self.stop(sig)
 
     async def _spawn(self, slot: int, first: bool) -> asyncio.subprocess.Process:
         s = self.settings
-        child = dataclasses.replace(s, consumer_id=f"{s.consumer_base}-{slot}", banner=slot == 0 and first,
-                                    slot=slot, parent_pid=os.getpid())
+        child = dataclasses.replace(
+            s,
+            consumer_id=f"{s.consumer_base}-{slot}",
+            banner=slot == 0 and first,
+            slot=slot,
+            parent_pid=os.getpid(),
+        )
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "lbs.cli._child", stdin=asyncio.subprocess.PIPE, start_new_session=True,
-            env={**os.environ, WORKER_SLOT_ENV: str(slot), WORKER_PROCESSES_ENV: str(s.processes)})
+            sys.executable,
+            "-m",
+            "lbs.cli._child",
+            stdin=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, WORKER_SLOT_ENV: str(slot), WORKER_PROCESSES_ENV: str(s.processes)},
+        )
         assert proc.stdin is not None
         try:
             proc.stdin.write(child.to_json().encode() + b"\n")
@@ -124,23 +136,41 @@ class Supervisor:
                 log.info("worker %d (pid %d) %s", slot, proc.pid, _describe(code))
                 return code
             if code == EXIT_OK:
-                log.info("worker %d (pid %d) stopped by itself (exit 0); not restarted", slot, proc.pid)
+                log.info(
+                    "worker %d (pid %d) stopped by itself (exit 0); not restarted", slot, proc.pid
+                )
                 return code
             if code in (EXIT_USAGE, EXIT_CONFIG):
-                log.error("worker %d (pid %d) %s (%s): it would again; stopping the others", slot, proc.pid,
-                          _describe(code), "usage" if code == EXIT_USAGE else "configuration")
+                log.error(
+                    "worker %d (pid %d) %s (%s): it would again; stopping the others",
+                    slot,
+                    proc.pid,
+                    _describe(code),
+                    "usage" if code == EXIT_USAGE else "configuration",
+                )
                 self.fatal = self.fatal or code
                 self.stop(signal.SIGTERM)
                 return code
             crashes = 1 if loop.time() - started >= STABLE_AFTER else crashes + 1
             if crashes >= MAX_QUICK_CRASHES:
-                log.error("worker %d (pid %d) %s, its crash %d in a row: giving up; stopping the others",
-                          slot, proc.pid, _describe(code), crashes)
+                log.error(
+                    "worker %d (pid %d) %s, its crash %d in a row: giving up; stopping the others",
+                    slot,
+                    proc.pid,
+                    _describe(code),
+                    crashes,
+                )
                 self.fatal = self.fatal or EXIT_FAILURE
                 self.stop(signal.SIGTERM)
                 return code
             delay = min(RESTART_MAX, RESTART_INITIAL * 2 ** (crashes - 1))
-            log.warning("worker %d (pid %d) %s; restarting it in %.1fs", slot, proc.pid, _describe(code), delay)
+            log.warning(
+                "worker %d (pid %d) %s; restarting it in %.1fs",
+                slot,
+                proc.pid,
+                _describe(code),
+                delay,
+            )
             if await wait_set(self.stopping, delay):
                 return EXIT_OK  # stopped while waiting: nothing was running
 
@@ -149,7 +179,11 @@ class Supervisor:
         for sig in _STOP_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
-            log.info("supervisor (pid %d): starting %d worker processes", os.getpid(), self.settings.processes)
+            log.info(
+                "supervisor (pid %d): starting %d worker processes",
+                os.getpid(),
+                self.settings.processes,
+            )
             codes = await asyncio.gather(*(self._slot(i) for i in range(self.settings.processes)))
         finally:
             for sig in _STOP_SIGNALS:

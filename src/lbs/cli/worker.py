@@ -42,7 +42,17 @@ from ..hookspecs import hookimpl
 from ..keyed import KeyedBatch
 from ..plugins import collect, make_plugin_manager
 from ..sharding import ShardedClient
-from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, err_console, explain, fail, mask_url, setup_logging
+from ._common import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    err_console,
+    explain,
+    fail,
+    mask_url,
+    setup_logging,
+)
 from .settings import HandlerError, changed_fields, field_type, load_handler, resolve_config
 
 __all__ = ["WorkerSettings", "run_in_process", "worker"]
@@ -91,20 +101,34 @@ class WorkerSettings:
 
 # ------------------------------------------------------------------ banner ---
 
+
 def _seconds(value: float | None) -> str:
     return "none" if value is None else f"{value:g} s"
 
 
-def banner(s: WorkerSettings, config: Config, *, plugins: list[str], server: str,
-           extra: Sequence[tuple[str, str]] = ()) -> Panel:
+def banner(
+    s: WorkerSettings,
+    config: Config,
+    *,
+    plugins: list[str],
+    server: str,
+    extra: Sequence[tuple[str, str]] = (),
+) -> Panel:
     """The start banner: what runs, against what, with which settings (``extra``: the plugins' rows)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold cyan", no_wrap=True)
     grid.add_column(overflow="fold")
     services = shard_services(s.service, s.shards)
-    lbs_keys = input_stream(s.service) if s.shards == 1 else \
-        f"{input_stream(services[0])} … {input_stream(services[-1])} ({s.shards} shards)"
-    ids = s.consumer_id if s.processes == 1 else f"{s.consumer_base}-0 … {s.consumer_base}-{s.processes - 1}"
+    lbs_keys = (
+        input_stream(s.service)
+        if s.shards == 1
+        else f"{input_stream(services[0])} … {input_stream(services[-1])} ({s.shards} shards)"
+    )
+    ids = (
+        s.consumer_id
+        if s.processes == 1
+        else f"{s.consumer_base}-0 … {s.consumer_base}-{s.processes - 1}"
+    )
     concurrency = s.concurrency if s.concurrency is not None else config.max_streams
     rows = [
         ("service", s.service),
@@ -112,22 +136,38 @@ def banner(s: WorkerSettings, config: Config, *, plugins: list[str], server: str
         ("Redis", f"{mask_url(s.url)}  ({server})"),
         ("consumer id", ids),
         ("handler", f"{s.target} (keyed: run_keyed, batch {s.batch})" if s.keyed else s.target),
-        ("concurrency", f"{concurrency} per process · processes {s.processes}"
-                        + (f" · shards {s.shards}" if s.shards > 1 else "")),
-        ("config", f"lock_ttl {_seconds(config.lock_ttl)} · heartbeat {_seconds(round(config.heartbeat_every, 3))} · "
-                   f"max_streams {config.max_streams} · read_count {config.read_count or 'auto'} · "
-                   f"drain_timeout {_seconds(config.drain_timeout)} · "
-                   f"handler_timeout {_seconds(config.handler_timeout)} · max_retries {config.max_retries} · "
-                   f"retry_delay {_seconds(config.retry_delay)} · recovery {'on' if config.recovery else 'off'}"),
-        ("set", ", ".join(f"{name}={value!r} ({s.sources.get(name, '?')})"
-                          for name, value in changed_fields(config).items()) or "nothing: lbs's defaults"),
+        (
+            "concurrency",
+            f"{concurrency} per process · processes {s.processes}"
+            + (f" · shards {s.shards}" if s.shards > 1 else ""),
+        ),
+        (
+            "config",
+            f"lock_ttl {_seconds(config.lock_ttl)} · heartbeat {_seconds(round(config.heartbeat_every, 3))} · "
+            f"max_streams {config.max_streams} · read_count {config.read_count or 'auto'} · "
+            f"drain_timeout {_seconds(config.drain_timeout)} · "
+            f"handler_timeout {_seconds(config.handler_timeout)} · max_retries {config.max_retries} · "
+            f"retry_delay {_seconds(config.retry_delay)} · recovery {'on' if config.recovery else 'off'}",
+        ),
+        (
+            "set",
+            ", ".join(
+                f"{name}={value!r} ({s.sources.get(name, '?')})"
+                for name, value in changed_fields(config).items()
+            )
+            or "nothing: lbs's defaults",
+        ),
         ("plugins", ", ".join(plugins) or "none"),
         *extra,
     ]
     for key, value in rows:
         grid.add_row(key, escape(str(value)))
-    return Panel(grid, title=f"[bold]lbs {escape(__version__)} worker[/] (pid {os.getpid()})", title_align="left",
-                 expand=False)
+    return Panel(
+        grid,
+        title=f"[bold]lbs {escape(__version__)} worker[/] (pid {os.getpid()})",
+        title_align="left",
+        expand=False,
+    )
 
 
 class StartBanner:
@@ -144,8 +184,15 @@ class StartBanner:
             return
         self.printed = True
         server = f"Redis {'.'.join(map(str, client.server_version)) or '?'}"
-        err_console.print(banner(self.settings, self.config, plugins=plugin_names(client.pm, self), server=server,
-                                 extra=plugin_rows(client)))
+        err_console.print(
+            banner(
+                self.settings,
+                self.config,
+                plugins=plugin_names(client.pm, self),
+                server=server,
+                extra=plugin_rows(client),
+            )
+        )
 
 
 def plugin_rows(client: Client) -> list[tuple[str, str]]:
@@ -156,13 +203,19 @@ def plugin_rows(client: Client) -> list[tuple[str, str]]:
 
 def plugin_names(pm: pluggy.PluginManager, *leave_out: object) -> list[str]:
     """The registered plugins: name, and the distribution of an installed one."""
-    dists = {id(plugin): f"{dist.project_name} {dist.version}" for plugin, dist in pm.list_plugin_distinfo()}
-    return [f"{name} ({dists[id(plugin)]})" if id(plugin) in dists else name
-            for name, plugin in pm.list_name_plugin()
-            if plugin is not None and all(plugin is not o for o in leave_out)]  # None: a blocked name
+    dists = {
+        id(plugin): f"{dist.project_name} {dist.version}"
+        for plugin, dist in pm.list_plugin_distinfo()
+    }
+    return [
+        f"{name} ({dists[id(plugin)]})" if id(plugin) in dists else name
+        for name, plugin in pm.list_name_plugin()
+        if plugin is not None and all(plugin is not o for o in leave_out)
+    ]  # None: a blocked name
 
 
 # ------------------------------------------------------------------ serving ---
+
 
 async def serve(s: WorkerSettings, handler: Handler) -> None:
     """Run ``handler`` until a signal (or the client's close) ends it; a signal's drain and hand-back included."""
@@ -170,7 +223,9 @@ async def serve(s: WorkerSettings, handler: Handler) -> None:
     plugins = [StartBanner(s, config)] if s.banner else []
     client: Client | ShardedClient
     if s.shards > 1:
-        client = ShardedClient(s.url, s.service, s.consumer_id, config, shards=s.shards, plugins=plugins)
+        client = ShardedClient(
+            s.url, s.service, s.consumer_id, config, shards=s.shards, plugins=plugins
+        )
     else:
         client = Client(s.url, s.service, s.consumer_id, config, plugins=plugins)
     try:
@@ -227,22 +282,29 @@ def run_in_process(s: WorkerSettings, handler: Handler | None = None) -> int:
 def _handler_failed(exc: HandlerError) -> int:
     """Report a handler that cannot be loaded: a wrong name is a usage error; an import that raised shows its traceback."""
     if exc.usage:
-        err_console.print(f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )
         return EXIT_USAGE
     cause = exc.__cause__
     if cause is not None:
         # The application's own frames: the traceback is about its code, not lbs's.
         here = os.path.dirname(__file__)
         tb = cause.__traceback__
-        while tb is not None and (tb.tb_frame.f_code.co_filename.startswith((here, "<frozen"))
-                                  or "importlib" in tb.tb_frame.f_code.co_filename):
+        while tb is not None and (
+            tb.tb_frame.f_code.co_filename.startswith((here, "<frozen"))
+            or "importlib" in tb.tb_frame.f_code.co_filename
+        ):
             tb = tb.tb_next
         sys.stderr.write("".join(traceback.format_exception(type(cause), cause, tb)))
-    err_console.print(f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    err_console.print(
+        f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
+    )
     return EXIT_FAILURE
 
 
 # ----------------------------------------------------------------- command ---
+
 
 def _toml_value(name: str, value: Any) -> str | None:
     if value is None:
@@ -269,7 +331,12 @@ def settings_toml(config: Config, sources: dict[str, str]) -> str:
 
 def _default_consumer_id(explicit: str | None) -> str:
     """``--consumer-id``, else POD_NAME / POD_IP (the Go client's rule), else ``<hostname>-<pid>``; prefixed."""
-    raw = explicit or os.environ.get("POD_NAME") or os.environ.get("POD_IP") or f"{socket.gethostname()}-{os.getpid()}"
+    raw = (
+        explicit
+        or os.environ.get("POD_NAME")
+        or os.environ.get("POD_IP")
+        or f"{socket.gethostname()}-{os.getpid()}"
+    )
     try:
         return consumer_id_from_env(raw)
     except ConfigurationError as exc:
@@ -280,7 +347,9 @@ def _check_service(value: str) -> str:
     try:
         return validate_service(value)
     except ConfigurationError as exc:
-        fail("worker", f"invalid --service: {exc}", EXIT_CONFIG)  # a bad setting: 78, as in every command
+        fail(
+            "worker", f"invalid --service: {exc}", EXIT_CONFIG
+        )  # a bad setting: 78, as in every command
 
 
 def _check_url(value: str) -> str:
@@ -302,64 +371,162 @@ _SETTINGS = "Settings (lbs.Config; flags > LBS_<FIELD> > --config file > default
 
 
 def worker(
-    target: Annotated[str, typer.Argument(
-        metavar="MODULE:HANDLER", show_default=False,
-        help="The handler: an async function taking an lbs.Notification, as module:name (e.g. myapp.work:handle).")],
-    service: Annotated[str, typer.Option(
-        envvar="LBS_SERVICE", callback=_check_service, show_default=False,
-        help="The service whose LBS (`<service>-input`) to consume. Required.")],
-    url: Annotated[str, typer.Option(
-        envvar="LBS_URL", callback=_check_url,
-        help="Redis URL (redis://, rediss://, redis+cluster://; a password is masked in output).")] = DEFAULT_URL,
-    consumer_id: Annotated[str | None, typer.Option(
-        show_default=False,
-        help="Consumer id. Default: $POD_NAME, else $POD_IP, else `<hostname>-<pid>`; prefixed `redis-consumer-`. "
-             "With --processes N each child gets `<id>-0` ... `<id>-(N-1)`.")] = None,
-    concurrency: Annotated[int | None, typer.Option(
-        min=1, envvar="LBS_CONCURRENCY", show_default=False,
-        help="Handlers running at once, per process. Default: max_streams.")] = None,
-    processes: Annotated[int, typer.Option(
-        min=1, envvar="LBS_PROCESSES",
-        help="Worker processes. Above 1, this process supervises them: restarts a crashed one with back-off, "
-             "forwards SIGTERM/SIGINT, exits when all have ended.")] = 1,
-    shards: Annotated[int, typer.Option(
-        min=1, envvar="LBS_SHARDS", help="Shards of the service (lbs.ShardedClient above 1).")] = 1,
-    config_file: Annotated[Path | None, typer.Option(
-        "--config", envvar="LBS_CONFIG", show_default=False, dir_okay=False, rich_help_panel=_SETTINGS,
-        help="TOML file whose \\[lbs] table sets Config fields (e.g. lock_ttl = 5).")] = None,
-    sets: Annotated[list[str] | None, typer.Option(
-        "--set", metavar="FIELD=VALUE", show_default=False, rich_help_panel=_SETTINGS,
-        help="Set any Config field (repeatable), e.g. --set read_block=0.5.")] = None,
-    timeout: Annotated[float | None, typer.Option(
-        "--timeout", show_default=False, rich_help_panel=_SETTINGS,
-        help="Cancel a handler after this many seconds and hand its stream back with a retry counted "
-             "(Config.handler_timeout).")] = None,
-    lock_ttl: Annotated[float | None, typer.Option(
-        show_default=False, rich_help_panel=_SETTINGS, help="Config.lock_ttl: lock expiry, seconds.")] = None,
-    max_streams: Annotated[int | None, typer.Option(
-        show_default=False, rich_help_panel=_SETTINGS, help="Config.max_streams: streams held at once.")] = None,
-    max_retries: Annotated[int | None, typer.Option(
-        show_default=False, rich_help_panel=_SETTINGS,
-        help="Config.max_retries: failed attempts before the dead-letter stream.")] = None,
-    drain_timeout: Annotated[float | None, typer.Option(
-        show_default=False, rich_help_panel=_SETTINGS,
-        help="Config.drain_timeout (default 20, inside Kubernetes' 30 s grace): on SIGTERM/SIGINT, seconds "
-             "running handlers get before their streams are handed back.")] = None,
-    keyed: Annotated[bool | None, typer.Option(
-        "--keyed/--not-keyed", show_default=False,
-        help="Run the handler on keys published with lbs.Publisher (run_keyed: it takes an lbs.KeyedBatch of "
-             "one key's messages, in order). Default: when the handler's first parameter is annotated "
-             "lbs.KeyedBatch.")] = None,
-    batch: Annotated[int, typer.Option(
-        min=1, envvar="LBS_BATCH", help="With --keyed: most messages of a key per handler call.")] = 100,
-    app_dir: Annotated[str, typer.Option(
-        help="Directory put first on sys.path to import MODULE from.")] = ".",
-    log_level: Annotated[LogLevel, typer.Option(
-        envvar="LBS_LOG_LEVEL", case_sensitive=False, help="Log records from this level up, to stderr.")
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODULE:HANDLER",
+            show_default=False,
+            help="The handler: an async function taking an lbs.Notification, as module:name (e.g. myapp.work:handle).",
+        ),
+    ],
+    service: Annotated[
+        str,
+        typer.Option(
+            envvar="LBS_SERVICE",
+            callback=_check_service,
+            show_default=False,
+            help="The service whose LBS (`<service>-input`) to consume. Required.",
+        ),
+    ],
+    url: Annotated[
+        str,
+        typer.Option(
+            envvar="LBS_URL",
+            callback=_check_url,
+            help="Redis URL (redis://, rediss://, redis+cluster://; a password is masked in output).",
+        ),
+    ] = DEFAULT_URL,
+    consumer_id: Annotated[
+        str | None,
+        typer.Option(
+            show_default=False,
+            help="Consumer id. Default: $POD_NAME, else $POD_IP, else `<hostname>-<pid>`; prefixed `redis-consumer-`. "
+            "With --processes N each child gets `<id>-0` ... `<id>-(N-1)`.",
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            envvar="LBS_CONCURRENCY",
+            show_default=False,
+            help="Handlers running at once, per process. Default: max_streams.",
+        ),
+    ] = None,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            envvar="LBS_PROCESSES",
+            help="Worker processes. Above 1, this process supervises them: restarts a crashed one with back-off, "
+            "forwards SIGTERM/SIGINT, exits when all have ended.",
+        ),
+    ] = 1,
+    shards: Annotated[
+        int,
+        typer.Option(
+            min=1, envvar="LBS_SHARDS", help="Shards of the service (lbs.ShardedClient above 1)."
+        ),
+    ] = 1,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            envvar="LBS_CONFIG",
+            show_default=False,
+            dir_okay=False,
+            rich_help_panel=_SETTINGS,
+            help="TOML file whose \\[lbs] table sets Config fields (e.g. lock_ttl = 5).",
+        ),
+    ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            metavar="FIELD=VALUE",
+            show_default=False,
+            rich_help_panel=_SETTINGS,
+            help="Set any Config field (repeatable), e.g. --set read_block=0.5.",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            show_default=False,
+            rich_help_panel=_SETTINGS,
+            help="Cancel a handler after this many seconds and hand its stream back with a retry counted "
+            "(Config.handler_timeout).",
+        ),
+    ] = None,
+    lock_ttl: Annotated[
+        float | None,
+        typer.Option(
+            show_default=False,
+            rich_help_panel=_SETTINGS,
+            help="Config.lock_ttl: lock expiry, seconds.",
+        ),
+    ] = None,
+    max_streams: Annotated[
+        int | None,
+        typer.Option(
+            show_default=False,
+            rich_help_panel=_SETTINGS,
+            help="Config.max_streams: streams held at once.",
+        ),
+    ] = None,
+    max_retries: Annotated[
+        int | None,
+        typer.Option(
+            show_default=False,
+            rich_help_panel=_SETTINGS,
+            help="Config.max_retries: failed attempts before the dead-letter stream.",
+        ),
+    ] = None,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(
+            show_default=False,
+            rich_help_panel=_SETTINGS,
+            help="Config.drain_timeout (default 20, inside Kubernetes' 30 s grace): on SIGTERM/SIGINT, seconds "
+            "running handlers get before their streams are handed back.",
+        ),
+    ] = None,
+    keyed: Annotated[
+        bool | None,
+        typer.Option(
+            "--keyed/--not-keyed",
+            show_default=False,
+            help="Run the handler on keys published with lbs.Publisher (run_keyed: it takes an lbs.KeyedBatch of "
+            "one key's messages, in order). Default: when the handler's first parameter is annotated "
+            "lbs.KeyedBatch.",
+        ),
+    ] = None,
+    batch: Annotated[
+        int,
+        typer.Option(
+            min=1, envvar="LBS_BATCH", help="With --keyed: most messages of a key per handler call."
+        ),
+    ] = 100,
+    app_dir: Annotated[
+        str, typer.Option(help="Directory put first on sys.path to import MODULE from.")
+    ] = ".",
+    log_level: Annotated[
+        LogLevel,
+        typer.Option(
+            envvar="LBS_LOG_LEVEL",
+            case_sensitive=False,
+            help="Log records from this level up, to stderr.",
+        ),
     ] = LogLevel.info,
-    check: Annotated[bool, typer.Option(
-        "--check", help="Check everything but Redis, print the resolved settings as a TOML \\[lbs] table "
-                        "(with each value's source), and exit.")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Check everything but Redis, print the resolved settings as a TOML \\[lbs] table "
+            "(with each value's source), and exit.",
+        ),
+    ] = False,
 ) -> None:
     """Run MODULE:HANDLER as a service: one handler call per assigned data stream, until SIGTERM/SIGINT.
 
@@ -379,9 +546,13 @@ def worker(
         if exc.usage:
             raise typer.BadParameter(str(exc), param_hint="'MODULE:HANDLER'") from None
         raise typer.Exit(_handler_failed(exc)) from None
-    flags = {"handler_timeout": ("--timeout", timeout), "lock_ttl": ("--lock-ttl", lock_ttl),
-             "max_streams": ("--max-streams", max_streams), "max_retries": ("--max-retries", max_retries),
-             "drain_timeout": ("--drain-timeout", drain_timeout)}
+    flags = {
+        "handler_timeout": ("--timeout", timeout),
+        "lock_ttl": ("--lock-ttl", lock_ttl),
+        "max_streams": ("--max-streams", max_streams),
+        "max_retries": ("--max-retries", max_retries),
+        "drain_timeout": ("--drain-timeout", drain_timeout),
+    }
     try:
         config, layers = resolve_config(config_file, os.environ, sets or [], flags)
     except ValueError as exc:
@@ -392,14 +563,27 @@ def worker(
         log.warning("%s", warning)
     base = _default_consumer_id(consumer_id)
     s = WorkerSettings(
-        target=target, app_dir=app_dir, url=url, service=service, consumer_id=base, consumer_base=base,
-        concurrency=concurrency, processes=processes, shards=shards, config=dataclasses.asdict(config),
-        sources={name: layers.sources.get(name, "?") for name in changed_fields(config)}, log_level=level,
-        keyed=takes_keyed_batch(handler) if keyed is None else keyed, batch=batch)
+        target=target,
+        app_dir=app_dir,
+        url=url,
+        service=service,
+        consumer_id=base,
+        consumer_base=base,
+        concurrency=concurrency,
+        processes=processes,
+        shards=shards,
+        config=dataclasses.asdict(config),
+        sources={name: layers.sources.get(name, "?") for name in changed_fields(config)},
+        log_level=level,
+        keyed=takes_keyed_batch(handler) if keyed is None else keyed,
+        batch=batch,
+    )
     if check:
         sys.stdout.write(settings_toml(config, s.sources))
         pm = make_plugin_manager(disabled=config.disabled_plugins)
-        err_console.print(banner(s, config, plugins=plugin_names(pm), server="not connected: --check"))
+        err_console.print(
+            banner(s, config, plugins=plugin_names(pm), server="not connected: --check")
+        )
         raise typer.Exit(EXIT_OK)
     if processes == 1:
         raise typer.Exit(run_in_process(s, handler))

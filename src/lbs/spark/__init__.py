@@ -78,16 +78,20 @@ class LbsDataSource(DataSource):
     def reader(self, schema: StructType) -> LbsReader:
         return LbsReader(self.options, schema)
 
-    def streamReader(self, schema: StructType) -> LbsStreamReader:  # noqa: N802 - Spark's name
+    def streamReader(self, schema: StructType) -> LbsStreamReader:
         return LbsStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
-            raise ConfigurationError("the lbs sink is append-only: mode('overwrite') is not supported; "
-                                     "use mode('append')")
+            raise ConfigurationError(
+                "the lbs sink is append-only: mode('overwrite') is not supported; "
+                "use mode('append')"
+            )
         return LbsWriter(SinkOptions.parse(self.options), schema)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> LbsStreamWriter:  # noqa: N802 - Spark's name
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LbsStreamWriter:
         if overwrite:
-            raise ConfigurationError("the lbs sink is append-only: outputMode('complete') is not supported")
+            raise ConfigurationError(
+                "the lbs sink is append-only: outputMode('complete') is not supported"
+            )
         return LbsStreamWriter(SinkOptions.parse(self.options), schema)

@@ -22,7 +22,13 @@ from ..exceptions import ConfigurationError
 
 _CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
 #: Options passed to redis-py as they are (TLS files and checks).
-_SSL_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+_SSL_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+)
 
 
 def lowered(options: Mapping[str, str]) -> dict[str, str]:
@@ -74,18 +80,27 @@ class Connection:
     def parse(cls, opts: Mapping[str, str], what: str = "the lbs source") -> Connection:
         url = opts.get("url")
         if not url:
-            raise ConfigurationError(f"{what} needs option 'url' (redis://host:port, rediss://, redis+cluster://)")
+            raise ConfigurationError(
+                f"{what} needs option 'url' (redis://host:port, rediss://, redis+cluster://)"
+            )
         cluster = False
         for scheme, plain in _CLUSTER_SCHEMES.items():
             if url.startswith(scheme):
-                url, cluster = plain + url[len(scheme):], True
+                url, cluster = plain + url[len(scheme) :], True
         mode = (opts.get("cluster") or "none").lower()
         if mode not in ("none", "oss", "true", "false"):
-            raise ConfigurationError(f"option 'cluster' must be 'none' or 'oss', got {opts['cluster']!r}")
+            raise ConfigurationError(
+                f"option 'cluster' must be 'none' or 'oss', got {opts['cluster']!r}"
+            )
         cluster = cluster or mode in ("oss", "true")
         ssl = tuple((k, opts[k]) for k in _SSL_OPTIONS if opts.get(k))
-        return cls(url=url, cluster=cluster, username=opts.get("username") or None,
-                   password=opts.get("password") or None, ssl=ssl)
+        return cls(
+            url=url,
+            cluster=cluster,
+            username=opts.get("username") or None,
+            password=opts.get("password") or None,
+            ssl=ssl,
+        )
 
     def _kwargs(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -155,7 +170,9 @@ def server_version(r: Any) -> tuple[int, ...]:
     except redis.RedisError:
         return ()
     if isinstance(info, dict) and "redis_version" not in info:  # a cluster: one reply per node
-        versions = [parse_version(v.get("redis_version", "0")) for v in info.values() if isinstance(v, dict)]
+        versions = [
+            parse_version(v.get("redis_version", "0")) for v in info.values() if isinstance(v, dict)
+        ]
         return min(versions) if versions else ()
     return parse_version(info.get("redis_version", "0"))
 
@@ -176,15 +193,18 @@ def local_session(master: str = "local[2]", app_name: str = "lbs") -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(LbsDataSource)
     return session

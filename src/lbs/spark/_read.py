@@ -32,7 +32,7 @@ from redis.exceptions import ResponseError
 
 from .. import _keys
 from ..exceptions import ConfigurationError
-from ._options import Connection, RawConnection, lowered, number, node_of
+from ._options import Connection, RawConnection, lowered, node_of, number
 
 #: Entries per XRANGE / XREADGROUP page.
 PAGE = 2_000
@@ -43,8 +43,13 @@ _FIRST = "0-0"
 
 def default_schema() -> StructType:
     """``stream string, id string, fields map<string, string>``: what a read gives without a schema."""
-    return StructType([StructField("stream", StringType(), False), StructField("id", StringType(), False),
-                       StructField("fields", MapType(StringType(), StringType()), True)])
+    return StructType(
+        [
+            StructField("stream", StringType(), False),
+            StructField("id", StringType(), False),
+            StructField("fields", MapType(StringType(), StringType()), True),
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,10 @@ class Sources:
                 raise ConfigurationError(f"option 'source' must be 'lbs' or 'dlq', got {source!r}")
         pattern = opts.get("pattern") or None
         if not streams and not pattern:
-            raise ConfigurationError("the lbs source needs option 'streams' (comma-separated), 'pattern', "
-                                     "or 'source' ('lbs' or 'dlq') with 'service'")
+            raise ConfigurationError(
+                "the lbs source needs option 'streams' (comma-separated), 'pattern', "
+                "or 'source' ('lbs' or 'dlq') with 'service'"
+            )
         return cls(tuple(dict.fromkeys(streams)), pattern)
 
     def names(self, client: Any) -> list[str]:
@@ -96,6 +103,7 @@ class Sources:
 
 
 # --------------------------------------------------------------- raw replies ---
+
 
 class _Fetcher:
     """A connection to the node owning one stream; replies go straight into the core's column buffers."""
@@ -136,11 +144,15 @@ def _strings(count: int, offsets: bytes, data: bytes) -> Any:
     """A string array over the core's buffers (validated: bytes that are not UTF-8 are replaced)."""
     import pyarrow as pa
 
-    arr = pa.Array.from_buffers(pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    arr = pa.Array.from_buffers(
+        pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid:
-        raw = pa.Array.from_buffers(pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        raw = pa.Array.from_buffers(
+            pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
         arr = pa.array([v.decode("utf-8", "replace") for v in raw.to_pylist()], pa.string())
     return arr
 
@@ -151,8 +163,11 @@ def _arrow(schema: StructType, arrow_schema: Any, stream: str, taken: tuple[Any,
     import pyarrow.compute as pc
 
     rows, pairs, ids, id_off, keys, key_off, values, value_off, map_off = taken
-    fields = pa.MapArray.from_arrays(pa.Array.from_buffers(pa.int32(), rows + 1, [None, pa.py_buffer(map_off)]),
-                                     _strings(pairs, key_off, keys), _strings(pairs, value_off, values))
+    fields = pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), rows + 1, [None, pa.py_buffer(map_off)]),
+        _strings(pairs, key_off, keys),
+        _strings(pairs, value_off, values),
+    )
     arrays = []
     for f in schema.fields:
         if f.name == "stream":
@@ -183,8 +198,11 @@ def _typed(strings: Any, f: StructField) -> Any:
         return strings
     if pa.types.is_boolean(target):
         lowered_values = pc.utf8_lower(strings)
-        return pc.if_else(pc.is_in(lowered_values, pa.array(["true", "1"])), True,
-                          pc.if_else(pc.is_null(strings), pa.scalar(None, pa.bool_()), False))
+        return pc.if_else(
+            pc.is_in(lowered_values, pa.array(["true", "1"])),
+            True,
+            pc.if_else(pc.is_null(strings), pa.scalar(None, pa.bool_()), False),
+        )
     try:
         return strings.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -210,15 +228,20 @@ class _Options:
 
 def _check_schema(schema: StructType) -> None:
     for f in schema.fields:
-        if f.name == "fields" and not (isinstance(f.dataType, MapType)
-                                       and isinstance(f.dataType.keyType, StringType)
-                                       and isinstance(f.dataType.valueType, StringType)):
-            raise ConfigurationError("column 'fields' must be map<string, string> (an entry's fields)")
+        if f.name == "fields" and not (
+            isinstance(f.dataType, MapType)
+            and isinstance(f.dataType.keyType, StringType)
+            and isinstance(f.dataType.valueType, StringType)
+        ):
+            raise ConfigurationError(
+                "column 'fields' must be map<string, string> (an entry's fields)"
+            )
         if f.name in ("stream", "id") and not isinstance(f.dataType, StringType):
             raise ConfigurationError(f"column {f.name!r} must be a string")
 
 
 # --------------------------------------------------------------------- batch ---
+
 
 class LbsReader(_Options, DataSourceReader):
     """Batch reader: one partition per stream (or per ID range of a big one), ends fixed at planning."""
@@ -266,7 +289,9 @@ class LbsReader(_Options, DataSourceReader):
         try:
             start = partition.start
             while True:
-                seen = fetcher.fetch(Shape.ENTRIES, "XRANGE", partition.stream, start, partition.end, "COUNT", PAGE)
+                seen = fetcher.fetch(
+                    Shape.ENTRIES, "XRANGE", partition.stream, start, partition.end, "COUNT", PAGE
+                )
                 batch = fetcher.batch()
                 if batch is not None:
                     yield batch
@@ -280,6 +305,7 @@ class LbsReader(_Options, DataSourceReader):
 
 
 # ----------------------------------------------------------------- streaming ---
+
 
 @dataclass(frozen=True)
 class GroupRange(InputPartition):
@@ -304,12 +330,16 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         opts = self.opts
         group = opts.get("group")
         if not group:
-            raise ConfigurationError("readStream of the lbs source needs option 'group': a consumer group of "
-                                     "its own per query (its pending entries are what a restart replays)")
+            raise ConfigurationError(
+                "readStream of the lbs source needs option 'group': a consumer group of "
+                "its own per query (its pending entries are what a restart replays)"
+            )
         self.group = group
         starting = (opts.get("startingoffsets") or "earliest").lower()
         if starting not in ("earliest", "latest"):
-            raise ConfigurationError(f"option 'startingOffsets' must be 'earliest' or 'latest', got {starting!r}")
+            raise ConfigurationError(
+                f"option 'startingOffsets' must be 'earliest' or 'latest', got {starting!r}"
+            )
         self.starting = starting
         self.max_entries = number(opts, "maxEntriesPerTrigger")
         self._client: Any = None  # the driver side's connection, opened on first use
@@ -335,7 +365,7 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
                 return last.decode() if isinstance(last, bytes) else str(last)
         return _FIRST
 
-    def initialOffset(self) -> dict[str, str]:  # noqa: N802 - Spark's name
+    def initialOffset(self) -> dict[str, str]:
         """Create the group on every stream (idempotent: Spark calls this twice) and start where it is."""
         offsets = {}
         for name in self.sources.names(self._redis()):
@@ -344,7 +374,9 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         self._latest = offsets
         return offsets
 
-    def latestOffset(self, start: dict[str, str] | None = None, limit: Any = None) -> dict[str, str]:  # noqa: N802
+    def latestOffset(
+        self, start: dict[str, str] | None = None, limit: Any = None
+    ) -> dict[str, str]:
         """Each stream's newest id (capped per stream by ``maxEntriesPerTrigger`` or Spark's read limit)."""
         r = self._redis()
         # Spark < 4.2 calls latestOffset() without the start: this run's previous answer is it.
@@ -357,7 +389,9 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             cap = int(max_rows)
         names = self.sources.names(r)
         for name in names:
-            if name not in start:  # a stream the pattern found since the query started: read it whole
+            if (
+                name not in start
+            ):  # a stream the pattern found since the query started: read it whole
                 self._ensure_group(name, "0")
                 start[name] = _FIRST
         per_stream = max(1, cap // max(1, len(names))) if cap else None
@@ -372,14 +406,17 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         self._latest = out
         return out
 
-    def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's name
+    def getDefaultReadLimit(self) -> Any:
         from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
         return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[GroupRange]:
-        return [GroupRange(name, start.get(name, _FIRST), last) for name, last in end.items()
-                if _id(last) > _id(start.get(name, _FIRST))]
+        return [
+            GroupRange(name, start.get(name, _FIRST), last)
+            for name, last in end.items()
+            if _id(last) > _id(start.get(name, _FIRST))
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         from _lbscore import Shape
@@ -395,8 +432,18 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             # 2. New entries (">"), until one passes the end: those stay pending for the next batch.
             for after in (partition.start, ">"):
                 while not columns.passed:
-                    seen = fetcher.fetch(Shape.XREAD, "XREADGROUP", "GROUP", self.group, CONSUMER, "COUNT", PAGE,
-                                         "STREAMS", partition.stream, after)
+                    seen = fetcher.fetch(
+                        Shape.XREAD,
+                        "XREADGROUP",
+                        "GROUP",
+                        self.group,
+                        CONSUMER,
+                        "COUNT",
+                        PAGE,
+                        "STREAMS",
+                        partition.stream,
+                        after,
+                    )
                     batch = fetcher.batch()
                     if batch is not None:
                         yield batch
@@ -414,7 +461,9 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         r = self._redis()
         for name, last in end.items():
             while True:
-                pending = r.xpending_range(name, self.group, min="-", max=last, count=10_000, consumername=CONSUMER)
+                pending = r.xpending_range(
+                    name, self.group, min="-", max=last, count=10_000, consumername=CONSUMER
+                )
                 if not pending:
                     break
                 r.xack(name, self.group, *[p["message_id"] for p in pending])

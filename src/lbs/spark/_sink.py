@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -24,6 +23,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
+from redis.cluster import RedisCluster
 
 from .. import _keys
 from .._redis.connection import redirected
@@ -57,18 +57,28 @@ class SinkOptions:
         opts = lowered(options)
         connection = Connection.parse(opts, "the lbs sink")
         if not opts.get("service"):
-            raise ConfigurationError("the lbs sink needs option 'service' (the LBS the data streams are "
-                                     "registered in)")
+            raise ConfigurationError(
+                "the lbs sink needs option 'service' (the LBS the data streams are registered in)"
+            )
         _keys.validate_service(opts["service"])
         register_only = flag(opts, "registerOnly", False)
         size = number(opts, "idmpMaxSize")
         if size is not None and size > IDMP_MAX_SIZE:
-            raise ConfigurationError(f"option 'idmpMaxSize' must be at most {IDMP_MAX_SIZE}, got {size}")
-        return cls(connection=connection, service=opts["service"], stream_column=opts.get("streamcolumn", "stream"),
-                   register=flag(opts, "register", True) or register_only, append=not register_only,
-                   run_tag=opts.get("runtag") or None, idmp=flag(opts, "idmp", True),
-                   idmp_max_size=size, idmp_duration=number(opts, "idmpDuration"),
-                   fail_after_rows=number(opts, "_failAfterRows"))
+            raise ConfigurationError(
+                f"option 'idmpMaxSize' must be at most {IDMP_MAX_SIZE}, got {size}"
+            )
+        return cls(
+            connection=connection,
+            service=opts["service"],
+            stream_column=opts.get("streamcolumn", "stream"),
+            register=flag(opts, "register", True) or register_only,
+            append=not register_only,
+            run_tag=opts.get("runtag") or None,
+            idmp=flag(opts, "idmp", True),
+            idmp_max_size=size,
+            idmp_duration=number(opts, "idmpDuration"),
+            fail_after_rows=number(opts, "_failAfterRows"),
+        )
 
 
 @dataclass
@@ -162,10 +172,17 @@ class _Appender:
             pipe = self.pipes.get(node)
             if pipe is None:
                 pipe = self.pipes[node] = _NodePipe(client)
-            self.routes[name] = XaddRoute(pipe.batch, name, sizes.get(name, 0), (self.pid_head or "").encode())
+            self.routes[name] = XaddRoute(
+                pipe.batch, name, sizes.get(name, 0), (self.pid_head or "").encode()
+            )
 
-    def append(self, streams: list[Any], names: list[str], columns: list[list[Any]], stop: int | None = None
-               ) -> int:
+    def append(
+        self,
+        streams: list[Any],
+        names: list[str],
+        columns: list[list[Any]],
+        stop: int | None = None,
+    ) -> int:
         """Encode and send ``streams[:stop]``'s rows in rounds (see ``encode_xadds``); returns the rows sent."""
         from _lbscore import encode_xadds
 
@@ -175,7 +192,9 @@ class _Appender:
         end = len(streams) if stop is None else stop
         rows = 0
         for start in range(0, end, FLUSH_ROWS):
-            rows += encode_xadds(streams, names, columns, self.routes, start, min(start + FLUSH_ROWS, end))
+            rows += encode_xadds(
+                streams, names, columns, self.routes, start, min(start + FLUSH_ROWS, end)
+            )
             self.round()
         return rows
 
@@ -197,10 +216,13 @@ class _Appender:
         if not failed:
             return
         first = next(e for p in self.pipes.values() for e in p.errors)
-        if isinstance(self.client, RedisCluster) and any(redirected(e) for p in self.pipes.values()
-                                                         for e in p.errors):
+        if isinstance(self.client, RedisCluster) and any(
+            redirected(e) for p in self.pipes.values() for e in p.errors
+        ):
             self.client.nodes_manager.initialize()  # the retried task routes by the new slot map
-            raise RedisOperationError("XADD (a slot moved during the write; Spark retries the task)", first)
+            raise RedisOperationError(
+                "XADD (a slot moved during the write; Spark retries the task)", first
+            )
         raise RedisOperationError(f"XADD ({failed} rows refused)", first)
 
     def close(self, ok: bool) -> None:
@@ -228,7 +250,9 @@ def _idmp_sizes(client: Any, streams: list[str], opts: SinkOptions) -> dict[str,
             if not info:  # XCFGSET needs the stream: create it empty
                 client.execute_command("XADD", name, "MAXLEN", "0", "*", "_init", "")
             # raw: redis-py's xcfgset refuses durations over 300 s that the server accepts
-            client.execute_command("XCFGSET", name, "IDMP-DURATION", want[1], "IDMP-MAXSIZE", want[0])
+            client.execute_command(
+                "XCFGSET", name, "IDMP-DURATION", want[1], "IDMP-MAXSIZE", want[0]
+            )
         sizes[name] = max(1, min(want[0], IDMP_MAX_SIZE))
     return sizes
 
@@ -241,8 +265,10 @@ class _SinkCore:
         self.run_tag = run_tag
         names = [f.name for f in schema.fields]
         if opts.stream_column not in names:
-            raise ConfigurationError(f"the lbs sink needs a column {opts.stream_column!r} naming each row's data "
-                                     f"stream (option streamColumn); the columns are {names}")
+            raise ConfigurationError(
+                f"the lbs sink needs a column {opts.stream_column!r} naming each row's data "
+                f"stream (option streamColumn); the columns are {names}"
+            )
         self.payload_columns = [n for n in names if n != opts.stream_column]
 
     def write_batches(self, batches: Iterator[Any], batch_id: str) -> SinkCommit:
@@ -258,14 +284,22 @@ class _SinkCore:
         try:
             exactly_once = self.opts.idmp and server_version(client) >= IDMP_SERVER
             if not exactly_once:
-                log.warning("lbs sink: Redis without XADD IDMP (needs 8.6) or idmp=false: at-least-once; "
-                            "a retried task appends its rows again")
-            appender = _Appender(client, self.opts, f"{self.run_tag}:{batch_id}:{partition}:" if exactly_once else None)
+                log.warning(
+                    "lbs sink: Redis without XADD IDMP (needs 8.6) or idmp=false: at-least-once; "
+                    "a retried task appends its rows again"
+                )
+            appender = _Appender(
+                client,
+                self.opts,
+                f"{self.run_tag}:{batch_id}:{partition}:" if exactly_once else None,
+            )
             touched: set[str] = set()
             rows = unnamed = 0
             for batch in batches:
                 column = batch.column(self.opts.stream_column)
-                if not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+                if not pa.types.is_string(column.type) and not pa.types.is_large_string(
+                    column.type
+                ):
                     column = column.cast(pa.string())
                 streams = column.to_pylist()
                 unnamed += column.null_count
@@ -273,29 +307,46 @@ class _SinkCore:
                 if not self.opts.append:
                     continue
                 columns = [batch.column(n).to_pylist() for n in self.payload_columns]
-                stop = fail_at - rows if fail_at is not None and fail_at - rows <= len(streams) else None
+                stop = (
+                    fail_at - rows
+                    if fail_at is not None and fail_at - rows <= len(streams)
+                    else None
+                )
                 rows += appender.append(streams, self.payload_columns, columns, stop)
                 if stop is not None:
                     appender.finish()
-                    raise RuntimeError(f"injected failure after {rows} rows (option _failAfterRows)")
+                    raise RuntimeError(
+                        f"injected failure after {rows} rows (option _failAfterRows)"
+                    )
             appender.finish()
             touched.discard(None)
             if unnamed:
-                log.warning("lbs sink: partition %d skipped %d rows whose %r column is null (no data stream)",
-                            partition, unnamed, self.opts.stream_column)
+                log.warning(
+                    "lbs sink: partition %d skipped %d rows whose %r column is null (no data stream)",
+                    partition,
+                    unnamed,
+                    self.opts.stream_column,
+                )
             ok = True
-            return SinkCommit(rows=rows, skipped=unnamed, streams=sorted(touched), run_tag=self.run_tag)
+            return SinkCommit(
+                rows=rows, skipped=unnamed, streams=sorted(touched), run_tag=self.run_tag
+            )
         finally:
             if appender is not None:
                 appender.close(ok)
             client.close()
 
-    def register(self, messages: list[SinkCommit | None], batch_id: str, *, idmp: bool = True) -> None:
+    def register(
+        self, messages: list[SinkCommit | None], batch_id: str, *, idmp: bool = True
+    ) -> None:
         """On the driver: register every data stream the job touched in the LBS, once."""
         skipped = sum(m.skipped for m in messages if m is not None)
         if skipped:
-            log.warning("lbs sink: %d rows had no data stream (null %r) and were not written",
-                        skipped, self.opts.stream_column)
+            log.warning(
+                "lbs sink: %d rows had no data stream (null %r) and were not written",
+                skipped,
+                self.opts.stream_column,
+            )
         if not self.opts.register:
             return
         streams = sorted({s for m in messages if m is not None for s in m.streams})
@@ -309,8 +360,14 @@ class _SinkCore:
         try:
             lbs_stream = _keys.input_stream(self.opts.service)
             exactly_once = idmp and self.opts.idmp and server_version(client) >= IDMP_SERVER
-            appender = _Appender(client, self.opts, f"{self.run_tag}:{batch_id}:register:" if exactly_once else None)
-            appender.append([lbs_stream] * len(streams), [_keys.INPUT_FIELD], [[encode_input(n, None) for n in streams]])
+            appender = _Appender(
+                client, self.opts, f"{self.run_tag}:{batch_id}:register:" if exactly_once else None
+            )
+            appender.append(
+                [lbs_stream] * len(streams),
+                [_keys.INPUT_FIELD],
+                [[encode_input(n, None) for n in streams]],
+            )
             appender.finish()
             ok = True
         finally:
@@ -346,9 +403,11 @@ class LbsStreamWriter(DataSourceStreamArrowWriter):
             self.core.run_tag = ctx.getLocalProperty("sql.streaming.queryId") or "query"
         return self.core.write_batches(iterator, batch_id)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # The driver side cannot see the query's id; the executors report it.
         commits = _commits(messages)
         if not self.core.run_tag:
-            self.core.run_tag = next((m.run_tag for m in commits if m is not None and m.run_tag), "")
+            self.core.run_tag = next(
+                (m.run_tag for m in commits if m is not None and m.run_tag), ""
+            )
         self.core.register(commits, str(batchId), idmp=bool(self.core.run_tag))

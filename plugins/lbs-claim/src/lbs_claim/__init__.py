@@ -34,7 +34,7 @@ import os
 
 import lbs
 
-__all__ = ["ClaimReader", "MIN_SERVER", "plugin"]
+__all__ = ["MIN_SERVER", "ClaimReader", "plugin"]
 
 #: XREADGROUP ... CLAIM arrived in Redis 8.4.0.
 MIN_SERVER = (8, 4)
@@ -55,7 +55,9 @@ def _env_seconds(name: str) -> float | None:
 class ClaimReader:
     """Answers ``lbs_reader`` with a CLAIM strategy; on servers older than 8.4 it steps aside (one warning)."""
 
-    def __init__(self, min_idle: float | None = None, reconciliation_interval: float | None = None) -> None:
+    def __init__(
+        self, min_idle: float | None = None, reconciliation_interval: float | None = None
+    ) -> None:
         self.min_idle = min_idle
         self.reconciliation_interval = reconciliation_interval
         self._warned = False  # the one warning on a server without CLAIM
@@ -72,7 +74,8 @@ class ClaimReader:
             raise lbs.ConfigurationError(
                 f"lbs-claim: min_idle {min_idle:g} s must exceed {live_bound:g} s, the longest a live holder's "
                 f"entry stays idle (heartbeat every {config.heartbeat_every:g} s, idle time refreshed every "
-                f"{config.pel_refresh_every} ticks); a lower threshold would claim live work")
+                f"{config.pel_refresh_every} ticks); a lower threshold would claim live work"
+            )
         scan = self.reconciliation_interval
         if scan is None:
             scan = _env_seconds("LBS_CLAIM_SCAN_INTERVAL")
@@ -81,15 +84,20 @@ class ClaimReader:
         return lbs.ReadStrategy(name="claim", claim_min_idle=min_idle, reconciliation_interval=scan)
 
     @lbs.hookimpl
-    def lbs_reader(self, client: lbs.Client, server_version: tuple[int, ...]) -> lbs.ReadStrategy | None:
+    def lbs_reader(
+        self, client: lbs.Client, server_version: tuple[int, ...]
+    ) -> lbs.ReadStrategy | None:
         if server_version < MIN_SERVER:
             # Installing an extra must never break a server lbs supports: step aside, say so once.
             if not self._warned:
                 self._warned = True
                 shown = ".".join(map(str, server_version)) or "unknown"
-                _log.warning("lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is %s: reading "
-                             "without CLAIM (the scan and the deadline poller recover, as without the plugin). "
-                             "Disable it with lbs.Config(disabled_plugins=('claim',)) to silence this.", shown)
+                _log.warning(
+                    "lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is %s: reading "
+                    "without CLAIM (the scan and the deadline poller recover, as without the plugin). "
+                    "Disable it with lbs.Config(disabled_plugins=('claim',)) to silence this.",
+                    shown,
+                )
             return None
         return self.strategy(client.config)
 

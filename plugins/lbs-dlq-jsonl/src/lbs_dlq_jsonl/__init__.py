@@ -41,7 +41,9 @@ class JsonLinesBackend:
             os.fsync(f.fileno())
 
     async def write(self, letters: Sequence[lbs.DeadLetter]) -> None:
-        lines = "".join(json.dumps(letter.to_dict(), ensure_ascii=False) + "\n" for letter in letters)
+        lines = "".join(
+            json.dumps(letter.to_dict(), ensure_ascii=False) + "\n" for letter in letters
+        )
         await asyncio.to_thread(self._append, lines)
 
 

@@ -25,9 +25,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, Union
 
-import lbs
-from lbs.metrics import BASE_LABELS, METRICS, Metric
-from lbs.plugins import MetricValues
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -38,6 +35,10 @@ from prometheus_client.metrics_core import Metric as Family
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+import lbs
+from lbs.metrics import BASE_LABELS, METRICS, Metric
+from lbs.plugins import MetricValues
+
 log = logging.getLogger("lbs_prometheus")
 
 #: Every family name starts with this.
@@ -46,30 +47,73 @@ PREFIX: Final = "lbs_"
 #: The families read from each client besides :data:`lbs.metrics.METRICS`'s
 #: (named ``lbs_<name>``; labels ``service``, ``consumer``, then their own).
 OWN: Final[tuple[Metric, ...]] = (
-    Metric("locks_acquired_total", "counter", "Assignment locks the reader took (streams handed to the application)."),
-    Metric("locks_released_total", "counter",
-           "Assignments finished by done_stream(s) or a returning run() handler, by outcome "
-           "(DONE, LOCK_EXPIRED, LOCK_LOST).", ("status",)),
-    Metric("streams_handed_back_total", "counter",
-           "Held streams handed back to the LBS: hand_back(), a failed or timed-out run() handler, shutdown."),
-    Metric("streams_dead_lettered_total", "counter",
-           "Assignments sent to the dead-letter stream (or dropped without one): malformed, or out of retries."),
-    Metric("streams_disowned_total", "counter", "Held streams whose lock the heartbeat found no longer ours."),
-    Metric("handler_failures_total", "counter", "run() handlers that raised (or were cancelled by someone else)."),
-    Metric("handler_timeouts_total", "counter", "run() handlers cancelled for running past their timeout."),
-    Metric("handler_seconds", "histogram", "How long run() handlers ran, whether they returned or raised."),
-    Metric("retries_delayed_total", "counter",
-           "Failed streams parked to come back after their retry delay (Config.retry_delay)."),
+    Metric(
+        "locks_acquired_total",
+        "counter",
+        "Assignment locks the reader took (streams handed to the application).",
+    ),
+    Metric(
+        "locks_released_total",
+        "counter",
+        "Assignments finished by done_stream(s) or a returning run() handler, by outcome "
+        "(DONE, LOCK_EXPIRED, LOCK_LOST).",
+        ("status",),
+    ),
+    Metric(
+        "streams_handed_back_total",
+        "counter",
+        "Held streams handed back to the LBS: hand_back(), a failed or timed-out run() handler, shutdown.",
+    ),
+    Metric(
+        "streams_dead_lettered_total",
+        "counter",
+        "Assignments sent to the dead-letter stream (or dropped without one): malformed, or out of retries.",
+    ),
+    Metric(
+        "streams_disowned_total",
+        "counter",
+        "Held streams whose lock the heartbeat found no longer ours.",
+    ),
+    Metric(
+        "handler_failures_total",
+        "counter",
+        "run() handlers that raised (or were cancelled by someone else).",
+    ),
+    Metric(
+        "handler_timeouts_total",
+        "counter",
+        "run() handlers cancelled for running past their timeout.",
+    ),
+    Metric(
+        "handler_seconds",
+        "histogram",
+        "How long run() handlers ran, whether they returned or raised.",
+    ),
+    Metric(
+        "retries_delayed_total",
+        "counter",
+        "Failed streams parked to come back after their retry delay (Config.retry_delay).",
+    ),
     Metric("heartbeat_ticks_total", "counter", "Heartbeat ticks that went through."),
-    Metric("heartbeat_age_seconds", "gauge",
-           "Seconds since the last heartbeat tick went through (since the client started, before the first)."),
+    Metric(
+        "heartbeat_age_seconds",
+        "gauge",
+        "Seconds since the last heartbeat tick went through (since the client started, before the first).",
+    ),
     Metric("heartbeat_locks_extended_total", "counter", "Locks extended by heartbeat ticks."),
     Metric("heartbeat_locks_lost_total", "counter", "Locks heartbeat ticks found no longer ours."),
-    Metric("heartbeat_tick_seconds", "histogram", "Round-trip time of one heartbeat tick holding at least one lock."),
+    Metric(
+        "heartbeat_tick_seconds",
+        "histogram",
+        "Round-trip time of one heartbeat tick holding at least one lock.",
+    ),
     Metric("held_streams", "gauge", "Data streams the client holds, at scrape time."),
     Metric("client_running", "gauge", "1 between the client's start and close, then 0."),
-    Metric("reader_terminations_total", "counter",
-           "Readers that gave up after Config.read_max_retries failed reads in a row."),
+    Metric(
+        "reader_terminations_total",
+        "counter",
+        "Readers that gave up after Config.read_max_retries failed reads in a row.",
+    ),
 )
 _OWN_BY_NAME: Final = {m.name: m for m in OWN}
 _NAME_OK = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -131,7 +175,9 @@ class ClientRecord:
     tick_seconds: TickSeconds = field(default_factory=TickSeconds)
 
 
-def _read(client: lbs.Client, rec: ClientRecord, now: float) -> Iterator[tuple[str, tuple[str, ...], Value]]:
+def _read(
+    client: lbs.Client, rec: ClientRecord, now: float
+) -> Iterator[tuple[str, tuple[str, ...], Value]]:
     """One client's :data:`OWN` samples: (name, label values beyond service and consumer, value)."""
     st = client.stats
     yield "locks_acquired_total", (), st.taken
@@ -197,8 +243,9 @@ class _Foreign:
         #: name -> (kind, metric, label names)
         self.by_name: dict[str, tuple[str, Counter | Gauge | Histogram, tuple[str, ...]]] = {}
 
-    def family(self, name: str, kind: str,
-               label_names: tuple[str, ...]) -> tuple[str, Counter | Gauge | Histogram, tuple[str, ...]]:
+    def family(
+        self, name: str, kind: str, label_names: tuple[str, ...]
+    ) -> tuple[str, Counter | Gauge | Histogram, tuple[str, ...]]:
         """(kind, metric, label names) for ``name``, created on first use; ValueError on a misfit."""
         found = self.by_name.get(name)
         if found is None:
@@ -217,15 +264,18 @@ class _Foreign:
             yield from metric.collect()
 
 
-def _foreign_family(name: str, kind: str,
-                    label_names: tuple[str, ...]) -> tuple[str, Counter | Gauge | Histogram, tuple[str, ...]]:
+def _foreign_family(
+    name: str, kind: str, label_names: tuple[str, ...]
+) -> tuple[str, Counter | Gauge | Histogram, tuple[str, ...]]:
     if name in METRICS:
         raise ValueError(f"{name!r} is one of lbs's metrics, read from its clients at scrape time")
     full = PREFIX + name
     if not _NAME_OK.match(full):
         raise ValueError(f"lbs_metric name {name!r} is not a valid Prometheus name")
     if _stem(full) in RESERVED:
-        raise ValueError(f"lbs_metric name {name!r} collides with one of lbs_prometheus's own families")
+        raise ValueError(
+            f"lbs_metric name {name!r} collides with one of lbs_prometheus's own families"
+        )
     doc = f"lbs metric {name} (reported through the lbs_metric hook)."
     metric: Counter | Gauge | Histogram
     if kind == "counter":
@@ -249,7 +299,9 @@ class LbsCollector(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._clients: weakref.WeakKeyDictionary[lbs.Client, ClientRecord] = weakref.WeakKeyDictionary()
+        self._clients: weakref.WeakKeyDictionary[lbs.Client, ClientRecord] = (
+            weakref.WeakKeyDictionary()
+        )
         self._foreign = _Foreign()
         self._warned: set[str] = set()
 
@@ -261,7 +313,9 @@ class LbsCollector(Collector):
         with self._lock:
             rec = self._clients.get(client)
             if rec is None:
-                rec = self._clients[client] = ClientRecord(owner, (str(client.service), str(client.id)), now)
+                rec = self._clients[client] = ClientRecord(
+                    owner, (str(client.service), str(client.id)), now
+                )
             rec.running, rec.started_at = True, now
             return rec
 
@@ -316,8 +370,13 @@ class LbsCollector(Collector):
             self._warn_once("bad:" + name, "%s; not recorded", exc)
             return
         if tuple(labels) != names and set(labels) != set(names):
-            self._warn_once("labels:" + name, "lbs_metric %r came with labels %s, its family has %s",
-                            name, sorted(labels), list(names))
+            self._warn_once(
+                "labels:" + name,
+                "lbs_metric %r came with labels %s, its family has %s",
+                name,
+                sorted(labels),
+                list(names),
+            )
         child: Any = metric.labels(*(str(labels.get(n, "")) for n in names)) if names else metric
         try:
             if kind == "counter":
@@ -357,10 +416,17 @@ class LbsCollector(Collector):
             entry.update(state="running", heartbeat_age=round(age, 3))
             listed.append(entry)
             if age >= limit:
-                unhealthy.append({"service": service, "consumer": consumer,
-                                  "reason": f"no heartbeat for {age:.1f}s (limit {limit:g}s)"})
+                unhealthy.append(
+                    {
+                        "service": service,
+                        "consumer": consumer,
+                        "reason": f"no heartbeat for {age:.1f}s (limit {limit:g}s)",
+                    }
+                )
             elif rec.reader_terminations:
-                unhealthy.append({"service": service, "consumer": consumer, "reason": "its reader gave up"})
+                unhealthy.append(
+                    {"service": service, "consumer": consumer, "reason": "its reader gave up"}
+                )
         ok = not unhealthy and any(e["state"] == "running" for e in listed)
         body: dict[str, Any] = {"status": "ok" if ok else "unhealthy", "clients": listed}
         if not ok:
@@ -368,7 +434,9 @@ class LbsCollector(Collector):
         return ok, body
 
 
-_collectors: weakref.WeakKeyDictionary[CollectorRegistry, LbsCollector] = weakref.WeakKeyDictionary()
+_collectors: weakref.WeakKeyDictionary[CollectorRegistry, LbsCollector] = (
+    weakref.WeakKeyDictionary()
+)
 _collectors_lock = threading.Lock()
 
 

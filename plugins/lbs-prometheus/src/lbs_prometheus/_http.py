@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from lbs.plugins import worker_slot
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from lbs.plugins import worker_slot
 
 from ._collector import collector_for
 
@@ -43,9 +44,14 @@ def make_app(registry: CollectorRegistry) -> WSGIApplication:
             return exposition
         ok, body = collector.health()
         payload = json.dumps(body).encode()
-        start_response("200 OK" if ok else "503 Service Unavailable",
-                       [("Content-Type", "application/json"), ("Content-Length", str(len(payload))),
-                        ("Cache-Control", "no-store")])
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(payload))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
         return [payload]
 
     return app
@@ -61,20 +67,28 @@ class _QuietHandler(WSGIRequestHandler):
 def start_server(port: int, addr: str, registry: CollectorRegistry) -> WSGIServer | None:
     """Serve :func:`make_app` on ``addr:port`` from a daemon thread; None (logged) when it cannot bind."""
     try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
-                                                       flags=socket.AI_PASSIVE)[0]
+        family, _, _, _, sockaddr = socket.getaddrinfo(
+            addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
 
         class Server(ThreadingWSGIServer):
             address_family = family  # IPv6 addresses need AF_INET6
 
         server = make_server(str(sockaddr[0]), port, make_app(registry), Server, _QuietHandler)
-    except Exception as exc:  # OSError (in use, bad address), gaierror...: log, never raise into lbs
+    except (
+        Exception
+    ) as exc:  # OSError (in use, bad address), gaierror...: log, never raise into lbs
         log.error("lbs_prometheus: cannot serve /metrics on %s:%s: %s", addr, port, exc)
         return None
     threading.Thread(target=server.serve_forever, daemon=True, name="lbs-prometheus-http").start()
     slot = worker_slot()
-    log.info("lbs_prometheus: serving http://%s:%d/metrics and %s%s", addr, server.server_port, HEALTH_PATH,
-             f" (worker process {slot[0]} of {slot[1]})" if slot else "")
+    log.info(
+        "lbs_prometheus: serving http://%s:%d/metrics and %s%s",
+        addr,
+        server.server_port,
+        HEALTH_PATH,
+        f" (worker process {slot[0]} of {slot[1]})" if slot else "",
+    )
     return server
 
 

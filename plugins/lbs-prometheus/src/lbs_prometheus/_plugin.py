@@ -18,10 +18,11 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
+from prometheus_client import REGISTRY, CollectorRegistry
+
 import lbs
 from lbs.metrics import METRICS
 from lbs.plugins import worker_slot
-from prometheus_client import REGISTRY, CollectorRegistry
 
 from ._collector import ClientRecord, collector_for
 from ._http import start_server, stop_server
@@ -53,8 +54,13 @@ class PrometheusPlugin:
     :data:`default_plugin` for that client, so nothing is counted twice.
     """
 
-    def __init__(self, *, port: int | None = None, addr: str = DEFAULT_ADDR,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        addr: str = DEFAULT_ADDR,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.registry: CollectorRegistry = REGISTRY if registry is None else registry
         self.addr = addr
         self.collector = collector_for(self.registry)
@@ -68,7 +74,9 @@ class PrometheusPlugin:
         if port is not None:
             self._server = start_server(port, addr, self.registry)
             if self._server is not None:
-                self._want_port = self._server.server_port  # a restart reuses the port picked for port=0
+                self._want_port = (
+                    self._server.server_port
+                )  # a restart reuses the port picked for port=0
 
     # ------------------------------------------------------------ server ---
 
@@ -107,8 +115,9 @@ class PrometheusPlugin:
             server, self._server = self._server, None
             if server is None:
                 return
-            self._stopping = threading.Thread(target=stop_server, args=(server,), daemon=True,
-                                              name="lbs-prometheus-stop")
+            self._stopping = threading.Thread(
+                target=stop_server, args=(server,), daemon=True, name="lbs-prometheus-stop"
+            )
             self._stopping.start()
 
     # ------------------------------------------------------------ clients ---
@@ -160,7 +169,9 @@ class PrometheusPlugin:
             self._failed("lbs_reader_terminated")
 
     @lbs.hookimpl
-    def lbs_locks_extended(self, client: lbs.Client, extended: int, lost: int, seconds: float) -> None:
+    def lbs_locks_extended(
+        self, client: lbs.Client, extended: int, lost: int, seconds: float
+    ) -> None:
         try:
             rec = self._record(client)
             if rec is not None:
@@ -187,8 +198,9 @@ class PrometheusPlugin:
         return {"metrics": f"http://{self.addr}:{port}/metrics and /healthz"}
 
     @lbs.hookimpl
-    def lbs_metric(self, client: lbs.Client, name: str, kind: str, value: float,
-                   labels: Mapping[str, str]) -> None:
+    def lbs_metric(
+        self, client: lbs.Client, name: str, kind: str, value: float, labels: Mapping[str, str]
+    ) -> None:
         if name in METRICS:
             return  # lbs keeps it (client.metrics): read at scrape time
         try:
@@ -223,7 +235,9 @@ class _EnvPlugin(PrometheusPlugin):
 
     def _takes_part(self, client: lbs.Client) -> bool:
         # An explicit PrometheusPlugin in this client's plugins replaces us.
-        return not any(isinstance(p, PrometheusPlugin) and p is not self for p in client.pm.get_plugins())
+        return not any(
+            isinstance(p, PrometheusPlugin) and p is not self for p in client.pm.get_plugins()
+        )
 
     @property
     def port(self) -> int | None:
@@ -247,11 +261,15 @@ class _EnvPlugin(PrometheusPlugin):
         if slot is None or slot[1] == 1:
             return {"metrics": f"http://{addr}:{port}/metrics and /healthz"}
         if env_port() == 0:
-            return {"metrics": f"http://{addr}:{port}/metrics and /healthz for this process; the others on "
-                               f"free ports of their own ({PORT_ENV}=0: each logs its own)"}
+            return {
+                "metrics": f"http://{addr}:{port}/metrics and /healthz for this process; the others on "
+                f"free ports of their own ({PORT_ENV}=0: each logs its own)"
+            }
         base = port - slot[0]
-        return {"metrics": f"http://{addr}:{base}/metrics … :{base + slot[1] - 1}/metrics and /healthz, "
-                           f"one port per worker process ({PORT_ENV} + slot)"}
+        return {
+            "metrics": f"http://{addr}:{base}/metrics … :{base + slot[1] - 1}/metrics and /healthz, "
+            f"one port per worker process ({PORT_ENV} + slot)"
+        }
 
 
 _env_lock = threading.Lock()
@@ -293,7 +311,9 @@ def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
         if not _env_tried:
             port = env_port()
             if port is not None:
-                _env_server = start_server(port, env_addr(), REGISTRY if registry is None else registry)
+                _env_server = start_server(
+                    port, env_addr(), REGISTRY if registry is None else registry
+                )
             _env_tried = True
     return None if _env_server is None else int(_env_server.server_port)
 
