@@ -3,7 +3,7 @@
 #   make test   the same set-up + the whole test suite
 # `make demo DEMO_ARGS=--no-spark` skips Spark; `make demo DEMO_ARGS='--url redis://HOST:PORT'`
 # runs on an existing Redis >= 7.0 (then nothing is built). DEMO_ARGS takes any `lbs demo` option.
-# Other targets: setup, redis, docs, wheel, bench, proptest, faults, fuzz, typecheck, clean.
+# Other targets: setup, redis, docs, wheel, bench, proptest, faults, fuzz, typecheck, lint, matrix, clean.
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -17,7 +17,7 @@ PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: demo test faults setup redis docs wheel bench proptest fuzz typecheck clean
+.PHONY: demo test faults setup redis docs wheel bench proptest fuzz typecheck lint matrix clean
 
 demo: setup
 ifneq (,$(findstring -url,$(DEMO_ARGS)))
@@ -26,14 +26,29 @@ else
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo $(DEMO_ARGS)
 endif
 
-# The suite, the first-party plugins' tests, plus every benchmark once with
-# timing off so none can rot, and the property tests in their short "smoke"
-# profile (see conftest.py).
+# Lint first (seconds), then the suite, the first-party plugins' tests, plus every
+# benchmark once with timing off so none can rot, and the property tests in their
+# short "smoke" profile (see conftest.py), under coverage: the report's last line
+# is the total over lbs and the plugins, measured in the test process (the `lbs`
+# processes the CLI tests start are not measured).
 test: setup
 	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && \
 		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 \
 		LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
-		$(PY) -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
+		$(PY) -m coverage run -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
+	@$(PY) -m coverage report
+
+# ruff's lint rules and its formatter (pyproject.toml [tool.ruff]) over everything
+# Python in the repository; `.venv/bin/ruff format` and `ruff check --fix` repair most.
+LINTED := src tests benchmarks plugins examples scripts conftest.py setup.py
+lint: setup
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+# The unit suite on the oldest and newest supported Pythons (scripts/matrix.sh: each in
+# its own .venv-pyX.Y, interpreters from PATH or pyenv, nothing downloaded). .ci/run runs it.
+matrix:
+	scripts/matrix.sh
 
 # The fault suite (tests/faults) at full size: 10x the streams and durations
 # of the smoke size `make test` runs, with each test's figures printed.
@@ -90,5 +105,5 @@ typecheck: setup
 	@for p in $(PLUGINS); do (cd $$p && $(CURDIR)/$(PY) -m mypy) || exit 1; done
 
 clean:
-	rm -rf build dist site $(VENV) src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html
+	rm -rf build dist site $(VENV) .venv-py3.* .coverage .coverage.* src/*.egg-info src/_lbscore/*.c src/_lbscore/*.so src/_lbscore/*.html
 	rm -rf $(foreach p,$(PLUGINS),$(p)/build $(p)/src/*.egg-info)

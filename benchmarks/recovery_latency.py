@@ -125,7 +125,7 @@ async def main(
         for path in paths:
             lat = sorted([await trial(url, f"lat-{path}-{i}", ttl, path) for i in range(trials)])
             results[path] = lat
-            p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
+            p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
             print(
                 f"{path:9s} p50 {statistics.median(lat):.3f} s  p99 {p99:.3f} s  max {lat[-1]:.3f} s  "
                 f"(target <= {ttl + 1:.1f} s)"

@@ -45,7 +45,7 @@ def _worker(url: str, service: str, streams: int, ttl: float) -> None:
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(round(q * (len(sorted_values) - 1))))]
+    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
 
 
 async def main(streams: int, ttl: float, rescuers: int, quiet: bool = False) -> dict[str, Any]:

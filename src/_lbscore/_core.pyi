@@ -1,8 +1,8 @@
 import asyncio
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
-EncodableT = Union[bytes, bytearray, memoryview, str, int, float]
+EncodableT = bytes | bytearray | memoryview | str | int | float
 _Encodable = TypeVar("_Encodable", bound=EncodableT)  # a list of any one kind of argument
 
 DEBUG_BUILD: bool

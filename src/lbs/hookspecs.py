@@ -158,7 +158,7 @@ def lbs_locks_released(client: Client, released: Sequence[tuple[Held, DoneStatus
         ``retry_count``, ...) and what finishing found, ``DONE`` or a lost
         lock (``LOCK_EXPIRED``, ``LOCK_LOST``).
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -241,7 +241,7 @@ def lbs_streams_started(client: Client, notifications: Sequence[Notification]) -
     :param client: the client.
     :param notifications: the batch's STREAM_ADDED notifications, in order.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -311,7 +311,7 @@ def lbs_config_defaults() -> Mapping[str, Any] | None:
     ``disabled_plugins``), fail the constructor with
     :class:`lbs.ConfigurationError` naming the plugins.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -327,7 +327,7 @@ def lbs_worker_banner(client: Client) -> Mapping[str, str] | None:
 
     :param client: the worker's started client.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -342,7 +342,7 @@ def lbs_handler(client: Client) -> Handler | None:
 
     :param client: the client about to run.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -360,7 +360,7 @@ def lbs_reader(client: Client, server_version: tuple[int, ...]) -> ReadStrategy 
     :param client: the client starting.
     :param server_version: the server's version, ``()`` when unknown.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -381,7 +381,7 @@ def lbs_dead_letter_backend(client: Client) -> DeadLetterBackend | None:
 
     :param client: the client starting.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -405,7 +405,7 @@ def lbs_stream_expired(
     :param retry_count: failed attempts so far.
     :param path: which recovery path found it (see above).
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 

@@ -10,7 +10,7 @@ hookspec's docstring (:mod:`lbs.hookspecs` renders it there at import), by
 stable: a metrics plugin may map it 1:1. A name not in the table (another
 plugin's) is still a metric, not an error.
 
-.. versionadded:: 0.2
+.. versionadded:: 0.1
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ import sys
 import termios
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,8 +29,6 @@ from typer.testing import CliRunner, Result
 
 from lbs.cli import dlq
 from lbs.cli.status import claim, status
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))  # _helpers
 
 
 @pytest.fixture

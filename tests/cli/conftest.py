@@ -10,7 +10,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
 from _cli_helpers import ROOT, Proc, cli_env
+
+# tests/integration's _helpers, for the test modules here (conftest runs before they import).
+sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 
 
 @pytest.fixture

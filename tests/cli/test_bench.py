@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _cli_helpers import cli_env, flat, run_lbs
 
 from lbs.embedded import free_port
+
+from _cli_helpers import cli_env, flat, run_lbs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true, produce
-
-# _pty first: it makes _helpers importable. rr is a fixture.
-from _pty import flat, invoke, rr  # noqa: F401
 
 import lbs
 from lbs import _keys
+
+from _helpers import client, eventually, is_true, produce
+
+# rr is a fixture.
+from _pty import flat, invoke, rr  # noqa: F401
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 import typer
-from _cli_helpers import ROOT, cli_env, flat, run_lbs
 
 import lbs
 from lbs.__main__ import main
 from lbs.cli import app
+
+from _cli_helpers import ROOT, cli_env, flat, run_lbs
 
 pytestmark = pytest.mark.timeout(300)
 

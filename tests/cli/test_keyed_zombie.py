@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _cli_helpers import HANDLERS, eventually
 
 import lbs
 from lbs import _keys
+
+from _cli_helpers import HANDLERS, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

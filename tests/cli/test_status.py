@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, produce, take
-
-# _pty first: it makes _helpers importable. rr is a fixture.
-from _pty import Terminal, app_argv, flat, invoke, rr  # noqa: F401
 
 import lbs
 from lbs import _keys
 from lbs.status import collect_status
+
+from _helpers import client, eventually, produce, take
+
+# rr is a fixture.
+from _pty import Terminal, app_argv, flat, invoke, rr  # noqa: F401
 
 pytestmark = pytest.mark.integration
 

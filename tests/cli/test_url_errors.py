@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from _cli_helpers import cli_env, run_lbs
-
-# _pty first: it makes _helpers importable.
-from _pty import flat, invoke
 
 from lbs.embedded import RedisServer
+
+from _cli_helpers import cli_env, run_lbs
+
+from _pty import flat, invoke
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _cli_helpers import HANDLERS, Proc, cli_env, eventually, flat, handled, leftovers, run_lbs
 
 import lbs
 from lbs.embedded import free_port
+
+from _cli_helpers import HANDLERS, Proc, cli_env, eventually, flat, handled, leftovers, run_lbs
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -490,7 +490,7 @@ class Fleet:
     def expected(self, names: Iterable[str] | None = None) -> list[str]:
         """The registered streams (of ``names``): sure ones, and uncertain ones a handler saw."""
         seen = {r.stream for r in self.rec.runs}
-        out = [n for n in self.registered] + sorted(n for n in self.uncertain if n in seen)
+        out = list(self.registered) + sorted(n for n in self.uncertain if n in seen)
         if names is not None:
             wanted = set(names)
             out = [n for n in out if n in wanted]

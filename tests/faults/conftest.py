@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+
 from _fleet import SIZE, Figures
 
 _LINES: list[str] = []

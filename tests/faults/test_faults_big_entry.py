@@ -12,6 +12,9 @@ from __future__ import annotations
 import random
 
 import pytest
+
+import lbs
+
 from _fleet import (
     SCALE,
     SETTLE,
@@ -23,8 +26,6 @@ from _fleet import (
     server,
     verdict,
 )
-
-import lbs
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 

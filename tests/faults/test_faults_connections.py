@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
+
 from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, chaos, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)

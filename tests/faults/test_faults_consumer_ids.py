@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 import lbs
+
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 

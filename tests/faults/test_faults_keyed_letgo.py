@@ -7,16 +7,18 @@ be taken for the earlier message's: 65 of 70,787 effects lost in a 50 s run befo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections import defaultdict
 
 import pytest
 import redis.asyncio as aioredis
-from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 import lbs
 from lbs import _keys
+
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
@@ -89,7 +91,10 @@ async def test_bursts_over_keys_let_go_and_published_again_lose_and_repeat_no_ef
                 await c.close()
                 await task
     went_back = sum(
-        1 for ids in published.values() for a, b in zip(ids, ids[1:]) if _id(a[1]) >= _id(b[1])
+        1
+        for ids in published.values()
+        for a, b in itertools.pairwise(ids)
+        if _id(a[1]) >= _id(b[1])
     )
     lost = sum(len(set(published[k]) - set(effects.get(k, []))) for k in published)
     written = sum(len(v) for v in effects.values())

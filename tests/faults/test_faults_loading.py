@@ -11,11 +11,12 @@ from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
-from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import lbs
+
+from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 

@@ -19,9 +19,10 @@ from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
-from _fleet import FULL, HERE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 import lbs
+
+from _fleet import FULL, HERE, SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 

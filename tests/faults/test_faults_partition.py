@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 import lbs
 from lbs import _keys
+
+from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 

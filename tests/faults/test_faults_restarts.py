@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import redis.asyncio as aioredis
+
 from _fleet import (
     SCALE,
     SETTLE,

@@ -12,6 +12,9 @@ import subprocess
 from collections.abc import AsyncIterator
 
 import pytest
+
+import lbs
+
 from _fleet import (
     SCALE,
     SETTLE,
@@ -26,8 +29,6 @@ from _fleet import (
     verdict,
     worker_lines,
 )
-
-import lbs
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 

@@ -18,6 +18,10 @@ from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
+
+import lbs
+from lbs._consumer.state import TOMBSTONES
+
 from _fleet import (
     FULL,
     SETTLE,
@@ -29,9 +33,6 @@ from _fleet import (
     server,
     verdict,
 )
-
-import lbs
-from lbs._consumer.state import TOMBSTONES
 
 DURATION = 600.0 if FULL else 60.0
 RATE = 300 if FULL else 100

@@ -7,6 +7,7 @@ import os
 import signal
 
 import pytest
+
 from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)

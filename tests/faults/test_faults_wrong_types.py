@@ -12,10 +12,11 @@ import logging
 from typing import Any
 
 import pytest
-from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 import lbs
 from lbs._keys import consumers_key, dead_letter_stream, fence_key, input_stream
+
+from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 

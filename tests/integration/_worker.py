@@ -77,6 +77,7 @@ async def main(
     # audit entry can carry what done_stream found.
     async def run() -> None:
         limit = asyncio.Semaphore(20)
+        running: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
 
         async def one(note: lbs.Notification) -> None:
             try:
@@ -87,7 +88,9 @@ async def main(
         async for note in client.notifications():
             if note.type is lbs.NotificationType.STREAM_ADDED:
                 await limit.acquire()
-                asyncio.create_task(one(note))
+                task = asyncio.create_task(one(note))
+                running.add(task)
+                task.add_done_callback(running.discard)
 
     await run()
 

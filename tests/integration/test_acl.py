@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import eventually, take
 
 import lbs
 from lbs import _keys
 from lbs.status import collect_status
+
+from _helpers import eventually, take
 
 #: The documented list (docs/operations.md, Minimal ACL): every command lbs sends, scripts' inner commands included.
 COMMANDS = (

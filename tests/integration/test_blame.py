@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true
 
 import lbs
 from lbs import _keys
+
+from _helpers import client, eventually, is_true
 
 
 async def _queued(r: aioredis.Redis, service: str, consumer: str) -> set[str]:

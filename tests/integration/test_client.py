@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true, produce, take
 
 import lbs
 from lbs._keys import consumers_key
 from lbs._redis.scripts import source
 from lbs.embedded import RedisServer
+
+from _helpers import client, eventually, is_true, produce, take
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +42,7 @@ async def test_round_robin_each_stream_held_by_exactly_one_consumer(
                     return
 
         tasks = [asyncio.create_task(drain(a, got_a)), asyncio.create_task(drain(b, got_b))]
-        done, pending = await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        _done, pending = await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
         for t in pending:
             t.cancel()
         assert sorted(got_a + got_b) == sorted(names)

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 import redis
-from _helpers import client, eventually, is_true, take
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 import lbs
 from lbs._redis.connection import cancel_and_wait
 from lbs.embedded import RedisClusterServers
+
+from _helpers import client, eventually, is_true, take
 
 pytestmark = pytest.mark.cluster
 
@@ -331,7 +332,7 @@ async def test_keyspace_events_on_the_owner_recover_a_stopped_consumers_stream(
         async with lbs.Producer(url, service, cluster=oss) as producer:
             await producer.add_stream("y")
         await dier.start()
-        (held,) = await take(dier, 1)
+        (_held,) = await take(dier, 1)
         await cancel_and_wait([dier._heartbeat.task, dier._reader.task])
         await rescuer.start()
         assert rescuer.node == owner

@@ -6,10 +6,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true
 
 import lbs
 from lbs._keys import dead_letter_group
+
+from _helpers import client, eventually, is_true
 
 
 class Collect:
@@ -223,7 +224,7 @@ async def test_a_replay_uses_the_configured_prefix(
     )
     async with DeadLetters(redis_server.url, service, config=lbs.Config(field_prefix="~")) as dlq:
         assert [x.reason for x in await dlq.list()] == ["r"]
-        (done,) = await dlq.replay(reason="R")
+        (_done,) = await dlq.replay(reason="R")
     ((_, fields),) = await r.xrange(lbs.input_stream(service))
     assert set(fields) == {
         b"lbs-input",

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true, produce, take
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import lbs
 from lbs import _keys
+
+from _helpers import client, eventually, is_true, produce, take
 
 
 async def _kill_clients_of(r: aioredis.Redis, c: lbs.Client) -> int:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually
 
 import lbs
 from lbs._keys import (
@@ -24,6 +23,8 @@ from lbs._keys import (
     lock_key,
 )
 from lbs._redis.scripts import source
+
+from _helpers import client, eventually
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
-from _helpers import eventually
 
 import lbs
 from _lbscore import CommandBatch, EntryParser, HeldTable, encode_input
@@ -24,6 +22,9 @@ from lbs import _keys
 from lbs._redis import scripts
 from lbs._redis.scripts import DoneCode, RequeueCode
 from lbs.embedded import RedisServer, ServerNotFoundError, find_redis_server
+
+from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
+from _helpers import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -232,7 +233,7 @@ async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(
     """lbs consumers scanning every 0.3 s for entries idle past 1.2 s, beside a Go consumer that holds
     three streams for as long as it takes several such scans (Go never refreshes the idle time)."""
     release = asyncio.Event()
-    go, ids = await _go_holding(server, service, ["x", "y", "z"], release)
+    go, _ids = await _go_holding(server, service, ["x", "y", "z"], release)
     r = aioredis.Redis.from_url(server.url)
     ran: list[str] = []
 
@@ -300,7 +301,7 @@ async def test_a_dead_go_holders_streams_come_back_when_its_locks_expire(
     """kill -9 of a Go consumer holding three streams: with go_compatible the expiry of its 2-s locks
     brings them back (the keyspace listener); without it only the scan would, 30 s idle later."""
     release = asyncio.Event()
-    go, ids = await _go_holding(server, service, ["p", "q", "r"], release, hb_interval=2.0)
+    go, _ids = await _go_holding(server, service, ["p", "q", "r"], release, hb_interval=2.0)
     got: dict[str, float] = {}
     seen = asyncio.Event()
 
@@ -567,7 +568,7 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
     if server.version < (8, 4):
         pytest.skip("XREADGROUP ... CLAIM needs Redis >= 8.4")
     release = asyncio.Event()
-    go, ids = await _go_holding(server, service, ["k1", "k2"], release)
+    go, _ids = await _go_holding(server, service, ["k1", "k2"], release)
     ran: list[str] = []
 
     async def handle(note: lbs.Notification) -> None:

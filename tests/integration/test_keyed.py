@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import defaultdict
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import eventually
 
 import lbs
 from lbs import _keys
 from lbs.status import collect_status
+
+from _helpers import eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,7 +65,7 @@ async def test_messages_of_each_key_are_processed_in_order_and_leave_nothing(
     await eventually(lambda: _released(c, 5))
     await c.close()
     await runner
-    assert {k: v for k, v in seen.items()} == {f"t{k}": list(range(20)) for k in range(5)}
+    assert dict(seen.items()) == {f"t{k}": list(range(20)) for k in range(5)}
     assert await leftovers(rr, service) == []
     assert await rr.xlen(_keys.input_stream(service)) == 0
 
@@ -545,7 +547,7 @@ async def test_ids_only_grow_and_no_effect_is_lost_when_a_key_is_published_as_so
     finally:
         await c.close()
         await runner
-    assert all(_id(a) < _id(b) for a, b in zip(ids, ids[1:])), "a key's message ids went back"
+    assert all(_id(a) < _id(b) for a, b in itertools.pairwise(ids)), "a key's message ids went back"
     effects = [(int(f[b"n"]), f[b"id"].decode()) for _, f in await rr.xrange(out)]
     assert effects == list(zip(range(rounds), ids))  # each message's effect, once, in order
     assert await leftovers(rr, service) == []

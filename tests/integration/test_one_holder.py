@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true, produce, take
 from redis.exceptions import ResponseError
 
 import lbs
@@ -32,6 +31,8 @@ from lbs._keys import (
     waiting_list,
 )
 from lbs._redis.scripts import source
+
+from _helpers import client, eventually, is_true, produce, take
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -241,7 +242,7 @@ async def test_tokens_of_one_name_grow_across_its_holds(rr: aioredis.Redis, serv
 async def test_a_name_whose_holder_is_no_longer_pending_is_taken_over(
     rr: aioredis.Redis, service: str
 ) -> None:
-    a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
+    a1, _a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
     await rr.set(
         name_holder(service, "a"), "1-1+"
     )  # a holder gone without releasing it; waiters marked
@@ -259,11 +260,11 @@ async def test_requeue_releases_the_name_and_puts_the_waiter_back_after_the_copy
     _, tokens = await read(rr, service)
     out = await requeue(rr, service, a1, f"{tokens[0]}:c1")
     assert out[0] == 1
-    (copy, cf), (waiter, wf) = await rr.xrange(input_stream(service), f"({a2}", "+")
+    (copy, cf), (_waiter, wf) = await rr.xrange(input_stream(service), f"({a2}", "+")
     assert copy.decode() == out[1].decode() and cf[b"_retry_count"] == b"1"
     assert decoded(wf) == reg("a", 2)  # the waiter has no retry counted
     assert await rr.get(name_holder(service, "a")) is None
-    ids, tokens = await read(rr, service)
+    _ids, tokens = await read(rr, service)
     assert tokens[0] > 0 and tokens[1] == f"WAIT {copy.decode()}"
 
 
@@ -281,7 +282,7 @@ async def test_the_sweep_puts_back_waiters_of_a_holder_that_vanished(
     await rr.xdel(input_stream(service), a1)
     await rr.zadd(waiting_key(service), {"a": 0})
     assert (await promote(rr, service))[4] == 1
-    ((back, fields),) = await rr.xrange(input_stream(service), f"({a2}", "+")
+    ((_back, fields),) = await rr.xrange(input_stream(service), f"({a2}", "+")
     assert decoded(fields) == reg("a", 2)
     assert not await rr.exists(name_holder(service, "a"), waiting_key(service))
 
@@ -291,7 +292,7 @@ async def test_name_keys_of_another_type_touch_nothing_of_the_name(
 ) -> None:
     (a1,) = await setup(rr, service, reg("a", 1))
     await rr.hset(name_holder(service, "a"), "x", "1")
-    ids, tokens = await read(rr, service)
+    _ids, tokens = await read(rr, service)
     assert tokens == [f"WRONGTYPE hash {name_holder(service, 'a')}"]
     assert await pending_ids(rr, service) == [
         a1
@@ -301,7 +302,7 @@ async def test_name_keys_of_another_type_touch_nothing_of_the_name(
     await rr.delete(name_holder(service, "a"))
     await rr.set(waiting_key(service), "x")
     await rr.xadd(input_stream(service), reg("b"))
-    with pytest.raises(ResponseError, match="LBSKEY .* not the waiting index"):
+    with pytest.raises(ResponseError, match=r"LBSKEY .* not the waiting index"):
         await read(rr, service)
     assert not await rr.exists(name_holder(service, "b"))
 
@@ -311,7 +312,7 @@ async def test_a_waiting_list_of_another_type_leaves_the_second_registration_pen
 ) -> None:
     a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
     await rr.hset(waiting_list(service, "a"), "x", "1")
-    ids, tokens = await read(rr, service)
+    _ids, tokens = await read(rr, service)
     assert (
         isinstance(tokens[0], int) and tokens[1] == f"WRONGTYPE hash {waiting_list(service, 'a')}"
     )

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import produce
 
 import lbs
+
+from _helpers import produce
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true, produce, take
 
 import lbs
 from lbs._consumer.observer import Observer
+
+from _helpers import client, eventually, is_true, produce, take
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "lbs-tiny-plugin"
 

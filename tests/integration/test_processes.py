@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import eventually, next_line
 
 import lbs
+
+from _helpers import eventually, next_line
 
 pytestmark = pytest.mark.timeout(120)
 

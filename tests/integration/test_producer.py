@@ -12,10 +12,11 @@ from urllib.parse import urlsplit
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
-from _helpers import client, eventually, take
 
 import lbs
 from lbs.embedded import RedisServer
+
+from _helpers import client, eventually, take
 
 
 async def test_add_stream_writes_one_lbs_entry(r: aioredis.Redis, service: str) -> None:
@@ -93,7 +94,7 @@ async def test_a_value_over_max_input_bytes_is_refused_and_nothing_is_written(
     with pytest.raises(lbs.InvalidInputError, match="65537 bytes, more than the limit of 65536"):
         await producer.add_stream("big", info)
     with pytest.raises(
-        lbs.InvalidInputError, match="entry 1: .*65537 bytes, more than the limit of 65536"
+        lbs.InvalidInputError, match=r"entry 1: .*65537 bytes, more than the limit of 65536"
     ):
         await producer.add_streams(["ok", ("big", info), "also-ok"])
     assert await r.xlen(lbs.input_stream(service)) == 0

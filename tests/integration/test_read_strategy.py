@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, produce, take
 
 import lbs
+
+from _helpers import client, eventually, produce, take
 
 IDLE = 0.2  # the claim threshold in these tests; waits past it are what the tests are about
 

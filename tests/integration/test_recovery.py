@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, next_line, produce, take
 
 import lbs
 from lbs._keys import consumers_key, reaped_key
+
+from _helpers import client, eventually, next_line, produce, take
 
 pytestmark = pytest.mark.timeout(180)
 

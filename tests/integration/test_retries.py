@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _helpers import client, eventually, is_true, produce, take
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 import lbs
 from lbs._keys import delayed_stream, due_key
 from lbs.embedded import RedisClusterServers
+
+from _helpers import client, eventually, is_true, produce, take
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -162,7 +163,7 @@ async def test_the_delay_doubles_per_retry_then_the_stream_is_dead_lettered(
         # Retry 5 is past max_retries: dead-lettered at once, not parked.
         await eventually(lambda: is_true(c.stats.dead_lettered == 1))
         assert attempts == [0, 1, 2, 3, 4]
-        ((dl_id, dl),) = await rr.xrange(lbs.dead_letter_stream(service))
+        ((_dl_id, dl),) = await rr.xrange(lbs.dead_letter_stream(service))
         assert dl[b"_retry_count"] == b"5" and b"always fails" in dl[b"_reason"]
         assert await rr.xlen(delayed_stream(service)) == 0 and not await rr.exists(due_key(service))
         assert c.stats.retries_delayed == 4 and c.stats.handler_failures == 5

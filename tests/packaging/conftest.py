@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _pyprojects import ROOT
-from _venvs import Dist, Venv, run
 
 from lbs.embedded import RedisServer
+
+from _pyprojects import ROOT
+from _venvs import Dist, Venv, run
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from _pyprojects import ROOT
 from _venvs import clean_env, run
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _pyprojects import PLUGINS, ROOT, ROOT_PYPROJECT, python_classifiers, python_floor
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+from _pyprojects import PLUGINS, ROOT, ROOT_PYPROJECT, python_classifiers, python_floor
 
 ROOT_PROJECT = ROOT_PYPROJECT["project"]
 ALL = {"(root)": ROOT_PYPROJECT, **PLUGINS}

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from _pyprojects import ROOT, ROOT_PYPROJECT
-from _venvs import Dist, Venv, clean_env, run
 
 import lbs
 from lbs.embedded import RedisServer
+
+from _pyprojects import ROOT, ROOT_PYPROJECT
+from _venvs import Dist, Venv, clean_env, run
 
 pytestmark = pytest.mark.timeout(900)  # the session's build and install come first
 

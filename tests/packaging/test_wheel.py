@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from elftools.elf.elffile import ELFFile
+
 from _pyprojects import PLUGINS
 from _venvs import HERE, Dist, Venv, clean_env, run
-from elftools.elf.elffile import ELFFile
 
 pytestmark = pytest.mark.timeout(900)  # the session's build and install come first
 
@@ -37,7 +38,8 @@ def _metadata(whl: Path) -> str:
 
 
 def test_the_sdist_carries_the_cython_sources_not_generated_c(dist: Dist) -> None:
-    names = tarfile.open(dist.sdist).getnames()
+    with tarfile.open(dist.sdist) as sdist:
+        names = sdist.getnames()
     assert any(n.endswith("src/_lbscore/_core.pyx") for n in names)
     assert any(n.endswith("src/lbs/_redis/lua/done-n.lua") for n in names)
     assert not [n for n in names if n.endswith((".c", ".so", ".html"))]

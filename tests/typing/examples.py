@@ -19,7 +19,7 @@ async def producer_example(url: str) -> None:
 def codec_example(raw: bytes) -> None:
     assert_type(lbs.encode_input("s", {"k": 1}), bytes)
     assert_type(lbs.decode_input(raw), tuple[str, dict[str, Any]])
-    name, info, reason = lbs.try_decode_input(raw)
+    name, _info, reason = lbs.try_decode_input(raw)
     if reason is None:
         assert_type(name, str | None)
     assert_type(lbs.lock_key("svc", "1-0"), str)

@@ -92,7 +92,7 @@ def test_a_misspelt_field_is_a_configuration_error_with_the_likely_name() -> Non
 
 
 def test_positional_arguments_are_a_configuration_error() -> None:
-    with pytest.raises(lbs.ConfigurationError, match="keyword arguments only.*1 positional: 5"):
+    with pytest.raises(lbs.ConfigurationError, match=r"keyword arguments only.*1 positional: 5"):
         lbs.Config(5)  # type: ignore[misc]
 
 
@@ -108,5 +108,5 @@ def test_config_stays_a_frozen_keyword_only_dataclass() -> None:
 
 
 def test_disabled_plugins_that_is_not_a_sequence_is_a_configuration_error() -> None:
-    with pytest.raises(lbs.ConfigurationError, match="disabled_plugins.*got 5"):
+    with pytest.raises(lbs.ConfigurationError, match=r"disabled_plugins.*got 5"):
         lbs.Config(disabled_plugins=5)  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ def test_an_explicit_config_wins_whole() -> None:
 
 def test_disagreeing_plugins_and_unknown_fields_are_refused_by_name() -> None:
     with pytest.raises(
-        lbs.ConfigurationError, match="disagree on the default of Config.max_streams"
+        lbs.ConfigurationError, match=r"disagree on the default of Config\.max_streams"
     ):
         make(Defaults(max_streams=7), Defaults(max_streams=8))
     with pytest.raises(lbs.ConfigurationError, match="'no_such_field'"):

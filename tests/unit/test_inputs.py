@@ -7,12 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _strategies import infos, json_values, names
 from hypothesis import given
 from hypothesis import strategies as st
 
 import lbs
 from _lbscore import EntryParser
+
+from _strategies import infos, json_values, names
 
 
 @given(names, infos)
@@ -71,7 +72,7 @@ def test_bad_input_gives_a_reason(raw: object, reason: str) -> None:
 
 @given(st.binary(max_size=200))
 def test_random_bytes_never_raise_from_try_decode(raw: bytes) -> None:
-    name, info, why = lbs.try_decode_input(raw)
+    name, _info, why = lbs.try_decode_input(raw)
     assert (why is None) == (name is not None)
     if why is None:
         assert json.loads(raw)["DataStreamName"] == name
@@ -146,7 +147,7 @@ def _spaced_docs(draw: st.DrawFn) -> bytes:
 
 
 _docs = st.one_of(
-    st.builds(lambda n, i: lbs.encode_input(n, i), names, infos),
+    st.builds(lbs.encode_input, names, infos),
     st.builds(lambda d, kw: json.dumps(d, **kw).encode(), _documents, st.sampled_from(_LAYOUTS)),
     _spaced_docs(),
     st.builds(lambda n: b'{"DataStreamName":"' + n.encode() + b'"}', st.text(max_size=10)),

@@ -16,13 +16,14 @@ from typing import Any
 
 import hiredis
 import pytest
-from _strategies import infos, names
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from redis._parsers.helpers import parse_stream_list
 
 import lbs
 from _lbscore import NEED_MORE, EntryParser, ReplyError, RespReader, Shape
+
+from _strategies import infos, names
 
 # ------------------------------------------------------------ generic replies
 
@@ -408,7 +409,7 @@ def test_messages_read_in_place_equal_the_model(
     entries: list[tuple[bytes, list[Any]]], cuts: list[int]
 ) -> None:
     raw = b"*%d\r\n" % len(entries) + b"".join(e for e, _ in entries) + b"-ERR after\r\n"
-    reader = RespReader(lambda msg: ValueError(msg))
+    reader = RespReader(ValueError)
     got: list[Any] = []
     for chunk in _split(raw, cuts):
         reader.feed(chunk)

@@ -69,6 +69,6 @@ def test_a_good_url_opens_no_connection() -> None:
 
 def test_cluster_must_be_a_bool_or_a_cluster_mode() -> None:
     with pytest.raises(
-        lbs.ConfigurationError, match="cluster must be a bool or an lbs.ClusterMode, got 'oss'"
+        lbs.ConfigurationError, match=r"cluster must be a bool or an lbs\.ClusterMode, got 'oss'"
     ):
         lbs.Producer("redis://127.0.0.1:1", "svc", cluster="oss")  # type: ignore[arg-type]

@@ -97,7 +97,7 @@ async def test_a_threshold_that_would_claim_live_work_is_refused(
     redis_server: Any, service: str
 ) -> None:
     c = claimer(redis_server.url, service, ClaimReader(min_idle=0.15))
-    with pytest.raises(lbs.ConfigurationError, match="must exceed 0.2 s"):
+    with pytest.raises(lbs.ConfigurationError, match=r"must exceed 0\.2 s"):
         await c.start()
     await c.close()
 

@@ -90,11 +90,13 @@ def test_every_worker_process_serves_metrics_and_health_on_its_own_port(
             port = base + slot
             labels = {"service": service, "consumer": f"redis-consumer-pw-{slot}"}
             _until(
-                lambda: value(scrape(port), "lbs_held_streams", **labels) is not None,
+                lambda port=port, labels=labels: (
+                    value(scrape(port), "lbs_held_streams", **labels) is not None
+                ),
                 f"worker {slot}'s client on :{port}/metrics",
             )
-            status, body = _until(
-                lambda: (lambda r: r if r[0] == 200 else None)(get(port, "/healthz")),
+            _status, body = _until(
+                lambda port=port: (lambda r: r if r[0] == 200 else None)(get(port, "/healthz")),
                 f"worker {slot} healthy on :{port}/healthz",
             )
             assert [c["consumer"] for c in json.loads(body)["clients"]] == [labels["consumer"]], (

@@ -23,7 +23,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, Union
+from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import (
@@ -137,7 +137,7 @@ class Buckets(Protocol):
     def cumulative(self) -> list[tuple[float, int]]: ...
 
 
-Value = Union[float, Buckets]
+Value = float | Buckets
 
 
 class TickSeconds:
@@ -206,7 +206,7 @@ def heartbeat_age(client: lbs.Client, rec: ClientRecord, now: float) -> float:
     return max(0.0, now - max(client.stats.heartbeat_at, rec.started_at))
 
 
-_Family = Union[CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily]
+_Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily
 #: A bucket's ``le`` label, written as prometheus_client's own histograms write it ("0.25", "+Inf").
 _le: Callable[[float], str] = floatToGoString  # (untyped upstream)
 
@@ -391,7 +391,7 @@ class LbsCollector(Collector):
     def _warn_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            log.warning("lbs_prometheus: " + msg, *args)
+            log.warning("lbs_prometheus: " + msg, *args)  # noqa: G003 (msg is a %-format for args)
 
     # ------------------------------------------------------------- health ---
 

@@ -131,7 +131,8 @@ class PrometheusPlugin:
     def _failed(self, hook: str) -> None:
         if hook not in self._warned:
             self._warned.add(hook)
-            log.exception("lbs_prometheus: hook %s failed (logged once)", hook)
+            # Called from the hooks' except blocks only.
+            log.exception("lbs_prometheus: hook %s failed (logged once)", hook)  # noqa: LOG004
 
     # --------------------------------------------------------------- hooks ---
 
@@ -304,7 +305,7 @@ def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
     The auto-loaded plugin calls this when a client starts. Returns the bound
     port, or None (variable unset, unusable, or the bind failed: logged).
     """
-    global _env_tried, _env_server
+    global _env_tried, _env_server  # noqa: PLW0603 (one server per process, started once)
     if _env_tried:
         return None if _env_server is None else int(_env_server.server_port)
     with _env_lock:
