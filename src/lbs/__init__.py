@@ -8,7 +8,7 @@ The documentation starts with the guide, ``docs/index.md``.
 from __future__ import annotations
 
 try:
-    import _lbscore
+    import _lbscore  # noqa: F401 (fail here, with the message below, if the core is missing)
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
         "lbs's compiled core (_lbscore) is missing or was built for another Python. "

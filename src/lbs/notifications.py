@@ -7,7 +7,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Generic, Type, TypeVar
+from typing import Any, Generic, Type, TypeVar  # noqa: UP035 (Type: a field is named type)
 
 from .exceptions import InterfaceError, NotHeldError
 
