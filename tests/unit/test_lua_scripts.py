@@ -39,7 +39,13 @@ def test_every_script_file_is_registered() -> None:
 
 @pytest.mark.parametrize(
     ("part", "users"),
-    [("_fence", {"read-3", "reap-4"}), ("_names", {"read-3", "done-n", "requeue-6", "promote-4"})],
+    [
+        ("_fence", {"read-3", "reap-4"}),
+        ("_names", {"read-3", "done-n", "requeue-6", "promote-4"}),
+        ("_keyed", {"fetch-1", "commit-1"}),
+        ("_checks", set(NAMES) - {"done-n", "leave-3"}),
+        ("_time", set(NAMES) - {"fetch-1", "leave-3"}),
+    ],
 )
 def test_an_include_is_replaced_by_the_shared_part(part: str, users: set[str]) -> None:
     text = (LUA / f"{part}.lua").read_text().rstrip("\n")

@@ -107,6 +107,9 @@
 
   Events: del on the lock keys it releases.
 ]]
+--#include _checks
+--#include _keyed
+--#include _time
 local prefix, lock_prefix, group = ARGV[1], ARGV[2], ARGV[3]
 local xackdel, dlq, fp = ARGV[4] == '1', ARGV[5], ARGV[6]
 local max_retries, consumer = tonumber(ARGV[7]), ARGV[8]
@@ -116,16 +119,7 @@ if not max_retries or max_retries < -1 or max_retries ~= math.floor(max_retries)
 end
 local floor_key = prefix .. 'idfloor'
 
--- Every command this script may call is allowed on these keys by the ACL:
--- checked before anything is written, so a missing one refuses the call
--- whole instead of stopping it half-way.
-local function refused_by_acl(name, calls)
-  for _, c in ipairs(calls) do
-    if not redis.acl_check_cmd(unpack(c)) then
-      return redis.error_reply('NOPERM lbs ' .. name .. ': the ACL does not allow ' .. table.concat(c, ' '))
-    end
-  end
-end
+-- The ACL allows every command this script may call on these keys (checked before any write).
 if #ARGV >= 17 then
   local data, state, lock = prefix .. 'k:' .. ARGV[9], prefix .. 'm:' .. ARGV[9], lock_prefix .. ARGV[10]
   local calls = {{'GET', lock}, {'HMGET', state, 'holder'}, {'XRANGE', data, '-', '+'}, {'DEL', lock, state, data},
@@ -142,17 +136,6 @@ if #ARGV >= 17 then
   end
   local err = refused_by_acl('commit-1', calls)
   if err then return err end
-end
-
-local function split(id)
-  local ms, seq = match(id, '^(%d+)%-(%d+)$')
-  if ms then return tonumber(ms), tonumber(seq) end
-end
--- a < b, for two entry ids
-local function below(a, b)
-  local ams, aseq = split(a)
-  local bms, bseq = split(b)
-  return ams < bms or (ams == bms and aseq < bseq)
 end
 
 -- Pass 1, reads only: check every argument and each key's hold; a bad
@@ -173,7 +156,7 @@ while at <= last do
     return redis.error_reply('ERR lbs commit-1: key ' .. i .. ' has fewer than 9 arguments')
   end
   local pos, mode = ARGV[at + 3], ARGV[at + 4]
-  if pos ~= '' and not match(pos, '^%d+%-%d+$') then
+  if pos ~= '' and not split_id(pos) then
     return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' is not an entry id')
   end
   local n_last = mode ~= 'go' and tonumber(match(mode, '^last:(%d+)$'))
@@ -191,10 +174,8 @@ while at <= last do
   end
   if delay and delay > 0 and not parking_checked then
     for key, want in pairs({[prefix .. 'delayed'] = 'stream', [prefix .. 'due'] = 'zset'}) do
-      local t = redis.call('TYPE', key)['ok']
-      if t ~= 'none' and t ~= want then
-        return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. t .. ', not a ' .. want)
-      end
+      local bad = misfit(key, want, 'a ' .. want)
+      if bad then return redis.error_reply(bad) end
     end
     parking_checked = true
   end
@@ -214,23 +195,20 @@ while at <= last do
   end
   effects[i] = list
 
-  local entry, lock = ARGV[at + 1], lock_prefix .. ARGV[at + 1]
+  local entry, lock, state = ARGV[at + 1], lock_prefix .. ARGV[at + 1], prefix .. 'm:' .. ARGV[at]
   local mine = false
-  if redis.pcall('GET', lock) == ARGV[at + 2] then
-    local state = prefix .. 'm:' .. ARGV[at]
-    -- a non-hash: an error, not ours
-    local got = redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until')
-    if not got.err and got[1] == entry then
-      local c = got[2] or ''
-      if c == '' or split(c) then
-        mine = true
-        if pos ~= '' and c ~= '' and pos ~= c and below(pos, c) then
-          return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' of ' .. ARGV[at] ..
-                                   ' is below the committed ' .. c)
-        end
-        locks[i], states[i] = lock, state
-        st[i] = got  -- holder, pos, tries, fails, unblamed, until
+  -- A state of another type than hash (an error reply): not ours.
+  local got = keyed_state(lock, ARGV[at + 2], state)
+  if got and not got.err and got[1] == entry then
+    local c = got[2] or ''
+    if c == '' or split_id(c) then
+      mine = true
+      if pos ~= '' and c ~= '' and pos ~= c and id_below(pos, c) then
+        return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' of ' .. ARGV[at] ..
+                                 ' is below the committed ' .. c)
       end
+      locks[i], states[i] = lock, state
+      st[i] = got  -- holder, pos, tries, fails, unblamed, until
     end
   end
   ours[i] = mine
@@ -239,7 +217,7 @@ while at <= last do
       local stream = eff[1]
       local why = streams_checked[stream]
       if why == nil then
-        local t = redis.call('TYPE', stream)['ok']
+        local t = key_type(stream)
         if t ~= 'none' and t ~= 'stream' then
           why = stream .. ' holds a ' .. t .. ', not a stream'
         elseif not redis.acl_check_cmd('XADD', stream, '*', 'f', 'v') then
@@ -266,10 +244,6 @@ local finished = {}
 -- The highest milliseconds of the positions of the keys this call drains (-1: none).
 local highest = -1
 local find, sub = string.find, string.sub
-
-local function after_pos(data, pos, count)
-  return redis.pcall('XRANGE', data, pos == '' and '-' or '(' .. pos, '+', 'COUNT', count)
-end
 
 local function dead_letter(head, key, reason, traceback, retries)
   local fields = head[2]
@@ -303,7 +277,7 @@ local function commit(i)
   local position = got[2] or ''
   local moved = pos ~= '' and pos ~= position
   if moved then position = pos end
-  local rest = after_pos(data, position, 1)
+  local rest = keyed_after(data, position, 1)
   if rest.err then return {2} end
   -- The batch's effects, with the commit that moves the position past it.
   if moved then
@@ -315,13 +289,13 @@ local function commit(i)
   if #rest == 0 and not fail and mode ~= 'skip' then return release(i, position, data, state, entry) end
   -- The state as read, and as this step leaves it.
   local was_fails, was_unblamed = tonumber(got[4]) or 0, tonumber(got[5]) or 0
-  local was_until = got[6] and split(got[6]) and got[6] or ''
+  local was_until = got[6] and split_id(got[6]) and got[6] or ''
   local fails, unblamed, untl = was_fails, was_unblamed, was_until
   if moved then fails = 0 end
   -- What the key does next: "go", "last" (with count: read the next messages here), "yield", "park".
   local going, count = mode, lasts[i]
   if count then going = 'last' end
-  if fail and (not rest[1] or below(fail.last, rest[1][1])) then
+  if fail and (not rest[1] or id_below(fail.last, rest[1][1])) then
     -- The failed batch is behind the position already: this call was sent again after its
     -- reply was lost, and the first one counted the failure. Go on.
     fail, going, count = nil, 'last', fail.n
@@ -338,7 +312,7 @@ local function commit(i)
         if fail then reason = 'failed in ' .. fails .. ' holds; ' .. reason end
         dead_letter(head, key, reason, ARGV[at + 7], fails - 1)
         position, moved, fails = head[1], true, 0
-        rest = after_pos(data, position, 1)
+        rest = keyed_after(data, position, 1)
       end
       if fail then going, count = 'last', fail.n else going = 'go' end
     else
@@ -346,11 +320,11 @@ local function commit(i)
     end
   elseif fail then
     -- A batch of several failed: take it apart, one message a hold, up to its last.
-    if untl == '' or below(untl, fail.last) then untl = fail.last end
+    if untl == '' or id_below(untl, fail.last) then untl = fail.last end
     unblamed = 1
     going = 'park'
   end
-  if untl ~= '' and (position ~= '' and not below(position, untl)) then untl, unblamed = '', 0 end
+  if untl ~= '' and (position ~= '' and not id_below(position, untl)) then untl, unblamed = '', 0 end
   -- Every message up to the old position is trimmed: what follows the new one is what is left.
   if #rest == 0 then return release(i, position, data, state, entry) end
   local registers = going == 'yield' or going == 'park'
@@ -377,7 +351,7 @@ local function commit(i)
     del[#del + 1] = 'until'
   end
   if moved then
-    local ms, seq = split(position)
+    local ms, seq = split_id(position)
     redis.call('XTRIM', data, 'MINID', string.format('%d-%d', ms, seq + 1))
   end
   if registers then
@@ -385,9 +359,7 @@ local function commit(i)
     local delay = going == 'park' and fail.delay or 0
     if delay > 0 then
       id = redis.call('XADD', prefix .. 'delayed', '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
-      local t = redis.call('TIME')
-      redis.call('ZADD', prefix .. 'due', string.format('%.0f', tonumber(t[1]) * 1000
-                 + math.floor(tonumber(t[2]) / 1000) + delay), id)
+      redis.call('ZADD', prefix .. 'due', string.format('%.0f', time_ms() + delay), id)
     else
       id = redis.call('XADD', KEYS[1], '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
     end
@@ -401,7 +373,7 @@ local function commit(i)
   end
   if #set > 0 then redis.call('HSET', state, unpack(set)) end
   if #del > 0 then redis.call('HDEL', state, unpack(del)) end
-  if going == 'last' then return {1, fails, unblamed, untl, after_pos(data, position, count)} end
+  if going == 'last' then return {1, fails, unblamed, untl, keyed_after(data, position, count)} end
   return {1, fails, unblamed, untl}
 end
 

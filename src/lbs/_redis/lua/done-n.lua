@@ -72,6 +72,7 @@
   xdel for a waiting registration put back.
 ]]
 --#include _names
+--#include _time
 local n = #KEYS - 1
 local me = ARGV[5] ~= nil and ARGV[5] ~= '' and ARGV[5] or nil
 if n < 0 or #ARGV ~= (me and 4 or 3) * n + 5 then
@@ -183,10 +184,7 @@ if prefix then
       if v == id then
         free[#free + 1] = keys[j - s + 1]
       elseif v == id .. '+' then
-        if not now_ms then
-          local t = redis.call('TIME')
-          now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        end
+        now_ms = now_ms or time_ms()
         name_promote(prefix, KEYS[1], ARGV[2 * n + base + i], now_ms)
       end
     end

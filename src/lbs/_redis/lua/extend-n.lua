@@ -79,6 +79,8 @@
 
   Events: none besides the keys it writes (del on the locks it deletes).
 ]]
+--#include _checks
+--#include _time
 local n = #KEYS - 3
 local go = n >= 0 and #ARGV == 3 * n + 7
 if n < 0 or (#ARGV ~= 2 * n + 5 and #ARGV ~= 2 * n + 6 and not go) then
@@ -133,16 +135,15 @@ end
 local notes = {}
 local zadd, set_marker = false, false
 if last then
-  local kind = redis.call('TYPE', KEYS[2])['ok']
-  if kind == 'none' or kind == 'zset' then
-    zadd = n > 0 or redis.call('ZSCORE', KEYS[2], ARGV[3]) ~= false
+  local bad = misfit(KEYS[2], 'zset', 'the consumer deadline index')
+  if bad then
+    notes[#notes + 1] = bad
   else
-    notes[#notes + 1] = 'LBSKEY ' .. KEYS[2] .. ' holds a ' .. kind .. ', not the consumer deadline index'
+    zadd = n > 0 or redis.call('ZSCORE', KEYS[2], ARGV[3]) ~= false
   end
   local marker = redis.pcall('GET', KEYS[3])
   if type(marker) == 'table' then
-    notes[#notes + 1] = 'LBSKEY ' .. KEYS[3] .. ' holds a ' .. redis.call('TYPE', KEYS[3])['ok']
-                        .. ', not an instance marker'
+    notes[#notes + 1] = 'LBSKEY ' .. KEYS[3] .. ' holds a ' .. key_type(KEYS[3]) .. ', not an instance marker'
   elseif not marker or marker == nonce then
     set_marker = true
   else
@@ -164,8 +165,7 @@ for s = 1, #go_dels, 500 do
   redis.call('DEL', unpack(go_dels, s, math.min(s + 499, #go_dels)))
 end
 if zadd then
-  local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ttl), ARGV[3])
+  redis.call('ZADD', KEYS[2], time_ms() + tonumber(ttl), ARGV[3])
 end
 if set_marker then
   redis.call('SET', KEYS[3], nonce, 'PX', ttl)

@@ -50,24 +50,14 @@
 
   Events: none besides the keys it writes.
 ]]
+--#include _checks
+--#include _keyed
 local prefix, lock_prefix, batch = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if (#ARGV - 3) % 3 ~= 0 or not batch or batch < 1 or batch ~= math.floor(batch) then
   return redis.error_reply('ERR lbs fetch-1: expected 3 arguments (the batch an integer >= 1), then 3 per key')
 end
 local match = string.match
-local function kind(key)
-  return redis.call('TYPE', key)['ok']
-end
--- Every command this script may call is allowed on these keys by the ACL:
--- checked before anything is written, so a missing one refuses the call
--- whole instead of stopping it half-way.
-local function refused_by_acl(name, calls)
-  for _, c in ipairs(calls) do
-    if not redis.acl_check_cmd(unpack(c)) then
-      return redis.error_reply('NOPERM lbs ' .. name .. ': the ACL does not allow ' .. table.concat(c, ' '))
-    end
-  end
-end
+-- The ACL allows every command this script may call on these keys (checked before any write).
 if #ARGV >= 6 then
   local state, lock = prefix .. 'm:' .. ARGV[4], lock_prefix .. ARGV[5]
   local err = refused_by_acl('fetch-1', {{'GET', lock}, {'HMGET', state, 'holder'}, {'TYPE', state},
@@ -75,37 +65,32 @@ if #ARGV >= 6 then
                                           {'XRANGE', prefix .. 'k:' .. ARGV[4], '-', '+'}})
   if err then return err end
 end
-local function is_id(v)
-  return match(v, '^%d+%-%d+$') ~= nil
-end
 
 local out = {}
 for at = 4, #ARGV, 3 do
   local key, entry, value = ARGV[at], ARGV[at + 1], ARGV[at + 2]
   local state = prefix .. 'm:' .. key
-  local mine = redis.pcall('GET', lock_prefix .. entry)
-  -- pcall: a state of another type than hash is an error here, before any write.
-  local got = mine == value and redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until')
-  if mine ~= value then
+  -- A state of another type than hash is an error reply here, before any write.
+  local got = keyed_state(lock_prefix .. entry, value, state)
+  if not got then
     out[#out + 1] = {2}
   elseif got.err then
-    out[#out + 1] = {4, state .. ' holds a ' .. kind(state)}
+    out[#out + 1] = {4, state .. ' holds a ' .. key_type(state)}
   else
     local holder, pos, tries = got[1], got[2] or '', got[3]
     local fails, unblamed, untl = got[4], got[5], got[6] or ''
     local dead = holder and holder ~= entry
     if dead and redis.call('EXISTS', lock_prefix .. holder) == 1 then
       out[#out + 1] = {3, holder}
-    elseif (pos ~= '' and not is_id(pos)) or (tries and not match(tries, '^%d+$'))
+    elseif (pos ~= '' and not split_id(pos)) or (tries and not match(tries, '^%d+$'))
         or (fails and not match(fails, '^%d+$')) or (unblamed and not match(unblamed, '^[01]$'))
-        or (untl ~= '' and not is_id(untl)) then
+        or (untl ~= '' and not split_id(untl)) then
       out[#out + 1] = {4, state .. ' holds a pos, tries, fails, unblamed or until that is not one'}
     else
       fails, unblamed = tonumber(fails) or 0, tonumber(unblamed) or 0
-      local rest = dead and redis.pcall('XRANGE', prefix .. 'k:' .. key, pos == '' and '-' or '(' .. pos, '+',
-                                        'COUNT', untl == '' and fails == 0 and batch or 1)
+      local rest = dead and keyed_after(prefix .. 'k:' .. key, pos, untl == '' and fails == 0 and batch or 1)
       if rest and rest.err then
-        out[#out + 1] = {4, prefix .. 'k:' .. key .. ' holds a ' .. kind(prefix .. 'k:' .. key)}
+        out[#out + 1] = {4, prefix .. 'k:' .. key .. ' holds a ' .. key_type(prefix .. 'k:' .. key)}
       else
         local token = match(value, '^(%d+):') or ''
         tries = (tonumber(tries) or 0) + 1

@@ -57,27 +57,21 @@
   Events: xadd on KEYS[3]; xdel on KEYS[2]; zrem (or zadd) on KEYS[1]; the
   sweep's as in done-n.lua.
 ]]
+--#include _checks
 --#include _names
+--#include _time
 local MAX_COPY = 7000
-
-local function refused(key, want, what)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'none' and kind ~= want then
-    return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. kind .. ', not ' .. what)
-  end
-end
 
 local batch = tonumber(ARGV[1])
 if not batch or batch < 1 or batch ~= math.floor(batch) then
   return redis.error_reply('ERR lbs promote-4: ARGV[1] must be an integer >= 1, got ' .. tostring(ARGV[1]))
 end
-local parked, waiting = redis.call('TYPE', KEYS[1])['ok'] ~= 'none', redis.call('TYPE', KEYS[4])['ok'] ~= 'none'
+local parked, waiting = key_type(KEYS[1]) ~= 'none', key_type(KEYS[4]) ~= 'none'
 if not parked and not waiting then return {0, 0, -1, 0, 0} end  -- nothing parked, nobody waits
-local bad = refused(KEYS[1], 'zset', 'the due index') or refused(KEYS[4], 'zset', 'the waiting index')
-if bad then return bad end
+local bad = misfit(KEYS[1], 'zset', 'the due index') or misfit(KEYS[4], 'zset', 'the waiting index')
+if bad then return redis.error_reply(bad) end
 
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms = time_ms()
 local now = string.format('%.0f', now_ms)
 
 -- The waiting sweep: names whose holder vanished without releasing them.
@@ -102,8 +96,8 @@ end
 if not parked then return {0, 0, -1, 0, names} end
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, batch)
 if #due > 0 then
-  bad = refused(KEYS[2], 'stream', 'a stream') or refused(KEYS[3], 'stream', 'the load-balancer stream')
-  if bad then return bad end
+  bad = misfit(KEYS[2], 'stream', 'a stream') or misfit(KEYS[3], 'stream', 'the load-balancer stream')
+  if bad then return redis.error_reply(bad) end
 end
 local moved, vanished, stuck = 0, 0, 0
 for i = 1, #due do

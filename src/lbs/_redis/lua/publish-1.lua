@@ -53,28 +53,14 @@
 
   Events: none besides the keys it writes.
 ]]
-local function refuse(key, what)
-  return redis.error_reply('LBSKEY ' .. key .. ' ' .. what)
-end
-local function kind(key)
-  return redis.call('TYPE', key)['ok']
-end
-
--- Every command this script may call is allowed on these keys by the ACL:
--- checked before anything is written, so a missing one refuses the call
--- whole instead of stopping it half-way.
-local function refused_by_acl(name, calls)
-  for _, c in ipairs(calls) do
-    if not redis.acl_check_cmd(unpack(c)) then
-      return redis.error_reply('NOPERM lbs ' .. name .. ': the ACL does not allow ' .. table.concat(c, ' '))
-    end
-  end
-end
+--#include _checks
+--#include _time
 
 local prefix, m = ARGV[1], tonumber(ARGV[2])
 if not m or m < 1 or m ~= math.floor(m) then
   return redis.error_reply('ERR lbs publish-1: the message count (ARGV[2]) must be an integer >= 1')
 end
+-- The ACL allows every command this script may call on these keys (checked before any write).
 do
   local data, state = prefix .. 'k:' .. (ARGV[3] or ''), prefix .. 'm:' .. (ARGV[3] or '')
   local err = refused_by_acl('publish-1', {
@@ -83,10 +69,8 @@ do
     {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}, {'ZSCORE', prefix .. 'idfloor', 'ms'}, {'TIME'}})
   if err then return err end
 end
-local t = kind(KEYS[1])
-if t ~= 'none' and t ~= 'stream' then
-  return refuse(KEYS[1], 'holds a ' .. t .. ', not the load-balancer stream')
-end
+local bad = misfit(KEYS[1], 'stream', 'the load-balancer stream')
+if bad then return redis.error_reply(bad) end
 
 -- Parse and check everything first.
 local msgs, seen, order, created = {}, {}, {}, {}
@@ -103,12 +87,12 @@ for i = 1, m do
     end
     seen[key] = reg
     order[#order + 1] = key
-    local data, state = prefix .. 'k:' .. key, prefix .. 'm:' .. key
-    t = kind(data)
-    if t ~= 'none' and t ~= 'stream' then return refuse(data, 'holds a ' .. t .. ', not a data stream') end
-    if t == 'none' then created[key] = true end
-    t = kind(state)
-    if t ~= 'none' and t ~= 'hash' then return refuse(state, 'holds a ' .. t .. ', not a key state') end
+    local kind
+    bad, kind = misfit(prefix .. 'k:' .. key, 'stream', 'a data stream')
+    if bad then return redis.error_reply(bad) end
+    if kind == 'none' then created[key] = true end
+    bad = misfit(prefix .. 'm:' .. key, 'hash', 'a key state')
+    if bad then return redis.error_reply(bad) end
   end
   at = at + 3 + f
 end
@@ -120,16 +104,11 @@ end
 local first
 if next(created) then
   local floor = prefix .. 'idfloor'
-  t = kind(floor)
-  local after = -1
-  if t == 'zset' then
-    after = tonumber(redis.call('ZSCORE', floor, 'ms')) or -1
-  elseif t ~= 'none' then
-    return refuse(floor, 'holds a ' .. t .. ', not a sorted set')
-  end
-  local now = redis.call('TIME')
-  first = string.format('%d-0', math.max(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000),
-                                         after + 1))
+  local kind
+  bad, kind = misfit(floor, 'zset', 'a sorted set')
+  if bad then return redis.error_reply(bad) end
+  local after = kind == 'zset' and tonumber(redis.call('ZSCORE', floor, 'ms')) or -1
+  first = string.format('%d-0', math.max(time_ms(), after + 1))
 end
 
 -- Writes.

@@ -133,16 +133,10 @@
 
   Events: none besides the keys it writes.
 ]]
+--#include _checks
 --#include _fence
 --#include _names
-
-local function key_type(key)
-  return redis.call('TYPE', key)['ok']
-end
-
-local function refuse(key, what)
-  return redis.error_reply('LBSKEY ' .. key .. ' ' .. what)
-end
+--#include _time
 
 -- Preconditions: nothing below this block fails part-way.
 local function positive(s)  -- digits without a leading zero, as Redis parses them
@@ -156,26 +150,18 @@ if not positive(ARGV[4]) then
 end
 local count, ttl = tonumber(ARGV[3]), ARGV[4]
 local ttl_ms = tonumber(ttl)
-local kind = key_type(KEYS[1])
-if kind ~= 'none' and kind ~= 'stream' then
-  return refuse(KEYS[1], 'holds a ' .. kind .. ', not the load-balancer stream')
-end
+local misfits = misfit(KEYS[1], 'stream', 'the load-balancer stream')
+if misfits then return redis.error_reply(misfits) end
 local fence_error, fence_exists = fence_check(KEYS[2], count)
 if fence_error then return fence_error end
--- A key that must not exist or be of type `want`: the refusal, else nil.
-local function misfit(key, want, what)
-  if not key then return nil end
-  local k = key_type(key)
-  if k ~= 'none' and k ~= want then return refuse(key, 'holds a ' .. k .. ', not ' .. what) end
-end
 -- The queued set (ARGV[11]): only new entries (">") are ever added.
 local queued = ARGV[6] == '>' and ARGV[11] and ARGV[11] ~= '' and ARGV[11] or nil
 -- One holder per name (ARGV[12]): the waiting index.
 local prefix = ARGV[6] == '>' and ARGV[12] and ARGV[12] ~= '' and ARGV[12] or nil
 local index = prefix and prefix .. 'waiting'
-local misfits = misfit(KEYS[3], 'zset', 'the consumer deadline index') or misfit(queued, 'set', 'a queued set')
-                or misfit(index, 'zset', 'the waiting index')
-if misfits then return misfits end
+misfits = misfit(KEYS[3], 'zset', 'the consumer deadline index') or misfit(queued, 'set', 'a queued set')
+           or misfit(index, 'zset', 'the waiting index')
+if misfits then return redis.error_reply(misfits) end
 
 -- Permissions: a user allowed to read but not to take the locks would get
 -- entries delivered with no lock, so every later write is checked first.
@@ -305,8 +291,7 @@ if go_sep and go_sep ~= '' and ARGV[7] and ARGV[7] ~= '' then
     end
   end
 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_ms, t = time_ms()
 -- One holder per name: an entry whose name another pending entry holds waits (token "WAIT <id>").
 -- The common batch (names nobody holds, each once) takes all its names with one MSETNX, which sets
 -- every key or none; otherwise (or without +msetnx in the ACL) one SET NX GET per entry.
@@ -344,7 +329,7 @@ if prefix and not names_at_once() then
         if h ~= id then
           if h ~= '' and name_pending(KEYS[1], ARGV[1], h) then
             local wkey = prefix .. 'waiting:' .. name
-            kind = key_type(wkey)
+            local kind = key_type(wkey)
             if kind ~= 'none' and kind ~= 'list' then
               preset[i] = 'WRONGTYPE ' .. kind .. ' ' .. wkey
             else

@@ -89,12 +89,12 @@
   Events: expired on locks found past their TTL; with adoption, set on the
   new locks and xclaim on the LBS.
 ]]
+--#include _checks
 --#include _fence
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'none' and kind ~= 'zset' then
-  return redis.error_reply('LBSKEY ' .. KEYS[1] .. ' holds a ' .. kind .. ', not the consumer deadline index')
-end
-kind = redis.call('TYPE', KEYS[3])['ok']
+--#include _time
+local bad = misfit(KEYS[1], 'zset', 'the consumer deadline index')
+if bad then return redis.error_reply(bad) end
+local kind = key_type(KEYS[3])
 local last = kind == 'string' and tonumber(redis.call('GET', KEYS[3])) or nil
 if kind ~= 'none' and not last then
   return redis.error_reply('LBSKEY ' .. KEYS[3] .. ' holds a ' .. kind .. ' that is not a time, not the last reap')
@@ -107,12 +107,8 @@ if room > 0 then
   local fence_error
   fence_error, fence_exists = fence_check(KEYS[4], room)
   if fence_error then return fence_error end
-  if mine then
-    kind = redis.call('TYPE', mine)['ok']
-    if kind ~= 'none' and kind ~= 'set' then
-      return redis.error_reply('LBSKEY ' .. mine .. ' holds a ' .. kind .. ', not a queued set')
-    end
-  end
+  bad = misfit(mine, 'set', 'a queued set')
+  if bad then return redis.error_reply(bad) end
   -- A user who may look but not take: nothing adopted, everything re-queued.
   local writes = {{'XCLAIM', KEYS[2], ARGV[1], adopter, '0', '0-1'}, {'SET', ARGV[2] .. '0-1', '1'},
                   {'INCRBY', KEYS[4], '1'}, {'SET', KEYS[4], '1'}, {'ZADD', KEYS[1], 'NX', '1', adopter},
@@ -131,8 +127,7 @@ local function next_due(now)
   return first[2] and math.max(0, tonumber(first[2]) - now) or -1
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now, t = time_ms()
 local budget = tonumber(ARGV[3])
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, budget)
 redis.call('SET', KEYS[3], string.format('%.0f', now))

@@ -137,7 +137,9 @@
   zadd on the due index; del on the lock key; a released name's as in
   done-n.lua.
 ]]
+--#include _checks
 --#include _names
+--#include _time
 local MAX_COPY = 7000
 local mode = ARGV[3]
 
@@ -281,12 +283,6 @@ if oversized then
               .. ' as ' .. ARGV[2]
   reason = (reason and reason ~= '') and (why .. '; ' .. reason) or why
 end
-local function refused(key, want, what)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'none' and kind ~= want then
-    return {-2, 'LBSKEY ' .. key .. ' holds a ' .. kind .. ', not ' .. what}
-  end
-end
 local delay = 0
 if not dead and tonumber(ARGV[14]) > 0 then
   local d = math.min(tonumber(ARGV[14]) * 2 ^ math.max(retries - 1, 0), tonumber(ARGV[15]))
@@ -294,11 +290,11 @@ if not dead and tonumber(ARGV[14]) > 0 then
 end
 local bad
 if dead and ARGV[12] == '1' then
-  bad = refused(KEYS[2], 'stream', 'a stream')
+  bad = misfit(KEYS[2], 'stream', 'a stream')
 elseif delay > 0 then
-  bad = refused(KEYS[4], 'stream', 'a stream') or refused(KEYS[5], 'zset', 'the due index')
+  bad = misfit(KEYS[4], 'stream', 'a stream') or misfit(KEYS[5], 'zset', 'the due index')
 end
-if bad then return bad end
+if bad then return {-2, bad} end
 
 -- 5. Writes: add, then ack, delete, unlock.
 local code, id
@@ -337,8 +333,7 @@ release()
 unqueue()
 for d in pairs(used) do redis.pcall('ZREM', KEYS[6], d) end
 if name and ARGV[21] and ARGV[21] ~= '' then
-  local t = redis.call('TIME')
-  name_release(ARGV[21], KEYS[1], name, ARGV[2], tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  name_release(ARGV[21], KEYS[1], name, ARGV[2], (time_ms()))
 end
 if code == 4 then return {code, id, input or '', retries, delay} end
 return {code, id, input or '', retries}

@@ -1,0 +1,37 @@
+-- A held key's state and messages, shared by the scripts that process keys
+-- (fetch-1.lua, commit-1.lua; included where they say "--#include _keyed").
+-- The key's state is the hash "<prefix>m:<key>", its messages the data
+-- stream "<prefix>k:<key>" (fetch-1.lua's header has their fields).
+--
+-- keyed_state(lock, value, state): the hold, checked before any write:
+-- false when the lock key `lock` does not hold our `value`; else the state's
+-- fields {holder, pos, tries, fails, unblamed, until} (HMGET's reply, false
+-- for a field that is absent), or, for a state of another type than hash,
+-- an error reply (a table with `err`: pcall, nothing stops).
+--
+-- keyed_after(data, pos, count): up to `count` messages of data stream
+-- `data` after position `pos` ("": from the first), XRANGE's reply, or an
+-- error reply (pcall) for a key of another type than stream.
+--
+-- split_id(id): an entry id's milliseconds and sequence, as numbers; nil
+-- for a string that is not "<digits>-<digits>".
+-- id_below(a, b): a < b, for two entry ids.
+local function keyed_state(lock, value, state)
+  if redis.pcall('GET', lock) ~= value then return false end
+  return redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until')
+end
+
+local function keyed_after(data, pos, count)
+  return redis.pcall('XRANGE', data, pos == '' and '-' or '(' .. pos, '+', 'COUNT', count)
+end
+
+local function split_id(id)
+  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
+  if ms then return tonumber(ms), tonumber(seq) end
+end
+
+local function id_below(a, b)
+  local ams, aseq = split_id(a)
+  local bms, bseq = split_id(b)
+  return ams < bms or (ams == bms and aseq < bseq)
+end
