@@ -31,6 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import _keys
+from .._urlmask import mask_secrets, mask_url
 from ..exceptions import ConfigurationError, RedisOperationError
 from .wire import text
 
@@ -79,28 +80,9 @@ def resolve_client(
             client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
             return client, True
         except Exception as exc:  # from_url does no I/O: whatever it raises is about the URL
-            import re
-
-            # Mask the password (userinfo after "user:", or the whole userinfo,
-            # and a password= option) in the URL and in redis-py's message.
-            secrets: list[str] = []
-            rest = url.split("://", 1)[-1]
-            at = rest.rfind("@")
-            if at >= 0:
-                user, colon, password = rest[:at].partition(":")
-                secrets.append(password if colon else user)
-                masked = (
-                    url[: len(url) - len(rest)] + (user + ":" if colon else "") + "***" + rest[at:]
-                )
-            else:
-                masked = url
-            secrets += re.findall(r"(?i)[?&]password=([^&#]*)", url)
-            masked = re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", masked)
-            message = f"invalid Redis URL {masked!r}: {exc}"
-            for secret in secrets:
-                if len(secret) >= 4:  # a shorter one would garble the message more than it hides
-                    message = message.replace(secret, "***")
-            # from None: redis-py's own exception (kept as __context__) may show the password.
+            # The password masked in the URL and in redis-py's message; from None: redis-py's own
+            # exception (kept as __context__) may show it.
+            message = mask_secrets(url, f"invalid Redis URL {mask_url(url)!r}: {exc}")
             raise ConfigurationError(message) from None
     if isinstance(redis, (aioredis.Redis, RedisCluster)):
         return redis, False
@@ -262,10 +244,11 @@ def topology_error(exc: BaseException) -> bool:
     return redirected(exc) or isinstance(exc, (RedisConnectionError, RedisTimeoutError, OSError))
 
 
-async def execute(pipe: Any) -> list[Any]:
-    """Run a pipeline and always reset it, so a failed one leaves no connection behind."""
+async def execute(pipe: Any, *, raise_on_error: bool = True) -> list[Any]:
+    """Run a pipeline and always reset it, so a failed one leaves no connection behind (with
+    ``raise_on_error=False`` an error reply comes back in its place, as the exception)."""
     try:
-        return await pipe.execute()  # type: ignore[no-any-return]
+        return await pipe.execute(raise_on_error=raise_on_error)  # type: ignore[no-any-return]
     finally:
         await pipe.reset()
 

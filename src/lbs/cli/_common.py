@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import ssl
 import sys
 from typing import NoReturn
@@ -14,6 +13,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 from rich.markup import escape
+
+from .._urlmask import mask_url
 
 __all__ = [
     "EXIT_CONFIG",
@@ -95,21 +96,6 @@ def explain(exc: BaseException, url: str = "") -> str:
     ):
         return f"{exc} (if the server speaks TLS on that port, use rediss://)"
     return str(exc)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its secrets replaced by ``***``, for printing: the password (or a user-only
-    secret) and a ``password=`` option; the rest as written."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    netloc, tail = rest[:cut], rest[cut:]
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        user, colon, _ = userinfo.partition(":")
-        netloc = f"{user}:***@{host}" if colon else f"***@{host}"
-    return f"{scheme}://{netloc}" + re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", tail)
 
 
 def setup_logging(level: str) -> None:

@@ -1,0 +1,133 @@
+"""Rounds 3 to 6 of a status read, only when there is something to show: what each consumer holds
+(its data streams' names and lock tokens), the held keys of keyed processing, and the names whose
+registrations wait for their holder."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from _lbscore import decode_input
+
+from .. import _keys
+from .._redis.connection import execute, waiting_names
+from .._redis.wire import fields_text, text
+from .._streamids import id_ms
+from ..exceptions import LbsError
+from ._replies import check, counter, keyed, s
+from .records import HeldStream, KeyStatus, NameWait
+from .snapshot import Target
+
+#: Names with waiting registrations read by rounds 5 and 6 (at most ``sample``).
+WAITING_NAMES_SHOWN = 50
+
+
+async def names_waiting(r: aioredis.Redis, t: Target) -> tuple[NameWait, ...]:
+    """Rounds 5 and 6: the first names of the waiting index (at most ``sample`` and
+    :data:`WAITING_NAMES_SHOWN`), then, in one plain pipeline, each one's holder key and waiting
+    list's length."""
+    names = await waiting_names(r, t.service, min(t.sample, WAITING_NAMES_SHOWN))
+    holder, listed = (
+        _keys.name_holder(t.service, "").encode(),
+        _keys.waiting_list(t.service, "").encode(),
+    )
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.get(holder + name)
+        pipe.llen(listed + name)
+    replies = await execute(pipe, raise_on_error=False)
+    out = []
+    for i, name in enumerate(names):
+        value, waiting = replies[2 * i], replies[2 * i + 1]
+        # A key of another type (garbage lbs leaves alone) shows as held by nobody, nothing waiting.
+        value = "" if isinstance(value, Exception) or value is None else s(value)
+        back = value.startswith("+")
+        out.append(
+            NameWait(
+                text(name, "replace"),
+                value.strip("+"),
+                back,
+                0 if isinstance(waiting, Exception) else int(waiting),
+            )
+        )
+    return tuple(out)
+
+
+async def holdings(
+    r: aioredis.Redis, t: Target, now: int
+) -> tuple[dict[str, tuple[HeldStream, ...]], tuple[KeyStatus, ...]]:
+    """Rounds 3 and 4 (plain pipelines): the first ``sample`` pending entries, their data streams'
+    names and lock values (by consumer); then, for each, the key's state and data stream length. Keys
+    without a state are left out (the service is not keyed, or the key was let go meanwhile)."""
+    pending = check(
+        "XPENDING range",
+        await r.xpending_range(t.stream, t.group, "-", "+", t.sample),
+    )
+    held = [
+        (
+            s(p.get("message_id")),
+            s(p.get("consumer")),
+            int(p.get("time_since_delivered") or 0),
+        )
+        for p in map(keyed, pending)
+    ]
+    pipe = r.pipeline(transaction=False)
+    for entry_id, _, _ in held:
+        pipe.xrange(t.stream, entry_id, entry_id, count=1)
+        pipe.get(_keys.lock_key(t.service, entry_id))
+    replies = await execute(pipe, raise_on_error=False)
+    names = []
+    by_consumer: dict[str, list[HeldStream]] = {}
+    for (entry_id, consumer, idle), entries, lock in zip(held, replies[::2], replies[1::2]):
+        name = ""
+        if not isinstance(entries, Exception) and entries:
+            try:
+                name = decode_input(fields_text(entries[0][1]).get(_keys.INPUT_FIELD, ""))[0]
+                names.append((name, entry_id, consumer))
+            except (LbsError, ValueError, AttributeError):
+                pass
+        token, _, _ = s(lock).partition(":") if isinstance(lock, (bytes, str)) else ("", "", "")
+        by_consumer.setdefault(consumer, []).append(
+            HeldStream(
+                name,
+                entry_id,
+                int(token) if token.isdigit() else None,
+                max(0, now - id_ms(entry_id)),
+                idle,
+            )
+        )
+    streams = {c: tuple(rows) for c, rows in by_consumer.items()}
+    if not names:
+        return streams, ()
+    pipe = r.pipeline(transaction=False)
+    for key, _, _ in names:
+        pipe.hmget(
+            _keys.key_state(t.service, key),
+            "holder",
+            "pos",
+            "tries",
+            "fails",
+            "unblamed",
+            "until",
+        )
+        pipe.xlen(_keys.keyed_stream(t.service, key))
+    replies = await execute(pipe, raise_on_error=False)
+    rows = []
+    for (key, entry_id, consumer), state, length in zip(names, replies[::2], replies[1::2]):
+        if isinstance(state, Exception) or isinstance(length, Exception) or not any(state):
+            continue
+        holder, pos, tries, fails, unblamed, until = (s(v) for v in state)
+        failures = counter(fails) + counter(unblamed)
+        rows.append(
+            KeyStatus(
+                key,
+                consumer,
+                entry_id,
+                pos,
+                int(length),
+                counter(tries),
+                holder == entry_id,
+                failures,
+                bool(until) or counter(fails) > 0,
+            )
+        )
+    return streams, tuple(sorted(rows, key=lambda k: (-k.backlog, k.key)))
