@@ -1,30 +1,56 @@
-"""What every ``lbs`` command shares: exit codes, the stderr console, errors, logging, URL masking."""
+"""What every ``lbs`` command shares: exit codes, the stderr console, errors, logging, URL masking,
+the ``--url`` option and ``SERVICE`` argument of the commands that read a service, running their
+work, and durations for people.
+
+Exit codes of ``status``, ``claim`` and ``dlq``:
+
+* 0: done as asked (``status``: the service exists; ``claim``: every id was
+  re-queued, dead-lettered, or needed nothing: not pending);
+* 1: a failure: Redis unreachable or refusing (a key of the wrong type, an
+  ACL), or no such service (``status``: its load-balancer stream does not
+  exist; ``--json`` still prints the document, with ``"exists": false``);
+* 2: the command line is wrong;
+* 3: done in part (``claim``: some assignment is still locked by a live
+  holder, or could not be claimed; ``dlq``: letters refused, not found, or a
+  purge not confirmed);
+* 78: a setting is invalid (a Redis URL redis-py cannot use).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import sys
-from typing import NoReturn
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-from redis.exceptions import AuthenticationError
+from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
 from rich.markup import escape
 
+from .. import _keys
 from .._urlmask import mask_url
+from ..exceptions import ConfigurationError, LbsError
 
 __all__ = [
     "EXIT_CONFIG",
     "EXIT_FAILURE",
+    "EXIT_INCOMPLETE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "ServiceArgument",
+    "UrlOption",
+    "check_service",
+    "duration",
     "err_console",
     "explain",
     "fail",
     "mask_url",
+    "run",
     "setup_logging",
 ]
 
@@ -36,6 +62,9 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 #: A setting is invalid, wherever it came from (a file, LBS_<FIELD>, --set, a flag): sysexits' EX_CONFIG.
 EXIT_CONFIG = 78
+
+#: The command ran but did not do all it was asked: a stream still locked, a letter refused or missing.
+EXIT_INCOMPLETE = 3
 
 #: Messages, banners and logs go to stderr; stdout carries only what a command is asked to print.
 err_console = Console(stderr=True)
@@ -112,3 +141,67 @@ def setup_logging(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+#: ``--url``: every command that reads a service takes it, defaulting to ``$LBS_URL``.
+UrlOption = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="LBS_URL",
+        show_envvar=True,
+        help="Redis URL: redis://, rediss://, redis+cluster:// (any node of a cluster) or rediss+cluster://.",
+    ),
+]
+ServiceArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="SERVICE",
+        help="The service: its load-balancer stream is `SERVICE-input`.",
+        show_default=False,
+    ),
+]
+
+T = TypeVar("T")
+
+
+def run(command: str, work: Callable[[], Coroutine[Any, Any, T]], url: str = "") -> T:
+    """Run ``work()`` to its end; lbs and Redis errors become a message on stderr and an exit code.
+
+    A bad setting (a URL redis-py cannot use, a service name with braces)
+    exits 78, any other lbs or Redis error 1 (with the fix, for a password
+    or TLS mistake in ``url``). Ctrl-C is not caught here.
+    """
+    try:
+        return asyncio.run(work())
+    except ConfigurationError as exc:
+        fail(command, str(exc), EXIT_CONFIG)
+    except (LbsError, RedisError, OSError) as exc:
+        fail(command, explain(exc, url), EXIT_FAILURE)
+
+
+def check_service(command: str, service: str) -> None:
+    """Exit 2 (usage), naming the problem, unless ``service`` can name a service."""
+    try:
+        _keys.validate_service(service)
+    except ConfigurationError as exc:
+        fail(command, str(exc), EXIT_USAGE)
+
+
+def duration(ms: int | None, signed: bool = False) -> str:
+    """A duration for people: ``850 ms``, ``12.3 s``, ``4 min``, ``2.5 h``, ``3.1 d``; ``-`` for None."""
+    if ms is None:
+        return "-"
+    sign = ("+" if ms >= 0 else "-") if signed else ("-" if ms < 0 else "")
+    a = abs(ms)
+    if a < 1000:
+        text = f"{a} ms"
+    elif a < 60_000:
+        text = f"{a / 1000:.1f} s"
+    elif a < 3_600_000:
+        text = f"{a / 60_000:.0f} min"
+    elif a < 86_400_000:
+        text = f"{a / 3_600_000:.1f} h"
+    else:
+        text = f"{a / 86_400_000:.1f} d"
+    return sign + text

@@ -3,7 +3,7 @@
 The ``lbs`` app mounts :data:`app` (``app.add_typer(dlq.app, name="dlq")``).
 The library side is :class:`lbs.deadletters.DeadLetters`; what a replay
 writes is described there. Exit codes are those of ``lbs status``
-(:mod:`lbs.cli.status`): 0 done, 1 a failure (Redis, or ``show`` of a letter
+(:mod:`lbs.cli._common`): 0 done, 1 a failure (Redis, or ``show`` of a letter
 that is not there), 2 a wrong command line, 3 done in part (a letter refused
 or not found, a purge not confirmed), 78 an invalid setting (the URL).
 """
@@ -11,7 +11,6 @@ or not found, a purge not confirmed), 78 an invalid setting (the URL).
 from __future__ import annotations
 
 import json
-import re
 import sys
 from typing import Annotated
 
@@ -21,9 +20,20 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .._streamids import NOT_AN_ID, bad_ids
 from ..deadletters import DeadLetter, DeadLetters, Replay, letter_time_ms
-from ._common import EXIT_FAILURE, EXIT_USAGE, err_console, fail
-from .status import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, duration, run
+from ._common import (
+    EXIT_FAILURE,
+    EXIT_INCOMPLETE,
+    EXIT_USAGE,
+    ServiceArgument,
+    UrlOption,
+    check_service,
+    duration,
+    err_console,
+    fail,
+    run,
+)
 
 __all__ = ["app"]
 
@@ -32,8 +42,6 @@ app = typer.Typer(
     "stream, purge.",
     no_args_is_help=True,
 )
-
-_LETTER_ID = re.compile(r"[0-9]+-[0-9]+\Z")
 
 IdsArgument = Annotated[
     list[str] | None,
@@ -67,9 +75,9 @@ def _selection(
         fail(command, "say which letters: their ids, --reason SUBSTRING, or --all", EXIT_USAGE)
     if reason is not None and not reason:
         fail(command, "--reason needs a non-empty SUBSTRING", EXIT_USAGE)
-    bad = [i for i in ids or () if not _LETTER_ID.match(i)]
+    bad = bad_ids(ids or ())
     if bad:
-        fail(command, f"not a stream id (<milliseconds>-<sequence>): {', '.join(bad)}", EXIT_USAGE)
+        fail(command, f"{NOT_AN_ID}: {', '.join(bad)}", EXIT_USAGE)
     return list(ids) if ids else None
 
 

@@ -302,7 +302,8 @@ def load_handler(target: str, app_dir: str | None = None) -> Handler:
         )
     if not (
         inspect.iscoroutinefunction(obj)
-        or inspect.iscoroutinefunction(getattr(obj, "__call__", None))
+        # The method itself: callable() would not say whether it is a coroutine function.
+        or inspect.iscoroutinefunction(getattr(obj, "__call__", None))  # noqa: B004
     ):
         raise HandlerError(
             f"{target} is not an async function: lbs calls `await handler(notification)`, "

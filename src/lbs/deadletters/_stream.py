@@ -81,13 +81,8 @@ class LetterStream:
             self._owned = False
             await self._client.aclose()
 
-    async def __aenter__(self) -> LetterStream:
-        return self
+    # ---------------------------------------------------- selecting letters ---
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    # ------------------------------------------------------------- reading ---
     def _letter(self, letter_id: str, fields: Any) -> DeadLetter:
         return DeadLetter(letter_id, fields_text(fields), self.prefix)
 

@@ -45,6 +45,12 @@ class DeadLetters(LetterStream):
     :class:`lbs.ConfigurationError`.
     """
 
+    async def __aenter__(self) -> DeadLetters:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
     async def count(self) -> int:
         """How many letters the dead-letter stream holds."""
         async with self._redis("count") as r:
@@ -155,5 +161,3 @@ class DeadLetters(LetterStream):
                     raise RedisOperationError("purge", replies[0])
                 deleted += int(replies[0])
         return deleted
-
-    # ------------------------------------------------------------ helpers ---

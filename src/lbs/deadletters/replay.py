@@ -241,6 +241,3 @@ def _raw_fields(
     if key:
         back[p + "key"] = key
     return back
-
-
-# -------------------------------------------------------------- purge ---

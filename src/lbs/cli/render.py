@@ -1,0 +1,213 @@
+"""``lbs status``'s screen: a service's :class:`~lbs.status.ServiceStatus` as rich renderables."""
+
+from __future__ import annotations
+
+import time
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ..status import ConsumerStatus, ServiceStatus
+from ._common import duration
+
+__all__ = ["HOLDS_SHOWN", "render_status"]
+
+_STATE_STYLE = {"alive": "green", "late": "yellow", "dead": "bold red", "departed": "dim"}
+
+
+def _server_clock(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ms / 1000))
+
+
+def render_status(
+    st: ServiceStatus, *, url: str = "", max_rows: int = 20, footer: str = ""
+) -> RenderableType:
+    """The status as one screen: a summary panel, the consumers (at most ``max_rows``, the departed
+    counted, not listed), the dead-letter reasons (the five most frequent)."""
+    where = f"{st.stream} · {st.server_name} {st.server_version or '?'}" + (
+        f" · {st.node}" if st.node else ""
+    )
+    title = f"[bold]lbs status {st.service}[/] · {where}"
+    subtitle = f"server time {_server_clock(st.time_ms)}" + (f" · {footer}" if footer else "")
+    if not st.exists:
+        body = Text(
+            f"No such service: {st.stream} does not exist" + (f" on {url}" if url else "") + ".",
+            style="bold red",
+        )
+        if st.dead_letters:
+            body.append(
+                f"\n{st.dead_letters:,} dead letters remain in {st.dead_letter_stream}.", style=""
+            )
+        return Panel(
+            body, title=title, subtitle=subtitle, title_align="left", subtitle_align="left"
+        )
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    how = {"lag": "", "counted": "", "no group": " (no group yet)", "estimated": " (estimated)"}
+    backlog = ("~" if not st.backlog_exact else "") + f"{st.backlog:,}"
+    grid.add_row(
+        "load-balancer stream",
+        f"{st.length:,} entries: [bold]{backlog}[/] waiting{how.get(st.backlog_method, '')}, "
+        f"[bold]{st.pending:,}[/] pending (held)",
+    )
+    if st.oldest_waiting:
+        grid.add_row(
+            "oldest waiting",
+            f"{st.oldest_waiting.id}, waiting for {duration(st.oldest_waiting.age_ms)}",
+        )
+    if st.oldest_pending:
+        p = st.oldest_pending
+        grid.add_row(
+            "oldest pending",
+            Text(
+                f"{p.id}, held by {p.consumer}: added {duration(p.age_ms)} ago, idle {duration(p.idle_ms)}, "
+                f"{p.deliveries} deliver{'y' if p.deliveries == 1 else 'ies'}"
+            ),
+        )
+    counts = [(s, st.count(s)) for s in ("alive", "late", "dead", "departed")]
+    grid.add_row(
+        "consumers",
+        ", ".join(f"[{_STATE_STYLE[s]}]{n} {s}[/]" if n else f"{n} {s}" for s, n in counts),
+    )
+    rq = st.requeued
+    if rq.looked_at:
+        among = (
+            f"all {rq.looked_at:,} waiting"
+            if rq.complete
+            else f"the {rq.looked_at:,} newest waiting"
+        )
+        grid.add_row(
+            "re-queued",
+            f"{rq.requeued:,} of {among} ({rq.retried:,} with a retry counted, "
+            f"{rq.replayed:,} replayed from dead letters)",
+        )
+    if st.names_waiting:
+        grid.add_row("waiting for a holder", Text(_waiting_names(st)))
+    if st.delayed:
+        d = st.delayed
+        due = f", next due in {duration(d.next_due_ms)}" if d.next_due_ms is not None else ""
+        grid.add_row("delayed retries", f"{d.parked:,} parked{due}")
+    dl_style = "bold red" if st.dead_letters else ""
+    grid.add_row(
+        "dead letters",
+        Text(f"{st.dead_letters:,}", style=dl_style) + Text(f" in {st.dead_letter_stream}")
+        if st.dead_letter_stream
+        else Text("dropped (no dead-letter stream)"),
+    )
+    for note in st.notes:
+        grid.add_row("note", Text(note, style="yellow"))
+    parts: list[RenderableType] = [
+        Panel(
+            grid,
+            title=title,
+            subtitle=subtitle,
+            title_align="left",
+            subtitle_align="left",
+            box=box.ROUNDED,
+        )
+    ]
+
+    shown = [c for c in st.consumers if c.state != "departed"]
+    if shown:
+        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        table.add_column("consumer", no_wrap=True, overflow="ellipsis", max_width=40)
+        table.add_column("state", no_wrap=True)
+        table.add_column("held", justify="right")
+        table.add_column("idle", justify="right")
+        table.add_column("deadline", justify="right")
+        table.add_column("instance marker", justify="right")
+        table.add_column("holds (token, registered ago)", overflow="fold")
+        for c in shown[:max_rows]:
+            table.add_row(
+                c.name,
+                Text(c.state, style=_STATE_STYLE[c.state]),
+                f"{c.pending:,}",
+                duration(c.idle_ms),
+                duration(c.deadline_ms, signed=True),
+                _marker(c),
+                _holds(c),
+            )
+        if len(shown) > max_rows:
+            table.caption = f"{len(shown) - max_rows} more not shown (--json lists every consumer)"
+        parts.append(table)
+    if st.keys:
+        keys = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        keys.add_column("held key", no_wrap=True, overflow="ellipsis", max_width=40)
+        keys.add_column("consumer", no_wrap=True, overflow="ellipsis", max_width=40)
+        keys.add_column("backlog", justify="right")
+        keys.add_column("position", no_wrap=True)
+        keys.add_column("tries", justify="right")
+        keys.add_column("failures", justify="right")
+        for k in st.keys[:max_rows]:
+            keys.add_row(
+                k.key,
+                k.consumer,
+                f"{k.backlog:,}",
+                k.position or "-",
+                f"{k.tries}" if k.holder else "not fetched",
+                f"{k.failures}{' (one at a time)' if k.isolating else ''}"
+                if k.failures or k.isolating
+                else "-",
+            )
+        shown_backlog = sum(k.backlog for k in st.keys)
+        keys.caption = f"{len(st.keys):,} held keys, {shown_backlog:,} messages waiting in them" + (
+            f"; {len(st.keys) - max_rows} more not shown (--json lists them)"
+            if len(st.keys) > max_rows
+            else ""
+        )
+        parts.append(keys)
+    if st.reasons:
+        reasons = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+        reasons.add_column(
+            f"dead-letter reason (newest {st.reasons_over:,} letters)",
+            overflow="ellipsis",
+            no_wrap=True,
+            max_width=90,
+        )
+        reasons.add_column("letters", justify="right", no_wrap=True, min_width=7)
+        for r in st.reasons[:5]:
+            reasons.add_row(r.reason or "(none)", f"{r.count:,}")
+        if len(st.reasons) > 5:
+            reasons.caption = f"{len(st.reasons) - 5} other reasons"
+        parts.append(reasons)
+    return Group(*parts)
+
+
+def _waiting_names(st: ServiceStatus) -> str:
+    """``N data streams have registrations waiting for their holder: name (2 after <id>), ...``."""
+    names = ", ".join(
+        f"{w.name} ({w.waiting:,} after {w.holder}{', put back' if w.back else ''})"
+        for w in st.waiting_names[:HOLDS_SHOWN]
+    )
+    shown = min(HOLDS_SHOWN, len(st.waiting_names))
+    rest = f", +{st.names_waiting - shown:,} more" if shown and st.names_waiting > shown else ""
+    return (
+        f"{st.names_waiting:,} data stream{'s' if st.names_waiting != 1 else ''} with registrations waiting "
+        f"for their holder" + (f": {names}{rest}" if names else "")
+    )
+
+
+#: Held streams named per consumer on the screen (``--json`` has every one sampled).
+HOLDS_SHOWN = 3
+
+
+def _holds(c: ConsumerStatus) -> str:
+    """``name (token 12, 3s), ...`` for the first :data:`HOLDS_SHOWN` streams ``c`` holds; ``+N`` for the rest."""
+    parts = [
+        f"{h.stream or h.entry_id} ({'lock gone' if h.token is None else f'token {h.token}'}, "
+        f"{duration(h.age_ms)})"
+        for h in c.held[:HOLDS_SHOWN]
+    ]
+    more = c.pending - len(parts)
+    return ", ".join(parts) + (f", +{more:,}" if more > 0 and parts else "")
+
+
+def _marker(c: ConsumerStatus) -> str:
+    if c.instance_ttl_ms is None:
+        return "none"
+    return "no TTL" if c.instance_ttl_ms < 0 else duration(c.instance_ttl_ms)
