@@ -32,7 +32,8 @@ handler per command or script, each answering with the reply shape of the script
   the id floor.
 * ``XRANGE key - + COUNT n``: a stream's first n entries (what KeyedRunner sends behind
   fetch-1 and commit-1).
-* ``MULTI``-less pipelines of ``ZADD``/``ZREMRANGEBYSCORE``/``ZREMRANGEBYRANK`` (pardons).
+* the pipeline ``Requeue.pardon`` sends: ``ZADD``, ``ZREMRANGEBYSCORE``, ``ZREMRANGEBYRANK``
+  (run in order; its MULTI/EXEC is not modelled).
 
 Anything else is an error reply naming the command, so a test that sends something new fails
 loudly: add a ``_cmd_<name>`` or ``_script_<name>`` method (and a line above).
