@@ -13,7 +13,6 @@ import redis.asyncio as aioredis
 from lbs.embedded import RedisServer
 
 from _cli_helpers import cli_env, run_lbs
-
 from _pty import flat, invoke
 
 pytestmark = pytest.mark.integration

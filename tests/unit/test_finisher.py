@@ -8,13 +8,14 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from _fakewire import FakeRedis, Harness, eventually
 
 from lbs._consumer.finisher import Finisher
 from lbs._consumer.topology import Topology
 from lbs._waits import within
 from lbs.exceptions import RedisOperationError
 from lbs.notifications import DoneStatus
+
+from _fakewire import FakeRedis, Harness, eventually
 
 
 @pytest.fixture

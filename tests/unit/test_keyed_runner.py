@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from _fakewire import FakeRedis, Harness, eventually
 
 from lbs._consumer.finisher import Finisher
 from lbs._consumer.keyed import KeyedRunner
@@ -18,6 +17,8 @@ from lbs._waits import within
 from lbs.config import Config
 from lbs.keyed import KeyedBatch
 from lbs.notifications import Notification, NotificationType
+
+from _fakewire import FakeRedis, Harness, eventually
 
 
 @pytest.fixture

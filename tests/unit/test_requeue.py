@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from _fakewire import FakeRedis, Harness
 
 from _lbscore import EntryParser
 from lbs._consumer.requeue import Requeue
 from lbs.config import Config
 from lbs.exceptions import RedisOperationError
 from lbs.notifications import NotificationType
+
+from _fakewire import FakeRedis, Harness
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from _fakewire import FakeRedis, Harness, eventually
 
 from lbs._consumer.finisher import Finisher
 from lbs._consumer.requeue import Requeue
@@ -18,6 +17,8 @@ from lbs._consumer.topology import Topology
 from lbs._waits import within
 from lbs.config import Config
 from lbs.notifications import Notification, NotificationType
+
+from _fakewire import FakeRedis, Harness, eventually
 
 
 @pytest.fixture
