@@ -3,11 +3,14 @@
 ``lbs status``, :class:`lbs.DeadLetters` and ``lbs claim`` read and write one service's keys, all under
 its hash tag: on Redis Cluster they talk to the master owning that slot through a plain client built
 from the node's own settings (:func:`lbs._redis.connection.slot_owner`), so pipelines and MULTI/EXEC
-land where the keys are. Elsewhere the client given is used as it is.
+land where the keys are. Elsewhere the client given is used as it is. Also what these tools share
+on that client: the server's clock from ``TIME`` (every age is measured by it) and key names made
+safe for a ``SCAN MATCH`` pattern.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +20,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from ._redis.connection import ClusterMode, RedisLike, resolve_client, slot_owner
 
-__all__ = ["on_owner", "owner", "time_ms"]
+__all__ = ["glob_escape", "on_owner", "owner", "time_ms"]
 
 
 @asynccontextmanager
@@ -56,3 +59,8 @@ def time_ms(reply: Any) -> int:
     """A ``TIME`` reply as ms since the epoch: the server's clock, which ages are measured by."""
     seconds, micros = reply
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with the characters special in Redis's glob patterns (SCAN MATCH) backslash-escaped."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from . import _keys
-from ._waits import within
+from ._demo_crash import kill_after_first_line
 from .client import Client
 from .config import Config
 from .keyed import KeyedBatch, KeyedHandler
@@ -90,67 +89,10 @@ async def run_keyed_demo(url: str, service: str, out: Printer = print) -> KeyedR
     r = aioredis.Redis.from_url(url)
     names = [f"ticket-{i + 1}" for i in range(TICKETS)]
     try:
-        async with Publisher(r, service) as pub:
-            await pub.publish_many([(t, {"event": e}) for e in EVENTS for t in names])
-        out(
-            f"tickets: published {len(EVENTS)} events of each of {TICKETS} tickets, interleaved; "
-            f"{await r.xlen(_keys.input_stream(service))} tickets registered in {_keys.input_stream(service)}"
-        )
-        doomed = subprocess.Popen(
-            [sys.executable, "-m", "lbs._demo_keyed", "doomed", url, service],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert doomed.stdout is not None
-            line = await within(asyncio.to_thread(doomed.stdout.readline), 30)
-            if not line:
-                raise RuntimeError(f"desk-x exited with {doomed.wait()} before committing anything")
-            doomed.kill()
-            killed_at = time.perf_counter()
-        finally:
-            doomed.kill()
-            doomed.wait()
-            if doomed.stdout:
-                doomed.stdout.close()
-        positions = {t: await r.hget(_keys.key_state(service, t), "pos") for t in names}
-        result.cut_mid_ticket = sum(1 for p in positions.values() if p)
-        out(
-            f"tickets: desk-x (pid {doomed.pid}) committed part of {result.cut_mid_ticket} ticket(s) "
-            f"({json.loads(line)['committed']} events) and was killed with SIGKILL mid-ticket"
-        )
-        b = Client(
-            r,
-            service,
-            consumer_id="desk-b",
-            load_entrypoint_plugins=False,
-            config=Config(lock_ttl=10.0, read_block=0.1, deadline_poll_interval=0.1),
-        )
-        runner = asyncio.create_task(b.run_keyed(_handler(service, "desk-b", 0.0), batch=2))
-        try:
-            deadline = time.monotonic() + 30
-            while b.stats.done < TICKETS:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("desk-b did not finish the tickets in 30 s")
-                await asyncio.sleep(0.02)
-        finally:
-            await b.close()
-            await runner
-        out(
-            f"tickets: desk-b took over once desk-x's locks expired and finished all {TICKETS} tickets "
-            f"{time.perf_counter() - killed_at:.2f} s after the kill, each after its committed position"
-        )
-        timeline: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(_timeline(service))  # type: ignore[assignment]
-        for _, f in timeline:
-            ticket = f[b"ticket"].decode()
-            result.timelines.setdefault(ticket, []).append(
-                (f[b"event"].decode(), f[b"desk"].decode())
-            )
-        for t in names:
-            steps = " > ".join(f"{e} ({d})" for e, d in result.timelines.get(t, []))
-            out(f"tickets: {t}: {steps}")
-        verdict = "in order, once each" if result.ok else "NOT in order once each"
-        out(f"tickets: every ticket's events {verdict}, across the kill")
+        await _publish(r, service, names, out)
+        killed_at = await _kill_desk_x(r, url, service, names, result, out)
+        await _take_over(r, service, killed_at, out)
+        await _read_timelines(r, service, names, result, out)
         await r.delete(
             _timeline(service),
             _keys.dead_letter_stream(service),
@@ -160,6 +102,76 @@ async def run_keyed_demo(url: str, service: str, out: Printer = print) -> KeyedR
     finally:
         await r.aclose()
     return result
+
+
+async def _publish(r: aioredis.Redis, service: str, names: list[str], out: Printer) -> None:
+    """Step 1: every ticket's events, interleaved, published by key."""
+    async with Publisher(r, service) as pub:
+        await pub.publish_many([(t, {"event": e}) for e in EVENTS for t in names])
+    out(
+        f"tickets: published {len(EVENTS)} events of each of {TICKETS} tickets, interleaved; "
+        f"{await r.xlen(_keys.input_stream(service))} tickets registered in {_keys.input_stream(service)}"
+    )
+
+
+async def _kill_desk_x(
+    r: aioredis.Redis, url: str, service: str, names: list[str], result: KeyedResult, out: Printer
+) -> float:
+    """Step 2: desk-x, in another process, commits part of a ticket and is killed; when it was."""
+    line, pid, killed_at = await kill_after_first_line(
+        "desk-x exited with {} before committing anything",
+        "lbs._demo_keyed",
+        "doomed",
+        url,
+        service,
+    )
+    positions = {t: await r.hget(_keys.key_state(service, t), "pos") for t in names}
+    result.cut_mid_ticket = sum(1 for p in positions.values() if p)
+    out(
+        f"tickets: desk-x (pid {pid}) committed part of {result.cut_mid_ticket} ticket(s) "
+        f"({json.loads(line)['committed']} events) and was killed with SIGKILL mid-ticket"
+    )
+    return killed_at
+
+
+async def _take_over(r: aioredis.Redis, service: str, killed_at: float, out: Printer) -> None:
+    """Step 3: desk-b finishes every ticket once desk-x's locks expired, each after its position."""
+    b = Client(
+        r,
+        service,
+        consumer_id="desk-b",
+        load_entrypoint_plugins=False,
+        config=Config(lock_ttl=10.0, read_block=0.1, deadline_poll_interval=0.1),
+    )
+    runner = asyncio.create_task(b.run_keyed(_handler(service, "desk-b", 0.0), batch=2))
+    try:
+        deadline = time.monotonic() + 30
+        while b.stats.done < TICKETS:
+            if time.monotonic() > deadline:
+                raise RuntimeError("desk-b did not finish the tickets in 30 s")
+            await asyncio.sleep(0.02)
+    finally:
+        await b.close()
+        await runner
+    out(
+        f"tickets: desk-b took over once desk-x's locks expired and finished all {TICKETS} tickets "
+        f"{time.perf_counter() - killed_at:.2f} s after the kill, each after its committed position"
+    )
+
+
+async def _read_timelines(
+    r: aioredis.Redis, service: str, names: list[str], result: KeyedResult, out: Printer
+) -> None:
+    """Step 4: the timelines read back: every ticket's events once each, in order, whoever handled them."""
+    timeline: list[tuple[bytes, dict[bytes, bytes]]] = await r.xrange(_timeline(service))  # type: ignore[assignment]
+    for _, f in timeline:
+        ticket = f[b"ticket"].decode()
+        result.timelines.setdefault(ticket, []).append((f[b"event"].decode(), f[b"desk"].decode()))
+    for t in names:
+        steps = " > ".join(f"{e} ({d})" for e, d in result.timelines.get(t, []))
+        out(f"tickets: {t}: {steps}")
+    verdict = "in order, once each" if result.ok else "NOT in order once each"
+    out(f"tickets: every ticket's events {verdict}, across the kill")
 
 
 async def _doomed(url: str, service: str) -> None:

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__, _bench
+from .._admin import glob_escape
 from ..exceptions import LbsError
 from ._common import EXIT_FAILURE, err_console, fail, mask_url
 
@@ -46,8 +47,7 @@ class Side:
 
 async def _service_keys(r: aioredis.Redis, service: str) -> list[bytes]:
     """Keys whose name contains ``service`` (every key of it and of the rounds' services)."""
-    pattern = "".join(f"[{c}]" if c in "*?[]\\" else c for c in service)
-    return [k async for k in r.scan_iter(match=f"*{pattern}*", count=10_000)]
+    return [k async for k in r.scan_iter(match=f"*{glob_escape(service)}*", count=10_000)]
 
 
 async def _run(

@@ -75,7 +75,7 @@ def demo(
     consumers in one group, print what happened, check nothing is left behind, and delete the demo's
     keys. Exits 0 on success, 1 otherwise (a key of the service already there included).
     """
-    from .._demo import run_demo
+    from .._demo import DemoResult, run_demo
     from ..embedded import RedisServer
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -85,35 +85,29 @@ def demo(
         console.print(line, markup=False)
 
     progress = _Spinner(console)
+
+    def run(url: str) -> DemoResult:
+        return asyncio.run(
+            run_demo(
+                url,
+                service=service,
+                streams=streams,
+                consumers=consumers,
+                spark=spark,
+                out=out,
+                progress=progress,
+            )
+        )
+
     try:
         if redis_url:
             out(f"lbs demo: using {mask_url(redis_url)}")
-            result = asyncio.run(
-                run_demo(
-                    redis_url,
-                    service=service,
-                    streams=streams,
-                    consumers=consumers,
-                    spark=spark,
-                    out=out,
-                    progress=progress,
-                )
-            )
+            result = run(redis_url)
         else:
             with RedisServer() as server:
                 v = ".".join(map(str, server.version))
                 out(f"lbs demo: embedded Redis {v} at {server.url} (pid {server.pid})")
-                result = asyncio.run(
-                    run_demo(
-                        server.url,
-                        service=service,
-                        streams=streams,
-                        consumers=consumers,
-                        spark=spark,
-                        out=out,
-                        progress=progress,
-                    )
-                )
+                result = run(server.url)
     except LbsError as exc:
         fail("demo", str(exc))
     finally:

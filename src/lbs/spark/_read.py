@@ -31,6 +31,7 @@ from pyspark.sql.types import MapType, StringType, StructField, StructType
 from redis.exceptions import ResponseError
 
 from .. import _keys
+from .._streamids import id_key
 from ..exceptions import ConfigurationError
 from ._options import Connection, RawConnection, lowered, node_of, number
 
@@ -316,12 +317,6 @@ class GroupRange(InputPartition):
     end: str
 
 
-def _id(raw: str | bytes) -> tuple[int, int]:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
 class LbsStreamReader(_Options, DataSourceStreamReader):
     """Streaming reader: offsets are ``{stream: last id included}``, one consumer group per query."""
 
@@ -415,7 +410,7 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         return [
             GroupRange(name, start.get(name, _FIRST), last)
             for name, last in end.items()
-            if _id(last) > _id(start.get(name, _FIRST))
+            if id_key(last) > id_key(start.get(name, _FIRST))
         ]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -13,9 +13,8 @@ from .._redis.connection import execute, waiting_names
 from .._redis.wire import fields_text, text
 from .._streamids import id_ms
 from ..exceptions import LbsError
-from ._replies import check, counter, keyed, s
 from .records import HeldStream, KeyStatus, NameWait
-from .snapshot import Target
+from .snapshot import Target, check, counter, keyed, s
 
 #: Names with waiting registrations read by rounds 5 and 6 (at most ``sample``).
 WAITING_NAMES_SHOWN = 50

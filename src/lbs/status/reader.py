@@ -9,7 +9,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from .. import _keys
 from .._admin import on_owner, time_ms
@@ -21,13 +21,13 @@ from .._redis.connection import (
     resolve_client,
     server_name,
 )
+from .._redis.errors import KeyTypeError
 from .._streamids import id_ms
 from ..config import Config
 from ..exceptions import ConfigurationError, LbsError, RedisOperationError
-from ._replies import check, keyed, s
 from .held import holdings, names_waiting
 from .records import DelayedRetries, PendingEntry, ServiceStatus, WaitingEntry
-from .snapshot import First, Second, Target, assemble
+from .snapshot import First, Second, Target, assemble, check, keyed, s
 
 __all__ = ["collect_status"]
 
@@ -174,7 +174,7 @@ class _Reader(Target):
             if kind not in ("none", WANTED[role]):
                 raise RedisOperationError(
                     "status",
-                    ResponseError(f"LBSKEY {self.keys[role]} holds a {kind}, not {ROLES[role]}"),
+                    KeyTypeError(f"LBSKEY {self.keys[role]} holds a {kind}, not {ROLES[role]}"),
                 )
         xlen, groups, consumers, summary, oldest, index = (next(it) for _ in range(6))
         dlq_len = next(it) if self.dlq else 0

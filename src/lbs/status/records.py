@@ -10,20 +10,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = [
-    "ConsumerState",
-    "ConsumerStatus",
-    "DelayedRetries",
-    "HeldStream",
-    "KeyStatus",
-    "NameWait",
-    "PendingEntry",
-    "ReasonCount",
-    "Requeued",
-    "ServiceStatus",
-    "WaitingEntry",
-]
-
 #: What a consumer looks like from Redis (see :attr:`ConsumerStatus.state`).
 ConsumerState = Literal["alive", "late", "dead", "departed"]
 

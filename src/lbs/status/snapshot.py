@@ -3,6 +3,7 @@
 The backlog (entries after the group's last-delivered id) is counted where that is cheap (see
 :func:`count_backlog`); the re-queued copies are counted among the newest waiting entries; every
 consumer of the group or of the deadline index gets its state from its deadline and its marker.
+Also the reply readers every round shares (text, counters, reply maps, errors).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 from .. import _keys
 from .._redis.connection import parse_version
-from .._redis.wire import fields_text
+from .._redis.wire import fields_text, text
 from ..config import Config
-from ._replies import s
+from ..exceptions import RedisOperationError
 from .records import (
     ConsumerStatus,
     DelayedRetries,
@@ -25,6 +26,28 @@ from .records import (
     ServiceStatus,
     WaitingEntry,
 )
+
+
+def s(value: Any) -> str:
+    """A reply value as text (bytes decoded as UTF-8, invalid bytes replaced); None as ""."""
+    return "" if value is None else text(value, "replace")
+
+
+def counter(value: str) -> int:
+    """A counter of a key's state ("" or garbage: 0)."""
+    return int(value) if value.isdigit() else 0
+
+
+def keyed(d: Any) -> dict[str, Any]:
+    """A reply map with text keys (RESP2 and RESP3 replies, decoded or not)."""
+    return {s(k): v for k, v in dict(d).items()}
+
+
+def check(what: str, reply: Any) -> Any:
+    """A reply that must not be an error (the key types were checked first)."""
+    if isinstance(reply, Exception):
+        raise RedisOperationError(f"status ({what})", reply)
+    return reply
 
 
 @dataclass
