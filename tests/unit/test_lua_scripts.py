@@ -42,8 +42,9 @@ def test_every_script_file_is_registered() -> None:
     [
         ("_fence", {"read-3", "reap-4"}),
         ("_names", {"read-3", "done-n", "requeue-6", "promote-4"}),
+        ("_acl", {"publish-1", "fetch-1", "commit-1"}),
         ("_keyed", {"fetch-1", "commit-1"}),
-        ("_checks", set(NAMES) - {"done-n", "leave-3"}),
+        ("_checks", set(NAMES) - {"done-n", "leave-3", "fetch-1"}),
         ("_time", set(NAMES) - {"fetch-1", "leave-3"}),
     ],
 )

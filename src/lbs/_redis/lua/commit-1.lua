@@ -107,6 +107,7 @@
 
   Events: del on the lock keys it releases.
 ]]
+--#include _acl
 --#include _checks
 --#include _keyed
 --#include _time
@@ -217,7 +218,7 @@ while at <= last do
       local stream = eff[1]
       local why = streams_checked[stream]
       if why == nil then
-        local t = key_type(stream)
+        local t = redis.call('TYPE', stream)['ok']
         if t ~= 'none' and t ~= 'stream' then
           why = stream .. ' holds a ' .. t .. ', not a stream'
         elseif not redis.acl_check_cmd('XADD', stream, '*', 'f', 'v') then

@@ -143,7 +143,8 @@ if last then
   end
   local marker = redis.pcall('GET', KEYS[3])
   if type(marker) == 'table' then
-    notes[#notes + 1] = 'LBSKEY ' .. KEYS[3] .. ' holds a ' .. key_type(KEYS[3]) .. ', not an instance marker'
+    notes[#notes + 1] = 'LBSKEY ' .. KEYS[3] .. ' holds a ' .. redis.call('TYPE', KEYS[3])['ok']
+                        .. ', not an instance marker'
   elseif not marker or marker == nonce then
     set_marker = true
   else

@@ -50,7 +50,7 @@
 
   Events: none besides the keys it writes.
 ]]
---#include _checks
+--#include _acl
 --#include _keyed
 local prefix, lock_prefix, batch = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if (#ARGV - 3) % 3 ~= 0 or not batch or batch < 1 or batch ~= math.floor(batch) then
@@ -75,7 +75,7 @@ for at = 4, #ARGV, 3 do
   if not got then
     out[#out + 1] = {2}
   elseif got.err then
-    out[#out + 1] = {4, state .. ' holds a ' .. key_type(state)}
+    out[#out + 1] = {4, state .. ' holds a ' .. redis.call('TYPE', state)['ok']}
   else
     local holder, pos, tries = got[1], got[2] or '', got[3]
     local fails, unblamed, untl = got[4], got[5], got[6] or ''
@@ -90,7 +90,8 @@ for at = 4, #ARGV, 3 do
       fails, unblamed = tonumber(fails) or 0, tonumber(unblamed) or 0
       local rest = dead and keyed_after(prefix .. 'k:' .. key, pos, untl == '' and fails == 0 and batch or 1)
       if rest and rest.err then
-        out[#out + 1] = {4, prefix .. 'k:' .. key .. ' holds a ' .. key_type(prefix .. 'k:' .. key)}
+        local data = prefix .. 'k:' .. key
+        out[#out + 1] = {4, data .. ' holds a ' .. redis.call('TYPE', data)['ok']}
       else
         local token = match(value, '^(%d+):') or ''
         tries = (tonumber(tries) or 0) + 1

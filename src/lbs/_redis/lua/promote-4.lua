@@ -66,7 +66,7 @@ local batch = tonumber(ARGV[1])
 if not batch or batch < 1 or batch ~= math.floor(batch) then
   return redis.error_reply('ERR lbs promote-4: ARGV[1] must be an integer >= 1, got ' .. tostring(ARGV[1]))
 end
-local parked, waiting = key_type(KEYS[1]) ~= 'none', key_type(KEYS[4]) ~= 'none'
+local parked, waiting = redis.call('TYPE', KEYS[1])['ok'] ~= 'none', redis.call('TYPE', KEYS[4])['ok'] ~= 'none'
 if not parked and not waiting then return {0, 0, -1, 0, 0} end  -- nothing parked, nobody waits
 local bad = misfit(KEYS[1], 'zset', 'the due index') or misfit(KEYS[4], 'zset', 'the waiting index')
 if bad then return redis.error_reply(bad) end

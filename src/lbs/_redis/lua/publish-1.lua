@@ -53,6 +53,7 @@
 
   Events: none besides the keys it writes.
 ]]
+--#include _acl
 --#include _checks
 --#include _time
 

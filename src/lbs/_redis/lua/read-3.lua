@@ -138,6 +138,10 @@
 --#include _names
 --#include _time
 
+local function key_type(key)
+  return redis.call('TYPE', key)['ok']
+end
+
 -- Preconditions: nothing below this block fails part-way.
 local function positive(s)  -- digits without a leading zero, as Redis parses them
   return s and #s <= 15 and string.match(s, '^[1-9]%d*$') ~= nil

@@ -94,7 +94,7 @@
 --#include _time
 local bad = misfit(KEYS[1], 'zset', 'the consumer deadline index')
 if bad then return redis.error_reply(bad) end
-local kind = key_type(KEYS[3])
+local kind = redis.call('TYPE', KEYS[3])['ok']
 local last = kind == 'string' and tonumber(redis.call('GET', KEYS[3])) or nil
 if kind ~= 'none' and not last then
   return redis.error_reply('LBSKEY ' .. KEYS[3] .. ' holds a ' .. kind .. ' that is not a time, not the last reap')
