@@ -124,7 +124,7 @@ class Publisher:
                 seen.add(key)
             calls.append(self._call(self.services[shard], batch))
         replies = await asyncio.gather(*calls, return_exceptions=True)
-        for (shard, items), reply in zip(per_shard.items(), replies):
+        for (_shard, items), reply in zip(per_shard.items(), replies):
             if isinstance(reply, BaseException):
                 if isinstance(reply, (RedisError, RedisClusterException)):
                     raise RedisOperationError("publish", reply) from reply
@@ -148,7 +148,7 @@ class Publisher:
                 raise
         field = _keys.INPUT_FIELD.encode()
         judged = self._judge.parse_entries([[b"", [field, p]] for p in payloads.values()])
-        for (key, payload), entry in zip(payloads.items(), judged):
+        for (key, _payload), entry in zip(payloads.items(), judged):
             if entry.error is not None:
                 raise InvalidInputError(
                     f"message {first[key]}: key {key!r:.100}: its registration {entry.error}; "

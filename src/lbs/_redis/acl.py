@@ -4,15 +4,17 @@ Redis says ``NOPERM User <u> has no permissions to run the '<cmd>' command``
 (``+<cmd>``), ``NOPERM No permissions to access a key`` (a ``~pattern``) or ``a
 channel`` (a ``&pattern``); lbs's scripts check their inner commands first and
 say ``NOPERM lbs <script>: the ACL does not allow <CMD> <key> ...`` (``+<cmd>``).
-redis-py strips the ``NOPERM`` prefix (``NoPermissionError``); lbs's own batches
-keep it (``ResponseError``). Both read the same here.
+Both redis-py and lbs's own batches (:mod:`lbs._redis.errors`) raise it as a
+``NoPermissionError``; redis-py strips the ``NOPERM`` prefix, lbs keeps it. Both read the same here.
 """
 
 from __future__ import annotations
 
 import re
 
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import NoPermissionError
+
+from .errors import classify
 
 __all__ = ["denied_rule"]
 
@@ -24,9 +26,7 @@ def denied_rule(exc: BaseException) -> str | None:
     """The ACL rule that would allow what ``exc`` was denied (``+xlen``, ``~<key pattern>``,
     ``&<channel pattern>``), or None when ``exc`` is no ACL denial."""
     message = str(exc)
-    if not isinstance(exc, NoPermissionError) and not (
-        isinstance(exc, ResponseError) and message.startswith("NOPERM")
-    ):
+    if not isinstance(classify(exc), NoPermissionError):
         cause = getattr(exc, "cause", None)  # lbs.RedisOperationError
         return denied_rule(cause) if isinstance(cause, BaseException) else None
     found = _COMMAND.search(message) or _SCRIPT.search(message)

@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Union
 
 import redis.asyncio as aioredis
+from redis import Redis as SyncRedis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.exceptions import (
     AskError,
     ClusterDownError,
@@ -33,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import _keys
 from .._urlmask import mask_secrets, mask_url
 from ..exceptions import ConfigurationError, RedisOperationError
+from .errors import BusyGroupError, SlotMovedError, classify, replied
 from .wire import text
 
 #: What the public API accepts as ``redis``: a redis.asyncio client, a
@@ -49,6 +52,16 @@ class ClusterMode(enum.Enum):
     NONE = "none"
     #: Redis OSS Cluster: lbs finds the master owning each service's slot and follows it.
     OSS = "oss"
+
+
+def cluster_url(url: str) -> tuple[str, bool]:
+    """``url`` as redis-py takes it, and whether its scheme names a cluster:
+    ``redis+cluster://`` -> ``redis://`` and ``rediss+cluster://`` -> ``rediss://`` (True); any
+    other URL as it is (False)."""
+    for scheme, plain in _CLUSTER_SCHEMES.items():
+        if url.startswith(scheme):
+            return plain + url[len(scheme) :], True
+    return url, False
 
 
 def resolve_client(
@@ -69,11 +82,9 @@ def resolve_client(
     if isinstance(redis, str):
         url = redis
         try:
-            for scheme, plain in _CLUSTER_SCHEMES.items():
-                if url.startswith(scheme):
-                    return RedisCluster.from_url(plain + url[len(scheme) :]), True
-            if oss:
-                return RedisCluster.from_url(url), True
+            plain, named = cluster_url(url)
+            if named or oss:
+                return RedisCluster.from_url(plain), True
             client = aioredis.Redis.from_url(url)
             # redis-py makes connections on first use: make one now (no I/O) so
             # that an option the connection does not take fails here, not there.
@@ -126,15 +137,14 @@ async def slot_owner(
 
 
 #: Replies of a node that does not (or cannot now) serve the key's slot: the command ran nowhere.
-_REDIRECTS = ("MOVED", "ASK", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
+#: redis-py's classes (MASTERDOWN is a ClusterDownError) and lbs's wire's (lbs._redis.errors).
+_REDIRECTS = (MovedError, AskError, SlotMovedError, ClusterDownError, TryAgainError, ReadOnlyError)
 
 
 def redirected(reply: object) -> bool:
     """Whether ``reply`` (an error value or a raised exception) says the command ran nowhere
     because this node does not own the slot now."""
-    if isinstance(reply, (MovedError, AskError, ClusterDownError, TryAgainError, ReadOnlyError)):
-        return True  # redis-py's own parse of the redirects (its message drops the prefix)
-    return isinstance(reply, ResponseError) and str(reply).split(" ", 1)[0].upper() in _REDIRECTS
+    return isinstance(reply, _REDIRECTS)
 
 
 def parse_version(raw: object) -> tuple[int, ...]:
@@ -160,9 +170,20 @@ async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> bool:
     Id 0, not $: entries added before any consumer existed are delivered.
     """
     try:
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+        await replied(redis.xgroup_create(stream, group, id="0", mkstream=True))
+    except BusyGroupError:
+        return False
+    return True
+
+
+def ensure_group_sync(
+    redis: SyncRedis | SyncRedisCluster, stream: str, group: str, *, at: str = "0"
+) -> bool:
+    """:func:`ensure_group` on a synchronous client (the Spark source's driver), from id ``at``."""
+    try:
+        redis.xgroup_create(stream, group, id=at, mkstream=True)
     except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
+        if not isinstance(classify(exc), BusyGroupError):
             raise
         return False
     return True
@@ -246,11 +267,15 @@ def topology_error(exc: BaseException) -> bool:
 
 async def execute(pipe: Any, *, raise_on_error: bool = True) -> list[Any]:
     """Run a pipeline and always reset it, so a failed one leaves no connection behind (with
-    ``raise_on_error=False`` an error reply comes back in its place, as the exception)."""
+    ``raise_on_error=False`` an error reply comes back in its place, as the exception). Error
+    replies are classified (:func:`lbs._redis.errors.classify`), raised or returned."""
     try:
-        return await pipe.execute(raise_on_error=raise_on_error)  # type: ignore[no-any-return]
+        replies = await replied(pipe.execute(raise_on_error=raise_on_error))
     finally:
         await pipe.reset()
+    if raise_on_error:
+        return replies  # type: ignore[no-any-return]
+    return [classify(r) if type(r) is ResponseError else r for r in replies]
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any] | None]) -> None:

@@ -20,11 +20,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 from _lbscore import NEED_MORE, CommandBatch, RespReader
 
 from .._waits import within
+from .errors import reply_error
 
 __all__ = ["Subscription"]
 
@@ -36,7 +36,7 @@ class Subscription:
     def __init__(self, redis: aioredis.Redis) -> None:
         self._pool = redis.connection_pool
         self._conn: Any = None
-        self._reader = RespReader(ResponseError)
+        self._reader = RespReader(reply_error)
 
     async def open(self, *patterns: str) -> None:
         """Connect and subscribe to ``patterns``; returns once the server confirmed every one."""

@@ -4,7 +4,8 @@ redis-py opens the connection (TLS, AUTH/ACL, the RESP2/RESP3 handshake,
 reconnects); lbs writes a :class:`_lbscore.CommandBatch` to it in one write
 and reads the replies back through the core's own ``RespReader``, which
 returns server errors as values: one reply per command, an error only for
-the command that failed. A command whose reply holds stream entries says so
+the command that failed, its class read from the table in
+:mod:`lbs._redis.errors`. A command whose reply holds stream entries says so
 (``CommandBatch.expect``) and its entries come back as ``Entry`` objects,
 built straight from the bytes. Per batch that is one buffer and one reader
 loop, instead of redis-py's per-command packing and parsing.
@@ -27,10 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import BusyLoadingError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import BusyLoadingError, NoScriptError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
+
+from .errors import reply_error
 
 __all__ = ["Wire", "fields_text", "first_error", "text"]
 
@@ -40,15 +43,6 @@ LOADING_PAUSE = 0.05
 #: what any lbs batch takes (a heartbeat over 100,000 locks: about 0.1 s), so only a connection
 #: that delivers nothing (half-open, a server stopped for that long) reaches it.
 REPLY_TIMEOUT = 30.0
-
-
-def _reply_error(message: str) -> RedisError:
-    if message.startswith("NOSCRIPT"):
-        return NoScriptError(message)
-    if message.startswith("LOADING"):
-        # Redis is loading its data set (it just restarted): like a refused connection, "not yet".
-        return BusyLoadingError(message)
-    return ResponseError(message)
 
 
 def _abort(writer: asyncio.StreamWriter, late: list[bool]) -> None:
@@ -204,7 +198,7 @@ class Wire:
                 await conn.disconnect()
             if not conn.is_connected or self._reader is None:
                 await conn.connect()
-                self._reader = RespReader(_reply_error)
+                self._reader = RespReader(reply_error)
             writer, stream = conn._writer, conn._reader
             # The watchdog: nothing written and answered within REPLY_TIMEOUT, the connection is aborted
             # (the pending write or read then fails).

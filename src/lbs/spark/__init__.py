@@ -54,11 +54,16 @@ processes.
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Any
+
+from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from ..exceptions import ConfigurationError
-from ._options import Connection, local_session
+from ._options import Connection
 from ._read import LbsReader, LbsStreamReader, default_schema
 from ._sink import LbsStreamWriter, LbsWriter, SinkOptions
 
@@ -95,3 +100,32 @@ class LbsDataSource(DataSource):
                 "the lbs sink is append-only: outputMode('complete') is not supported"
             )
         return LbsStreamWriter(SinkOptions.parse(self.options), schema)
+
+
+def local_session(master: str = "local[2]", app_name: str = "lbs") -> Any:
+    """A quiet local SparkSession with the ``lbs`` source registered.
+
+    UI off, driver bound to loopback, workers on this interpreter
+    (``PYSPARK_PYTHON``), 2 shuffle partitions, logs at ERROR. Use
+    ``local[N, R]`` to let a task be retried ``R - 1`` times. This is for
+    demos, tests and notebooks; a cluster job builds its own session and calls
+    ``spark.dataSource.register(LbsDataSource)``.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    session.dataSource.register(LbsDataSource)
+    return session

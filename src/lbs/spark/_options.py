@@ -8,8 +8,6 @@ Connections are opened from those settings inside ``read()`` / ``write()``
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +15,10 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from .._redis.connection import parse_version
+from .._redis.connection import cluster_url, parse_version
+from .._redis.errors import reply_error
 from ..exceptions import ConfigurationError
 
-_CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
 #: Options passed to redis-py as they are (TLS files and checks).
 _SSL_OPTIONS = (
     "ssl_ca_certs",
@@ -83,10 +81,7 @@ class Connection:
             raise ConfigurationError(
                 f"{what} needs option 'url' (redis://host:port, rediss://, redis+cluster://)"
             )
-        cluster = False
-        for scheme, plain in _CLUSTER_SCHEMES.items():
-            if url.startswith(scheme):
-                url, cluster = plain + url[len(scheme) :], True
+        url, cluster = cluster_url(url)
         mode = (opts.get("cluster") or "none").lower()
         if mode not in ("none", "oss", "true", "false"):
             raise ConfigurationError(
@@ -142,7 +137,7 @@ class RawConnection:
 
         self.pool = client.connection_pool
         self.conn: Any = self.pool.get_connection()
-        self.reader = RespReader(redis.ResponseError)
+        self.reader = RespReader(reply_error)
 
     def send(self, data: bytes) -> None:
         self.conn._sock.sendall(data)
@@ -175,36 +170,3 @@ def server_version(r: Any) -> tuple[int, ...]:
         ]
         return min(versions) if versions else ()
     return parse_version(info.get("redis_version", "0"))
-
-
-def local_session(master: str = "local[2]", app_name: str = "lbs") -> Any:
-    """A quiet local SparkSession with the ``lbs`` source registered.
-
-    UI off, driver bound to loopback, workers on this interpreter
-    (``PYSPARK_PYTHON``), 2 shuffle partitions, logs at ERROR. Use
-    ``local[N, R]`` to let a task be retried ``R - 1`` times. This is for
-    demos, tests and notebooks; a cluster job builds its own session and calls
-    ``spark.dataSource.register(LbsDataSource)``.
-    """
-    from pyspark.sql import SparkSession
-
-    from . import LbsDataSource
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(LbsDataSource)
-    return session

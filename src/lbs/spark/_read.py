@@ -28,9 +28,9 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import MapType, StringType, StructField, StructType
-from redis.exceptions import ResponseError
 
 from .. import _keys
+from .._redis.connection import ensure_group_sync
 from .._streamids import id_key
 from ..exceptions import ConfigurationError
 from ._options import Connection, RawConnection, lowered, node_of, number
@@ -345,13 +345,6 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             self._client = self.connection.client()
         return self._client
 
-    def _ensure_group(self, name: str, at: str) -> None:
-        try:
-            self._redis().xgroup_create(name, self.group, id=at, mkstream=True)
-        except ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
-
     def _delivered(self, name: str) -> str:
         for g in self._redis().xinfo_groups(name):
             group_name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
@@ -364,7 +357,9 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         """Create the group on every stream (idempotent: Spark calls this twice) and start where it is."""
         offsets = {}
         for name in self.sources.names(self._redis()):
-            self._ensure_group(name, "0" if self.starting == "earliest" else "$")
+            ensure_group_sync(
+                self._redis(), name, self.group, at="0" if self.starting == "earliest" else "$"
+            )
             offsets[name] = self._delivered(name)
         self._latest = offsets
         return offsets
@@ -387,7 +382,7 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             if (
                 name not in start
             ):  # a stream the pattern found since the query started: read it whole
-                self._ensure_group(name, "0")
+                ensure_group_sync(r, name, self.group)
                 start[name] = _FIRST
         per_stream = max(1, cap // max(1, len(names))) if cap else None
         out = dict(start)
