@@ -8,7 +8,9 @@ hookspec's docstring (:mod:`lbs.hookspecs` renders it there at import), by
 (``tests/unit/test_metrics.py`` checks that every name emitted in
 ``src/lbs`` is here and every entry is emitted somewhere). A name is
 stable: a metrics plugin may map it 1:1. A name not in the table (another
-plugin's) is still a metric, not an error.
+plugin's) is still a metric, not an error. :class:`Histogram` keeps a
+histogram's observations in fixed buckets (a client's handler times, the
+``Hooks``' series).
 
 .. versionadded:: 0.1
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from bisect import bisect_left
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, Literal, get_args
@@ -309,4 +312,43 @@ def render_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["BASE_LABELS", "KINDS", "METRICS", "Kind", "Metric", "render_markdown", "render_rst"]
+class Histogram:
+    """Observations in fixed buckets (cumulative on read, like Prometheus): an ``observe`` is a bisect and two adds."""
+
+    #: Upper bounds in seconds (Prometheus's default buckets); +Inf is implied.
+    BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        #: Observations per bucket, not cumulative; the last one is +Inf.
+        self.counts = [0] * (len(self.BOUNDS) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.BOUNDS, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, observations <= it)`` per bucket, ending with ``(inf, count)``."""
+        out, total = [], 0
+        for bound, n in zip((*self.BOUNDS, float("inf")), self.counts):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+__all__ = [
+    "BASE_LABELS",
+    "KINDS",
+    "METRICS",
+    "Histogram",
+    "Kind",
+    "Metric",
+    "render_markdown",
+    "render_rst",
+]

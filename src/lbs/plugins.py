@@ -16,15 +16,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Union, cast
+from typing import Any, Union, cast
 
 import pluggy
 
 from . import hookspecs
-from .metrics import METRICS
-
-if TYPE_CHECKING:
-    from ._consumer.state import Histogram
+from .metrics import METRICS, Histogram
 
 log = logging.getLogger("lbs.plugins")
 
@@ -217,9 +214,6 @@ class Hooks:
         self.counts = MetricValues()
         #: ... and by name and label values (``counts.series``; see :class:`MetricValues`).
         self.series = self.counts.series
-        # Imported here: lbs._consumer.state imports this module.
-        from ._consumer.state import Histogram
-
         self._histogram = Histogram
         self._trace = os.environ.get("LBS_TRACE_PLUGINS") == "1"
 
