@@ -2,31 +2,46 @@
 
 Each file is ``<name>-<number of keys>.lua`` (``n`` for a variable count) and
 opens with a header documenting KEYS, ARGV and outputs; that header is the
-contract. Here each script has one builder that writes its ``EVALSHA`` into
-a :class:`_lbscore.CommandBatch` (KEYS and ARGV in the header's order,
-commented per position) and, where its output is coded, the enum of those
-codes. Every script has exactly one caller module in ``lbs._consumer``
-(named on its builder), but ``publish-1``, which ``lbs.publisher`` calls
-through redis-py (``publish_args``). Batches go through
-:class:`lbs._redis.wire.Wire`, which loads the sources again after a
-NOSCRIPT (a restart, a failover).
+contract (its source as sent, with the shared parts included:
+:mod:`lbs._redis.sources`). Here each script has one builder that writes its
+``EVALSHA`` into a :class:`_lbscore.CommandBatch` (KEYS and ARGV in the
+header's order, commented per position) and, where its output is coded, the
+enum of those codes; the keyed API's three (``publish-1``, ``fetch-1``,
+``commit-1``) are in :mod:`lbs._redis.keyed_scripts` and named here too. Every
+script has exactly one caller module in ``lbs._consumer`` (named on its
+builder), but ``publish-1``, which ``lbs.publisher`` calls through redis-py
+(``publish_args``). Batches go through :class:`lbs._redis.wire.Wire`, which
+loads the sources again after a NOSCRIPT (a restart, a failover).
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any
 
 from _lbscore import CommandBatch, Shape
 
+from .keyed_scripts import (
+    COMMIT,
+    FETCH,
+    PUBLISH,
+    CommitCode,
+    FetchCode,
+    KeyCommit,
+    commit,
+    fail_mode,
+    fetch,
+    publish,
+    publish_args,
+)
+from .sources import Script, load, source
+
 __all__ = [
+    "COMMIT",
+    "FETCH",
     "NO_DELAY",
+    "PUBLISH",
     "SCRIPTS",
     "CommitCode",
     "DoneCode",
@@ -35,64 +50,22 @@ __all__ = [
     "RequeueCode",
     "RetryDelay",
     "Script",
+    "commit",
+    "fail_mode",
+    "fetch",
+    "publish",
+    "publish_args",
     "source",
     "sources",
 ]
 
-
-@dataclass(frozen=True)
-class Script:
-    """One Lua file: its source, SHA1 (what EVALSHA names) and key count (from the file name)."""
-
-    name: str
-    source: str
-    sha: str
-    #: KEYS count, None when it varies (``-n``).
-    numkeys: int | None
-
-    @property
-    def fixed_keys(self) -> int:
-        """The KEYS count of a script whose file name fixes it."""
-        if self.numkeys is None:
-            raise TypeError(f"{self.name} takes a variable number of keys")
-        return self.numkeys
-
-
-@cache
-def source(name: str) -> str:
-    """The Lua source of script ``name`` (e.g. ``"read-3"``), as sent: a line ``--#include _<part>`` is
-    replaced by ``lua/_<part>.lua`` (code two scripts share, e.g. the fencing counter's)."""
-    text = (
-        resources.files("lbs")
-        .joinpath("_redis")
-        .joinpath("lua")
-        .joinpath(f"{name}.lua")
-        .read_text()
-    )
-    return _INCLUDE.sub(lambda m: source(m.group(1)).rstrip("\n"), text)
-
-
-_INCLUDE = re.compile(r"^--#include (_[a-z]+)$", re.MULTILINE)
-
-
-def _load(name: str) -> Script:
-    text = source(name)
-    count = name.rpartition("-")[2]
-    return Script(
-        name, text, hashlib.sha1(text.encode()).hexdigest(), None if count == "n" else int(count)
-    )
-
-
-READ = _load("read-3")
-EXTEND = _load("extend-n")
-DONE = _load("done-n")
-REQUEUE = _load("requeue-6")
-PROMOTE = _load("promote-4")
-REAP = _load("reap-4")
-LEAVE = _load("leave-3")
-PUBLISH = _load("publish-1")
-FETCH = _load("fetch-1")
-COMMIT = _load("commit-1")
+READ = load("read-3")
+EXTEND = load("extend-n")
+DONE = load("done-n")
+REQUEUE = load("requeue-6")
+PROMOTE = load("promote-4")
+REAP = load("reap-4")
+LEAVE = load("leave-3")
 SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT)
 
 
@@ -438,159 +411,3 @@ def leave(
         consumer,  # ARGV[3] the closing consumer ("": every consumer)
         grace_ms,
     )  # ARGV[4] a sweep's grace
-
-
-# --------------------------------------------------------------- publish-1 ---
-# Caller: lbs.publisher.
-
-
-def publish(
-    b: CommandBatch, stream: str, prefix: str, messages: list[tuple[str, str, list[Any]]]
-) -> None:
-    """Append ``messages`` (``(key, registration or "", [field, value, ...])`` each) to their keys'
-    data streams, registering the keys nobody has, in one call on the LBS ``stream``."""
-    b.command(
-        "EVALSHA",
-        PUBLISH.sha,
-        PUBLISH.fixed_keys,
-        stream,  # KEYS[1] the LBS
-        *publish_args(prefix, messages),
-    )  # ARGV
-
-
-def publish_args(prefix: str, messages: list[tuple[str, str, list[Any]]]) -> list[Any]:
-    """ARGV of one call (KEYS[1]: the LBS): ``messages`` holds ``(key, registration or "", [field,
-    value, ...])`` each."""
-    args: list[Any] = [
-        prefix,  # ARGV[1] the service's key prefix
-        len(messages),
-    ]  # ARGV[2] the message count
-    for key, registration, fields in messages:
-        args += (key, registration, len(fields), *fields)  # ARGV[3...] per message
-    return args
-
-
-# ----------------------------------------------------------------- fetch-1 ---
-# Caller: lbs._consumer.keyed.
-
-
-def fetch(
-    b: CommandBatch,
-    stream: str,
-    prefix: str,
-    lock_prefix: str,
-    batch: int,
-    keys: list[tuple[str, str, str]],
-) -> None:
-    """Become the holder of each ``(key, entry id, lock value)``; where each key stands."""
-    args: list[Any] = [
-        prefix,  # ARGV[1] the service's key prefix
-        lock_prefix,  # ARGV[2] the lock key prefix
-        batch,
-    ]  # ARGV[3] the most messages a hold takes
-    for key in keys:
-        args += key  # ARGV[4...] key, entry id, lock value
-    b.command(
-        "EVALSHA",
-        FETCH.sha,
-        FETCH.fixed_keys,
-        stream,  # KEYS[1] the LBS
-        *args,
-    )
-
-
-class FetchCode(enum.IntEnum):
-    """The first element of each key's reply from ``fetch-1.lua``."""
-
-    OURS = 1
-    LOST = 2
-    #: Another live holder has the key: this is a second registration.
-    HELD_ELSEWHERE = 3
-    WRONG_TYPE = 4
-
-
-# ---------------------------------------------------------------- commit-1 ---
-# Caller: lbs._consumer.keyed.
-
-
-class KeyCommit(NamedTuple):
-    """One key's part of a ``commit-1.lua`` call (see its header for the modes)."""
-
-    key: str
-    entry_id: str
-    value: str
-    #: The last message processed ("" for none).
-    position: str
-    mode: str
-    #: The key's lbs-input value, for the modes that register it again ("" otherwise).
-    registration: str | bytes = ""
-    reason: str = ""
-    traceback: str = ""
-    #: ``(stream, (field, value, ...), ...)`` per effect (an :class:`lbs.keyed.Effect`), written with the commit.
-    effects: Sequence[tuple[Any, ...]] = ()
-
-
-def commit(
-    b: CommandBatch,
-    stream: str,
-    prefix: str,
-    lock_prefix: str,
-    group: str,
-    xackdel: bool,
-    dead_letters: str,
-    field_prefix: str,
-    max_retries: int,
-    consumer: str,
-    keys: list[KeyCommit],
-) -> None:
-    """Commit each key's step, fenced, with its effects."""
-    args: list[Any] = [
-        prefix,  # ARGV[1] the service's key prefix
-        lock_prefix,  # ARGV[2] the lock key prefix
-        group,  # ARGV[3]
-        1 if xackdel else 0,  # ARGV[4] XACKDEL or XACK + XDEL
-        dead_letters,  # ARGV[5] the dead-letter stream
-        field_prefix,  # ARGV[6] the managed-field prefix
-        max_retries,  # ARGV[7] failed holds past 1 before a dead letter (-1: never)
-        consumer,
-    ]  # ARGV[8] recorded in dead letters
-    for k in keys:  # ARGV[9...] 9 per key, then its effects
-        args += (
-            k.key,
-            k.entry_id,
-            k.value,
-            k.position,
-            k.mode,
-            k.registration,
-            k.reason,
-            k.traceback,
-            len(k.effects),
-        )
-        for effect in k.effects:
-            fields = effect[1]
-            args += (effect[0], len(fields), *fields)
-    b.command(
-        "EVALSHA",
-        COMMIT.sha,
-        COMMIT.fixed_keys,
-        stream,  # KEYS[1] the LBS
-        *args,
-    )
-
-
-def fail_mode(delay_ms: int, blame: bool, last: str, count: int) -> str:
-    """commit-1.lua's mode for a failed batch after the position (``last``: its last message;
-    ``blame``: it held one message; ``count``: the messages to read when the call dead-letters)."""
-    return f"fail:{delay_ms}:{1 if blame else 0}:{last}:{count}"
-
-
-class CommitCode(enum.IntEnum):
-    """The first element of each key's reply from ``commit-1.lua``."""
-
-    MORE = 1
-    NOT_OURS = 2
-    RELEASED = 5
-    #: Registered again (yielded, or parked after a failure): the hold is over.
-    YIELDED = 6
-    #: An effect cannot be written (its stream's type, the ACL): nothing written, still ours.
-    EFFECT_REFUSED = 7
