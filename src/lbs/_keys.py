@@ -179,6 +179,19 @@ def dead_letter_group(service: str) -> str:
     return f"{service}-dlq-forwarders"
 
 
+def check_max_input_bytes(max_input_bytes: int) -> int:
+    """``max_input_bytes`` if it is a size a producer may send (an int >= 1), else ConfigurationError."""
+    if (
+        not isinstance(max_input_bytes, int)
+        or isinstance(max_input_bytes, bool)
+        or max_input_bytes < 1
+    ):
+        raise ConfigurationError(
+            f"max_input_bytes must be a positive integer, got {max_input_bytes!r}"
+        )
+    return max_input_bytes
+
+
 # -- sharded LBS: which shard's keys a data stream uses (see lbs.sharding) ---------
 
 

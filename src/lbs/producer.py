@@ -17,7 +17,7 @@ from ._keys import shard_of, shard_services
 from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client
 from ._redis.routes import Routes
 from ._redis.wire import Wire
-from .exceptions import BatchError, ConfigurationError, InvalidInputError, RedisOperationError
+from .exceptions import BatchError, InvalidInputError, RedisOperationError
 
 __all__ = ["Producer", "StreamSpec", "encode_input"]
 
@@ -54,16 +54,8 @@ class Producer:
         max_input_bytes: int = 65_536,
     ) -> None:
         self.service = _keys.validate_service(service)
-        if (
-            not isinstance(max_input_bytes, int)
-            or isinstance(max_input_bytes, bool)
-            or max_input_bytes < 1
-        ):
-            raise ConfigurationError(
-                f"max_input_bytes must be a positive integer, got {max_input_bytes!r}"
-            )
         #: Largest ``lbs-input`` value (bytes) this producer sends.
-        self.max_input_bytes = max_input_bytes
+        self.max_input_bytes = _keys.check_max_input_bytes(max_input_bytes)
         #: The LBS of each shard (one: ``<service>-input``); see :mod:`lbs.sharding`.
         self.streams = [_keys.input_stream(svc) for svc in shard_services(service, shards)]
         self.shards = shards

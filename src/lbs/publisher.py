@@ -31,7 +31,7 @@ from ._keys import shard_of, shard_services
 from ._redis import scripts
 from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client
 from ._redis.routes import Routes
-from .exceptions import ConfigurationError, InvalidInputError, RedisOperationError
+from .exceptions import InvalidInputError, RedisOperationError
 from .keyed import Fields, flatten_fields
 from .producer import encode_input
 
@@ -64,16 +64,8 @@ class Publisher:
     ) -> None:
         self.service = _keys.validate_service(service)
         self.shards = _keys.check_shards(shards)
-        if (
-            not isinstance(max_input_bytes, int)
-            or isinstance(max_input_bytes, bool)
-            or max_input_bytes < 1
-        ):
-            raise ConfigurationError(
-                f"max_input_bytes must be a positive integer, got {max_input_bytes!r}"
-            )
         #: Largest registration (``lbs-input`` value, bytes) this publisher sends.
-        self.max_input_bytes = max_input_bytes
+        self.max_input_bytes = _keys.check_max_input_bytes(max_input_bytes)
         # The consumers' judge of an LBS entry: a key it would dead-letter is refused here.
         self._judge = EntryParser(_keys.INPUT_FIELD, max_input_bytes=max_input_bytes)
         #: The service of each shard (one: ``service`` itself).
