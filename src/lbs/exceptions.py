@@ -21,7 +21,9 @@ The Go client's sentinel errors map onto these: config -> ConfigurationError,
 input -> InvalidInputError, lock -> LockError, redis operation ->
 RedisOperationError. Errors of redis-py raised inside a client operation are
 wrapped in RedisOperationError, with the redis-py exception as ``cause``
-(and ``__cause__``).
+(and ``__cause__``). Redis's error replies are classified by one table,
+``lbs._redis.errors`` (NOGROUP, WRONGTYPE, lbs's scripts' LBSKEY ...: subclasses
+of redis-py's ResponseError, the server's message kept whole).
 """
 
 from __future__ import annotations
