@@ -19,12 +19,22 @@ cdef struct Span:
     Py_ssize_t n
 
 
+cdef enum FieldRole:
+    # Which of the fields an EntryParser reads a field name is (field_role).
+    FIELD_OTHER = 0
+    FIELD_INPUT = 1       # the JSON assignment (lbs-input)
+    FIELD_RETRY = 2       # the retry count (_retry_count)
+    FIELD_ORIGINAL = 3    # the first delivery's id (_original_id)
+
+
 cdef class EntryParser:
     cdef:
         bytes _input_field
         bytes _retry_field
         bytes _original_field
         Py_ssize_t _max_input_bytes
+
+    cdef inline FieldRole field_role(self, const char *name, Py_ssize_t n) noexcept
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra)
     cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,

@@ -7,6 +7,7 @@
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memcmp
 
 
 cdef inline str _text(object v):
@@ -135,6 +136,17 @@ cdef class EntryParser:
         self._retry_field = retry_field.encode()
         self._original_field = original_field.encode()
         self._max_input_bytes = max_input_bytes
+
+    cdef inline FieldRole field_role(self, const char *name, Py_ssize_t n) noexcept:
+        # A field name read in place (entryparse.pyx): one of ours, or another.
+        if n == PyBytes_GET_SIZE(self._input_field) and memcmp(name, PyBytes_AS_STRING(self._input_field), n) == 0:
+            return FIELD_INPUT
+        if n == PyBytes_GET_SIZE(self._retry_field) and memcmp(name, PyBytes_AS_STRING(self._retry_field), n) == 0:
+            return FIELD_RETRY
+        if n == PyBytes_GET_SIZE(self._original_field) \
+                and memcmp(name, PyBytes_AS_STRING(self._original_field), n) == 0:
+            return FIELD_ORIGINAL
+        return FIELD_OTHER
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra):
         # From values another parser built (hiredis/redis-py's, or ours on

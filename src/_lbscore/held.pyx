@@ -29,8 +29,8 @@ cdef class _HeldKeys:
     def __cinit__(self, str consumer_id, str lock_prefix):
         self.consumer_id = consumer_id
         self.lock_prefix = lock_prefix
-        self._suffix = (":" + consumer_id).encode("utf-8")
-        self._prefix = lock_prefix.encode("utf-8")
+        self.value_suffix = (":" + consumer_id).encode("utf-8")
+        self.key_prefix = lock_prefix.encode("utf-8")
 
     def __reduce__(self):
         return (_HeldKeys, (self.consumer_id, self.lock_prefix))
@@ -118,6 +118,12 @@ cdef class Held:
     def lock_key(self):
         """The lock's key: ``lock:{<service>-input}:<entry id>``."""
         return self._keys.lock_prefix + self.entry_id
+
+    cdef inline bytes lock_value_suffix(self):
+        return self._keys.value_suffix
+
+    cdef inline bytes lock_key_prefix(self):
+        return self._keys.key_prefix
 
     def __repr__(self):
         return (f"Held(entry_id={self.entry_id!r}, stream={self.stream!r}, info={self.info!r}, "
@@ -335,13 +341,13 @@ cdef class HeldTable:
         ("" for all records when ``refresh_every`` is 1), then ``go_ttl_ms``,
         then each record's Go-style lock key, ``<stream><go_sep><entry id>``.
         """
-        cdef WriteBuffer buf = batch._buf
+        cdef WriteBuffer buf = batch.buffer()
         cdef Py_ssize_t n, i, idn
         cdef Held h
         cdef const char *idp
         cdef bytes part
         cdef char digits[INT64_DIGITS]
-        cdef Py_ssize_t begin = buf._length
+        cdef Py_ssize_t begin = buf.length()
         if start < 0 or stop > len(held) or start > stop:
             raise _data_error(f"slice {start}:{stop} outside {len(held)} held records")
         n = stop - start
@@ -354,7 +360,7 @@ cdef class HeldTable:
             pack_arg(buf, a)
         for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
             h = <Held?>held[i]
-            part = h._keys._suffix
+            part = h.lock_value_suffix()
             buf.write_bulk2(digits, format_int64(h.token, digits), PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
         for i in range(start, stop):  # the entry ids
             h = <Held?>held[i]
@@ -375,4 +381,4 @@ cdef class HeldTable:
                 pack_arg(buf, h.stream + go_sep + h.entry_id)
         if LBS_DEBUG:
             _check_command(buf, begin)
-        batch._count += 1
+        batch.command_written()
