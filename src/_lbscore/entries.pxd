@@ -12,6 +12,9 @@ cdef class Entry:
         readonly long long idle_ms         # XREADGROUP CLAIM: ms since last delivery (-1: not claimed)
         readonly long long delivery_count  # XREADGROUP CLAIM: deliveries so far (0: new entry)
 
+    # What .fields is built from (EntryParser.parse_parts, _unreadable).
+    cdef inline void set_raw_fields(self, object raw_fields, bint resp_fields) noexcept
+
 
 cdef struct Span:
     # A field's value inside a buffer someone else keeps alive; n < 0: absent.

@@ -89,8 +89,8 @@ cdef Entry _unreadable(object item):
     e.retry_count = 0
     e.idle_ms = -1
     e.delivery_count = 0
-    e.stream = e.info = e.original_id = e._raw_fields = e._fields = None
-    e._resp_fields = False
+    e.stream = e.info = e.original_id = None
+    e.set_raw_fields(None, False)
     e.error = f"not a stream entry: {item!r:.200}"
     return e
 
@@ -102,6 +102,11 @@ cdef class Entry:
         if self.error is not None:
             return f"<Entry {self.id} malformed: {self.error}>"
         return f"<Entry {self.id} stream={self.stream!r} retry_count={self.retry_count}>"
+
+    cdef inline void set_raw_fields(self, object raw_fields, bint resp_fields) noexcept:
+        self._raw_fields = raw_fields
+        self._resp_fields = resp_fields
+        self._fields = None
 
     @property
     def fields(self):
@@ -195,9 +200,7 @@ cdef class EntryParser:
         e.info = None
         e.original_id = None
         e.error = None
-        e._raw_fields = raw_fields
-        e._resp_fields = resp_fields and raw_fields is not None
-        e._fields = None
+        e.set_raw_fields(raw_fields, resp_fields and raw_fields is not None)
         if extra is not None:
             # XREADGROUP CLAIM: [id, fields, idle, delivery count]. Server 8.4.0
             # sent the two numbers as strings, later versions as integers.

@@ -28,6 +28,9 @@ cdef class Held:
         unsigned char mark
         _HeldKeys _keys
 
+    # A record made without __init__ (_new_held): what it shares, its Info (None: empty).
+    cdef inline void set_keys(self, _HeldKeys keys) noexcept
+    cdef inline void set_info(self, object info) noexcept
     # The UTF-8 parts the encoders write around the token and the entry id
     # (HeldTable.encode_extend, pipeline.pyx's evalsha_over_locks).
     cdef inline bytes lock_value_suffix(self)

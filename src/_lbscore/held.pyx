@@ -44,12 +44,12 @@ cdef inline Held _new_held(_HeldKeys keys, str entry_id, str stream, object info
     h.entry_id = entry_id
     h.stream = stream
     # An empty Info (most assignments) costs no dict until someone reads it.
-    h._info = None if (info is None or (type(info) is dict and not info)) else info
+    h.set_info(None if (info is None or (type(info) is dict and not info)) else info)
     h.retry_count = retry_count
     h.token = token
     h.task = None
     h.taken_at = taken_at
-    h._keys = keys
+    h.set_keys(keys)
     return h
 
 
@@ -118,6 +118,12 @@ cdef class Held:
     def lock_key(self):
         """The lock's key: ``lock:{<service>-input}:<entry id>``."""
         return self._keys.lock_prefix + self.entry_id
+
+    cdef inline void set_keys(self, _HeldKeys keys) noexcept:
+        self._keys = keys
+
+    cdef inline void set_info(self, object info) noexcept:
+        self._info = info
 
     cdef inline bytes lock_value_suffix(self):
         return self._keys.value_suffix
