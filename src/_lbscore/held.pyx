@@ -158,16 +158,6 @@ cdef class HeldTable:
         self._by_stream = {}
         self._keys = _HeldKeys(consumer_id, lock_prefix)
 
-    @property
-    def consumer_id(self):
-        """The consumer id in the lock values of the records this table creates."""
-        return self._keys.consumer_id
-
-    @property
-    def lock_prefix(self):
-        """The lock key prefix of the records this table creates."""
-        return self._keys.lock_prefix
-
     def __len__(self):
         return len(self._by_id)
 
@@ -322,10 +312,6 @@ cdef class HeldTable:
             h = <Held?>v
             if h.mark == MARK_SENT:
                 h.mark = MARK_RUNNING
-
-    def streams(self):
-        """How many distinct stream names are held."""
-        return len(self._by_stream)
 
     def encode_extend(self, CommandBatch batch not None, sha, tuple head_keys, tuple head_args,
                       list held not None, Py_ssize_t start, Py_ssize_t stop,

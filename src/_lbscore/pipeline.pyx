@@ -154,10 +154,10 @@ cdef int evalsha_over_locks(WriteBuffer buf, object sha, tuple head_keys, bytes 
 cdef int _check_command(WriteBuffer buf, Py_ssize_t start) except -1:
     # Debug builds: the command just written from ``start`` reads back as one
     # whole RESP array of bulk strings, nothing more and nothing less.
-    r = RespReader()
+    cdef RespReader r = RespReader()
     cdef bytes written = buf.since(start)
     r.feed(written)
     command = r.gets()
-    if type(command) is not list or r.buffered or not all(type(a) is bytes for a in command):
+    if type(command) is not list or r.unread() or not all(type(a) is bytes for a in command):
         _internal_error(f"encoded a malformed command ({len(written)} bytes)")
     return 0

@@ -31,6 +31,7 @@ cdef class RespReader:
     cdef int _check(self) except -1
     cdef int _fail(self, str message) except -1
     cdef object gets_c(self, int shape, EntryParser parser)
+    cdef inline Py_ssize_t unread(self) noexcept
 
     # For the in-place readers (entryparse.pyx, columns.pyx): next_reply()
     # says where a whole, checked reply starts in data(); they walk its bytes

@@ -125,11 +125,6 @@ cdef class RespReader:
             raise _data_error(f"reply shape {shape} needs an EntryParser")
         return self.gets_c(shape, parser)
 
-    @property
-    def buffered(self):
-        """Bytes fed but not yet returned as replies."""
-        return self._end - self._start
-
     cdef int _feed(self, const char *data, Py_ssize_t n) except -1:
         cdef Py_ssize_t live, need, cap
         cdef char *grown
@@ -252,6 +247,10 @@ cdef class RespReader:
         if self._check() == 0:
             return -1
         return self._start
+
+    cdef inline Py_ssize_t unread(self) noexcept:
+        # Bytes fed but not yet returned as replies.
+        return self._end - self._start
 
     cdef inline const char *data(self) noexcept:
         return self._buf

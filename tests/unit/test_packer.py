@@ -9,7 +9,8 @@ from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
 import lbs
-from _lbscore import pack_command, pack_commands
+
+from _corehelpers import pack_command, pack_commands
 
 _redis_py = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
 

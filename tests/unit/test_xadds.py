@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _lbscore import CommandBatch, XaddRoute, encode_xadds, pack_commands
+from _lbscore import CommandBatch, XaddRoute, encode_xadds
 from lbs.exceptions import DataError
+
+from _corehelpers import pack_commands
 
 
 def expected(
