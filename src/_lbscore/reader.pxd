@@ -30,6 +30,8 @@ cdef class RespReader:
     cdef int _feed(self, const char *data, Py_ssize_t n) except -1
     cdef int _check(self) except -1
     cdef int _fail(self, str message) except -1
+    cdef int _check_double(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1
+    cdef int _check_big(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1
     cdef object gets_c(self, int shape, EntryParser parser)
     cdef inline Py_ssize_t unread(self) noexcept
 

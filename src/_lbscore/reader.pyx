@@ -216,11 +216,9 @@ cdef class RespReader:
                 if le != pos + 2 or (p[pos + 1] != 116 and p[pos + 1] != 102):
                     self._fail(f"invalid boolean reply {p[pos + 1:le]!r}")
             elif t == 44:  # ,
-                if not _is_double(p, pos + 1, le):
-                    self._fail(f"invalid double reply {p[pos + 1:le]!r}")
+                self._check_double(p, pos + 1, le)
             elif t == 40:  # (
-                if not _is_big(p, pos + 1, le):
-                    self._fail(f"invalid big number reply {p[pos + 1:le]!r}")
+                self._check_big(p, pos + 1, le)
             else:
                 self._fail(f"unknown reply type byte {p[pos:pos + 1]!r}")
             pos = nxt
@@ -258,6 +256,25 @@ cdef class RespReader:
     cdef inline Py_ssize_t data_end(self) noexcept:
         # One past the last byte fed.
         return self._end
+
+    cdef int _check_double(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
+        cdef bytes text = PyBytes_FromStringAndSize(p + a, b - a)
+        cdef char *endp = NULL
+        if b > a and (p[a] == 45 or p[a] == 43 or is_digit(p[a]) or p[a] == 46 or (b - a == 3 and (
+                memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
+            try:
+                PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
+            except ValueError:  # no number at the start at all
+                endp = NULL
+            if endp == PyBytes_AS_STRING(text) + (b - a):
+                return 0
+        self._fail(f"invalid double reply {text!r}")
+
+    cdef int _check_big(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
+        # -?[0-9]+, of any length.
+        if digits_end(p, b, a + 1 if a < b and p[a] == 45 else a) != b:
+            self._fail(f"invalid big number reply {p[a:b]!r}")
+        return 0
 
     cdef object gets_c(self, int shape, EntryParser parser):
         cdef Py_ssize_t pos = self.next_reply()
@@ -357,23 +374,3 @@ cdef class RespReader:
         if t == 40:  # (
             return int(PyBytes_FromStringAndSize(p + i + 1, le - i - 1))
         _internal_error(f"unchecked reply type {t!r}")
-
-
-
-cdef bint _is_double(const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
-    cdef bytes text = PyBytes_FromStringAndSize(p + a, b - a)
-    cdef char *endp = NULL
-    if b > a and (p[a] == 45 or p[a] == 43 or is_digit(p[a]) or p[a] == 46 or (b - a == 3 and (
-            memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
-        try:
-            PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
-        except ValueError:  # no number at the start at all
-            endp = NULL
-        if endp == PyBytes_AS_STRING(text) + (b - a):
-            return True
-    return False
-
-
-cdef bint _is_big(const char *p, Py_ssize_t a, Py_ssize_t b) noexcept:
-    # -?[0-9]+, of any length.
-    return digits_end(p, b, a + 1 if a < b and p[a] == 45 else a) == b
