@@ -16,6 +16,7 @@ from typing import Any
 
 import hiredis
 import pytest
+from _corehelpers import assert_drained
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from redis._parsers.helpers import parse_stream_list
@@ -23,7 +24,6 @@ from redis._parsers.helpers import parse_stream_list
 import lbs
 from _lbscore import NEED_MORE, EntryParser, ReplyError, RespReader, Shape
 
-from _corehelpers import assert_drained
 from _strategies import infos, names
 
 # ------------------------------------------------------------ generic replies
