@@ -10,7 +10,7 @@ import pytest
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
-from _lbscore import pack_commands
+from _lbscore import CommandBatch
 from lbs import decode_input, encode_input
 
 from .data import stream_specs, xadd_commands
@@ -23,12 +23,20 @@ def _redis_py_pack_commands(commands: list[tuple[Any, ...]]) -> bytes:
     return b"".join(b"".join(_serializer.pack(*c)) for c in commands)
 
 
+def _lbs_pack_commands(commands: list[tuple[Any, ...]]) -> bytes:
+    # What lbs's batches do: every command into one buffer.
+    b = CommandBatch()
+    for c in commands:
+        b.command(*c)
+    return b.getvalue()
+
+
 def _hiredis_pack_commands(commands: list[tuple[Any, ...]]) -> bytes:
     return b"".join(hiredis.pack_command(c) for c in commands)
 
 
 PACKERS = {
-    "lbs": pack_commands,
+    "lbs": _lbs_pack_commands,
     "redis-py": _redis_py_pack_commands,
     "hiredis": _hiredis_pack_commands,
 }

@@ -22,8 +22,6 @@ from ._core import (
     encode_input,
     encode_xadds,
     messages_of,
-    pack_command,
-    pack_commands,
     try_decode_input,
     use_errors,
 )
@@ -46,8 +44,6 @@ __all__ = [
     "encode_input",
     "encode_xadds",
     "messages_of",
-    "pack_command",
-    "pack_commands",
     "try_decode_input",
     "use_errors",
 ]

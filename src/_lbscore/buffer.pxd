@@ -17,3 +17,6 @@ cdef class WriteBuffer:
     cdef int write_bulk2(self, const char *a, Py_ssize_t an, const char *b, Py_ssize_t bn) except -1
     cdef int write_int(self, int64_t v) except -1
     cdef bytes to_bytes(self)
+    cdef bytes since(self, Py_ssize_t start)
+    cdef inline Py_ssize_t length(self) noexcept
+    cdef inline void clear(self) noexcept

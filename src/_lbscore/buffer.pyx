@@ -99,3 +99,15 @@ cdef class WriteBuffer:
 
     cdef bytes to_bytes(self):
         return PyBytes_FromStringAndSize(self._buf, self._length)
+
+    cdef bytes since(self, Py_ssize_t start):
+        # What was written from ``start`` on (a debug check reads back one command).
+        return PyBytes_FromStringAndSize(self._buf + start, self._length - start)
+
+    cdef inline Py_ssize_t length(self) noexcept:
+        # Bytes written: where the next write goes.
+        return self._length
+
+    cdef inline void clear(self) noexcept:
+        # Forget what was written; the memory is kept for reuse.
+        self._length = 0

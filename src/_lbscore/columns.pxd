@@ -9,5 +9,5 @@ cdef class EntryColumns:
         public bint passed                # an entry after the bound was met
         public bytes last_id              # the id of the last entry read
 
-    cdef void _reset(self) noexcept
+    cdef int _reset(self) except -1
     cdef Py_ssize_t _entries(self, RespReader reader, Py_ssize_t *at) except -1

@@ -44,17 +44,16 @@ cdef class EntryColumns:
         self.last_id = None
         self._reset()
 
-    cdef void _reset(self) noexcept:
-        cdef int32_t zero = 0
-        self._ids._length = self._keys._length = self._vals._length = 0
-        self._id_off._length = self._key_off._length = self._val_off._length = self._map_off._length = 0
+    cdef int _reset(self) except -1:
+        cdef WriteBuffer offsets
+        self._ids.clear()
+        self._keys.clear()
+        self._vals.clear()
         self._rows = self._pairs = 0
-        # (64 bytes are always allocated: these writes cannot fail)
-        memcpy(self._id_off._buf, &zero, 4)
-        memcpy(self._key_off._buf, &zero, 4)
-        memcpy(self._val_off._buf, &zero, 4)
-        memcpy(self._map_off._buf, &zero, 4)
-        self._id_off._length = self._key_off._length = self._val_off._length = self._map_off._length = 4
+        for offsets in (self._id_off, self._key_off, self._val_off, self._map_off):
+            offsets.clear()
+            _offset(offsets, 0)  # each column's first offset
+        return 0
 
     def __len__(self):
         return self._rows
@@ -83,45 +82,43 @@ cdef class EntryColumns:
         cdef char t
         if shape != SHAPE_ENTRIES and shape != SHAPE_XREAD:
             raise _data_error(f"EntryColumns reads Shape.ENTRIES or Shape.XREAD replies, not {shape}")
-        if reader._broken is not None:
-            raise _protocol_error(reader._broken)
-        if reader._check() == 0:
+        pos = reader.next_reply()
+        if pos < 0:
             return _NEED_MORE
-        pos = reader._start
-        p = reader._buf
+        p = reader.data()
         try:
             t = p[pos]
             if t == 45 or t == 33:  # - !  an error reply
-                raise reader._value(&pos)
+                raise reader.value_at(&pos)
             if t == 95 or (t == 42 and p[pos + 1] == 45):  # _ or *-1: nil, nothing to read
                 return 0
             if shape == SHAPE_ENTRIES:
                 if t != 42:
-                    raise _layout(reader._value(&pos))
+                    raise _layout(reader.value_at(&pos))
                 return self._entries(reader, &pos)
             if t != 42 and t != 37:
-                raise _layout(reader._value(&pos))
-            le = _crlf(p, pos + 1, reader._end)
+                raise _layout(reader.value_at(&pos))
+            le = _crlf(p, pos + 1, reader.data_end())
             n = trusted_int(p, pos + 1, le)
             pos = le + 2
             for k in range(n):
                 if t == 42:  # RESP2: [stream, entries]
                     if p[pos] != 42 or p[pos + 1] != 50 or p[pos + 2] != 13:
-                        raise _layout(reader._value(&pos))
+                        raise _layout(reader.value_at(&pos))
                     pos += 4
-                reader._value(&pos)  # the stream's name
+                reader.value_at(&pos)  # the stream's name
                 if p[pos] == 42 and p[pos + 1] != 45:
                     seen += self._entries(reader, &pos)
                 else:
-                    reader._value(&pos)
+                    reader.value_at(&pos)
             return seen
         finally:
-            reader._consume()
+            reader.consume()
 
     cdef Py_ssize_t _entries(self, RespReader reader, Py_ssize_t *at) except -1:
         # p[at] is '*': an array of [id, fields] entries.
-        cdef const char *p = reader._buf
-        cdef Py_ssize_t end = reader._end, pos = at[0], le, idn, vl, idp
+        cdef const char *p = reader.data()
+        cdef Py_ssize_t end = reader.data_end(), pos = at[0], le, idn, vl, idp
         cdef long long n, m, k, j
         cdef unsigned long long ms = 0, seq = 0
         cdef bint take
@@ -130,7 +127,7 @@ cdef class EntryColumns:
         pos = le + 2
         for k in range(n):
             if p[pos] != 42 or p[pos + 1] != 50 or p[pos + 2] != 13 or p[pos + 4] != 36:
-                raise _layout(reader._value(&pos))
+                raise _layout(reader.value_at(&pos))
             pos += 4
             le = _crlf(p, pos + 1, end)
             idn = trusted_int(p, pos + 1, le)
@@ -151,7 +148,7 @@ cdef class EntryColumns:
                 pos = _crlf(p, pos + 1, end) + 2
                 continue
             if p[pos] != 42:
-                raise _layout(reader._value(&pos))
+                raise _layout(reader.value_at(&pos))
             le = _crlf(p, pos + 1, end)
             m = trusted_int(p, pos + 1, le)
             pos = le + 2
@@ -159,10 +156,10 @@ cdef class EntryColumns:
                 raise _data_error("a stream entry with a field name but no value")
             if take:
                 self._ids.write(p + idp, idn)
-                _offset(self._id_off, self._ids._length)
+                _offset(self._id_off, self._ids.length())
             for j in range(m):
                 if p[pos] != 36:
-                    raise _layout(reader._value(&pos))
+                    raise _layout(reader.value_at(&pos))
                 le = _crlf(p, pos + 1, end)
                 vl = trusted_int(p, pos + 1, le)
                 if vl < 0:
@@ -170,10 +167,10 @@ cdef class EntryColumns:
                 if take:
                     if j % 2 == 0:
                         self._keys.write(p + le + 2, vl)
-                        _offset(self._key_off, self._keys._length)
+                        _offset(self._key_off, self._keys.length())
                     else:
                         self._vals.write(p + le + 2, vl)
-                        _offset(self._val_off, self._vals._length)
+                        _offset(self._val_off, self._vals.length())
                 pos = le + 2 + vl + 2
             if take:
                 self._pairs += m // 2

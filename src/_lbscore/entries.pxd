@@ -12,11 +12,22 @@ cdef class Entry:
         readonly long long idle_ms         # XREADGROUP CLAIM: ms since last delivery (-1: not claimed)
         readonly long long delivery_count  # XREADGROUP CLAIM: deliveries so far (0: new entry)
 
+    # What .fields is built from (EntryParser.parse_parts, _unreadable).
+    cdef inline void set_raw_fields(self, object raw_fields, bint resp_fields) noexcept
+
 
 cdef struct Span:
     # A field's value inside a buffer someone else keeps alive; n < 0: absent.
     const char *p
     Py_ssize_t n
+
+
+cdef enum FieldRole:
+    # Which of the fields an EntryParser reads a field name is (field_role).
+    FIELD_OTHER = 0
+    FIELD_INPUT = 1       # the JSON assignment (lbs-input)
+    FIELD_RETRY = 2       # the retry count (_retry_count)
+    FIELD_ORIGINAL = 3    # the first delivery's id (_original_id)
 
 
 cdef class EntryParser:
@@ -25,6 +36,8 @@ cdef class EntryParser:
         bytes _retry_field
         bytes _original_field
         Py_ssize_t _max_input_bytes
+
+    cdef inline FieldRole field_role(self, const char *name, Py_ssize_t n) noexcept
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra)
     cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,

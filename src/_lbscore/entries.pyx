@@ -7,6 +7,7 @@
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_FromStringAndSize
 from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memcmp
 
 
 cdef inline str _text(object v):
@@ -88,8 +89,8 @@ cdef Entry _unreadable(object item):
     e.retry_count = 0
     e.idle_ms = -1
     e.delivery_count = 0
-    e.stream = e.info = e.original_id = e._raw_fields = e._fields = None
-    e._resp_fields = False
+    e.stream = e.info = e.original_id = None
+    e.set_raw_fields(None, False)
     e.error = f"not a stream entry: {item!r:.200}"
     return e
 
@@ -101,6 +102,11 @@ cdef class Entry:
         if self.error is not None:
             return f"<Entry {self.id} malformed: {self.error}>"
         return f"<Entry {self.id} stream={self.stream!r} retry_count={self.retry_count}>"
+
+    cdef inline void set_raw_fields(self, object raw_fields, bint resp_fields) noexcept:
+        self._raw_fields = raw_fields
+        self._resp_fields = resp_fields
+        self._fields = None
 
     @property
     def fields(self):
@@ -135,6 +141,17 @@ cdef class EntryParser:
         self._retry_field = retry_field.encode()
         self._original_field = original_field.encode()
         self._max_input_bytes = max_input_bytes
+
+    cdef inline FieldRole field_role(self, const char *name, Py_ssize_t n) noexcept:
+        # A field name read in place (entryparse.pyx): one of ours, or another.
+        if n == PyBytes_GET_SIZE(self._input_field) and memcmp(name, PyBytes_AS_STRING(self._input_field), n) == 0:
+            return FIELD_INPUT
+        if n == PyBytes_GET_SIZE(self._retry_field) and memcmp(name, PyBytes_AS_STRING(self._retry_field), n) == 0:
+            return FIELD_RETRY
+        if n == PyBytes_GET_SIZE(self._original_field) \
+                and memcmp(name, PyBytes_AS_STRING(self._original_field), n) == 0:
+            return FIELD_ORIGINAL
+        return FIELD_OTHER
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra):
         # From values another parser built (hiredis/redis-py's, or ours on
@@ -183,9 +200,7 @@ cdef class EntryParser:
         e.info = None
         e.original_id = None
         e.error = None
-        e._raw_fields = raw_fields
-        e._resp_fields = resp_fields and raw_fields is not None
-        e._fields = None
+        e.set_raw_fields(raw_fields, resp_fields and raw_fields is not None)
         if extra is not None:
             # XREADGROUP CLAIM: [id, fields, idle, delivery count]. Server 8.4.0
             # sent the two numbers as strings, later versions as integers.

@@ -9,8 +9,8 @@ cdef class _HeldKeys:
     cdef:
         readonly str consumer_id
         readonly str lock_prefix
-        bytes _suffix    # b":" + consumer id, UTF-8: a lock value after its token
-        bytes _prefix    # the lock prefix, UTF-8
+        bytes value_suffix  # b":" + consumer id, UTF-8: a lock value after its token
+        bytes key_prefix    # the lock prefix, UTF-8
 
 
 cdef class Held:
@@ -27,6 +27,14 @@ cdef class Held:
         # MARK_RUNNING (not in the set: running).
         unsigned char mark
         _HeldKeys _keys
+
+    # A record made without __init__ (_new_held): what it shares, its Info (None: empty).
+    cdef inline void set_keys(self, _HeldKeys keys) noexcept
+    cdef inline void set_info(self, object info) noexcept
+    # The UTF-8 parts the encoders write around the token and the entry id
+    # (HeldTable.encode_extend, pipeline.pyx's evalsha_over_locks).
+    cdef inline bytes lock_value_suffix(self)
+    cdef inline bytes lock_key_prefix(self)
 
 
 cdef class HeldTable:

@@ -29,8 +29,8 @@ cdef class _HeldKeys:
     def __cinit__(self, str consumer_id, str lock_prefix):
         self.consumer_id = consumer_id
         self.lock_prefix = lock_prefix
-        self._suffix = (":" + consumer_id).encode("utf-8")
-        self._prefix = lock_prefix.encode("utf-8")
+        self.value_suffix = (":" + consumer_id).encode("utf-8")
+        self.key_prefix = lock_prefix.encode("utf-8")
 
     def __reduce__(self):
         return (_HeldKeys, (self.consumer_id, self.lock_prefix))
@@ -44,12 +44,12 @@ cdef inline Held _new_held(_HeldKeys keys, str entry_id, str stream, object info
     h.entry_id = entry_id
     h.stream = stream
     # An empty Info (most assignments) costs no dict until someone reads it.
-    h._info = None if (info is None or (type(info) is dict and not info)) else info
+    h.set_info(None if (info is None or (type(info) is dict and not info)) else info)
     h.retry_count = retry_count
     h.token = token
     h.task = None
     h.taken_at = taken_at
-    h._keys = keys
+    h.set_keys(keys)
     return h
 
 
@@ -119,6 +119,18 @@ cdef class Held:
         """The lock's key: ``lock:{<service>-input}:<entry id>``."""
         return self._keys.lock_prefix + self.entry_id
 
+    cdef inline void set_keys(self, _HeldKeys keys) noexcept:
+        self._keys = keys
+
+    cdef inline void set_info(self, object info) noexcept:
+        self._info = info
+
+    cdef inline bytes lock_value_suffix(self):
+        return self._keys.value_suffix
+
+    cdef inline bytes lock_key_prefix(self):
+        return self._keys.key_prefix
+
     def __repr__(self):
         return (f"Held(entry_id={self.entry_id!r}, stream={self.stream!r}, info={self.info!r}, "
                 f"retry_count={self.retry_count}, token={self.token}, value={self.value!r}, "
@@ -145,16 +157,6 @@ cdef class HeldTable:
         self._by_id = {}
         self._by_stream = {}
         self._keys = _HeldKeys(consumer_id, lock_prefix)
-
-    @property
-    def consumer_id(self):
-        """The consumer id in the lock values of the records this table creates."""
-        return self._keys.consumer_id
-
-    @property
-    def lock_prefix(self):
-        """The lock key prefix of the records this table creates."""
-        return self._keys.lock_prefix
 
     def __len__(self):
         return len(self._by_id)
@@ -311,10 +313,6 @@ cdef class HeldTable:
             if h.mark == MARK_SENT:
                 h.mark = MARK_RUNNING
 
-    def streams(self):
-        """How many distinct stream names are held."""
-        return len(self._by_stream)
-
     def encode_extend(self, CommandBatch batch not None, sha, tuple head_keys, tuple head_args,
                       list held not None, Py_ssize_t start, Py_ssize_t stop,
                       int64_t refresh_every=1, int64_t phase=0, str go_sep=None, int64_t go_ttl_ms=0):
@@ -335,13 +333,13 @@ cdef class HeldTable:
         ("" for all records when ``refresh_every`` is 1), then ``go_ttl_ms``,
         then each record's Go-style lock key, ``<stream><go_sep><entry id>``.
         """
-        cdef WriteBuffer buf = batch._buf
+        cdef WriteBuffer buf = batch.buffer()
         cdef Py_ssize_t n, i, idn
         cdef Held h
         cdef const char *idp
         cdef bytes part
         cdef char digits[INT64_DIGITS]
-        cdef Py_ssize_t begin = buf._length
+        cdef Py_ssize_t begin = buf.length()
         if start < 0 or stop > len(held) or start > stop:
             raise _data_error(f"slice {start}:{stop} outside {len(held)} held records")
         n = stop - start
@@ -354,7 +352,7 @@ cdef class HeldTable:
             pack_arg(buf, a)
         for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
             h = <Held?>held[i]
-            part = h._keys._suffix
+            part = h.lock_value_suffix()
             buf.write_bulk2(digits, format_int64(h.token, digits), PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
         for i in range(start, stop):  # the entry ids
             h = <Held?>held[i]
@@ -375,4 +373,4 @@ cdef class HeldTable:
                 pack_arg(buf, h.stream + go_sep + h.entry_id)
         if LBS_DEBUG:
             _check_command(buf, begin)
-        batch._count += 1
+        batch.command_written()

@@ -19,6 +19,10 @@ cdef class Message:
         self._fields = None if fields is None else dict(fields)
         self._resp = None
 
+    cdef inline void set_fields(self, dict fields, bytes resp) noexcept:
+        self._fields = fields
+        self._resp = resp
+
     @property
     def fields(self):
         """The message's fields, ``{name: value}`` as str (built on first access)."""
@@ -41,8 +45,7 @@ cdef class Message:
 cdef inline Message _message(str message_id, bytes resp):
     cdef Message m = Message.__new__(Message)
     m.id = message_id
-    m._fields = None
-    m._resp = resp
+    m.set_fields(None, resp)
     return m
 
 
@@ -63,8 +66,7 @@ cdef Message _message_of(object item):
         it = iter(raw)
         for k in it:
             fields[_text(k)] = _text(next(it, b""))
-    m._fields = fields
-    m._resp = None
+    m.set_fields(fields, None)
     return m
 
 

@@ -70,18 +70,3 @@ cdef int pack_into(WriteBuffer buf, object args) except -1:
     for arg in targs:
         pack_arg(buf, arg)
     return 0
-
-
-def pack_command(*args):
-    """Encode one command as RESP bytes, as redis-py would send it."""
-    cdef WriteBuffer buf = WriteBuffer(256)
-    pack_into(buf, args)
-    return buf.to_bytes()
-
-
-def pack_commands(commands):
-    """Encode a batch of commands (an iterable of argument sequences) into one buffer."""
-    cdef WriteBuffer buf = WriteBuffer(4096)
-    for command in commands:
-        pack_into(buf, command)
-    return buf.to_bytes()

@@ -38,7 +38,7 @@ cdef class CommandBatch:
 
     def clear(self):
         """Forget every command (the buffer's memory is kept for reuse)."""
-        self._buf._length = 0
+        self._buf.clear()
         self._count = 0
         self._shapes = None
 
@@ -71,6 +71,12 @@ cdef class CommandBatch:
         pack_into(self._buf, args)
         self._count += 1
 
+    cdef inline WriteBuffer buffer(self):
+        return self._buf
+
+    cdef inline void command_written(self) noexcept:
+        self._count += 1
+
     def evalsha_locks(self, sha, tuple head_keys, bytes lock_prefix not None, list entry_ids not None,
                       tuple head_args, list values=None, bint append_ids=True, list tail=None):
         """Append ``EVALSHA sha numkeys KEYS... ARGV...`` for a batch of locks.
@@ -83,7 +89,7 @@ cdef class CommandBatch:
         cdef Py_ssize_t n = len(entry_ids)
         cdef Py_ssize_t nvalues = 0
         cdef Py_ssize_t ntail = 0 if tail is None else len(tail)
-        cdef Py_ssize_t begin = self._buf._length
+        cdef Py_ssize_t begin = self._buf.length()
         if values is not None:
             nvalues = len(values)
             if nvalues != n:
@@ -130,7 +136,7 @@ cdef int evalsha_over_locks(WriteBuffer buf, object sha, tuple head_keys, bytes 
         lock = locks[i]
         if prefix is None:
             h = <Held?>lock
-            part = h._keys._prefix
+            part = h.lock_key_prefix()
             idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
         else:
             part = prefix
@@ -148,9 +154,10 @@ cdef int evalsha_over_locks(WriteBuffer buf, object sha, tuple head_keys, bytes 
 cdef int _check_command(WriteBuffer buf, Py_ssize_t start) except -1:
     # Debug builds: the command just written from ``start`` reads back as one
     # whole RESP array of bulk strings, nothing more and nothing less.
-    r = RespReader()
-    r.feed(PyBytes_FromStringAndSize(buf._buf + start, buf._length - start))
+    cdef RespReader r = RespReader()
+    cdef bytes written = buf.since(start)
+    r.feed(written)
     command = r.gets()
-    if type(command) is not list or r.buffered or not all(type(a) is bytes for a in command):
-        _internal_error(f"encoded a malformed command ({buf._length - start} bytes)")
+    if type(command) is not list or r.unread() or not all(type(a) is bytes for a in command):
+        _internal_error(f"encoded a malformed command ({len(written)} bytes)")
     return 0

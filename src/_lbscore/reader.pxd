@@ -30,10 +30,17 @@ cdef class RespReader:
     cdef int _feed(self, const char *data, Py_ssize_t n) except -1
     cdef int _check(self) except -1
     cdef int _fail(self, str message) except -1
-    cdef object _value(self, Py_ssize_t *pos)
-    cdef object _shaped(self, Py_ssize_t *pos, int shape, EntryParser parser)
-    cdef list _entries(self, Py_ssize_t *pos, EntryParser parser)
-    cdef list _messages(self, Py_ssize_t *pos)
-    cdef Entry _entry(self, Py_ssize_t *pos, EntryParser parser)
+    cdef int _check_double(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1
+    cdef int _check_big(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1
     cdef object gets_c(self, int shape, EntryParser parser)
-    cdef void _consume(self) noexcept
+    cdef inline Py_ssize_t unread(self) noexcept
+
+    # For the in-place readers (entryparse.pyx, columns.pyx): next_reply()
+    # says where a whole, checked reply starts in data(); they walk its bytes
+    # (up to data_end()), build any part they do not read themselves with
+    # value_at(), and consume() the reply when done, even on an error.
+    cdef inline Py_ssize_t next_reply(self) except -2
+    cdef inline const char *data(self) noexcept
+    cdef inline Py_ssize_t data_end(self) noexcept
+    cdef object value_at(self, Py_ssize_t *pos)
+    cdef void consume(self) noexcept

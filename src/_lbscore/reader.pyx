@@ -10,8 +10,9 @@
 # bytes, int, None, list, dict, float, bool; error replies become whatever
 # reply_error returns, as values, so one failed command of a batch does not
 # hide the replies of the others. Where the caller says a reply holds stream
-# entries (ReplyShape), they become Entry objects straight from the buffer:
-# no bytes object per field, no dict, the lbs-input JSON decoded in place.
+# entries (ReplyShape), entryparse.pyx builds them straight from the buffer;
+# it and columns.pyx read a checked reply through next_reply, data, data_end,
+# value_at and consume, the methods reader.pxd declares for them.
 #
 # Deliberate differences from hiredis-py: a RESP3 big number is an int (as
 # in redis-py's Python parser), not its digits as bytes; a blob error (!) is
@@ -124,11 +125,6 @@ cdef class RespReader:
             raise _data_error(f"reply shape {shape} needs an EntryParser")
         return self.gets_c(shape, parser)
 
-    @property
-    def buffered(self):
-        """Bytes fed but not yet returned as replies."""
-        return self._end - self._start
-
     cdef int _feed(self, const char *data, Py_ssize_t n) except -1:
         cdef Py_ssize_t live, need, cap
         cdef char *grown
@@ -220,9 +216,9 @@ cdef class RespReader:
                 if le != pos + 2 or (p[pos + 1] != 116 and p[pos + 1] != 102):
                     self._fail(f"invalid boolean reply {p[pos + 1:le]!r}")
             elif t == 44:  # ,
-                _check_double(self, p, pos + 1, le)
+                self._check_double(p, pos + 1, le)
             elif t == 40:  # (
-                _check_big(self, p, pos + 1, le)
+                self._check_big(p, pos + 1, le)
             else:
                 self._fail(f"unknown reply type byte {p[pos:pos + 1]!r}")
             pos = nxt
@@ -241,27 +237,63 @@ cdef class RespReader:
         self._scan = pos
         return 0
 
-    cdef object gets_c(self, int shape, EntryParser parser):
-        cdef Py_ssize_t pos
+    cdef inline Py_ssize_t next_reply(self) except -2:
+        # Where the next whole, checked reply starts in data(), or -1 while
+        # more bytes are needed; raises once the stream is broken.
         if self._broken is not None:
             raise _protocol_error(self._broken)
         if self._check() == 0:
+            return -1
+        return self._start
+
+    cdef inline Py_ssize_t unread(self) noexcept:
+        # Bytes fed but not yet returned as replies.
+        return self._end - self._start
+
+    cdef inline const char *data(self) noexcept:
+        return self._buf
+
+    cdef inline Py_ssize_t data_end(self) noexcept:
+        # One past the last byte fed.
+        return self._end
+
+    cdef int _check_double(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
+        cdef bytes text = PyBytes_FromStringAndSize(p + a, b - a)
+        cdef char *endp = NULL
+        if b > a and (p[a] == 45 or p[a] == 43 or is_digit(p[a]) or p[a] == 46 or (b - a == 3 and (
+                memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
+            try:
+                PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
+            except ValueError:  # no number at the start at all
+                endp = NULL
+            if endp == PyBytes_AS_STRING(text) + (b - a):
+                return 0
+        self._fail(f"invalid double reply {text!r}")
+
+    cdef int _check_big(self, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
+        # -?[0-9]+, of any length.
+        if digits_end(p, b, a + 1 if a < b and p[a] == 45 else a) != b:
+            self._fail(f"invalid big number reply {p[a:b]!r}")
+        return 0
+
+    cdef object gets_c(self, int shape, EntryParser parser):
+        cdef Py_ssize_t pos = self.next_reply()
+        if pos < 0:
             return _NEED_MORE
-        pos = self._start
         try:
             if shape == SHAPE_ANY or (parser is None and shape != SHAPE_MESSAGES):
-                reply = self._value(&pos)
+                reply = self.value_at(&pos)
             else:
-                reply = self._shaped(&pos, shape, parser)
+                reply = read_shaped(self, &pos, shape, parser)
             if LBS_DEBUG and pos != self._reply_end:
                 _internal_error(f"reply built to {pos}, checked to {self._reply_end}")
         finally:
             # The reply is consumed even if building it failed: the next one
             # starts where the check said this one ends.
-            self._consume()
+            self.consume()
         return reply
 
-    cdef void _consume(self) noexcept:
+    cdef void consume(self) noexcept:
         # Drop the checked reply at _start.
         self._start = self._scan = self._reply_end
         self._reply_end = -1
@@ -273,7 +305,8 @@ cdef class RespReader:
                 self._buf = NULL
                 self._cap = 0
 
-    cdef object _value(self, Py_ssize_t *pos):
+    cdef object value_at(self, Py_ssize_t *pos):
+        # The reply (or element) at pos[0], built generically; pos[0] moves past it.
         cdef const char *p = self._buf
         cdef Py_ssize_t i = pos[0], le, nxt
         cdef long long n, k
@@ -296,7 +329,7 @@ cdef class RespReader:
                 return None
             items = []
             for k in range(n):
-                items.append(self._value(pos))
+                items.append(self.value_at(pos))
             return items
         if t == 37:  # %
             n = trusted_int(p, i + 1, le)
@@ -305,8 +338,8 @@ cdef class RespReader:
                 return None
             d = {}
             for k in range(n):
-                key = self._value(pos)
-                value = self._value(pos)
+                key = self.value_at(pos)
+                value = self.value_at(pos)
                 try:
                     d[key] = value
                 except TypeError:
@@ -316,8 +349,8 @@ cdef class RespReader:
             n = trusted_int(p, i + 1, le)
             pos[0] = nxt
             for k in range(2 * n):
-                self._value(pos)
-            return self._value(pos)
+                self.value_at(pos)
+            return self.value_at(pos)
         pos[0] = nxt
         if t == 43:  # +
             return PyBytes_FromStringAndSize(p + i + 1, le - i - 1)
@@ -341,212 +374,3 @@ cdef class RespReader:
         if t == 40:  # (
             return int(PyBytes_FromStringAndSize(p + i + 1, le - i - 1))
         _internal_error(f"unchecked reply type {t!r}")
-
-    cdef object _shaped(self, Py_ssize_t *pos, int shape, EntryParser parser):
-        cdef const char *p = self._buf
-        cdef Py_ssize_t i = pos[0], le
-        cdef long long n, k
-        cdef char t = p[i]
-        cdef list out
-        if shape == SHAPE_MESSAGES:
-            return self._messages(pos) if t == 42 else self._value(pos)
-        if t != 42 and not (t == 37 and shape == SHAPE_XREAD):
-            if t == 95 and shape == SHAPE_XREAD:  # RESP3 null: nothing to read
-                pos[0] = i + 3
-                return []
-            return self._value(pos)
-        if shape == SHAPE_ENTRIES:
-            return self._entries(pos, parser)
-        le = _crlf(p, i + 1, self._end)
-        n = trusted_int(p, i + 1, le)
-        if n < 0:
-            pos[0] = le + 2
-            return [] if shape == SHAPE_XREAD else None
-        if shape == SHAPE_SCRIPT_ENTRIES:
-            if n == 0:
-                return self._value(pos)
-            pos[0] = le + 2
-            out = []
-            out.append(self._entries(pos, parser) if p[pos[0]] == 42 else self._value(pos))
-            for k in range(1, n):
-                out.append(self._value(pos))
-            return out
-        # SHAPE_XREAD: the entries of every stream, in reply order.
-        pos[0] = le + 2
-        out = []
-        for k in range(n):
-            if t == 37:
-                self._value(pos)  # the stream name
-                item = self._entries(pos, parser) if p[pos[0]] == 42 else self._value(pos)
-                out.extend(item if type(item) is list else ())
-            elif p[pos[0]] == 42 and p[pos[0] + 1] == 50 and p[pos[0] + 2] == 13:  # *2\r
-                pos[0] += 4
-                self._value(pos)
-                item = self._entries(pos, parser) if p[pos[0]] == 42 else self._value(pos)
-                out.extend(item if type(item) is list else ())
-            else:
-                item = self._value(pos)
-                try:
-                    out.extend(parser.parse_xreadgroup([item]))
-                except (TypeError, IndexError, KeyError, AttributeError):
-                    out.append(_unreadable(item))
-        return out
-
-    cdef list _entries(self, Py_ssize_t *pos, EntryParser parser):
-        # p[pos] is '*': an array of entries.
-        cdef const char *p = self._buf
-        cdef Py_ssize_t i = pos[0], le = _crlf(p, i + 1, self._end)
-        cdef long long n = trusted_int(p, i + 1, le), k
-        cdef list out = []
-        pos[0] = le + 2
-        for k in range(n):
-            out.append(self._entry(pos, parser))
-        return out
-
-    cdef list _messages(self, Py_ssize_t *pos):
-        # p[pos] is '*': an XRANGE reply, [[id, [field, value, ...]], ...].
-        # Each message is read in place, its fields kept as the RESP of their
-        # array (messages.pyx decodes them when asked); an element of any
-        # other layout is built generically first.
-        cdef const char *p = self._buf
-        cdef Py_ssize_t end = self._end, i = pos[0], le, start, fstart, vl
-        cdef long long n, m, k, j
-        cdef list out = []
-        cdef str message_id
-        cdef bint plain
-        le = _crlf(p, i + 1, end)
-        n = trusted_int(p, i + 1, le)
-        i = le + 2
-        for k in range(n):
-            start = i
-            # "*2\r\n$": an array of exactly two, an id first
-            plain = p[i] == 42 and p[i + 1] == 50 and p[i + 2] == 13 and p[i + 4] == 36
-            if plain:
-                le = _crlf(p, i + 5, end)
-                vl = trusted_int(p, i + 5, le)
-                plain = vl >= 0
-            if plain:
-                message_id = PyUnicode_DecodeUTF8(p + le + 2, vl, "replace")
-                i = le + 2 + vl + 2
-                plain = p[i] == 42
-            if plain:
-                fstart = i
-                le = _crlf(p, i + 1, end)
-                m = trusted_int(p, i + 1, le)
-                i = le + 2
-                plain = m >= 0
-                j = 0
-                while plain and j < m:
-                    if p[i] != 36:
-                        plain = False
-                        break
-                    le = _crlf(p, i + 1, end)
-                    vl = trusted_int(p, i + 1, le)
-                    if vl < 0:
-                        plain = False
-                        break
-                    i = le + 2 + vl + 2
-                    j += 1
-            if plain:
-                out.append(_message(message_id, PyBytes_FromStringAndSize(p + fstart, i - fstart)))
-            else:
-                pos[0] = start
-                out.append(_message_of(self._value(pos)))
-                i = pos[0]
-        pos[0] = i
-        return out
-
-    cdef Entry _entry(self, Py_ssize_t *pos, EntryParser parser):
-        # [id, [k1, v1, ...]] (or CLAIM's [id, fields, idle, deliveries]),
-        # read in place. Any other layout is built generically and judged by
-        # parser.parse_item, which gives the same answer, only slower.
-        cdef const char *p = self._buf
-        cdef Py_ssize_t end = self._end, i = pos[0], le, fstart, kl = 0, vl
-        cdef const char *key = NULL
-        cdef long long n, m, k
-        cdef Span raw, rc, oid
-        cdef bytes fin = parser._input_field, fret = parser._retry_field, forig = parser._original_field
-        cdef str entry_id
-        cdef object fields, extra = None
-        if p[i] != 42:
-            return parser.parse_item(self._value(pos))
-        le = _crlf(p, i + 1, end)
-        n = trusted_int(p, i + 1, le)
-        i = le + 2
-        if (n != 2 and n != 4) or p[i] != 36:
-            return parser.parse_item(self._value(pos))
-        # the entry id
-        le = _crlf(p, i + 1, end)
-        kl = trusted_int(p, i + 1, le)
-        if kl < 0:
-            return parser.parse_item(self._value(pos))
-        entry_id = PyUnicode_DecodeUTF8(p + le + 2, kl, "replace")
-        i = le + 2 + kl + 2
-        # the fields: a flat array of blob strings, or nil for a deleted entry
-        raw.p = rc.p = oid.p = NULL
-        raw.n = rc.n = oid.n = -1
-        if p[i] == 42:
-            fstart = i
-            le = _crlf(p, i + 1, end)
-            m = trusted_int(p, i + 1, le)
-            i = le + 2
-            if m < 0:
-                fields = None
-            else:
-                for k in range(m):
-                    if p[i] != 36:
-                        return parser.parse_item(self._value(pos))
-                    le = _crlf(p, i + 1, end)
-                    vl = trusted_int(p, i + 1, le)
-                    if vl < 0:
-                        return parser.parse_item(self._value(pos))
-                    if k % 2 == 0:
-                        kl = vl
-                        key = p + le + 2
-                    else:
-                        if kl == PyBytes_GET_SIZE(fin) and memcmp(key, PyBytes_AS_STRING(fin), kl) == 0:
-                            raw.p = p + le + 2
-                            raw.n = vl
-                        elif kl == PyBytes_GET_SIZE(fret) and memcmp(key, PyBytes_AS_STRING(fret), kl) == 0:
-                            rc.p = p + le + 2
-                            rc.n = vl
-                        elif kl == PyBytes_GET_SIZE(forig) and memcmp(key, PyBytes_AS_STRING(forig), kl) == 0:
-                            oid.p = p + le + 2
-                            oid.n = vl
-                    i = le + 2 + vl + 2
-                if m % 2 == 1:
-                    # A key without a value: the generic rules decide.
-                    return parser.parse_item(self._value(pos))
-                # The fields stay as their RESP bytes; Entry.fields reads them
-                # only if someone asks.
-                fields = PyBytes_FromStringAndSize(p + fstart, i - fstart)
-        elif p[i] == 95 or (p[i] == 36 and p[i + 1] == 45):  # _ or $-1: nil
-            fields = None
-            i = _crlf(p, i + 1, end) + 2
-        else:
-            return parser.parse_item(self._value(pos))
-        pos[0] = i
-        if n == 4:
-            extra = (self._value(pos), self._value(pos))
-        return parser.parse_parts(entry_id, fields, raw, rc, oid, extra, True)
-
-
-cdef int _check_double(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
-    cdef bytes text = PyBytes_FromStringAndSize(p + a, b - a)
-    cdef char *endp = NULL
-    if b > a and (p[a] == 45 or p[a] == 43 or is_digit(p[a]) or p[a] == 46 or (b - a == 3 and (
-            memcmp(p + a, b"inf", 3) == 0 or memcmp(p + a, b"nan", 3) == 0))):
-        try:
-            PyOS_string_to_double(PyBytes_AS_STRING(text), &endp, NULL)
-        except ValueError:  # no number at the start at all
-            endp = NULL
-        if endp == PyBytes_AS_STRING(text) + (b - a):
-            return 0
-    r._fail(f"invalid double reply {text!r}")
-
-
-cdef int _check_big(RespReader r, const char *p, Py_ssize_t a, Py_ssize_t b) except -1:
-    # -?[0-9]+, of any length.
-    if digits_end(p, b, a + 1 if a < b and p[a] == 45 else a) != b:
-        r._fail(f"invalid big number reply {p[a:b]!r}")
-    return 0

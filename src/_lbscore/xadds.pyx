@@ -78,7 +78,7 @@ def encode_xadds(list streams, list names, list columns, dict routes, Py_ssize_t
         route = <XaddRoute?>routes[stream]
         if route.size and route.pid_prefix is None:
             raise _data_error(f"the route of {stream!r} has IDMP chunks but no pid_prefix")
-        buf = route.batch._buf
+        buf = route.batch.buffer()
         nfields = 0
         for j in range(ncols):
             if (<list>columns[j])[i] is not None:
@@ -103,6 +103,6 @@ def encode_xadds(list streams, list names, list columns, dict routes, Py_ssize_t
                     pack_arg(buf, names[j])
                     _pack_value(buf, value)
         route.count += 1
-        route.batch._count += 1
+        route.batch.command_written()
         written += 1
     return written

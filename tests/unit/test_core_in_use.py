@@ -41,7 +41,7 @@ def test_lbs_hands_its_error_types_to_the_core() -> None:
     with pytest.raises(lbs.InvalidInputError):
         core.decode_input(b"not json")
     with pytest.raises(lbs.DataError):
-        core.pack_command("SET", "k", True)
+        core.CommandBatch().command("SET", "k", True)
     reader = core.RespReader()
     reader.feed(b"?\r\n")
     with pytest.raises(lbs.ProtocolError):

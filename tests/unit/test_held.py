@@ -8,11 +8,12 @@ import pickle
 from typing import Any
 
 import pytest
+from _corehelpers import held_streams, pack_command
 from hypothesis import given
 from hypothesis import strategies as st
 
 import lbs
-from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, encode_input, pack_command
+from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, encode_input
 
 PREFIX = "lock:{svc-input}:"
 CONSUMER = "redis-consumer-a"
@@ -92,7 +93,7 @@ def test_value_and_lock_key_are_computed_from_token_consumer_and_prefix() -> Non
     h = take(t, "1700000000000-3", "orders-7", {"user": "u1"}, 2, 41)
     assert h.value == f"41:{CONSUMER}"
     assert h.lock_key == lbs.lock_key("svc", "1700000000000-3")
-    assert (t.consumer_id, t.lock_prefix) == (CONSUMER, PREFIX)
+    assert h.lock_key == PREFIX + h.entry_id  # the table's consumer id and lock prefix
 
 
 def test_empty_info_reads_as_a_dict_that_keeps_changes() -> None:
@@ -149,8 +150,8 @@ def test_add_get_drop_len_contains_iteration() -> None:
     assert t.get("2-0") is b and t.get("3-0") is None and t.get("3-0", a) is a
     assert t.drop(a) is True
     assert t.drop(a) is False  # no longer held
-    assert list(t) == ["2-0"] and t.find("s1") is None and t.streams() == 1
-    assert t.drop(b) and not t and len(t) == 0 and t.streams() == 0
+    assert list(t) == ["2-0"] and t.find("s1") is None and held_streams(t) == 1
+    assert t.drop(b) and not t and len(t) == 0 and held_streams(t) == 0
 
 
 def test_drop_of_a_stale_record_keeps_the_current_one() -> None:
@@ -168,7 +169,7 @@ def test_by_stream_keeps_every_entry_of_a_name_oldest_first() -> None:
     other = take(t, "2-0", "other", {}, 0, 2)
     b = take(t, "3-0", "dup", {}, 0, 3)
     c = take(t, "4-0", "dup", {}, 0, 4)
-    assert t.for_stream("dup") == [a, b, c] and t.streams() == 2
+    assert t.for_stream("dup") == [a, b, c] and held_streams(t) == 2
     assert t.find("dup") is a
     assert t.find("dup", "3-0") is b
     assert t.find("other", "3-0") is None  # held, but for another stream

@@ -16,6 +16,7 @@ from typing import Any
 
 import hiredis
 import pytest
+from _corehelpers import assert_drained
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from redis._parsers.helpers import parse_stream_list
@@ -120,7 +121,7 @@ def _read_all(data: bytes, chunks: list[int] | None = None) -> list[Any]:
         reader.feed(piece)
         while (reply := reader.gets()) is not NEED_MORE:
             out.append(reply)
-    assert reader.buffered == 0
+    assert_drained(reader)
     return out
 
 
@@ -194,7 +195,7 @@ def test_any_contiguous_buffer_can_be_fed() -> None:
         reader.feed(memoryview(raw)[::2])  # not contiguous
     with pytest.raises(TypeError):
         reader.feed("*1\r\n")  # str has no buffer
-    assert reader.buffered == 0
+    assert_drained(reader)
 
 
 @pytest.mark.parametrize(
