@@ -6,12 +6,13 @@ import struct
 from typing import Any
 
 import pytest
-from _corehelpers import assert_drained
 from hypothesis import given
 from hypothesis import strategies as st
 
 from _lbscore import NEED_MORE, EntryColumns, RespReader, Shape
 from lbs.exceptions import DataError
+
+from _corehelpers import assert_drained
 
 
 def bulk(b: bytes) -> bytes:

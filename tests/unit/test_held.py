@@ -8,12 +8,13 @@ import pickle
 from typing import Any
 
 import pytest
-from _corehelpers import held_streams, pack_command
 from hypothesis import given
 from hypothesis import strategies as st
 
 import lbs
 from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, encode_input
+
+from _corehelpers import held_streams, pack_command
 
 PREFIX = "lock:{svc-input}:"
 CONSUMER = "redis-consumer-a"

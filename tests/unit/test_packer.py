@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from _corehelpers import pack_command, pack_commands
 from hypothesis import given
 from hypothesis import strategies as st
 from redis._parsers.encoders import Encoder
 from redis.connection import PythonRespSerializer
 
 import lbs
+
+from _corehelpers import pack_command, pack_commands
 
 _redis_py = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
 

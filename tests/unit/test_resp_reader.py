@@ -16,7 +16,6 @@ from typing import Any
 
 import hiredis
 import pytest
-from _corehelpers import assert_drained
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from redis._parsers.helpers import parse_stream_list
@@ -24,6 +23,7 @@ from redis._parsers.helpers import parse_stream_list
 import lbs
 from _lbscore import NEED_MORE, EntryParser, ReplyError, RespReader, Shape
 
+from _corehelpers import assert_drained
 from _strategies import infos, names
 
 # ------------------------------------------------------------ generic replies

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _corehelpers import pack_commands
 from hypothesis import given
 from hypothesis import strategies as st
 
 from _lbscore import CommandBatch, XaddRoute, encode_xadds
 from lbs.exceptions import DataError
+
+from _corehelpers import pack_commands
 
 
 def expected(
