@@ -9,13 +9,13 @@ from typing import Any, Union
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from _lbscore import CommandBatch, EntryParser
+from _lbscore import CommandBatch
 from _lbscore import encode_input as _core_encode
 
 from . import _keys
-from ._keys import shard_of, shard_services
-from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client
-from ._redis.routes import Routes
+from ._keys import shard_of
+from ._redis.connection import redirected
+from ._redis.routes import Sender
 from ._redis.wire import Wire
 from .exceptions import BatchError, InvalidInputError, RedisOperationError
 
@@ -27,7 +27,7 @@ StreamSpec = Union[str, "tuple[str, Mapping[str, Any] | None]"]
 _FIELD = _keys.INPUT_FIELD.encode()
 
 
-class Producer:
+class Producer(Sender):
     """Registers data streams in the LBS ``<service>-input`` for consumers to pick up.
 
     Each registration is one LBS entry whose field ``lbs-input`` holds
@@ -43,30 +43,6 @@ class Producer:
     (keep it at or below the consumers' ``Config.max_input_bytes``; both
     default to 65,536), and refused with :class:`lbs.InvalidInputError`.
     """
-
-    def __init__(
-        self,
-        redis: RedisLike,
-        service: str,
-        *,
-        cluster: bool | ClusterMode = ClusterMode.NONE,
-        shards: int = 1,
-        max_input_bytes: int = 65_536,
-    ) -> None:
-        self.service = _keys.validate_service(service)
-        #: Largest ``lbs-input`` value (bytes) this producer sends.
-        self.max_input_bytes = _keys.check_max_input_bytes(max_input_bytes)
-        #: The LBS of each shard (one: ``<service>-input``); see :mod:`lbs.sharding`.
-        self.streams = [_keys.input_stream(svc) for svc in shard_services(service, shards)]
-        self.shards = shards
-        self.stream = self.streams[0]
-        # The consumers' judge of an LBS entry (lbs.Client builds the same one):
-        # what it calls malformed is refused here, so the two cannot drift apart.
-        self._judge = EntryParser(_keys.INPUT_FIELD, max_input_bytes=max_input_bytes)
-        self._redis, self._owned = resolve_client(redis, cluster=cluster)
-        # Batches go over the core's Wire: on one Redis, one; on a cluster, one per
-        # master owning a shard's slot, through a client of ours made on first use.
-        self._routes = Routes(self._redis)
 
     def _stream_for(self, name: str) -> str:
         return self.streams[shard_of(name, self.shards)] if self.shards > 1 else self.stream
@@ -251,17 +227,8 @@ class Producer:
 
         return await wire.execute(build)
 
-    async def close(self) -> None:
-        """Give the batch connection back; close the Redis client if lbs opened it from a URL."""
-        await self._routes.close()
-        if self._owned:
-            await self._redis.aclose()
-
     async def __aenter__(self) -> Producer:
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 def _unpack(spec: object, k: int) -> tuple[object, object]:

@@ -23,14 +23,13 @@ from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from _lbscore import EntryParser
 from _lbscore import encode_input as _core_encode
 
 from . import _keys
-from ._keys import shard_of, shard_services
+from ._keys import shard_of
 from ._redis import scripts
-from ._redis.connection import ClusterMode, RedisLike, redirected, resolve_client
-from ._redis.routes import Routes
+from ._redis.connection import redirected
+from ._redis.routes import Sender
 from .exceptions import InvalidInputError, RedisOperationError
 from .keyed import Fields, flatten_fields
 from .producer import encode_input
@@ -38,7 +37,7 @@ from .producer import encode_input
 __all__ = ["Fields", "Publisher"]
 
 
-class Publisher:
+class Publisher(Sender):
     """Publishes messages by key for :meth:`lbs.Client.run_keyed` consumers of ``service``.
 
     ``redis`` is a ``redis.asyncio.Redis`` (or cluster) client, left open by
@@ -53,28 +52,10 @@ class Publisher:
     published to it.
     """
 
-    def __init__(
-        self,
-        redis: RedisLike,
-        service: str,
-        *,
-        cluster: bool | ClusterMode = ClusterMode.NONE,
-        shards: int = 1,
-        max_input_bytes: int = 65_536,
-    ) -> None:
-        self.service = _keys.validate_service(service)
-        self.shards = _keys.check_shards(shards)
-        #: Largest registration (``lbs-input`` value, bytes) this publisher sends.
-        self.max_input_bytes = _keys.check_max_input_bytes(max_input_bytes)
-        # The consumers' judge of an LBS entry: a key it would dead-letter is refused here.
-        self._judge = EntryParser(_keys.INPUT_FIELD, max_input_bytes=max_input_bytes)
-        #: The service of each shard (one: ``service`` itself).
-        self.services = shard_services(service, shards)
-        self._redis, self._owned = resolve_client(redis, cluster=cluster)
-        # One call per shard, sent over lbs's own connection to the Redis serving its LBS: never
-        # re-sent after a connection failure (publish-1 is not idempotent), re-sent after NOSCRIPT
-        # (it ran nowhere) or, on a cluster, a redirect (the slot moved: it ran nowhere).
-        self._routes = Routes(self._redis, [scripts.PUBLISH.source])
+    # One call per shard, sent over lbs's own connection to the Redis serving its LBS: never re-sent
+    # after a connection failure (publish-1 is not idempotent), re-sent after NOSCRIPT (it ran
+    # nowhere) or, on a cluster, a redirect (the slot moved: it ran nowhere).
+    _scripts = (scripts.PUBLISH.source,)
 
     async def publish(self, key: str, fields: Fields) -> str:
         """Append one message to ``key``'s data stream (registering the key if nobody has it); its id."""
@@ -163,17 +144,8 @@ class Publisher:
             return reply
         raise reply  # redirected twice
 
-    async def close(self) -> None:
-        """Give the connections back; close the Redis client if lbs opened it from a URL."""
-        await self._routes.close()
-        if self._owned:
-            await self._redis.aclose()
-
     async def __aenter__(self) -> Publisher:
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
 
 def _check(item: object, k: int) -> tuple[str, list[Any]]:

@@ -8,20 +8,25 @@ a command whose connection failed, which would run a non-idempotent script
 (an XADD) twice. A redirect (the slot moved) means the batch ran nowhere:
 :meth:`Routes.forget` reads the slot map again for a second try.
 
-Used by :class:`lbs.Producer` and :class:`lbs.Publisher`.
+Used by :class:`lbs.Producer` and :class:`lbs.Publisher`, through :class:`Sender`: what the two
+share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from .connection import node_client, owner_node
+from _lbscore import EntryParser
+
+from .. import _keys
+from .connection import ClusterMode, RedisLike, node_client, owner_node, resolve_client
 from .wire import Wire
 
-__all__ = ["Routes"]
+__all__ = ["Routes", "Sender"]
 
 
 class Routes:
@@ -67,3 +72,47 @@ class Routes:
         for client, wire in nodes.values():
             await wire.close()
             await client.aclose()
+
+
+class Sender:
+    """What :class:`lbs.Producer` and :class:`lbs.Publisher` share: the service (in ``shards``), the
+    largest registration they send and the consumers' judge of it, the Redis client (closed by
+    :meth:`close` when lbs opened it from a URL) and the routes to the Redis serving each shard."""
+
+    # Lua sources the routes' wires load after a NOSCRIPT.
+    _scripts: ClassVar[Sequence[str]] = ()
+
+    def __init__(
+        self,
+        redis: RedisLike,
+        service: str,
+        *,
+        cluster: bool | ClusterMode = ClusterMode.NONE,
+        shards: int = 1,
+        max_input_bytes: int = 65_536,
+    ) -> None:
+        self.service = _keys.validate_service(service)
+        self.shards = _keys.check_shards(shards)
+        #: Largest registration (``lbs-input`` value, bytes) this sends.
+        self.max_input_bytes = _keys.check_max_input_bytes(max_input_bytes)
+        #: The service of each shard (one: ``service`` itself); see :mod:`lbs.sharding`.
+        self.services = _keys.shard_services(service, shards)
+        #: The LBS of each shard (one: ``<service>-input``).
+        self.streams = [_keys.input_stream(svc) for svc in self.services]
+        self.stream = self.streams[0]
+        # The consumers' judge of an LBS entry (lbs.Client builds the same one): what it calls
+        # malformed is refused here, so the two cannot drift apart.
+        self._judge = EntryParser(_keys.INPUT_FIELD, max_input_bytes=max_input_bytes)
+        self._redis, self._owned = resolve_client(redis, cluster=cluster)
+        # Batches go over the core's Wire: on one Redis, one; on a cluster, one per master owning a
+        # shard's slot, through a client of ours made on first use.
+        self._routes = Routes(self._redis, self._scripts)
+
+    async def close(self) -> None:
+        """Give the connections back; close the Redis client if lbs opened it from a URL."""
+        await self._routes.close()
+        if self._owned:
+            await self._redis.aclose()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
