@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import signal
 import uuid
 from collections.abc import AsyncIterator, Iterable
 
@@ -27,24 +25,18 @@ from redis.exceptions import RedisError
 from _lbscore import Held
 
 from . import _keys
-from ._consumer.finisher import Finisher
-from ._consumer.forwarder import Forwarder
-from ._consumer.heartbeat import Heartbeat
-from ._consumer.instance import Instance
-from ._consumer.keyed import KeyedRunner
-from ._consumer.observer import Observer
-from ._consumer.reader import Dispatch, Reader
-from ._consumer.recovery import Recovery
-from ._consumer.requeue import Requeue
-from ._consumer.runner import SIGNALS, Handler, Runner
-from ._consumer.state import ClientStats, ConsumerLog, ConsumerState, Names, consumer_id_from_env
+from ._consumer import serve as serving
+from ._consumer.lifecycle import Lifecycle
+from ._consumer.reader import Dispatch
+from ._consumer.runner import Handler
+from ._consumer.state import ClientState, ClientStats, ConsumerLog, Names, consumer_id_from_env
 from ._consumer.topology import Topology
 from ._redis.connection import ClusterMode, RedisLike, cancel_and_wait, resolve_client
 from ._waits import within
-from .config import Config
-from .exceptions import ConfigurationError, LbsError, NotHeldError, RedisOperationError
+from .config import Config, require_number
+from .exceptions import ConfigurationError, NotHeldError, RedisOperationError
 from .keyed import KeyedHandler
-from .notifications import DoneStatus, Notification, NotificationType
+from .notifications import DoneStatus, Notification
 from .plugins import Hooks, MetricValues, make_plugin_manager, plugin_config_defaults
 from .strategy import ReadStrategy
 
@@ -108,7 +100,7 @@ class Client:
         self.consumers_key = names.consumers_key
         self.instance_key = names.instance_key
         self.dead_letter_key = names.dead_letter_key
-        source, self._owned = resolve_client(redis, cluster=cluster)
+        source, owned = resolve_client(redis, cluster=cluster)
         cluster_client = source if isinstance(source, RedisCluster) else None
         if cluster_client is not None and self.config.go_compatible:  # (nothing connected yet)
             raise ConfigurationError(
@@ -117,32 +109,16 @@ class Client:
             )
         self.log = ConsumerLog(log, {"consumer_id": self.id})
         self._hooks = Hooks(self.pm, self, {"service": self.service, "consumer": self.id}, self.log)
-        self._state = s = ConsumerState(
+        self._state = s = ClientState(
             self.config, names, self._hooks, self.log, Topology.first_link(source), self
         )
-        self._cluster = cluster_client
-        self._topology = Topology(s, cluster_client)
-        self._requeue = Requeue(s)
-        self._finisher = Finisher(s, self._topology)
-        self._heartbeat = Heartbeat(s, self._finisher, self._requeue, self._topology)
-        self._marking: set[asyncio.Task[None]] = set()  # drain_notifications' marks, on their way
-        self._reader = Reader(s, self._finisher, self._requeue, self._topology)
-        self._keyed: KeyedRunner | None = None
-        self._instance = Instance(s)
-        self._observer = Observer(s)
-        self._forwarder: Forwarder | None = None
+        self._life = life = Lifecycle(s, cluster_client, owned)
+        self._requeue, self._finisher, self._heartbeat = life.requeue, life.finisher, life.heartbeat
+        self._handover = life.handover
         #: The recovery tasks (deadline poller, keyspace listener, scan); see lbs._consumer.recovery.
-        self.recovery = Recovery(
-            s, self._requeue, self._topology, self._reader, self._instance.forget_departed
-        )
+        self.recovery = life.recovery
         #: Counters of what this client did (cheap, always on).
         self.stats = s.stats
-        self._started = False
-        self._closed = False
-        self._closing: asyncio.Future[None] | None = (
-            None  # the one shutdown every close() waits for
-        )
-        self._drain_cut = asyncio.Event()  # a second signal: stop waiting for handlers
 
     # ------------------------------------------------------------ answers ---
 
@@ -186,7 +162,7 @@ class Client:
     @property
     def keyspace_events_configured(self) -> bool:
         """Whether ``notify-keyspace-events`` has the flags recovery's listener needs."""
-        return self._topology.keyspace_events_configured
+        return self._life.topology.keyspace_events_configured
 
     # ------------------------------------------------------------- start ---
 
@@ -195,41 +171,11 @@ class Client:
 
         Idempotent. Raises :class:`lbs.RedisOperationError` if Redis is unreachable.
         """
-        if self._started:
+        if self._life.started:
             return
-        if self._closed:
+        if self._life.closing is not None:
             raise ConfigurationError("a closed client cannot be started again")
-        s = self._state
-        await self._topology.start()
-        await self._instance.claim()
-        # Which reader: a plugin may answer (and may refuse this server by raising).
-        strategy = self._hooks.ask("lbs_reader", server_version=s.server.version)
-        s.strategy = strategy if strategy is not None else ReadStrategy(name="default")
-        backend = self._hooks.ask("lbs_dead_letter_backend") if self.dead_letter_key else None
-        self._forwarder = Forwarder(s, backend) if backend is not None else None
-        if self.config.configure_keyspace_events:
-            await self._topology.keep_keyspace_events()
-        if self.config.recovery:
-            try:
-                await self.recovery.startup()
-            except RedisError as exc:
-                self.log.warning("startup recovery failed (%s); the scan will cover it", exc)
-        self._started = True
-        self._reader.start()
-        self._heartbeat.start()
-        self._observer.start()
-        if self.config.recovery:
-            self.recovery.start()
-        self._requeue.delays.start()
-        if self._forwarder is not None:
-            self._forwarder.start()
-        self.log.info(
-            "started on %s (group %s, %s)",
-            self.stream_key,
-            self.group,
-            s.server.name or "Redis " + (".".join(map(str, s.server.version)) or "?"),
-        )
-        self._hooks.notify("lbs_client_started")
+        await self._life.start()
 
     async def check_server(self) -> bool:
         """Notice a server restart (its run id changed) and re-apply what it forgot; whether it restarted.
@@ -238,7 +184,7 @@ class Client:
         restart (unless the config file was rewritten), so it is set again.
         Called when the keyspace listener reconnects and by every scan.
         """
-        return await self._topology.check_server()
+        return await self._life.topology.check_server()
 
     async def reset_topology(self) -> bool:
         """Find the master that owns the LBS's slot again, and move there if it changed.
@@ -251,7 +197,7 @@ class Client:
         until it is back the deadline poller and the scan cover. A no-op
         without a cluster.
         """
-        return await self._topology.reset()
+        return await self._life.topology.reset()
 
     async def heartbeat(self) -> int:
         """Extend every held lock now, in one round trip; return how many were lost.
@@ -343,14 +289,9 @@ class Client:
         a ``delay`` that is not a finite number >= 0 and
         :class:`lbs.NotHeldError` for a stream not held.
         """
-        if delay is not None and (
-            not isinstance(delay, (int, float))
-            or isinstance(delay, bool)
-            or not math.isfinite(delay)
-            or delay < 0
-        ):
-            raise ConfigurationError(
-                f"delay must be None or a finite number of seconds >= 0, got {delay!r}"
+        if delay is not None:
+            require_number(
+                delay, "delay must be None or a finite number of seconds >= 0", finite=True
             )
         holdings = self._state.holdings
         h = holdings.find(stream, entry_id)
@@ -386,19 +327,8 @@ class Client:
         Meant for one consumer at a time. The buffer is bounded
         (``Config.notification_buffer``): while it is full the reader waits.
         """
-        mailbox = self._state.mailbox
-        while True:
-            note = await mailbox.get()
-            if note is None:
-                self._raise_failure()
-                return
-            await self._hand_over([note])
+        while (note := await self._handover.next()) is not None:
             yield note
-
-    def _raise_failure(self) -> None:
-        """The error ``run()`` died of, raised (closed without one: nothing)."""
-        if self._state.failure is not None:
-            raise self._state.failure
 
     async def next_notification(self, timeout: float | None = None) -> Notification | None:
         """The next notification, or None when closed (or after ``timeout`` seconds). After ``run()`` died,
@@ -407,11 +337,7 @@ class Client:
             note = await within(self._state.mailbox.get(), timeout)
         except asyncio.TimeoutError:
             return None
-        if note is not None:
-            await self._hand_over([note])
-        else:
-            self._raise_failure()
-        return note
+        return await self._handover.received(note)
 
     def drain_notifications(self, limit: int | None = None) -> list[Notification]:
         """The notifications already buffered (up to ``limit``), without waiting.
@@ -419,36 +345,7 @@ class Client:
         For applications that work in batches: await one notification, then
         drain the rest and finish them together with :meth:`done_streams`.
         """
-        mailbox = self._state.mailbox
-        out: list[Notification] = []
-        while (limit is None or len(out) < limit) and len(mailbox):
-            note = mailbox.get_nowait()
-            if note is None:
-                break
-            out.append(note)
-        if started := self._taken(out):
-            # Not awaited (this call does not wait): Redis is told at once, in the background.
-            task = asyncio.create_task(self._heartbeat.mark_running(started))
-            self._marking.add(task)
-            task.add_done_callback(self._marking.discard)
-        return out
-
-    def _taken(self, notes: list[Notification]) -> list[Held]:
-        """The application took ``notes`` out of the queue: their streams run from now on (a death of
-        this process counts against them, as a failed attempt). The records Redis has to be told of."""
-        table = self._state.holdings.table
-        out = []
-        for note in notes:
-            if note.type is NotificationType.STREAM_ADDED:
-                h = table.get(note.entry_id)
-                if h is not None and h.start():
-                    out.append(h)
-        return out
-
-    async def _hand_over(self, notes: list[Notification]) -> None:
-        """:meth:`_taken`, and Redis told before the application gets them."""
-        if started := self._taken(notes):
-            await self._heartbeat.mark_running(started)
+        return self._handover.drain(limit)
 
     # ---------------------------------------------------------------- run ---
 
@@ -494,33 +391,18 @@ class Client:
         without a retry counted; ``run()`` then returns normally (a worker's
         exit code 0). A second signal stops the drain at once.
         """
-        if self._reader.dispatch is not None:
-            raise ConfigurationError("run() is already running on this client")
-        if handler is None:
-            handler = self._hooks.ask("lbs_handler")
-            if handler is None:
-                raise ConfigurationError(
-                    "run() needs a handler: pass one, or install a plugin that "
-                    "implements the lbs_handler hook"
-                )
-        if not callable(handler):
-            raise ConfigurationError(
-                f"run() needs a callable handler, got {type(handler).__name__}"
-            )
-        if timeout is None:
-            timeout = self.config.handler_timeout
-        elif (
-            not isinstance(timeout, (int, float))
-            or isinstance(timeout, bool)
-            or math.isnan(timeout)
-            or timeout <= 0
-        ):
-            raise ConfigurationError(
-                f"timeout must be None or a number of seconds > 0, got {timeout!r}"
-            )
-        limit = timeout if timeout is not None and math.isfinite(timeout) else None  # inf: no limit
-        runner = Runner(self._state, self._finisher, self._requeue, handler, limit)
+        self._not_serving()
+        runner = serving.runner(self._life, handler, timeout)
         await self._serve(runner.dispatch, concurrency, handle_signals)
+
+    def _not_serving(self) -> None:
+        if self._life.reader.dispatch is not None:
+            raise ConfigurationError("run() is already running on this client")
+
+    async def _serve(self, dispatch: Dispatch, concurrency: int | None, signals: bool) -> None:
+        await serving.serve(
+            self._life, dispatch, concurrency, signals, self.start, self.notifications
+        )
 
     async def run_keyed(
         self,
@@ -562,87 +444,16 @@ class Client:
         :meth:`run`; a handler they cut short counts no failure (its key is
         let go where it was).
         """
-        if self._reader.dispatch is not None:
-            raise ConfigurationError("run() is already running on this client")
-        if not callable(handler):
-            raise ConfigurationError(
-                f"run_keyed() needs a callable handler, got {type(handler).__name__}"
-            )
-        for name, value in (("batch", batch), ("max_hold_messages", max_hold_messages)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigurationError(f"{name} must be an integer of at least 1, got {value!r}")
-        if (
-            not isinstance(max_hold_seconds, (int, float))
-            or isinstance(max_hold_seconds, bool)
-            or not max_hold_seconds > 0
-        ):
-            raise ConfigurationError(
-                f"max_hold_seconds must be a number > 0, got {max_hold_seconds!r}"
-            )
-        keyed = KeyedRunner(
-            self._state,
-            self._finisher,
-            handler,
-            batch=batch,
-            max_hold_messages=max_hold_messages,
-            max_hold_seconds=float(max_hold_seconds),
+        self._not_serving()
+        keyed = serving.keyed_runner(
+            self._life, handler, batch, max_hold_messages, max_hold_seconds
         )
-        self._keyed = keyed
+        self._life.keyed = keyed
         try:
             await self._serve(keyed.dispatch, concurrency, handle_signals)
         finally:
-            self._keyed = None
-            await keyed.close()
-
-    async def _serve(
-        self, dispatch: Dispatch, concurrency: int | None, handle_signals: bool
-    ) -> None:
-        """Hand every taken stream to ``dispatch`` until closed (``run()`` and ``run_keyed()``)."""
-        if concurrency is not None and (
-            not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1
-        ):
-            raise ConfigurationError(
-                f"concurrency must be an integer of at least 1, got {concurrency!r}"
-            )
-        s = self._state
-        loop = asyncio.get_running_loop()
-        self._reader.dispatch = dispatch
-        s.capacity = s.run_limit = (
-            concurrency if concurrency is not None else self.config.max_streams
-        )
-        catching = handle_signals and SIGNALS.catch(loop, self._on_signal)
-        try:
-            await self.start()
-            # STREAM_ADDED goes straight to the runner; the other notifications
-            # (disowned, expired, terminated) are drained so they never fill the box.
-            async for _ in self.notifications():
-                pass
-            if s.handlers:
-                await asyncio.gather(*s.handlers, return_exceptions=True)
-            if self._closing is not None:
-                await asyncio.shield(self._closing)  # close() ran elsewhere: return once it is over
-        except Exception as exc:
-            # Nothing waits forever on a worker that is gone: wait_finished() and the notifications raise it.
-            # lbs's own errors say what went wrong in their message (the caller gets them too); anything
-            # else keeps its traceback.
-            self.log.error("run() failed: %s", exc, exc_info=not isinstance(exc, LbsError))
-            s.fail(exc)
-            raise
-        finally:
-            if catching:
-                SIGNALS.release(loop, self._on_signal)
-            self._reader.dispatch = None
-            s.run_limit, s.capacity = 0, self.config.max_streams
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        if self._closing is None:
-            self.log.warning(
-                "%s: stopping (drain %.1fs, then hand back)", sig.name, self.config.drain_timeout
-            )
-            asyncio.ensure_future(self.close())
-        else:
-            self.log.warning("%s again: handing back without waiting for handlers", sig.name)
-            self._drain_cut.set()
+            self._life.keyed = None
+            await keyed.stop()
 
     # -------------------------------------------------------------- close ---
 
@@ -656,71 +467,7 @@ class Client:
         once the one shutdown has finished (cancelling a caller does not stop
         the shutdown).
         """
-        if self._closing is None:
-            self._closed = True
-            self._closing = asyncio.ensure_future(self._shutdown())
-        await asyncio.shield(self._closing)
-
-    async def _shutdown(self) -> None:
-        s = self._state
-        s.stopping.set()
-        s.holdings.capacity.set()
-        # Undelivered STREAM_ADDED notifications are dropped: their streams are
-        # held, so they are handed back below. A reader waiting to deliver one
-        # is released at once.
-        s.mailbox.close(discard=True)
-        await self._reader.stop()
-        await self._observer.stop()
-        await self.recovery.stop()
-        await self._requeue.delays.stop()
-        if self._forwarder is not None:
-            await self._forwarder.stop()
-        running = [t for t in s.handlers if not t.done()]
-        if running and self.config.drain_timeout > 0:
-            # Until every handler ended, the drain time is up, or a second signal cuts it short.
-            ended = asyncio.ensure_future(asyncio.wait(running))
-            cut = asyncio.ensure_future(self._drain_cut.wait())
-            await asyncio.wait(
-                [ended, cut], timeout=self.config.drain_timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            for waiter in (ended, cut):
-                waiter.cancel()
-        await cancel_and_wait(running)
-        await cancel_and_wait(
-            list(self._marking)
-        )  # drain_notifications' marks: the streams go back below
-        if self._keyed is not None:
-            # Keys whose handlers finished commit (and yield) first; the rest are handed back below.
-            await self._keyed.flush(self.config.read_block + 5.0)
-        handed = s.holdings.table.values()
-        for h in handed:
-            s.holdings.drop(h)
-        handed_back = 0
-        try:
-            results = await self._requeue.hand_back(
-                handed, count_retry=False, reason=f"{self.id} shut down"
-            )
-            handed_back = sum(1 for r in results if r)
-        except RedisOperationError as exc:
-            self._hooks.metric("hand_back_failures_total", len(handed))
-            self.log.error(
-                "hand-back on close failed (%s); %d locks will expire instead", exc, len(handed)
-            )
-        # Streams whose handlers finished are queued for done-n.lua: send them.
-        await self._finisher.drain(self.config.read_block + 5.0)
-        await self._heartbeat.stop()
-        await self._finisher.stop()
-        if self._started:
-            await self._instance.release()
-        await s.link.close(self.log)
-        self.log.info("closed; handed back %d streams", handed_back)
-        self._hooks.notify("lbs_client_closed", handed_back=handed_back)
-        if self._cluster is not None:
-            await s.link.redis.aclose()  # our client of the slot owner
-            if self._owned:
-                await self._cluster.aclose()
-        elif self._owned:
-            await s.link.redis.aclose()
+        await self._life.close()
 
     async def __aenter__(self) -> Client:
         await self.start()

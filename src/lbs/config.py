@@ -12,7 +12,28 @@ from typing import Any
 
 from .exceptions import ConfigurationError
 
-__all__ = ["Config"]
+__all__ = ["Config", "require_number"]
+
+
+def require_number(
+    value: object,
+    rule: str,
+    *,
+    integer: bool = False,
+    low: float = 0,
+    above: bool = False,
+    finite: bool = False,
+) -> None:
+    """Raise :class:`lbs.ConfigurationError` "<rule>, got <value!r>" unless ``value``
+    is a number (an ``int`` with ``integer``; never a bool) of at least ``low`` (above it with
+    ``above``), and finite with ``finite``. NaN never passes."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int if integer else (int, float))
+        or not (value > low if above else value >= low)
+        or (finite and not math.isfinite(value))
+    ):
+        raise ConfigurationError(f"{rule}, got {value!r}")
 
 
 #: The Go reference client v0.4's shortest start-up XAUTOCLAIM idle time (``WithLBSIdleTime``), seconds.
@@ -159,18 +180,11 @@ class Config:
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
             v = getattr(self, name)
-            if (
-                not isinstance(v, (int, float))
-                or isinstance(v, bool)
-                or not math.isfinite(v)
-                or v <= 0
-            ):
-                raise ConfigurationError(f"Config.{name} must be a positive number, got {v!r}")
+            require_number(v, f"Config.{name} must be a positive number", above=True, finite=True)
 
         def at_least(name: str, low: int) -> None:
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low:
-                raise ConfigurationError(f"Config.{name} must be an integer >= {low}, got {v!r}")
+            require_number(v, f"Config.{name} must be an integer >= {low}", integer=True, low=low)
 
         for name in ("lock_ttl", "read_block", "read_retry_initial", "read_retry_max"):
             positive(name)
@@ -230,25 +244,10 @@ class Config:
             "metrics_interval",
             "forget_consumers_after",
         ):
-            v = getattr(self, name)
-            if (
-                not isinstance(v, (int, float))
-                or isinstance(v, bool)
-                or not math.isfinite(v)
-                or v < 0
-            ):
-                raise ConfigurationError(f"Config.{name} must be a number >= 0, got {v!r}")
+            require_number(getattr(self, name), f"Config.{name} must be a number >= 0", finite=True)
         if self.retry_delay_max < self.retry_delay:
             raise ConfigurationError("Config.retry_delay_max must be >= retry_delay")
-        if (
-            not isinstance(self.drain_timeout, (int, float))
-            or isinstance(self.drain_timeout, bool)
-            or math.isnan(self.drain_timeout)
-            or self.drain_timeout < 0
-        ):
-            raise ConfigurationError(
-                f"Config.drain_timeout must be >= 0, got {self.drain_timeout!r}"
-            )
+        require_number(self.drain_timeout, "Config.drain_timeout must be >= 0")
         for name in ("configure_keyspace_events", "recovery", "keyspace_recovery", "fair_dispatch"):
             if not isinstance(getattr(self, name), bool):  # "false" would be true
                 raise ConfigurationError(

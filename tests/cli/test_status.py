@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 import lbs
 from lbs import _keys
 from lbs.status import collect_status
+from lbs.testing import abandon
 
 from _helpers import client, eventually, produce, take
 
@@ -23,18 +24,9 @@ from _pty import Terminal, app_argv, flat, invoke, rr  # noqa: F401
 pytestmark = pytest.mark.integration
 
 
-def kill(c: lbs.Client) -> None:
-    """Stop a started client's reading and heartbeating as a crash would (its locks and marker lapse)."""
-    c._state.stopping.set()
-    for task in (c._reader.task, c._heartbeat.task, *c.recovery.tasks):
-        if task is not None:
-            task.cancel()
-
-
-async def bury(c: lbs.Client) -> None:
-    """Release what a killed client still has open (no hand-back: it is dead)."""
-    await c._state.link.close()
-    await c._state.link.redis.aclose()
+async def kill(c: lbs.Client) -> None:
+    """A started client ends as a crash would (lbs.testing.abandon): its locks and marker lapse."""
+    await abandon(c)
 
 
 async def consumer_state(url: str, service: str, name: str) -> str:
@@ -72,7 +64,7 @@ class Scene:
         self.dying = client(url, service, "dying", recovery=False, max_streams=1, lock_ttl=0.5)
         await self.dying.start()
         assert [n.stream for n in await take(self.dying, 1)] == ["c"]
-        kill(self.dying)
+        await kill(self.dying)
         # a comes back as a fresh entry with a retry counted; the live consumer takes d in its place.
         self.ids["a'"] = await self.live.hand_back("a", count_retry=True, reason="test")
         assert [n.stream for n in await take(self.live, 1)] == ["d"]
@@ -82,7 +74,7 @@ class Scene:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.live.close()
-        await bury(self.dying)
+        await self.dying.close()  # does nothing more: it is dead
 
 
 async def _len_is(r: aioredis.Redis, key: str, n: int) -> bool:
@@ -430,7 +422,7 @@ async def test_claim_requeues_only_what_lost_its_lock(
     await live.start()
     try:
         assert [n.stream for n in await take(live, 1)] == ["c"]
-        kill(dying)
+        await kill(dying)
         await eventually(
             lambda: _is(
                 rr.exists(_keys.lock_key(service, ids["a"]), _keys.lock_key(service, ids["b"])), 0
@@ -457,7 +449,7 @@ async def test_claim_requeues_only_what_lost_its_lock(
         assert await live.done_stream("c") is lbs.DoneStatus.DONE
     finally:
         await live.close()
-        await bury(dying)
+        await dying.close()  # does nothing more: it is dead
 
 
 async def test_claim_refuses_what_is_not_an_entry_id(redis_server: Any, service: str) -> None:

@@ -582,19 +582,19 @@ class Fleet:
         for name in self.unfinished(names)[:limit]:
             runs = [r for r in rec.runs if r.stream == name]
             lines.append(
-                f"unfinished {name}: " + (", ".join(self._show(r) for r in runs) or "never handled")
+                f"unfinished {name}: " + (", ".join(self.show(r) for r in runs) or "never handled")
             )
         returned = Counter(r.stream for r in rec.runs if r.outcome == "returned")
         for name in [n for n, k in returned.items() if k > 1][:limit]:
             lines.append(
                 f"duplicated {name}: "
-                + ", ".join(self._show(r) for r in rec.runs if r.stream == name)
+                + ", ".join(self.show(r) for r in rec.runs if r.stream == name)
             )
         for a, b in rec.overlaps(rec.runs)[:limit]:
-            lines.append(f"two valid holders of {a.stream}: {self._show(a)} and {self._show(b)}")
+            lines.append(f"two valid holders of {a.stream}: {self.show(a)} and {self.show(b)}")
         return "; ".join(lines)
 
-    def _show(self, r: Run) -> str:
+    def show(self, r: Run) -> str:
         status = self.rec.status(r)
         return (
             f"[{r.consumer} token {r.token} retry {r.retry_count} {r.outcome} "

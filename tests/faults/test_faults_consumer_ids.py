@@ -57,7 +57,7 @@ async def test_a_live_consumer_id_is_refused_to_a_second_client(
             )  # two lock TTLs: anything the second start disturbed shows by now
             held_after = first.held
             early = [
-                fleet._show(r)
+                fleet.show(r)
                 for r in fleet.rec.runs
                 if r.consumer != "dup-1" or r.retry_count > 0 or fleet.rec.told(r)
             ]

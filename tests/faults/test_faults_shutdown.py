@@ -104,7 +104,7 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
                 pending_after_close=pending,
                 locks_after_close=locks,
             )
-            again = [fleet._show(r) for r in fleet.rec.runs if r.consumer == "s2" and r.retry_count]
+            again = [fleet.show(r) for r in fleet.rec.runs if r.consumer == "s2" and r.retry_count]
             why = fleet.explain()
     report(fig)
     problems = fig.problems()
@@ -190,7 +190,7 @@ async def test_sigterm_to_a_worker_process(service: str, report: Report) -> None
                 stop_worker(proc)
             await fleet.add_client("rescuer")
             settled = await fleet.settle(timeout=10)
-            retried = [fleet._show(r) for r in fleet.rec.runs if r.retry_count]
+            retried = [fleet.show(r) for r in fleet.rec.runs if r.retry_count]
             fig = await fleet.figures(
                 "sigterm-worker", 1, settled=settled, exit_code=code, worker_took=len(taken)
             )
@@ -255,7 +255,7 @@ async def test_hand_back_cancels_the_running_handler_first(service: str, report:
                 for name in hb
             }
             handed = {s: t for (_, s, _, _, t) in rec.handed_back if s in set(hb)}
-            not_cancelled = [fleet._show(r) for r in firsts.values() if r.outcome != "cancelled"]
+            not_cancelled = [fleet.show(r) for r in firsts.values() if r.outcome != "cancelled"]
             late = [
                 n for n, r in firsts.items() if r.t1 is None or n not in handed or r.t1 > handed[n]
             ]
@@ -278,7 +278,7 @@ async def test_hand_back_cancels_the_running_handler_first(service: str, report:
     if together:
         problems.append(
             "two handlers ran one stream at once: "
-            f"{[(fleet._show(a), fleet._show(b)) for a, b in together[:3]]}"
+            f"{[(fleet.show(a), fleet.show(b)) for a, b in together[:3]]}"
         )
     if not settled:
         problems.append(fig.unsettled())

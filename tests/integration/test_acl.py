@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 import lbs
 from lbs import _keys
 from lbs.status import collect_status
+from lbs.testing import abandon, probe
 
 from _helpers import eventually, take
 
@@ -61,10 +62,8 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
     dying = lbs.Client(url, service, consumer_id="dying", config=cfg, load_entrypoint_plugins=False)
     await dying.start()
     await take(dying, 1)
-    dying._state.stopping.set()  # stops reading, heartbeating and recovering: as good as dead
-    for task in (dying._reader.task, dying._heartbeat.task, *dying.recovery.tasks):
-        assert task is not None
-        task.cancel()
+    assert None not in (probe(dying).reader.task, probe(dying).heartbeat.task)
+    await abandon(dying)  # stops reading, heartbeating and recovering: as good as dead
     survivor = lbs.Client(
         url, service, consumer_id="survivor", config=cfg, load_entrypoint_plugins=False
     )
@@ -73,8 +72,6 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
     assert sorted(n.stream for n in notes) == ["a", "b", "c"]
     assert await survivor.done_streams(notes) == [lbs.DoneStatus.DONE] * 3
     await survivor.close()
-    await dying._state.link.close()
-    await dying._state.link.redis.aclose()
     return survivor
 
 
@@ -93,7 +90,7 @@ async def test_the_documented_acl_runs_the_whole_cycle(
         assert await r.xlen(lbs.dead_letter_stream(service)) == 0
         # A consumer back from a partition pardons what it lost (ZADD and two trims in a MULTI).
         back = lbs.Client(url, service, consumer_id="back", load_entrypoint_plugins=False)
-        await back._requeue.pardon(["1-1"])
+        await probe(back).requeue.pardon(["1-1"])
         assert await r.zscore(_keys.pardons_key(service), "1-1") is not None
         await back.close()
     finally:

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 import lbs
 from lbs import _keys
+from lbs.testing import freeze, probe
 
 from _helpers import client, eventually, is_true
 
@@ -93,8 +94,7 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
     try:
         note = await _take_running(dead)
         # The process dies: nothing more of it reaches Redis; its locks go.
-        await dead._heartbeat.stop()
-        await dead._reader.stop()
+        await freeze(dead)
         for h in dead.held_streams():
             await r.delete(h.lock_key)
         assert await rescuer.recovery.poll_deadlines() == 0  # its deadline has not passed yet
@@ -106,7 +106,7 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
         )
         assert copies["queued"][b"_retry_count"] == b"0" and b"_deaths" not in copies["queued"]
         # Its holder was in fact alive (a partition): it pardons the entry; the copy's next trip takes it back.
-        await dead._requeue.pardon([note.entry_id])
+        await probe(dead).requeue.pardon([note.entry_id])
         assert await r.zscore(_keys.pardons_key(service), note.entry_id) is not None
         await rescuer.start()
         await eventually(lambda: is_true(rescuer.held == 2))
@@ -121,8 +121,7 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
 
 async def _die(r: aioredis.Redis, service: str, c: lbs.Client) -> None:
     """``c``'s process dies: nothing more of it reaches Redis, its locks go and its deadline passes."""
-    await c._heartbeat.stop()
-    await c._reader.stop()
+    await freeze(c)
     for h in c.held_streams():
         await r.delete(h.lock_key)
     await r.zadd(_keys.consumers_key(service), {c.id: 1})
@@ -172,7 +171,7 @@ async def test_a_rescuer_with_room_adopts_a_dead_holders_streams_in_place(
             )
             await rescuer.start()
         # The dead holder was in fact alive (a partition): it pardons the running stream.
-        await dead._requeue.pardon([old["running"].entry_id])
+        await probe(dead).requeue.pardon([old["running"].entry_id])
         await eventually(lambda: is_true(rescuer.held == 2))
         await rescuer.close()  # hands both back, no retry counted
         copies = await _copies(r, service)

@@ -15,6 +15,7 @@ import lbs
 from lbs._keys import consumers_key
 from lbs._redis.scripts import source
 from lbs.embedded import RedisServer
+from lbs.testing import probe
 
 from _helpers import client, eventually, is_true, produce, take
 
@@ -189,7 +190,7 @@ async def test_each_tick_refreshes_the_pending_idle_time_of_its_share_of_entries
         held = {h.entry_id: h for h in c.held_streams()}
         for tick in range(4):
             await asyncio.sleep(0.15)  # idle times grow; time is the subject here
-            phase = c._heartbeat._beats % 4
+            phase = probe(c).heartbeat.beats % 4
             assert await c.heartbeat() == 0
             pending = await rr.xpending_range(
                 lbs.input_stream(service), lbs.group_name(service), "-", "+", 20
@@ -239,7 +240,7 @@ async def test_same_consumer_id_cannot_touch_anothers_lock(
             f"{note.token + 1000}:{second.lock_owner}",
             lock,
         )
-        second._state.holdings.table.add(impostor)  # as if the second process believed it held it
+        probe(second).hold(impostor)  # as if the second process believed it held it
         assert await second.heartbeat() == 1  # not extended: not its token
         assert await second.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
         assert await rr.get(lock) == f"{note.token}:{first.lock_owner}".encode()
@@ -389,9 +390,9 @@ async def test_notifications_are_bounded(any_server: Any, service: str, rr: aior
     c = client(any_server.url, service, notification_buffer=2)
     await c.start()
     try:
-        await eventually(lambda: is_true(len(c._state.mailbox) == 2))
+        await eventually(lambda: is_true(probe(c).buffered == 2))
         await asyncio.sleep(0.2)
-        assert len(c._state.mailbox) == 2  # the reader waits for the application
+        assert probe(c).buffered == 2  # the reader waits for the application
         assert len(await take(c, 6)) == 6
     finally:
         await c.close()
@@ -558,7 +559,7 @@ async def test_close_wakes_a_blocked_read_and_strands_nothing(
 ) -> None:
     c = client(any_server.url, service, read_block=30.0)
     await c.start()
-    await eventually(lambda: is_true(c._reader._blocked))
+    await eventually(lambda: is_true(probe(c).reader.blocked))
     loop = asyncio.get_running_loop()
     started = loop.time()
     await c.close()
@@ -613,7 +614,7 @@ async def test_an_idle_reader_wakes_for_a_new_entry_at_once(any_server: Any, ser
     try:
         (note,) = await take(c, 1)
         assert await c.done_stream(note.stream) is lbs.DoneStatus.DONE
-        await eventually(lambda: is_true(c._reader._blocked))
+        await eventually(lambda: is_true(probe(c).reader.blocked))
         await produce(any_server.url, service, "second")
         (note,) = await take(c, 1, timeout=10)
         assert note.stream == "second"
@@ -630,7 +631,7 @@ async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(
     # (same tokens) instead of leaving them to expire.
     await produce(any_server.url, service, "a", "b")
     c = client(any_server.url, service, recovery=False)
-    await c._topology.ensure_group()
+    await probe(c).topology.ensure_group()
     sha = await rr.script_load(source("read-3"))
     stream = lbs.input_stream(service)
     entries, tokens, _ = await rr.evalsha(
@@ -649,7 +650,7 @@ async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(
         c.lock_owner,
     )
     assert len(entries) == 2
-    c._reader.reply_lost = True
+    probe(c).lose_read_reply()
     await c.start()
     try:
         notes = await take(c, 2)
@@ -706,7 +707,7 @@ async def test_run_handlers_see_their_own_task_and_their_timeouts_cancel_only_th
         await c.close()
         await asyncio.wait_for(runner, 10)
     assert outcome == {"quick": "ran", "group": "child", "slow": "retry 1", "plain": "ran"}
-    reader = c._reader.task
+    reader = probe(c).reader.task
     assert all(t is not None and t is not reader for t in tasks.values())
     assert len({id(t) for t in tasks.values()}) == len(tasks)
     assert c.stats.done == 4 and c.stats.finished == 4
@@ -777,7 +778,7 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
     class StopEarly:
         @lbs.hookimpl
         def lbs_lock_acquired(self, client: lbs.Client) -> None:
-            client._state.stopping.set()
+            probe(client).stop_reading()
 
         @lbs.hookimpl
         def lbs_client_closed(self, handed_back: int) -> None:
@@ -792,7 +793,9 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
         load_entrypoint_plugins=False,
     )
     await c.start()
-    await eventually(lambda: is_true(c._reader.task is not None and c._reader.task.done()))
+    await eventually(
+        lambda: is_true(probe(c).reader.task is not None and probe(c).reader.task.done())
+    )
     await c.close()
     assert handed == [4]  # two batches: the first, and the one read ahead
     stream, group = lbs.input_stream(service), lbs.group_name(service)

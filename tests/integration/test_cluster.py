@@ -13,8 +13,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 import lbs
-from lbs._redis.connection import cancel_and_wait
 from lbs.embedded import RedisClusterServers
+from lbs.testing import freeze
 
 from _helpers import client, eventually, is_true, take
 
@@ -51,9 +51,7 @@ async def test_work_and_recovery_go_through_the_master_owning_the_slot(
         assert dier.node == owner
         (held,) = await take(dier, 1)
         assert held.stream == "x"
-        await cancel_and_wait(
-            [dier._heartbeat.task, dier._reader.task]
-        )  # it stops: no beats, no reads
+        await freeze(dier)  # it stops: no beats, no reads
         # A live consumer gets new work, and "x" back from the deadline poller
         # on the owner once the stopped one's lock has expired.
         async with lbs.Producer(rc, service) as producer:
@@ -333,7 +331,7 @@ async def test_keyspace_events_on_the_owner_recover_a_stopped_consumers_stream(
             await producer.add_stream("y")
         await dier.start()
         (_held,) = await take(dier, 1)
-        await cancel_and_wait([dier._heartbeat.task, dier._reader.task])
+        await freeze(dier)
         await rescuer.start()
         assert rescuer.node == owner
         await asyncio.wait_for(rescuer.recovery.listening.wait(), 10)

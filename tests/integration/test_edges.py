@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import lbs
 from lbs import _keys
+from lbs.testing import probe
 
 from _helpers import client, eventually, is_true, produce, take
 
@@ -74,7 +75,7 @@ async def test_a_done_batch_whose_connection_dies_in_flight_is_retried(
     await c.start()
     try:
         notes = await take(c, 2)
-        wire = c._state.link.done
+        wire = probe(c).link.done
         real = wire._stream
         calls = 0
 
@@ -133,9 +134,9 @@ async def test_adoption_takes_only_this_instances_locks(
     try:
         await take(first, 3)
         await r.delete(_keys.instance_key(service, first.id))
-        second._reader.reply_lost = True  # its first read re-reads the pending list ("0")
+        probe(second).lose_read_reply()  # its first read re-reads the pending list ("0")
         await second.start()
-        await eventually(lambda: is_true(not second._reader.reply_lost))
+        await eventually(lambda: is_true(not probe(second).reader.reply_lost))
         assert second.held == 0 and first.held == 3
         assert all(
             v.decode().endswith(first.lock_owner)
@@ -163,23 +164,23 @@ async def test_a_re_read_after_a_lost_reply_leaves_a_stream_being_handed_back_al
 
     (entry_id,) = await produce(redis_server.url, service, "x")
     c = client(redis_server.url, service, recovery=False, retry_delay=0.0)
-    requeue = c._requeue
+    requeue = probe(c).requeue
     sent, go_on = asyncio.Event(), asyncio.Event()
-    run_batch = requeue._run
+    run_batch = requeue.send
 
     async def slow_run(*args: Any, **kwargs: Any) -> Any:
         sent.set()
         await go_on.wait()  # the hand-back's reply is slow to come
         return await run_batch(*args, **kwargs)
 
-    requeue._run = slow_run  # type: ignore[method-assign]
+    requeue.send = slow_run  # type: ignore[method-assign]
     runner = asyncio.create_task(c.run(handler))
     try:
         await asyncio.wait_for(sent.wait(), 10)
         assert requeue.handing_back == {entry_id}
-        c._reader.reply_lost = True  # the next read re-reads the pending list ("0") first
+        probe(c).lose_read_reply()  # the next read re-reads the pending list ("0") first
         await produce(redis_server.url, service, "y")  # wakes the reader
-        await eventually(lambda: is_true(not c._reader.reply_lost and ("y", 0) in runs))
+        await eventually(lambda: is_true(not probe(c).reader.reply_lost and ("y", 0) in runs))
         assert runs.count(("x", 0)) == 1  # not taken again while it is being handed back
         go_on.set()
         # Back with one retry counted: the re-read counted no delivery (a death) of its own.

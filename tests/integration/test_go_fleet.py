@@ -22,6 +22,7 @@ from lbs import _keys
 from lbs._redis import scripts
 from lbs._redis.scripts import DoneCode, RequeueCode
 from lbs.embedded import RedisServer, ServerNotFoundError, find_redis_server
+from lbs.testing import abandon
 
 from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
 from _helpers import eventually
@@ -424,16 +425,6 @@ async def test_a_go_consumer_starting_with_a_5s_idle_time_takes_live_lbs_work_on
             await go.kill()
 
 
-async def _die(c: lbs.Client) -> None:
-    """kill -9 of an lbs consumer, in-process: it stops reading, beating and recovering, releases nothing."""
-    c._state.stopping.set()
-    for task in (c._reader.task, c._heartbeat.task, *c.recovery.tasks):
-        if task is not None:
-            task.cancel()
-    await asyncio.sleep(0)
-    await c._state.link.close()
-
-
 async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(
     server: RedisServer, service: str
 ) -> None:
@@ -464,26 +455,21 @@ async def test_running_go_consumers_recover_a_dead_lbs_consumers_streams(
         ):  # taken by lbs, and a heartbeat tick set their Go-style locks
             if len(mine) < 3:
                 return False
-            ids = [h.entry_id for h in c._state.holdings.table.values()]
+            ids = [h.entry_id for h in c.held_streams()]
             return (
                 len(ids) == 3
                 and await r.exists(
-                    *(
-                        go_lock_key(n, i)
-                        for n, i in zip([h.stream for h in c._state.holdings.table.values()], ids)
-                    )
+                    *(go_lock_key(n, i) for n, i in zip([h.stream for h in c.held_streams()], ids))
                 )
                 == 3
             )
 
         await eventually(go_style_locks)
-        values = [
-            await r.get(go_lock_key(h.stream, h.entry_id)) for h in c._state.holdings.table.values()
-        ]
+        values = [await r.get(go_lock_key(h.stream, h.entry_id)) for h in c.held_streams()]
         assert values == [c.id.encode()] * 3  # the value a Go consumer writes: the holder's name
         await go.start()
         died = time.monotonic()
-        await _die(c)
+        await abandon(c)  # kill -9 of an lbs consumer, in-process: nothing released
 
         async def go_took_over() -> bool:
             return sorted(done_by_go) == ["d", "e", "f"]
@@ -523,10 +509,10 @@ async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_a
             await producer.add_stream("g")
 
         async def held() -> bool:
-            return len(c._state.holdings.table.values()) == 1
+            return len(c.held_streams()) == 1
 
         await eventually(held)
-        (h,) = c._state.holdings.table.values()
+        (h,) = c.held_streams()
         # A Go consumer's Claim after a tick it missed: XCLAIM, then its lock, with its name.
         await r.xclaim(
             lbs.input_stream(service),
@@ -538,7 +524,7 @@ async def test_a_stream_a_go_consumer_takes_from_a_live_lbs_holder_is_disowned_a
         await r.set(go_lock_key(h.stream, h.entry_id), "redis-consumer-go-1", px=2000)
 
         async def disowned() -> bool:
-            return c.metrics.get("go_taken_total", 0) == 1 and not c._state.holdings.table.values()
+            return c.metrics.get("go_taken_total", 0) == 1 and not c.held_streams()
 
         await eventually(disowned)
         beats = c.stats.heartbeats
@@ -688,10 +674,10 @@ async def test_a_stream_a_go_consumer_claimed_is_not_finished_as_done(
             await producer.add_stream("t")
 
         async def held() -> bool:
-            return len(c._state.holdings.table.values()) == 1
+            return len(c.held_streams()) == 1
 
         await eventually(held)
-        (h,) = c._state.holdings.table.values()
+        (h,) = c.held_streams()
         beats = c.stats.heartbeats
 
         async def ticked() -> (

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 import lbs
 from lbs._consumer.observer import Observer
+from lbs.testing import probe
 
 from _helpers import client, eventually, is_true, produce, take
 
@@ -234,7 +235,7 @@ async def test_observer_samples_backlog_pending_and_dead_letters(
             lbs.group_name(service), "someone", {lbs.input_stream(service): ">"}, count=2
         )
         await r.xadd(lbs.dead_letter_stream(service), {"_reason": "test"})
-        assert await Observer(c._state).sample()
+        assert await Observer(probe(c).state).sample()
         assert c.metrics.get("backlog_depth") == 3
         assert c.metrics.get("pel_depth") == 2
         assert c.metrics.get("dead_letter_depth") == 1
@@ -257,7 +258,7 @@ async def test_observer_counts_the_backlog_when_redis_cannot(any_server: Any, se
         )  # a deleted entry after the last delivered one ...
         (group,) = await r.xinfo_groups(lbs.input_stream(service))
         assert group.get("lag") is None  # ... so Redis cannot count the lag
-        assert await Observer(c._state).sample()
+        assert await Observer(probe(c).state).sample()
         assert c.metrics.get("backlog_depth") == 2  # XLEN 3 - 1 pending
         assert c.metrics.get("pel_depth") == 1
         assert "dead_letter_depth" not in c.metrics  # dead letters dropped: nothing to sample
@@ -271,7 +272,7 @@ async def test_observer_before_the_lbs_exists_reports_empty_queues(
 ) -> None:
     c = client(redis_server.url, service)
     try:
-        assert await Observer(c._state).sample()
+        assert await Observer(probe(c).state).sample()
         assert (
             c.metrics.get("backlog_depth"),
             c.metrics.get("pel_depth"),
@@ -285,7 +286,7 @@ async def test_observer_failures_are_logged_at_debug_and_retried(
     caplog: pytest.LogCaptureFixture, service: str
 ) -> None:
     c = client("redis://127.0.0.1:1", service, metrics_interval=0.01)  # nothing listens there
-    observer = Observer(c._state)
+    observer = Observer(probe(c).state)
     try:
         with caplog.at_level(logging.DEBUG, logger="lbs"):
             assert not await observer.sample()
@@ -314,7 +315,7 @@ async def test_observer_samples_every_interval_until_stopped(
     c = client(redis_server.url, service, metrics_interval=0.01)
     try:
         await _lbs_with_group(r, redis_server.url, service, 2)
-        observer = Observer(c._state)
+        observer = Observer(probe(c).state)
         observer.start()
         await eventually(lambda: is_true(c.metrics.get("backlog_depth") == 2))
         await produce(redis_server.url, service, "late")
@@ -322,7 +323,7 @@ async def test_observer_samples_every_interval_until_stopped(
         await observer.stop()
         assert observer.task is None
         quiet = client(redis_server.url, service, metrics_interval=0)
-        off = Observer(quiet._state)
+        off = Observer(probe(quiet).state)
         off.start()  # 0: no sampling
         assert off.task is None
         await quiet.close()

@@ -21,6 +21,7 @@ from redis.crc import key_slot
 import lbs
 from lbs._keys import delayed_stream, due_key
 from lbs.embedded import RedisClusterServers
+from lbs.testing import probe
 
 from _helpers import client, eventually, is_true, produce, take
 
@@ -60,13 +61,13 @@ class HandBacks:
 
 async def stop_promoting(c: lbs.Client) -> None:
     """Stop this client's promotion task: only what the test does (or another client) brings parked work back."""
-    await c._requeue.delays.stop()
+    await probe(c).delays.stop()
 
 
 async def run_without_promoting(c: lbs.Client, handler: Any) -> asyncio.Task[None]:
     """``c.run(handler)`` in a task, its promotion task stopped once it has started (produce after this)."""
     runner = asyncio.create_task(c.run(handler))
-    await eventually(lambda: is_true(c._requeue.delays.task is not None))
+    await eventually(lambda: is_true(probe(c).delays.task is not None))
     await stop_promoting(c)
     return runner
 
@@ -156,7 +157,7 @@ async def test_the_delay_doubles_per_retry_then_the_stream_is_dead_lettered(
             assert due is not None
             while await server_ms(rr) < due:
                 await asyncio.sleep(0.01)
-            assert (await c._requeue.delays.promote())[0] == 1
+            assert (await probe(c).delays.promote())[0] == 1
         # Retries 1..4: d = 100, 200, 300 (capped), 300 ms, each jittered in [d/2, d].
         for delay, d in zip(delays, (100, 200, 300, 300)):
             assert d / 2 <= delay <= d, delays
@@ -222,7 +223,7 @@ async def test_two_clients_promoting_at_once_bring_each_stream_back_once(
             lambda: is_true(sum(c.stats.finished for c in clients) == len(names)), timeout=30
         )
         # Both clients' promoters ran over the same due index the whole time; once more, at once, by hand.
-        await asyncio.gather(*(c._requeue.delays.promote() for c in clients))
+        await asyncio.gather(*(probe(c).delays.promote() for c in clients))
         # A duplicate would be an entry left in the LBS (read or not: entries stay until done) or a third call.
         assert seen == Counter({(n, r): 1 for n in names for r in (0, 1)})
         assert sum(c.stats.retries_delayed for c in clients) == len(names)
@@ -252,7 +253,7 @@ async def test_concurrent_promote_calls_move_each_copy_once(
     try:
         # Clients that never start (no reader, no promoter of their own): only these calls promote.
         results = await asyncio.gather(
-            *(p._requeue.delays.promote() for p in others for _ in range(3))
+            *(probe(p).delays.promote() for p in others for _ in range(3))
         )
         assert sum(moved for moved, _ in results) == len(names)
         entries = await rr.xrange(lbs.input_stream(service))

@@ -27,10 +27,11 @@ from _lbscore import CommandBatch
 
 from .. import _keys
 from .._redis import scripts
-from .._redis.connection import cancel_and_wait
+from .._redis.errors import KeyTypeError
 from .._redis.wire import first_error
 from .._waits import wait_set
-from .state import ConsumerState
+from .activity import Activity
+from .state import ClientState
 
 __all__ = ["Delays"]
 
@@ -40,10 +41,12 @@ PROMOTE_BATCH = 500
 MIN_POLL, MAX_POLL = 0.05, 1.0
 
 
-class Delays:
+class Delays(Activity):
     """The promotion task of one client."""
 
-    def __init__(self, state: ConsumerState) -> None:
+    kind = "delays"
+
+    def __init__(self, state: ClientState) -> None:
         self.state = state
         service = state.names.service
         #: The parking stream and the due index.
@@ -54,17 +57,9 @@ class Delays:
         delay = state.config.retry_delay
         #: How long the task waits between polls when nothing is known to be due sooner.
         self.interval = min(MAX_POLL, max(MIN_POLL, delay / 2)) if delay > 0 else MAX_POLL
-        self.task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._next_poll = math.inf  # loop time of the next poll (inf while a call runs)
         self._refused = ""  # the last precondition error logged (logged again only when it changes)
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._loop(), name=f"lbs-delays-{self.state.names.id}")
-
-    async def stop(self) -> None:
-        await cancel_and_wait([self.task])
-        self.task = None
 
     def soon(self, seconds: float) -> None:
         """A copy was parked for ``seconds``: poll by then if the next poll comes later."""
@@ -120,7 +115,7 @@ class Delays:
             s.log.debug("%d delayed retries are back in %s", moved, n.stream_key)
         return moved, None if next_ms < 0 else next_ms / 1000
 
-    async def _loop(self) -> None:
+    async def _main(self) -> None:
         loop = asyncio.get_running_loop()
         s = self.state
         while not s.stopping.is_set():
@@ -136,7 +131,7 @@ class Delays:
                 raise
             except Exception as exc:
                 message = str(exc)
-                if message.startswith("LBSKEY "):
+                if isinstance(exc, KeyTypeError):
                     if message != self._refused:
                         s.hooks.metric("wrong_type_keys_total", 1)
                         s.log.error(

@@ -12,6 +12,7 @@ Dropping it instead would let the lock expire and the stream run twice.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -21,14 +22,15 @@ from _lbscore import CommandBatch, Held
 
 from .. import _keys
 from .._redis import scripts
-from .._redis.connection import cancel_and_wait, topology_error
+from .._redis.connection import topology_error
 from .._redis.scripts import DoneCode
 from .._redis.wire import first_error
 from .._waits import wait_set
 from ..exceptions import RedisOperationError
 from ..notifications import DoneStatus
+from .activity import Activity
 from .backoff import Backoff
-from .state import ConsumerState
+from .state import ClientState, Names
 from .topology import Topology
 
 __all__ = ["Finisher"]
@@ -47,10 +49,12 @@ _DONE_STATUS = {
 _Item = tuple[Held, "asyncio.Future[Any] | None"]
 
 
-class Finisher:
-    """The finishing task of one client; the one caller of ``done-n.lua``."""
+class Finisher(Activity):
+    """The finishing task of one client (started on demand); the one caller of ``done-n.lua``."""
 
-    def __init__(self, state: ConsumerState, topology: Topology) -> None:
+    kind = "finisher"
+
+    def __init__(self, state: ClientState, topology: Topology) -> None:
         self.state = state
         self.topology = topology
         self._queue: list[_Item] = []
@@ -59,15 +63,11 @@ class Finisher:
         self._wakeup = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task: asyncio.Task[None] | None = None
 
     def queue(self, h: Held, fut: asyncio.Future[Any] | None = None) -> None:
         """Queue ``h`` for the next batch; ``fut`` gets the done code (None: log only)."""
         self._queue.append((h, fut))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(
-                self._loop(), name=f"lbs-finisher-{self.state.names.id}"
-            )
+        self.ensure_started()
         self._idle.clear()
         self._wakeup.set()
 
@@ -95,7 +95,7 @@ class Finisher:
             return []
         return [h for q in (self._queue, self._inflight, self._retry) for h, _ in q]
 
-    async def _loop(self) -> None:
+    async def _main(self) -> None:
         s = self.state
         n = s.names
         backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)
@@ -119,29 +119,16 @@ class Finisher:
                 else None
             )
 
-            def build(b: CommandBatch) -> None:
-                scripts.done(
-                    b,
-                    n.stream_key,
-                    n.lock_prefix,
-                    ids,
-                    values,
-                    streams,
-                    n.group,
-                    n.key_prefix,
-                    xackdel,
-                    retrying,
-                    go,
-                )
-
             wire = s.link.done
             try:
                 try:
+                    build = _done(n, ids, values, streams, xackdel, retrying, go)
                     (codes,) = first_error(await wire.execute(build))
                 except RedisConnectionError:
                     # The connection failed with the call in flight: it may have
                     # run. Send it once more on a fresh connection, saying so.
                     retrying = True
+                    build = _done(n, ids, values, streams, xackdel, retrying, go)
                     (codes,) = first_error(await wire.execute(build))
             except asyncio.CancelledError:
                 self._inflight = []
@@ -231,18 +218,44 @@ class Finisher:
 
         What Redis did not answer by then fails its waiters; those locks expire.
         """
-        if self._task is not None and not self._task.done():
-            if not await wait_set(self._idle, timeout):
-                unsent = [*self._queue, *self._retry]
-                self.state.log.error(
-                    "finisher did not drain; %d finished streams' locks will expire", len(unsent)
-                )
-                gone = RedisOperationError(
-                    "done_stream", RedisConnectionError("the client closed before Redis answered")
-                )
-                for _, fut in unsent:
-                    if fut is not None and not fut.done():
-                        fut.set_exception(gone)
+        if self.task is None or self.task.done() or await wait_set(self._idle, timeout):
+            return
+        unsent = [*self._queue, *self._retry]
+        self.state.log.error(
+            "finisher did not drain; %d finished streams' locks will expire", len(unsent)
+        )
+        gone = RedisOperationError(
+            "done_stream", RedisConnectionError("the client closed before Redis answered")
+        )
+        for _, fut in unsent:
+            if fut is not None and not fut.done():
+                fut.set_exception(gone)
 
-    async def stop(self) -> None:
-        await cancel_and_wait([self._task])
+
+def _done(
+    n: Names,
+    ids: list[str],
+    values: list[str],
+    streams: list[str],
+    xackdel: bool,
+    retrying: bool,
+    go: tuple[str, list[str]] | None,
+) -> Callable[[CommandBatch], None]:
+    """The writer of one ``done-n.lua`` call (``retrying``: it may have run already)."""
+
+    def build(b: CommandBatch) -> None:
+        scripts.done(
+            b,
+            n.stream_key,
+            n.lock_prefix,
+            ids,
+            values,
+            streams,
+            n.group,
+            n.key_prefix,
+            xackdel,
+            retrying,
+            go,
+        )
+
+    return build

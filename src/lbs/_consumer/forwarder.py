@@ -14,32 +14,26 @@ import asyncio
 from typing import Any
 
 from .. import _keys
-from .._redis.connection import cancel_and_wait, ensure_group, execute
+from .._redis.connection import ensure_group, execute
 from .._redis.wire import fields_text, text
 from ..deadletters import DeadLetter, DeadLetterBackend
+from .activity import Activity
 from .backoff import Backoff
-from .state import ConsumerState
+from .state import ClientState
 
 __all__ = ["Forwarder"]
 
 
-class Forwarder:
+class Forwarder(Activity):
     """The forwarding task of one client (started only when a plugin provides a backend)."""
 
-    def __init__(self, state: ConsumerState, backend: DeadLetterBackend) -> None:
+    kind = "dlq-forward"
+
+    def __init__(self, state: ClientState, backend: DeadLetterBackend) -> None:
         self.state = state
         self.backend = backend
         self.key = state.names.dead_letter_key
         self.group = _keys.dead_letter_group(state.names.service)
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._loop(), name=f"lbs-dlq-forward-{self.state.names.id}")
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            await cancel_and_wait([self.task])
-            self.task = None
 
     async def forward_once(self, start: str = ">", block_ms: int | None = None) -> int:
         """Read one batch (``start``: ">" new letters, "0" our unconfirmed ones), write it, delete it.
@@ -91,7 +85,7 @@ class Forwarder:
         s.hooks.metric("dead_letters_forwarded_total", len(ids), backend=self.backend.name)
         return len(ids)
 
-    async def _loop(self) -> None:
+    async def _main(self) -> None:
         s = self.state
         cfg = s.config
         block_ms = max(1, int(cfg.read_block * 1000))

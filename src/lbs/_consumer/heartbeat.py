@@ -28,15 +28,15 @@ from _lbscore import CommandBatch, Held, HeldTable
 
 from .. import _keys
 from .._redis import scripts
-from .._redis.connection import cancel_and_wait
 from .._redis.wire import first_error, text
 from .._waits import wait_set, within
 from ..config import GO_MIN_IDLE
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
+from .activity import Activity
 from .finisher import Finisher
 from .requeue import Requeue
-from .state import ConsumerState
+from .state import ClientState
 from .topology import Topology
 
 __all__ = ["Heartbeat"]
@@ -45,17 +45,19 @@ __all__ = ["Heartbeat"]
 MARK_SLICE = 5_000
 
 
-class Heartbeat:
+class Heartbeat(Activity):
     """The heartbeat task of one client; the one caller of ``extend-n.lua``."""
 
+    kind = "heartbeat"
+
     def __init__(
-        self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology
+        self, state: ClientState, finisher: Finisher, requeue: Requeue, topology: Topology
     ) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
-        self._beats = 0  # ticks so far: picks which entries refresh their pending idle time
+        #: Ticks so far: picks which entries refresh their pending idle time.
+        self.beats = 0
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
         self._overdue_next = 0.0  # when the tick looks for them again (monotonic)
-        self._task: asyncio.Task[None] | None = None
         #: The local lease: until when (monotonic) the locks are ours for sure, whatever the network
         #: does: the send time of the last tick Redis answered (or of the start) plus the lock TTL,
         #: less a margin. A lock Redis set then expires no earlier (it counts from when it ran).
@@ -66,17 +68,10 @@ class Heartbeat:
         #: Fires at ``lease_until`` whatever the ticks are doing (a cut-off round trip may take long to give up).
         self._lease_timer: asyncio.TimerHandle | None = None
 
-    @property
-    def task(self) -> asyncio.Task[None] | None:
-        return self._task
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name=f"lbs-heartbeat-{self.state.names.id}")
-
     async def stop(self) -> None:
         if self._lease_timer is not None:
             self._lease_timer.cancel()
-        await cancel_and_wait([self._task])
+        await super().stop()
 
     def _renew(self, until: float) -> None:
         """The locks are ours until ``until`` (monotonic): (re)arm the lease timer."""
@@ -94,7 +89,7 @@ class Heartbeat:
         ttl = self.state.config.lock_ttl
         return ttl - min(0.05 * ttl, 1.0)
 
-    async def _loop(self) -> None:
+    async def _main(self) -> None:
         s = self.state
         every = s.config.heartbeat_every
         wait = every
@@ -173,8 +168,8 @@ class Heartbeat:
         last_args = scripts.extend_args(ttl, n.group, n.id, True, n.instance)
         encode = table.encode_extend
         every = cfg.pel_refresh_every
-        phase = self._beats % every
-        self._beats += 1
+        phase = self.beats % every
+        self.beats += 1
         # Beside a Go fleet, each call also keeps our Go-style locks (they outlive Go's 2-s claim idle).
         go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else None
         go_ttl = max(ttl, int(GO_MIN_IDLE * 1000))

@@ -21,9 +21,10 @@ from _lbscore import CommandBatch
 
 from .._redis import scripts
 from .._redis.connection import execute
+from .._redis.errors import WrongTypeError
 from .._redis.wire import text
 from ..exceptions import ConfigurationError, RedisOperationError
-from .state import ConsumerState
+from .state import ClientState
 
 __all__ = ["Instance"]
 
@@ -31,10 +32,10 @@ __all__ = ["Instance"]
 class Instance:
     """This process's claim on its consumer id and its place in the group; the one caller of ``leave-3.lua``."""
 
-    def __init__(self, state: ConsumerState) -> None:
+    def __init__(self, state: ClientState) -> None:
         self.state = state
 
-    async def claim(self) -> None:
+    async def take(self) -> None:
         """Take the marker, or refuse a second live process with the same id (:class:`lbs.ConfigurationError`).
 
         When the marker is taken, either its process died moments ago (the
@@ -76,9 +77,7 @@ class Instance:
                     )
                 seen = (holder, pttl)
                 await asyncio.sleep(min(0.1, cfg.heartbeat_every / 4))
-        except ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
+        except WrongTypeError as exc:
             raise RedisOperationError(
                 "start",
                 ResponseError(

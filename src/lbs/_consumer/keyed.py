@@ -47,10 +47,11 @@ from .._redis.wire import text
 from ..exceptions import ProtocolError
 from ..keyed import Effect, KeyedBatch, KeyedHandler, Message
 from ..notifications import Notification
+from .activity import Activity
 from .backoff import Backoff
 from .finisher import Finisher
 from .runner import failure_traceback, handler_coroutine, start_task
-from .state import ConsumerState
+from .state import ClientState
 
 __all__ = ["KeyedRunner"]
 
@@ -82,12 +83,14 @@ class _Hold:
         return bool(self.until) or self.fails > 0
 
 
-class KeyedRunner:
+class KeyedRunner(Activity):
     """The keyed handlers of one client's ``run_keyed()`` and the one task that talks to Redis for them."""
+
+    kind = "keyed"
 
     def __init__(
         self,
-        state: ConsumerState,
+        state: ClientState,
         finisher: Finisher,
         handler: KeyedHandler,
         *,
@@ -105,7 +108,6 @@ class KeyedRunner:
         #: Each key's next step for commit-1.lua.
         self._commit: list[tuple[_Hold, KeyCommit]] = []
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._backoff = Backoff(state.config.read_retry_initial, state.config.read_retry_max)
         self._loop = asyncio.get_running_loop()
         self._prefix = state.names.key_prefix
@@ -123,10 +125,7 @@ class KeyedRunner:
 
     def _kick(self) -> None:
         self._wake.set()
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(
-                self._send_loop(), name=f"lbs-keyed-{self.state.names.id}"
-            )
+        self.ensure_started()
 
     def _step(
         self,
@@ -251,7 +250,7 @@ class KeyedRunner:
 
     # -- the sender ----------------------------------------------------------
 
-    async def _send_loop(self) -> None:
+    async def _main(self) -> None:
         """Send what is queued, a round trip on each of the link's keyed wires at once (two
         connections): Redis works on one batch while the client dispatches the replies of another.
         A key has at most one step queued or in flight, so batches in flight never share a key."""
@@ -475,21 +474,24 @@ class KeyedRunner:
 
     async def flush(self, timeout: float) -> None:
         """Send what is queued (at shutdown, after the handlers ended), for up to ``timeout`` seconds."""
-        if self._task is not None and not self._task.done():
-            await asyncio.wait((self._task,), timeout=timeout)
+        if self.task is not None and not self.task.done():
+            await asyncio.wait((self.task,), timeout=timeout)
 
-    async def close(self) -> None:
-        """Stop the sender (what it had queued is left to the locks' expiry; the link keeps the connections)."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.wait((self._task,))
+    async def stop(self) -> None:
+        """Stop the sender, cancelled once so its cleanup runs to its end (what it had queued is left
+        to the locks' expiry; the link keeps the connections)."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.wait((self.task,))
+
+    close = stop
 
 
 #: Modes after which a key may go on: its next messages are read behind the commit.
 _GOING_ON = ("go", "skip")
 
 
-def _read(s: ConsumerState, key: str, messages: Any) -> list[Message]:
+def _read(s: ClientState, key: str, messages: Any) -> list[Message]:
     """An XRANGE reply of a key's messages; an error (logged) reads as none: the key is let go or
     goes on at its next commit, and its messages stay."""
     if isinstance(messages, Exception):

@@ -23,20 +23,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from redis.crc import key_slot
-from redis.exceptions import ResponseError
 
-from .._redis.connection import cancel_and_wait
+from .._redis.errors import NoSuchKeyError, classify
 from .._redis.wire import text
 from .._waits import wait_set
-from .state import ConsumerState
+from .activity import Activity
+from .state import ClientState
 
 __all__ = ["Observer"]
 
 
-class Observer:
+class Observer(Activity):
     """The sampling task of one client (none when ``Config.metrics_interval`` is 0)."""
 
-    def __init__(self, state: ConsumerState) -> None:
+    kind = "observer"
+
+    def __init__(self, state: ClientState) -> None:
         self.state = state
         n = state.names
         # On a cluster the link talks to the LBS's slot owner only: a dead-letter
@@ -44,23 +46,12 @@ class Observer:
         self._dlq_elsewhere = bool(n.dead_letter_key) and (
             key_slot(n.dead_letter_key.encode()) != key_slot(n.stream_key.encode())
         )
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def task(self) -> asyncio.Task[None] | None:
-        return self._task
 
     def start(self) -> None:
         if self.state.config.metrics_interval > 0:
-            self._task = asyncio.create_task(
-                self._loop(), name=f"lbs-observer-{self.state.names.id}"
-            )
+            super().start()
 
-    async def stop(self) -> None:
-        await cancel_and_wait([self._task])
-        self._task = None
-
-    async def _loop(self) -> None:
+    async def _main(self) -> None:
         s = self.state
         every = s.config.metrics_interval
         while not s.stopping.is_set():
@@ -84,7 +75,7 @@ class Observer:
                 if isinstance(reply, Exception):
                     raise reply
             groups = replies[0]
-            if isinstance(groups, ResponseError) and "no such key" in str(groups):
+            if isinstance(classify(groups), NoSuchKeyError):
                 groups = []  # no LBS yet: nothing delivered, nothing waiting
             elif isinstance(groups, Exception):
                 raise groups

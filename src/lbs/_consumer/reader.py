@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError, ResponseError
@@ -29,14 +30,16 @@ from _lbscore import CommandBatch, Entry, Held
 from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
+from .._redis.errors import NoGroupError, classify
 from .._redis.wire import text
 from .._waits import wait_set
 from ..notifications import Notification, NotificationType
+from .activity import Activity
 from .backoff import Backoff
 from .finisher import Finisher
 from .requeue import Requeue
 from .runner import start_task
-from .state import ConsumerState, Link
+from .state import ClientState, Link
 from .topology import Topology
 
 __all__ = ["Reader"]
@@ -48,37 +51,35 @@ class Dispatch(Protocol):
     def __call__(self, h: Held, note: Notification) -> None: ...
 
 
-class Reader:
+class Reader(Activity):
     """The reading task of one client; the one caller of ``read-3.lua``."""
 
+    kind = "reader"
+
     def __init__(
-        self, state: ConsumerState, finisher: Finisher, requeue: Requeue, topology: Topology
+        self, state: ClientState, finisher: Finisher, requeue: Requeue, topology: Topology
     ) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
         #: Under run(): the runner's dispatch, which starts a handler per taken stream.
         self.dispatch: Dispatch | None = None
-        self._task: asyncio.Task[None] | None = None
         self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
         self._conn: Any = None  # the blocking XREAD's own pooled connection ...
         self._conn_link: Link | None = None  # ... and the link whose pool it came from
         self._client_id: int | None = None  # that connection's CLIENT ID (for CLIENT UNBLOCK)
-        self._blocked = False  # in an XREAD BLOCK now
+        #: In an XREAD BLOCK now.
+        self.blocked = False
         #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
         self.reply_lost = False
         self._reads: dict[
             asyncio.Task[list[Any]], int
         ] = {}  # reads of new entries in flight: how many each asked
 
-    @property
-    def task(self) -> asyncio.Task[None] | None:
-        return self._task
-
     def start(self) -> None:
         claim_ms = self.state.strategy.claim_min_idle_ms
         self._claim_arg = "" if claim_ms is None else str(claim_ms)
-        self._task = asyncio.create_task(self._loop(), name=f"lbs-reader-{self.state.names.id}")
+        super().start()
 
-    async def _loop(self) -> None:
+    async def _main(self) -> None:
         s = self.state
         cfg = s.config
         failures = 0
@@ -104,9 +105,9 @@ class Reader:
                     else:
                         free = s.free_slots()
                         if free <= 0:
-                            capacity = s.holdings.capacity
-                            capacity.clear()
-                            await wait_set(capacity, cfg.read_block)
+                            freed = s.holdings.freed
+                            freed.clear()
+                            await wait_set(freed, cfg.read_block)
                             continue
                         if top is not None:
                             wait_from, top = top, None
@@ -120,11 +121,11 @@ class Reader:
                             self.reply_lost = False
                         asked = min(s.read_count, free)
                         sent = self._send(asked, ">")
-                    top = await self._take(sent, ">", lambda got: read_ahead(got, asked))
+                    top = await self._take(sent, ">", partial(read_ahead, asked=asked))
                 except asyncio.CancelledError:
                     raise
                 except ResponseError as exc:
-                    if "NOGROUP" in str(exc):
+                    if isinstance(classify(exc), NoGroupError):
                         s.log.warning(
                             "group %s or stream %s vanished; recreating it",
                             s.names.group,
@@ -241,7 +242,7 @@ class Reader:
         """How many streams recovery may adopt for this client now: its free slots less what its reads in
         flight may take, and under the notification API no more than its mailbox has room for."""
         s = self.state
-        if s.stopping.is_set() or self._task is None:
+        if s.stopping.is_set() or self.task is None:
             return 0
         reads = sum(self._reads.values())  # what the reads in flight may bring
         free = s.free_slots() - reads
@@ -401,14 +402,14 @@ class Reader:
                 self._client_id = int(await conn.read_response())
             if s.stopping.is_set():
                 return
-            self._blocked = True  # before sending: sending can yield, and stop() must see it
+            self.blocked = True  # before sending: sending can yield, and stop() must see it
             try:
                 await conn.send_command(
                     "XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", s.names.stream_key, after
                 )
                 await conn.read_response()
             finally:
-                self._blocked = False
+                self.blocked = False
         except ResponseError:
             raise  # a server error reply: the connection is fine
         except BaseException:
@@ -442,7 +443,7 @@ class Reader:
         every entry it read is either held (and handed back) or untouched.
         Cancelling is the last resort, after one more read_block.
         """
-        task = self._task
+        task = self.task
         if task is None:
             return
         s = self.state
@@ -450,7 +451,7 @@ class Reader:
         give_up = loop.time() + s.config.read_block + 1.0
         unblock = True
         while not task.done():
-            if self._blocked and self._client_id is not None and unblock:
+            if self.blocked and self._client_id is not None and unblock:
                 # Sent again until the reader leaves its XREAD: an UNBLOCK that
                 # overtakes the XREAD it is meant for finds nothing to wake.
                 try:

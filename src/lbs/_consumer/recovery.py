@@ -55,14 +55,15 @@ from _lbscore import CommandBatch, Entry
 
 from .. import _keys
 from .._redis import scripts
-from .._redis.connection import cancel_and_wait, execute
+from .._redis.connection import execute
 from .._redis.subscription import Subscription
 from .._redis.wire import text
 from .._waits import wait_set
 from ..config import GO_CLAIM_IDLE
+from .activity import Activity
 from .backoff import Backoff
 from .requeue import Requeue
-from .state import ConsumerState
+from .state import ClientState
 from .topology import Topology
 
 __all__ = ["Adopter", "Recovery"]
@@ -83,13 +84,13 @@ class Adopter(Protocol):
     def adoption_lost(self) -> None: ...
 
 
-class Recovery:
+class Recovery(Activity):
     """The recovery tasks of one client; the one caller of ``reap-4.lua``. Re-queues go through :class:`Requeue`,
     adopted streams to the ``adopter``."""
 
     def __init__(
         self,
-        state: ConsumerState,
+        state: ClientState,
         requeue: Requeue,
         topology: Topology,
         adopter: Adopter | None = None,
@@ -119,8 +120,11 @@ class Recovery:
         if self.config.keyspace_recovery:
             self.tasks.append(make(self._keyspace_loop(), name=f"lbs-keyspace-{consumer}"))
 
+    def _tasks(self) -> list[asyncio.Task[Any] | None]:
+        return [*self.tasks, self._go_catch_up]
+
     async def stop(self) -> None:
-        await cancel_and_wait([*self.tasks, self._go_catch_up])
+        await super().stop()
         self.tasks = []
 
     # ------------------------------------------------------------ deadlines ---

@@ -23,19 +23,20 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from _lbscore import CommandBatch, Entry, Held, try_decode_input
 
 from .. import _keys
 from .._redis import scripts
 from .._redis.connection import execute
+from .._redis.errors import WrongTypeError
 from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
 from .._redis.wire import first_error, text
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
-from .state import ConsumerState
+from .state import ClientState
 
 __all__ = ["Requeue"]
 
@@ -67,7 +68,7 @@ GO_CLAIM_WINDOW_MS = 1000
 class Requeue:
     """The one caller of ``requeue-6.lua`` for one client."""
 
-    def __init__(self, state: ConsumerState) -> None:
+    def __init__(self, state: ClientState) -> None:
         self.state = state
         #: Dead letters that could not be written yet: (entry, our lock value, reason).
         self.undead: list[tuple[Entry, str, str]] = []
@@ -92,7 +93,7 @@ class Requeue:
         fixed = round(delay * 1000)
         return [RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY] * count
 
-    async def _run(
+    async def send(
         self,
         calls: Sequence[_Call],
         *,
@@ -182,7 +183,7 @@ class Requeue:
         self.handing_back |= ids
         try:
             results = first_error(
-                await self._run(
+                await self.send(
                     calls,
                     count_retry=count_retry,
                     delay=delay,
@@ -261,7 +262,7 @@ class Requeue:
             len(refused),
             text(results[refused[0]][1]).removeprefix("LBSKEY "),
         )
-        again = first_error(await self._run([calls[i] for i in refused], count_retry=count_retry))
+        again = first_error(await self.send([calls[i] for i in refused], count_retry=count_retry))
         for i, res in zip(refused, again):
             results[i] = res
 
@@ -303,9 +304,7 @@ class Requeue:
             pipe.zremrangebyscore(key, "-inf", now - PARDON_KEEP_MS)
             pipe.zremrangebyrank(key, 0, -PARDON_KEEP - 1)
             await execute(pipe)
-        except ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
+        except WrongTypeError:
             s.hooks.metric("wrong_type_keys_total", 1)
             s.log.error(
                 "cannot pardon %d streams lost while this consumer lived: %s holds a value of the wrong "
@@ -337,7 +336,7 @@ class Requeue:
         s = self.state
         prefix = s.names.lock_key_prefix
         results = first_error(
-            await self._run(
+            await self.send(
                 [(i, prefix + i, "absent", "", reason) for i in ids], count_retry=count_retry
             )
         )
@@ -435,7 +434,7 @@ class Requeue:
         mode = "any" if again else "owned"
         prefix = s.names.lock_key_prefix
         try:
-            results = await self._run(
+            results = await self.send(
                 [(e.id, prefix + e.id, mode, value, reason) for e, value, reason in bad],
                 count_retry=False,
                 force_dead_letter=True,

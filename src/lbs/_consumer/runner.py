@@ -1,4 +1,4 @@
-"""``run()``: a handler per assigned stream, each in its own eagerly started task; and the signals.
+"""``run()``: a handler per assigned stream, each in its own eagerly started task.
 
 The reader hands each taken stream to :meth:`Runner.dispatch`, which starts
 the application's handler at once. When the handler returns, the stream goes
@@ -28,17 +28,12 @@ handler's own task, as they would with ``create_task``). A task that
 suspends continues as an ordinary task. Loops that cannot be intercepted
 that way (a task factory is set, or the loop is not a plain
 ``asyncio.BaseEventLoop``, like uvloop) get a plain ``loop.create_task``.
-
-**Signals.** :data:`SIGNALS` routes SIGTERM and SIGINT to every client in
-``run()`` on the main thread's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
@@ -54,9 +49,9 @@ from ..notifications import Notification
 from .backoff import Backoff
 from .finisher import Finisher
 from .requeue import Requeue
-from .state import ConsumerState
+from .state import ClientState
 
-__all__ = ["SIGNALS", "Handler", "Runner", "handler_coroutine", "start_task"]
+__all__ = ["Handler", "Runner", "handler_coroutine", "start_task"]
 
 Handler = Callable[[Notification], Awaitable[Any]]
 
@@ -124,7 +119,7 @@ class Runner:
 
     def __init__(
         self,
-        state: ConsumerState,
+        state: ClientState,
         finisher: Finisher,
         requeue: Requeue,
         handler: Handler,
@@ -176,7 +171,7 @@ class Runner:
         h.task = None
         s.handlers.discard(task)
         if s.run_limit:
-            s.holdings.capacity.set()
+            s.holdings.freed.set()
         if s.holdings.table.get(h.entry_id) is not h:
             return  # disowned or handed back while it ran: the stream is not ours to finish
         exc: BaseException | None
@@ -275,57 +270,3 @@ async def _awaited(aw: Awaitable[Any]) -> Any:
 
 async def _raised(exc: BaseException) -> None:
     raise exc
-
-
-class _SignalRoute:
-    """SIGTERM/SIGINT to every client in ``run()`` on the main thread's loop.
-
-    One handler per signal for the process, installed while at least one
-    ``run()`` asks for it, so clients sharing a loop (a sharded client, the
-    demo) all hear the signal, and the last one out restores the handlers
-    that were there before. Each client registers its callback, ``on_signal(sig)``.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.clients: list[Callable[[signal.Signals], None]] = []
-        self.before: dict[signal.Signals, Any] = {}  # the handlers to put back
-
-    def catch(
-        self, loop: asyncio.AbstractEventLoop, on_signal: Callable[[signal.Signals], None]
-    ) -> bool:
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        if not self.clients:
-            self.before = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
-            try:
-                for sig in self.SIGNALS:
-                    loop.add_signal_handler(sig, self._deliver, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # no Unix signals on this loop
-                self._restore(loop)
-                return False
-        self.clients.append(on_signal)
-        return True
-
-    def release(
-        self, loop: asyncio.AbstractEventLoop, on_signal: Callable[[signal.Signals], None]
-    ) -> None:
-        self.clients.remove(on_signal)
-        if not self.clients:
-            self._restore(loop)
-
-    def _restore(self, loop: asyncio.AbstractEventLoop) -> None:
-        for sig, handler in self.before.items():
-            loop.remove_signal_handler(sig)
-            if handler is not None:
-                signal.signal(
-                    sig, handler
-                )  # asyncio would leave SIG_DFL: the application's own comes back
-
-    def _deliver(self, sig: signal.Signals) -> None:
-        for on_signal in list(self.clients):
-            on_signal(sig)
-
-
-SIGNALS = _SignalRoute()

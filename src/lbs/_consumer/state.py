@@ -1,6 +1,6 @@
 """What a consumer's activities share: its names, its link to Redis, its holdings, its signals.
 
-One :class:`ConsumerState` per :class:`lbs.Client`, handed to every
+One :class:`ClientState` per :class:`lbs.Client`, handed to every
 activity (reader, heartbeat, finisher, runner, requeue, recovery, topology,
 instance, forwarder). Each activity owns its own state; here lives only
 what two or more of them read or change.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,14 +26,15 @@ from .._redis.acl import denied_rule
 from .._redis.wire import Wire
 from ..config import Config
 from ..exceptions import ConfigurationError, NotHeldError
+from ..metrics import Histogram
 from ..notifications import Mailbox, Notification
 from ..plugins import Hooks
 from ..strategy import ReadStrategy
 
 __all__ = [
+    "ClientState",
     "ClientStats",
     "ConsumerLog",
-    "ConsumerState",
     "Histogram",
     "Holdings",
     "Link",
@@ -163,36 +163,6 @@ class Server:
         return self.version >= (8, 4)
 
 
-class Histogram:
-    """Observations in fixed buckets (cumulative on read, like Prometheus): an ``observe`` is a bisect and two adds."""
-
-    #: Upper bounds in seconds (Prometheus's default buckets); +Inf is implied.
-    BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-
-    __slots__ = ("counts", "sum")
-
-    def __init__(self) -> None:
-        #: Observations per bucket, not cumulative; the last one is +Inf.
-        self.counts = [0] * (len(self.BOUNDS) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.BOUNDS, value)] += 1
-        self.sum += value
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """``(upper bound, observations <= it)`` per bucket, ending with ``(inf, count)``."""
-        out, total = [], 0
-        for bound, n in zip((*self.BOUNDS, float("inf")), self.counts):
-            total += n
-            out.append((bound, total))
-        return out
-
-
 @dataclass(slots=True)
 class ClientStats:
     """What a client did since it started: plain counters, updated as it goes.
@@ -234,7 +204,7 @@ class Holdings:
     """The held streams (the core's :class:`HeldTable`) and the recently disowned ones.
 
     Dropping a held stream frees a slot: the reader, waiting on
-    :attr:`capacity`, reads again.
+    :attr:`freed`, reads again.
     """
 
     def __init__(self, names: Names) -> None:
@@ -242,7 +212,8 @@ class Holdings:
         self.table = HeldTable(names.lock_owner, names.lock_key_prefix)
         #: Disowned streams by name, newest last: done_stream still finishes them (LOCK_EXPIRED/LOST).
         self.tombstones: OrderedDict[str, Held] = OrderedDict()
-        self.capacity = asyncio.Event()
+        #: Set when a slot frees (a stream dropped, or the client closing): the reader reads again.
+        self.freed = asyncio.Event()
 
     def __len__(self) -> int:
         return len(self.table)
@@ -251,7 +222,7 @@ class Holdings:
         """Forget ``h``; False if it was not (or no longer) held."""
         if not self.table.drop(h):
             return False
-        self.capacity.set()
+        self.freed.set()
         return True
 
     def find(self, stream: str, entry_id: str | None = None) -> Held:
@@ -326,7 +297,7 @@ class ConsumerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"[{extra.get('consumer_id')}] {msg}", kwargs
 
 
-class ConsumerState:
+class ClientState:
     """What the activities of one client share (see the module docstring)."""
 
     def __init__(
@@ -420,3 +391,7 @@ class ConsumerState:
         if self.run_limit:
             free = min(free, self.run_limit - len(self.handlers) - taking - self.adopting)
         return free
+
+
+#: The old name of :class:`ClientState` (``lbs.status.ConsumerState`` is a consumer's liveness).
+ConsumerState = ClientState

@@ -31,7 +31,7 @@ from .._redis.connection import (
 )
 from .._redis.wire import text
 from ..exceptions import RedisOperationError
-from .state import ConsumerState, Link
+from .state import ClientState, Link
 
 __all__ = ["KEYSPACE_FLAGS", "Topology"]
 
@@ -45,7 +45,7 @@ KEYSPACE_FLAGS = "Kx"
 class Topology:
     """Routing, the group and the server's features, for one client."""
 
-    def __init__(self, state: ConsumerState, cluster: RedisCluster | None) -> None:
+    def __init__(self, state: ClientState, cluster: RedisCluster | None) -> None:
         self.state = state
         self.cluster = cluster
         self._lock = asyncio.Lock()

@@ -1,0 +1,221 @@
+"""The activities of one client: built together, started in order, shut down in one fixed order.
+
+:class:`lbs.Client` holds one :class:`Lifecycle` and asks it to start, close
+and (for tests, :func:`lbs.testing.abandon`) die. Start: the topology (route,
+group, server), the instance marker, the read strategy and dead-letter backend
+from plugins, keyspace events, start-up recovery; then the activities. The
+shutdown's order is the contract of ``close()``: stop reading and everything
+that could take or move work, let handlers drain, send what keyed runners
+committed, hand every held stream back, send queued finishes, stop the
+heartbeat and the finisher, release the instance marker, close the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+from .._redis.connection import cancel_and_wait
+from ..exceptions import RedisOperationError
+from ..strategy import ReadStrategy
+from .activity import Activity
+from .finisher import Finisher
+from .forwarder import Forwarder
+from .handover import Handover
+from .heartbeat import Heartbeat
+from .instance import Instance
+from .observer import Observer
+from .reader import Reader
+from .recovery import Recovery
+from .requeue import Requeue
+from .topology import Topology
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster
+
+    from _lbscore import Held
+
+    from .keyed import KeyedRunner
+    from .state import ClientState
+
+__all__ = ["Lifecycle"]
+
+
+class Lifecycle:
+    """One client's activities and its start, shutdown and (for tests) death."""
+
+    def __init__(self, state: ClientState, cluster: RedisCluster | None, owned: bool) -> None:
+        s = self.state = state
+        #: The cluster client given or opened (None on a single Redis), and whether it is ours to close.
+        self.cluster, self.owned = cluster, owned
+        self.topology = Topology(s, cluster)
+        self.requeue = Requeue(s)
+        self.finisher = Finisher(s, self.topology)
+        self.heartbeat = Heartbeat(s, self.finisher, self.requeue, self.topology)
+        self.reader = Reader(s, self.finisher, self.requeue, self.topology)
+        self.instance = Instance(s)
+        self.observer = Observer(s)
+        self.recovery = Recovery(
+            s, self.requeue, self.topology, self.reader, self.instance.forget_departed
+        )
+        #: Dead letters to a plugin's backend (started when a plugin provides one).
+        self.forwarder: Forwarder | None = None
+        #: Under ``run_keyed()``: its runner, whose finished keys commit at shutdown.
+        self.keyed: KeyedRunner | None = None
+        #: The notifications on their way to the application.
+        self.handover = Handover(s, self.heartbeat)
+        self.started = False
+        #: The one shutdown every ``close()`` waits for (None until the first close).
+        self.closing: asyncio.Future[None] | None = None
+        #: Set by a second signal: stop waiting for handlers.
+        self.drain_cut = asyncio.Event()
+
+    def activities(self) -> list[Activity]:
+        """Every activity with a task, in the order they start."""
+        found: list[Activity | None] = [
+            self.reader,
+            self.heartbeat,
+            self.observer,
+            self.recovery,
+            self.requeue.delays,
+            self.forwarder,
+            self.finisher,
+            self.keyed,
+        ]
+        return [a for a in found if a is not None]
+
+    async def start(self) -> None:
+        s = self.state
+        cfg = s.config
+        await self.topology.start()
+        await self.instance.take()
+        # Which reader: a plugin may answer (and may refuse this server by raising).
+        strategy = s.hooks.ask("lbs_reader", server_version=s.server.version)
+        s.strategy = strategy if strategy is not None else ReadStrategy(name="default")
+        backend = s.hooks.ask("lbs_dead_letter_backend") if s.names.dead_letter_key else None
+        self.forwarder = Forwarder(s, backend) if backend is not None else None
+        if cfg.configure_keyspace_events:
+            await self.topology.keep_keyspace_events()
+        if cfg.recovery:
+            try:
+                await self.recovery.startup()
+            except RedisError as exc:
+                s.log.warning("startup recovery failed (%s); the scan will cover it", exc)
+        self.started = True
+        self.reader.start()
+        self.heartbeat.start()
+        self.observer.start()
+        if cfg.recovery:
+            self.recovery.start()
+        self.requeue.delays.start()
+        if self.forwarder is not None:
+            self.forwarder.start()
+        s.log.info(
+            "started on %s (group %s, %s)",
+            s.names.stream_key,
+            s.names.group,
+            s.server.name or "Redis " + (".".join(map(str, s.server.version)) or "?"),
+        )
+        s.hooks.notify("lbs_client_started")
+
+    def begin_close(self) -> asyncio.Future[None]:
+        """The one shutdown, started by the first call."""
+        if self.closing is None:
+            self.closing = asyncio.ensure_future(self.shutdown())
+        return self.closing
+
+    async def close(self) -> None:
+        """:meth:`begin_close`, and wait for it (shielded: cancelling a caller does not stop it)."""
+        await asyncio.shield(self.begin_close())
+
+    async def shutdown(self) -> None:
+        s = self.state
+        cfg = s.config
+        s.stopping.set()
+        s.holdings.freed.set()
+        # Undelivered STREAM_ADDED notifications are dropped: their streams are
+        # held, so they are handed back below. A reader waiting to deliver one
+        # is released at once.
+        s.mailbox.close(discard=True)
+        await self.reader.stop()
+        await self.observer.stop()
+        await self.recovery.stop()
+        await self.requeue.delays.stop()
+        if self.forwarder is not None:
+            await self.forwarder.stop()
+        running = [t for t in s.handlers if not t.done()]
+        if running and cfg.drain_timeout > 0:
+            # Until every handler ended, the drain time is up, or a second signal cuts it short.
+            ended = asyncio.ensure_future(asyncio.wait(running))
+            cut = asyncio.ensure_future(self.drain_cut.wait())
+            await asyncio.wait(
+                [ended, cut], timeout=cfg.drain_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            for waiter in (ended, cut):
+                waiter.cancel()
+        await cancel_and_wait(running)
+        # drain_notifications' marks: the streams go back below
+        await cancel_and_wait(list(self.handover.marking))
+        if self.keyed is not None:
+            # Keys whose handlers finished commit (and yield) first; the rest are handed back below.
+            await self.keyed.flush(cfg.read_block + 5.0)
+        handed = s.holdings.table.values()
+        for h in handed:
+            s.holdings.drop(h)
+        handed_back = await self._hand_back(handed)
+        # Streams whose handlers finished are queued for done-n.lua: send them.
+        await self.finisher.drain(cfg.read_block + 5.0)
+        await self.heartbeat.stop()
+        await self.finisher.stop()
+        if self.started:
+            await self.instance.release()
+        await s.link.close(s.log)
+        s.log.info("closed; handed back %d streams", handed_back)
+        s.hooks.notify("lbs_client_closed", handed_back=handed_back)
+        await self._close_clients()
+
+    async def _hand_back(self, handed: list[Held]) -> int:
+        s = self.state
+        try:
+            results = await self.requeue.hand_back(
+                handed, count_retry=False, reason=f"{s.names.id} shut down"
+            )
+            return sum(1 for r in results if r)
+        except RedisOperationError as exc:
+            s.hooks.metric("hand_back_failures_total", len(handed))
+            s.log.error(
+                "hand-back on close failed (%s); %d locks will expire instead", exc, len(handed)
+            )
+            return 0
+
+    async def _close_clients(self) -> None:
+        s = self.state
+        if self.cluster is not None:
+            await s.link.redis.aclose()  # our client of the slot owner
+            if self.owned:
+                await self.cluster.aclose()
+        elif self.owned:
+            await s.link.redis.aclose()
+
+    async def abandon(self) -> None:
+        """End as if the process were killed: every task stops, the connections close, and nothing
+        is handed back, finished or released (the locks, pending entries, deadline and instance
+        marker stay in Redis until they expire or recovery takes them). ``close()`` then does no more."""
+        s = self.state
+        s.stopping.set()  # a handler that ends now leaves its stream as it is (see Runner._ended)
+        if self.closing is None:
+            self.closing = asyncio.get_running_loop().create_future()
+            self.closing.set_result(None)
+        s.mailbox.close(discard=True)
+        tasks = [t for a in self.activities() for t in a._tasks()]
+        await cancel_and_wait([*tasks, *s.handlers, *self.handover.marking])
+        await s.link.close(s.log)
+        await self._close_clients()
+
+    async def freeze(self) -> None:
+        """Stop reading and heartbeating, nothing more: a stalled process, or one cut off from Redis
+        (its locks lapse; its connections stay open, so it can still be closed)."""
+        await self.heartbeat.stop()
+        await cancel_and_wait([self.reader.task])

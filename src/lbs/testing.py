@@ -1,0 +1,123 @@
+"""Test hooks: end a client as if its process died, and look inside one. For tests only.
+
+Tests of an application (and lbs's own) need two things the public API
+deliberately lacks:
+
+* :func:`abandon` ends a client **as if its process were killed** (kill -9):
+  its tasks stop, its connections close, and nothing is handed back,
+  finished, acknowledged or released. Redis keeps what a dead consumer
+  leaves: locks that lapse, pending entries, its place in the deadline index,
+  its instance marker. Other consumers recover its streams as they would a
+  dead process's. ``close()`` afterwards does nothing.
+* :func:`freeze` stops a client's reading and heartbeat only: a stalled
+  process, or one cut off from Redis. Its locks lapse while it lives on (it
+  can still be closed, and its connections still work).
+* :func:`probe` gives documented access to a client's activities and state
+  (:class:`Probe`), for tests that check how lbs works inside.
+
+Nothing here is for production code, and :class:`Probe`'s members follow
+lbs's internals: they change when those do. ::
+
+    from lbs.testing import abandon
+
+    await abandon(worker)  # as if killed: another consumer recovers its streams
+
+.. versionadded:: 0.1
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from _lbscore import Held
+
+    from ._consumer.delays import Delays
+    from ._consumer.heartbeat import Heartbeat
+    from ._consumer.reader import Reader
+    from ._consumer.requeue import Requeue
+    from ._consumer.state import ClientState, Link
+    from ._consumer.topology import Topology
+    from .client import Client
+
+__all__ = ["Probe", "abandon", "freeze", "probe"]
+
+
+async def abandon(client: Client) -> None:
+    """End ``client`` as if its process were killed: tasks stopped, connections closed, nothing
+    handed back, finished or released (see the module docstring)."""
+    await client._life.abandon()
+
+
+async def freeze(client: Client) -> None:
+    """Stop ``client``'s reading and heartbeat, nothing more: a stalled process (its locks lapse)."""
+    await client._life.freeze()
+
+
+def probe(client: Client) -> Probe:
+    """Documented access to ``client``'s internals, for tests."""
+    return Probe(client)
+
+
+class Probe:
+    """One client's activities and state, as tests read (and nudge) them.
+
+    Each member names what lbs's own tests look at; see :mod:`lbs._consumer`
+    for what each activity does.
+    """
+
+    def __init__(self, client: Client) -> None:
+        self._life = client._life
+
+    @property
+    def state(self) -> ClientState:
+        """What the client's activities share; build an activity under test from it."""
+        return self._life.state
+
+    @property
+    def link(self) -> Link:
+        """The client's connections to Redis (its wires)."""
+        return self._life.state.link
+
+    @property
+    def reader(self) -> Reader:
+        """The reading task (``task``, ``blocked`` in an XREAD BLOCK, ``reply_lost``)."""
+        return self._life.reader
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat task (``task``, ``beats``: ticks so far)."""
+        return self._life.heartbeat
+
+    @property
+    def requeue(self) -> Requeue:
+        """Every hand-back and re-queue (``pardon``)."""
+        return self._life.requeue
+
+    @property
+    def delays(self) -> Delays:
+        """The task that brings parked retries back when due (``promote``, ``stop``)."""
+        return self._life.requeue.delays
+
+    @property
+    def topology(self) -> Topology:
+        """Routing, the group, the server's features (``ensure_group``)."""
+        return self._life.topology
+
+    @property
+    def buffered(self) -> int:
+        """How many notifications wait in the client's buffer."""
+        return len(self._life.state.mailbox)
+
+    def lose_read_reply(self) -> None:
+        """As if the last read's reply were lost: the next read re-reads this consumer's pending
+        entries first (and adopts them)."""
+        self._life.reader.reply_lost = True
+
+    def stop_reading(self) -> None:
+        """Set the client's stopping flag (what ``close()`` does first): every loop ends."""
+        self._life.state.stopping.set()
+
+    def hold(self, h: Held) -> None:
+        """Make the client believe it holds ``h`` (as a second process might)."""
+        self._life.state.holdings.table.add(h)
