@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import pluggy
 from rich.markup import escape
@@ -23,10 +22,7 @@ from ..config import Config
 from ..hookspecs import hookimpl
 from ..plugins import collect
 from ._common import err_console, mask_url
-from .settings import changed_fields
-
-if TYPE_CHECKING:
-    from .worker import WorkerSettings
+from .settings import WorkerSettings, changed_fields
 
 __all__ = ["StartBanner", "banner", "plugin_names", "plugin_rows"]
 

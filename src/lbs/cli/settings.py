@@ -15,7 +15,8 @@ not strings) are read by the field's type: numbers, ``true``/``false`` (also
 ``1``/``0``, ``yes``/``no``, ``on``/``off``), ``none`` for a field that may be
 None, comma-separated names for ``disabled_plugins``. Whatever Config refuses
 raises :class:`lbs.ConfigurationError` naming the field and where its value
-came from.
+came from. :class:`WorkerSettings` is what the command resolved, all one worker
+process needs (the supervisor hands it to its children as JSON).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import json
 import os
 import re
 import sys
@@ -43,7 +45,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["HandlerError", "Layers", "env_name", "load_handler", "resolve_config"]
+__all__ = [
+    "HandlerError",
+    "Layers",
+    "WorkerSettings",
+    "env_name",
+    "load_handler",
+    "resolve_config",
+]
 
 #: The Config fields, and the type of each (resolved from the annotations).
 FIELDS: dict[str, Any] = typing.get_type_hints(Config)
@@ -317,3 +326,39 @@ def load_handler(target: str, app_dir: str | None = None) -> Handler:
         pass
     handler: Handler = obj
     return handler
+
+
+@dataclass
+class WorkerSettings:
+    """Everything one worker process needs, resolved by the command (JSON, for the supervisor's children)."""
+
+    target: str
+    app_dir: str
+    url: str
+    service: str
+    #: This process's consumer id (a supervisor's child: ``<consumer_base>-<slot>``).
+    consumer_id: str
+    consumer_base: str
+    concurrency: int | None
+    processes: int
+    shards: int
+    #: Every Config field, resolved from all layers.
+    config: dict[str, Any]
+    #: Where each field that is not lbs's default came from.
+    sources: dict[str, str] = field(default_factory=dict)
+    log_level: str = "info"
+    banner: bool = True
+    #: Run the handler with ``run_keyed()`` (it takes an lbs.KeyedBatch) rather than ``run()``.
+    keyed: bool = False
+    #: ``run_keyed()``'s most messages per handler call.
+    batch: int = 100
+    #: A supervisor's child: its slot, and the supervisor's pid (the child stops when it dies).
+    slot: int | None = None
+    parent_pid: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSettings:
+        return cls(**json.loads(text))

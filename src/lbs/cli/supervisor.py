@@ -35,7 +35,7 @@ import sys
 from .._waits import wait_set
 from ..plugins import WORKER_PROCESSES_ENV, WORKER_SLOT_ENV
 from ._common import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from .worker import WorkerSettings
+from .settings import WorkerSettings
 
 __all__ = ["MAX_QUICK_CRASHES", "RESTART_INITIAL", "RESTART_MAX", "STABLE_AFTER", "supervise"]
 

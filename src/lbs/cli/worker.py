@@ -21,7 +21,6 @@ import socket
 import sys
 import traceback
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,7 +47,15 @@ from ._common import (
     setup_logging,
 )
 from .banner import StartBanner, banner, plugin_names
-from .settings import HandlerError, changed_fields, field_type, load_handler, resolve_config
+from .settings import (
+    HandlerError,
+    WorkerSettings,
+    changed_fields,
+    field_type,
+    load_handler,
+    resolve_config,
+)
+from .supervisor import supervise
 
 __all__ = ["WorkerSettings", "run_in_process", "worker"]
 
@@ -56,42 +63,6 @@ log = logging.getLogger("lbs.worker")
 
 #: Where ``lbs worker`` connects without ``--url`` or ``$LBS_URL``.
 DEFAULT_URL = "redis://localhost:6379/0"
-
-
-@dataclass
-class WorkerSettings:
-    """Everything one worker process needs, resolved by the command (JSON, for the supervisor's children)."""
-
-    target: str
-    app_dir: str
-    url: str
-    service: str
-    #: This process's consumer id (a supervisor's child: ``<consumer_base>-<slot>``).
-    consumer_id: str
-    consumer_base: str
-    concurrency: int | None
-    processes: int
-    shards: int
-    #: Every Config field, resolved from all layers.
-    config: dict[str, Any]
-    #: Where each field that is not lbs's default came from.
-    sources: dict[str, str] = field(default_factory=dict)
-    log_level: str = "info"
-    banner: bool = True
-    #: Run the handler with ``run_keyed()`` (it takes an lbs.KeyedBatch) rather than ``run()``.
-    keyed: bool = False
-    #: ``run_keyed()``'s most messages per handler call.
-    batch: int = 100
-    #: A supervisor's child: its slot, and the supervisor's pid (the child stops when it dies).
-    slot: int | None = None
-    parent_pid: int | None = None
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> WorkerSettings:
-        return cls(**json.loads(text))
 
 
 # ------------------------------------------------------------------ serving ---
@@ -467,6 +438,4 @@ def worker(
         raise typer.Exit(EXIT_OK)
     if processes == 1:
         raise typer.Exit(run_in_process(s, handler))
-    from .supervisor import supervise
-
     raise typer.Exit(supervise(s))

@@ -8,13 +8,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from _lbscore import EntryParser
 
 from .. import _keys
 from .._admin import on_owner
 from .._redis.connection import ClusterMode, RedisLike, execute, resolve_client
+from .._redis.errors import KeyTypeError
 from .._redis.wire import fields_text, text
 from .._streamids import NOT_AN_ID, id_key, is_stream_id
 from ..config import Config
@@ -164,7 +165,7 @@ class LetterStream:
         ):
             if needed and kind not in ("none", "stream"):
                 raise RedisOperationError(
-                    operation, ResponseError(f"LBSKEY {key} holds a {kind}, not {what}")
+                    operation, KeyTypeError(f"LBSKEY {key} holds a {kind}, not {what}")
                 )
         if isinstance(groups, Exception):
             return False  # no such key (no letters yet): no group either
