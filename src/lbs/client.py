@@ -469,12 +469,12 @@ class Client:
         """
         await self._life.close()
 
+    def __repr__(self) -> str:
+        return f"<lbs.Client {self.id} service={self.service!r} held={self.held}>"
+
     async def __aenter__(self) -> Client:
         await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def __repr__(self) -> str:
-        return f"<lbs.Client {self.id} service={self.service!r} held={self.held}>"

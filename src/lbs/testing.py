@@ -67,57 +67,39 @@ class Probe:
     """
 
     def __init__(self, client: Client) -> None:
-        self._life = client._life
-
-    @property
-    def state(self) -> ClientState:
-        """What the client's activities share; build an activity under test from it."""
-        return self._life.state
+        life = self._life = client._life
+        #: What the client's activities share; build an activity under test from it.
+        self.state: ClientState = life.state
+        #: The reading task (``task``, ``blocked`` in an XREAD BLOCK, ``reply_lost``).
+        self.reader: Reader = life.reader
+        #: The heartbeat task (``task``, ``beats``: ticks so far).
+        self.heartbeat: Heartbeat = life.heartbeat
+        #: Every hand-back and re-queue (``pardon``, ``send``: one batch of ``requeue-6.lua`` calls).
+        self.requeue: Requeue = life.requeue
+        #: The task that brings parked retries back when due (``promote``, ``stop``, ``task``).
+        self.delays: Delays = life.requeue.delays
+        #: Routing, the group, the server's features (``ensure_group``).
+        self.topology: Topology = life.topology
 
     @property
     def link(self) -> Link:
-        """The client's connections to Redis (its wires)."""
-        return self._life.state.link
-
-    @property
-    def reader(self) -> Reader:
-        """The reading task (``task``, ``blocked`` in an XREAD BLOCK, ``reply_lost``)."""
-        return self._life.reader
-
-    @property
-    def heartbeat(self) -> Heartbeat:
-        """The heartbeat task (``task``, ``beats``: ticks so far)."""
-        return self._life.heartbeat
-
-    @property
-    def requeue(self) -> Requeue:
-        """Every hand-back and re-queue (``pardon``)."""
-        return self._life.requeue
-
-    @property
-    def delays(self) -> Delays:
-        """The task that brings parked retries back when due (``promote``, ``stop``)."""
-        return self._life.requeue.delays
-
-    @property
-    def topology(self) -> Topology:
-        """Routing, the group, the server's features (``ensure_group``)."""
-        return self._life.topology
+        """The client's connections to Redis now (its wires; a moved slot replaces them)."""
+        return self.state.link
 
     @property
     def buffered(self) -> int:
         """How many notifications wait in the client's buffer."""
-        return len(self._life.state.mailbox)
+        return len(self.state.mailbox)
 
     def lose_read_reply(self) -> None:
         """As if the last read's reply were lost: the next read re-reads this consumer's pending
         entries first (and adopts them)."""
-        self._life.reader.reply_lost = True
+        self.reader.reply_lost = True
 
     def stop_reading(self) -> None:
         """Set the client's stopping flag (what ``close()`` does first): every loop ends."""
-        self._life.state.stopping.set()
+        self.state.stopping.set()
 
     def hold(self, h: Held) -> None:
         """Make the client believe it holds ``h`` (as a second process might)."""
-        self._life.state.holdings.table.add(h)
+        self.state.holdings.table.add(h)

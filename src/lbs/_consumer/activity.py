@@ -34,11 +34,16 @@ __all__ = ["Activity"]
 class Activity:
     """A background task of one client with :meth:`start`, :meth:`stop` and :meth:`abandon`."""
 
-    #: The middle of the task's name (``lbs-<kind>-<consumer id>``).
+    #: The middle of the task's name (``lbs-<kind>-<consumer id>``): ``class Reader(Activity, kind="reader")``.
     kind: ClassVar[str] = ""
     state: ClientState
     #: The running task (None before start and after stop).
     task: asyncio.Task[None] | None = None
+
+    def __init_subclass__(cls, kind: str = "", **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if kind:
+            cls.kind = kind
 
     def _main(self) -> Coroutine[Any, Any, None]:
         """The task's body."""

@@ -41,10 +41,8 @@ PROMOTE_BATCH = 500
 MIN_POLL, MAX_POLL = 0.05, 1.0
 
 
-class Delays(Activity):
+class Delays(Activity, kind="delays"):
     """The promotion task of one client."""
-
-    kind = "delays"
 
     def __init__(self, state: ClientState) -> None:
         self.state = state

@@ -49,10 +49,8 @@ _DONE_STATUS = {
 _Item = tuple[Held, "asyncio.Future[Any] | None"]
 
 
-class Finisher(Activity):
+class Finisher(Activity, kind="finisher"):
     """The finishing task of one client (started on demand); the one caller of ``done-n.lua``."""
-
-    kind = "finisher"
 
     def __init__(self, state: ClientState, topology: Topology) -> None:
         self.state = state

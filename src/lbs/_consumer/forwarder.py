@@ -24,10 +24,8 @@ from .state import ClientState
 __all__ = ["Forwarder"]
 
 
-class Forwarder(Activity):
+class Forwarder(Activity, kind="dlq-forward"):
     """The forwarding task of one client (started only when a plugin provides a backend)."""
-
-    kind = "dlq-forward"
 
     def __init__(self, state: ClientState, backend: DeadLetterBackend) -> None:
         self.state = state

@@ -45,10 +45,8 @@ __all__ = ["Heartbeat"]
 MARK_SLICE = 5_000
 
 
-class Heartbeat(Activity):
+class Heartbeat(Activity, kind="heartbeat"):
     """The heartbeat task of one client; the one caller of ``extend-n.lua``."""
-
-    kind = "heartbeat"
 
     def __init__(
         self, state: ClientState, finisher: Finisher, requeue: Requeue, topology: Topology

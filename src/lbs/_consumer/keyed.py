@@ -83,10 +83,8 @@ class _Hold:
         return bool(self.until) or self.fails > 0
 
 
-class KeyedRunner(Activity):
+class KeyedRunner(Activity, kind="keyed"):
     """The keyed handlers of one client's ``run_keyed()`` and the one task that talks to Redis for them."""
-
-    kind = "keyed"
 
     def __init__(
         self,

@@ -33,10 +33,8 @@ from .state import ClientState
 __all__ = ["Observer"]
 
 
-class Observer(Activity):
+class Observer(Activity, kind="observer"):
     """The sampling task of one client (none when ``Config.metrics_interval`` is 0)."""
-
-    kind = "observer"
 
     def __init__(self, state: ClientState) -> None:
         self.state = state

@@ -51,10 +51,8 @@ class Dispatch(Protocol):
     def __call__(self, h: Held, note: Notification) -> None: ...
 
 
-class Reader(Activity):
+class Reader(Activity, kind="reader"):
     """The reading task of one client; the one caller of ``read-3.lua``."""
-
-    kind = "reader"
 
     def __init__(
         self, state: ClientState, finisher: Finisher, requeue: Requeue, topology: Topology
