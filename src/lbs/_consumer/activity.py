@@ -3,11 +3,11 @@
 An activity is one task (recovery: a few) that works for the client in the
 background. :meth:`Activity.start` creates it, named ``lbs-<kind>-<consumer
 id>``; :meth:`Activity.stop` cancels it and waits until it has really ended
-(cancelled again while redis-py swallows a cancellation); :meth:`Activity.abandon`
-cancels it without waiting and without a farewell, as the death of the
-process would (:func:`lbs.testing.abandon`). The finisher and the keyed
-sender start on demand (:meth:`Activity.ensure_started`), the others when
-the client starts.
+(cancelled again while redis-py swallows a cancellation); :meth:`Activity.running`
+lists what it runs, which ``Lifecycle.abandon`` cancels without a farewell, as
+the death of the process would (:func:`lbs.testing.abandon`). The finisher and
+the keyed sender start when work is queued for them (again after a stop), the
+others when the client starts.
 
 A task's body handles its own failures: it backs off and tries again, or
 gives up and says so where a waiter hears it (the reader's STREAM_TERMINATED
@@ -32,7 +32,7 @@ __all__ = ["Activity"]
 
 
 class Activity:
-    """A background task of one client with :meth:`start`, :meth:`stop` and :meth:`abandon`."""
+    """A background task of one client with :meth:`start` and :meth:`stop`."""
 
     #: The middle of the task's name (``lbs-<kind>-<consumer id>``): ``class Reader(Activity, kind="reader")``.
     kind: ClassVar[str] = ""
@@ -49,25 +49,14 @@ class Activity:
         """The task's body."""
         raise NotImplementedError
 
-    def _tasks(self) -> list[asyncio.Task[Any] | None]:
-        """Every task this activity runs now (what stop and abandon end)."""
+    def running(self) -> list[asyncio.Task[Any] | None]:
+        """Every task this activity runs now (what :meth:`stop` ends)."""
         return [self.task]
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._main(), name=f"lbs-{self.kind}-{self.state.names.id}")
 
-    def ensure_started(self) -> None:
-        """:meth:`start` unless the task runs (an activity started on demand)."""
-        if self.task is None or self.task.done():
-            self.start()
-
     async def stop(self) -> None:
         """Cancel the tasks and wait until they have ended."""
-        await cancel_and_wait(self._tasks())
+        await cancel_and_wait(self.running())
         self.task = None
-
-    def abandon(self) -> None:
-        """Cancel the tasks, not waiting and doing nothing more: what a killed process leaves."""
-        for task in self._tasks():
-            if task is not None:
-                task.cancel()

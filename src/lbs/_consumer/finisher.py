@@ -65,7 +65,7 @@ class Finisher(Activity, kind="finisher"):
     def queue(self, h: Held, fut: asyncio.Future[Any] | None = None) -> None:
         """Queue ``h`` for the next batch; ``fut`` gets the done code (None: log only)."""
         self._queue.append((h, fut))
-        if self.task is None or self.task.done():  # ensure_started(), inlined: a hot path
+        if self.task is None or self.task.done():  # started on demand
             self.start()
         self._idle.clear()
         self._wakeup.set()

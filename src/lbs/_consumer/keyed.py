@@ -123,7 +123,7 @@ class KeyedRunner(Activity, kind="keyed"):
 
     def _kick(self) -> None:
         self._wake.set()
-        if self.task is None or self.task.done():  # ensure_started(), inlined: a hot path
+        if self.task is None or self.task.done():  # started on demand
             self.start()
 
     def _step(

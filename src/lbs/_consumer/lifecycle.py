@@ -209,7 +209,7 @@ class Lifecycle:
             self.closing = asyncio.get_running_loop().create_future()
             self.closing.set_result(None)
         s.mailbox.close(discard=True)
-        tasks = [t for a in self.activities() for t in a._tasks()]
+        tasks = [t for a in self.activities() for t in a.running()]
         await cancel_and_wait([*tasks, *s.handlers, *self.handover.marking])
         await s.link.close(s.log)
         await self._close_clients()

@@ -120,7 +120,7 @@ class Recovery(Activity):
         if self.config.keyspace_recovery:
             self.tasks.append(make(self._keyspace_loop(), name=f"lbs-keyspace-{consumer}"))
 
-    def _tasks(self) -> list[asyncio.Task[Any] | None]:
+    def running(self) -> list[asyncio.Task[Any] | None]:
         return [*self.tasks, self._go_catch_up]
 
     async def stop(self) -> None:
