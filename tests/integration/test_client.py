@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._keys import consumers_key
+from lbs._keys import consumers_key, instance_key
 from lbs._redis.scripts import source
 from lbs.embedded import RedisServer
-from lbs.testing import probe
+from lbs.testing import abandon, probe
 
 from _helpers import client, eventually, is_true, produce, take
 
@@ -844,3 +844,35 @@ async def test_a_clean_close_leaves_the_group_and_departed_consumers_are_forgott
             await sweeper.close()
     finally:
         await r.aclose()
+
+
+async def test_abandon_leaves_in_redis_what_a_killed_process_leaves(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    """lbs.testing.abandon: its tasks end and its connections close; nothing is handed back,
+    finished or released, and close() afterwards does nothing more."""
+    closed: list[int] = []
+
+    class Closed:
+        @lbs.hookimpl
+        def lbs_client_closed(self, handed_back: int) -> None:
+            closed.append(handed_back)
+
+    await produce(any_server.url, service, "a", "b")
+    c = client(any_server.url, service, plugins=[Closed()])
+    await c.start()
+    await take(c, 2)
+    held = c.held_streams()
+    p = probe(c)
+    await abandon(c)
+    assert all(t is None or t.done() for t in (p.reader.task, p.heartbeat.task, *c.recovery.tasks))
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    assert await rr.exists(*(h.lock_key for h in held)) == 2
+    assert (await rr.xpending(stream, group))["pending"] == 2
+    assert await rr.exists(instance_key(service, c.id)) == 1
+    await c.close()
+    assert closed == []
+    assert (await rr.xpending(stream, group))["pending"] == 2
+    assert await rr.exists(*(h.lock_key for h in held)) == 2
+    await c.start()  # started already: nothing comes back to life
+    assert p.reader.task is not None and p.reader.task.done()
