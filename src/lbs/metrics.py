@@ -163,11 +163,6 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     ),
     # -- start-up recovery ----------------------------------------------------------
     Metric(
-        "startup_recovery_requeued_total",
-        "counter",
-        "Entries re-queued by start-up recovery, added once at the end of each pass.",
-    ),
-    Metric(
         "startup_recovery_duration_seconds",
         "histogram",
         "Duration of one start-up recovery pass, which start() runs before the reader starts.",

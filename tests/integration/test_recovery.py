@@ -168,7 +168,7 @@ async def test_restart_under_the_same_id_recovers_its_own_pending_work(
     )
     await again.start()
     try:
-        assert again.metrics.get("startup_recovery_requeued_total") == 1
+        assert again.metrics.get("recovery_startup_requeued_total") == 1
         (note,) = await take(again, 1)
         assert note.stream == "mine" and note.retry_count == 1
     finally:

@@ -481,7 +481,6 @@ class Recovery(Activity):
                 total += await self.requeue.recover(dead, "startup", "lock gone (startup recovery)")
             ok = 1.0
         finally:
-            s.hooks.metric("startup_recovery_requeued_total", total)
             s.hooks.metric("startup_recovery_duration_seconds", time.perf_counter() - started)
             s.hooks.metric("startup_recovery_success", ok)
         return total
