@@ -46,7 +46,7 @@ reply), or any other string, sent as an error reply. :meth:`FakeRedis.hold` keep
 reply back until the test releases it (a round trip in flight). Everything sent is recorded in
 :attr:`FakeRedis.sent` as :class:`Call` objects.
 
-Also here: :class:`Harness`, one consumer's ``ConsumerState`` built the way ``lbs.Client``
+Also here: :class:`Harness`, one consumer's ``ClientState`` built the way ``lbs.Client``
 builds it (Names, Hooks with a recording plugin, ConsumerLog, Link), on a FakeRedis.
 """
 
@@ -65,7 +65,7 @@ from redis.exceptions import ResponseError
 
 from _lbscore import Held, encode_input
 from lbs import hookimpl
-from lbs._consumer.state import ConsumerLog, ConsumerState, Link, Names
+from lbs._consumer.state import ClientState, ConsumerLog, Link, Names
 from lbs._redis import scripts
 from lbs._waits import within
 from lbs.config import Config
@@ -902,7 +902,7 @@ FAST = dict(read_retry_initial=0.001, read_retry_max=0.002)
 
 
 class Harness:
-    """One consumer's :class:`ConsumerState` on a :class:`FakeRedis`, built as ``lbs.Client`` builds it
+    """One consumer's :class:`ClientState` on a :class:`FakeRedis`, built as ``lbs.Client`` builds it
     (``Names.of``, ``Hooks`` over a plugin manager holding a :class:`Recorder`, ``ConsumerLog``, a
     ``Link`` on the client), and the server's version set as ``Topology.start`` would."""
 
@@ -915,7 +915,7 @@ class Harness:
         self.log = ConsumerLog(logging.getLogger("lbs"), {"consumer_id": self.names.id})
         labels = {"service": service, "consumer": self.names.id}
         self.hooks = Hooks(pm, None, labels, self.log)
-        self.state = ConsumerState(self.config, self.names, self.hooks, self.log, Link(fake), None)  # type: ignore[arg-type]
+        self.state = ClientState(self.config, self.names, self.hooks, self.log, Link(fake), None)  # type: ignore[arg-type]
         self.state.server.version = (8, 6, 3)
         self._token = 100
 

@@ -391,7 +391,3 @@ class ClientState:
         if self.run_limit:
             free = min(free, self.run_limit - len(self.handlers) - taking - self.adopting)
         return free
-
-
-#: The old name of :class:`ClientState` (``lbs.status.ConsumerState`` is a consumer's liveness).
-ConsumerState = ClientState
