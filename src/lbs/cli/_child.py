@@ -1,6 +1,6 @@
 """A worker process of ``lbs worker --processes N`` (see :mod:`lbs.cli.supervisor`).
 
-Run as ``python -m lbs.cli._child`` with its :class:`lbs.cli.worker.WorkerSettings`
+Run as ``python -m lbs.cli._child`` with its :class:`lbs.cli.settings.WorkerSettings`
 as one JSON line on stdin; its exit code is the worker's.
 """
 
