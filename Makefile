@@ -31,7 +31,7 @@ endif
 # short "smoke" profile (see conftest.py), under coverage: the report's last line
 # is the total over lbs and the plugins, measured in the test process (the `lbs`
 # processes the CLI tests start are not measured).
-test: setup
+test: setup lint
 	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && \
 		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 \
 		LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
