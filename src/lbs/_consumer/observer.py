@@ -24,7 +24,8 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from .._redis.errors import NoSuchKeyError, classify
+from .._redis.connection import execute
+from .._redis.errors import NoSuchKeyError
 from .._redis.wire import text
 from .._waits import wait_set
 from .activity import Activity
@@ -68,12 +69,12 @@ class Observer(Activity, kind="observer"):
             pipe.xlen(n.stream_key)
             if dlq:
                 pipe.xlen(dlq)
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await execute(pipe, raise_on_error=False)
             for reply in replies[1:]:
                 if isinstance(reply, Exception):
                     raise reply
             groups = replies[0]
-            if isinstance(classify(groups), NoSuchKeyError):
+            if isinstance(groups, NoSuchKeyError):
                 groups = []  # no LBS yet: nothing delivered, nothing waiting
             elif isinstance(groups, Exception):
                 raise groups
