@@ -1,5 +1,6 @@
-"""The house rules a maintainer can check without reading: module size, and the architecture
-page naming every module (docs/ARCHITECTURE.md: which file owns each concern)."""
+"""The house rules a maintainer can check without reading: module size, the architecture
+page naming every module (docs/ARCHITECTURE.md: which file owns each concern), and tests that reach
+state through public API or lbs.testing rather than private attributes."""
 
 from __future__ import annotations
 
@@ -59,3 +60,58 @@ def test_the_architecture_page_names_no_module_that_is_gone() -> None:
 def test_the_architecture_page_stays_one_page() -> None:
     lines = (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines()
     assert len(lines) <= 100, f"docs/ARCHITECTURE.md has {len(lines)} lines (one page: at most 100)"
+
+
+#: The private attributes tests may still read, per file: the Wire's connection in the lost-reply
+#: tests (real-server cases the fake wire cannot stand in for) and the Producer's routes in one
+#: unit test.
+PRIVATE_READS_ALLOWED = {
+    "tests/integration/test_edges.py": {"_stream", "_conn"},
+    "tests/integration/test_wire.py": {"_conn", "_reader"},
+    "tests/unit/test_producer_batch.py": {"_routes", "_plain"},
+}
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``obj._name`` in ``path`` where ``obj`` is not ``self``/``cls`` nor an imported module."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    modules = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    modules |= {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name.startswith("_")  # a private module imported by name (``from x import _mod``)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        allowed = PRIVATE_READS_ALLOWED.get(str(path.relative_to(ROOT)), set())
+        if node.attr.startswith("__") or node.attr in allowed:
+            continue
+        base = node.value
+        while isinstance(base, ast.Attribute):
+            base = base.value
+        if isinstance(base, ast.Name) and base.id in ({"self", "cls"} | modules):
+            continue
+        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_tests_read_state_through_public_api_or_lbs_testing() -> None:
+    """Tests reach a client's state through public API or :mod:`lbs.testing`, not private attributes."""
+    paths = [
+        *ROOT.glob("tests/**/*.py"),
+        *ROOT.glob("plugins/*/tests/*.py"),
+        *ROOT.glob("benchmarks/*.py"),
+    ]
+    found = [r for p in sorted(paths) if "fixtures" not in p.parts for r in _private_reads(p)]
+    assert not found, "private attributes read by tests:\n" + "\n".join(found)
