@@ -112,13 +112,12 @@ _PIPELINE_NOTE = " of pipeline caused error: "
 def reply_error(message: str) -> RedisError:
     """The exception for an error reply as Redis sent it (the wire's reader): the class
     :data:`REPLY_ERRORS` has for its first word, else ``ResponseError``; the message whole."""
-    code, _, rest = message.partition(" ")
-    if code == "ERR":
-        return ERR_REPLIES.get(rest, ResponseError)(message)
-    return REPLY_ERRORS.get(code, ResponseError)(message)
+    return (_class_of(message) or ResponseError)(message)
 
 
 def _class_of(message: str) -> type[RedisError] | None:
+    """The table's class for an error reply's text, as Redis sent it or as redis-py passed it on
+    (``ERR`` dropped, or inside a pipeline's note); None: not in the table."""
     if message.startswith("Command # ") and _PIPELINE_NOTE in message:
         message = message.split(_PIPELINE_NOTE, 1)[1].lstrip("(\"'")
     code, _, rest = message.partition(" ")
