@@ -9,10 +9,9 @@ round trip as new ones.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from .exceptions import ConfigurationError
+from .config import require_number
 from .hookspecs import hookimpl
 
 __all__ = ["DefaultReader", "ReadStrategy"]
@@ -37,11 +36,12 @@ class ReadStrategy:
     def __post_init__(self) -> None:
         for name in ("claim_min_idle", "reconciliation_interval"):
             v = getattr(self, name)
-            if v is not None and (
-                not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0
-            ):
-                raise ConfigurationError(
-                    f"ReadStrategy.{name} must be a positive number or None, got {v!r}"
+            if v is not None:
+                require_number(
+                    v,
+                    f"ReadStrategy.{name} must be a positive number or None",
+                    above=True,
+                    finite=True,
                 )
 
     @property
