@@ -144,8 +144,11 @@ class Config:
     recovery: bool = True
     #: Fast path 1: re-queue when a lock's keyspace ``expired`` event arrives.
     keyspace_recovery: bool = True
-    #: Fast path 2: poll the deadline index this often and re-queue assignments
-    #: whose lock deadline passed (independent of when Redis expires keys).
+    #: Fast path 2: the deadline index is polled at its earliest deadline, and assignments
+    #: whose holder's deadline passed are adopted or re-queued (independent of when Redis
+    #: expires keys). This is the shortest pause between two polls; an idle client polls
+    #: only every ``max(0.5 s, lock_ttl / 4, 2 x this)`` (half the gap its stall test allows;
+    #: 2.5 s by default), the keyspace listener waking it at once when a lock expires.
     deadline_poll_interval: float = 0.25
     #: Overdue entries looked at per deadline poll.
     deadline_batch: int = 500

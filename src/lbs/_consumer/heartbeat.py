@@ -158,7 +158,10 @@ class Heartbeat(Activity, kind="heartbeat"):
             snapshot += finishing
         started = time.perf_counter()
         chunk = cfg.heartbeat_chunk
-        # At least one call, even holding nothing: it keeps the instance marker alive.
+        # At least one call, even holding nothing: it keeps the instance marker alive (one live process
+        # per consumer id; the marker lives a lock TTL) and this consumer's deadline fresh, so an idle
+        # client still ticks every heartbeat_every: a rarer idle tick would leave a read made just
+        # after it with less than one failed tick of margin before the lease runs out.
         starts = range(0, max(1, len(snapshot)), chunk)
         sha, ttl = scripts.EXTEND.sha, cfg.lock_ttl_ms
         head_keys = scripts.extend_head(n.stream_key, n.consumers_key, n.instance_key)

@@ -8,6 +8,10 @@ tick refreshes it (``extend-n.lua``); a second live process with the same id
 is refused at start, and ``leave-3.lua`` deletes the marker on close, with the consumer
 itself when it has nothing pending (so the group does not grow with every pod name); departed
 consumers are swept after ``Config.forget_consumers_after``.
+
+The marker costs Redis nothing periodic of its own: the heartbeat's last
+``extend-n.lua`` call refreshes it (an idle client's one tick every
+``heartbeat_every``), and the sweep rides on the recovery scan.
 """
 
 from __future__ import annotations

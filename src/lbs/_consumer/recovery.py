@@ -10,15 +10,28 @@ Three paths find the entries to re-queue:
 
 * **deadline poller** (fast, does not depend on Redis's expiry timing):
   every consumer holding locks has a deadline in the sorted set
-  ``{<service>-input}:consumers``, moved by each heartbeat tick; every
-  ``deadline_poll_interval``, and at the earliest deadline in the index,
-  the ``reap-4.lua`` script finds the pending entries of consumers past
-  their deadline whose lock is gone (its PTTL expires an overdue lock on
-  the spot) and **adopts** as many as this client has room for: they move
-  to it under fresh fenced locks in the same step (XCLAIM, no copy, no
-  second read), and its reader hands them out as it does a read's. The
-  rest are re-queued. A live consumer re-queues its own lost locks when
-  its heartbeat finds them (path ``heartbeat``);
+  ``{<service>-input}:consumers``, moved by each heartbeat tick; at the
+  earliest deadline in the index (``reap-4.lua`` returns it), never twice
+  within ``deadline_poll_interval``, the script finds the pending entries of
+  consumers past their deadline whose lock is gone (its PTTL expires an
+  overdue lock on the spot) and **adopts** as many as this client has room
+  for: they move to it under fresh fenced locks in the same step (XCLAIM, no
+  copy, no second read), and its reader hands them out as it does a read's.
+  The rest are re-queued. A live consumer re-queues its own lost locks when
+  its heartbeat finds them (path ``heartbeat``).
+
+  Sleeping until the earliest deadline is exact: a deadline only moves
+  forward (heartbeats, rescoring), and a consumer enters the index at now +
+  its TTL, later than this poller's next call. So a death is found at its
+  deadline, or sooner by the keyspace listener. What bounds the sleep from
+  above is the stall test (below), which reads the gap since the last call by
+  any recoverer: each poller calls at least every :meth:`Recovery.keep_alive`
+  (a quarter TTL, 2.5 s by default), and a call that finds nothing due reads
+  one ZRANGE. An idle client so polls about once per 2.5 s, not four times a
+  second. Electing one poller per service was set aside: the others would
+  still have to call to notice its death (or hear it over Pub/Sub, which the
+  listener may not have), and its death would delay every other consumer's
+  recovery by the takeover, which the stall test turns into a grace;
 * **keyspace listener** (fast, when Redis delivers): ``expired`` events of
   this service's lock keys, on a Pub/Sub connection that is PINGed and
   replaced when it drops or goes half-open, wake the deadline poller, which
@@ -66,9 +79,17 @@ from .requeue import Requeue
 from .state import ClientState
 from .topology import Topology
 
-__all__ = ["Adopter", "Recovery"]
+__all__ = ["Adopter", "Recovery", "poll_wait"]
 
 _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
+
+
+def poll_wait(due: float | None, every: float, cap: float) -> float:
+    """Seconds until the next deadline poll: at the earliest deadline the last poll saw (``due``, seconds;
+    ``None``: the index was empty), a few ms late so the lock is past its PXAT too; never sooner than
+    ``every`` (``deadline_poll_interval``), never later than ``cap`` (:meth:`Recovery.keep_alive`).
+    ``every`` wins over ``cap``: a poller turned off with a huge interval stays off."""
+    return max(every, cap if due is None else min(cap, due + 0.002))
 
 
 class Adopter(Protocol):
@@ -130,30 +151,50 @@ class Recovery(Activity):
     # ------------------------------------------------------------ deadlines ---
 
     async def _deadline_loop(self) -> None:
-        """Poll every ``deadline_poll_interval``, at once when the keyspace listener hears a lock expire,
-        and again at once after a poll that re-queued something: a dead holder of 100,000 streams is
-        emptied ``deadline_batch`` at a time back to back, not one batch per interval."""
+        """Poll at the earliest deadline in the index, at least every :meth:`keep_alive` (idle: that is
+        all), never twice within ``deadline_poll_interval``; at once when the keyspace listener hears a
+        lock expire, and again at once after a poll that re-queued something: a dead holder of 100,000
+        streams is emptied ``deadline_batch`` at a time back to back, not one batch per interval."""
         every = self.config.deadline_poll_interval
+        cap = self.keep_alive()
         wake = self._wake
+        soon = True  # the first poll, and the one after a failure, come after the interval
         while True:
             if not wake.is_set():
-                due = self._next_due
-                # At the earliest deadline when it comes before the next interval (a few ms late, so
-                # the lock is past its PXAT too).
-                await wait_set(wake, every if due is None else min(every, max(0.005, due + 0.002)))
+                await wait_set(wake, every if soon else poll_wait(self._next_due, every, cap))
             if self.state.stopping.is_set():
                 return
             path = "keyspace" if self._heard else "deadline"
             self._heard = False
             wake.clear()
+            soon = False
             try:
                 if await self.poll_deadlines(path):
                     wake.set()  # more may be due: poll again at once
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                soon = True  # try again after the interval, whatever the last reply said
                 if not self.state.denied(exc, "polling the consumer deadlines"):
                     self.state.log.debug("deadline poll failed: %s", exc)
+
+    def stall_ms(self) -> int:
+        """A gap since the last poll (by any recoverer) longer than this means the server stalled.
+
+        Half a TTL, at least 1 s and four of our own intervals: a live holder's deadline lapses only
+        when no tick reached Redis for two thirds of a TTL, so every stall that could rob one shows.
+        """
+        cfg = self.config
+        return max(1000, cfg.lock_ttl_ms // 2, int(4000 * cfg.deadline_poll_interval))
+
+    def keep_alive(self) -> float:
+        """The longest pause (seconds) between two polls of this client: half of :meth:`stall_ms`.
+
+        The stall test reads the gap since the last poll by any recoverer, so each poller calls at
+        least this often even when no deadline is near; any one live poller keeps the gap under the
+        threshold, and a death the keyspace events miss is found at its deadline, not one grace later.
+        """
+        return max(self.config.deadline_poll_interval, self.stall_ms() / 2000)
 
     async def poll_deadlines(self, path: str = "deadline") -> int:
         """One poll of the deadline index; returns how many entries it adopted or re-queued.
@@ -166,9 +207,7 @@ class Recovery(Activity):
         s = self.state
         n, cfg = s.names, self.config
         ttl_ms = cfg.lock_ttl_ms
-        # A gap longer than half a TTL (and than a few of our own poll intervals, so a
-        # client polling rarely on purpose never mistakes its own pace for a stall).
-        stall_ms = max(1000, ttl_ms // 2, int(4000 * cfg.deadline_poll_interval))
+        stall_ms = self.stall_ms()
 
         adopter = self.adopter
         # Beside a Go fleet every entry goes back through requeue-6.lua, which checks Go-style locks.
@@ -297,7 +336,9 @@ class Recovery(Activity):
                     if expired is not None:
                         await self._on_expired(text(expired[prefix_len:]))
                     if now - last_ping >= ping_every:
-                        # The PONG must come back on the subscription, or the connection is half-open.
+                        # The PONG must come back on the subscription, or the connection is half-open
+                        # (a PING every pubsub_ping_interval costs Redis about a microsecond; without
+                        # it a dead link would silently leave recovery to the poller and the scan).
                         sub.ping()
                         last_ping = now
                     if now - last_pong > 2 * ping_every:

@@ -74,12 +74,18 @@
   A live consumer finds its own lost locks in its heartbeat, so the index
   only has to bring back the work of consumers that stopped.
 
+  A call that finds nothing due (the index empty, or its earliest deadline
+  still ahead: an idle fleet's every call) reads one ZRANGE, writes KEYS[3]
+  and returns; adoption's preconditions and ACL probes run only when some
+  consumer is due.
+
   Preconditions, checked before anything is written; a violation returns
   "LBSKEY <key> ..." with nothing written:
     * KEYS[1] does not exist or is a sorted set;
     * KEYS[3] does not exist or is a string holding a time;
-    * with adoption: KEYS[4] as read-3.lua requires, for ARGV[7] tokens;
-      the caller's queued set (ARGV[11]) does not exist or is a set.
+    * with adoption, when some consumer is due: KEYS[4] as read-3.lua
+      requires, for ARGV[7] tokens; the caller's queued set (ARGV[11]) does
+      not exist or is a set.
   A user the ACL denies one of adoption's writes (XCLAIM, SET, INCRBY, ZADD,
   SADD, SREM) is not refused: nothing is adopted, every entry found is
   returned in gone. (XPENDING on the LBS goes through pcall: no group or no
@@ -99,6 +105,15 @@ local last = kind == 'string' and tonumber(redis.call('GET', KEYS[3])) or nil
 if kind ~= 'none' and not last then
   return redis.error_reply('LBSKEY ' .. KEYS[3] .. ' holds a ' .. kind .. ' that is not a time, not the last reap')
 end
+local now, t = time_ms()
+-- The idle case, one read: nothing due (the index empty or its earliest deadline ahead). Only
+-- KEYS[3] is written, so adoption's preconditions and ACL probes wait until something is due.
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if not head[2] or tonumber(head[2]) > now then
+  redis.call('SET', KEYS[3], string.format('%.0f', now))
+  return {{}, {}, {}, 0, head[2] and tonumber(head[2]) - now or -1}
+end
+
 local adopter = ARGV[6] ~= nil and ARGV[6] ~= '' and ARGV[6] or nil
 local room = adopter and tonumber(ARGV[7]) or 0
 local mine = adopter and ARGV[11] == '1' and (ARGV[10] .. adopter) or nil
@@ -122,12 +137,11 @@ if room > 0 then
   end
 end
 
-local function next_due(now)
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return first[2] and math.max(0, tonumber(first[2]) - now) or -1
+local function next_due()
+  local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return earliest[2] and math.max(0, tonumber(earliest[2]) - now) or -1
 end
 
-local now, t = time_ms()
 local budget = tonumber(ARGV[3])
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, budget)
 redis.call('SET', KEYS[3], string.format('%.0f', now))
@@ -135,7 +149,7 @@ if last and now - last > tonumber(ARGV[4]) then
   for i = 1, #due do
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), due[i])
   end
-  return {{}, {}, {}, 0, next_due(now)}
+  return {{}, {}, {}, 0, next_due()}
 end
 local gone = {}
 -- Adoptable: {id, idle ms, delivery count, holder}
@@ -168,7 +182,7 @@ for i = 1, #due do
   end
 end
 if #take == 0 then
-  return {{}, {}, gone, 0, next_due(now)}
+  return {{}, {}, gone, 0, next_due()}
 end
 
 -- Adoption. A death counts against an entry its holder was running, not one
@@ -200,7 +214,7 @@ for count, ids in pairs(deliveries) do
 end
 local n = #adopted
 if n == 0 then
-  return {{}, {}, gone, #take, next_due(now)}
+  return {{}, {}, gone, #take, next_due()}
 end
 local first = fence_take(KEYS[4], fence_exists, n, t)
 local deadline = now + tonumber(ARGV[8])
@@ -219,4 +233,4 @@ if mine then
     redis.call('SADD', mine, unpack(ids))
   end
 end
-return {adopted, tokens, gone, #take - n, next_due(now)}
+return {adopted, tokens, gone, #take - n, next_due()}

@@ -1,0 +1,90 @@
+"""What an idle client's deadline poller costs Redis: a rare poll, and one that reads one ZRANGE."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from lbs._consumer.recovery import Recovery
+from lbs._keys import (
+    consumers_key,
+    fence_key,
+    group_name,
+    input_stream,
+    lock_key,
+    queued_prefix,
+    reaped_key,
+)
+from lbs._redis.scripts import source
+
+from _helpers import client
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def reap(r: aioredis.Redis, service: str) -> list[Any]:
+    """reap-4.lua with adoption by c2 (room 10): the call whose preconditions are the most."""
+    return await r.eval(
+        source("reap-4"),
+        4,
+        consumers_key(service),
+        input_stream(service),
+        reaped_key(service),
+        fence_key(service),
+        group_name(service),
+        lock_key(service, ""),
+        100,
+        60_000,
+        1_000,
+        "c2",
+        10,
+        60_000,
+        "c2:n",
+        queued_prefix(service),
+        "1",
+    )
+
+
+async def test_a_reap_that_finds_nothing_due_writes_only_the_time_of_the_call(
+    r: aioredis.Redis, service: str
+) -> None:
+    # Adoption's keys hold what adoption would refuse: a call with nothing due never looks at them.
+    await r.hset(fence_key(service), "x", "1")
+    await r.hset(queued_prefix(service) + "c2", "x", "1")
+    assert await reap(r, service) == [[], [], [], 0, -1]  # the index empty
+    assert await r.exists(reaped_key(service))
+    now_ms = int(await r.get(reaped_key(service)))
+    await r.zadd(consumers_key(service), {"c1": now_ms + 30_000})
+    entries, tokens, gone, trimmed, next_ms = await reap(r, service)
+    assert (entries, tokens, gone, trimmed) == ([], [], [], 0)
+    assert 0 < next_ms <= 30_000  # the earliest deadline, still ahead
+    assert await r.zscore(consumers_key(service), "c1") == now_ms + 30_000
+    # Once c1 is due, adoption's preconditions are checked before anything is written.
+    await r.zadd(consumers_key(service), {"c1": 1})
+    before = int(await r.get(reaped_key(service)))
+    with pytest.raises(ResponseError, match="not the fencing counter"):
+        await reap(r, service)
+    assert int(await r.get(reaped_key(service))) == before
+    assert await r.zscore(consumers_key(service), "c1") == 1
+
+
+async def test_an_idle_client_polls_the_deadline_index_rarely(
+    redis_server: Any, service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    polls: list[str] = []
+    real = Recovery.poll_deadlines
+
+    async def counted(self: Recovery, path: str = "deadline") -> int:
+        polls.append(path)
+        return await real(self, path)
+
+    monkeypatch.setattr(Recovery, "poll_deadlines", counted)
+    # Keep-alive a quarter TTL (2.5 s); four polls a second before.
+    c = client(redis_server.url, service, "idle", lock_ttl=10.0, deadline_poll_interval=0.25)
+    async with c:
+        await asyncio.sleep(3.0)
+    assert len(polls) <= 3, polls  # a loaded machine only makes them fewer
