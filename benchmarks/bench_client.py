@@ -3,11 +3,14 @@
 * Assignment cycle (read, lock, no-op, done) for 20,000 streams registered
   by a plain Python producer (``json.dumps``, default separators; set-up,
   outside the timing), in one consumer process: lbs ``run()`` with a no-op
-  handler (tuned; with the default ``Config()`` and ``concurrency=1024``; and
-  that with lbs-prometheus loaded) and batched with ``done_streams``, against
-  redis-py one command per round trip (what the Go client does), redis-py
-  pipelines, and the best plain redis-py design (XREADGROUP COUNT 256, SET NX
-  for the batch in one pipeline, completion of the batch in one Lua call).
+  handler (tuned; with the default ``Config()`` and ``concurrency=1024``; that
+  with lbs-prometheus loaded; and that with the installed plugins loaded
+  from their entry points, as an application gets them) and batched with
+  ``done_streams``, against redis-py one command per round trip (what the Go
+  client does), redis-py pipelines, and the best plain redis-py design, the
+  group's baseline (XREADGROUP COUNT 256, SET NX for the batch in one
+  pipeline, completion of the batch in one Lua call). Each row's client and
+  Redis CPU and INFO commandstats per assignment go to ``extra_info``.
 * Heartbeat tick with 10,000 and 100,000 held streams: lbs's fenced,
   PEL-refreshing tick against redis-py pipelining bare PEXPIREs (a lower
   bound that checks no ownership) and, at 10,000, one PEXPIRE per round trip
@@ -130,10 +133,30 @@ async def cycle_lbs_run_defaults_go_compatible(r: aioredis.Redis, service: str, 
     return await cycle_lbs_defaults(r, service, n, go_compatible=True)
 
 
+async def cycle_lbs_run_installed(r: aioredis.Redis, service: str, n: int) -> int:
+    """run() as an application gets it: ``Config()`` defaults, ``concurrency=1024``, the installed
+    plugins loaded from their entry points (lbs-claim's reader, lbs-prometheus into its REGISTRY)."""
+    c = lbs.Client(r, service, "bench", lbs.Config())
+    runner = asyncio.create_task(c.run(_noop, 1024, handle_signals=False))
+    try:
+        await c.wait_finished(n)
+    finally:
+        await c.close()
+        await runner
+    return c.stats.finished
+
+
+async def _noop(note: lbs.Notification) -> None:
+    return None
+
+
+#: The plain design lbs's cycle is compared with (``extra_info["baseline"]``).
+BASELINE = "redis-py batched + Lua"
 CYCLES = {
     "lbs run()": cycle_lbs_run,
     "lbs run() defaults": cycle_lbs_run_defaults,
     "lbs run() defaults+prometheus": cycle_lbs_run_defaults_prometheus,
+    "lbs run() defaults+installed plugins": cycle_lbs_run_installed,
     "lbs run() defaults go_compatible": cycle_lbs_run_defaults_go_compatible,
     "lbs done_streams": cycle_lbs_batched,
     "redis-py batched + Lua": cycle_redis_py_batched_lua,
@@ -145,7 +168,13 @@ CYCLES = {
 @pytest.mark.benchmark(group=f"assignment cycle, {CYCLE_N} streams")
 @pytest.mark.parametrize("impl", list(CYCLES))
 def bench_assignment_cycle(bench: Bench, impl: str) -> None:
-    bench.drain(CYCLES[impl], CYCLE_N, lambda: _registered(bench, "cycle", CYCLE_N), "assignment")
+    bench.drain(
+        CYCLES[impl],
+        CYCLE_N,
+        lambda: _registered(bench, "cycle", CYCLE_N),
+        "assignment",
+        baseline=impl == BASELINE,
+    )
 
 
 # -------------------------------------------------------------- heartbeat ---
@@ -226,6 +255,8 @@ def bench_heartbeat_tick(bench: Bench, impl: str, held: int) -> None:
     lost = bench(tick, rounds=5)
     server_cpu = bench.run(_server_cpu(r)) - server0
     assert lost == 0
+    # The lower bound lbs's tick is compared with.
+    bench.extra_info["baseline"] = impl == "redis-py pipelined PEXPIRE"
     # Client CPU: the best tick (process_time of this process, event loop
     # included). Redis CPU: the server's whole time over all ticks, per tick.
     bench.extra_info["client_cpu_ms_per_tick"] = round(min(client_cpu) * 1e3, 1)

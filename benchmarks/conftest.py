@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from importlib.metadata import version
 from typing import Any
@@ -20,9 +21,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from lbs._bench import measure
 from lbs.embedded import find_redis_server, redis_server_version
 
+from .cost import Cost, Window
 from .data import cleanup, service_name
 
 
@@ -63,9 +64,9 @@ class Bench:
       before each round, outside the timing; it may return an awaitable, and
       gives ``fn``'s arguments: ``None`` (none), a tuple, or one value.
       ``bench.inputs`` keeps each round's arguments, in order.
-    * ``bench.drain(cycle, n, setup, per)``: a drain benchmark (the assignment cycle, keyed
-      throughput): ``bench`` over ``lbs._bench.measure``, with client and Redis CPU per ``per``
-      in ``extra_info``.
+    * ``bench.drain(cycle, n, setup, per, baseline=False)``: a drain benchmark (the assignment
+      cycle, keyed throughput): client and Redis CPU and INFO commandstats per ``per`` in
+      ``extra_info`` (``baseline`` marks the group's baseline row for ``benchmarks.report``).
     * ``bench.run(awaitable)``: async set-up and checks, on the same loop.
     * ``bench.url``: the session's Redis >= 8.4 (``redis_server``, started only
       when asked for); ``bench.redis()`` a new ``redis.asyncio`` client on it;
@@ -155,21 +156,36 @@ class Bench:
         n: int,
         setup: Callable[[], Any],
         per: str,
+        *,
+        baseline: bool = False,
     ) -> None:
-        """Time ``await cycle(r, service, n)`` (``service`` from ``setup``), which must finish ``n``;
-        the least client and Redis CPU of the rounds go to ``extra_info``, in µs per ``per``."""
+        """Time ``await cycle(r, service, n)`` (``service`` from ``setup``), which must finish ``n``.
+
+        ``extra_info``, in µs per ``per``: the least client CPU (this process) and the least Redis
+        CPU (``INFO cpu``, so every client of the server counts) of the rounds, and the INFO
+        commandstats of the round with the least Redis CPU (``commands_per_<per>``: ``{cmd: [calls,
+        usec]}``); ``count`` and ``per`` (``benchmarks.report`` prints ``<per>s/s``); ``baseline``.
+        """
         r = self.redis()
-        cpu: list[tuple[float, float]] = []
+        client_cpu: list[float] = []
+        costs: list[Cost] = []
 
         async def measured(service: str) -> int:
-            done, client_cpu, server_cpu = await measure(cycle, r, service, n)
-            cpu.append((client_cpu, server_cpu))
+            window = await Window.open(r)
+            client0 = time.process_time()
+            done = await cycle(r, service, n)
+            client_cpu.append(time.process_time() - client0)
+            costs.append(await window.close())
             return done
 
         assert self(measured, setup=setup) == n
-        client_cpu, server_cpu = min(cpu)
-        self.extra_info[f"client_cpu_us_per_{per}"] = round(client_cpu / n * 1e6, 2)
-        self.extra_info[f"redis_cpu_us_per_{per}"] = round(server_cpu / n * 1e6, 2)
+        least = min(costs, key=lambda c: c.cpu)
+        self.extra_info["baseline"] = baseline
+        self.extra_info["count"] = n
+        self.extra_info["per"] = per
+        self.extra_info[f"client_cpu_us_per_{per}"] = round(min(client_cpu) / n * 1e6, 2)
+        self.extra_info[f"redis_cpu_us_per_{per}"] = round(least.cpu / n * 1e6, 2)
+        self.extra_info[f"commands_per_{per}"] = least.per(n)
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.iscoroutinefunction(fn):

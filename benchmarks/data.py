@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -36,3 +39,25 @@ def xadd_commands(service: str, n: int) -> list[tuple[Any, ...]]:
         ("XADD", input_stream(service), "*", "lbs-input", encode_input(name, info))
         for name, info in stream_specs(n)
     ]
+
+
+async def steady(
+    publish: Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[Any]],
+    rate: float,
+    seconds: float,
+    tick: float = 0.005,
+) -> int:
+    """Publish ``rate`` registrations a second for ``seconds``, in ticks of ``tick`` (5 ms): each tick sends
+    what is due as one batch of ``(name, {"t": <time.perf_counter() at sending>})``, names ``s<i>`` (each
+    once). Returns how many were published."""
+    loop = asyncio.get_running_loop()
+    start, sent = loop.time(), 0
+    total = int(rate * seconds)
+    while sent < total:
+        due = min(total, int((loop.time() - start) * rate) + 1)
+        if due > sent:
+            now = repr(time.perf_counter())
+            await publish([(f"s{i}", {"t": now}) for i in range(sent, due)])
+            sent = due
+        await asyncio.sleep(tick)
+    return sent
