@@ -47,6 +47,7 @@ PACKERS = {
 def bench_pack_xadd_batch(benchmark: Any, impl: str) -> None:
     commands = xadd_commands("bench", 100)
     expected = _redis_py_pack_commands(commands)
+    benchmark.extra_info["baseline"] = impl == "hiredis"  # the fastest plain packer
     assert benchmark(PACKERS[impl], commands) == expected
 
 
@@ -61,6 +62,7 @@ def _json_encode(name: str, info: dict[str, Any]) -> bytes:
 def bench_encode_inputs(benchmark: Any, impl: str) -> None:
     specs = stream_specs(100)
     fn = encode_input if impl == "lbs" else _json_encode
+    benchmark.extra_info["baseline"] = impl == "json"
     out = benchmark(lambda: [fn(n, i) for n, i in specs])
     assert out == [_json_encode(n, i) for n, i in specs]
 
@@ -75,6 +77,7 @@ def _json_decode(raw: bytes) -> tuple[str, dict[str, Any]]:
 def bench_decode_inputs(benchmark: Any, impl: str) -> None:
     raws = [encode_input(n, i) for n, i in stream_specs(100)]
     fn = decode_input if impl == "lbs" else _json_decode
+    benchmark.extra_info["baseline"] = impl == "json"
     assert benchmark(lambda: [fn(r) for r in raws]) == [_json_decode(r) for r in raws]
 
 
@@ -168,6 +171,7 @@ def bench_parse_xreadgroup(benchmark: Any, impl: str) -> None:
     raw = _xreadgroup_reply("bench", 256)
     parser = EntryParser()
     fn = _parse_lbs if impl == "lbs" else _parse_redis_py
+    benchmark.extra_info["baseline"] = impl != "lbs"
     result = benchmark(fn, raw, parser)
     assert _summary(result) == _summary(_parse_redis_py(raw, parser)) and len(result) == 256
 
@@ -254,6 +258,7 @@ EVALSHA_WRITERS = {
 def bench_evalsha_over_locks(benchmark: Any, impl: str) -> None:
     table = _held_table(_HELD)
     held = table.values()
+    benchmark.extra_info["baseline"] = impl == "redis-py"
     assert benchmark(EVALSHA_WRITERS[impl], table, held) == _evalsha_redis_py(table, held)
 
 

@@ -58,6 +58,7 @@ def bench_register(bench: Bench, impl: str) -> None:
         "redis-py one by one": one_by_one,
         "redis-py pipeline json.dumps": pipeline_json_dumps,
     }[impl]
+    bench.extra_info["baseline"] = impl == "redis-py pipeline"  # the best plain producer
     assert bench(fn, rounds=None) == N
     if fn is pipeline_json_dumps:  # what lbs consumers make of it: the same streams
         entries = bench.run(r.xrange(stream, count=N))

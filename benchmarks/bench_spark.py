@@ -77,7 +77,8 @@ def _append(r: redis.Redis, streams: list[str], rows: int, per_round: int) -> No
     pipe.execute()
 
 
-def _report(bench: Bench, rows: int) -> None:
+def _report(bench: Bench, rows: int, baseline: bool) -> None:
+    bench.extra_info["baseline"] = baseline
     stats = getattr(bench.benchmark, "stats", None)
     if stats is not None and stats.stats.min:
         bench.extra_info["rows_per_s"] = round(rows / stats.stats.min)
@@ -114,7 +115,7 @@ def bench_spark_sink(bench: Bench, spark: Any, impl: str) -> None:
     fn = plain if impl.startswith("redis-py") else with_lbs
     bench(fn, setup=clean, warmup_rounds=1)
     assert r.xlen(streams[0]) + r.xlen(streams[1]) == rows
-    _report(bench, rows)
+    _report(bench, rows, baseline=fn is plain)
 
 
 @pytest.mark.benchmark(group="spark reader: 1M rows, 2 partitions")
@@ -149,4 +150,4 @@ def bench_spark_reader(bench: Bench, spark: Any, impl: str) -> None:
 
     fn = plain if impl.startswith("redis-py") else with_lbs
     assert bench(fn, warmup_rounds=1) == rows
-    _report(bench, rows)
+    _report(bench, rows, baseline=fn is plain)

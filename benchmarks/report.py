@@ -33,7 +33,7 @@ from typing import Any
 
 #: extra_info numbers that describe the run rather than measure it (or measure what is subtracted).
 NOT_FIGURES = frozenset(
-    {"baseline", "messages", "clients", "window_s", "count", "redis_alone_cpu_us_per_s"}
+    {"baseline", "messages", "clients", "window_s", "count", "rows", "redis_alone_cpu_us_per_s"}
 )
 
 
