@@ -131,6 +131,7 @@ def bench_idle_clients(bench: Bench, impl: str, clients: int) -> None:
     fleet_per_s = max(0.0, busy.cpu / busy.seconds - alone_per_s)
     info: dict[str, Any] = bench.extra_info
     info["baseline"] = impl == BASELINE
+    info["fixed_duration"] = True
     info["clients"] = n
     info["redis_cpu_us_per_client_s"] = round(fleet_per_s / n * 1e6, 1)
     info["fleet_core_percent"] = round(fleet_per_s * 100, 2)

@@ -288,6 +288,7 @@ def bench_keyed_latency(bench: Bench, impl: str) -> None:
     bench(measured, setup=lambda: bench.service("latency"), rounds=1)
     ms = sorted(x * 1000 for x in seen)
     bench.extra_info["baseline"] = impl.startswith("redis-py")
+    bench.extra_info["fixed_duration"] = True
     bench.extra_info["messages"] = len(ms)
     bench.extra_info["p50_ms"] = round(ms[len(ms) // 2], 2)
     bench.extra_info["p99_ms"] = round(ms[int(len(ms) * 0.99)], 2)

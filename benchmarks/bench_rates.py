@@ -174,6 +174,7 @@ def bench_steady_rate(bench: Bench, impl: str, rate: int) -> None:
     ms = sorted(x * 1000 for rd in rounds for x in rd.latencies)
     info = bench.extra_info
     info["baseline"] = impl == BASELINE
+    info["fixed_duration"] = True
     info["messages"] = median.messages
     info["redis_cpu_us_per_message"] = round(median.cpu_us_per_message, 1)
     info["redis_cpu_us_per_message_rounds"] = [round(x.cpu_us_per_message, 1) for x in rounds]

@@ -9,7 +9,9 @@ plain redis-py way of doing the same work; at most one per group: a second
 one is an error). Columns:
 
 * ``median``: the median time of the rounds, and beside it the **speed** against
-  the baseline (baseline median / row median: 2.0x is twice as fast);
+  the baseline (baseline median / row median: 2.0x is twice as fast), except
+  where the benchmark runs for a set time (``extra_info["fixed_duration"]``:
+  steady rates, idle fleets, latency), whose time is no figure;
 * every number the group's rows put in ``extra_info`` (Redis CPU per message,
   per assignment or per client-second, p50/p99 latency, messages/s...), and
   beside it the row's value / the baseline's (Redis CPU 1.2x = 20 % more than
@@ -112,7 +114,9 @@ def table(group: str, rows: Sequence[dict[str, Any]], commands: bool = False) ->
         if median is None:
             cells.append("-")
         else:
-            speed = "" if is_base or not base_median else f" ({base_median / median:.2f}x)"
+            fixed = b.get("extra_info", {}).get("fixed_duration") is True
+            no_speed = is_base or fixed or not base_median
+            speed = "" if no_speed else f" ({base_median / median:.2f}x)"
             cells.append(_time(median) + speed)
         for col in columns:
             if col not in f:

@@ -34,6 +34,14 @@ def test_rows_print_beside_the_baseline_with_speed_and_figure_ratios() -> None:
     assert plain.startswith("| **plain** (baseline) | 1 s |") and "(" not in plain.split("|", 2)[2]
 
 
+def test_a_fixed_duration_row_prints_its_time_without_speed() -> None:
+    rows = [
+        _row("lbs", 10.0, p50_ms=2.0, fixed_duration=True),
+        _row("plain", 5.0, p50_ms=1.0, baseline=True),
+    ]
+    assert "| lbs | 10 s | 2 (2.00x) |" in table("g", rows)
+
+
 def test_a_group_without_baseline_prints_no_ratios_and_two_baselines_are_an_error() -> None:
     out = table("g", [_row("a", 1.0, p50_ms=2.0), _row("b", None, p50_ms=4.0)])
     assert "x)" not in out and "| b | - | 4 |" in out
