@@ -20,18 +20,11 @@ Three paths find the entries to re-queue:
   The rest are re-queued. A live consumer re-queues its own lost locks when
   its heartbeat finds them (path ``heartbeat``).
 
-  Sleeping until the earliest deadline is exact: a deadline only moves
-  forward (heartbeats, rescoring), and a consumer enters the index at now +
-  its TTL, later than this poller's next call. So a death is found at its
-  deadline, or sooner by the keyspace listener. What bounds the sleep from
-  above is the stall test (below), which reads the gap since the last call by
-  any recoverer: each poller calls at least every :meth:`Recovery.keep_alive`
-  (a quarter TTL, 2.5 s by default), and a call that finds nothing due reads
-  one ZRANGE. An idle client so polls about once per 2.5 s, not four times a
-  second. Electing one poller per service was set aside: the others would
-  still have to call to notice its death (or hear it over Pub/Sub, which the
-  listener may not have), and its death would delay every other consumer's
-  recovery by the takeover, which the stall test turns into a grace;
+  Sleeping until the earliest deadline is exact (deadlines only move forward;
+  a consumer enters at now + its TTL), and the stall test (below) bounds the
+  sleep (:meth:`Recovery.stall_ms`). Electing one poller per service was set
+  aside: the others would still call to notice its death, which would delay
+  everyone's recovery by the takeover;
 * **keyspace listener** (fast, when Redis delivers): ``expired`` events of
   this service's lock keys, on a Pub/Sub connection that is PINGed and
   replaced when it drops or goes half-open, wake the deadline poller, which
@@ -85,10 +78,8 @@ _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 
 
 def poll_wait(due: float | None, every: float, cap: float) -> float:
-    """Seconds until the next deadline poll: at the earliest deadline the last poll saw (``due``, seconds;
-    ``None``: the index was empty), a few ms late so the lock is past its PXAT too; never sooner than
-    ``every`` (``deadline_poll_interval``), never later than ``cap`` (:meth:`Recovery.keep_alive`).
-    ``every`` wins over ``cap``: a poller turned off with a huge interval stays off."""
+    """Seconds until the next poll: a few ms past the earliest deadline (``due``; ``None``: none), at
+    least ``every``, at most ``cap`` unless ``every`` is longer (a poller turned off stays off)."""
     return max(every, cap if due is None else min(cap, due + 0.002))
 
 
@@ -123,9 +114,7 @@ class Recovery(Activity):
         self.adopter = adopter
         #: Housekeeping that runs with each scan: departed consumers forgotten (``Instance.forget_departed``).
         self.sweep = sweep
-        self._next_due: float | None = (
-            None  # seconds until the earliest deadline in the index, after a poll
-        )
+        self._next_due: float | None = None  # seconds to the earliest deadline, after a poll
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
@@ -151,14 +140,13 @@ class Recovery(Activity):
     # ------------------------------------------------------------ deadlines ---
 
     async def _deadline_loop(self) -> None:
-        """Poll at the earliest deadline in the index, at least every :meth:`keep_alive` (idle: that is
-        all), never twice within ``deadline_poll_interval``; at once when the keyspace listener hears a
-        lock expire, and again at once after a poll that re-queued something: a dead holder of 100,000
-        streams is emptied ``deadline_batch`` at a time back to back, not one batch per interval."""
+        """Poll at the earliest deadline, at once when the keyspace listener hears a lock expire, and
+        again at once after a poll that re-queued something: a dead holder of 100,000 streams is
+        emptied ``deadline_batch`` at a time back to back, not one batch per interval."""
         every = self.config.deadline_poll_interval
-        cap = self.keep_alive()
+        cap = self.stall_ms() / 2000  # idle: every 2.5 s by default
         wake = self._wake
-        soon = True  # the first poll, and the one after a failure, come after the interval
+        soon = True  # the first poll and the one after a failure: after the interval
         while True:
             if not wake.is_set():
                 await wait_set(wake, every if soon else poll_wait(self._next_due, every, cap))
@@ -179,22 +167,12 @@ class Recovery(Activity):
                     self.state.log.debug("deadline poll failed: %s", exc)
 
     def stall_ms(self) -> int:
-        """A gap since the last poll (by any recoverer) longer than this means the server stalled.
-
-        Half a TTL, at least 1 s and four of our own intervals: a live holder's deadline lapses only
-        when no tick reached Redis for two thirds of a TTL, so every stall that could rob one shows.
-        """
+        """A gap since the last poll by any recoverer longer than this is a stall: half a TTL (a live
+        holder's deadline lapses after two thirds of one), at least 1 s and four of our intervals.
+        Each poller calls at least every half of it, so any one live poller keeps the gap short and a
+        death the keyspace events miss is judged at its deadline, not one grace later."""
         cfg = self.config
         return max(1000, cfg.lock_ttl_ms // 2, int(4000 * cfg.deadline_poll_interval))
-
-    def keep_alive(self) -> float:
-        """The longest pause (seconds) between two polls of this client: half of :meth:`stall_ms`.
-
-        The stall test reads the gap since the last poll by any recoverer, so each poller calls at
-        least this often even when no deadline is near; any one live poller keeps the gap under the
-        threshold, and a death the keyspace events miss is found at its deadline, not one grace later.
-        """
-        return max(self.config.deadline_poll_interval, self.stall_ms() / 2000)
 
     async def poll_deadlines(self, path: str = "deadline") -> int:
         """One poll of the deadline index; returns how many entries it adopted or re-queued.
@@ -238,7 +216,7 @@ class Recovery(Activity):
             )
 
         s.adopting += (
-            room  # promised: the reader leaves these slots alone until the adopted are held
+            room  # promised: the reader leaves these slots alone till the adopted are held
         )
         try:
             try:
@@ -301,9 +279,7 @@ class Recovery(Activity):
                 await sub.open(*patterns)
                 if not first:
                     s.hooks.metric("keyspace_listener_reconnects_total", 1)
-                    await (
-                        self.topology.check_server()
-                    )  # a restart forgets the keyspace-event setting
+                    await self.topology.check_server()  # a restart forgets the keyspace events
                 if lost_at is not None:
                     # How long recovery relied on the deadline poller and the scan alone.
                     s.hooks.metric("keyspace_listener_gap_seconds", time.monotonic() - lost_at)
@@ -336,15 +312,11 @@ class Recovery(Activity):
                     if expired is not None:
                         await self._on_expired(text(expired[prefix_len:]))
                     if now - last_ping >= ping_every:
-                        # The PONG must come back on the subscription, or the connection is half-open
-                        # (a PING every pubsub_ping_interval costs Redis about a microsecond; without
-                        # it a dead link would silently leave recovery to the poller and the scan).
+                        # The PONG must come back, or the link is half-open (about 1 µs of Redis).
                         sub.ping()
                         last_ping = now
                     if now - last_pong > 2 * ping_every:
-                        raise ConnectionError(
-                            "no PONG on the subscription: the connection is half-open"
-                        )
+                        raise ConnectionError("no PONG on the subscription: it is half-open")
                     if s.link is not link:
                         raise ConnectionError(
                             f"the slot moved to {s.link.node}: resubscribing there"
