@@ -43,6 +43,15 @@ def group_name(service: str) -> str:
     return f"{service}-group"
 
 
+def wake_group(service: str) -> str:
+    """The group a consumer waits in between reads: ``<service>-wake``.
+
+    Read only with NOACK, one entry at a time: it holds nothing, it only wakes one waiting consumer
+    per XADD (read-3.lua moves it to the stream's end whenever a read drains ``<service>-group``).
+    """
+    return f"{service}-wake"
+
+
 def hash_tag(service: str) -> str:
     return "{" + input_stream(service) + "}"
 

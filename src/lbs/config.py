@@ -80,7 +80,8 @@ class Config:
     #: Costs one ``XINFO CONSUMERS`` per read (and ``XINFO GROUPS`` when peers are idle).
     #: ``False``: every read takes up to ``read_count``.
     fair_dispatch: bool = True
-    #: How long the reader waits for new entries (``XREAD BLOCK``) after an empty read.
+    #: How long the reader waits for new entries (in the wake group) after a read that drained
+    #: the group, before it reads again anyway.
     #: Bounded, so shutdown is prompt even without cancellation.
     read_block: float = 1.0
     #: First back-off after a failed read; doubles, with jitter, up to ``read_retry_max``.

@@ -70,7 +70,7 @@ class Probe:
         life = self._life = client._life
         #: What the client's activities share; build an activity under test from it.
         self.state: ClientState = life.state
-        #: The reading task (``task``, ``blocked`` in an XREAD BLOCK, ``reply_lost``).
+        #: The reading task (``task``, ``blocked`` waiting in the wake group, ``reply_lost``).
         self.reader: Reader = life.reader
         #: The heartbeat task (``task``, ``beats``: ticks so far).
         self.heartbeat: Heartbeat = life.heartbeat

@@ -25,7 +25,7 @@ COMMANDS = (
     "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
     "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
     "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
-    "+sismember +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen"
+    "+sismember +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen +xgroup|setid"
 )
 
 #: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).

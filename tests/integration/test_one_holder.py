@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 import lbs
 from lbs._keys import (
@@ -299,12 +298,18 @@ async def test_name_keys_of_another_type_touch_nothing_of_the_name(
     ]  # left pending: the scan brings it back once fixed
     assert not await rr.exists(lock_key(service, a1), waiting_list(service, "a"))
 
+    # The waiting index is looked at only once an entry must wait: of another type, the
+    # registration that would wait is left pending as above; one whose name is free is read.
     await rr.delete(name_holder(service, "a"))
     await rr.set(waiting_key(service), "x")
-    await rr.xadd(input_stream(service), reg("b"))
-    with pytest.raises(ResponseError, match=r"LBSKEY .* not the waiting index"):
-        await read(rr, service)
-    assert not await rr.exists(name_holder(service, "b"))
+    b1 = (await rr.xadd(input_stream(service), reg("b", 1))).decode()
+    b2 = (await rr.xadd(input_stream(service), reg("b", 2))).decode()
+    ids, tokens = await read(rr, service)
+    assert ids == [b1, b2]
+    assert isinstance(tokens[0], int) and tokens[1] == f"WRONGTYPE string {waiting_key(service)}"
+    assert await rr.get(name_holder(service, "b")) == b1.encode()  # no waiter recorded
+    assert not await rr.exists(lock_key(service, b2), waiting_list(service, "b"))
+    assert await pending_ids(rr, service) == [a1, b1, b2]
 
 
 async def test_a_waiting_list_of_another_type_leaves_the_second_registration_pending(

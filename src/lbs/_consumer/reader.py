@@ -10,9 +10,14 @@ dead-lettered.
 
 After a full batch the next read is sent before the batch is handed out
 (when capacity allows both), so Redis reads and locks the next batch while
-this one is dispatched. Between empty reads the reader waits in a plain
-``XREAD BLOCK`` on its own connection, which delivers nothing and can be
-woken (CLIENT UNBLOCK) or dropped at any time.
+this one is dispatched. A read that drained the group is followed by a wait
+and a read in one write: a blocking ``XREADGROUP`` of the wake group
+(``<service>-wake``, NOACK, one entry) and the ``read-3.lua`` call behind it,
+which Redis runs the moment the wait returns. So an XADD wakes one consumer,
+which reads and locks in the same turn of the server's loop: one round trip
+per wake-up, as a plain ``XREADGROUP BLOCK`` loop has, and no read just to
+learn where the stream ends. ``CLIENT UNBLOCK`` wakes the wait at shutdown
+(the read behind it still runs, and what it takes is handed back).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from _lbscore import CommandBatch, Entry, Held
 
@@ -31,7 +36,7 @@ from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.errors import NoGroupError, classify
-from .._redis.wire import text
+from .._redis.wire import REPLY_TIMEOUT, text
 from .._waits import wait_set
 from ..notifications import Notification, NotificationType
 from .activity import Activity
@@ -39,7 +44,7 @@ from .backoff import Backoff
 from .finisher import Finisher
 from .requeue import Requeue
 from .runner import start_task
-from .state import ClientState, Link
+from .state import ClientState
 from .topology import Topology
 
 __all__ = ["Reader"]
@@ -61,10 +66,7 @@ class Reader(Activity, kind="reader"):
         #: Under run(): the runner's dispatch, which starts a handler per taken stream.
         self.dispatch: Dispatch | None = None
         self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
-        self._conn: Any = None  # the blocking XREAD's own pooled connection ...
-        self._conn_link: Link | None = None  # ... and the link whose pool it came from
-        self._client_id: int | None = None  # that connection's CLIENT ID (for CLIENT UNBLOCK)
-        #: In an XREAD BLOCK now.
+        #: In a wait of the wake group now (CLIENT UNBLOCK wakes it).
         self.blocked = False
         #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
         self.reply_lost = False
@@ -82,8 +84,9 @@ class Reader(Activity, kind="reader"):
         cfg = s.config
         failures = 0
         backoff = Backoff(cfg.read_retry_initial, cfg.read_retry_max)
-        block_ms = max(1, int(cfg.read_block * 1000))
-        top: str | None = None  # after an empty read: the newest id, to block on
+        # Within the wire's reply watchdog, with room for the read behind the wait.
+        block_ms = max(1, int(min(cfg.read_block, REPLY_TIMEOUT / 2) * 1000))
+        then = scripts.READ_AGAIN  # what the last read said to do next
         # A read sent ahead, before the previous batch was dispatched: (reply task, count asked).
         ahead: tuple[asyncio.Task[list[Any]], int] | None = None
 
@@ -102,14 +105,13 @@ class Reader(Activity, kind="reader"):
                         ahead = None
                     else:
                         free = s.free_slots()
-                        if free <= 0:
+                        if free <= 0 or then == scripts.SHARE_TAKEN:
+                            # Full, or fair dispatch left what waits to idle peers: read
+                            # again once a slot is freed (or after read_block).
+                            then = scripts.READ_AGAIN
                             freed = s.holdings.freed
                             freed.clear()
                             await wait_set(freed, cfg.read_block)
-                            continue
-                        if top is not None:
-                            wait_from, top = top, None
-                            await self._wait_for_entries(wait_from, block_ms)
                             continue
                         if self.reply_lost:
                             # The last read's reply never arrived: the entries it
@@ -118,8 +120,10 @@ class Reader(Activity, kind="reader"):
                             await self._take(self._send(s.capacity + s.read_count, "0"), "0")
                             self.reply_lost = False
                         asked = min(s.read_count, free)
-                        sent = self._send(asked, ">")
-                    top = await self._take(sent, ">", partial(read_ahead, asked=asked))
+                        wait = block_ms if then == scripts.DRAINED else 0
+                        sent = self._send(asked, ">", wait)
+                    then = scripts.READ_AGAIN
+                    then = await self._take(sent, ">", partial(read_ahead, asked=asked))
                 except asyncio.CancelledError:
                     raise
                 except ResponseError as exc:
@@ -158,11 +162,13 @@ class Reader(Activity, kind="reader"):
                 self.reply_lost = True
                 ahead[0].cancel()
 
-    def _send(self, count: int, start: str) -> asyncio.Task[list[Any]]:
+    def _send(self, count: int, start: str, wait_ms: int = 0) -> asyncio.Task[list[Any]]:
         """Send one ``read-3.lua`` call: read up to ``count`` entries and lock them.
 
-        The request is written before this returns (the task's first step
-        runs at once); the task's result is the call's reply.
+        With ``wait_ms``, a wait in the wake group (up to that long) goes
+        first in the same write, and the read runs when it returns. The
+        request is written before this returns (the task's first step runs at
+        once); the task's result is the batch's replies.
         """
         s = self.state
         n = s.names
@@ -183,11 +189,16 @@ class Reader(Activity, kind="reader"):
             n.queued_key if self.dispatch is None else "",
             n.key_prefix,
             s.config.fair_window_ms,
+            n.wake_group if start == ">" else "",
         )
 
         def build(b: CommandBatch) -> None:
+            if wait_ms:
+                scripts.wake_read(b, n.stream_key, n.wake_group, wait_ms)
             scripts.read(b, *args)
 
+        # Before sending: sending can yield, and stop() must see that a wait is under way.
+        self.blocked = wait_ms > 0
         # Re-reading our own pending entries ("0") takes nothing: safe to send twice.
         task = start_task(
             asyncio.get_running_loop(),
@@ -203,30 +214,42 @@ class Reader(Activity, kind="reader"):
         sent: asyncio.Task[list[Any]],
         start: str,
         before_dispatch: Callable[[int], None] | None = None,
-    ) -> str | None:
-        """Take the reply of a :meth:`_send`: its entries become held streams.
+    ) -> bytes:
+        """Take the replies of a :meth:`_send`: its entries become held streams.
 
-        Returns the id to block on when nothing was read, else None.
-        ``before_dispatch(n)`` runs once ``n`` entries are in, before they
-        are handed out (to send the next read).
+        Returns what to do next (``scripts.READ_AGAIN``, ``DRAINED``,
+        ``SHARE_TAKEN``). ``before_dispatch(n)`` runs once ``n`` entries are
+        in, before they are handed out (to send the next read).
         """
+        waited = False
         try:
             try:
-                (reply,) = await sent
+                replies = await sent
             except BaseException:
                 # Wire returns server errors as values: anything raised here (I/O,
                 # cancellation) may have lost a reply whose locks are now ours.
                 self.reply_lost = True
                 raise
+            finally:
+                self.blocked = False
+            reply = replies[-1]
+            waited = len(replies) > 1
+            if isinstance(reply, NoScriptError) and waited:
+                # The wait ran, the read did not (a SCRIPT FLUSH, a failover): load and read again.
+                await self.state.link.read.load_scripts()
+                return scripts.READ_AGAIN
             if isinstance(reply, Exception):
                 raise reply
-            raw_entries, tokens, top = reply
-            if not raw_entries:
-                return text(top) or "0-0"
-            if before_dispatch is not None:
-                before_dispatch(len(raw_entries))
-            await self._hand_out(raw_entries, tokens, start)
-            return None
+            raw_entries, tokens, then = reply
+            if raw_entries:
+                if before_dispatch is not None:
+                    before_dispatch(len(raw_entries))
+                await self._hand_out(raw_entries, tokens, start)
+            if waited and isinstance(replies[0], Exception):
+                raise replies[
+                    0
+                ]  # the wait failed (NOGROUP: the wake group is gone), the read did not
+            return bytes(then)
         finally:
             self._reads.pop(sent, None)
 
@@ -382,39 +405,6 @@ class Reader(Activity, kind="reader"):
             return int(token)
         return value
 
-    async def _wait_for_entries(self, after: str, block_ms: int) -> None:
-        """``XREAD BLOCK`` on the reader's own connection until an entry newer than ``after`` exists."""
-        s = self.state
-        link = s.link
-        if (
-            self._conn_link is not link
-        ):  # first use, or the slot moved: a connection of the new owner
-            self._conn, self._conn_link, self._client_id = None, link, None
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = await link.redis.connection_pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            if not conn.is_connected or self._client_id is None:
-                await conn.connect()
-                await conn.send_command("CLIENT", "ID")
-                self._client_id = int(await conn.read_response())
-            if s.stopping.is_set():
-                return
-            self.blocked = True  # before sending: sending can yield, and stop() must see it
-            try:
-                await conn.send_command(
-                    "XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", s.names.stream_key, after
-                )
-                await conn.read_response()
-            finally:
-                self.blocked = False
-        except ResponseError:
-            raise  # a server error reply: the connection is fine
-        except BaseException:
-            self._client_id = None
-            await conn.disconnect()
-            raise
-
     async def _failed(self, exc: BaseException, failures: int, backoff: Backoff) -> bool:
         """Back off after a failed read; False when the reader gives up."""
         s = self.state
@@ -436,10 +426,11 @@ class Reader(Activity, kind="reader"):
     async def stop(self) -> None:
         """End the reader without losing a read batch (``state.stopping`` must be set).
 
-        A blocked XREAD is woken with CLIENT UNBLOCK (it returns as if it
-        timed out), and a reader busy taking locks finishes that batch, so
-        every entry it read is either held (and handed back) or untouched.
-        Cancelling is the last resort, after one more read_block.
+        A wait in the wake group is woken with CLIENT UNBLOCK (it returns as
+        if it timed out; the read behind it runs), and a reader busy taking
+        locks finishes that batch, so every entry it read is either held (and
+        handed back) or untouched. Cancelling is the last resort, after one
+        more read_block.
         """
         task = self.task
         if task is None:
@@ -449,11 +440,12 @@ class Reader(Activity, kind="reader"):
         give_up = loop.time() + s.config.read_block + 1.0
         unblock = True
         while not task.done():
-            if self.blocked and self._client_id is not None and unblock:
-                # Sent again until the reader leaves its XREAD: an UNBLOCK that
-                # overtakes the XREAD it is meant for finds nothing to wake.
+            client_id = s.link.read.client_id
+            if self.blocked and client_id is not None and unblock:
+                # Sent again until the reader's wait returns: an UNBLOCK that
+                # overtakes the wait it is meant for finds nothing to wake.
                 try:
-                    await s.link.redis.client_unblock(self._client_id)
+                    await s.link.redis.client_unblock(client_id)
                 except RedisError as exc:
                     unblock = False
                     s.log.debug(
@@ -465,6 +457,3 @@ class Reader(Activity, kind="reader"):
             await asyncio.wait([task], timeout=0.005)
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: the reader logs its own failures
-        if self._conn is not None and self._conn_link is not None:
-            await self._conn_link.redis.connection_pool.release(self._conn)
-            self._conn = None

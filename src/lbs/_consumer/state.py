@@ -78,6 +78,8 @@ class Names:
     key_prefix: str
     #: ``{<service>-input}:queued:``; a consumer's queued set is this plus its id.
     queued_prefix: str
+    #: ``<service>-wake``: the group the reader waits in between reads (lbs._keys.wake_group).
+    wake_group: str
 
     @property
     def queued_key(self) -> str:
@@ -107,6 +109,7 @@ class Names:
             _keys.lock_key(service, "").encode(),
             _keys.key_prefix(service),
             _keys.queued_prefix(service),
+            _keys.wake_group(service),
         )
 
 
@@ -123,7 +126,7 @@ class Link:
         self.node = node
         sources = scripts.sources()
         #: The hot paths' own held connections: read-and-lock, finish, heartbeat.
-        self.read = Wire(redis, sources)
+        self.read = Wire(redis, sources, track_id=True)
         self.done = Wire(redis, sources)
         self.beat = Wire(redis, sources)
         #: Occasional scripts (re-queue, reap, leave): a pool connection per batch.

@@ -164,13 +164,13 @@ def server_name(info: Mapping[str, Any]) -> tuple[str, str]:
     return "Redis", str(info.get("redis_version", ""))
 
 
-async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> bool:
+async def ensure_group(redis: aioredis.Redis, stream: str, group: str, *, at: str = "0") -> bool:
     """Create ``group`` on ``stream`` (and the stream) unless it exists; whether this call created it.
 
-    Id 0, not $: entries added before any consumer existed are delivered.
+    Id 0 unless ``at`` says otherwise, not $: entries added before any consumer existed are delivered.
     """
     try:
-        await replied(redis.xgroup_create(stream, group, id="0", mkstream=True))
+        await replied(redis.xgroup_create(stream, group, id=at, mkstream=True))
     except BusyGroupError:
         return False
     return True

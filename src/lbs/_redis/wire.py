@@ -95,13 +95,26 @@ class Wire:
     with a doubling pause up to a second, until Redis has loaded. A LOADING
     reply among others is a ``redis.exceptions.BusyLoadingError``, a
     ``ConnectionError`` for the callers' retry loops.
+
+    With ``track_id`` the wire asks each connection it opens for its
+    ``CLIENT ID`` (before any batch is written on it), kept in
+    :attr:`client_id`: what ``CLIENT UNBLOCK`` needs to wake a batch that
+    blocks (the reader's wait in the wake group).
     """
 
     def __init__(
-        self, redis: aioredis.Redis, scripts: Sequence[str] = (), *, hold: bool = True
+        self,
+        redis: aioredis.Redis,
+        scripts: Sequence[str] = (),
+        *,
+        hold: bool = True,
+        track_id: bool = False,
     ) -> None:
         self._pool = redis.connection_pool
         self._hold = hold
+        self._track_id = track_id
+        #: The CLIENT ID of the connection batches go out on (``track_id``), None before the first.
+        self.client_id: int | None = None
         self._redis = redis
         self._scripts = list(scripts)
         self._conn: Any = None
@@ -197,7 +210,11 @@ class Wire:
                 self._reader = None
                 await conn.disconnect()
             if not conn.is_connected or self._reader is None:
+                self.client_id = None
                 await conn.connect()
+                if self._track_id:
+                    await conn.send_command("CLIENT", "ID")
+                    self.client_id = int(await conn.read_response())
                 self._reader = RespReader(reply_error)
             writer, stream = conn._writer, conn._reader
             # The watchdog: nothing written and answered within REPLY_TIMEOUT, the connection is aborted

@@ -18,12 +18,12 @@
 local TWO53 = 9007199254740992
 
 local function fence_check(key, count)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'none' then return nil, false end
-  if kind ~= 'string' then
-    return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. kind .. ', not the fencing counter')
+  local v = redis.pcall('GET', key)  -- one call: the type is asked only when it is wrong
+  if type(v) == 'table' then
+    return redis.error_reply('LBSKEY ' .. key .. ' holds a ' .. redis.call('TYPE', key)['ok'] ..
+                             ', not the fencing counter')
   end
-  local v = redis.call('GET', key)
+  if not v then return nil, false end
   if not (v == '0' or string.match(v, '^[1-9]%d*$')) then
     return redis.error_reply('LBSKEY ' .. key ..
                              ' holds a string that is not a plain decimal integer, not the fencing counter')

@@ -85,22 +85,32 @@
            waits). What waits is the group's lag (XINFO GROUPS), or, when
            Redis has none (an entry not yet read was deleted), counted with
            XRANGE up to COUNT x (idle peers + 1). "" or absent: COUNT.
+           A consumer with nothing pending has a share of at least one
+           whatever its peers do: it reads one entry first and counts the
+           share (XINFO CONSUMERS, a reply as long as the group's consumer
+           list) only when more wait, so a read at a low rate costs one
+           XPENDING of its own list and one XRANGE instead.
+  ARGV[14] optional, with ">": the service's wake group (<service>-wake,
+           created with the group, read only with NOACK). When this read
+           drains the group, its last-delivered id is set to $ (XGROUP
+           SETID; a missing wake group is left to the client's wake read,
+           which reports NOGROUP). "" or absent: not touched.
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing and returns
   the error "LBSKEY <key name> <what is wrong>":
-    * KEYS[1] does not exist or is a stream;
+    * KEYS[1] does not exist or is a stream (on the ">" path XREADGROUP's
+      own first check: its WRONGTYPE becomes this error);
     * KEYS[2] does not exist, or is a string holding a plain decimal
       integer ("0" or digits without a leading zero, which INCRBY would
       refuse; at most 16 digits, as a seed from the clock has 16) whose
       value + COUNT stays below 2^53 (9007199254740992): Lua numbers are
       doubles, and a token past 2^53 would lose precision;
     * KEYS[3] does not exist or is a sorted set;
-    * ARGV[11], when given, does not exist or is a set;
-    * with ARGV[12], the waiting index ARGV[12] .. "waiting" does not exist
-      or is a sorted set.
-  A name's holder key or waiting list of another type (only known once the
-  entry is read) makes that entry's token "WRONGTYPE <type> <key>": no lock
+    * ARGV[11], when given, does not exist or is a set.
+  A name's holder key, waiting list or the waiting index ARGV[12] ..
+  "waiting" of another type (only looked at once an entry must wait) makes
+  that entry's token "WRONGTYPE <type> <key>": no lock
   is taken, nothing of its name is written, it stays pending (the scan
   brings it back once the key is removed), as with a lock key of another
   type.
@@ -123,13 +133,27 @@
              Re-reading ("0") takes no lock: it reports each lock's value,
              "" for none, or "WRONGTYPE <type>", so the client adopts the
              locks a lost reply had taken for it.
-    top      when nothing was read: the id of the stream's newest entry ("0-0"
-             when empty). XREAD BLOCK ... STREAMS <LBS> <top> wakes exactly
-             when a newer entry arrives, which is the next one to deliver.
+    state    what the reader does next:
+               * "" (a ">" read of COUNT entries, or a re-read): read again
+                 at once, more may wait;
+               * "drained": the group has nothing more to deliver now (the
+                 XREADGROUP gave fewer than COUNT). With ARGV[14] the wake
+                 group's last-delivered id is moved to the stream's end
+                 ($), so a wake read blocks until the next XADD;
+               * "share": fair dispatch (ARGV[13]) left what waits to idle
+                 peers; read again once something is freed, or after
+                 read_block.
 
-  XREADGROUP runs without BLOCK (scripts cannot block); the client waits
-  with XREAD BLOCK between empty reads. Tokens come from one INCRBY per
-  batch, so they are unique and only grow across every consumer.
+  XREADGROUP runs without BLOCK (scripts cannot block). Between reads that
+  drained the group the client sends, in one write, a blocking read of the
+  wake group (ARGV[14]: XREADGROUP GROUP <wake> ... COUNT 1 BLOCK <ms>
+  NOACK STREAMS <LBS> >) and then this script: Redis runs the script the
+  moment the blocking read returns (a client's later commands wait while it
+  is blocked), so an XADD wakes one consumer, which reads and locks in the
+  same turn of the server's loop; no entry is ever delivered in the group
+  without its lock. The wake group's reply is ignored: it only wakes.
+  Tokens come from one INCRBY per batch, so they are unique and only grow
+  across every consumer.
 
   Events: none besides the keys it writes.
 ]]
@@ -154,38 +178,53 @@ if not positive(ARGV[4]) then
 end
 local count, ttl = tonumber(ARGV[3]), ARGV[4]
 local ttl_ms = tonumber(ttl)
-local misfits = misfit(KEYS[1], 'stream', 'the load-balancer stream')
-if misfits then return redis.error_reply(misfits) end
-local fence_error, fence_exists = fence_check(KEYS[2], count)
-if fence_error then return fence_error end
 -- The queued set (ARGV[11]): only new entries (">") are ever added.
 local queued = ARGV[6] == '>' and ARGV[11] and ARGV[11] ~= '' and ARGV[11] or nil
 -- One holder per name (ARGV[12]): the waiting index.
 local prefix = ARGV[6] == '>' and ARGV[12] and ARGV[12] ~= '' and ARGV[12] or nil
 local index = prefix and prefix .. 'waiting'
-misfits = misfit(KEYS[3], 'zset', 'the consumer deadline index') or misfit(queued, 'set', 'a queued set')
-           or misfit(index, 'zset', 'the waiting index')
+-- The checks cost one call per key: the LBS's type is XREADGROUP's own first check (see
+-- read_group), the counter's and the index's are a GET and a ZSCORE that fail on another type,
+-- and the waiting index is looked at only when an entry must wait.
+local misfits
+if ARGV[6] ~= '>' then
+  misfits = misfit(KEYS[1], 'stream', 'the load-balancer stream')
+  if misfits then return redis.error_reply(misfits) end
+end
+local fence_error, fence_exists = fence_check(KEYS[2], count)
+if fence_error then return fence_error end
+local indexed = redis.pcall('ZSCORE', KEYS[3], ARGV[2])  -- this consumer's deadline, false if absent
+if type(indexed) == 'table' then
+  return redis.error_reply((misfit(KEYS[3], 'zset', 'the consumer deadline index')))
+end
+misfits = misfit(queued, 'set', 'a queued set')
 if misfits then return redis.error_reply(misfits) end
 
 -- Permissions: a user allowed to read but not to take the locks would get
--- entries delivered with no lock, so every later write is checked first.
+-- entries delivered with no lock, so every later write is checked first
+-- (one check per command, no table built: this runs on every read).
+local function denied(what)
+  return redis.error_reply('NOPERM lbs read-3: this user may not run ' .. what .. '; nothing was read')
+end
 if ARGV[6] == '>' then
-  local writes = {{'TIME'}, {'SET', KEYS[2], '1'}, {'INCRBY', KEYS[2], '1'},
-                  {'SET', ARGV[5] .. '0-1', '1', 'NX', 'PXAT', '1'}, {'ZADD', KEYS[3], 'NX', '1', ARGV[2]}}
-  if queued then
-    writes[#writes + 1] = {'SADD', queued, '0-1'}
+  local lock = ARGV[5] .. '0-1'
+  if not redis.acl_check_cmd('TIME') then return denied('TIME') end
+  if not redis.acl_check_cmd('SET', KEYS[2], '1') then return denied('SET on ' .. KEYS[2]) end
+  if not redis.acl_check_cmd('INCRBY', KEYS[2], '1') then return denied('INCRBY on ' .. KEYS[2]) end
+  if not redis.acl_check_cmd('SET', lock, '1', 'NX', 'PXAT', '1') then return denied('SET on ' .. lock) end
+  if not redis.acl_check_cmd('ZADD', KEYS[3], 'NX', '1', ARGV[2]) then return denied('ZADD on ' .. KEYS[3]) end
+  if queued and not redis.acl_check_cmd('SADD', queued, '0-1') then return denied('SADD on ' .. queued) end
+  if ARGV[14] and ARGV[14] ~= '' and not redis.acl_check_cmd('XGROUP', 'SETID', KEYS[1], ARGV[14], '$') then
+    return denied('XGROUP SETID on ' .. KEYS[1])
   end
   if prefix then
-    writes[#writes + 1] = {'SET', prefix .. 'name:x', '1', 'NX', 'GET'}
-    writes[#writes + 1] = {'XACK', KEYS[1], ARGV[1], '0-1'}
-    writes[#writes + 1] = {'RPUSH', prefix .. 'waiting:x', '0-1'}
-    writes[#writes + 1] = {'ZADD', index, 'NX', '1', 'x'}
-  end
-  for _, cmd in ipairs(writes) do
-    if not redis.acl_check_cmd(unpack(cmd)) then
-      return redis.error_reply('NOPERM lbs read-3: this user may not run ' .. cmd[1] ..
-                               (cmd[2] and (' on ' .. cmd[2]) or '') .. '; nothing was read')
+    local name = prefix .. 'name:x'
+    if not redis.acl_check_cmd('SET', name, '1', 'NX', 'GET') then return denied('SET on ' .. name) end
+    if not redis.acl_check_cmd('XACK', KEYS[1], ARGV[1], '0-1') then return denied('XACK on ' .. KEYS[1]) end
+    if not redis.acl_check_cmd('RPUSH', prefix .. 'waiting:x', '0-1') then
+      return denied('RPUSH on ' .. prefix .. 'waiting:x')
     end
+    if not redis.acl_check_cmd('ZADD', index, 'NX', '1', 'x') then return denied('ZADD on ' .. index) end
   end
 end
 
@@ -203,10 +242,11 @@ local function lock_value(lock)
   return v or ''
 end
 
--- Nothing read: the reply says where to block (the newest entry's id, "0-0" for an empty stream).
-local function nothing_read()
-  local newest = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-  return {{}, {}, newest[1] and newest[1][1] or '0-0'}
+-- The group is drained: the wake group's next read blocks until an XADD (ARGV[14]).
+local wake = ARGV[6] == '>' and ARGV[14] and ARGV[14] ~= '' and ARGV[14] or nil
+local function drained()
+  if wake then redis.pcall('XGROUP', 'SETID', KEYS[1], wake, '$') end
+  return 'drained'
 end
 
 -- Fair dispatch (ARGV[13]): no more than this consumer's share while live peers hold less.
@@ -242,30 +282,73 @@ local function fair_count(window)
   if waiting == 0 then return count end  -- nothing to share (the read still registers this consumer)
   return math.max(0, math.min(count, math.ceil((waiting + mine) / (idle + 1)) - mine))
 end
-if ARGV[6] == '>' and ARGV[13] and ARGV[13] ~= '' then
-  count = fair_count(tonumber(ARGV[13]))
-  if count == 0 then return nothing_read() end
+-- XREADGROUP ... COUNT `c`: the entries, or an error reply to return (its first check is the
+-- LBS's type, so a refusal has written nothing).
+local function read_group(c)
+  local reply
+  if ARGV[7] and ARGV[7] ~= '' then
+    reply = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', c, 'CLAIM', ARGV[7],
+                        'STREAMS', KEYS[1], '>')
+  else
+    reply = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', c, 'STREAMS', KEYS[1], '>')
+  end
+  if type(reply) == 'table' and reply.err then
+    if string.sub(reply.err, 1, 9) == 'WRONGTYPE' then
+      return nil, redis.error_reply((misfit(KEYS[1], 'stream', 'the load-balancer stream')))
+    end
+    return nil, reply
+  end
+  return reply and reply[1] and reply[1][2] or {}
 end
 
-local reply
-local entries
-if ARGV[6] ~= '>' then
-  -- Our own pending entries, as XREADGROUP's history would list them (a deleted one with no fields).
-  entries = {}
-  for i, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', count, ARGV[2])) do
-    entries[i] = redis.call('XRANGE', KEYS[1], row[1], row[1])[1] or {row[1], false}
+local asked, dry = count, false  -- dry: the group has nothing more to deliver
+local entries, failed
+local fair = ARGV[6] == '>' and ARGV[13] and ARGV[13] ~= '' and tonumber(ARGV[13])
+if fair and not (ARGV[7] and ARGV[7] ~= '') and
+   not redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])[1] then
+  -- Nothing pending to this consumer, so one entry is within its share whatever its peers
+  -- do: read one, and count the share (XINFO) only when more wait. At low rates that is every
+  -- read, and XINFO CONSUMERS costs as much as the rest of the call.
+  entries, failed = read_group(1)
+  if failed then return failed end
+  dry = #entries == 0 or (count > 1 and not redis.call('XRANGE', KEYS[1], '(' .. entries[1][1], '+', 'COUNT', 1)[1])
+  if not dry and count > 1 then
+    local more = math.min(asked - 1, fair_count(fair))  -- the share left, the one just taken counted
+    count = 1 + more
+    if more > 0 then
+      local rest
+      rest, failed = read_group(more)
+      if failed then return failed end
+      dry = #rest < more
+      for i = 1, #rest do entries[#entries + 1] = rest[i] end
+    end
   end
 else
-  if ARGV[7] and ARGV[7] ~= '' then
-    reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'CLAIM', ARGV[7],
-                       'STREAMS', KEYS[1], '>')
-  else
-    reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', KEYS[1], '>')
+  if fair then
+    count = fair_count(fair)
+    if count == 0 then return {{}, {}, 'share'} end
   end
-  entries = reply and reply[1] and reply[1][2] or {}
+  if ARGV[6] ~= '>' then
+    -- Our own pending entries, as XREADGROUP's history would list them (a deleted one with no fields).
+    entries = {}
+    for i, row in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', count, ARGV[2])) do
+      entries[i] = redis.call('XRANGE', KEYS[1], row[1], row[1])[1] or {row[1], false}
+    end
+  else
+    entries, failed = read_group(count)
+    if failed then return failed end
+    dry = #entries < count
+  end
+end
+-- What the reader does next (see Output).
+local function state()
+  if ARGV[6] ~= '>' then return '' end
+  if dry then return drained() end
+  if count < asked then return 'share' end
+  return ''
 end
 local n = #entries
-if n == 0 then return nothing_read() end
+if n == 0 then return {{}, {}, state()} end
 local tokens, taken = {}, false
 if ARGV[6] ~= '>' then
   -- Re-reading our own pending entries: report their locks, take none.
@@ -319,6 +402,7 @@ local function names_at_once()
   end
   return true
 end
+local index_kind  -- the waiting index's type, asked when an entry must wait
 if prefix and not names_at_once() then
   for i = 1, n do
     local e = entries[i]
@@ -334,8 +418,11 @@ if prefix and not names_at_once() then
           if h ~= '' and name_pending(KEYS[1], ARGV[1], h) then
             local wkey = prefix .. 'waiting:' .. name
             local kind = key_type(wkey)
+            if index_kind == nil then index_kind = key_type(index) end
             if kind ~= 'none' and kind ~= 'list' then
               preset[i] = 'WRONGTYPE ' .. kind .. ' ' .. wkey
+            elseif index_kind ~= 'none' and index_kind ~= 'zset' then
+              preset[i] = 'WRONGTYPE ' .. index_kind .. ' ' .. index
             else
               redis.call('XACK', KEYS[1], ARGV[1], id)
               redis.call('RPUSH', wkey, id)
@@ -392,7 +479,7 @@ if msetex then
 else
   lock_each(1, #todo)
 end
-if taken then
+if taken and not indexed then
   redis.call('ZADD', KEYS[3], 'NX', deadline, ARGV[2])
 end
 if queued then
@@ -408,4 +495,4 @@ if queued then
     redis.call('SADD', queued, unpack(held, s, math.min(s + 499, #held)))
   end
 end
-return {entries, tokens, ''}
+return {entries, tokens, state()}
