@@ -77,7 +77,9 @@ class Config:
     #: share of what waits (``ceil((waiting + held) / (idle peers + 1)) - held``), so a few long
     #: registrations spread over idle consumers instead of going to the first that reads. A
     #: consumer that has taken its share reads again after ``read_block`` or when more arrives.
-    #: Costs one ``XINFO CONSUMERS`` per read (and ``XINFO GROUPS`` when peers are idle).
+    #: Costs one ``XINFO GROUPS`` per read, and ``XINFO CONSUMERS`` (an ``EXISTS`` per idle peer)
+    #: only when entries wait; a consumer with nothing pending reads one entry first and counts
+    #: its share only when more wait.
     #: ``False``: every read takes up to ``read_count``.
     fair_dispatch: bool = True
     #: How long the reader waits for new entries (in the wake group) after a read that drained

@@ -81,11 +81,12 @@
            and entries wait, this read takes no more than this consumer's
            share: ceil((entries waiting + what it holds) / (idle peers +
            1)) less what it holds, at most COUNT. A share already taken
-           reads nothing (the reply says where to block, as when nothing
-           waits). What waits is the group's lag (XINFO GROUPS), or, when
-           Redis has none (an entry not yet read was deleted), counted with
-           XRANGE up to COUNT x (idle peers + 1). "" or absent: COUNT.
-           A consumer with nothing pending has a share of at least one
+           reads nothing (state "share"). What waits is the group's lag
+           (XINFO GROUPS, read first: when nothing waits the consumer list
+           is not read), or, when Redis has none (an entry not yet read was
+           deleted), counted with XRANGE up to COUNT x (idle peers + 1).
+           "" or absent: COUNT.
+           Without CLAIM, a consumer with nothing pending has a share of at least one
            whatever its peers do: it reads one entry first and counts the
            share (XINFO CONSUMERS, a reply as long as the group's consumer
            list) only when more wait, so a read at a low rate costs one
@@ -256,8 +257,19 @@ local function field_of(flat, name)
   end
 end
 local function fair_count(window)
+  -- What waits first (XINFO GROUPS, as long as the group list): nothing waits, nothing to share,
+  -- and the consumer list (as long as the fleet, with an EXISTS per idle peer) is not read.
+  local waiting, last
+  local groups = redis.pcall('XINFO', 'GROUPS', KEYS[1])
+  if type(groups) ~= 'table' or groups.err then return count end  -- no stream: XREADGROUP says so
+  for _, g in ipairs(groups) do
+    if field_of(g, 'name') == ARGV[1] then
+      waiting, last = tonumber(field_of(g, 'lag')), field_of(g, 'last-delivered-id')
+    end
+  end
+  if waiting == 0 or not last then return count end  -- nothing to share, or no group
   local peers = redis.pcall('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
-  if type(peers) ~= 'table' or peers.err then return count end  -- no group: XREADGROUP says so
+  if type(peers) ~= 'table' or peers.err then return count end
   local idle, mine = 0, 0
   for _, c in ipairs(peers) do
     local name, pending = field_of(c, 'name'), tonumber(field_of(c, 'pending')) or 0
@@ -269,19 +281,13 @@ local function fair_count(window)
     end
   end
   if idle == 0 then return count end
-  local waiting = 0
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-    if field_of(g, 'name') == ARGV[1] then
-      waiting = tonumber(field_of(g, 'lag'))
-      if not waiting then
-        local last = field_of(g, 'last-delivered-id')
-        waiting = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', count * (idle + 1))
-      end
-    end
+  if not waiting then  -- Redis cannot tell the lag (an entry not yet read was deleted): count it
+    waiting = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', count * (idle + 1))
   end
   if waiting == 0 then return count end  -- nothing to share (the read still registers this consumer)
   return math.max(0, math.min(count, math.ceil((waiting + mine) / (idle + 1)) - mine))
 end
+
 -- XREADGROUP ... COUNT `c`: the entries, or an error reply to return (its first check is the
 -- LBS's type, so a refusal has written nothing).
 local function read_group(c)
