@@ -27,11 +27,12 @@ from lbs._keys import (
     instance_key,
     key_prefix,
     lock_key,
+    name_holder,
     queued_prefix,
     reaped_key,
     waiting_key,
 )
-from lbs._redis.scripts import source
+from lbs._redis.scripts import done_codes, source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,8 +97,9 @@ async def done(
     """One done-n.lua call; with ``names`` (each lock's DataStreamName) it releases them."""
     keys = [input_stream(service)] + [lock_key(service, i) for i, _ in locks]
     args = [group_name(service), xackdel, retry, key_prefix(service) if names else "", ""]
-    args += [v for _, v in locks] + [i for i, _ in locks] + (names or [""] * len(locks))
-    return await r.eval(source("done-n"), len(keys), *keys, *args)
+    holders = [name_holder(service, n) if n else "" for n in names or [""] * len(locks)]
+    args += [v for _, v in locks] + [i for i, _ in locks] + holders
+    return done_codes(await r.eval(source("done-n"), len(keys), *keys, *args))
 
 
 async def extend(
