@@ -23,7 +23,7 @@
                    that no key is built here per entry
 
   Beside a Go reference client v0.4 fleet (Config.go_compatible) ARGV[5]
-  is our consumer name and, after the names, come each entry's Go-style
+  is our consumer name and, after the name holder keys, come each entry's Go-style
   lock key ("<DataStreamName><MUTEX_KEY_SEP><entry id>", no hash tag:
   single Redis only, as the Go client is): 4n + 5 arguments. Then an entry whose
   lock is ours but that is no longer pending under that name, or whose
