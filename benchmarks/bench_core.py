@@ -206,7 +206,8 @@ def _held_table(n: int) -> Any:
     return table
 
 
-def _evalsha_redis_py(table: Any, held: list[Any]) -> bytes:
+def _evalsha_redis_py(table: Any, held: list[Any], extend: bool = False) -> bytes:
+    # extend: extend-n.lua's layout, the refresh flags ("": every entry) between values and ids.
     return _redis_py_pack_commands(
         [
             (
@@ -217,6 +218,7 @@ def _evalsha_redis_py(table: Any, held: list[Any]) -> bytes:
                 *(h.lock_key for h in held),
                 *_ARGS,
                 *(h.value for h in held),
+                *([""] if extend else []),
                 *(h.entry_id for h in held),
             )
         ]
@@ -259,7 +261,8 @@ def bench_evalsha_over_locks(benchmark: Any, impl: str) -> None:
     table = _held_table(_HELD)
     held = table.values()
     benchmark.extra_info["baseline"] = impl == "redis-py"
-    assert benchmark(EVALSHA_WRITERS[impl], table, held) == _evalsha_redis_py(table, held)
+    expected = _evalsha_redis_py(table, held, extend=impl == "lbs encode_extend")
+    assert benchmark(EVALSHA_WRITERS[impl], table, held) == expected
 
 
 @pytest.mark.benchmark(group=f"hold {_HELD} streams")

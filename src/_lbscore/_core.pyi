@@ -171,6 +171,8 @@ class CommandBatch:
         values: list[_Encodable] | None = None,
         append_ids: bool = True,
         tail: list[_Encodable] | None = None,
+        names: list[str] | None = None,
+        name_prefix: bytes = b"",
     ) -> None: ...
 
 class Shape:

@@ -319,22 +319,23 @@ cdef class HeldTable:
         """Append ``extend-n.lua``'s EVALSHA for ``held[start:stop]`` to ``batch``.
 
         KEYS are ``head_keys`` then each record's lock key; ARGV are
-        ``head_args``, then each record's lock value, then each entry id:
-        the layout of ``evalsha_locks``, written from the records without a
-        per-stream Python object. ``held`` is a snapshot (:meth:`values`),
-        so the script's 1-based output positions map to ``held[start + p - 1]``.
+        ``head_args``, then each record's lock value, then the refresh flags,
+        then the entry ids of the flagged records (only those), written from
+        the records without a per-stream Python object. ``held`` is a
+        snapshot (:meth:`values`), so the script's 1-based output positions
+        map to ``held[start + p - 1]``.
 
-        With ``refresh_every`` > 1 one more ARGV follows: a flag per record
-        ("1"/"0"), set for the records whose token % refresh_every equals
-        ``phase``: only their pending idle time is refreshed this tick, so
-        each record's is refreshed every ``refresh_every`` ticks.
+        With ``refresh_every`` 1 the flags are "" (every record, so every
+        id follows); with more, one flag per record ("1"/"0"), set for the
+        records whose token % refresh_every equals ``phase``: only their
+        pending idle time is refreshed this tick (and only their ids sent),
+        so each record's is refreshed every ``refresh_every`` ticks.
 
-        With ``go_sep`` (``Config.go_compatible``) the flags always follow
-        ("" for all records when ``refresh_every`` is 1), then ``go_ttl_ms``,
+        With ``go_sep`` (``Config.go_compatible``) ``go_ttl_ms`` follows,
         then each record's Go-style lock key, ``<stream><go_sep><entry id>``.
         """
         cdef WriteBuffer buf = batch.buffer()
-        cdef Py_ssize_t n, i, idn
+        cdef Py_ssize_t n, i, idn, m
         cdef Held h
         cdef const char *idp
         cdef bytes part
@@ -346,26 +347,33 @@ cdef class HeldTable:
         if refresh_every < 1:
             raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
         cdef bint go = go_sep is not None
+        m = n
+        if refresh_every > 1:
+            m = 0
+            for i in range(start, stop):
+                if (<Held?>held[i]).token % refresh_every == phase:
+                    m += 1
         evalsha_over_locks(buf, sha, head_keys, None, held, start, stop,
-                           len(head_args) + 2 * n + (refresh_every > 1 or go) + (n + 1 if go else 0))
+                           len(head_args) + n + 1 + m + (n + 1 if go else 0))
         for a in head_args:
             pack_arg(buf, a)
         for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
             h = <Held?>held[i]
             part = h.lock_value_suffix()
             buf.write_bulk2(digits, format_int64(h.token, digits), PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
-        for i in range(start, stop):  # the entry ids
-            h = <Held?>held[i]
-            idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
-            buf.write_bulk(idp, idn)
-        if refresh_every > 1:
+        if refresh_every > 1:  # the flags
             buf.write_len_header(c'$', n)
             for i in range(start, stop):
                 h = <Held>held[i]
                 buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
             buf.write(b"\r\n", 2)
-        elif go:
+        else:
             buf.write_bulk(b"", 0)
+        for i in range(start, stop):  # the flagged records' entry ids
+            h = <Held>held[i]
+            if refresh_every == 1 or h.token % refresh_every == phase:
+                idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
+                buf.write_bulk(idp, idn)
         if go:
             pack_arg(buf, go_ttl_ms)
             for i in range(start, stop):  # the Go-style lock keys

@@ -78,24 +78,33 @@ cdef class CommandBatch:
         self._count += 1
 
     def evalsha_locks(self, sha, tuple head_keys, bytes lock_prefix not None, list entry_ids not None,
-                      tuple head_args, list values=None, bint append_ids=True, list tail=None):
+                      tuple head_args, list values=None, bint append_ids=True, list tail=None,
+                      list names=None, bytes name_prefix not None=b""):
         """Append ``EVALSHA sha numkeys KEYS... ARGV...`` for a batch of locks.
 
         KEYS are ``head_keys`` then ``lock_prefix + id`` per entry id; ARGV
         are ``head_args``, then ``values`` (one per entry, when given), then
-        the entry ids themselves when ``append_ids``, then ``tail`` (any
-        length, when given).
+        the entry ids themselves when ``append_ids``, then ``names`` (one per
+        entry, when given) each written as ``name_prefix + name`` ("" for an
+        empty name), then ``tail`` (any length, when given).
         """
         cdef Py_ssize_t n = len(entry_ids)
         cdef Py_ssize_t nvalues = 0
         cdef Py_ssize_t ntail = 0 if tail is None else len(tail)
+        cdef Py_ssize_t nnames = 0
         cdef Py_ssize_t begin = self._buf.length()
+        cdef const char *namep
+        cdef Py_ssize_t namen
         if values is not None:
             nvalues = len(values)
             if nvalues != n:
                 raise _data_error(f"{nvalues} lock values for {n} entry ids")
+        if names is not None:
+            nnames = len(names)
+            if nnames != n:
+                raise _data_error(f"{nnames} names for {n} entry ids")
         evalsha_over_locks(self._buf, sha, head_keys, lock_prefix, entry_ids, 0, n,
-                           len(head_args) + nvalues + (n if append_ids else 0) + ntail)
+                           len(head_args) + nvalues + (n if append_ids else 0) + nnames + ntail)
         for a in head_args:
             pack_arg(self._buf, a)
         if values is not None:
@@ -104,6 +113,16 @@ cdef class CommandBatch:
         if append_ids:
             for entry_id in entry_ids:
                 pack_arg(self._buf, entry_id)
+        if names is not None:
+            for name in names:
+                if not PyUnicode_CheckExact(name):
+                    raise _data_error(f"a name must be str, got {type(name).__name__}")
+                namep = PyUnicode_AsUTF8AndSize(name, &namen)
+                if namen == 0:
+                    self._buf.write_bulk(b"", 0)
+                else:
+                    self._buf.write_bulk2(PyBytes_AS_STRING(name_prefix), PyBytes_GET_SIZE(name_prefix),
+                                          namep, namen)
         if tail is not None:
             for a in tail:
                 pack_arg(self._buf, a)

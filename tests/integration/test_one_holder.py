@@ -29,7 +29,7 @@ from lbs._keys import (
     waiting_key,
     waiting_list,
 )
-from lbs._redis.scripts import source
+from lbs._redis.scripts import done_codes, source
 
 from _helpers import client, eventually, is_true, produce, take
 
@@ -89,9 +89,9 @@ async def done(r: aioredis.Redis, service: str, held: list[tuple[str, int, str]]
         "",
         *(f"{t}:c1" for _, t, _ in held),
         *(i for i, _, _ in held),
-        *(n for _, _, n in held),
+        *(name_holder(service, n) if n else "" for _, _, n in held),
     ]
-    return await r.eval(source("done-n"), len(keys), *keys, *args)
+    return done_codes(await r.eval(source("done-n"), len(keys), *keys, *args))
 
 
 async def requeue(r: aioredis.Redis, service: str, entry_id: str, value: str) -> list[Any]:

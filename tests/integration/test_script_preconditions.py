@@ -9,6 +9,7 @@ roll back a script that fails part-way, so "refused" must mean "untouched".
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -27,11 +28,12 @@ from lbs._keys import (
     instance_key,
     key_prefix,
     lock_key,
+    name_holder,
     queued_prefix,
     reaped_key,
     waiting_key,
 )
-from lbs._redis.scripts import source
+from lbs._redis.scripts import done_codes, source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,8 +98,9 @@ async def done(
     """One done-n.lua call; with ``names`` (each lock's DataStreamName) it releases them."""
     keys = [input_stream(service)] + [lock_key(service, i) for i, _ in locks]
     args = [group_name(service), xackdel, retry, key_prefix(service) if names else "", ""]
-    args += [v for _, v in locks] + [i for i, _ in locks] + (names or [""] * len(locks))
-    return await r.eval(source("done-n"), len(keys), *keys, *args)
+    holders = [name_holder(service, n) if n else "" for n in names or [""] * len(locks)]
+    args += [v for _, v in locks] + [i for i, _ in locks] + holders
+    return done_codes(await r.eval(source("done-n"), len(keys), *keys, *args))
 
 
 async def extend(
@@ -108,13 +111,17 @@ async def extend(
     nonce: str = "n1",
     consumer: str = "c1",
     ttl: int = TTL,
+    flags: str = "",
 ) -> list[Any]:
+    """One extend-n.lua call; ``flags`` "" refreshes every entry, else one "1"/"0" per lock (only
+    the flagged entries' ids are sent)."""
     keys = [input_stream(service), consumers_key(service), instance_key(service, consumer)]
     keys += [lock_key(service, i) for i, _ in locks]
     args = (
         [ttl, group_name(service), consumer, last, nonce]
         + [v for _, v in locks]
-        + [i for i, _ in locks]
+        + [flags]
+        + [i for k, (i, _) in enumerate(locks) if not flags or flags[k : k + 1] == "1"]
     )
     return await r.eval(source("extend-n"), len(keys), *keys, *args)
 
@@ -561,6 +568,26 @@ async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service
     assert await rr.type(bad) == b"set" and await rr.pttl(bad) <= 5_000
     assert await rr.pttl(lock_key(service, locks[0][0])) > 5_000
     assert await rr.pttl(lock_key(service, locks[2][0])) > 5_000
+
+
+async def test_extend_refreshes_the_flagged_entries_only_whatever_locks_are_lost_between(
+    rr: aioredis.Redis, service: str
+) -> None:
+    """Only the flagged entries' ids are sent: each goes to its own entry, lost locks in between."""
+    locks = await taken(rr, service, 4)
+    for k in (1, 2):  # one unflagged, one flagged lock lost
+        await rr.set(lock_key(service, locks[k][0]), "9:someone-else")
+    await asyncio.sleep(0.05)  # every entry idle for a while
+    assert await extend(rr, service, locks, flags="1011") == [2, 3]
+    idle = {
+        p["message_id"].decode(): p["time_since_delivered"]
+        for p in await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
+    }
+    fresh = [idle[locks[k][0]] for k in (0, 3)]
+    stale = [idle[locks[k][0]] for k in (1, 2)]
+    assert max(fresh) < min(stale)
+    with pytest.raises(ResponseError, match=r"extend-n.*flags"):
+        await extend(rr, service, locks, flags="101")
 
 
 # -- requeue-6.lua ------------------------------------------------------------

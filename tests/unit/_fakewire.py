@@ -16,7 +16,7 @@ What it answers, and from where. A small keyspace (:attr:`FakeRedis.strings` for
 handler per command or script, each answering with the reply shape of the script's header
 (``src/lbs/_redis/lua/<name>.lua``, "Output") and the decisions its code makes:
 
-* ``done-n``: per lock, 1 (ours: released, acked, deleted), 2 (no lock, still pending: acked),
+* ``done-n``: one digit per lock, 1 (ours: released, acked, deleted), 2 (no lock, still pending: acked),
   3 (someone else's lock, or gone and not pending), 4 (as 3 when ARGV[3] says it is a retry);
   not modelled: the Go fleet (code 5), names released.
 * ``requeue-6``: ``{0, "lock"}``, ``{0, "acked"}``, ``{-1, "trimmed"}``, ``{-2, "LBSKEY ..."}``
@@ -537,7 +537,7 @@ class FakeRedis:
                 out.append(2)
             else:
                 out.append(4 if retry else 3)
-        return out
+        return "".join(map(str, out))  # one digit per lock, as the script replies
 
     # -- requeue-6.lua --------------------------------------------------------------
 

@@ -46,7 +46,7 @@ async def test_concurrent_finishes_go_in_one_done_call(
     n = h.names
     assert call.keys == [n.stream_key, *(x.lock_key for x in held)]
     assert call.args[:5] == [n.group, "1", "0", n.key_prefix, ""]  # XACKDEL on 8.6, no retry
-    names = [x.stream for x in held]
+    names = [f"{n.key_prefix}name:{x.stream}" for x in held]  # their name holder keys
     assert call.args[5:] == [x.value for x in held] + [x.entry_id for x in held] + names
     assert not fake.pending and not fake.strings  # acked and released
     assert finisher.finishing() == []

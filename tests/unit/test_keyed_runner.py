@@ -159,7 +159,8 @@ async def test_a_key_held_elsewhere_is_finished_unprocessed_and_a_lost_one_dropp
     await within(env.state.wait_finished(1), 5)
     assert calls == []
     (done,) = fake.calls("done-n")
-    assert done.args[-1] == "busy" and busy.entry_id not in fake.pending  # finished, not run
+    name_holder = f"{env.h.names.key_prefix}name:busy"  # the name goes as its holder key
+    assert done.args[-1] == name_holder and busy.entry_id not in fake.pending  # finished, not run
     assert env.state.stats.lock_lost == 1 and len(env.state.holdings) == 0
     assert fake.calls("commit-1") == []
 

@@ -135,6 +135,7 @@ def test_a_builder_writes_what_the_header_documents(name: str) -> None:
 
 
 def test_done_writes_keys_and_args_per_lock() -> None:
+    """The names go as their holder keys ("" for an entry without one), built by the core."""
     args = _args(
         lambda b: scripts.done(
             b, "s", b"lock:", ["1-1", "2-2"], ["5:me", "6:me"], ["a", "b"], "g", "{s}:", True, False
@@ -155,9 +156,33 @@ def test_done_writes_keys_and_args_per_lock() -> None:
         b"6:me",
         b"1-1",
         b"2-2",
-        b"a",
-        b"b",
+        b"{s}:name:a",
+        b"{s}:name:b",
     ]
+
+
+def test_done_writes_an_empty_name_as_an_empty_argument_and_names_as_they_are_without_a_prefix() -> (
+    None
+):
+    with_prefix = _args(
+        lambda b: scripts.done(
+            b, "s", b"lock:", ["1-1", "2-2"], ["5:me", "6:me"], ["a", ""], "g", "{s}:", True, False
+        )
+    )
+    assert with_prefix[-2:] == [b"{s}:name:a", b""]
+    without = _args(
+        lambda b: scripts.done(b, "s", b"lock:", ["1-1"], ["5:me"], ["a"], "g", "", True, False)
+    )
+    assert without[-1:] == [b"a"]
+
+
+def test_done_codes_reads_one_digit_per_entry() -> None:
+    assert scripts.done_codes(b"1253") == [1, 2, 5, 3]
+    assert scripts.done_codes(b"") == []
+    with pytest.raises(TypeError):
+        scripts.done_codes([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        scripts.done_codes(b"1x")
 
 
 #: How the code names each script's builder (or, for extend-n, its SHA).
@@ -218,8 +243,8 @@ def test_done_beside_a_go_fleet_puts_our_name_first_and_the_go_lock_keys_last() 
         b"6:me",
         b"1-1",
         b"2-2",
-        b"a",
-        b"b",
+        b"{s}:name:a",
+        b"{s}:name:b",
         b"a<MUTEX_KEY_SEP>1-1",
         b"b<MUTEX_KEY_SEP>2-2",
     ]

@@ -73,7 +73,8 @@ async def test_a_handler_that_returns_at_once_is_finished_without_a_loop_turn(
     assert env.state.handlers == set()
     await within(env.state.wait_finished(2), 5)
     (call,) = fake.calls("done-n")  # both in one batch
-    assert call.args[-2:] == ["a", "b"]
+    prefix = env.state.names.key_prefix
+    assert call.args[-2:] == [f"{prefix}name:a", f"{prefix}name:b"]  # their name holder keys
     assert env.state.stats.done == 2 and env.state.stats.handler_seconds.count == 2
 
 

@@ -122,13 +122,14 @@ class Finisher(Activity, kind="finisher"):
             try:
                 try:
                     build = _done(n, ids, values, streams, xackdel, retrying, go)
-                    (codes,) = first_error(await wire.execute(build))
+                    (reply,) = first_error(await wire.execute(build))
                 except RedisConnectionError:
                     # The connection failed with the call in flight: it may have
                     # run. Send it once more on a fresh connection, saying so.
                     retrying = True
                     build = _done(n, ids, values, streams, xackdel, retrying, go)
-                    (codes,) = first_error(await wire.execute(build))
+                    (reply,) = first_error(await wire.execute(build))
+                codes = scripts.done_codes(reply)
             except asyncio.CancelledError:
                 self._inflight = []
                 for _, fut in batch:

@@ -51,6 +51,7 @@ __all__ = [
     "RetryDelay",
     "Script",
     "commit",
+    "done_codes",
     "fail_mode",
     "fetch",
     "publish",
@@ -189,9 +190,11 @@ def done(
 ) -> None:
     """Finish a batch: KEYS[1] the LBS, then one lock key per entry; ARGV: group, the XACKDEL flag,
     the retry flag, the key prefix (names released; "": untouched), our consumer name beside a Go
-    fleet (else ""), the lock values, the entry ids, their DataStreamNames. Beside a Go fleet, ``go``
-    is (our consumer name, each entry's Go-style lock key), the keys after the names (an entry a Go
-    consumer took is ``DoneCode.TAKEN``; our Go-style locks are released with ours)."""
+    fleet (else ""), the lock values, the entry ids, the name holder keys of their DataStreamNames
+    (``<key prefix>name:<name>``, written by the core; "" for an entry without a name). Beside a Go
+    fleet, ``go`` is (our consumer name, each entry's Go-style lock key), the keys after the names
+    (an entry a Go consumer took is ``DoneCode.TAKEN``; our Go-style locks are released with ours).
+    The reply is one digit per entry: :func:`done_codes` reads it."""
     head = (
         group,
         1 if xackdel else 0,
@@ -206,8 +209,22 @@ def done(
         entry_ids,
         head,
         values,
-        tail=names if go is None else [*names, *go[1]],
+        tail=None if go is None else go[1],
+        names=names,
+        name_prefix=f"{key_prefix}name:".encode() if key_prefix else b"",
     )
+
+
+#: done-n.lua's digits ("0" .. "9") as the codes 0 .. 9.
+_DIGITS = bytes.maketrans(b"0123456789", bytes(range(10)))
+
+
+def done_codes(reply: bytes | str) -> list[int]:
+    """``done-n.lua``'s reply, one digit per entry in the call's order, as a ``DoneCode`` value each."""
+    raw = reply.encode() if isinstance(reply, str) else reply
+    if not isinstance(raw, bytes) or (raw and not raw.isdigit()):
+        raise TypeError(f"done-n replied {reply!r}, not one digit per entry")
+    return list(raw.translate(_DIGITS))
 
 
 class DoneCode(enum.IntEnum):

@@ -17,11 +17,13 @@
   ARGV[5]          beside a Go fleet: our consumer name; "" otherwise
   ARGV[6..n+5]     our lock values ("<token>:<owner>"), one per lock key
   ARGV[n+6..2n+5]  the entry ids, one per lock key
-  ARGV[2n+6..3n+5] the entries' DataStreamNames, one per lock key ("" for
-                   an entry without one: no name to release)
+  ARGV[2n+6..3n+5] the name holder keys of the entries' DataStreamNames,
+                   ARGV[4] .. "name:" .. <name>, one per lock key ("" for
+                   an entry without one: no name to release); sent whole so
+                   that no key is built here per entry
 
   Beside a Go reference client v0.4 fleet (Config.go_compatible) ARGV[5]
-  is our consumer name and, after the names, come each entry's Go-style
+  is our consumer name and, after the name holder keys, come each entry's Go-style
   lock key ("<DataStreamName><MUTEX_KEY_SEP><entry id>", no hash tag:
   single Redis only, as the Go client is): 4n + 5 arguments. Then an entry whose
   lock is ours but that is no longer pending under that name, or whose
@@ -39,6 +41,9 @@
   or stream fails nothing part-way). Only entries this call acks are
   deleted (XACKDEL does the same): one that is not pending was handed on,
   or requeue-6.lua kept it in the LBS as the record of a dead letter.
+  When every lock is ours and no Go fleet is beside us (nearly always),
+  the DELs and XACKDELs take their keys and ids straight from KEYS and
+  ARGV: nothing is listed or looked at per entry but the lock's value.
 
   A wrong argument count is an "ERR lbs done-n: ..." error, with nothing
   written. A name's holder key or waiting list of another type is left
@@ -48,7 +53,8 @@
   The consumer deadline index is left alone: the consumer's deadline stays
   its heartbeat's, and recovery drops a consumer with nothing pending.
 
-  Output: a list with one code per lock key:
+  Output: one string with one digit per lock key, in their order (one bulk
+  reply, not an array of n integers, which costs Redis more to write):
     1  done: the lock was ours; released; entry acked and deleted (when
        it was still pending)
     2  lock expired: nobody held it, the entry was still pending and is now
@@ -79,116 +85,146 @@ if n < 0 or #ARGV ~= (me and 4 or 3) * n + 5 then
   return redis.error_reply('ERR lbs done-n: expected 1 + n keys and 3n + 5 (4n + 5 beside a Go fleet) '
                            .. 'arguments, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
 end
-local group, xackdel, retry = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
+local lbs, group, xackdel, retry = KEYS[1], ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
 local prefix = ARGV[4] ~= '' and ARGV[4] or nil
--- The values start at ARGV[6], the ids n later, the names n after them, then (beside a Go fleet) the
--- Go-style lock keys.
-local base = 5
-local out, ids, at = {}, {}, {}
+-- Entry i: its lock key KEYS[i + 1], lock value ARGV[5 + i], id ARGV[I + i], name holder key
+-- ARGV[N + i] and, beside a Go fleet, Go-style lock key ARGV[G + i].
+local I, N, G = n + 5, 2 * n + 5, 3 * n + 5
 local slice = 500
+local min = math.min
+-- Each entry's outcome; nil while its lock is known to be ours.
+local out = {}
 
--- Pass 1: reads only.
-local holders = {}
-for s = 2, n + 1, slice do
-  local got = redis.call('MGET', unpack(KEYS, s, math.min(s + slice - 1, n + 1)))
-  for j = 1, #got do holders[s - 2 + j] = got[j] end
-end
-local dels = {}
-for i = 1, n do
-  local lock, id, holder = KEYS[i + 1], ARGV[n + base + i], holders[i]
-  -- Beside a Go fleet: its Go-style lock, nil when absent, false when a Go consumer (or a key of
-  -- another type) holds it.
-  local go
-  if me then
-    local key = ARGV[3 * n + base + i]
-    local g = redis.pcall('GET', key)
-    if not g then go = nil elseif g == me then go = key else go = false end
+-- Pass 1: reads only. One MGET per slice: a lock holding our value is ours, one holding another
+-- value someone else's (3); the rest (0: no lock, or a key of another type) are looked at one by
+-- one below.
+local mixed = false
+for s = 1, n, slice do
+  local e = min(s + slice - 1, n)
+  local got = redis.call('MGET', unpack(KEYS, s + 1, e + 1))
+  for i = s, e do
+    local holder = got[i - s + 1]
+    if holder ~= ARGV[5 + i] then
+      out[i] = holder and 3 or 0
+      mixed = true
+    end
   end
-  if holder then
-    if holder == ARGV[i + base] then
-      dels[#dels + 1] = lock
-      local p = me and go ~= false and redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
+end
+-- Every lock ours and no Go fleet (nearly always): the locks to delete are KEYS[2..n+1] and the
+-- entries to ack ARGV[I+1..I+n], sent as they are. Otherwise they are listed: dels, ids, and at
+-- (each id's entry).
+local plain = not mixed and not me
+local dels, ids, at, nids = {}, {}, {}, 0
+if not plain then
+  for i = 1, n do
+    local id, o = ARGV[I + i], out[i]
+    -- Beside a Go fleet: its Go-style lock, nil when absent, false when a Go consumer (or a key of
+    -- another type) holds it.
+    local go
+    if me and o ~= 3 then
+      local key = ARGV[G + i]
+      local g = redis.pcall('GET', key)
+      if not g then go = nil elseif g == me then go = key else go = false end
+    end
+    if o == nil then
+      out[i] = 1
+      dels[#dels + 1] = KEYS[i + 1]
+      local p = me and go ~= false and redis.pcall('XPENDING', lbs, group, id, id, 1)
       if me and not (type(p) == 'table' and p[1] and p[1][2] == me) then
         out[i] = 5  -- taken by a Go consumer: released, not acked
       else
-        out[i] = 1
-        ids[#ids + 1] = id
-        at[#at + 1] = i
+        nids = nids + 1
+        ids[nids], at[nids] = id, i
         if go then dels[#dels + 1] = go end
       end
-    else
-      out[i] = 3
-    end
-  elseif go == false or redis.call('EXISTS', lock) == 1 then
-    out[i] = 3  -- not a string, or a Go holder's: not our lock, not touched
-  else
-    local p = redis.pcall('XPENDING', KEYS[1], group, id, id, 1)
-    if type(p) == 'table' and p[1] then
-      ids[#ids + 1] = id
-      at[#at + 1] = i
-      if go then dels[#dels + 1] = go end
-    else
-      out[i] = retry and 4 or 3
+    elseif o == 0 then
+      if go == false or redis.call('EXISTS', KEYS[i + 1]) == 1 then
+        out[i] = 3  -- not a string, or a Go holder's: not our lock, not touched
+      else
+        local p = redis.pcall('XPENDING', lbs, group, id, id, 1)
+        if type(p) == 'table' and p[1] then
+          nids = nids + 1
+          ids[nids], at[nids] = id, i  -- its outcome is the ack's: 2, or 3
+          if go then dels[#dels + 1] = go end
+        else
+          out[i] = retry and 4 or 3
+        end
+      end
     end
   end
 end
 
 -- Pass 2: writes.
-for s = 1, #dels, slice do
-  redis.call('DEL', unpack(dels, s, math.min(s + slice - 1, #dels)))
+if plain then
+  for s = 2, n + 1, slice do
+    redis.call('DEL', unpack(KEYS, s, min(s + slice - 1, n + 1)))
+  end
+  nids = n
+else
+  for s = 1, #dels, slice do
+    redis.call('DEL', unpack(dels, s, min(s + slice - 1, #dels)))
+  end
 end
-for s = 1, #ids, slice do
-  local e = math.min(s + slice - 1, #ids)
-  local part = {}
-  for j = s, e do part[#part + 1] = ids[j] end
+for s = 1, nids, slice do
+  local e = min(s + slice - 1, nids)
   if xackdel then
-    local r = redis.pcall('XACKDEL', KEYS[1], group, 'IDS', #part, unpack(part))
-    for j = s, e do
-      local i = at[j]
-      if not out[i] then
-        out[i] = (type(r) == 'table' and r[j - s + 1] == 1) and 2 or 3
+    local r = plain and redis.pcall('XACKDEL', lbs, group, 'IDS', e - s + 1, unpack(ARGV, I + s, I + e))
+              or redis.pcall('XACKDEL', lbs, group, 'IDS', e - s + 1, unpack(ids, s, e))
+    if not plain then
+      for j = s, e do
+        local i = at[j]
+        if out[i] == 0 then
+          out[i] = (type(r) == 'table' and r[j - s + 1] == 1) and 2 or 3
+        end
       end
     end
   else
-    local acked = {}
+    local acked, nacked = {}, 0
     for j = s, e do
-      if redis.pcall('XACK', KEYS[1], group, ids[j]) == 1 then
-        acked[#acked + 1] = ids[j]
-        local i = at[j]
-        if not out[i] then out[i] = 2 end
-      else
-        local i = at[j]
-        if not out[i] then out[i] = 3 end
+      local id, i
+      if plain then id, i = ARGV[I + j], j else id, i = ids[j], at[j] end
+      local ok = redis.pcall('XACK', lbs, group, id) == 1
+      if ok then
+        nacked = nacked + 1
+        acked[nacked] = id
       end
+      if out[i] == 0 then out[i] = ok and 2 or 3 end
     end
-    if #acked > 0 then redis.pcall('XDEL', KEYS[1], unpack(acked)) end
+    if nacked > 0 then redis.pcall('XDEL', lbs, unpack(acked, 1, nacked)) end
   end
 end
--- Names: what this call acked releases its name (and puts the oldest waiter back).
--- Read with one MGET and deleted with one DEL per 500 (a holder key of another type reads as nil and
--- is left alone); a name with waiters hands on to the oldest.
+-- Names: what this call acked (1, 2) releases its name (and puts the oldest waiter back). One MGET
+-- and one DEL per slice (a holder key of another type reads as nil and is left alone); a name
+-- with waiters hands on to the oldest.
 if prefix then
-  local released = {}
-  for i = 1, n do
-    if (out[i] == 1 or out[i] == 2) and ARGV[2 * n + base + i] ~= '' then released[#released + 1] = i end
-  end
   local now_ms
-  for s = 1, #released, slice do
-    local e = math.min(s + slice - 1, #released)
-    local keys = {}
-    for j = s, e do keys[#keys + 1] = prefix .. 'name:' .. ARGV[2 * n + base + released[j]] end
-    local values, free = redis.call('MGET', unpack(keys)), {}
-    for j = s, e do
-      local i, v = released[j], values[j - s + 1]
-      local id = ARGV[n + base + i]
-      if v == id then
-        free[#free + 1] = keys[j - s + 1]
-      elseif v == id .. '+' then
-        now_ms = now_ms or time_ms()
-        name_promote(prefix, KEYS[1], ARGV[2 * n + base + i], now_ms)
+  for s = 1, n, slice do
+    local e = min(s + slice - 1, n)
+    local keys, which, k = {}, {}, 0
+    for i = s, e do
+      local o, key = out[i], ARGV[N + i]
+      if (plain or o == 1 or o == 2) and key ~= '' then
+        k = k + 1
+        keys[k], which[k] = key, i
       end
     end
-    if #free > 0 then redis.call('DEL', unpack(free)) end
+    if k > 0 then
+      local values, free, nfree = redis.call('MGET', unpack(keys, 1, k)), {}, 0
+      for j = 1, k do
+        local i, v = which[j], values[j]
+        local id = ARGV[I + i]
+        if v == id then
+          nfree = nfree + 1
+          free[nfree] = keys[j]
+        elseif v and v == id .. '+' then
+          now_ms = now_ms or time_ms()
+          name_promote(prefix, lbs, string.sub(keys[j], #prefix + 6), now_ms)
+        end
+      end
+      if nfree > 0 then redis.call('DEL', unpack(free, 1, nfree)) end
+    end
   end
 end
-return out
+-- One digit per entry.
+if plain then return string.rep('1', n) end
+return table.concat(out)

@@ -17,24 +17,27 @@
                  deadline and refresh its instance marker; "0" in the others
   ARGV[5]        this process's instance nonce (not empty)
   ARGV[6..n+5]   the lock values we set ("<token>:<owner>"), one per key
-  ARGV[n+6..2n+5] the entry ids behind the locks, one per key
-  ARGV[2n+6]     optional: one flag per key, "1" to refresh that entry's
-                 pending idle time this call, "0" to leave it (absent or
-                 "": all)
-  Beside a Go reference client v0.4 fleet (Config.go_compatible), 3n + 7
-  arguments: the flags (ARGV[2n+6]) are always there, then
-  ARGV[2n+7]     the Go-style locks' TTL in milliseconds, an integer >= 1
-  ARGV[2n+8..3n+7] each key's Go-style lock key, "<DataStreamName>
+  ARGV[n+6]      one flag per key, "1" to refresh that entry's pending idle
+                 time this call, "0" to leave it; "": all. Say m flags are
+                 "1" (m = n for "")
+  ARGV[n+7..n+m+6] the entry ids behind the flagged locks, in key order
+                 (only those: an id nobody refreshes is not sent)
+  Beside a Go reference client v0.4 fleet (Config.go_compatible), 2n + m
+  + 7 arguments: after the ids
+  ARGV[n+m+7]    the Go-style locks' TTL in milliseconds, an integer >= 1
+  ARGV[n+m+8..2n+m+7] each key's Go-style lock key, "<DataStreamName>
                  <MUTEX_KEY_SEP><entry id>" (no hash tag: single Redis
                  only, as the Go client is); its value is our consumer name
                  (ARGV[3]), as a Go consumer's is its own.
 
-  A wrong argument count, an empty nonce or a bad TTL is an "ERR lbs
-  extend-n: ..." error, with nothing written.
+  A wrong argument count, flags that are neither "" nor one character per
+  key, an empty nonce or a bad TTL is an "ERR lbs extend-n: ..." error,
+  with nothing written.
 
-  Everything is read first (GET of each lock and of the marker through
-  pcall, TYPE of the index), then written, and every write is guarded by
-  what was read, so no key can make the script stop part-way:
+  Everything is read first (the locks with one MGET per slice of 500, so a
+  key of another type reads as nil; each Go-style lock and the marker with
+  GET through pcall; TYPE of the index), then written, and every write is
+  guarded by what was read, so no key can make the script stop part-way:
     * a lock holding our value gets PEXPIRE ttl; any other value, no key,
       or a key of another type is lost (reported, not touched);
     * beside a Go fleet, where our lock holds our value: a Go-style lock
@@ -82,10 +85,19 @@
 --#include _checks
 --#include _time
 local n = #KEYS - 3
-local go = n >= 0 and #ARGV == 3 * n + 7
-if n < 0 or (#ARGV ~= 2 * n + 5 and #ARGV ~= 2 * n + 6 and not go) then
-  return redis.error_reply('ERR lbs extend-n: expected 3 + n keys and 2n + 5, 2n + 6 or 3n + 7 arguments, got '
-                           .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+local flags = n >= 0 and ARGV[n + 6]
+if not flags or (flags ~= '' and #flags ~= n) then
+  return redis.error_reply('ERR lbs extend-n: expected 3 + n keys and the refresh flags (ARGV[n+6]) "" or '
+                           .. 'one per key, got ' .. #KEYS .. ' keys and ' .. #ARGV .. ' arguments')
+end
+local all = flags == ''
+-- m: how many ids follow the flags (one per "1").
+local m = all and n or select(2, string.gsub(flags, '1', ''))
+local go = #ARGV == 2 * n + m + 7
+if #ARGV ~= n + m + 6 and not go then
+  return redis.error_reply('ERR lbs extend-n: expected 3 + n keys and n + m + 6 or 2n + m + 7 arguments (m '
+                           .. 'flagged ids), got ' .. #KEYS .. ' keys, ' .. m .. ' flagged and ' .. #ARGV
+                           .. ' arguments')
 end
 if ARGV[5] == '' then
   return redis.error_reply('ERR lbs extend-n: the instance nonce (ARGV[5]) must not be empty')
@@ -95,41 +107,57 @@ local ttl = ARGV[1]
 if not is_ttl(ttl) then
   return redis.error_reply('ERR lbs extend-n: lock TTL (ARGV[1]) must be an integer >= 1 (ms)')
 end
-local go_ttl = go and ARGV[2 * n + 7]
+-- The Go-style lock keys are ARGV[G + i].
+local G = n + m + 7
+local go_ttl = go and ARGV[G]
 if go and not is_ttl(go_ttl) then
-  return redis.error_reply('ERR lbs extend-n: Go-style lock TTL (ARGV[2n+7]) must be an integer >= 1 (ms)')
+  return redis.error_reply('ERR lbs extend-n: Go-style lock TTL (ARGV[n+m+7]) must be an integer >= 1 (ms)')
 end
-local flags = ARGV[2 * n + 6]
-local all = flags == nil or flags == ''
-local byte = string.byte
+local byte, min = string.byte, math.min
 local last = ARGV[4] == '1'
 local nonce = ARGV[5]
 local me = ARGV[3]
+local slice = 500
 
--- Reads.
-local out, mine, refresh = {}, {}, {}
+-- Reads: the locks with one MGET per slice of 500 (a key of another type reads as nil: lost). What is ours is listed by position (mine); the entries to
+-- refresh go straight into their XCLAIM calls, one per 500 ids.
+local out, nout, mine, nmine = {}, 0, {}, 0
+local claims, claim, nclaim = {}, nil, 0
+local id = n + 6  -- the last flagged entry's id: ARGV[id]
 local go_keep, go_dels, taken = {}, {}, {}
-for i = 1, n do
-  local v = redis.pcall('GET', KEYS[i + 3])
-  local g, go_key
-  if go then
-    go_key = ARGV[2 * n + 7 + i]
-    g = redis.pcall('GET', go_key)
-  end
-  if type(v) == 'string' and v == ARGV[i + 5] then
-    if g and g ~= me then  -- a Go consumer took it (or a key of another type is there)
-      taken[#taken + 1] = KEYS[i + 3]
-      out[#out + 1] = -i
-    else
-      mine[#mine + 1] = KEYS[i + 3]
-      if go then go_keep[#go_keep + 1] = go_key end
-      if all or byte(flags, i) == 49 then
-        refresh[#refresh + 1] = ARGV[n + 5 + i]
+for s = 1, n, slice do
+  local e = min(s + slice - 1, n)
+  local v = redis.call('MGET', unpack(KEYS, s + 3, e + 3))
+  for i = s, e do
+    -- Beside a Go fleet: its Go-style lock (GET through pcall: a key of another type is a table,
+    -- someone else's).
+    local g = go and redis.pcall('GET', ARGV[G + i])
+    local flagged = all or byte(flags, i) == 49
+    if flagged then id = id + 1 end
+    if v[i - s + 1] == ARGV[i + 5] then
+      if g and g ~= me then  -- a Go consumer took it
+        taken[#taken + 1] = KEYS[i + 3]
+        nout = nout + 1
+        out[nout] = -i
+      else
+        nmine = nmine + 1
+        mine[nmine] = i
+        if go then go_keep[#go_keep + 1] = ARGV[G + i] end
+        if flagged then
+          if nclaim == 0 then
+            claim = {'XCLAIM', KEYS[1], ARGV[2], me, 0}
+            claims[#claims + 1] = claim
+          end
+          nclaim = nclaim + 1
+          claim[5 + nclaim] = ARGV[id]
+          if nclaim == slice then nclaim = 0 end
+        end
       end
+    else
+      nout = nout + 1
+      out[nout] = i
+      if g == me then go_dels[#go_dels + 1] = ARGV[G + i] end
     end
-  else
-    out[#out + 1] = i
-    if g == me then go_dels[#go_dels + 1] = go_key end
   end
 end
 local notes = {}
@@ -153,17 +181,17 @@ if last then
 end
 
 -- Writes.
-for _, lock in ipairs(mine) do
-  redis.call('PEXPIRE', lock, ttl)
+for j = 1, nmine do
+  redis.call('PEXPIRE', KEYS[mine[j] + 3], ttl)
 end
 for _, lock in ipairs(go_keep) do
   redis.call('SET', lock, me, 'PX', go_ttl)
 end
-for s = 1, #taken, 500 do
-  redis.call('DEL', unpack(taken, s, math.min(s + 499, #taken)))
+for s = 1, #taken, slice do
+  redis.call('DEL', unpack(taken, s, min(s + slice - 1, #taken)))
 end
-for s = 1, #go_dels, 500 do
-  redis.call('DEL', unpack(go_dels, s, math.min(s + 499, #go_dels)))
+for s = 1, #go_dels, slice do
+  redis.call('DEL', unpack(go_dels, s, min(s + slice - 1, #go_dels)))
 end
 if zadd then
   redis.call('ZADD', KEYS[2], time_ms() + tonumber(ttl), ARGV[3])
@@ -171,16 +199,12 @@ end
 if set_marker then
   redis.call('SET', KEYS[3], nonce, 'PX', ttl)
 end
-local slice = 500
-for s = 1, #refresh, slice do
-  local claim = {'XCLAIM', KEYS[1], ARGV[2], ARGV[3], 0}
-  for j = s, math.min(s + slice - 1, #refresh) do
-    claim[#claim + 1] = refresh[j]
-  end
-  claim[#claim + 1] = 'JUSTID'
-  redis.pcall(unpack(claim))
+for _, c in ipairs(claims) do
+  c[#c + 1] = 'JUSTID'
+  redis.pcall(unpack(c))
 end
 for _, note in ipairs(notes) do
-  out[#out + 1] = note
+  nout = nout + 1
+  out[nout] = note
 end
 return out
