@@ -21,15 +21,15 @@ from _helpers import eventually, take
 
 #: The documented list (docs/operations.md, Minimal ACL): every command lbs sends, scripts' inner commands included.
 COMMANDS = (
-    "+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xread +xadd +xack +xackdel "
-    "+xdel +xclaim +xpending +xrange +xrevrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
+    "+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xadd +xack +xackdel "
+    "+xdel +xclaim +xpending +xrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
     "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
     "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
     "+sismember +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen +xgroup|setid"
 )
 
 #: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).
-OPERATOR = " +zcard +watch +unwatch +eval"
+OPERATOR = " +zcard +watch +unwatch +eval +xrevrange"
 
 
 def _acl(service: str, user: str, password: str, commands: str) -> list[str]:
