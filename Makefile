@@ -17,7 +17,7 @@ PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: demo test faults setup redis docs wheel bench proptest fuzz typecheck lint matrix clean
+.PHONY: demo test faults setup redis docs wheel bench bench-report proptest fuzz typecheck lint matrix clean
 
 demo: setup
 ifneq (,$(findstring -url,$(DEMO_ARGS)))
@@ -99,6 +99,12 @@ wheel: setup
 
 bench: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks --benchmark-disable-gc $(PYTEST_ARGS)
+
+# The whole of benchmarks/ in one run, then every group's rows beside its baseline, with the ratio
+# (what docs/benchmarks.md is written from).
+bench-report: setup
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks --benchmark-disable-gc --benchmark-json=.bench.json $(PYTEST_ARGS)
+	$(PY) -m benchmarks.report .bench.json
 
 typecheck: setup
 	$(PY) -m mypy
