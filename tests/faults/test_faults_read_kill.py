@@ -4,15 +4,15 @@ lock TTL + 1 s.
 
 The read loop waits in the wake group and reads and locks in one write (``read-3.lua`` runs the
 moment the wait returns), so there is no moment at which an entry is delivered without its lock;
-this kills worker processes (``_read_kill_worker.py``) at random moments of a steady feed (waiting,
-reading, in a handler, finishing) and checks what a user relies on. A consumer in this process
+this kills worker processes (``_audit_worker.py``: each run's start and end in an audit stream, 10-60
+ms of work between) at random moments of a steady feed (waiting, reading, in a handler, finishing)
+and checks what a user relies on. A consumer in this process
 (recovery on, as every lbs consumer has it) survives and takes the work back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import subprocess
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
 
 def spawn(url: str, service: str, consumer: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, str(HERE / "_read_kill_worker.py"), url, service, consumer, str(TTL)],
+        [sys.executable, str(HERE / "_audit_worker.py"), url, service, consumer, str(TTL)],
         stdout=subprocess.DEVNULL,
     )
 
@@ -47,10 +47,12 @@ async def test_kill_9_anywhere_in_the_read_loop_loses_nothing() -> None:
     with server() as srv:
         r = aioredis.from_url(srv.url)
 
+        audit = f"{service}-audit"  # what _audit_worker.py writes: a start and an end per run
+
         async def handle(note: lbs.Notification) -> None:
-            run = json.dumps([note.stream, note.token, "survivor"])
-            await r.rpush(f"{service}:runs", run)
-            await r.rpush(f"{service}:ends", run)
+            fields = {"name": note.stream, "consumer": "survivor", "token": note.token}
+            await r.xadd(audit, {"ev": "start", **fields})
+            await r.xadd(audit, {"ev": "end", **fields})
 
         cfg = lbs.Config(lock_ttl=TTL, read_block=0.2)
         survivor = lbs.Client(srv.url, service, "survivor", cfg, load_entrypoint_plugins=False)
@@ -93,7 +95,8 @@ async def test_kill_9_anywhere_in_the_read_loop_loses_nothing() -> None:
                 "(+4 s for a loaded machine)"
             )
             back_in = time.monotonic() - killed
-            ended = {json.loads(x)[0] for x in await r.lrange(f"{service}:ends", 0, -1)}
+            events = [f for _, f in await r.xrange(audit)]
+            ended = {f[b"name"].decode() for f in events if f[b"ev"] == b"end"}
             assert ended == set(names), f"lost: {sorted(set(names) - ended)[:10]}"
         finally:
             for p in workers.values():
@@ -101,10 +104,10 @@ async def test_kill_9_anywhere_in_the_read_loop_loses_nothing() -> None:
                 p.wait()
             await survivor.close()
             await serving
-        runs = [json.loads(x) for x in await r.lrange(f"{service}:runs", 0, -1)]
         tokens: dict[str, list[int]] = defaultdict(list)
-        for stream, token, _consumer in runs:
-            tokens[stream].append(token)
+        for f in events:
+            if f[b"ev"] == b"start":
+                tokens[f[b"name"].decode()].append(int(f[b"token"]))
         # Fencing: every later run of a stream holds a greater token than every earlier one.
         assert all(t == sorted(set(t)) for t in tokens.values()), {
             s: t for s, t in tokens.items() if t != sorted(set(t))
