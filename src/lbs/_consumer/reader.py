@@ -73,6 +73,7 @@ class Reader(Activity, kind="reader"):
         self._reads: dict[
             asyncio.Task[list[Any]], int
         ] = {}  # reads of new entries in flight: how many each asked
+        self._tracked: set[str] = set()  # what was ours when the last re-read was sent
 
     def start(self) -> None:
         claim_ms = self.state.strategy.claim_min_idle_ms
@@ -207,7 +208,20 @@ class Reader(Activity, kind="reader"):
         )
         if start == ">":
             self._reads[task] = count  # until taken: not room for an adoption
+        else:
+            # What is ours now (held, being finished or handed back) is not the lost reply's: a
+            # stream finished while the re-read is under way is gone from all three by the time
+            # its reply is read, though the re-read may still list it.
+            self._tracked = self._ours()
         return task
+
+    def _ours(self) -> set[str]:
+        """Entry ids this client tracks: held, being finished, being handed back."""
+        return (
+            {h.entry_id for h in self.state.holdings.table.values()}
+            | {h.entry_id for h in self.finisher.finishing()}
+            | self.requeue.handing_back
+        )
 
     async def _take(
         self,
@@ -299,12 +313,9 @@ class Reader(Activity, kind="reader"):
         batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
         dispatch, stats, holder = self.dispatch, s.stats, s.owner
         taken_at = time.monotonic()
-        # Re-reading our pending entries: those being finished or handed back are not to be taken again.
-        finishing = (
-            {h.entry_id for h in self.finisher.finishing()} | self.requeue.handing_back
-            if start != ">"
-            else ()
-        )
+        # Re-reading our pending entries: those we track, now or when the re-read was sent, are not
+        # to be taken again.
+        finishing = self._ours() | self._tracked if start != ">" else ()
         queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
         waiting = 0
         for e, tok in zip(raw_entries, tokens):
