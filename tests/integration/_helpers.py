@@ -10,6 +10,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import lbs
+from lbs._keys import (
+    consumers_key,
+    fence_key,
+    group_name,
+    input_stream,
+    lock_key,
+    queued_prefix,
+    reaped_key,
+)
+from lbs._redis.scripts import source
 
 
 async def eventually(
@@ -25,6 +35,33 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {check}")
         await asyncio.sleep(every)
+
+
+async def reap(
+    r: Any, service: str, adopter: str = "", room: int = 0, queues: str = "0", ttl_ms: int = 60_000
+) -> list[Any]:
+    """One ``reap-4.lua`` call by its source (100 entries at most, stall threshold 60 s, grace 1 s):
+    adoption by ``adopter`` ("": none) with ``room``, locks of ``ttl_ms``, ``queues`` "1" when the
+    adopter queues what it takes."""
+    return await r.eval(  # type: ignore[no-any-return]
+        source("reap-4"),
+        4,
+        consumers_key(service),
+        input_stream(service),
+        reaped_key(service),
+        fence_key(service),
+        group_name(service),
+        lock_key(service, ""),
+        100,
+        60_000,
+        1_000,
+        adopter,
+        room,
+        ttl_ms,
+        f"{adopter}:n",
+        queued_prefix(service),
+        queues,
+    )
 
 
 async def is_true(value: bool) -> bool:

@@ -13,40 +13,13 @@ from lbs._consumer.recovery import Recovery
 from lbs._keys import (
     consumers_key,
     fence_key,
-    group_name,
-    input_stream,
-    lock_key,
     queued_prefix,
     reaped_key,
 )
-from lbs._redis.scripts import source
 
-from _helpers import client
+from _helpers import client, reap
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def reap(r: aioredis.Redis, service: str) -> list[Any]:
-    """reap-4.lua with adoption by c2 (room 10): the call whose preconditions are the most."""
-    return await r.eval(
-        source("reap-4"),
-        4,
-        consumers_key(service),
-        input_stream(service),
-        reaped_key(service),
-        fence_key(service),
-        group_name(service),
-        lock_key(service, ""),
-        100,
-        60_000,
-        1_000,
-        "c2",
-        10,
-        60_000,
-        "c2:n",
-        queued_prefix(service),
-        "1",
-    )
 
 
 async def test_a_reap_that_finds_nothing_due_writes_only_the_time_of_the_call(
@@ -55,11 +28,12 @@ async def test_a_reap_that_finds_nothing_due_writes_only_the_time_of_the_call(
     # Adoption's keys hold what adoption would refuse: a call with nothing due never looks at them.
     await r.hset(fence_key(service), "x", "1")
     await r.hset(queued_prefix(service) + "c2", "x", "1")
-    assert await reap(r, service) == [[], [], [], 0, -1]  # the index empty
+    # Adoption by c2 (room 10, queued): the call whose preconditions are the most.
+    assert await reap(r, service, "c2", 10, queues="1") == [[], [], [], 0, -1]  # the index empty
     assert await r.exists(reaped_key(service))
     now_ms = int(await r.get(reaped_key(service)))
     await r.zadd(consumers_key(service), {"c1": now_ms + 30_000})
-    entries, tokens, gone, trimmed, next_ms = await reap(r, service)
+    entries, tokens, gone, trimmed, next_ms = await reap(r, service, "c2", 10, queues="1")
     assert (entries, tokens, gone, trimmed) == ([], [], [], 0)
     assert 0 < next_ms <= 30_000  # the earliest deadline, still ahead
     assert await r.zscore(consumers_key(service), "c1") == now_ms + 30_000
@@ -67,7 +41,7 @@ async def test_a_reap_that_finds_nothing_due_writes_only_the_time_of_the_call(
     await r.zadd(consumers_key(service), {"c1": 1})
     before = int(await r.get(reaped_key(service)))
     with pytest.raises(ResponseError, match="not the fencing counter"):
-        await reap(r, service)
+        await reap(r, service, "c2", 10, queues="1")
     assert int(await r.get(reaped_key(service))) == before
     assert await r.zscore(consumers_key(service), "c1") == 1
 

@@ -30,10 +30,11 @@ from lbs._keys import (
     lock_key,
     name_holder,
     queued_prefix,
-    reaped_key,
     waiting_key,
 )
 from lbs._redis.scripts import done_codes, source
+
+from _helpers import reap
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -177,30 +178,6 @@ async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int
         batch,
         group_name(service),
         key_prefix(service),
-    )
-
-
-async def reap(
-    r: aioredis.Redis, service: str, adopter: str = "", room: int = 0, queues: str = "0"
-) -> list[Any]:
-    return await r.eval(
-        source("reap-4"),
-        4,
-        consumers_key(service),
-        input_stream(service),
-        reaped_key(service),
-        fence_key(service),
-        group_name(service),
-        lock_key(service, ""),
-        100,
-        60_000,
-        1_000,
-        adopter,
-        room,
-        TTL,
-        f"{adopter}:n",
-        queued_prefix(service),
-        queues,
     )
 
 
