@@ -136,18 +136,7 @@ async def cycle_lbs_run_defaults_go_compatible(r: aioredis.Redis, service: str, 
 async def cycle_lbs_run_installed(r: aioredis.Redis, service: str, n: int) -> int:
     """run() as an application gets it: ``Config()`` defaults, ``concurrency=1024``, the installed
     plugins loaded from their entry points (lbs-claim's reader, lbs-prometheus into its REGISTRY)."""
-    c = lbs.Client(r, service, "bench", lbs.Config())
-    runner = asyncio.create_task(c.run(_noop, 1024, handle_signals=False))
-    try:
-        await c.wait_finished(n)
-    finally:
-        await c.close()
-        await runner
-    return c.stats.finished
-
-
-async def _noop(note: lbs.Notification) -> None:
-    return None
+    return await cycle_lbs_defaults(r, service, n, installed=True)
 
 
 #: The plain design lbs's cycle is compared with (``extra_info["baseline"]``).

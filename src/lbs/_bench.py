@@ -118,13 +118,24 @@ async def cycle_lbs_run(r: aioredis.Redis, service: str, n: int) -> int:
 
 
 async def cycle_lbs_defaults(
-    r: aioredis.Redis, service: str, n: int, plugins: Sequence[object] = (), **config: Any
+    r: aioredis.Redis,
+    service: str,
+    n: int,
+    plugins: Sequence[object] = (),
+    *,
+    installed: bool = False,
+    **config: Any,
 ) -> int:
     """run() as an application gets it: ``lbs.Config(**config)`` (none: the defaults), ``concurrency=1024``,
-    the given plugins."""
+    the given plugins, and with ``installed`` the installed ones too (their entry points)."""
     return await _run(
         Client(
-            r, service, "bench", Config(**config), plugins=plugins, load_entrypoint_plugins=False
+            r,
+            service,
+            "bench",
+            Config(**config),
+            plugins=plugins,
+            load_entrypoint_plugins=installed,
         ),
         n,
         concurrency=1024,
