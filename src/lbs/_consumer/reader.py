@@ -123,7 +123,7 @@ class Reader(Activity, kind="reader"):
                         asked = min(s.read_count, free)
                         wait = block_ms if then == scripts.DRAINED else 0
                         sent = self._send(asked, ">", wait)
-                    then = scripts.READ_AGAIN
+                    then = scripts.READ_AGAIN  # what a take that fails leaves: read again
                     then = await self._take(sent, ">", partial(read_ahead, asked=asked))
                 except asyncio.CancelledError:
                     raise
@@ -260,9 +260,8 @@ class Reader(Activity, kind="reader"):
                     before_dispatch(len(raw_entries))
                 await self._hand_out(raw_entries, tokens, start)
             if waited and isinstance(replies[0], Exception):
-                raise replies[
-                    0
-                ]  # the wait failed (NOGROUP: the wake group is gone), the read did not
+                # The wait failed (NOGROUP: the wake group is gone), the read did not.
+                raise replies[0]
             return bytes(then)
         finally:
             self._reads.pop(sent, None)
@@ -315,7 +314,7 @@ class Reader(Activity, kind="reader"):
         taken_at = time.monotonic()
         # Re-reading our pending entries: those we track, now or when the re-read was sent, are not
         # to be taken again.
-        finishing = self._ours() | self._tracked if start != ">" else ()
+        ours = self._ours() | self._tracked if start != ">" else ()
         queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
         waiting = 0
         for e, tok in zip(raw_entries, tokens):
@@ -347,7 +346,7 @@ class Reader(Activity, kind="reader"):
                     # was claimed away): leave it pending; it is theirs.
                     s.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
                 continue
-            if e.id in table or e.id in finishing:
+            if e.id in table or e.id in ours:
                 continue  # re-read: already ours, or being finished or handed back
             if e.error is not None:
                 bad.append((e, f"{tok}:{owner}", str(e.error)))
