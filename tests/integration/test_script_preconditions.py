@@ -72,12 +72,15 @@ async def read(
     start: str = ">",
     owner: str | None = None,
     msetex: str | None = None,
+    fair_ms: int | None = None,
 ) -> Any:
     args: list[Any] = [group_name(service), consumer, count, TTL, lock_key(service, ""), start, ""]
-    if owner is not None or msetex is not None:
+    if owner is not None or msetex is not None or fair_ms is not None:
         args.append(owner or "")
-    if msetex is not None:
-        args.append(msetex)
+    if msetex is not None or fair_ms is not None:
+        args.append(msetex or "")
+    if fair_ms is not None:  # ARGV[10..12] none, ARGV[13] the window
+        args += ["", "", "", fair_ms]
     return await r.eval(
         source("read-3"),
         3,
@@ -284,11 +287,16 @@ async def test_read_refuses_a_key_of_the_wrong_type(
     assert await snapshot(rr, service) == before
 
 
-async def test_read_refuses_an_lbs_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
+@pytest.mark.parametrize("fair_ms", [None, 5_000])
+async def test_read_refuses_an_lbs_of_the_wrong_type(
+    rr: aioredis.Redis, service: str, fair_ms: int | None
+) -> None:
     await rr.hset(input_stream(service), "lbs-input", "{}")
     before = await snapshot(rr, service)
     await refused(
-        read(rr, service), input_stream(service), "holds a hash, not the load-balancer stream"
+        read(rr, service, fair_ms=fair_ms),
+        input_stream(service),
+        "holds a hash, not the load-balancer stream",
     )
     assert await snapshot(rr, service) == before
     assert not await rr.exists(fence_key(service), consumers_key(service))

@@ -310,8 +310,11 @@ end
 local asked, dry = count, false  -- dry: the group has nothing more to deliver
 local entries, failed
 local fair = ARGV[6] == '>' and ARGV[13] and ARGV[13] ~= '' and tonumber(ARGV[13])
-if fair and not (ARGV[7] and ARGV[7] ~= '') and
-   not redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])[1] then
+-- This consumer's oldest pending entry; a refusal (no group, a key of another type) takes the
+-- path below, where XREADGROUP's own refusal is the reply.
+local mine = fair and not (ARGV[7] and ARGV[7] ~= '') and
+             redis.pcall('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if type(mine) == 'table' and not mine.err and not mine[1] then
   -- Nothing pending to this consumer, so one entry is within its share whatever its peers
   -- do: read one, and count the share (XINFO) only when more wait. At low rates that is every
   -- read, and XINFO CONSUMERS costs as much as the rest of the call.
