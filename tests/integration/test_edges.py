@@ -192,6 +192,38 @@ async def test_a_re_read_after_a_lost_reply_leaves_a_stream_being_handed_back_al
         await runner
 
 
+async def test_a_wake_group_destroyed_under_a_waiting_reader_is_made_again(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
+    # The reader waits in <service>-wake with its read behind it. Destroyed (by hand, or gone with a
+    # server restarted empty), the wait fails with NOGROUP while the read behind it still runs: what
+    # it read is taken, the wake group is made again, and later registrations still wake the reader.
+    runs: list[str] = []
+
+    async def handler(note: lbs.Notification) -> None:
+        runs.append(note.stream)
+
+    c = client(redis_server.url, service, read_block=15.0)
+    runner = asyncio.create_task(c.run(handler))
+    try:
+        await eventually(lambda: is_true(probe(c).reader.blocked))
+        await r.xgroup_destroy(_keys.input_stream(service), _keys.wake_group(service))
+        await produce(redis_server.url, service, "a")
+        await eventually(lambda: is_true("a" in runs))
+
+        async def wake_group_back() -> bool:
+            groups = await r.xinfo_groups(_keys.input_stream(service))
+            return any(g["name"] == _keys.wake_group(service).encode() for g in groups)
+
+        await eventually(wake_group_back)
+        await produce(redis_server.url, service, "b")  # wakes the reader well before read_block
+        await eventually(lambda: is_true("b" in runs), timeout=10.0)
+        assert runs == ["a", "b"]
+    finally:
+        await c.close()
+        await runner
+
+
 async def test_a_notification_is_an_async_with_block(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
