@@ -200,7 +200,8 @@ class GoConsumer:
             await self._take(cid.decode(), fields)
         return bool(claimed)
 
-    async def done_stream(self, name: str) -> None:
+    async def done_stream(self, name: str, stall: float = 0.0) -> None:
+        """``DoneStream``; ``stall``: the process pauses that long between its unlock and its XACK."""
         s = self.held.pop(name, None)
         if s is None:
             self.events.append(("DoneFailed", name, ""))  # "data stream not found"
@@ -208,6 +209,8 @@ class GoConsumer:
         if s.extender is not None:
             s.extender.cancel()
         await self._unlock(keys=[s.lock_key], args=[self.name])
+        if stall:
+            await asyncio.sleep(stall)
         await self._redis.xack(self.stream, self.group, s.entry_id)
         await self._redis.xdel(self.stream, s.entry_id)
         self.events.append(("Done", name, s.entry_id))

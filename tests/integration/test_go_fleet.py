@@ -291,6 +291,42 @@ async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(
         await r.aclose()
 
 
+async def test_a_scan_between_a_go_done_streams_unlock_and_its_xack_re_queues_nothing(
+    server: RedisServer, service: str
+) -> None:
+    """Go's ``DoneStream`` deletes its lock, then XACKs in a second round trip. A scan that finds the
+    entry in between (here the Go process stalls 0.3 s there) must not re-run the finished stream."""
+    release = asyncio.Event()
+    go, (entry_id,) = await _go_holding(server, service, ["z"], release)
+    r = aioredis.Redis.from_url(server.url)
+    c = _client(server.url, service, "lbs-1", go_compatible=True, recovery=False)
+    await c.start()
+    try:
+
+        async def idle() -> bool:  # past requeue-6's "just claimed" grace
+            p = await r.xpending_range(
+                lbs.input_stream(service), lbs.group_name(service), "-", "+", 1
+            )
+            return p[0]["time_since_delivered"] > 1500
+
+        await eventually(idle)
+        done = asyncio.create_task(go.done_stream("z", stall=0.3))
+
+        async def unlocked() -> bool:
+            return not await r.exists(go_lock_key("z", entry_id))
+
+        await eventually(unlocked)
+        counts = await c.recovery.scan(min_idle=0)
+        await done
+        assert counts["requeued"] == 0 and go.processed() == ["z"]
+        assert await r.xlen(lbs.input_stream(service)) == 0
+    finally:
+        release.set()
+        await c.close()
+        await go.kill()
+        await r.aclose()
+
+
 async def _listening(c: lbs.Client) -> bool:
     return c.recovery.listening.is_set()
 

@@ -35,7 +35,7 @@ Three paths find the entries to re-queue:
 * **scan** (the backstop for everything else: missed events, locks taken by
   other clients, restarts): at start and every ``reconciliation_interval``,
   XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS round trip per page,
-  re-queue only where the lock is gone.
+  re-queue only where the lock is gone (beside a Go fleet, ``GO_DONE_GAP`` later).
 
 After a stall of the server every deadline and lock lapses at once although
 the holders live; ``reap-4.lua`` notices the gap since its last call and
@@ -65,7 +65,7 @@ from .._redis.connection import execute
 from .._redis.subscription import Subscription
 from .._redis.wire import text
 from .._waits import wait_set
-from ..config import GO_CLAIM_IDLE
+from ..config import GO_CLAIM_IDLE, GO_DONE_GAP
 from .activity import Activity
 from .backoff import Backoff
 from .requeue import Requeue
@@ -355,9 +355,7 @@ class Recovery(Activity):
         try:
             await self.scan(min_idle=GO_CLAIM_IDLE)
         except RedisError as exc:
-            self.state.log.warning(
-                "catch-up scan for Go-style locks failed (%s); the periodic scan will", exc
-            )
+            self.state.log.warning("Go-style locks' catch-up scan failed (%s); the next will", exc)
 
     async def _on_go_expired(self, entry_id: str) -> None:
         """A Go consumer's lock expired (``Config.go_compatible``): its holder stopped extending it.
@@ -469,6 +467,8 @@ class Recovery(Activity):
             seen += len(ids)
             dead = await self._dead_of(ids)
             alive += len(ids) - len(dead)
+            if dead and self.config.go_compatible:  # a Go DoneStream between its DEL and its XACK
+                await wait_set(s.stopping, GO_DONE_GAP)
             if dead:
                 requeued += await self.requeue.recover(dead, "scan", "lock gone (scan)")
         s.hooks.metric("recovery_scan_skipped_alive_total", alive)
