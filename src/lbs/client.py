@@ -107,7 +107,7 @@ class Client:
                 "Config.go_compatible needs a single Redis: the Go reference client's "
                 "lock keys have no hash tag, so they are in other slots than the LBS"
             )
-        self.log = ConsumerLog(log, {"consumer_id": self.id})
+        self.log = ConsumerLog(log, {"consumer_id": self.id, "service": self.service})
         self._hooks = Hooks(self.pm, self, {"service": self.service, "consumer": self.id}, self.log)
         self._state = s = ClientState(
             self.config, names, self._hooks, self.log, Topology.first_link(source), self

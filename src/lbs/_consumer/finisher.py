@@ -173,7 +173,9 @@ class Finisher(Activity, kind="finisher"):
                 )
                 for h, fut in batch:
                     if fut is None:
-                        s.log.error("finishing %s failed (%s); its lock will expire", h.stream, err)
+                        s.log.on(h).error(
+                            "finishing %s failed (%s); its lock will expire", h.stream, err
+                        )
                     elif not fut.done():
                         fut.set_exception(err)
                 continue
@@ -186,7 +188,7 @@ class Finisher(Activity, kind="finisher"):
             for (h, fut), code in zip(batch, codes):
                 if code == DoneCode.TAKEN:
                     s.hooks.metric("go_taken_total", 1)
-                    s.log.warning(
+                    s.log.on(h).warning(
                         "%s (entry %s) was taken by a Go consumer while held: not finished here",
                         h.stream,
                         h.entry_id,

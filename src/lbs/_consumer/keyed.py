@@ -16,16 +16,13 @@ link's two keyed connections:
   ``max_hold_messages`` messages or ``max_hold_seconds``.
 
 A handler that raises (or whose effect cannot be written) hands the key back
-with its position, parked for the retry back-off (``Config.retry_delay``,
-doubling up to ``retry_delay_max``; the parking stream that
-:mod:`lbs._consumer.delays` promotes). The failed batch is then taken apart:
-the holds after it give the handler one message at a time up to the failed
-batch's last message, so the messages before the culprit are committed once,
-and the culprit is dead-lettered once it has failed in 1 +
-``Config.max_retries`` holds (the failed batch and the holds that tried it
-alone; ``commit-1.lua`` counts them in the key's state, so they add up across
-consumers); the key goes on after it. A holder that died holding the key
-counts as a failed hold the same way (``fetch-1.lua``).
+with its position, parked for the retry back-off (``Config.retry_delay``;
+:mod:`lbs._consumer.delays` promotes it). The failed batch is then taken
+apart: the next holds give the handler one message at a time up to its last
+message, so the messages before the culprit are committed once, and the
+culprit is dead-lettered after 1 + ``Config.max_retries`` failed holds
+(counted in the key's state by ``commit-1.lua``, and by ``fetch-1.lua`` for a
+holder that died holding the key, so they add up across consumers).
 """
 
 from __future__ import annotations
@@ -97,11 +94,8 @@ class KeyedRunner(Activity, kind="keyed"):
         max_hold_seconds: float,
     ) -> None:
         self.state, self.finisher, self.handler = state, finisher, handler
-        self.batch, self.max_hold_messages, self.max_hold_seconds = (
-            batch,
-            max_hold_messages,
-            max_hold_seconds,
-        )
+        self.batch, self.max_hold_messages = batch, max_hold_messages
+        self.max_hold_seconds = max_hold_seconds
         self._fetch: list[_Hold] = []
         #: Each key's next step for commit-1.lua.
         self._commit: list[tuple[_Hold, KeyCommit]] = []
@@ -170,7 +164,9 @@ class KeyedRunner(Activity, kind="keyed"):
                 f"failed in {hold.fails} holds, the last lost with its holder (died, stalled past the lock "
                 "TTL or cut off)"
             )
-            s.log.warning("key %s: message %s %s; dead-lettered", h.stream, messages[0].id, reason)
+            s.log.on(h, keyed=True).warning(
+                "key %s: message %s %s; dead-lettered", h.stream, messages[0].id, reason
+            )
             self._step(hold, "", "skip", reason=reason)
             return
         if not messages:
@@ -213,7 +209,7 @@ class KeyedRunner(Activity, kind="keyed"):
             self._step(hold, "", "yield")
         elif exc is not None:
             s.stats.handler_failures += 1
-            s.log.warning(
+            s.log.on(h, keyed=True).warning(
                 "keyed handler failed on %s at %s (%d message(s)); handing the key back",
                 h.stream,
                 batch.messages[0].id,

@@ -224,7 +224,7 @@ class Requeue:
                 out.append(detail)
                 continue
             if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
-                s.log.warning(
+                s.log.on(h).warning(
                     "%s (entry %s) is out of retries: dead-lettered (%s)",
                     h.stream,
                     h.entry_id,
@@ -232,7 +232,7 @@ class Requeue:
                 )
                 self._dead_lettered(h.entry_id, reason, code, detail)
             elif code == RequeueCode.REFUSED:
-                s.log.error(
+                s.log.on(h).error(
                     "could not hand back %s (entry %s): %s; it stays pending and recovery retries "
                     "once its lock expires",
                     h.stream,
@@ -240,7 +240,9 @@ class Requeue:
                     detail.removeprefix("LBSKEY "),
                 )
             else:
-                s.log.warning("could not hand back %s (entry %s): %s", h.stream, h.entry_id, detail)
+                s.log.on(h).warning(
+                    "could not hand back %s (entry %s): %s", h.stream, h.entry_id, detail
+                )
             out.append("")
         return out
 

@@ -195,12 +195,14 @@ class Runner:
         trace = ""
         if timed_out:
             reason = str(exc)
-            s.log.warning("%s on %s (entry %s); handing it back", reason, h.stream, h.entry_id)
+            s.log.on(h).warning(
+                "%s on %s (entry %s); handing it back", reason, h.stream, h.entry_id
+            )
         else:
             s.stats.handler_failures += 1
             reason = f"handler raised {type(exc).__name__}: {exc}"[:500]
             trace = failure_traceback(exc)
-            s.log.warning(
+            s.log.on(h).warning(
                 "handler failed on %s (entry %s): %s; handing it back",
                 h.stream,
                 h.entry_id,
@@ -232,7 +234,9 @@ class Runner:
                     or s.stopping.is_set()
                     or time.monotonic() + wait > until
                 ):
-                    s.log.error("hand-back of %s failed (%s); its lock will expire", h.stream, err)
+                    s.log.on(h).error(
+                        "hand-back of %s failed (%s); its lock will expire", h.stream, err
+                    )
                     return
                 s.log.warning(
                     "hand-back of %s failed (%s); trying again in %.2fs", h.stream, err, wait

@@ -26,6 +26,7 @@ from .._redis.acl import denied_rule
 from .._redis.wire import Wire
 from ..config import Config
 from ..exceptions import ConfigurationError, NotHeldError
+from ..logs import about
 from ..metrics import Histogram
 from ..notifications import Mailbox, Notification
 from ..plugins import Hooks
@@ -292,12 +293,17 @@ def _check_name(stream: object, entry_id: object) -> None:
 
 
 class ConsumerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """Puts the consumer id in every record (message prefix and ``record.consumer_id``)."""
+    """Puts the consumer id in every record (message prefix and ``record.consumer_id``) and its service."""
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         extra = self.extra or {}
         kwargs.setdefault("extra", {}).update(extra)
         return f"[{extra.get('consumer_id')}] {msg}", kwargs
+
+    def on(self, held: Any, *, keyed: bool = False) -> ConsumerLog:
+        """This log, its records about one held assignment (:func:`lbs.logs.about`: stream or key,
+        entry id, token, retry count as record attributes, fields in ``--log-format json``)."""
+        return ConsumerLog(self.logger, {**(self.extra or {}), **about(held, keyed=keyed)})
 
 
 class ClientState:
