@@ -63,3 +63,11 @@ async def keyed_stall(batch: lbs.KeyedBatch) -> None:
         resume = os.environ["LBS_TEST_RESUME"]
         while not os.path.exists(resume):
             time.sleep(0.01)
+
+
+async def fails_first(note: lbs.Notification) -> None:
+    """Raises ``ValueError`` on a stream's first attempt (retry count 0); processes it on the next."""
+    if note.retry_count == 0:
+        _log("failed", note)
+        raise ValueError(f"first try of {note.stream}")
+    _log("done", note)

@@ -30,7 +30,7 @@ def main() -> int:
 
     settings = WorkerSettings.from_json(sys.stdin.readline())
     _stop_with_supervisor(settings.parent_pid)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     return run_in_process(settings)
 
 

@@ -127,9 +127,15 @@ def explain(exc: BaseException, url: str = "") -> str:
     return str(exc)
 
 
-def setup_logging(level: str) -> None:
-    """Log records to stderr: through rich on a terminal, one plain line per record otherwise (a service's log)."""
+def setup_logging(level: str, fmt: str = "text") -> None:
+    """Log records to stderr: ``json``, one JSON object per line (:mod:`lbs.logs`); ``text``, through rich
+    on a terminal, one plain line per record otherwise (a service's log)."""
     handler: logging.Handler
+    if fmt == "json":
+        from ..logs import configure
+
+        configure(level, "json")
+        return
     if err_console.is_terminal:
         from rich.logging import RichHandler
 

@@ -7,6 +7,7 @@ rows plugins add through ``lbs_worker_banner``.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 
@@ -24,7 +25,9 @@ from ..plugins import collect
 from ._common import err_console, mask_url
 from .settings import WorkerSettings, changed_fields
 
-__all__ = ["StartBanner", "banner", "plugin_names", "plugin_rows"]
+__all__ = ["StartBanner", "banner", "banner_rows", "plugin_names", "plugin_rows"]
+
+log = logging.getLogger("lbs.worker")
 
 
 def _seconds(value: float | None) -> str:
@@ -43,6 +46,25 @@ def banner(
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold cyan", no_wrap=True)
     grid.add_column(overflow="fold")
+    for key, value in banner_rows(s, config, plugins=plugins, server=server, extra=extra):
+        grid.add_row(key, escape(str(value)))
+    return Panel(
+        grid,
+        title=f"[bold]lbs {escape(__version__)} worker[/] (pid {os.getpid()})",
+        title_align="left",
+        expand=False,
+    )
+
+
+def banner_rows(
+    s: WorkerSettings,
+    config: Config,
+    *,
+    plugins: list[str],
+    server: str,
+    extra: Sequence[tuple[str, str]] = (),
+) -> list[tuple[str, str]]:
+    """The banner's rows (``--log-format json`` logs them as one record's ``banner`` field)."""
     services = shard_services(s.service, s.shards)
     lbs_keys = (
         input_stream(s.service)
@@ -85,14 +107,7 @@ def banner(
         ("plugins", ", ".join(plugins) or "none"),
         *extra,
     ]
-    for key, value in rows:
-        grid.add_row(key, escape(str(value)))
-    return Panel(
-        grid,
-        title=f"[bold]lbs {escape(__version__)} worker[/] (pid {os.getpid()})",
-        title_align="left",
-        expand=False,
-    )
+    return [(key, str(value)) for key, value in rows]
 
 
 class StartBanner:
@@ -109,15 +124,13 @@ class StartBanner:
             return
         self.printed = True
         server = f"Redis {'.'.join(map(str, client.server_version)) or '?'}"
-        err_console.print(
-            banner(
-                self.settings,
-                self.config,
-                plugins=plugin_names(client.pm, self),
-                server=server,
-                extra=plugin_rows(client),
-            )
-        )
+        plugins, extra = plugin_names(client.pm, self), plugin_rows(client)
+        s, config = self.settings, self.config
+        if s.log_format == "json":  # one JSON object per line: the banner is a record too
+            rows = banner_rows(s, config, plugins=plugins, server=server, extra=extra)
+            log.info("lbs %s worker started", __version__, extra={"banner": dict(rows)})
+        else:
+            err_console.print(banner(s, config, plugins=plugins, server=server, extra=extra))
 
 
 def plugin_rows(client: Client) -> list[tuple[str, str]]:

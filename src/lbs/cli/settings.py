@@ -347,6 +347,8 @@ class WorkerSettings:
     #: Where each field that is not lbs's default came from.
     sources: dict[str, str] = field(default_factory=dict)
     log_level: str = "info"
+    #: ``text`` or ``json`` (``--log-format``).
+    log_format: str = "text"
     banner: bool = True
     #: Run the handler with ``run_keyed()`` (it takes an lbs.KeyedBatch) rather than ``run()``.
     keyed: bool = False

@@ -116,7 +116,7 @@ def run_in_process(s: WorkerSettings, handler: Handler | None = None) -> int:
         log.info("stopped before the worker had started")
         return EXIT_OK
     except HandlerError as exc:
-        return _handler_failed(exc)
+        return _handler_failed(exc, s.log_format)
     except ConfigurationError as exc:
         log.error("%s", exc)
         return EXIT_CONFIG
@@ -130,8 +130,14 @@ def run_in_process(s: WorkerSettings, handler: Handler | None = None) -> int:
     return EXIT_OK
 
 
-def _handler_failed(exc: HandlerError) -> int:
-    """Report a handler that cannot be loaded: a wrong name is a usage error; an import that raised shows its traceback."""
+def _handler_failed(exc: HandlerError, log_format: str = "text") -> int:
+    """Report a handler that cannot be loaded: a wrong name is a usage error; an import that raised shows its traceback
+    (with ``--log-format json``, as one record's ``traceback`` field)."""
+    if log_format == "json":
+        cause = exc.__cause__
+        info = (type(cause), cause, cause.__traceback__) if cause is not None else None
+        log.error("%s", exc, exc_info=info)
+        return EXIT_USAGE if exc.usage else EXIT_FAILURE
     if exc.usage:
         err_console.print(
             f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
@@ -209,6 +215,11 @@ def _check_url(value: str) -> str:
     except ConfigurationError as exc:
         fail("worker", f"invalid --url {mask_url(value)}: {exc}", EXIT_CONFIG)
     return value
+
+
+class LogFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
 
 
 class LogLevel(str, enum.Enum):
@@ -370,6 +381,15 @@ def worker(
             help="Log records from this level up, to stderr.",
         ),
     ] = LogLevel.info,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            envvar="LBS_LOG_FORMAT",
+            case_sensitive=False,
+            help="text: a line per record (rich on a terminal); json: one JSON object per line, with the "
+            "service, consumer, stream or key, entry id, token and retry count as fields (lbs.logs).",
+        ),
+    ] = LogFormat.text,
     check: Annotated[
         bool,
         typer.Option(
@@ -390,13 +410,13 @@ def worker(
     (options, MODULE:HANDLER); 78 an invalid setting (EX_CONFIG).
     """
     level = log_level.value.upper()
-    setup_logging(level)
+    setup_logging(level, log_format.value)
     try:
         handler = load_handler(target, app_dir)
     except HandlerError as exc:
         if exc.usage:
             raise typer.BadParameter(str(exc), param_hint="'MODULE:HANDLER'") from None
-        raise typer.Exit(_handler_failed(exc)) from None
+        raise typer.Exit(_handler_failed(exc, log_format.value)) from None
     flags = {
         "handler_timeout": ("--timeout", timeout),
         "lock_ttl": ("--lock-ttl", lock_ttl),
@@ -426,6 +446,7 @@ def worker(
         config=dataclasses.asdict(config),
         sources={name: layers.sources.get(name, "?") for name in changed_fields(config)},
         log_level=level,
+        log_format=log_format.value,
         keyed=takes_keyed_batch(handler) if keyed is None else keyed,
         batch=batch,
     )
