@@ -26,14 +26,15 @@ else
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m lbs demo $(DEMO_ARGS)
 endif
 
-# Lint first (seconds), then the suite, the first-party plugins' tests, plus every
+# Lint first (seconds), then the suite (the dashboard's browser tests drive Debian's
+# chromium, which scripts/chromium.sh finds or installs), the first-party plugins' tests, plus every
 # benchmark once with timing off so none can rot, and the property tests in their
 # short "smoke" profile (see conftest.py), under coverage: the report's last line
 # is the total over lbs and the plugins, measured in the test process (the `lbs`
 # processes the CLI tests start are not measured).
 test: setup lint
-	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && \
-		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 \
+	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && chromium=$$(scripts/chromium.sh) && \
+		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 LBS_CHROMIUM=$$chromium \
 		LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
 		$(PY) -m coverage run -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
 	@$(PY) -m coverage report
