@@ -99,6 +99,9 @@ class Held:
     def token(self) -> int:
         """The lock's fencing token."""
     @property
+    def fields(self) -> dict[bytes, bytes]:
+        """The entry's fields when it has some beyond lbs's own (a trace context), else ``{}``."""
+    @property
     def value(self) -> str: ...
     @property
     def lock_key(self) -> str: ...

@@ -9,6 +9,7 @@ cdef class Entry:
         object _raw_fields         # the reply's fields: a flat list, a dict, or (_resp_fields) RESP bytes
         bint _resp_fields          # _raw_fields is the RESP of the field array (read in place)
         dict _fields               # built from _raw_fields on first access of .fields
+        bint _other                # it has fields beyond the three an EntryParser reads (or may have)
         readonly long long idle_ms         # XREADGROUP CLAIM: ms since last delivery (-1: not claimed)
         readonly long long delivery_count  # XREADGROUP CLAIM: deliveries so far (0: new entry)
 
@@ -41,5 +42,5 @@ cdef class EntryParser:
 
     cdef Entry parse_one(self, object raw_id, object raw_fields, object extra)
     cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,
-                           object extra, bint resp_fields=*)
+                           object extra, bint resp_fields=*, bint other=*)
     cdef Entry parse_item(self, object item)

@@ -158,12 +158,14 @@ cdef class EntryParser:
         # the generic path): bytes, or str under decode_responses.
         cdef dict fields
         cdef object raw, rc, oid
+        cdef bint other = True  # unless the flat walk below sees every field
         raw = rc = oid = None
         if raw_fields is not None and type(raw_fields) is list and all_bytes(<list>raw_fields):
             # The flat [k1, v1, k2, v2, ...] of RESP2 and of scripts: pick the
             # three fields we read without building a dict (later keys win,
             # as in a dict).
             flat = <list>raw_fields
+            other = False
             for i in range(0, len(flat) - 1, 2):
                 k = flat[i]
                 if k == self._input_field:
@@ -172,6 +174,8 @@ cdef class EntryParser:
                     rc = flat[i + 1]
                 elif k == self._original_field:
                     oid = flat[i + 1]
+                else:
+                    other = True
         elif raw_fields is not None:
             if not isinstance(raw_fields, (list, tuple, dict)):
                 e = self.parse_parts(_text(raw_id), [], _span(None), _span(None), _span(None), extra)
@@ -182,10 +186,11 @@ cdef class EntryParser:
             rc = fields.get(self._retry_field)
             oid = fields.get(self._original_field)
         raw, rc, oid = _as_bytes(raw), _as_bytes(rc), _as_bytes(oid)
-        return self.parse_parts(_text(raw_id), raw_fields, _span(raw), _span(rc), _span(oid), extra)
+        return self.parse_parts(_text(raw_id), raw_fields, _span(raw), _span(rc), _span(oid), extra,
+                                False, other)
 
     cdef Entry parse_parts(self, str entry_id, object raw_fields, Span raw, Span rc, Span oid,
-                           object extra, bint resp_fields=False):
+                           object extra, bint resp_fields=False, bint other=True):
         # The one place an entry is judged: both the generic path (parse_one)
         # and the RESP reader's direct path (which never makes bytes objects
         # for the fields) end here. A span with n < 0 is an absent field.
@@ -200,6 +205,9 @@ cdef class EntryParser:
         e.info = None
         e.original_id = None
         e.error = None
+        # ``other``: a field beyond the three read here (a producer plugin's trace context, say), or
+        # one may be (the generic paths do not look): HeldTable.take keeps such an entry for Held.fields.
+        e._other = other
         e.set_raw_fields(raw_fields, resp_fields and raw_fields is not None)
         if extra is not None:
             # XREADGROUP CLAIM: [id, fields, idle, delivery count]. Server 8.4.0

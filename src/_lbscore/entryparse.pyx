@@ -139,6 +139,7 @@ cdef Entry _read_entry(RespReader r, Py_ssize_t *pos, EntryParser parser):
     cdef long long n, m, k
     cdef Span raw, rc, oid
     cdef FieldRole role
+    cdef bint other = False
     cdef str entry_id
     cdef object fields, extra = None
     if p[i] != 42:
@@ -187,6 +188,8 @@ cdef Entry _read_entry(RespReader r, Py_ssize_t *pos, EntryParser parser):
                     elif role == FIELD_ORIGINAL:
                         oid.p = p + le + 2
                         oid.n = vl
+                    else:
+                        other = True
                 i = le + 2 + vl + 2
             if m % 2 == 1:
                 # A key without a value: the generic rules decide.
@@ -202,4 +205,4 @@ cdef Entry _read_entry(RespReader r, Py_ssize_t *pos, EntryParser parser):
     pos[0] = i
     if n == 4:
         extra = (r.value_at(pos), r.value_at(pos))
-    return parser.parse_parts(entry_id, fields, raw, rc, oid, extra, True)
+    return parser.parse_parts(entry_id, fields, raw, rc, oid, extra, True, other)

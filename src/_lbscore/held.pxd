@@ -27,6 +27,7 @@ cdef class Held:
         # MARK_RUNNING (not in the set: running).
         unsigned char mark
         _HeldKeys _keys
+        object _entry              # the Entry, kept only when it has fields beyond lbs's own (.fields)
 
     # A record made without __init__ (_new_held): what it shares, its Info (None: empty).
     cdef inline void set_keys(self, _HeldKeys keys) noexcept

@@ -105,6 +105,16 @@ cdef class Held:
         return self._info
 
     @property
+    def fields(self):
+        """The LBS entry's fields as read (a dict of bytes; built when first asked) when it has
+        fields beyond ``lbs-input`` and lbs's retry count and original id, such as the W3C trace
+        context a producer plugin adds (``traceparent``); else an empty dict (a record made by hand
+        or unpickled has none either)."""
+        if self._entry is None:
+            return {}
+        return (<Entry>self._entry).fields
+
+    @property
     def value(self):
         """What the lock key holds while the lock is ours: ``"<token>:<owner>"``.
 
@@ -228,6 +238,8 @@ cdef class HeldTable:
             raise _data_error(f"entry {entry.id!r} cannot be held: {entry.error or 'it has no stream'}")
         h = _new_held(self._keys, entry.id, entry.stream, entry.info, retry_count, token, taken_at,
                       MARK_HELD if queued else MARK_RUNNING)
+        if entry._other:
+            h._entry = entry  # for Held.fields; an entry of lbs's fields only keeps nothing
         self._add(h)
         return h
 

@@ -37,6 +37,7 @@ import pluggy
 from . import metrics as _metrics
 
 if TYPE_CHECKING:
+    from ._redis.routes import Sender
     from .client import Client, Handler, Held
     from .deadletters import DeadLetterBackend
     from .notifications import DoneStatus, Notification
@@ -409,6 +410,64 @@ def lbs_stream_expired(
     """
 
 
+# ------------------------------------------------------ messages, handlers ---
+
+
+@hookspec
+def lbs_message_fields(sender: Sender, service: str) -> Mapping[str, str] | None:
+    """Fields to add to every entry of one send, e.g. the W3C trace context (``traceparent``).
+
+    Called once per :meth:`lbs.Producer.add_stream`, ``add_streams``, :meth:`lbs.Publisher.publish`
+    or ``publish_many`` call (not per entry), before anything is sent, when some plugin of the
+    sender implements it (a sender loads plugins as a client does, and takes ``plugins=``). The
+    fields go beside ``lbs-input`` in every LBS entry (the Go client reads only that) or into
+    every published message. A later answer wins for one name; lbs's own names (``lbs-input``,
+    ``lbs-keyed``, ``_``-prefixed) and a plugin that raises are logged and left out. Consumers
+    read them from :attr:`lbs.Held.fields`; re-queued copies keep them.
+
+    :param sender: the :class:`lbs.Producer` or :class:`lbs.Publisher`.
+    :param service: its service.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_wrap_handler(client: Client, handler: Handler) -> Handler | None:
+    """Wrap the handler :meth:`lbs.Client.run` calls (a span, a timer); free when unused.
+
+    Called once when ``run()`` starts, after the handler is known. Each implementation gets the
+    previous one's answer, in pluggy's order (the plugin asked last wraps outermost); return an
+    ``async def`` taking the notification that returns what ``handler`` returns and raises what
+    it raises, or None. Meanwhile :meth:`lbs.Client.find_held` gives the stream's
+    :class:`lbs.Held`. An implementation that raises fails ``run()``.
+
+    :param client: the client about to run.
+    :param handler: the handler so far.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_hand_back_fields(
+    client: Client, held: Held, retry_counted: bool
+) -> Mapping[str, str] | None:
+    """Fields to set on the copy of a stream handed back (the failed attempt's span, say).
+
+    Called per stream, just before ``requeue-6.lua``, when a ``run()`` handler failed, timed out
+    or was cancelled, by :meth:`lbs.Client.hand_back` and on ``close()``; not for recovery after
+    a death. The fields replace the entry's own of the same names on the copy (re-queued, parked
+    or dead-lettered); names and failures are treated as for :func:`lbs_message_fields`.
+
+    :param client: the client handing back.
+    :param held: the stream's record.
+    :param retry_counted: whether a retry is counted.
+
+    .. versionadded:: 0.1
+    """
+
+
 __all__ = [
     "NAME",
     "hookimpl",
@@ -417,11 +476,13 @@ __all__ = [
     "lbs_client_started",
     "lbs_config_defaults",
     "lbs_dead_letter_backend",
+    "lbs_hand_back_fields",
     "lbs_handler",
     "lbs_lock_acquired",
     "lbs_lock_released",
     "lbs_locks_extended",
     "lbs_locks_released",
+    "lbs_message_fields",
     "lbs_metric",
     "lbs_reader",
     "lbs_reader_terminated",
@@ -432,4 +493,5 @@ __all__ = [
     "lbs_stream_started",
     "lbs_streams_started",
     "lbs_worker_banner",
+    "lbs_wrap_handler",
 ]

@@ -26,6 +26,7 @@ from .metrics import METRICS, Histogram
 log = logging.getLogger("lbs.plugins")
 
 __all__ = [
+    "OWN_FIELDS",
     "WORKER_PROCESSES_ENV",
     "WORKER_SLOT_ENV",
     "Hooks",
@@ -34,6 +35,7 @@ __all__ = [
     "call_each",
     "collect",
     "make_plugin_manager",
+    "merged_fields",
     "plugin_config_defaults",
     "worker_slot",
 ]
@@ -175,6 +177,34 @@ def call_each(
     return answers
 
 
+#: Field names of an LBS entry that only lbs writes: no plugin may add them (hooks
+#: ``lbs_message_fields``, ``lbs_hand_back_fields``), nor any starting with ``_`` (the managed fields).
+OWN_FIELDS = frozenset(("lbs-input", "lbs-keyed"))
+
+
+def merged_fields(
+    impls: Sequence[pluggy.HookImpl],
+    hook: str,
+    kwargs: Mapping[str, Any],
+    log: logging.LoggerAdapter | logging.Logger,  # type: ignore[type-arg]
+) -> dict[str, str]:
+    """The fields the implementations of a fields hook (``lbs_message_fields``, ``lbs_hand_back_fields``)
+    answer, merged (a later answer wins for one name), each called on its own (:func:`call_each`).
+    A name lbs writes itself, or a name or value that is not a str, is logged and left out."""
+    merged: dict[str, str] = {}
+    for answer in call_each(impls, hook, kwargs, log):
+        if not answer:
+            continue
+        for name, value in answer.items():
+            if type(name) is not str or type(value) is not str:
+                log.error("hook %s: field %r = %r is not str to str; left out", hook, name, value)
+            elif name in OWN_FIELDS or name.startswith("_") or not name:
+                log.error("hook %s: field %r is lbs's own; left out", hook, name)
+            else:
+                merged[name] = value
+    return merged
+
+
 def collect(pm: pluggy.PluginManager, hook: str, /, **kwargs: Any) -> list[Any]:
     """Every plugin's answer to a 1:N hook that asks for one (``lbs_worker_banner``), each called on its
     own (:func:`call_each`); None answers left out."""
@@ -224,6 +254,30 @@ class Hooks:
     def ask(self, hook: str, /, **kwargs: Any) -> Any:
         """Call a first-result hook (``lbs_reader``, ``lbs_handler``, ...); its answer, or None."""
         return getattr(self.pm.hook, hook)(client=self.owner, **kwargs)
+
+    def wrap_handler(self, handler: Any) -> Any:
+        """``handler`` wrapped by every ``lbs_wrap_handler`` implementation, in pluggy's order (each
+        gets the previous one's answer; None leaves it as it was). Called once per ``run()``."""
+        for impl in reversed(self.pm.hook.lbs_wrap_handler.get_hookimpls()):
+            kwargs = {"client": self.owner, "handler": handler}
+            wrapped = impl.function(*[kwargs[name] for name in impl.argnames])
+            if wrapped is not None:
+                handler = wrapped
+        return handler
+
+    def hand_back_fields(self, items: Sequence[Any], retry_counted: bool) -> list[list[str]]:
+        """Per held stream handed back, the fields plugins set on its copy (hook
+        ``lbs_hand_back_fields``, :func:`merged_fields`), flat; ``[]`` when nobody implements it."""
+        hook = "lbs_hand_back_fields"
+        impls = self.pm.hook.lbs_hand_back_fields.get_hookimpls()
+        if not impls:
+            return []
+        out = []
+        for held in items:
+            kwargs = {"client": self.owner, "held": held, "retry_counted": retry_counted}
+            fields = merged_fields(impls, hook, kwargs, self.log)
+            out.append([x for kv in fields.items() for x in kv])
+        return out
 
     def notify(self, hook: str, /, **kwargs: Any) -> None:
         """Call every implementation of a 1:N hook, each on its own (see the class docstring)."""

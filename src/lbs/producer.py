@@ -42,6 +42,11 @@ class Producer(Sender):
     before anything goes out, with ``max_input_bytes`` as the size limit
     (keep it at or below the consumers' ``Config.max_input_bytes``; both
     default to 65,536), and refused with :class:`lbs.InvalidInputError`.
+
+    Plugins (``plugins=``, and the installed ones unless ``load_entrypoint_plugins=False``, as for
+    :class:`lbs.Client`) may add fields to every entry beside ``lbs-input`` (hook
+    ``lbs_message_fields``, asked once per call: ``lbs-otel`` adds the W3C trace context); with
+    none, an entry holds ``lbs-input`` only.
     """
 
     def _stream_for(self, name: str) -> str:
@@ -69,8 +74,12 @@ class Producer(Sender):
         """
         payload = _encode(name, info, "")
         self._check([payload], [name], single=True)
+        fields: dict[Any, Any] = {_keys.INPUT_FIELD: payload}
+        extra = self._message_fields()
+        if extra:
+            fields.update(zip(extra[::2], extra[1::2]))
         try:
-            entry_id = await self._redis.xadd(self._stream_for(name), {_keys.INPUT_FIELD: payload})
+            entry_id = await self._redis.xadd(self._stream_for(name), fields)
         except (RedisError, RedisClusterException) as exc:
             raise RedisOperationError("add_stream", exc) from exc
         return _as_str(entry_id)
@@ -140,11 +149,12 @@ class Producer(Sender):
             for k, name in enumerate(names):
                 shards.setdefault(self._stream_for(name), []).append(k)
         ids: list[str | None] = [None] * len(payloads)
+        extra = self._message_fields()
         unknown: list[int] = []
         failures: list[tuple[int, BaseException]] = []  # (first position it hit, cause)
         cluster = isinstance(self._redis, RedisCluster)
         stale = await self._send_shards(
-            shards, payloads, ids, unknown, failures, retry_redirects=cluster
+            shards, payloads, ids, unknown, failures, retry_redirects=cluster, extra=extra
         )
         if stale:
             # A transaction refused with a redirect met a node that no longer owns
@@ -155,7 +165,7 @@ class Producer(Sender):
                 failures.append((min(ks[0] for ks in stale.values()), exc))
             else:
                 await self._send_shards(
-                    stale, payloads, ids, unknown, failures, retry_redirects=False
+                    stale, payloads, ids, unknown, failures, retry_redirects=False, extra=extra
                 )
         if failures:
             cause = min(failures, key=lambda f: f[0])[1]
@@ -170,9 +180,11 @@ class Producer(Sender):
         unknown: list[int],
         failures: list[tuple[int, BaseException]],
         retry_redirects: bool,
+        extra: list[str],
     ) -> dict[str, list[int]]:
         """Send each shard's transaction (one batch per connection), filling ``ids``, ``unknown``
-        and ``failures``; return the shards refused with a redirect when ``retry_redirects``."""
+        and ``failures``; return the shards refused with a redirect when ``retry_redirects``.
+        ``extra``: the plugins' fields for every entry, flat."""
         groups: dict[str, tuple[Wire, list[str]]] = {}
         for stream, ks in shards.items():
             try:
@@ -183,7 +195,7 @@ class Producer(Sender):
             groups.setdefault(node, (wire, []))[1].append(stream)
         results = await asyncio.gather(
             *(
-                self._send(wire, [(s, shards[s]) for s in streams], payloads)
+                self._send(wire, [(s, shards[s]) for s in streams], payloads, extra)
                 for wire, streams in groups.values()
             ),
             return_exceptions=True,
@@ -215,14 +227,18 @@ class Producer(Sender):
 
     @staticmethod
     async def _send(
-        wire: Wire, shards: list[tuple[str, list[int]]], payloads: list[bytes]
+        wire: Wire, shards: list[tuple[str, list[int]]], payloads: list[bytes], extra: list[str]
     ) -> list[Any]:
         def build(b: CommandBatch) -> None:
             for stream, ks in shards:
                 key = stream.encode()
                 b.command("MULTI")
-                for k in ks:
-                    b.command("XADD", key, "*", _FIELD, payloads[k])
+                if extra:
+                    for k in ks:
+                        b.command("XADD", key, "*", _FIELD, payloads[k], *extra)
+                else:
+                    for k in ks:
+                        b.command("XADD", key, "*", _FIELD, payloads[k])
                 b.command("EXEC")
 
         return await wire.execute(build)

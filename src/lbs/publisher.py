@@ -50,6 +50,10 @@ class Publisher(Sender):
     ``Config.max_input_bytes``; both default to 65,536), so a key too long
     to register is refused here, not dead-lettered with every message
     published to it.
+
+    Plugins (``plugins=``, and the installed ones unless ``load_entrypoint_plugins=False``) may
+    add fields to every message (hook ``lbs_message_fields``: ``lbs-otel`` adds the W3C trace
+    context), which a keyed handler sees among the message's fields.
     """
 
     # One call per shard, sent over lbs's own connection to the Redis serving its LBS: never re-sent
@@ -88,12 +92,19 @@ class Publisher(Sender):
         if not n:
             return ids
         registrations = self._registrations(first)
+        extra = self._message_fields()  # the plugins' fields, added to every message
         calls = []
         for shard, items in per_shard.items():
             seen: set[str] = set()
             batch = []
             for _, key, fields in items:
-                batch.append((key, "" if key in seen else registrations[key], fields))
+                batch.append(
+                    (
+                        key,
+                        "" if key in seen else registrations[key],
+                        fields + extra if extra else fields,
+                    )
+                )
                 seen.add(key)
             calls.append(self._call(self.services[shard], batch))
         replies = await asyncio.gather(*calls, return_exceptions=True)

@@ -102,10 +102,11 @@ class Requeue:
         delay: float | None = 0.0,
         names: Sequence[str] = (),
         traceback: str = "",
+        fields: Sequence[Sequence[str]] = (),
     ) -> list[Any]:
         """One batch of requeue-6.lua calls; one reply (or server error) per call. ``names``: mode
         "owned", each call's DataStreamName (``Config.go_compatible``: its Go-style lock is released
-        with ours)."""
+        with ours). ``fields``: each call's fields set on the copy (flat names and values)."""
         s = self.state
         n, cfg = s.names, s.config
         # Without a dead-letter stream the key is only a name in the same slot: nothing is written to it.
@@ -148,6 +149,7 @@ class Requeue:
                     min_idle_ms=str(min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS))
                     if go_sep and mode == "absent"
                     else "",
+                    fields=fields[i] if fields else (),
                 )
 
         return (await s.link.pool.execute(build))[: len(calls)]
@@ -189,6 +191,7 @@ class Requeue:
                     delay=delay,
                     names=[h.stream for h in items],
                     traceback=traceback,
+                    fields=s.hooks.hand_back_fields(items, count_retry),
                 )
             )
             if delay != 0:

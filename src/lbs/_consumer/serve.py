@@ -147,6 +147,7 @@ def runner(life: Lifecycle, handler: Handler | None, timeout: float | None) -> R
             )
     if not callable(handler):
         raise ConfigurationError(f"run() needs a callable handler, got {type(handler).__name__}")
+    handler = s.hooks.wrap_handler(handler)  # once per run(): no plugin asks, nothing per call
     if timeout is None:
         timeout = s.config.handler_timeout
     else:

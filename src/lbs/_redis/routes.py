@@ -14,7 +14,8 @@ share.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
 import redis.asyncio as aioredis
@@ -23,10 +24,13 @@ from redis.asyncio.cluster import RedisCluster
 from _lbscore import EntryParser
 
 from .. import _keys
+from ..plugins import make_plugin_manager, merged_fields
 from .connection import ClusterMode, RedisLike, node_client, owner_node, resolve_client
 from .wire import Wire
 
 __all__ = ["Routes", "Sender"]
+
+log = logging.getLogger("lbs.producer")
 
 
 class Routes:
@@ -77,7 +81,10 @@ class Routes:
 class Sender:
     """What :class:`lbs.Producer` and :class:`lbs.Publisher` share: the service (in ``shards``), the
     largest registration they send and the consumers' judge of it, the Redis client (closed by
-    :meth:`close` when lbs opened it from a URL) and the routes to the Redis serving each shard."""
+    :meth:`close` when lbs opened it from a URL), the routes to the Redis serving each shard, and
+    the plugins (``plugins`` passed, and the installed ones unless ``load_entrypoint_plugins`` is
+    False, as for :class:`lbs.Client`), asked once per send for fields to add to its entries
+    (hook ``lbs_message_fields``)."""
 
     # Lua sources the routes' wires load after a NOSCRIPT.
     _scripts: ClassVar[Sequence[str]] = ()
@@ -90,8 +97,12 @@ class Sender:
         cluster: bool | ClusterMode = ClusterMode.NONE,
         shards: int = 1,
         max_input_bytes: int = 65_536,
+        plugins: Iterable[object] = (),
+        load_entrypoint_plugins: bool = True,
     ) -> None:
         self.service = _keys.validate_service(service)
+        #: The plugin manager (hook ``lbs_message_fields``).
+        self.pm = make_plugin_manager(plugins, load_entrypoints=load_entrypoint_plugins)
         self.shards = _keys.check_shards(shards)
         #: Largest registration (``lbs-input`` value, bytes) this sends.
         self.max_input_bytes = _keys.check_max_input_bytes(max_input_bytes)
@@ -107,6 +118,16 @@ class Sender:
         # Batches go over the core's Wire: on one Redis, one; on a cluster, one per master owning a
         # shard's slot, through a client of ours made on first use.
         self._routes = Routes(self._redis, self._scripts)
+
+    def _message_fields(self) -> list[str]:
+        """The fields plugins add to every entry of one send (hook ``lbs_message_fields``), flat;
+        ``[]`` when no plugin implements the hook (the common case: one lookup per send)."""
+        impls = self.pm.hook.lbs_message_fields.get_hookimpls()
+        if not impls:
+            return []
+        kwargs = {"sender": self, "service": self.service}
+        merged = merged_fields(impls, "lbs_message_fields", kwargs, log)
+        return [x for kv in merged.items() for x in kv]
 
     async def close(self) -> None:
         """Give the connections back; close the Redis client if lbs opened it from a URL."""

@@ -17,6 +17,7 @@ loads the sources again after a NOSCRIPT (a restart, a failover).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,8 +290,11 @@ def requeue(
     traceback: str = "",
     key_prefix: str = "",
     min_idle_ms: str = "",
+    fields: Sequence[str] = (),
 ) -> None:
     """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
+
+    ``fields``: names and values, flat, set on the copy (a plugin's, hook ``lbs_hand_back_fields``).
 
     Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
     DataStreamName) names our Go-style lock, released with ours, and ``min_idle_ms`` (mode "absent":
@@ -326,8 +330,10 @@ def requeue(
         queued_prefix,  # ARGV[19] queued sets: what a holder merely held counts no death
         traceback,  # ARGV[20] recorded in dead letters ("": none)
         key_prefix,  # ARGV[21] names released ("": untouched)
-        min_idle_ms,
-    )  # ARGV[22] mode "absent" beside Go: idle less is just claimed
+        min_idle_ms,  # ARGV[22] mode "absent" beside Go: idle less is just claimed
+        len(fields) // 2,  # ARGV[23] pairs of fields set on the copy; they follow
+        *fields,
+    )
 
 
 class RequeueCode(enum.IntEnum):

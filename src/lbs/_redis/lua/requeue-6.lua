@@ -77,6 +77,10 @@
             has been idle at least its lock's TTL (it expired). An entry
             idle less was just claimed: nothing is touched ({0, "claimed"}).
             "" or absent: not checked.
+  ARGV[23]  optional: n, how many fields the caller sets on the copy (a
+            plugin's, e.g. the failed attempt's trace context); the 2n
+            arguments after it are their names and values, each replacing the
+            entry's own field of that name. "0" or absent: none
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
@@ -97,7 +101,7 @@
        at the time of its id's milliseconds + d, so the stored delay is
        exactly d), XACK, XDEL the original, DEL the lock (mode "owned").
 
-  Copies: the entry's fields, the retry count (+ the deaths counted while
+  Copies: the entry's fields (those named after ARGV[23] replaced), the retry count (+ the deaths counted while
   it was pending, its delivery count less one, + ARGV[5], less pardoned
   deaths; each pardon takes one back and is removed), the original id and <prefix>deaths when any (a parked copy too: it goes back into the LBS as it is); dead letters
   also get <prefix>reason, <prefix>consumer, <prefix>failed_id and, with
@@ -142,6 +146,12 @@
 --#include _time
 local MAX_COPY = 7000
 local mode = ARGV[3]
+-- The fields the caller sets on the copy (ARGV[23]: how many; the pairs follow).
+local set_n = math.max(math.floor(tonumber(ARGV[23] or '0') or 0), 0)
+local set = {}
+for j = 1, set_n do
+  if ARGV[22 + 2 * j] ~= nil then set[ARGV[22 + 2 * j]] = true end
+end
 
 -- 1. The lock.
 local holder = redis.pcall('GET', KEYS[3])
@@ -226,6 +236,8 @@ for i = 1, #fields, 2 do
     original = v
   elseif k == deaths_field then
     deaths = v
+  elseif set[k] then
+    -- replaced by the caller's value (added below)
   else
     out[#out + 1] = k
     out[#out + 1] = v
@@ -257,12 +269,20 @@ while #kept > 32 do table.remove(kept, 1) end
 retries = retries + increment
 local traced = ARGV[20] ~= nil and ARGV[20] ~= ''
 -- The copy with its bookkeeping fields (and a dead letter's traceback).
-local oversized = #out + 10 + (#kept > 0 and 2 or 0) + (traced and 2 or 0) > MAX_COPY
+local oversized = #out + 10 + 2 * set_n + (#kept > 0 and 2 or 0) + (traced and 2 or 0) > MAX_COPY
 if oversized then
   out = {}
   if input then
     out[1] = 'lbs-input'
     out[2] = input
+  end
+else
+  for j = 1, set_n do
+    local k, v = ARGV[22 + 2 * j], ARGV[23 + 2 * j]
+    if k ~= nil and v ~= nil then
+      out[#out + 1] = k
+      out[#out + 1] = v
+    end
   end
 end
 out[#out + 1] = retry_field
