@@ -3,7 +3,8 @@
 Commands: ``demo`` (:mod:`lbs.cli.demo`), ``worker`` (:mod:`lbs.cli.worker`,
 its supervisor in :mod:`lbs.cli.supervisor`), ``bench`` (:mod:`lbs.cli.bench`),
 and, where their modules are present, ``status`` and ``claim``
-(:mod:`lbs.cli.status`) and the ``dlq`` group (:mod:`lbs.cli.dlq`).
+(:mod:`lbs.cli.status`), the ``dlq`` group (:mod:`lbs.cli.dlq`) and ``dashboard``
+(:mod:`lbs.cli.dashboard`, the web dashboard of the ``[dashboard]`` extra).
 
 Exit codes, for every command: 0 success (for a worker: a clean stop, a
 signal's drain included); 1 a failure at run time; 2 a usage error; 78 an
@@ -77,6 +78,10 @@ if _status is not None:
 _dlq = _optional("dlq")
 if _dlq is not None:
     app.add_typer(_dlq.app, name="dlq")
+# The command is always there; without the [dashboard] extra it says how to install it.
+_dashboard = _optional("dashboard")
+if _dashboard is not None:
+    app.command("dashboard")(_dashboard.dashboard)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,210 @@
+"""The dashboard's read-only pages: the overview, consumers, streams, recovery, dead letters, the
+live stream (``/events``) and ``/api/status.json``. Each reads Redis through :mod:`.data` when it is
+asked for; only ``/events`` repeats, through the shared :class:`~lbs.dashboard.live.Hub`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .._streamids import is_stream_id
+from ..deadletters import DeadLetters, letter_time_ms
+from ..status import ServiceStatus
+from .app import Dashboard, dash, page
+from .charts import bar_chart
+from .data import (
+    NO_HISTORY,
+    Series,
+    read_journal,
+    read_status,
+    recovery_timeline,
+    search_streams,
+    tally_series,
+)
+from .live import HOUR_MS
+
+__all__ = ["routes"]
+
+#: Letters a dead-letter page lists.
+LETTERS_SHOWN = 100
+
+
+async def _series(d: Dashboard, service: str, now_ms: int) -> tuple[Series, bool]:
+    """The last hour's tallies (the live hub's when it runs, else read now); whether a journal exists."""
+    window = d.windows.get(service)
+    if d.hub.listeners and window is not None and window.newest_ms is not None:
+        return tally_series(window.events.values(), now_ms), window.journal
+    events = await read_journal(d.fleet.client, service, since_ms=now_ms - HOUR_MS, kinds=["tally"])
+    return tally_series(events, now_ms), events is not None
+
+
+def _charts(series: Series, journal: bool) -> dict[str, Any]:
+    empty = "" if series.any else (NO_HISTORY if not journal else "no tallies in the last hour")
+    return {
+        "done": bar_chart(
+            series.done, series.start_ms, label="handled per minute", kind="done", empty=empty
+        ),
+        "failed": bar_chart(
+            series.failed, series.start_ms, label="failed per minute", kind="failed", empty=empty
+        ),
+        "done_total": sum(series.done),
+        "failed_total": sum(series.failed),
+        "done_minute": series.done[-1],
+        "failed_minute": series.failed[-1],
+    }
+
+
+@page
+async def overview(request: Request) -> Response:
+    d = dash(request)
+    cards = []
+    for service in d.fleet.services:
+        st = await read_status(d.fleet.client, service, d.fleet.config, letters=100)
+        series, journal = await _series(d, service, st.time_ms)
+        cards.append({"st": st, "charts": _charts(series, journal)})
+    return d.render(request, "overview.html", {"cards": cards, "tab": "overview"})
+
+
+@page
+async def charts(request: Request) -> Response:
+    """The two charts of one service, as an HTML fragment (the live script swaps them in)."""
+    d = dash(request)
+    service = request.path_params["service"]
+    latest = d.hub.latest or {}
+    now = latest.get(service, {}).get("time_ms")
+    if now is None:
+        now = (
+            await read_status(d.fleet.client, service, d.fleet.config, letters=0, sample=0)
+        ).time_ms
+    series, journal = await _series(d, service, now)
+    c = _charts(series, journal)
+    return Response(f"{c['done']}{c['failed']}", media_type="text/html")
+
+
+async def _status(d: Dashboard, request: Request) -> ServiceStatus:
+    return await read_status(d.fleet.client, request.path_params["service"], d.fleet.config)
+
+
+@page
+async def consumers(request: Request) -> Response:
+    d = dash(request)
+    st = await _status(d, request)
+    return d.render(
+        request, "consumers.html", {"st": st, "service": st.service, "tab": "consumers"}
+    )
+
+
+@page
+async def streams(request: Request) -> Response:
+    d = dash(request)
+    st = await _status(d, request)
+    q = request.query_params.get("q", "").strip()
+    rows, scanned = await search_streams(d.fleet.client, st, d.fleet.config, q)
+    ctx = {
+        "st": st,
+        "service": st.service,
+        "tab": "streams",
+        "q": q,
+        "rows": rows,
+        "scanned": scanned,
+    }
+    return d.render(request, "streams.html", ctx)
+
+
+@page
+async def recovery(request: Request) -> Response:
+    d = dash(request)
+    st = await _status(d, request)
+    kinds = ["recovered", "retaken", "started", "stopped", "disowned"]
+    events = await read_journal(
+        d.fleet.client, st.service, since_ms=st.time_ms - HOUR_MS, kinds=kinds
+    )
+    ctx = {
+        "st": st,
+        "service": st.service,
+        "tab": "recovery",
+        "journal": events is not None,
+        "timeline": recovery_timeline(events or ()),
+        "no_history": NO_HISTORY,
+        "dead": [c for c in st.consumers if c.state in ("dead", "late")],
+    }
+    return d.render(request, "recovery.html", ctx)
+
+
+@page
+async def letters(request: Request) -> Response:
+    d = dash(request)
+    service = request.path_params["service"]
+    reason = request.query_params.get("reason", "").strip()
+    st = await read_status(d.fleet.client, service, d.fleet.config, letters=500, sample=0)
+    async with DeadLetters(d.fleet.client, service, config=d.fleet.config) as dlq:
+        found = await dlq.list(LETTERS_SHOWN, reason=reason or None)
+        now = await dlq.server_time_ms()
+    rows = [(letter, now - letter_time_ms(letter.id)) for letter in found]
+    ctx = {"st": st, "service": service, "tab": "letters", "reason": reason, "rows": rows}
+    return d.render(request, "letters.html", ctx)
+
+
+@page
+async def letter(request: Request) -> Response:
+    d = dash(request)
+    service, lid = request.path_params["service"], request.path_params["letter"]
+    if not is_stream_id(lid):
+        raise HTTPException(404, f"{lid!r} is not a dead-letter id")
+    async with DeadLetters(d.fleet.client, service, config=d.fleet.config) as dlq:
+        found = await dlq.get(lid)
+        now = await dlq.server_time_ms()
+    if found is None:
+        raise HTTPException(404, f"no dead letter {lid} (replayed, purged or forwarded)")
+    ctx = {
+        "service": service,
+        "tab": "letters",
+        "letter": found,
+        "age_ms": now - letter_time_ms(lid),
+    }
+    return d.render(request, "letter.html", ctx)
+
+
+@page
+async def events(request: Request) -> Response:
+    """Server-sent events: ``event: snapshot`` with the JSON of every service, once per interval."""
+    hub = dash(request).hub
+
+    async def stream() -> Any:
+        yield f"retry: {max(1000, int(hub.interval * 1000))}\n\n"
+        async for text in hub.listen():
+            yield f"event: snapshot\ndata: {text}\n\n"
+
+    headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
+@page
+async def status_json(request: Request) -> Response:
+    """Every service's :meth:`ServiceStatus.to_dict` (``lbs status --json``), by service name."""
+    d = dash(request)
+    found = await asyncio.gather(
+        *(read_status(d.fleet.client, s, d.fleet.config) for s in d.fleet.services)
+    )
+    body = {st.service: st.to_dict() for st in found}
+    return JSONResponse(json.loads(json.dumps(body)), headers={"cache-control": "no-store"})
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/", overview),
+        Route("/events", events),
+        Route("/api/status.json", status_json),
+        Route("/s/{service}/charts", charts),
+        Route("/s/{service}/consumers", consumers),
+        Route("/s/{service}/streams", streams),
+        Route("/s/{service}/recovery", recovery),
+        Route("/s/{service}/dead-letters", letters),
+        Route("/s/{service}/dead-letters/{letter}", letter),
+    ]

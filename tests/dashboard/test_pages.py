@@ -1,0 +1,174 @@
+"""The dashboard's read-only pages against a real Redis and real lbs clients: each shows the right
+numbers (waiting, held, consumers, held streams with their tokens, a search, dead letters with their
+tracebacks, the recovery of an abandoned consumer), and a URL's password is never shown."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+import lbs
+from lbs.testing import abandon
+
+from _dash import live
+from _helpers import client, eventually, produce, take
+
+
+async def test_overview_and_consumers_show_waiting_held_and_tokens(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    url = redis_server.url
+    await produce(url, service, *[f"s{i}" for i in range(5)])
+    c = client(url, service, "w1", max_streams=2)
+    await c.start()
+    try:
+        held = await take(c, 2)
+        async with dashboard(url, [service]) as (http, _):
+            page = (await http.get("/")).text
+            assert live(page, "waiting") == "3"
+            assert live(page, "held") == "2"
+            assert live(page, "alive") == "1"
+            assert live(page, "dead") == "0"
+            assert live(page, "dead_letters") == "0"
+            assert f'id="svc-{service}"' in page
+            assert "handled per minute" in page and "<svg" in page
+            page = (await http.get(f"/s/{service}/consumers")).text
+            assert "redis-consumer-w1" in page and "alive" in page
+            for note in held:
+                assert note.stream in page
+                assert f">{note.token}<" in page  # the fencing token of each held stream
+            doc = (await http.get("/api/status.json")).json()
+            assert doc[service]["pending"] == 2 and doc[service]["backlog"] == 3
+    finally:
+        await c.close()
+
+
+async def test_streams_search_finds_held_and_waiting_names(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    url = redis_server.url
+    await produce(url, service, "order-1", "order-2", "invoice-9")
+    c = client(url, service, "w1", max_streams=1)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        async with dashboard(url, [service]) as (http, _):
+            page = (await http.get(f"/s/{service}/streams", params={"q": "ORDER"})).text
+            assert "invoice-9" not in page
+            rows = re.findall(
+                r'<td class="name">([^<]+)</td><td><span class="badge[^"]*">([^<]+)<', page
+            )
+            names = ("order-1", "order-2", "invoice-9")
+            expected = {
+                (n, "held" if n == note.stream else "waiting") for n in names if "order" in n
+            }
+            assert set(rows) == expected
+            page = (await http.get(f"/s/{service}/streams", params={"q": "nothing-like-it"})).text
+            assert "No stream whose name contains" in page
+    finally:
+        await c.close()
+
+
+async def test_dead_letters_list_filter_and_traceback(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    url = redis_server.url
+
+    async def handler(note: lbs.Notification) -> None:
+        raise ValueError(f"cannot handle {note.stream}")
+
+    await produce(url, service, "bad-1", "bad-2")
+    c = client(url, service, "w1", max_retries=0, retry_delay=0.0)
+    worker = asyncio.create_task(c.run(handler, concurrency=2))
+    try:
+        async with dashboard(url, [service]) as (http, _):
+
+            async def two_letters() -> bool:
+                return live((await http.get("/")).text, "dead_letters") == "2"
+
+            await eventually(two_letters, 30)
+            page = (await http.get(f"/s/{service}/dead-letters")).text
+            ids = re.findall(r'data-letter="([0-9-]+)"', page)
+            assert len(ids) == 2 and "bad-1" in page and "bad-2" in page
+            assert "Read-only" in page and "/replay" not in page
+            page = (await http.get(f"/s/{service}/dead-letters", params={"reason": "nomatch"})).text
+            assert 'data-letter="' not in page
+            page = (await http.get(f"/s/{service}/dead-letters/{ids[0]}")).text
+            assert 'class="traceback"' in page and "ValueError: cannot handle bad-" in page
+            assert "Traceback (most recent call last)" in page
+            missing = await http.get(f"/s/{service}/dead-letters/1-1")
+            assert missing.status_code == 404
+    finally:
+        await c.close()
+        await worker
+
+
+async def test_recovery_shows_the_dead_holder_and_who_took_its_streams(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    pytest.importorskip("lbs.events", reason="the journal (lbs.events) is not in this tree yet")
+    url = redis_server.url
+    await produce(url, service, "a", "b")
+    dead = client(url, service, "gone", lock_ttl=0.5)
+    await dead.start()
+    await take(dead, 2)
+    await abandon(dead)
+    async with dashboard(url, [service]) as (http, _):
+
+        async def shown_dead() -> bool:
+            return live((await http.get("/")).text, "dead") == "1"
+
+        await eventually(shown_dead, 20)
+        page = (await http.get(f"/s/{service}/recovery")).text
+        assert "redis-consumer-gone" in page and "wait for recovery" in page
+        taker = client(url, service, "taker", lock_ttl=0.5, journal_interval=0.1)
+        await taker.start()
+        try:
+
+            async def both_retaken() -> bool:
+                page = (await http.get(f"/s/{service}/recovery")).text
+                return page.count('class="recovered"') == 2 and "not yet" not in page
+
+            await eventually(both_retaken, 30)
+            page = (await http.get(f"/s/{service}/recovery")).text
+            assert '<span class="badge dead">dead</span> redis-consumer-gone' in page
+            assert "declared dead by redis-consumer-taker" in page
+            assert page.count("redis-consumer-taker at ") == 2
+        finally:
+            await taker.close()
+
+
+async def test_a_url_password_is_never_shown(
+    redis_server: Any, r: aioredis.Redis, service: str, dashboard: Any
+) -> None:
+    secret = "s3cret-Passw0rd-xyz"
+    await r.execute_command("ACL", "SETUSER", "dash", "on", f">{secret}", "~*", "&*", "+@all")
+    host = redis_server.url.split("://", 1)[1].rstrip("/")
+    url = f"redis://dash:{secret}@{host}"
+    await produce(url, service, "x")
+    async with dashboard(url, [service]) as (http, _):
+        for path in (
+            "/",
+            f"/s/{service}/consumers",
+            f"/s/{service}/dead-letters",
+            "/api/status.json",
+        ):
+            resp = await http.get(path)
+            assert resp.status_code == 200, path
+            assert secret not in resp.text, path
+        assert "dash:***@" in (await http.get("/")).text
+    wrong = f"redis://dash:wrong-{secret}@{host}"
+    async with dashboard(wrong, [service]) as (http, _):
+        resp = await http.get("/")
+        assert resp.status_code == 503
+        assert "cannot read Redis" in resp.text and secret not in resp.text
+
+
+async def test_an_unknown_service_is_404(redis_server: Any, service: str, dashboard: Any) -> None:
+    async with dashboard(redis_server.url, [service]) as (http, _):
+        assert (await http.get("/s/not-mine/consumers")).status_code == 404
+        assert (await http.get("/no/such/page")).status_code == 404
