@@ -4,7 +4,9 @@
   by a plain Python producer (``json.dumps``, default separators; set-up,
   outside the timing), in one consumer process: lbs ``run()`` with a no-op
   handler (tuned; with the default ``Config()`` and ``concurrency=1024``; that
-  with lbs-prometheus loaded; and that with the installed plugins loaded
+  with lbs-prometheus loaded; with lbs-otel on the OpenTelemetry API alone, and on
+  the SDK with an exporter that drops every span, its registrations carrying a
+  ``traceparent``; and that with the installed plugins loaded
   from their entry points, as an application gets them) and batched with
   ``done_streams``, against redis-py one command per round trip (what the Go
   client does), redis-py pipelines, and the best plain redis-py design, the
@@ -25,6 +27,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis.asyncio as aioredis
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry
 
 import lbs
@@ -40,6 +45,7 @@ from lbs._bench import config as _config
 from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
 from lbs._bench import server_cpu as _server_cpu
+from lbs_otel import OtelPlugin
 from lbs_prometheus import PrometheusPlugin
 
 if TYPE_CHECKING:
@@ -128,6 +134,51 @@ async def cycle_lbs_run_defaults_prometheus(r: aioredis.Redis, service: str, n: 
     return await cycle_lbs_defaults(r, service, n, [PrometheusPlugin(registry=CollectorRegistry())])
 
 
+async def cycle_lbs_run_defaults_otel_api(r: aioredis.Redis, service: str, n: int) -> int:
+    """The defaults with lbs-otel on the OpenTelemetry API alone (no SDK): what installing it costs
+    an application that does not trace (the handler is not wrapped)."""
+    return await cycle_lbs_defaults(
+        r, service, n, [OtelPlugin(tracer_provider=NoOpTracerProvider())]
+    )
+
+
+class _Dropped(SpanExporter):
+    """An exporter that drops every span: the SDK's cost without an exporter's."""
+
+    def export(self, spans: object) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+async def cycle_lbs_run_defaults_otel_sdk(r: aioredis.Redis, service: str, n: int) -> int:
+    """The defaults with lbs-otel on the SDK (a simple processor, spans dropped), registrations
+    carrying a traceparent: the spans' cost per assignment (lbs.wait, lbs.handle, lbs.done)."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(_Dropped()))
+    return await cycle_lbs_defaults(r, service, n, [OtelPlugin(tracer_provider=provider)])
+
+
+#: What the traced rows' registrations carry beside lbs-input (a producer span's context).
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+async def _registered_traced(bench: Bench, tag: str, n: int) -> str:
+    """As :func:`_registered`, each entry with a ``traceparent`` (as lbs-otel's producer writes)."""
+    service = bench.service(tag)
+    r = aioredis.Redis.from_url(bench.url)
+    try:
+        for i in range(0, n, CHUNK):
+            pipe = r.pipeline(transaction=False)
+            for j in range(i, min(n, i + CHUNK)):
+                payload = f'{{"DataStreamName": "s{j}", "Info": {{}}}}'
+                pipe.xadd(
+                    lbs.input_stream(service), {"lbs-input": payload, "traceparent": TRACEPARENT}
+                )
+            await pipe.execute()
+    finally:
+        await r.aclose()
+    return service
+
+
 async def cycle_lbs_run_defaults_go_compatible(r: aioredis.Redis, service: str, n: int) -> int:
     """The defaults with ``go_compatible=True`` (Go-style locks beside lbs's, a 2-s heartbeat): the mode's cost."""
     return await cycle_lbs_defaults(r, service, n, go_compatible=True)
@@ -145,6 +196,8 @@ CYCLES = {
     "lbs run()": cycle_lbs_run,
     "lbs run() defaults": cycle_lbs_run_defaults,
     "lbs run() defaults+prometheus": cycle_lbs_run_defaults_prometheus,
+    "lbs run() defaults+otel (API only)": cycle_lbs_run_defaults_otel_api,
+    "lbs run() defaults+otel (SDK, spans dropped)": cycle_lbs_run_defaults_otel_sdk,
     "lbs run() defaults+installed plugins": cycle_lbs_run_installed,
     "lbs run() defaults go_compatible": cycle_lbs_run_defaults_go_compatible,
     "lbs done_streams": cycle_lbs_batched,
@@ -154,13 +207,17 @@ CYCLES = {
 }
 
 
+#: The rows whose registrations carry a trace context.
+TRACED = {"lbs run() defaults+otel (SDK, spans dropped)"}
+
+
 @pytest.mark.benchmark(group=f"assignment cycle, {CYCLE_N} streams")
 @pytest.mark.parametrize("impl", list(CYCLES))
 def bench_assignment_cycle(bench: Bench, impl: str) -> None:
     bench.drain(
         CYCLES[impl],
         CYCLE_N,
-        lambda: _registered(bench, "cycle", CYCLE_N),
+        lambda: (_registered_traced if impl in TRACED else _registered)(bench, "cycle", CYCLE_N),
         "assignment",
         baseline=impl == BASELINE,
     )
