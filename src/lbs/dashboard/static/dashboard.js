@@ -29,8 +29,7 @@
     if (!box || !data.series) return;
     var key = [data.series.start_ms, data.done_hour, data.failed_hour].join(":");
     var name = section.getAttribute("data-service");
-    if (chartKeys[name] === undefined) { chartKeys[name] = key; return; }
-    if (chartKeys[name] === key) return;
+    if (chartKeys[name] === key) return;  // the first snapshot always fetches: the page may be older
     chartKeys[name] = key;
     fetch(box.getAttribute("data-charts"), { credentials: "same-origin" })
       .then(function (r) { return r.ok ? r.text() : null; })
