@@ -173,6 +173,17 @@ def pardons_key(service: str) -> str:
     return f"{hash_tag(service)}:pardons"
 
 
+def events_stream(service: str) -> str:
+    """The service's journal: ``{<service>-input}:events``.
+
+    A capped stream (``MAXLEN ~ Config.journal_maxlen``) of what happened in the
+    service, written by every consumer (``lbs._consumer.journal``) and read by
+    :func:`lbs.events.read_events`: starts and stops, tallies, failures, dead
+    letters, recoveries and who took the streams over.
+    """
+    return f"{hash_tag(service)}:events"
+
+
 def instance_key(service: str, consumer_id: str) -> str:
     """The marker of the process running as ``consumer_id``: ``{<service>-input}:instance:<consumer id>``.
 

@@ -176,6 +176,14 @@ class Config:
     #: How often the keyspace listener PINGs its Pub/Sub connection; no PONG within
     #: two intervals means the connection is half-open and is replaced.
     pubsub_ping_interval: float = 5.0
+    #: Write this consumer's journal: starts and stops, failures, dead letters, recoveries and
+    #: tallies go to the capped stream ``{<service>-input}:events`` (:func:`lbs.events.read_events`),
+    #: at most one pipelined round trip a second while something happens, nothing while idle.
+    journal: bool = True
+    #: How often the consumer adds its tally (counts since its last one; only non-zero ones), seconds.
+    journal_interval: float = 10.0
+    #: The journal's approximate cap (``XADD MAXLEN ~``), in events.
+    journal_maxlen: int = 10_000
 
     # -- beside the Go reference client ------------------------------------------
     #: Run beside consumers of the Go reference client v0.4 on the same service: no
@@ -221,6 +229,7 @@ class Config:
             "reconciliation_interval",
             "pubsub_ping_interval",
             "dead_letter_claim_idle",
+            "journal_interval",
         ):
             positive(name)
         if self.min_idle is not None:
@@ -240,6 +249,7 @@ class Config:
             "scan_batch",
             "deadline_batch",
             "dead_letter_batch",
+            "journal_maxlen",
         ):
             at_least(name, 1)
         at_least("read_max_retries", -1)
@@ -258,7 +268,13 @@ class Config:
         if self.retry_delay_max < self.retry_delay:
             raise ConfigurationError("Config.retry_delay_max must be >= retry_delay")
         require_number(self.drain_timeout, "Config.drain_timeout must be >= 0")
-        for name in ("configure_keyspace_events", "recovery", "keyspace_recovery", "fair_dispatch"):
+        for name in (
+            "configure_keyspace_events",
+            "recovery",
+            "keyspace_recovery",
+            "fair_dispatch",
+            "journal",
+        ):
             if not isinstance(getattr(self, name), bool):  # "false" would be true
                 raise ConfigurationError(
                     f"Config.{name} must be True or False, got {getattr(self, name)!r}"
