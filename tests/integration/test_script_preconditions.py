@@ -939,8 +939,11 @@ async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_wh
         queued_prefix(service) + "c1", ids[0], ids[1]
     )  # merely held by c1: no death counted
     fence = int(await rr.get(fence_key(service)))
-    entries, tokens, gone, trimmed, _next = await reap(rr, service, "c2", 4, queues="1")
+    entries, tokens, gone, trimmed, _next, holders, deadlines = await reap(
+        rr, service, "c2", 4, queues="1"
+    )
     assert len(entries) == 4 and gone == [ids[4].encode()] and trimmed == 0  # no room for the fifth
+    assert holders == [b"c1"] * 5 and deadlines == [b"c1", b"1"]  # for the journal
     assert sorted(tokens) == [fence + 1, fence + 2, fence + 3, fence + 4]
     deaths = {e[0].decode(): e[3] for e in entries}
     for entry_id, token in zip([e[0].decode() for e in entries], tokens):

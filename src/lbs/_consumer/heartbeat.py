@@ -322,6 +322,9 @@ class Heartbeat(Activity, kind="heartbeat"):
             "lost the lock of %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason
         )
         s.hooks.notify("lbs_stream_disowned", stream=h.stream, entry_id=h.entry_id, token=h.token)
+        s.journal.record(
+            "disowned", stream=h.stream, entry_id=h.entry_id, token=h.token, reason=reason
+        )
         if h.task is not None and not h.task.done():
             h.task.cancel()
         s.mailbox.put_nowait(

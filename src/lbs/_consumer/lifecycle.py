@@ -83,6 +83,7 @@ class Lifecycle:
             self.forwarder,
             self.finisher,
             self.keyed,
+            self.state.journal,
         ]
         return [a for a in found if a is not None]
 
@@ -112,6 +113,7 @@ class Lifecycle:
         self.requeue.delays.start()
         if self.forwarder is not None:
             self.forwarder.start()
+        s.journal.start()
         s.log.info(
             "started on %s (group %s, %s)",
             s.names.stream_key,
@@ -169,6 +171,7 @@ class Lifecycle:
         await self.finisher.drain(cfg.read_block + 5.0)
         await self.heartbeat.stop()
         await self.finisher.stop()
+        await s.journal.close(handed_back)
         if self.started:
             await self.instance.release()
         await s.link.close(s.log)

@@ -311,6 +311,8 @@ class Reader(Activity, kind="reader"):
         )
         batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
         dispatch, stats, holder = self.dispatch, s.stats, s.owner
+        # The journal's "retaken": a re-queued copy taken (an adopted entry is journalled as recovered).
+        retaken = s.journal.retaken if s.journal.on and not adopted else None
         taken_at = time.monotonic()
         # Re-reading our pending entries: those we track, now or when the re-read was sent, are not
         # to be taken again.
@@ -374,6 +376,8 @@ class Reader(Activity, kind="reader"):
             # read-3 never queues a claimed entry (it counts as running from delivery); reap-4 queues all it adopts.
             h = table.take(e, tok, retry_count, taken_at, queued and (adopted or not e.claimed))
             stats.taken += 1
+            if retaken is not None and e.original_id is not None:
+                retaken(h, e.original_id)
             if acquired:
                 hooks.notify(
                     "lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token

@@ -1,49 +1,41 @@
 """Recovery: dead consumers' streams go back into circulation, living ones are never robbed.
 
-Every re-queue is one call of ``requeue-6.lua`` with lock mode ``absent``:
-it acts only when the lock does not exist, acks first (0 acked means another
-recoverer won: nothing else happens), then writes the fresh entry (or the
-dead letter) and deletes the old one, atomically. Any number of recoverers,
-on any number of consumers, re-queue an entry exactly once.
+Every re-queue is one call of ``requeue-6.lua`` with lock mode ``absent``: it acts only when the
+lock does not exist, acks first (0 acked means another recoverer won: nothing else happens), then
+writes the fresh entry (or the dead letter) and deletes the old one, atomically. Any number of
+recoverers, on any number of consumers, re-queue an entry exactly once.
 
 Three paths find the entries to re-queue:
 
-* **deadline poller** (fast, does not depend on Redis's expiry timing):
-  every consumer holding locks has a deadline in the sorted set
-  ``{<service>-input}:consumers``, moved by each heartbeat tick; at the
-  earliest deadline in the index (``reap-4.lua`` returns it), never twice
-  within ``deadline_poll_interval``, the script finds the pending entries of
-  consumers past their deadline whose lock is gone (its PTTL expires an
-  overdue lock on the spot) and **adopts** as many as this client has room
-  for: they move to it under fresh fenced locks in the same step (XCLAIM, no
-  copy, no second read), and its reader hands them out as it does a read's.
-  The rest are re-queued. A live consumer re-queues its own lost locks when
-  its heartbeat finds them (path ``heartbeat``).
+* **deadline poller** (fast, does not depend on Redis's expiry timing): every consumer holding
+  locks has a deadline in the sorted set ``{<service>-input}:consumers``, moved by each heartbeat
+  tick; at the earliest deadline in the index (``reap-4.lua`` returns it), never twice within
+  ``deadline_poll_interval``, the script finds the pending entries of consumers past their deadline
+  whose lock is gone (its PTTL expires an overdue lock on the spot) and **adopts** as many as this
+  client has room for: they move to it under fresh fenced locks in the same step (XCLAIM, no copy,
+  no second read), and its reader hands them out as it does a read's. The rest are re-queued. A
+  live consumer re-queues its own lost locks when its heartbeat finds them (path ``heartbeat``).
 
-  Sleeping until the earliest deadline is exact (deadlines only move forward;
-  a consumer enters at now + its TTL), and the stall test (below) bounds the
-  sleep (:meth:`Recovery.stall_ms`). Electing one poller per service was set
-  aside: the others would still call to notice its death, which would delay
-  everyone's recovery by the takeover;
-* **keyspace listener** (fast, when Redis delivers): ``expired`` events of
-  this service's lock keys, on a Pub/Sub connection that is PINGed and
-  replaced when it drops or goes half-open, wake the deadline poller, which
-  alone judges whether the holder is dead. Beside a Go fleet
-  (``Config.go_compatible``) it also hears Go-style locks expire, and each
-  time it subscribes it scans the entries idle past Go's claim idle (2 s)
-  for the expiries it may have missed;
-* **scan** (the backstop for everything else: missed events, locks taken by
-  other clients, restarts): at start and every ``reconciliation_interval``,
-  XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS round trip per page,
-  re-queue only where the lock is gone (beside a Go fleet, ``GO_DONE_GAP`` later).
+  Sleeping until the earliest deadline is exact (deadlines only move forward; a consumer enters at
+  now + its TTL), and the stall test (below) bounds the sleep (:meth:`Recovery.stall_ms`). Electing
+  one poller per service was set aside: the others would still call to notice its death, which
+  would delay everyone's recovery by the takeover;
+* **keyspace listener** (fast, when Redis delivers): ``expired`` events of this service's lock
+  keys, on a Pub/Sub connection that is PINGed and replaced when it drops or goes half-open, wake
+  the deadline poller, which alone judges whether the holder is dead. Beside a Go fleet
+  (``Config.go_compatible``) it also hears Go-style locks expire, and each time it subscribes it
+  scans the entries idle past Go's claim idle (2 s) for the expiries it may have missed;
+* **scan** (the backstop for everything else: missed events, locks taken by other clients,
+  restarts): at start and every ``reconciliation_interval``, XPENDING ``IDLE min_idle`` paged by
+  cursor, one EXISTS round trip per page, re-queue only where the lock is gone (beside a Go fleet,
+  ``GO_DONE_GAP`` later).
 
-After a stall of the server every deadline and lock lapses at once although
-the holders live; ``reap-4.lua`` notices the gap since its last call and
-gives every overdue consumer a grace of one lock TTL instead, and the live
-holders re-queue their lost locks themselves with no retry counted.
+After a stall of the server every deadline and lock lapses at once although the holders live;
+``reap-4.lua`` notices the gap since its last call and gives every overdue consumer a grace of one
+lock TTL instead, and the live holders re-queue their lost locks themselves with no retry counted.
 
-At start the client also re-queues its own pending entries (a restart under
-the same consumer id) whose locks are gone.
+At start the client also re-queues its own pending entries (a restart under the same consumer id)
+whose locks are gone.
 """
 
 from __future__ import annotations
@@ -227,36 +219,32 @@ class Recovery(Activity):
                 raise
             if isinstance(reply, Exception):
                 raise reply
-            entries, tokens, gone, trimmed, next_ms = reply
+            entries, tokens, gone, trimmed, next_ms, *found = reply  # found: holders, deadlines
             self._next_due = None if int(next_ms) < 0 else int(next_ms) / 1000
             if trimmed:
                 s.hooks.metric("recovery_trimmed_total", int(trimmed), path=path)
             if entries and adopter is not None:
                 s.hooks.metric("recovery_adopted_total", len(entries), path=path)
                 s.log.info("adopted %d streams of dead consumers (%s recovery)", len(entries), path)
+                s.journal.adopted(entries, found, path)
                 await adopter.adopt(entries, tokens)
         finally:
             s.adopting -= room
         requeued = await self.requeue.recover(
-            [text(g) for g in gone], path, f"lock expired ({path}: deadline passed)"
+            s.journal.holders(gone, found, len(entries)),  # the ids, and who held them
+            path,
+            f"lock expired ({path}: deadline passed)",
         )
         return len(entries) + requeued
 
     # ------------------------------------------------------------- keyspace ---
 
-    def _channel_pattern(self) -> str:
+    def _channel_pattern(self, go: bool = False) -> str:
+        """Our lock keys' keyspace channels; ``go`` (``Config.go_compatible``): the Go reference client's
+        lock keys (any service's: the entry is looked up in our LBS before anything is done)."""
         db = int(self.state.link.redis.connection_pool.connection_kwargs.get("db", 0) or 0)
-        return (
-            f"__keyspace@{db}__:"
-            + _GLOB_SPECIAL.sub(r"\\\1", self.state.names.lock_key_prefix)
-            + "*"
-        )
-
-    def _go_channel_pattern(self) -> str:
-        """With ``Config.go_compatible``: the Go reference client's lock keys (any service's: the
-        entry is looked up in our LBS before anything is done)."""
-        db = int(self.state.link.redis.connection_pool.connection_kwargs.get("db", 0) or 0)
-        return f"__keyspace@{db}__:*" + _GLOB_SPECIAL.sub(r"\\\1", _keys.GO_MUTEX_KEY_SEP) + "*"
+        keys = _keys.GO_MUTEX_KEY_SEP if go else self.state.names.lock_key_prefix
+        return f"__keyspace@{db}__:{'*' if go else ''}" + _GLOB_SPECIAL.sub(r"\\\1", keys) + "*"
 
     async def _keyspace_loop(self) -> None:
         """Listen for this service's lock expirations; reconnect on drops and half-open links.
@@ -267,7 +255,9 @@ class Recovery(Activity):
         pattern = self._channel_pattern()
         ours = pattern.encode()
         prefix_len = len(ours) - 1  # the channel minus the trailing '*'
-        patterns = [pattern, self._go_channel_pattern()] if self.config.go_compatible else [pattern]
+        patterns = (
+            [pattern, self._channel_pattern(go=True)] if self.config.go_compatible else [pattern]
+        )
         backoff = Backoff(self.config.read_retry_initial, self.config.read_retry_max)
         ping_every = self.config.pubsub_ping_interval
         first = True
@@ -363,13 +353,13 @@ class Recovery(Activity):
         s = self.state
         n = s.names
         try:
-            if not await s.link.redis.xpending_range(
+            p = await s.link.redis.xpending_range(
                 n.stream_key, n.group, min=entry_id, max=entry_id, count=1
-            ):
-                return  # another service's entry, or finished
-            await self.requeue.recover(
-                [entry_id], "keyspace", "a Go consumer's lock expired (keyspace)"
             )
+            if not p:
+                return  # another service's entry, or finished
+            reason = "a Go consumer's lock expired (keyspace)"
+            await self.requeue.recover(_holders(p), "keyspace", reason)
         except RedisError as exc:
             s.log.warning("re-queue of %s after its Go lock expired failed: %s", entry_id, exc)
 
@@ -430,8 +420,9 @@ class Recovery(Activity):
 
     async def _pages(
         self, idle_ms: int | None = None, consumer: str | None = None
-    ) -> AsyncIterator[list[str]]:
-        """The pending list (or one consumer's part of it), page by page, with an exclusive cursor."""
+    ) -> AsyncIterator[dict[str, tuple[str, str]]]:
+        """The pending list (or one consumer's part of it), page by page (entry id: holder, ""), with an
+        exclusive cursor."""
         s = self.state
         n, batch = s.names, self.config.scan_batch
         cursor = "-"
@@ -447,11 +438,11 @@ class Recovery(Activity):
             )
             if not page:
                 return
-            ids = [text(p["message_id"]) for p in page]
+            ids = _holders(page)
             yield ids
             if len(page) < batch:
                 return
-            cursor = "(" + ids[-1]
+            cursor = "(" + text(page[-1]["message_id"])
 
     async def scan(self, min_idle: float | None = None) -> dict[str, int]:
         """One full pass over the pending list; returns counts (requeued, alive, pending).
@@ -463,14 +454,16 @@ class Recovery(Activity):
         started = time.perf_counter()
         idle_ms = int((self.config.scan_min_idle if min_idle is None else min_idle) * 1000)
         requeued = alive = seen = 0
-        async for ids in self._pages(idle_ms=idle_ms):
+        async for held in self._pages(idle_ms=idle_ms):
+            ids = list(held)
             seen += len(ids)
             dead = await self._dead_of(ids)
             alive += len(ids) - len(dead)
             if dead and self.config.go_compatible:  # a Go DoneStream between its DEL and its XACK
                 await wait_set(s.stopping, GO_DONE_GAP)
             if dead:
-                requeued += await self.requeue.recover(dead, "scan", "lock gone (scan)")
+                gone = {i: held[i] for i in dead}  # and who held them
+                requeued += await self.requeue.recover(gone, "scan", "lock gone (scan)")
         s.hooks.metric("recovery_scan_skipped_alive_total", alive)
         s.hooks.metric("recovery_scan_duration_seconds", time.perf_counter() - started)
         depth = (await s.link.redis.xpending(s.names.stream_key, s.names.group))["pending"]
@@ -497,3 +490,8 @@ class Recovery(Activity):
             s.hooks.metric("startup_recovery_duration_seconds", time.perf_counter() - started)
             s.hooks.metric("startup_recovery_success", ok)
         return total
+
+
+def _holders(pending: Any) -> dict[str, tuple[str, str]]:
+    """An XPENDING page's entries and their holders (deadline unknown: "")."""
+    return {text(p["message_id"]): (text(p["consumer"]), "") for p in pending}

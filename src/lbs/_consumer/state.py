@@ -31,6 +31,7 @@ from ..metrics import Histogram
 from ..notifications import Mailbox, Notification
 from ..plugins import Hooks
 from ..strategy import ReadStrategy
+from .journal import Journal
 
 __all__ = [
     "ClientState",
@@ -349,6 +350,8 @@ class ClientState:
         self.handlers: set[asyncio.Task[Any]] = set()
         #: The ACL rules found missing so far (each logged once).
         self._denied: set[str] = set()
+        #: What happened, for ``{<service>-input}:events`` (a no-op with ``Config.journal=False``).
+        self.journal = Journal(self)
 
     def denied(self, exc: BaseException, doing: str) -> bool:
         """Whether ``exc`` is an ACL denial; if so it is logged at WARNING, once per missing rule, with

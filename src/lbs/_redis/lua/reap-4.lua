@@ -29,7 +29,7 @@
   ARGV[11] "1" when the caller queues what it takes (the notification API):
            adopted entries go into its own queued set, merely held
 
-  Output: {adopted, tokens, gone, trimmed, next}
+  Output: {adopted, tokens, gone, trimmed, next[, holders, deadlines]}
     adopted  the entries adopted, {{id, fields, idle ms, deaths}, ...} (the
              shape of XREADGROUP CLAIM's entries): each is now pending to the
              caller under a fresh fenced lock, "<token>:<ARGV[9]>", PXAT now
@@ -43,6 +43,10 @@
     trimmed  how many adoptable entries had been deleted from the stream:
              XCLAIM dropped their pending references (Redis >= 7.0)
     next     ms until the earliest deadline left in KEYS[1]; -1 when empty
+    holders  (when some consumer was due and not after a stall) each adopted
+             entry's holder, then each gone entry's, in their orders
+    deadlines  {consumer, deadline ms, ...}: the KEYS[1] score of each holder
+             in holders, before this call moved it (the journal's time to recover)
 
   Adoption is a re-queue and a read in one step, without copying the entry:
   XCLAIM moves it to the caller with RETRYCOUNT its delivery count, plus one
@@ -151,7 +155,7 @@ if last and now - last > tonumber(ARGV[4]) then
   end
   return {{}, {}, {}, 0, next_due()}
 end
-local gone = {}
+local gone, gone_by, deadlines = {}, {}, {}
 -- Adoptable: {id, idle ms, delivery count, holder}
 local take = {}
 for i = 1, #due do
@@ -170,10 +174,15 @@ for i = 1, #due do
         take[#take + 1] = {p[1], p[3], p[4], consumer}
       else
         gone[#gone + 1] = p[1]
+        gone_by[#gone_by + 1] = consumer
       end
     elseif pttl >= 0 and (soonest == nil or pttl < soonest) then
       soonest = pttl
     end
+  end
+  if dead > 0 then
+    deadlines[#deadlines + 1] = consumer
+    deadlines[#deadlines + 1] = redis.call('ZSCORE', KEYS[1], consumer)
   end
   if soonest then
     redis.call('ZADD', KEYS[1], now + soonest, consumer)
@@ -182,7 +191,7 @@ for i = 1, #due do
   end
 end
 if #take == 0 then
-  return {{}, {}, gone, 0, next_due()}
+  return {{}, {}, gone, 0, next_due(), gone_by, deadlines}
 end
 
 -- Adoption. A death counts against an entry its holder was running, not one
@@ -190,7 +199,7 @@ end
 -- (MSETEX and SMISMEMBER instead of a SET and a SISMEMBER per entry measured
 -- no faster: the cost is in XCLAIM and in the Lua tables of the replies.)
 local deliveries = {}  -- delivery count after adoption -> ids
-local idle, deaths = {}, {}
+local idle, deaths, held_by = {}, {}, {}
 for _, a in ipairs(take) do
   local id, holder_set = a[1], ARGV[10] .. a[4]
   local queued = redis.pcall('SISMEMBER', holder_set, id) == 1  -- a key of another type: not queued
@@ -198,9 +207,9 @@ for _, a in ipairs(take) do
   local count = a[3] + (queued and 0 or 1)
   deliveries[count] = deliveries[count] or {}
   table.insert(deliveries[count], id)
-  idle[id], deaths[id] = a[2], count - 1
+  idle[id], deaths[id], held_by[id] = a[2], count - 1, a[4]
 end
-local adopted = {}
+local adopted, holders = {}, {}
 for count, ids in pairs(deliveries) do
   for s = 1, #ids, 500 do
     local args = {KEYS[2], ARGV[1], adopter, 0}
@@ -209,13 +218,15 @@ for count, ids in pairs(deliveries) do
     local claimed = redis.call('XCLAIM', unpack(args))
     for _, e in ipairs(claimed) do
       adopted[#adopted + 1] = {e[1], e[2], idle[e[1]], deaths[e[1]]}
+      holders[#holders + 1] = held_by[e[1]]
     end
   end
 end
 local n = #adopted
 if n == 0 then
-  return {{}, {}, gone, #take, next_due()}
+  return {{}, {}, gone, #take, next_due(), gone_by, deadlines}
 end
+for i = 1, #gone_by do holders[#holders + 1] = gone_by[i] end
 local first = fence_take(KEYS[4], fence_exists, n, t)
 local deadline = now + tonumber(ARGV[8])
 local owner = ARGV[9]
@@ -233,4 +244,4 @@ if mine then
     redis.call('SADD', mine, unpack(ids))
   end
 end
-return {adopted, tokens, gone, #take - n, next_due()}
+return {adopted, tokens, gone, #take - n, next_due(), holders, deadlines}
