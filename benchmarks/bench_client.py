@@ -184,6 +184,11 @@ async def cycle_lbs_run_defaults_go_compatible(r: aioredis.Redis, service: str, 
     return await cycle_lbs_defaults(r, service, n, go_compatible=True)
 
 
+async def cycle_lbs_run_defaults_no_journal(r: aioredis.Redis, service: str, n: int) -> int:
+    """The defaults with ``journal=False``: what the journal (on by default) costs the cycle."""
+    return await cycle_lbs_defaults(r, service, n, journal=False)
+
+
 async def cycle_lbs_run_installed(r: aioredis.Redis, service: str, n: int) -> int:
     """run() as an application gets it: ``Config()`` defaults, ``concurrency=1024``, the installed
     plugins loaded from their entry points (lbs-claim's reader, lbs-prometheus into its REGISTRY)."""
@@ -200,6 +205,7 @@ CYCLES = {
     "lbs run() defaults+otel (SDK, spans dropped)": cycle_lbs_run_defaults_otel_sdk,
     "lbs run() defaults+installed plugins": cycle_lbs_run_installed,
     "lbs run() defaults go_compatible": cycle_lbs_run_defaults_go_compatible,
+    "lbs run() defaults journal=False": cycle_lbs_run_defaults_no_journal,
     "lbs done_streams": cycle_lbs_batched,
     "redis-py batched + Lua": cycle_redis_py_batched_lua,
     "redis-py pipelines": cycle_redis_py_pipelines,
