@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from _lbscore import CommandBatch, Entry, Held, try_decode_input
+from _lbscore import CommandBatch, Entry, Held
 
 from .. import _keys
 from .._redis import scripts
@@ -36,6 +36,7 @@ from .._redis.wire import first_error, text
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
+from .journal import stream_of
 from .state import ClientState
 
 __all__ = ["Requeue"]
@@ -233,7 +234,7 @@ class Requeue:
                     h.entry_id,
                     reason,
                 )
-                self._dead_lettered(h.entry_id, reason, code, detail)
+                self._dead_lettered(h.entry_id, reason, code, detail, h.stream)
             elif code == RequeueCode.REFUSED:
                 s.log.on(h).error(
                     "could not hand back %s (entry %s): %s; it stays pending and recovery retries "
@@ -278,12 +279,12 @@ class Requeue:
     ) -> int:
         """Re-queue every entry whose lock is gone (lock mode ``absent``); how many went back to the LBS.
 
-        ``path`` labels the metrics (``keyspace``, ``deadline``, ``scan``,
-        ``startup``, ``claim``, ``heartbeat``). ``count_retry`` is False when
-        the holder lives and lost the lock through no fault of the stream.
-        Raises the Redis error of a failed batch.
+        ``path`` labels the metrics (``keyspace``, ``deadline``, ``scan``, ``startup``, ``claim``,
+        ``heartbeat``). ``count_retry`` is False when the holder lives and lost the lock through no
+        fault of the stream. ``entry_ids`` may map each id to its holder and the holder's deadline
+        (``journal.Holders``, for the journal). Raises the Redis error of a failed batch.
         """
-        codes = await self._recover(list(entry_ids), path, reason, count_retry)
+        codes = await self._recover(list(entry_ids), path, reason, count_retry, entry_ids)
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
 
     async def lost_while_alive(self, entry_ids: list[str], reason: str) -> int:
@@ -334,7 +335,7 @@ class Requeue:
         return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
 
     async def _recover(
-        self, ids: list[str], path: str, reason: str, count_retry: bool
+        self, ids: list[str], path: str, reason: str, count_retry: bool, who: object = None
     ) -> list[int]:
         if not ids:
             return []
@@ -352,13 +353,13 @@ class Requeue:
             codes.append(code)
             if code == RequeueCode.REQUEUED:
                 requeued += 1
-                self._announce(entry_id, res, detail, path)
+                self._announce(entry_id, res, detail, path, who)
             elif code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
                 s.hooks.metric("recovery_dlq_total", 1, path=path)
                 s.log.warning(
                     "entry %s out of retries after %s recovery: dead-lettered", entry_id, path
                 )
-                self._dead_lettered(entry_id, reason, code, detail)
+                self._dead_lettered(entry_id, reason, code, detail, stream_of(res))
             elif code == RequeueCode.REFUSED:
                 s.hooks.metric("wrong_type_keys_total", 1)
                 s.log.error(
@@ -392,14 +393,11 @@ class Requeue:
             )
         return codes
 
-    def _announce(self, entry_id: str, res: Any, new_id: str, path: str) -> None:
+    def _announce(self, entry_id: str, res: Any, new_id: str, path: str, who: object) -> None:
         """STREAM_EXPIRED, informational: a stream came back into circulation."""
-        stream, retry_count = "", 0
-        if len(res) >= 4:
-            name, _info, _reason = try_decode_input(res[2])
-            stream = name or ""
-            retry_count = int(res[3])
+        stream, retry_count = stream_of(res), int(res[3]) if len(res) >= 4 else 0
         s = self.state
+        s.journal.recovered(stream, entry_id, new_id, retry_count, path, who)
         s.log.debug(
             "recovered %s (entry %s -> %s, retry %d)", stream, entry_id, new_id, retry_count
         )
@@ -474,7 +472,7 @@ class Requeue:
                 else f"left alone ({detail})",
             )
             if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
-                self._dead_lettered(e.id, reason, code, detail)
+                self._dead_lettered(e.id, reason, code, detail, e.stream)
 
     async def retry_undead(self) -> None:
         """Try the dead letters that could not be written again (every heartbeat tick)."""
@@ -482,11 +480,10 @@ class Requeue:
             retry, self.undead = self.undead, []
             await self.dead_letter(retry, again=True)
 
-    def _dead_lettered(self, entry_id: str, reason: str, code: int, detail: str) -> None:
+    def _dead_lettered(self, entry_id: str, reason: str, code: int, detail: str, name: Any) -> None:
+        letter = detail if code == RequeueCode.DEAD_LETTERED else ""
         self.state.stats.dead_lettered += 1
         self.state.hooks.notify(
-            "lbs_stream_dead_lettered",
-            entry_id=entry_id,
-            reason=reason,
-            dead_letter_id=detail if code == RequeueCode.DEAD_LETTERED else "",
+            "lbs_stream_dead_lettered", entry_id=entry_id, reason=reason, dead_letter_id=letter
         )
+        self.state.journal.dead_lettered(name, entry_id, reason, letter)

@@ -209,6 +209,7 @@ class Runner:
                 reason,
                 exc_info=(type(exc), exc, exc.__traceback__),
             )
+        s.journal.failed(h, reason, trace)
         hand_back = asyncio.ensure_future(self._hand_back(h, reason, trace))
         s.handlers.add(hand_back)
         hand_back.add_done_callback(s.handlers.discard)
