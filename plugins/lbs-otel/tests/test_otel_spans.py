@@ -153,7 +153,7 @@ async def test_with_the_api_alone_nothing_is_added_or_wrapped(
         pass
 
     c = _client(r, service, plugin)
-    assert c._hooks.wrap_handler(handler) is handler
+    assert plugin.lbs_wrap_handler(c, handler) is None  # not wrapped: nothing per call
     await _run_until(c, handler, 1)
 
 
