@@ -56,7 +56,9 @@ async def live_snapshot(fleet: Fleet, windows: dict[str, TallyWindow]) -> dict[s
     out: dict[str, Any] = {}
     for service in fleet.services:
         try:
-            st = await read_status(fleet.client, service, fleet.config, letters=0, sample=50)
+            # No sample: the counters only (the backlog from the group's lag, exact from Redis 7.4),
+            # not what each consumer holds: a snapshot costs the same however much is held.
+            st = await read_status(fleet.client, service, fleet.config, letters=0, sample=0)
             window = windows.setdefault(service, TallyWindow())
             await window.update(fleet, service, st.time_ms)
             series = tally_series(window.events.values(), st.time_ms)
