@@ -26,6 +26,10 @@ import pytest
 
 from _browser import ROOT, wait_until
 
+# tests/cli's helpers: the environment of an `lbs` process, a background process.
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+from _cli_helpers import Proc, cli_env
+
 #: Chromium's flags: no sandbox (containers), and nothing that reaches the network by itself
 #: (this closed network refuses it, and a test must not depend on it).
 CHROMIUM_ARGS = [
@@ -83,24 +87,6 @@ def page(browser: Any) -> Iterator[Any]:
         p.close()
 
 
-@dataclass
-class Proc:
-    popen: subprocess.Popen[bytes]
-    stderr: Path
-
-    def err(self) -> str:
-        return self.stderr.read_text(errors="replace")
-
-
-def _env(log: Path, **extra: str) -> dict[str, str]:
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("LBS_") or k == "LBS_REDIS_SERVER"
-    }
-    env.update(PYTHONPATH=str(ROOT), LBS_TEST_LOG=str(log), LBS_LOAD_PLUGINS="", COLUMNS="200")
-    env.update(extra)
-    return env
-
-
 @pytest.fixture
 def names() -> Callable[[str], str]:
     """``names("orders")``: a service name no other test uses, readable in a screenshot."""
@@ -121,16 +107,16 @@ def lbs_proc(tmp_path: Path, log: Path) -> Iterator[Callable[..., Proc]]:
     procs: list[Proc] = []
 
     def start(*args: str, **env: str) -> Proc:
-        err = tmp_path / f"proc{len(procs)}.err"
-        with err.open("wb") as e:
+        out, err = tmp_path / f"proc{len(procs)}.out", tmp_path / f"proc{len(procs)}.err"
+        with out.open("wb") as o, err.open("wb") as e:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "lbs", *args],
                 cwd=ROOT,
-                env=_env(log, **env),
-                stdout=subprocess.DEVNULL,
+                env=cli_env(log, COLUMNS="200", **env),
+                stdout=o,
                 stderr=e,
             )
-        procs.append(Proc(popen, err))
+        procs.append(Proc(popen, out, err))
         return procs[-1]
 
     yield start

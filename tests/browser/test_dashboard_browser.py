@@ -110,7 +110,6 @@ def test_live_counters_move_while_work_is_done(
 def test_a_killed_consumer_is_dead_and_its_streams_recovered(
     page: Any, redis_server: Any, names: Any, start_dashboard: Any, lbs_proc: Any, log: Path
 ) -> None:
-    pytest.importorskip("lbs.events", reason="the journal (lbs.events) is not in this tree yet")
     url, service = redis_server.url, names("payments")
     victims = ["payment-7f3a", "payment-81c0", "payment-9d42"]
     produce(url, service, *victims)

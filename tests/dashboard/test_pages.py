@@ -8,7 +8,6 @@ import asyncio
 import re
 from typing import Any
 
-import pytest
 import redis.asyncio as aioredis
 
 import lbs
@@ -110,7 +109,6 @@ async def test_dead_letters_list_filter_and_traceback(
 async def test_recovery_shows_the_dead_holder_and_who_took_its_streams(
     redis_server: Any, service: str, dashboard: Any
 ) -> None:
-    pytest.importorskip("lbs.events", reason="the journal (lbs.events) is not in this tree yet")
     url = redis_server.url
     await produce(url, service, "a", "b")
     dead = client(url, service, "gone", lock_ttl=0.5)

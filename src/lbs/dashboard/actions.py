@@ -16,6 +16,7 @@ from starlette.routing import Route
 from .._streamids import is_stream_id
 from ..deadletters import DeadLetters
 from .app import Dashboard, dash, page
+from .pages import one_letter
 from .security import action_log, read_form, who
 
 __all__ = ["routes"]
@@ -93,7 +94,7 @@ async def _act(
 
 
 @page
-async def one_letter(request: Request) -> Response:
+async def act_on_letter(request: Request) -> Response:
     """``/s/{service}/dead-letters/{letter}/{action}``: GET confirms, POST acts."""
     d = dash(request)
     service, lid, action = (request.path_params[k] for k in ("service", "letter", "action"))
@@ -101,10 +102,7 @@ async def one_letter(request: Request) -> Response:
         raise HTTPException(404, "no such action")
     d.guard.check_action(request)
     if request.method == "GET":
-        async with DeadLetters(d.fleet.client, service, config=d.fleet.config) as dlq:
-            found = await dlq.get(lid)
-        if found is None:
-            raise HTTPException(404, f"no dead letter {lid} (replayed, purged or forwarded)")
+        found, _ = await one_letter(d, service, lid)
         ctx = {
             "service": service,
             "tab": "letters",
@@ -174,6 +172,8 @@ def routes() -> list[Route]:
     return [
         Route("/login", _login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
-        Route("/s/{service}/dead-letters/{letter}/{action}", one_letter, methods=["GET", "POST"]),
+        Route(
+            "/s/{service}/dead-letters/{letter}/{action}", act_on_letter, methods=["GET", "POST"]
+        ),
         Route("/s/{service}/dead-letters-all/{action}", by_reason, methods=["GET", "POST"]),
     ]

@@ -3,13 +3,12 @@
 journal (``lbs.events.read_events``: tallies, recoveries) and the streams matching a search.
 
 No I/O outside the functions that take a client; the journal's reductions (:func:`tally_series`,
-:func:`recovery_timeline`) are pure. A journal that is off, empty or not installed is not an error:
-the pages say there is no history.
+:func:`recovery_timeline`) are pure. A journal that is off or empty is not an error: the pages say
+there is no history.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +21,9 @@ from _lbscore import try_decode_input
 from .. import _keys
 from .._admin import on_owner
 from .._redis.wire import fields_text, text
-from .._streamids import id_key, id_ms
+from .._streamids import id_ms
 from ..config import Config
+from ..events import Event, read_events
 from ..status import ServiceStatus, collect_status
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
 Client = aioredis.Redis | RedisCluster
 
 #: What a chart or the recovery page says when the journal has nothing to show.
-NO_HISTORY = "no history: the journal is off or not yet written"
+NO_HISTORY = "no tallies in the last hour (nothing handled, or the journal is off)"
 MINUTE_MS = 60_000
 #: Recoveries of one holder further apart than this are two incidents.
 INCIDENT_GAP_MS = 30_000
@@ -55,14 +55,6 @@ async def read_status(
     return await collect_status(client, service, config=config, letters=letters, sample=sample)
 
 
-def _events_module() -> Any | None:
-    """``lbs.events`` (the journal's reader), or None where this lbs has none."""
-    try:
-        return importlib.import_module("lbs.events")
-    except ModuleNotFoundError:
-        return None
-
-
 async def read_journal(
     client: Client,
     service: str,
@@ -70,16 +62,10 @@ async def read_journal(
     since_ms: int | None = None,
     kinds: Sequence[str] | None = None,
     count: int = 20_000,
-) -> list[Any] | None:
-    """The service's journal events from ``since_ms`` on, oldest first (each with ``id``, ``time_ms``,
-    ``kind``, ``consumer``, ``fields``); None when this lbs has no journal."""
-    events = _events_module()
-    if events is None:
-        return None
-    found = await events.read_events(
-        client, service, since_ms=since_ms, count=count, kinds=list(kinds) if kinds else None
-    )
-    return sorted(found, key=lambda e: id_key(e.id))
+) -> list[Event]:
+    """The service's journal events (:func:`lbs.events.read_events`) from ``since_ms`` on, oldest
+    first; none when the journal is off (``Config(journal=False)``) or nothing was written yet."""
+    return await read_events(client, service, since_ms=since_ms, count=count, kinds=kinds)
 
 
 @dataclass(frozen=True)
@@ -107,12 +93,12 @@ def _int(fields: dict[str, str], name: str) -> int:
         return 0
 
 
-def tally_series(events: Iterable[Any] | None, now_ms: int, minutes: int = 60) -> Series:
+def tally_series(events: Iterable[Event], now_ms: int, minutes: int = 60) -> Series:
     """The ``tally`` events' ``done`` and ``failed`` summed per minute over the ``minutes`` up to ``now_ms``."""
     start = (now_ms // MINUTE_MS - minutes + 1) * MINUTE_MS
     done, failed = [0] * minutes, [0] * minutes
     seen = False
-    for ev in events or ():
+    for ev in events:
         if ev.kind != "tally":
             continue
         i = (ev.time_ms - start) // MINUTE_MS
@@ -181,11 +167,11 @@ class Moment:
     detail: str
 
 
-def recovery_timeline(events: Iterable[Any]) -> list[Incident | Moment]:
+def recovery_timeline(events: Iterable[Event]) -> list[Incident | Moment]:
     """Incidents (``recovered`` events by holder, each stream joined to the ``retaken`` event whose
     ``original_id`` (or ``entry_id``) is its ``new_entry_id``; an ``adopted`` one taken by its recoverer) and the ``started``/``stopped``/``disowned`` moments, newest first."""
     events = list(events)
-    taken: dict[str, Any] = {}
+    taken: dict[str, Event] = {}
     for ev in events:
         if ev.kind == "retaken":
             for ref in (ev.fields.get("entry_id", ""), ev.fields.get("original_id", "")):

@@ -18,6 +18,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from .._urlmask import mask_secrets
+from ..events import Event
 from ..exceptions import LbsError
 from .data import Fleet, read_journal, read_status, tally_series
 
@@ -32,16 +33,12 @@ class TallyWindow:
     for what the journal wrote since the newest one held."""
 
     def __init__(self) -> None:
-        self.events: dict[str, Any] = {}
+        self.events: dict[str, Event] = {}
         self.newest_ms: int | None = None
-        self.journal = True
 
     async def update(self, fleet: Fleet, service: str, now_ms: int) -> None:
         since = self.newest_ms if self.newest_ms is not None else now_ms - HOUR_MS
         found = await read_journal(fleet.client, service, since_ms=since, kinds=["tally"])
-        if found is None:
-            self.journal = False
-            return
         for ev in found:
             self.events[ev.id] = ev
             self.newest_ms = max(self.newest_ms or 0, ev.time_ms)
@@ -76,7 +73,6 @@ async def live_snapshot(fleet: Fleet, windows: dict[str, TallyWindow]) -> dict[s
                 "done_minute": series.done[-1],
                 "failed_minute": series.failed[-1],
                 "series": series.to_dict() if series.any else None,
-                "journal": window.journal,
             }
         except (LbsError, RedisError, OSError) as exc:
             out[service] = {"error": mask_secrets(fleet.url, str(exc))}

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._streamids import is_stream_id
-from ..deadletters import DeadLetters, letter_time_ms
+from ..deadletters import DeadLetter, DeadLetters, letter_time_ms
 from ..status import ServiceStatus
 from .app import Dashboard, dash, page
 from .charts import bar_chart
@@ -29,23 +29,23 @@ from .data import (
 )
 from .live import HOUR_MS
 
-__all__ = ["routes"]
+__all__ = ["one_letter", "routes"]
 
 #: Letters a dead-letter page lists.
 LETTERS_SHOWN = 100
 
 
-async def _series(d: Dashboard, service: str, now_ms: int) -> tuple[Series, bool]:
-    """The last hour's tallies (the live hub's when it runs, else read now); whether a journal exists."""
+async def _series(d: Dashboard, service: str, now_ms: int) -> Series:
+    """The last hour's tallies: the live hub's when it runs, else read now."""
     window = d.windows.get(service)
     if d.hub.listeners and window is not None and window.newest_ms is not None:
-        return tally_series(window.events.values(), now_ms), window.journal
+        return tally_series(window.events.values(), now_ms)
     events = await read_journal(d.fleet.client, service, since_ms=now_ms - HOUR_MS, kinds=["tally"])
-    return tally_series(events, now_ms), events is not None
+    return tally_series(events, now_ms)
 
 
-def _charts(series: Series, journal: bool) -> dict[str, Any]:
-    empty = "" if series.any else (NO_HISTORY if not journal else "no tallies in the last hour")
+def _charts(series: Series) -> dict[str, Any]:
+    empty = "" if series.any else NO_HISTORY
     return {
         "done": bar_chart(
             series.done, series.start_ms, label="handled per minute", kind="done", empty=empty
@@ -66,8 +66,7 @@ async def overview(request: Request) -> Response:
     cards = []
     for service in d.fleet.services:
         st = await read_status(d.fleet.client, service, d.fleet.config, letters=100)
-        series, journal = await _series(d, service, st.time_ms)
-        cards.append({"st": st, "charts": _charts(series, journal)})
+        cards.append({"st": st, "charts": _charts(await _series(d, service, st.time_ms))})
     return d.render(request, "overview.html", {"cards": cards, "tab": "overview"})
 
 
@@ -82,8 +81,7 @@ async def charts(request: Request) -> Response:
         now = (
             await read_status(d.fleet.client, service, d.fleet.config, letters=0, sample=0)
         ).time_ms
-    series, journal = await _series(d, service, now)
-    c = _charts(series, journal)
+    c = _charts(await _series(d, service, now))
     return Response(f"{c['done']}{c['failed']}", media_type="text/html")
 
 
@@ -129,9 +127,7 @@ async def recovery(request: Request) -> Response:
         "st": st,
         "service": st.service,
         "tab": "recovery",
-        "journal": events is not None,
-        "timeline": recovery_timeline(events or ()),
-        "no_history": NO_HISTORY,
+        "timeline": recovery_timeline(events),
         "dead": [c for c in st.consumers if c.state in ("dead", "late")],
     }
     return d.render(request, "recovery.html", ctx)
@@ -151,10 +147,8 @@ async def letters(request: Request) -> Response:
     return d.render(request, "letters.html", ctx)
 
 
-@page
-async def letter(request: Request) -> Response:
-    d = dash(request)
-    service, lid = request.path_params["service"], request.path_params["letter"]
+async def one_letter(d: Dashboard, service: str, lid: str) -> tuple[DeadLetter, int]:
+    """The dead letter ``lid`` and the server's clock (ms); 404 when it is not (or no longer) there."""
     if not is_stream_id(lid):
         raise HTTPException(404, f"{lid!r} is not a dead-letter id")
     async with DeadLetters(d.fleet.client, service, config=d.fleet.config) as dlq:
@@ -162,6 +156,14 @@ async def letter(request: Request) -> Response:
         now = await dlq.server_time_ms()
     if found is None:
         raise HTTPException(404, f"no dead letter {lid} (replayed, purged or forwarded)")
+    return found, now
+
+
+@page
+async def letter(request: Request) -> Response:
+    d = dash(request)
+    service, lid = request.path_params["service"], request.path_params["letter"]
+    found, now = await one_letter(d, service, lid)
     ctx = {
         "service": service,
         "tab": "letters",
