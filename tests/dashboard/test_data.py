@@ -3,6 +3,7 @@ joins (a re-queued copy to the consumer that took it, an adopted entry to its ad
 
 from __future__ import annotations
 
+from lbs.dashboard import DashboardSettings
 from lbs.dashboard.data import Incident, Moment, recovery_timeline, tally_series
 from lbs.events import Event
 
@@ -94,3 +95,9 @@ def test_the_timeline_joins_each_recovered_stream_to_who_took_it() -> None:
     assert rows["c"].taken_by == "" and rows["c"].took_ms is None and rows["c"].deadline_ms is None
     assert first.retaken == 2 and first.slowest_ms == 2_000
     assert [r.stream for r in later.streams] == ["d"]  # 90 s later: another incident
+
+
+def test_a_sharded_service_is_shown_as_its_shards() -> None:
+    settings = DashboardSettings.make("redis://127.0.0.1:1", ["orders", "mail"], shards=2)
+    assert settings.shown_services == ("orders.0", "orders.1", "mail.0", "mail.1")
+    assert not settings.guarded and settings.masked_url == "redis://127.0.0.1:1"

@@ -8,6 +8,7 @@ import asyncio
 import re
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 import lbs
@@ -170,3 +171,31 @@ async def test_an_unknown_service_is_404(redis_server: Any, service: str, dashbo
     async with dashboard(redis_server.url, [service]) as (http, _):
         assert (await http.get("/s/not-mine/consumers")).status_code == 404
         assert (await http.get("/no/such/page")).status_code == 404
+
+
+@pytest.mark.cluster
+async def test_a_service_on_a_cluster(redis_cluster: Any, service: str, dashboard: Any) -> None:
+    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+
+    async def handler(note: lbs.Notification) -> None:
+        if note.stream == "bad":
+            raise ValueError("bad on a cluster")
+
+    await produce(url, service, "good", "bad")
+    c = client(url, service, "w1", max_retries=0, retry_delay=0.0, journal_interval=0.1)
+    worker = asyncio.create_task(c.run(handler))
+    try:
+        async with dashboard(url, [service]) as (http, _):
+
+            async def handled() -> bool:
+                page = (await http.get("/")).text
+                return live(page, "dead_letters") == "1" and live(page, "done_hour") == "1"
+
+            await eventually(handled, 30)
+            for path in ("consumers", "streams?q=o", "recovery", "dead-letters"):
+                assert (await http.get(f"/s/{service}/{path}")).status_code == 200, path
+            page = (await http.get(f"/s/{service}/dead-letters")).text
+            assert "bad on a cluster" in page
+    finally:
+        await c.close()
+        await worker
