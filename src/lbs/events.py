@@ -6,7 +6,9 @@ one per LBS shard, in the shard's slot). Every entry has the fields ``kind``
 and ``consumer`` (who wrote it), then the kind's own, all text:
 
 ========================  ===============================================================
-``started``               a consumer process started: ``pid``, ``host``, ``version``
+``started``               a consumer process started: ``pid``, ``host``, ``version``, and
+                          what its plugins say of it (``lbs_process_info``: ``metrics``,
+                          the URL of its Prometheus metrics, from ``lbs-prometheus``)
 ``stopped``               ... and closed: ``pid``, ``host``, ``version``, ``handed_back``
 ``tally``                 counts since the writer's previous tally (written every
                           ``Config.journal_interval`` while one is not zero): ``done``

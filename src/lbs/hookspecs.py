@@ -1,28 +1,24 @@
 """Hook specifications: how plugins observe and extend an :class:`lbs.Client`.
 
-Implement hooks in any object or module decorated with :data:`lbs.hookimpl`
-and pass it to ``lbs.Client(..., plugins=[...])``, or publish it under the
-entry-point group ``lbs``. An implementation may accept any subset of a
-hook's arguments. Hooks are called synchronously on the client's event loop
-thread, so keep them quick. An exception in a notification hook is logged
-and never breaks the client; one raised by a provider hook (``firstresult``)
-or by ``lbs_config_defaults`` reaches the application from the call that
-asked (the constructor, ``start()`` or ``run()``).
+Implement hooks in any object or module decorated with :data:`lbs.hookimpl` and pass it to
+``lbs.Client(..., plugins=[...])``, or publish it under the entry-point group ``lbs``. An
+implementation may accept any subset of a hook's arguments. Hooks are called synchronously on the
+client's event loop thread, so keep them quick. An exception in a notification hook is logged and
+never breaks the client; one raised by a provider hook (``firstresult``) or by
+``lbs_config_defaults`` reaches the application from the call that asked (the constructor,
+``start()`` or ``run()``).
 
-Notification hooks are 1:N: every implementation is called, each on its
-own (one that raises is logged with its plugin's name and the others still
-run), results ignored. Hooks marked ``firstresult`` ask a question: the
-first implementation that returns something other than None decides.
+Notification hooks are 1:N: every implementation is called, each on its own (one that raises is
+logged with its plugin's name and the others still run), results ignored. Hooks marked
+``firstresult`` ask a question: the first implementation that returns something other than None
+decides.
 
 Per-assignment events come two ways: batched (:func:`lbs_streams_started`,
-:func:`lbs_locks_released`: one call per read or finish batch, however many
-streams it holds) and per event (:func:`lbs_lock_acquired`,
-:func:`lbs_stream_started`, :func:`lbs_lock_released`: one call per stream,
-which costs the assignment cycle a pluggy call each). Prefer the batched
-ones; a hook nobody implements costs nothing. Counts need no hook at all:
-:attr:`lbs.Client.stats` and :attr:`lbs.Client.metrics` are kept by the
-client and can be read when wanted (``lbs-prometheus`` reads them at scrape
-time).
+:func:`lbs_locks_released`: one call per read or finish batch) and per event
+(:func:`lbs_lock_acquired`, :func:`lbs_stream_started`, :func:`lbs_lock_released`: a pluggy call
+per stream). Prefer the batched ones; a hook nobody implements costs nothing. Counts need no hook:
+:attr:`lbs.Client.stats` and :attr:`lbs.Client.metrics` can be read when wanted
+(``lbs-prometheus`` reads them at scrape time).
 """
 
 from __future__ import annotations
@@ -127,10 +123,9 @@ def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float)
 def lbs_lock_released(
     client: Client, stream: str, entry_id: str, token: int, status: DoneStatus
 ) -> None:
-    """Called when :meth:`lbs.Client.done_stream` or
-    :meth:`lbs.Client.done_streams`, or a :meth:`lbs.Client.run` handler that
-    returned, finished an assignment (per event: one call per stream;
-    :func:`lbs_locks_released` is the batched form, and cheaper).
+    """Called when :meth:`lbs.Client.done_stream` or :meth:`lbs.Client.done_streams`, or a
+    :meth:`lbs.Client.run` handler that returned, finished an assignment (per event: one call per
+    stream; :func:`lbs_locks_released` is the batched form, and cheaper).
 
     :param client: the client.
     :param stream: the data stream's name.
@@ -145,19 +140,16 @@ def lbs_lock_released(
 
 @hookspec
 def lbs_locks_released(client: Client, released: Sequence[tuple[Held, DoneStatus]]) -> None:
-    """Called once per batch of finished assignments, with each one's outcome:
-    once per :meth:`lbs.Client.done_stream` or :meth:`lbs.Client.done_streams`
-    call, and once per ``done-n.lua`` batch for :meth:`lbs.Client.run`
-    handlers that returned (however many streams finished together).
-
-    The batched form of :func:`lbs_lock_released`; prefer it. Called only
+    """Called once per batch of finished assignments, with each one's outcome: once per
+    :meth:`lbs.Client.done_stream` or :meth:`lbs.Client.done_streams` call, and once per
+    ``done-n.lua`` batch for :meth:`lbs.Client.run` handlers that returned (however many streams
+    finished together). The batched form of :func:`lbs_lock_released`; prefer it. Called only
     when some plugin implements it.
 
     :param client: the client.
-    :param released: ``(held, status)`` per finished assignment, in order:
-        the :class:`lbs.Held` record (``stream``, ``entry_id``, ``token``,
-        ``retry_count``, ...) and what finishing found, ``DONE`` or a lost
-        lock (``LOCK_EXPIRED``, ``LOCK_LOST``).
+    :param released: ``(held, status)`` per finished assignment, in order: the :class:`lbs.Held`
+        record (``stream``, ``entry_id``, ``token``, ``retry_count``, ...) and what finishing
+        found, ``DONE`` or a lost lock (``LOCK_EXPIRED``, ``LOCK_LOST``).
 
     .. versionadded:: 0.1
     """
@@ -170,17 +162,15 @@ def lbs_locks_released(client: Client, released: Sequence[tuple[Held, DoneStatus
 def lbs_metric(
     client: Client, name: str, kind: str, value: float, labels: Mapping[str, str]
 ) -> None:
-    """Called for every metric event, on the client's event loop (none is
-    per assignment). An exporter need not implement it for lbs's names:
-    :attr:`lbs.Client.metrics` keeps every event's value, by name and (in
-    ``.series``) by labels, to be read when asked; other plugins may report
+    """Called for every metric event, on the client's event loop (none is per assignment). An
+    exporter need not implement it for lbs's names: :attr:`lbs.Client.metrics` keeps every event's
+    value, by name and (in ``.series``) by labels, to be read when asked; other plugins may report
     their own names through this hook.
 
-    The names lbs emits are stable (a metrics plugin may map them 1:1): they
-    are the entries of :data:`lbs.metrics.METRICS`, which gives each one's
-    kind, help text and labels beyond ``service`` and ``consumer``. Treat a
-    name not in the table (another plugin's) as a new metric, not an error.
-    The table, as of this version:
+    The names lbs emits are stable (a metrics plugin may map them 1:1): they are the entries of
+    :data:`lbs.metrics.METRICS`, which gives each one's kind, help text and labels beyond
+    ``service`` and ``consumer``. Treat a name not in the table (another plugin's) as a new
+    metric, not an error. The table, as of this version:
 
     <lbs.metrics.METRICS>
 
@@ -229,15 +219,13 @@ def lbs_stream_started(client: Client, notification: Notification) -> None:
 
 @hookspec
 def lbs_streams_started(client: Client, notifications: Sequence[Notification]) -> None:
-    """Called once per read batch that took streams, after their STREAM_ADDED
-    notifications were handed out (to :meth:`lbs.Client.run`'s handlers or
-    the notification buffer).
+    """Called once per read batch that took streams, after their STREAM_ADDED notifications were
+    handed out (to :meth:`lbs.Client.run`'s handlers or the notification buffer).
 
-    The batched form of :func:`lbs_lock_acquired` and
-    :func:`lbs_stream_started` (each notification carries the stream, the
-    entry id and the lock's token); prefer it. Called only when some plugin
-    implements it. When the notification buffer was full, the application
-    may already have finished some of the batch's streams by then.
+    The batched form of :func:`lbs_lock_acquired` and :func:`lbs_stream_started` (each notification
+    carries the stream, the entry id and the lock's token); prefer it. Called only when some plugin
+    implements it. When the notification buffer was full, the application may already have
+    finished some of the batch's streams by then.
 
     :param client: the client.
     :param notifications: the batch's STREAM_ADDED notifications, in order.
@@ -248,8 +236,7 @@ def lbs_streams_started(client: Client, notifications: Sequence[Notification]) -
 
 @hookspec
 def lbs_stream_disowned(client: Client, stream: str, entry_id: str, token: int) -> None:
-    """Called when the heartbeat found a held lock no longer ours, before
-    STREAM_DISOWNED is sent.
+    """Called when the heartbeat found a held lock no longer ours, before STREAM_DISOWNED is sent.
 
     :param client: the client.
     :param stream: the data stream's name.
@@ -265,10 +252,9 @@ def lbs_stream_handed_back(
     client: Client, stream: str, entry_id: str, new_entry_id: str, retry_counted: bool
 ) -> None:
     """Called when a held stream went back to the LBS as a fresh entry: by
-    :meth:`lbs.Client.hand_back` (``retry_counted`` as asked), on ``close()``
-    or a signal under ``run()`` (False), or after a ``run()`` handler raised
-    or was cancelled from outside (True). Not called when the hand-back
-    dead-lettered the stream instead (:func:`lbs_stream_dead_lettered` is).
+    :meth:`lbs.Client.hand_back` (``retry_counted`` as asked), on ``close()`` or a signal under
+    ``run()`` (False), or after a ``run()`` handler raised or was cancelled from outside (True).
+    Not called when the hand-back dead-lettered the stream instead (:func:`lbs_stream_dead_lettered`).
 
     :param client: the client.
     :param stream: the data stream's name.
@@ -285,8 +271,7 @@ def lbs_stream_handed_back(
 def lbs_stream_dead_lettered(
     client: Client, entry_id: str, reason: str, dead_letter_id: str
 ) -> None:
-    """Called when an entry went to the dead-letter stream (malformed, or out
-    of retries).
+    """Called when an entry went to the dead-letter stream (malformed, or out of retries).
 
     :param client: the client.
     :param entry_id: the LBS entry id.
@@ -327,6 +312,21 @@ def lbs_worker_banner(client: Client) -> Mapping[str, str] | None:
     A plugin that raises is logged and left out of the banner.
 
     :param client: the worker's started client.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def lbs_process_info(client: Client) -> Mapping[str, str] | None:
+    """What this process tells the journal about itself, e.g. where it serves its metrics:
+    ``{"metrics": "http://10.0.0.7:9100/metrics"}`` (``lbs dashboard`` links and reads that one).
+
+    Called once per client, after :func:`lbs_client_started`; the answers (str to str, merged, a
+    later one winning) go into the journal's ``started`` event (:mod:`lbs.events`). Not called with
+    ``Config.journal`` off. A plugin that raises is logged and left out.
+
+    :param client: the started client.
 
     .. versionadded:: 0.1
     """
@@ -484,6 +484,7 @@ __all__ = [
     "lbs_locks_released",
     "lbs_message_fields",
     "lbs_metric",
+    "lbs_process_info",
     "lbs_reader",
     "lbs_reader_terminated",
     "lbs_stream_dead_lettered",

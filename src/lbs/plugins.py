@@ -279,6 +279,13 @@ class Hooks:
             out.append([x for kv in fields.items() for x in kv])
         return out
 
+    def process_info(self) -> dict[str, str]:
+        """What plugins tell the journal about this process (``lbs_process_info``, merged as
+        :func:`merged_fields` does)."""
+        impls = self.pm.hook.lbs_process_info.get_hookimpls()
+        kwargs = {"client": self.owner}
+        return merged_fields(impls, "lbs_process_info", kwargs, self.log) if impls else {}
+
     def notify(self, hook: str, /, **kwargs: Any) -> None:
         """Call every implementation of a 1:N hook, each on its own (see the class docstring)."""
         impls = getattr(self.pm.hook, hook).get_hookimpls()

@@ -101,3 +101,31 @@ def test_a_sharded_service_is_shown_as_its_shards() -> None:
     settings = DashboardSettings.make("redis://127.0.0.1:1", ["orders", "mail"], shards=2)
     assert settings.shown_services == ("orders.0", "orders.1", "mail.0", "mail.1")
     assert not settings.guarded and settings.masked_url == "redis://127.0.0.1:1"
+
+
+async def test_process_metrics_are_read_only_from_an_announced_metrics_url() -> None:
+    from lbs.dashboard.procmetrics import announced, read_all
+
+    def said(i: int, kind: str, consumer: str, url: str) -> Event:
+        return Event(f"{i}-0", i, kind, consumer, {"metrics": url} if url else {})
+
+    events = [
+        said(1, "started", "a", "http://10.0.0.1:9100/metrics"),
+        said(2, "tally", "a", "http://10.0.0.2:9100/metrics"),  # restarted elsewhere: newest wins
+        said(3, "stopped", "b", "http://10.0.0.3:9100/metrics"),  # not an announcement
+        said(4, "started", "c", ""),
+        said(5, "started", "d", "file:///etc/passwd"),
+        said(6, "started", "e", "http://10.0.0.5:9100/admin"),
+    ]
+    urls = announced(events)
+    assert urls == {
+        "a": "http://10.0.0.2:9100/metrics",
+        "d": "file:///etc/passwd",
+        "e": "http://10.0.0.5:9100/admin",
+    }
+    del urls["a"]
+    found = await read_all(urls)  # neither is fetched: nothing listens there, nothing is tried
+    assert {c: m.error for c, m in found.items()} == {
+        "d": "not an http(s)://HOST/metrics URL: not read",
+        "e": "not an http(s)://HOST/metrics URL: not read",
+    }

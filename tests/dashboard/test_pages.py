@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
+import lbs.events
 from lbs.testing import abandon
 
 from _dash import live
@@ -199,3 +200,42 @@ async def test_a_service_on_a_cluster(redis_cluster: Any, service: str, dashboar
     finally:
         await c.close()
         await worker
+
+
+async def test_consumers_show_the_metrics_their_process_serves(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    """A worker with lbs-prometheus serving announces its /metrics URL in the journal; the
+    consumers page reads it and shows that consumer's own values; one that cannot be reached says so."""
+    prometheus = pytest.importorskip("lbs_prometheus")
+    from prometheus_client import CollectorRegistry
+
+    plugin = prometheus.PrometheusPlugin(port=0, addr="127.0.0.1", registry=CollectorRegistry())
+    url = redis_server.url
+    await produce(url, service, "s1")
+    c = client(url, service, "w1", plugins=[plugin])
+    await c.start()
+    try:
+        await take(c, 1)
+        served = f"http://127.0.0.1:{plugin.port}/metrics"
+
+        async def announced() -> bool:
+            events = await lbs.events.read_events(url, service, kinds=["started"])
+            return any(e.fields.get("metrics") == served for e in events)
+
+        await eventually(announced, timeout=30)
+        async with dashboard(url, [service]) as (http, _):
+            page = (await http.get(f"/s/{service}/consumers")).text
+            assert 'data-metrics="redis-consumer-w1"' in page and served in page
+            held = re.search(
+                r'lbs_held_streams</td><td class="muted">[^<]*</td><td class="num mono">(\d+)<',
+                page,
+            )
+            assert held is not None and held.group(1) == "1", page  # the one stream it holds
+        plugin.close()  # the process stops serving: the page says why it shows nothing
+        async with dashboard(url, [service]) as (http, _):
+            page = (await http.get(f"/s/{service}/consumers")).text
+            assert served in page and "URLError" in page
+    finally:
+        await c.close()
+        plugin.close()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import lbs
-from lbs.logs import JsonFormatter, about, configure
 from lbs._consumer.state import ConsumerLog
+from lbs.logs import JsonFormatter, about, configure
 
 
 class _Held:
@@ -68,7 +68,7 @@ def test_a_failure_keeps_its_whole_traceback(out: io.StringIO) -> None:
     try:
         handler()
     except ValueError:
-        logging.getLogger("lbs.client").error("failed", exc_info=True, extra=about(_Held()))
+        logging.getLogger("lbs.client").exception("failed", extra=about(_Held()))
     line = _line(out)  # a multi-line message and traceback still make one line
     assert line["error"] == "ValueError: bad\nsecond line"
     assert line["traceback"].startswith("Traceback (most recent call last):")

@@ -58,6 +58,11 @@ FLUSH_EVERY = 1.0
 FLUSH_TIMEOUT = 5.0
 #: Longest wait for the last flush on ``close()`` (seconds).
 CLOSE_WAIT = 2.0
+#: The fields of ``started`` and ``tally`` events lbs writes itself (``lbs_process_info`` cannot).
+_OWN = frozenset(("kind", "consumer", "pid", "host", "version"))
+TALLY_FIELDS = frozenset(
+    ("done", "failed", "dead_lettered", "recovered", "keyed", "unlisted", "dropped", "interval_ms")
+)
 #: A failure to write is logged at most once in this many seconds.
 LOG_EVERY = 60.0
 #: The most of a traceback an event keeps (its end: the innermost frames and the error).
@@ -97,6 +102,8 @@ class Journal(Activity, kind="journal"):
         self._link: Link | None = None
         self._logged_at = -LOG_EVERY
         self._started = False
+        #: What plugins said of this process (``lbs_process_info``), on ``started`` and every tally.
+        self._info: dict[str, str] = {}
 
     # --------------------------------------------------------------- record ---
 
@@ -210,7 +217,9 @@ class Journal(Activity, kind="journal"):
         from .. import __version__  # here: lbs is imported by now
 
         self._started = True
-        self.record("started", **self._process(), version=__version__)
+        info = self.state.hooks.process_info().items()
+        self._info = {k: v for k, v in info if k not in _OWN and k not in TALLY_FIELDS}
+        self.record("started", **self._info, **self._process(), version=__version__)
         super().start()
 
     async def _main(self) -> None:
@@ -274,6 +283,7 @@ class Journal(Activity, kind="journal"):
                     "unlisted": unlisted,
                     "dropped": dropped,
                     "interval_ms": round(interval * 1000),
+                    **self._info,  # a busy journal trims `started`: the metrics URL stays findable
                 },
             )
         )

@@ -113,7 +113,6 @@ class Lifecycle:
         self.requeue.delays.start()
         if self.forwarder is not None:
             self.forwarder.start()
-        s.journal.start()
         s.log.info(
             "started on %s (group %s, %s)",
             s.names.stream_key,
@@ -121,6 +120,7 @@ class Lifecycle:
             s.server.name or "Redis " + (".".join(map(str, s.server.version)) or "?"),
         )
         s.hooks.notify("lbs_client_started")
+        s.journal.start()  # after the plugins started: its `started` event has lbs_process_info's answers
 
     def begin_close(self) -> asyncio.Future[None]:
         """The one shutdown, started by the first call."""

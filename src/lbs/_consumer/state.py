@@ -315,7 +315,7 @@ class ClientState:
         config: Config,
         names: Names,
         hooks: Hooks,
-        log: logging.LoggerAdapter,  # type: ignore[type-arg]
+        log: ConsumerLog,
         link: Link,
         owner: Any,
     ) -> None:

@@ -28,6 +28,7 @@ from .data import (
     tally_series,
 )
 from .live import HOUR_MS
+from .procmetrics import announced, read_all
 
 __all__ = ["one_letter", "routes"]
 
@@ -53,8 +54,8 @@ def _charts(series: Series) -> dict[str, Any]:
         "failed": bar_chart(
             series.failed, series.start_ms, label="failed per minute", kind="failed", empty=empty
         ),
-        "done_total": sum(series.done),
-        "failed_total": sum(series.failed),
+        "done_hour": sum(series.done),
+        "failed_hour": sum(series.failed),
         "done_minute": series.done[-1],
         "failed_minute": series.failed[-1],
     }
@@ -93,9 +94,12 @@ async def _status(d: Dashboard, request: Request) -> ServiceStatus:
 async def consumers(request: Request) -> Response:
     d = dash(request)
     st = await _status(d, request)
-    return d.render(
-        request, "consumers.html", {"st": st, "service": st.service, "tab": "consumers"}
-    )
+    # Where each consumer's process serves its metrics (its newest `started` or tally says).
+    said = await read_journal(d.fleet.client, st.service, kinds=["started", "tally"], count=2000)
+    names = {c.name for c in st.consumers}
+    urls = {c: url for c, url in announced(said).items() if c in names}
+    ctx = {"st": st, "service": st.service, "tab": "consumers", "metrics": await read_all(urls)}
+    return d.render(request, "consumers.html", ctx)
 
 
 @page

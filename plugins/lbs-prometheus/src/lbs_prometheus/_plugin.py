@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import weakref
 from collections.abc import Mapping
@@ -199,6 +200,19 @@ class PrometheusPlugin:
         return {"metrics": f"http://{self.addr}:{port}/metrics and /healthz"}
 
     @lbs.hookimpl
+    def lbs_process_info(self, client: lbs.Client) -> dict[str, str] | None:
+        """This process's own ``/metrics`` URL for the journal (``lbs dashboard`` reads it)."""
+        try:
+            port = self.port if self._takes_part(client) else None
+            return None if port is None else {"metrics": metrics_url(self._bound_addr(), port)}
+        except Exception:
+            self._failed("lbs_process_info")
+            return None
+
+    def _bound_addr(self) -> str:
+        return self.addr
+
+    @lbs.hookimpl
     def lbs_metric(
         self, client: lbs.Client, name: str, kind: str, value: float, labels: Mapping[str, str]
     ) -> None:
@@ -254,6 +268,9 @@ class _EnvPlugin(PrometheusPlugin):
     def _stop_in_background(self) -> None:
         pass
 
+    def _bound_addr(self) -> str:
+        return env_addr()
+
     def _describe(self) -> dict[str, str] | None:
         port, slot = self.port, worker_slot()
         if port is None:
@@ -271,6 +288,15 @@ class _EnvPlugin(PrometheusPlugin):
             "metrics": f"http://{addr}:{base}/metrics … :{base + slot[1] - 1}/metrics and /healthz, "
             f"one port per worker process ({PORT_ENV} + slot)"
         }
+
+
+def metrics_url(addr: str, port: int) -> str:
+    """``http://HOST:PORT/metrics``; a wildcard address (all interfaces) names this host as others
+    reach it: ``$POD_IP`` on Kubernetes, else the host name."""
+    if addr in ("", "0.0.0.0", "::"):
+        addr = os.environ.get("POD_IP") or socket.gethostname()
+    host = f"[{addr}]" if ":" in addr else addr
+    return f"http://{host}:{port}/metrics"
 
 
 _env_lock = threading.Lock()
