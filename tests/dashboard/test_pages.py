@@ -239,3 +239,37 @@ async def test_consumers_show_the_metrics_their_process_serves(
     finally:
         await c.close()
         plugin.close()
+
+
+async def test_failures_show_each_failed_attempt_with_its_traceback(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    """A handler failing is diagnosable before any dead letter: each attempt, its reason and
+    traceback, from the journal; filtered by stream name."""
+    url = redis_server.url
+
+    async def handler(note: lbs.Notification) -> None:
+        if note.stream.startswith("flaky") and note.retry_count < 2:
+            raise KeyError(f"attempt {note.retry_count} of {note.stream}")
+
+    await produce(url, service, "flaky-1", "steady-1")
+    c = client(url, service, "w1", retry_delay=0.0)
+    worker = asyncio.create_task(c.run(handler))
+    try:
+        await c.wait_finished(2, timeout=60)
+        async with dashboard(url, [service]) as (http, _):
+
+            async def both_attempts() -> bool:
+                page = (await http.get(f"/s/{service}/failures")).text
+                return page.count('data-failure="') == 2
+
+            await eventually(both_attempts, 30)
+            page = (await http.get(f"/s/{service}/failures")).text
+            assert "attempt 1 of flaky-1" in page and "attempt 0 of flaky-1" in page
+            assert page.index("attempt 1 of") < page.index("attempt 0 of")  # newest first
+            assert "Traceback (most recent call last)" in page and "steady-1" not in page
+            page = (await http.get(f"/s/{service}/failures", params={"q": "STEADY"})).text
+            assert 'data-failure="' not in page and "No failure in the last hour" in page
+    finally:
+        await c.close()
+        await worker

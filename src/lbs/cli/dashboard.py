@@ -79,7 +79,8 @@ def dashboard(
 
     Pages: an overview of each service (waiting, held, parked, dead letters, consumers, the last
     hour's throughput and failures), its consumers and what they hold, a stream search, the
-    recovery timeline, the dead letters with their tracebacks (replay and purge with --actions).
+    recovery timeline, the last hour's failed attempts and the dead letters with their tracebacks
+    (replay and purge with --actions).
     Read-only and bound to 127.0.0.1 unless told otherwise; a URL's password is never shown.
     """
     try:

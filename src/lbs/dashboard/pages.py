@@ -1,4 +1,4 @@
-"""The dashboard's read-only pages: the overview, consumers, streams, recovery, dead letters, the
+"""The dashboard's read-only pages: the overview, consumers, streams, recovery, failures, dead letters, the
 live stream (``/events``) and ``/api/status.json``. Each reads Redis through :mod:`.data` when it is
 asked for; only ``/events`` repeats, through the shared :class:`~lbs.dashboard.live.Hub`."""
 
@@ -138,6 +138,21 @@ async def recovery(request: Request) -> Response:
 
 
 @page
+async def failures(request: Request) -> Response:
+    """The last hour's handler failures from the journal (``failed``: reason and traceback), newest
+    first, filtered by stream name; what is still being retried, before any dead letter."""
+    d = dash(request)
+    st = await _status(d, request)
+    q = request.query_params.get("q", "").strip()
+    events = await read_journal(
+        d.fleet.client, st.service, since_ms=st.time_ms - HOUR_MS, kinds=["failed"], count=1000
+    )
+    rows = [e for e in reversed(events) if q.lower() in e.fields.get("stream", "").lower()]
+    ctx = {"st": st, "service": st.service, "tab": "failures", "rows": rows, "q": q}
+    return d.render(request, "failures.html", ctx)
+
+
+@page
 async def letters(request: Request) -> Response:
     d = dash(request)
     service = request.path_params["service"]
@@ -211,6 +226,7 @@ def routes() -> list[Route]:
         Route("/s/{service}/consumers", consumers),
         Route("/s/{service}/streams", streams),
         Route("/s/{service}/recovery", recovery),
+        Route("/s/{service}/failures", failures),
         Route("/s/{service}/dead-letters", letters),
         Route("/s/{service}/dead-letters/{letter}", letter),
     ]
