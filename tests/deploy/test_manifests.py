@@ -1,0 +1,338 @@
+"""deploy/: the worker Deployment and the KEDA ScaledObject agree with the ``lbs worker`` command,
+the lbs-prometheus plugin and lbs.Config, read from the code, not from a copy of it.
+
+The args and every variable of the worker's container are ones ``lbs worker`` (or a plugin it
+loads) reads; ``lbs worker ... --check`` resolves them; the probes ask lbs-prometheus's health
+path on the port it serves; the grace period covers drain_timeout and the hand-back; the KEDA
+triggers name the service's LBS, group and parked-retry stream. Then the container's command
+runs for real against a Redis: /healthz answers 200, the consumer id is the pod's name, and
+SIGTERM ends it cleanly within the grace period. The image is built only where a container
+engine runs (skipped otherwise, saying so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from _manifests import DEPLOY, K8S, ROOT, documents, scaled_object, trigger, worker
+
+import lbs
+from lbs import _keys
+from lbs.cli import app
+from lbs.cli.settings import COMMAND_ENV, FIELDS, env_name
+from lbs.config import Config
+from lbs.embedded import free_port
+
+lbs_prometheus = pytest.importorskip("lbs_prometheus")
+
+#: Variables the pod sets for others than lbs: KEDA's scaler reads REDIS_ADDRESS (addressFromEnv).
+FOR_KEDA = {"REDIS_ADDRESS"}
+#: What `lbs worker` reads outside its options and lbs.Config: the consumer id (cli/worker.py).
+CONSUMER_ID_ENV = {"POD_NAME", "POD_IP"}
+
+
+def _worker_command() -> Any:
+    return typer.main.get_command(app).commands["worker"]  # type: ignore[attr-defined]
+
+
+def _options() -> set[str]:
+    return {o for p in _worker_command().params for o in [*p.opts, *p.secondary_opts]}
+
+
+def _option_envvars() -> set[str]:
+    out: set[str] = set()
+    for p in _worker_command().params:
+        env = getattr(p, "envvar", None)
+        out.update([env] if isinstance(env, str) else env or [])
+    return out
+
+
+def _config() -> Config:
+    """The Config the container's LBS_<FIELD> variables make."""
+    fields = {n for n in FIELDS if env_name(n) in worker().values()}
+    from lbs.cli.settings import parse_text
+
+    return Config(**{n: parse_text(n, worker().values()[env_name(n)], n) for n in fields})
+
+
+def test_kustomization_lists_the_manifests_and_every_file_parses() -> None:
+    (kustomization,) = documents("kustomization.yaml")
+    assert kustomization["resources"] == ["worker.yaml", "keda.yaml"]
+    for path in K8S.glob("*.yaml"):
+        assert documents(path.name), path
+    # The example Secret stays out of `kubectl apply -k`: a real password never sits in the repository.
+    assert "secret.example.yaml" not in kustomization["resources"]
+
+
+def test_the_args_are_worker_options() -> None:
+    args = worker().args
+    positional = [a for a in args if not a.startswith("-")]
+    flags = [a.split("=", 1)[0] for a in args if a.startswith("--")]
+    assert re.fullmatch(r"[\w.]+:\w+", positional[0]), "the first arg is MODULE:HANDLER"
+    unknown = set(flags) - _options()
+    assert not unknown, f"not options of `lbs worker`: {unknown}"
+
+
+def test_every_variable_is_read_by_lbs_worker_or_its_plugins() -> None:
+    known = (
+        _option_envvars()
+        | COMMAND_ENV
+        | {env_name(n) for n in FIELDS}
+        | {lbs_prometheus.PORT_ENV, lbs_prometheus.ADDR_ENV}
+        | CONSUMER_ID_ENV
+        | FOR_KEDA
+    )
+    unknown = set(worker().env) - known
+    assert not unknown, f"variables nothing reads: {unknown}"
+    # The ones the brief puts in the environment: the URL from a Secret, the service, the settings.
+    assert worker().secret_of("LBS_URL")[1] == "url"
+    assert "LBS_URL" in _option_envvars() and "LBS_SERVICE" in _option_envvars()
+    for name in ("LBS_DRAIN_TIMEOUT", "LBS_LOCK_TTL", "LBS_MAX_STREAMS"):
+        assert name in worker().values(), name
+
+
+def test_the_consumer_id_is_the_pod_name() -> None:
+    field = worker().env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"]
+    assert field == "metadata.name"
+    # lbs.consumer_id_from_env (what `lbs worker` calls) makes it the consumer's name.
+    os.environ["POD_NAME"] = "orders-worker-7d9f-abcde"
+    try:
+        assert lbs.consumer_id_from_env() == "redis-consumer-orders-worker-7d9f-abcde"
+    finally:
+        del os.environ["POD_NAME"]
+
+
+def _app_dir(tmp_path: Path) -> Path:
+    """A directory holding the module the Deployment's MODULE:HANDLER names."""
+    module, handler = worker().args[0].split(":")
+    path = tmp_path.joinpath(*module.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for parent in path.relative_to(tmp_path).parents:
+        if parent != Path("."):
+            (tmp_path / parent / "__init__.py").touch()
+    path.write_text(f"async def {handler}(note):\n    return None\n")
+    return tmp_path
+
+
+def _pod_env(url: str, **extra: str) -> dict[str, str]:
+    """The container's environment, as the kubelet builds it, around this machine's PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LBS_")}
+    env.update(worker().values())
+    env.update(POD_NAME="orders-worker-5c6d7-x2kfp", LBS_URL=url, REDIS_ADDRESS="unused:6379")
+    env.update(extra)
+    return env
+
+
+def test_lbs_worker_check_accepts_the_container(tmp_path: Path) -> None:
+    """The container's args and environment, resolved by `lbs worker --check` (connects to nothing)."""
+    env = _pod_env("redis://:secret@127.0.0.1:1/0", LBS_LOAD_PLUGINS="")
+    done = subprocess.run(
+        [sys.executable, "-m", "lbs", "worker", *worker().args, "--check"],
+        cwd=_app_dir(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "did you mean" not in done.stderr, done.stderr
+    table = done.stdout
+    cfg = _config()
+    assert f"drain_timeout = {cfg.drain_timeout}" in table
+    assert f"lock_ttl = {cfg.lock_ttl}" in table and f"max_streams = {cfg.max_streams}" in table
+
+
+def test_probes_ask_healthz_on_the_port_lbs_prometheus_serves() -> None:
+    w = worker()
+    port = int(w.values()[lbs_prometheus.PORT_ENV])
+    assert w.port("metrics") == port
+    # The kubelet probes the pod's IP: loopback (the plugin's default) would fail every probe.
+    assert w.values()[lbs_prometheus.ADDR_ENV] not in ("127.0.0.1", "localhost", "::1")
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        get = w.container[kind]["httpGet"]
+        assert get["path"] == lbs_prometheus.HEALTH_PATH, kind
+        assert get["port"] in ("metrics", port), kind
+
+
+def test_grace_period_covers_the_drain_and_the_hand_back() -> None:
+    cfg, pod = _config(), worker().pod
+    grace = pod["terminationGracePeriodSeconds"]
+    # After the drain: the finisher's drain and the keyed commits, each bounded by read_block + 5
+    # (_consumer/lifecycle.py), and the process's exit.
+    hand_back = 2 * (cfg.read_block + 5.0)
+    assert grace >= cfg.drain_timeout + hand_back + 2, (grace, cfg.drain_timeout, hand_back)
+    # A preStop would spend the grace period before SIGTERM starts the drain: there is none.
+    assert "lifecycle" not in worker().container
+    # One late heartbeat (2 x heartbeat_every: /healthz's limit) does not restart the pod.
+    live = worker().container["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] > 2 * cfg.heartbeat_every
+
+
+def test_keda_reads_the_service_s_lbs_group_and_parked_retries() -> None:
+    w, so = worker(), scaled_object()
+    service = w.service
+    assert so["spec"]["scaleTargetRef"]["name"] == w.deployment["metadata"]["name"]
+    backlog = trigger("backlog")
+    assert backlog["stream"] == lbs.input_stream(service)
+    assert backlog["consumerGroup"] == lbs.group_name(service)
+    assert int(backlog["lagCount"]) > 0 and backlog["activationLagCount"] == "0"
+    unfinished = trigger("unfinished")
+    assert unfinished["stream"] == lbs.input_stream(service)
+    assert "consumerGroup" not in unfinished, "XLEN mode is the one without a group"
+    # A pod per what one pod holds at once.
+    assert int(unfinished["streamLength"]) == _config().max_streams
+    parked = trigger("parked-retries")
+    assert parked["stream"] == _keys.delayed_stream(service)
+    assert "consumerGroup" not in parked
+    for t in so["spec"]["triggers"]:
+        meta = t["metadata"]
+        assert meta["addressFromEnv"] in w.env, (
+            "KEDA resolves addressFromEnv from the target's container"
+        )
+        assert t["authenticationRef"]["name"] == "lbs-redis"
+    assert so["spec"]["minReplicaCount"] == 0
+
+
+def test_the_trigger_authentication_reads_the_worker_s_secret() -> None:
+    (auth,) = [d for d in documents("keda.yaml") if d["kind"] == "TriggerAuthentication"]
+    secret, _ = worker().secret_of("LBS_URL")
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    assert refs["password"][0] == secret
+    (example,) = documents("secret.example.yaml")
+    assert example["metadata"]["name"] == secret
+    assert {"url", "address", "password"} <= set(example["stringData"])
+    assert worker().secret_of("REDIS_ADDRESS") == (secret, "address")
+
+
+def test_the_dockerfile() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
+    assert 'ENTRYPOINT ["lbs", "worker"]' in text
+    assert re.search(r"^USER 10001", text, re.M), "a numeric non-root user (runAsNonRoot checks it)"
+    assert worker().pod["securityContext"]["runAsUser"] == 10001
+    version = re.search(r"^ARG LBS_VERSION=(\S+)", text, re.M)
+    assert version and version.group(1) == lbs.__version__
+    assert (
+        "lbs-streams[${LBS_EXTRAS}]==${LBS_VERSION}" in text and "ARG LBS_EXTRAS=prometheus" in text
+    )
+    assert f"EXPOSE {worker().port('metrics')}" in text
+
+
+def _engine() -> str | None:
+    """Why no image can be built here, or None when a container engine answers."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return "no docker command"
+    info = subprocess.run([docker, "info"], capture_output=True, text=True, timeout=60)
+    if info.returncode != 0:
+        return (
+            "the docker command finds no engine: " + (info.stderr.strip().splitlines() or ["?"])[-1]
+        )
+    return None
+
+
+def test_the_image_builds_and_runs() -> None:
+    why = _engine()
+    if why is not None:
+        pytest.skip(
+            f"no container engine on this machine ({why}); everything else of deploy/ is tested"
+        )
+    dist = ROOT / "dist"
+    if not list(dist.glob(f"lbs_streams-{lbs.__version__}-*.whl")):
+        pytest.skip("no wheel in dist/: run `make wheel` first")
+    tag = f"lbs-worker-test:{lbs.__version__}"
+    build = subprocess.run(
+        ["docker", "build", "-f", str(DEPLOY / "Dockerfile"), "-t", tag, str(dist)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert build.returncode == 0, build.stderr[-4000:]
+    version = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "lbs", tag, "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert version.stdout.strip() == f"lbs {lbs.__version__}"
+    user = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "id", tag, "-u"], capture_output=True, text=True
+    )
+    assert user.stdout.strip() == "10001"
+
+
+def _health(port: int) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.integration
+async def test_the_container_runs_healthz_and_stops_within_its_grace(
+    redis_server: Any, tmp_path: Path
+) -> None:
+    """The container's command and environment (the pod name, the settings, lbs-prometheus on
+    0.0.0.0) against a real Redis: ready, named after its pod, and gone within the grace period."""
+    port = free_port()
+    env = _pod_env(
+        redis_server.url,
+        LBS_PROMETHEUS_PORT=str(port),
+        LBS_LOAD_PLUGINS="prometheus",
+        LBS_SERVICE=f"pod-{port}",
+    )
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lbs", "worker", *worker().args],
+            cwd=_app_dir(tmp_path),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        status: tuple[int, dict[str, Any]] | None = None
+        while time.monotonic() < deadline:
+            try:
+                status = _health(port)
+                if status[0] == 200:
+                    break
+            except OSError:
+                pass
+            await asyncio.sleep(0.2)
+        assert status is not None and status[0] == 200, (status, log.read_text()[-3000:])
+        (client,) = status[1]["clients"]
+        assert client["consumer"] == "redis-consumer-" + env["POD_NAME"]
+        assert client["service"] == env["LBS_SERVICE"]
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=worker().pod["terminationGracePeriodSeconds"])
+        assert code == 0, log.read_text()[-3000:]
+        assert time.monotonic() - started < worker().pod["terminationGracePeriodSeconds"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_manifests_are_plain_yaml_without_templating() -> None:
+    for path in K8S.glob("*.yaml"):
+        text = path.read_text()
+        assert "{{" not in text, f"{path.name}: plain YAML, no templating"
+        yaml.safe_load_all(text)
