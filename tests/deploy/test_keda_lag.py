@@ -1,0 +1,236 @@
+"""What KEDA's ``redis-streams`` scaler reads of an lbs service, beside what ``lbs status --json``
+reports, on real servers (Redis 8.x and 7.0), through a retry, a killed consumer's recovery and
+a deletion that hides the lag.
+
+The scaler (kedacore/keda ``pkg/scalers/redis_streams_scaler.go``) is mimicked command for
+command: ``lagCount`` reads the group's ``lag`` from XINFO GROUPS (XLEN while the group does not
+exist, 0 without the stream; a NULL lag comes out of its client, go-redis, as -1);
+``pendingEntriesCount`` the XPENDING count; ``streamLength`` XLEN. A trigger is active when its
+number exceeds ``activationLagCount`` (0 in deploy/k8s/keda.yaml).
+
+The relations asserted, in every state (docs/deployment.md#keda):
+
+* a lag Redis can compute equals ``backlog`` (entries not yet delivered);
+* XPENDING's count equals ``pending`` (held, or left by a dead consumer until recovered);
+* XLEN of the LBS equals ``backlog + pending`` (lbs deletes what it finishes): the ``unfinished``
+  trigger, exact even when the lag is NULL;
+* a retry parked for its back-off is in none of them, only in ``{<service>-input}:delayed``
+  (``delayed.parked``): the ``parked-retries`` trigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+import lbs
+from lbs import _keys
+from lbs.testing import abandon, freeze
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+#: The figures of every state, printed at the end of each run (`pytest -s` shows them).
+FIGURES: list[str] = []
+
+
+@dataclass(frozen=True)
+class KedaView:
+    """What each trigger of keda.yaml reads, and whether it is active."""
+
+    lag: int  # lagCount: XINFO GROUPS lag, -1 for NULL (go-redis)
+    lag_null: bool
+    pending: int  # pendingEntriesCount: XPENDING count
+    length: int  # streamLength on <service>-input
+    parked: int  # streamLength on {<service>-input}:delayed
+
+    def active(self) -> dict[str, bool]:
+        return {"backlog": self.lag > 0, "unfinished": self.length > 0, "parked": self.parked > 0}
+
+
+async def keda_view(r: aioredis.Redis, service: str) -> KedaView:
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    if not await r.exists(stream):
+        lag, null = 0, False  # "ERR no such key": KEDA answers 0
+    else:
+        groups = await r.xinfo_groups(stream)
+        mine = [g for g in groups if g["name"].decode() == group]
+        if not mine:
+            lag, null = await r.xlen(stream), False  # no group yet: KEDA falls back to XLEN
+        else:
+            raw = mine[0]["lag"]
+            lag, null = (-1, True) if raw is None else (int(raw), False)
+    pending = 0
+    if await r.exists(stream) and any(
+        g["name"].decode() == group for g in await r.xinfo_groups(stream)
+    ):
+        pending = int((await r.xpending(stream, group))["pending"])
+    return KedaView(
+        lag=lag,
+        lag_null=null,
+        pending=pending,
+        length=await r.xlen(stream),
+        parked=await r.xlen(_keys.delayed_stream(service)),
+    )
+
+
+def lbs_status(url: str, service: str) -> dict[str, Any]:
+    """``lbs status SERVICE --json``, run as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LBS_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "lbs", "status", service, "--url", url, "--json"],
+        env={**env, "LBS_LOAD_PLUGINS": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out
+
+
+async def compare(r: aioredis.Redis, url: str, service: str, label: str) -> KedaView:
+    """Both views of one quiet moment, and the relations between them."""
+    view = await keda_view(r, service)
+    st = await asyncio.to_thread(lbs_status, url, service)
+    assert view == await keda_view(r, service), "the state moved while it was read"
+    parked = (st.get("delayed") or {}).get("parked", 0)
+    FIGURES.append(
+        f"{label:<44} KEDA lag={view.lag}{' (NULL)' if view.lag_null else ''} "
+        f"XPENDING={view.pending} XLEN={view.length} parked XLEN={view.parked} | lbs status: "
+        f"backlog={st['backlog']} ({st['backlog_method']}) pending={st['pending']} "
+        f"length={st['length']} parked={parked}"
+    )
+    if not view.lag_null:
+        assert view.lag == st["backlog"], (label, view, st["backlog"])
+    assert view.pending == st["pending"], (label, view)
+    assert view.length == st["length"] == st["backlog"] + st["pending"], (label, view, st)
+    assert view.parked == parked, (label, view)
+    return view
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60.0) -> None:
+    """Poll ``check`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
+    any_server: Any, service: str
+) -> None:
+    url = any_server.url
+    r = aioredis.Redis.from_url(url)
+    cfg = dict(lock_ttl=1.0, drain_timeout=0.5, disabled_plugins=("claim",))
+    try:
+        async with lbs.Producer(url, service) as producer:
+            await producer.add_streams([f"s{i}" for i in range(10)])
+        view = await compare(r, url, service, "10 registered, no consumer yet")
+        assert view.active() == {"backlog": True, "unfinished": True, "parked": False}
+
+        # A consumer holding 4; s0 and s1 fail once and are parked for their back-off (30 s).
+        gate, failed = asyncio.Event(), set()
+
+        async def holds(note: lbs.Notification) -> None:
+            if note.stream in ("s0", "s1") and note.stream not in failed:
+                failed.add(note.stream)
+                raise RuntimeError("fails once")
+            await gate.wait()
+
+        a = lbs.Client(
+            url, service, consumer_id="a", config=lbs.Config(max_streams=4, retry_delay=30.0, **cfg)
+        )
+        task_a = asyncio.create_task(a.run(holds, concurrency=4))
+
+        async def settled() -> bool:
+            v = await keda_view(r, service)
+            return v.parked == 2 and v.pending == 4
+
+        await until(settled, "two parked, four held")
+        view = await compare(r, url, service, "4 held, 2 parked retries (failed once)")
+        assert (view.lag, view.pending, view.parked) == (4, 4, 2)
+
+        # Killed: its four stay pending (and out of the lag) until another consumer recovers them.
+        await abandon(a)
+        gate.set()
+        await asyncio.wait_for(task_a, 10)
+        view = await compare(r, url, service, "its consumer killed (kill -9)")
+        assert (view.lag, view.pending, view.parked) == (4, 4, 2)
+
+        async def quick(note: lbs.Notification) -> None:
+            return None
+
+        b = lbs.Client(
+            url, service, consumer_id="b", config=lbs.Config(max_streams=4, retry_delay=30.0, **cfg)
+        )
+        task_b = asyncio.create_task(b.run(quick, concurrency=4))
+
+        async def drained() -> bool:
+            v = await keda_view(r, service)
+            return v.length == 0 and v.pending == 0
+
+        await until(drained, "recovered and finished")
+        view = await compare(r, url, service, "recovered, finished; 2 still parked")
+        assert view.active() == {"backlog": False, "unfinished": False, "parked": True}
+
+        # Due now: b brings them back into the LBS and finishes them.
+        due = _keys.due_key(service)
+        await r.zadd(due, dict.fromkeys(await r.zrange(due, 0, -1), 0), xx=True)
+
+        async def empty() -> bool:
+            v = await keda_view(r, service)
+            return v.length == v.pending == v.parked == 0
+
+        await until(empty, "the parked retries done")
+        view = await compare(r, url, service, "parked retries promoted and done")
+        assert view.active() == {"backlog": False, "unfinished": False, "parked": False}
+        await b.close()
+        await task_b
+
+        # The lag hidden: the last delivered entry finished (deleted) while an older one is held.
+        gate2 = asyncio.Event()
+
+        async def first_waits(note: lbs.Notification) -> None:
+            if note.stream == "x0":
+                await gate2.wait()
+
+        c = lbs.Client(url, service, consumer_id="c", config=lbs.Config(max_streams=2, **cfg))
+        task_c = asyncio.create_task(c.run(first_waits, concurrency=2))
+        async with lbs.Producer(url, service) as producer:
+            await producer.add_streams(["x0", "x1"])
+
+        async def one_held() -> bool:
+            v = await keda_view(r, service)
+            return v.length == 1 and v.pending == 1
+
+        await until(one_held, "x1 finished, x0 held")
+        await freeze(c)  # reads no more: y0 stays undelivered
+        async with lbs.Producer(url, service) as producer:
+            await producer.add_streams(["y0"])
+        view = await compare(r, url, service, "newest delivered deleted, older held")
+        FIGURES.append(
+            f"  -> lag {'NULL' if view.lag_null else view.lag}: KEDA's triggers active {view.active()}"
+        )
+        # Whatever the server computes, the unfinished trigger sees the work.
+        assert view.active()["unfinished"] and view.length == 2
+        if view.lag_null:
+            assert view.active()["backlog"] is False  # -1: the lag trigger alone would sleep
+        gate2.set()
+        await c.close()
+        await task_c
+    finally:
+        await r.aclose()
+        print(f"\nKEDA's view beside lbs status on {any_server.version}:")
+        print("\n".join(FIGURES))
+        FIGURES.clear()
