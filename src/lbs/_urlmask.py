@@ -1,6 +1,7 @@
 """A Redis URL fit to print: its secrets (a password, a user-only secret, a ``password=`` option)
 replaced by ``***``. The one copy behind every message that shows a URL (the library's errors, the
-``lbs`` command's output)."""
+``lbs`` command's output). A ``redis+sentinel://`` URL's master password (before its hosts) and
+its ``sentinel_password=`` option are masked the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 __all__ = ["mask_secrets", "mask_url"]
 
-_PASSWORD_OPTION = re.compile(r"(?i)([?&]password=)([^&#]*)")
+_PASSWORD_OPTION = re.compile(r"(?i)([?&](?:sentinel_)?password=)([^&#]*)")
 
 
 def _split(url: str) -> tuple[str, str, str]:
@@ -22,7 +23,7 @@ def _split(url: str) -> tuple[str, str, str]:
 
 def mask_url(url: str) -> str:
     """``url`` with its secrets replaced by ``***``: ``user:***@host``, ``***@host`` (a user-only
-    secret), ``password=***``; the rest as written."""
+    secret), ``password=***`` (``sentinel_password=***``); the rest as written."""
     head, netloc, tail = _split(url)
     if "@" in netloc:
         userinfo, host = netloc.rsplit("@", 1)

@@ -154,13 +154,16 @@ class Producer(Sender):
         failures: list[tuple[int, BaseException]] = []  # (first position it hit, cause)
         cluster = isinstance(self._redis, RedisCluster)
         stale = await self._send_shards(
-            shards, payloads, ids, unknown, failures, retry_redirects=cluster, extra=extra
+            shards, payloads, ids, unknown, failures, retry_redirects=True, extra=extra
         )
         if stale:
             # A transaction refused with a redirect met a node that no longer owns
-            # its slot and ran nowhere: find the owners again, send it once more.
+            # its slot and ran nowhere: find the owners again, send it once more. Off a
+            # cluster: READONLY, a master demoted by a failover (the wire reconnects; a
+            # Sentinel's pool to the new master).
             try:
-                await self._routes.forget()
+                if cluster:
+                    await self._routes.forget()
             except (RedisError, RedisClusterException) as exc:
                 failures.append((min(ks[0] for ks in stale.values()), exc))
             else:

@@ -147,9 +147,10 @@ class Publisher(Sender):
             (reply,) = await wire.execute(
                 lambda b: scripts.publish(b, stream, _keys.key_prefix(service), batch)
             )
-            if attempt == 0 and self._routes.cluster and redirected(reply):
-                await self._routes.forget()  # the slot moved: the call ran nowhere
-                continue
+            if attempt == 0 and redirected(reply):  # the call ran nowhere
+                if self._routes.cluster:
+                    await self._routes.forget()  # the slot moved
+                continue  # else READONLY, a demoted master: the wire reconnects (Sentinel: the new one)
             if isinstance(reply, Exception):
                 raise reply
             return reply

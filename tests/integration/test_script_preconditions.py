@@ -357,6 +357,21 @@ async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(
     assert len(again) == 2 and min(again) > max(tokens)
 
 
+async def test_a_fence_that_went_back_moves_up_to_the_clock(
+    rr: aioredis.Redis, service: str
+) -> None:
+    # A failover to a replica that missed the last tokens (asynchronous replication) leaves the
+    # counter below tokens already handed out: the next take starts at the server time, above them.
+    await lbs_with(rr, service, 2)
+    _, tokens, _ = await read(rr, service)
+    await rr.set(fence_key(service), str(tokens[0] - 1000))  # what the replica had
+    while us(await rr.time()) <= tokens[-1]:
+        pass
+    await rr.xadd(input_stream(service), {"lbs-input": "{}"})
+    _, again, _ = await read(rr, service)
+    assert len(again) == 1 and again[0] > max(tokens)
+
+
 async def test_lock_owner_argument(rr: aioredis.Redis, service: str) -> None:
     await lbs_with(rr, service, 2)
     entries, tokens, _ = await read(rr, service, count=1, owner="c1:nonce-a")
@@ -944,7 +959,8 @@ async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_wh
     )
     assert len(entries) == 4 and gone == [ids[4].encode()] and trimmed == 0  # no room for the fifth
     assert holders == [b"c1"] * 5 and deadlines == [b"c1", b"1"]  # for the journal
-    assert sorted(tokens) == [fence + 1, fence + 2, fence + 3, fence + 4]
+    first = min(tokens)  # above the counter, and the clock (the counter never stays behind it)
+    assert first > fence and sorted(tokens) == [first, first + 1, first + 2, first + 3]
     deaths = {e[0].decode(): e[3] for e in entries}
     for entry_id, token in zip([e[0].decode() for e in entries], tokens):
         assert await rr.get(lock_key(service, entry_id)) == f"{token}:c2:n".encode()

@@ -191,7 +191,7 @@ class Topology:
         s.hooks.metric("server_restarts_total", 1)
         again = s.config.configure_keyspace_events
         s.log.warning(
-            "the server restarted (run id %s -> %s)%s",
+            "the server restarted or failed over (run id %s -> %s)%s",
             before[:8],
             s.server.run_id[:8],
             "; setting notify-keyspace-events again" if again else "",

@@ -36,10 +36,12 @@ from .. import _keys
 from .._urlmask import mask_secrets, mask_url
 from ..exceptions import ConfigurationError, RedisOperationError
 from .errors import BusyGroupError, SlotMovedError, classify, replied
+from .sentinel import is_sentinel_url, sentinel_client
 from .wire import text
 
-#: What the public API accepts as ``redis``: a redis.asyncio client, a
-#: ``RedisCluster``, or a URL (``redis+cluster://`` / ``rediss+cluster://`` for a cluster).
+#: What the public API accepts as ``redis``: a redis.asyncio client (a Sentinel's ``master_for`` one
+#: too), a ``RedisCluster``, or a URL (``redis+cluster://`` / ``rediss+cluster://`` for a cluster,
+#: ``redis+sentinel://`` / ``rediss+sentinel://`` for the master a set of Sentinels names).
 RedisLike = Union["aioredis.Redis", "RedisCluster", str]
 
 _CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
@@ -70,7 +72,8 @@ def resolve_client(
     """Return ``(client, owned)``; ``owned`` clients are closed by lbs.
 
     A URL opens a cluster client when its scheme is ``redis+cluster://``
-    (``rediss+cluster://``) or ``cluster`` is ``ClusterMode.OSS`` (or True).
+    (``rediss+cluster://``) or ``cluster`` is ``ClusterMode.OSS`` (or True), and a client of the
+    master the Sentinels name when it is ``redis+sentinel://`` (:mod:`lbs._redis.sentinel`).
     A client object says what it is: a ``RedisCluster`` is a cluster.
     A URL redis-py cannot use (scheme, port, options) raises
     :class:`lbs.ConfigurationError` naming it, its password masked; no
@@ -82,6 +85,12 @@ def resolve_client(
     if isinstance(redis, str):
         url = redis
         try:
+            if is_sentinel_url(url):
+                if oss:
+                    raise ConfigurationError(
+                        "a redis+sentinel:// URL names one master, not a cluster"
+                    )
+                return sentinel_client(url), True
             plain, named = cluster_url(url)
             if named or oss:
                 return RedisCluster.from_url(plain), True

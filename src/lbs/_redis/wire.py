@@ -19,6 +19,11 @@ whose replies do not arrive within :data:`REPLY_TIMEOUT` (a connection left
 half-open by a partition or a NAT that forgot it, which TCP would only give
 up on after many minutes) has its connection aborted and fails the same way,
 so no activity waits on a dead socket longer than that.
+
+A READONLY reply (a master demoted to a replica by a failover) also drops the
+connection once the batch is read: the next batch opens a new one, which a
+Sentinel's pool (``redis+sentinel://``) opens on the master the Sentinels name
+now. The command ran nowhere; callers retry it as after a redirect.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import BusyLoadingError, NoScriptError
+from redis.exceptions import BusyLoadingError, NoScriptError, ReadOnlyError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
@@ -182,10 +187,18 @@ class Wire:
                 if replies and all(isinstance(r, NoScriptError) for r in replies):
                     await self.load_scripts()
                     replies = await self._stream(count, build, parser)
+                if any(type(r) is ReadOnlyError for r in replies):
+                    await self._drop()  # a replica now: reconnect (to the new master) next time
             finally:
                 if not self._hold:
                     await self.close()
         return replies
+
+    async def _drop(self) -> None:
+        """Disconnect the wire's connection (kept, so the next batch connects it again)."""
+        self._reader = None
+        if self._conn is not None:
+            await self._conn.disconnect()
 
     async def load_scripts(self) -> None:
         """Load the scripts (after a NOSCRIPT that :meth:`execute` could not retry on its own: a batch

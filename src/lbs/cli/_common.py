@@ -156,7 +156,8 @@ UrlOption = Annotated[
         "--url",
         envvar="LBS_URL",
         show_envvar=True,
-        help="Redis URL: redis://, rediss://, redis+cluster:// (any node of a cluster) or rediss+cluster://.",
+        help="Redis URL: redis://, rediss://, redis+cluster:// (any node of a cluster), rediss+cluster://, "
+        "or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE_NAME[/DB] (rediss+sentinel://).",
     ),
 ]
 ServiceArgument = Annotated[

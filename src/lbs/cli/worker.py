@@ -255,7 +255,8 @@ def worker(
         typer.Option(
             envvar="LBS_URL",
             callback=_check_url,
-            help="Redis URL (redis://, rediss://, redis+cluster://; a password is masked in output).",
+            help="Redis URL (redis://, rediss://, redis+cluster://, redis+sentinel://HOST:PORT[,...]/SERVICE_NAME[/DB]; "
+            "a password is masked in output).",
         ),
     ] = DEFAULT_URL,
     consumer_id: Annotated[

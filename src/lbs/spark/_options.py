@@ -17,6 +17,8 @@ from redis.cluster import RedisCluster
 
 from .._redis.connection import cluster_url, parse_version
 from .._redis.errors import reply_error
+from .._redis.sentinel import is_sentinel_url, parse_sentinel_url, sentinel_client_sync
+from .._urlmask import mask_url
 from ..exceptions import ConfigurationError
 
 #: Options passed to redis-py as they are (TLS files and checks).
@@ -62,7 +64,8 @@ class Connection:
     """Where Redis is, the way :class:`lbs.Client` takes it.
 
     Option ``url`` (``redis://``, ``rediss://`` for TLS, ``redis+cluster://``
-    or ``rediss+cluster://`` for Redis Cluster), ``cluster`` (``none``, the
+    or ``rediss+cluster://`` for Redis Cluster, ``redis+sentinel://`` or
+    ``rediss+sentinel://`` for the master a set of Sentinels names), ``cluster`` (``none``, the
     default, or ``oss``), ``username`` / ``password`` (override the URL's,
     and keep secrets out of it), and redis-py's TLS settings ``ssl_ca_certs``,
     ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``, ``ssl_check_hostname``.
@@ -79,8 +82,13 @@ class Connection:
         url = opts.get("url")
         if not url:
             raise ConfigurationError(
-                f"{what} needs option 'url' (redis://host:port, rediss://, redis+cluster://)"
+                f"{what} needs option 'url' (redis://host:port, rediss://, redis+cluster://, "
+                "redis+sentinel://)"
             )
+        if is_sentinel_url(url):
+            parse_sentinel_url(url)  # a URL that does not fit fails here, on the driver
+            if (opts.get("cluster") or "none").lower() in ("oss", "true"):
+                raise ConfigurationError("a redis+sentinel:// URL names one master, not a cluster")
         url, cluster = cluster_url(url)
         mode = (opts.get("cluster") or "none").lower()
         if mode not in ("none", "oss", "true", "false"):
@@ -111,10 +119,12 @@ class Connection:
         """A new synchronous client (the caller closes it)."""
         if self.cluster:
             return RedisCluster.from_url(self.url, **self._kwargs())
+        if is_sentinel_url(self.url):
+            return sentinel_client_sync(self.url, **self._kwargs())
         return redis.Redis.from_url(self.url, **self._kwargs())
 
     def __repr__(self) -> str:  # never print a password into a Spark plan or log
-        return f"Connection(url={self.url!r}, cluster={self.cluster})"
+        return f"Connection(url={mask_url(self.url)!r}, cluster={self.cluster})"
 
 
 def node_of(client: Any, key: str) -> tuple[str, redis.Redis]:

@@ -8,9 +8,13 @@
 -- and a token past 2^53 would lose precision).
 --
 -- fence_take(key, exists, n, t): takes n tokens; returns `first`, the tokens
--- being first + 1 .. first + n. A counter that does not exist (a restart
--- without persistence, an eviction) is seeded with the server time `t`
--- (TIME's reply) in microseconds first, so tokens never go backwards.
+-- being first + 1 .. first + n. The counter never stays below the server time
+-- `t` (TIME's reply) in microseconds: one that does not exist (a restart
+-- without persistence, an eviction) or that went back (a failover to a replica
+-- that had not received the last tokens: replication is asynchronous) moves up
+-- to it first, so tokens never go backwards while the servers' clocks agree
+-- within the time a failover takes (Sentinel's down-after-milliseconds, at
+-- least) and fewer than a million tokens are taken a second.
 --
 -- fence_digits: the format that prints a token exactly (up to 16 digits,
 -- more than tostring's 14): '%d' through a C long where it has 64 bits,
@@ -39,13 +43,14 @@ local function fence_check(key, count)
   return nil, true
 end
 
+local fence_digits = string.format('%d', 2 ^ 52) == '4503599627370496' and '%d' or '%.0f'
+
 local function fence_take(key, exists, n, t)
-  if not exists then
-    -- Microseconds, exact in a double until the year 2255, built as a string:
-    -- Lua would print the number as 1.7e+15.
-    redis.call('SET', key, t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
+  -- Microseconds, exact in a double until the year 2255, built as a string:
+  -- Lua would print the number as 1.7e+15.
+  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  if not exists or tonumber(redis.call('GET', key)) < tonumber(now) then
+    redis.call('SET', key, now)
   end
   return redis.call('INCRBY', key, n) - n
 end
-
-local fence_digits = string.format('%d', 2 ^ 52) == '4503599627370496' and '%d' or '%.0f'

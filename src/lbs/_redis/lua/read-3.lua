@@ -8,9 +8,10 @@
   KEYS[1]  the load-balancer stream, <service>-input
   KEYS[2]  the service's fencing counter, {<service>-input}:fence: a plain
            decimal integer. When it does not exist (a restart without
-           persistence, an eviction) the ">" path seeds it with the server
-           time in microseconds (TIME: sec * 1000000 + usec) before its
-           INCRBY, so tokens never go backwards after the counter is lost.
+           persistence, an eviction) or is below the server time in
+           microseconds (TIME: sec * 1000000 + usec; a failover to a replica
+           that missed the last tokens) the ">" path sets it to that time
+           before its INCRBY, so tokens never go backwards (_fence.lua).
   KEYS[3]  the consumer deadline index, {<service>-input}:consumers (a
            sorted set: consumer id scored by server ms). A consumer taking
            locks is added with now + TTL if absent; an existing score (its
