@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 from _lbscore import decode_input
 
 from . import _keys
-from ._redis.connection import ensure_group
+from ._redis.connection import ensure_group, open_plain
 from .client import Client
 from .config import Config
 from .notifications import Notification
@@ -72,7 +72,7 @@ async def register(redis: aioredis.Redis | str, service: str, n: int) -> None:
     default separators), not by ``lbs.Producer``: every side reads what
     applications most often write.
     """
-    r = aioredis.Redis.from_url(redis) if isinstance(redis, str) else redis
+    r = open_plain(redis) if isinstance(redis, str) else redis
     stream = _keys.input_stream(service)
     try:
         for i in range(0, n, CHUNK):

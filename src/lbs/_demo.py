@@ -79,6 +79,7 @@ from ._demo_keys import (
 )
 from ._demo_spark import SPARK_JOB_TIME, SPARK_MASTER, Progress, Row, spark_write
 from ._demo_spark import spark_unavailable as _spark_unavailable
+from ._redis.connection import open_plain
 from .client import Client, Handler
 from .config import Config
 from .notifications import Notification
@@ -159,7 +160,7 @@ async def run_demo(
     ``service`` exist (:func:`demo_keys`), and deletes all of them at the end.
     """
     _keys.validate_service(service)
-    r = aioredis.Redis.from_url(url)
+    r = open_plain(url)
     try:
         await check_server(r, service)
     except BaseException:

@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 
 from . import _keys
 from ._demo_crash import kill_after_first_line
+from ._redis.connection import open_plain
 from .client import Client
 from .config import Config
 from .keyed import KeyedBatch, KeyedHandler
@@ -86,7 +87,7 @@ def _handler(service: str, desk: str, slow: float) -> KeyedHandler:
 async def run_keyed_demo(url: str, service: str, out: Printer = print) -> KeyedResult:
     """Run the scenario against the Redis at ``url``; return what the timelines say."""
     result = KeyedResult()
-    r = aioredis.Redis.from_url(url)
+    r = open_plain(url)
     names = [f"ticket-{i + 1}" for i in range(TICKETS)]
     try:
         await _publish(r, service, names, out)
@@ -186,7 +187,7 @@ async def _doomed(url: str, service: str) -> None:
     runner = asyncio.create_task(
         c.run_keyed(_handler(service, "desk-x", 0.5), batch=2, handle_signals=False)
     )
-    async with aioredis.Redis.from_url(url) as r:
+    async with open_plain(url) as r:
         states = [_keys.key_state(service, f"ticket-{i + 1}") for i in range(TICKETS)]
         deadline = time.monotonic() + 30
         # Until a commit has landed (its batch's effects with it); the next batches are under way.

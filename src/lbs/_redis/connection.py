@@ -112,6 +112,13 @@ def resolve_client(
     )
 
 
+def open_plain(url: str) -> aioredis.Redis:
+    """A client of one Redis from ``url`` (``redis://``, ``rediss://``, or ``redis+sentinel://``: the
+    master the Sentinels name), for the tools that talk to one server (demo, bench); the caller
+    closes it."""
+    return sentinel_client(url) if is_sentinel_url(url) else aioredis.Redis.from_url(url)
+
+
 def node_client(node: ClusterNode) -> aioredis.Redis:
     """A plain client for one cluster node, with the node's connection settings."""
     accepted = set(inspect.signature(node.connection_class.__init__).parameters)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from .. import __version__, _bench
 from .._admin import glob_escape
+from .._redis.connection import open_plain
 from ..exceptions import LbsError
 from ._common import EXIT_FAILURE, err_console, fail, mask_url
 
@@ -53,7 +54,7 @@ async def _service_keys(r: aioredis.Redis, service: str) -> list[bytes]:
 async def _run(
     url: str, service: str, streams: int, rounds: int, force: bool
 ) -> tuple[list[Side], str]:
-    r = aioredis.Redis.from_url(url)
+    r = open_plain(url)
     try:
         server = str((await r.info("server"))["redis_version"])
         existing = await _service_keys(r, service)
