@@ -231,6 +231,6 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
         await task_c
     finally:
         await r.aclose()
-        print(f"\nKEDA's view beside lbs status on {any_server.version}:")
+        print(f"\nKEDA's view beside lbs status on {getattr(any_server, 'name', '') or any_server.version}:")
         print("\n".join(FIGURES))
         FIGURES.clear()
