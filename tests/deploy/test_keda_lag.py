@@ -118,13 +118,27 @@ async def compare(r: aioredis.Redis, url: str, service: str, label: str) -> Keda
     return view
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60.0) -> None:
-    """Poll ``check`` until true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await check():
+async def until(
+    r: aioredis.Redis, service: str, done: Callable[[KedaView], bool], what: str
+) -> None:
+    """Poll KEDA's view until ``done``; fail naming ``what`` after a minute."""
+    deadline = time.monotonic() + 60.0
+    while not done(await keda_view(r, service)):
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
+            raise AssertionError(f"not within 60 s: {what}")
         await asyncio.sleep(0.05)
+
+
+Handler = Callable[[lbs.Notification], Awaitable[None]]
+
+
+def start(
+    url: str, service: str, name: str, handler: Handler, **config: Any
+) -> tuple[lbs.Client, asyncio.Task[None]]:
+    """A consumer ``name`` running ``handler``: lock TTL 1 s (quick recovery), lbs-claim left out."""
+    cfg = lbs.Config(lock_ttl=1.0, drain_timeout=0.5, disabled_plugins=("claim",), **config)
+    client = lbs.Client(url, service, consumer_id=name, config=cfg)
+    return client, asyncio.create_task(client.run(handler, concurrency=cfg.max_streams))
 
 
 async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
@@ -132,7 +146,6 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
 ) -> None:
     url = any_server.url
     r = aioredis.Redis.from_url(url)
-    cfg = dict(lock_ttl=1.0, drain_timeout=0.5, disabled_plugins=("claim",))
     try:
         async with lbs.Producer(url, service) as producer:
             await producer.add_streams([f"s{i}" for i in range(10)])
@@ -148,16 +161,8 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
                 raise RuntimeError("fails once")
             await gate.wait()
 
-        a = lbs.Client(
-            url, service, consumer_id="a", config=lbs.Config(max_streams=4, retry_delay=30.0, **cfg)
-        )
-        task_a = asyncio.create_task(a.run(holds, concurrency=4))
-
-        async def settled() -> bool:
-            v = await keda_view(r, service)
-            return v.parked == 2 and v.pending == 4
-
-        await until(settled, "two parked, four held")
+        a, task_a = start(url, service, "a", holds, max_streams=4, retry_delay=30.0)
+        await until(r, service, lambda v: v.parked == 2 and v.pending == 4, "2 parked, 4 held")
         view = await compare(r, url, service, "4 held, 2 parked retries (failed once)")
         assert (view.lag, view.pending, view.parked) == (4, 4, 2)
 
@@ -171,28 +176,15 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
         async def quick(note: lbs.Notification) -> None:
             return None
 
-        b = lbs.Client(
-            url, service, consumer_id="b", config=lbs.Config(max_streams=4, retry_delay=30.0, **cfg)
-        )
-        task_b = asyncio.create_task(b.run(quick, concurrency=4))
-
-        async def drained() -> bool:
-            v = await keda_view(r, service)
-            return v.length == 0 and v.pending == 0
-
-        await until(drained, "recovered and finished")
+        b, task_b = start(url, service, "b", quick, max_streams=4, retry_delay=30.0)
+        await until(r, service, lambda v: v.length == v.pending == 0, "recovered and finished")
         view = await compare(r, url, service, "recovered, finished; 2 still parked")
         assert view.active() == {"backlog": False, "unfinished": False, "parked": True}
 
         # Due now: b brings them back into the LBS and finishes them.
         due = _keys.due_key(service)
         await r.zadd(due, dict.fromkeys(await r.zrange(due, 0, -1), 0), xx=True)
-
-        async def empty() -> bool:
-            v = await keda_view(r, service)
-            return v.length == v.pending == v.parked == 0
-
-        await until(empty, "the parked retries done")
+        await until(r, service, lambda v: v.length == v.pending == v.parked == 0, "retries done")
         view = await compare(r, url, service, "parked retries promoted and done")
         assert view.active() == {"backlog": False, "unfinished": False, "parked": False}
         await b.close()
@@ -205,16 +197,10 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
             if note.stream == "x0":
                 await gate2.wait()
 
-        c = lbs.Client(url, service, consumer_id="c", config=lbs.Config(max_streams=2, **cfg))
-        task_c = asyncio.create_task(c.run(first_waits, concurrency=2))
+        c, task_c = start(url, service, "c", first_waits, max_streams=2)
         async with lbs.Producer(url, service) as producer:
             await producer.add_streams(["x0", "x1"])
-
-        async def one_held() -> bool:
-            v = await keda_view(r, service)
-            return v.length == 1 and v.pending == 1
-
-        await until(one_held, "x1 finished, x0 held")
+        await until(r, service, lambda v: v.length == v.pending == 1, "x1 finished, x0 held")
         await freeze(c)  # reads no more: y0 stays undelivered
         async with lbs.Producer(url, service) as producer:
             await producer.add_streams(["y0"])
@@ -231,6 +217,8 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
         await task_c
     finally:
         await r.aclose()
-        print(f"\nKEDA's view beside lbs status on {getattr(any_server, 'name', '') or any_server.version}:")
+        print(
+            f"\nKEDA's view beside lbs status on {getattr(any_server, 'name', '') or any_server.version}:"
+        )
         print("\n".join(FIGURES))
         FIGURES.clear()
