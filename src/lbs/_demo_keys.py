@@ -9,6 +9,7 @@ from redis.exceptions import RedisError
 from . import _keys
 from ._admin import glob_escape
 from ._demo_keyed import keyed_service
+from ._redis.connection import server_name
 from .exceptions import ConfigurationError, RedisOperationError, ServerError
 
 #: The oldest Redis the demo runs on (with --redis-url); lbs's fallbacks cover 7.x.
@@ -59,8 +60,9 @@ async def find_demo_keys(r: aioredis.Redis, service: str) -> list[str]:
     return sorted(found)
 
 
-async def check_server(r: aioredis.Redis, service: str) -> None:
-    """Refuse to start unless ``r`` is reachable, runs Redis >= :data:`MIN_REDIS` and holds no key of the demo's.
+async def check_server(r: aioredis.Redis, service: str) -> str:
+    """Refuse to start unless ``r`` is reachable, runs Redis >= :data:`MIN_REDIS` and holds no key of the demo's;
+    what the server is: "Redis 8.6.3", "Valkey 9.1.2" (which answers as Redis 7.2.4).
 
     Raises :class:`RedisOperationError` (unreachable), :class:`ServerError`
     (too old) or :class:`ServiceInUseError` (keys of ``service`` exist).
@@ -74,7 +76,7 @@ async def check_server(r: aioredis.Redis, service: str) -> None:
     if version < MIN_REDIS:
         raise ServerError(
             f"the demo needs Redis >= {'.'.join(map(str, MIN_REDIS))}; "
-            f"this one is {info['redis_version']}"
+            f"this one is {' '.join(server_name(info))}"
         )
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
@@ -82,6 +84,7 @@ async def check_server(r: aioredis.Redis, service: str) -> None:
             f"this Redis already has keys that the demo with service {service!r} would write and delete "
             f"({shown}; its keys are {describe_keys(service)}): pick another --service"
         )
+    return " ".join(server_name(info))
 
 
 async def delete_demo_keys(r: aioredis.Redis, service: str) -> int:

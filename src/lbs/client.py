@@ -151,8 +151,14 @@ class Client:
 
     @property
     def server_version(self) -> tuple[int, ...]:
-        """The server's version, once started (``()`` before)."""
+        """The Redis version the server answers as, once started (``()`` before): what feature checks
+        go by. Valkey 9.1 answers 7.2.4; :attr:`server_name` names it."""
         return self._state.server.version
+
+    @property
+    def server_name(self) -> str:
+        """What the server is, for people, once started: "Redis 8.6.3", "Valkey 9.1.2" (``""`` before)."""
+        return self._state.server.name
 
     @property
     def node(self) -> str:

@@ -359,7 +359,8 @@ def lbs_reader(client: Client, server_version: tuple[int, ...]) -> ReadStrategy 
     First non-None wins.
 
     :param client: the client starting.
-    :param server_version: the server's version, ``()`` when unknown.
+    :param server_version: the Redis version the server answers as, ``()`` when unknown (Valkey 9.1
+        answers ``(7, 2, 4)``; ``client.server_name`` says what it is, for a log line).
 
     .. versionadded:: 0.1
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -124,6 +125,41 @@ async def test_sigterm_drains_then_hands_back_without_a_retry(
     assert not {i.decode() for i, _ in entries} & set(ids)
     assert all(int(f.get(b"_retry_count", b"0")) == 0 for _, f in entries), entries
     assert await leftovers(r, service) == (0, 0, 0)
+
+
+async def test_on_valkey_the_banner_names_it_and_lbs_claim_steps_aside(
+    valkey_server: Any, service: str, log: Path, start_worker: StartWorker
+) -> None:
+    """Valkey answers INFO as Redis 7.2.4: the banner and lbs-claim's one line name Valkey and its own version."""
+    async with lbs.Producer(valkey_server.url, service) as producer:
+        await producer.add_streams(["v-1", "v-2"])
+    claim = (
+        importlib.util.find_spec("lbs_claim") is not None
+    )  # installed: load it, it must step aside
+    worker = start_worker(
+        f"{HANDLERS}:ok",
+        "--service",
+        service,
+        "--url",
+        valkey_server.url,
+        **({"LBS_LOAD_PLUGINS": "claim"} if claim else {}),
+    )
+
+    async def both_handled() -> bool:
+        return {stream for _, stream, _ in handled(log)} == {"v-1", "v-2"}
+
+    await eventually(both_handled, "both streams handled on Valkey")
+    worker.signal(signal.SIGTERM)
+    assert await worker.wait() == 0, worker.err()
+    err = flat(worker.err())
+    assert valkey_server.name in err and "Redis 7.2" not in err, err
+    if claim:
+        assert (
+            f"lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is {valkey_server.name}:"
+            in err
+        )
+    async with aioredis.Redis.from_url(valkey_server.url) as r:
+        assert await leftovers(r, service) == (0, 0, 0)
 
 
 async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(

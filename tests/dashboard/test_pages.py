@@ -175,12 +175,12 @@ async def test_an_unknown_service_is_404(redis_server: Any, service: str, dashbo
 
 
 @pytest.mark.cluster
-async def test_a_service_on_a_cluster(redis_cluster: Any, service: str, dashboard: Any) -> None:
-    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+async def _every_page_with_a_dead_letter(url: str, service: str, dashboard: Any, why: str) -> str:
+    """One stream handled, one dead-lettered with ``why``: every page answers; the overview's text."""
 
     async def handler(note: lbs.Notification) -> None:
         if note.stream == "bad":
-            raise ValueError("bad on a cluster")
+            raise ValueError(why)
 
     await produce(url, service, "good", "bad")
     c = client(url, service, "w1", max_retries=0, retry_delay=0.0, journal_interval=0.1)
@@ -193,13 +193,30 @@ async def test_a_service_on_a_cluster(redis_cluster: Any, service: str, dashboar
                 return live(page, "dead_letters") == "1" and live(page, "done_hour") == "1"
 
             await eventually(handled, 30)
-            for path in ("consumers", "streams?q=o", "recovery", "dead-letters"):
+            for path in ("consumers", "streams?q=o", "recovery", "dead-letters", "failures"):
                 assert (await http.get(f"/s/{service}/{path}")).status_code == 200, path
             page = (await http.get(f"/s/{service}/dead-letters")).text
-            assert "bad on a cluster" in page
+            assert why in page
+            return (await http.get("/")).text
     finally:
         await c.close()
         await worker
+
+
+async def test_a_service_on_a_cluster(redis_cluster: Any, service: str, dashboard: Any) -> None:
+    url = redis_cluster.url.replace("redis://", "redis+cluster://", 1)
+    await _every_page_with_a_dead_letter(url, service, dashboard, "bad on a cluster")
+
+
+async def test_a_service_on_valkey_names_it(
+    valkey_server: Any, service: str, dashboard: Any
+) -> None:
+    """Valkey 9.1 (no XACKDEL, MSETEX: the fallbacks; it answers INFO as Redis 7.2.4): every page, the
+    tallies and a dead letter, and the header names Valkey by its own version."""
+    page = await _every_page_with_a_dead_letter(
+        valkey_server.url, service, dashboard, "bad on valkey"
+    )
+    assert valkey_server.name in page and "Redis 7.2" not in page
 
 
 async def test_consumers_show_the_metrics_their_process_serves(

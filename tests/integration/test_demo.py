@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 from lbs import _demo
 from lbs._demo import MIN_REDIS, POISON_MAX_RETRIES, demo_keys, find_demo_keys, run_demo
-from lbs.embedded import MIN_VERSION, RedisServer, find_redis_server
+from lbs.embedded import MIN_VERSION, RedisServer, find_redis_server, server_product
 
 #: None when the demo's step 1 runs as a Spark job here (pyspark, pyarrow and a Java runtime).
 SPARK_UNAVAILABLE = _demo._spark_unavailable()
@@ -51,14 +51,15 @@ def _lbs(*args: str, timeout: float = DEMO_TIMEOUT) -> subprocess.CompletedProce
     )
 
 
-@pytest.fixture(scope="module", params=["redis8", "redis7"])
+@pytest.fixture(scope="module", params=["redis8", "redis7", "valkey"])
 def own_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """A Redis 8.x, then Debian's 7.0, of this module's own: no other test's keys are written or expire there."""
+    """A Redis 8.x, then Debian's 7.0, then Valkey, of this module's own: no other test's keys are
+    written or expire there."""
     if request.param == "redis8":
         binary = find_redis_server()
     else:
-        # Skipped (or failed, with LBS_REQUIRE_REDIS7=1) as the suite's Redis 7 tests are without one.
-        binary = request.getfixturevalue("redis7_server").server.binary
+        # Skipped (or failed, with LBS_REQUIRE_REDIS7=1 / LBS_REQUIRE_VALKEY=1) as the suite's others are.
+        binary = request.getfixturevalue(f"{request.param}_server").server.binary
     with RedisServer(binary) as server:
         yield server
 
@@ -168,7 +169,8 @@ def test_demo_command_on_an_embedded_redis() -> None:
 async def test_no_spark_with_redis_url_touches_only_its_service_and_leaves_nothing(
     own_server: RedisServer, service: str
 ) -> None:
-    """On Redis 8.x and 7.0: --no-spark registers with lbs.Producer; every key written is the service's."""
+    """On Redis 8.x, 7.0 and Valkey: --no-spark registers with lbs.Producer; every key written is the
+    service's; the demo names the server (Valkey by its own version, not the Redis one it answers as)."""
     async with aioredis.Redis.from_url(own_server.url) as r:
         # Someone else's data, under the names the demo used to write whatever --service said.
         others = {
@@ -198,6 +200,8 @@ async def test_no_spark_with_redis_url_touches_only_its_service_and_leaves_nothi
                 "Spark skipped (--no-spark): registering with lbs.Producer instead" in proc.stdout
             )
             assert "spark: starting" not in proc.stdout
+            product = server_product(own_server.binary)
+            assert f"server: {product} {'.'.join(map(str, own_server.version))}\n" in proc.stdout
             assert proc.stdout.rstrip().endswith("lbs demo: OK")
             assert touched, "no keyspace notification came: the check sees nothing"
             assert {k for k in touched if not _is_demo_key(service, k)} == set()

@@ -21,7 +21,12 @@ from _lbscore import CommandBatch, EntryParser, HeldTable, encode_input
 from lbs import _keys
 from lbs._redis import scripts
 from lbs._redis.scripts import DoneCode, RequeueCode
-from lbs.embedded import RedisServer, ServerNotFoundError, find_redis_server
+from lbs.embedded import (
+    RedisServer,
+    ServerNotFoundError,
+    find_redis_server,
+    server_product,
+)
 from lbs.testing import abandon
 
 from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
@@ -30,10 +35,15 @@ from _helpers import eventually
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-@pytest.fixture(params=["redis8", "redis7"])
+@pytest.fixture(params=["redis8", "redis7", "valkey"])
 def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """A Redis 8.x, then Debian's 7.0, with ``notify-keyspace-events`` empty, as Go wants to find it."""
+    """A Redis 8.x, then Debian's 7.0, then Valkey, with ``notify-keyspace-events`` empty, as Go wants
+    to find it."""
     binary = None
+    if (
+        request.param == "valkey"
+    ):  # skipped, or failed with LBS_REQUIRE_VALKEY=1, as valkey_server is
+        binary = request.getfixturevalue("valkey_server").server.binary
     if request.param == "redis7":
         try:
             binary = find_redis_server(
@@ -587,8 +597,8 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
     """lbs-claim's XREADGROUP ... CLAIM hands over whatever is idle, and Go never refreshes idle times:
     with go_compatible read-3 leaves a claimed entry whose Go-style lock exists to its Go holder."""
     lbs_claim = pytest.importorskip("lbs_claim")
-    if server.version < (8, 4):
-        pytest.skip("XREADGROUP ... CLAIM needs Redis >= 8.4")
+    if server.version < (8, 4) or server_product(server.binary) == "Valkey":
+        pytest.skip("XREADGROUP ... CLAIM needs Redis >= 8.4 (Valkey has none)")
     release = asyncio.Event()
     go, _ids = await _go_holding(server, service, ["k1", "k2"], release)
     ran: list[str] = []

