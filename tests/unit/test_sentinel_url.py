@@ -11,6 +11,7 @@ import lbs
 from lbs._redis.connection import resolve_client
 from lbs._redis.sentinel import (
     FORM,
+    SENTINEL_TIMEOUT,
     SentinelMaster,
     SyncSentinelMaster,
     is_sentinel_url,
@@ -33,12 +34,14 @@ def test_the_urls_password_is_the_masters_and_sentinel_password_the_sentinels() 
         "redis+sentinel://app:p%40ss@h:1/m?sentinel_password=sp&socket_timeout=2.5"
     )
     assert (u.master["username"], u.master["password"]) == ("app", "p@ss")
-    assert u.sentinel == {"password": "sp", "socket_timeout": 2.5}  # socket_* shared, not AUTH
+    # socket_* shared (the connect timeout SENTINEL_TIMEOUT unless given), not AUTH
+    assert u.sentinel == {"password": "sp", "socket_timeout": 2.5, "socket_connect_timeout": 2.0}
     assert u.master["socket_timeout"] == 2.5 and "sentinel_password" not in u.master
     only_password = parse_sentinel_url("redis+sentinel://:pw@h:1/m")
     assert only_password.master["password"] == "pw" and "username" not in only_password.master
     acl = parse_sentinel_url("redis+sentinel://h:1/m?sentinel_username=watch&sentinel_password=x")
-    assert acl.sentinel == {"username": "watch", "password": "x"}
+    assert (acl.sentinel["username"], acl.sentinel["password"]) == ("watch", "x")
+    assert acl.sentinel["socket_timeout"] == SENTINEL_TIMEOUT
 
 
 def test_rediss_means_tls_to_the_master_and_the_sentinels() -> None:
@@ -103,6 +106,8 @@ async def test_resolve_client_opens_a_master_for_client_lbs_owns() -> None:
         assert pool.connection_kwargs["db"] == 2 and pool.connection_kwargs["password"] == "pw"
         sentinels = pool.sentinel_manager.sentinels
         assert [s.connection_pool.connection_kwargs["port"] for s in sentinels] == [1, 2]
+        # A Sentinel that does not answer is not retried: the next one is asked at once.
+        assert all(s.get_retry().get_retries() == 0 for s in sentinels)
     finally:
         await client.aclose()  # closes the Sentinels' clients too; no I/O was ever done
 

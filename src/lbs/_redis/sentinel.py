@@ -11,7 +11,10 @@ URL's user and password are the **master's** (AUTH on every connection to it, as
 Sentinels that want a password of their own (``requirepass`` in sentinel.conf) get
 ``?sentinel_password=`` (and ``?sentinel_username=`` for an ACL user). Every other option is
 redis-py's, as in ``redis://`` (``socket_timeout``, ``ssl_ca_certs``, ...), for the master's
-connections; the ``socket_*`` and TLS ones are used for the Sentinels' too.
+connections; the ``socket_*`` and TLS ones are used for the Sentinels' too. A Sentinel that does
+not answer is not tried again (redis-py's default would, with seconds of back-off, before asking
+the next one: the usual case when a node dies with its master and its Sentinel), and the Sentinels'
+socket timeouts are :data:`SENTINEL_TIMEOUT` unless the URL sets them.
 
 The client is ``redis.asyncio.sentinel.Sentinel(...).master_for(service_name)``: its pool asks the
 Sentinels for the master's address each time it opens a connection, so a connection that dropped
@@ -29,7 +32,10 @@ from urllib.parse import parse_qsl, unquote, urlencode
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import parse_url
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel as SyncSentinel
 
 from ..exceptions import ConfigurationError
@@ -48,6 +54,8 @@ __all__ = [
 FORM = "redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]"
 #: A Sentinel's port when a host of the URL names none.
 SENTINEL_PORT = 26379
+#: The Sentinels' connect and reply timeouts (seconds) unless the URL's socket_* options say.
+SENTINEL_TIMEOUT = 2.0
 _SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
 #: Options of the URL that are the Sentinels' own, not the master's.
 _SENTINEL_OPTIONS = {"sentinel_password": "password", "sentinel_username": "username"}
@@ -145,6 +153,8 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
         master["ssl"] = True  # SentinelConnectionPool: SentinelManagedSSLConnection
     # The Sentinels: the socket and TLS settings of the master's, their own user and password.
     sentinel = {k: v for k, v in master.items() if k.startswith(("socket_", "ssl"))}
+    sentinel.setdefault("socket_timeout", SENTINEL_TIMEOUT)
+    sentinel.setdefault("socket_connect_timeout", SENTINEL_TIMEOUT)
     sentinel.update({k: unquote(v) for k, v in own.items() if v})
     return SentinelUrl(sentinels, service, master, sentinel)
 
@@ -178,7 +188,8 @@ def sentinel_client(url: str) -> aioredis.Redis:
     """A ``redis.asyncio`` client of the master ``url`` names (no I/O; the first command asks the
     Sentinels). The caller closes it (``aclose``), which closes the Sentinels' clients too."""
     parsed = parse_sentinel_url(url)
-    manager = Sentinel(list(parsed.sentinels), sentinel_kwargs=parsed.sentinel)  # type: ignore[no-untyped-call]
+    once = {"retry": AsyncRetry(NoBackoff(), 0)}  # a silent Sentinel: ask the next one at once
+    manager = Sentinel(list(parsed.sentinels), sentinel_kwargs={**parsed.sentinel, **once})  # type: ignore[no-untyped-call]
     client = manager.master_for(parsed.service, redis_class=SentinelMaster, **parsed.master)
     # Make a connection now (no I/O) so that an option it does not take fails here.
     client.connection_pool.make_connection()
@@ -189,6 +200,7 @@ def sentinel_client_sync(url: str, **overrides: Any) -> redis.Redis:
     """The synchronous twin of :func:`sentinel_client` (``overrides``: the master's username,
     password, TLS files, as the Spark source's options give them)."""
     parsed = parse_sentinel_url(url)
-    manager = SyncSentinel(list(parsed.sentinels), sentinel_kwargs=parsed.sentinel)  # type: ignore[no-untyped-call]
+    once = {"retry": Retry(NoBackoff(), 0)}
+    manager = SyncSentinel(list(parsed.sentinels), sentinel_kwargs={**parsed.sentinel, **once})  # type: ignore[no-untyped-call]
     master = {**parsed.master, **overrides}
     return manager.master_for(parsed.service, redis_class=SyncSentinelMaster, **master)  # type: ignore[no-untyped-call,no-any-return]

@@ -251,13 +251,13 @@ class SentinelSet:
         self._until("a replica promoted", promoted, timeout)
         return out[-1]
 
-    def rejoin(self, node: DataServer, timeout: float = 60.0) -> None:
-        """Start a killed data server again as a replica of the current master, and wait until it
-        is in sync and every Sentinel sees it up (so it can be promoted in turn)."""
+    def rejoin(self, node: DataServer) -> None:
+        """Start a killed data server again as a replica of the current master (from the thread
+        that started the set); :meth:`wait_ready` with that master then waits until it is in sync and
+        every Sentinel sees it up (so it can be promoted in turn)."""
         master = self.master()
         node.replicaof = (master.host, master.port)
-        node.restart(save=False)
-        self.wait_ready(master)
+        node.restart(save=False, wait=False)
 
     def stop(self) -> None:
         for server in [*self.sentinels, *self.nodes]:
