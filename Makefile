@@ -33,8 +33,8 @@ endif
 # is the total over lbs and the plugins, measured in the test process (the `lbs`
 # processes the CLI tests start are not measured).
 test: setup lint
-	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && chromium=$$(scripts/chromium.sh) && \
-		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 LBS_CHROMIUM=$$chromium \
+	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && vk=$$(VENV=$(VENV) scripts/valkey.sh) && chromium=$$(scripts/chromium.sh) && \
+		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 LBS_VALKEY_SERVER=$$vk LBS_REQUIRE_VALKEY=1 LBS_CHROMIUM=$$chromium \
 		LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
 		$(PY) -m coverage run -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
 	@$(PY) -m coverage report
@@ -52,10 +52,11 @@ matrix:
 	scripts/matrix.sh
 
 # The fault suite (tests/faults) at full size: 10x the streams and durations
-# of the smoke size `make test` runs, with each test's figures printed.
+# of the smoke size `make test` runs, with each test's figures printed; every
+# test on Redis 8.x and on Valkey (scripts/valkey.sh; `make test` runs a subset there).
 faults: setup
-	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && \
-		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 LBS_FAULTS=full \
+	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && vk=$$(VENV=$(VENV) scripts/valkey.sh) && \
+		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 LBS_VALKEY_SERVER=$$vk LBS_REQUIRE_VALKEY=1 LBS_FAULTS=full \
 		$(PY) -m pytest tests/faults -s $(PYTEST_ARGS)
 
 # The property tests with thousands of examples each (about 10 minutes).

@@ -87,13 +87,18 @@ async def eventually(
         await asyncio.sleep(every)
 
 
+#: The binary :func:`server` runs: None for the Redis ``lbs.embedded`` finds; tests/faults/conftest.py
+#: sets the valkey-server for a test's ``valkey`` leg.
+BINARY: str | None = None
+
+
 def server(**config: str) -> RedisServer:
-    """A fresh redis-server of the test's own (``with server(...) as srv:``).
+    """A fresh redis-server (or valkey-server: :data:`BINARY`) of the test's own (``with server(...) as srv:``).
 
     Nothing is set on its command line beyond ``config``: in particular not
     ``notify-keyspace-events``, which lbs sets itself with CONFIG SET.
     """
-    return RedisServer(config=config)
+    return RedisServer(BINARY, config=config)
 
 
 async def crash_and_restart(srv: RedisServer, downtime: float) -> None:

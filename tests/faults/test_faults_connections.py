@@ -9,7 +9,8 @@ import redis.asyncio as aioredis
 
 from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, chaos, server, verdict
 
-pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+# On Valkey too in make test (tests/faults/conftest.py): a fault whose handling depends on the server.
+pytestmark = [pytest.mark.timeout(TEST_TIMEOUT), pytest.mark.valkey_smoke]
 
 
 async def test_connection_kills_lose_and_repeat_nothing(service: str, report: Report) -> None:

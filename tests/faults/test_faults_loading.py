@@ -18,7 +18,8 @@ import lbs
 
 from _fleet import SETTLE, TEST_TIMEOUT, Figures, Report, eventually, server
 
-pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+# On Valkey too in make test (tests/faults/conftest.py): a fault whose handling depends on the server.
+pytestmark = [pytest.mark.timeout(TEST_TIMEOUT), pytest.mark.valkey_smoke]
 
 STREAMS, FAILING = 10, 3
 #: Keys the server loads at start, and how long it sleeps per key (µs): about 4 s of LOADING.

@@ -31,7 +31,8 @@ TTL = 1.0
 #: Streams fed at RATE a second while workers are killed every 0.2-0.6 s.
 STREAMS, RATE = 300 * SCALE, 100
 
-pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+# On Valkey too in make test (tests/faults/conftest.py): a fault whose handling depends on the server.
+pytestmark = [pytest.mark.timeout(TEST_TIMEOUT), pytest.mark.valkey_smoke]
 
 
 def spawn(url: str, service: str, consumer: str) -> subprocess.Popen[bytes]:

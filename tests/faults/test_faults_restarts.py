@@ -20,7 +20,8 @@ from _fleet import (
     verdict,
 )
 
-pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+# On Valkey too in make test (tests/faults/conftest.py): a fault whose handling depends on the server.
+pytestmark = [pytest.mark.timeout(TEST_TIMEOUT), pytest.mark.valkey_smoke]
 
 
 async def keyspace_flags(r: aioredis.Redis) -> str:

@@ -10,7 +10,8 @@ import pytest
 
 from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
-pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+# On Valkey too in make test (tests/faults/conftest.py): a fault whose handling depends on the server.
+pytestmark = [pytest.mark.timeout(TEST_TIMEOUT), pytest.mark.valkey_smoke]
 
 
 async def test_server_stalled_for_three_ttls(service: str, report: Report) -> None:

@@ -18,7 +18,8 @@ from lbs._keys import consumers_key, dead_letter_stream, fence_key, input_stream
 
 from _fleet import SCALE, SETTLE, TEST_TIMEOUT, Fleet, Report, config, eventually, server, verdict
 
-pytestmark = pytest.mark.timeout(TEST_TIMEOUT)
+# On Valkey too in make test (tests/faults/conftest.py): a fault whose handling depends on the server.
+pytestmark = [pytest.mark.timeout(TEST_TIMEOUT), pytest.mark.valkey_smoke]
 
 CASES = {
     # case: (key of the service, the value SET there)
