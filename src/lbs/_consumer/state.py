@@ -153,19 +153,21 @@ class Server:
     version: tuple[int, ...] = ()
     #: Its run id at the last look: a change means it restarted.
     run_id: str = ""
-    #: What it is, for people: "Redis 8.6.3", "Valkey 9.0.1" (``version`` is the Redis version it
-    #: is compatible with, what the feature checks go by).
+    #: What it is, for people: "Redis 8.6.3", "Valkey 9.1.2" (``version`` is the Redis version it
+    #: is compatible with, what the feature checks go by, beside :attr:`valkey`).
     name: str = ""
+    #: Valkey's own version (``valkey_version``), ``()`` on Redis: Valkey answers as Redis 7.2.4.
+    valkey: tuple[int, ...] = ()
 
     @property
     def xackdel(self) -> bool:
-        """XACKDEL exists (Redis >= 8.2)."""
+        """XACKDEL exists (Redis >= 8.2; not in Valkey 9.1)."""
         return self.version >= (8, 2)
 
     @property
     def msetex(self) -> bool:
-        """MSETEX exists (Redis >= 8.4)."""
-        return self.version >= (8, 4)
+        """MSETEX exists, with Redis 8.4's syntax and all-or-none NX (Redis >= 8.4, Valkey >= 9.1)."""
+        return self.version >= (8, 4) or self.valkey >= (9, 1)
 
 
 @dataclass(slots=True)

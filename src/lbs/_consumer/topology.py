@@ -152,7 +152,9 @@ class Topology:
         info = await self.state.link.redis.info("server")
         server = self.state.server
         server.version = parse_version(info.get("redis_version", "0"))
-        server.name = " ".join(server_name(info))
+        product, own = server_name(info)
+        server.name = f"{product} {own}"
+        server.valkey = parse_version(own) if product == "Valkey" else ()
         before, server.run_id = server.run_id, str(info.get("run_id", ""))
         return before
 
