@@ -67,6 +67,9 @@ class Lifecycle:
         #: The notifications on their way to the application.
         self.handover = Handover(s, self.heartbeat)
         self.started = False
+        #: The start under way (a shutdown cancels it first), and whether it tried to take the marker.
+        self.starting: asyncio.Future[None] | None = None
+        self.took_instance = False
         #: The one shutdown every ``close()`` waits for (None until the first close).
         self.closing: asyncio.Future[None] | None = None
         #: Set by a second signal: stop waiting for handlers.
@@ -88,9 +91,23 @@ class Lifecycle:
         return [a for a in found if a is not None]
 
     async def start(self) -> None:
+        """Start, in a task of its own that a shutdown cancels (a SIGTERM or ``close()`` while
+        starting): then it returns, the client closed and nothing of it left behind (the instance
+        marker included). Its own error, or the caller's cancellation, is raised."""
+        task = self.starting = asyncio.ensure_future(self._start())
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not task.cancelled():
+            task.result()
+
+    async def _start(self) -> None:
         s = self.state
         cfg = s.config
         await self.topology.start()
+        self.took_instance = True
         await self.instance.take()
         # Which reader: a plugin may answer (and may refuse this server by raising).
         strategy = s.hooks.ask("lbs_reader", server_version=s.server.version)
@@ -135,6 +152,9 @@ class Lifecycle:
     async def shutdown(self) -> None:
         s = self.state
         cfg = s.config
+        if self.starting is not None and not self.starting.done():
+            self.starting.cancel()  # what it started is stopped below, like the rest
+            await asyncio.wait({self.starting})
         s.stopping.set()
         s.holdings.freed.set()
         # Undelivered STREAM_ADDED notifications are dropped: their streams are
@@ -172,7 +192,7 @@ class Lifecycle:
         await self.heartbeat.stop()
         await self.finisher.stop()
         await s.journal.close(handed_back)
-        if self.started:
+        if self.took_instance:  # leave-3.lua deletes the marker only if it is this process's
             await self.instance.release()
         await s.link.close(s.log)
         s.log.info("closed; handed back %d streams", handed_back)
