@@ -1,14 +1,15 @@
 -- The service's fencing counter, shared by the scripts that hand out tokens
 -- (read-3.lua, reap-4.lua; included where they say "--#include _fence").
 --
--- fence_check(key, count): before any write. nil and whether the counter
--- exists when `count` more tokens can be taken; otherwise the error
+-- fence_check(key, count): before any write. nil and the counter's value (false
+-- when it does not exist) when `count` more tokens can be taken; otherwise the error
 -- "LBSKEY <key> ..." (a key of another type, a string that is not a plain
 -- decimal integer, or a value that would pass 2^53: Lua numbers are doubles,
 -- and a token past 2^53 would lose precision).
 --
--- fence_take(key, exists, n, t): takes n tokens; returns `first`, the tokens
--- being first + 1 .. first + n. The counter never stays below the server time
+-- fence_take(key, current, n, t): takes n tokens (`current`: fence_check's
+-- value); returns `first`, the tokens being first + 1 .. first + n, and sets the
+-- counter to the last of them (one SET). The tokens never start below the server time
 -- `t` (TIME's reply) in microseconds: one that does not exist (a restart
 -- without persistence, an eviction) or that went back (a failover to a replica
 -- that had not received the last tokens: replication is asynchronous) moves up
@@ -40,17 +41,16 @@ local function fence_check(key, count)
     return redis.error_reply('LBSKEY ' .. key .. ' holds ' .. shown .. ': the fencing counter would pass 2^53 '
                              .. 'taking ' .. count .. ' tokens')
   end
-  return nil, true
+  return nil, tonumber(v)
 end
 
 local fence_digits = string.format('%d', 2 ^ 52) == '4503599627370496' and '%d' or '%.0f'
 
-local function fence_take(key, exists, n, t)
-  -- Microseconds, exact in a double until the year 2255, built as a string:
-  -- Lua would print the number as 1.7e+15.
-  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-  if not exists or tonumber(redis.call('GET', key)) < tonumber(now) then
-    redis.call('SET', key, now)
-  end
-  return redis.call('INCRBY', key, n) - n
+local function fence_take(key, current, n, t)
+  -- `current`: fence_check's reading of the counter (false: none). Microseconds, exact in a
+  -- double until the year 2255; one SET, as the INCRBY it replaces (no second read).
+  local first = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if current and current > first then first = current end
+  redis.call('SET', key, string.format(fence_digits, first + n))
+  return first
 end

@@ -193,7 +193,7 @@ if ARGV[6] ~= '>' then
   misfits = misfit(KEYS[1], 'stream', 'the load-balancer stream')
   if misfits then return redis.error_reply(misfits) end
 end
-local fence_error, fence_exists = fence_check(KEYS[2], count)
+local fence_error, fence_value = fence_check(KEYS[2], count)
 if fence_error then return fence_error end
 local indexed = redis.pcall('ZSCORE', KEYS[3], ARGV[2])  -- this consumer's deadline, false if absent
 if type(indexed) == 'table' then
@@ -449,7 +449,7 @@ if prefix and not names_at_once() then
     end
   end
 end
-local first = fence_take(KEYS[2], fence_exists, n, t)
+local first = fence_take(KEYS[2], fence_value, n, t)
 local deadline = now_ms + ttl_ms
 local digits = fence_digits
 -- What gets a lock of ours: every entry but those a Go consumer holds or that wait for their name.

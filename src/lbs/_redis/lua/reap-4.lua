@@ -121,10 +121,10 @@ end
 local adopter = ARGV[6] ~= nil and ARGV[6] ~= '' and ARGV[6] or nil
 local room = adopter and tonumber(ARGV[7]) or 0
 local mine = adopter and ARGV[11] == '1' and (ARGV[10] .. adopter) or nil
-local fence_exists = false
+local fence_value = false
 if room > 0 then
   local fence_error
-  fence_error, fence_exists = fence_check(KEYS[4], room)
+  fence_error, fence_value = fence_check(KEYS[4], room)
   if fence_error then return fence_error end
   bad = misfit(mine, 'set', 'a queued set')
   if bad then return redis.error_reply(bad) end
@@ -227,7 +227,7 @@ if n == 0 then
   return {{}, {}, gone, #take, next_due(), gone_by, deadlines}
 end
 for i = 1, #gone_by do holders[#holders + 1] = gone_by[i] end
-local first = fence_take(KEYS[4], fence_exists, n, t)
+local first = fence_take(KEYS[4], fence_value, n, t)
 local deadline = now + tonumber(ARGV[8])
 local owner = ARGV[9]
 local tokens = {}
