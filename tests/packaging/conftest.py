@@ -27,10 +27,12 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
 
 @pytest.fixture(scope="session")
 def installed(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    """A fresh venv with the manylinux wheel and every extra a user can ask for: pyspark and
-    pyarrow from the index, the plugins (extras [prometheus], [claim], [dlq-jsonl]) from dist/."""
+    """A fresh venv with the manylinux wheel and every extra a user can ask for: pyspark, pyarrow
+    and the dashboard's stack from the index, the plugins (extras [prometheus], [claim],
+    [dlq-jsonl], [otel]) from dist/."""
     env = Venv.create(tmp_path_factory.mktemp("installed") / "venv")
-    env.pip_install(f"{dist.wheel}[spark,prometheus,claim,dlq-jsonl]", find_links=dist.path)
+    extras = "spark,prometheus,claim,dlq-jsonl,otel,dashboard"
+    env.pip_install(f"{dist.wheel}[{extras}]", find_links=dist.path)
     return env
 
 

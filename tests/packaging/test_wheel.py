@@ -42,7 +42,10 @@ def test_the_sdist_carries_the_cython_sources_not_generated_c(dist: Dist) -> Non
         names = sdist.getnames()
     assert any(n.endswith("src/_lbscore/_core.pyx") for n in names)
     assert any(n.endswith("src/lbs/_redis/lua/done-n.lua") for n in names)
-    assert not [n for n in names if n.endswith((".c", ".so", ".html"))]
+    assert any(n.endswith("src/lbs/dashboard/templates/base.html") for n in names)
+    # Generated C, a built core, Cython's annotation pages: none (the dashboard's templates are sources).
+    assert not [n for n in names if n.endswith((".c", ".so"))]
+    assert not [n for n in names if n.endswith(".html") and "/_lbscore/" in n]
 
 
 def test_the_wheel_ships_a_stripped_core_and_stubs_not_sources(dist: Dist, tmp_path: Path) -> None:
@@ -50,7 +53,15 @@ def test_the_wheel_ships_a_stripped_core_and_stubs_not_sources(dist: Dist, tmp_p
         names = whl.namelist()
         (core,) = [n for n in names if n.startswith("_lbscore/_core.") and n.endswith(".so")]
         so = Path(whl.extract(core, tmp_path))
-    for required in ("_lbscore/_core.pyi", "_lbscore/py.typed", "lbs/py.typed", "lbs/__init__.py"):
+    for required in (
+        "_lbscore/_core.pyi",
+        "_lbscore/py.typed",
+        "lbs/py.typed",
+        "lbs/__init__.py",
+        "lbs/dashboard/templates/base.html",
+        "lbs/dashboard/static/dashboard.css",
+        "lbs/dashboard/static/dashboard.js",
+    ):
         assert required in names
     assert not [n for n in names if n.endswith((".pyx", ".pxd", ".c", ".h"))]
     assert "License-Expression: MIT" in _metadata(dist.wheel)
@@ -84,3 +95,36 @@ def test_the_installed_wheel_runs_a_round_trip_on_its_own_core(
     assert got["done"] == 20
     # The extras installed the plugins themselves, found by their entry points.
     assert got["plugins"] == sorted(PLUGINS)
+
+
+def test_the_installed_dashboard_serves_its_pages_and_assets(
+    installed: Venv, redis_server: Any, service: str, workdir: Path
+) -> None:
+    """The [dashboard] extra from the wheel: the templates and static files are in the package."""
+    code = (
+        "import sys, httpx, asyncio\n"
+        "from lbs.dashboard import DashboardSettings, create_app\n"
+        "async def main():\n"
+        "    app = create_app(DashboardSettings.make(sys.argv[1], [sys.argv[2]]))\n"
+        "    async with app.router.lifespan_context(app):\n"
+        "        t = httpx.ASGITransport(app=app)\n"
+        "        async with httpx.AsyncClient(transport=t, base_url='http://127.0.0.1:8787') as h:\n"
+        "            for path in ('/', '/static/dashboard.css', f'/s/{sys.argv[2]}/consumers'):\n"
+        "                r = await h.get(path)\n"
+        "                print(path, r.status_code, len(r.text))\n"
+        "asyncio.run(main())\n"
+    )
+    installed.pip_install("httpx")  # the test's client, not the dashboard's dependency
+    out = run(
+        [installed.python, "-I", "-c", code, redis_server.url, service],
+        cwd=workdir,
+        env=clean_env(),
+        timeout=120,
+    ).stdout
+    rows = [line.split() for line in out.splitlines()]
+    assert [(path, code) for path, code, _ in rows] == [
+        ("/", "200"),
+        ("/static/dashboard.css", "200"),
+        (f"/s/{service}/consumers", "200"),
+    ], out
+    assert all(int(size) > 200 for _, _, size in rows), out
