@@ -21,7 +21,7 @@ from rich.table import Table
 
 from .. import __version__, _bench
 from .._admin import glob_escape
-from .._redis.connection import open_plain
+from .._redis.connection import open_plain, server_name
 from ..exceptions import LbsError
 from ._common import EXIT_FAILURE, err_console, fail, mask_url
 
@@ -56,7 +56,7 @@ async def _run(
 ) -> tuple[list[Side], str]:
     r = open_plain(url)
     try:
-        server = str((await r.info("server"))["redis_version"])
+        server = " ".join(server_name(await r.info("server")))  # "Valkey 9.1.2", "Redis 8.6.3"
         existing = await _service_keys(r, service)
         if existing and not force:
             fail(
@@ -191,7 +191,7 @@ def bench(
     console.print(
         f"{lbs_side.name}: {ratio:.2f}x the throughput of {base.name} (by median); "
         f"lbs {__version__}, redis-py {version('redis')}, hiredis {version('hiredis')}, "
-        f"Python {platform.python_version()}, Redis {server} at {mask_url(url)}",
+        f"Python {platform.python_version()}, {server} at {mask_url(url)}",
         highlight=False,
         soft_wrap=True,
     )
