@@ -575,12 +575,16 @@ async def test_a_key_published_in_the_millisecond_its_stream_was_deleted_starts_
 
 @pytest.mark.parametrize("poison", [0, 4, 9])
 async def test_a_poison_message_costs_one_message_and_exactly_the_documented_holds(
-    url: str, service: str, rr: aioredis.Redis, poison: int
+    url: str, service: str, rr: aioredis.Redis, poison: int, any_server: Any
 ) -> None:
     """15 messages, batches of 10, the message at ``poison`` always raises, max_retries 3: the first
     batch fails once; then each of its messages is tried alone: those before the poison succeed
     and are committed once, the poison fails alone 3 more times (1 + max_retries = 4 failing
     holds) and is dead-lettered with its exception and traceback; the rest goes on."""
+    if any_server.valkey and poison != 4:  # 15 s each: Valkey's commits are 7.0's (XACK + XDEL)
+        pytest.skip(
+            "on Valkey the middle position only; Redis 7.0 runs the same commits at all three"
+        )
     out = _keys.hash_tag(service) + ":out"
     calls: list[list[int]] = []
     failing = 0
