@@ -597,8 +597,9 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
     """lbs-claim's XREADGROUP ... CLAIM hands over whatever is idle, and Go never refreshes idle times:
     with go_compatible read-3 leaves a claimed entry whose Go-style lock exists to its Go holder."""
     lbs_claim = pytest.importorskip("lbs_claim")
-    if server.version < (8, 4) or server_product(server.binary) == "Valkey":
-        pytest.skip("XREADGROUP ... CLAIM needs Redis >= 8.4 (Valkey has none)")
+    product, version = server_product(server.binary), ".".join(map(str, server.version))
+    if server.version < (8, 4) or product == "Valkey":
+        pytest.skip(f"XREADGROUP ... CLAIM needs Redis >= 8.4, not {product} {version}")
     release = asyncio.Event()
     go, _ids = await _go_holding(server, service, ["k1", "k2"], release)
     ran: list[str] = []
