@@ -135,8 +135,9 @@ Handler = Callable[[lbs.Notification], Awaitable[None]]
 def start(
     url: str, service: str, name: str, handler: Handler, **config: Any
 ) -> tuple[lbs.Client, asyncio.Task[None]]:
-    """A consumer ``name`` running ``handler``: lock TTL 1 s (quick recovery), lbs-claim left out."""
-    cfg = lbs.Config(lock_ttl=1.0, drain_timeout=0.5, disabled_plugins=("claim",), **config)
+    """A consumer ``name`` running ``handler``: lock TTL 3 s (quick recovery, and no lock lost to a
+    loaded machine's pauses), lbs-claim left out."""
+    cfg = lbs.Config(lock_ttl=3.0, drain_timeout=0.5, disabled_plugins=("claim",), **config)
     client = lbs.Client(url, service, consumer_id=name, config=cfg)
     return client, asyncio.create_task(client.run(handler, concurrency=cfg.max_streams))
 
@@ -152,7 +153,8 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
         view = await compare(r, url, service, "10 registered, no consumer yet")
         assert view.active() == {"backlog": True, "unfinished": True, "parked": False}
 
-        # A consumer holding 4; s0 and s1 fail once and are parked for their back-off (30 s).
+        # A consumer holding 4; s0 and s1 fail once and are parked for their back-off (an hour: they
+        # stay parked however slow the machine, until the test makes them due).
         gate, failed = asyncio.Event(), set()
 
         async def holds(note: lbs.Notification) -> None:
@@ -161,7 +163,9 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
                 raise RuntimeError("fails once")
             await gate.wait()
 
-        a, task_a = start(url, service, "a", holds, max_streams=4, retry_delay=30.0)
+        a, task_a = start(
+            url, service, "a", holds, max_streams=4, retry_delay=3600.0, retry_delay_max=3600.0
+        )
         await until(r, service, lambda v: v.parked == 2 and v.pending == 4, "2 parked, 4 held")
         view = await compare(r, url, service, "4 held, 2 parked retries (failed once)")
         assert (view.lag, view.pending, view.parked) == (4, 4, 2)
@@ -176,7 +180,9 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
         async def quick(note: lbs.Notification) -> None:
             return None
 
-        b, task_b = start(url, service, "b", quick, max_streams=4, retry_delay=30.0)
+        b, task_b = start(
+            url, service, "b", quick, max_streams=4, retry_delay=3600.0, retry_delay_max=3600.0
+        )
         await until(r, service, lambda v: v.length == v.pending == 0, "recovered and finished")
         view = await compare(r, url, service, "recovered, finished; 2 still parked")
         assert view.active() == {"backlog": False, "unfinished": False, "parked": True}

@@ -109,6 +109,7 @@ async def test_kill_9_anywhere_in_the_read_loop_loses_nothing() -> None:
         for f in events:
             if f[b"ev"] == b"start":
                 tokens[f[b"name"].decode()].append(int(f[b"token"]))
+        await r.aclose()
         # Fencing: every later run of a stream holds a greater token than every earlier one.
         assert all(t == sorted(set(t)) for t in tokens.values()), {
             s: t for s, t in tokens.items() if t != sorted(set(t))
@@ -120,4 +121,3 @@ async def test_kill_9_anywhere_in_the_read_loop_loses_nothing() -> None:
             f"(lock TTL {TTL:g} s)",
             flush=True,
         )
-        await r.aclose()
