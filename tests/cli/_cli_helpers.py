@@ -123,6 +123,15 @@ def handled(log: Path, event: str = "done") -> list[list[str]]:
     ]
 
 
+async def all_finished(r: aioredis.Redis, service: str, shards: int = 1) -> bool:
+    """Whether every registered stream of ``service`` (each shard) is finished: acked and deleted."""
+    for svc in lbs.shard_services(service, shards):
+        stream = lbs.input_stream(svc)
+        if await r.xlen(stream) or (await r.xpending(stream, lbs.group_name(svc)))["pending"]:
+            return False
+    return True
+
+
 async def leftovers(r: aioredis.Redis, service: str) -> tuple[int, int, int]:
     """``(pending, locks, instance markers)`` of ``service``: all 0 once every worker has stopped cleanly."""
     stream, group = lbs.input_stream(service), lbs.group_name(service)

@@ -16,7 +16,17 @@ import redis.asyncio as aioredis
 import lbs
 from lbs.embedded import free_port
 
-from _cli_helpers import HANDLERS, Proc, cli_env, eventually, flat, handled, leftovers, run_lbs
+from _cli_helpers import (
+    HANDLERS,
+    Proc,
+    all_finished,
+    cli_env,
+    eventually,
+    flat,
+    handled,
+    leftovers,
+    run_lbs,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,14 +43,6 @@ async def _markers(r: aioredis.Redis, service: str, *ids: str) -> list[bytes | N
     return [
         await r.get(f"{{{lbs.input_stream(service)}}}:instance:redis-consumer-{i}") for i in ids
     ]
-
-
-async def _all_finished(r: aioredis.Redis, service: str, shards: int = 1) -> bool:
-    for svc in lbs.shard_services(service, shards):
-        stream = lbs.input_stream(svc)
-        if await r.xlen(stream) or (await r.xpending(stream, lbs.group_name(svc)))["pending"]:
-            return False
-    return True
 
 
 @pytest.mark.parametrize("shards", [1, 2])
@@ -74,7 +76,7 @@ async def test_worker_processes_the_work_and_stops_cleanly_on_sigterm(
 
     await eventually(all_handled, "every registered stream handled")
     await eventually(
-        lambda: _all_finished(r, service, shards), "every stream finished (acked and deleted)"
+        lambda: all_finished(r, service, shards), "every stream finished (acked and deleted)"
     )
     worker.signal(signal.SIGTERM)
     assert await worker.wait() == 0, worker.err()
@@ -209,7 +211,7 @@ async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(
         return {stream for _, stream, _ in handled(log)} >= set(names)
 
     await eventually(all_handled, "the work handled after the restart")
-    await eventually(lambda: _all_finished(r, service), "every stream finished")
+    await eventually(lambda: all_finished(r, service), "every stream finished")
     last = supervisor.children()
     supervisor.signal(signal.SIGTERM)
     assert await supervisor.wait() == 0, supervisor.err()

@@ -13,7 +13,16 @@ import redis.asyncio as aioredis
 
 import lbs
 
-from _cli_helpers import HANDLERS, Proc, cli_env, eventually, handled, leftovers, run_lbs
+from _cli_helpers import (
+    HANDLERS,
+    Proc,
+    all_finished,
+    cli_env,
+    eventually,
+    handled,
+    leftovers,
+    run_lbs,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -61,7 +70,12 @@ async def test_json_logs_carry_the_consumer_stream_token_retries_and_the_traceba
         return sorted(s for _, s, _ in handled(log)) == ["a", "b"]
 
     await eventually(both_done, "both streams handled on their second attempt")
-    await eventually(lambda: _nothing_left(r, service), "both streams finished (acked and deleted)")
+    await eventually(lambda: all_finished(r, service), "both streams finished (acked and deleted)")
+
+    async def banner_logged() -> bool:  # child 0 logs it once its client started
+        return '"banner": {' in worker.err()
+
+    await eventually(banner_logged, "the start banner logged as a record")
     worker.signal(signal.SIGTERM)
     assert await worker.wait() == 0, worker.err()
     assert await leftovers(r, service) == (0, 0, 0)
@@ -80,14 +94,6 @@ async def test_json_logs_carry_the_consumer_stream_token_retries_and_the_traceba
         assert rec["traceback"].startswith("Traceback (most recent call last):")
         assert "fails_first" in rec["traceback"]
     assert all({"time", "level", "logger", "message", "pid"} <= r.keys() for r in records)
-
-
-async def _nothing_left(r: aioredis.Redis, service: str) -> bool:
-    stream = lbs.input_stream(service)
-    return (
-        not await r.xlen(stream)
-        and not (await r.xpending(stream, lbs.group_name(service)))["pending"]
-    )
 
 
 def test_a_handler_module_that_raises_is_one_record_with_its_traceback(log: Path) -> None:
