@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -24,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from _browser import ROOT, wait_until
+from _browser import wait_until
 
 # tests/cli's helpers: the environment of an `lbs` process, a background process.
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
-from _cli_helpers import Proc, cli_env
+from _cli_helpers import Proc, Procs, cli_env
 
 #: Chromium's flags: no sandbox (containers), and nothing that reaches the network by itself
 #: (this closed network refuses it, and a test must not depend on it).
@@ -107,26 +105,11 @@ def log(tmp_path: Path) -> Path:
 @pytest.fixture
 def lbs_proc(tmp_path: Path, log: Path) -> Iterator[Callable[..., Proc]]:
     """``lbs_proc(*args, **env)``: ``python -m lbs ARGS`` in the background, killed at teardown."""
-    procs: list[Proc] = []
-
-    def start(*args: str, **env: str) -> Proc:
-        out, err = tmp_path / f"proc{len(procs)}.out", tmp_path / f"proc{len(procs)}.err"
-        with out.open("wb") as o, err.open("wb") as e:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "lbs", *args],
-                cwd=ROOT,
-                env=cli_env(log, COLUMNS="200", **env),
-                stdout=o,
-                stderr=e,
-            )
-        procs.append(Proc(popen, out, err))
-        return procs[-1]
-
-    yield start
-    for proc in procs:
-        if proc.popen.poll() is None:
-            proc.popen.send_signal(signal.SIGKILL)
-            proc.popen.wait(timeout=30)
+    procs = Procs(tmp_path, cli_env(log, COLUMNS="200"))
+    try:
+        yield procs.start
+    finally:
+        procs.kill_all()
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Helpers of tests/cli: the ``lbs`` command run as a user runs it, ``python -m lbs ...`` in a subprocess.
 
 * :func:`run_lbs` runs a command to completion; :class:`Proc` is one running
-  in the background (the ``start_worker`` fixture in conftest.py starts
-  ``lbs worker`` that way, and kills it at teardown whatever happened).
+  in the background, :class:`Procs` starts them and kills them all (the
+  ``start_worker`` fixture in conftest.py starts ``lbs worker`` that way, and
+  kills it at teardown whatever happened).
 * Processes run from the repository's root with it on ``PYTHONPATH``, so
   ``tests.cli._handlers:ok`` imports; ``LBS_TEST_LOG`` names the file the
   handlers write to; ``LBS_LOAD_PLUGINS`` is empty, so the entry-point
@@ -114,6 +115,41 @@ class Proc:
                 if int(fields[1]) == self.pid and fields[0] != "Z":
                     found.add(int(entry.name))
         return found
+
+
+class Procs:
+    """``python -m lbs ARGS`` processes started in the background, all killed (with any children
+    of a supervisor) by :meth:`kill_all`: the ``start_worker`` and ``lbs_proc`` fixtures' body."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str], prefix: tuple[str, ...] = ()) -> None:
+        self.tmp_path, self.env, self.prefix = tmp_path, env, prefix
+        self.procs: list[Proc] = []
+
+    def start(self, *args: str, **env: str) -> Proc:
+        n = len(self.procs)
+        out, err = self.tmp_path / f"proc{n}.out", self.tmp_path / f"proc{n}.err"
+        with out.open("wb") as o, err.open("wb") as e:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "lbs", *self.prefix, *args],
+                cwd=ROOT,
+                env={**self.env, **env},
+                stdout=o,
+                stderr=e,
+            )
+        self.procs.append(Proc(popen, out, err))
+        return self.procs[-1]
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            children = proc.children() if proc.popen.poll() is None else set()
+            if proc.popen.poll() is None:
+                proc.popen.kill()
+                proc.popen.wait(timeout=30)
+            for pid in children:  # a supervisor's, in their own session: make sure they stop
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 def handled(log: Path, event: str = "done") -> list[list[str]]:

@@ -19,13 +19,6 @@ from _fakewire import FakeRedis, Harness, eventually
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeRedis]:
-    fake = FakeRedis()
-    yield fake
-    await fake.close()
-
-
-@pytest.fixture
 async def env(fake: FakeRedis) -> AsyncIterator[tuple[Harness, Finisher]]:
     h = Harness(fake)
     finisher = Finisher(h.state, Topology(h.state, None))

@@ -4,7 +4,7 @@ only when something happened, nothing at all when off, a failed write dropped an
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,13 +26,6 @@ class Batch:
 
     def command(self, *args: Any) -> None:
         self.commands.append(args)
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeRedis]:
-    fake = FakeRedis()
-    yield fake
-    await fake.close()
 
 
 @pytest.fixture

@@ -21,13 +21,6 @@ from lbs.notifications import Notification, NotificationType
 from _fakewire import FakeRedis, Harness, eventually
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeRedis]:
-    fake = FakeRedis()
-    yield fake
-    await fake.close()
-
-
 class Env:
     """A KeyedRunner wired as ``Client.run_keyed`` wires it, and the keys it is handed."""
 
@@ -45,10 +38,13 @@ class Env:
         self.h = Harness(fake, cfg)
         self.state = self.h.state
         self.finisher = Finisher(self.state, Topology(self.state, None))
+        #: The seconds each failed key was parked for, as the delays task is told.
+        self.parked: list[float] = []
         self.runner = KeyedRunner(
             self.state,
             self.finisher,
             handler,
+            self.parked.append,
             batch=batch,
             max_hold_messages=max_hold_messages,
             max_hold_seconds=60.0,
@@ -136,6 +132,7 @@ async def test_a_handler_that_raises_hands_the_key_back_parked_with_its_position
     (parked,) = fake.streams[env.prefix + "delayed"]
     assert parked[1][:2] == ["lbs-input", commit.args[13]] and x.entry_id not in fake.pending
     assert env.prefix + "out" not in fake.streams
+    assert env.parked == [int(ms) / 1000]  # the delays task polls by then, not at its idle pace
 
 
 async def test_a_key_held_elsewhere_is_finished_unprocessed_and_a_lost_one_dropped(

@@ -4,8 +4,6 @@ a re-queue, the dead letters kept and tried again, the pardons of lost_while_ali
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 
 from _lbscore import EntryParser
@@ -15,13 +13,6 @@ from lbs.exceptions import RedisOperationError
 from lbs.notifications import NotificationType
 
 from _fakewire import FakeRedis, Harness
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeRedis]:
-    fake = FakeRedis()
-    yield fake
-    await fake.close()
 
 
 def _requeue(fake: FakeRedis, **config: object) -> tuple[Harness, Requeue]:

@@ -21,13 +21,6 @@ from lbs.notifications import Notification, NotificationType
 from _fakewire import FakeRedis, Harness, eventually
 
 
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeRedis]:
-    fake = FakeRedis()
-    yield fake
-    await fake.close()
-
-
 class Env:
     """A Runner wired as ``Client.run`` wires it, with the finisher and requeue it is handed."""
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.crc import key_slot
@@ -88,12 +88,15 @@ class KeyedRunner(Activity, kind="keyed"):
         state: ClientState,
         finisher: Finisher,
         handler: KeyedHandler,
+        soon: Callable[[float], None],
         *,
         batch: int,
         max_hold_messages: int,
         max_hold_seconds: float,
     ) -> None:
         self.state, self.finisher, self.handler = state, finisher, handler
+        #: Told how long a failed key is parked for, so the delays task polls by then.
+        self.soon = soon
         self.batch, self.max_hold_messages = batch, max_hold_messages
         self.max_hold_seconds = max_hold_seconds
         self._fetch: list[_Hold] = []
@@ -449,6 +452,7 @@ class KeyedRunner(Activity, kind="keyed"):
                 len(batch.messages),
                 batch.messages[0].id,
             )
+            hold.batch = batch  # the failure's reply names its message
             self._failed(hold, batch, why, "")
             return
         s.holdings.drop(h)
@@ -457,6 +461,8 @@ class KeyedRunner(Activity, kind="keyed"):
             s.count_finished()
         elif code == CommitCode.YIELDED:
             s.stats.handed_back += 1
+            if failing:  # parked for the back-off: the delays task brings it back when due
+                self.soon(scripts.fail_delay(step.mode))
         else:
             s.stats.lock_lost += 1
             if step.effects:

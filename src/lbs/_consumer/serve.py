@@ -175,6 +175,7 @@ def keyed_runner(
         life.state,
         life.finisher,
         handler,
+        life.requeue.delays.soon,
         batch=batch,
         max_hold_messages=max_hold_messages,
         max_hold_seconds=float(max_hold_seconds),

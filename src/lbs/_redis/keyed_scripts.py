@@ -177,6 +177,11 @@ def fail_mode(delay_ms: int, blame: bool, last: str, count: int) -> str:
     return f"fail:{delay_ms}:{1 if blame else 0}:{last}:{count}"
 
 
+def fail_delay(mode: str) -> float:
+    """The seconds a :func:`fail_mode` step parks its key for."""
+    return int(mode.split(":", 2)[1]) / 1000
+
+
 class CommitCode(enum.IntEnum):
     """The first element of each key's reply from ``commit-1.lua``."""
 
