@@ -149,12 +149,17 @@ class _Dropped(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+def otel_sdk_plugin() -> OtelPlugin:
+    """lbs-otel on the SDK, a simple processor whose exporter drops every span."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(_Dropped()))
+    return OtelPlugin(tracer_provider=provider)
+
+
 async def cycle_lbs_run_defaults_otel_sdk(r: aioredis.Redis, service: str, n: int) -> int:
     """The defaults with lbs-otel on the SDK (a simple processor, spans dropped), registrations
     carrying a traceparent: the spans' cost per assignment (lbs.wait, lbs.handle, lbs.done)."""
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(_Dropped()))
-    return await cycle_lbs_defaults(r, service, n, [OtelPlugin(tracer_provider=provider)])
+    return await cycle_lbs_defaults(r, service, n, [otel_sdk_plugin()])
 
 
 #: What the traced rows' registrations carry beside lbs-input (a producer span's context).

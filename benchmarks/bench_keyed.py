@@ -16,7 +16,9 @@
   handler that emits one entry per message (lbs: ``KeyedBatch.emit``,
   written by the fenced commit) against the one-read-in-flight loop that
   XADDs it in the pipeline of its XACK (its baseline). Client and Redis
-  CPU and INFO commandstats per message go to ``extra_info``.
+  CPU and INFO commandstats per message go to ``extra_info``. One more lbs
+  row adds lbs-otel on the SDK (every span dropped by its exporter), each
+  message carrying a ``traceparent``: what tracing each batch costs.
 * Latency: a publisher at 2,000 messages/s over 200 keys for 3 s and one
   consumer in the same process; p50 and p99 publish-to-handler latency in
   ``extra_info``, beside the plain loop (XADD to one stream, XREADGROUP
@@ -41,6 +43,8 @@ from lbs._bench import plain_group as _plain_group
 from lbs._bench import plain_read as _plain_read
 from lbs_prometheus import PrometheusPlugin
 
+from .bench_client import TRACEPARENT, otel_sdk_plugin
+
 if TYPE_CHECKING:
     from .conftest import Bench
 
@@ -51,14 +55,18 @@ TOTAL = KEYS * PER_KEY
 CHUNK = 2_000
 
 
-def _messages() -> list[tuple[str, dict[str, str | int]]]:
+def _messages(**extra: str) -> list[tuple[str, dict[str, str | int]]]:
     """Message i of every key, then message i + 1 of every key: keys interleaved, as live traffic is."""
-    return [(f"key-{k}", {"n": i, "body": "x" * 32}) for i in range(PER_KEY) for k in range(KEYS)]
+    return [
+        (f"key-{k}", {"n": i, "body": "x" * 32, **extra})
+        for i in range(PER_KEY)
+        for k in range(KEYS)
+    ]
 
 
-async def _published(bench: Bench) -> str:
+async def _published(bench: Bench, **extra: str) -> str:
     service = bench.service("keyed")
-    msgs = _messages()
+    msgs = _messages(**extra)
     async with lbs.Publisher(bench.url, service) as pub:
         for at in range(0, TOTAL, CHUNK):
             await pub.publish_many(msgs[at : at + CHUNK])
@@ -90,15 +98,20 @@ async def _emit(batch: lbs.KeyedBatch) -> None:
 
 
 async def keyed_lbs(
-    r: aioredis.Redis, service: str, n: int, handler: lbs.KeyedHandler = _noop
+    r: aioredis.Redis,
+    service: str,
+    n: int,
+    handler: lbs.KeyedHandler = _noop,
+    more: tuple[object, ...] = (),
 ) -> int:
-    """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus loaded."""
+    """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus
+    loaded (and the plugins in ``more``)."""
     c = lbs.Client(
         r,
         service,
         "bench",
         lbs.Config(),
-        plugins=[PrometheusPlugin(registry=CollectorRegistry())],
+        plugins=[PrometheusPlugin(registry=CollectorRegistry()), *more],
         load_entrypoint_plugins=False,
     )
     runner = asyncio.create_task(c.run_keyed(handler, CONCURRENCY))
@@ -127,6 +140,17 @@ async def keyed_plain(r: aioredis.Redis, service: str, n: int) -> int:
 async def keyed_lbs_effects(r: aioredis.Redis, service: str, n: int) -> int:
     """keyed_lbs with a handler that emits one entry per message."""
     return await keyed_lbs(r, service, n, _emit)
+
+
+async def keyed_lbs_otel(r: aioredis.Redis, service: str, n: int) -> int:
+    """keyed_lbs with lbs-otel on the SDK (spans dropped), every message carrying a traceparent:
+    what the lbs.handle_batch span costs per message."""
+    return await keyed_lbs(r, service, n, more=(otel_sdk_plugin(),))
+
+
+async def _published_traced(bench: Bench) -> str:
+    """As :func:`_published`, every message with a ``traceparent`` (as lbs-otel's publisher adds)."""
+    return await _published(bench, traceparent=TRACEPARENT)
 
 
 async def keyed_plain_ahead(r: aioredis.Redis, service: str, n: int, effects: bool = False) -> int:
@@ -165,6 +189,12 @@ EFFECTS = f"keyed throughput, one effect per message, {KEYS} keys x {PER_KEY} me
 #: impl: (cycle, set-up, group, is the group's baseline)
 SIDES = {
     "lbs run_keyed() defaults+prometheus": (keyed_lbs, _published, THROUGHPUT, False),
+    "lbs run_keyed() defaults+prometheus+otel (SDK, spans dropped)": (
+        keyed_lbs_otel,
+        _published_traced,
+        THROUGHPUT,
+        False,
+    ),
     "redis-py XREADGROUP + XACK, one read in flight, unordered": (
         keyed_plain_ahead,
         _plain_stream,

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ._redis.routes import Sender
     from .client import Client, Handler, Held
     from .deadletters import DeadLetterBackend
+    from .keyed import KeyedHandler
     from .notifications import DoneStatus, Notification
     from .strategy import ReadStrategy
 
@@ -451,6 +452,22 @@ def lbs_wrap_handler(client: Client, handler: Handler) -> Handler | None:
 
 
 @hookspec
+def lbs_wrap_keyed_handler(client: Client, handler: KeyedHandler) -> KeyedHandler | None:
+    """Wrap the handler :meth:`lbs.Client.run_keyed` calls with each :class:`lbs.KeyedBatch`.
+
+    Called once when ``run_keyed()`` starts, as :func:`lbs_wrap_handler` is for ``run()``: each
+    implementation gets the previous one's answer; return an ``async def`` taking the batch that
+    returns what ``handler`` returns and raises what it raises, or None. An implementation that
+    raises fails ``run_keyed()``.
+
+    :param client: the client about to run.
+    :param handler: the handler so far.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
 def lbs_hand_back_fields(
     client: Client, held: Held, retry_counted: bool
 ) -> Mapping[str, str] | None:
@@ -469,31 +486,5 @@ def lbs_hand_back_fields(
     """
 
 
-__all__ = [
-    "NAME",
-    "hookimpl",
-    "hookspec",
-    "lbs_client_closed",
-    "lbs_client_started",
-    "lbs_config_defaults",
-    "lbs_dead_letter_backend",
-    "lbs_hand_back_fields",
-    "lbs_handler",
-    "lbs_lock_acquired",
-    "lbs_lock_released",
-    "lbs_locks_extended",
-    "lbs_locks_released",
-    "lbs_message_fields",
-    "lbs_metric",
-    "lbs_process_info",
-    "lbs_reader",
-    "lbs_reader_terminated",
-    "lbs_stream_dead_lettered",
-    "lbs_stream_disowned",
-    "lbs_stream_expired",
-    "lbs_stream_handed_back",
-    "lbs_stream_started",
-    "lbs_streams_started",
-    "lbs_worker_banner",
-    "lbs_wrap_handler",
-]
+#: Every hook (the ``lbs_*`` functions above), and the markers.
+__all__ = ["NAME", "hookimpl", "hookspec", *sorted(n for n in dir() if n.startswith("lbs_"))]

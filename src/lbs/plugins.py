@@ -255,10 +255,11 @@ class Hooks:
         """Call a first-result hook (``lbs_reader``, ``lbs_handler``, ...); its answer, or None."""
         return getattr(self.pm.hook, hook)(client=self.owner, **kwargs)
 
-    def wrap_handler(self, handler: Any) -> Any:
-        """``handler`` wrapped by every ``lbs_wrap_handler`` implementation, in pluggy's order (each
-        gets the previous one's answer; None leaves it as it was). Called once per ``run()``."""
-        for impl in reversed(self.pm.hook.lbs_wrap_handler.get_hookimpls()):
+    def wrap_handler(self, handler: Any, hook: str = "lbs_wrap_handler") -> Any:
+        """``handler`` wrapped by every implementation of ``hook`` (``lbs_wrap_handler``, or
+        ``lbs_wrap_keyed_handler``), in pluggy's order (each gets the previous one's answer; None
+        leaves it as it was). Called once per ``run()`` or ``run_keyed()``."""
+        for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
             kwargs = {"client": self.owner, "handler": handler}
             wrapped = impl.function(*[kwargs[name] for name in impl.argnames])
             if wrapped is not None:

@@ -154,6 +154,7 @@ async def test_with_the_api_alone_nothing_is_added_or_wrapped(
 
     c = _client(r, service, plugin)
     assert plugin.lbs_wrap_handler(c, handler) is None  # not wrapped: nothing per call
+    assert plugin.lbs_wrap_keyed_handler(c, handler) is None
     await _run_until(c, handler, 1)
 
 
@@ -165,3 +166,53 @@ def test_context_of_reads_bytes_or_str_fields_and_refuses_garbage() -> None:
     assert context_of({}) is None
     assert context_of({b"traceparent": b"nonsense"}) is None
     assert LINK_FIELD == "lbs-link"
+
+
+async def test_a_keyed_batch_span_is_the_child_of_one_producer_or_links_to_several(
+    r: aioredis.Redis, service: str
+) -> None:
+    provider, exporter = memory_provider()
+    plugin = OtelPlugin(tracer_provider=provider)
+    tracer = provider.get_tracer("test")
+    spans_of: dict[str, Any] = {}
+    async with lbs.Publisher(r, service, plugins=[plugin], load_entrypoint_plugins=False) as pub:
+        with tracer.start_as_current_span("a") as spans_of["a"]:
+            await pub.publish_many([("one", {"n": 1}), ("one", {"n": 2})])
+        for name in ("b", "c"):
+            with tracer.start_as_current_span(name) as spans_of[name]:
+                await pub.publish("two", {"n": name})
+    failed = False
+
+    async def handler(batch: lbs.KeyedBatch) -> None:
+        nonlocal failed
+        if batch.key == "two" and not failed:
+            failed = True
+            raise ValueError("first try")
+
+    c = _client(r, service, plugin, retry_delay=0.01, retry_delay_max=0.02)
+    runner = asyncio.create_task(c.run_keyed(handler))
+    try:
+        await c.wait_finished(2, timeout=30)
+    finally:
+        await c.close()
+        await runner
+    batches = named(exporter.get_finished_spans(), "lbs.handle_batch")
+    ctx = {name: span.get_span_context() for name, span in spans_of.items()}
+    by_key: dict[str, list[Any]] = {}
+    for span in batches:
+        assert span.kind is SpanKind.CONSUMER
+        by_key.setdefault((span.attributes or {})["lbs.stream"], []).append(span)
+    (one,) = by_key["one"]  # both messages, one producer: its child, no link
+    assert one.parent.span_id == ctx["a"].span_id and not one.links  # type: ignore[union-attr]
+    attrs = one.attributes or {}
+    assert attrs["messaging.batch.message_count"] == 2 and attrs["lbs.retry_count"] == 0
+    assert attrs["lbs.service"] == service and isinstance(attrs["lbs.token"], int)
+    first, *retries = by_key["two"]  # two producers: a root span linked to both
+    assert first.parent is None
+    assert [link.context.span_id for link in first.links] == [ctx["b"].span_id, ctx["c"].span_id]
+    assert first.status.status_code is StatusCode.ERROR
+    assert (first.attributes or {})["error.type"] == "ValueError"
+    assert [e.name for e in first.events] == ["exception"]
+    # The failed batch taken apart: one message a hold, each the child of its own producer.
+    assert [s.parent.span_id for s in retries] == [ctx["b"].span_id, ctx["c"].span_id]  # type: ignore[union-attr]
+    assert all((s.attributes or {})["lbs.retry_count"] >= 1 for s in retries[:1])

@@ -269,9 +269,8 @@ class KeyedRunner(Activity, kind="keyed"):
                 commit, self._commit = self._commit, []
                 k = free.pop()
                 inflight[asyncio.create_task(self._round_trip(k, fetch, commit))] = k
-                await asyncio.sleep(
-                    0
-                )  # its request goes out; handlers that finish at once queue more
+                # Its request goes out; handlers that finish at once queue more.
+                await asyncio.sleep(0)
                 continue
             if not inflight:
                 return

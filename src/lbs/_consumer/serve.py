@@ -171,6 +171,7 @@ def keyed_runner(
     for name, value in (("batch", batch), ("max_hold_messages", max_hold_messages)):
         require_number(value, f"{name} must be an integer of at least 1", integer=True, low=1)
     require_number(max_hold_seconds, "max_hold_seconds must be a number > 0", above=True)
+    handler = life.state.hooks.wrap_handler(handler, "lbs_wrap_keyed_handler")
     return KeyedRunner(
         life.state,
         life.finisher,

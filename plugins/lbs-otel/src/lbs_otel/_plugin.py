@@ -14,7 +14,9 @@ first needs it; otherwise every hook returns at once and ``run()``'s handler is 
 * ``lbs.done`` (the finishing batch), ``lbs.hand_back``, ``lbs.dead_letter``: children of
   the attempt's ``lbs.handle``, from the handler's end to the outcome;
 * ``lbs.requeue``: this client's recovery put a stream back (a dead holder's; or its own,
-  path ``heartbeat``), a root span unless the attempt was this client's.
+  path ``heartbeat``), a root span unless the attempt was this client's;
+* ``lbs.handle_batch`` (a ``run_keyed()`` handler, kind CONSUMER): the child of its messages'
+  producer context when they share one, else a root span linked to each of theirs.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ LINK_FIELD: Final = "lbs-link"
 SYSTEM: Final = "lbs"
 #: The attempts remembered per client (handler ended, outcome not heard yet), oldest dropped past it.
 MAX_ATTEMPTS: Final = 10_000
+#: The most links an ``lbs.handle_batch`` span gets (one per distinct producer context, in order).
+MAX_BATCH_LINKS: Final = 128
 
 Handler = Callable[[lbs.Notification], Awaitable[Any]]
+KeyedHandler = Callable[[lbs.KeyedBatch], Awaitable[Any]]
 _EMPTY = otel_context.Context()
 _W3C = TraceContextTextMapPropagator()
 
@@ -114,6 +119,38 @@ def _linked(fields: Mapping[Any, Any]) -> list[Link]:
     span = trace.get_current_span(_W3C.extract({TRACEPARENT: value}, context=_EMPTY))
     ctx = span.get_span_context()
     return [Link(ctx, {"lbs.link": "previous attempt"})] if ctx.is_valid else []
+
+
+def _batch_context(
+    messages: Sequence[Any],
+) -> tuple[otel_context.Context, list[Link]]:
+    """A keyed batch's parent and links: the producer's context of each message, distinct, in order
+    (at most :data:`MAX_BATCH_LINKS`). One context for all: the span is its child and links to
+    none; several: a root span linked to each, as a consumer of a batch is in OpenTelemetry's
+    messaging conventions."""
+    contexts: dict[tuple[int, int], SpanContext] = {}
+    for m in messages:
+        ctx = context_of(m.fields)
+        if ctx is not None:
+            span = trace.get_current_span(ctx).get_span_context()
+            contexts.setdefault((span.trace_id, span.span_id), span)
+            if len(contexts) > MAX_BATCH_LINKS:
+                break
+    if len(contexts) == 1:
+        (only,) = contexts.values()
+        return trace.set_span_in_context(trace.NonRecordingSpan(only), _EMPTY), []
+    return _EMPTY, [Link(c) for c in list(contexts.values())[:MAX_BATCH_LINKS]]
+
+
+def _failed(span: Any, exc: BaseException) -> None:
+    """``span``'s handler raised ``exc``: status ERROR, ``error.type``, the exception recorded (a
+    cancellation is only named)."""
+    span.set_attribute("error.type", type(exc).__qualname__)
+    if isinstance(exc, asyncio.CancelledError):
+        span.set_status(Status(StatusCode.ERROR, "cancelled"))
+    else:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 def _entry_ns(entry_id: str) -> int | None:
@@ -239,17 +276,52 @@ class OtelPlugin:
             try:
                 return await handler(note)
             except BaseException as exc:
-                span.set_attribute("error.type", type(exc).__qualname__)
-                if isinstance(exc, asyncio.CancelledError):
-                    span.set_status(Status(StatusCode.ERROR, "cancelled"))
-                else:
-                    span.record_exception(exc)
-                    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                _failed(span, exc)
                 raise
             finally:
                 otel_context.detach(token)
                 span.end()
                 state.remember(note.entry_id, _Attempt(span.get_span_context(), time.time_ns()))
+
+        return traced
+
+    @lbs.hookimpl
+    def lbs_wrap_keyed_handler(
+        self, client: lbs.Client, handler: KeyedHandler
+    ) -> KeyedHandler | None:
+        state = self._of(client)
+        if not state.active:
+            return None  # nothing per call
+        tracer = self._tracer
+
+        async def traced(batch: lbs.KeyedBatch) -> Any:
+            messages = batch.messages
+            parent, links = _batch_context(messages)
+            attributes: dict[str, Any] = {
+                **state.attributes,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "handle",
+                "messaging.batch.message_count": len(messages),
+                "lbs.stream": batch.key,
+                "lbs.entry_id": batch.entry_id,
+                "lbs.token": batch.token,
+                "lbs.retry_count": batch.retry_count,
+            }
+            if messages:
+                attributes["lbs.first_message_id"] = messages[0].id
+                attributes["lbs.last_message_id"] = messages[-1].id
+            span = tracer.start_span(
+                "lbs.handle_batch", parent, SpanKind.CONSUMER, attributes, links
+            )
+            token = otel_context.attach(trace.set_span_in_context(span, parent))
+            try:
+                return await handler(batch)
+            except BaseException as exc:
+                _failed(span, exc)
+                raise
+            finally:
+                otel_context.detach(token)
+                span.end()
 
         return traced
 
