@@ -93,10 +93,12 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
     dead, rescuer = await _two_held(url, service)
     try:
         note = await _take_running(dead)
-        # The process dies: nothing more of it reaches Redis; its locks go.
+        # The process dies: nothing more of it reaches Redis; its locks go, and its instance marker
+        # with them (alive, it would count as an idle peer to share the work with).
         await freeze(dead)
         for h in dead.held_streams():
             await r.delete(h.lock_key)
+        await r.delete(_keys.instance_key(service, dead.id))
         assert await rescuer.recovery.poll_deadlines() == 0  # its deadline has not passed yet
         assert await rescuer.recovery.scan(min_idle=0) == {"requeued": 2, "alive": 0, "pending": 2}
         copies = await _copies(r, service)
@@ -120,10 +122,12 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
 
 
 async def _die(r: aioredis.Redis, service: str, c: lbs.Client) -> None:
-    """``c``'s process dies: nothing more of it reaches Redis, its locks go and its deadline passes."""
+    """``c``'s process dies: nothing more of it reaches Redis, its locks and its instance marker go
+    and its deadline passes."""
     await freeze(c)
     for h in c.held_streams():
         await r.delete(h.lock_key)
+    await r.delete(_keys.instance_key(service, c.id))
     await r.zadd(_keys.consumers_key(service), {c.id: 1})
 
 
