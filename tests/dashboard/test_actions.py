@@ -155,3 +155,21 @@ def test_a_non_loopback_host_needs_a_token() -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert "give a token" in proc.stderr and "pw-secret" not in proc.stderr
+
+
+async def test_a_session_holds_across_replicas_with_the_same_token_and_ends_with_a_new_one(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    """Two replicas (or a restart) given the same token accept each other's session cookies; a
+    replica given another token, or with a generated one, does not."""
+    url = redis_server.url
+    async with dashboard(url, [service], token="t0ken-for-tests") as (http, settings):
+        login = (await http.get("/login")).text
+        ok = await http.post("/login", data={"csrf": csrf(login), "token": "t0ken-for-tests"})
+        assert ok.status_code == 303 and (await http.get("/")).status_code == 200
+        cookies = dict(http.cookies)
+    for token, status in (("t0ken-for-tests", 200), ("another-t0ken", 303), (None, 303)):
+        kw = {"token": token} if token else {"actions": True}  # None: a generated token
+        async with dashboard(url, [service], **kw) as (other, _):
+            other.cookies.update(cookies)
+            assert (await other.get("/")).status_code == status, token

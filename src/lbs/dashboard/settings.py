@@ -3,6 +3,7 @@ actions (replay, purge) are on, the token that guards it and the live refresh.""
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import secrets
 from dataclasses import dataclass, field
@@ -23,6 +24,12 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def session_key(token: str) -> str:
+    """The key that signs session cookies, derived from the operator's token (one-way: the cookie
+    key never reveals the token)."""
+    return hashlib.sha256(b"lbs-dashboard-session\0" + token.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,17 @@ class DashboardSettings:
     shards: int = 1
     #: Field prefix and dead-letter stream of the services (the workers' ``Config``).
     config: Config = field(default_factory=Config)
-    #: Signs the session cookie: fresh per process (a restart logs everyone out).
-    secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
+    #: Signs the session cookie. Default: derived from a token given by the operator, so every
+    #: replica with that token accepts the others' sessions and a restart logs nobody out (a new
+    #: token does); fresh per process with a generated token or none.
+    secret_key: str = field(default="", repr=False)
     token_generated: bool = False
 
     def __post_init__(self) -> None:
+        if not self.secret_key:
+            given = self.token and not self.token_generated
+            key = session_key(self.token) if given else secrets.token_urlsafe(32)  # type: ignore[arg-type]
+            object.__setattr__(self, "secret_key", key)
         if not self.services:
             raise ConfigurationError("name at least one service")
         for service in self.services:
