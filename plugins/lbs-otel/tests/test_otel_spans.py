@@ -26,8 +26,8 @@ def _client(r: aioredis.Redis, service: str, plugin: object, **config: Any) -> l
     )
 
 
-async def _run_until(c: lbs.Client, handler: Any, finished: int) -> None:
-    runner = asyncio.create_task(c.run(handler))
+async def _run_until(c: lbs.Client, handler: Any, finished: int, keyed: bool = False) -> None:
+    runner = asyncio.create_task(c.run_keyed(handler) if keyed else c.run(handler))
     try:
         await c.wait_finished(finished, timeout=30)
     finally:
@@ -194,12 +194,7 @@ async def test_a_keyed_batch_span_is_the_child_of_one_producer_or_links_to_sever
             raise ValueError("first try")
 
     c = _client(r, service, plugin, retry_delay=0.01, retry_delay_max=0.02)
-    runner = asyncio.create_task(c.run_keyed(handler))
-    try:
-        await c.wait_finished(2, timeout=30)
-    finally:
-        await c.close()
-        await runner
+    await _run_until(c, handler, 2, keyed=True)
     batches = named(exporter.get_finished_spans(), "lbs.handle_batch")
     ctx = {name: span.get_span_context() for name, span in spans_of.items()}
     by_key: dict[str, list[Any]] = {}

@@ -22,10 +22,11 @@ first needs it; otherwise every hook returns at once and ``run()``'s handler is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -142,15 +143,24 @@ def _batch_context(
     return _EMPTY, [Link(c) for c in list(contexts.values())[:MAX_BATCH_LINKS]]
 
 
-def _failed(span: Any, exc: BaseException) -> None:
-    """``span``'s handler raised ``exc``: status ERROR, ``error.type``, the exception recorded (a
-    cancellation is only named)."""
-    span.set_attribute("error.type", type(exc).__qualname__)
-    if isinstance(exc, asyncio.CancelledError):
-        span.set_status(Status(StatusCode.ERROR, "cancelled"))
-    else:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+@contextlib.contextmanager
+def _current(span: Any, parent: otel_context.Context) -> Iterator[None]:
+    """A handler's run in ``span`` (the current span meanwhile), ended after it. What it raises is
+    recorded: status ERROR, ``error.type``, the exception (a cancellation is only named)."""
+    token = otel_context.attach(trace.set_span_in_context(span, parent))
+    try:
+        yield
+    except BaseException as exc:
+        span.set_attribute("error.type", type(exc).__qualname__)
+        if isinstance(exc, asyncio.CancelledError):
+            span.set_status(Status(StatusCode.ERROR, "cancelled"))
+        else:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end()
 
 
 def _entry_ns(entry_id: str) -> int | None:
@@ -272,15 +282,10 @@ class OtelPlugin:
                 _linked(fields) if fields else None,
                 start_time=start,
             )
-            token = otel_context.attach(trace.set_span_in_context(span, parent))
             try:
-                return await handler(note)
-            except BaseException as exc:
-                _failed(span, exc)
-                raise
+                with _current(span, parent):
+                    return await handler(note)
             finally:
-                otel_context.detach(token)
-                span.end()
                 state.remember(note.entry_id, _Attempt(span.get_span_context(), time.time_ns()))
 
         return traced
@@ -313,15 +318,8 @@ class OtelPlugin:
             span = tracer.start_span(
                 "lbs.handle_batch", parent, SpanKind.CONSUMER, attributes, links
             )
-            token = otel_context.attach(trace.set_span_in_context(span, parent))
-            try:
+            with _current(span, parent):
                 return await handler(batch)
-            except BaseException as exc:
-                _failed(span, exc)
-                raise
-            finally:
-                otel_context.detach(token)
-                span.end()
 
         return traced
 
