@@ -31,12 +31,13 @@ endif
 # benchmark once with timing off so none can rot, and the property tests in their
 # short "smoke" profile (see conftest.py), under coverage: the report's last line
 # is the total over lbs and the plugins, measured in the test process (the `lbs`
-# processes the CLI tests start are not measured).
+# processes the CLI tests start are not measured). The 25 slowest tests are listed at the end:
+# the suite is kept under about 20 minutes.
 test: setup lint
 	@srv=$$(scripts/redis.sh) && srv7=$$(scripts/redis.sh --redis7) && vk=$$(VENV=$(VENV) scripts/valkey.sh) && chromium=$$(scripts/chromium.sh) && \
 		LBS_REDIS_SERVER=$$srv LBS_REDIS7_SERVER=$$srv7 LBS_REQUIRE_REDIS7=1 LBS_VALKEY_SERVER=$$vk LBS_REQUIRE_VALKEY=1 LBS_CHROMIUM=$$chromium \
 		LBS_HYPOTHESIS_PROFILE=$${LBS_HYPOTHESIS_PROFILE:-smoke} \
-		$(PY) -m coverage run -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable $(PYTEST_ARGS)
+		$(PY) -m coverage run -m pytest tests $(addsuffix /tests,$(PLUGINS)) benchmarks --benchmark-disable --durations=25 $(PYTEST_ARGS)
 	@$(PY) -m coverage report
 
 # ruff's lint rules and its formatter (pyproject.toml [tool.ruff]) over everything
