@@ -163,7 +163,7 @@ async def test_a_session_holds_across_replicas_with_the_same_token_and_ends_with
     """Two replicas (or a restart) given the same token accept each other's session cookies; a
     replica given another token, or with a generated one, does not."""
     url = redis_server.url
-    async with dashboard(url, [service], token="t0ken-for-tests") as (http, settings):
+    async with dashboard(url, [service], token="t0ken-for-tests") as (http, _):
         login = (await http.get("/login")).text
         ok = await http.post("/login", data={"csrf": csrf(login), "token": "t0ken-for-tests"})
         assert ok.status_code == 303 and (await http.get("/")).status_code == 200
