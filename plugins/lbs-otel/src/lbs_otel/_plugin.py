@@ -81,11 +81,22 @@ def context_of(fields: Mapping[Any, Any]) -> otel_context.Context | None:
 
 
 def _parent_of(fields: Mapping[Any, Any]) -> otel_context.Context | None:
-    """:func:`context_of` of a held entry's fields (bytes), the common case (a version-00
-    traceparent, no tracestate) read without the propagator's regular expressions."""
-    value = fields.get(b"traceparent")
-    if type(value) is not bytes or len(value) != 55 or b"tracestate" in fields:
-        return context_of(fields) if value is not None else None
+    """:func:`context_of` of a held entry's fields (bytes) or a keyed message's (str), the common
+    case (a version-00 traceparent, no tracestate) read without the propagator's regular
+    expressions."""
+    raw = fields.get(b"traceparent")
+    if raw is None:
+        raw = fields.get(TRACEPARENT)  # a keyed message's fields (str)
+    if isinstance(raw, str):
+        raw = raw.encode("ascii", "replace")
+    if (
+        not isinstance(raw, bytes)
+        or len(raw) != 55
+        or b"tracestate" in fields
+        or TRACESTATE in fields
+    ):
+        return context_of(fields) if raw is not None else None
+    value: bytes = raw
     try:
         if value[:3] != b"00-" or value[35:36] != b"-" or value[52:53] != b"-":
             raise ValueError
@@ -130,8 +141,17 @@ def _batch_context(
     none; several: a root span linked to each, as a consumer of a batch is in OpenTelemetry's
     messaging conventions."""
     contexts: dict[tuple[int, int], SpanContext] = {}
+    parsed: set[tuple[str, str | None]] = set()  # a batch's messages mostly share one value
     for m in messages:
-        ctx = context_of(m.fields)
+        fields = m.fields
+        value = fields.get(TRACEPARENT)
+        if value is None:
+            continue
+        raw = (value, fields.get(TRACESTATE))
+        if raw in parsed:
+            continue
+        parsed.add(raw)
+        ctx = _parent_of(fields)
         if ctx is not None:
             span = trace.get_current_span(ctx).get_span_context()
             contexts.setdefault((span.trace_id, span.span_id), span)
