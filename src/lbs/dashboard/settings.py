@@ -61,8 +61,10 @@ class DashboardSettings:
 
     def __post_init__(self) -> None:
         if not self.secret_key:
-            given = self.token and not self.token_generated
-            key = session_key(self.token) if given else secrets.token_urlsafe(32)  # type: ignore[arg-type]
+            if self.token and not self.token_generated:
+                key = session_key(self.token)
+            else:
+                key = secrets.token_urlsafe(32)
             object.__setattr__(self, "secret_key", key)
         if not self.services:
             raise ConfigurationError("name at least one service")
