@@ -808,3 +808,27 @@ async def test_status_shows_a_key_taken_apart_after_a_failure(
         await c.close()
         await runner
     assert calls == [3, 1, 1, 1]
+
+
+async def test_a_failed_key_comes_back_when_its_back_off_ends_not_at_the_idle_poll(
+    url: str, service: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner tells the delayed-retries task when it parks a failed key: with that task's idle
+    poll an hour long, the key still comes back after its 10-20 ms back-off (it waited for the idle
+    poll, 5 s by default, when the runner did not)."""
+    from lbs._consumer import delays
+
+    monkeypatch.setattr(delays, "IDLE_POLL", 3600.0)
+    tries: list[int] = []
+
+    async def handle(batch: lbs.KeyedBatch) -> None:
+        tries.append(batch.retry_count)
+        if len(tries) == 1:
+            await asyncio.sleep(0.2)  # the task's first poll, which found nothing parked, is past
+            raise ValueError("first try")
+
+    async with lbs.Publisher(url, service) as pub:
+        await pub.publish("k", {"n": 1})
+    c = keyed_client(url, service, retry_delay=0.01, retry_delay_max=0.02)
+    await drained(c, handle, batch=10)
+    assert tries == [0, 1]
