@@ -26,8 +26,8 @@ from _lbscore import Held
 
 from . import _keys
 from ._consumer import serve as serving
+from ._consumer.intake import Dispatch
 from ._consumer.lifecycle import Lifecycle
-from ._consumer.reader import Dispatch
 from ._consumer.runner import Handler
 from ._consumer.state import ClientState, ClientStats, ConsumerLog, Names, consumer_id_from_env
 from ._consumer.topology import Topology

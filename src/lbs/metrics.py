@@ -190,6 +190,12 @@ METRICS: Final[Mapping[str, Metric]] = _table(
         "Heartbeat ticks that failed (the next is tried soon, before the locks can expire).",
     ),
     Metric(
+        "late_replies_total",
+        "counter",
+        "Streams a read took whose reply was read too late to start them (the process was frozen while "
+        "Redis answered): handed back, no retry counted, no handler started.",
+    ),
+    Metric(
         "lease_expired_total",
         "counter",
         "Streams disowned locally because no heartbeat confirmed their locks for a lock TTL (a partition).",

@@ -94,7 +94,7 @@ class Probe:
     def lose_read_reply(self) -> None:
         """As if the last read's reply were lost: the next read re-reads this consumer's pending
         entries first (and adopts them)."""
-        self.reader.reply_lost = True
+        self.reader.lose_reply()
 
     def stop_reading(self) -> None:
         """Set the client's stopping flag (what ``close()`` does first): every loop ends."""

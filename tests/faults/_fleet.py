@@ -610,6 +610,22 @@ class Fleet:
 
 # ------------------------------------------------------- worker processes ----
 
+
+async def read_audit(r: aioredis.Redis, key: str) -> list[dict[str, str]]:
+    """Every event of an audit stream (``_deploy_handler.py``), in its order, as str fields."""
+    out: list[dict[str, str]] = []
+    last = "-"
+    while True:
+        rows = await r.xrange(key, min=last, max="+", count=10_000)
+        if last != "-":
+            rows = rows[1:]
+        if not rows:
+            return out
+        for _, fields in rows:
+            out.append({k.decode(): v.decode() for k, v in fields.items()})
+        last = rows[-1][0].decode()
+
+
 WORKER = str(HERE / "_sigterm_worker.py")
 
 

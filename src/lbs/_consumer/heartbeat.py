@@ -9,6 +9,21 @@ while its holder lives (a stall, an eviction) disowns the stream and puts it
 back with no retry counted. The tick also warns of streams held past
 ``Config.hold_warning`` and retries dead letters that could not be written.
 
+The heartbeat runs until the client's shutdown stops it, after the drain
+and the hand-back: a stream whose handler still runs while ``close()``
+drains stays held, however long the drain is beside the lock TTL.
+
+**The local lease** covers every lock this client holds: until when (on the
+client's monotonic clock) each is surely ours whatever the network does. A
+tick that Redis answered renews it to the tick's send time plus the TTL
+(less a margin); a stream taken since is covered from the send time of the
+write that took it (:meth:`Heartbeat.cover`): Redis set its lock no earlier.
+A reply read too late to run its entries (a frozen process: SIGSTOP, a long
+pause, a starved VM, whose blocking read Redis answered meanwhile) is refused
+there, before any handler starts; one that leaves less than a tick's
+interval gets a tick at once. When the lease runs out every held stream is
+disowned at that moment, its handler cancelled.
+
 Beside a Go fleet (``Config.go_compatible``) the same calls keep a Go-style
 lock beside each of ours (``max(lock_ttl, 4 s)``, so a dead lbs consumer's
 streams outlive Go's 2-s claim idle); a stream whose Go-style lock holds
@@ -20,6 +35,7 @@ stream is disowned and counted (``go_taken_total``).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from redis.exceptions import RedisError
@@ -65,6 +81,13 @@ class Heartbeat(Activity, kind="heartbeat"):
         self._orphans: list[Held] = []
         #: Fires at ``lease_until`` whatever the ticks are doing (a cut-off round trip may take long to give up).
         self._lease_timer: asyncio.TimerHandle | None = None
+        #: The earliest lease end of the streams taken since the running (or last) tick's snapshot:
+        #: that tick did not extend their locks, so its answer renews the lease no further than this.
+        self._uncovered = math.inf
+        #: Set to send the next tick at once (a stream taken with less than an interval of lease left).
+        self._soon = asyncio.Event()
+        #: When the next tick is due (monotonic).
+        self._next_tick = 0.0
 
     async def stop(self) -> None:
         if self._lease_timer is not None:
@@ -87,14 +110,36 @@ class Heartbeat(Activity, kind="heartbeat"):
         ttl = self.state.config.lock_ttl
         return ttl - min(0.05 * ttl, 1.0)
 
+    def min_left(self) -> float:
+        """The least lease a stream must have left to be started: a quarter of a tick's interval, the
+        wait before a failed tick's retry (one round trip for a tick sent at once)."""
+        return self.state.config.heartbeat_every / 4
+
+    def cover(self, sent: float) -> bool:
+        """Streams taken by a write sent at ``sent`` (monotonic; Redis set their locks no earlier, for a
+        TTL): bring them under the local lease. False, and nothing changed, when less than
+        :meth:`min_left` of that is left: the reply was read too late (the process was frozen while
+        Redis answered), another consumer may already run them, and none may start here."""
+        until = sent + self._lease()
+        if until - time.monotonic() < self.min_left():
+            return False
+        self._uncovered = min(self._uncovered, until)
+        if until < self.lease_until:
+            self._renew(until)
+            if until < self._next_tick + self.min_left():
+                self._soon.set()  # the next tick would come too late for them: tick now
+        return True
+
     async def _main(self) -> None:
         s = self.state
         every = s.config.heartbeat_every
         wait = every
         self._renew(time.monotonic() + self._lease())
-        while not s.stopping.is_set():
-            if await wait_set(s.stopping, wait):
-                return
+        # Until stop(), which the shutdown calls once nothing is held any more: a drain keeps its locks.
+        while True:
+            self._next_tick = time.monotonic() + wait
+            await wait_set(self._soon, wait)
+            self._soon.clear()
             sent = time.monotonic()
             try:
                 # A round trip that does not answer in time is abandoned (its connection dropped): a tick
@@ -105,7 +150,8 @@ class Heartbeat(Activity, kind="heartbeat"):
                     else every
                 )
                 await within(self.tick(), limit)
-                self._renew(sent + self._lease())
+                # The streams taken since the tick's snapshot keep the lease their take gave them.
+                self._renew(min(sent + self._lease(), self._uncovered))
                 wait = every
             except asyncio.CancelledError:
                 raise
@@ -127,8 +173,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         here and now (handlers cancelled, STREAM_DISOWNED), before anyone else can start them."""
         s = self.state
         self._lease_timer = None
-        if s.stopping.is_set():
-            return  # close() hands the streams back
+        # While close() drains too: a handler must not outlive its lock.
         held = [h for h in s.holdings.table.values() if s.holdings.drop(h)]
         if not held:
             return
@@ -152,6 +197,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         n, cfg = s.names, s.config
         table = s.holdings.table
         snapshot = table.values()
+        self._uncovered = math.inf  # every stream taken so far is in this tick
         held = len(snapshot)
         finishing = self.finisher.finishing()
         if finishing:  # still ours until Redis answers their done: keep them alive

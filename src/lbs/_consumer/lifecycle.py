@@ -54,7 +54,7 @@ class Lifecycle:
         self.requeue = Requeue(s)
         self.finisher = Finisher(s, self.topology)
         self.heartbeat = Heartbeat(s, self.finisher, self.requeue, self.topology)
-        self.reader = Reader(s, self.finisher, self.requeue, self.topology)
+        self.reader = Reader(s, self.finisher, self.requeue, self.topology, self.heartbeat.cover)
         self.instance = Instance(s)
         self.observer = Observer(s)
         self.recovery = Recovery(

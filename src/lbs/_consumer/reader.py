@@ -18,30 +18,37 @@ which reads and locks in the same turn of the server's loop: one round trip
 per wake-up, as a plain ``XREADGROUP BLOCK`` loop has, and no read just to
 learn where the stream ends. ``CLIENT UNBLOCK`` wakes the wait at shutdown
 (the read behind it still runs, and what it takes is handed back).
+
+Each reply goes to :class:`~lbs._consumer.intake.Intake` with the send time
+of its write (a re-read's: the lost reply's), which refuses a reply read too
+late to start its entries (a frozen process). The wait is capped at half the
+local lease so that a reply read on time always passes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from _lbscore import CommandBatch, Entry, Held
+from _lbscore import CommandBatch, Entry
 
 from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.errors import NoGroupError, classify
-from .._redis.wire import REPLY_TIMEOUT, text
+from .._redis.wire import REPLY_TIMEOUT
 from .._waits import wait_set
 from ..notifications import Notification, NotificationType
 from .activity import Activity
 from .backoff import Backoff
 from .finisher import Finisher
+from .intake import Dispatch, Intake
 from .requeue import Requeue
 from .runner import start_task
 from .state import ClientState
@@ -50,19 +57,20 @@ from .topology import Topology
 __all__ = ["Reader"]
 
 
-class Dispatch(Protocol):
-    """Where taken streams go under ``run()`` (:meth:`lbs._consumer.runner.Runner.dispatch`)."""
-
-    def __call__(self, h: Held, note: Notification) -> None: ...
-
-
 class Reader(Activity, kind="reader"):
     """The reading task of one client; the one caller of ``read-3.lua``."""
 
     def __init__(
-        self, state: ClientState, finisher: Finisher, requeue: Requeue, topology: Topology
+        self,
+        state: ClientState,
+        finisher: Finisher,
+        requeue: Requeue,
+        topology: Topology,
+        cover: Callable[[float], bool],
     ) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
+        #: Turns each reply's entries into held streams (checked against the heartbeat's lease).
+        self.intake = Intake(state, requeue, cover)
         #: Under run(): the runner's dispatch, which starts a handler per taken stream.
         self.dispatch: Dispatch | None = None
         self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
@@ -70,6 +78,10 @@ class Reader(Activity, kind="reader"):
         self.blocked = False
         #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
         self.reply_lost = False
+        #: The send time (monotonic) of the earliest write whose reply was lost: the locks a re-read
+        #: adopts were set no earlier (inf: not known, the re-read's own send time stands).
+        self._lost_sent = math.inf
+        self._sent_at: dict[asyncio.Task[list[Any]], float] = {}  # each read in flight: when sent
         self._reads: dict[
             asyncio.Task[list[Any]], int
         ] = {}  # reads of new entries in flight: how many each asked
@@ -85,8 +97,10 @@ class Reader(Activity, kind="reader"):
         cfg = s.config
         failures = 0
         backoff = Backoff(cfg.read_retry_initial, cfg.read_retry_max)
-        # Within the wire's reply watchdog, with room for the read behind the wait.
-        block_ms = max(1, int(min(cfg.read_block, REPLY_TIMEOUT / 2) * 1000))
+        # Within the wire's reply watchdog, with room for the read behind the wait, and within half the
+        # local lease: the locks the read behind the wait takes are covered from the write's send time.
+        lease = cfg.lock_ttl - min(0.05 * cfg.lock_ttl, 1.0)
+        block_ms = max(1, int(min(cfg.read_block, REPLY_TIMEOUT / 2, lease / 2) * 1000))
         then = scripts.READ_AGAIN  # what the last read said to do next
         # A read sent ahead, before the previous batch was dispatched: (reply task, count asked).
         ahead: tuple[asyncio.Task[list[Any]], int] | None = None
@@ -119,7 +133,7 @@ class Reader(Activity, kind="reader"):
                             # delivered are in our pending list under locks with our
                             # id. Adopt them before reading more.
                             await self._take(self._send(s.capacity + s.read_count, "0"), "0")
-                            self.reply_lost = False
+                            self.reply_lost, self._lost_sent = False, math.inf
                         asked = min(s.read_count, free)
                         wait = block_ms if then == scripts.DRAINED else 0
                         sent = self._send(asked, ">", wait)
@@ -160,7 +174,7 @@ class Reader(Activity, kind="reader"):
             if ahead is not None:
                 # Cancelled or given up with a read in flight: recovery brings
                 # its entries back once their locks expire.
-                self.reply_lost = True
+                self.lose_reply(self._sent_at.pop(ahead[0], math.inf))
                 ahead[0].cancel()
 
     def _send(self, count: int, start: str, wait_ms: int = 0) -> asyncio.Task[list[Any]]:
@@ -200,12 +214,14 @@ class Reader(Activity, kind="reader"):
 
         # Before sending: sending can yield, and stop() must see that a wait is under way.
         self.blocked = wait_ms > 0
+        sent = time.monotonic()
         # Re-reading our own pending entries ("0") takes nothing: safe to send twice.
         task = start_task(
             asyncio.get_running_loop(),
             s.link.read.execute(build, s.parser, retry_safe=start != ">"),
             "lbs-read",
         )
+        self._sent_at[task] = sent
         if start == ">":
             self._reads[task] = count  # until taken: not room for an adoption
         else:
@@ -214,6 +230,10 @@ class Reader(Activity, kind="reader"):
             # its reply is read, though the re-read may still list it.
             self._tracked = self._ours()
         return task
+
+    def _skipped(self, start: str) -> set[str] | tuple[()]:
+        """What a take must not take again: on a re-read ("0"), what we track now or did when it was sent."""
+        return self._ours() | self._tracked if start != ">" else ()
 
     def _ours(self) -> set[str]:
         """Entry ids this client tracks: held, being finished, being handed back."""
@@ -236,13 +256,16 @@ class Reader(Activity, kind="reader"):
         in, before they are handed out (to send the next read).
         """
         waited = False
+        sent_at = self._sent_at.get(sent, math.inf)
+        if start != ">":
+            sent_at = min(sent_at, self._lost_sent)  # a re-read adopts the lost reply's locks
         try:
             try:
                 replies = await sent
             except BaseException:
                 # Wire returns server errors as values: anything raised here (I/O,
                 # cancellation) may have lost a reply whose locks are now ours.
-                self.reply_lost = True
+                self.lose_reply(sent_at)
                 raise
             finally:
                 self.blocked = False
@@ -258,13 +281,22 @@ class Reader(Activity, kind="reader"):
             if raw_entries:
                 if before_dispatch is not None:
                     before_dispatch(len(raw_entries))
-                await self._hand_out(raw_entries, tokens, start)
+                await self.intake.hand_out(
+                    raw_entries, tokens, start, sent_at, self.dispatch, self._skipped(start)
+                )
             if waited and isinstance(replies[0], Exception):
                 # The wait failed (NOGROUP: the wake group is gone), the read did not.
                 raise replies[0]
             return bytes(then)
         finally:
             self._reads.pop(sent, None)
+            self._sent_at.pop(sent, None)
+
+    def lose_reply(self, sent: float = math.inf) -> None:
+        """A reply to a write sent at ``sent`` (monotonic; inf: unknown) was lost: the next read re-reads
+        and takes what it had taken, as far as its locks last."""
+        self.reply_lost = True
+        self._lost_sent = min(self._lost_sent, sent)
 
     @property
     def queues(self) -> bool:
@@ -284,140 +316,15 @@ class Reader(Activity, kind="reader"):
             free = min(free, s.mailbox.room - reads)
         return max(0, free)
 
-    async def adopt(self, entries: list[Entry], tokens: list[Any]) -> None:
-        """Take entries recovery adopted from a dead holder (``reap-4.lua``): pending to this consumer
-        under fresh locks of ours, handed out as a read's are."""
-        await self._hand_out(entries, tokens, ">", adopted=True)
+    async def adopt(self, entries: list[Entry], tokens: list[Any], sent: float) -> None:
+        """Take entries recovery adopted from a dead holder (``reap-4.lua``, sent at ``sent``, monotonic):
+        pending to this consumer under fresh locks of ours, handed out as a read's are."""
+        await self.intake.hand_out(entries, tokens, ">", sent, self.dispatch, (), adopted=True)
 
-    def adoption_lost(self) -> None:
-        """An adoption's reply was lost: what it adopted is pending to us under our locks; the next read
-        re-reads and takes it, as after a lost read reply."""
-        self.reply_lost = True
-
-    async def _hand_out(
-        self, raw_entries: list[Any], tokens: list[Any], start: str, adopted: bool = False
-    ) -> None:
-        """Entries read (or adopted) and their tokens become held streams, handed to the runner or the
-        mailbox; the malformed and those out of retries are dead-lettered."""
-        s = self.state
-        owner = s.names.lock_owner
-        table = s.holdings.table
-        bad: list[tuple[Entry, str, str]] = []  # (entry, our lock value, reason): to dead-letter
-        max_retries = s.config.max_retries
-        hooks = s.hooks
-        acquired, started = (
-            hooks.listening("lbs_lock_acquired"),
-            hooks.listening("lbs_stream_started"),
-        )
-        batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
-        dispatch, stats, holder = self.dispatch, s.stats, s.owner
-        # The journal's "retaken": a re-queued copy taken (an adopted entry is journalled as recovered).
-        retaken = s.journal.retaken if s.journal.on and not adopted else None
-        taken_at = time.monotonic()
-        # Re-reading our pending entries: those we track, now or when the re-read was sent, are not
-        # to be taken again.
-        ours = self._ours() | self._tracked if start != ">" else ()
-        queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
-        waiting = 0
-        for e, tok in zip(raw_entries, tokens):
-            tok = self._own_token(tok, owner)
-            if not isinstance(tok, int):
-                if tok.startswith("WAIT "):
-                    # Its data stream is held under another registration: parked in the
-                    # name's waiting list, back in the LBS once the holder releases it.
-                    waiting += 1
-                    s.log.debug(
-                        "entry %s (%s) waits: its data stream is held under entry %s",
-                        e.id,
-                        e.stream,
-                        tok[5:],
-                    )
-                elif tok.startswith("WRONGTYPE"):
-                    # Not a lock at all: the entry stays pending, and the scan
-                    # brings it back once the key is removed.
-                    kind, _, key = tok[10:].partition(" ")
-                    s.log.error(
-                        "entry %s: %s holds a value of the wrong type (%s); leaving the entry pending "
-                        "until the key is removed",
-                        e.id,
-                        key or f"its lock key {s.names.lock_key_prefix + e.id}",
-                        kind,
-                    )
-                elif start == ">":
-                    # Someone holds this entry's lock (a slow holder whose entry
-                    # was claimed away): leave it pending; it is theirs.
-                    s.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
-                continue
-            if e.id in table or e.id in ours:
-                continue  # re-read: already ours, or being finished or handed back
-            if e.error is not None:
-                bad.append((e, f"{tok}:{owner}", str(e.error)))
-                continue
-            retry_count = e.retry_count
-            if e.claimed:
-                # Claimed (XREADGROUP CLAIM) from holders that stopped: the
-                # count of earlier deliveries is the count of failed attempts.
-                retry_count += e.delivery_count
-                if 0 <= max_retries < retry_count:
-                    bad.append(
-                        (
-                            e,
-                            f"{tok}:{owner}",
-                            f"out of retries: {e.retry_count} re-queued, "
-                            + (
-                                f"{e.delivery_count} holders died running it (adopted once their locks expired)"
-                                if adopted
-                                else f"{e.delivery_count} deliveries (claimed)"
-                            ),
-                        )
-                    )
-                    continue
-            # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
-            # read-3 never queues a claimed entry (it counts as running from delivery); reap-4 queues all it adopts.
-            h = table.take(e, tok, retry_count, taken_at, queued and (adopted or not e.claimed))
-            stats.taken += 1
-            if retaken is not None and e.original_id is not None:
-                retaken(h, e.original_id)
-            if acquired:
-                hooks.notify(
-                    "lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token
-                )
-            # e.info, not h.info: an empty Info then costs the held record no dict.
-            note = Notification(
-                NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok, "", holder
-            )
-            if started:
-                hooks.notify("lbs_stream_started", notification=note)
-            if batch is not None:
-                batch.append(note)
-            if dispatch is not None:
-                dispatch(h, note)
-            else:
-                await s.mailbox.put(note)
-        if waiting:
-            hooks.metric("streams_waiting_total", waiting)
-        if batch:
-            hooks.notify("lbs_streams_started", notifications=batch)
-        if bad:
-            await self.requeue.dead_letter(bad)
-
-    @staticmethod
-    def _own_token(tok: Any, owner: str) -> int | str:
-        """The token of a lock that is ours, else the lock's value as text.
-
-        A retried take (its first reply was lost with the connection) finds
-        the locks the first attempt set: "<token>:<our id>:<our instance>".
-        Only this very process's locks are adopted: another process started
-        with the same consumer id (refused at start, but possible by hand)
-        reads from the same pending list, and its locks stay its own.
-        """
-        if isinstance(tok, int):
-            return tok
-        value = text(tok, "replace")
-        token, _, holder = value.partition(":")
-        if holder == owner and token.isdigit():
-            return int(token)
-        return value
+    def adoption_lost(self, sent: float) -> None:
+        """An adoption's reply (sent at ``sent``) was lost: what it adopted is pending to us under our
+        locks; the next read re-reads and takes it, as after a lost read reply."""
+        self.lose_reply(sent)
 
     async def _failed(self, exc: BaseException, failures: int, backoff: Backoff) -> bool:
         """Back off after a failed read; False when the reader gives up."""

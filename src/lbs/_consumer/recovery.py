@@ -83,9 +83,9 @@ class Adopter(Protocol):
 
     def adoption_room(self) -> int: ...
 
-    async def adopt(self, entries: list[Entry], tokens: list[Any]) -> None: ...
+    async def adopt(self, entries: list[Entry], tokens: list[Any], sent: float) -> None: ...
 
-    def adoption_lost(self) -> None: ...
+    def adoption_lost(self, sent: float) -> None: ...
 
 
 class Recovery(Activity):
@@ -210,12 +210,14 @@ class Recovery(Activity):
         s.adopting += (
             room  # promised: the reader leaves these slots alone till the adopted are held
         )
+        sent = time.monotonic()  # the locks reap-4 takes are set no earlier
         try:
             try:
                 (reply,) = await s.link.pool.execute(build, s.parser)
             except BaseException:
                 if room and adopter is not None:
-                    adopter.adoption_lost()  # what it adopted is ours, pending, locked: the reader re-reads it
+                    # What it adopted is ours, pending, locked: the reader re-reads it.
+                    adopter.adoption_lost(sent)
                 raise
             if isinstance(reply, Exception):
                 raise reply
@@ -227,7 +229,7 @@ class Recovery(Activity):
                 s.hooks.metric("recovery_adopted_total", len(entries), path=path)
                 s.log.info("adopted %d streams of dead consumers (%s recovery)", len(entries), path)
                 s.journal.adopted(entries, found, path)
-                await adopter.adopt(entries, tokens)
+                await adopter.adopt(entries, tokens, sent)
         finally:
             s.adopting -= room
         requeued = await self.requeue.recover(

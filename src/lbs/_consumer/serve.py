@@ -20,9 +20,9 @@ from typing import Any
 from ..config import require_number
 from ..exceptions import ConfigurationError, LbsError
 from ..keyed import KeyedHandler
+from .intake import Dispatch
 from .keyed import KeyedRunner
 from .lifecycle import Lifecycle
-from .reader import Dispatch
 from .runner import Handler, Runner
 
 __all__ = ["SIGNALS", "keyed_runner", "runner", "serve"]

@@ -1,0 +1,227 @@
+"""Intake: the entries a read or an adoption took, and their tokens, become held streams.
+
+The reader (``read-3.lua``'s replies) and recovery's adoptions (``reap-4.lua``)
+hand each batch here. Each entry's token says what Redis did with it: an
+integer is our new lock (the stream is taken: a held record, a handler
+started under ``run()`` or a STREAM_ADDED notification queued); a lock value
+of another holder, ``WAIT <entry id>`` (its data stream is held under another
+registration) or ``WRONGTYPE`` leaves it alone. Malformed entries and claimed
+ones out of retries are dead-lettered.
+
+**Late replies.** A reply read long after it was sent (the process was
+frozen, SIGSTOP or a pause, while its blocking read waited in Redis, and
+Redis read and locked entries for it meanwhile) may hold entries whose locks
+expired and which another consumer runs now. Every batch is checked against
+the local lease before any handler starts: the heartbeat's
+:meth:`~lbs._consumer.heartbeat.Heartbeat.cover` takes it under the lease
+from the send time of the write that took it, or refuses it when too little
+of the lease is left. A refused batch starts nothing: what is still ours is
+handed back, what is not is put back or pardoned, with no retry counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Container
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from _lbscore import Entry, Held
+
+from .._redis.wire import text
+from ..exceptions import RedisOperationError
+from ..notifications import Notification, NotificationType
+from .requeue import Requeue
+from .state import ClientState
+
+__all__ = ["Dispatch", "Intake"]
+
+
+class Dispatch(Protocol):
+    """Where taken streams go under ``run()`` (:meth:`lbs._consumer.runner.Runner.dispatch`)."""
+
+    def __call__(self, h: Held, note: Notification) -> None: ...
+
+
+class Intake:
+    """Turns one client's read and adopted batches into held streams; the late ones it refuses."""
+
+    def __init__(
+        self, state: ClientState, requeue: Requeue, cover: Callable[[float], bool]
+    ) -> None:
+        self.state, self.requeue = state, requeue
+        #: The heartbeat's Heartbeat.cover: whether the streams a write sent then took may start.
+        self.cover = cover
+
+    async def hand_out(
+        self,
+        raw_entries: list[Any],
+        tokens: list[Any],
+        start: str,
+        sent: float,
+        dispatch: Dispatch | None,
+        skipped: Container[str],
+        adopted: bool = False,
+    ) -> None:
+        """Entries read (``start`` ">" new, "0" a re-read) or adopted by a write sent at ``sent`` and
+        their tokens become held streams, handed to ``dispatch`` (``run()``'s runner) or, with None, the
+        mailbox; the malformed and those out of retries are dead-lettered; those in ``skipped`` (a
+        re-read's, already ours) are left alone. A reply read too late (:meth:`Heartbeat.cover`
+        refuses it) starts nothing: see :meth:`_refuse`."""
+        s = self.state
+        # inf: the send time is not known (a test's lost reply); the locks are as fresh as this take.
+        late = not self.cover(time.monotonic() if sent == math.inf else sent)
+        refused: list[Held] = []
+        owner = s.names.lock_owner
+        table = s.holdings.table
+        bad: list[tuple[Entry, str, str]] = []  # (entry, our lock value, reason): to dead-letter
+        max_retries = s.config.max_retries
+        hooks = s.hooks
+        acquired, started = (
+            hooks.listening("lbs_lock_acquired"),
+            hooks.listening("lbs_stream_started"),
+        )
+        batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
+        stats, holder = s.stats, s.owner
+        # The journal's "retaken": a re-queued copy taken (an adopted entry is journalled as recovered).
+        retaken = s.journal.retaken if s.journal.on and not adopted else None
+        taken_at = time.monotonic()
+        queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
+        waiting = 0
+        for e, tok in zip(raw_entries, tokens):
+            tok = self._own_token(tok, owner)
+            if not isinstance(tok, int):
+                if tok.startswith("WAIT "):
+                    # Its data stream is held under another registration: parked in the
+                    # name's waiting list, back in the LBS once the holder releases it.
+                    waiting += 1
+                    s.log.debug(
+                        "entry %s (%s) waits: its data stream is held under entry %s",
+                        e.id,
+                        e.stream,
+                        tok[5:],
+                    )
+                elif tok.startswith("WRONGTYPE"):
+                    # Not a lock at all: the entry stays pending, and the scan
+                    # brings it back once the key is removed.
+                    kind, _, key = tok[10:].partition(" ")
+                    s.log.error(
+                        "entry %s: %s holds a value of the wrong type (%s); leaving the entry pending "
+                        "until the key is removed",
+                        e.id,
+                        key or f"its lock key {s.names.lock_key_prefix + e.id}",
+                        kind,
+                    )
+                elif start == ">":
+                    # Someone holds this entry's lock (a slow holder whose entry
+                    # was claimed away): leave it pending; it is theirs.
+                    s.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
+                continue
+            if e.id in table or e.id in skipped:
+                continue  # re-read: already ours, or being finished or handed back
+            if e.error is not None:
+                bad.append((e, f"{tok}:{owner}", str(e.error)))
+                continue
+            retry_count = e.retry_count
+            if e.claimed:
+                # Claimed (XREADGROUP CLAIM) from holders that stopped: the
+                # count of earlier deliveries is the count of failed attempts.
+                retry_count += e.delivery_count
+                # Never a key's registration (lbs-keyed): its holders' deaths count against the message
+                # they ran (fetch-1.lua), which goes to the dead letters alone; the key goes on.
+                if 0 <= max_retries < retry_count and e.fields.get(b"lbs-keyed") != b"1":
+                    bad.append(
+                        (
+                            e,
+                            f"{tok}:{owner}",
+                            f"out of retries: {e.retry_count} re-queued, "
+                            + (
+                                f"{e.delivery_count} holders died running it (adopted once their locks expired)"
+                                if adopted
+                                else f"{e.delivery_count} deliveries (claimed)"
+                            ),
+                        )
+                    )
+                    continue
+            # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
+            # read-3 never queues a claimed entry (it counts as running from delivery); reap-4 queues all it adopts.
+            h = table.take(e, tok, retry_count, taken_at, queued and (adopted or not e.claimed))
+            if late:
+                s.holdings.drop(h)
+                refused.append(h)
+                continue
+            stats.taken += 1
+            if retaken is not None and e.original_id is not None:
+                retaken(h, e.original_id)
+            if acquired:
+                hooks.notify(
+                    "lbs_lock_acquired", stream=h.stream, entry_id=h.entry_id, token=h.token
+                )
+            # e.info, not h.info: an empty Info then costs the held record no dict.
+            note = Notification(
+                NotificationType.STREAM_ADDED, e.stream, e.id, e.info, retry_count, tok, "", holder
+            )
+            if started:
+                hooks.notify("lbs_stream_started", notification=note)
+            if batch is not None:
+                batch.append(note)
+            if dispatch is not None:
+                dispatch(h, note)
+            else:
+                await s.mailbox.put(note)
+        if waiting:
+            hooks.metric("streams_waiting_total", waiting)
+        if batch:
+            hooks.notify("lbs_streams_started", notifications=batch)
+        if bad:
+            await self.requeue.dead_letter(bad)
+        if refused:
+            await self._refuse(refused, time.monotonic() - sent)
+
+    async def _refuse(self, refused: list[Held], age: float) -> None:
+        """Streams whose reply was read ``age`` seconds after its write was sent, too late to start them:
+        their locks may have expired and another consumer may run them now. Handed back where the lock
+        is still ours, put back (or pardoned, when another consumer took them) where it is not; no
+        retry counted either way. A failure leaves them to recovery once their locks expire."""
+        s = self.state
+        s.hooks.metric("late_replies_total", len(refused))
+        s.log.warning(
+            "a read's reply came %.2fs after it was sent (this process was frozen or starved?), too late "
+            "to run its %d streams safely (their locks may have expired and been taken over): handing "
+            "them back, no retry counted",
+            age,
+            len(refused),
+        )
+        reason = f"{s.names.id} read the reply {age:.2f}s late; not started"
+        try:
+            ids = await self.requeue.hand_back(refused, count_retry=False, reason=reason)
+            lost = [h.entry_id for h, new_id in zip(refused, ids) if not new_id]
+            if lost:
+                await self.requeue.lost_while_alive(lost, reason)
+        except (RedisError, OSError, RedisOperationError) as exc:
+            s.log.error(
+                "handing back %d streams read too late failed (%s); recovery brings them back once "
+                "their locks expire",
+                len(refused),
+                exc,
+            )
+
+    @staticmethod
+    def _own_token(tok: Any, owner: str) -> int | str:
+        """The token of a lock that is ours, else the lock's value as text.
+
+        A retried take (its first reply was lost with the connection) finds
+        the locks the first attempt set: "<token>:<our id>:<our instance>".
+        Only this very process's locks are adopted: another process started
+        with the same consumer id (refused at start, but possible by hand)
+        reads from the same pending list, and its locks stay its own.
+        """
+        if isinstance(tok, int):
+            return tok
+        value = text(tok, "replace")
+        token, _, holder = value.partition(":")
+        if holder == owner and token.isdigit():
+            return int(token)
+        return value
