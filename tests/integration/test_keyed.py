@@ -752,6 +752,46 @@ async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_messag
     assert fourth == [1, 4, b"", 3, 0, ids[2].encode()]
 
 
+async def test_a_key_adopted_from_a_dead_holder_with_its_entry_counts_the_death_against_its_message(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
+    """Recovery moves a dead holder's entry to the next holder with its id under a new lock
+    (reap-4.lua's adoption, XREADGROUP CLAIM): fetch-1 counts the dead hold as failed, as it does
+    under another entry, so a message whose holders keep dying reaches the limit alone; a fetch
+    sent again under the same lock (its reply lost) counts nothing."""
+    from lbs._redis.scripts import source
+
+    stream, prefix, lock_prefix = (
+        _keys.input_stream(service),
+        _keys.key_prefix(service),
+        _keys.lock_key(service, ""),
+    )
+    async with lbs.Publisher(url, service) as pub:
+        ids = await pub.publish_many([("t", {"n": i}) for i in range(5)])
+    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
+    ((_, ((raw, _),)),) = await rr.xreadgroup(
+        _keys.group_name(service), "c", {stream: ">"}, count=1
+    )
+    entry = raw.decode()
+
+    async def fetch(token: int) -> list[Any]:
+        await rr.set(lock_prefix + entry, f"{token}:c", px=60_000)
+        (reply,) = await rr.eval(
+            source("fetch-1"), 1, stream, prefix, lock_prefix, 3, "t", entry, f"{token}:c"
+        )
+        assert reply[0] == 1, reply
+        return list(reply[3:])  # fails, unblamed, until
+
+    until = ids[2].encode()
+    assert await fetch(1) == [0, 0, b""]
+    # The holder of lock 1 died; the entry is adopted under lock 2: it had up to 3 messages.
+    assert await fetch(2) == [0, 1, until]
+    assert await fetch(2) == [0, 1, until]  # sent again: the same hold, nothing counted
+    assert await fetch(3) == [2, 0, until]  # died with the first message alone: blamed
+    assert await fetch(4) == [3, 0, until]
+    assert await fetch(5) == [4, 0, until]  # 1 + max_retries (3): the runner dead-letters it
+
+
 async def test_a_handler_cut_short_by_close_counts_no_failure(
     url: str, service: str, rr: aioredis.Redis
 ) -> None:

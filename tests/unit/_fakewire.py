@@ -618,8 +618,11 @@ class FakeRedis:
                 continue
             st = self.hashes.setdefault(state_key, {})
             holder, pos = st.get("holder"), st.get("pos", "")
-            dead = holder is not None and holder != entry
-            if dead and lock_prefix + holder in self.strings:
+            token = value.split(":")[0]
+            # Gone: another entry's holder (if its lock is gone), or this entry's under an earlier lock.
+            other = holder is not None and holder != entry
+            dead = other or (holder == entry and st.get("token", token) != token)
+            if other and lock_prefix + holder in self.strings:
                 out.append([3, holder])
                 continue
             fails, unblamed, until = (
@@ -635,7 +638,7 @@ class FakeRedis:
                 else:
                     until, unblamed = rest[-1][0], 1
                 st.update(fails=str(fails), unblamed=str(unblamed), until=until)
-            st.update(holder=entry, token=value.split(":")[0], reg=entry, tries=str(tries))
+            st.update(holder=entry, token=token, reg=entry, tries=str(tries))
             out.append([1, tries, pos, fails, unblamed, until])
         return out
 

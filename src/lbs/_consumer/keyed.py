@@ -22,7 +22,7 @@ apart: the next holds give the handler one message at a time up to its last
 message, so the messages before the culprit are committed once, and the
 culprit is dead-lettered after 1 + ``Config.max_retries`` failed holds
 (counted in the key's state by ``commit-1.lua``, and by ``fetch-1.lua`` for a
-holder that died holding the key, so they add up across consumers).
+dead holder, its entry re-queued or adopted; they add up across consumers).
 """
 
 from __future__ import annotations

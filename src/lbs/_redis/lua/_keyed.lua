@@ -5,9 +5,9 @@
 --
 -- keyed_state(lock, value, state): the hold, checked before any write:
 -- false when the lock key `lock` does not hold our `value`; else the state's
--- fields {holder, pos, tries, fails, unblamed, until} (HMGET's reply, false
--- for a field that is absent), or, for a state of another type than hash,
--- an error reply (a table with `err`: pcall, nothing stops).
+-- fields {holder, pos, tries, fails, unblamed, until, token} (HMGET's reply,
+-- false for a field that is absent), or, for a state of another type than
+-- hash, an error reply (a table with `err`: pcall, nothing stops).
 --
 -- keyed_after(data, pos, count): up to `count` messages of data stream
 -- `data` after position `pos` ("": from the first), XRANGE's reply, or an
@@ -18,7 +18,7 @@
 -- id_below(a, b): a < b, for two entry ids.
 local function keyed_state(lock, value, state)
   if redis.pcall('GET', lock) ~= value then return false end
-  return redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until')
+  return redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until', 'token')
 end
 
 local function keyed_after(data, pos, count)

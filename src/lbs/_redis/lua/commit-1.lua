@@ -209,7 +209,7 @@ while at <= last do
                                  ' is below the committed ' .. c)
       end
       locks[i], states[i] = lock, state
-      st[i] = got  -- holder, pos, tries, fails, unblamed, until
+      st[i] = got  -- holder, pos, tries, fails, unblamed, until, token
     end
   end
   ours[i] = mine

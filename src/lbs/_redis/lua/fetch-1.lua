@@ -25,7 +25,10 @@
 
   A hold that ended without a commit saying so (its holder died, stalled
   past its lock TTL or was cut off: "holder" names an entry whose lock is
-  gone) counts as a failed hold: while one message at a time is being
+  gone, or our own entry with another "token", an entry that recovery
+  moved to us from its dead holder with its id, reap-4.lua's adoption or
+  XREADGROUP CLAIM) counts as a failed hold against the messages it was
+  running: while one message at a time is being
   tried ("until" or "fails" set) the dead holder had the head, whose
   "fails" grows by 1 + "unblamed"; otherwise it had up to ARGV[3] messages,
   which are taken apart like a failed batch ("until" the ARGV[3]-th message
@@ -79,8 +82,12 @@ for at = 4, #ARGV, 3 do
   else
     local holder, pos, tries = got[1], got[2] or '', got[3]
     local fails, unblamed, untl = got[4], got[5], got[6] or ''
-    local dead = holder and holder ~= entry
-    if dead and redis.call('EXISTS', lock_prefix .. holder) == 1 then
+    local token = match(value, '^(%d+):') or ''
+    -- The last hold's holder is gone: another entry's (its lock is checked next), or this entry's
+    -- under an earlier lock (our lock holds our value: that one is gone).
+    local other = holder and holder ~= entry
+    local dead = other or (holder == entry and got[7] and got[7] ~= token)
+    if other and redis.call('EXISTS', lock_prefix .. holder) == 1 then
       out[#out + 1] = {3, holder}
     elseif (pos ~= '' and not split_id(pos)) or (tries and not match(tries, '^%d+$'))
         or (fails and not match(fails, '^%d+$')) or (unblamed and not match(unblamed, '^[01]$'))
@@ -93,7 +100,6 @@ for at = 4, #ARGV, 3 do
         local data = prefix .. 'k:' .. key
         out[#out + 1] = {4, data .. ' holds a ' .. redis.call('TYPE', data)['ok']}
       else
-        local token = match(value, '^(%d+):') or ''
         tries = (tonumber(tries) or 0) + 1
         if rest and #rest > 0 then
           -- The last hold ended with its holder: a failed hold (see the header).
