@@ -1,6 +1,6 @@
 """The audited handler of the deploy and frozen-consumer tests, for ``lbs worker _deploy_handler:handle``
-(run with this folder on PYTHONPATH; ``LBS_URL`` and ``LBS_SERVICE`` set): every run of a data stream is
-written to the audit stream ``<service>-audit``. ``python _deploy_handler.py CONSUMER TTL`` runs the same
+(run with this folder on PYTHONPATH; ``LBS_URL`` and ``LBS_SERVICE`` set): every run of a data stream
+(``handle_keyed``: of a key's batch, ``--keyed``) is written to the audit stream ``<service>-audit``. ``python _deploy_handler.py CONSUMER TTL`` runs the same
 work through the notification API (``async with note:``) instead of ``run()``.
 
 Each run XADDs ``start`` (name, worker, pid, token, entry) when it begins, then works for the
@@ -26,30 +26,34 @@ _WORKER = os.environ.get("DEPLOY_WORKER", "?")
 _PID = str(os.getpid())
 
 
-def _audit(event: str, note: lbs.Notification) -> None:
-    _AUDIT.xadd(
-        _KEY,
-        {
-            "ev": event,
-            "name": note.stream,
-            "worker": _WORKER,
-            "pid": _PID,
-            "token": str(note.token),
-            "entry": note.entry_id,
-            "retry": str(note.retry_count),
-        },
-    )
+async def _run(name: str, token: int, entry: str, retry: int, work: float) -> None:
+    fields = {
+        "name": name,
+        "worker": _WORKER,
+        "pid": _PID,
+        "token": str(token),
+        "entry": entry,
+        "retry": str(retry),
+    }
+    _AUDIT.xadd(_KEY, {"ev": "start", **fields})
+    try:
+        await asyncio.sleep(work)
+    except asyncio.CancelledError:
+        _AUDIT.xadd(_KEY, {"ev": "cancelled", **fields})
+        raise
+    _AUDIT.xadd(_KEY, {"ev": "end", **fields})
 
 
 async def handle(note: lbs.Notification) -> None:
     work = float((note.info or {}).get("work", 0.02))
-    _audit("start", note)
-    try:
-        await asyncio.sleep(work)
-    except asyncio.CancelledError:
-        _audit("cancelled", note)
-        raise
-    _audit("end", note)
+    await _run(note.stream, note.token, note.entry_id, note.retry_count, work)
+
+
+async def handle_keyed(batch: lbs.KeyedBatch) -> None:
+    """``run_keyed()``: one run per batch, named after its key; it works for the sum of its messages'
+    ``work`` fields."""
+    work = sum(float(m.fields.get("work", 0.02)) for m in batch.messages)
+    await _run(batch.key, batch.token, batch.entry_id, batch.retry_count, work)
 
 
 async def _notes(consumer: str, ttl: float) -> None:

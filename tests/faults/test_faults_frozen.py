@@ -6,8 +6,8 @@ consumer may take the stream over. When the frozen consumer is continued it read
 it must start no handler for those entries (another consumer may run them), and its late reply must
 cost the stream no retry.
 
-Each test runs its consumers as processes (``lbs worker`` for ``run()``, ``_deploy_handler.py`` for
-the notification API), each run audited in ``<service>-audit`` (see ``_deploy_handler.py``), with
+Each test runs its consumers as processes (``lbs worker`` for ``run()`` and ``run_keyed()``,
+``_deploy_handler.py`` for the notification API), each run audited in ``<service>-audit`` (see ``_deploy_handler.py``), with
 ``read_block`` 30 s (capped by lbs to half its lease) and a 2-s lock TTL.
 """
 
@@ -63,13 +63,13 @@ async def consumers(url: str, service: str, mode: str) -> AsyncIterator:  # type
 
         async def start(label: str) -> Proc:
             consumer = f"frozen-{label}"
-            if mode == "run":
+            if mode in ("run", "keyed"):
                 argv = [
                     sys.executable,
                     "-m",
                     "lbs",
                     "worker",
-                    "_deploy_handler:handle",
+                    "_deploy_handler:handle_keyed" if mode == "keyed" else "_deploy_handler:handle",
                     "--consumer-id",
                     consumer,
                     "--lock-ttl",
@@ -110,7 +110,12 @@ async def blocked_readers(r: aioredis.Redis) -> int:
 
 
 async def freeze_with_a_read_pending(
-    r: aioredis.Redis, producer: lbs.Producer, service: str, b: Proc, name: str, work: float
+    r: aioredis.Redis,
+    producer: lbs.Producer | lbs.Publisher,
+    service: str,
+    b: Proc,
+    name: str,
+    work: float,
 ) -> bool:
     """SIGSTOP ``b`` while its wait is blocked in Redis, then register ``name``: whether Redis delivered
     it to the frozen ``b`` (False when its wait had just timed out: then ``b`` is continued)."""
@@ -119,7 +124,10 @@ async def freeze_with_a_read_pending(
     if await blocked_readers(r) == 0:  # its wait ended just before the stop
         b.signal(signal.SIGCONT)
         return False
-    await producer.add_stream(name, {"work": work})
+    if isinstance(producer, lbs.Publisher):  # a key's message registers the key
+        await producer.publish(name, {"work": str(work)})
+    else:
+        await producer.add_stream(name, {"work": work})
 
     async def delivered() -> bool:
         rows = await r.xpending_range(
@@ -145,11 +153,11 @@ async def starts_of(r: aioredis.Redis, service: str, name: str) -> list[dict[str
     ]
 
 
-@pytest.mark.parametrize("mode", ["run", "notifications"])
+@pytest.mark.parametrize("mode", ["run", "notifications", "keyed"])
 async def test_a_frozen_consumer_starts_nothing_another_took_over(service: str, mode: str) -> None:
     with server() as srv:
         r = aioredis.Redis.from_url(srv.url)
-        producer = lbs.Producer(srv.url, service)
+        producer = (lbs.Publisher if mode == "keyed" else lbs.Producer)(srv.url, service)
         try:
             async with consumers(srv.url, service, mode) as start:
                 b = await start("b")
@@ -169,9 +177,9 @@ async def test_a_frozen_consumer_starts_nothing_another_took_over(service: str, 
                 assert await eventually(a_runs, 30), "A never took the stream over"
                 b.signal(signal.SIGCONT)
 
-                async def b_answered() -> bool:  # refused its late reply, or ran it
+                async def b_answered() -> bool:  # refused its late reply, ran it, or lost it
                     started = any(e["worker"] == "b" for e in await starts_of(r, service, name))
-                    return started or "too late" in b.output()
+                    return started or any(m in b.output() for m in ("too late", "lost the lock"))
 
                 assert await eventually(b_answered, 30), b.output()[-3000:]
 
