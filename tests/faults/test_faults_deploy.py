@@ -92,6 +92,7 @@ class Deploy:
     service: str
     tmp: Path
     processes: int = 1
+    keyed: bool = False
     workers: list[Worker] = field(default_factory=list)
     n: int = 0
 
@@ -116,7 +117,7 @@ class Deploy:
                     "-m",
                     "lbs",
                     "worker",
-                    "_deploy_handler:handle",
+                    "_deploy_handler:handle_keyed" if self.keyed else "_deploy_handler:handle",
                     "--consumer-id",
                     f"deploy-{label}",
                     "--lock-ttl",
@@ -179,17 +180,28 @@ def audit(events: list[dict[str, str]]) -> tuple[list[str], list[str], set[str]]
     return overlaps, again, ended
 
 
-@pytest.mark.parametrize("processes", [1, 2], ids=["processes-1", "processes-2"])
+@pytest.mark.parametrize(
+    ("processes", "keyed", "rounds"),
+    [
+        (1, False, ROUNDS),
+        (2, False, 1 if not FULL else ROUNDS),
+        (1, True, 1 if not FULL else ROUNDS),
+    ],
+    ids=["processes-1", "processes-2", "run_keyed"],
+)
 async def test_rolling_deploys_keep_every_stream_in_one_process(
-    service: str, report: Report, processes: int
+    service: str, report: Report, processes: int, keyed: bool, rounds: int
 ) -> None:
+    """``processes-2``: each worker a supervisor of two (``--processes 2``); ``run_keyed``: keys
+    published with ``lbs.Publisher``, a message each, audited per key."""
     rng = random.Random(42)
     k = workers_for_this_machine() if processes == 1 else 2
     names: list[str] = []
     with server() as srv, tempfile.TemporaryDirectory() as tmp:
         r = aioredis.Redis.from_url(srv.url)
         producer = lbs.Producer(srv.url, service)
-        deploy = Deploy(srv.url, service, Path(tmp), processes)
+        publisher = lbs.Publisher(srv.url, service)
+        deploy = Deploy(srv.url, service, Path(tmp), processes, keyed)
         stop = asyncio.Event()
 
         async def produce() -> None:
@@ -197,7 +209,10 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
             while not stop.is_set():
                 name = f"s{i}"
                 i += 1
-                await producer.add_stream(name, {"work": work_of(rng)})
+                if keyed:
+                    await publisher.publish(name, {"work": str(work_of(rng))})
+                else:
+                    await producer.add_stream(name, {"work": work_of(rng)})
                 names.append(name)
                 await asyncio.sleep(1 / RATE)
 
@@ -208,7 +223,7 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
                 await deploy.started(w)
             feeder = asyncio.create_task(produce())
             await asyncio.sleep(3 * LOCK_TTL)  # long handlers under way before the first SIGTERM
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 for i, w in enumerate(old):
                     new = deploy.start()
                     await deploy.started(new)
@@ -241,6 +256,7 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
                 feeder.cancel()
             deploy.stop_all()
             await producer.close()
+            await publisher.close()
             await r.aclose()
         overlaps, again, ended = audit(events)
         lost = [n for n in names if n not in ended]
@@ -255,7 +271,7 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
             if "lock_lost" in line or "lost the lock" in line
         ]
         fig = Figures(
-            f"rolling-deploy-{processes}p",
+            f"rolling-deploy-{'keyed' if keyed else f'{processes}p'}",
             registered=len(names),
             handled=starts,
             finished=len(ended),
@@ -267,7 +283,7 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
             two_valid_holders=len(overlaps),
             extra=dict(
                 workers=k,
-                rounds=ROUNDS,
+                rounds=rounds,
                 lock_ttl=LOCK_TTL,
                 drain=DRAIN,
                 cut_by_drain=cancelled,
