@@ -85,9 +85,9 @@ class Heartbeat(Activity, kind="heartbeat"):
         #: that tick did not extend their locks, so its answer renews the lease no further than this.
         self._uncovered = math.inf
         #: Set to send the next tick at once (a stream taken with less than an interval of lease left).
-        self._soon = asyncio.Event()
+        self.tick_now = asyncio.Event()
         #: When the next tick is due (monotonic).
-        self._next_tick = 0.0
+        self.next_tick = 0.0
 
     async def stop(self) -> None:
         if self._lease_timer is not None:
@@ -126,8 +126,8 @@ class Heartbeat(Activity, kind="heartbeat"):
         self._uncovered = min(self._uncovered, until)
         if until < self.lease_until:
             self._renew(until)
-            if until < self._next_tick + self.min_left():
-                self._soon.set()  # the next tick would come too late for them: tick now
+            if until < self.next_tick + self.min_left():
+                self.tick_now.set()  # the next tick would come too late for them: tick now
         return True
 
     async def _main(self) -> None:
@@ -137,9 +137,9 @@ class Heartbeat(Activity, kind="heartbeat"):
         self._renew(time.monotonic() + self._lease())
         # Until stop(), which the shutdown calls once nothing is held any more: a drain keeps its locks.
         while True:
-            self._next_tick = time.monotonic() + wait
-            await wait_set(self._soon, wait)
-            self._soon.clear()
+            self.next_tick = time.monotonic() + wait
+            await wait_set(self.tick_now, wait)
+            self.tick_now.clear()
             sent = time.monotonic()
             try:
                 # A round trip that does not answer in time is abandoned (its connection dropped): a tick
@@ -150,9 +150,11 @@ class Heartbeat(Activity, kind="heartbeat"):
                     else every
                 )
                 await within(self.tick(), limit)
-                # The streams taken since the tick's snapshot keep the lease their take gave them.
+                # The streams taken since the tick's snapshot keep the lease their take gave them;
+                # when that ends before the next tick would, the next tick goes at once.
                 self._renew(min(sent + self._lease(), self._uncovered))
-                wait = every
+                soon = self._uncovered - time.monotonic() < every + self.min_left()
+                wait = 0.0 if soon else every
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
