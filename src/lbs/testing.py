@@ -100,6 +100,10 @@ class Probe:
         """Set the client's stopping flag (what ``close()`` does first): every loop ends."""
         self.state.stopping.set()
 
+    def settle(self, entry_id: str) -> None:
+        """As if a keyed commit that may let ``entry_id``'s key go were in flight (``Holdings.settling``)."""
+        self.state.holdings.settling.add(entry_id)
+
     def hold(self, h: Held) -> None:
         """Make the client believe it holds ``h`` (as a second process might)."""
         self.state.holdings.table.add(h)

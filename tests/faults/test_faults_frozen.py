@@ -141,6 +141,27 @@ async def freeze_with_a_read_pending(
     return False
 
 
+async def frozen_with_a_stream(
+    r: aioredis.Redis,
+    producer: lbs.Producer | lbs.Publisher,
+    service: str,
+    b: Proc,
+    work: float,
+) -> str:
+    """:func:`freeze_with_a_read_pending` until it works (5 tries); the stream's name."""
+    for attempt in range(5):
+        name = f"x{attempt}"
+        if await freeze_with_a_read_pending(r, producer, service, b, name, work):
+            return name
+    pytest.fail("could not stop the consumer while its read was pending (5 tries)")
+
+
+async def ended(r: aioredis.Redis, service: str, name: str) -> bool:
+    """Whether a run of ``name`` ended (the audit's ``end``)."""
+    events = await read_audit(r, f"{service}-audit")
+    return any(e["name"] == name and e["ev"] == "end" for e in events)
+
+
 async def _at_least_one(r: aioredis.Redis) -> bool:
     return await blocked_readers(r) >= 1
 
@@ -161,12 +182,7 @@ async def test_a_frozen_consumer_starts_nothing_another_took_over(service: str, 
         try:
             async with consumers(srv.url, service, mode) as start:
                 b = await start("b")
-                for attempt in range(5):
-                    name = f"x{attempt}"
-                    if await freeze_with_a_read_pending(r, producer, service, b, name, 6.0):
-                        break
-                else:
-                    pytest.fail("could not stop the consumer while its read was pending (5 tries)")
+                name = await frozen_with_a_stream(r, producer, service, b, 6.0)
                 # B is frozen, the stream delivered and locked for it. A comes and takes it over
                 # once B's lock (and deadline) expire.
                 await start("a")
@@ -183,11 +199,7 @@ async def test_a_frozen_consumer_starts_nothing_another_took_over(service: str, 
 
                 assert await eventually(b_answered, 30), b.output()[-3000:]
 
-                async def ended() -> bool:
-                    events = await read_audit(r, f"{service}-audit")
-                    return any(e["name"] == name and e["ev"] == "end" for e in events)
-
-                assert await eventually(ended, 30)
+                assert await eventually(lambda: ended(r, service, name), 30)
                 starts = await starts_of(r, service, name)
                 output = b.output()
         finally:
@@ -209,20 +221,11 @@ async def test_a_late_reply_costs_no_retry(service: str, mode: str) -> None:
         try:
             async with consumers(srv.url, service, mode) as start:
                 b = await start("b")
-                for attempt in range(5):
-                    name = f"x{attempt}"
-                    if await freeze_with_a_read_pending(r, producer, service, b, name, 0.05):
-                        break
-                else:
-                    pytest.fail("could not stop the consumer while its read was pending (5 tries)")
+                name = await frozen_with_a_stream(r, producer, service, b, 0.05)
                 await asyncio.sleep(2 * LOCK_TTL)  # its lock expires while it is frozen
                 b.signal(signal.SIGCONT)
 
-                async def ended() -> bool:
-                    events = await read_audit(r, f"{service}-audit")
-                    return any(e["name"] == name and e["ev"] == "end" for e in events)
-
-                assert await eventually(ended, 30), b.output()[-3000:]
+                assert await eventually(lambda: ended(r, service, name), 30), b.output()[-3000:]
                 starts = await starts_of(r, service, name)
                 output = b.output()
         finally:

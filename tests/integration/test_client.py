@@ -892,3 +892,24 @@ async def test_abandon_leaves_in_redis_what_a_killed_process_leaves(
     assert await rr.exists(*(h.lock_key for h in held)) == 2
     await c.start()  # started already: nothing comes back to life
     assert p.reader.task is not None and p.reader.task.done()
+
+
+async def test_a_lock_let_go_by_a_keyed_commit_in_flight_is_not_reported_lost(
+    redis_server: Any, r: aioredis.Redis, service: str
+) -> None:
+    """A keyed commit that lets its key go deletes the lock before its reply is read; a heartbeat
+    answered in between finds the lock gone. While the commit is in flight (``Holdings.settling``)
+    that is not a loss: the commit's reply decides. Any other lock found gone is disowned."""
+    await produce(redis_server.url, service, "k1", "k2")
+    c = client(redis_server.url, service, "c1", lock_ttl=60.0, heartbeat_interval=50.0)
+    await c.start()
+    try:
+        settling, lost = await take(c, 2)
+        await r.delete(
+            lbs.lock_key(service, settling.entry_id), lbs.lock_key(service, lost.entry_id)
+        )
+        probe(c).settle(settling.entry_id)
+        assert await c.heartbeat() == 1
+        assert [h.stream for h in c.held_streams()] == [settling.stream]
+    finally:
+        await c.close()

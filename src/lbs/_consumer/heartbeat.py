@@ -261,7 +261,8 @@ class Heartbeat(Activity, kind="heartbeat"):
                 ):  # a Go consumer took it: ours deleted
                     s.hooks.metric("go_taken_total", 1)
                     self._disown(h, "a Go consumer took it (its Go-style lock holds another name)")
-        lost = [h for h in lost if s.holdings.drop(h)]
+        settling = s.holdings.settling  # let go by a keyed commit in flight, not lost
+        lost = [h for h in lost if h.entry_id not in settling and s.holdings.drop(h)]
         for h in lost:
             self._disown(h, "lock expired or taken while held (heartbeat missed)")
         if held:  # a tick holding nothing only kept the instance marker alive

@@ -20,9 +20,8 @@ with its position, parked for the retry back-off (``Config.retry_delay``;
 :mod:`lbs._consumer.delays` promotes it). The failed batch is then taken
 apart: the next holds give the handler one message at a time up to its last
 message, so the messages before the culprit are committed once, and the
-culprit is dead-lettered after 1 + ``Config.max_retries`` failed holds
-(counted in the key's state by ``commit-1.lua``, and by ``fetch-1.lua`` for a
-dead holder, its entry re-queued or adopted; they add up across consumers).
+culprit is dead-lettered after 1 + ``Config.max_retries`` failed holds (counted by
+``commit-1.lua``, and by ``fetch-1.lua`` for a dead holder; they add up across consumers).
 """
 
 from __future__ import annotations
@@ -47,37 +46,11 @@ from ..notifications import Notification
 from .activity import Activity
 from .backoff import Backoff
 from .finisher import Finisher
+from .keyhold import KeyHold
 from .runner import failure_traceback, handler_coroutine, start_task
 from .state import ClientState
 
 __all__ = ["KeyedRunner"]
-
-
-class _Hold:
-    """One held key: when the hold started, messages processed in it, its last batch, and where a
-    failure is being isolated (from the key's state: ``fetch-1.lua`` and ``commit-1.lua`` replies)."""
-
-    __slots__ = ("batch", "fails", "held", "processed", "started", "unblamed", "until")
-
-    def __init__(self, held: Held) -> None:
-        self.held = held
-        self.started = time.monotonic()
-        self.processed = 0
-        self.batch: KeyedBatch | None = None
-        #: Failed holds blamed on the message after the position.
-        self.fails = 0
-        #: 1 while a failed batch's failure is not blamed on one of its messages yet.
-        self.unblamed = 0
-        #: The last message of the failed batch being taken apart ("" when none).
-        self.until = ""
-
-    def state(self, fails: Any, unblamed: Any, until: Any) -> None:
-        self.fails, self.unblamed, self.until = int(fails), int(unblamed), text(until)
-
-    @property
-    def isolating(self) -> bool:
-        """One message at a time: a failed batch is being taken apart, or the head failed alone."""
-        return bool(self.until) or self.fails > 0
 
 
 class KeyedRunner(Activity, kind="keyed"):
@@ -99,9 +72,9 @@ class KeyedRunner(Activity, kind="keyed"):
         self.soon = soon
         self.batch, self.max_hold_messages = batch, max_hold_messages
         self.max_hold_seconds = max_hold_seconds
-        self._fetch: list[_Hold] = []
+        self._fetch: list[KeyHold] = []
         #: Each key's next step for commit-1.lua.
-        self._commit: list[tuple[_Hold, KeyCommit]] = []
+        self._commit: list[tuple[KeyHold, KeyCommit]] = []
         self._wake = asyncio.Event()
         self._backoff = Backoff(state.config.read_retry_initial, state.config.read_retry_max)
         self._loop = asyncio.get_running_loop()
@@ -115,7 +88,7 @@ class KeyedRunner(Activity, kind="keyed"):
 
     def dispatch(self, h: Held, note: Notification) -> None:
         """A key was taken: fetch its first messages with the next batch."""
-        self._fetch.append(_Hold(h))
+        self._fetch.append(KeyHold(h))
         self._kick()
 
     def _kick(self) -> None:
@@ -125,7 +98,7 @@ class KeyedRunner(Activity, kind="keyed"):
 
     def _step(
         self,
-        hold: _Hold,
+        hold: KeyHold,
         position: str,
         mode: str,
         *,
@@ -154,7 +127,7 @@ class KeyedRunner(Activity, kind="keyed"):
         )
         self._kick()
 
-    def _start(self, hold: _Hold, messages: list[Message]) -> None:
+    def _start(self, hold: KeyHold, messages: list[Message]) -> None:
         """Hand ``messages`` (XRANGE's reply) of a held key to the handler."""
         s = self.state
         h = hold.held
@@ -197,7 +170,7 @@ class KeyedRunner(Activity, kind="keyed"):
             s.handlers.add(task)
             task.add_done_callback(lambda t: self._ended(hold, t))
 
-    def _ended(self, hold: _Hold, task: asyncio.Task[Any]) -> None:
+    def _ended(self, hold: KeyHold, task: asyncio.Task[Any]) -> None:
         s = self.state
         h = hold.held
         h.task = None
@@ -236,7 +209,7 @@ class KeyedRunner(Activity, kind="keyed"):
                 mode = self._last  # the key looked drained: the commit says if more came
             self._step(hold, batch.messages[-1].id, mode, effects=batch.effects)
 
-    def _failed(self, hold: _Hold, batch: KeyedBatch, reason: str, trace: str) -> None:
+    def _failed(self, hold: KeyHold, batch: KeyedBatch, reason: str, trace: str) -> None:
         """The batch failed: hand the key back parked for the retry back-off (``Config.retry_delay``,
         doubling per failure up to ``retry_delay_max``, jittered in [d/2, d]); commit-1.lua counts
         the failure and dead-letters a message that reached the limit instead."""
@@ -287,9 +260,23 @@ class KeyedRunner(Activity, kind="keyed"):
                     free.append(inflight.pop(t))
 
     async def _round_trip(
-        self, k: int, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]
+        self, k: int, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]]
     ) -> None:
-        """One batch on the link's keyed wire ``k`` (read again on each try: the slot may move)."""
+        """One batch on the link's keyed wire ``k`` (read again on each try: the slot may move).
+
+        Its commits may let their keys go (the lock deleted): until the replies are in, a heartbeat
+        that finds those locks gone leaves them to the replies (``Holdings.settling``)."""
+        s = self.state
+        ids = [hold.held.entry_id for hold, _ in commit]
+        s.holdings.settling.update(ids)
+        try:
+            await self._attempts(k, fetch, commit)
+        finally:
+            s.holdings.settling.difference_update(ids)
+
+    async def _attempts(
+        self, k: int, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]]
+    ) -> None:
         s = self.state
         while True:
             wire = s.link.keyed[k]
@@ -316,7 +303,7 @@ class KeyedRunner(Activity, kind="keyed"):
             return
 
     def _build(
-        self, b: CommandBatch, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]]
+        self, b: CommandBatch, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]]
     ) -> None:
         # Each key's messages come from a plain XRANGE behind the script (no Lua in between):
         # every message up to a key's position is trimmed, so "-" starts right after it.
@@ -363,7 +350,7 @@ class KeyedRunner(Activity, kind="keyed"):
                     b.expect(Shape.MESSAGES)
 
     def _replies(
-        self, fetch: list[_Hold], commit: list[tuple[_Hold, KeyCommit]], replies: list[Any]
+        self, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]], replies: list[Any]
     ) -> None:
         s = self.state
         at = 0
@@ -392,7 +379,7 @@ class KeyedRunner(Activity, kind="keyed"):
                         hold, step, reply, next(after) if step.mode in _GOING_ON else None
                     )
 
-    def _fetched(self, hold: _Hold, reply: list[Any], messages: Any) -> None:
+    def _fetched(self, hold: KeyHold, reply: list[Any], messages: Any) -> None:
         s = self.state
         code = int(reply[0])
         h = hold.held
@@ -414,7 +401,7 @@ class KeyedRunner(Activity, kind="keyed"):
             s.holdings.drop(h)
             s.stats.lock_lost += code == FetchCode.LOST
 
-    def _committed(self, hold: _Hold, step: KeyCommit, reply: list[Any], messages: Any) -> None:
+    def _committed(self, hold: KeyHold, step: KeyCommit, reply: list[Any], messages: Any) -> None:
         s = self.state
         code = int(reply[0])
         h = hold.held

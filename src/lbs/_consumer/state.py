@@ -221,6 +221,9 @@ class Holdings:
         self.tombstones: OrderedDict[str, Held] = OrderedDict()
         #: Set when a slot frees (a stream dropped, or the client closing): the reader reads again.
         self.freed = asyncio.Event()
+        #: Held entries whose keyed commit is in flight: it may let the key go, so a heartbeat that
+        #: finds the lock gone meanwhile leaves them to the commit's reply instead of disowning them.
+        self.settling: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.table)
