@@ -25,10 +25,21 @@ cdef inline bint all_bytes(list items):
     return True
 
 
+cdef bytes _str_bytes(str x):
+    # A str another parser made, as the bytes it came from: never raises, so
+    # one odd field fails no batch. Bytes decoded with surrogateescape come
+    # back as they were; any other lone surrogate becomes bytes that are not
+    # UTF-8 (the entry is judged malformed).
+    try:
+        return x.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return x.encode("utf-8", "surrogatepass")
+
+
 cdef inline object _as_bytes(object value):
     if value is None or type(value) is bytes:
         return value
-    return value.encode() if isinstance(value, str) else bytes(value)
+    return _str_bytes(<str>value) if isinstance(value, str) else bytes(value)
 
 
 cdef inline Span _span(object value):
@@ -51,7 +62,7 @@ cdef inline bytes _field_bytes(object x):
     if type(x) is bytes:
         return <bytes>x
     if isinstance(x, str):
-        return (<str>x).encode("utf-8", "surrogateescape")
+        return _str_bytes(<str>x)
     if isinstance(x, (bytes, bytearray, memoryview)):
         return bytes(x)
     if x is None:

@@ -6,7 +6,9 @@
 # decodes to an empty dict. We write the compact form Go's json.Marshal
 # writes and read any JSON; the compiled fast path takes any JSON whitespace
 # too, so a Python producer's plain json.dumps (", " and ": ") or an
-# indented document is not left to json.loads.
+# indented document is not left to json.loads. A lone surrogate escape
+# anywhere (\ud800 without its low half) makes a document malformed: UTF-8
+# cannot encode the str json.loads makes of it (_lone_surrogate).
 
 import json as _json
 
@@ -396,12 +398,85 @@ cdef tuple decode_input_ptr(const char* p, Py_ssize_t n):
     return decode_input_c(PyBytes_FromStringAndSize(p, n))
 
 
+cdef inline int _hex4(const char* p, Py_ssize_t n, Py_ssize_t i) noexcept:
+    # The value of the four hex digits at p[i:i + 4], or -1.
+    cdef int v = 0, d, k
+    cdef char c
+    if n - i < 4:
+        return -1
+    for k in range(4):
+        c = p[i + k]
+        if 48 <= c <= 57:
+            d = c - 48
+        elif 97 <= c <= 102:
+            d = c - 87
+        elif 65 <= c <= 70:
+            d = c - 55
+        else:
+            return -1
+        v = v * 16 + d
+    return v
+
+
+cdef Py_ssize_t _lone_surrogate(const char* p, Py_ssize_t n) noexcept:
+    # Where the first \uXXXX escape in a string of the JSON text p[:n] is half
+    # of a UTF-16 surrogate pair without its other half (json.loads decodes it
+    # to a lone surrogate, a str UTF-8 cannot encode), or -1. A high half
+    # followed at once by an escaped low half is one character, as json reads it.
+    cdef Py_ssize_t i = 0
+    cdef int u
+    cdef bint quoted = False
+    while i < n:
+        if not quoted:
+            if p[i] == 34:
+                quoted = True
+            i += 1
+            continue
+        if p[i] == 34:
+            quoted = False
+        elif p[i] == 92:  # backslash
+            if i + 1 < n and p[i + 1] == 117:  # \u
+                u = _hex4(p, n, i + 2)
+                if 0xDC00 <= u <= 0xDFFF:
+                    return i
+                if 0xD800 <= u <= 0xDBFF:
+                    if not (i + 7 < n and p[i + 6] == 92 and p[i + 7] == 117
+                            and 0xDC00 <= _hex4(p, n, i + 8) <= 0xDFFF):
+                        return i
+                    i += 6  # a pair: both escapes skipped
+                i += 6
+                continue
+            i += 1  # the escaped character
+        i += 1
+    return -1
+
+
+# Why a document with a lone surrogate is malformed, not delivered: UTF-8 (the
+# wire format's encoding) cannot encode such a str, so no key, lock or script
+# argument can carry the name; Redis's Lua (cjson) refuses the whole document,
+# so its name is never locked; and an lbs Producer refuses to write one.
+_LONE = "a lone surrogate, which UTF-8 cannot encode and Redis's scripts cannot decode"
+
+
+cdef str _lone_surrogate_reason(const char* p, Py_ssize_t n, Py_ssize_t at, object name):
+    cdef str escape
+    try:
+        (<str>name).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"lbs-input DataStreamName {name!r:.100} contains {exc.object[exc.start:exc.end]!r} "
+                f"at position {exc.start}: {_LONE}")
+    escape = PyUnicode_DecodeUTF8(p + at, 6, "replace")
+    return (f"lbs-input contains the JSON escape {escape} at byte {at} (in its Info, or another member "
+            f"than its DataStreamName): {_LONE}")
+
+
 cdef tuple decode_input_c(object raw):
     # Returns (name, info, None) or (None, None, reason): bad input is data,
     # not an exception, so one malformed entry never aborts a batch.
     cdef object doc, name, info
     cdef tuple fast
     cdef bytes encoded  # what the depth scan reads: the caller's bytes, or a str's UTF-8
+    cdef Py_ssize_t at
     if type(raw) is bytes:
         fast = _decode_fast(<bytes>raw, len(<bytes>raw))
         if fast is not None:
@@ -417,7 +492,11 @@ cdef tuple decode_input_c(object raw):
     elif not isinstance(raw, str):
         return (None, None, f"lbs-input has unexpected type {type(raw).__name__}")
     else:
-        encoded = (<str>raw).encode("utf-8", "surrogatepass")
+        try:
+            encoded = (<str>raw).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (None, None, f"lbs-input is not UTF-8: it contains {exc.object[exc.start:exc.end]!r} "
+                                f"at position {exc.start}, {_LONE}")
     if _json_depth(encoded, len(encoded)) > JSON_MAX_NESTING:
         return (None, None, _DECODE_TOO_DEEP)
     try:
@@ -436,6 +515,10 @@ cdef tuple decode_input_c(object raw):
         info = {}
     elif not isinstance(info, dict):
         return (None, None, f"lbs-input Info is not a JSON object but {type(info).__name__}")
+    # Only this path can give a lone surrogate (the fast one refuses escapes).
+    at = _lone_surrogate(encoded, len(encoded))
+    if at >= 0:
+        return (None, None, _lone_surrogate_reason(encoded, len(encoded), at, name))
     return (name, info, None)
 
 
@@ -443,7 +526,8 @@ def decode_input(raw):
     """Decode an ``lbs-input`` value (bytes or str) into ``(name, info)``.
 
     Raises lbs.InvalidInputError, whose message is the reason, when the
-    value is not the JSON object the wire format prescribes.
+    value is not the JSON object the wire format prescribes, or holds a
+    lone surrogate (a ``\\ud800`` escape without its low half) anywhere.
     """
     name, info, reason = decode_input_c(raw)
     if reason is not None:

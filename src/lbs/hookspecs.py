@@ -424,8 +424,9 @@ def lbs_message_fields(sender: Sender, service: str) -> Mapping[str, str] | None
     sender implements it (a sender loads plugins as a client does, and takes ``plugins=``). The
     fields go beside ``lbs-input`` in every LBS entry (the Go client reads only that) or into
     every published message. A later answer wins for one name; lbs's own names (``lbs-input``,
-    ``lbs-keyed``, ``_``-prefixed) and a plugin that raises are logged and left out. Consumers
-    read them from :attr:`lbs.Held.fields`; re-queued copies keep them.
+    ``lbs-keyed``, ``_``-prefixed), text UTF-8 cannot encode (a lone surrogate) and a plugin that
+    raises are logged and left out. Consumers read them from :attr:`lbs.Held.fields`; re-queued
+    copies keep them.
 
     :param sender: the :class:`lbs.Producer` or :class:`lbs.Publisher`.
     :param service: its service.

@@ -190,7 +190,8 @@ def merged_fields(
 ) -> dict[str, str]:
     """The fields the implementations of a fields hook (``lbs_message_fields``, ``lbs_hand_back_fields``)
     answer, merged (a later answer wins for one name), each called on its own (:func:`call_each`).
-    A name lbs writes itself, or a name or value that is not a str, is logged and left out."""
+    A name lbs writes itself, or a name or value that is not a str (or that UTF-8 cannot encode: a lone
+    surrogate, which would fail the batch that carries it), is logged and left out."""
     merged: dict[str, str] = {}
     for answer in call_each(impls, hook, kwargs, log):
         if not answer:
@@ -200,9 +201,24 @@ def merged_fields(
                 log.error("hook %s: field %r = %r is not str to str; left out", hook, name, value)
             elif name in OWN_FIELDS or name.startswith("_") or not name:
                 log.error("hook %s: field %r is lbs's own; left out", hook, name)
+            elif not (name.isascii() and value.isascii()) and not _encodable(name + value):
+                log.error(
+                    "hook %s: field %r = %r holds a lone surrogate (UTF-8 cannot encode it); left out",
+                    hook,
+                    name,
+                    value,
+                )
             else:
                 merged[name] = value
     return merged
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def collect(pm: pluggy.PluginManager, hook: str, /, **kwargs: Any) -> list[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,88 @@ def test_bad_input_gives_a_reason(raw: object, reason: str) -> None:
     assert why is not None and reason in why
     with pytest.raises(lbs.InvalidInputError, match=reason):
         lbs.decode_input(raw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        # A lone surrogate escape, as a foreign producer writes it: json.loads makes a str of it
+        # that UTF-8 cannot encode, so no key or script argument could carry it.
+        (
+            rb'{"DataStreamName":"bad\ud800name"}',
+            r"DataStreamName 'bad\ud800name' contains '\ud800' at position 3",
+        ),
+        (rb'{"DataStreamName": "x\udc00"}', r"contains '\udc00' at position 1"),
+        (rb'{"DataStreamName":"x\ud800\u0041"}', r"'x\ud800A' contains '\ud800'"),
+        (rb'{"DataStreamName":"x\ud800\\udc00"}', r"contains '\ud800'"),  # \\ is a backslash
+        (rb'{"DataStreamName":"x\uDBFF"}', r"contains '\udbff'"),
+        (
+            rb'{"DataStreamName":"x","Info":{"k":["\udfff"]}}',
+            r"escape \udfff at byte 36 (in its Info",
+        ),
+        (rb'{"Info":{"\ud800":1},"DataStreamName":"x"}', r"escape \ud800 at byte 10"),
+        (rb'{"DataStreamName":"x","Other":"\ud800"}', r"escape \ud800"),
+        # A str holding the character itself (a parser that decoded with surrogates).
+        ('{"DataStreamName":"x\ud800"}', r"not UTF-8: it contains '\ud800' at position 20"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_malformed(raw: bytes | str, reason: str) -> None:
+    name, info, why = lbs.try_decode_input(raw)
+    assert (name, info) == (None, None)
+    assert why is not None and "lone surrogate" in why and "UTF-8 cannot encode" in why
+    assert reason in why, why
+    with pytest.raises(lbs.InvalidInputError, match=re.escape(reason)):
+        lbs.decode_input(raw)
+    # The reader's judge says the same, for bytes or for a str another parser made.
+    for value in (raw, raw.decode() if isinstance(raw, bytes) else raw):
+        [entry] = EntryParser().parse_entries([[b"1-0", [b"lbs-input", value]]])
+        assert entry.stream is None and entry.error is not None
+        assert "lone surrogate" in entry.error or "not UTF-8" in entry.error, entry.error
+
+
+@pytest.mark.parametrize(
+    "raw, name",
+    [
+        (rb'{"DataStreamName":"x\ud83d\ude00"}', "x\U0001f600"),  # a pair: one character
+        (rb'{"DataStreamName":"x\uD83D\uDE00y"}', "x\U0001f600y"),
+        (rb'{"DataStreamName":"x\udbff\udfff"}', "x\U0010ffff"),
+        (rb'{"DataStreamName":"x\\ud800"}', r"x\ud800"),  # an escaped backslash, then text
+        (rb'{"DataStreamName":"x\u0000\n\u2028\uffff"}', "x\x00\n\u2028\uffff"),
+        (rb'{"DataStreamName":"x","Info":{"a\"\\":"\ud83d\ude00"}}', "x"),
+    ],
+)
+def test_surrogate_pairs_and_odd_characters_are_names_like_any(raw: bytes, name: str) -> None:
+    got, _info, why = lbs.try_decode_input(raw)
+    assert why is None and got == name
+
+
+_with_surrogates = st.text(
+    st.one_of(st.characters(categories=["Cs"]), st.sampled_from("a\U0001f600")), max_size=6
+)
+
+
+@given(_with_surrogates, _with_surrogates)
+def test_what_is_accepted_utf8_encodes_and_only_that_is(name: str, value: str) -> None:
+    # json.dumps escapes every surrogate: a high one right before a low one reads back as one
+    # character, any other stays lone in what json.loads gives.
+    raw = json.dumps({"DataStreamName": "n" + name, "Info": {"k" + value: value}}).encode()
+    doc = json.loads(raw)
+    encodable = all(_encodes(x) for x in (doc["DataStreamName"], *doc["Info"].popitem()))
+    got, info, why = lbs.try_decode_input(raw)
+    assert (why is None) == encodable, why
+    if why is None:
+        assert got is not None and info is not None
+        _ = (got.encode(), json.dumps(info, ensure_ascii=False).encode())
+    else:
+        assert "lone surrogate" in why
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @given(st.binary(max_size=200))

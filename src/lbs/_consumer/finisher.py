@@ -34,7 +34,7 @@ from .._redis.connection import topology_error
 from .._redis.scripts import DoneCode
 from .._redis.wire import first_error
 from .._waits import wait_set
-from ..exceptions import RedisOperationError
+from ..exceptions import DataError, RedisOperationError
 from ..notifications import DoneStatus
 from .activity import Activity
 from .backoff import Backoff
@@ -59,6 +59,10 @@ _DONE_STATUS = {
 
 #: A stream to finish, and the future that gets its done-n.lua code (None: log the outcome only).
 _Item = tuple[Held, "asyncio.Future[Any] | None"]
+
+#: What the core raises for a value it cannot encode (a str UTF-8 cannot encode: a lone surrogate).
+#: Raised by a call's build, before anything was written: nothing was sent.
+_UNENCODABLE = (UnicodeError, DataError)
 
 
 class Finisher(Activity, kind="finisher"):
@@ -93,12 +97,24 @@ class Finisher(Activity, kind="finisher"):
             fut: asyncio.Future[Any] = loop.create_future()
             self.queue(h, fut)
             futures.append(fut)
-        codes = [await futures[0]] if len(futures) == 1 else await asyncio.gather(*futures)
+        if len(futures) == 1:
+            codes = [await futures[0]]
+        else:
+            # One stream failing alone (it could not be encoded) leaves the others' outcomes counted.
+            codes = await asyncio.gather(*futures, return_exceptions=True)
         hooks = self.state.hooks
         released = hooks.listening("lbs_lock_released")
-        statuses = [self._finished_one(h, code, released) for h, code in zip(items, codes)]
-        if hooks.listening("lbs_locks_released"):
-            hooks.notify("lbs_locks_released", released=list(zip(items, statuses)))
+        finished = [
+            (h, code) for h, code in zip(items, codes) if not isinstance(code, BaseException)
+        ]
+        statuses = [self._finished_one(h, code, released) for h, code in finished]
+        if statuses and hooks.listening("lbs_locks_released"):
+            hooks.notify(
+                "lbs_locks_released", released=[(h, st) for (h, _), st in zip(finished, statuses)]
+            )
+        failed = next((code for code in codes if isinstance(code, BaseException)), None)
+        if failed is not None:
+            raise failed
         return statuses
 
     def finishing(self) -> list[Held]:
@@ -152,6 +168,16 @@ class Finisher(Activity, kind="finisher"):
                     if fut is not None:
                         fut.cancel()
                 raise
+            except _UNENCODABLE as exc:
+                # The core could not encode the call, so nothing was sent: what cannot be encoded alone
+                # is set aside and fails alone, the rest goes in the next call at once.
+                self._inflight = []
+                kept = self._set_aside(batch, xackdel, go is not None)
+                if len(kept) < len(batch):
+                    queue[:0] = kept
+                    continue
+                self._failed(batch, exc)  # each encodes alone (never seen): the call fails whole
+                continue
             except Exception as exc:
                 self._inflight = []
                 s.hooks.metric("done_failures_total", len(batch))
@@ -168,16 +194,7 @@ class Finisher(Activity, kind="finisher"):
                     )
                     await asyncio.sleep(wait)
                     continue
-                err = (
-                    RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
-                )
-                for h, fut in batch:
-                    if fut is None:
-                        s.log.on(h).error(
-                            "finishing %s failed (%s); its lock will expire", h.stream, err
-                        )
-                    elif not fut.done():
-                        fut.set_exception(err)
+                self._failed(batch, exc, counted=True)
                 continue
             self._inflight = []
             backoff.reset()
@@ -201,6 +218,53 @@ class Finisher(Activity, kind="finisher"):
                     fut.set_result(code)
             if outcomes:
                 s.hooks.notify("lbs_locks_released", released=outcomes)
+
+    def _failed(self, batch: list[_Item], exc: BaseException, counted: bool = False) -> None:
+        """A call Redis refused, or that failed otherwise (not "not now"): each of its streams fails (its
+        waiter gets the error, or it is logged); the locks expire and recovery brings them back."""
+        s = self.state
+        if not counted:
+            s.hooks.metric("done_failures_total", len(batch))
+        err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
+        for h, fut in batch:
+            if fut is None:
+                s.log.on(h).error("finishing %s failed (%s); its lock will expire", h.stream, err)
+            elif not fut.done():
+                fut.set_exception(err)
+
+    def _set_aside(self, batch: list[_Item], xackdel: bool, go: bool) -> list[_Item]:
+        """The items of a call the core could not encode that it encodes alone, to be sent again; each
+        other one fails alone, with the reason (logged, or its waiter gets a :class:`lbs.DataError`):
+        its lock expires and recovery brings it back (the entry judge keeps such names out, so this is a
+        second wall)."""
+        s = self.state
+        n = s.names
+        kept: list[_Item] = []
+        for item in batch:
+            h, fut = item
+            go_keys = (n.id, [_keys.go_lock_key(h.stream, h.entry_id)]) if go else None
+            try:
+                _done(n, [h.entry_id], [h.value], [h.stream], xackdel, False, go_keys)(
+                    CommandBatch()
+                )
+            except _UNENCODABLE as exc:
+                s.hooks.metric("done_failures_total", 1)
+                err = DataError(
+                    f"done_stream({h.stream!r:.200}): entry {h.entry_id} cannot be sent to Redis: {exc}"
+                )
+                if fut is None:
+                    s.log.on(h).error(
+                        "finishing %r (entry %s) failed alone (%s); its lock will expire, the others "
+                        "go on",
+                        h.stream,
+                        h.entry_id,
+                        exc,
+                    )
+                elif not fut.done():
+                    fut.set_exception(err)
+                continue
+            kept.append(item)
+        return kept
 
     async def _linger(self) -> bool:
         """Wait (True) when the queue may join the next call: too soon after the last one, short,

@@ -37,7 +37,7 @@ from _lbscore import CommandBatch, try_decode_input
 
 from .. import _keys
 from .._redis.errors import WrongTypeError
-from .._redis.wire import Wire, text
+from .._redis.wire import Wire, sendable, text
 from .._waits import within
 from .activity import Activity
 
@@ -300,7 +300,8 @@ class Journal(Activity, kind="journal"):
             for kind, fields in events:
                 args = ["XADD", key, "MAXLEN", "~", maxlen, "*", "kind", kind, "consumer", consumer]
                 for name, value in fields.items():
-                    args += (name, str(value))
+                    # sendable: a handler's error text with a lone surrogate fails no flush.
+                    args += (name, sendable(str(value)))
                 b.command(*args)
 
         if self._link is not s.link or self._wire is None:

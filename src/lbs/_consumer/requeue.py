@@ -32,8 +32,8 @@ from .._redis import scripts
 from .._redis.connection import execute
 from .._redis.errors import WrongTypeError
 from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
-from .._redis.wire import first_error, text
-from ..exceptions import RedisOperationError
+from .._redis.wire import first_error, sendable, text
+from ..exceptions import DataError, RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
 from .journal import stream_of
@@ -57,6 +57,12 @@ PARDON_KEEP = 100_000
 
 #: One call: (entry id, lock key, lock mode, our lock value, reason).
 _Call = tuple[str, str, str, str, str]
+
+#: What the core raises for a value it cannot encode (a str UTF-8 cannot encode: a lone surrogate).
+#: Raised by a batch's build, before anything was written: nothing was sent.
+_UNENCODABLE = (UnicodeError, DataError)
+#: The detail of a call set aside because the core could not encode it (its code is ``REFUSED``).
+NOT_SENT = "not sent: "
 
 
 #: Beside a Go fleet: a dead holder's entry idle less than this (ms; or the lock TTL, when shorter) was
@@ -107,7 +113,12 @@ class Requeue:
     ) -> list[Any]:
         """One batch of requeue-6.lua calls; one reply (or server error) per call. ``names``: mode
         "owned", each call's DataStreamName (``Config.go_compatible``: its Go-style lock is released
-        with ours). ``fields``: each call's fields set on the copy (flat names and values)."""
+        with ours). ``fields``: each call's fields set on the copy (flat names and values).
+
+        Reasons and the traceback are sent as :func:`lbs._redis.wire.sendable` text. A call the core
+        cannot encode (a value UTF-8 cannot encode) is set aside and fails alone: its reply is
+        ``[REFUSED, "not sent: <why>"]`` (nothing touched: it stays pending, its lock expires) and the
+        other calls are sent."""
         s = self.state
         n, cfg = s.names, s.config
         # Without a dead-letter stream the key is only a name in the same slot: nothing is written to it.
@@ -115,45 +126,81 @@ class Requeue:
         parked, due = self.delays.parked_key, self.delays.due_key
         delays = self._delays(len(calls), delay)
         go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else ""
+        trace = sendable(traceback)
+
+        def call(b: CommandBatch, i: int) -> None:
+            entry_id, lock_key, mode, value, reason = calls[i]
+            scripts.requeue(
+                b,
+                n.stream_key,
+                dead_letters,
+                lock_key,
+                parked,
+                due,
+                self.pardons_key,
+                group=n.group,
+                entry_id=entry_id,
+                mode=mode,
+                value=value,
+                count_retry=count_retry,
+                max_retries=cfg.max_retries,
+                retry_field=n.retry_field,
+                original_field=n.original_field,
+                reason=sendable(reason),
+                consumer=n.id,
+                force_dead_letter=force_dead_letter,
+                dead_letter_on=bool(n.dead_letter_key),
+                field_prefix=n.field_prefix,
+                delay=delays[i],
+                go_lock_sep=go_sep,
+                stream_name=names[i] if names else "",
+                queued_prefix=n.queued_prefix,
+                traceback=trace,
+                key_prefix=n.key_prefix,
+                min_idle_ms=str(min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS))
+                if go_sep and mode == "absent"
+                else "",
+                fields=fields[i] if fields else (),
+            )
 
         def build(b: CommandBatch) -> None:
-            for i, ((entry_id, lock_key, mode, value, reason), wait) in enumerate(
-                zip(calls, delays)
-            ):
-                scripts.requeue(
-                    b,
-                    n.stream_key,
-                    dead_letters,
-                    lock_key,
-                    parked,
-                    due,
-                    self.pardons_key,
-                    group=n.group,
-                    entry_id=entry_id,
-                    mode=mode,
-                    value=value,
-                    count_retry=count_retry,
-                    max_retries=cfg.max_retries,
-                    retry_field=n.retry_field,
-                    original_field=n.original_field,
-                    reason=reason,
-                    consumer=n.id,
-                    force_dead_letter=force_dead_letter,
-                    dead_letter_on=bool(n.dead_letter_key),
-                    field_prefix=n.field_prefix,
-                    delay=wait,
-                    go_lock_sep=go_sep,
-                    stream_name=names[i] if names else "",
-                    queued_prefix=n.queued_prefix,
-                    traceback=traceback,
-                    key_prefix=n.key_prefix,
-                    min_idle_ms=str(min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS))
-                    if go_sep and mode == "absent"
-                    else "",
-                    fields=fields[i] if fields else (),
-                )
+            for i in range(len(calls)):
+                call(b, i)
 
-        return (await s.link.pool.execute(build))[: len(calls)]
+        try:
+            return (await s.link.pool.execute(build))[: len(calls)]
+        except _UNENCODABLE:
+            # Nothing was sent. Each call alone: those the core cannot encode are set aside.
+            unsent: dict[int, str] = {}
+            for i in range(len(calls)):
+                try:
+                    call(CommandBatch(), i)
+                except _UNENCODABLE as exc:
+                    unsent[i] = f"{NOT_SENT}{exc}"
+            if not unsent:
+                raise
+        sent = [i for i in range(len(calls)) if i not in unsent]
+        s.log.error(
+            "%d of %d re-queue calls cannot be sent to Redis, set aside (the first: entry %s, %s); "
+            "the others are sent",
+            len(unsent),
+            len(calls),
+            calls[min(unsent)][0],
+            unsent[min(unsent)],
+        )
+
+        def build_sent(b: CommandBatch) -> None:
+            for i in sent:
+                call(b, i)
+
+        replies = (await s.link.pool.execute(build_sent))[: len(sent)] if sent else []
+        results: list[Any] = [
+            [int(RequeueCode.REFUSED), unsent[i]] if i in unsent else None
+            for i in range(len(calls))
+        ]
+        for i, reply in zip(sent, replies):
+            results[i] = reply
+        return results
 
     # ----------------------------------------------------------- hand back ---
 
@@ -361,7 +408,8 @@ class Requeue:
                 )
                 self._dead_lettered(entry_id, reason, code, detail, stream_of(res))
             elif code == RequeueCode.REFUSED:
-                s.hooks.metric("wrong_type_keys_total", 1)
+                if not detail.startswith(NOT_SENT):
+                    s.hooks.metric("wrong_type_keys_total", 1)
                 s.log.error(
                     "cannot re-queue entry %s (%s recovery): %s; it stays pending and is retried",
                     entry_id,

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from _lbscore import CommandBatch
 
 from .sources import load
+from .wire import sendable
 
 __all__ = [
     "COMMIT",
@@ -155,8 +156,8 @@ def commit(
             k.position,
             k.mode,
             k.registration,
-            k.reason,
-            k.traceback,
+            sendable(k.reason),  # a handler's error text: a lone surrogate fails no batch
+            sendable(k.traceback),
             len(k.effects),
         )
         for effect in k.effects:

@@ -71,6 +71,18 @@ def text(v: Any, errors: str = "strict") -> str:
     return str(v)
 
 
+def sendable(value: str) -> str:
+    """Free text for a command (a reason, a traceback, a journal field) as text UTF-8 can encode: each
+    lone surrogate becomes its escape (``\\ud800``), so one odd character fails no batch that carries it."""
+    if value.isascii():
+        return value
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode()
+    return value
+
+
 def fields_text(raw: Any) -> dict[str, str]:
     """An entry's fields (a RESP3 map or a RESP2 flat list) as text, invalid UTF-8 replaced."""
     items = raw.items() if isinstance(raw, Mapping) else zip(raw[::2], raw[1::2])
