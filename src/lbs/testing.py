@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._consumer.delays import Delays
     from ._consumer.heartbeat import Heartbeat
     from ._consumer.reader import Reader
+    from ._consumer.recovery import Recovery
     from ._consumer.requeue import Requeue
     from ._consumer.state import ClientState, Link
     from ._consumer.topology import Topology
@@ -80,6 +81,8 @@ class Probe:
         self.delays: Delays = life.requeue.delays
         #: Routing, the group, the server's features (``ensure_group``).
         self.topology: Topology = life.topology
+        #: Recovery's tasks (``listening``: set while the keyspace listener is subscribed).
+        self.recovery: Recovery = life.recovery
 
     @property
     def link(self) -> Link:

@@ -16,7 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._keys import consumers_key, reaped_key
+from lbs._keys import GO_MUTEX_KEY_SEP, consumers_key, reaped_key
+from lbs.testing import probe
 
 from _helpers import client, eventually, next_line, produce, take
 
@@ -528,3 +529,27 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
     print(f"chaos: {spawned - 4} kills, {len(records)} attempts reached done_stream: {statuses}")
     assert await rr.xlen(lbs.input_stream(service)) == 0
+
+
+async def test_a_go_lock_key_that_is_not_utf8_does_not_cut_the_keyspace_listener(
+    redis_server: Any, r: aioredis.Redis, service: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Beside a Go fleet the listener hears every Go-style lock key's expiry; a key name that is not
+    UTF-8 (any process may write one) is read with replacement, not a failure that drops the
+    subscription and the events with it."""
+    c = client(redis_server.url, service, "c1", go_compatible=True)
+    await c.start()
+    try:
+        listening = probe(c).recovery.listening
+        await asyncio.wait_for(listening.wait(), 10)
+        await r.set(b"bad\xff" + GO_MUTEX_KEY_SEP.encode() + b"1-1", "x", px=10)
+        await eventually(lambda: _gone(r, b"bad\xff"), timeout=10)  # expired: the event was sent
+        await asyncio.sleep(0.3)  # the listener has read it
+        assert listening.is_set()
+    finally:
+        await c.close()
+    assert not [m for m in caplog.messages if "keyspace listener lost" in m], caplog.messages
+
+
+async def _gone(r: aioredis.Redis, prefix: bytes) -> bool:
+    return not [k async for k in r.scan_iter(match=prefix + b"*")]

@@ -299,10 +299,10 @@ class Recovery(Activity):
                                 expired = expired or msg[2]
                             else:
                                 await self._on_go_expired(
-                                    text(msg[2]).rpartition(_keys.GO_MUTEX_KEY_SEP)[2]
+                                    text(msg[2], "replace").rpartition(_keys.GO_MUTEX_KEY_SEP)[2]
                                 )
                     if expired is not None:
-                        await self._on_expired(text(expired[prefix_len:]))
+                        await self._on_expired(text(expired[prefix_len:], "replace"))
                     if now - last_ping >= ping_every:
                         # The PONG must come back, or the link is half-open (about 1 µs of Redis).
                         sub.ping()
