@@ -2,11 +2,13 @@
 the lbs-prometheus plugin and lbs.Config, read from the code, not from a copy of it.
 
 The args and every variable of the worker's container are ones ``lbs worker`` (or a plugin it
-loads) reads; ``lbs worker ... --check`` resolves them; the probes ask lbs-prometheus's health
-path on the port it serves; the grace period covers drain_timeout and the hand-back; the KEDA
-triggers name the service's LBS, group and parked-retry stream. Then the container's command
-runs for real against a Redis: /healthz answers 200, the consumer id is the pod's name, and
-SIGTERM ends it cleanly within the grace period. The image is built only where a container
+loads) reads; ``lbs worker ... --check`` resolves them; the startup and liveness probes ask
+lbs-prometheus's liveness path and the readiness probe its readiness path, on the port it serves;
+the grace period covers drain_timeout and the hand-back; the KEDA triggers name the service's LBS,
+group and parked-retry stream. Then the container's command runs for real against a Redis:
+/livez and /readyz answer 200, the consumer id is the pod's name, and SIGTERM ends it cleanly
+within the grace period; with Redis stopped it stays alive (/livez 200) and unready (/readyz 503),
+and both are 200 again once Redis is back. The image is built only where a container
 engine runs (skipped otherwise, saying so).
 """
 
@@ -26,16 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import typer
 import yaml
 from _manifests import DEPLOY, K8S, ROOT, documents, scaled_object, trigger, worker
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import lbs
 from lbs import _keys
 from lbs.cli import app
 from lbs.cli.settings import COMMAND_ENV, FIELDS, env_name
 from lbs.config import Config
-from lbs.embedded import free_port
+from lbs.embedded import RedisServer, free_port
 
 lbs_prometheus = pytest.importorskip("lbs_prometheus")
 
@@ -92,7 +97,7 @@ def test_every_variable_is_read_by_lbs_worker_or_its_plugins() -> None:
         _option_envvars()
         | COMMAND_ENV
         | {env_name(n) for n in FIELDS}
-        | {lbs_prometheus.PORT_ENV, lbs_prometheus.ADDR_ENV}
+        | {lbs_prometheus.PORT_ENV, lbs_prometheus.ADDR_ENV, lbs_prometheus.LIVE_TIMEOUT_ENV}
         | CONSUMER_ID_ENV
         | FOR_KEDA
     )
@@ -156,16 +161,47 @@ def test_lbs_worker_check_accepts_the_container(tmp_path: Path) -> None:
     assert f"lock_ttl = {cfg.lock_ttl}" in table and f"max_streams = {cfg.max_streams}" in table
 
 
-def test_probes_ask_healthz_on_the_port_lbs_prometheus_serves() -> None:
+#: Which check each probe asks: a probe that restarts the pod (startup, liveness) never waits on
+#: Redis; readiness does.
+PROBE_PATHS = {
+    "startupProbe": lbs_prometheus.LIVE_PATH,
+    "livenessProbe": lbs_prometheus.LIVE_PATH,
+    "readinessProbe": lbs_prometheus.READY_PATH,
+}
+
+
+def _live_timeout() -> float:
+    """How long the pod's /livez waits for the event loop (LBS_PROMETHEUS_LIVE_TIMEOUT or the default)."""
+    raw = worker().values().get(lbs_prometheus.LIVE_TIMEOUT_ENV)
+    return float(raw) if raw is not None else lbs_prometheus.LIVE_TIMEOUT
+
+
+def test_probes_ask_livez_and_readyz_on_the_port_lbs_prometheus_serves() -> None:
     w = worker()
     port = int(w.values()[lbs_prometheus.PORT_ENV])
     assert w.port("metrics") == port
     # The kubelet probes the pod's IP: loopback (the plugin's default) would fail every probe.
     assert w.values()[lbs_prometheus.ADDR_ENV] not in ("127.0.0.1", "localhost", "::1")
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-        get = w.container[kind]["httpGet"]
-        assert get["path"] == lbs_prometheus.HEALTH_PATH, kind
+    for kind, path in PROBE_PATHS.items():
+        probe = w.container[kind]
+        get = probe["httpGet"]
+        assert get["path"] == path, kind
         assert get["port"] in ("metrics", port), kind
+        if path == lbs_prometheus.LIVE_PATH:
+            # /livez answers within its bound (503 for a blocked loop): the kubelet waits longer,
+            # so a failure says why rather than timing out.
+            assert probe.get("timeoutSeconds", 1) > _live_timeout(), kind
+
+
+def test_a_blocked_loop_is_restarted_only_after_a_lock_ttl() -> None:
+    """Liveness restarts a pod whose loop failed three probes in a row: not before a lock TTL, the
+    time a blocked loop may pause without losing a lock."""
+    live = worker().container["livenessProbe"]
+    assert live["periodSeconds"] * live["failureThreshold"] >= _config().lock_ttl
+    startup = worker().container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60, (
+        "time to import and connect"
+    )
 
 
 def test_grace_period_covers_the_drain_and_the_hand_back() -> None:
@@ -177,9 +213,6 @@ def test_grace_period_covers_the_drain_and_the_hand_back() -> None:
     assert grace >= cfg.drain_timeout + hand_back + 2, (grace, cfg.drain_timeout, hand_back)
     # A preStop would spend the grace period before SIGTERM starts the drain: there is none.
     assert "lifecycle" not in worker().container
-    # One late heartbeat (2 x heartbeat_every: /healthz's limit) does not restart the pod.
-    live = worker().container["livenessProbe"]
-    assert live["periodSeconds"] * live["failureThreshold"] > 2 * cfg.heartbeat_every
 
 
 def test_keda_reads_the_service_s_lbs_group_and_parked_retries() -> None:
@@ -275,60 +308,136 @@ def test_the_image_builds_and_runs() -> None:
     assert user.stdout.strip() == "10001"
 
 
-def _health(port: int) -> tuple[int, dict[str, Any]]:
+def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    """GET ``path`` as the kubelet does: (status, JSON body); OSError while nothing listens."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+async def _until(port: int, path: str, status: int, timeout: float, log: Path) -> dict[str, Any]:
+    """Poll ``path`` until it answers ``status`` (bounded); its body."""
+    deadline = time.monotonic() + timeout
+    got: tuple[int, dict[str, Any]] | None = None
+    while time.monotonic() < deadline:
+        try:
+            got = await asyncio.to_thread(_probe, port, path)
+            if got[0] == status:
+                return got[1]
+        except OSError:
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{path} not {status} within {timeout}s: {got}\n{log.read_text()[-3000:]}")
+
+
+class _Pod:
+    """The container's command (`lbs worker` with the pod's args and environment) in a subprocess."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.env = _pod_env(
+            url,
+            LBS_PROMETHEUS_PORT=str(self.port),
+            LBS_LOAD_PLUGINS="prometheus",
+            LBS_SERVICE=f"pod-{self.port}",
+        )
+        self.log = tmp_path / "worker.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lbs", "worker", *worker().args],
+                cwd=_app_dir(tmp_path),
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    async def until(self, path: str, status: int, timeout: float = 60) -> dict[str, Any]:
+        return await _until(self.port, path, status, timeout, self.log)
+
+    def stop_within_grace(self) -> None:
+        """SIGTERM: a clean exit (0) within the grace period."""
+        grace = worker().pod["terminationGracePeriodSeconds"]
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=grace)
+        assert code == 0, self.log.read_text()[-3000:]
+        assert time.monotonic() - started < grace
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.mark.integration
-async def test_the_container_runs_healthz_and_stops_within_its_grace(
+async def test_the_container_runs_livez_readyz_and_stops_within_its_grace(
     redis_server: Any, tmp_path: Path
 ) -> None:
     """The container's command and environment (the pod name, the settings, lbs-prometheus on
-    0.0.0.0) against a real Redis: ready, named after its pod, and gone within the grace period."""
-    port = free_port()
-    env = _pod_env(
-        redis_server.url,
-        LBS_PROMETHEUS_PORT=str(port),
-        LBS_LOAD_PLUGINS="prometheus",
-        LBS_SERVICE=f"pod-{port}",
-    )
-    log = tmp_path / "worker.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lbs", "worker", *worker().args],
-            cwd=_app_dir(tmp_path),
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    0.0.0.0) against a real Redis: alive and ready, named after its pod, and gone within the grace
+    period."""
+    pod = _Pod(redis_server.url, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        status: tuple[int, dict[str, Any]] | None = None
-        while time.monotonic() < deadline:
-            try:
-                status = _health(port)
-                if status[0] == 200:
-                    break
-            except OSError:
-                pass
-            await asyncio.sleep(0.2)
-        assert status is not None and status[0] == 200, (status, log.read_text()[-3000:])
-        (client,) = status[1]["clients"]
-        assert client["consumer"] == "redis-consumer-" + env["POD_NAME"]
-        assert client["service"] == env["LBS_SERVICE"]
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=worker().pod["terminationGracePeriodSeconds"])
-        assert code == 0, log.read_text()[-3000:]
-        assert time.monotonic() - started < worker().pod["terminationGracePeriodSeconds"]
+        ready = await pod.until(PROBE_PATHS["readinessProbe"], 200)
+        (client,) = ready["clients"]
+        assert client["consumer"] == "redis-consumer-" + pod.env["POD_NAME"]
+        assert client["service"] == pod.env["LBS_SERVICE"]
+        live = await pod.until(PROBE_PATHS["livenessProbe"], 200, timeout=10)
+        assert [c["consumer"] for c in live["clients"]] == [client["consumer"]]
+        await pod.until(lbs_prometheus.HEALTH_PATH, 200, timeout=10)  # the old name still answers
+        pod.stop_within_grace()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        pod.kill()
+
+
+def _shut_down(server: RedisServer) -> None:
+    """SHUTDOWN SAVE: Redis goes away (its data kept for its return)."""
+    assert server.process is not None
+    with server.client(socket_timeout=10, retry=Retry(NoBackoff(), 0)) as c:
+        try:
+            c.shutdown(save=True)
+        except redis.exceptions.ConnectionError:
+            pass  # the server closes the connection as it exits
+    server.process.wait(timeout=30)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+async def test_a_redis_outage_leaves_the_pod_alive_and_unready(tmp_path: Path) -> None:
+    """Redis stops under a running pod: the probes that restart it (startup, liveness) keep
+    answering 200 while readiness answers 503 naming the late heartbeat; Redis back, both 200, and
+    the pod still stops cleanly. (Before /livez, liveness asked /healthz: every pod restarted.)"""
+    live_path, ready_path = PROBE_PATHS["livenessProbe"], PROBE_PATHS["readinessProbe"]
+    with RedisServer() as server:  # its own, to stop; started from this (the main) thread
+        pod = _Pod(server.url, tmp_path)
+        try:
+            await pod.until(ready_path, 200)
+            await pod.until(live_path, 200, timeout=10)
+            _shut_down(server)
+            # The heartbeat is late after 2 x lock_ttl/3: not ready. Alive at every probe till then.
+            deadline = time.monotonic() + 60
+            while (ready := await asyncio.to_thread(_probe, pod.port, ready_path))[0] != 503:
+                assert time.monotonic() < deadline, f"still {ready} with Redis down"
+                status, body = await asyncio.to_thread(_probe, pod.port, live_path)
+                assert status == 200, body
+                await asyncio.sleep(0.2)
+            (late,) = ready[1]["unhealthy"]
+            assert late["reason"].startswith("no heartbeat for"), late
+            for _ in range(10):  # deeper into the outage: alive, and the process still runs
+                status, body = await asyncio.to_thread(_probe, pod.port, live_path)
+                assert status == 200 and body["status"] == "ok", body
+                await asyncio.sleep(0.3)
+            assert pod.proc.poll() is None, pod.log.read_text()[-3000:]
+
+            server.restart()  # the same port and data (its SHUTDOWN meets a closed port)
+            await pod.until(ready_path, 200)
+            await pod.until(live_path, 200, timeout=10)
+            pod.stop_within_grace()
+        finally:
+            pod.kill()
 
 
 def test_manifests_are_plain_yaml_without_templating() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import math
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -293,6 +296,99 @@ def test_health_judges_each_running_client_by_its_last_heartbeat() -> None:
     assert not ok and body["unhealthy"] == [
         {"service": "svc", "consumer": "a", "reason": "its reader gave up"}
     ]
+
+
+class _LoopThread:
+    """An event loop running in a thread of its own (as the blocking facade's does)."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def start(self, plugin: PrometheusPlugin, consumer: str) -> FakeClient:
+        """A client whose ``lbs_client_started`` runs on this loop."""
+
+        async def start() -> FakeClient:
+            return _started(plugin, consumer=consumer)
+
+        return asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def test_liveness_runs_a_no_op_on_each_client_s_loop_and_ignores_heartbeats() -> None:
+    collector = PrometheusPlugin(registry=CollectorRegistry()).collector
+    ok, body = collector.liveness(1.0)
+    assert ok and body == {"status": "ok", "clients": []}  # the process answered: alive
+    plugin = PrometheusPlugin(registry=CollectorRegistry())
+    collector = plugin.collector
+    running = _LoopThread("client-loop")
+    try:
+        a = running.start(plugin, "a")
+        _started(plugin, consumer="b")  # started off any loop: nothing to probe
+        started = max(r.started_at for _, r in collector.clients())
+        # No heartbeat for a minute (Redis down): not ready, still alive.
+        assert not collector.readiness(now=started + 60)[0]
+        ok, body = collector.liveness(10.0)
+        assert ok, body
+        by_name = {c["consumer"]: c for c in body["clients"]}
+        assert by_name["a"]["loop_lag"] >= 0 and "loop_lag" not in by_name["b"]
+        # A reader that gave up reads again only after a restart: dead.
+        a.pm.hook.lbs_reader_terminated(client=a, error=RuntimeError("gone"))
+        ok, body = collector.liveness(10.0)
+        assert not ok and [u["consumer"] for u in body["unhealthy"]] == ["a"]
+        assert body["unhealthy"][0]["reason"].startswith("its reader gave up")
+    finally:
+        running.stop()
+        running.loop.close()
+
+
+def test_liveness_names_a_stopped_or_closed_loop_under_a_running_client() -> None:
+    plugin = PrometheusPlugin(registry=CollectorRegistry())
+    stopped = _LoopThread("unit-loop")
+    client = stopped.start(plugin, "c")
+    stopped.stop()  # the loop no longer runs; the client was never closed
+    ok, body = plugin.collector.liveness(0.05)
+    (dead,) = body["unhealthy"]
+    assert not ok and dead["consumer"] == client.id and dead["thread"] == "unit-loop"
+    assert dead["reason"] == (
+        "its event loop did not run a callback within 0.05s (blocked, or stopped)"
+    )
+    stopped.loop.close()  # closed: said so without waiting
+    ok, body = plugin.collector.liveness(30.0)
+    (dead,) = body["unhealthy"]
+    assert not ok and dead["reason"] == "its event loop is closed (client not closed)"
+    client.close()  # closed clients are listed, not judged
+    ok, body = plugin.collector.liveness(30.0)
+    assert ok and body["clients"] == [{"service": "svc", "consumer": "c", "state": "closed"}]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "2", True])
+def test_a_live_timeout_that_is_no_positive_number_is_a_configuration_error(bad: Any) -> None:
+    with pytest.raises(lbs.ConfigurationError, match="live_timeout"):
+        PrometheusPlugin(registry=CollectorRegistry(), live_timeout=bad)
+    with pytest.raises(lbs.ConfigurationError, match="live_timeout"):
+        lbs_prometheus.make_app(CollectorRegistry(), live_timeout=bad)
+
+
+def test_the_live_timeout_variable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from lbs_prometheus._plugin import env_live_timeout
+
+    monkeypatch.delenv(lbs_prometheus.LIVE_TIMEOUT_ENV, raising=False)
+    assert env_live_timeout() == lbs_prometheus.LIVE_TIMEOUT
+    monkeypatch.setenv(lbs_prometheus.LIVE_TIMEOUT_ENV, "0.5")
+    assert env_live_timeout() == 0.5
+    for bad in ("soon", "0", "-1", "inf", "nan"):
+        monkeypatch.setenv(lbs_prometheus.LIVE_TIMEOUT_ENV, bad)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="lbs_prometheus"):
+            assert env_live_timeout() == lbs_prometheus.LIVE_TIMEOUT
+        assert any(lbs_prometheus.LIVE_TIMEOUT_ENV in r.getMessage() for r in caplog.records)
 
 
 def test_a_port_in_use_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,5 +1,5 @@
-"""``lbs worker --processes N`` with the installed plugin: every worker process serves /metrics and
-/healthz, on LBS_PROMETHEUS_PORT + its slot, and the banner says where."""
+"""``lbs worker --processes N`` with the installed plugin: every worker process serves /metrics,
+/livez, /readyz and /healthz, on LBS_PROMETHEUS_PORT + its slot, and the banner says where."""
 
 from __future__ import annotations
 
@@ -95,19 +95,23 @@ def test_every_worker_process_serves_metrics_and_health_on_its_own_port(
                 ),
                 f"worker {slot}'s client on :{port}/metrics",
             )
-            _status, body = _until(
-                lambda port=port: (lambda r: r if r[0] == 200 else None)(get(port, "/healthz")),
-                f"worker {slot} healthy on :{port}/healthz",
-            )
-            assert [c["consumer"] for c in json.loads(body)["clients"]] == [labels["consumer"]], (
-                body
-            )
+            for path in ("/readyz", "/healthz", "/livez"):
+                _status, body = _until(
+                    lambda port=port, path=path: (lambda r: r if r[0] == 200 else None)(
+                        get(port, path)
+                    ),
+                    f"worker {slot} healthy on :{port}{path}",
+                )
+                clients = json.loads(body)["clients"]
+                assert [c["consumer"] for c in clients] == [labels["consumer"]], body
         text = _until(
             lambda: "one port per worker process" in err.read_text() and err.read_text(),
             "the banner",
         )
-        flat = " ".join(text.split())
-        assert f"http://127.0.0.1:{base}/metrics … :{base + 1}/metrics and /healthz" in flat, flat
+        flat = " ".join(text.replace("│", " ").split())  # the banner's row may wrap in its box
+        assert (
+            f"http://127.0.0.1:{base}/metrics … :{base + 1}/metrics, /livez and /readyz" in flat
+        ), flat
         assert "(worker process 1 of 2)" in flat and "Address already in use" not in flat, flat
     finally:
         proc.send_signal(signal.SIGTERM)

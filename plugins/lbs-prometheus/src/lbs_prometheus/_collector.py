@@ -9,17 +9,25 @@ turns what the clients counted into metric families on the scraping
 thread. The few numbers no client keeps (heartbeat ticks' locks and round
 trips, reader terminations, running or not) the plugin keeps in a
 :class:`ClientRecord` from hooks called once per tick or per lifetime.
+
+Two checks read the same records: :meth:`LbsCollector.readiness` (can the
+clients work: heartbeats recent, readers reading) and
+:meth:`LbsCollector.liveness` (is the process alive: each running client's
+event loop runs a callback the checking thread schedules on it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import itertools
 import logging
 import math
 import re
+import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -173,6 +181,10 @@ class ClientRecord:
     locks_extended: int = 0
     locks_lost: int = 0
     tick_seconds: TickSeconds = field(default_factory=TickSeconds)
+    #: The event loop ``lbs_client_started`` ran on (a weak reference), and its thread's
+    #: (ident, name): what :meth:`LbsCollector.liveness` probes. None when started off a loop.
+    loop: Callable[[], asyncio.AbstractEventLoop | None] | None = None
+    thread: tuple[int, str] | None = None
 
 
 def _read(
@@ -317,6 +329,13 @@ class LbsCollector(Collector):
                     owner, (str(client.service), str(client.id)), now
                 )
             rec.running, rec.started_at = True, now
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # started off an event loop: liveness cannot probe it
+                rec.loop, rec.thread = None, None
+            else:
+                thread = threading.current_thread()
+                rec.loop, rec.thread = _ref(loop), (threading.get_ident(), thread.name)
             return rec
 
     def record_of(self, client: lbs.Client, owner: object) -> ClientRecord | None:
@@ -395,13 +414,14 @@ class LbsCollector(Collector):
 
     # ------------------------------------------------------------- health ---
 
-    def health(self, now: float | None = None) -> tuple[bool, dict[str, Any]]:
-        """Whether every running client is healthy, and the body ``/healthz`` answers with.
+    def readiness(self, now: float | None = None) -> tuple[bool, dict[str, Any]]:
+        """Whether every running client can work, and the body ``/readyz`` (and ``/healthz``) answers with.
 
-        Healthy: at least one client runs, and each running one's last
+        Ready: at least one client runs, and each running one's last
         heartbeat went through less than 2 x its ``Config.heartbeat_every``
         ago (counted from its start before the first) and its reader has not
-        given up. Closed clients are listed, not judged.
+        given up. Redis unreachable (or stalled) stops the heartbeat: not
+        ready until it answers again. Closed clients are listed, not judged.
         """
         now = time.monotonic() if now is None else now
         listed, unhealthy = [], []
@@ -432,6 +452,134 @@ class LbsCollector(Collector):
         if not ok:
             body["unhealthy"] = unhealthy if unhealthy else [{"reason": "no lbs client is running"}]
         return ok, body
+
+    #: The old name of :meth:`readiness` (``/healthz`` answers what ``/readyz`` does).
+    health = readiness
+
+    def liveness(self, timeout: float) -> tuple[bool, dict[str, Any]]:
+        """Whether the process is alive, and the body ``/livez`` answers with; waits up to ``timeout`` s.
+
+        Each distinct event loop a running client started on is sent a no-op
+        (``call_soon_threadsafe``) from the calling thread; alive when every
+        one runs it within ``timeout`` seconds (``loop_lag``: how long it
+        took). A loop that does not (blocked by code that never yields, or
+        stopped), or is closed under a client never closed, is dead: named
+        with its thread and, when Python can tell, where that thread is
+        (``blocked_at``, innermost frame last). A reader that gave up
+        (``Config.read_max_retries``) is dead too: it reads again only after
+        a restart. Redis plays no part: an unreachable Redis leaves this
+        alive (:meth:`readiness` says it). No client running: alive (the
+        process answered), with an empty ``clients``.
+        """
+        listed: list[dict[str, Any]] = []
+        dead: list[dict[str, Any]] = []
+        probes: dict[int, _LoopProbe] = {}
+        for _, rec in self.clients():
+            service, consumer = rec.labels
+            entry: dict[str, Any] = {"service": service, "consumer": consumer}
+            listed.append(entry)
+            if not rec.running:
+                entry["state"] = "closed"
+                continue
+            entry["state"] = "running"
+            if rec.reader_terminations:
+                dead.append(
+                    {
+                        "service": service,
+                        "consumer": consumer,
+                        "reason": "its reader gave up (Config.read_max_retries): only a restart "
+                        "reads again",
+                    }
+                )
+            loop = rec.loop() if rec.loop is not None else None
+            if loop is None:
+                if rec.loop is not None:  # collected: it closed under a running client
+                    dead.append(_entry(service, consumer, rec, "its event loop is gone"))
+                continue
+            probe = probes.get(id(loop))
+            if probe is None:
+                probe = probes[id(loop)] = _LoopProbe(loop)
+            probe.entries.append((entry, rec))
+        deadline = time.monotonic() + timeout
+        for probe in probes.values():
+            answered = probe.wait(max(0.0, deadline - time.monotonic()))
+            for entry, rec in probe.entries:
+                service, consumer = rec.labels
+                if probe.closed:
+                    dead.append(
+                        _entry(
+                            service, consumer, rec, "its event loop is closed (client not closed)"
+                        )
+                    )
+                elif answered:
+                    entry["loop_lag"] = round(probe.lag, 4)
+                else:
+                    sick = _entry(
+                        service,
+                        consumer,
+                        rec,
+                        f"its event loop did not run a callback within {timeout:g}s "
+                        "(blocked, or stopped)",
+                    )
+                    where = _stack_of(rec.thread)
+                    if where:
+                        sick["blocked_at"] = where
+                    dead.append(sick)
+        ok = not dead
+        body: dict[str, Any] = {"status": "ok" if ok else "unhealthy", "clients": listed}
+        if not ok:
+            body["unhealthy"] = dead
+        return ok, body
+
+
+def _ref(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.AbstractEventLoop | None]:
+    """A weak reference to ``loop`` (the record must not keep a dropped loop, and what it holds,
+    alive); a strong one for a loop type that takes no weak reference."""
+    try:
+        return weakref.ref(loop)
+    except TypeError:
+        return lambda: loop
+
+
+class _LoopProbe:
+    """One no-op sent to one event loop from the checking thread: did it run, and how soon."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.entries: list[tuple[dict[str, Any], ClientRecord]] = []
+        self.lag = 0.0
+        self.closed = False
+        self._ran = threading.Event()
+        self._sent = time.monotonic()
+        try:
+            loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # "Event loop is closed"
+            self.closed = True
+
+    def _run(self) -> None:
+        self.lag = time.monotonic() - self._sent
+        self._ran.set()
+
+    def wait(self, timeout: float) -> bool:
+        return not self.closed and self._ran.wait(timeout)
+
+
+def _entry(service: str, consumer: str, rec: ClientRecord, reason: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"service": service, "consumer": consumer, "reason": reason}
+    if rec.thread is not None:
+        out["thread"] = rec.thread[1]
+    return out
+
+
+def _stack_of(thread: tuple[int, str] | None, limit: int = 8) -> list[str]:
+    """Where ``thread`` is now, innermost frame last (``file:line in function``); [] if unknown."""
+    if thread is None:
+        return []
+    frame = sys._current_frames().get(thread[0])
+    if frame is None:
+        return []
+    return [
+        f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_stack(frame, limit=limit)
+    ]
 
 
 _collectors: weakref.WeakKeyDictionary[CollectorRegistry, LbsCollector] = (

@@ -12,6 +12,7 @@ problem).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -26,7 +27,7 @@ from lbs.metrics import METRICS
 from lbs.plugins import worker_slot
 
 from ._collector import ClientRecord, collector_for
-from ._http import start_server, stop_server
+from ._http import LIVE_TIMEOUT, checked_live_timeout, start_server, stop_server
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -36,6 +37,7 @@ log = logging.getLogger("lbs_prometheus")
 #: Environment variables read by the auto-loaded plugin (:data:`default_plugin`).
 PORT_ENV: Final = "LBS_PROMETHEUS_PORT"
 ADDR_ENV: Final = "LBS_PROMETHEUS_ADDR"
+LIVE_TIMEOUT_ENV: Final = "LBS_PROMETHEUS_LIVE_TIMEOUT"
 DEFAULT_ADDR: Final = "127.0.0.1"
 
 
@@ -45,11 +47,14 @@ class PrometheusPlugin:
     Pass it in ``lbs.Client(..., plugins=[PrometheusPlugin(...)])``; the same
     instance may serve many clients. ``registry`` defaults to
     prometheus_client's ``REGISTRY``. With ``port`` (0 picks a free one) it
-    also serves ``http://<addr>:<port>/metrics`` and ``/healthz`` from a
-    daemon thread, started here; :attr:`port` is the bound port (None when
-    not serving). The server stops when the last client using the plugin
-    closes (and starts again, on the same port, with the next client that
-    starts), or on :meth:`close`. A bind failure is logged, not raised.
+    also serves ``http://<addr>:<port>/metrics``, ``/livez``, ``/readyz`` and
+    ``/healthz`` (:func:`~lbs_prometheus.make_app`; ``/livez`` waits up to
+    ``live_timeout`` seconds for each event loop, a number > 0 or
+    :class:`lbs.ConfigurationError`) from a daemon thread, started here;
+    :attr:`port` is the bound port (None when not serving). The server stops
+    when the last client using the plugin closes (and starts again, on the
+    same port, with the next client that starts), or on :meth:`close`. A
+    bind failure is logged, not raised.
 
     An explicit instance in a client's ``plugins`` replaces the auto-loaded
     :data:`default_plugin` for that client, so nothing is counted twice.
@@ -61,9 +66,11 @@ class PrometheusPlugin:
         port: int | None = None,
         addr: str = DEFAULT_ADDR,
         registry: CollectorRegistry | None = None,
+        live_timeout: float = LIVE_TIMEOUT,
     ) -> None:
         self.registry: CollectorRegistry = REGISTRY if registry is None else registry
         self.addr = addr
+        self.live_timeout = checked_live_timeout(live_timeout)
         self.collector = collector_for(self.registry)
         self._running: weakref.WeakSet[lbs.Client] = weakref.WeakSet()
         self._warned: set[str] = set()
@@ -73,7 +80,7 @@ class PrometheusPlugin:
         self._closed = False
         self._want_port = port
         if port is not None:
-            self._server = start_server(port, addr, self.registry)
+            self._server = start_server(port, addr, self.registry, self.live_timeout)
             if self._server is not None:
                 self._want_port = (
                     self._server.server_port
@@ -83,7 +90,7 @@ class PrometheusPlugin:
 
     @property
     def port(self) -> int | None:
-        """The port ``/metrics`` and ``/healthz`` are served on now, or None."""
+        """The port ``/metrics`` and the health checks are served on now, or None."""
         server = self._server
         return None if server is None else int(server.server_port)
 
@@ -108,7 +115,9 @@ class PrometheusPlugin:
             if self._stopping is not None:
                 self._stopping.join()  # the old server still holds the port (rare: start right after close)
                 self._stopping = None
-            self._server = start_server(self._want_port, self.addr, self.registry)
+            self._server = start_server(
+                self._want_port, self.addr, self.registry, self.live_timeout
+            )
 
     def _stop_in_background(self) -> None:
         """The last client closed: stop serving without blocking its event loop."""
@@ -197,7 +206,7 @@ class PrometheusPlugin:
         port = self.port
         if port is None:
             return None
-        return {"metrics": f"http://{self.addr}:{port}/metrics and /healthz"}
+        return {"metrics": f"http://{self.addr}:{port}/metrics, /livez and /readyz"}
 
     @lbs.hookimpl
     def lbs_process_info(self, client: lbs.Client) -> dict[str, str] | None:
@@ -277,15 +286,15 @@ class _EnvPlugin(PrometheusPlugin):
             return None
         addr = env_addr()
         if slot is None or slot[1] == 1:
-            return {"metrics": f"http://{addr}:{port}/metrics and /healthz"}
+            return {"metrics": f"http://{addr}:{port}/metrics, /livez and /readyz"}
         if env_port() == 0:
             return {
-                "metrics": f"http://{addr}:{port}/metrics and /healthz for this process; the others on "
+                "metrics": f"http://{addr}:{port}/metrics, /livez and /readyz for this process; the others on "
                 f"free ports of their own ({PORT_ENV}=0: each logs its own)"
             }
         base = port - slot[0]
         return {
-            "metrics": f"http://{addr}:{base}/metrics … :{base + slot[1] - 1}/metrics and /healthz, "
+            "metrics": f"http://{addr}:{base}/metrics … :{base + slot[1] - 1}/metrics, /livez and /readyz, "
             f"one port per worker process ({PORT_ENV} + slot)"
         }
 
@@ -325,8 +334,30 @@ def env_addr() -> str:
     return os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
 
 
+def env_live_timeout() -> float:
+    """How long ``/livez`` waits for each event loop: ``LBS_PROMETHEUS_LIVE_TIMEOUT`` seconds, else (unset,
+    or not a number > 0: logged) :data:`~lbs_prometheus.LIVE_TIMEOUT`."""
+    raw = os.environ.get(LIVE_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return LIVE_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        log.error(
+            "lbs_prometheus: %s=%r is not a number of seconds > 0; /livez waits %gs",
+            LIVE_TIMEOUT_ENV,
+            raw,
+            LIVE_TIMEOUT,
+        )
+        return LIVE_TIMEOUT
+    return seconds
+
+
 def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
-    """Start the process-wide ``/metrics`` and ``/healthz`` server if ``LBS_PROMETHEUS_PORT`` is set (once).
+    """Start the process-wide ``/metrics``, ``/livez``, ``/readyz`` and ``/healthz`` server if
+    ``LBS_PROMETHEUS_PORT`` is set (once; ``/livez``'s bound from ``LBS_PROMETHEUS_LIVE_TIMEOUT``).
 
     The auto-loaded plugin calls this when a client starts. Returns the bound
     port, or None (variable unset, unusable, or the bind failed: logged).
@@ -339,7 +370,10 @@ def serve_from_env(registry: CollectorRegistry | None = None) -> int | None:
             port = env_port()
             if port is not None:
                 _env_server = start_server(
-                    port, env_addr(), REGISTRY if registry is None else registry
+                    port,
+                    env_addr(),
+                    REGISTRY if registry is None else registry,
+                    env_live_timeout(),
                 )
             _env_tried = True
     return None if _env_server is None else int(_env_server.server_port)
