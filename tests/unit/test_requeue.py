@@ -132,12 +132,12 @@ async def test_a_dead_letter_that_cannot_be_written_is_kept_and_tried_again(
     x = h.take("bad")
     (entry,) = EntryParser().parse_entries([[x.entry_id, [b"lbs-input", b"not json"]]])
     fake.hashes[h.names.dead_letter_key] = {"oops": "1"}  # the dead-letter key is a hash
-    await requeue.dead_letter([(entry, x.value, "malformed")])
-    assert requeue.undead == [(entry, x.value, "malformed")]
+    await requeue.malformed.dead_letter([(entry, x.value, "malformed")])
+    assert requeue.malformed.undead == [(entry, x.value, "malformed")]
     assert fake.calls("requeue-6")[0].args[2] == "owned" and h.state.stats.dead_lettered == 0
     del fake.hashes[h.names.dead_letter_key]
-    await requeue.retry_undead()
-    assert requeue.undead == []
+    await requeue.malformed.retry_undead()
+    assert requeue.malformed.undead == []
     assert fake.calls("requeue-6")[1].args[2] == "any"  # the entry is ours; the lock need not be
     assert fake.calls("requeue-6")[1].args[10] == "1"  # dead-lettered whatever its retries
     (event,) = h.recorder.of("lbs_stream_dead_lettered")

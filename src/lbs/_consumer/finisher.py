@@ -32,7 +32,7 @@ from .. import _keys
 from .._redis import scripts
 from .._redis.connection import topology_error
 from .._redis.scripts import DoneCode
-from .._redis.wire import first_error
+from .._redis.wire import UNENCODABLE, first_error, unencodable
 from .._waits import wait_set
 from ..exceptions import DataError, RedisOperationError
 from ..notifications import DoneStatus
@@ -59,10 +59,6 @@ _DONE_STATUS = {
 
 #: A stream to finish, and the future that gets its done-n.lua code (None: log the outcome only).
 _Item = tuple[Held, "asyncio.Future[Any] | None"]
-
-#: What the core raises for a value it cannot encode (a str UTF-8 cannot encode: a lone surrogate).
-#: Raised by a call's build, before anything was written: nothing was sent.
-_UNENCODABLE = (UnicodeError, DataError)
 
 
 class Finisher(Activity, kind="finisher"):
@@ -168,7 +164,7 @@ class Finisher(Activity, kind="finisher"):
                     if fut is not None:
                         fut.cancel()
                 raise
-            except _UNENCODABLE as exc:
+            except UNENCODABLE as exc:
                 # The core could not encode the call, so nothing was sent: what cannot be encoded alone
                 # is set aside and fails alone, the rest goes in the next call at once.
                 self._inflight = []
@@ -239,32 +235,31 @@ class Finisher(Activity, kind="finisher"):
         second wall)."""
         s = self.state
         n = s.names
-        kept: list[_Item] = []
-        for item in batch:
-            h, fut = item
+
+        def call(b: CommandBatch, i: int) -> None:
+            h = batch[i][0]
             go_keys = (n.id, [_keys.go_lock_key(h.stream, h.entry_id)]) if go else None
-            try:
-                _done(n, [h.entry_id], [h.value], [h.stream], xackdel, False, go_keys)(
-                    CommandBatch()
+            _done(n, [h.entry_id], [h.value], [h.stream], xackdel, False, go_keys)(b)
+
+        bad = unencodable(len(batch), call)
+        for i, why in bad.items():
+            h, fut = batch[i]
+            s.hooks.metric("done_failures_total", 1)
+            if fut is None:
+                s.log.on(h).error(
+                    "finishing %r (entry %s) failed alone (%s); its lock will expire, the others go on",
+                    h.stream,
+                    h.entry_id,
+                    why,
                 )
-            except _UNENCODABLE as exc:
-                s.hooks.metric("done_failures_total", 1)
-                err = DataError(
-                    f"done_stream({h.stream!r:.200}): entry {h.entry_id} cannot be sent to Redis: {exc}"
-                )
-                if fut is None:
-                    s.log.on(h).error(
-                        "finishing %r (entry %s) failed alone (%s); its lock will expire, the others "
-                        "go on",
-                        h.stream,
-                        h.entry_id,
-                        exc,
+            elif not fut.done():
+                fut.set_exception(
+                    DataError(
+                        f"done_stream({h.stream!r:.200}): entry {h.entry_id} cannot be sent to Redis: "
+                        f"{why}"
                     )
-                elif not fut.done():
-                    fut.set_exception(err)
-                continue
-            kept.append(item)
-        return kept
+                )
+        return [item for i, item in enumerate(batch) if i not in bad]
 
     async def _linger(self) -> bool:
         """Wait (True) when the queue may join the next call: too soon after the last one, short,

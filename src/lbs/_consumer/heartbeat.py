@@ -295,7 +295,7 @@ class Heartbeat(Activity, kind="heartbeat"):
                 )
         if cfg.hold_warning is not None:
             self._report_overdue(cfg.hold_warning)
-        await self.requeue.retry_undead()
+        await self.requeue.malformed.retry_undead()
         return len(lost)
 
     async def mark_running(self, records: list[Held]) -> None:

@@ -176,7 +176,7 @@ class Intake:
         if batch:
             hooks.notify("lbs_streams_started", notifications=batch)
         if bad:
-            await self.requeue.dead_letter(bad)
+            await self.requeue.malformed.dead_letter(bad)
         if refused:
             await self._refuse(refused, time.monotonic() - sent)
 

@@ -11,7 +11,7 @@ Three kinds of caller, one script, each with its lock mode:
 * **dead-letter** (``owned``, then ``any``): a malformed entry, or one
   claimed past ``max_retries``, goes to the dead-letter stream. What cannot
   be written yet (a dead-letter key of the wrong type, a lost connection)
-  is kept and tried again on every heartbeat tick.
+  is kept and tried again on every heartbeat tick (:mod:`lbs._consumer.malformed`).
 
 Every batch is one round trip on the link's pool wire.
 """
@@ -21,22 +21,24 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from _lbscore import CommandBatch, Entry, Held
+from _lbscore import CommandBatch, Held
 
 from .. import _keys
 from .._redis import scripts
 from .._redis.connection import execute
 from .._redis.errors import WrongTypeError
 from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
-from .._redis.wire import first_error, sendable, text
-from ..exceptions import DataError, RedisOperationError
+from .._redis.wire import UNENCODABLE, first_error, sendable, text, unencodable
+from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
 from .journal import stream_of
+from .malformed import Malformed
 from .state import ClientState
 
 __all__ = ["Requeue"]
@@ -58,9 +60,6 @@ PARDON_KEEP = 100_000
 #: One call: (entry id, lock key, lock mode, our lock value, reason).
 _Call = tuple[str, str, str, str, str]
 
-#: What the core raises for a value it cannot encode (a str UTF-8 cannot encode: a lone surrogate).
-#: Raised by a batch's build, before anything was written: nothing was sent.
-_UNENCODABLE = (UnicodeError, DataError)
 #: The detail of a call set aside because the core could not encode it (its code is ``REFUSED``).
 NOT_SENT = "not sent: "
 
@@ -77,10 +76,10 @@ class Requeue:
 
     def __init__(self, state: ClientState) -> None:
         self.state = state
-        #: Dead letters that could not be written yet: (entry, our lock value, reason).
-        self.undead: list[tuple[Entry, str, str]] = []
         #: What brings parked copies back (its task runs while the client is started).
         self.delays = Delays(state)
+        #: Entries we were delivered that go straight to the dead letters (malformed, out of retries).
+        self.malformed = Malformed(state, self)
         #: Entry ids whose counted death was no one's fault (see :meth:`lost_while_alive`).
         self.pardons_key = _keys.pardons_key(state.names.service)
         #: Entry ids of hand-backs sent and not answered yet (a re-read of our pending entries after a
@@ -163,20 +162,15 @@ class Requeue:
                 fields=fields[i] if fields else (),
             )
 
-        def build(b: CommandBatch) -> None:
-            for i in range(len(calls)):
+        def build(b: CommandBatch, only: Sequence[int] = range(len(calls))) -> None:
+            for i in only:
                 call(b, i)
 
         try:
             return (await s.link.pool.execute(build))[: len(calls)]
-        except _UNENCODABLE:
+        except UNENCODABLE:
             # Nothing was sent. Each call alone: those the core cannot encode are set aside.
-            unsent: dict[int, str] = {}
-            for i in range(len(calls)):
-                try:
-                    call(CommandBatch(), i)
-                except _UNENCODABLE as exc:
-                    unsent[i] = f"{NOT_SENT}{exc}"
+            unsent = {i: NOT_SENT + why for i, why in unencodable(len(calls), call).items()}
             if not unsent:
                 raise
         sent = [i for i in range(len(calls)) if i not in unsent]
@@ -189,11 +183,9 @@ class Requeue:
             unsent[min(unsent)],
         )
 
-        def build_sent(b: CommandBatch) -> None:
-            for i in sent:
-                call(b, i)
-
-        replies = (await s.link.pool.execute(build_sent))[: len(sent)] if sent else []
+        replies = (
+            (await s.link.pool.execute(partial(build, only=sent)))[: len(sent)] if sent else []
+        )
         results: list[Any] = [
             [int(RequeueCode.REFUSED), unsent[i]] if i in unsent else None
             for i in range(len(calls))
@@ -281,7 +273,7 @@ class Requeue:
                     h.entry_id,
                     reason,
                 )
-                self._dead_lettered(h.entry_id, reason, code, detail, h.stream)
+                self.dead_lettered(h.entry_id, reason, code, detail, h.stream)
             elif code == RequeueCode.REFUSED:
                 s.log.on(h).error(
                     "could not hand back %s (entry %s): %s; it stays pending and recovery retries "
@@ -406,7 +398,7 @@ class Requeue:
                 s.log.warning(
                     "entry %s out of retries after %s recovery: dead-lettered", entry_id, path
                 )
-                self._dead_lettered(entry_id, reason, code, detail, stream_of(res))
+                self.dead_lettered(entry_id, reason, code, detail, stream_of(res))
             elif code == RequeueCode.REFUSED:
                 if not detail.startswith(NOT_SENT):
                     s.hooks.metric("wrong_type_keys_total", 1)
@@ -469,66 +461,8 @@ class Requeue:
             )
         )
 
-    # --------------------------------------------------------- dead-letter ---
-
-    async def dead_letter(self, bad: list[tuple[Entry, str, str]], *, again: bool = False) -> None:
-        """Dead-letter entries we were delivered (malformed, or claimed past max_retries): one round trip.
-
-        ``bad`` holds (entry, our lock value, reason). The first try needs
-        our lock (mode ``owned``). What could not be dead-lettered stays
-        pending to this live consumer, where no recovery path looks, so
-        :meth:`retry_undead` tries it again every heartbeat tick (``again``:
-        mode ``any``; the entry is ours, pending to us, and the script acts
-        only while it is pending) until it goes through.
-        """
-        s = self.state
-        mode = "any" if again else "owned"
-        prefix = s.names.lock_key_prefix
-        try:
-            results = await self.send(
-                [(e.id, prefix + e.id, mode, value, reason) for e, value, reason in bad],
-                count_retry=False,
-                force_dead_letter=True,
-            )
-        except RedisError as exc:
-            results = [exc] * len(bad)
-        log = s.log.debug if again else s.log.error
-        for item, res in zip(bad, results):
-            e, _, reason = item
-            if isinstance(res, Exception) or int(res[0]) == RequeueCode.REFUSED:
-                why = (
-                    str(res) if isinstance(res, Exception) else text(res[1]).removeprefix("LBSKEY ")
-                )
-                log(
-                    "entry %s: %s; cannot dead-letter it (%s): it stays pending and is tried again every "
-                    "heartbeat",
-                    e.id,
-                    reason,
-                    why,
-                )
-                self.undead.append(item)
-                continue
-            code, detail = int(res[0]), text(res[1])
-            s.log.warning(
-                "entry %s: %s: %s",
-                e.id,
-                reason,
-                "dead-lettered as " + detail
-                if code == RequeueCode.DEAD_LETTERED
-                else "dropped (no dead-letter stream)"
-                if code == RequeueCode.DROPPED
-                else f"left alone ({detail})",
-            )
-            if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
-                self._dead_lettered(e.id, reason, code, detail, e.stream)
-
-    async def retry_undead(self) -> None:
-        """Try the dead letters that could not be written again (every heartbeat tick)."""
-        if self.undead:
-            retry, self.undead = self.undead, []
-            await self.dead_letter(retry, again=True)
-
-    def _dead_lettered(self, entry_id: str, reason: str, code: int, detail: str, name: Any) -> None:
+    def dead_lettered(self, entry_id: str, reason: str, code: int, detail: str, name: Any) -> None:
+        """Tell the stats, the hooks and the journal that an entry went to the dead letters (or was dropped)."""
         letter = detail if code == RequeueCode.DEAD_LETTERED else ""
         self.state.stats.dead_lettered += 1
         self.state.hooks.notify(

@@ -38,6 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
 
+from ..exceptions import DataError
 from .errors import reply_error
 
 __all__ = ["Wire", "fields_text", "first_error", "text"]
@@ -81,6 +82,24 @@ def sendable(value: str) -> str:
     except UnicodeEncodeError:
         return value.encode("utf-8", "backslashreplace").decode()
     return value
+
+
+#: What the core raises for a value it cannot encode (a str UTF-8 cannot encode: a lone surrogate),
+#: from a call's build, before anything was written: nothing was sent.
+UNENCODABLE = (UnicodeError, DataError)
+
+
+def unencodable(count: int, call: Callable[[CommandBatch, int], None]) -> dict[int, str]:
+    """Which of ``count`` calls the core cannot encode, each built alone into a batch never sent:
+    their positions, and why. A batched call that failed to encode asks this, sets those calls aside
+    to fail alone, and sends the others: one bad entry never fails its neighbours."""
+    out: dict[int, str] = {}
+    for i in range(count):
+        try:
+            call(CommandBatch(), i)
+        except UNENCODABLE as exc:
+            out[i] = str(exc)
+    return out
 
 
 def fields_text(raw: Any) -> dict[str, str]:
