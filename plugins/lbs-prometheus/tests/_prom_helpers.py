@@ -8,6 +8,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -95,3 +96,16 @@ async def take(client: lbs.Client, n: int, timeout: float = 10.0) -> list[lbs.No
 async def produce(url: str, service: str, *names: str) -> list[str]:
     async with lbs.Producer(url, service) as producer:
         return await producer.add_streams(names)
+
+
+def prom_client(url: str, service: str, plugin: object, **config: Any) -> lbs.Client:
+    """A client ``c1`` with ``plugin`` only (no entry-point plugins), reads of 0.1 s unless ``config`` says."""
+    config.setdefault("read_block", 0.1)
+    return lbs.Client(
+        url,
+        service,
+        consumer_id="c1",
+        config=lbs.Config(**config),
+        plugins=[plugin],
+        load_entrypoint_plugins=False,
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from _prom_helpers import get
+from _prom_helpers import get, prom_client
 from prometheus_client import CollectorRegistry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -22,18 +22,6 @@ from lbs.embedded import RedisServer
 from lbs_prometheus import PrometheusPlugin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def _client(url: str, service: str, plugin: PrometheusPlugin, **config: Any) -> lbs.Client:
-    config.setdefault("read_block", 0.1)
-    return lbs.Client(
-        url,
-        service,
-        consumer_id="c1",
-        config=lbs.Config(**config),
-        plugins=[plugin],
-        load_entrypoint_plugins=False,
-    )
 
 
 async def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
@@ -79,7 +67,7 @@ async def test_a_redis_outage_makes_readyz_fail_and_never_livez(
     port = plugin.port
     assert port is not None
     # heartbeat every 1 s: not ready 2 s after the last beat; reads retried within 0.5 s.
-    client = _client(
+    client = prom_client(
         own_server.url, service, plugin, lock_ttl=3.0, read_retry_initial=0.05, read_retry_max=0.5
     )
     await client.start()
@@ -126,7 +114,7 @@ async def test_a_blocked_event_loop_makes_livez_fail_and_names_it(
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry(), live_timeout=0.2)
     port = plugin.port
     assert port is not None
-    client = _client(redis_server.url, service, plugin)
+    client = prom_client(redis_server.url, service, plugin)
     await client.start()
     try:
         await _until(port, "/livez", 200)
@@ -166,7 +154,7 @@ async def test_livez_probes_each_loop_of_several_clients(redis_server: Any, serv
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry(), live_timeout=0.2)
     port = plugin.port
     assert port is not None
-    here = _client(redis_server.url, service, plugin)
+    here = prom_client(redis_server.url, service, plugin)
     other_loop = asyncio.new_event_loop()
     runner = threading.Thread(target=other_loop.run_forever, name="other-loop", daemon=True)
     runner.start()

@@ -10,25 +10,13 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from _prom_helpers import get, produce, refused, scrape, take, value
+from _prom_helpers import get, produce, prom_client, refused, scrape, take, value
 from prometheus_client import CollectorRegistry
 
 import lbs
 from lbs_prometheus import PrometheusPlugin
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-def _client(url: str, service: str, plugin: PrometheusPlugin, **config: Any) -> lbs.Client:
-    config.setdefault("read_block", 0.1)
-    return lbs.Client(
-        url,
-        service,
-        consumer_id="c1",
-        config=lbs.Config(**config),
-        plugins=[plugin],
-        load_entrypoint_plugins=False,
-    )
 
 
 async def _until_refused(port: int, timeout: float = 5.0) -> None:
@@ -51,7 +39,7 @@ async def test_take_done_hand_back_and_scan_move_the_scraped_numbers(
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
     port = plugin.port
     assert port is not None and port > 0
-    client = _client(redis_server.url, service, plugin, lock_ttl=2.0, heartbeat_interval=0.05)
+    client = prom_client(redis_server.url, service, plugin, lock_ttl=2.0, heartbeat_interval=0.05)
     lbl = {"service": service, "consumer": client.id}
     await client.start()
     try:
@@ -107,7 +95,7 @@ async def test_run_handler_failures_are_handed_back_with_retry_counted(
     plugin = PrometheusPlugin(port=0, registry=CollectorRegistry())
     port = plugin.port
     assert port is not None
-    client = _client(redis_server.url, service, plugin)
+    client = prom_client(redis_server.url, service, plugin)
     lbl = {"service": service, "consumer": client.id}
 
     async def handler(note: lbs.Notification) -> None:
@@ -191,7 +179,7 @@ async def test_healthz_follows_the_heartbeat(
     assert status == 503 and json.loads(body)["unhealthy"] == [
         {"reason": "no lbs client is running"}
     ]
-    client = _client(
+    client = prom_client(
         redis_server.url, service, plugin, heartbeat_interval=0.1
     )  # healthy: a beat < 0.2 s ago
     await client.start()
