@@ -194,6 +194,16 @@ def instance_key(service: str, consumer_id: str) -> str:
     return f"{hash_tag(service)}:instance:{consumer_id}"
 
 
+def nudge_stream(service: str) -> str:
+    """Where fair dispatch wakes idle peers: ``{<service>-input}:nudge``.
+
+    A short stream (``MAXLEN ~ 100``) that :func:`wake_group` is also created on and that every wait
+    in it reads beside the LBS: a read that leaves entries to idle peers (read-3.lua's "share")
+    adds one entry per peer it counted, and each wakes one of them.
+    """
+    return f"{hash_tag(service)}:nudge"
+
+
 def dead_letter_group(service: str) -> str:
     """The consumer group of the dead-letter forwarders: ``<service>-dlq-forwarders``."""
     return f"{service}-dlq-forwarders"

@@ -5,11 +5,15 @@ spread over idle consumers instead of going to the first that reads."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sys
+import time
 from collections import Counter
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 import lbs
@@ -21,6 +25,8 @@ from lbs._keys import (
     instance_key,
     key_prefix,
     lock_key,
+    nudge_stream,
+    wake_group,
 )
 from lbs._redis.scripts import source
 
@@ -41,9 +47,15 @@ async def register(r: aioredis.Redis, service: str, n: int) -> None:
 
 
 async def read(
-    r: aioredis.Redis, service: str, consumer: str, count: int, window: int | str
+    r: aioredis.Redis,
+    service: str,
+    consumer: str,
+    count: int,
+    window: int | str,
+    nudge: str = "",
 ) -> list[Any]:
-    """One read-3.lua call (names locked, fair dispatch with ``window`` ms; "" off): the entries read."""
+    """One read-3.lua call (names locked, fair dispatch with ``window`` ms; "" off; idle peers left a
+    share nudged in ``nudge``): the entries read."""
     entries, _tokens, _ = await r.eval(
         source("read-3"),
         3,
@@ -63,6 +75,8 @@ async def read(
         "",
         key_prefix(service),
         window,
+        wake_group(service),
+        nudge,
     )
     return list(entries)
 
@@ -93,6 +107,117 @@ async def test_long_registrations_spread_over_idle_consumers(
             await c.close()
         for t in runs:
             await t
+
+
+#: A consumer process: ``python -c CONSUMER URL SERVICE ID HANDLER_S``. Fair dispatch on (the default),
+#: read_block 30 s; it prints a JSON line as each handler starts and closes when its stdin does.
+CONSUMER = """
+import asyncio, json, sys, time
+import lbs
+
+async def main(url, service, consumer, work):
+    config = lbs.Config(read_block=30.0, drain_timeout=30.0)
+    client = lbs.Client(url, service, consumer_id=consumer, config=config, load_entrypoint_plugins=False)
+
+    async def handle(note):
+        print(json.dumps({"id": note.entry_id, "at": time.time(), "who": consumer}), flush=True)
+        await asyncio.sleep(work)
+
+    run = asyncio.create_task(client.run(handle, handle_signals=False))
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test closes it
+    await client.close()
+    await run
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])))
+"""
+
+
+async def trickle(
+    url: str, service: str, consumers: int, handler_s: float, rate: float, n: int
+) -> tuple[list[float], Counter[str]]:
+    """``consumers`` consumer processes (fair dispatch on, ``read_block`` 30 s) under ``n``
+    registrations at ``rate``/s, each handled for ``handler_s``: how long each waited (its handler's
+    first start less its entry id's ms, in seconds) and how many each consumer started."""
+    started: dict[str, float] = {}
+    ran: Counter[str] = Counter()
+    r = aioredis.Redis.from_url(url)
+    procs = [
+        await asyncio.create_subprocess_exec(
+            *(sys.executable, "-c", CONSUMER, url, service, f"c{i}", str(handler_s)),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(consumers)
+    ]
+
+    async def collect(proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            seen = json.loads(line)
+            started.setdefault(seen["id"], seen["at"])
+            ran[seen["who"]] += 1
+
+    readers = [asyncio.create_task(collect(p)) for p in procs]
+    try:
+        # Every consumer has read (and found nothing): each waits in the wake group, a live peer.
+        await eventually(lambda: _consumers(r, service, consumers), timeout=30)
+        await asyncio.sleep(0.5)
+        # From a thread of its own, as a producer elsewhere registers: not in step with the consumers.
+        await asyncio.to_thread(produce_steadily, url, service, rate, n)
+        # A registration stalled behind fair dispatch waits for a read_block (30 s): give up well before
+        # (the caller says what is missing).
+        with contextlib.suppress(AssertionError):
+            await eventually(lambda: _is(len(started), n), timeout=STALLED + handler_s)
+    finally:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.close()
+        for p in procs:
+            await asyncio.wait_for(p.wait(), 60)
+        await asyncio.gather(*readers)
+        await r.aclose()
+    return [at - int(i.split("-")[0]) / 1000 for i, at in started.items()], ran
+
+
+def produce_steadily(url: str, service: str, rate: float, n: int) -> None:
+    """Register ``n`` data streams at ``rate`` a second, on a clock of their own."""
+    r = redis.Redis.from_url(url)
+    start = time.monotonic()
+    try:
+        for i in range(n):
+            payload = json.dumps({"DataStreamName": f"trickle-{i}", "Info": {}})
+            r.xadd(input_stream(service), {"lbs-input": payload})
+            time.sleep(max(0.0, start + (i + 1) / rate - time.monotonic()))
+    finally:
+        r.close()
+
+
+#: Far below read_block (30 s), far above a loaded machine's scheduling delays.
+STALLED = 5.0
+
+
+@pytest.mark.parametrize(("consumers", "rate"), [(2, 200), (4, 500)])
+async def test_a_steady_stream_never_waits_for_read_block(
+    redis_server: Any, service: str, consumers: int, rate: float
+) -> None:
+    # No-op handlers, registrations closer together than the finisher's linger: a consumer still
+    # counts its finished entries as held, takes a share of 0 and leaves the next to an idle peer,
+    # which nothing woke before read_block (the XADD had woken this consumer). Two seconds of it.
+    n = int(2 * rate)
+    waited, ran = await trickle(redis_server.url, service, consumers, 0.0, rate, n)
+    assert len(waited) == n, f"{len(waited)} of {n} registrations started within {STALLED}s"
+    assert max(waited) < STALLED, sorted(waited)[-5:]
+    assert len(ran) == consumers, ran
+
+
+async def test_long_handlers_under_a_trickle_spread_without_stalling(
+    redis_server: Any, service: str
+) -> None:
+    # Handlers longer than the gap between registrations: fair dispatch spreads them, none waits.
+    waited, ran = await trickle(redis_server.url, service, 2, 0.3, rate=20, n=60)
+    assert len(waited) == 60, f"{len(waited)} of 60 registrations started within {STALLED}s"
+    assert max(waited) < STALLED, sorted(waited)[-5:]
+    assert len(ran) == 2 and min(ran.values()) > 0, ran
 
 
 async def test_a_lone_consumer_takes_what_it_can(
@@ -133,6 +258,32 @@ async def test_the_share_counts_only_live_peers(rr: aioredis.Redis, service: str
 
 
 @pytest.mark.usefixtures("redis_server")
+async def test_a_share_left_to_idle_peers_nudges_one_per_peer(
+    rr: aioredis.Redis, service: str
+) -> None:
+    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    nudge = nudge_stream(service)
+    await peer(rr, service)
+    await peer(rr, service, name="peer2")
+    await register(rr, service, 9)
+    # A third of the 9 is mine; 6 are left to the two idle peers: one nudge each wakes them.
+    assert len(await read(rr, service, "me", 50, 60_000, nudge)) == 3
+    assert await rr.xlen(nudge) == 2
+    # Each takes one (its own share first): 4 left to nobody idle now, no nudge.
+    assert len(await read(rr, service, "peer", 1, 60_000, nudge)) == 1
+    assert len(await read(rr, service, "peer2", 1, 60_000, nudge)) == 1
+    assert len(await read(rr, service, "me", 50, 60_000, nudge)) == 4
+    assert await rr.xlen(nudge) == 2
+    # Without the nudge stream (ARGV[15] ""): a share is left, nobody is nudged.
+    await rr.delete(nudge)
+    await rr.set(instance_key(service, "idle"), "nonce", px=60_000)
+    await rr.xgroup_createconsumer(input_stream(service), group_name(service), "idle")
+    await register(rr, service, 4)
+    assert len(await read(rr, service, "fresh", 50, 60_000)) == 2  # half: one idle peer
+    assert await rr.exists(nudge) == 0
+
+
+@pytest.mark.usefixtures("redis_server")
 async def test_a_peer_whose_process_is_gone_is_no_peer(rr: aioredis.Redis, service: str) -> None:
     await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
     # It read a moment ago and holds nothing, but its instance marker lapsed (the process died, and
@@ -162,11 +313,11 @@ async def test_the_share_is_counted_without_the_lag_too(rr: aioredis.Redis, serv
     assert len(await read(rr, service, "me", 50, 60_000)) == 5
 
 
-async def peer(r: aioredis.Redis, service: str, alive: bool = True) -> None:
-    """A consumer "peer" in the group holding nothing; ``alive``: with its process's instance marker."""
-    await r.xgroup_createconsumer(input_stream(service), group_name(service), "peer")
+async def peer(r: aioredis.Redis, service: str, alive: bool = True, name: str = "peer") -> None:
+    """A consumer ``name`` in the group holding nothing; ``alive``: with its process's instance marker."""
+    await r.xgroup_createconsumer(input_stream(service), group_name(service), name)
     if alive:
-        await r.set(instance_key(service, "peer"), "nonce", px=60_000)
+        await r.set(instance_key(service, name), "nonce", px=60_000)
 
 
 async def _consumers(r: aioredis.Redis, service: str, n: int) -> bool:

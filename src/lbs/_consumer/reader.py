@@ -16,7 +16,10 @@ and a read in one write: a blocking ``XREADGROUP`` of the wake group
 which Redis runs the moment the wait returns. So an XADD wakes one consumer,
 which reads and locks in the same turn of the server's loop: one round trip
 per wake-up, as a plain ``XREADGROUP BLOCK`` loop has, and no read just to
-learn where the stream ends. ``CLIENT UNBLOCK`` wakes the wait at shutdown
+learn where the stream ends. A read that fair dispatch left short (its share
+taken) waits the same way: the script nudged the idle peers it left the rest
+to (an entry each in ``{<service>-input}:nudge``, which every wait reads
+beside the LBS). ``CLIENT UNBLOCK`` wakes the wait at shutdown
 (the read behind it still runs, and what it takes is handed back).
 
 Each reply goes to :class:`~lbs._consumer.intake.Intake` with the send time
@@ -56,6 +59,17 @@ from .topology import Topology
 
 __all__ = ["Reader"]
 
+#: How long a reader that nudges woke IDLE_NUDGES times in a row to find its share still taken (and
+#: nothing to take) pauses before it waits again.
+SHARE_PAUSE, IDLE_NUDGES = 0.01, 3
+
+
+def _nudge_in(woke: Any, nudge: str) -> bool:
+    """Whether a wait's reply (``XREADGROUP``'s, read generically) is an entry of the nudge stream."""
+    key = nudge.encode()
+    streams = woke.keys() if isinstance(woke, dict) else woke if isinstance(woke, list) else ()
+    return any((s[0] if isinstance(s, (list, tuple)) and s else s) == key for s in streams)
+
 
 class Reader(Activity, kind="reader"):
     """The reading task of one client; the one caller of ``read-3.lua``."""
@@ -86,6 +100,7 @@ class Reader(Activity, kind="reader"):
             asyncio.Task[list[Any]], int
         ] = {}  # reads of new entries in flight: how many each asked
         self._tracked: set[str] = set()  # what was ours when the last re-read was sent
+        self._idle_nudges = 0  # reads in a row a nudge woke that took nothing, their share taken
 
     def start(self) -> None:
         claim_ms = self.state.strategy.claim_min_idle_ms
@@ -120,13 +135,14 @@ class Reader(Activity, kind="reader"):
                         ahead = None
                     else:
                         free = s.free_slots()
-                        if free <= 0 or then == scripts.SHARE_TAKEN:
-                            # Full, or fair dispatch left what waits to idle peers: read
-                            # again once a slot is freed (or after read_block).
+                        if free <= 0:
+                            # Full: read again once a slot is freed (or after read_block). Cleared
+                            # before looking again, so a slot freed in between is not missed.
                             then = scripts.READ_AGAIN
                             freed = s.holdings.freed
                             freed.clear()
-                            await wait_set(freed, cfg.read_block)
+                            if s.free_slots() <= 0:
+                                await wait_set(freed, cfg.read_block)
                             continue
                         if self.reply_lost:
                             # The last read's reply never arrived: the entries it
@@ -134,8 +150,15 @@ class Reader(Activity, kind="reader"):
                             # id. Adopt them before reading more.
                             await self._take(self._send(s.capacity + s.read_count, "0"), "0")
                             self.reply_lost, self._lost_sent = False, math.inf
+                        if self._idle_nudges >= IDLE_NUDGES:
+                            # Nudge after nudge woke it to find its share still taken: its own
+                            # nudges, perhaps, left for a peer that counts as idle but waits nowhere
+                            # (one that just died, until its instance marker lapses). No busy loop.
+                            await wait_set(s.stopping, SHARE_PAUSE)
                         asked = min(s.read_count, free)
-                        wait = block_ms if then == scripts.DRAINED else 0
+                        # Drained, or fair dispatch left what waits to the idle peers it nudged:
+                        # wait in the wake group, which an XADD or a nudge wakes.
+                        wait = block_ms if then in (scripts.DRAINED, scripts.SHARE_TAKEN) else 0
                         sent = self._send(asked, ">", wait)
                     then = scripts.READ_AGAIN  # what a take that fails leaves: read again
                     then = await self._take(sent, ">", partial(read_ahead, asked=asked))
@@ -205,11 +228,12 @@ class Reader(Activity, kind="reader"):
             n.key_prefix,
             s.config.fair_window_ms,
             n.wake_group if start == ">" else "",
+            n.nudge_key if start == ">" and s.config.fair_dispatch else "",
         )
 
         def build(b: CommandBatch) -> None:
             if wait_ms:
-                scripts.wake_read(b, n.stream_key, n.wake_group, wait_ms)
+                scripts.wake_read(b, n.stream_key, n.wake_group, wait_ms, n.nudge_key)
             scripts.read(b, *args)
 
         # Before sending: sending can yield, and stop() must see that a wait is under way.
@@ -271,6 +295,7 @@ class Reader(Activity, kind="reader"):
                 self.blocked = False
             reply = replies[-1]
             waited = len(replies) > 1
+            nudged = waited and _nudge_in(replies[0], self.state.names.nudge_key)
             if isinstance(reply, NoScriptError) and waited:
                 # The wait ran, the read did not (a SCRIPT FLUSH, a failover): load and read again.
                 await self.state.link.read.load_scripts()
@@ -278,6 +303,8 @@ class Reader(Activity, kind="reader"):
             if isinstance(reply, Exception):
                 raise reply
             raw_entries, tokens, then = reply
+            idle = nudged and not raw_entries and bytes(then) == scripts.SHARE_TAKEN
+            self._idle_nudges = self._idle_nudges + 1 if idle else 0
             if raw_entries:
                 if before_dispatch is not None:
                     before_dispatch(len(raw_entries))

@@ -82,6 +82,8 @@ class Names:
     queued_prefix: str
     #: ``<service>-wake``: the group the reader waits in between reads (lbs._keys.wake_group).
     wake_group: str
+    #: ``{<service>-input}:nudge``: where fair dispatch wakes idle peers (lbs._keys.nudge_stream).
+    nudge_key: str
 
     @property
     def queued_key(self) -> str:
@@ -112,6 +114,7 @@ class Names:
             _keys.key_prefix(service),
             _keys.queued_prefix(service),
             _keys.wake_group(service),
+            _keys.nudge_stream(service),
         )
 
 

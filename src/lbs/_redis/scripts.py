@@ -101,13 +101,15 @@ def read(
     key_prefix: str = "",
     fair_ms: int | None = None,
     wake: str = "",
+    nudge: str = "",
 ) -> None:
     """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects.
 
     ``queued``: what is read waits for the application (the notification API): new entries go into
     this consumer's queued set (merely held) until it takes them. ``fair_ms``: fair dispatch, peers
     idle less than this many ms are live (None: off). ``wake``: the wake group, moved to the
-    stream's end when the read drains the group (see :func:`wake_read`). The reply's third element
+    stream's end when the read drains the group (see :func:`wake_read`). ``nudge``: the nudge stream,
+    where a read that leaves entries to idle peers (fair dispatch) wakes them. The reply's third element
     is :data:`READ_AGAIN`, :data:`DRAINED` or :data:`SHARE_TAKEN`.
     """
     b.command(
@@ -131,6 +133,7 @@ def read(
         key_prefix,  # ARGV[12] {<service>-input}: one holder per name ("": names not locked)
         "" if fair_ms is None else fair_ms,  # ARGV[13] fair dispatch: live peers' window ("": off)
         wake,  # ARGV[14] the wake group, set to $ when drained ("": untouched)
+        nudge,  # ARGV[15] the nudge stream: idle peers left a share are woken ("": none)
     )
     b.expect(Shape.SCRIPT_ENTRIES)
 
@@ -139,22 +142,30 @@ def read(
 READ_AGAIN = b""
 #: Nothing more to deliver: wait in the wake group (:func:`wake_read`) before reading again.
 DRAINED = b"drained"
-#: Fair dispatch left what waits to idle peers: read again once a slot is freed (or after read_block).
+#: Fair dispatch left what waits to idle peers (and nudged them): wait in the wake group, the LBS only.
 SHARE_TAKEN = b"share"
 
 
-def wake_read(b: CommandBatch, stream: str, wake: str, block_ms: int) -> None:
+def wake_read(b: CommandBatch, stream: str, wake: str, block_ms: int, nudge: str = "") -> None:
     """Wait for the next XADD in the wake group: put right before a :func:`read` in the same write.
 
     One blocking ``XREADGROUP`` of the wake group, COUNT 1 and NOACK (it delivers nothing anyone
     holds: the group only wakes). Redis runs the read-3 behind it the moment it returns (a blocked
     client's later commands wait), so each XADD wakes one consumer, which reads and locks in the
-    same turn of the server's loop. Its reply (the entry, or nil after ``block_ms``) is ignored.
+    same turn of the server's loop. With ``nudge`` it reads the nudge stream too, where a read that
+    left entries to idle peers (fair dispatch) wakes them. Its reply (an entry, or nil after
+    ``block_ms``) is ignored.
     """
-    b.command(
-        "XREADGROUP", "GROUP", wake, "lbs", "COUNT", 1, "BLOCK", block_ms, "NOACK",
-        "STREAMS", stream, ">",
-    )  # fmt: skip
+    if nudge:
+        b.command(
+            "XREADGROUP", "GROUP", wake, "lbs", "COUNT", 1, "BLOCK", block_ms, "NOACK",
+            "STREAMS", stream, nudge, ">", ">",
+        )  # fmt: skip
+    else:
+        b.command(
+            "XREADGROUP", "GROUP", wake, "lbs", "COUNT", 1, "BLOCK", block_ms, "NOACK",
+            "STREAMS", stream, ">",
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------- extend-n ---

@@ -97,6 +97,18 @@
            drains the group, its last-delivered id is set to $ (XGROUP
            SETID; a missing wake group is left to the client's wake read,
            which reports NOGROUP). "" or absent: not touched.
+  ARGV[15] optional, with ">" and ARGV[13]: the service's nudge stream,
+           {<service>-input}:nudge (same slot, not declared), which the
+           wake group ARGV[14] is also created on and every wake read
+           reads beside the LBS. When fair dispatch leaves entries waiting
+           for idle peers (state "share"), one entry per peer it counted,
+           at most one per entry left, is added to it (XADD MAXLEN ~ 100):
+           each wakes one peer waiting in the wake group, so the work is
+           taken now and not at the peer's next read_block (the XADD that
+           registered it woke only this consumer, and XGROUP SETID wakes
+           nobody). A drained read moves the wake group to its end too.
+           A key of another type is left alone (the wake read reports it).
+           "" or absent: no nudge.
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing and returns
@@ -143,13 +155,14 @@
                  group's last-delivered id is moved to the stream's end
                  ($), so a wake read blocks until the next XADD;
                * "share": fair dispatch (ARGV[13]) left what waits to idle
-                 peers; read again once something is freed, or after
-                 read_block.
+                 peers, nudged with ARGV[15]; wait in the wake group as
+                 after "drained" (an XADD or a nudge wakes it; after
+                 read_block it reads again anyway, for peers that died).
 
   XREADGROUP runs without BLOCK (scripts cannot block). Between reads that
   drained the group the client sends, in one write, a blocking read of the
   wake group (ARGV[14]: XREADGROUP GROUP <wake> ... COUNT 1 BLOCK <ms>
-  NOACK STREAMS <LBS> >) and then this script: Redis runs the script the
+  NOACK STREAMS <LBS> <nudge> > >) and then this script: Redis runs the script the
   moment the blocking read returns (a client's later commands wait while it
   is blocked), so an XADD wakes one consumer, which reads and locks in the
   same turn of the server's loop; no entry is ever delivered in the group
@@ -180,6 +193,8 @@ if not positive(ARGV[4]) then
 end
 local count, ttl = tonumber(ARGV[3]), ARGV[4]
 local ttl_ms = tonumber(ttl)
+-- The nudge stream (ARGV[15]): idle peers left a share are woken through it.
+local nudge_key = ARGV[6] == '>' and ARGV[15] and ARGV[15] ~= '' and ARGV[15] or nil
 -- The queued set (ARGV[11]): only new entries (">") are ever added.
 local queued = ARGV[6] == '>' and ARGV[11] and ARGV[11] ~= '' and ARGV[11] or nil
 -- One holder per name (ARGV[12]): the waiting index.
@@ -219,6 +234,14 @@ if ARGV[6] == '>' then
   if ARGV[14] and ARGV[14] ~= '' and not redis.acl_check_cmd('XGROUP', 'SETID', KEYS[1], ARGV[14], '$') then
     return denied('XGROUP SETID on ' .. KEYS[1])
   end
+  if nudge_key then
+    if not redis.acl_check_cmd('XADD', nudge_key, 'MAXLEN', '~', '100', '*', 'n', '1') then
+      return denied('XADD on ' .. nudge_key)
+    end
+    if ARGV[14] and ARGV[14] ~= '' and not redis.acl_check_cmd('XGROUP', 'SETID', nudge_key, ARGV[14], '$') then
+      return denied('XGROUP SETID on ' .. nudge_key)
+    end
+  end
   if prefix then
     local name = prefix .. 'name:x'
     if not redis.acl_check_cmd('SET', name, '1', 'NX', 'GET') then return denied('SET on ' .. name) end
@@ -247,7 +270,11 @@ end
 -- The group is drained: the wake group's next read blocks until an XADD (ARGV[14]).
 local wake = ARGV[6] == '>' and ARGV[14] and ARGV[14] ~= '' and ARGV[14] or nil
 local function drained()
-  if wake then redis.pcall('XGROUP', 'SETID', KEYS[1], wake, '$') end
+  if wake then
+    redis.pcall('XGROUP', 'SETID', KEYS[1], wake, '$')
+    -- Nudges nobody read are moot now: they would only wake a consumer to find nothing.
+    if nudge_key then redis.pcall('XGROUP', 'SETID', nudge_key, wake, '$') end
+  end
   return 'drained'
 end
 
@@ -257,6 +284,7 @@ local function field_of(flat, name)
     if flat[j] == name then return flat[j + 1] end
   end
 end
+local shared_idle, shared_waiting = 0, 0  -- what fair_count counted: idle peers, entries waiting
 local function fair_count(window)
   -- What waits first (XINFO GROUPS, as long as the group list): nothing waits, nothing to share,
   -- and the consumer list (as long as the fleet, with an EXISTS per idle peer) is not read.
@@ -286,7 +314,19 @@ local function fair_count(window)
     waiting = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', count * (idle + 1))
   end
   if waiting == 0 then return count end  -- nothing to share (the read still registers this consumer)
+  shared_idle, shared_waiting = idle, waiting
   return math.max(0, math.min(count, math.ceil((waiting + mine) / (idle + 1)) - mine))
+end
+
+-- Fair dispatch left `left` entries waiting for the idle peers it counted: wake one peer per entry,
+-- up to one per peer (each XADD wakes one consumer waiting in the wake group).
+local function share(left)
+  if nudge_key then
+    for _ = 1, math.min(shared_idle, left) do
+      redis.pcall('XADD', nudge_key, 'MAXLEN', '~', '100', '*', 'n', '1')
+    end
+  end
+  return 'share'
 end
 
 -- XREADGROUP ... COUNT `c`: the entries, or an error reply to return (its first check is the
@@ -310,6 +350,7 @@ end
 
 local asked, dry = count, false  -- dry: the group has nothing more to deliver
 local entries, failed
+local taken_after_count = 0  -- entries read after fair_count counted what waits
 local fair = ARGV[6] == '>' and ARGV[13] and ARGV[13] ~= '' and tonumber(ARGV[13])
 -- This consumer's oldest pending entry; a refusal (no group, a key of another type) takes the
 -- path below, where XREADGROUP's own refusal is the reply.
@@ -330,13 +371,14 @@ if type(mine) == 'table' and not mine.err and not mine[1] then
       rest, failed = read_group(more)
       if failed then return failed end
       dry = #rest < more
+      taken_after_count = #rest
       for i = 1, #rest do entries[#entries + 1] = rest[i] end
     end
   end
 else
   if fair then
     count = fair_count(fair)
-    if count == 0 then return {{}, {}, 'share'} end
+    if count == 0 then return {{}, {}, share(shared_waiting)} end
   end
   if ARGV[6] ~= '>' then
     -- Our own pending entries, as XREADGROUP's history would list them (a deleted one with no fields).
@@ -348,13 +390,14 @@ else
     entries, failed = read_group(count)
     if failed then return failed end
     dry = #entries < count
+    taken_after_count = #entries
   end
 end
 -- What the reader does next (see Output).
 local function state()
   if ARGV[6] ~= '>' then return '' end
   if dry then return drained() end
-  if count < asked then return 'share' end
+  if count < asked then return share(shared_waiting - taken_after_count) end
   return ''
 end
 local n = #entries
