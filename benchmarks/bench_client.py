@@ -17,6 +17,9 @@
   PEL-refreshing tick against redis-py pipelining bare PEXPIREs (a lower
   bound that checks no ownership) and, at 10,000, one PEXPIRE per round trip
   (the Go client's timer per stream).
+
+With ``--benchmark-disable`` (``make test``): cycles of 2,000 streams and
+heartbeats of a fifth of the held streams, once each.
 """
 
 from __future__ import annotations
@@ -222,13 +225,19 @@ CYCLES = {
 TRACED = {"lbs run() defaults+otel (SDK, spans dropped)"}
 
 
+#: Streams per cycle with ``--benchmark-disable`` (``make test``): two registration batches, more
+#: than lbs's ``max_streams`` at once, so every side still reads, waits for room and reads again.
+SMOKE_N = 2 * CHUNK
+
+
 @pytest.mark.benchmark(group=f"assignment cycle, {CYCLE_N} streams")
 @pytest.mark.parametrize("impl", list(CYCLES))
 def bench_assignment_cycle(bench: Bench, impl: str) -> None:
+    n = bench.size(CYCLE_N, SMOKE_N)
     bench.drain(
         CYCLES[impl],
-        CYCLE_N,
-        lambda: (_registered_traced if impl in TRACED else _registered)(bench, "cycle", CYCLE_N),
+        n,
+        lambda: (_registered_traced if impl in TRACED else _registered)(bench, "cycle", n),
         "assignment",
         baseline=impl == BASELINE,
     )
@@ -277,7 +286,8 @@ HEARTBEAT_CASES = [
 )
 def bench_heartbeat_tick(bench: Bench, impl: str, held: int) -> None:
     bench.benchmark.group = f"heartbeat tick, {held} held"
-    r, c = bench.run(_holding(bench, held))
+    # --benchmark-disable: a fifth, still several of the heartbeat's chunks (Config.heartbeat_chunk).
+    r, c = bench.run(_holding(bench, bench.size(held, held // 5)))
     locks = [h.lock_key for h in c.held_streams()]
 
     async def tick_lbs() -> int:

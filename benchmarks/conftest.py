@@ -16,7 +16,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from importlib.metadata import version
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,6 +25,8 @@ from lbs.embedded import find_redis_server, redis_server_version
 
 from .cost import Cost, Window
 from .data import cleanup, service_name
+
+_N = TypeVar("_N", int, float)
 
 
 def pytest_benchmark_update_machine_info(
@@ -76,6 +78,9 @@ class Bench:
       closed, and what ``bench.defer`` was given is called (sync or async).
     * ``bench.benchmark`` is pytest-benchmark's fixture (``group``, ``stats``,
       ``disabled``); ``bench.extra_info`` its figures beside the timing.
+    * ``bench.size(full, smoke)``: ``full`` when timed, ``smoke`` with
+      ``--benchmark-disable`` (``make test``, one run so the benchmark cannot
+      rot): the same code path and checks on less work.
     """
 
     def __init__(
@@ -99,6 +104,10 @@ class Bench:
     @functools.cached_property
     def url(self) -> str:
         return str(self._request.getfixturevalue("redis_server").url)
+
+    def size(self, full: _N, smoke: _N) -> _N:
+        """``full`` when the benchmark is timed; ``smoke`` under ``--benchmark-disable``."""
+        return smoke if self.benchmark.disabled else full
 
     def run(self, aw: Awaitable[Any]) -> Any:
         return self.loop.run_until_complete(aw)
