@@ -23,6 +23,9 @@
   consumer in the same process; p50 and p99 publish-to-handler latency in
   ``extra_info``, beside the plain loop (XADD to one stream, XREADGROUP
   BLOCK 50 ms) under the same publisher.
+
+With ``--benchmark-disable`` (``make test``), once each: 2,000 keys x 10
+messages, half a second of the publisher, a tenth of the memory rows' keys.
 """
 
 from __future__ import annotations
@@ -51,35 +54,39 @@ if TYPE_CHECKING:
 KEYS, PER_KEY = 10_000, 10
 #: Keys held at once, as the assignment cycle's "defaults" rows run ``run(handler, concurrency=1024)``.
 CONCURRENCY = 1024
-TOTAL = KEYS * PER_KEY
 CHUNK = 2_000
 
 
-def _messages(**extra: str) -> list[tuple[str, dict[str, str | int]]]:
+#: Keys with ``--benchmark-disable`` (``make test``): more than ``CONCURRENCY``, so keys still wait for
+#: a slot, each with its ``PER_KEY`` messages.
+SMOKE_KEYS = 2_000
+
+
+def _messages(keys: int, **extra: str) -> list[tuple[str, dict[str, str | int]]]:
     """Message i of every key, then message i + 1 of every key: keys interleaved, as live traffic is."""
     return [
         (f"key-{k}", {"n": i, "body": "x" * 32, **extra})
         for i in range(PER_KEY)
-        for k in range(KEYS)
+        for k in range(keys)
     ]
 
 
-async def _published(bench: Bench, **extra: str) -> str:
+async def _published(bench: Bench, keys: int, **extra: str) -> str:
     service = bench.service("keyed")
-    msgs = _messages(**extra)
+    msgs = _messages(keys, **extra)
     async with lbs.Publisher(bench.url, service) as pub:
-        for at in range(0, TOTAL, CHUNK):
+        for at in range(0, len(msgs), CHUNK):
             await pub.publish_many(msgs[at : at + CHUNK])
     return service
 
 
-async def _plain_stream(bench: Bench) -> str:
+async def _plain_stream(bench: Bench, keys: int) -> str:
     """The same messages in one stream, as a plain loop would read them."""
     service = bench.service("keyed-plain")
     r = bench.redis()
     stream = lbs.input_stream(service)
-    msgs = _messages()
-    for at in range(0, TOTAL, CHUNK):
+    msgs = _messages(keys)
+    for at in range(0, len(msgs), CHUNK):
         pipe = r.pipeline(transaction=False)
         for key, fields in msgs[at : at + CHUNK]:
             pipe.xadd(stream, {"key": key, **fields})
@@ -105,7 +112,7 @@ async def keyed_lbs(
     more: tuple[object, ...] = (),
 ) -> int:
     """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus
-    loaded (and the plugins in ``more``)."""
+    loaded (and the plugins in ``more``); ``n`` messages, ``PER_KEY`` a key."""
     c = lbs.Client(
         r,
         service,
@@ -116,7 +123,7 @@ async def keyed_lbs(
     )
     runner = asyncio.create_task(c.run_keyed(handler, CONCURRENCY))
     try:
-        while c.stats.keyed_messages < n or c.stats.done < KEYS:
+        while c.stats.keyed_messages < n or c.stats.done < n // PER_KEY:
             await asyncio.sleep(0.005)
     finally:
         await c.close()
@@ -148,9 +155,9 @@ async def keyed_lbs_otel(r: aioredis.Redis, service: str, n: int) -> int:
     return await keyed_lbs(r, service, n, more=(otel_sdk_plugin(),))
 
 
-async def _published_traced(bench: Bench) -> str:
+async def _published_traced(bench: Bench, keys: int) -> str:
     """As :func:`_published`, every message with a ``traceparent`` (as lbs-otel's publisher adds)."""
-    return await _published(bench, traceparent=TRACEPARENT)
+    return await _published(bench, keys, traceparent=TRACEPARENT)
 
 
 async def keyed_plain_ahead(r: aioredis.Redis, service: str, n: int, effects: bool = False) -> int:
@@ -226,7 +233,8 @@ SIDES = {
 def bench_keyed_throughput(bench: Bench, impl: str) -> None:
     fn, setup, group, baseline = SIDES[impl]
     bench.benchmark.group = group
-    bench.drain(fn, TOTAL, lambda: setup(bench), "message", baseline=baseline)
+    keys = bench.size(KEYS, SMOKE_KEYS)
+    bench.drain(fn, keys * PER_KEY, lambda: setup(bench, keys), "message", baseline=baseline)
 
 
 # ---------------------------------------------------------------- latency ---
@@ -239,11 +247,13 @@ def bench_keyed_throughput(bench: Bench, impl: str) -> None:
 RATE, SECONDS, LATENCY_KEYS = 2_000, 3.0, 200
 
 
-async def _steady(publish: Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[Any]]) -> int:
-    """Publish RATE messages a second for SECONDS, in ticks of 10 ms; how many."""
+async def _steady(
+    publish: Callable[[list[tuple[str, dict[str, Any]]]], Awaitable[Any]], seconds: float
+) -> int:
+    """Publish RATE messages a second for ``seconds``, in ticks of 10 ms; how many."""
     loop = asyncio.get_running_loop()
     start, sent, tick = loop.time(), 0, 0.01
-    total = int(RATE * SECONDS)
+    total = int(RATE * seconds)
     while sent < total:
         due = min(total, int((loop.time() - start) * RATE) + 1)
         if due > sent:
@@ -254,7 +264,7 @@ async def _steady(publish: Callable[[list[tuple[str, dict[str, Any]]]], Awaitabl
     return sent
 
 
-async def latency_lbs(bench: Bench, service: str) -> list[float]:
+async def latency_lbs(bench: Bench, service: str, seconds: float) -> list[float]:
     seen: list[float] = []
 
     async def handle(batch: lbs.KeyedBatch) -> None:
@@ -264,7 +274,7 @@ async def latency_lbs(bench: Bench, service: str) -> list[float]:
     c = lbs.Client(bench.url, service, "bench", lbs.Config(), load_entrypoint_plugins=False)
     runner = asyncio.create_task(c.run_keyed(handle))
     async with lbs.Publisher(bench.url, service) as pub:
-        total = await _steady(pub.publish_many)
+        total = await _steady(pub.publish_many, seconds)
     while len(seen) < total:
         await asyncio.sleep(0.01)
     await c.close()
@@ -272,7 +282,7 @@ async def latency_lbs(bench: Bench, service: str) -> list[float]:
     return seen
 
 
-async def latency_plain(bench: Bench, service: str) -> list[float]:
+async def latency_plain(bench: Bench, service: str, seconds: float) -> list[float]:
     r = bench.redis()
     stream, group = await _plain_group(r, service)
     seen: list[float] = []
@@ -293,7 +303,7 @@ async def latency_plain(bench: Bench, service: str) -> list[float]:
         await pipe.execute()
 
     consumer = asyncio.create_task(consume())
-    total = await _steady(publish)
+    total = await _steady(publish, seconds)
     while len(seen) < total:
         await asyncio.sleep(0.01)
     stop.set()
@@ -311,9 +321,10 @@ LATENCY = {
 @pytest.mark.parametrize("impl", list(LATENCY))
 def bench_keyed_latency(bench: Bench, impl: str) -> None:
     seen: list[float] = []
+    seconds = bench.size(SECONDS, 0.5)  # --benchmark-disable: half a second of the publisher
 
     async def measured(service: str) -> None:
-        seen.extend(await LATENCY[impl](bench, service))
+        seen.extend(await LATENCY[impl](bench, service, seconds))
 
     bench(measured, setup=lambda: bench.service("latency"), rounds=1)
     ms = sorted(x * 1000 for x in seen)
@@ -347,10 +358,10 @@ async def _traced(fn: Callable[[], Awaitable[Any]]) -> int:
     return tracemalloc.get_traced_memory()[0] - before
 
 
-async def keyed_memory(bench: Bench) -> dict[str, float]:
+async def keyed_memory(bench: Bench, held_keys: int, idle_keys: int) -> dict[str, float]:
     service = bench.service("keyed-memory")
     async with lbs.Publisher(bench.url, service) as pub:
-        await pub.publish_many([(f"idle-{k}", {"body": "x" * 32}) for k in range(MEMORY_IDLE)])
+        await pub.publish_many([(f"idle-{k}", {"body": "x" * 32}) for k in range(idle_keys)])
     gate, held = asyncio.Event(), 0
 
     async def handle(batch: lbs.KeyedBatch) -> None:
@@ -367,18 +378,18 @@ async def keyed_memory(bench: Bench) -> dict[str, float]:
             await asyncio.sleep(0.01)
 
         async def idle() -> None:
-            while c.stats.done < MEMORY_IDLE:
+            while c.stats.done < idle_keys:
                 await asyncio.sleep(0.01)
 
         async def hold() -> None:
             async with lbs.Publisher(bench.url, service) as pub:
                 await pub.publish_many(
-                    [(f"held-{k}", {"body": "x" * 32}) for k in range(MEMORY_HELD)]
+                    [(f"held-{k}", {"body": "x" * 32}) for k in range(held_keys)]
                 )
-            while held < MEMORY_HELD:
+            while held < held_keys:
                 await asyncio.sleep(0.01)
 
-        # Idle keys are measured from after the warm-up: 9,900 of them went by.
+        # Idle keys are measured from after the warm-up: all but its 100 went by.
         idle_bytes = await _traced(idle)
         held_bytes = await _traced(hold)
         gate.set()
@@ -387,8 +398,8 @@ async def keyed_memory(bench: Bench) -> dict[str, float]:
     finally:
         tracemalloc.stop()
     return {
-        "bytes_per_idle_key": idle_bytes / (MEMORY_IDLE - 100),
-        "bytes_per_held_key": held_bytes / MEMORY_HELD,
+        "bytes_per_idle_key": idle_bytes / (idle_keys - 100),
+        "bytes_per_held_key": held_bytes / held_keys,
     }
 
 
@@ -397,7 +408,12 @@ def bench_keyed_memory(bench: Bench) -> None:
     figures: dict[str, float] = {}
 
     async def measured() -> None:
-        figures.update(await keyed_memory(bench))
+        # --benchmark-disable: a tenth of the keys (still past the 100 of the warm-up).
+        held, idle = (
+            bench.size(MEMORY_HELD, MEMORY_HELD // 10),
+            bench.size(MEMORY_IDLE, MEMORY_IDLE // 10),
+        )
+        figures.update(await keyed_memory(bench, held, idle))
 
     bench(measured, rounds=1)
     for name, value in figures.items():
