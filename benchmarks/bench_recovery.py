@@ -17,6 +17,9 @@ Recovery latency (kill -9 to re-queued, per path) is measured by
 holding 100,000 streams killed -9: p50 / p99 / max to re-delivery, Redis CPU
 per stream) by ``python -m benchmarks.recovery_scale``: scripts rather than
 benchmarks, because each waits out a lock TTL.
+
+With ``--benchmark-disable`` (``make test``): 1,000 pending entries, and each
+script once, small.
 """
 
 from __future__ import annotations
@@ -34,20 +37,22 @@ if TYPE_CHECKING:
     from .conftest import Bench
 
 PENDING = 10_000
+#: ``PENDING`` with ``--benchmark-disable`` (``make test``): still 20 pages of the scan.
+SMOKE_PENDING = 1_000
 PAGE = 50
 
 
-async def _pending(bench: Bench) -> tuple[aioredis.Redis, str]:
-    """A service whose consumer "dead" has PENDING entries pending, the even ones locked."""
+async def _pending(bench: Bench, pending: int) -> tuple[aioredis.Redis, str]:
+    """A service whose consumer "dead" has ``pending`` entries pending, the even ones locked."""
     service = bench.service("scan")
     r = bench.redis()
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     await r.xgroup_create(stream, group, id="0", mkstream=True)
     pipe = r.pipeline(transaction=False)
-    for i in range(PENDING):
+    for i in range(pending):
         pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{i}")})
     ids = [i.decode() for i in await pipe.execute()]
-    await r.xreadgroup(group, "dead", {stream: ">"}, count=PENDING)
+    await r.xreadgroup(group, "dead", {stream: ">"}, count=pending)
     pipe = r.pipeline(transaction=False)
     for entry_id in ids[::2]:
         pipe.set(lbs.lock_key(service, entry_id), "1:alive", px=600_000)
@@ -55,7 +60,7 @@ async def _pending(bench: Bench) -> tuple[aioredis.Redis, str]:
     return r, service
 
 
-async def scan_lbs(r: aioredis.Redis, service: str) -> int:
+async def scan_lbs(r: aioredis.Redis, service: str, pending: int) -> int:
     c = lbs.Client(
         r,
         service,
@@ -64,7 +69,7 @@ async def scan_lbs(r: aioredis.Redis, service: str) -> int:
         load_entrypoint_plugins=False,
     )
     counts = await c.recovery.scan(min_idle=0)
-    assert counts["alive"] == PENDING // 2
+    assert counts["alive"] == pending // 2
     return counts["requeued"]
 
 
@@ -89,7 +94,7 @@ def _requeued(fields: dict[bytes, Any], entry_id: str) -> dict[bytes, Any]:
     return out
 
 
-async def scan_redis_py_pipelines(r: aioredis.Redis, service: str) -> int:
+async def scan_redis_py_pipelines(r: aioredis.Redis, service: str, pending: int) -> int:
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     requeued = 0
     async for ids in _pending_pages(r, stream, group):
@@ -111,7 +116,7 @@ async def scan_redis_py_pipelines(r: aioredis.Redis, service: str) -> int:
     return requeued
 
 
-async def scan_redis_py_one_by_one(r: aioredis.Redis, service: str) -> int:
+async def scan_redis_py_one_by_one(r: aioredis.Redis, service: str, pending: int) -> int:
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     requeued = 0
     async for ids in _pending_pages(r, stream, group):
@@ -137,13 +142,18 @@ SCANS = {
 @pytest.mark.parametrize("impl", list(SCANS))
 def bench_recovery_scan(bench: Bench, impl: str) -> None:
     bench.extra_info["baseline"] = impl == "redis-py pipelines"  # the best plain scan
-    requeued = bench(SCANS[impl], setup=lambda: _pending(bench))
-    assert requeued == PENDING // 2
-    r, service = bench.inputs[-1]
+    pending = bench.size(PENDING, SMOKE_PENDING)
+
+    async def setup() -> tuple[aioredis.Redis, str, int]:
+        return (*await _pending(bench, pending), pending)
+
+    requeued = bench(SCANS[impl], setup=setup)
+    assert requeued == pending // 2
+    r, service, _ = bench.inputs[-1]
     stream = lbs.input_stream(service)
     # the dead half is back in the LBS as fresh entries, the live half untouched
-    assert bench.run(r.xlen(stream)) == PENDING
-    assert bench.run(r.xpending(stream, lbs.group_name(service)))["pending"] == PENDING // 2
+    assert bench.run(r.xlen(stream)) == pending
+    assert bench.run(r.xpending(stream, lbs.group_name(service)))["pending"] == pending // 2
 
 
 def bench_recovery_latency_script_runs(loop: asyncio.AbstractEventLoop) -> None:
