@@ -3,7 +3,7 @@
 #   make test   the same set-up + the whole test suite
 # `make demo DEMO_ARGS=--no-spark` skips Spark; `make demo DEMO_ARGS='--url redis://HOST:PORT'`
 # runs on an existing Redis >= 7.0 (then nothing is built). DEMO_ARGS takes any `lbs demo` option.
-# Other targets: setup, redis, docs, wheel, bench, proptest, faults, fuzz, typecheck, lint, matrix, clean.
+# Other targets: setup, redis, docs, wheel, bench, bench-fleet, proptest, faults, fuzz, typecheck, lint, matrix, clean.
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -17,7 +17,7 @@ PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: demo test faults setup redis docs wheel bench bench-report proptest fuzz typecheck lint matrix clean
+.PHONY: demo test faults setup redis docs wheel bench bench-report bench-fleet proptest fuzz typecheck lint matrix clean
 
 demo: setup
 ifneq (,$(findstring -url,$(DEMO_ARGS)))
@@ -100,6 +100,7 @@ docs: setup
 wheel: setup
 	scripts/dist.sh --python $(PY) dist
 
+# Every benchmark; the fleet rows alone (bench-fleet, below) take about 15 minutes of it on 2 cores.
 bench: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks --benchmark-disable-gc $(PYTEST_ARGS)
 
@@ -108,6 +109,14 @@ bench: setup
 bench-report: setup
 	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks --benchmark-disable-gc --benchmark-json=.bench.json $(PYTEST_ARGS)
 	$(PY) -m benchmarks.report .bench.json
+
+# The fleet benchmark alone (benchmarks/bench_fleet.py: K consumer processes of one service, 1, 2, 4
+# and more where the cores allow, beside the plain loop and the Go client's commands), then its report
+# (what docs/benchmarks.md's "Fleets" section is written from). LBS_FLEET_CONSUMERS=1,2 and
+# LBS_FLEET_RATES=500,2000 choose the sizes; LBS_FLEET_SECONDS the window.
+bench-fleet: setup
+	@srv=$$(scripts/redis.sh) && LBS_REDIS_SERVER=$$srv $(PY) -m pytest benchmarks/bench_fleet.py --benchmark-disable-gc --benchmark-json=.bench-fleet.json $(PYTEST_ARGS)
+	$(PY) -m benchmarks.report .bench-fleet.json
 
 typecheck: setup
 	$(PY) -m mypy

@@ -6,7 +6,8 @@
 One table per benchmark group, in the file's order. The **baseline** of a
 group is the row whose benchmark set ``extra_info["baseline"] = True`` (the
 plain redis-py way of doing the same work; at most one per group: a second
-one is an error). Columns:
+one is an error). A row is named by its ``extra_info["label"]`` where it set one, else by its
+pytest parameters. Columns:
 
 * ``median``: the median time of the rounds, and beside it the **speed** against
   the baseline (baseline median / row median: 2.0x is twice as fast), except
@@ -35,7 +36,16 @@ from typing import Any
 
 #: extra_info numbers that describe the run rather than measure it (or measure what is subtracted).
 NOT_FIGURES = frozenset(
-    {"baseline", "messages", "clients", "window_s", "count", "rows", "redis_alone_cpu_us_per_s"}
+    {
+        "baseline",
+        "messages",
+        "clients",
+        "consumers",
+        "window_s",
+        "count",
+        "rows",
+        "redis_alone_cpu_us_per_s",
+    }
 )
 
 
@@ -57,7 +67,7 @@ def _ratio(value: float | None, base: float | None) -> str:
 
 
 def _label(bench: dict[str, Any]) -> str:
-    return str(bench.get("param") or bench["name"])
+    return str(bench.get("extra_info", {}).get("label") or bench.get("param") or bench["name"])
 
 
 def _figures(bench: dict[str, Any]) -> dict[str, float]:

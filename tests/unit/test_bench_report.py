@@ -58,3 +58,16 @@ def test_commands_and_versions() -> None:
     out = report(data, commands=True)
     assert out.startswith("Measured 2026-11-25 (lbs 0.1.0)")
     assert "a, per_message: evalsha 0.5 calls 12 µs" in out
+
+
+def test_a_row_is_named_by_its_label_and_consumers_is_no_figure() -> None:
+    rows = [
+        _row("lbs-2x", 1.0, label="lbs run() defaults", consumers=2, backlog=0, p50_ms=2.0),
+        _row(
+            "plain-2x", 1.0, label="plain loop", consumers=2, backlog=0, p50_ms=1.0, baseline=True
+        ),
+    ]
+    out = table("g", rows).splitlines()
+    assert "consumers" not in out[2] and "label" not in out[2] and "backlog" in out[2]
+    assert out[4].startswith("| lbs run() defaults |") and "2 (2.00x)" in out[4]
+    assert out[5].startswith("| **plain loop** (baseline) |")
