@@ -25,6 +25,7 @@ twin (the Spark source).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
@@ -33,9 +34,12 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError as SyncMasterNotFoundError
 from redis.sentinel import Sentinel as SyncSentinel
 
 from ..exceptions import ConfigurationError
@@ -159,6 +163,81 @@ def parse_sentinel_url(url: str) -> SentinelUrl:
     return SentinelUrl(sentinels, service, master, sentinel)
 
 
+def _to_front(sentinels: list[Any], sentinel: Any) -> None:
+    """Move ``sentinel`` (by identity) to the front of ``sentinels``, the order the next
+    discovery asks them in."""
+    for i, each in enumerate(sentinels):
+        if each is sentinel:
+            sentinels.insert(0, sentinels.pop(i))
+            return
+
+
+def _master_address(sentinels: Any, state: Any, service: str) -> tuple[str, int] | None:
+    """The master's address in ``state`` (a Sentinel's SENTINEL MASTERS entry for ``service``), or
+    None when that Sentinel does not see it up (redis-py's ``check_master_state``)."""
+    if not state or not sentinels.check_master_state(state, service):
+        return None
+    forced = sentinels._force_master_ip
+    return (forced if forced is not None else state["ip"]), state["port"]
+
+
+def _not_found(service: str, errors: list[str]) -> str:
+    """redis-py's MasterNotFoundError message."""
+    return f"No master found for {service!r}" + (f" : {', '.join(errors)}" if errors else "")
+
+
+class _Sentinels(Sentinel):
+    """redis-py's ``Sentinel`` whose master discovery holds when several run at once (every
+    connection the master's pool opens while the master is away runs one).
+
+    redis-py's ``discover_master`` walks the live list of the Sentinels' clients across awaits and
+    then swaps the one that answered with the first *by the index it had* when it was asked: two
+    discoveries at once (one moved it first) put one client in the list twice and drop another, which
+    no discovery asks again and no ``aclose()`` closes (its connections were left to the garbage
+    collector: "unclosed Connection" after a failover). This one asks them in the order the list had
+    when it started and moves the one that answered to the front by identity; the rest, its error
+    included, is redis-py's."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors: list[str] = []
+        for sentinel in list(self.sentinels):
+            try:
+                masters: Any = await sentinel.sentinel_masters()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            address = _master_address(self, masters.get(service_name), service_name)
+            if address is not None:
+                _to_front(self.sentinels, sentinel)
+                return address
+        raise MasterNotFoundError(_not_found(service_name, errors))
+
+
+class _SyncSentinels(SyncSentinel):
+    """The synchronous :class:`_Sentinels` (threads sharing a client discover at once too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._order_lock = threading.Lock()
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        errors: list[str] = []
+        with self._order_lock:
+            order = list(self.sentinels)
+        for sentinel in order:
+            try:
+                masters: Any = sentinel.sentinel_masters()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            address = _master_address(self, masters.get(service_name), service_name)
+            if address is not None:
+                with self._order_lock:
+                    _to_front(self.sentinels, sentinel)
+                return address
+        raise SyncMasterNotFoundError(_not_found(service_name, errors))
+
+
 class SentinelMaster(aioredis.Redis):
     """A client of the master named by a ``redis+sentinel://`` URL (``master_for``); closing it also
     closes the Sentinels' clients (it owns them)."""
@@ -189,7 +268,7 @@ def sentinel_client(url: str) -> aioredis.Redis:
     Sentinels). The caller closes it (``aclose``), which closes the Sentinels' clients too."""
     parsed = parse_sentinel_url(url)
     once = {"retry": AsyncRetry(NoBackoff(), 0)}  # a silent Sentinel: ask the next one at once
-    manager = Sentinel(list(parsed.sentinels), sentinel_kwargs={**parsed.sentinel, **once})  # type: ignore[no-untyped-call]
+    manager = _Sentinels(list(parsed.sentinels), sentinel_kwargs={**parsed.sentinel, **once})  # type: ignore[no-untyped-call]
     client = manager.master_for(parsed.service, redis_class=SentinelMaster, **parsed.master)
     # Make a connection now (no I/O) so that an option it does not take fails here.
     client.connection_pool.make_connection()
@@ -201,6 +280,6 @@ def sentinel_client_sync(url: str, **overrides: Any) -> redis.Redis:
     password, TLS files, as the Spark source's options give them)."""
     parsed = parse_sentinel_url(url)
     once = {"retry": Retry(NoBackoff(), 0)}
-    manager = SyncSentinel(list(parsed.sentinels), sentinel_kwargs={**parsed.sentinel, **once})  # type: ignore[no-untyped-call]
+    manager = _SyncSentinels(list(parsed.sentinels), sentinel_kwargs={**parsed.sentinel, **once})
     master = {**parsed.master, **overrides}
     return manager.master_for(parsed.service, redis_class=SyncSentinelMaster, **master)  # type: ignore[no-untyped-call,no-any-return]
