@@ -102,7 +102,15 @@ async def test_a_cut_off_holder_stops_its_handlers_before_another_consumer_start
 
         return handle
 
-    cfg = dict(lock_ttl=TTL, read_block=0.05, deadline_poll_interval=0.05, retry_delay=0.0)
+    # drain_timeout 0: the handlers work until cancelled, so a drain at close would only wait out its
+    # time (20 s for each consumer) before the same cancel and hand-back.
+    cfg = dict(
+        lock_ttl=TTL,
+        read_block=0.05,
+        deadline_poll_interval=0.05,
+        retry_delay=0.0,
+        drain_timeout=0.0,
+    )
     with server() as srv:
         proxy = await Proxy(srv.port).start()
         cut_off = lbs.Client(
