@@ -41,8 +41,8 @@ GO_MIN_IDLE = 4.0
 #: The Go client's ``hbInterval`` (seconds): its ``Claim`` takes an entry idle that long once its lock expired.
 GO_CLAIM_IDLE = 2.0
 #: The Go client's ``DoneStream`` deletes its lock, then XACKs in another round trip: beside a Go fleet
-#: the scan waits this long (seconds) before re-queuing entries it found with no lock, so that one
-#: between the two is found acked.
+#: the scan re-queues entries it found with neither lock (ours, Go-style) this long (seconds) after
+#: that look, so that one between the two is found acked.
 GO_DONE_GAP = 1.0
 
 

@@ -21,6 +21,7 @@ from _lbscore import CommandBatch, EntryParser, HeldTable, encode_input
 from lbs import _keys
 from lbs._redis import scripts
 from lbs._redis.scripts import DoneCode, RequeueCode
+from lbs.config import GO_DONE_GAP
 from lbs.embedded import (
     RedisServer,
     ServerNotFoundError,
@@ -328,6 +329,50 @@ async def test_a_scan_between_a_go_done_streams_unlock_and_its_xack_re_queues_no
         await eventually(unlocked)
         counts = await c.recovery.scan(min_idle=0)
         await done
+        assert counts["requeued"] == 0 and go.processed() == ["z"]
+        assert await r.xlen(lbs.input_stream(service)) == 0
+    finally:
+        release.set()
+        await c.close()
+        await go.kill()
+        await r.aclose()
+
+
+async def test_a_scan_that_looked_before_a_go_done_streams_unlock_re_queues_nothing(
+    server: RedisServer, service: str
+) -> None:
+    """The other order: the scan has found the entry without our lock (as every Go-held one is) when Go's
+    ``DoneStream`` deletes its lock, then XACKs 0.6 ``GO_DONE_GAP`` later. The re-queue must not land
+    between the two: the scan's gap counts from its look at the Go-style lock, not from its look at
+    ours (a scan that waited from ours re-ran the finished stream: the rare failure of
+    test_go_compatible_recovery_never_robs_a_slow_live_go_holder under load)."""
+    release = asyncio.Event()
+    go, _ids = await _go_holding(server, service, ["z"], release)
+    r = aioredis.Redis.from_url(server.url)
+    c = _client(server.url, service, "lbs-1", go_compatible=True, recovery=False)
+    await c.start()
+    try:
+
+        async def idle() -> bool:  # past requeue-6's "just claimed" grace
+            p = await r.xpending_range(
+                lbs.input_stream(service), lbs.group_name(service), "-", "+", 1
+            )
+            return p[0]["time_since_delivered"] > 1500
+
+        async def lock_looks() -> int:
+            return int((await r.info("commandstats")).get("cmdstat_exists", {}).get("calls", 0))
+
+        await eventually(idle)
+        before = await lock_looks()
+        scan = asyncio.create_task(c.recovery.scan(min_idle=0))
+
+        async def looked() -> bool:  # the scan has found the entry without our lock
+            return await lock_looks() > before
+
+        await eventually(looked)
+        await asyncio.sleep(GO_DONE_GAP / 2)  # Go finishes while the scan is on its way
+        await go.done_stream("z", stall=0.6 * GO_DONE_GAP)
+        counts = await asyncio.wait_for(scan, 30)
         assert counts["requeued"] == 0 and go.processed() == ["z"]
         assert await r.xlen(lbs.input_stream(service)) == 0
     finally:

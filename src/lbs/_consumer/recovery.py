@@ -28,7 +28,7 @@ Three paths find the entries to re-queue:
 * **scan** (the backstop for everything else: missed events, locks taken by other clients,
   restarts): at start and every ``reconciliation_interval``, XPENDING ``IDLE min_idle`` paged by
   cursor, one EXISTS round trip per page, re-queue only where the lock is gone (beside a Go fleet,
-  ``GO_DONE_GAP`` later).
+  the Go-style lock too, and ``GO_DONE_GAP`` after that look: ``Requeue.go_unlocked``).
 
 After a stall of the server every deadline and lock lapses at once although the holders live;
 ``reap-4.lua`` notices the gap since its last call and gives every overdue consumer a grace of one
@@ -57,7 +57,7 @@ from .._redis.connection import execute
 from .._redis.subscription import Subscription
 from .._redis.wire import text
 from .._waits import wait_set
-from ..config import GO_CLAIM_IDLE, GO_DONE_GAP
+from ..config import GO_CLAIM_IDLE
 from .activity import Activity
 from .backoff import Backoff
 from .requeue import Requeue
@@ -460,9 +460,9 @@ class Recovery(Activity):
             ids = list(held)
             seen += len(ids)
             dead = await self._dead_of(ids)
+            if dead and self.config.go_compatible:  # no Go-style lock either, GO_DONE_GAP ago
+                dead = await self.requeue.go_unlocked(dead)
             alive += len(ids) - len(dead)
-            if dead and self.config.go_compatible:  # a Go DoneStream between its DEL and its XACK
-                await wait_set(s.stopping, GO_DONE_GAP)
             if dead:
                 gone = {i: held[i] for i in dead}  # and who held them
                 requeued += await self.requeue.recover(gone, "scan", "lock gone (scan)")

@@ -26,7 +26,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from _lbscore import CommandBatch, Held
+from _lbscore import CommandBatch, Held, try_decode_input
 
 from .. import _keys
 from .._redis import scripts
@@ -34,6 +34,8 @@ from .._redis.connection import execute
 from .._redis.errors import WrongTypeError
 from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
 from .._redis.wire import UNENCODABLE, first_error, sendable, text, unencodable
+from .._waits import wait_set
+from ..config import GO_DONE_GAP
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
@@ -372,6 +374,31 @@ class Requeue:
             [entry_id], "claim", f"claimed by {self.state.names.id}", True
         )
         return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
+
+    async def go_unlocked(self, entry_ids: list[str]) -> list[str]:
+        """Beside a Go fleet: those of ``entry_ids`` (pending, our lock gone) with no Go-style lock
+        either, returned ``GO_DONE_GAP`` after this look (two round trips: the entries' names, their
+        locks). Go's ``DoneStream`` deletes its lock, then XACKs in a second round trip: one that deleted
+        it before the look has acked by the re-queue, one after it is seen alive. Empty when the client
+        stops during the gap (another recoverer's scan takes them)."""
+        s = self.state
+        pipe = s.link.redis.pipeline(transaction=False)
+        for entry_id in entry_ids:
+            pipe.xrange(s.names.stream_key, entry_id, entry_id, count=1)
+        keys: dict[str, str] = {}  # entry id: its Go-style lock (none: gone, or no DataStreamName)
+        for entry_id, found in zip(entry_ids, await execute(pipe)):
+            fields = found[0][1] if found else {}  # (a client may decode replies: str keys)
+            raw = fields.get(_keys.INPUT_FIELD.encode()) or fields.get(_keys.INPUT_FIELD)
+            name = try_decode_input(raw)[0]
+            if name is not None:
+                keys[entry_id] = _keys.go_lock_key(name, entry_id)
+        for key in keys.values():
+            pipe.exists(key)
+        held = {i for i, e in zip(keys, await execute(pipe) if keys else []) if e}
+        unlocked = [i for i in entry_ids if i not in held]
+        if unlocked and await wait_set(s.stopping, GO_DONE_GAP):
+            return []
+        return unlocked
 
     async def _recover(
         self, ids: list[str], path: str, reason: str, count_retry: bool, who: object = None
