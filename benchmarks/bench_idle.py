@@ -23,8 +23,8 @@ one core), ``redis_alone_cpu_us_per_s`` (what was subtracted),
 ``{cmd: [calls, usec]}``). The baseline row has ``extra_info["baseline"] = True``. No XADD in the
 window: the journal (on by default) writes nothing while nothing happens.
 
-With ``--benchmark-disable`` (``make test``): windows of 0.5 s, a warm-up of
-0.25 s, and at most 10 clients (the 100-client rows run 10).
+With ``--benchmark-disable`` (``make test``): windows and a warm-up of 0.25 s,
+and at most 10 clients (the 100-client rows run 10).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ async def _window(r: aioredis.Redis, seconds: float) -> Cost:
 def bench_idle_clients(bench: Bench, impl: str, clients: int) -> None:
     bench.benchmark.group = f"idle, {clients} clients, Redis CPU per client-second"
     disabled = bench.benchmark.disabled
-    seconds, warmup = (0.5, 0.25) if disabled else (WINDOW, WARMUP)
+    seconds, warmup = (0.25, 0.25) if disabled else (WINDOW, WARMUP)
     n = min(clients, 10) if disabled else clients
     costs: list[tuple[Cost, Cost, Cost]] = []
 
