@@ -19,8 +19,8 @@ serial loop cannot keep up by design (handlers that await).
   keys) are waiting when the fleet starts; the window closes when every one has started, so
   ``handled_per_s`` is the fleet's drain rate.
 * **Fair dispatch** (``bench_fleet_fair``): on and off, with handlers that hold their process for
-  20 ms (CPU-bound work, at half of what the fleet can do: 25 a second per consumer) and that await
-  100 ms (I/O-bound work, 250 a second per consumer).
+  20 ms (CPU-bound work) registered in bursts of 10 per consumer once a second (a fifth of what the
+  fleet can do), and handlers that await 100 ms (I/O-bound work), 250 a second per consumer, steady.
 
 Fleet sizes are 1, 2 and 4 consumers, and 8, 12, 16... while two cores are left over for Redis and
 the producers (the cores are read at run time); ``LBS_FLEET_CONSUMERS=1,2`` chooses them. Rates are
@@ -52,10 +52,11 @@ LABELS = {
     "keyed": f"lbs run_keyed(), Publisher over {KEYS:,} keys",
 }
 STEADY_SIDES = ("plain", "go", "lbs", "lbs-fair-off", "keyed")
-#: Handler, registrations a second per consumer, the sides (a baseline first where there is one).
+#: Handler: registrations a second per consumer, the producer's tick (1 s: a burst once a second),
+#: the sides (a baseline first where there is one).
 FAIR = {
-    "block-20": (25, ("plain", "lbs", "lbs-fair-off")),
-    "sleep-100": (250, ("lbs", "lbs-fair-off")),
+    "block-20": (10, 1.0, ("plain", "lbs", "lbs-fair-off")),
+    "sleep-100": (250, 0.005, ("lbs", "lbs-fair-off")),
 }
 
 
@@ -90,7 +91,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("side, consumers", cases, ids=[f"{s}-{k}x" for s, k in cases])
     elif name == "bench_fleet_fair":
         many = [k for k in ks if k >= 2]
-        cases = [(s, k, h) for k in many for h, (_, sides) in FAIR.items() for s in sides]
+        cases = [(s, k, h) for k in many for h, (_, _, sides) in FAIR.items() for s in sides]
         ids = [f"{s}-{k}x-{h}" for s, k, h in cases]
         metafunc.parametrize("side, consumers, handler", cases, ids=ids)
 
@@ -150,14 +151,15 @@ def bench_fleet_drain(bench: Bench, side: str, consumers: int) -> None:
 
 
 def bench_fleet_fair(bench: Bench, side: str, consumers: int, handler: str) -> None:
-    per, sides = FAIR[handler]
+    per, tick, sides = FAIR[handler]
     rate = per * consumers
+    sent = f"bursts of {rate:,} once a second" if tick >= 1 else f"{rate:,}/s steady"
     how = (
         f"holds its process {handler[6:]} ms"
         if handler.startswith("block")
         else f"awaits {handler[6:]} ms"
     )
-    bench.benchmark.group = f"fleet: {consumers} consumers, {rate:,}/s steady, the handler {how}"
+    bench.benchmark.group = f"fleet: {consumers} consumers, {sent}, the handler {how}"
     seconds = 0.5 if bench.benchmark.disabled else SECONDS
     results: list[Result] = []
 
@@ -171,6 +173,7 @@ def bench_fleet_fair(bench: Bench, side: str, consumers: int, handler: str) -> N
                 handler=handler,
                 rate=rate,
                 seconds=seconds,
+                tick=tick,
                 grace=3.0,
             )
         )

@@ -277,22 +277,29 @@ def publisher(side: str, url: str, service: str) -> tuple[Any, Callable[[Any], A
 
 
 async def _produce(
-    side: str, url: str, service: str, rate: float, seconds: float, sh: Shared
+    side: str, url: str, service: str, rate: float, seconds: float, tick: float, sh: Shared
 ) -> int:
     closeable, publish = publisher(side, url, service)
     await asyncio.get_running_loop().run_in_executor(None, sh.go.wait)
     try:
-        return await steady(publish, rate, seconds)
+        return await steady(publish, rate, seconds, tick)
     finally:
         close = getattr(closeable, "aclose", None) or closeable.close
         await close()
 
 
 def _producer_main(
-    side: str, url: str, service: str, rate: float, seconds: float, sh: Shared, out: Any
+    side: str,
+    url: str,
+    service: str,
+    rate: float,
+    seconds: float,
+    tick: float,
+    sh: Shared,
+    out: Any,
 ) -> None:
     try:
-        out.put((asyncio.run(_produce(side, url, service, rate, seconds, sh)), None))
+        out.put((asyncio.run(_produce(side, url, service, rate, seconds, tick, sh)), None))
     except BaseException as exc:
         out.put((0, f"{type(exc).__name__}: {exc}"))
         raise
@@ -344,13 +351,15 @@ async def run_fleet(
     handler: str = "noop",
     rate: float = 0.0,
     seconds: float = 0.0,
+    tick: float = 0.005,
     backlog: int = 0,
     settle: float = 0.5,
     grace: float = 1.0,
 ) -> Result:
-    """Run ``consumers`` processes of ``side``; either producers at ``rate`` a second for ``seconds``
-    (the window closes when all is started, or ``grace`` seconds after the last send), or a
-    ``backlog`` already registered (the window closes when all of it is started)."""
+    """Run ``consumers`` processes of ``side``: either producers send ``rate`` a second for
+    ``seconds`` in ticks of ``tick`` seconds (1 s: a burst of ``rate`` once a second), and the window
+    closes when all is started or ``grace`` seconds after the last send; or a ``backlog`` is already
+    registered, and the window closes when all of it is started."""
     sh = Shared(
         _CTX.Array("q", consumers, lock=False),
         _CTX.Queue(),
@@ -368,7 +377,7 @@ async def run_fleet(
     procs += [
         _CTX.Process(
             target=_producer_main,
-            args=(side, url, service, rate / producers, seconds, sh, produced),
+            args=(side, url, service, rate / producers, seconds, tick, sh, produced),
             daemon=True,
         )
         for _ in range(producers)
