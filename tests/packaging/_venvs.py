@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import tempfile
+import time
 import venv
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +52,49 @@ def run(
         f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     )
     return proc
+
+
+class Started:
+    """A command started in the background, its output kept in a file: ``wait()`` where its result
+    is needed fails as :func:`run` does; ``stop()`` kills it if it is still running (a session
+    that never needed it)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str | Path],
+        *,
+        cwd: Path,
+        timeout: float,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.argv = [str(a) for a in argv]
+        self._deadline = time.monotonic() + timeout
+        self._out = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
+        self._proc = subprocess.Popen(
+            self.argv,
+            cwd=cwd,
+            env=env or clean_env(),
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() ends what it started too
+        )
+
+    def wait(self) -> None:
+        try:
+            code = self._proc.wait(timeout=max(0.0, self._deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        self._out.seek(0)
+        output = self._out.read().decode(errors="replace")
+        assert code == 0, f"{self.argv} exited {code}\n{output[-8000:]}"
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+        if not self._out.closed:
+            self._out.close()
 
 
 @dataclass(frozen=True)

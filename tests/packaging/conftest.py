@@ -1,6 +1,9 @@
 """What the packaging tests share: the release files built once per session by
 scripts/dist.sh (as `make wheel` does), and a brand-new venv with the repaired wheel
 installed as a user would, outside the tree.
+
+The builds are single-threaded; the first test that builds something else (test_abi3) starts
+dist.sh in the background first (``dist_build``), so the two compile on both cores at once.
 """
 
 from __future__ import annotations
@@ -14,14 +17,28 @@ import pytest
 from lbs.embedded import RedisServer
 
 from _pyprojects import ROOT
-from _venvs import Dist, Venv, run
+from _venvs import Dist, Started, Venv
 
 
 @pytest.fixture(scope="session")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
-    """scripts/dist.sh, as `make wheel` runs it, into a directory of its own (not the tree's dist/)."""
+def dist_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Started, Path]]:
+    """scripts/dist.sh, as `make wheel` runs it, started into a directory of its own (not the
+    tree's dist/); killed at the end of a session that never waited for it."""
     out = tmp_path_factory.mktemp("dist")
-    run([ROOT / "scripts" / "dist.sh", "--python", sys.executable, out], cwd=ROOT, timeout=900)
+    build = Started(
+        [ROOT / "scripts" / "dist.sh", "--python", sys.executable, out], cwd=ROOT, timeout=900
+    )
+    try:
+        yield build, out
+    finally:
+        build.stop()
+
+
+@pytest.fixture(scope="session")
+def dist(dist_build: tuple[Started, Path]) -> Dist:
+    """The release files of ``dist_build``, once it is done."""
+    build, out = dist_build
+    build.wait()
     return Dist(out)
 
 

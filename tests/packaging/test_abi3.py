@@ -40,9 +40,12 @@ _NOT_SOURCES = shutil.ignore_patterns(
 
 
 @pytest.fixture(scope="module")
-def abi3_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def abi3_wheel(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     tree = tmp_path_factory.mktemp("tree") / "lbs"
     shutil.copytree(ROOT, tree, ignore=_NOT_SOURCES)
+    # The tree copied: the session's release build (conftest's dist_build, in the tree) starts now
+    # and compiles on the other core while this one builds.
+    request.getfixturevalue("dist_build")
     out = tmp_path_factory.mktemp("dist")
     # No isolation: the dev environment has setuptools and Cython, and this
     # test is about the build mode, not about fetching the build requirements.

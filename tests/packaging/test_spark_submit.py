@@ -8,6 +8,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -78,10 +80,8 @@ def test_the_example_job_runs_with_executors_on_the_installed_venv(
     )
 
 
-@pytest.fixture(scope="session")
-def packed_env(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def _pack(dist: Dist, base: Path) -> Path:
     """A venv with lbs-streams and pyarrow (pyspark comes from the cluster's Spark), packed by venv-pack."""
-    base = tmp_path_factory.mktemp("packed")
     env = Venv.create(base / "lbs-env")
     spark_extra = [
         r for r in ROOT_PYPROJECT["project"]["optional-dependencies"]["spark"] if "pyspark" not in r
@@ -94,6 +94,20 @@ def packed_env(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=300,
     )
     return archive
+
+
+@pytest.fixture(scope="session", autouse=True)
+def packing(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future[Path]]:
+    """The packed venv, built in a thread from the first test of this module on: autouse, so it
+    starts before the session's ``installed`` venv and the two pip installs share the two cores."""
+    base = tmp_path_factory.mktemp("packed")
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_pack, dist, base)
+
+
+@pytest.fixture(scope="session")
+def packed_env(packing: Future[Path]) -> Path:
+    return packing.result()
 
 
 def test_the_example_job_runs_with_executors_on_a_packed_venv_shipped_by_archives(
