@@ -28,8 +28,9 @@ endif
 
 # Lint first (seconds), then the suite (the dashboard's browser tests drive Debian's
 # chromium, which scripts/chromium.sh finds or installs), the first-party plugins' tests, plus every
-# benchmark once with timing off so none can rot, and the property tests in their
-# short "smoke" profile (see conftest.py), under coverage: the report's last line
+# benchmark once with timing off and on little work (bench.size, benchmarks/conftest.py) so none
+# can rot, and the property tests in their short "smoke" profile (see conftest.py), under
+# coverage: the report's last line
 # is the total over lbs and the plugins, measured in the test process (the `lbs`
 # processes the CLI tests start are not measured). The 25 slowest tests are listed at the end:
 # the suite is kept under about 20 minutes.
