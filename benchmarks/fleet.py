@@ -138,11 +138,7 @@ async def _lbs(url: str, service: str, i: int, kind: str, sh: Shared, fair: bool
             await work()
 
     c = lbs.Client(url, service, f"c{i}", lbs.Config(fair_dispatch=fair))
-    await _ready(url, i, sh, c.start)
-    runner = asyncio.create_task(c.run(handle, handle_signals=False))
-    await _until_stopped(sh, runner)
-    await c.close()
-    await runner
+    await _serve(url, i, sh, c, lambda: c.run(handle, handle_signals=False))
     return seen
 
 
@@ -157,12 +153,19 @@ async def _keyed(url: str, service: str, i: int, kind: str, sh: Shared) -> Seen:
                 await work()
 
     c = lbs.Client(url, service, f"c{i}", lbs.Config())
+    await _serve(url, i, sh, c, lambda: c.run_keyed(handle, handle_signals=False))
+    return seen
+
+
+async def _serve(
+    url: str, i: int, sh: Shared, c: lbs.Client, run: Callable[[], Awaitable[None]]
+) -> None:
+    """Start ``c``, ``run()`` it until the parent says stop, then close it."""
     await _ready(url, i, sh, c.start)
-    runner = asyncio.create_task(c.run_keyed(handle, handle_signals=False))
+    runner = asyncio.create_task(run())
     await _until_stopped(sh, runner)
     await c.close()
     await runner
-    return seen
 
 
 async def _loop(url: str, service: str, i: int, kind: str, sh: Shared, go_mutex: bool) -> Seen:

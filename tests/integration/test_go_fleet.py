@@ -6,11 +6,12 @@ Each test has a server of its own: the Go client rewrites ``notify-keyspace-even
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -193,6 +194,12 @@ async def test_normal_flow_two_go_and_two_lbs_consumers_process_each_stream_once
     assert by["go"] > 0 and by["lbs"] > 0
 
 
+async def _past_claim_grace(r: aioredis.Redis, service: str) -> bool:
+    """The first pending entry has been idle past requeue-6's "just claimed" grace."""
+    p = await r.xpending_range(lbs.input_stream(service), lbs.group_name(service), "-", "+", 1)
+    return bool(p[0]["time_since_delivered"] > 1500)
+
+
 async def _go_holding(
     server: RedisServer,
     service: str,
@@ -307,20 +314,7 @@ async def test_a_scan_between_a_go_done_streams_unlock_and_its_xack_re_queues_no
 ) -> None:
     """Go's ``DoneStream`` deletes its lock, then XACKs in a second round trip. A scan that finds the
     entry in between (here the Go process stalls 0.3 s there) must not re-run the finished stream."""
-    release = asyncio.Event()
-    go, (entry_id,) = await _go_holding(server, service, ["z"], release)
-    r = aioredis.Redis.from_url(server.url)
-    c = _client(server.url, service, "lbs-1", go_compatible=True, recovery=False)
-    await c.start()
-    try:
-
-        async def idle() -> bool:  # past requeue-6's "just claimed" grace
-            p = await r.xpending_range(
-                lbs.input_stream(service), lbs.group_name(service), "-", "+", 1
-            )
-            return p[0]["time_since_delivered"] > 1500
-
-        await eventually(idle)
+    async with _one_go_held_entry(server, service) as (go, entry_id, r, c):
         done = asyncio.create_task(go.done_stream("z", stall=0.3))
 
         async def unlocked() -> bool:
@@ -329,13 +323,7 @@ async def test_a_scan_between_a_go_done_streams_unlock_and_its_xack_re_queues_no
         await eventually(unlocked)
         counts = await c.recovery.scan(min_idle=0)
         await done
-        assert counts["requeued"] == 0 and go.processed() == ["z"]
-        assert await r.xlen(lbs.input_stream(service)) == 0
-    finally:
-        release.set()
-        await c.close()
-        await go.kill()
-        await r.aclose()
+        await _nothing_rerun(counts, go, r, service)
 
 
 async def test_a_scan_that_looked_before_a_go_done_streams_unlock_re_queues_nothing(
@@ -346,23 +334,11 @@ async def test_a_scan_that_looked_before_a_go_done_streams_unlock_re_queues_noth
     between the two: the scan's gap counts from its look at the Go-style lock, not from its look at
     ours (a scan that waited from ours re-ran the finished stream: the rare failure of
     test_go_compatible_recovery_never_robs_a_slow_live_go_holder under load)."""
-    release = asyncio.Event()
-    go, _ids = await _go_holding(server, service, ["z"], release)
-    r = aioredis.Redis.from_url(server.url)
-    c = _client(server.url, service, "lbs-1", go_compatible=True, recovery=False)
-    await c.start()
-    try:
-
-        async def idle() -> bool:  # past requeue-6's "just claimed" grace
-            p = await r.xpending_range(
-                lbs.input_stream(service), lbs.group_name(service), "-", "+", 1
-            )
-            return p[0]["time_since_delivered"] > 1500
+    async with _one_go_held_entry(server, service) as (go, _id, r, c):
 
         async def lock_looks() -> int:
             return int((await r.info("commandstats")).get("cmdstat_exists", {}).get("calls", 0))
 
-        await eventually(idle)
         before = await lock_looks()
         scan = asyncio.create_task(c.recovery.scan(min_idle=0))
 
@@ -373,13 +349,36 @@ async def test_a_scan_that_looked_before_a_go_done_streams_unlock_re_queues_noth
         await asyncio.sleep(GO_DONE_GAP / 2)  # Go finishes while the scan is on its way
         await go.done_stream("z", stall=0.6 * GO_DONE_GAP)
         counts = await asyncio.wait_for(scan, 30)
-        assert counts["requeued"] == 0 and go.processed() == ["z"]
-        assert await r.xlen(lbs.input_stream(service)) == 0
+        await _nothing_rerun(counts, go, r, service)
+
+
+@contextlib.asynccontextmanager
+async def _one_go_held_entry(
+    server: RedisServer, service: str
+) -> AsyncIterator[tuple[GoConsumer, str, aioredis.Redis, lbs.Client]]:
+    """A Go consumer holding stream "z" (slow, alive) past requeue-6's "just claimed" grace, and a
+    started go-compatible lbs client with no recovery of its own (the test runs its scan)."""
+    release = asyncio.Event()
+    go, (entry_id,) = await _go_holding(server, service, ["z"], release)
+    r = aioredis.Redis.from_url(server.url)
+    c = _client(server.url, service, "lbs-1", go_compatible=True, recovery=False)
+    await c.start()
+    try:
+        await eventually(lambda: _past_claim_grace(r, service))
+        yield go, entry_id, r, c
     finally:
         release.set()
         await c.close()
         await go.kill()
         await r.aclose()
+
+
+async def _nothing_rerun(
+    counts: dict[str, int], go: GoConsumer, r: aioredis.Redis, service: str
+) -> None:
+    """The scan re-queued nothing: Go finished "z" once and the LBS is empty."""
+    assert counts["requeued"] == 0 and go.processed() == ["z"]
+    assert await r.xlen(lbs.input_stream(service)) == 0
 
 
 async def _listening(c: lbs.Client) -> bool:
