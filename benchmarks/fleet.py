@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -183,16 +184,15 @@ async def _loop(url: str, service: str, i: int, kind: str, sh: Shared, go_mutex:
             if not entries:
                 continue
             ids = [entry_id for entry_id, _ in entries]
+            inputs = [lbs.decode_input(fields[b"lbs-input"]) for _, fields in entries]
             mutexes: list[bytes] = []
             if go_mutex:
                 pipe = r.pipeline(transaction=False)
-                for entry_id, fields in entries:
-                    name, _ = lbs.decode_input(fields[b"lbs-input"])
+                for entry_id, (name, _) in zip(ids, inputs):
                     mutexes.append(name.encode() + b"<MUTEX_KEY_SEP>" + entry_id)
                     pipe.set(mutexes[-1], me, nx=True, px=2000)
                 await pipe.execute()
-            for _, fields in entries:
-                _, info = lbs.decode_input(fields[b"lbs-input"])
+            for _, info in inputs:
                 seen.add(info.get("t") if isinstance(info, dict) else None)
                 sh.handled[i] += 1
                 if work is not None:
@@ -376,7 +376,7 @@ async def run_fleet(
         for i in range(consumers)
     ]
     produced: Any = _CTX.Queue()
-    producers = 0 if backlog else max(1, int(rate) // PER_PRODUCER + (int(rate) % PER_PRODUCER > 0))
+    producers = 0 if backlog else max(1, math.ceil(rate / PER_PRODUCER))
     procs += [
         _CTX.Process(
             target=_producer_main,
