@@ -137,20 +137,6 @@ class HeldTable:
     def find(self, stream: str, entry_id: str | None = None) -> Held | None: ...
     def for_stream(self, stream: str) -> list[Held]: ...
     def values(self) -> list[Held]: ...
-    def encode_extend(
-        self,
-        batch: CommandBatch,
-        sha: EncodableT,
-        head_keys: tuple[EncodableT, ...],
-        head_args: tuple[EncodableT, ...],
-        held: list[Held],
-        start: int,
-        stop: int,
-        refresh_every: int = 1,
-        phase: int = 0,
-        go_sep: str | None = None,
-        go_ttl_ms: int = 0,
-    ) -> None: ...
 
 class CommandBatch:
     """Commands encoded into one RESP buffer: one write, ``len(batch)`` replies."""
@@ -176,6 +162,7 @@ class CommandBatch:
         tail: list[_Encodable] | None = None,
         names: list[str] | None = None,
         name_prefix: bytes = b"",
+        lock_keys: bool = True,
     ) -> None: ...
 
 class Shape:

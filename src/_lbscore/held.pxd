@@ -33,7 +33,7 @@ cdef class Held:
     cdef inline void set_keys(self, _HeldKeys keys) noexcept
     cdef inline void set_info(self, object info) noexcept
     # The UTF-8 parts the encoders write around the token and the entry id
-    # (HeldTable.encode_extend, pipeline.pyx's evalsha_over_locks).
+    # (pipeline.pyx's evalsha_over_locks).
     cdef inline bytes lock_value_suffix(self)
     cdef inline bytes lock_key_prefix(self)
 

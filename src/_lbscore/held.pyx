@@ -1,11 +1,11 @@
-# The streams a client holds, and the heartbeat's encoding of them.
+# The streams a client holds.
 #
 # A Held stores what differs per stream (entry id, stream name, Info, retry
 # count, fencing token, the run() task) and one pointer to what its client
-# shares: the consumer id and the lock key prefix. Its lock value
-# "<token>:<consumer id>" and lock key "<prefix><entry id>" are computed when
-# read, and written straight into the heartbeat's EVALSHA by
-# HeldTable.encode_extend, so no per-stream string is kept or built for them.
+# shares: the hold's owner ("<consumer id>:<instance nonce>", the lease it is
+# held under) and a key prefix. Its value "<token>:<owner>" (what the keyed
+# scripts check against the owner's lease) is computed when read, so no
+# per-stream string is kept or built for it.
 #
 # HeldTable indexes Held records by entry id and by stream name. A stream
 # held once (the common case) maps to its Held; only a name held several
@@ -324,73 +324,3 @@ cdef class HeldTable:
             h = <Held?>v
             if h.mark == MARK_SENT:
                 h.mark = MARK_RUNNING
-
-    def encode_extend(self, CommandBatch batch not None, sha, tuple head_keys, tuple head_args,
-                      list held not None, Py_ssize_t start, Py_ssize_t stop,
-                      int64_t refresh_every=1, int64_t phase=0, str go_sep=None, int64_t go_ttl_ms=0):
-        """Append ``extend-n.lua``'s EVALSHA for ``held[start:stop]`` to ``batch``.
-
-        KEYS are ``head_keys`` then each record's lock key; ARGV are
-        ``head_args``, then each record's lock value, then the refresh flags,
-        then the entry ids of the flagged records (only those), written from
-        the records without a per-stream Python object. ``held`` is a
-        snapshot (:meth:`values`), so the script's 1-based output positions
-        map to ``held[start + p - 1]``.
-
-        With ``refresh_every`` 1 the flags are "" (every record, so every
-        id follows); with more, one flag per record ("1"/"0"), set for the
-        records whose token % refresh_every equals ``phase``: only their
-        pending idle time is refreshed this tick (and only their ids sent),
-        so each record's is refreshed every ``refresh_every`` ticks.
-
-        With ``go_sep`` (``Config.go_compatible``) ``go_ttl_ms`` follows,
-        then each record's Go-style lock key, ``<stream><go_sep><entry id>``.
-        """
-        cdef WriteBuffer buf = batch.buffer()
-        cdef Py_ssize_t n, i, idn, m
-        cdef Held h
-        cdef const char *idp
-        cdef bytes part
-        cdef char digits[INT64_DIGITS]
-        cdef Py_ssize_t begin = buf.length()
-        if start < 0 or stop > len(held) or start > stop:
-            raise _data_error(f"slice {start}:{stop} outside {len(held)} held records")
-        n = stop - start
-        if refresh_every < 1:
-            raise _data_error(f"refresh_every must be at least 1, got {refresh_every}")
-        cdef bint go = go_sep is not None
-        m = n
-        if refresh_every > 1:
-            m = 0
-            for i in range(start, stop):
-                if (<Held?>held[i]).token % refresh_every == phase:
-                    m += 1
-        evalsha_over_locks(buf, sha, head_keys, None, held, start, stop,
-                           len(head_args) + n + 1 + m + (n + 1 if go else 0))
-        for a in head_args:
-            pack_arg(buf, a)
-        for i in range(start, stop):  # the lock values, "<token>:<lock owner>"
-            h = <Held?>held[i]
-            part = h.lock_value_suffix()
-            buf.write_bulk2(digits, format_int64(h.token, digits), PyBytes_AS_STRING(part), PyBytes_GET_SIZE(part))
-        if refresh_every > 1:  # the flags
-            buf.write_len_header(c'$', n)
-            for i in range(start, stop):
-                h = <Held>held[i]
-                buf.write_byte(c'1' if h.token % refresh_every == phase else c'0')
-            buf.write(b"\r\n", 2)
-        else:
-            buf.write_bulk(b"", 0)
-        for i in range(start, stop):  # the flagged records' entry ids
-            h = <Held>held[i]
-            if refresh_every == 1 or h.token % refresh_every == phase:
-                idp = PyUnicode_AsUTF8AndSize(h.entry_id, &idn)
-                buf.write_bulk(idp, idn)
-        if go:
-            pack_arg(buf, go_ttl_ms)
-            for i in range(start, stop):  # the Go-style lock keys
-                h = <Held>held[i]
-                pack_arg(buf, h.stream + go_sep + h.entry_id)
-        if LBS_DEBUG:
-            _check_command(buf, begin)
-        batch.command_written()

@@ -79,10 +79,10 @@ cdef class CommandBatch:
 
     def evalsha_locks(self, sha, tuple head_keys, bytes lock_prefix not None, list entry_ids not None,
                       tuple head_args, list values=None, bint append_ids=True, list tail=None,
-                      list names=None, bytes name_prefix not None=b""):
+                      list names=None, bytes name_prefix not None=b"", bint lock_keys=True):
         """Append ``EVALSHA sha numkeys KEYS... ARGV...`` for a batch of locks.
 
-        KEYS are ``head_keys`` then ``lock_prefix + id`` per entry id; ARGV
+        KEYS are ``head_keys`` then, with ``lock_keys``, ``lock_prefix + id`` per entry id; ARGV
         are ``head_args``, then ``values`` (one per entry, when given), then
         the entry ids themselves when ``append_ids``, then ``names`` (one per
         entry, when given) each written as ``name_prefix + name`` ("" for an
@@ -103,7 +103,7 @@ cdef class CommandBatch:
             nnames = len(names)
             if nnames != n:
                 raise _data_error(f"{nnames} names for {n} entry ids")
-        evalsha_over_locks(self._buf, sha, head_keys, lock_prefix, entry_ids, 0, n,
+        evalsha_over_locks(self._buf, sha, head_keys, lock_prefix, entry_ids, 0, n if lock_keys else 0,
                            len(head_args) + nvalues + (n if append_ids else 0) + nnames + ntail)
         for a in head_args:
             pack_arg(self._buf, a)

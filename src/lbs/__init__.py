@@ -19,7 +19,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from _lbscore import decode_input, try_decode_input
 
-from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input_stream, lock_key
+from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input_stream, lease_key
 from ._redis.connection import ClusterMode
 from .client import Client, ClientStats, Held, consumer_id_from_env
 from .config import Config
@@ -101,7 +101,7 @@ __all__ = [
     "group_name",
     "hookimpl",
     "input_stream",
-    "lock_key",
+    "lease_key",
     "shard_of",
     "shard_services",
     "try_decode_input",

@@ -121,7 +121,7 @@ class DemoResult:
     hand_back_pickup_ms: float = -1.0
     leftover_pending: int = -1
     leftover_entries: int = -1
-    leftover_locks: int = -1
+    leftover_leases: int = -1
     #: The keyed scenario (:mod:`lbs._demo_keyed`).
     tickets: KeyedResult | None = None
 
@@ -136,7 +136,7 @@ class DemoResult:
             and self.poison_retries == POISON_MAX_RETRIES + 1
             and self.leftover_pending == 0
             and self.leftover_entries == 0
-            and self.leftover_locks == 0
+            and self.leftover_leases == 0
         )
 
 
@@ -426,19 +426,19 @@ class _Demo:
     # ------------------------------------------------------------ step 6 ---
 
     async def left_behind(self) -> None:
-        """Step 6: nothing is left: no pending entries, no LBS entries, no locks."""
+        """Step 6: nothing is left: no pending entries, no LBS entries, no consumer's lease."""
         r, result, service = self.r, self.result, self.service
         await self.clients[-1].close()
         await asyncio.gather(*self.runners)
         stream, group = _keys.input_stream(service), _keys.group_name(service)
         result.leftover_pending = (await r.xpending(stream, group))["pending"]
         result.leftover_entries = await r.xlen(stream)
-        result.leftover_locks = len(
-            [k async for k in r.scan_iter(match=_keys.lock_key(service, "*"))]
+        result.leftover_leases = len(
+            [k async for k in r.scan_iter(match=_keys.lease_prefix(service) + "*")]
         )
         self.out(
             f"left behind: {result.leftover_pending} pending, {result.leftover_entries} LBS entries, "
-            f"{result.leftover_locks} locks; {result.dead_letters} dead letters"
+            f"{result.leftover_leases} leases; {result.dead_letters} dead letters"
         )
 
     async def clean_up(self) -> None:

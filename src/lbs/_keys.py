@@ -184,14 +184,20 @@ def events_stream(service: str) -> str:
     return f"{hash_tag(service)}:events"
 
 
-def instance_key(service: str, consumer_id: str) -> str:
-    """The marker of the process running as ``consumer_id``: ``{<service>-input}:instance:<consumer id>``.
+def lease_prefix(service: str) -> str:
+    """The prefix of the consumers' leases, ``{<service>-input}:lease:``; a lease is this plus a consumer id."""
+    return f"{hash_tag(service)}:lease:"
 
-    It holds that process's instance nonce with the lock TTL, refreshed by
-    every heartbeat tick, so a second process started with the same consumer
-    id is refused at start, and deleted when the process closes.
+
+def lease_key(service: str, consumer_id: str) -> str:
+    """The lease of the process running as ``consumer_id``: ``{<service>-input}:lease:<consumer id>``.
+
+    It holds that process's instance nonce for ``Config.lock_ttl``, extended by every heartbeat
+    tick. An entry pending to the consumer in the group is held exactly while its lease lives:
+    recovery takes a consumer's entries only once its lease is gone. A second process started with
+    the same consumer id is refused while the lease lives; a clean close deletes it.
     """
-    return f"{hash_tag(service)}:instance:{consumer_id}"
+    return lease_prefix(service) + consumer_id
 
 
 def nudge_stream(service: str) -> str:

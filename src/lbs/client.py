@@ -88,9 +88,9 @@ class Client:
         self.config = config if config is not None else Config(**plugin_config_defaults(self.pm))
         #: The consumer id: ``redis-consumer-<consumer_id or $POD_NAME or $POD_IP>``.
         self.id = consumer_id_from_env(consumer_id)
-        #: This process's instance nonce: lock values are "<token>:<id>:<instance>", so a
-        #: process adopts only its own locks, and a second live process with the same
-        #: consumer id is refused at start (the marker ``{<service>-input}:instance:<id>``).
+        #: This process's instance nonce: the value of its lease ``{<service>-input}:lease:<id>``,
+        #: which holds what is pending to this consumer; a second live process with the same
+        #: consumer id is refused at start.
         self.instance = uuid.uuid4().hex[:12]
         names = Names.of(self.service, self.id, self.instance, self.config)
         self.lock_owner = names.lock_owner
@@ -98,7 +98,7 @@ class Client:
         self.group = names.group
         self.fence_key = names.fence_key
         self.consumers_key = names.consumers_key
-        self.instance_key = names.instance_key
+        self.lease_key = names.lease_key
         self.dead_letter_key = names.dead_letter_key
         source, owned = resolve_client(redis, cluster=cluster)
         cluster_client = source if isinstance(source, RedisCluster) else None

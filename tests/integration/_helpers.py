@@ -15,7 +15,7 @@ from lbs._keys import (
     fence_key,
     group_name,
     input_stream,
-    lock_key,
+    lease_prefix,
     queued_prefix,
     reaped_key,
 )
@@ -38,11 +38,11 @@ async def eventually(
 
 
 async def reap(
-    r: Any, service: str, adopter: str = "", room: int = 0, queues: str = "0", ttl_ms: int = 60_000
+    r: Any, service: str, adopter: str = "", room: int = 0, queues: str = "0", lease: str = "n"
 ) -> list[Any]:
     """One ``reap-4.lua`` call by its source (100 entries at most, stall threshold 60 s, grace 1 s):
-    adoption by ``adopter`` ("": none) with ``room``, locks of ``ttl_ms``, ``queues`` "1" when the
-    adopter queues what it takes."""
+    adoption by ``adopter`` ("": none) with ``room`` when its lease holds ``lease`` (set it first),
+    ``queues`` "1" when the adopter queues what it takes."""
     return await r.eval(  # type: ignore[no-any-return]
         source("reap-4"),
         4,
@@ -51,14 +51,13 @@ async def reap(
         reaped_key(service),
         fence_key(service),
         group_name(service),
-        lock_key(service, ""),
+        lease_prefix(service),
         100,
         60_000,
         1_000,
         adopter,
         room,
-        ttl_ms,
-        f"{adopter}:n",
+        lease,
         queued_prefix(service),
         queues,
     )

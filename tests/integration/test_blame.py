@@ -98,7 +98,7 @@ async def test_a_death_counts_only_against_running_streams_and_a_pardon_takes_it
         await freeze(dead)
         for h in dead.held_streams():
             await r.delete(h.lock_key)
-        await r.delete(_keys.instance_key(service, dead.id))
+        await r.delete(_keys.lease_key(service, dead.id))
         assert await rescuer.recovery.poll_deadlines() == 0  # its deadline has not passed yet
         assert await rescuer.recovery.scan(min_idle=0) == {"requeued": 2, "alive": 0, "pending": 2}
         copies = await _copies(r, service)
@@ -127,7 +127,7 @@ async def _die(r: aioredis.Redis, service: str, c: lbs.Client) -> None:
     await freeze(c)
     for h in c.held_streams():
         await r.delete(h.lock_key)
-    await r.delete(_keys.instance_key(service, c.id))
+    await r.delete(_keys.lease_key(service, c.id))
     await r.zadd(_keys.consumers_key(service), {c.id: 1})
 
 

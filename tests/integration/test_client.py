@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._keys import consumers_key, instance_key
+from lbs._keys import consumers_key, lease_key
 from lbs._redis.scripts import source
 from lbs.embedded import RedisServer, find_redis_server
 from lbs.testing import abandon, probe
@@ -226,7 +226,7 @@ async def test_same_consumer_id_cannot_touch_anothers_lock(
     first = client(any_server.url, service, "pod")
     second = client(any_server.url, service, "pod")
     await first.start()
-    await rr.delete(first.instance_key)
+    await rr.delete(first.lease_key)
     await second.start()
     try:
         (note,) = await take(first, 1)
@@ -885,7 +885,7 @@ async def test_abandon_leaves_in_redis_what_a_killed_process_leaves(
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     assert await rr.exists(*(h.lock_key for h in held)) == 2
     assert (await rr.xpending(stream, group))["pending"] == 2
-    assert await rr.exists(instance_key(service, c.id)) == 1
+    assert await rr.exists(lease_key(service, c.id)) == 1
     await c.close()
     assert closed == []
     assert (await rr.xpending(stream, group))["pending"] == 2

@@ -132,7 +132,7 @@ async def test_demo_processes_everything_and_leaves_nothing(  # type: ignore[no-
     )
     # 8, the two handed back on shutdown, and the one whose consumer was killed
     assert sum(result.processed.values()) == 8 + 2 + 1
-    assert (result.leftover_pending, result.leftover_entries, result.leftover_locks) == (0, 0, 0)
+    assert (result.leftover_pending, result.leftover_entries, result.leftover_leases) == (0, 0, 0)
     assert any("registered 8 data streams" in line for line in lines)
     assert any(
         f"{{{service}-input}}:session-3 (token" in line and "user u2" in line for line in lines

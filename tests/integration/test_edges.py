@@ -115,7 +115,7 @@ async def test_a_second_process_with_the_same_consumer_id_is_refused(
         await first.close()
         await second.close()
     # Closed, the id is free again at once (the marker was deleted, not left to expire).
-    assert await r.exists(_keys.instance_key(service, first.id)) == 0
+    assert await r.exists(_keys.lease_key(service, first.id)) == 0
     third = client(redis_server.url, service, consumer="dup", lock_ttl=1.0)
     await asyncio.wait_for(third.start(), 0.9)
     await third.close()
@@ -133,7 +133,7 @@ async def test_adoption_takes_only_this_instances_locks(
     second = client(redis_server.url, service, consumer="same", recovery=False)
     try:
         await take(first, 3)
-        await r.delete(_keys.instance_key(service, first.id))
+        await r.delete(_keys.lease_key(service, first.id))
         probe(second).lose_read_reply()  # its first read re-reads the pending list ("0")
         await second.start()
         await eventually(lambda: is_true(not probe(second).reader.reply_lost))

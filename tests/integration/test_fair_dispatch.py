@@ -22,7 +22,7 @@ from lbs._keys import (
     fence_key,
     group_name,
     input_stream,
-    instance_key,
+    lease_key,
     key_prefix,
     lock_key,
     nudge_stream,
@@ -276,7 +276,7 @@ async def test_a_share_left_to_idle_peers_nudges_one_per_peer(
     assert await rr.xlen(nudge) == 2
     # Without the nudge stream (ARGV[15] ""): a share is left, nobody is nudged.
     await rr.delete(nudge)
-    await rr.set(instance_key(service, "idle"), "nonce", px=60_000)
+    await rr.set(lease_key(service, "idle"), "nonce", px=60_000)
     await rr.xgroup_createconsumer(input_stream(service), group_name(service), "idle")
     await register(rr, service, 4)
     assert len(await read(rr, service, "fresh", 50, 60_000)) == 2  # half: one idle peer
@@ -317,7 +317,7 @@ async def peer(r: aioredis.Redis, service: str, alive: bool = True, name: str = 
     """A consumer ``name`` in the group holding nothing; ``alive``: with its process's instance marker."""
     await r.xgroup_createconsumer(input_stream(service), group_name(service), name)
     if alive:
-        await r.set(instance_key(service, name), "nonce", px=60_000)
+        await r.set(lease_key(service, name), "nonce", px=60_000)
 
 
 async def _consumers(r: aioredis.Redis, service: str, n: int) -> bool:

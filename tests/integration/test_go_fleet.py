@@ -965,7 +965,7 @@ async def test_the_heartbeat_keeps_go_style_locks_and_never_pulls_back_an_entry_
         scripts.extend_head(
             lbs.input_stream(service),
             _keys.consumers_key(service),
-            _keys.instance_key(service, "c1"),
+            _keys.lease_key(service, "c1"),
         ),
         scripts.extend_args(10_000, lbs.group_name(service), "c1", True, "n1"),
         held,

@@ -25,7 +25,7 @@ from lbs._keys import (
     fence_key,
     group_name,
     input_stream,
-    instance_key,
+    lease_key,
     key_prefix,
     lock_key,
     name_holder,
@@ -119,7 +119,7 @@ async def extend(
 ) -> list[Any]:
     """One extend-n.lua call; ``flags`` "" refreshes every entry, else one "1"/"0" per lock (only
     the flagged entries' ids are sent)."""
-    keys = [input_stream(service), consumers_key(service), instance_key(service, consumer)]
+    keys = [input_stream(service), consumers_key(service), lease_key(service, consumer)]
     keys += [lock_key(service, i) for i, _ in locks]
     args = (
         [ttl, group_name(service), consumer, last, nonce]
@@ -510,7 +510,7 @@ async def test_extend_sets_and_refreshes_its_instance_marker(
     rr: aioredis.Redis, service: str
 ) -> None:
     locks = await taken(rr, service, 2)
-    marker = instance_key(service, "c1")
+    marker = lease_key(service, "c1")
     assert await extend(rr, service, locks, nonce="n1") == []
     assert await rr.get(marker) == b"n1" and 0 < await rr.pttl(marker) <= TTL
     await rr.pexpire(marker, 5_000)
@@ -526,7 +526,7 @@ async def test_extend_reports_another_instance_and_still_extends(
     rr: aioredis.Redis, service: str
 ) -> None:
     locks = await taken(rr, service, 2)
-    marker = instance_key(service, "c1")
+    marker = lease_key(service, "c1")
     await rr.set(marker, "n2", px=30_000)
     for entry_id, _ in locks:
         await rr.pexpire(lock_key(service, entry_id), 5_000)
@@ -538,7 +538,7 @@ async def test_extend_reports_another_instance_and_still_extends(
 
 async def test_extend_with_no_locks(rr: aioredis.Redis, service: str) -> None:
     await lbs_with(rr, service, 0)
-    marker = instance_key(service, "c1")
+    marker = lease_key(service, "c1")
     assert await extend(rr, service, [], nonce="n1") == []
     assert await rr.get(marker) == b"n1"
     assert not await rr.exists(consumers_key(service))  # holding nothing: not added
@@ -551,7 +551,7 @@ async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service
     locks = await taken(rr, service, 3)
     await rr.delete(consumers_key(service))
     await rr.set(consumers_key(service), "x")
-    await rr.rpush(instance_key(service, "c1"), "x")
+    await rr.rpush(lease_key(service, "c1"), "x")
     bad = lock_key(service, locks[1][0])
     await rr.delete(bad)
     await rr.sadd(bad, "x")
@@ -561,10 +561,10 @@ async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service
     assert out == [
         2,
         f"LBSKEY {consumers_key(service)} holds a string, not the consumer deadline index".encode(),
-        f"LBSKEY {instance_key(service, 'c1')} holds a list, not an instance marker".encode(),
+        f"LBSKEY {lease_key(service, 'c1')} holds a list, not an instance marker".encode(),
     ]
     assert await rr.get(consumers_key(service)) == b"x"
-    assert await rr.lrange(instance_key(service, "c1"), 0, -1) == [b"x"]
+    assert await rr.lrange(lease_key(service, "c1"), 0, -1) == [b"x"]
     assert await rr.type(bad) == b"set" and await rr.pttl(bad) <= 5_000
     assert await rr.pttl(lock_key(service, locks[0][0])) > 5_000
     assert await rr.pttl(lock_key(service, locks[2][0])) > 5_000

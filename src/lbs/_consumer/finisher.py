@@ -1,12 +1,13 @@
-"""Finishing streams: release + ack + delete, batched into one ``done-n.lua`` call, retried until answered.
+"""Finishing streams: ack + delete + release the name, batched into one ``done-n.lua`` call, retried until answered.
 
 Every concurrent ``done_stream`` (a ``run()`` with many handlers) joins the
 next batch: one round trip per batch on the link's ``done`` wire, however
 many streams finish at once. A done is a commitment: if the connection or
 the server fails, the batch is sent again (flagged as a retry, so an entry
 a lost call finished reads ALREADY_DONE) with back-off until Redis
-answers, while the heartbeat keeps the locks alive (:meth:`Finisher.finishing`).
-Dropping it instead would let the lock expire and the stream run twice.
+answers, while the heartbeat keeps the lease alive (the client stays up until
+:meth:`Finisher.drain`). Dropping it instead would leave the entry pending, and
+the stream would run twice once recovery took it back.
 
 At steady rates the calls are paced: while what waits is short
 (:data:`LINGER_MOST`) and nobody awaits it (``run()``'s handlers finish
@@ -53,7 +54,6 @@ LINGER_MOST = 128
 # ALREADY_DONE: a retried call whose first reply was lost found its own work finished.
 _DONE_STATUS = {
     int(DoneCode.DONE): DoneStatus.DONE,
-    int(DoneCode.LOCK_EXPIRED): DoneStatus.LOCK_EXPIRED,
     int(DoneCode.ALREADY_DONE): DoneStatus.DONE,
 }
 
@@ -136,12 +136,11 @@ class Finisher(Activity, kind="finisher"):
             batch = self._inflight = queue[:DONE_BATCH]
             del queue[:DONE_BATCH]
             ids = [h.entry_id for h, _ in batch]
-            values = [h.value for h, _ in batch]
             streams = [h.stream for h, _ in batch]
             xackdel = s.server.xackdel
 
             go = (
-                (n.id, [_keys.go_lock_key(h.stream, h.entry_id) for h, _ in batch])
+                [_keys.go_lock_key(h.stream, h.entry_id) for h, _ in batch]
                 if s.config.go_compatible
                 else None
             )
@@ -149,13 +148,13 @@ class Finisher(Activity, kind="finisher"):
             wire = s.link.done
             try:
                 try:
-                    build = _done(n, ids, values, streams, xackdel, retrying, go)
+                    build = _done(n, ids, streams, xackdel, retrying, go)
                     (reply,) = first_error(await wire.execute(build))
                 except RedisConnectionError:
                     # The connection failed with the call in flight: it may have
                     # run. Send it once more on a fresh connection, saying so.
                     retrying = True
-                    build = _done(n, ids, values, streams, xackdel, retrying, go)
+                    build = _done(n, ids, streams, xackdel, retrying, go)
                     (reply,) = first_error(await wire.execute(build))
                 codes = scripts.done_codes(reply)
             except asyncio.CancelledError:
@@ -182,7 +181,7 @@ class Finisher(Activity, kind="finisher"):
                     self._retry[:0] = batch
                     wait = backoff.next()
                     s.log.warning(
-                        "finishing %d streams failed (%s); trying again in %.2fs, their locks "
+                        "finishing %d streams failed (%s); trying again in %.2fs, the lease "
                         "kept alive",
                         len(batch),
                         exc,
@@ -217,29 +216,29 @@ class Finisher(Activity, kind="finisher"):
 
     def _failed(self, batch: list[_Item], exc: BaseException, counted: bool = False) -> None:
         """A call Redis refused, or that failed otherwise (not "not now"): each of its streams fails (its
-        waiter gets the error, or it is logged); the locks expire and recovery brings them back."""
+        waiter gets the error, or it is logged); they stay pending to this consumer and are handed back at
+        close, or recovery brings them back once its lease is gone."""
         s = self.state
         if not counted:
             s.hooks.metric("done_failures_total", len(batch))
         err = RedisOperationError("done_stream", exc) if isinstance(exc, RedisError) else exc
         for h, fut in batch:
             if fut is None:
-                s.log.on(h).error("finishing %s failed (%s); its lock will expire", h.stream, err)
+                s.log.on(h).error("finishing %s failed (%s); it stays pending", h.stream, err)
             elif not fut.done():
                 fut.set_exception(err)
 
     def _set_aside(self, batch: list[_Item], xackdel: bool, go: bool) -> list[_Item]:
         """The items of a call the core could not encode that it encodes alone, to be sent again; each
         other one fails alone, with the reason (logged, or its waiter gets a :class:`lbs.DataError`):
-        its lock expires and recovery brings it back (the entry judge keeps such names out, so this is a
-        second wall)."""
+        it stays pending (the entry judge keeps such names out, so this is a second wall)."""
         s = self.state
         n = s.names
 
         def call(b: CommandBatch, i: int) -> None:
             h = batch[i][0]
-            go_keys = (n.id, [_keys.go_lock_key(h.stream, h.entry_id)]) if go else None
-            _done(n, [h.entry_id], [h.value], [h.stream], xackdel, False, go_keys)(b)
+            go_keys = [_keys.go_lock_key(h.stream, h.entry_id)] if go else None
+            _done(n, [h.entry_id], [h.stream], xackdel, False, go_keys)(b)
 
         bad = unencodable(len(batch), call)
         for i, why in bad.items():
@@ -247,7 +246,7 @@ class Finisher(Activity, kind="finisher"):
             s.hooks.metric("done_failures_total", 1)
             if fut is None:
                 s.log.on(h).error(
-                    "finishing %r (entry %s) failed alone (%s); its lock will expire, the others go on",
+                    "finishing %r (entry %s) failed alone (%s); it stays pending, the others go on",
                     h.stream,
                     h.entry_id,
                     why,
@@ -281,8 +280,6 @@ class Finisher(Activity, kind="finisher"):
         s.count_finished()
         if status is DoneStatus.DONE:
             stats.done += 1
-        elif status is DoneStatus.LOCK_EXPIRED:
-            stats.lock_expired += 1
         else:
             stats.lock_lost += 1
         if status.lost:
@@ -306,13 +303,14 @@ class Finisher(Activity, kind="finisher"):
     async def drain(self, timeout: float) -> None:
         """At shutdown: send what is queued (up to ``timeout`` seconds), then stop the task.
 
-        What Redis did not answer by then fails its waiters; those locks expire.
+        What Redis did not answer by then fails its waiters; those entries stay pending (recovery
+        brings them back once the lease is gone).
         """
         if self.task is None or self.task.done() or await wait_set(self._idle, timeout):
             return
         unsent = [*self._queue, *self._retry]
         self.state.log.error(
-            "finisher did not drain; %d finished streams' locks will expire", len(unsent)
+            "finisher did not drain; %d finished streams stay pending", len(unsent)
         )
         gone = RedisOperationError(
             "done_stream", RedisConnectionError("the client closed before Redis answered")
@@ -325,23 +323,24 @@ class Finisher(Activity, kind="finisher"):
 def _done(
     n: Names,
     ids: list[str],
-    values: list[str],
     streams: list[str],
     xackdel: bool,
     retrying: bool,
-    go: tuple[str, list[str]] | None,
+    go: list[str] | None,
 ) -> Callable[[CommandBatch], None]:
-    """The writer of one ``done-n.lua`` call (``retrying``: it may have run already)."""
+    """The writer of one ``done-n.lua`` call (``retrying``: it may have run already): the entries were
+    read under this process's lease, whose value is its instance nonce."""
 
     def build(b: CommandBatch) -> None:
         scripts.done(
             b,
             n.stream_key,
-            n.lock_prefix,
+            n.lease_key,
             ids,
-            values,
             streams,
             n.group,
+            n.id,
+            n.instance,
             n.key_prefix,
             xackdel,
             retrying,

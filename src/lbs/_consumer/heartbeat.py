@@ -1,41 +1,40 @@
-"""The heartbeat: every held lock extended in one round trip per tick, whatever their number.
+"""The heartbeat: this consumer's lease extended in one round trip per tick, whatever it holds.
 
 Each tick (every ``Config.heartbeat_every``, a quarter of that after a
-failed one) extends the locks of the held streams and of those the finisher
-has not had answered yet, refreshes the pending idle time of a rotating
-share of their entries, and, in its last ``extend-n.lua`` call, moves this
-consumer's deadline and refreshes its instance marker. A lock found lost
-while its holder lives (a stall, an eviction) disowns the stream and puts it
-back with no retry counted. The tick also warns of streams held past
+failed one) extends the consumer's lease ``{<service>-input}:lease:<id>`` and
+moves its deadline in the index (``extend-n.lua``): every entry pending to
+this consumer is held by that one key, so a tick costs Redis the same for
+one held stream or a million. A lease found lost while its holder lives (a
+stall, an eviction, a partition) disowns every held stream; the lease is
+taken again and what is still pending to this consumer is put back with no
+retry counted. The tick also warns of streams held past
 ``Config.hold_warning`` and retries dead letters that could not be written.
 
 The heartbeat runs until the client's shutdown stops it, after the drain
 and the hand-back: a stream whose handler still runs while ``close()``
-drains stays held, however long the drain is beside the lock TTL.
+drains stays held, however long the drain is beside the lease TTL.
 
-**The local lease** covers every lock this client holds: until when (on the
-client's monotonic clock) each is surely ours whatever the network does. A
-tick that Redis answered renews it to the tick's send time plus the TTL
-(less a margin); a stream taken since is covered from the send time of the
-write that took it (:meth:`Heartbeat.cover`): Redis set its lock no earlier.
-A reply read too late to run its entries (a frozen process: SIGSTOP, a long
-pause, a starved VM, whose blocking read Redis answered meanwhile) is refused
-there, before any handler starts; one that leaves less than a tick's
-interval gets a tick at once. When the lease runs out every held stream is
-disowned at that moment, its handler cancelled.
+**The local lease** says until when (on the client's monotonic clock) the
+lease in Redis surely lives whatever the network does. A tick that Redis
+answered renews it to the tick's send time plus the TTL (less a margin); a
+stream taken since is covered from the send time of the write that took it
+(:meth:`Heartbeat.cover`). A reply read too late to run its entries (a frozen
+process: SIGSTOP, a long pause, a starved VM, whose blocking read Redis
+answered meanwhile) is refused there, before any handler starts; one that
+leaves less than a tick's interval gets a tick at once. When the local lease
+runs out every held stream is disowned at that moment, its handler cancelled.
 
-Beside a Go fleet (``Config.go_compatible``) the same calls keep a Go-style
-lock beside each of ours (``max(lock_ttl, 4 s)``, so a dead lbs consumer's
-streams outlive Go's 2-s claim idle); a stream whose Go-style lock holds
-another name was taken by a Go consumer: extend-n deletes our lock and does
-not refresh the entry's idle time (which would XCLAIM it back), and the
-stream is disowned and counted (``go_taken_total``).
+Beside a Go fleet (``Config.go_compatible``) the same call keeps a Go-style
+lock beside each held stream (``max(lock_ttl, 4 s)``, so a dead lbs
+consumer's streams outlive Go's 2-s claim idle) and refreshes the held
+entries' idle time (Go's XAUTOCLAIM takes idle entries); a stream whose
+Go-style lock holds another name was taken by a Go consumer: it is disowned
+and counted (``go_taken_total``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 
 from redis.exceptions import RedisError
@@ -45,7 +44,7 @@ from _lbscore import CommandBatch, Held, HeldTable
 from .. import _keys
 from .._redis import scripts
 from .._redis.wire import first_error, text
-from .._waits import wait_set, within
+from .._waits import within
 from ..config import GO_MIN_IDLE
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
@@ -72,22 +71,15 @@ class Heartbeat(Activity, kind="heartbeat"):
         self.beats = 0
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
         self._overdue_next = 0.0  # when the tick looks for them again (monotonic)
-        #: The local lease: until when (monotonic) the locks are ours for sure, whatever the network
-        #: does: the send time of the last tick Redis answered (or of the start) plus the lock TTL,
-        #: less a margin. A lock Redis set then expires no earlier (it counts from when it ran).
+        #: The local lease: until when (monotonic) the lease is ours for sure, whatever the network
+        #: does: the send time of the last tick Redis answered (or of the start) plus the lease TTL,
+        #: less a margin. A lease Redis extended then expires no earlier (it counts from when it ran).
         self.lease_until = time.monotonic() + self._lease()
         #: Streams disowned when the lease ran out, put back (no retry counted) by the next tick that
         #: reaches Redis: their holder lives, so no deadline will send anyone for them soon.
         self._orphans: list[Held] = []
         #: Fires at ``lease_until`` whatever the ticks are doing (a cut-off round trip may take long to give up).
         self._lease_timer: asyncio.TimerHandle | None = None
-        #: The earliest lease end of the streams taken since the running (or last) tick's snapshot:
-        #: that tick did not extend their locks, so its answer renews the lease no further than this.
-        self._uncovered = math.inf
-        #: Set to send the next tick at once (a stream taken with less than an interval of lease left).
-        self.tick_now = asyncio.Event()
-        #: When the next tick is due (monotonic).
-        self.next_tick = 0.0
 
     async def stop(self) -> None:
         if self._lease_timer is not None:
@@ -95,7 +87,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         await super().stop()
 
     def _renew(self, until: float) -> None:
-        """The locks are ours until ``until`` (monotonic): (re)arm the lease timer."""
+        """The lease is ours until ``until`` (monotonic): (re)arm the lease timer."""
         self.lease_until = until
         if self._lease_timer is not None:
             self._lease_timer.cancel()
@@ -106,7 +98,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         )
 
     def _lease(self) -> float:
-        """How long a confirmed lock is surely ours: the TTL less a margin for clock drift (5 %, at most 1 s)."""
+        """How long a confirmed lease is surely ours: the TTL less a margin for clock drift (5 %, at most 1 s)."""
         ttl = self.state.config.lock_ttl
         return ttl - min(0.05 * ttl, 1.0)
 
@@ -116,30 +108,20 @@ class Heartbeat(Activity, kind="heartbeat"):
         return self.state.config.heartbeat_every / 4
 
     def cover(self, sent: float) -> bool:
-        """Streams taken by a write sent at ``sent`` (monotonic; Redis set their locks no earlier, for a
-        TTL): bring them under the local lease. False, and nothing changed, when less than
-        :meth:`min_left` of that is left: the reply was read too late (the process was frozen while
-        Redis answered), another consumer may already run them, and none may start here."""
-        until = sent + self._lease()
-        if until - time.monotonic() < self.min_left():
-            return False
-        self._uncovered = min(self._uncovered, until)
-        if until < self.lease_until:
-            self._renew(until)
-            if until < self.next_tick + self.min_left():
-                self.tick_now.set()  # the next tick would come too late for them: tick now
-        return True
+        """Whether streams taken by a write sent at ``sent`` (monotonic) may start: they are held by the
+        lease, which lives at least until the local lease ends. False when less than :meth:`min_left` of
+        it is left: the reply was read too late (the process was frozen while Redis answered), the lease
+        may have lapsed and another consumer may already run them, and none may start here."""
+        return self.lease_until - time.monotonic() >= self.min_left()
 
     async def _main(self) -> None:
         s = self.state
         every = s.config.heartbeat_every
         wait = every
         self._renew(time.monotonic() + self._lease())
-        # Until stop(), which the shutdown calls once nothing is held any more: a drain keeps its locks.
+        # Until stop(), which the shutdown calls once nothing is held any more: a drain keeps its lease.
         while True:
-            self.next_tick = time.monotonic() + wait
-            await wait_set(self.tick_now, wait)
-            self.tick_now.clear()
+            await asyncio.sleep(wait)
             sent = time.monotonic()
             try:
                 # A round trip that does not answer in time is abandoned (its connection dropped): a tick
@@ -152,9 +134,8 @@ class Heartbeat(Activity, kind="heartbeat"):
                 await within(self.tick(), limit)
                 # The streams taken since the tick's snapshot keep the lease their take gave them;
                 # when that ends before the next tick would, the next tick goes at once.
-                self._renew(min(sent + self._lease(), self._uncovered))
-                soon = self._uncovered - time.monotonic() < every + self.min_left()
-                wait = 0.0 if soon else every
+                self._renew(sent + self._lease())
+                wait = every
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -165,107 +146,100 @@ class Heartbeat(Activity, kind="heartbeat"):
                 s.hooks.metric("heartbeat_failures_total", 1)
                 await self.topology.after_failure(exc)
                 # The Wire already tried a fresh connection; try again soon, well
-                # before the locks (extended at most a tick ago) can expire.
+                # before the lease (extended at most a tick ago) can expire.
                 wait = every / 4
                 s.log.warning("heartbeat failed: %s; next try in %.2fs", exc, wait)
 
     def _lease_expired(self) -> None:
-        """No tick confirmed the locks for a lock TTL (a partition, a stalled server): they may have
+        """No tick confirmed the lease for a lease TTL (a partition, a stalled server): it may have
         expired and another consumer may take the streams at any moment. Disown every held stream
         here and now (handlers cancelled, STREAM_DISOWNED), before anyone else can start them."""
         s = self.state
         self._lease_timer = None
-        # While close() drains too: a handler must not outlive its lock.
+        # While close() drains too: a handler must not outlive its lease.
         held = [h for h in s.holdings.table.values() if s.holdings.drop(h)]
         if not held:
             return
         s.hooks.metric("lease_expired_total", len(held))
         s.log.error(
-            "no heartbeat reached Redis for %.1fs (the lock TTL, less a margin): disowning the %d streams "
-            "held, whose locks may be expiring",
+            "no heartbeat reached Redis for %.1fs (the lease TTL, less a margin): disowning the %d streams "
+            "held, whose lease may be expiring",
             self._lease(),
             len(held),
         )
         for h in held:
             self._disown(
                 h,
-                "lease expired: no heartbeat confirmed the lock for a lock TTL (cut off from Redis?)",
+                "lease expired: no heartbeat confirmed the lease for a lease TTL (cut off from Redis?)",
             )
         self._orphans += held
 
     async def tick(self) -> int:
-        """Extend every held lock now, in one round trip; return how many were lost (``Client.heartbeat``)."""
+        """Extend this consumer's lease now, in one round trip whatever it holds; return how many held
+        streams were lost (``Client.heartbeat``): all of them when the lease was."""
         s = self.state
         n, cfg = s.names, s.config
         table = s.holdings.table
         snapshot = table.values()
-        self._uncovered = math.inf  # every stream taken so far is in this tick
         held = len(snapshot)
         finishing = self.finisher.finishing()
         if finishing:  # still ours until Redis answers their done: keep them alive
             snapshot += finishing
         started = time.perf_counter()
-        chunk = cfg.heartbeat_chunk
-        # At least one call, even holding nothing: it keeps the instance marker alive (one live process
-        # per consumer id; the marker lives a lock TTL) and this consumer's deadline fresh, so an idle
-        # client still ticks every heartbeat_every: a rarer idle tick would leave a read made just
-        # after it with less than one failed tick of margin before the lease runs out.
-        starts = range(0, max(1, len(snapshot)), chunk)
-        sha, ttl = scripts.EXTEND.sha, cfg.lock_ttl_ms
-        head_keys = scripts.extend_head(n.stream_key, n.consumers_key, n.instance_key)
-        head_args = scripts.extend_args(ttl, n.group, n.id, False, n.instance)
-        last_args = scripts.extend_args(ttl, n.group, n.id, True, n.instance)
-        encode = table.encode_extend
-        every = cfg.pel_refresh_every
-        phase = self.beats % every
-        self.beats += 1
-        # Beside a Go fleet, each call also keeps our Go-style locks (they outlive Go's 2-s claim idle).
-        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else None
-        go_ttl = max(ttl, int(GO_MIN_IDLE * 1000))
+        ttl = cfg.lock_ttl_ms
+        # Beside a Go fleet the call also keeps our Go-style locks (they outlive Go's 2-s claim idle)
+        # and refreshes the held entries' idle time (a Go consumer's XAUTOCLAIM takes idle entries).
+        go = (
+            (
+                max(ttl, int(GO_MIN_IDLE * 1000)),
+                [h.entry_id for h in snapshot],
+                [_keys.go_lock_key(h.stream, h.entry_id) for h in snapshot],
+            )
+            if cfg.go_compatible
+            else None
+        )
 
-        def build(b: CommandBatch, k: int) -> None:
-            start = starts[k]
-            encode(
+        def build(b: CommandBatch) -> None:
+            scripts.extend(
                 b,
-                sha,
-                head_keys,
-                last_args if k == len(starts) - 1 else head_args,
-                snapshot,
-                start,
-                min(start + chunk, len(snapshot)),
-                every,
-                phase,
-                go_sep,
-                go_ttl,
+                n.stream_key,
+                n.consumers_key,
+                n.lease_key,
+                ttl_ms=ttl,
+                group=n.group,
+                consumer=n.id,
+                lease=n.instance,
+                go=go,
             )
 
         try:
-            # Extending a lock checks its value first: sending a tick twice is harmless.
-            results = first_error(
-                await s.link.beat.execute_chunks(len(starts), build, retry_safe=True)
-            )
+            # Extending the lease checks its value first: sending a tick twice is harmless.
+            (positions,) = first_error(await s.link.beat.execute(build, retry_safe=True))
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
         s.stats.heartbeats += 1
         s.stats.heartbeat_at = time.monotonic()
         await self.mark_running(snapshot)  # marks a take could not send (none, nearly always)
         lost: list[Held] = []
-        for start, positions in zip(starts, results):
-            for p in positions:
-                if not isinstance(p, int):
-                    self._warn(text(p))
-                elif p > 0:
-                    lost.append(snapshot[start + p - 1])
-                elif s.holdings.drop(
-                    h := snapshot[start - p - 1]
-                ):  # a Go consumer took it: ours deleted
-                    s.hooks.metric("go_taken_total", 1)
-                    self._disown(h, "a Go consumer took it (its Go-style lock holds another name)")
-        settling = s.holdings.settling  # let go by a keyed commit in flight, not lost
-        lost = [h for h in lost if h.entry_id not in settling and s.holdings.drop(h)]
-        for h in lost:
-            self._disown(h, "lock expired or taken while held (heartbeat missed)")
-        if held:  # a tick holding nothing only kept the instance marker alive
+        holder: str | None = None  # what the lease key holds when it is not ours
+        for p in positions:
+            if not isinstance(p, int):
+                note = text(p)
+                if note.startswith("LEASE"):
+                    holder = note[6:]
+                else:
+                    self._warn(note)
+            elif s.holdings.drop(h := snapshot[-p - 1]):  # a Go consumer took it
+                s.hooks.metric("go_taken_total", 1)
+                self._disown(h, "a Go consumer took it (its Go-style lock holds another name)")
+        if holder is not None:
+            # Everything held was read under the lease that lapsed: recovery may have handed it on.
+            settling = s.holdings.settling  # let go by a keyed commit in flight, not lost
+            lost = [h for h in snapshot if h.entry_id not in settling and s.holdings.drop(h)]
+            for h in lost:
+                self._disown(h, "lease lost while held (heartbeat missed)")
+            await self._retake(holder)
+        if held:  # a tick holding nothing only kept the lease alive
             s.hooks.notify(
                 "lbs_locks_extended",
                 extended=held - len(lost),
@@ -276,14 +250,14 @@ class Heartbeat(Activity, kind="heartbeat"):
         orphans = self._orphans[:]
         if lost or orphans:
             # We live, so the consumer deadline index will not send anyone for
-            # these: put back the ones whose lock is gone (not those someone
-            # else holds) ourselves. The loss was not the stream's fault (a
-            # stall, an eviction, a partition): no retry is counted, and those
-            # another consumer took over meanwhile are pardoned.
+            # these: put back the ones still pending to us ourselves. The loss
+            # was not the stream's fault (a stall, an eviction, a partition):
+            # no retry is counted, and those another consumer took over
+            # meanwhile are pardoned.
             try:
                 await self.requeue.lost_while_alive(
                     [h.entry_id for h in (*lost, *orphans)],
-                    "lock lost while held (heartbeat missed)",
+                    "lease lost while held (heartbeat missed)",
                 )
                 del self._orphans[: len(orphans)]
             except RedisError as exc:
@@ -297,6 +271,35 @@ class Heartbeat(Activity, kind="heartbeat"):
             self._report_overdue(cfg.hold_warning)
         await self.requeue.malformed.retry_undead()
         return len(lost)
+
+    async def _retake(self, holder: str) -> None:
+        """The lease was gone (``holder`` "") or held by another process: take it again with our nonce.
+
+        Every stream held is disowned by the caller and put back: they were read under the lease
+        that lapsed, and recovery may already have handed them to another consumer. Another live
+        process with our consumer id keeps the lease; this one is told loudly and tries again next tick.
+        """
+        s = self.state
+        n = s.names
+        if holder and not holder.startswith("WRONGTYPE"):
+            s.hooks.metric("duplicate_consumer_total", 1)
+            s.log.error(
+                "another live process runs with consumer id %s (instance %s, this one %s): it holds "
+                "the lease %s, so this process holds nothing; give each process its own id",
+                n.id,
+                holder,
+                n.instance,
+                n.lease_key,
+            )
+            return
+        if holder:
+            s.hooks.metric("wrong_type_keys_total", 1)
+            s.log.error("heartbeat: %s holds a value of the wrong type, not a lease", n.lease_key)
+            return
+        s.log.warning(
+            "this consumer's lease %s lapsed (a stall, a partition); taking it again", n.lease_key
+        )
+        await s.link.redis.set(n.lease_key, n.instance, nx=True, px=s.config.lock_ttl_ms)
 
     async def mark_running(self, records: list[Held]) -> None:
         """Tell Redis that those of ``records`` the application took from the notification queue
@@ -367,9 +370,7 @@ class Heartbeat(Activity, kind="heartbeat"):
     def _disown(self, h: Held, reason: str) -> None:
         s = self.state
         s.holdings.tombstone(h)
-        s.log.warning(
-            "lost the lock of %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason
-        )
+        s.log.warning("lost %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason)
         s.hooks.notify("lbs_stream_disowned", stream=h.stream, entry_id=h.entry_id, token=h.token)
         s.journal.record(
             "disowned", stream=h.stream, entry_id=h.entry_id, token=h.token, reason=reason

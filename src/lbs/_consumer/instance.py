@@ -1,17 +1,14 @@
-"""The instance marker: one live process per consumer id.
+"""The consumer's lease: one live process per consumer id, and what holds its entries.
 
-Lock values are ``<token>:<consumer id>:<instance>``, so a process adopts
-only its own locks; two processes under one consumer id would still share a
-pending list and a deadline. The marker ``{<service>-input}:instance:<id>``
-holds the running process's nonce with the lock TTL, and every heartbeat
-tick refreshes it (``extend-n.lua``); a second live process with the same id
-is refused at start, and ``leave-3.lua`` deletes the marker on close, with the consumer
-itself when it has nothing pending (so the group does not grow with every pod name); departed
-consumers are swept after ``Config.forget_consumers_after``.
-
-The marker costs Redis nothing periodic of its own: the heartbeat's last
-``extend-n.lua`` call refreshes it (an idle client's one tick every
-``heartbeat_every``), and the sweep rides on the recovery scan.
+An entry pending to a consumer in the group is held exactly while that
+consumer's lease ``{<service>-input}:lease:<id>`` lives: it holds the running
+process's instance nonce for ``Config.lock_ttl``, every heartbeat tick extends
+it (``extend-n.lua``: one key however many streams are held), and recovery
+takes a consumer's entries only once its lease is gone. A second live process
+with the same id is refused at start; ``leave-3.lua`` deletes the lease on
+close when nothing is pending any more, with the consumer itself (so the group
+does not grow with every pod name); departed consumers are swept after
+``Config.forget_consumers_after``. The sweep rides on the recovery scan.
 """
 
 from __future__ import annotations
@@ -34,20 +31,20 @@ __all__ = ["Instance"]
 
 
 class Instance:
-    """This process's claim on its consumer id and its place in the group; the one caller of ``leave-3.lua``."""
+    """This process's lease on its consumer id and its place in the group; the one caller of ``leave-3.lua``."""
 
     def __init__(self, state: ClientState) -> None:
         self.state = state
 
     async def take(self) -> None:
-        """Take the marker, or refuse a second live process with the same id (:class:`lbs.ConfigurationError`).
+        """Take the lease, or refuse a second live process with the same id (:class:`lbs.ConfigurationError`).
 
-        When the marker is taken, either its process died moments ago (the
-        marker then expires within the TTL and this start goes on) or it is
-        alive (the marker is refreshed, and this start is refused).
+        When the lease is taken, either its process died moments ago (the
+        lease then expires within the TTL and this start goes on) or it is
+        alive (the lease is extended, and this start is refused).
         """
         s = self.state
-        r, key, cfg, me = s.link.redis, s.names.instance_key, s.config, s.names.id
+        r, key, cfg, me = s.link.redis, s.names.lease_key, s.config, s.names.id
         loop = asyncio.get_running_loop()
         give_up = loop.time() + cfg.lock_ttl + cfg.heartbeat_every + 1.0
         seen: tuple[Any, int] | None = None
@@ -61,8 +58,8 @@ class Instance:
                     continue  # expired between the two calls
                 if seen is None:
                     s.log.warning(
-                        "consumer id %s is marked in use by instance %s (%s); waiting up to %.1fs "
-                        "for that process's marker to expire",
+                        "consumer id %s is leased to instance %s (%s); waiting up to %.1fs "
+                        "for that process's lease to expire",
                         me,
                         text(holder),
                         key,
@@ -71,12 +68,12 @@ class Instance:
                 elif holder != seen[0] or pttl > seen[1]:
                     raise ConfigurationError(
                         f"consumer id {me!r} is in use by another live process (instance "
-                        f"{text(holder)}, marker {key}): give each process its own consumer id "
+                        f"{text(holder)}, lease {key}): give each process its own consumer id "
                         "(POD_NAME or consumer_id=...)"
                     )
                 if loop.time() > give_up:
                     raise ConfigurationError(
-                        f"consumer id {me!r} stays marked in use by instance {text(holder)} ({key}, "
+                        f"consumer id {me!r} stays leased to instance {text(holder)} ({key}, "
                         f"ttl {pttl} ms): another process runs with it, or the key was set by hand"
                     )
                 seen = (holder, pttl)
@@ -85,16 +82,16 @@ class Instance:
             raise RedisOperationError(
                 "start",
                 ResponseError(
-                    f"{key} holds a value of the wrong type, not this consumer's instance marker: {exc}"
+                    f"{key} holds a value of the wrong type, not this consumer's lease: {exc}"
                 ),
             ) from exc
 
     async def release(self) -> None:
-        """Delete the marker if still ours, so a restart under this id need not wait for it, and this
-        consumer from the group when it has nothing pending (a clean close)."""
+        """Delete the lease if still ours and nothing is pending to this consumer, so a restart under this
+        id need not wait for it, and this consumer from the group (a clean close)."""
         s = self.state
         n = s.names
-        key = n.instance_key
+        key = n.lease_key
 
         def build(b: CommandBatch) -> None:
             scripts.leave(
@@ -114,8 +111,8 @@ class Instance:
             if int(reply[1]):
                 s.log.debug("left the group %s (nothing pending)", n.group)
         except RedisError as exc:
-            if not s.denied(exc, f"deleting the instance marker {key}"):
-                s.log.debug("could not delete the instance marker %s (%s); it expires", key, exc)
+            if not s.denied(exc, f"deleting the lease {key}"):
+                s.log.debug("could not delete the lease %s (%s); it expires", key, exc)
 
     async def forget_departed(self) -> int:
         """Delete the group's consumers with nothing pending that have not read for
@@ -130,7 +127,7 @@ class Instance:
         def build(b: CommandBatch) -> None:
             scripts.leave(
                 b,
-                n.instance_key,
+                n.lease_key,
                 n.stream_key,
                 n.consumers_key,
                 instance="",

@@ -79,7 +79,7 @@ class KeyedRunner(Activity, kind="keyed"):
         self._backoff = Backoff(state.config.read_retry_initial, state.config.read_retry_max)
         self._loop = asyncio.get_running_loop()
         self._prefix = state.names.key_prefix
-        self._lock_prefix = state.names.lock_key_prefix
+        self._lease_prefix = state.names.lease_prefix
         self._last = f"last:{batch}"
         # On a cluster every effect's stream must hash to the LBS's slot (the script's): fixed per service.
         self._slot = key_slot(state.names.stream_key.encode())
@@ -314,8 +314,9 @@ class KeyedRunner(Activity, kind="keyed"):
                 b,
                 n.stream_key,
                 self._prefix,
-                self._lock_prefix,
+                self._lease_prefix,
                 self.batch,
+                n.group,
                 [(hold.held.stream, hold.held.entry_id, hold.held.value) for hold in fetch],
             )
             for hold in fetch:
@@ -328,7 +329,7 @@ class KeyedRunner(Activity, kind="keyed"):
                 b,
                 n.stream_key,
                 self._prefix,
-                self._lock_prefix,
+                self._lease_prefix,
                 n.group,
                 s.server.xackdel,
                 n.dead_letter_key,

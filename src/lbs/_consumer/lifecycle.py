@@ -122,6 +122,9 @@ class Lifecycle:
             except RedisError as exc:
                 s.log.warning("startup recovery failed (%s); the scan will cover it", exc)
         self.started = True
+        # The first tick puts this consumer in the deadline index before it reads anything: a death
+        # from here on is found by the deadline poller, not only by the scan.
+        await self.heartbeat.tick()
         self.reader.start()
         self.heartbeat.start()
         self.observer.start()

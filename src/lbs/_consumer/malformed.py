@@ -34,7 +34,7 @@ class Malformed:
         """Dead-letter entries we were delivered (malformed, or claimed past max_retries): one round trip.
 
         ``bad`` holds (entry, our lock value, reason). The first try needs
-        our lock (mode ``owned``). What could not be dead-lettered stays
+        our lease (mode ``owned``). What could not be dead-lettered stays
         pending to this live consumer, where no recovery path looks, so
         :meth:`retry_undead` tries it again every heartbeat tick (``again``:
         mode ``any``; the entry is ours, pending to us, and the script acts
@@ -42,10 +42,10 @@ class Malformed:
         """
         s = self.state
         mode = "any" if again else "owned"
-        prefix = s.names.lock_key_prefix
+        n = s.names
         try:
             results = await self.requeue.send(
-                [(e.id, prefix + e.id, mode, value, reason) for e, value, reason in bad],
+                [(e.id, n.lease_prefix, mode, n.instance, reason) for e, _, reason in bad],
                 count_retry=False,
                 force_dead_letter=True,
             )

@@ -41,7 +41,6 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from _lbscore import CommandBatch, Entry
 
-from .. import _keys
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.errors import NoGroupError, classify
@@ -87,7 +86,6 @@ class Reader(Activity, kind="reader"):
         self.intake = Intake(state, requeue, cover)
         #: Under run(): the runner's dispatch, which starts a handler per taken stream.
         self.dispatch: Dispatch | None = None
-        self._claim_arg = ""  # read-3.lua's CLAIM min-idle (ms), "" for none
         #: In a wait of the wake group now (CLIENT UNBLOCK wakes it).
         self.blocked = False
         #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
@@ -101,11 +99,6 @@ class Reader(Activity, kind="reader"):
         ] = {}  # reads of new entries in flight: how many each asked
         self._tracked: set[str] = set()  # what was ours when the last re-read was sent
         self._idle_nudges = 0  # reads in a row a nudge woke that took nothing, their share taken
-
-    def start(self) -> None:
-        claim_ms = self.state.strategy.claim_min_idle_ms
-        self._claim_arg = "" if claim_ms is None else str(claim_ms)
-        super().start()
 
     async def _main(self) -> None:
         s = self.state
@@ -213,17 +206,12 @@ class Reader(Activity, kind="reader"):
         args = (
             n.stream_key,
             n.fence_key,
-            n.consumers_key,
+            n.lease_key,
             n.group,
             n.id,
             count,
-            s.config.lock_ttl_ms,
-            n.lock_prefix,
+            n.instance,
             start,
-            self._claim_arg,
-            n.lock_owner,
-            s.server.msetex,
-            _keys.GO_MUTEX_KEY_SEP if s.config.go_compatible else "",
             n.queued_key if self.dispatch is None else "",
             n.key_prefix,
             s.config.fair_window_ms,

@@ -195,14 +195,13 @@ class Recovery(Activity):
                 n.reaped_key,
                 n.fence_key,
                 group=n.group,
-                lock_prefix=n.lock_key_prefix,
+                lease_prefix=n.lease_prefix,
                 batch=cfg.deadline_batch,
                 stall_ms=stall_ms,
                 grace_ms=ttl_ms,
                 adopter=n.id if room else "",
                 room=room,
-                ttl_ms=ttl_ms,
-                owner=n.lock_owner,
+                lease=n.instance,
                 queued_prefix=n.queued_prefix,
                 queues=adopter is not None and adopter.queues,
             )
@@ -210,13 +209,13 @@ class Recovery(Activity):
         s.adopting += (
             room  # promised: the reader leaves these slots alone till the adopted are held
         )
-        sent = time.monotonic()  # the locks reap-4 takes are set no earlier
+        sent = time.monotonic()  # what reap-4 adopts is held from then on, under our lease
         try:
             try:
                 (reply,) = await s.link.pool.execute(build, s.parser)
             except BaseException:
                 if room and adopter is not None:
-                    # What it adopted is ours, pending, locked: the reader re-reads it.
+                    # What it adopted is ours, pending to us: the reader re-reads it.
                     adopter.adoption_lost(sent)
                 raise
             if isinstance(reply, Exception):
@@ -235,23 +234,23 @@ class Recovery(Activity):
         requeued = await self.requeue.recover(
             s.journal.holders(gone, found, len(entries)),  # the ids, and who held them
             path,
-            f"lock expired ({path}: deadline passed)",
+            f"lease expired ({path}: deadline passed)",
         )
         return len(entries) + requeued
 
     # ------------------------------------------------------------- keyspace ---
 
     def _channel_pattern(self, go: bool = False) -> str:
-        """Our lock keys' keyspace channels; ``go`` (``Config.go_compatible``): the Go reference client's
+        """Our leases' keyspace channels; ``go`` (``Config.go_compatible``): the Go reference client's
         lock keys (any service's: the entry is looked up in our LBS before anything is done)."""
         db = int(self.state.link.redis.connection_pool.connection_kwargs.get("db", 0) or 0)
-        keys = _keys.GO_MUTEX_KEY_SEP if go else self.state.names.lock_key_prefix
+        keys = _keys.GO_MUTEX_KEY_SEP if go else self.state.names.lease_prefix
         return f"__keyspace@{db}__:{'*' if go else ''}" + _GLOB_SPECIAL.sub(r"\\\1", keys) + "*"
 
     async def _keyspace_loop(self) -> None:
-        """Listen for this service's lock expirations; reconnect on drops and half-open links.
+        """Listen for this service's lease expirations; reconnect on drops and half-open links.
 
-        Messages are read in bulk (:class:`lbs._redis.subscription.Subscription`): a burst of 100,000
+        Messages are read in bulk (:class:`lbs._redis.subscription.Subscription`): a burst of
         expiries wakes the deadline poller once and costs the client about a microsecond each."""
         s = self.state
         pattern = self._channel_pattern()
@@ -266,7 +265,7 @@ class Recovery(Activity):
         lost_at: float | None = None
         while not s.stopping.is_set():
             link = s.link
-            sub = Subscription(link.redis)  # on the slot's owner: where the locks expire
+            sub = Subscription(link.redis)  # on the slot's owner: where the leases expire
             try:
                 await sub.open(*patterns)
                 if not first:
@@ -365,11 +364,11 @@ class Recovery(Activity):
         except RedisError as exc:
             s.log.warning("re-queue of %s after its Go lock expired failed: %s", entry_id, exc)
 
-    async def _on_expired(self, entry_id: str) -> None:
-        """A lock expired: wake the deadline loop (it re-queues the entry if its holder is overdue).
+    async def _on_expired(self, consumer: str) -> None:
+        """A consumer's lease expired: wake the deadline loop (it re-queues that consumer's entries).
 
-        A dead holder's locks expire together, each with its event: only the first of a burst (the
-        loop not woken yet) looks up how late Redis announced it, for ``recovery_expiry_lag_seconds``.
+        Only the first of a burst (the loop not woken yet) looks up how late Redis announced it, for
+        ``recovery_expiry_lag_seconds``.
         """
         s = self.state
         first = not self._wake.is_set()
@@ -379,18 +378,15 @@ class Recovery(Activity):
             return
         r, n = s.link.redis, s.names
         try:
-            holder = await r.xpending_range(
-                n.stream_key, n.group, min=entry_id, max=entry_id, count=1
-            )
-            # The holder's deadline is its last heartbeat's; the lock expires no later.
-            deadline = await r.zscore(n.consumers_key, holder[0]["consumer"]) if holder else None
+            # The consumer's deadline is its last heartbeat's; the lease expires no later.
+            deadline = await r.zscore(n.consumers_key, consumer)
         except RedisError as exc:
             s.log.debug(
-                "looking up the holder of %s after its expired event failed: %s", entry_id, exc
+                "looking up the deadline of %s after its lease expired failed: %s", consumer, exc
             )
             return
         if deadline is not None:
-            # How late Redis announced the expiry, against the lock's deadline.
+            # How late Redis announced the expiry, against the lease's deadline.
             s.hooks.metric("recovery_expiry_lag_seconds", max(0.0, time.time() - deadline / 1000))
 
     # ----------------------------------------------------------------- scan ---
@@ -410,15 +406,17 @@ class Recovery(Activity):
                 s.log.warning("recovery scan failed: %s", exc)
             await wait_set(s.stopping, random.uniform(0.9 * interval, 1.1 * interval))
 
-    async def _dead_of(self, ids: list[str]) -> list[str]:
-        """Those of ``ids`` whose lock does not exist (one round trip)."""
+    async def _dead_of(self, held: dict[str, tuple[str, str]]) -> list[str]:
+        """Those of ``held`` (entry id: holder, deadline) whose holder's lease does not exist: one EXISTS
+        per holder, not per entry (one round trip)."""
         s = self.state
-        prefix = s.names.lock_key_prefix
+        prefix = s.names.lease_prefix
+        holders = list({h for h, _ in held.values()})
         pipe = s.link.redis.pipeline(transaction=False)
-        for entry_id in ids:
-            pipe.exists(prefix + entry_id)
-        exists = await execute(pipe) if ids else []
-        return [i for i, e in zip(ids, exists) if not e]
+        for holder in holders:
+            pipe.exists(prefix + holder)
+        alive = {h for h, e in zip(holders, await execute(pipe) if holders else []) if e}
+        return [i for i, (h, _) in held.items() if h not in alive]
 
     async def _pages(
         self, idle_ms: int | None = None, consumer: str | None = None
@@ -459,13 +457,13 @@ class Recovery(Activity):
         async for held in self._pages(idle_ms=idle_ms):
             ids = list(held)
             seen += len(ids)
-            dead = await self._dead_of(ids)
+            dead = await self._dead_of(held)
             if dead and self.config.go_compatible:  # no Go-style lock either, GO_DONE_GAP ago
                 dead = await self.requeue.go_unlocked(dead)
             alive += len(ids) - len(dead)
             if dead:
                 gone = {i: held[i] for i in dead}  # and who held them
-                requeued += await self.requeue.recover(gone, "scan", "lock gone (scan)")
+                requeued += await self.requeue.recover(gone, "scan", "lease gone (scan)")
         s.hooks.metric("recovery_scan_skipped_alive_total", alive)
         s.hooks.metric("recovery_scan_duration_seconds", time.perf_counter() - started)
         depth = (await s.link.redis.xpending(s.names.stream_key, s.names.group))["pending"]
@@ -473,10 +471,12 @@ class Recovery(Activity):
         return {"requeued": requeued, "alive": alive, "pending": seen}
 
     async def startup(self) -> int:
-        """Re-queue this consumer id's own pending entries whose locks are gone (a restart).
+        """Re-queue this consumer id's own pending entries: an earlier process's under this consumer id (a
+        restart), whose lease lapsed before this one's was taken (:meth:`Instance.take` waits for it).
 
-        Runs when the client starts, before the reader. (Reads lock what they
-        deliver in the same script, so a freshly read entry never looks dead.)
+        Runs when the client starts, before the reader: nothing pending to this id is this process's.
+        Each death counts as the deadline poller's would (``restart`` mode: the entry must be pending to us
+        under our lease, as it is).
         """
         s = self.state
         started = time.perf_counter()
@@ -485,8 +485,10 @@ class Recovery(Activity):
         try:
             table = s.holdings.table
             async for ids in self._pages(consumer=s.names.id):
-                dead = await self._dead_of([i for i in ids if i not in table])
-                total += await self.requeue.recover(dead, "startup", "lock gone (startup recovery)")
+                dead = [i for i in ids if i not in table]
+                total += await self.requeue.recover(
+                    dead, "startup", "an earlier process's (startup recovery)", mode="restart"
+                )
             ok = 1.0
         finally:
             s.hooks.metric("startup_recovery_duration_seconds", time.perf_counter() - started)

@@ -1,13 +1,14 @@
 """Every call of ``requeue-6.lua`` and what its outcomes mean: re-queue, park, hand back, dead-letter.
 
-Three kinds of caller, one script, each with its lock mode:
+Three kinds of caller, one script, each with its holder mode:
 
-* **hand back** (``owned``): a held stream goes back, our lock released
-  (``Client.hand_back``, a failed ``run()`` handler, shutdown): at once, or
-  parked for a retry delay (:mod:`lbs._consumer.delays` brings it back);
-* **recover** (``absent``): recovery re-queues an entry whose holder's lock
-  is gone (deadline poller, keyspace listener, scan, startup, ``claim``,
-  and the heartbeat for the locks it lost), always at once;
+* **hand back** (``owned``): a held stream goes back, pending to us under our
+  lease (``Client.hand_back``, a failed ``run()`` handler, shutdown, and the
+  heartbeat for what it held when its lease lapsed): at once, or parked for
+  a retry delay (:mod:`lbs._consumer.delays` brings it back);
+* **recover** (``absent``): recovery re-queues an entry whose holder's lease
+  is gone (deadline poller, keyspace listener, scan, startup, ``claim``),
+  always at once;
 * **dead-letter** (``owned``, then ``any``): a malformed entry, or one
   claimed past ``max_retries``, goes to the dead-letter stream. What cannot
   be written yet (a dead-letter key of the wrong type, a lost connection)
@@ -59,7 +60,7 @@ REQUEUED_METRIC = {
 PARDON_KEEP_MS = 86_400_000
 PARDON_KEEP = 100_000
 
-#: One call: (entry id, lock key, lock mode, our lock value, reason).
+#: One call: (entry id, the lease key prefix, holder mode, our lease value, reason).
 _Call = tuple[str, str, str, str, str]
 
 #: The detail of a call set aside because the core could not encode it (its code is ``REFUSED``).
@@ -130,12 +131,12 @@ class Requeue:
         trace = sendable(traceback)
 
         def call(b: CommandBatch, i: int) -> None:
-            entry_id, lock_key, mode, value, reason = calls[i]
+            entry_id, lease_prefix, mode, value, reason = calls[i]
             scripts.requeue(
                 b,
                 n.stream_key,
                 dead_letters,
-                lock_key,
+                lease_prefix,
                 parked,
                 due,
                 self.pardons_key,
@@ -222,7 +223,8 @@ class Requeue:
         if not items:
             return []
         s = self.state
-        calls = [(h.entry_id, h.lock_key, "owned", h.value, reason) for h in items]
+        n = s.names
+        calls = [(h.entry_id, n.lease_prefix, "owned", n.instance, reason) for h in items]
         ids = {h.entry_id for h in items} - self.handing_back
         self.handing_back |= ids
         try:
@@ -316,7 +318,13 @@ class Requeue:
     # ------------------------------------------------------------- recover ---
 
     async def recover(
-        self, entry_ids: Iterable[str], path: str, reason: str, *, count_retry: bool = True
+        self,
+        entry_ids: Iterable[str],
+        path: str,
+        reason: str,
+        *,
+        count_retry: bool = True,
+        mode: str = "absent",
     ) -> int:
         """Re-queue every entry whose lock is gone (lock mode ``absent``); how many went back to the LBS.
 
@@ -325,15 +333,16 @@ class Requeue:
         fault of the stream. ``entry_ids`` may map each id to its holder and the holder's deadline
         (``journal.Holders``, for the journal). Raises the Redis error of a failed batch.
         """
-        codes = await self._recover(list(entry_ids), path, reason, count_retry, entry_ids)
+        codes = await self._recover(list(entry_ids), path, reason, count_retry, entry_ids, mode)
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
 
     async def lost_while_alive(self, entry_ids: list[str], reason: str) -> int:
-        """Streams this living client lost (a stall, an eviction, a partition): re-queue those whose lock
-        is gone with no retry counted, and pardon the rest: another consumer's recovery took them and may
-        have counted a death, which ``requeue-6.lua`` takes back when the copy next goes back. How many
-        went back to the LBS. Raises the Redis error of a failed batch."""
-        codes = await self._recover(entry_ids, "heartbeat", reason, False)
+        """Streams this living client lost (its lease lapsed: a stall, an eviction, a partition): re-queue
+        those still pending to it (under its lease, taken again) with no retry counted, and pardon the rest:
+        another consumer's recovery took them and may have counted a death, which ``requeue-6.lua`` takes
+        back when the copy next goes back. How many went back to the LBS. Raises the Redis error of a
+        failed batch."""
+        codes = await self._recover(entry_ids, "heartbeat", reason, False, mode="owned")
         taken = [i for i, code in zip(entry_ids, codes) if code != RequeueCode.REQUEUED]
         if taken:
             await self.pardon(taken)
@@ -401,15 +410,22 @@ class Requeue:
         return unlocked
 
     async def _recover(
-        self, ids: list[str], path: str, reason: str, count_retry: bool, who: object = None
+        self,
+        ids: list[str],
+        path: str,
+        reason: str,
+        count_retry: bool,
+        who: object = None,
+        mode: str = "absent",
     ) -> list[int]:
         if not ids:
             return []
         s = self.state
-        prefix = s.names.lock_key_prefix
+        n = s.names
+        value = n.instance if mode != "absent" else ""
         results = first_error(
             await self.send(
-                [(i, prefix + i, "absent", "", reason) for i in ids], count_retry=count_retry
+                [(i, n.lease_prefix, mode, value, reason) for i in ids], count_retry=count_retry
             )
         )
         codes = []

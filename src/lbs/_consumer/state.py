@@ -63,7 +63,10 @@ class Names:
     group: str
     fence_key: str
     consumers_key: str
-    instance_key: str
+    #: ``{<service>-input}:lease:<consumer id>``: this consumer's lease (lbs._keys.lease_key).
+    lease_key: str
+    #: ``{<service>-input}:lease:``: a consumer's lease is this plus its id.
+    lease_prefix: str
     reaped_key: str
     #: The dead-letter stream; "" when dead letters are dropped (``Config.dead_letter_stream=""``).
     dead_letter_key: str
@@ -102,7 +105,8 @@ class Names:
             _keys.group_name(service),
             _keys.fence_key(service),
             _keys.consumers_key(service),
-            _keys.instance_key(service, consumer_id),
+            _keys.lease_key(service, consumer_id),
+            _keys.lease_prefix(service),
             _keys.reaped_key(service),
             _keys.dead_letter_stream(service) if dlq is None else dlq,
             _keys.lock_key(service, ""),

@@ -72,18 +72,20 @@ def fetch(
     b: CommandBatch,
     stream: str,
     prefix: str,
-    lock_prefix: str,
+    lease_prefix: str,
     batch: int,
+    group: str,
     keys: list[tuple[str, str, str]],
 ) -> None:
-    """Become the holder of each ``(key, entry id, lock value)``; where each key stands."""
+    """Become the holder of each ``(key, entry id, hold value)``; where each key stands."""
     args: list[Any] = [
         prefix,  # ARGV[1] the service's key prefix
-        lock_prefix,  # ARGV[2] the lock key prefix
-        batch,
-    ]  # ARGV[3] the most messages a hold takes
+        lease_prefix,  # ARGV[2] the lease key prefix
+        batch,  # ARGV[3] the most messages a hold takes
+        group,
+    ]  # ARGV[4] the consumer group (a holder's entry's lease)
     for key in keys:
-        args += key  # ARGV[4...] key, entry id, lock value
+        args += key  # ARGV[5...] key, entry id, hold value "<token>:<consumer id>:<nonce>"
     b.command(
         "EVALSHA",
         FETCH.sha,
@@ -128,7 +130,7 @@ def commit(
     b: CommandBatch,
     stream: str,
     prefix: str,
-    lock_prefix: str,
+    lease_prefix: str,
     group: str,
     xackdel: bool,
     dead_letters: str,
@@ -140,7 +142,7 @@ def commit(
     """Commit each key's step, fenced, with its effects."""
     args: list[Any] = [
         prefix,  # ARGV[1] the service's key prefix
-        lock_prefix,  # ARGV[2] the lock key prefix
+        lease_prefix,  # ARGV[2] the lease key prefix
         group,  # ARGV[3]
         1 if xackdel else 0,  # ARGV[4] XACKDEL or XACK + XDEL
         dead_letters,  # ARGV[5] the dead-letter stream

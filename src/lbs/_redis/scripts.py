@@ -19,7 +19,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from _lbscore import CommandBatch, Shape
 
@@ -86,24 +85,20 @@ def read(
     b: CommandBatch,
     stream: str,
     fence: str,
-    consumers: str,
+    lease_key: str,
     group: str,
     consumer: str,
     count: int,
-    ttl_ms: int,
-    lock_prefix: bytes,
+    lease: str,
     start: str,
-    claim_ms: str,
-    owner: str,
-    msetex: bool,
-    go_lock_sep: str = "",
     queued: str = "",
     key_prefix: str = "",
     fair_ms: int | None = None,
     wake: str = "",
     nudge: str = "",
 ) -> None:
-    """Read up to ``count`` entries and lock them; the reply's entries come back as ``Entry`` objects.
+    """Read up to ``count`` entries under this consumer's lease (``lease_key`` must hold ``lease``, else the
+    error "LEASE ..."); the reply's entries come back as ``Entry`` objects, each with its fencing token.
 
     ``queued``: what is read waits for the application (the notification API): new entries go into
     this consumer's queued set (merely held) until it takes them. ``fair_ms``: fair dispatch, peers
@@ -118,22 +113,17 @@ def read(
         READ.fixed_keys,
         stream,  # KEYS[1] the LBS
         fence,  # KEYS[2] the fencing counter
-        consumers,  # KEYS[3] the consumer deadline index
+        lease_key,  # KEYS[3] this consumer's lease
         group,  # ARGV[1]
-        consumer,  # ARGV[2] consumer name in the group and in the index
+        consumer,  # ARGV[2] consumer name in the group
         count,  # ARGV[3] COUNT
-        ttl_ms,  # ARGV[4] lock TTL
-        lock_prefix,  # ARGV[5] lock key prefix
-        start,  # ARGV[6] ">" new entries, "0" our own pending ones
-        claim_ms,  # ARGV[7] CLAIM min-idle (ms), "" for none
-        owner,  # ARGV[8] lock owner: values are "<token>:<owner>"
-        1 if msetex else 0,  # ARGV[9] "1": take a slice's locks with one MSETEX (Redis >= 8.4)
-        go_lock_sep,  # ARGV[10] Go-style lock separator ("": not checked)
-        queued,  # ARGV[11] the consumer's queued set ("": nothing queued)
-        key_prefix,  # ARGV[12] {<service>-input}: one holder per name ("": names not locked)
-        "" if fair_ms is None else fair_ms,  # ARGV[13] fair dispatch: live peers' window ("": off)
-        wake,  # ARGV[14] the wake group, set to $ when drained ("": untouched)
-        nudge,  # ARGV[15] the nudge stream: idle peers left a share are woken ("": none)
+        lease,  # ARGV[4] the lease's value
+        start,  # ARGV[5] ">" new entries, "0" our own pending ones
+        queued,  # ARGV[6] the consumer's queued set ("": nothing queued)
+        key_prefix,  # ARGV[7] {<service>-input}: one holder per name ("": names not held)
+        "" if fair_ms is None else fair_ms,  # ARGV[8] fair dispatch: live peers' window ("": off)
+        wake,  # ARGV[9] the wake group, set to $ when drained ("": untouched)
+        nudge,  # ARGV[10] the nudge stream: idle peers left a share are woken ("": none)
     )
     b.expect(Shape.SCRIPT_ENTRIES)
 
@@ -169,20 +159,39 @@ def wake_read(b: CommandBatch, stream: str, wake: str, block_ms: int, nudge: str
 
 
 # ---------------------------------------------------------------- extend-n ---
-# Caller: lbs._consumer.heartbeat. The lock keys, values, ids and refresh flags
-# are written by the core (HeldTable.encode_extend); this says what goes first.
+# Caller: lbs._consumer.heartbeat.
 
 
-def extend_head(stream: str, consumers: str, instance_key: str) -> tuple[str, str, str]:
-    """KEYS[1..3]: the LBS, the consumer deadline index, this consumer's instance marker."""
-    return (stream, consumers, instance_key)
-
-
-def extend_args(
-    ttl_ms: int, group: str, consumer: str, last: bool, instance: str
-) -> tuple[Any, ...]:
-    """ARGV[1..5]: lock TTL, group, consumer, "1" in a tick's last call, the instance nonce."""
-    return (ttl_ms, group, consumer, 1 if last else 0, instance)
+def extend(
+    b: CommandBatch,
+    stream: str,
+    consumers: str,
+    lease_key: str,
+    *,
+    ttl_ms: int,
+    group: str,
+    consumer: str,
+    lease: str,
+    go: tuple[int, list[str], list[str]] | None = None,
+) -> None:
+    """Extend this consumer's lease (``lease_key`` holding ``lease``) and move its deadline. Beside a Go
+    fleet ``go`` is (the Go-style locks' TTL in ms, the held entries' ids, their Go-style lock keys): each
+    lock that is absent or ours is kept and its entry's idle time refreshed. The reply lists the negative
+    positions of entries a Go consumer took, then notes ("LEASE ...": the lease is lost; "LBSKEY ...")."""
+    go_args: list[str | int] = [] if go is None else [go[0], *go[1], *go[2]]
+    b.command(
+        "EVALSHA",
+        EXTEND.sha,
+        3,
+        stream,  # KEYS[1] the LBS
+        consumers,  # KEYS[2] the consumer deadline index
+        lease_key,  # KEYS[3] this consumer's lease
+        ttl_ms,  # ARGV[1] lease TTL
+        group,  # ARGV[2]
+        consumer,  # ARGV[3]
+        lease,  # ARGV[4] the lease's value
+        *go_args,  # ARGV[5..] beside a Go fleet
+    )
 
 
 # ------------------------------------------------------------------ done-n ---
@@ -192,40 +201,42 @@ def extend_args(
 def done(
     b: CommandBatch,
     stream: str,
-    lock_prefix: bytes,
+    lease_key: str,
     entry_ids: list[str],
-    values: list[str],
     names: list[str],
     group: str,
+    consumer: str,
+    lease: str,
     key_prefix: str,
     xackdel: bool,
     retrying: bool,
-    go: tuple[str, list[str]] | None = None,
+    go_keys: list[str] | None = None,
 ) -> None:
-    """Finish a batch: KEYS[1] the LBS, then one lock key per entry; ARGV: group, the XACKDEL flag,
-    the retry flag, the key prefix (names released; "": untouched), our consumer name beside a Go
-    fleet (else ""), the lock values, the entry ids, the name holder keys of their DataStreamNames
-    (``<key prefix>name:<name>``, written by the core; "" for an entry without a name). Beside a Go
-    fleet, ``go`` is (our consumer name, each entry's Go-style lock key), the keys after the names
-    (an entry a Go consumer took is ``DoneCode.TAKEN``; our Go-style locks are released with ours).
-    The reply is one digit per entry: :func:`done_codes` reads it."""
+    """Finish a batch held under ``lease``: KEYS the LBS and this consumer's lease; ARGV: group, the XACKDEL
+    flag, the retry flag, the key prefix (names released; "": untouched), our consumer name, the lease
+    value, the Go flag, the entry ids, the name holder keys of their DataStreamNames (``<key
+    prefix>name:<name>``, written by the core; "" for an entry without a name), and beside a Go fleet
+    each entry's Go-style lock key (``go_keys``; an entry a Go consumer took is ``DoneCode.TAKEN``). The
+    reply is one digit per entry: :func:`done_codes` reads it."""
     head = (
         group,
         1 if xackdel else 0,
         1 if retrying else 0,
         key_prefix,
-        "" if go is None else go[0],
+        consumer,
+        lease,
+        0 if go_keys is None else 1,
     )
     b.evalsha_locks(
         DONE.sha,
-        (stream,),
-        lock_prefix,
+        (stream, lease_key),
+        b"",
         entry_ids,
         head,
-        values,
-        tail=None if go is None else go[1],
+        tail=go_keys,
         names=names,
         name_prefix=f"{key_prefix}name:".encode() if key_prefix else b"",
+        lock_keys=False,
     )
 
 
@@ -245,7 +256,6 @@ class DoneCode(enum.IntEnum):
     """Per-entry outputs of ``done-n.lua``."""
 
     DONE = 1
-    LOCK_EXPIRED = 2
     LOCK_LOST = 3
     #: A retried call (its first reply was lost) found the entry already finished.
     ALREADY_DONE = 4
@@ -278,7 +288,7 @@ def requeue(
     b: CommandBatch,
     stream: str,
     dead_letters: str,
-    lock_key: str,
+    lease_prefix: str,
     parked: str,
     due: str,
     pardons: str,
@@ -318,14 +328,14 @@ def requeue(
         REQUEUE.fixed_keys,
         stream,  # KEYS[1] the LBS
         dead_letters,  # KEYS[2] the dead-letter stream
-        lock_key,  # KEYS[3] the assignment's lock
+        lease_prefix,  # KEYS[3] the lease key prefix (declared for its slot)
         parked,  # KEYS[4] the parking stream
         due,  # KEYS[5] the due index
         pardons,  # KEYS[6] deaths taken back (a holder that lived)
         group,  # ARGV[1]
         entry_id,  # ARGV[2]
         mode,  # ARGV[3] "owned", "absent" or "any"
-        value,  # ARGV[4] our lock value (mode "owned")
+        value,  # ARGV[4] our lease value (mode "owned")
         1 if count_retry else 0,  # ARGV[5] retry increment
         max_retries,  # ARGV[6] past it: dead-lettered
         retry_field,  # ARGV[7]
@@ -406,18 +416,17 @@ def reap(
     fence: str,
     *,
     group: str,
-    lock_prefix: str,
+    lease_prefix: str,
     batch: int,
     stall_ms: int,
     grace_ms: int,
     adopter: str = "",
     room: int = 0,
-    ttl_ms: int = 0,
-    owner: str = "",
+    lease: str = "",
     queued_prefix: str = "",
     queues: bool = False,
 ) -> None:
-    """Find the pending entries of overdue consumers whose lock is gone; ``adopter`` (a consumer id) takes
+    """Find the pending entries of overdue consumers whose lease is gone; ``adopter`` (a consumer id) takes
     up to ``room`` of them on the spot (the reply's entries come back as ``Entry`` objects), the rest are
     listed for a re-queue."""
     b.command(
@@ -429,17 +438,16 @@ def reap(
         reaped,  # KEYS[3] when the last call ran (server ms)
         fence,  # KEYS[4] the fencing counter (adoption's tokens)
         group,  # ARGV[1]
-        lock_prefix,  # ARGV[2]
+        lease_prefix,  # ARGV[2] the lease key prefix
         batch,  # ARGV[3] most pending entries looked at
         stall_ms,  # ARGV[4] a longer gap since the last call is a stall
         grace_ms,  # ARGV[5] after a stall, each overdue consumer's grace
         adopter,  # ARGV[6] the adopting consumer ("": none)
         room,  # ARGV[7] most entries it adopts
-        ttl_ms,  # ARGV[8] lock TTL of adopted entries
-        owner,  # ARGV[9] lock owner: values are "<token>:<owner>"
-        queued_prefix,  # ARGV[10] the queued sets' prefix
+        lease,  # ARGV[8] the adopter's lease value (adopted entries are held by it)
+        queued_prefix,  # ARGV[9] the queued sets' prefix
         1 if queues else 0,
-    )  # ARGV[11] "1": adopted entries go into the adopter's queued set
+    )  # ARGV[10] "1": adopted entries go into the adopter's queued set
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
@@ -449,7 +457,7 @@ def reap(
 
 def leave(
     b: CommandBatch,
-    instance_key: str,
+    lease_key: str,
     stream: str,
     consumers: str,
     *,
@@ -458,14 +466,14 @@ def leave(
     consumer: str,
     grace_ms: int = 0,
 ) -> None:
-    """A closing process (``instance``): delete its instance marker if still ours and its consumer if it has
+    """A closing process (``instance``): delete its lease if still ours and its consumer if it has
     nothing pending. A sweep (``instance`` and ``consumer`` ""): delete every consumer with nothing pending
     idle at least ``grace_ms``."""
     b.command(
         "EVALSHA",
         LEAVE.sha,
         LEAVE.fixed_keys,
-        instance_key,  # KEYS[1] the instance marker
+        lease_key,  # KEYS[1] the closing consumer's lease
         stream,  # KEYS[2] the LBS
         consumers,  # KEYS[3] the consumer deadline index
         instance,  # ARGV[1] our nonce ("": a sweep)

@@ -1,4 +1,4 @@
-"""``lbs claim SERVICE ENTRY_ID...``: re-queue assignments whose lock is gone (a holder that died), now.
+"""``lbs claim SERVICE ENTRY_ID...``: re-queue assignments whose holder's lease is gone (it died), now.
 
 A plain typer command function; the ``lbs`` app registers it. Exit codes are those of
 :mod:`lbs.cli._common`.
@@ -42,8 +42,9 @@ class ClaimOutcome:
     """What ``lbs claim`` did with one entry id."""
 
     entry_id: str
-    #: ``requeued``, ``dead-lettered``, ``locked`` (its holder's lock is alive), ``not pending``, or
-    #: ``not claimed`` (pending and unlocked, yet the claim did not act: a key of the wrong type, see the log).
+    #: ``requeued``, ``dead-lettered``, ``held`` (its holder's lease lives), ``not pending``, or
+    #: ``not claimed`` (pending, its holder's lease gone, yet the claim did not act: a key of the wrong
+    #: type, see the log).
     outcome: str
     detail: str
 
@@ -93,12 +94,12 @@ def claim(
         bool, typer.Option("--json", help="Print one JSON array of `{entry_id, outcome, detail}`.")
     ] = False,
 ) -> None:
-    """Re-queue assignments now if their lock is gone (a holder that died), with one retry counted.
+    """Re-queue assignments now if their holder's lease is gone (it died), with one retry counted.
 
-    The same atomic re-queue recovery does (the lock must be gone: a live
-    holder keeps its stream), by a short-lived consumer
+    The same atomic re-queue recovery does (the holder's lease must be gone: a
+    live holder keeps its stream), by a short-lived consumer
     `lbs-cli-HOST-PID` that reads nothing. Exit code 0 when every id was
-    re-queued, dead-lettered or is not pending; 3 when some is still locked
+    re-queued, dead-lettered or is not pending; 3 when some is still held
     (or could not be claimed); 1 when Redis fails.
     """
     check_service("claim", service)
@@ -114,7 +115,7 @@ def claim(
                 + Text(r.outcome, style=style.get(r.outcome, "bold red"))
                 + Text(f"  {r.detail}" if r.detail else "")
             )
-    if any(r.outcome in ("locked", "not claimed") for r in results):
+    if any(r.outcome in ("held", "not claimed") for r in results):
         raise typer.Exit(EXIT_INCOMPLETE)
 
 
@@ -142,22 +143,28 @@ async def _claim(
             taken[entry_id] = await client.claim(entry_id)
     finally:
         await client.close()
-    # Why the others were not taken: their lock (and its holder), or nothing pending.
+    # Why the others were not taken: pending to a consumer whose lease lives, or nothing pending.
     left = [i for i in entry_ids if not taken[i]]
-    locks: dict[str, Any] = {}
+    leases: dict[str, Any] = {}  # entry id: (holder, its lease's value or the error reading it)
     pending: dict[str, bool] = {}
     if left:
         async with owner(url, _keys.input_stream(service)) as r:
             pipe = r.pipeline(transaction=False)
             for entry_id in left:
-                pipe.get(_keys.lock_key(service, entry_id))
                 pipe.xpending_range(
                     _keys.input_stream(service), _keys.group_name(service), entry_id, entry_id, 1
                 )
             replies = await execute(pipe, raise_on_error=False)
-        for k, entry_id in enumerate(left):
-            locks[entry_id], p = replies[2 * k], replies[2 * k + 1]
-            pending[entry_id] = bool(p) and not isinstance(p, Exception)
+            holders = {}
+            for entry_id, p in zip(left, replies):
+                pending[entry_id] = bool(p) and not isinstance(p, Exception)
+                if pending[entry_id]:
+                    holders[entry_id] = reply_text(p[0]["consumer"], "replace")
+            for holder in holders.values():
+                pipe.get(_keys.lease_key(service, holder))
+            values = await execute(pipe, raise_on_error=False) if holders else []
+        for (entry_id, holder), value in zip(holders.items(), values):
+            leases[entry_id] = (holder, value)
     out = []
     for entry_id in entry_ids:
         if entry_id in outcomes.requeued:
@@ -173,10 +180,18 @@ async def _claim(
             )
         elif taken[entry_id]:
             out.append(ClaimOutcome(entry_id, "requeued", ""))
-        elif isinstance(locks.get(entry_id), Exception):
-            out.append(ClaimOutcome(entry_id, "not claimed", f"its lock key: {locks[entry_id]}"))
-        elif locks.get(entry_id) is not None:
-            out.append(ClaimOutcome(entry_id, "locked", f"held by {_holder(locks[entry_id])}"))
+        elif entry_id in leases and isinstance(leases[entry_id][1], Exception):
+            holder, err = leases[entry_id]
+            out.append(ClaimOutcome(entry_id, "not claimed", f"{holder}'s lease key: {err}"))
+        elif entry_id in leases and leases[entry_id][1] is not None:
+            holder, value = leases[entry_id]
+            out.append(
+                ClaimOutcome(
+                    entry_id,
+                    "held",
+                    f"by {holder} (instance {reply_text(value, 'replace')}, its lease lives)",
+                )
+            )
         elif not pending.get(entry_id):
             out.append(
                 ClaimOutcome(
@@ -186,15 +201,7 @@ async def _claim(
         else:
             out.append(
                 ClaimOutcome(
-                    entry_id, "not claimed", "pending without a lock, yet refused (see the log)"
+                    entry_id, "not claimed", "pending without a lease, yet refused (see the log)"
                 )
             )
     return out
-
-
-def _holder(value: Any) -> str:
-    """The consumer in a lock value ``<token>:<consumer id>:<instance>``."""
-    value = reply_text(value, "replace")
-    token, _, rest = value.partition(":")
-    consumer, _, instance = rest.rpartition(":")
-    return f"{consumer} (instance {instance}, token {token})" if consumer else value

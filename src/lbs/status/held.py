@@ -72,11 +72,10 @@ async def holdings(
     pipe = r.pipeline(transaction=False)
     for entry_id, _, _ in held:
         pipe.xrange(t.stream, entry_id, entry_id, count=1)
-        pipe.get(_keys.lock_key(t.service, entry_id))
     replies = await execute(pipe, raise_on_error=False)
     names = []
     by_consumer: dict[str, list[HeldStream]] = {}
-    for (entry_id, consumer, idle), entries, lock in zip(held, replies[::2], replies[1::2]):
+    for (entry_id, consumer, idle), entries in zip(held, replies):
         name = ""
         if not isinstance(entries, Exception) and entries:
             try:
@@ -84,12 +83,11 @@ async def holdings(
                 names.append((name, entry_id, consumer))
             except (LbsError, ValueError, AttributeError):
                 pass
-        token, _, _ = s(lock).partition(":") if isinstance(lock, (bytes, str)) else ("", "", "")
         by_consumer.setdefault(consumer, []).append(
             HeldStream(
                 name,
                 entry_id,
-                int(token) if token.isdigit() else None,
+                None,  # TODO(issue 44): the hold's token (not kept in Redis yet)
                 max(0, now - id_ms(entry_id)),
                 idle,
             )

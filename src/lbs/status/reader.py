@@ -235,13 +235,13 @@ class _Reader(Target):
         )
 
     async def _second(self, first: First) -> Second:
-        """Round trip 2, one MULTI/EXEC: the instance markers of the consumers round trip 1 named, and
+        """Round trip 2, one MULTI/EXEC: the leases of the consumers round trip 1 named, and
         the entries around the group's last-delivered id."""
         names = sorted({s(c.get("name")) for c in first.in_group} | set(first.deadlines))
         pipe = self.r.pipeline(transaction=True)
         pipe.time()
         for name in names:
-            pipe.pttl(_keys.instance_key(self.service, name))
+            pipe.pttl(_keys.lease_key(self.service, name))
         group = first.group
         last_id = s(group.get("last-delivered-id")) if group else ""
         after = "(" + last_id if group is not None else "-"

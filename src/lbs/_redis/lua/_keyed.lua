@@ -3,11 +3,17 @@
 -- The key's state is the hash "<prefix>m:<key>", its messages the data
 -- stream "<prefix>k:<key>" (fetch-1.lua's header has their fields).
 --
--- keyed_state(lock, value, state): the hold, checked before any write:
--- false when the lock key `lock` does not hold our `value`; else the state's
--- fields {holder, pos, tries, fails, unblamed, until, token} (HMGET's reply,
--- false for a field that is absent), or, for a state of another type than
--- hash, an error reply (a table with `err`: pcall, nothing stops).
+-- keyed_state(leases, value, state): the hold, checked before any write: our
+-- hold `value` is "<token>:<consumer id>:<instance nonce>" (an LBS entry is
+-- held while it is pending to its consumer and that consumer's lease
+-- `leases` .. <consumer id> holds the nonce); false when the lease does not
+-- hold it; else the state's fields {holder, pos, tries, fails, unblamed,
+-- until, token} (HMGET's reply, false for a field that is absent), or, for a
+-- state of another type than hash, an error reply (a table with `err`:
+-- pcall, nothing stops).
+--
+-- keyed_alive(lbs, group, leases, id): whether LBS entry `id` is pending in
+-- the group to a consumer whose lease exists (a live holder).
 --
 -- keyed_after(data, pos, count): up to `count` messages of data stream
 -- `data` after position `pos` ("": from the first), XRANGE's reply, or an
@@ -16,9 +22,15 @@
 -- split_id(id): an entry id's milliseconds and sequence, as numbers; nil
 -- for a string that is not "<digits>-<digits>".
 -- id_below(a, b): a < b, for two entry ids.
-local function keyed_state(lock, value, state)
-  if redis.pcall('GET', lock) ~= value then return false end
+local function keyed_state(leases, value, state)
+  local consumer, nonce = string.match(value, '^%d+:(.*):([^:]*)$')
+  if not consumer or redis.pcall('GET', leases .. consumer) ~= nonce then return false end
   return redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until', 'token')
+end
+
+local function keyed_alive(lbs, group, leases, id)
+  local p = redis.pcall('XPENDING', lbs, group, id, id, 1)
+  return type(p) == 'table' and p[1] ~= nil and redis.call('EXISTS', leases .. p[1][2]) == 1
 end
 
 local function keyed_after(data, pos, count)

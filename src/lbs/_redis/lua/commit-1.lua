@@ -5,15 +5,15 @@
   position (trimming the messages up to it), then keep the key when
   messages remain (the caller reads them with a plain "XRANGE <data
   stream> - + COUNT n" sent right behind this call: every message left is
-  after the position), or (when there are none) release it: the lock, the
-  LBS entry and every key of the key are gone, and a message published
+  after the position), or (when there are none) release it: the LBS entry
+  and every key of the key are gone, and a message published
   after this call registers it again.
 
   KEYS[1]  the load-balancer stream, <service>-input
 
   ARGV[1]  the service's key prefix, "{<service>-input}:" (data stream
            "<prefix>k:<key>", state "<prefix>m:<key>", in KEYS[1]'s slot)
-  ARGV[2]  the lock key prefix, "lock:{<service>-input}:"
+  ARGV[2]  the lease key prefix, "{<service>-input}:lease:"
   ARGV[3]  consumer group
   ARGV[4]  "1" to use XACKDEL (Redis >= 8.2), "0" for XACK + XDEL
   ARGV[5]  the dead-letter stream, {<service>-input}:dlq ("": a message
@@ -23,7 +23,8 @@
            1 + this many holds ("-1": never)
   ARGV[8]  our consumer name, recorded in dead letters
   then, per key (9 + its effects):
-           key, LBS entry id, our lock value ("<token>:<owner>"),
+           key, LBS entry id, our hold ("<token>:<consumer id>:<instance
+             nonce>": ours while that consumer's lease holds the nonce),
            new position: the id of the last message processed, "" for none,
            mode: "go" (carry on while messages remain), "yield" (messages
              remain: register the key again at the back of the LBS and let
@@ -66,7 +67,7 @@
   not register the key again), or put at the back of the LBS for 0. A
   position that moves sets "fails" to 0.
 
-  Checked for every key before the first write: the lock holds our value
+  Checked for every key before the first write: our lease holds our nonce
   and the key's state (a hash) names our entry as its holder (else code 2
   for that key: a zombie, a disowned holder, or a state of another type;
   nothing written for it); each effect's stream is a stream (or absent)
@@ -98,20 +99,20 @@
     {1, fails, unblamed, until, messages}  the same for "last:<n>" and a
                                            "fail" that dead-lettered: the
                                            next messages (XRANGE's reply)
-    {2}            not ours (lock lost, or another holder): nothing written
-    {5}            released: drained; lock, entry and the key's keys deleted
+    {2}            not ours (lease lost, or another holder): nothing written
+    {5}            released: drained; entry and the key's keys deleted
     {6, id}        registered again as LBS entry <id> (or parked as <id>);
-                   lock and old entry gone, position kept
+                   old entry gone, position kept
     {7, why}       an effect cannot be written: nothing written, still ours
   ("until" is "" when no failed batch is being taken apart.)
 
-  Events: del on the lock keys it releases.
+  Events: del on the keys of the keys it releases.
 ]]
 --#include _acl
 --#include _checks
 --#include _keyed
 --#include _time
-local prefix, lock_prefix, group = ARGV[1], ARGV[2], ARGV[3]
+local prefix, leases, group = ARGV[1], ARGV[2], ARGV[3]
 local xackdel, dlq, fp = ARGV[4] == '1', ARGV[5], ARGV[6]
 local max_retries, consumer = tonumber(ARGV[7]), ARGV[8]
 local match, tonumber, tostring = string.match, tonumber, tostring
@@ -122,8 +123,8 @@ local floor_key = prefix .. 'idfloor'
 
 -- The ACL allows every command this script may call on these keys (checked before any write).
 if #ARGV >= 17 then
-  local data, state, lock = prefix .. 'k:' .. ARGV[9], prefix .. 'm:' .. ARGV[9], lock_prefix .. ARGV[10]
-  local calls = {{'GET', lock}, {'HMGET', state, 'holder'}, {'XRANGE', data, '-', '+'}, {'DEL', lock, state, data},
+  local data, state, lease = prefix .. 'k:' .. ARGV[9], prefix .. 'm:' .. ARGV[9], leases .. 'x'
+  local calls = {{'GET', lease}, {'HMGET', state, 'holder'}, {'XRANGE', data, '-', '+'}, {'DEL', state, data},
                  {'HSET', state, 'pos', 'v'}, {'XTRIM', data, 'MINID', '0'}, {'HDEL', state, 'holder'},
                  {'XADD', KEYS[1], '*', 'f', 'v'}, {'XADD', prefix .. 'delayed', '*', 'f', 'v'},
                  {'ZADD', prefix .. 'due', '0', 'm'}, {'TYPE', prefix .. 'due'}, {'TIME'},
@@ -142,8 +143,8 @@ end
 -- Pass 1, reads only: check every argument and each key's hold; a bad
 -- argument (or a parking key of the wrong type) fails the call with
 -- nothing written. Per key i: where its arguments start, ours[i] (or a
--- refusal), and for ours its lock and state key names and state.
-local starts, ours, refusals, locks, states, st, fails_of, lasts, effects = {}, {}, {}, {}, {}, {}, {}, {}, {}
+-- refusal), and for ours its state key name and state.
+local starts, ours, refusals, states, st, fails_of, lasts, effects = {}, {}, {}, {}, {}, {}, {}, {}
 local parking_checked = false
 local streams_checked = {}
 local NONE = {}
@@ -196,10 +197,10 @@ while at <= last do
   end
   effects[i] = list
 
-  local entry, lock, state = ARGV[at + 1], lock_prefix .. ARGV[at + 1], prefix .. 'm:' .. ARGV[at]
+  local entry, state = ARGV[at + 1], prefix .. 'm:' .. ARGV[at]
   local mine = false
   -- A state of another type than hash (an error reply): not ours.
-  local got = keyed_state(lock, ARGV[at + 2], state)
+  local got = keyed_state(leases, ARGV[at + 2], state)
   if got and not got.err and got[1] == entry then
     local c = got[2] or ''
     if c == '' or split_id(c) then
@@ -208,7 +209,7 @@ while at <= last do
         return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' of ' .. ARGV[at] ..
                                  ' is below the committed ' .. c)
       end
-      locks[i], states[i] = lock, state
+      states[i] = state
       st[i] = got  -- holder, pos, tries, fails, unblamed, until, token
     end
   end
@@ -266,7 +267,7 @@ local function release(i, position, data, state, entry)
     local ms = tonumber(sub(position, 1, find(position, '-', 1, true) - 1))
     if ms > highest then highest = ms end
   end
-  redis.call('DEL', locks[i], state, data)
+  redis.call('DEL', state, data)
   finished[#finished + 1] = entry
   return {5}
 end
@@ -368,7 +369,6 @@ local function commit(i)
     del[#del + 1], del[#del + 2] = 'holder', 'token'
     redis.call('HSET', state, unpack(set))
     redis.call('HDEL', state, unpack(del))
-    redis.call('DEL', locks[i])
     finished[#finished + 1] = entry
     return {6, id}
   end

@@ -1,6 +1,6 @@
 --[[
   Start processing held keys: for each, make its LBS entry the key's holder
-  (fenced by the entry's lock) and say where the key stands. The messages
+  (fenced by the lease it is held under) and say where the key stands. The messages
   are not returned here: every message up to the committed position is
   trimmed by the commit that moves it (commit-1.lua), so the caller reads
   the key's next messages with a plain "XRANGE <data stream> - + COUNT n"
@@ -11,9 +11,12 @@
 
   ARGV[1]  the service's key prefix, "{<service>-input}:" (data stream
            "<prefix>k:<key>", state "<prefix>m:<key>", in KEYS[1]'s slot)
-  ARGV[2]  the lock key prefix, "lock:{<service>-input}:"
+  ARGV[2]  the lease key prefix, "{<service>-input}:lease:"
   ARGV[3]  the caller's batch size (how many messages a hold may take)
-  then, per key: key, LBS entry id, our lock value ("<token>:<owner>")
+  ARGV[4]  the consumer group
+  then, per key: key, LBS entry id, our hold ("<token>:<consumer id>:
+  <instance nonce>": the entry is ours while the lease ARGV[2] ..
+  <consumer id> holds the nonce)
 
   The key's state is a hash: "pos" (the last committed message id; absent:
   none), "holder" (the LBS entry whose holder processes the key), "token"
@@ -24,8 +27,9 @@
   Failures).
 
   A hold that ended without a commit saying so (its holder died, stalled
-  past its lock TTL or was cut off: "holder" names an entry whose lock is
-  gone, or our own entry with another "token", an entry that recovery
+  past its lease TTL or was cut off: "holder" names an entry no longer held
+  (not pending, or pending to a consumer whose lease is gone), or our own
+  entry with another "token", an entry that recovery
   moved to us from its dead holder with its id, reap-4.lua's adoption or
   XREADGROUP CLAIM) counts as a failed hold against the messages it was
   running: while one message at a time is being
@@ -38,16 +42,16 @@
 
   Per key, checked before its first write (a key that fails writes nothing;
   the others go on):
-    * our lock holds our value, else code 2 (lost);
+    * our lease holds our nonce, else code 2 (lost);
     * the state is a hash (or absent), else code 4 (wrong type: "<key
       name> holds a <type>"; the data stream is the caller's XRANGE's);
-    * "holder" is absent, ours, or an entry whose lock is gone (a dead
+    * "holder" is absent, ours, or an entry no longer held (a dead
       holder), else code 3 (a second registration of a key someone holds:
       the caller finishes this entry without processing it).
 
   Output: one reply per key, in order:
     {1, tries, pos, fails, unblamed, until}   ours ("until": "" for none)
-    {2}                        lock lost
+    {2}                        hold lost
     {3, holder}                another live holder
     {4, what}                  a key of the wrong type
 
@@ -55,26 +59,27 @@
 ]]
 --#include _acl
 --#include _keyed
-local prefix, lock_prefix, batch = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if (#ARGV - 3) % 3 ~= 0 or not batch or batch < 1 or batch ~= math.floor(batch) then
-  return redis.error_reply('ERR lbs fetch-1: expected 3 arguments (the batch an integer >= 1), then 3 per key')
+local prefix, leases, batch, group = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+if (#ARGV - 4) % 3 ~= 0 or not batch or batch < 1 or batch ~= math.floor(batch) then
+  return redis.error_reply('ERR lbs fetch-1: expected 4 arguments (the batch an integer >= 1), then 3 per key')
 end
 local match = string.match
 -- The ACL allows every command this script may call on these keys (checked before any write).
-if #ARGV >= 6 then
-  local state, lock = prefix .. 'm:' .. ARGV[4], lock_prefix .. ARGV[5]
-  local err = refused_by_acl('fetch-1', {{'GET', lock}, {'HMGET', state, 'holder'}, {'TYPE', state},
-                                          {'EXISTS', lock}, {'HSET', state, 'holder', 'v'},
-                                          {'XRANGE', prefix .. 'k:' .. ARGV[4], '-', '+'}})
+if #ARGV >= 7 then
+  local state, lease = prefix .. 'm:' .. ARGV[5], leases .. 'x'
+  local err = refused_by_acl('fetch-1', {{'GET', lease}, {'HMGET', state, 'holder'}, {'TYPE', state},
+                                          {'EXISTS', lease}, {'XPENDING', KEYS[1], group, '0-1', '0-1', '1'},
+                                          {'HSET', state, 'holder', 'v'},
+                                          {'XRANGE', prefix .. 'k:' .. ARGV[5], '-', '+'}})
   if err then return err end
 end
 
 local out = {}
-for at = 4, #ARGV, 3 do
+for at = 5, #ARGV, 3 do
   local key, entry, value = ARGV[at], ARGV[at + 1], ARGV[at + 2]
   local state = prefix .. 'm:' .. key
   -- A state of another type than hash is an error reply here, before any write.
-  local got = keyed_state(lock_prefix .. entry, value, state)
+  local got = keyed_state(leases, value, state)
   if not got then
     out[#out + 1] = {2}
   elseif got.err then
@@ -83,11 +88,11 @@ for at = 4, #ARGV, 3 do
     local holder, pos, tries = got[1], got[2] or '', got[3]
     local fails, unblamed, untl = got[4], got[5], got[6] or ''
     local token = match(value, '^(%d+):') or ''
-    -- The last hold's holder is gone: another entry's (its lock is checked next), or this entry's
-    -- under an earlier lock (our lock holds our value: that one is gone).
+    -- The last hold's holder is gone: another entry's (its holder is checked next), or this entry's
+    -- under an earlier token (adopted from a dead holder: that hold is gone).
     local other = holder and holder ~= entry
     local dead = other or (holder == entry and got[7] and got[7] ~= token)
-    if other and redis.call('EXISTS', lock_prefix .. holder) == 1 then
+    if other and keyed_alive(KEYS[1], group, leases, holder) then
       out[#out + 1] = {3, holder}
     elseif (pos ~= '' and not split_id(pos)) or (tries and not match(tries, '^%d+$'))
         or (fails and not match(fails, '^%d+$')) or (unblamed and not match(unblamed, '^[01]$'))

@@ -1,42 +1,46 @@
 --[[
-  Consumers leave the group: a closing process deletes its instance marker
-  and its consumer; departed consumers are forgotten after a grace. Only a
+  Consumers leave the group: a closing process deletes its lease and its
+  consumer; departed consumers are forgotten after a grace. Only a
   consumer with nothing pending is ever deleted (XGROUP DELCONSUMER would
   drop its pending entries), checked in the same step, so a read that
   delivers to it a moment later finds it gone and creates it again.
 
-  KEYS[1]  the instance marker, {<service>-input}:instance:<consumer id>
-           (ignored when ARGV[1] is "")
+  KEYS[1]  the closing consumer's lease, {<service>-input}:lease:<consumer
+           id> (ignored when ARGV[1] is "")
   KEYS[2]  the load-balancer stream, <service>-input
   KEYS[3]  the consumer deadline index, {<service>-input}:consumers: a
            deleted consumer leaves it too (ZREM; a key of another type is
            left alone)
 
-  ARGV[1]  the closing process's instance nonce; "": a sweep (no marker)
+  ARGV[1]  the closing process's instance nonce (its lease's value); "": a
+           sweep (no lease)
   ARGV[2]  consumer group
   ARGV[3]  the closing consumer's id; "": a sweep of every consumer
   ARGV[4]  a sweep's grace (ms): only consumers idle at least this long
            (since their last read or claim) are deleted
 
-  Output: {marker deleted (1 or 0), consumers deleted (a count)}. The
-  marker is deleted only when it holds ARGV[1] (a newer process with the
-  same consumer id may have taken it over). A user the ACL denies XGROUP
+  Output: {lease deleted (1 or 0), consumers deleted (a count)}. The lease
+  is deleted only when it holds ARGV[1] (a newer process with the same
+  consumer id may have taken it over), and only when the consumer has
+  nothing pending: entries still pending to it (left by a close that could
+  not hand them back) stay held until the lease expires, when recovery
+  brings them back. A user the ACL denies XGROUP
   DELCONSUMER (or XINFO CONSUMERS, for a sweep) deletes no consumer; no
   group or no stream: nothing to delete.
 
-  Events: del on the marker (when deleted); zrem on the deadline index.
+  Events: del on the lease (when deleted); zrem on the deadline index.
 ]]
+local function nothing_pending(consumer)
+  local p = redis.pcall('XPENDING', KEYS[2], ARGV[2], '-', '+', 1, consumer)
+  return type(p) == 'table' and #p == 0
+end
+
 local marker = 0
-if ARGV[1] ~= '' and redis.pcall('GET', KEYS[1]) == ARGV[1] then
+if ARGV[1] ~= '' and redis.pcall('GET', KEYS[1]) == ARGV[1] and nothing_pending(ARGV[3]) then
   marker = redis.call('DEL', KEYS[1])
 end
 if not redis.acl_check_cmd('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[2], 'x') then
   return {marker, 0}
-end
-
-local function nothing_pending(consumer)
-  local p = redis.pcall('XPENDING', KEYS[2], ARGV[2], '-', '+', 1, consumer)
-  return type(p) == 'table' and #p == 0
 end
 
 local deleted = 0

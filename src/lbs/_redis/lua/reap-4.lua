@@ -1,7 +1,7 @@
 --[[
-  Recovery's fast path: find the assignments of consumers that stopped
-  heartbeating, without waiting for Redis to get round to expiring their
-  locks, and adopt as many as the caller has room for on the spot.
+  Recovery's fast path: find the assignments of consumers whose lease is
+  gone, without waiting for Redis to get round to expiring it, and adopt as
+  many as the caller has room for on the spot.
 
   KEYS[1]  the consumer deadline index, {<service>-input}:consumers (consumer
            id scored by the server time, ms, by which it heartbeats again)
@@ -12,34 +12,33 @@
            read-3.lua: seeded from the clock when it does not exist)
 
   ARGV[1]  consumer group
-  ARGV[2]  the lock key prefix, lock:{<service>-input}:
+  ARGV[2]  the lease key prefix, {<service>-input}:lease: (a consumer's
+           lease is this plus its id; same slot, not declared)
   ARGV[3]  most pending entries to look at in this call (over all consumers)
   ARGV[4]  stall threshold (ms): a longer gap since the last call means the
            server (or every recoverer) was stopped
-  ARGV[5]  grace (ms, the lock TTL): after such a gap, every overdue consumer
-           gets this long to heartbeat again before it is judged
+  ARGV[5]  grace (ms, the lease TTL): after such a gap, every overdue
+           consumer gets this long to heartbeat again before it is judged
   ARGV[6]  optional, adoption: the calling consumer's id ("" or absent: no
            adoption, every entry found is returned for requeue-6.lua)
   ARGV[7]  most entries to adopt (the caller's free room), an integer >= 0
-  ARGV[8]  lock TTL (ms) of adopted entries
-  ARGV[9]  lock owner: lock values are "<token>:<ARGV[9]>" (as read-3.lua's)
-  ARGV[10] the queued sets' prefix, {<service>-input}:queued: (same slot,
+  ARGV[8]  the caller's lease value: nothing is adopted unless its lease
+           (ARGV[2] .. ARGV[6]) holds it (adopted entries are held by it)
+  ARGV[9]  the queued sets' prefix, {<service>-input}:queued: (same slot,
            not declared): a dead holder's set says which entries it merely
-           held (see read-3.lua, ARGV[11])
-  ARGV[11] "1" when the caller queues what it takes (the notification API):
+           held (see read-3.lua, ARGV[6])
+  ARGV[10] "1" when the caller queues what it takes (the notification API):
            adopted entries go into its own queued set, merely held
 
   Output: {adopted, tokens, gone, trimmed, next[, holders, deadlines]}
     adopted  the entries adopted, {{id, fields, idle ms, deaths}, ...} (the
              shape of XREADGROUP CLAIM's entries): each is now pending to the
-             caller under a fresh fenced lock, "<token>:<ARGV[9]>", PXAT now
-             + ARGV[8], and the caller is in KEYS[1] (ZADD NX), as a read
-             leaves it. deaths: the deaths counted against the entry while it
-             was pending, its delivery count less one.
+             caller, held by its lease, as a read leaves it. deaths: the
+             deaths counted against the entry while it was pending, its
+             delivery count less one.
     tokens   one per adopted entry: its fencing token (an integer)
-    gone     ids of dead holders' entries whose lock is gone and that were
-             not adopted (no room, or no adoption asked): requeue-6.lua puts
-             them back into the LBS
+    gone     ids of dead holders' entries that were not adopted (no room, or
+             no adoption asked): requeue-6.lua puts them back into the LBS
     trimmed  how many adoptable entries had been deleted from the stream:
              XCLAIM dropped their pending references (Redis >= 7.0)
     next     ms until the earliest deadline left in KEYS[1]; -1 when empty
@@ -56,27 +55,25 @@
   count into the copy when the entry goes back later.
 
   After a stall (SIGSTOP of the server, a long pause of every recoverer) all
-  deadlines and locks lapse at once, though their holders live: a live
-  holder's heartbeat finds its lost locks and re-queues them itself, with no
-  retry counted. So a call that finds the last one further back than the
-  threshold only moves every overdue consumer's deadline to now + grace and
-  returns nothing; a consumer that is really dead is judged one grace later.
+  deadlines and leases lapse at once, though their holders live: a live
+  holder's heartbeat finds its lost lease and re-queues its entries itself,
+  with no retry counted. So a call that finds the last one further back than
+  the threshold only moves every overdue consumer's deadline to now + grace
+  and returns nothing; a consumer that is really dead is judged one grace
+  later.
 
-  Overdue consumers are taken oldest deadline first. Each one's pending
-  entries are listed (XPENDING ... <consumer>) and every lock is looked up
-  with PTTL, which deletes a lock past its TTL on the spot (and fires its
-  expired keyspace event), however many other volatile keys the active
-  expire cycle is busy with. Then the consumer's place in the index:
-    * nothing pending: removed (its next read adds it again);
-    * some locks still live (a late heartbeat, or a death part-way through
-      one): rescored to the earliest of their expiries, so the next call
-      comes when the next of them can be gone;
-    * only gone locks seen: left due; once these are adopted or re-queued
-      the next call sees the rest of its pending entries;
-    * only locks without a TTL: removed; they are not ours to time (the scan
-      still covers them).
-  A live consumer finds its own lost locks in its heartbeat, so the index
-  only has to bring back the work of consumers that stopped.
+  Overdue consumers are taken oldest deadline first. Each one's lease is
+  looked up with PTTL (one per consumer, not per entry), which deletes a
+  lease past its TTL on the spot (and fires its expired keyspace event),
+  however many other volatile keys the active expire cycle is busy with:
+    * lease alive: rescored to its expiry, so the next call comes when it
+      can be gone (a late heartbeat moves it further);
+    * lease without a TTL (set by hand): removed; not ours to time (the
+      scan still covers its entries);
+    * lease gone: its pending entries (XPENDING ... <consumer>, within the
+      budget) are adopted or returned in gone; with nothing pending it is
+      removed from the index; with more than the budget it stays due, and
+      the next call sees the rest.
 
   A call that finds nothing due (the index empty, or its earliest deadline
   still ahead: an idle fleet's every call) reads one ZRANGE, writes KEYS[3]
@@ -88,16 +85,17 @@
     * KEYS[1] does not exist or is a sorted set;
     * KEYS[3] does not exist or is a string holding a time;
     * with adoption, when some consumer is due: KEYS[4] as read-3.lua
-      requires, for ARGV[7] tokens; the caller's queued set (ARGV[11]) does
+      requires, for ARGV[7] tokens; the caller's queued set (ARGV[10]) does
       not exist or is a set.
-  A user the ACL denies one of adoption's writes (XCLAIM, SET, INCRBY, ZADD,
-  SADD, SREM) is not refused: nothing is adopted, every entry found is
-  returned in gone. (XPENDING on the LBS goes through pcall: no group or no
-  stream is nothing pending; a holder's queued set of another type counts as
-  empty and is left alone.)
+  A user the ACL denies one of adoption's writes (XCLAIM, SET, ZADD, SADD,
+  SREM) is not refused: nothing is adopted, every entry found is returned
+  in gone. (XPENDING on the LBS goes through pcall: no group or no stream is
+  nothing pending; a holder's queued set of another type counts as empty
+  and is left alone; a lease key of another type counts as alive without a
+  TTL: removed from the index, left to the scan.)
 
-  Events: expired on locks found past their TTL; with adoption, set on the
-  new locks and xclaim on the LBS.
+  Events: expired on leases found past their TTL; with adoption, xclaim on
+  the LBS.
 ]]
 --#include _checks
 --#include _fence
@@ -120,8 +118,11 @@ end
 
 local adopter = ARGV[6] ~= nil and ARGV[6] ~= '' and ARGV[6] or nil
 local room = adopter and tonumber(ARGV[7]) or 0
-local mine = adopter and ARGV[11] == '1' and (ARGV[10] .. adopter) or nil
+local mine = adopter and ARGV[10] == '1' and (ARGV[9] .. adopter) or nil
 local fence_value = false
+if room > 0 and redis.pcall('GET', ARGV[2] .. adopter) ~= ARGV[8] then
+  room = 0  -- the caller's own lease is not (or no longer) the one it holds: it may hold nothing
+end
 if room > 0 then
   local fence_error
   fence_error, fence_value = fence_check(KEYS[4], room)
@@ -129,9 +130,8 @@ if room > 0 then
   bad = misfit(mine, 'set', 'a queued set')
   if bad then return redis.error_reply(bad) end
   -- A user who may look but not take: nothing adopted, everything re-queued.
-  local writes = {{'XCLAIM', KEYS[2], ARGV[1], adopter, '0', '0-1'}, {'SET', ARGV[2] .. '0-1', '1'},
-                  {'INCRBY', KEYS[4], '1'}, {'SET', KEYS[4], '1'}, {'ZADD', KEYS[1], 'NX', '1', adopter},
-                  {'SREM', ARGV[10] .. adopter, '0-1'}}
+  local writes = {{'XCLAIM', KEYS[2], ARGV[1], adopter, '0', '0-1'}, {'SET', KEYS[4], '1'},
+                  {'ZADD', KEYS[1], 'NX', '1', adopter}, {'SREM', ARGV[9] .. adopter, '0-1'}}
   if mine then writes[#writes + 1] = {'SADD', mine, '0-1'} end
   for _, cmd in ipairs(writes) do
     if not redis.acl_check_cmd(unpack(cmd)) then
@@ -161,33 +161,30 @@ local take = {}
 for i = 1, #due do
   if budget <= 0 then break end
   local consumer = due[i]
-  local pending = redis.pcall('XPENDING', KEYS[2], ARGV[1], '-', '+', budget, consumer)
-  if type(pending) ~= 'table' then pending = {} end  -- no group or no stream: nothing pending
-  budget = budget - #pending
-  local soonest, dead = nil, 0
-  for j = 1, #pending do
-    local p = pending[j]
-    local pttl = redis.call('PTTL', ARGV[2] .. p[1])
-    if pttl == -2 then
-      dead = dead + 1
+  local pttl = redis.pcall('PTTL', ARGV[2] .. consumer)
+  if type(pttl) ~= 'number' or pttl == -1 then
+    redis.call('ZREM', KEYS[1], consumer)  -- no TTL (set by hand) or not a number: not ours to time
+  elseif pttl >= 0 then
+    redis.call('ZADD', KEYS[1], now + pttl, consumer)  -- alive: due again when its lease can be gone
+  else
+    local pending = redis.pcall('XPENDING', KEYS[2], ARGV[1], '-', '+', budget, consumer)
+    if type(pending) ~= 'table' then pending = {} end  -- no group or no stream: nothing pending
+    budget = budget - #pending
+    for j = 1, #pending do
+      local p = pending[j]
       if #take < room then
         take[#take + 1] = {p[1], p[3], p[4], consumer}
       else
         gone[#gone + 1] = p[1]
         gone_by[#gone_by + 1] = consumer
       end
-    elseif pttl >= 0 and (soonest == nil or pttl < soonest) then
-      soonest = pttl
     end
-  end
-  if dead > 0 then
-    deadlines[#deadlines + 1] = consumer
-    deadlines[#deadlines + 1] = redis.call('ZSCORE', KEYS[1], consumer)
-  end
-  if soonest then
-    redis.call('ZADD', KEYS[1], now + soonest, consumer)
-  elseif dead == 0 then
-    redis.call('ZREM', KEYS[1], consumer)
+    if #pending > 0 then
+      deadlines[#deadlines + 1] = consumer
+      deadlines[#deadlines + 1] = redis.call('ZSCORE', KEYS[1], consumer)
+    else
+      redis.call('ZREM', KEYS[1], consumer)
+    end
   end
 end
 if #take == 0 then
@@ -201,7 +198,7 @@ end
 local deliveries = {}  -- delivery count after adoption -> ids
 local idle, deaths, held_by = {}, {}, {}
 for _, a in ipairs(take) do
-  local id, holder_set = a[1], ARGV[10] .. a[4]
+  local id, holder_set = a[1], ARGV[9] .. a[4]
   local queued = redis.pcall('SISMEMBER', holder_set, id) == 1  -- a key of another type: not queued
   if queued then redis.call('SREM', holder_set, id) end
   local count = a[3] + (queued and 0 or 1)
@@ -228,15 +225,9 @@ if n == 0 then
 end
 for i = 1, #gone_by do holders[#holders + 1] = gone_by[i] end
 local first = fence_take(KEYS[4], fence_value, n, t)
-local deadline = now + tonumber(ARGV[8])
-local owner = ARGV[9]
 local tokens = {}
-for i = 1, n do
-  redis.call('SET', ARGV[2] .. adopted[i][1], string.format(fence_digits, first + i) .. ':' .. owner,
-             'PXAT', deadline)
-  tokens[i] = first + i
-end
-redis.call('ZADD', KEYS[1], 'NX', deadline, adopter)
+for i = 1, n do tokens[i] = first + i end
+redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[5]), adopter)
 if mine then
   for s = 1, n, 500 do
     local ids = {}

@@ -5,22 +5,27 @@
 
   KEYS[1]  the load-balancer stream, <service>-input
   KEYS[2]  the dead-letter stream, {<service>-input}:dlq
-  KEYS[3]  the assignment's lock key
+  KEYS[3]  the lease key prefix, {<service>-input}:lease: (declared for its
+           slot: a consumer's lease is this plus its id)
   KEYS[4]  the parking stream of delayed retries, {<service>-input}:delayed
   KEYS[5]  the due index, {<service>-input}:due: a sorted set of the ids of
            KEYS[4]'s entries, each scored by the server time (ms) at which
            promote-4.lua moves it back into the LBS
   KEYS[6]  optional: the pardons, {<service>-input}:pardons: a sorted set of
            the ids of entries whose holder lost them while it lived (a
-           partition, a stall longer than the lock TTL) although another
+           partition, a stall longer than the lease TTL) although another
            consumer's recovery counted a death against them (the holder
            adds them when it is back, scored by the time, ms)
 
   ARGV[1]   consumer group
   ARGV[2]   entry id
-  ARGV[3]   lock mode: "owned" (the lock must hold ARGV[4]; it is released),
-            "absent" (the lock must not exist), "any" (not checked)
-  ARGV[4]   our lock value, for mode "owned"
+  ARGV[3]   holder mode: "owned" (the entry must be pending to ARGV[10] and
+            its lease KEYS[3] .. ARGV[10] hold ARGV[4]), "absent" (the
+            lease of the consumer it is pending to must not exist: its
+            holder is gone), "restart" (as "owned", for what an earlier
+            process under our consumer id left: a death counts as in
+            "absent"), "any" (not checked)
+  ARGV[4]   our lease value, for mode "owned"
   ARGV[5]   retry increment: "0" (hand-back on shutdown) or "1" (a failure).
             In mode "absent" (its holder is gone) a "1" counts only when the
             entry is not in its holder's queued set (ARGV[19]): read-3.lua
@@ -84,22 +89,22 @@
 
   Order: every check comes before the first write, and the copy is added
   before the original is acked, so no state of Redis stops it part-way:
-    1. the lock (GET through pcall; a key of another type counts as held
-       by someone else in modes "owned" and "absent"), then, in mode
-       "owned" with ARGV[18], the Go-style lock;
+    1. in mode "owned" our lease (GET through pcall: a key of another type
+       is nobody's lease we hold), then with ARGV[18] the Go-style lock;
     2. pending? (XPENDING <LBS> <group> <id> <id> 1, read-only; no group
-       or no stream: not pending). If not: in mode "owned" the lock (ours)
-       is deleted; nothing else is touched;
-    3. the entry (XRANGE). Gone: its pending reference is acked, the lock
-       released (mode "owned"); then, with ARGV[17] in mode "absent", its
-       Go-style lock;
+       or no stream: not pending). If not, nothing is touched; in mode
+       "owned" pending to another consumer, nothing is touched; in mode
+       "absent" its holder's lease (EXISTS; a key of another type counts
+       as alive) must not exist;
+    3. the entry (XRANGE). Gone: its pending reference is acked; then,
+       with ARGV[17] in mode "absent", its Go-style lock;
     4. the target: the LBS (re-queue), the parking stream and due index
        (park) or the dead-letter stream. The dead-letter stream and the
        parking stream must not exist or be streams, the due index must not
        exist or be a sorted set, else nothing is touched;
     5. XADD the copy (parked: XADD to KEYS[4], then ZADD its id to KEYS[5]
        at the time of its id's milliseconds + d, so the stored delay is
-       exactly d), XACK, XDEL the original, DEL the lock (mode "owned").
+       exactly d), XACK, XDEL the original (and our Go-style lock).
 
   Copies: the entry's fields (those named after ARGV[23] replaced), the retry count (+ the deaths counted while
   it was pending, its delivery count less one, + ARGV[5], less pardoned
@@ -123,22 +128,22 @@
     {3, "", ...}           dropped (dead letter wanted, no dead-letter stream)
     {4, parked id, ..., d} parked in KEYS[4] for d ms (due at the parked
                            id's milliseconds + d, in KEYS[5])
-    {0, "lock"}            lock check failed: nothing touched
+    {0, "lock"}            holder check failed: nothing touched (mode
+                           "owned": not pending to us under this lease;
+                           "absent": its holder's lease lives)
     {0, "claimed"}         just claimed (idle less than ARGV[22]): nothing
                            touched
     {0, "go lock"}         a Go consumer holds it (ARGV[17]): nothing touched
-                           (mode "owned", ARGV[18]: but our lock, deleted)
-    {0, "acked"}           not pending (someone else already handled it);
-                           in mode "owned" our lock was released
+    {0, "acked"}           not pending (someone else already handled it)
     {-1, "trimmed"}        the entry is gone from the stream; its pending
-                           reference was cleaned and its lock released
+                           reference was cleaned
     {-2, message}          a precondition failed, nothing touched; message:
                            "LBSKEY <key> holds a <type>, not a stream" (KEYS[2]
                            or KEYS[4]) or "LBSKEY <KEYS[5]> holds a <type>,
                            not the due index"
 
   Events: xadd on the LBS, the parking stream or the dead-letter stream;
-  zadd on the due index; del on the lock key; a released name's as in
+  zadd on the due index; del on our Go-style lock; a released name's as in
   done-n.lua.
 ]]
 --#include _checks
@@ -153,37 +158,35 @@ for j = 1, set_n do
   if ARGV[22 + 2 * j] ~= nil then set[ARGV[22 + 2 * j]] = true end
 end
 
--- 1. The lock.
-local holder = redis.pcall('GET', KEYS[3])
-local foreign = type(holder) == 'table'  -- a key of another type: nobody's lock we can hold
-if mode == 'owned' and (foreign or holder ~= ARGV[4]) then
-  return {0, 'lock'}
-elseif mode == 'absent' and (foreign or holder) then
+-- 1. Our lease (modes "owned", "restart").
+local ours = mode == 'owned' or mode == 'restart'
+if ours and redis.pcall('GET', KEYS[3] .. ARGV[10]) ~= ARGV[4] then
   return {0, 'lock'}
 end
 local go_sep = ARGV[17]
--- Mode "owned" beside a Go fleet: our Go-style lock, released with ours.
+-- Mode "owned" beside a Go fleet: our Go-style lock, released with the entry.
 local go_lock = mode == 'owned' and go_sep and go_sep ~= '' and ARGV[18] and ARGV[18] .. go_sep .. ARGV[2]
 if go_lock then
   local g = redis.pcall('GET', go_lock)
   if g and g ~= ARGV[10] then
-    redis.call('DEL', KEYS[3])
     return {0, 'go lock'}
   elseif not g then
     go_lock = nil
   end
 end
 local function release()
-  if mode == 'owned' then
-    if go_lock then redis.call('DEL', KEYS[3], go_lock) else redis.call('DEL', KEYS[3]) end
-  end
+  if go_lock then redis.call('DEL', go_lock) end
 end
 
--- 2. Still pending?
+-- 2. Still pending, and to whom?
 local p = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(p) ~= 'table' or not p[1] then
-  release()
   return {0, 'acked'}
+end
+if ours and p[1][2] ~= ARGV[10] then
+  return {0, 'lock'}
+elseif mode == 'absent' and redis.call('EXISTS', KEYS[3] .. p[1][2]) == 1 then
+  return {0, 'lock'}
 end
 -- Mode "absent" beside a Go fleet: not just claimed (the Go client's Claim is two steps)?
 if mode == 'absent' and ARGV[22] and ARGV[22] ~= '' and tonumber(p[1][3]) < tonumber(ARGV[22]) then
@@ -209,7 +212,7 @@ end
 local fields = found[1][2]
 -- A dead holder's death counts only against what it was running, not what it merely held (ARGV[5]).
 local increment = tonumber(ARGV[5])
-local died = mode == 'absent' and increment > 0
+local died = (mode == 'absent' or mode == 'restart') and increment > 0
 if died and queued then
   increment, died = 0, false
 end

@@ -1,0 +1,147 @@
+"""The consumer lease against real Redis 8.x and 7.0: one key holds everything pending to a consumer.
+
+Its heartbeat extends that key and nothing per stream; a lease that lapses while its holder lives
+disowns what it held and puts it back with no retry counted; a consumer whose lease is gone loses its
+streams to recovery; a read or a done under a lease that is not the reader's own does nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+import lbs
+from lbs._keys import fence_key, group_name, input_stream
+from lbs._redis.scripts import source
+from lbs.testing import abandon
+
+from _helpers import client, produce, take
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _calls(rr: aioredis.Redis) -> dict[str, int]:
+    """Calls per command so far (INFO commandstats)."""
+    stats = await rr.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+async def test_a_tick_extends_one_key_however_many_streams_are_held(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await produce(any_server.url, service, *(f"s{i}" for i in range(200)))
+    c = client(any_server.url, service, max_streams=200, lock_ttl=30)
+    await c.start()
+    try:
+        await take(c, 200)
+        key = lbs.lease_key(service, c.id)
+        assert await rr.get(key) == c.instance.encode()
+        await rr.pexpire(key, 5_000)  # shortened by hand: the tick sets it back to the TTL
+        before = await _calls(rr)
+        assert await c.heartbeat() == 0
+        after = await _calls(rr)
+        # One script call for the tick, whatever is held, and no command per stream.
+        assert after.get("evalsha", 0) - before.get("evalsha", 0) == 1
+        assert after.get("pexpire", 0) - before.get("pexpire", 0) == 1
+        assert after.get("xclaim", 0) == before.get("xclaim", 0)
+        assert await rr.pttl(key) > 25_000
+        pending = await rr.xpending(input_stream(service), group_name(service))
+        assert pending["pending"] == 200
+    finally:
+        await c.close()
+
+
+async def test_a_lease_lost_while_its_holder_lives_puts_its_streams_back_without_a_retry(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await produce(any_server.url, service, "a", "b")
+    c = client(any_server.url, service, "c1", lock_ttl=30, max_streams=2)
+    await c.start()
+    try:
+        notes = await take(c, 2)
+        key = lbs.lease_key(service, c.id)
+        await rr.delete(key)  # a lapse (an eviction, a stall past the TTL)
+        assert await c.heartbeat() == 2
+        disowned = await take(c, 2, kind=lbs.NotificationType.STREAM_DISOWNED)
+        assert {n.stream for n in disowned} == {"a", "b"}
+        assert await rr.get(key) == c.instance.encode()  # taken again
+        # Put back as fresh entries with no retry counted; this consumer takes them again.
+        again = await take(c, 2)
+        assert {n.stream for n in again} == {"a", "b"}
+        assert all(n.retry_count == 0 for n in again)
+        assert {n.entry_id for n in again}.isdisjoint(n.entry_id for n in notes)
+        assert all(n.token > max(m.token for m in notes) for n in again)
+    finally:
+        await c.close()
+
+
+async def test_a_dead_consumers_streams_go_to_a_live_one_once_its_lease_is_gone(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await produce(any_server.url, service, *(f"s{i}" for i in range(5)))
+    dead = client(any_server.url, service, "dead", lock_ttl=1.0)
+    await dead.start()
+    first = await take(dead, 5)
+    await abandon(dead)  # no heartbeat, no close: a kill -9
+    live = client(any_server.url, service, "live", lock_ttl=1.0, deadline_poll_interval=0.05)
+    await live.start()
+    try:
+        got = await take(live, 5, timeout=10)
+        assert {n.stream for n in got} == {n.stream for n in first}
+        assert all(n.token > max(m.token for m in first) for n in got)
+        assert await rr.exists(lbs.lease_key(service, dead.id)) == 0
+    finally:
+        await live.close()
+
+
+async def test_a_read_under_a_lease_not_its_own_reads_nothing(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await produce(any_server.url, service, "x")
+    r = aioredis.from_url(any_server.url)
+    try:
+        await r.xgroup_create(input_stream(service), group_name(service), "0", mkstream=True)
+        key = lbs.lease_key(service, "c1")
+        args = [group_name(service), "c1", 10, "nonce", ">"]
+        keys = [input_stream(service), fence_key(service), key]
+        for held in (None, "other"):
+            if held is not None:
+                await r.set(key, held)
+            with pytest.raises(aioredis.ResponseError, match=f"^LEASE {held or ''}$"):
+                await r.eval(source("read-3"), 3, *keys, *args)
+        assert (await r.xpending(input_stream(service), group_name(service)))["pending"] == 0
+        await r.set(key, "nonce")
+        entries, tokens, _ = await r.eval(source("read-3"), 3, *keys, *args)
+        assert len(entries) == 1 and isinstance(tokens[0], int)
+    finally:
+        await r.aclose()
+
+
+async def test_done_under_a_lost_lease_acks_nothing(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    await produce(any_server.url, service, "x")
+    c = client(any_server.url, service, lock_ttl=30)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        await rr.set(lbs.lease_key(service, c.id), "someone-else")
+        assert await c.done_stream("x") is lbs.DoneStatus.LOCK_LOST
+        pending = await rr.xpending(input_stream(service), group_name(service))
+        assert pending["pending"] == 1 and note.entry_id
+    finally:
+        await rr.set(lbs.lease_key(service, c.id), c.instance)
+        await c.close()
+
+
+async def test_a_clean_close_deletes_the_lease(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    c = client(any_server.url, service, lock_ttl=30)
+    await c.start()
+    key = lbs.lease_key(service, c.id)
+    assert await rr.get(key) == c.instance.encode()
+    await c.close()
+    assert await rr.exists(key) == 0
