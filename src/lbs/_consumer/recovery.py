@@ -1,41 +1,32 @@
 """Recovery: dead consumers' streams go back into circulation, living ones are never robbed.
 
-Every re-queue is one call of ``requeue-6.lua`` with lock mode ``absent``: it acts only when the
-lock does not exist, acks first (0 acked means another recoverer won: nothing else happens), then
-writes the fresh entry (or the dead letter) and deletes the old one, atomically. Any number of
-recoverers, on any number of consumers, re-queue an entry exactly once.
+An entry pending to a consumer is held while that consumer's lease ``{<service>-input}:lease:<id>``
+lives. Every re-queue is one call of ``requeue-6.lua`` in mode ``absent``: it acts only when the
+lease of the consumer the entry is pending to does not exist, acks first (0 acked means another
+recoverer won), then writes the fresh entry (or the dead letter) and deletes the old one, atomically.
+Any number of recoverers re-queue an entry exactly once. Three paths find the entries:
 
-Three paths find the entries to re-queue:
+* **deadline poller** (fast, does not depend on Redis's expiry timing): every consumer has a
+  deadline in the sorted set ``{<service>-input}:consumers``, moved by each heartbeat tick; at the
+  earliest deadline in the index (``reap-4.lua`` returns it), never twice within
+  ``deadline_poll_interval``, the script looks at each overdue consumer's lease (its PTTL expires an
+  overdue lease on the spot) and, where it is gone, **adopts** as many of its pending entries as this
+  client has room for (XCLAIM, no copy, no second read: the reader hands them out as a read's). The
+  rest are re-queued. A live consumer whose lease lapsed puts its own streams back (its heartbeat).
+  Sleeping until the earliest deadline is exact (deadlines only move forward), and the stall test
+  (below) bounds the sleep (:meth:`Recovery.stall_ms`);
+* **keyspace listener** (fast, when Redis delivers): ``expired`` events of this service's leases, on
+  a Pub/Sub connection that is PINGed and replaced when it drops or goes half-open, wake the deadline
+  poller, which alone judges. Beside a Go fleet (``Config.go_compatible``) it also hears Go-style
+  locks expire, and each time it subscribes it scans the entries idle past Go's claim idle (2 s);
+* **scan** (the backstop: missed events, consumers not in the index, restarts): at start and every
+  ``reconciliation_interval``, XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS per holder's
+  lease per page, re-queue only where it is gone (beside a Go fleet, the Go-style lock too, and
+  ``GO_DONE_GAP`` after that look: ``Requeue.go_unlocked``).
 
-* **deadline poller** (fast, does not depend on Redis's expiry timing): every consumer holding
-  locks has a deadline in the sorted set ``{<service>-input}:consumers``, moved by each heartbeat
-  tick; at the earliest deadline in the index (``reap-4.lua`` returns it), never twice within
-  ``deadline_poll_interval``, the script finds the pending entries of consumers past their deadline
-  whose lock is gone (its PTTL expires an overdue lock on the spot) and **adopts** as many as this
-  client has room for: they move to it under fresh fenced locks in the same step (XCLAIM, no copy,
-  no second read), and its reader hands them out as it does a read's. The rest are re-queued. A
-  live consumer re-queues its own lost locks when its heartbeat finds them (path ``heartbeat``).
-
-  Sleeping until the earliest deadline is exact (deadlines only move forward; a consumer enters at
-  now + its TTL), and the stall test (below) bounds the sleep (:meth:`Recovery.stall_ms`). Electing
-  one poller per service was set aside: the others would still call to notice its death, which
-  would delay everyone's recovery by the takeover;
-* **keyspace listener** (fast, when Redis delivers): ``expired`` events of this service's lock
-  keys, on a Pub/Sub connection that is PINGed and replaced when it drops or goes half-open, wake
-  the deadline poller, which alone judges whether the holder is dead. Beside a Go fleet
-  (``Config.go_compatible``) it also hears Go-style locks expire, and each time it subscribes it
-  scans the entries idle past Go's claim idle (2 s) for the expiries it may have missed;
-* **scan** (the backstop for everything else: missed events, locks taken by other clients,
-  restarts): at start and every ``reconciliation_interval``, XPENDING ``IDLE min_idle`` paged by
-  cursor, one EXISTS round trip per page, re-queue only where the lock is gone (beside a Go fleet,
-  the Go-style lock too, and ``GO_DONE_GAP`` after that look: ``Requeue.go_unlocked``).
-
-After a stall of the server every deadline and lock lapses at once although the holders live;
+After a stall of the server every deadline and lease lapses at once although the holders live;
 ``reap-4.lua`` notices the gap since its last call and gives every overdue consumer a grace of one
-lock TTL instead, and the live holders re-queue their lost locks themselves with no retry counted.
-
-At start the client also re-queues its own pending entries (a restart under the same consumer id)
-whose locks are gone.
+lease TTL instead. At start the client re-queues what an earlier process under its consumer id left.
 """
 
 from __future__ import annotations

@@ -46,16 +46,6 @@ from .state import ClientState
 
 __all__ = ["Requeue"]
 
-#: The metric counting re-queues, per recovery path.
-REQUEUED_METRIC = {
-    "keyspace": "recovery_keyspace_requeued_total",
-    "deadline": "recovery_deadline_requeued_total",
-    "scan": "recovery_scan_requeued_total",
-    "startup": "recovery_startup_requeued_total",
-    "claim": "recovery_claim_requeued_total",
-    "heartbeat": "recovery_heartbeat_requeued_total",
-}
-
 #: How long, and how many, pardons are kept (``{<service>-input}:pardons``).
 PARDON_KEEP_MS = 86_400_000
 PARDON_KEEP = 100_000
@@ -67,10 +57,9 @@ _Call = tuple[str, str, str, str, str]
 NOT_SENT = "not sent: "
 
 
-#: Beside a Go fleet: a dead holder's entry idle less than this (ms; or the lock TTL, when shorter) was
+#: Beside a Go fleet: a dead holder's entry idle less than this (ms; or the lease TTL, when shorter) was
 #: just claimed by a Go consumer, whose Claim moves the entry first and takes its lock one round trip
-#: later; re-queue leaves it alone. A dead holder's entry has been idle at least its lock's TTL (Go's:
-#: 2 s by default), so this delays no recovery.
+#: later; re-queue leaves it alone (a dead Go holder's entry has been idle at least Go's 2-s lock TTL).
 GO_CLAIM_WINDOW_MS = 1000
 
 
@@ -280,8 +269,8 @@ class Requeue:
                 self.dead_lettered(h.entry_id, reason, code, detail, h.stream)
             elif code == RequeueCode.REFUSED:
                 s.log.on(h).error(
-                    "could not hand back %s (entry %s): %s; it stays pending and recovery retries "
-                    "once its lock expires",
+                    "could not hand back %s (entry %s): %s; it stays pending and is handed back at "
+                    "close, or recovered once the lease is gone",
                     h.stream,
                     h.entry_id,
                     detail.removeprefix("LBSKEY "),
@@ -326,13 +315,10 @@ class Requeue:
         count_retry: bool = True,
         mode: str = "absent",
     ) -> int:
-        """Re-queue every entry whose lock is gone (lock mode ``absent``); how many went back to the LBS.
-
-        ``path`` labels the metrics (``keyspace``, ``deadline``, ``scan``, ``startup``, ``claim``,
-        ``heartbeat``). ``count_retry`` is False when the holder lives and lost the lock through no
-        fault of the stream. ``entry_ids`` may map each id to its holder and the holder's deadline
-        (``journal.Holders``, for the journal). Raises the Redis error of a failed batch.
-        """
+        """Re-queue every entry whose holder's lease is gone (mode ``absent``; ``restart``: an earlier
+        process's under our consumer id); how many went back to the LBS. ``path`` labels the metrics
+        (``keyspace``, ``deadline``, ``scan``, ``startup``, ``claim``). ``entry_ids`` may map each id to
+        its holder and deadline (``journal.Holders``). Raises the Redis error of a failed batch."""
         codes = await self._recover(list(entry_ids), path, reason, count_retry, entry_ids, mode)
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
 
@@ -340,8 +326,7 @@ class Requeue:
         """Streams this living client lost (its lease lapsed: a stall, an eviction, a partition): re-queue
         those still pending to it (under its lease, taken again) with no retry counted, and pardon the rest:
         another consumer's recovery took them and may have counted a death, which ``requeue-6.lua`` takes
-        back when the copy next goes back. How many went back to the LBS. Raises the Redis error of a
-        failed batch."""
+        back when the copy next goes back. How many went back to the LBS."""
         codes = await self._recover(entry_ids, "heartbeat", reason, False, mode="owned")
         taken = [i for i, code in zip(entry_ids, codes) if code != RequeueCode.REQUEUED]
         if taken:
@@ -470,7 +455,7 @@ class Requeue:
                 )
         if requeued:
             # One line and one metric call per batch: a dead holder of 100,000 streams is 200 batches.
-            s.hooks.metric(REQUEUED_METRIC[path], requeued)
+            s.hooks.metric(f"recovery_{path}_requeued_total", requeued)
             s.log.info(
                 "recovered %d of %d streams (%s recovery: %s)", requeued, len(ids), path, reason
             )
@@ -500,7 +485,7 @@ class Requeue:
                 {},
                 retry_count,
                 0,
-                f"lock expired; re-queued as {new_id}",
+                f"holder's lease expired; re-queued as {new_id}",
             )
         )
 

@@ -37,6 +37,7 @@ __all__ = [
     "REPLY_ERRORS",
     "BusyGroupError",
     "KeyTypeError",
+    "LeaseLostError",
     "NoGroupError",
     "NoSuchKeyError",
     "SlotMovedError",
@@ -52,6 +53,11 @@ T = TypeVar("T")
 class KeyTypeError(ResponseError):
     """``LBSKEY <key> holds a <type>, not <what it is for>``: a script of lbs (or a reader of lbs's
     keys) found one of the service's keys holding another type, and wrote nothing."""
+
+
+class LeaseLostError(ResponseError):
+    """``LEASE <what the lease key holds>``: a script found the consumer's lease not holding its instance
+    nonce (lapsed, or another process's), and wrote nothing: what it would read would be held by nobody."""
 
 
 class WrongTypeError(ResponseError):
@@ -87,6 +93,8 @@ REPLY_ERRORS: Final[Mapping[str, type[RedisError]]] = {
     "NOPERM": NoPermissionError,
     # lbs's scripts and readers: a key of the service holds another type
     "LBSKEY": KeyTypeError,
+    # read-3: the consumer's lease does not hold its nonce (the heartbeat takes it again)
+    "LEASE": LeaseLostError,
     "WRONGTYPE": WrongTypeError,
     "NOGROUP": NoGroupError,
     "BUSYGROUP": BusyGroupError,
