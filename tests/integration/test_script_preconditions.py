@@ -1,8 +1,9 @@
 """The Lua scripts check every precondition before their first write.
 
 Each script is called directly (EVAL of ``lbs._redis.scripts.source``) against a
-real server with one key of the service set to something it must not hold:
-the call is refused with an error (or an output) naming the key, and a DUMP
+real server with one key of the service set to something it must not hold, or
+with the consumer's lease not holding the value the call is made under: the
+call is refused with an error (or an output) naming what is wrong, and a DUMP
 of every key of the service shows that nothing was written. Redis does not
 roll back a script that fails part-way, so "refused" must mean "untouched".
 """
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from lbs._keys import (
     consumers_key,
@@ -23,14 +25,19 @@ from lbs._keys import (
     delayed_stream,
     due_key,
     fence_key,
+    go_lock_key,
     group_name,
+    hash_tag,
     input_stream,
-    lease_key,
     key_prefix,
-    lock_key,
+    lease_key,
+    lease_prefix,
     name_holder,
+    nudge_stream,
     queued_prefix,
+    reaped_key,
     waiting_key,
+    wake_group,
 )
 from lbs._redis.scripts import done_codes, source
 
@@ -39,6 +46,16 @@ from _helpers import reap
 pytestmark = pytest.mark.timeout(60)
 
 TTL = 60_000
+#: The lease value a consumer's calls are made under (its process's instance nonce).
+NONCE = "n1"
+
+#: A consumer's lease that is not its own: what it holds, and the "LEASE ..." words that say so.
+LEASE_LOST = [
+    pytest.param("absent", "LEASE ", id="absent"),
+    pytest.param("another", "LEASE n2", id="another"),
+    pytest.param("list", "LEASE WRONGTYPE list", id="list"),
+    pytest.param("hash", "LEASE WRONGTYPE hash", id="hash"),
+]
 
 
 @pytest.fixture(params=["0", "1"])
@@ -46,14 +63,6 @@ def xackdel(request: pytest.FixtureRequest, any_server: Any) -> str:
     """done-n.lua's XACKDEL flag: both on Redis 8.x, XACK + XDEL only on 7.0 and Valkey 9.1."""
     if request.param == "1" and not any_server.xackdel:
         pytest.skip(f"XACKDEL needs Redis >= 8.2, not {any_server.name}")
-    return str(request.param)
-
-
-@pytest.fixture(params=["0", "1"])
-def msetex(request: pytest.FixtureRequest, any_server: Any) -> str:
-    """read-3.lua's MSETEX flag: both on Redis >= 8.4 and Valkey 9.1, SET NX per entry only on 7.0."""
-    if request.param == "1" and not any_server.msetex:
-        pytest.skip(f"MSETEX needs Redis >= 8.4 or Valkey >= 9.1, not {any_server.name}")
     return str(request.param)
 
 
@@ -68,65 +77,67 @@ async def read(
     r: aioredis.Redis,
     service: str,
     consumer: str = "c1",
-    count: int = 10,
+    count: int | str = 10,
     start: str = ">",
-    owner: str | None = None,
-    msetex: str | None = None,
+    lease: str = NONCE,
+    queued: str = "",
+    prefix: str = "",
     fair_ms: int | None = None,
+    wake: str = "",
+    nudge: str = "",
 ) -> Any:
-    args: list[Any] = [group_name(service), consumer, count, TTL, lock_key(service, ""), start, ""]
-    if owner is not None or msetex is not None or fair_ms is not None:
-        args.append(owner or "")
-    if msetex is not None or fair_ms is not None:
-        args.append(msetex or "")
-    if fair_ms is not None:  # ARGV[10..12] none, ARGV[13] the window
-        args += ["", "", "", fair_ms]
+    """One read-3.lua call by ``consumer`` under ``lease`` (its lease key must hold it)."""
     return await r.eval(
         source("read-3"),
         3,
         input_stream(service),
         fence_key(service),
-        consumers_key(service),
-        *args,
+        lease_key(service, consumer),
+        group_name(service),
+        consumer,
+        count,
+        lease,
+        start,
+        queued,
+        prefix,
+        "" if fair_ms is None else fair_ms,
+        wake,
+        nudge,
     )
 
 
 async def done(
     r: aioredis.Redis,
     service: str,
-    locks: list[tuple[str, str]],
+    ids: list[str],
     xackdel: str = "0",
     retry: str = "0",
     names: list[str] | None = None,
+    consumer: str = "c1",
+    lease: str = NONCE,
 ) -> list[int]:
-    """One done-n.lua call; with ``names`` (each lock's DataStreamName) it releases them."""
-    keys = [input_stream(service)] + [lock_key(service, i) for i, _ in locks]
-    args = [group_name(service), xackdel, retry, key_prefix(service) if names else "", ""]
-    holders = [name_holder(service, n) if n else "" for n in names or [""] * len(locks)]
-    args += [v for _, v in locks] + [i for i, _ in locks] + holders
+    """One done-n.lua call by ``consumer`` under ``lease``; with ``names`` (each entry's
+    DataStreamName) it releases them."""
+    keys = [input_stream(service), lease_key(service, consumer)]
+    args = [group_name(service), xackdel, retry, key_prefix(service) if names else "", consumer]
+    args += [lease, "0", *ids]
+    args += [name_holder(service, n) if n else "" for n in names or [""] * len(ids)]
     return done_codes(await r.eval(source("done-n"), len(keys), *keys, *args))
 
 
 async def extend(
     r: aioredis.Redis,
     service: str,
-    locks: list[tuple[str, str]],
-    last: str = "1",
-    nonce: str = "n1",
     consumer: str = "c1",
+    lease: str = NONCE,
     ttl: int = TTL,
-    flags: str = "",
+    go: tuple[int, list[str], list[str]] | None = None,
 ) -> list[Any]:
-    """One extend-n.lua call; ``flags`` "" refreshes every entry, else one "1"/"0" per lock (only
-    the flagged entries' ids are sent)."""
+    """One extend-n.lua call; beside a Go fleet ``go`` is (Go TTL, entry ids, their Go-style lock keys)."""
     keys = [input_stream(service), consumers_key(service), lease_key(service, consumer)]
-    keys += [lock_key(service, i) for i, _ in locks]
-    args = (
-        [ttl, group_name(service), consumer, last, nonce]
-        + [v for _, v in locks]
-        + [flags]
-        + [i for k, (i, _) in enumerate(locks) if not flags or flags[k : k + 1] == "1"]
-    )
+    args: list[Any] = [ttl, group_name(service), consumer, lease]
+    if go is not None:
+        args += [go[0], *go[1], *go[2]]
     return await r.eval(source("extend-n"), len(keys), *keys, *args)
 
 
@@ -135,19 +146,22 @@ async def requeue(
     service: str,
     entry_id: str,
     mode: str = "absent",
-    value: str = "",
+    value: str = NONCE,
     inc: str = "1",
     max_retries: str = "5",
     reason: str = "boom",
     force: str = "0",
     dlq: str = "1",
     delay: tuple[int, int, float] = (0, 0, 1.0),
+    consumer: str = "c1",
 ) -> list[Any]:
-    """One requeue-6.lua call; ``delay`` is (ms at retry 1, longest ms, jitter): (0, ...) re-queues at once."""
+    """One requeue-6.lua call (no pardons: KEYS[6] left out); ``value`` is ``consumer``'s lease value
+    (modes "owned" and "restart"); ``delay`` is (ms at retry 1, longest ms, jitter): (0, ...) re-queues
+    at once."""
     keys = [
         input_stream(service),
         dead_letter_stream(service),
-        lock_key(service, entry_id),
+        lease_prefix(service),
         delayed_stream(service),
         due_key(service),
     ]
@@ -161,7 +175,7 @@ async def requeue(
         "_retry_count",
         "_original_id",
         reason,
-        "c1",
+        consumer,
         force,
         dlq,
         "_",
@@ -187,23 +201,57 @@ async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int
 # -- state --------------------------------------------------------------------
 
 
-async def lbs_with(r: aioredis.Redis, service: str, n: int) -> list[str]:
-    """The LBS and its group, with ``n`` entries; their ids."""
+async def set_lease(
+    r: aioredis.Redis, service: str, state: str = "ours", consumer: str = "c1", ttl: int = TTL
+) -> None:
+    """``consumer``'s lease key made to hold: "ours" (:data:`NONCE`), "another" (another process's
+    nonce), "absent" (gone: expired or deleted), "list" or "hash" (a key of another type)."""
+    key = lease_key(service, consumer)
+    await r.delete(key)
+    if state == "ours":
+        await r.set(key, NONCE, px=ttl)
+    elif state == "another":
+        await r.set(key, "n2", px=ttl)
+    elif state == "list":
+        await r.rpush(key, NONCE)
+    elif state == "hash":
+        await r.hset(key, NONCE, NONCE)
+    else:
+        assert state == "absent", state
+
+
+async def lbs_with(r: aioredis.Redis, service: str, n: int, consumer: str = "c1") -> list[str]:
+    """The LBS and its group, with ``n`` entries, and ``consumer``'s lease holding :data:`NONCE`; the ids."""
     await r.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    await set_lease(r, service, "ours", consumer)
     return [
         (await r.xadd(input_stream(service), {"lbs-input": f'{{"stream":"s{i}"}}'})).decode()
         for i in range(n)
     ]
 
 
-async def taken(
-    r: aioredis.Redis, service: str, n: int, consumer: str = "c1"
-) -> list[tuple[str, str]]:
-    """``n`` entries read and locked by ``consumer``: (entry id, lock value) each."""
-    await lbs_with(r, service, n)
+async def taken(r: aioredis.Redis, service: str, n: int, consumer: str = "c1") -> list[str]:
+    """``n`` entries read by ``consumer`` under its lease (:data:`NONCE`): their ids."""
+    await lbs_with(r, service, n, consumer)
     entries, tokens, _ = await read(r, service, consumer)
     assert all(isinstance(t, int) for t in tokens)
-    return [(e[0].decode(), f"{t}:{consumer}") for e, t in zip(entries, tokens)]
+    return [e[0].decode() for e in entries]
+
+
+async def named(r: aioredis.Redis, service: str, names: list[str]) -> list[str]:
+    """One registration per name read by c1 under its lease, one holder per name: their ids."""
+    await lbs_with(r, service, 0)
+    ids = [
+        (
+            await r.xadd(
+                input_stream(service), {"lbs-input": f'{{"DataStreamName":"{n}","Info":{{}}}}'}
+            )
+        ).decode()
+        for n in names
+    ]
+    _, tokens, _ = await read(r, service, prefix=key_prefix(service))
+    assert all(isinstance(t, int) for t in tokens)
+    return ids
 
 
 async def snapshot(r: aioredis.Redis, service: str) -> dict[bytes, bytes | None]:
@@ -213,6 +261,12 @@ async def snapshot(r: aioredis.Redis, service: str) -> dict[bytes, bytes | None]
 
 async def pending(r: aioredis.Redis, service: str) -> int:
     return int((await r.xpending(input_stream(service), group_name(service)))["pending"])
+
+
+async def pending_to(r: aioredis.Redis, service: str) -> dict[str, bytes]:
+    """Each pending entry's id and the consumer it is pending to."""
+    rows = await r.xpending_range(input_stream(service), group_name(service), "-", "+", 1000)
+    return {row["message_id"].decode(): row["consumer"] for row in rows}
 
 
 async def past(r: aioredis.Redis, due_ms: float) -> None:
@@ -232,6 +286,51 @@ async def refused(call: Any, *names: str) -> str:
 
 
 # -- read-3.lua ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("state", "words"), LEASE_LOST)
+async def test_read_refuses_under_a_lease_it_does_not_hold_and_writes_nothing(
+    rr: aioredis.Redis, service: str, state: str, words: str
+) -> None:
+    """The lease is checked first, on both paths and whatever else is asked (queued set, names, fair
+    dispatch, wake group, nudges): an entry delivered under a lease that does not hold ARGV[4] would
+    be pending to a consumer whose entries recovery may take at any moment."""
+    ids = await lbs_with(rr, service, 4)
+    await read(rr, service, count=2)  # two pending to c1 under its lease, two waiting
+    await set_lease(rr, service, state)
+    before = await snapshot(rr, service)
+    for start in (">", "0"):
+        with pytest.raises(ResponseError) as info:
+            await read(
+                rr,
+                service,
+                start=start,
+                queued=queued_prefix(service) + "c1",
+                prefix=key_prefix(service),
+                fair_ms=5_000,
+                wake=wake_group(service),
+                nudge=nudge_stream(service),
+            )
+        assert str(info.value) == words
+    assert await snapshot(rr, service) == before
+    assert await pending_to(rr, service) == {ids[0]: b"c1", ids[1]: b"c1"}
+    if state == "absent":  # an empty value is no lease either
+        with pytest.raises(ResponseError, match=r"^LEASE $"):
+            await read(rr, service, lease="")
+        assert await snapshot(rr, service) == before
+    # The same call under the lease it holds reads.
+    await set_lease(rr, service)
+    entries, tokens, _ = await read(rr, service)
+    assert [e[0].decode() for e in entries] == ids[2:] and all(isinstance(t, int) for t in tokens)
+
+
+@pytest.mark.parametrize("count", ["0", "-1", "abc", "1.5", "", "1" * 16])
+async def test_read_refuses_a_malformed_count(rr: aioredis.Redis, service: str, count: str) -> None:
+    await lbs_with(rr, service, 2)
+    before = await snapshot(rr, service)
+    with pytest.raises(ResponseError, match=r"^lbs read-3: COUNT \(ARGV\[3\]\)"):
+        await read(rr, service, count=count)
+    assert await snapshot(rr, service) == before and await pending(rr, service) == 0
 
 
 @pytest.mark.parametrize(
@@ -267,19 +366,18 @@ async def test_read_takes_a_fence_just_below_2_53(rr: aioredis.Redis, service: s
 
 
 @pytest.mark.parametrize(
-    ("key", "setup", "what"),
+    ("setup", "what"),
     [
-        (fence_key, "rpush", "holds a list, not the fencing counter"),
-        (consumers_key, "set", "holds a string, not the consumer deadline index"),
-        (consumers_key, "rpush", "holds a list, not the consumer deadline index"),
+        ("rpush", "holds a list, not the fencing counter"),
+        ("hset", "holds a hash, not the fencing counter"),
     ],
 )
-async def test_read_refuses_a_key_of_the_wrong_type(
-    rr: aioredis.Redis, service: str, key: Any, setup: str, what: str
+async def test_read_refuses_a_fence_of_the_wrong_type(
+    rr: aioredis.Redis, service: str, setup: str, what: str
 ) -> None:
     await lbs_with(rr, service, 3)
-    name = key(service)
-    await (rr.rpush(name, "x") if setup == "rpush" else rr.set(name, "x"))
+    name = fence_key(service)
+    await (rr.rpush(name, "x") if setup == "rpush" else rr.hset(name, "x", "1"))
     before = await snapshot(rr, service)
     await refused(read(rr, service), name, what)
     await refused(read(rr, service, start="0"), name, what)
@@ -287,14 +385,15 @@ async def test_read_refuses_a_key_of_the_wrong_type(
     assert await snapshot(rr, service) == before
 
 
-@pytest.mark.parametrize("fair_ms", [None, 5_000])
+@pytest.mark.parametrize(("start", "fair_ms"), [(">", None), (">", 5_000), ("0", None)])
 async def test_read_refuses_an_lbs_of_the_wrong_type(
-    rr: aioredis.Redis, service: str, fair_ms: int | None
+    rr: aioredis.Redis, service: str, start: str, fair_ms: int | None
 ) -> None:
     await rr.hset(input_stream(service), "lbs-input", "{}")
+    await set_lease(rr, service)
     before = await snapshot(rr, service)
     await refused(
-        read(rr, service, fair_ms=fair_ms),
+        read(rr, service, start=start, fair_ms=fair_ms),
         input_stream(service),
         "holds a hash, not the load-balancer stream",
     )
@@ -309,28 +408,13 @@ async def test_read_refuses_a_queued_set_of_the_wrong_type_before_delivering(
     queued = queued_prefix(service) + "c1"
     await rr.set(queued, "x")
     before = await snapshot(rr, service)
-    args = [group_name(service), "c1", 10, TTL, lock_key(service, ""), ">", "", "", "", "", queued]
     with pytest.raises(
         ResponseError, match=f"LBSKEY {re.escape(queued)} holds a string, not a queued set"
     ):
-        await rr.eval(
-            source("read-3"),
-            3,
-            input_stream(service),
-            fence_key(service),
-            consumers_key(service),
-            *args,
-        )
-    assert await snapshot(rr, service) == before  # nothing delivered, nothing locked
+        await read(rr, service, queued=queued)
+    assert await snapshot(rr, service) == before  # nothing delivered, nothing queued
     await rr.delete(queued)
-    reply = await rr.eval(
-        source("read-3"),
-        3,
-        input_stream(service),
-        fence_key(service),
-        consumers_key(service),
-        *args,
-    )
+    reply = await read(rr, service, queued=queued)
     assert len(reply[0]) == 2 and await rr.scard(queued) == 2  # queued: merely held
 
 
@@ -342,9 +426,8 @@ async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(
     entries, tokens, _ = await read(rr, service, count=3)
     assert len(tokens) == 3 and tokens[0] > at_call
     assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
-    assert await rr.get(fence_key(service)) == str(tokens[2]).encode()
-    for (entry_id, _), token in zip(entries, tokens):  # 16 digits, printed in full
-        assert await rr.get(lock_key(service, entry_id.decode())) == f"{token}:c1".encode()
+    assert await rr.get(fence_key(service)) == str(tokens[2]).encode()  # 16 digits, printed in full
+    assert await pending_to(rr, service) == {e[0].decode(): b"c1" for e in entries}
     # The counter is lost (eviction, restart without persistence).
     await rr.delete(fence_key(service))
     # The seed is the clock; wait (without sleeping) until the server's clock
@@ -372,33 +455,49 @@ async def test_a_fence_that_went_back_moves_up_to_the_clock(
     assert len(again) == 1 and again[0] > max(tokens)
 
 
-async def test_lock_owner_argument(rr: aioredis.Redis, service: str) -> None:
-    await lbs_with(rr, service, 2)
-    entries, tokens, _ = await read(rr, service, count=1, owner="c1:nonce-a")
-    assert (
-        await rr.get(lock_key(service, entries[0][0].decode()))
-        == f"{tokens[0]}:c1:nonce-a".encode()
-    )
-    entries, tokens, _ = await read(rr, service, count=1, owner="")
-    assert await rr.get(lock_key(service, entries[0][0].decode())) == f"{tokens[0]}:c1".encode()
-
-
-async def test_a_lock_key_of_another_type_is_reported_and_the_read_goes_on(
-    rr: aioredis.Redis, service: str, msetex: str
+async def test_read_holds_a_free_batch_under_the_lease_with_no_key_per_entry(
+    rr: aioredis.Redis, service: str
 ) -> None:
     ids = await lbs_with(rr, service, 3)
-    await rr.rpush(lock_key(service, ids[1]), "garbage")
-    entries, tokens, then = await read(rr, service, msetex=msetex)
+    lease = lease_key(service, "c1")
+    await rr.pexpire(lease, 5_000)
+    keys = set(await snapshot(rr, service))
+    entries, tokens, then = await read(rr, service)
+    assert [e[0].decode() for e in entries] == ids and then == b"drained"
+    assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
+    assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
+    # One counter step is all a read writes: no lock, no deadline (the heartbeat's), the lease as it was.
+    assert set(await snapshot(rr, service)) == keys | {fence_key(service).encode()}
+    assert await rr.get(lease) == NONCE.encode() and await rr.pttl(lease) <= 5_000
+
+
+async def test_a_name_holder_of_another_type_is_reported_and_the_read_goes_on(
+    rr: aioredis.Redis, service: str
+) -> None:
+    await lbs_with(rr, service, 0)
+    ids = [
+        (
+            await rr.xadd(
+                input_stream(service), {"lbs-input": f'{{"DataStreamName":"{n}","Info":{{}}}}'}
+            )
+        ).decode()
+        for n in "abc"
+    ]
+    bad = name_holder(service, "b")
+    await rr.rpush(bad, "garbage")
+    entries, tokens, then = await read(rr, service, prefix=key_prefix(service))
     assert [e[0].decode() for e in entries] == ids and then == b"drained"  # fewer than COUNT
     assert isinstance(tokens[0], int) and isinstance(tokens[2], int)
-    assert tokens[1] == b"WRONGTYPE list"
-    assert await pending(rr, service) == 3
-    assert await rr.lrange(lock_key(service, ids[1]), 0, -1) == [b"garbage"]
-    assert await rr.get(lock_key(service, ids[2])) == f"{tokens[2]}:c1".encode()
-    assert await rr.zscore(consumers_key(service), "c1") is not None
-    # The re-read after a lost reply reports the same.
-    _, again, _ = await read(rr, service, start="0")
-    assert again == [f"{tokens[0]}:c1".encode(), b"WRONGTYPE list", f"{tokens[2]}:c1".encode()]
+    assert tokens[1] == f"WRONGTYPE list {bad}".encode()
+    # Nothing of its name written; it stays pending to c1, which hands it back.
+    assert await rr.lrange(bad, 0, -1) == [b"garbage"]
+    assert not await rr.exists(key_prefix(service) + "waiting:b", waiting_key(service))
+    assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
+    assert await rr.get(name_holder(service, "a")) == ids[0].encode()
+    assert await rr.get(name_holder(service, "c")) == ids[2].encode()
+    # The re-read after a lost reply holds all three under the lease (names are not looked at again).
+    _, again, _ = await read(rr, service, start="0", prefix=key_prefix(service))
+    assert again == [again[0], again[0] + 1, again[0] + 2] and again[0] > tokens[2]
 
 
 async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery(
@@ -409,17 +508,14 @@ async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery
     await rr.xdel(
         input_stream(service), ids[1]
     )  # a pending entry deleted: it comes back with no fields
-    again, values, _ = await read(rr, service, start="0")
+    again, fresh, _ = await read(rr, service, start="0")
     assert (
         [e[0].decode() for e in again] == ids
         and again[1][1] is None
         and again[0][1] == entries[0][1]
     )
-    assert values == [
-        f"{tokens[0]}:c1".encode(),
-        f"{tokens[1]}:c1".encode(),
-        f"{tokens[2]}:c1".encode(),
-    ]
+    # Fresh tokens, all three held under the lease still ours.
+    assert fresh == [fresh[0], fresh[0] + 1, fresh[0] + 2] and fresh[0] > tokens[2]
     rows = await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
     assert [row["times_delivered"] for row in rows] == [
         1,
@@ -428,36 +524,41 @@ async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery
     ]  # a second delivery would read as a death
 
 
-async def test_read_locks_every_entry_of_a_free_batch(
-    rr: aioredis.Redis, service: str, msetex: str
+async def test_acl_denials_refuse_a_read_whole_and_leave_an_adoption_undone(
+    any_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
-    ids = await lbs_with(rr, service, 3)
-    entries, tokens, _ = await read(rr, service, msetex=msetex)
-    assert [e[0].decode() for e in entries] == ids
-    assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
-    for entry_id, token in zip(ids, tokens):
-        assert await rr.get(lock_key(service, entry_id)) == f"{token}:c1".encode()
-        assert 0 < await rr.pttl(lock_key(service, entry_id)) <= TTL
-    assert await rr.zscore(consumers_key(service), "c1") is not None
-
-
-async def test_read_past_a_slice_with_one_held_lock(
-    rr: aioredis.Redis, service: str, msetex: str
-) -> None:
-    """600 entries are two MSETEX slices (500 + 100); a held lock in the second
-    makes only that slice fall back to SET NX per entry: it is reported, the
-    other 599 are ours."""
-    ids = await lbs_with(rr, service, 600)
-    held = ids[550]
-    await rr.set(lock_key(service, held), "7:someone")
-    entries, tokens, _ = await read(rr, service, count=600, msetex=msetex)
-    assert [e[0].decode() for e in entries] == ids
-    assert tokens[550] == b"7:someone"
-    ours = [t for i, t in enumerate(tokens) if i != 550]
-    assert all(isinstance(t, int) for t in ours) and len(set(ours)) == 599
-    assert await rr.get(lock_key(service, held)) == b"7:someone"
-    values = await rr.mget([lock_key(service, i) for i in ids])
-    assert [v for i, v in enumerate(values) if i != 550] == [f"{t}:c1".encode() for t in ours]
+    """A user the ACL denies a write of the read (SADD into its queued set) is refused before anything
+    is delivered; the same user's reap-4 adopts nothing (every entry found goes back in gone)."""
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await rr.execute_command(
+        "ACL", "SETUSER", user, "reset", "on", f">{password}", "+@all", "-sadd", "~*"
+    )
+    url = any_server.url.replace("redis://", f"redis://{user}:{password}@")
+    try:
+        async with aioredis.Redis.from_url(url) as denied:
+            ids = await lbs_with(rr, service, 2)
+            queued = queued_prefix(service) + "c1"
+            before = await snapshot(rr, service)
+            with pytest.raises(NoPermissionError) as info:  # NOPERM (redis-py drops the code)
+                await read(denied, service, queued=queued)
+            assert str(info.value) == (
+                f"lbs read-3: this user may not run SADD on {queued}; nothing was read"
+            )
+            assert await snapshot(rr, service) == before and await pending(rr, service) == 0
+            # c1 reads them (as a user allowed to), then dies; c2 may not queue what it would adopt.
+            await read(rr, service, queued=queued)
+            await set_lease(rr, service, "absent")
+            await rr.zadd(consumers_key(service), {"c1": 1})
+            await set_lease(rr, service, consumer="c2")
+            entries, tokens, gone, trimmed, *_ = await reap(
+                denied, service, "c2", 10, queues="1", lease=NONCE
+            )
+            assert (entries, tokens, trimmed) == ([], [], 0)
+            assert gone == [i.encode() for i in ids]
+            assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
+            assert not await rr.exists(queued_prefix(service) + "c2")
+    finally:
+        await rr.execute_command("ACL", "DELUSER", user)
 
 
 # -- done-n.lua ---------------------------------------------------------------
@@ -466,128 +567,196 @@ async def test_read_past_a_slice_with_one_held_lock(
 async def test_done_retry_flag_reports_what_a_lost_call_finished(
     any_server: Any, rr: aioredis.Redis, service: str, xackdel: str
 ) -> None:
-    locks = await taken(rr, service, 3)
-    assert await done(rr, service, locks[:2], xackdel) == [1, 1]
+    ids = await taken(rr, service, 3)
+    assert await done(rr, service, ids[:2], xackdel) == [1, 1]
     assert await rr.xlen(input_stream(service)) == 1
     before = await snapshot(rr, service)
-    assert await done(rr, service, locks[:2], xackdel, retry="1") == [4, 4]
-    assert await done(rr, service, locks[:2], xackdel, retry="0") == [3, 3]
+    assert await done(rr, service, ids[:2], xackdel, retry="1") == [4, 4]
+    assert await done(rr, service, ids[:2], xackdel, retry="0") == [3, 3]
     assert await snapshot(rr, service) == before
-    # A lock that expired while its entry is still pending: 2, flag or not.
-    await rr.delete(lock_key(service, locks[2][0]))
-    assert await done(rr, service, locks[2:], xackdel, retry="1") == [2]
+    # An entry still pending to us under our lease is done, flag or not.
+    assert await done(rr, service, ids[2:], xackdel, retry="1") == [1]
     assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
 
 
-async def test_done_leaves_a_lock_of_another_type_and_its_entry(
+@pytest.mark.parametrize(("state", "words"), LEASE_LOST)
+async def test_done_under_a_lease_it_does_not_hold_writes_nothing(
+    any_server: Any, rr: aioredis.Redis, service: str, xackdel: str, state: str, words: str
+) -> None:
+    """Recovery takes a consumer's entries once its lease is gone: a done under a lease that does not
+    hold ARGV[6] finishes nothing (every entry lost, retry flag or not) and releases no name."""
+    names = ["a", "b", "c"]
+    ids = await named(rr, service, names)
+    await set_lease(rr, service, state)
+    before = await snapshot(rr, service)
+    for retry in ("0", "1"):
+        assert await done(rr, service, ids, xackdel, retry=retry, names=names) == [3, 3, 3]
+    assert await snapshot(rr, service) == before
+    assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
+    # Under the lease it holds, the same call finishes them and releases their names.
+    await set_lease(rr, service)
+    assert await done(rr, service, ids, xackdel, names=names) == [1, 1, 1]
+    assert await rr.xlen(input_stream(service)) == 0
+    assert not await rr.exists(*[name_holder(service, n) for n in names])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="done-n.lua acks an entry pending to another consumer while the caller's lease holds "
+    "ARGV[6] (its header: an entry is ours while it is pending to ARGV[5]); reported, not fixed here",
+)
+async def test_done_leaves_an_entry_pending_to_another_consumer(
     any_server: Any, rr: aioredis.Redis, service: str, xackdel: str
 ) -> None:
-    locks = await taken(rr, service, 2)
-    bad = lock_key(service, locks[0][0])
+    """An entry handed on (adopted by c2 while c1's lease had lapsed, c1's lease taken again since with
+    the same value) is no longer c1's: lost (3), still pending to c2 and in the LBS."""
+    ids = await taken(rr, service, 2)
+    await rr.xclaim(input_stream(service), group_name(service), "c2", 0, [ids[0]])
+    assert await done(rr, service, ids, xackdel) == [3, 1]
+    assert await pending_to(rr, service) == {ids[0]: b"c2"}
+    assert [i.decode() for i, _ in await rr.xrange(input_stream(service))] == [ids[0]]
+
+
+async def test_done_leaves_a_name_holder_of_another_type_and_finishes_the_entry(
+    any_server: Any, rr: aioredis.Redis, service: str, xackdel: str
+) -> None:
+    ids = await named(rr, service, ["a", "b"])
+    bad = name_holder(service, "a")
     await rr.delete(bad)
     await rr.hset(bad, "x", "1")
-    assert await done(rr, service, locks, xackdel, retry="1") == [3, 1]
-    assert await rr.type(bad) == b"hash"
-    assert await pending(rr, service) == 1
-    assert [i.decode() for i, _ in await rr.xrange(input_stream(service))] == [locks[0][0]]
+    assert await done(rr, service, ids, xackdel, names=["a", "b"]) == [1, 1]
+    assert await rr.type(bad) == b"hash"  # left alone: the next registration of "a" takes it over
+    assert not await rr.exists(name_holder(service, "b"))
+    assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
 
 
-async def test_done_refuses_the_old_argument_layout(rr: aioredis.Redis, service: str) -> None:
-    locks = await taken(rr, service, 1)
+async def test_done_refuses_a_wrong_argument_count(rr: aioredis.Redis, service: str) -> None:
+    (entry_id,) = await taken(rr, service, 1)
+    lbs, group, lease = input_stream(service), group_name(service), lease_key(service, "c1")
     before = await snapshot(rr, service)
-    keys = [input_stream(service), lock_key(service, locks[0][0])]
-    with pytest.raises(ResponseError, match="done-n"):
-        await rr.eval(
-            source("done-n"), 2, *keys, group_name(service), "0", locks[0][1], locks[0][0]
-        )
+    calls: list[tuple[list[str], list[str]]] = [
+        # The layout before the lease: KEYS the LBS and a lock key per entry; ARGV group, flags, key
+        # prefix, "", the lock values, the ids, the name holder keys.
+        (
+            [lbs, f"lock:{hash_tag(service)}:{entry_id}"],
+            [group, "0", "0", "", "", "1:c1", entry_id, ""],
+        ),
+        ([lbs], [group, "0", "0", "", "c1", NONCE, "0", entry_id, ""]),  # no lease key
+        ([lbs, lease], [group, "0", "0", "", "c1", NONCE, "0", entry_id]),  # an id without its name
+        ([lbs, lease], [group, "0", "0", "", "c1", NONCE, "1", entry_id, ""]),  # Go: no Go key
+        ([lbs, lease], [group, "0", "0", "", "c1", NONCE]),  # too few
+    ]
+    for keys, args in calls:
+        with pytest.raises(ResponseError, match=r"^lbs done-n: expected 2 keys"):
+            await rr.eval(source("done-n"), len(keys), *keys, *args)
     assert await snapshot(rr, service) == before
+    assert await pending_to(rr, service) == {entry_id: b"c1"}
 
 
 # -- extend-n.lua -------------------------------------------------------------
 
 
-async def test_extend_sets_and_refreshes_its_instance_marker(
+async def test_extend_refreshes_the_lease_and_moves_the_deadline(
     rr: aioredis.Redis, service: str
 ) -> None:
-    locks = await taken(rr, service, 2)
-    marker = lease_key(service, "c1")
-    assert await extend(rr, service, locks, nonce="n1") == []
-    assert await rr.get(marker) == b"n1" and 0 < await rr.pttl(marker) <= TTL
-    await rr.pexpire(marker, 5_000)
-    assert await extend(rr, service, locks, nonce="n1") == []
-    assert await rr.pttl(marker) > 5_000
-    # Not the last call of a tick: the marker is not looked at.
-    await rr.pexpire(marker, 5_000)
-    assert await extend(rr, service, locks, last="0", nonce="other") == []
-    assert await rr.get(marker) == b"n1" and await rr.pttl(marker) <= 5_000
-
-
-async def test_extend_reports_another_instance_and_still_extends(
-    rr: aioredis.Redis, service: str
-) -> None:
-    locks = await taken(rr, service, 2)
-    marker = lease_key(service, "c1")
-    await rr.set(marker, "n2", px=30_000)
-    for entry_id, _ in locks:
-        await rr.pexpire(lock_key(service, entry_id), 5_000)
-    assert await extend(rr, service, locks, nonce="n1") == [b"INSTANCE n2"]
-    assert await rr.get(marker) == b"n2" and await rr.pttl(marker) <= 30_000
-    for entry_id, _ in locks:
-        assert await rr.pttl(lock_key(service, entry_id)) > 5_000
-
-
-async def test_extend_with_no_locks(rr: aioredis.Redis, service: str) -> None:
     await lbs_with(rr, service, 0)
-    marker = lease_key(service, "c1")
-    assert await extend(rr, service, [], nonce="n1") == []
-    assert await rr.get(marker) == b"n1"
-    assert not await rr.exists(consumers_key(service))  # holding nothing: not added
+    lease = lease_key(service, "c1")
+    await rr.pexpire(lease, 5_000)
+    at_call = us(await rr.time()) // 1000
+    assert await extend(rr, service) == []
+    assert await rr.get(lease) == NONCE.encode() and await rr.pttl(lease) > 5_000
+    # Added to the deadline index (holding something or not: one key per consumer), due a TTL from now.
+    assert (await rr.zscore(consumers_key(service), "c1") or 0) >= at_call + TTL
     await rr.zadd(consumers_key(service), {"c1": 1})
-    assert await extend(rr, service, [], nonce="n1") == []
-    assert (await rr.zscore(consumers_key(service), "c1") or 0) > 1  # already in: moved
+    assert await extend(rr, service) == []
+    assert (await rr.zscore(consumers_key(service), "c1") or 0) >= at_call + TTL  # moved
 
 
-async def test_extend_reports_keys_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
-    locks = await taken(rr, service, 3)
-    await rr.delete(consumers_key(service))
+@pytest.mark.parametrize(("state", "words"), LEASE_LOST)
+async def test_extend_under_a_lease_it_does_not_hold_answers_lease_and_writes_nothing(
+    rr: aioredis.Redis, service: str, state: str, words: str
+) -> None:
+    """A lost lease is the one note of the reply, and nothing is written: not the lease (another
+    process's, or nobody's: every entry read under it may already be someone else's), not the deadline,
+    not a Go-style lock."""
+    ids = await taken(rr, service, 2)
+    await set_lease(rr, service, state, ttl=5_000)
+    await rr.zadd(consumers_key(service), {"c1": 1})
+    go_keys = [go_lock_key(f"{service}-s{k}", i) for k, i in enumerate(ids)]
+    before = await snapshot(rr, service)
+    assert await extend(rr, service) == [words.encode()]
+    assert await extend(rr, service, go=(TTL, ids, go_keys)) == [words.encode()]
+    assert await snapshot(rr, service) == before
+    assert await rr.zscore(consumers_key(service), "c1") == 1
+    if state == "another":
+        assert await rr.pttl(lease_key(service, "c1")) <= 5_000
+    assert not await rr.exists(*go_keys)
+
+
+async def test_extend_reports_a_deadline_index_of_another_type_and_still_extends_the_lease(
+    rr: aioredis.Redis, service: str
+) -> None:
+    await taken(rr, service, 2)
     await rr.set(consumers_key(service), "x")
-    await rr.rpush(lease_key(service, "c1"), "x")
-    bad = lock_key(service, locks[1][0])
-    await rr.delete(bad)
-    await rr.sadd(bad, "x")
-    for entry_id, _ in locks:
-        await rr.pexpire(lock_key(service, entry_id), 5_000)
-    out = await extend(rr, service, locks)
-    assert out == [
-        2,
-        f"LBSKEY {consumers_key(service)} holds a string, not the consumer deadline index".encode(),
-        f"LBSKEY {lease_key(service, 'c1')} holds a list, not an instance marker".encode(),
+    lease = lease_key(service, "c1")
+    await rr.pexpire(lease, 5_000)
+    assert await extend(rr, service) == [
+        f"LBSKEY {consumers_key(service)} holds a string, not the consumer deadline index".encode()
     ]
     assert await rr.get(consumers_key(service)) == b"x"
-    assert await rr.lrange(lease_key(service, "c1"), 0, -1) == [b"x"]
-    assert await rr.type(bad) == b"set" and await rr.pttl(bad) <= 5_000
-    assert await rr.pttl(lock_key(service, locks[0][0])) > 5_000
-    assert await rr.pttl(lock_key(service, locks[2][0])) > 5_000
+    assert await rr.pttl(lease) > 5_000
 
 
-async def test_extend_refreshes_the_flagged_entries_only_whatever_locks_are_lost_between(
+@pytest.mark.parametrize(
+    ("keys", "args", "error"),
+    [
+        (2, [TTL, "g", "c1", NONCE], "expected 3 keys and 4"),
+        (3, [TTL, "g", "c1"], "expected 3 keys and 4"),
+        (
+            3,
+            [TTL, "g", "c1", NONCE, TTL, "0-1"],
+            "expected 3 keys and 4",
+        ),  # an id without its Go key
+        (3, [0, "g", "c1", NONCE], r"lease TTL \(ARGV\[1\]\)"),
+        (3, ["abc", "g", "c1", NONCE], r"lease TTL \(ARGV\[1\]\)"),
+        (3, ["1" * 16, "g", "c1", NONCE], r"lease TTL \(ARGV\[1\]\)"),
+        (3, [TTL, "g", "c1", ""], r"the lease value \(ARGV\[4\]\) must not be empty"),
+        (3, [TTL, "g", "c1", NONCE, "-5"], r"Go-style lock TTL \(ARGV\[5\]\)"),
+    ],
+)
+async def test_extend_refuses_malformed_arguments(
+    rr: aioredis.Redis, service: str, keys: int, args: list[Any], error: str
+) -> None:
+    await taken(rr, service, 1)
+    await rr.pexpire(lease_key(service, "c1"), 5_000)
+    before = await snapshot(rr, service)
+    all_keys = [input_stream(service), consumers_key(service), lease_key(service, "c1")]
+    with pytest.raises(ResponseError, match=f"^lbs extend-n: {error}"):
+        await rr.eval(source("extend-n"), keys, *all_keys[:keys], *args)
+    assert await snapshot(rr, service) == before
+    assert await rr.pttl(lease_key(service, "c1")) <= 5_000
+
+
+async def test_extend_beside_a_go_fleet_refreshes_only_the_entries_whose_go_lock_is_ours(
     rr: aioredis.Redis, service: str
 ) -> None:
-    """Only the flagged entries' ids are sent: each goes to its own entry, lost locks in between."""
-    locks = await taken(rr, service, 4)
-    for k in (1, 2):  # one unflagged, one flagged lock lost
-        await rr.set(lock_key(service, locks[k][0]), "9:someone-else")
+    """Beside a Go fleet each held entry has a Go-style lock: one that is absent or ours is (re)set and
+    its entry's idle time refreshed; one a Go consumer holds is reported (its negative position) and
+    its entry left alone, whatever lies between."""
+    ids = await taken(rr, service, 4)
+    go_keys = [go_lock_key(f"{service}-s{k}", i) for k, i in enumerate(ids)]
+    for k in (1, 2):  # two taken by a Go consumer
+        await rr.set(go_keys[k], "go-consumer")
+    await rr.set(go_keys[3], "c1")  # ours already
     await asyncio.sleep(0.05)  # every entry idle for a while
-    assert await extend(rr, service, locks, flags="1011") == [2, 3]
-    idle = {
-        p["message_id"].decode(): p["time_since_delivered"]
-        for p in await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
-    }
-    fresh = [idle[locks[k][0]] for k in (0, 3)]
-    stale = [idle[locks[k][0]] for k in (1, 2)]
-    assert max(fresh) < min(stale)
-    with pytest.raises(ResponseError, match=r"extend-n.*flags"):
-        await extend(rr, service, locks, flags="101")
+    assert await extend(rr, service, go=(30_000, ids, go_keys)) == [-2, -3]
+    rows = await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
+    idle = {p["message_id"].decode(): p["time_since_delivered"] for p in rows}
+    assert max(idle[ids[k]] for k in (0, 3)) < min(idle[ids[k]] for k in (1, 2))
+    assert [p["times_delivered"] for p in rows] == [1, 1, 1, 1]  # JUSTID: no delivery counted
+    assert [await rr.get(k) for k in go_keys] == [b"c1", b"go-consumer", b"go-consumer", b"c1"]
+    assert 0 < await rr.pttl(go_keys[0]) <= 30_000
+    assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
 
 
 # -- requeue-6.lua ------------------------------------------------------------
@@ -596,8 +765,8 @@ async def test_extend_refreshes_the_flagged_entries_only_whatever_locks_are_lost
 async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(
     rr: aioredis.Redis, service: str
 ) -> None:
-    ((entry_id, _),) = await taken(rr, service, 1)
-    await rr.delete(lock_key(service, entry_id))
+    (entry_id,) = await taken(rr, service, 1)
+    await set_lease(rr, service, "absent")  # its holder is gone
     dlq = dead_letter_stream(service)
     await rr.set(dlq, "not a stream")
     before = await snapshot(rr, service)
@@ -615,8 +784,8 @@ async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(
 async def test_requeue_past_max_retries_checks_the_dead_letter_key(
     rr: aioredis.Redis, service: str
 ) -> None:
-    ((entry_id, _),) = await taken(rr, service, 1)
-    await rr.delete(lock_key(service, entry_id))
+    (entry_id,) = await taken(rr, service, 1)
+    await set_lease(rr, service, "absent")
     await rr.rpush(dead_letter_stream(service), "x")
     before = await snapshot(rr, service)
     assert (await requeue(rr, service, entry_id, max_retries="0"))[0] == -2
@@ -635,7 +804,7 @@ async def test_requeue_never_dead_letters_a_keys_registration_for_its_retries(
         service,
         {"lbs-input": '{"DataStreamName":"k","Info":{}}', "lbs-keyed": "1", "_retry_count": "9"},
     )
-    await rr.delete(lock_key(service, entry_id))
+    await set_lease(rr, service, "absent")
     out = await requeue(rr, service, entry_id, max_retries="3")
     assert out[0] == 1
     ((_, fields),) = await rr.xrange(input_stream(service))
@@ -646,8 +815,9 @@ async def test_requeue_never_dead_letters_a_keys_registration_for_its_retries(
 async def delivered_wide_entry(
     rr: aioredis.Redis, service: str, fields: dict[str, str]
 ) -> tuple[str, int]:
-    """XADD one entry with ``fields`` into a fresh LBS and deliver it (read-3.lua): its id and token."""
-    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    """XADD one entry with ``fields`` into a fresh LBS and deliver it to c1 under its lease (read-3.lua):
+    its id and token."""
+    await lbs_with(rr, service, 0)
     entry_id = (await rr.xadd(input_stream(service), fields)).decode()  # type: ignore[arg-type]
     _, (token,), _ = await read(rr, service)
     return entry_id, token
@@ -659,8 +829,8 @@ async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(
     stream = input_stream(service)
     fields: dict[str, str] = {"lbs-input": '{"stream":"huge"}'}
     fields.update({f"f{i}": str(i) for i in range(9_999)})
-    entry_id, token = await delivered_wide_entry(rr, service, fields)
-    out = await requeue(rr, service, entry_id, mode="owned", value=f"{token}:c1", max_retries="5")
+    entry_id, _ = await delivered_wide_entry(rr, service, fields)
+    out = await requeue(rr, service, entry_id, mode="owned", max_retries="5")
     assert out[0] == 2 and out[2] == b'{"stream":"huge"}' and out[3] == 1
     ((dl_id, dl),) = await rr.xrange(dead_letter_stream(service))
     assert dl_id == out[1]
@@ -673,11 +843,10 @@ async def test_requeue_an_entry_too_big_to_copy_dead_letters_and_keeps_it(
         b"_failed_id": entry_id.encode(),
     }
     assert await pending(rr, service) == 0
-    assert not await rr.exists(lock_key(service, entry_id))
     ((kept_id, kept),) = await rr.xrange(stream)
     assert kept_id.decode() == entry_id and len(kept) == 10_000
-    # The record stays: a late done-n (lock gone, not pending) does not delete it.
-    assert await done(rr, service, [(entry_id, f"{token}:c1")]) == [3]
+    # The record stays: a late done-n (under our lease, not pending) does not delete it.
+    assert await done(rr, service, [entry_id]) == [3]
     assert await rr.xlen(stream) == 1
 
 
@@ -686,7 +855,7 @@ async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(
 ) -> None:
     stream = input_stream(service)
     entry_id, _ = await delivered_wide_entry(rr, service, {f"f{i}": "v" for i in range(4_000)})
-    await rr.delete(lock_key(service, entry_id))
+    await set_lease(rr, service, "absent")
     assert await requeue(rr, service, entry_id, dlq="0", reason="") == [3, b"", b"", 1]
     assert await pending(rr, service) == 0 and await rr.xlen(stream) == 1
     assert not await rr.exists(dead_letter_stream(service))
@@ -695,7 +864,7 @@ async def test_requeue_an_entry_too_big_without_a_dead_letter_stream(
 async def test_requeue_just_below_the_copy_bound_copies(rr: aioredis.Redis, service: str) -> None:
     stream = input_stream(service)
     entry_id, _ = await delivered_wide_entry(rr, service, {f"f{i}": "v" for i in range(3_494)})
-    await rr.delete(lock_key(service, entry_id))
+    await set_lease(rr, service, "absent")
     # A death counted (delivered, its holder gone): 6,988 values + 12 (with _deaths) = 7,000.
     out = await requeue(rr, service, entry_id, force="1")
     assert out[0] == 2
@@ -706,23 +875,34 @@ async def test_requeue_just_below_the_copy_bound_copies(rr: aioredis.Redis, serv
     assert await rr.xlen(stream) == 0
 
 
-@pytest.mark.parametrize("mode", ["owned", "absent"])
-async def test_requeue_a_lock_key_of_another_type_is_someone_elses(
-    rr: aioredis.Redis, service: str, mode: str
+@pytest.mark.parametrize(
+    ("mode", "state"),
+    [
+        # "owned" and "restart": pending to c1 and c1's lease holding our value, else someone else's.
+        *[(m, s) for m in ("owned", "restart") for s in ("absent", "another", "list", "hash")],
+        ("owned", "handed on"),  # our lease, but the entry is pending to c2 now
+        ("restart", "handed on"),
+        # "absent": the lease of the consumer it is pending to must not exist (another type: alive).
+        *[("absent", s) for s in ("ours", "another", "list", "hash")],
+    ],
+)
+async def test_requeue_refuses_when_the_holder_check_fails(
+    rr: aioredis.Redis, service: str, mode: str, state: str
 ) -> None:
-    ((entry_id, value),) = await taken(rr, service, 1)
-    await rr.delete(lock_key(service, entry_id))
-    await rr.rpush(lock_key(service, entry_id), value)
+    (entry_id,) = await taken(rr, service, 1)
+    if state == "handed on":
+        await rr.xclaim(input_stream(service), group_name(service), "c2", 0, [entry_id])
+    else:
+        await set_lease(rr, service, state)
     before = await snapshot(rr, service)
-    assert await requeue(rr, service, entry_id, mode=mode, value=value) == [0, b"lock"]
+    assert await requeue(rr, service, entry_id, mode=mode) == [0, b"lock"]
     assert await snapshot(rr, service) == before
+    assert await pending(rr, service) == 1
 
 
 async def test_requeue_adds_before_it_acks(rr: aioredis.Redis, service: str) -> None:
-    ((entry_id, value),) = await taken(rr, service, 1)
-    code, new_id, lbs_input, retries = await requeue(
-        rr, service, entry_id, mode="owned", value=value
-    )
+    (entry_id,) = await taken(rr, service, 1)
+    code, new_id, lbs_input, retries = await requeue(rr, service, entry_id, mode="owned")
     assert code == 1 and retries == 1 and lbs_input == b'{"stream":"s0"}'
     ((got_id, got),) = await rr.xrange(input_stream(service))
     assert got_id == new_id
@@ -731,22 +911,24 @@ async def test_requeue_adds_before_it_acks(rr: aioredis.Redis, service: str) -> 
         b"_retry_count": b"1",
         b"_original_id": entry_id.encode(),
     }
-    assert await pending(rr, service) == 0 and not await rr.exists(lock_key(service, entry_id))
+    assert await pending(rr, service) == 0
+    assert await rr.get(lease_key(service, "c1")) == NONCE.encode()  # the lease is the consumer's
 
 
 async def test_requeue_of_an_entry_no_longer_pending(rr: aioredis.Redis, service: str) -> None:
-    ((entry_id, value),) = await taken(rr, service, 1)
+    (entry_id,) = await taken(rr, service, 1)
     await rr.xack(input_stream(service), group_name(service), entry_id)
-    assert await requeue(rr, service, entry_id, mode="owned", value=value) == [0, b"acked"]
-    assert not await rr.exists(lock_key(service, entry_id))  # ours: released
+    before = await snapshot(rr, service)
+    assert await requeue(rr, service, entry_id, mode="owned") == [0, b"acked"]
+    assert await snapshot(rr, service) == before
     assert await rr.xlen(input_stream(service)) == 1  # not deleted
 
 
 async def test_requeue_of_a_trimmed_entry(rr: aioredis.Redis, service: str) -> None:
-    ((entry_id, value),) = await taken(rr, service, 1)
+    (entry_id,) = await taken(rr, service, 1)
     await rr.xdel(input_stream(service), entry_id)
-    assert await requeue(rr, service, entry_id, mode="owned", value=value) == [-1, b"trimmed"]
-    assert await pending(rr, service) == 0 and not await rr.exists(lock_key(service, entry_id))
+    assert await requeue(rr, service, entry_id, mode="owned") == [-1, b"trimmed"]
+    assert await pending(rr, service) == 0
 
 
 @pytest.mark.parametrize(
@@ -761,7 +943,7 @@ async def test_requeue_of_a_trimmed_entry(rr: aioredis.Redis, service: str) -> N
 async def test_requeue_parking_refuses_keys_of_the_wrong_type(
     rr: aioredis.Redis, service: str, key: Any, setup: str, what: str
 ) -> None:
-    ((entry_id, value),) = await taken(rr, service, 1)
+    (entry_id,) = await taken(rr, service, 1)
     name = key(service)
     await (
         rr.rpush(name, "x")
@@ -771,24 +953,22 @@ async def test_requeue_parking_refuses_keys_of_the_wrong_type(
         else rr.set(name, "x")
     )
     before = await snapshot(rr, service)
-    code, message = await requeue(
-        rr, service, entry_id, mode="owned", value=value, delay=(1000, 60_000, 1.0)
-    )
+    code, message = await requeue(rr, service, entry_id, mode="owned", delay=(1000, 60_000, 1.0))
     assert code == -2 and message == f"LBSKEY {name} {what}".encode()
     assert await snapshot(rr, service) == before
     assert await pending(rr, service) == 1
     # At once (no delay), neither key is needed; past max retries neither is either.
     out = await requeue(
-        rr, service, entry_id, mode="owned", value=value, max_retries="0", delay=(1000, 60_000, 1.0)
+        rr, service, entry_id, mode="owned", max_retries="0", delay=(1000, 60_000, 1.0)
     )
     assert out[0] == 2 and await pending(rr, service) == 0
 
 
 async def test_requeue_parks_the_copy_for_its_delay(rr: aioredis.Redis, service: str) -> None:
-    ((entry_id, value),) = await taken(rr, service, 1)
+    (entry_id,) = await taken(rr, service, 1)
     # Retry count 1 after this call: d = min(400 * 2^0, 1000) = 400, jittered by 0.5: 200 ms.
     code, parked_id, lbs_input, retries, delay = await requeue(
-        rr, service, entry_id, mode="owned", value=value, delay=(400, 1000, 0.5)
+        rr, service, entry_id, mode="owned", delay=(400, 1000, 0.5)
     )
     assert (code, lbs_input, retries, delay) == (4, b'{"stream":"s0"}', 1, 200)
     ((got_id, got),) = await rr.xrange(delayed_stream(service))
@@ -804,7 +984,6 @@ async def test_requeue_parks_the_copy_for_its_delay(rr: aioredis.Redis, service:
         (parked_id, parked_ms + 200)
     ]
     assert await pending(rr, service) == 0 and await rr.xlen(input_stream(service)) == 0
-    assert not await rr.exists(lock_key(service, entry_id))
 
 
 @pytest.mark.parametrize(
@@ -826,7 +1005,7 @@ async def test_requeue_delay_doubles_per_retry_up_to_the_cap(
     jitter: float,
     expected: int,
 ) -> None:
-    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    await lbs_with(rr, service, 0)
     await rr.xadd(
         input_stream(service), {"lbs-input": '{"stream":"s"}', "_retry_count": str(retries)}
     )
@@ -838,10 +1017,8 @@ async def test_requeue_delay_doubles_per_retry_up_to_the_cap(
 
 
 async def test_promote_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
-    ((entry_id, value),) = await taken(rr, service, 1)
-    parked_id = (
-        await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0))
-    )[1]
+    (entry_id,) = await taken(rr, service, 1)
+    parked_id = (await requeue(rr, service, entry_id, mode="owned", delay=(1, 1, 1.0)))[1]
     await past(
         rr, await rr.zscore(due_key(service), parked_id) or 0
     )  # due: the other keys are looked at
@@ -870,10 +1047,10 @@ async def test_promote_refuses_keys_of_the_wrong_type(rr: aioredis.Redis, servic
 async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(
     rr: aioredis.Redis, service: str
 ) -> None:
-    locks = await taken(rr, service, 3)
+    ids = await taken(rr, service, 3)
     parked = [
-        (await requeue(rr, service, entry_id, mode="owned", value=value, delay=(ms, ms, 1.0)))[1]
-        for (entry_id, value), ms in zip(locks, (1, 1, 3_600_000))
+        (await requeue(rr, service, entry_id, mode="owned", delay=(ms, ms, 1.0)))[1]
+        for entry_id, ms in zip(ids, (1, 1, 3_600_000))
     ]
     await rr.xdel(
         delayed_stream(service), parked[1]
@@ -885,7 +1062,7 @@ async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(
     assert fields == {
         b"lbs-input": b'{"stream":"s0"}',
         b"_retry_count": b"1",
-        b"_original_id": locks[0][0].encode(),
+        b"_original_id": ids[0].encode(),
     }
     assert [i for i, _ in await rr.xrange(delayed_stream(service))] == [parked[2]]
     assert await rr.zrange(due_key(service), 0, -1) == [parked[2]]
@@ -895,9 +1072,8 @@ async def test_promote_moves_only_what_is_due_and_drops_vanished_ids(
 async def test_promote_a_full_batch_asks_to_be_called_again(
     rr: aioredis.Redis, service: str
 ) -> None:
-    locks = await taken(rr, service, 3)
-    for entry_id, value in locks:
-        await requeue(rr, service, entry_id, mode="owned", value=value, delay=(1, 1, 1.0))
+    for entry_id in await taken(rr, service, 3):
+        await requeue(rr, service, entry_id, mode="owned", delay=(1, 1, 1.0))
     await past(rr, max(s for _, s in await rr.zrange(due_key(service), 0, -1, withscores=True)))
     assert await promote(rr, service, batch=2) == [2, 0, 0, 0, 0]
     assert await promote(rr, service, batch=2) == [1, 0, -1, 0, 0]
@@ -920,10 +1096,12 @@ async def test_promote_leaves_an_entry_too_wide_to_copy_parked(
 
 
 async def dead(r: aioredis.Redis, service: str, n: int) -> list[str]:
-    """``n`` entries c1 read and locked, then c1 dead: its locks gone, its deadline passed."""
-    ids = [i for i, _ in await taken(r, service, n)]
-    await r.delete(*[lock_key(service, i) for i in ids])
+    """``n`` entries c1 read under its lease, then c1 dead: its lease gone, its deadline passed; c2, the
+    adopter, alive (its lease holds :data:`NONCE`)."""
+    ids = await taken(r, service, n)
+    await set_lease(r, service, "absent")
     await r.zadd(consumers_key(service), {"c1": 1})
+    await set_lease(r, service, consumer="c2")
     return ids
 
 
@@ -942,8 +1120,59 @@ async def test_reap_refuses_an_adoption_key_of_another_type(
     await rr.delete(name)
     await rr.hset(name, "x", "1")
     before = await snapshot(rr, service)
-    await refused(reap(rr, service, "c2", 10, queues="1"), name, what)
+    await refused(reap(rr, service, "c2", 10, queues="1", lease=NONCE), name, what)
     assert await snapshot(rr, service) == before
+
+
+@pytest.mark.parametrize(("state", "_words"), LEASE_LOST)
+async def test_reap_adopts_nothing_unless_the_adopters_lease_holds_its_value(
+    rr: aioredis.Redis, service: str, state: str, _words: str
+) -> None:
+    """Adopted entries are held by the adopter's lease: one that does not hold ARGV[8] (lapsed, taken
+    by another process) may hold nothing, so every entry found goes back in gone, for requeue-6."""
+    ids = await dead(rr, service, 3)
+    await set_lease(rr, service, state, consumer="c2")
+    fence = await rr.get(fence_key(service))
+    before = await snapshot(rr, service)
+    entries, tokens, gone, trimmed, _next, holders, deadlines = await reap(
+        rr, service, "c2", 10, queues="1", lease=NONCE
+    )
+    assert (entries, tokens, trimmed) == ([], [], 0)
+    assert gone == [i.encode() for i in ids] and holders == [b"c1"] * 3
+    assert deadlines == [b"c1", b"1"]
+    # Nothing claimed, no token taken, c2 neither in the index nor queuing: only the reap's time written.
+    after = await snapshot(rr, service)
+    del after[reaped_key(service).encode()]
+    before.pop(reaped_key(service).encode(), None)
+    assert after == before
+    assert await rr.get(fence_key(service)) == fence
+    assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
+
+
+@pytest.mark.parametrize("lease", ["alive", "without a ttl", "list"])
+async def test_reap_takes_nothing_from_a_consumer_whose_lease_is_there(
+    rr: aioredis.Redis, service: str, lease: str
+) -> None:
+    """A lease that lives keeps its consumer's entries; one without a TTL (set by hand) or of another
+    type is not reap's to time: the consumer leaves the index, its entries are left to the scan."""
+    ids = await dead(rr, service, 2)
+    key = lease_key(service, "c1")
+    if lease == "alive":
+        await rr.set(key, "n0", px=TTL)
+    elif lease == "without a ttl":
+        await rr.set(key, "n0")
+    else:
+        await rr.rpush(key, "n0")
+    at_call = us(await rr.time()) // 1000
+    entries, tokens, gone, trimmed, *_ = await reap(rr, service, "c2", 10, lease=NONCE)
+    assert (entries, tokens, gone, trimmed) == ([], [], [], 0)
+    assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
+    score = await rr.zscore(consumers_key(service), "c1")
+    if lease == "alive":
+        assert score is not None and score > at_call  # due again when the lease can be gone
+    else:
+        assert score is None
+    assert await rr.exists(key)
 
 
 async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_what_was_running(
@@ -955,27 +1184,28 @@ async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_wh
     )  # merely held by c1: no death counted
     fence = int(await rr.get(fence_key(service)))
     entries, tokens, gone, trimmed, _next, holders, deadlines = await reap(
-        rr, service, "c2", 4, queues="1"
+        rr, service, "c2", 4, queues="1", lease=NONCE
     )
     assert len(entries) == 4 and gone == [ids[4].encode()] and trimmed == 0  # no room for the fifth
     assert holders == [b"c1"] * 5 and deadlines == [b"c1", b"1"]  # for the journal
     first = min(tokens)  # above the counter, and the clock (the counter never stays behind it)
     assert first > fence and sorted(tokens) == [first, first + 1, first + 2, first + 3]
     deaths = {e[0].decode(): e[3] for e in entries}
-    for entry_id, token in zip([e[0].decode() for e in entries], tokens):
-        assert await rr.get(lock_key(service, entry_id)) == f"{token}:c2:n".encode()
     assert deaths == {ids[0]: 0, ids[1]: 0, ids[2]: 1, ids[3]: 1}
+    # Held by c2's lease now: pending to c2, its lease as it was (adoption writes no key per entry).
     info = {
         p["message_id"].decode(): p
         for p in await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
     }
     assert [info[i]["consumer"] for i in ids] == [b"c2"] * 4 + [b"c1"]
     assert [info[i]["times_delivered"] for i in ids[:4]] == [1, 1, 2, 2]
+    assert await rr.get(lease_key(service, "c2")) == NONCE.encode()
     assert await rr.smembers(queued_prefix(service) + "c2") == {i.encode() for i in ids[:4]}
     assert not await rr.exists(queued_prefix(service) + "c1")
     assert await rr.zscore(consumers_key(service), "c2") is not None
-    # The death counted in the delivery count goes into the copy when the entry is re-queued later.
-    await rr.delete(lock_key(service, ids[2]))
+    # The death counted in the delivery count goes into the copy when the entry is re-queued later
+    # (c2 gone in turn).
+    await set_lease(rr, service, "absent", consumer="c2")
     code, _new, _input, retries = await requeue(rr, service, ids[2], inc="0")
     assert (code, retries) == (1, 1)
 
