@@ -2,9 +2,7 @@
 
 The built-in answer (a plugin named ``lbs-default-reader``, asked last) is
 plain ``XREADGROUP ... >`` with the periodic XPENDING scan as the backstop.
-A plugin can answer first, e.g. ``lbs-claim``'s XREADGROUP ... CLAIM reader
-for Redis 8.4+, which brings idle pending assignments back in the same
-round trip as new ones.
+A plugin can answer first to change how often the scan runs.
 """
 
 from __future__ import annotations
@@ -19,15 +17,14 @@ __all__ = ["DefaultReader", "ReadStrategy"]
 
 @dataclass(frozen=True, kw_only=True)
 class ReadStrategy:
-    """What ``read-3.lua``'s XREADGROUP asks for, and how often the scan runs beside it."""
+    """How often the scan runs beside the reader (``claim_min_idle`` is deprecated and ignored)."""
 
     #: Shown in logs and metrics labels.
     name: str
-    #: Also claim pending entries idle at least this many seconds, in the same
-    #: read (``XREADGROUP ... CLAIM``, Redis >= 8.4). A claimed entry is only
-    #: taken when its lock can be; its delivery count then counts failed
-    #: attempts (with ``_retry_count``) towards ``Config.max_retries``.
-    #: ``None``: new entries only.
+    #: Deprecated and ignored (a warning at start): reads claimed pending entries idle this
+    #: long (``XREADGROUP ... CLAIM``) when lbs held entries by a lock per entry. Under the
+    #: consumer lease an entry is held while its consumer's lease lives, however idle, and
+    #: recovery takes a dead consumer's entries as soon as its lease is gone.
     claim_min_idle: float | None = None
     #: How often the full XPENDING scan runs with this reader; ``None`` keeps
     #: ``Config.reconciliation_interval``.

@@ -168,10 +168,9 @@ async def all_finished(r: aioredis.Redis, service: str, shards: int = 1) -> bool
     return True
 
 
-async def leftovers(r: aioredis.Redis, service: str) -> tuple[int, int, int]:
-    """``(pending, locks, instance markers)`` of ``service``: all 0 once every worker has stopped cleanly."""
+async def leftovers(r: aioredis.Redis, service: str) -> tuple[int, int]:
+    """``(pending, consumers' leases)`` of ``service``: both 0 once every worker has stopped cleanly."""
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     pending = (await r.xpending(stream, group))["pending"] if await r.exists(stream) else 0
-    locks = [k async for k in r.scan_iter(match=lbs.lock_key(service, "*"))]
-    markers = [k async for k in r.scan_iter(match=f"{{{stream}}}:instance:*")]
-    return pending, len(locks), len(markers)
+    leases = [k async for k in r.scan_iter(match=lbs.lease_key(service, "*"))]
+    return pending, len(leases)

@@ -56,7 +56,7 @@ async def test_killed_and_stalled_holders_lose_reorder_and_duplicate_nothing(
     async def all_up() -> bool:  # each worker is reading before any message is published
         return all(
             [
-                await r.get(f"{_keys.hash_tag(service)}:instance:redis-consumer-w{i}")
+                await r.get(_keys.lease_key(service, f"redis-consumer-w{i}"))
                 for i in range(3)
             ]
         )
@@ -108,7 +108,7 @@ async def test_killed_and_stalled_holders_lose_reorder_and_duplicate_nothing(
     ):  # a worker takes SIGTERM as a drain only once run_keyed() routes it
         return all(
             [
-                await r.get(f"{_keys.hash_tag(service)}:instance:redis-consumer-{w}")
+                await r.get(_keys.lease_key(service, f"redis-consumer-{w}"))
                 for w in ("w1", "w3")
             ]
         )

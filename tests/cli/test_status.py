@@ -411,7 +411,7 @@ def _env() -> dict[str, str]:
 # ----------------------------------------------------------------------- claim ---
 
 
-async def test_claim_requeues_only_what_lost_its_lock(
+async def test_claim_requeues_only_what_lost_its_holder(
     rr: aioredis.Redis, any_server: Any, service: str
 ) -> None:
     url = any_server.url
@@ -424,16 +424,12 @@ async def test_claim_requeues_only_what_lost_its_lock(
     try:
         assert [n.stream for n in await take(live, 1)] == ["c"]
         await kill(dying)
-        await eventually(
-            lambda: _is(
-                rr.exists(_keys.lock_key(service, ids["a"]), _keys.lock_key(service, ids["b"])), 0
-            )
-        )
+        await eventually(lambda: _is(rr.exists(_keys.lease_key(service, dying.id)), 0))
         result = await invoke("claim", service, ids["a"], ids["c"], "1-0", "--url", url, "--json")
         assert result.exit_code == 3, result.output
         got = {d["entry_id"]: d for d in json.loads(result.stdout)}
         assert got[ids["a"]]["outcome"] == "requeued" and "(retry 1)" in got[ids["a"]]["detail"]
-        assert got[ids["c"]]["outcome"] == "locked" and live.id in got[ids["c"]]["detail"]
+        assert got[ids["c"]]["outcome"] == "held" and live.id in got[ids["c"]]["detail"]
         assert got["1-0"]["outcome"] == "not pending"
         (fresh,) = [
             e for e in await rr.xrange(_keys.input_stream(service)) if e[1].get(b"_original_id")

@@ -41,7 +41,7 @@ StartWorker = Callable[..., Proc]
 async def _markers(r: aioredis.Redis, service: str, *ids: str) -> list[bytes | None]:
     """The instance markers (this process's nonce) of the consumer ids: set once a worker is inside run()."""
     return [
-        await r.get(f"{{{lbs.input_stream(service)}}}:instance:redis-consumer-{i}") for i in ids
+        await r.get(lbs.lease_key(service, f"redis-consumer-{i}")) for i in ids
     ]
 
 
@@ -81,7 +81,7 @@ async def test_worker_processes_the_work_and_stops_cleanly_on_sigterm(
     worker.signal(signal.SIGTERM)
     assert await worker.wait() == 0, worker.err()
     for svc in lbs.shard_services(service, shards):
-        assert await leftovers(r, svc) == (0, 0, 0)
+        assert await leftovers(r, svc) == (0, 0)
     assert {pid for pid, _, _ in handled(log)} == {str(worker.pid)}
     err = flat(worker.err())
     # the banner: version, service, LBS, Redis (connected), consumer id, settings and where they came from
@@ -126,7 +126,7 @@ async def test_sigterm_drains_then_hands_back_without_a_retry(
     assert sorted(lbs.decode_input(f[b"lbs-input"])[0] for _, f in entries) == ["slow-1", "slow-2"]
     assert not {i.decode() for i, _ in entries} & set(ids)
     assert all(int(f.get(b"_retry_count", b"0")) == 0 for _, f in entries), entries
-    assert await leftovers(r, service) == (0, 0, 0)
+    assert await leftovers(r, service) == (0, 0)
 
 
 async def test_on_valkey_the_banner_names_it_and_lbs_claim_steps_aside(
@@ -161,7 +161,7 @@ async def test_on_valkey_the_banner_names_it_and_lbs_claim_steps_aside(
             in err
         )
     async with aioredis.Redis.from_url(valkey_server.url) as r:
-        assert await leftovers(r, service) == (0, 0, 0)
+        assert await leftovers(r, service) == (0, 0)
 
 
 async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(
@@ -220,7 +220,7 @@ async def test_supervisor_restarts_a_killed_child_and_stops_all_on_sigterm(
             not Path(f"/proc/{pid}").exists()
             or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
         )
-    assert await leftovers(r, service) == (0, 0, 0)
+    assert await leftovers(r, service) == (0, 0)
     err = flat(supervisor.err())
     assert f"(pid {victim}) was killed by SIGKILL; restarting it in" in err, err
     assert "SIGTERM: stopping 2 worker processes" in err

@@ -12,7 +12,7 @@ outcome from what the :class:`Recorder` saw:
   start, end, outcome) with ``time.monotonic()`` times, all in this process,
   so runs of different clients are comparable;
 * a stream is *finished* when a run of it returned and was not told it
-  lost the lock: ``done`` reported ``DONE`` or ``LOCK_EXPIRED`` for that
+  lost its hold: ``done`` reported ``DONE`` or ``LOCK_EXPIRED`` for that
   run's token (hook ``lbs_lock_released``), or nothing at all (its reply
   was lost: counted as ``done_unknown``; the LBS must still drain, which
   :meth:`Fleet.settle` checks, and a re-run shows as a duplicate);
@@ -213,7 +213,7 @@ class Recorder:
         return self.done.get((run.consumer, run.token))
 
     def completed(self, run: Run) -> bool:
-        """The run returned and was not told it lost the lock (its done said DONE, LOCK_EXPIRED, or nothing)."""
+        """The run returned and was not told it lost its hold (its done said DONE, LOCK_EXPIRED, or nothing)."""
         return run.outcome == "returned" and not self.told(run)
 
     def told(self, run: Run) -> bool:

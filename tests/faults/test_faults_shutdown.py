@@ -72,17 +72,14 @@ async def s1_holding(url: str, service: str, n: int) -> AsyncIterator[Fleet]:
 
 
 async def left_behind(fleet: Fleet, consumer_id: str) -> tuple[int, int]:
-    """(entries pending to ``consumer_id`` in the group, lock keys of the service)."""
+    """(entries pending to ``consumer_id`` in the group, 1 if its lease is still there else 0)."""
     summary = await fleet.r.xpending(fleet.lbs_key, fleet.group)
     mine = sum(
         int(c["pending"])
         for c in summary.get("consumers") or []
         if (c["name"].decode() if isinstance(c["name"], bytes) else c["name"]) == consumer_id
     )
-    locks = [
-        k async for k in fleet.r.scan_iter(match=lbs.lock_key(fleet.service, "") + "*", count=1000)
-    ]
-    return mine, len(locks)
+    return mine, int(await fleet.r.exists(lbs.lease_key(fleet.service, consumer_id)))
 
 
 async def test_close_from_another_task_then_again_in_finally(service: str, report: Report) -> None:
@@ -94,7 +91,7 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
         async with s1_holding(srv.url, service, n) as fleet:
             s1 = fleet.clients["s1"]
             await fleet.close_client("s1")  # both close() calls have returned
-            pending, locks = await left_behind(fleet, s1.id)
+            pending, leases = await left_behind(fleet, s1.id)
             await fleet.add_client("s2")
             settled = await fleet.settle(timeout=SETTLE)
             fig = await fleet.figures(
@@ -102,16 +99,16 @@ async def test_close_from_another_task_then_again_in_finally(service: str, repor
                 1,
                 settled=settled,
                 pending_after_close=pending,
-                locks_after_close=locks,
+                lease_after_close=leases,
             )
             again = [fleet.show(r) for r in fleet.rec.runs if r.consumer == "s2" and r.retry_count]
             why = fleet.explain()
     report(fig)
     problems = fig.problems()
-    if pending or locks:
+    if pending or leases:
         problems.append(
             f"after close() returned, {pending} entries were still pending to the closed consumer "
-            f"and {locks} lock keys remained"
+            f"and its lease was {'still there' if leases else 'gone'}"
         )
     if again:
         problems.append(f"handed-back streams came back with a retry counted: {again[:5]}")
@@ -136,7 +133,7 @@ async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(
                 at_return[k] = ("s1" in fleet.rec.closed, s1.held)
 
             await asyncio.wait_for(asyncio.gather(closer(1), closer(2)), 30)
-            pending, locks = await left_behind(fleet, s1.id)
+            pending, leases = await left_behind(fleet, s1.id)
             await fleet.add_client("s2")
             settled = await fleet.settle(timeout=SETTLE)
             fig = await fleet.figures(
@@ -145,7 +142,7 @@ async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(
                 settled=settled,
                 at_return={k: f"closed={c},held={h}" for k, (c, h) in sorted(at_return.items())},
                 pending_after_close=pending,
-                locks_after_close=locks,
+                lease_after_close=leases,
             )
             why = fleet.explain()
     report(fig)
@@ -155,10 +152,10 @@ async def test_two_concurrent_close_calls_both_wait_for_the_shutdown(
         problems.append(
             f"close() returned before the shutdown finished ({{call: (closed, held)}}): {early}"
         )
-    if pending or locks:
+    if pending or leases:
         problems.append(
             f"after both close() calls, {pending} entries were pending to the closed consumer and "
-            f"{locks} lock keys remained"
+            f"its lease was {'still there' if leases else 'gone'}"
         )
     if not settled:
         problems.append(fig.unsettled())

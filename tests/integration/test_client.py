@@ -1,4 +1,4 @@
-"""The client against real Redis 8.x and 7.0: assignment, locks, heartbeat, done, hand-back."""
+"""The client against real Redis 8.x and 7.0: assignment, the lease, heartbeat, done, hand-back."""
 
 from __future__ import annotations
 
@@ -131,75 +131,28 @@ async def test_malformed_entries_are_dead_lettered_and_the_reader_keeps_serving(
         await c.close()
 
 
-async def test_heartbeat_keeps_locks_and_pending_entries_fresh(
+async def test_heartbeat_keeps_the_lease_and_what_it_holds(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:
     await lbs.Producer(rr, service).add_stream("kept")
-    # Heartbeats every 0.133 s (TTL / 3); the pending idle time is refreshed
-    # every third tick (pel_refresh_every = (min_idle / 2) // 0.133 = 3), so it
-    # stays far below min_idle: the scan never sees live work as idle.
-    c = client(any_server.url, service, lock_ttl=0.4, min_idle=1.0)
-    assert c.config.pel_refresh_every == 3
+    # Heartbeats every 0.2 s (TTL / 3): only they keep the lease past its TTL.
+    c = client(any_server.url, service, lock_ttl=0.6)
     await c.start()
     try:
         (note,) = await take(c, 1)
-        lock = lbs.lock_key(service, note.entry_id)
-        await asyncio.sleep(1.2)  # three TTLs: only heartbeats keep the lock
-        assert await rr.get(lock) == f"{note.token}:{c.id}:{c.instance}".encode()
+        await asyncio.sleep(1.8)  # three TTLs: only heartbeats keep the lease
+        assert await rr.get(c.lease_key) == c.instance.encode()
+        assert c.held == 1 and c.find_held("kept") is not None  # never disowned
         pending = await rr.xpending_range(
             lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
         )
-        assert pending[0]["time_since_delivered"] < 1000
-        assert pending[0]["times_delivered"] == 1  # JUSTID refresh does not count deliveries
-    finally:
-        await c.close()
-
-
-async def test_one_heartbeat_round_trip_for_many_locks(
-    any_server: Any, service: str, rr: aioredis.Redis
-) -> None:
-    await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(250)])
-    c = client(any_server.url, service, max_streams=250, heartbeat_chunk=100, lock_ttl=30)
-    await c.start()
-    try:
-        await take(c, 250)
-        assert await c.heartbeat() == 0
-        pipe = rr.pipeline(transaction=False)
-        for h in c.held_streams():
-            pipe.pttl(lbs.lock_key(service, h.entry_id))
-        ttls = await pipe.execute()
-        assert min(ttls) > 29_000
-    finally:
-        await c.close()
-
-
-async def test_each_tick_refreshes_the_pending_idle_time_of_its_share_of_entries(
-    any_server: Any, service: str, rr: aioredis.Redis
-) -> None:
-    # pel_refresh_every = (40 / 2) // 5 = 4: a tick refreshes the entries
-    # whose token % 4 is the tick's phase, and every lock. (The background
-    # heartbeat, every 5 s, does not run during the test.)
-    await lbs.Producer(rr, service).add_streams([f"s{i}" for i in range(12)])
-    c = client(
-        any_server.url, service, max_streams=12, lock_ttl=10, heartbeat_interval=5, min_idle=40
-    )
-    assert c.config.pel_refresh_every == 4
-    await c.start()
-    try:
-        await take(c, 12)
-        held = {h.entry_id: h for h in c.held_streams()}
-        for tick in range(4):
-            await asyncio.sleep(0.15)  # idle times grow; time is the subject here
-            phase = probe(c).heartbeat.beats % 4
-            assert await c.heartbeat() == 0
-            pending = await rr.xpending_range(
-                lbs.input_stream(service), lbs.group_name(service), "-", "+", 20
-            )
-            for p in pending:
-                refreshed = held[p["message_id"].decode()].token % 4 == phase
-                assert (p["time_since_delivered"] < 100) is refreshed, (tick, p)
-        ttls = [await rr.pttl(h.lock_key) for h in held.values()]
-        assert min(ttls) > 9_000  # every lock, every tick
+        assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [
+            (note.entry_id, c.id)
+        ]
+        assert pending[0]["times_delivered"] == 1  # read once, never re-delivered
+        # However idle the entry, the scan sees it alive: its holder's lease lives.
+        assert await c.recovery.scan(min_idle=0) == {"requeued": 0, "alive": 1, "pending": 1}
+        assert await c.done_stream("kept") is lbs.DoneStatus.DONE
     finally:
         await c.close()
 
@@ -216,35 +169,50 @@ async def test_tokens_strictly_increase_across_retakes(any_server: Any, service:
     assert tokens == sorted(tokens) and len(set(tokens)) == 3
 
 
-async def test_same_consumer_id_cannot_touch_anothers_lock(
+async def test_same_consumer_id_cannot_touch_what_another_process_holds(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:
-    # Two processes with one pod name: same consumer id, different tokens. (The
-    # second is refused at start while the first lives; its marker is deleted
-    # by hand here to get both running, as a lost marker would.)
+    # Two processes with one pod name: same consumer id, one lease. (The second is
+    # refused at start while the first's lease lives; it is deleted by hand here to
+    # get both running, as a lease lost to an eviction would.) The second holds the
+    # lease: the first, which no longer does, can neither extend it nor finish
+    # anything, and what the second took is untouched.
     await lbs.Producer(rr, service).add_stream("shared")
-    first = client(any_server.url, service, "pod")
-    second = client(any_server.url, service, "pod")
+    first = client(any_server.url, service, "pod", lock_ttl=60, heartbeat_interval=50)
+    second = client(any_server.url, service, "pod", lock_ttl=60, heartbeat_interval=50)
     await first.start()
-    await rr.delete(first.lease_key)
-    await second.start()
     try:
-        (note,) = await take(first, 1)
-        lock = lbs.lock_key(service, note.entry_id)
+        (old,) = await take(first, 1)
+        await rr.delete(first.lease_key)
+        await second.start()
+        # Its startup recovery put back what was pending to "pod" (its lease was gone); it reads it.
+        (note,) = await take(second, 1)
+        assert note.stream == "shared" and note.token > old.token
+        assert await rr.get(first.lease_key) == second.instance.encode()
+        # The first's view: its lease is another process's; its tick extends nothing.
+        assert await first.heartbeat() == 1
+        (disowned,) = await take(first, 1, kind=lbs.NotificationType.STREAM_DISOWNED)
+        assert disowned.entry_id == old.entry_id
+        assert await rr.get(first.lease_key) == second.instance.encode()  # not taken back
+        # Finishing what it held acks nothing: the lease says it is not its own.
+        assert await first.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
+        # Nor the second's entry, as if it believed it held that one too.
         impostor = lbs.Held(
             note.entry_id,
             "shared",
             {},
             0,
-            note.token + 1000,
-            f"{note.token + 1000}:{second.lock_owner}",
-            lock,
+            note.token,
+            f"{note.token}:{first.lock_owner}",
+            probe(first).state.names.lock_key_prefix + note.entry_id,
         )
-        probe(second).hold(impostor)  # as if the second process believed it held it
-        assert await second.heartbeat() == 1  # not extended: not its token
-        assert await second.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
-        assert await rr.get(lock) == f"{note.token}:{first.lock_owner}".encode()
-        assert await first.done_stream("shared") is lbs.DoneStatus.DONE
+        probe(first).hold(impostor)
+        assert await first.done_stream("shared") is lbs.DoneStatus.LOCK_LOST
+        pending = await rr.xpending_range(
+            lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
+        )
+        assert [p["message_id"].decode() for p in pending] == [note.entry_id]
+        assert await second.done_stream("shared") is lbs.DoneStatus.DONE
     finally:
         await first.close()
         await second.close()
@@ -267,9 +235,10 @@ async def test_done_releases_acks_and_deletes(
     c = client(any_server.url, service)
     await c.start()
     try:
-        (note,) = await take(c, 1)
+        await take(c, 1)
         assert await c.done_stream("s") is lbs.DoneStatus.DONE
-        assert await rr.exists(lbs.lock_key(service, note.entry_id)) == 0
+        # Released: acked and deleted (nothing pending to it); the lease is the consumer's, kept.
+        assert await rr.get(c.lease_key) == c.instance.encode()
         assert await rr.xlen(lbs.input_stream(service)) == 0
         assert (await rr.xpending(lbs.input_stream(service), lbs.group_name(service)))[
             "pending"
@@ -289,7 +258,7 @@ async def test_close_hands_streams_back_and_another_consumer_gets_them_at_once(
     await a.start()
     first = await take(a, 3)
     await a.close()
-    assert await rr.exists(*(lbs.lock_key(service, n.entry_id) for n in first)) == 0
+    assert await rr.exists(a.lease_key) == 0  # nothing pending to it: its lease went with it
     b = client(any_server.url, service, "b", lock_ttl=60)
     await b.start()
     try:
@@ -587,13 +556,13 @@ async def test_close_wakes_a_blocked_read_and_strands_nothing(
     assert pending["pending"] == 0  # nothing delivered to the closed consumer
 
 
-async def test_every_delivered_entry_is_locked_and_its_consumer_has_a_deadline(
+async def test_every_delivered_entry_is_held_and_its_consumer_has_a_deadline(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:
-    # Delivery and locking are one script: whatever the reader was given is
-    # pending under a lock, and its consumer is in the deadline index no
-    # later than the locks expire, so a consumer dying at any moment leaves
-    # only work the deadline poller can find.
+    # Delivery checks the lease in the same script: whatever the reader was given
+    # is pending to it while its lease holds its nonce, and its consumer is in the
+    # deadline index (its first tick, before it read anything), so a consumer dying
+    # at any moment leaves only work the deadline poller can find.
     await produce(any_server.url, service, *[f"s{i}" for i in range(30)])
     c = client(any_server.url, service, max_streams=30, read_count=7, recovery=False)
     await c.start()
@@ -602,20 +571,17 @@ async def test_every_delivered_entry_is_locked_and_its_consumer_has_a_deadline(
         pending = await rr.xpending_range(
             lbs.input_stream(service), lbs.group_name(service), "-", "+", 100
         )
-        ids = [p["message_id"].decode() for p in pending]
-        assert len(ids) == 30
-        locks = await rr.mget([lbs.lock_key(service, i) for i in ids])
-        assert all(v is not None and v.decode().endswith(":" + c.lock_owner) for v in locks)
-        ((consumer, deadline),) = await rr.zrange(consumers_key(service), 0, -1, withscores=True)
+        assert len(pending) == 30 and {p["consumer"].decode() for p in pending} == {c.id}
+        assert await rr.get(c.lease_key) == c.instance.encode()
+        # Read at once (a tick between the two would move both): both are absolute server times
+        # (PEXPIRETIME), so no two clocks are compared. The deadline is the lease's expiry, as the
+        # tick that set both saw it (ZADD scores with TIME, PEXPIRE counts from the script's start).
+        pipe = rr.pipeline(transaction=True)
+        pipe.zrange(consumers_key(service), 0, -1, withscores=True)
+        pipe.pexpiretime(c.lease_key)
+        ((consumer, deadline),), expiry = await pipe.execute()
         assert consumer.decode() == c.id
-        # Its first read's deadline: no later than any of its locks expires. Both
-        # are absolute server times (PEXPIRETIME), so no two clocks are compared.
-        pipe = rr.pipeline(transaction=False)
-        for i in ids:
-            pipe.pexpiretime(lbs.lock_key(service, i))
-        expiries = await pipe.execute()
-        assert all(e > 0 for e in expiries)
-        assert deadline <= min(expiries)
+        assert expiry > 0 and abs(deadline - expiry) < 1000
     finally:
         await c.close()
 
@@ -638,39 +604,41 @@ async def test_an_idle_reader_wakes_for_a_new_entry_at_once(any_server: Any, ser
         await c.close()
 
 
-async def test_locks_of_a_read_whose_reply_was_lost_are_adopted(
+async def test_entries_of_a_read_whose_reply_was_lost_are_adopted(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:
-    # A read whose reply is lost with the connection has already delivered and
-    # locked its entries. Play that read by hand, under the client's id, then
-    # start the client with the lost-reply flag set: it adopts those locks
-    # (same tokens) instead of leaving them to expire.
-    await produce(any_server.url, service, "a", "b")
+    # A read whose reply is lost with the connection has already delivered its
+    # entries, pending to the reader under its lease. Play that read by hand, under
+    # the client's id and lease, then set the lost-reply flag: the client adopts
+    # those entries (fresh tokens) instead of leaving them pending to nobody's work.
     c = client(any_server.url, service, recovery=False)
-    await probe(c).topology.ensure_group()
-    sha = await rr.script_load(source("read-3"))
-    stream = lbs.input_stream(service)
-    entries, tokens, _ = await rr.evalsha(
-        sha,
-        3,
-        stream,
-        lbs.fence_key(service),
-        consumers_key(service),
-        lbs.group_name(service),
-        c.id,
-        10,
-        5000,
-        lbs.lock_key(service, ""),
-        ">",
-        "",
-        c.lock_owner,
-    )
-    assert len(entries) == 2
-    probe(c).lose_read_reply()
     await c.start()
     try:
+        sha = await rr.script_load(source("read-3"))
+        stream = lbs.input_stream(service)
+        # The entries and the read in one transaction: the client's own reads never see them new.
+        pipe = rr.pipeline(transaction=True)
+        for name in ("a", "b"):
+            pipe.xadd(stream, {lbs.INPUT_FIELD: lbs.encode_input(name)})
+        pipe.evalsha(
+            sha,
+            3,
+            stream,
+            lbs.fence_key(service),
+            c.lease_key,
+            lbs.group_name(service),
+            c.id,
+            10,
+            c.instance,
+            ">",
+        )
+        *_, (entries, tokens, _) = await pipe.execute()
+        assert len(entries) == 2 and all(isinstance(t, int) for t in tokens)
+        probe(c).lose_read_reply()
         notes = await take(c, 2)
-        assert sorted((n.stream, n.token) for n in notes) == sorted(zip(["a", "b"], tokens))
+        assert sorted(n.stream for n in notes) == ["a", "b"]
+        assert {n.entry_id for n in notes} == {e[0].decode() for e in entries}
+        assert all(n.token > max(tokens) for n in notes)  # a re-read gives fresh tokens
         assert c.held == 2
         assert [await c.done_stream(n.stream) for n in notes] == [lbs.DoneStatus.DONE] * 2
     finally:
@@ -817,7 +785,7 @@ async def test_a_read_sent_ahead_is_taken_even_when_the_reader_stops_meanwhile(
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     assert (await rr.xpending(stream, group))["pending"] == 0
     assert await rr.xlen(stream) == 6
-    assert not await rr.keys(lbs.lock_key(service, "*"))
+    assert await rr.exists(c.lease_key) == 0  # nothing held: the lease went with the close
 
 
 async def test_a_clean_close_leaves_the_group_and_departed_consumers_are_forgotten(
@@ -883,33 +851,37 @@ async def test_abandon_leaves_in_redis_what_a_killed_process_leaves(
     await abandon(c)
     assert all(t is None or t.done() for t in (p.reader.task, p.heartbeat.task, *c.recovery.tasks))
     stream, group = lbs.input_stream(service), lbs.group_name(service)
-    assert await rr.exists(*(h.lock_key for h in held)) == 2
-    assert (await rr.xpending(stream, group))["pending"] == 2
-    assert await rr.exists(lease_key(service, c.id)) == 1
+    pending = await rr.xpending_range(stream, group, "-", "+", 10)
+    assert {(p["message_id"].decode(), p["consumer"].decode()) for p in pending} == {
+        (h.entry_id, c.id) for h in held
+    }
+    assert (
+        await rr.get(lease_key(service, c.id)) == c.instance.encode()
+    )  # holds them till it lapses
     await c.close()
     assert closed == []
     assert (await rr.xpending(stream, group))["pending"] == 2
-    assert await rr.exists(*(h.lock_key for h in held)) == 2
+    assert await rr.get(lease_key(service, c.id)) == c.instance.encode()
     await c.start()  # started already: nothing comes back to life
     assert p.reader.task is not None and p.reader.task.done()
 
 
-async def test_a_lock_let_go_by_a_keyed_commit_in_flight_is_not_reported_lost(
+async def test_a_stream_let_go_by_a_keyed_commit_in_flight_is_not_reported_lost(
     redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:
-    """A keyed commit that lets its key go deletes the lock before its reply is read; a heartbeat
-    answered in between finds the lock gone. While the commit is in flight (``Holdings.settling``)
-    that is not a loss: the commit's reply decides. Any other lock found gone is disowned."""
+    """A keyed commit that lets its key go may finish the entry before its reply is read; a heartbeat
+    answered in between that finds the lease lost disowns every held stream but that one: while the
+    commit is in flight (``Holdings.settling``) the commit's reply decides."""
     await produce(redis_server.url, service, "k1", "k2")
     c = client(redis_server.url, service, "c1", lock_ttl=60.0, heartbeat_interval=50.0)
     await c.start()
     try:
         settling, lost = await take(c, 2)
-        await r.delete(
-            lbs.lock_key(service, settling.entry_id), lbs.lock_key(service, lost.entry_id)
-        )
+        await r.delete(c.lease_key)
         probe(c).settle(settling.entry_id)
         assert await c.heartbeat() == 1
         assert [h.stream for h in c.held_streams()] == [settling.stream]
+        (disowned,) = await take(c, 1, kind=lbs.NotificationType.STREAM_DISOWNED)
+        assert disowned.entry_id == lost.entry_id
     finally:
         await c.close()

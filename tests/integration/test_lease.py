@@ -66,7 +66,8 @@ async def test_a_lease_lost_while_its_holder_lives_puts_its_streams_back_without
         assert await c.heartbeat() == 2
         disowned = await take(c, 2, kind=lbs.NotificationType.STREAM_DISOWNED)
         assert {n.stream for n in disowned} == {"a", "b"}
-        assert await rr.get(key) == c.instance.encode()  # taken again
+        # Taken again under a new value: a write built under the lapsed one is refused.
+        assert await rr.get(key) == f"{c.instance}.2".encode()
         # Put back as fresh entries with no retry counted; this consumer takes them again.
         again = await take(c, 2)
         assert {n.stream for n in again} == {"a", "b"}
@@ -145,3 +146,31 @@ async def test_a_clean_close_deletes_the_lease(
     assert await rr.get(key) == c.instance.encode()
     await c.close()
     assert await rr.exists(key) == 0
+
+
+async def test_a_done_built_under_a_lapsed_lease_cannot_ack_what_another_consumer_adopted(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    """c1's lease lapses, c2 adopts its entry; c1 takes its lease again. A done c1 built before (in
+    flight, say) carries the lapsed lease's value: Redis acks nothing of c2's."""
+    await produce(any_server.url, service, "x")
+    r = aioredis.from_url(any_server.url)
+    try:
+        await r.xgroup_create(input_stream(service), group_name(service), "0", mkstream=True)
+        c1, c2 = lbs.lease_key(service, "c1"), lbs.lease_key(service, "c2")
+        await r.set(c1, "n1")
+        read = [input_stream(service), fence_key(service), c1, group_name(service), "c1", 10]
+        ((entry_id, _),), _, _ = await r.eval(source("read-3"), 3, *read, "n1", ">")
+        await r.delete(c1)  # lapsed: c2 adopts (XCLAIM, as reap-4 does)
+        await r.set(c2, "n2")
+        await r.xclaim(input_stream(service), group_name(service), "c2", 0, [entry_id])
+        await r.set(c1, "n1.2")  # c1 takes its lease again, under a new value
+        done = [input_stream(service), c1, group_name(service), 1 if any_server.version >= (8, 2) else 0]
+        reply = await r.eval(source("done-n"), 2, *done, 0, "", "c1", "n1", 0, entry_id, "")
+        assert reply == b"3"
+        pending = await r.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
+        assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [
+            (entry_id.decode(), "c2")
+        ]
+    finally:
+        await r.aclose()

@@ -43,7 +43,7 @@ CONSUMER = textwrap.dedent(
 )
 
 
-async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(
+async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lease(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:
     ttl = 0.5
@@ -57,14 +57,20 @@ async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(
         try:
             added = await next_line(proc, timeout=15)
             assert added["type"] == "STREAM_ADDED" and added["stream"] == "slow"
-            (entry_id,) = [i.decode() for i, _ in await r.xrange(lbs.input_stream(service))]
-            lock = lbs.lock_key(service, entry_id)
+            ((entry_id, holder),) = [
+                (p["message_id"].decode(), p["consumer"].decode())
+                for p in await r.xpending_range(
+                    lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
+                )
+            ]
+            lease = lbs.lease_key(service, holder)
+            assert await r.exists(lease) == 1
             os.kill(proc.pid, signal.SIGSTOP)  # stalls past the TTL: no heartbeat
 
-            async def lock_gone() -> bool:
-                return await r.exists(lock) == 0  # reading an expired key deletes it
+            async def lease_gone() -> bool:
+                return await r.exists(lease) == 0  # reading an expired key deletes it
 
-            await eventually(lock_gone, timeout=ttl * 20)
+            await eventually(lease_gone, timeout=ttl * 20)
             os.kill(proc.pid, signal.SIGCONT)
             disowned = await next_line(proc, timeout=15)
             assert disowned == {
@@ -78,15 +84,18 @@ async def test_stalled_process_is_disowned_and_its_done_reports_the_lost_lock(
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGCONT)
                 proc.kill()
-    # The heartbeat that found the lock gone re-queued the entry (recovery is
-    # off: nobody else would have), racing the application's done_stream;
-    # exactly one of them wins, and the status says which.
+    # The heartbeat that found the lease gone takes it again and re-queues the
+    # entry (recovery is off: nobody else would have), racing the application's
+    # done_stream; exactly one of them wins, and the status says which.
     left = await r.xrange(lbs.input_stream(service))
-    if done == {"type": "DONE", "status": "LOCK_EXPIRED"}:
-        assert left == []  # done won: acked, nobody else processed it
+    if done == {"type": "DONE", "status": "DONE"}:
+        # done won, under the lease taken again, with the entry still pending to this
+        # consumer (nobody took it meanwhile): acked, nobody else processed it
+        assert left == []
     else:
+        # done lost: sent while the lease was gone, or after the re-queue
         assert done == {"type": "DONE", "status": "LOCK_LOST"}
         ((new_id, fields),) = left  # the re-queue won: back in circulation, no retry counted
-        assert new_id.decode() != entry_id  # (losing a lock is not the stream's failure)
+        assert new_id.decode() != entry_id  # (losing a lease is not the stream's failure)
         assert fields[b"_retry_count"] == b"0" and fields[b"_original_id"] == entry_id.encode()
     assert (await r.xpending(lbs.input_stream(service), lbs.group_name(service)))["pending"] == 0

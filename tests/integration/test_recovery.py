@@ -149,14 +149,6 @@ async def test_restart_under_the_same_id_recovers_its_own_pending_work(
         await next_line(proc)
     finally:
         stop(proc)
-    lock_keys = [
-        lbs.lock_key(service, i.decode()) for i, _ in await rr.xrange(lbs.input_stream(service))
-    ]
-
-    async def expired() -> bool:
-        return await rr.exists(*lock_keys) == 0
-
-    await eventually(expired, timeout=10)
     # Same id, every fast path off: only startup recovery can bring it back.
     again = client(
         redis_server.url,
@@ -167,6 +159,11 @@ async def test_restart_under_the_same_id_recovers_its_own_pending_work(
         deadline_poll_interval=3600.0,
         reconciliation_interval=3600.0,
     )
+
+    async def expired() -> bool:
+        return await rr.exists(again.lease_key) == 0  # the killed process's lease lapsed
+
+    await eventually(expired, timeout=10)
     await again.start()
     try:
         assert again.metrics.get("recovery_startup_requeued_total") == 1
@@ -176,11 +173,11 @@ async def test_restart_under_the_same_id_recovers_its_own_pending_work(
         await again.close()
 
 
-async def test_a_slow_holder_with_a_live_lock_is_never_robbed(
+async def test_a_slow_holder_with_a_live_lease_is_never_robbed(
     redis_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
-    # A holder that keeps its lock alive but never refreshes the pending idle
-    # time (a Go client does not): its entry looks idle for longer than min_idle.
+    # A holder that keeps its lease alive (its heartbeat never refreshes the
+    # pending idle time): its entry looks idle for longer than min_idle.
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     await rr.xgroup_create(stream, group, id="0", mkstream=True)
     await produce(redis_server.url, service, "slow")
@@ -190,8 +187,8 @@ async def test_a_slow_holder_with_a_live_lock_is_never_robbed(
         if isinstance(reply, dict)
         else reply[0][1][0][0].decode()
     )
-    lock = lbs.lock_key(service, entry_id)
-    await rr.set(lock, "1:redis-consumer-go-slow", px=60_000)
+    lease = lbs.lease_key(service, "redis-consumer-go-slow")
+    await rr.set(lease, "nonce-of-go-slow", px=60_000)
     await asyncio.sleep(0.7)  # idle past min_idle (0.5 s below); time is the subject here
     rec = client(redis_server.url, service, "rescuer", lock_ttl=0.2, min_idle=0.5)
     await rec.start()
@@ -199,54 +196,55 @@ async def test_a_slow_holder_with_a_live_lock_is_never_robbed(
         result = await rec.recovery.scan()
         assert result == {"requeued": 0, "alive": 1, "pending": 1}
         assert await rec.claim(entry_id) is False
-        assert await rr.get(lock) == b"1:redis-consumer-go-slow"
+        assert await rr.get(lease) == b"nonce-of-go-slow"
         assert (await rr.xpending(stream, group))["pending"] == 1
     finally:
         await rec.close()
 
 
-async def test_a_live_consumer_puts_back_a_lock_it_lost(
+async def test_a_live_consumer_puts_back_what_it_held_when_its_lease_is_lost(
     redis_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
-    # A lock deleted under a live holder (eviction, an operator's DEL): the
+    # A lease deleted under a live holder (eviction, an operator's DEL): the
     # holder's deadline stays fresh, so no poller comes for it; its own
-    # heartbeat finds the lock gone, disowns the stream and re-queues it.
+    # heartbeat finds the lease gone, disowns every stream, takes the lease
+    # again and re-queues them, no retry counted.
     await produce(redis_server.url, service, "evicted", "kept")
     c = client(redis_server.url, service, "holder", recovery=False, max_streams=2)
+    rec = client(redis_server.url, service, "rescuer", recovery=False)
     await c.start()
     try:
         notes = {n.stream: n for n in await take(c, 2)}
-        victim = notes["evicted"]
-        await rr.delete(lbs.lock_key(service, victim.entry_id))
-        assert await c.heartbeat() == 1
-        (disowned,) = await take(c, 1, kind=lbs.NotificationType.STREAM_DISOWNED)
-        assert disowned.stream == "evicted"
-        (again,) = await take(c, 1)  # back in circulation, and read again
-        assert (
-            again.stream == "evicted"
-            and again.retry_count == 0
-            and again.entry_id != victim.entry_id
-        )
+        await rr.delete(c.lease_key)
+        assert await rec.recovery.poll_deadlines() == 0  # its deadline is not due
+        assert await c.heartbeat() == 2
+        disowned = await take(c, 2, kind=lbs.NotificationType.STREAM_DISOWNED)
+        assert {n.stream for n in disowned} == {"evicted", "kept"}
+        assert await rr.get(c.lease_key) == c.instance.encode()
+        again = {n.stream: n for n in await take(c, 2)}  # back in circulation, and read again
+        assert set(again) == {"evicted", "kept"}
+        for name, note in again.items():
+            assert note.retry_count == 0 and note.entry_id != notes[name].entry_id
         assert {h.stream for h in c.held_streams()} == {"evicted", "kept"}
-        assert await rr.get(lbs.lock_key(service, notes["kept"].entry_id)) is not None
     finally:
         await c.close()
+        await rec.close()
 
 
 async def test_after_a_stall_the_deadline_poller_gives_a_grace_instead_of_judging(
     redis_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
-    # A stopped server (SIGSTOP, a VM pause) lets every lock and deadline lapse
+    # A stopped server (SIGSTOP, a VM pause) lets every lease and deadline lapse
     # at once, though the holders live. The first poll after the gap gives each
-    # overdue consumer one lock TTL of grace; without a gap it judges at once.
+    # overdue consumer one lease TTL of grace; without a gap it judges at once.
     index = consumers_key(service)
     await produce(redis_server.url, service, "a")
     c = client(redis_server.url, service, "stalled", recovery=False, lock_ttl=30)
     rec = client(redis_server.url, service, "rescuer", recovery=False, lock_ttl=2.0)
     await c.start()
     try:
-        (note,) = await take(c, 1)
-        await rr.delete(lbs.lock_key(service, note.entry_id))  # the lock lapsed ...
+        await take(c, 1)
+        await rr.delete(c.lease_key)  # the lease lapsed ...
         await rr.zadd(index, {c.id: 0})  # ... and so did the deadline
         sec, usec = await rr.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
@@ -263,9 +261,9 @@ async def test_after_a_stall_the_deadline_poller_gives_a_grace_instead_of_judgin
 async def test_the_deadline_poller_spares_a_late_live_consumer_and_times_its_next_look(
     redis_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
-    # A consumer whose deadline passed (a late heartbeat) but whose locks
-    # live: the poller takes nothing, and looks again when the first of its
-    # locks could expire. One lock gone: only that entry comes back. Nothing
+    # A consumer whose deadline passed (a late heartbeat) but whose lease
+    # lives: the poller takes nothing, and looks again when its lease could
+    # expire. The lease gone: everything pending to it comes back. Nothing
     # pending: the consumer leaves the index.
     index, stream, group = (
         consumers_key(service),
@@ -280,25 +278,27 @@ async def test_the_deadline_poller_spares_a_late_live_consumer_and_times_its_nex
         notes = {n.stream: n for n in await take(c, 3)}
         await rr.zadd(index, {c.id: 0})
         assert await rec.recovery.poll_deadlines() == 0
-        score = await rr.zscore(index, c.id)
-        sec, usec = await rr.time()
-        now_ms = int(sec) * 1000 + int(usec) // 1000
-        soonest = min([await rr.pttl(lbs.lock_key(service, n.entry_id)) for n in notes.values()])
-        assert score is not None and abs(score - (now_ms + soonest)) < 1000
+        # Read at once: the score and the lease's expiry, both absolute server times.
+        pipe = rr.pipeline(transaction=True)
+        pipe.zscore(index, c.id)
+        pipe.pexpiretime(c.lease_key)
+        score, expiry = await pipe.execute()
+        assert score is not None and expiry > 0 and abs(score - expiry) < 1000
 
-        await rr.delete(lbs.lock_key(service, notes["b"].entry_id))
+        await rr.delete(c.lease_key)
         await rr.zadd(index, {c.id: 0})
-        assert await rec.recovery.poll_deadlines() == 1
+        assert await rec.recovery.poll_deadlines() == 3
         pending = await rr.xpending_range(stream, group, "-", "+", 10)
-        assert sorted(
-            p["message_id"].decode() for p in pending if p["consumer"] == c.id.encode()
-        ) == sorted([notes["a"].entry_id, notes["c"].entry_id])
-        assert (await rr.zscore(index, c.id) or 0) > now_ms  # rescored: it still holds two
+        assert not [p for p in pending if p["consumer"] == c.id.encode()]
+        originals = {
+            f[b"_original_id"].decode() for _, f in await rr.xrange(stream) if b"_original_id" in f
+        }
+        adopted = {p["message_id"].decode() for p in pending if p["consumer"] == rec.id.encode()}
+        # Each one once: re-queued as a fresh entry, or adopted by the rescuer.
+        assert len(originals) + len(adopted) == 3
+        assert originals | adopted == {n.entry_id for n in notes.values()}
 
-        # (Its heartbeat, every 15 s, has not run: it does not know about "b" yet.)
-        for name in ("a", "c"):
-            assert await c.done_stream(name) is lbs.DoneStatus.DONE
-        await c.close()  # hands back the re-read "b" if it got it
+        # Nothing pending to it any more: the next look takes it out of the index.
         await rr.zadd(index, {c.id: 0})
         assert await rec.recovery.poll_deadlines() == 0
         assert await rr.zscore(index, c.id) is None
@@ -314,7 +314,7 @@ async def test_twenty_racing_recoverers_requeue_a_dead_entry_once(
     await rr.xgroup_create(stream, group, id="0", mkstream=True)
     await produce(redis_server.url, service, "contested")
     reply = await rr.xreadgroup(group, "redis-consumer-dead", {stream: ">"}, count=1)
-    assert reply  # pending to a consumer that died holding no lock
+    assert reply  # pending to a consumer that died with no lease
     recoverers = [client(redis_server.url, service, f"r{i}", recovery=False) for i in range(20)]
     try:
         entry_id = (await rr.xpending_range(stream, group, "-", "+", 1))[0]["message_id"].decode()
@@ -358,9 +358,11 @@ async def test_a_poison_pill_lands_in_the_dead_letter_stream(
     ((_, fields),) = await rr.xrange(lbs.dead_letter_stream(service))
     assert fields[b"_retry_count"] == b"4"
     assert fields[b"_original_id"] == first_id.encode()
-    assert b"lock" in fields[b"_reason"] and fields[b"_consumer"].startswith(
-        b"redis-consumer-victim-"
-    )
+    # Why: its holders' leases were gone (re-queued by the scan or the poller: "lease ..."), or it was
+    # adopted from them (intake's "out of retries: ... holders died running it ...").
+    reason = fields[b"_reason"]
+    assert b"lease" in reason or b"holders died" in reason, reason
+    assert fields[b"_consumer"].startswith(b"redis-consumer-victim-")
     assert fields[b"lbs-input"] == lbs.encode_input("poison-1")
     assert await rr.xlen(lbs.input_stream(service)) == 0
 
@@ -389,13 +391,10 @@ async def test_fifty_slow_entries_do_not_hide_a_dead_one(
     stream, group = lbs.input_stream(service), lbs.group_name(service)
     await rr.xgroup_create(stream, group, id="0", mkstream=True)
     await produce(redis_server.url, service, *[f"slow-{i}" for i in range(50)], "dead")
-    await rr.xreadgroup(group, "redis-consumer-slow", {stream: ">"}, count=51)
-    pending = await rr.xpending_range(stream, group, "-", "+", 51)
-    ids = [p["message_id"].decode() for p in pending]
-    pipe = rr.pipeline(transaction=False)
-    for entry_id in ids[:50]:  # the first page: alive (locks held), the 51st: dead
-        pipe.set(lbs.lock_key(service, entry_id), "1:redis-consumer-slow", px=60_000)
-    await pipe.execute()
+    # The first page (scan_batch 50): alive (their holder's lease lives); the 51st: its holder's is gone.
+    await rr.xreadgroup(group, "redis-consumer-slow", {stream: ">"}, count=50)
+    await rr.xreadgroup(group, "redis-consumer-dead", {stream: ">"}, count=1)
+    await rr.set(lbs.lease_key(service, "redis-consumer-slow"), "nonce-of-slow", px=60_000)
     await asyncio.sleep(0.7)  # past min_idle
     rec = client(redis_server.url, service, "rescuer", lock_ttl=0.2, min_idle=0.5, recovery=False)
     try:
@@ -482,7 +481,7 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
     missing = sorted(set(names) - set(by_stream))
     if missing:
         # Say where the missing ones are: their attempts, and what the LBS
-        # still holds for them (an entry, pending to whom, locked or not).
+        # still holds for them (an entry, pending to whom, its holder's lease alive or not).
         left = {}
         for eid, f in await rr.xrange(lbs_key):
             left[lbs.decode_input(f[b"lbs-input"])[0]] = eid.decode()
@@ -492,15 +491,16 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
                 lbs_key, lbs.group_name(service), min="-", max="+", count=5000
             )
         }
-        detail = {
-            m: {
+        detail = {}
+        for m in missing[:3]:
+            pending = pel.get(left.get(m, ""))
+            detail[m] = {
                 "attempts": [r for r in records if r["stream"] == m],
                 "entry": left.get(m),
-                "pending": pel.get(left.get(m, "")),
-                "locked": bool(left.get(m)) and await rr.exists(lbs.lock_key(service, left[m])),
+                "pending": pending,
+                "leased": pending is not None
+                and bool(await rr.exists(lbs.lease_key(service, pending[0]))),
             }
-            for m in missing[:3]
-        }
         raise AssertionError(
             f"{len(missing)} streams never done: {missing[:25]}; first ones: {detail}"
         )

@@ -13,6 +13,7 @@ from lbs._consumer.recovery import Recovery
 from lbs._keys import (
     consumers_key,
     fence_key,
+    lease_key,
     queued_prefix,
     reaped_key,
 )
@@ -28,7 +29,9 @@ async def test_a_reap_that_finds_nothing_due_writes_only_the_time_of_the_call(
     # Adoption's keys hold what adoption would refuse: a call with nothing due never looks at them.
     await r.hset(fence_key(service), "x", "1")
     await r.hset(queued_prefix(service) + "c2", "x", "1")
-    # Adoption by c2 (room 10, queued): the call whose preconditions are the most.
+    # Adoption by c2 (room 10, queued, its lease holding the value the call gives): the call whose
+    # preconditions are the most.
+    await r.set(lease_key(service, "c2"), "n")
     assert await reap(r, service, "c2", 10, queues="1") == [[], [], [], 0, -1]  # the index empty
     assert await r.exists(reaped_key(service))
     now_ms = int(await r.get(reaped_key(service)))

@@ -1,6 +1,6 @@
 """A close (or a SIGTERM under ``run()``) that lands while the client is still starting: the start
-stops, ``run()`` returns without an error, and nothing is left behind (no instance marker that would
-refuse a restart under the same consumer id until it expires, no lock, no pending entry)."""
+stops, ``run()`` returns without an error, and nothing is left behind (no lease that would refuse a
+restart under the same consumer id until it expires, no pending entry)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
+from lbs._keys import lease_prefix
 
 from _helpers import client, eventually, produce
 
@@ -18,9 +19,14 @@ pytestmark = pytest.mark.integration
 
 
 async def _left(r: aioredis.Redis, service: str) -> list[bytes]:
+    """Leases, and entries pending to anyone."""
+    found = [k async for k in r.scan_iter(match=lease_prefix(service) + "*")]
     stream = lbs.input_stream(service)
-    found = [k async for k in r.scan_iter(match=f"{{{stream}}}:instance:*")]
-    found += [k async for k in r.scan_iter(match=lbs.lock_key(service, "*"))]
+    if await r.exists(stream):
+        groups = {g["name"].decode() for g in await r.xinfo_groups(stream)}
+        if lbs.group_name(service) in groups:
+            pending = await r.xpending_range(stream, lbs.group_name(service), "-", "+", 10)
+            found += [p["message_id"] for p in pending]
     return found
 
 
@@ -65,8 +71,8 @@ async def test_a_close_at_any_point_of_the_start_leaves_nothing(
 async def test_a_drain_longer_than_the_lock_ttl_keeps_the_streams_held(
     redis_server: Any, r: aioredis.Redis, service: str, keyed: bool
 ) -> None:
-    """close() while handlers run past the lock TTL: the heartbeat keeps their locks through the
-    drain, so no other consumer starts them meanwhile, and their finish is a plain DONE (not a lock
+    """close() while handlers run past the lease TTL: the heartbeat keeps the lease through the
+    drain, so no other consumer starts them meanwhile, and their finish is a plain DONE (not a lease
     lost to the drain). The defaults' proportion: a drain twice the TTL (20 s and 10 s)."""
     url = redis_server.url
     names = [f"s{i}" for i in range(3)]
@@ -120,9 +126,10 @@ async def test_a_drain_longer_than_the_lock_ttl_keeps_the_streams_held(
     tb = serve(b, "b")
     try:
         await asyncio.sleep(0.3)  # B reads and recovers beside A
-        await a.close()  # drains 2 s of handlers with a 1-s lock TTL
+        await a.close()  # drains 2 s of handlers with a 1-s lease TTL
         await asyncio.wait_for(ta, 30)
-        await asyncio.sleep(1.5)  # past a lock TTL after A's close: B would have taken a lost lock
+        # Past a lease TTL after A's close: B would have taken a lost lease.
+        await asyncio.sleep(1.5)
     finally:
         await b.close()
         await asyncio.wait_for(tb, 30)

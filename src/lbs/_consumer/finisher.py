@@ -113,6 +113,17 @@ class Finisher(Activity, kind="finisher"):
             raise failed
         return statuses
 
+    def lease_lost(self) -> None:
+        """The lease lapsed while this process lived: what waits to be finished (queued, or waiting to be
+        sent again) was read under it, and may be another consumer's by now; none of it is sent (each
+        reads LOCK_LOST). A call already sent carries the lapsed lease's value: Redis refuses it."""
+        waiting, self._queue, self._retry = [*self._retry, *self._queue], [], []
+        for h, fut in waiting:
+            if fut is None:
+                self._finished_one(h, DoneCode.LOCK_LOST)
+            elif not fut.done():
+                fut.set_result(int(DoneCode.LOCK_LOST))
+
     def finishing(self) -> list[Held]:
         """Streams handed to the finisher whose done Redis has not answered yet (the heartbeat extends them)."""
         if not (self._queue or self._inflight or self._retry):
@@ -137,6 +148,7 @@ class Finisher(Activity, kind="finisher"):
             del queue[:DONE_BATCH]
             ids = [h.entry_id for h, _ in batch]
             streams = [h.stream for h, _ in batch]
+            lease = s.lease.value  # what they were read under (lease_lost() fails what was not)
             xackdel = s.server.xackdel
 
             go = (
@@ -148,13 +160,13 @@ class Finisher(Activity, kind="finisher"):
             wire = s.link.done
             try:
                 try:
-                    build = _done(n, ids, streams, xackdel, retrying, go)
+                    build = _done(n, lease, ids, streams, xackdel, retrying, go)
                     (reply,) = first_error(await wire.execute(build))
                 except RedisConnectionError:
                     # The connection failed with the call in flight: it may have
                     # run. Send it once more on a fresh connection, saying so.
                     retrying = True
-                    build = _done(n, ids, streams, xackdel, retrying, go)
+                    build = _done(n, lease, ids, streams, xackdel, retrying, go)
                     (reply,) = first_error(await wire.execute(build))
                 codes = scripts.done_codes(reply)
             except asyncio.CancelledError:
@@ -238,7 +250,7 @@ class Finisher(Activity, kind="finisher"):
         def call(b: CommandBatch, i: int) -> None:
             h = batch[i][0]
             go_keys = [_keys.go_lock_key(h.stream, h.entry_id)] if go else None
-            _done(n, [h.entry_id], [h.stream], xackdel, False, go_keys)(b)
+            _done(n, s.lease.value, [h.entry_id], [h.stream], xackdel, False, go_keys)(b)
 
         bad = unencodable(len(batch), call)
         for i, why in bad.items():
@@ -322,14 +334,15 @@ class Finisher(Activity, kind="finisher"):
 
 def _done(
     n: Names,
+    lease: str,
     ids: list[str],
     streams: list[str],
     xackdel: bool,
     retrying: bool,
     go: list[str] | None,
 ) -> Callable[[CommandBatch], None]:
-    """The writer of one ``done-n.lua`` call (``retrying``: it may have run already): the entries were
-    read under this process's lease, whose value is its instance nonce."""
+    """The writer of one ``done-n.lua`` call (``retrying``: it may have run already) for entries read
+    under the lease value ``lease``."""
 
     def build(b: CommandBatch) -> None:
         scripts.done(
@@ -340,7 +353,7 @@ def _done(
             streams,
             n.group,
             n.id,
-            n.instance,
+            lease,
             n.key_prefix,
             xackdel,
             retrying,

@@ -208,7 +208,7 @@ class Heartbeat(Activity, kind="heartbeat"):
                 ttl_ms=ttl,
                 group=n.group,
                 consumer=n.id,
-                lease=n.instance,
+                lease=s.lease.value,
                 go=go,
             )
 
@@ -273,7 +273,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         return len(lost)
 
     async def _retake(self, holder: str) -> None:
-        """The lease was gone (``holder`` "") or held by another process: take it again with our nonce.
+        """The lease was gone (``holder`` "") or held by another process: take it again, with a new value.
 
         Every stream held is disowned by the caller and put back: they were read under the lease
         that lapsed, and recovery may already have handed them to another consumer. Another live
@@ -288,7 +288,7 @@ class Heartbeat(Activity, kind="heartbeat"):
                 "the lease %s, so this process holds nothing; give each process its own id",
                 n.id,
                 holder,
-                n.instance,
+                s.lease.value,
                 n.lease_key,
             )
             return
@@ -296,10 +296,16 @@ class Heartbeat(Activity, kind="heartbeat"):
             s.hooks.metric("wrong_type_keys_total", 1)
             s.log.error("heartbeat: %s holds a value of the wrong type, not a lease", n.lease_key)
             return
+        # A new value: a write still in flight under the lapsed one (a read, a done) is refused.
+        value = s.lease.next()
+        s.holdings.renew(value)
+        self.finisher.lease_lost()
         s.log.warning(
-            "this consumer's lease %s lapsed (a stall, a partition); taking it again", n.lease_key
+            "this consumer's lease %s lapsed (a stall, a partition); taking it again (%s)",
+            n.lease_key,
+            value,
         )
-        await s.link.redis.set(n.lease_key, n.instance, nx=True, px=s.config.lock_ttl_ms)
+        await s.link.redis.set(n.lease_key, value, nx=True, px=s.config.lock_ttl_ms)
 
     async def mark_running(self, records: list[Held]) -> None:
         """Tell Redis that those of ``records`` the application took from the notification queue
@@ -325,20 +331,10 @@ class Heartbeat(Activity, kind="heartbeat"):
         HeldTable.settle_marks(records)
 
     def _warn(self, what: str) -> None:
-        """Something the tick's last call could not do (extend-n.lua's string outputs)."""
+        """A key the tick could not use (extend-n.lua's "LBSKEY ..." notes)."""
         s = self.state
-        if what.startswith("INSTANCE"):
-            s.hooks.metric("duplicate_consumer_total", 1)
-            s.log.error(
-                "another live process runs with consumer id %s (instance %s, this one %s): their "
-                "locks and pending entries mix; give each process its own id",
-                s.names.id,
-                what.partition(" ")[2],
-                s.names.instance,
-            )
-        else:
-            s.hooks.metric("wrong_type_keys_total", 1)
-            s.log.error("heartbeat: %s", what.removeprefix("LBSKEY "))
+        s.hooks.metric("wrong_type_keys_total", 1)
+        s.log.error("heartbeat: %s", what.removeprefix("LBSKEY "))
 
     def _report_overdue(self, limit: float) -> None:
         """Warn once per stream held longer than ``limit`` seconds; the ``held_overdue`` gauge counts them.

@@ -49,7 +49,7 @@ class Instance:
         give_up = loop.time() + cfg.lock_ttl + cfg.heartbeat_every + 1.0
         seen: tuple[Any, int] | None = None
         try:
-            while not await r.set(key, s.names.instance, nx=True, px=cfg.lock_ttl_ms):
+            while not await r.set(key, s.lease.value, nx=True, px=cfg.lock_ttl_ms):
                 pipe = r.pipeline(transaction=True)
                 pipe.get(key)
                 pipe.pttl(key)
@@ -99,7 +99,7 @@ class Instance:
                 key,
                 n.stream_key,
                 n.consumers_key,
-                instance=n.instance,
+                instance=s.lease.value,
                 group=n.group,
                 consumer=n.id,
             )

@@ -112,6 +112,14 @@ class Lifecycle:
         # Which reader: a plugin may answer (and may refuse this server by raising).
         strategy = s.hooks.ask("lbs_reader", server_version=s.server.version)
         s.strategy = strategy if strategy is not None else ReadStrategy(name="default")
+        if s.strategy.claim_min_idle is not None:
+            s.log.warning(
+                "read strategy %r asks for XREADGROUP ... CLAIM of entries idle %gs: ignored. An entry "
+                "is held while its consumer's lease lives, however idle, and recovery takes a dead "
+                "consumer's entries as soon as its lease is gone (lbs-claim is no longer needed)",
+                s.strategy.name,
+                s.strategy.claim_min_idle,
+            )
         backend = s.hooks.ask("lbs_dead_letter_backend") if s.names.dead_letter_key else None
         self.forwarder = Forwarder(s, backend) if backend is not None else None
         if cfg.configure_keyspace_events:

@@ -45,7 +45,7 @@ class Malformed:
         n = s.names
         try:
             results = await self.requeue.send(
-                [(e.id, n.lease_prefix, mode, n.instance, reason) for e, _, reason in bad],
+                [(e.id, n.lease_prefix, mode, s.lease.value, reason) for e, _, reason in bad],
                 count_retry=False,
                 force_dead_letter=True,
             )

@@ -210,7 +210,7 @@ class Reader(Activity, kind="reader"):
             n.group,
             n.id,
             count,
-            n.instance,
+            s.lease.value,
             start,
             n.queued_key if self.dispatch is None else "",
             n.key_prefix,

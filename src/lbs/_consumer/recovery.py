@@ -192,7 +192,7 @@ class Recovery(Activity):
                 grace_ms=ttl_ms,
                 adopter=n.id if room else "",
                 room=room,
-                lease=n.instance,
+                lease=s.lease.value,
                 queued_prefix=n.queued_prefix,
                 queues=adopter is not None and adopter.queues,
             )

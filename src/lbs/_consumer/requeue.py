@@ -213,7 +213,7 @@ class Requeue:
             return []
         s = self.state
         n = s.names
-        calls = [(h.entry_id, n.lease_prefix, "owned", n.instance, reason) for h in items]
+        calls = [(h.entry_id, n.lease_prefix, "owned", s.lease.value, reason) for h in items]
         ids = {h.entry_id for h in items} - self.handing_back
         self.handing_back |= ids
         try:
@@ -407,7 +407,7 @@ class Requeue:
             return []
         s = self.state
         n = s.names
-        value = n.instance if mode != "absent" else ""
+        value = s.lease.value if mode != "absent" else ""
         results = first_error(
             await self.send(
                 [(i, n.lease_prefix, mode, value, reason) for i in ids], count_retry=count_retry

@@ -39,6 +39,7 @@ __all__ = [
     "ConsumerLog",
     "Histogram",
     "Holdings",
+    "Lease",
     "Link",
     "Names",
     "Server",
@@ -214,16 +215,39 @@ class ClientStats:
     keyed_messages: int = 0
 
 
+class Lease:
+    """This process's lease value: what ``{<service>-input}:lease:<id>`` holds while the process holds
+    it, its instance nonce at start, ``<instance nonce>.<n>`` when it takes the lease an n-th time
+    (after it lapsed while the process lived). Each take has its own value, so a write built under a
+    lapsed take (a read, a done, a hand-back still in flight) is refused by the scripts: what was
+    read under it may be another consumer's by now."""
+
+    def __init__(self, instance: str) -> None:
+        self.instance = instance
+        self.takes = 1
+
+    @property
+    def value(self) -> str:
+        return self.instance if self.takes == 1 else f"{self.instance}.{self.takes}"
+
+    def next(self) -> str:
+        """The value of the next take."""
+        self.takes += 1
+        return self.value
+
+
 class Holdings:
     """The held streams (the core's :class:`HeldTable`) and the recently disowned ones.
 
     Dropping a held stream frees a slot: the reader, waiting on
-    :attr:`freed`, reads again.
+    :attr:`freed`, reads again. A held stream's value is ``<token>:<consumer id>:<lease value>``
+    (the keyed scripts check it against the lease).
     """
 
-    def __init__(self, names: Names) -> None:
+    def __init__(self, names: Names, lease: str) -> None:
         self.consumer = names.id
-        self.table = HeldTable(names.lock_owner, names.lock_key_prefix)
+        self._prefix = names.lock_key_prefix
+        self.table = HeldTable(f"{names.id}:{lease}", self._prefix)
         #: Disowned streams by name, newest last: done_stream still finishes them (LOCK_EXPIRED/LOST).
         self.tombstones: OrderedDict[str, Held] = OrderedDict()
         #: Set when a slot frees (a stream dropped, or the client closing): the reader reads again.
@@ -234,6 +258,13 @@ class Holdings:
 
     def __len__(self) -> int:
         return len(self.table)
+
+    def renew(self, lease: str) -> None:
+        """The lease was taken again with value ``lease``: what is held from now on is held under it (every
+        stream held under the lapsed one was dropped first)."""
+        if len(self.table):
+            raise RuntimeError(f"{len(self.table)} streams still held under the lapsed lease")
+        self.table = HeldTable(f"{self.consumer}:{lease}", self._prefix)
 
     def drop(self, h: Held) -> bool:
         """Forget ``h``; False if it was not (or no longer) held."""
@@ -343,7 +374,9 @@ class ClientState:
         self.parser = EntryParser(
             _keys.INPUT_FIELD, names.retry_field, names.original_field, config.max_input_bytes
         )
-        self.holdings = Holdings(names)
+        #: This process's lease value (a new one each time the lease is taken again).
+        self.lease = Lease(names.instance)
+        self.holdings = Holdings(names, self.lease.value)
         self.mailbox: Mailbox[Notification] = Mailbox(config.notification_buffer)
         self.stats = ClientStats()
         self._finished = asyncio.Event()  # set whenever a stream finished (wait_finished)

@@ -10,7 +10,7 @@
   ARGV[1]        lease TTL in milliseconds, an integer >= 1
   ARGV[2]        consumer group
   ARGV[3]        consumer name in the group
-  ARGV[4]        the lease's value, "<instance nonce>.<take>" (not empty)
+  ARGV[4]        the lease's value: the process's nonce, "<nonce>.<n>" at its n-th take
   Beside a Go reference client v0.4 fleet (Config.go_compatible) 5 + 2n
   arguments follow:
   ARGV[5]        the Go-style locks' TTL in milliseconds, an integer >= 1

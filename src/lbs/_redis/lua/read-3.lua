@@ -18,7 +18,7 @@
   ARGV[1]  consumer group
   ARGV[2]  consumer id: the consumer name in the group
   ARGV[3]  most entries to read (COUNT), an integer >= 1 (at most 15 digits)
-  ARGV[4]  the lease's value, "<instance nonce>.<take>": nothing is read
+  ARGV[4]  the lease's value (the nonce, "<nonce>.<n>" at its n-th take): nothing is read
            unless KEYS[3] holds it (a lapsed lease holds nothing: entries
            delivered now would be held by nobody)
   ARGV[5]  ">" for new entries; "0" to re-read this consumer's own pending
