@@ -200,6 +200,17 @@ def lease_key(service: str, consumer_id: str) -> str:
     return lease_prefix(service) + consumer_id
 
 
+def tokens_prefix(service: str) -> str:
+    """The prefix of the consumers' token records, ``{<service>-input}:tokens:``; one is this plus a
+    consumer id.
+
+    A hash per consumer, for ``lbs status``: each batch it read or adopted (one fencing token each,
+    shared by the batch's entries) as a field, its value ``<first id>..<last id>`` (a read: a range
+    of the stream) or the entry ids; the consumer deletes a field once it finished the batch.
+    """
+    return f"{hash_tag(service)}:tokens:"
+
+
 def nudge_stream(service: str) -> str:
     """Where fair dispatch wakes idle peers: ``{<service>-input}:nudge``.
 

@@ -122,19 +122,21 @@ async def test_collect_status_counts_exactly(any_server: Any, service: str) -> N
         )
         assert (live.state, live.pending) == ("alive", 2)
         assert live.deadline_ms is not None and live.deadline_ms > 0
-        assert live.instance_ttl_ms is not None and live.instance_ttl_ms > 0
-        assert (dying.state, dying.pending, dying.instance_ttl_ms) == ("dead", 1, None)
+        assert live.lease_ttl_ms is not None and live.lease_ttl_ms > 0
+        assert (dying.state, dying.pending, dying.lease_ttl_ms) == ("dead", 1, None)
         assert dying.deadline_ms is not None and dying.deadline_ms <= 0
-        assert (gone.state, gone.pending, gone.instance_ttl_ms) == ("departed", 0, None)
+        assert (gone.state, gone.pending, gone.lease_ttl_ms) == ("departed", 0, None)
         assert [c.name for c in st.consumers] == [
             scene.live.id,
             scene.dying.id,
             "redis-consumer-gone",
         ]
-        # What each holds, with its token (a dead holder's lock is gone) and age.
+        # What each holds, with the token it holds it under (a dead holder's too: its records stay
+        # until recovery takes its streams) and age.
         assert [(h.stream, h.entry_id) for h in live.held] == [("b", ids["b"]), ("d", ids["d"])]
         assert all(h.token is not None and h.token > 0 and h.age_ms >= 0 for h in live.held)
-        assert [(h.stream, h.token) for h in dying.held] == [("c", None)]
+        assert [h.stream for h in dying.held] == ["c"]
+        assert dying.held[0].token is not None and dying.held[0].token > 0
         assert gone.held == ()
         assert (st.count("alive"), st.count("late"), st.count("dead"), st.count("departed")) == (
             1,
@@ -191,7 +193,7 @@ async def test_the_screen_names_what_matters(redis_server: Any, service: str) ->
     ):
         assert text in screen, (text, screen)
     assert "redis-consumer-gone" not in screen  # departed consumers are counted, not listed
-    assert "b (token" in screen and "c (lock gone" in screen  # what each consumer holds
+    assert "b (token" in screen and "c (token" in screen  # what each consumer holds
 
 
 async def test_a_missing_service_says_so(any_server: Any, service: str) -> None:

@@ -38,7 +38,7 @@ async def test_one_dropped_connection_robs_nothing(
 ) -> None:
     # Finding 1: hold 10 streams, kill the consumer's connections once after
     # its first heartbeat. The next tick must not fail on the dead connection
-    # (the Wire notices the EOF and reconnects), so no lock ever expires.
+    # (the Wire notices the EOF and reconnects), so the lease never expires.
     await produce(redis_server.url, service, *[f"s{i}" for i in range(10)])
     c = client(redis_server.url, service, lock_ttl=1.5, recovery=False)
     ticks: list[int] = []
@@ -54,7 +54,7 @@ async def test_one_dropped_connection_robs_nothing(
         notes = await take(c, 10)
         await eventually(lambda: is_true(len(ticks) >= 1))
         assert await _kill_clients_of(r, c) >= 1
-        # Two TTLs: every lock would have expired without a working heartbeat.
+        # Two TTLs: the lease would have expired without a working heartbeat.
         await eventually(lambda: is_true(len(ticks) >= 1 + 6), timeout=20)
         assert c.held == 10 and sum(ticks) == 0
         assert c.drain_notifications() == []  # no STREAM_DISOWNED
@@ -101,7 +101,7 @@ async def test_a_second_process_with_the_same_consumer_id_is_refused(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
     # Finding 4: two processes under one consumer id would share a pending
-    # list and adopt each other's locks. The second is refused at start.
+    # list and one lease. The second is refused at start.
     await produce(redis_server.url, service, "a")
     first = client(redis_server.url, service, consumer="dup", lock_ttl=1.0)
     second = client(redis_server.url, service, consumer="dup", lock_ttl=1.0)
@@ -114,34 +114,41 @@ async def test_a_second_process_with_the_same_consumer_id_is_refused(
     finally:
         await first.close()
         await second.close()
-    # Closed, the id is free again at once (the marker was deleted, not left to expire).
+    # Closed, the id is free again at once (the lease was deleted, not left to expire).
     assert await r.exists(_keys.lease_key(service, first.id)) == 0
     third = client(redis_server.url, service, consumer="dup", lock_ttl=1.0)
     await asyncio.wait_for(third.start(), 0.9)
     await third.close()
 
 
-async def test_adoption_takes_only_this_instances_locks(
+async def test_a_second_process_that_takes_a_lost_lease_over_leaves_the_first_nothing(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
     # A process whose read reply was lost re-reads its consumer's pending
-    # entries and adopts the locks it took. Another process with the same id
-    # (its marker lost, so not refused) must not adopt the first one's locks.
+    # entries and adopts them: they are held by the consumer's lease. Another
+    # process with the same id (the first one's lease lost, so not refused)
+    # takes the lease, and with it everything pending to the consumer: the
+    # first can neither keep nor finish any of it, so each is finished once.
     await produce(redis_server.url, service, "a", "b", "c")
     first = client(redis_server.url, service, consumer="same", recovery=False)
     await first.start()
     second = client(redis_server.url, service, consumer="same", recovery=False)
     try:
-        await take(first, 3)
+        notes = await take(first, 3)
         await r.delete(_keys.lease_key(service, first.id))
         probe(second).lose_read_reply()  # its first read re-reads the pending list ("0")
         await second.start()
-        await eventually(lambda: is_true(not probe(second).reader.reply_lost))
-        assert second.held == 0 and first.held == 3
-        assert all(
-            v.decode().endswith(first.lock_owner)
-            for v in await r.mget([h.lock_key for h in first.held_streams()])
-        )
+        again = await take(second, 3)
+        assert {n.entry_id for n in again} == {n.entry_id for n in notes}
+        assert all(n.token > max(m.token for m in notes) for n in again)
+        # The first's tick finds the lease another process's: it loses all and takes nothing back.
+        assert await first.heartbeat() == 3
+        assert first.held == 0
+        assert await r.get(second.lease_key) == second.instance.encode()
+        assert [await first.done_stream(n.stream) for n in notes] == [lbs.DoneStatus.LOCK_LOST] * 3
+        assert [await second.done_stream(n.stream) for n in again] == [lbs.DoneStatus.DONE] * 3
+        stream, group = lbs.input_stream(service), lbs.group_name(service)
+        assert (await r.xpending(stream, group))["pending"] == 0 and await r.xlen(stream) == 0
     finally:
         await second.close()
         await first.close()
@@ -151,7 +158,7 @@ async def test_a_re_read_after_a_lost_reply_leaves_a_stream_being_handed_back_al
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
     # A handler failed and its hand-back waits for Redis (a restart's LOADING, a slow link) while the
-    # reader, its last reply lost, re-reads the pending list: the entry is still pending under our lock,
+    # reader, its last reply lost, re-reads the pending list: the entry is still pending under our lease,
     # but it is no longer held. Taking it again ran the failed handler a second time and then made
     # the hand-back fail ("lock") - the fault suite's loading test saw exactly that; and the re-read
     # (XREADGROUP's history) counted a delivery, which the re-queue took for a holder's death.
@@ -365,7 +372,7 @@ async def test_close_from_elsewhere_then_close_again_waits_for_the_shutdown(
         "max": None,
         "consumers": [],
     }
-    assert [k async for k in r.scan_iter(_keys.lock_key(service, "*"))] == []
+    assert await r.exists(c.lease_key) == 0  # nothing pending: the lease went with the close
     await asyncio.wait_for(elsewhere, 1)
     await asyncio.wait_for(runner, 1)  # run() returned too
 

@@ -14,6 +14,9 @@ from _helpers import client, eventually, produce, take
 
 IDLE = 0.2  # the claim threshold in these tests; waits past it are what the tests are about
 
+#: read-3.lua no longer does XREADGROUP ... CLAIM under the consumer lease (issue 44, stage 1).
+claim_reads = pytest.mark.skip(reason="issue 44: CLAIM reads are being redesigned for the lease")
+
 
 class ClaimIdle:
     @lbs.hookimpl
@@ -43,6 +46,7 @@ async def produce_one(r: aioredis.Redis, service: str, name: str) -> None:
     await lbs.Producer(r, service).add_stream(name)
 
 
+@claim_reads
 async def test_idle_dead_work_comes_back_in_the_same_read_as_new_work(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
@@ -71,6 +75,7 @@ async def test_idle_dead_work_comes_back_in_the_same_read_as_new_work(
         await c.close()
 
 
+@claim_reads
 async def test_a_claimed_entry_whose_lock_is_held_stays_with_its_holder(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
@@ -102,6 +107,7 @@ async def _pending_to(r: aioredis.Redis, service: str, entry_id: str, consumer: 
     return bool(p) and p[0]["consumer"].decode() == consumer
 
 
+@claim_reads
 async def test_deliveries_count_towards_max_retries(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:

@@ -199,6 +199,9 @@ class Heartbeat(Activity, kind="heartbeat"):
             else None
         )
 
+        # The token records of batches finished since the last tick (`lbs status` reads them).
+        finished = s.holdings.finished_batches[:]
+
         def build(b: CommandBatch) -> None:
             scripts.extend(
                 b,
@@ -211,12 +214,15 @@ class Heartbeat(Activity, kind="heartbeat"):
                 lease=s.lease.value,
                 go=go,
             )
+            if finished:
+                b.command("HDEL", n.tokens_key, *finished)
 
         try:
             # Extending the lease checks its value first: sending a tick twice is harmless.
-            (positions,) = first_error(await s.link.beat.execute(build, retry_safe=True))
+            positions = first_error(await s.link.beat.execute(build, retry_safe=True))[0]
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
+        del s.holdings.finished_batches[: len(finished)]
         s.stats.heartbeats += 1
         s.stats.heartbeat_at = time.monotonic()
         await self.mark_running(snapshot)  # marks a take could not send (none, nearly always)

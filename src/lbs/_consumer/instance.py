@@ -102,6 +102,7 @@ class Instance:
                 instance=s.lease.value,
                 group=n.group,
                 consumer=n.id,
+                tokens_prefix=n.tokens_prefix,
             )
 
         try:
@@ -134,6 +135,7 @@ class Instance:
                 group=n.group,
                 consumer="",
                 grace_ms=int(grace * 1000),
+                tokens_prefix=n.tokens_prefix,
             )
 
         (reply,) = await s.link.pool.execute(build)

@@ -147,7 +147,9 @@ class Intake:
                     continue
             # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
             # read-3 never queues a claimed entry (it counts as running from delivery); reap-4 queues all it adopts.
-            h = table.take(e, tok, retry_count, taken_at, queued and (adopted or not e.claimed))
+            h = s.holdings.take(
+                e, tok, retry_count, taken_at, queued and (adopted or not e.claimed)
+            )
             if late:
                 s.holdings.drop(h)
                 refused.append(h)
@@ -171,6 +173,7 @@ class Intake:
                 dispatch(h, note)
             else:
                 await s.mailbox.put(note)
+        s.holdings.batches_seen({t for t in tokens if isinstance(t, int)})
         if waiting:
             hooks.metric("streams_waiting_total", waiting)
         if batch:

@@ -217,6 +217,7 @@ class Reader(Activity, kind="reader"):
             s.config.fair_window_ms,
             n.wake_group if start == ">" else "",
             n.nudge_key if start == ">" and s.config.fair_dispatch else "",
+            n.tokens_key,
         )
 
         def build(b: CommandBatch) -> None:

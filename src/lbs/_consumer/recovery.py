@@ -195,6 +195,7 @@ class Recovery(Activity):
                 lease=s.lease.value,
                 queued_prefix=n.queued_prefix,
                 queues=adopter is not None and adopter.queues,
+                tokens_prefix=n.tokens_prefix,
             )
 
         s.adopting += (

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from _lbscore import EntryParser, Held, HeldTable
+from _lbscore import Entry, EntryParser, Held, HeldTable
 
 from .. import _keys
 from .._redis import scripts
@@ -68,6 +68,8 @@ class Names:
     lease_key: str
     #: ``{<service>-input}:lease:``: a consumer's lease is this plus its id.
     lease_prefix: str
+    #: ``{<service>-input}:tokens:``: a consumer's token records are this plus its id.
+    tokens_prefix: str
     reaped_key: str
     #: The dead-letter stream; "" when dead letters are dropped (``Config.dead_letter_stream=""``).
     dead_letter_key: str
@@ -90,6 +92,11 @@ class Names:
     nudge_key: str
 
     @property
+    def tokens_key(self) -> str:
+        """This consumer's token records (lbs._keys.tokens_prefix)."""
+        return self.tokens_prefix + self.id
+
+    @property
     def queued_key(self) -> str:
         """This consumer's queued set: what it read for the application that the application has not taken."""
         return self.queued_prefix + self.id
@@ -108,6 +115,7 @@ class Names:
             _keys.consumers_key(service),
             _keys.lease_key(service, consumer_id),
             _keys.lease_prefix(service),
+            _keys.tokens_prefix(service),
             _keys.reaped_key(service),
             _keys.dead_letter_stream(service) if dlq is None else dlq,
             _keys.lock_key(service, ""),
@@ -253,8 +261,13 @@ class Holdings:
         #: Set when a slot frees (a stream dropped, or the client closing): the reader reads again.
         self.freed = asyncio.Event()
         #: Held entries whose keyed commit is in flight: it may let the key go, so a heartbeat that
-        #: finds the lock gone meanwhile leaves them to the commit's reply instead of disowning them.
+        #: finds the lease gone meanwhile leaves them to the commit's reply instead of disowning them.
         self.settling: set[str] = set()
+        #: Held streams per batch token (read-3 and reap-4 record each batch in the consumer's token
+        #: records for `lbs status`), and the tokens of batches finished since the last tick: the
+        #: heartbeat deletes their records.
+        self._batches: dict[int, int] = {}
+        self.finished_batches: list[int] = []
 
     def __len__(self) -> int:
         return len(self.table)
@@ -266,10 +279,29 @@ class Holdings:
             raise RuntimeError(f"{len(self.table)} streams still held under the lapsed lease")
         self.table = HeldTable(f"{self.consumer}:{lease}", self._prefix)
 
+    def take(
+        self, entry: Entry, token: int, retry_count: int, taken_at: float, queued: bool
+    ) -> Held:
+        """Hold ``entry`` (:meth:`HeldTable.take`), counted in its batch."""
+        h = self.table.take(entry, token, retry_count, taken_at, queued)
+        self._batches[token] = self._batches.get(token, 0) + 1
+        return h
+
+    def batches_seen(self, tokens: Iterable[int]) -> None:
+        """A reply's batch tokens: one none of whose entries is held (all malformed, or refused) is done."""
+        for token in tokens:
+            if token not in self._batches:
+                self.finished_batches.append(token)
+
     def drop(self, h: Held) -> bool:
         """Forget ``h``; False if it was not (or no longer) held."""
         if not self.table.drop(h):
             return False
+        left = self._batches.pop(h.token, 0) - 1
+        if left > 0:
+            self._batches[h.token] = left
+        else:
+            self.finished_batches.append(h.token)
         self.freed.set()
         return True
 

@@ -96,6 +96,7 @@ def read(
     fair_ms: int | None = None,
     wake: str = "",
     nudge: str = "",
+    tokens: str = "",
 ) -> None:
     """Read up to ``count`` entries under this consumer's lease (``lease_key`` must hold ``lease``, else the
     error "LEASE ..."); the reply's entries come back as ``Entry`` objects, each with its fencing token.
@@ -104,8 +105,9 @@ def read(
     this consumer's queued set (merely held) until it takes them. ``fair_ms``: fair dispatch, peers
     idle less than this many ms are live (None: off). ``wake``: the wake group, moved to the
     stream's end when the read drains the group (see :func:`wake_read`). ``nudge``: the nudge stream,
-    where a read that leaves entries to idle peers (fair dispatch) wakes them. The reply's third element
-    is :data:`READ_AGAIN`, :data:`DRAINED` or :data:`SHARE_TAKEN`.
+    where a read that leaves entries to idle peers (fair dispatch) wakes them. ``tokens``: the consumer's
+    token records (each batch's token and range, for ``lbs status``). The reply's third element is
+    :data:`READ_AGAIN`, :data:`DRAINED` or :data:`SHARE_TAKEN`.
     """
     b.command(
         "EVALSHA",
@@ -124,6 +126,7 @@ def read(
         "" if fair_ms is None else fair_ms,  # ARGV[8] fair dispatch: live peers' window ("": off)
         wake,  # ARGV[9] the wake group, set to $ when drained ("": untouched)
         nudge,  # ARGV[10] the nudge stream: idle peers left a share are woken ("": none)
+        tokens,  # ARGV[11] the consumer's token records ("": none kept)
     )
     b.expect(Shape.SCRIPT_ENTRIES)
 
@@ -425,6 +428,7 @@ def reap(
     lease: str = "",
     queued_prefix: str = "",
     queues: bool = False,
+    tokens_prefix: str = "",
 ) -> None:
     """Find the pending entries of overdue consumers whose lease is gone; ``adopter`` (a consumer id) takes
     up to ``room`` of them on the spot (the reply's entries come back as ``Entry`` objects), the rest are
@@ -446,8 +450,9 @@ def reap(
         room,  # ARGV[7] most entries it adopts
         lease,  # ARGV[8] the adopter's lease value (adopted entries are held by it)
         queued_prefix,  # ARGV[9] the queued sets' prefix
-        1 if queues else 0,
-    )  # ARGV[10] "1": adopted entries go into the adopter's queued set
+        1 if queues else 0,  # ARGV[10] "1": adopted entries go into the adopter's queued set
+        tokens_prefix,
+    )  # ARGV[11] the token records' prefix ("": none kept)
     b.expect(Shape.SCRIPT_ENTRIES)
 
 
@@ -465,6 +470,7 @@ def leave(
     group: str,
     consumer: str,
     grace_ms: int = 0,
+    tokens_prefix: str = "",
 ) -> None:
     """A closing process (``instance``): delete its lease if still ours and its consumer if it has
     nothing pending. A sweep (``instance`` and ``consumer`` ""): delete every consumer with nothing pending
@@ -479,5 +485,6 @@ def leave(
         instance,  # ARGV[1] our nonce ("": a sweep)
         group,  # ARGV[2]
         consumer,  # ARGV[3] the closing consumer ("": every consumer)
-        grace_ms,
-    )  # ARGV[4] a sweep's grace
+        grace_ms,  # ARGV[4] a sweep's grace
+        tokens_prefix,
+    )  # ARGV[5] the token records' prefix: a deleted consumer's go too

@@ -120,7 +120,7 @@ def render_status(
         table.add_column("held", justify="right")
         table.add_column("idle", justify="right")
         table.add_column("deadline", justify="right")
-        table.add_column("instance marker", justify="right")
+        table.add_column("lease", justify="right")
         table.add_column("holds (token, registered ago)", overflow="fold")
         for c in shown[:max_rows]:
             table.add_row(
@@ -199,7 +199,7 @@ HOLDS_SHOWN = 3
 def _holds(c: ConsumerStatus) -> str:
     """``name (token 12, 3s), ...`` for the first :data:`HOLDS_SHOWN` streams ``c`` holds; ``+N`` for the rest."""
     parts = [
-        f"{h.stream or h.entry_id} ({'lock gone' if h.token is None else f'token {h.token}'}, "
+        f"{h.stream or h.entry_id} ({'token unknown' if h.token is None else f'token {h.token}'}, "
         f"{duration(h.age_ms)})"
         for h in c.held[:HOLDS_SHOWN]
     ]
@@ -208,6 +208,6 @@ def _holds(c: ConsumerStatus) -> str:
 
 
 def _marker(c: ConsumerStatus) -> str:
-    if c.instance_ttl_ms is None:
+    if c.lease_ttl_ms is None:
         return "none"
-    return "no TTL" if c.instance_ttl_ms < 0 else duration(c.instance_ttl_ms)
+    return "no TTL" if c.lease_ttl_ms < 0 else duration(c.lease_ttl_ms)

@@ -11,7 +11,7 @@ a frozen :class:`ServiceStatus` (``to_dict()`` is JSON-ready):
 * the group's **pending** entries (delivered, not finished) and the oldest of
   them (its age from its id, its idle time, its holder);
 * every **consumer** from ``XINFO CONSUMERS`` and the deadline index: held
-  streams, idle time, seconds to its deadline, its instance marker, and
+  streams (with the token each is held under), idle time, seconds to its deadline, its lease, and
   whether it is alive, late, dead (still holding streams that wait for
   recovery) or departed (left, nothing held);
 * the **dead-letter stream**: its length and the reasons of its newest letters;
@@ -24,8 +24,7 @@ Round trip 1 is one MULTI/EXEC (a consistent snapshot, with the server's
 ``TIME``): key types, lengths, the group, its consumers, the pending summary,
 the deadline index, the newest dead letters, the parked retries. Round trip 2,
 also one MULTI/EXEC with its own ``TIME``, reads what depends on the first: the
-entries around the group's last-delivered id and each consumer's instance
-marker. Every age and deadline is the server's clock against the server's
+entries around the group's last-delivered id and each consumer's lease. Every age and deadline is the server's clock against the server's
 clock, never the caller's.
 
 Redis stores no history of recoveries (their counters live in each client's

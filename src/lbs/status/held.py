@@ -1,5 +1,5 @@
 """Rounds 3 to 6 of a status read, only when there is something to show: what each consumer holds
-(its data streams' names and lock tokens), the held keys of keyed processing, and the names whose
+(its data streams' names and fencing tokens, from its token records), the held keys of keyed processing, and the names whose
 registrations wait for their holder."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ async def holdings(
     r: aioredis.Redis, t: Target, now: int
 ) -> tuple[dict[str, tuple[HeldStream, ...]], tuple[KeyStatus, ...]]:
     """Rounds 3 and 4 (plain pipelines): the first ``sample`` pending entries, their data streams'
-    names and lock values (by consumer); then, for each, the key's state and data stream length. Keys
+    names and their holders' token records (by consumer); then, for each, the key's state and data stream length. Keys
     without a state are left out (the service is not keyed, or the key was let go meanwhile)."""
     pending = check(
         "XPENDING range",
@@ -69,10 +69,14 @@ async def holdings(
         )
         for p in map(keyed, pending)
     ]
+    consumers = sorted({c for _, c, _ in held})
     pipe = r.pipeline(transaction=False)
     for entry_id, _, _ in held:
         pipe.xrange(t.stream, entry_id, entry_id, count=1)
+    for consumer in consumers:
+        pipe.hgetall(_keys.tokens_prefix(t.service) + consumer)
     replies = await execute(pipe, raise_on_error=False)
+    records = {c: _Records(v) for c, v in zip(consumers, replies[len(held) :])}
     names = []
     by_consumer: dict[str, list[HeldStream]] = {}
     for (entry_id, consumer, idle), entries in zip(held, replies):
@@ -87,7 +91,7 @@ async def holdings(
             HeldStream(
                 name,
                 entry_id,
-                None,  # TODO(issue 44): the hold's token (not kept in Redis yet)
+                records[consumer].token(entry_id),
                 max(0, now - id_ms(entry_id)),
                 idle,
             )
@@ -128,3 +132,35 @@ async def holdings(
             )
         )
     return streams, tuple(sorted(rows, key=lambda k: (-k.backlog, k.key)))
+
+
+class _Records:
+    """A consumer's token records (``{<service>-input}:tokens:<id>``): each batch's token, and the range
+    of entry ids it read (``<first>..<last>``) or the ids it took. A record of another shape, or a key of
+    another type, knows no token."""
+
+    def __init__(self, reply: object) -> None:
+        self.ranges: list[tuple[tuple[int, int], tuple[int, int], int]] = []
+        self.listed: dict[str, int] = {}
+        if not isinstance(reply, dict):
+            return
+        for field, value in reply.items():
+            token = s(field)
+            if not token.isdigit():
+                continue
+            first, dots, last = s(value).partition("..")
+            if dots and _id(first) and _id(last):
+                self.ranges.append((_id(first), _id(last), int(token)))  # type: ignore[arg-type]
+            else:
+                self.listed.update(dict.fromkeys(s(value).split(), int(token)))
+
+    def token(self, entry_id: str) -> int | None:
+        if entry_id in self.listed:
+            return self.listed[entry_id]
+        at = _id(entry_id)
+        return next((t for lo, hi, t in self.ranges if at and lo <= at <= hi), None)
+
+
+def _id(entry_id: str) -> tuple[int, int] | None:
+    ms, dash, seq = entry_id.partition("-")
+    return (int(ms), int(seq)) if dash and ms.isdigit() and seq.isdigit() else None

@@ -36,7 +36,7 @@ class HeldStream(_Record):
     #: The data stream's name (a keyed service: the key); "" when the entry does not decode.
     stream: str
     entry_id: str
-    #: The fencing token of its lock; None when the lock is gone (its holder died: recovery takes it).
+    #: The fencing token it is held under (its holder's token records); None when none is recorded.
     token: int | None
     #: ms since it was registered (its entry id's time against the server's TIME).
     age_ms: int
@@ -58,10 +58,10 @@ class ConsumerStatus(_Record):
     idle_ms: int | None
     #: ms since its last successful interaction (Redis >= 7.2; None before, or never).
     inactive_ms: int | None
-    #: ms until its deadline in the index (negative: past); None when it is not in the index (holds no lock).
+    #: ms until its deadline in the index (negative: past); None when it is not in the index.
     deadline_ms: int | None
-    #: Its instance marker's remaining TTL in ms (-1: no TTL); None when there is no marker.
-    instance_ttl_ms: int | None
+    #: Its lease's remaining TTL in ms (-1: no TTL); None when it has no lease (dead, or gone).
+    lease_ttl_ms: int | None
     #: What it holds, oldest entry first: among the service's first ``sample`` pending entries.
     held: tuple[HeldStream, ...] = ()
 
@@ -69,18 +69,18 @@ class ConsumerStatus(_Record):
     def state(self) -> ConsumerState:
         """What Redis says of it, from lbs's own marks (the Go client leaves none):
 
-        * ``alive``: its instance marker is there and its deadline, if it has one, is ahead;
-        * ``late``: its marker is there but its deadline passed (a heartbeat is overdue, its
-          locks are expiring), or it holds streams under a deadline still ahead while its marker
+        * ``alive``: its lease is there and its deadline, if it has one, is ahead;
+        * ``late``: its lease is there but its deadline passed (a heartbeat is overdue, its
+          lease is expiring), or it holds streams under a deadline still ahead while its lease
           is gone (it is dying);
-        * ``dead``: no marker, and it still holds streams whose deadline passed (or never had one):
-          they wait for recovery (every running client recovers them within the lock TTL + 1 s);
-        * ``departed``: no marker and nothing held (it went away without a clean close, or its
+        * ``dead``: no lease, and it still holds streams whose deadline passed (or never had one):
+          they wait for recovery (every running client recovers them within the lease TTL + 1 s);
+        * ``departed``: no lease and nothing held (it went away without a clean close, or its
           streams were recovered); a clean close takes its name out of the group, and the scan
           forgets a departed one after ``Config.forget_consumers_after``.
         """
         ahead = self.deadline_ms is not None and self.deadline_ms > 0
-        if self.instance_ttl_ms is not None:
+        if self.lease_ttl_ms is not None:
             return "alive" if self.deadline_ms is None or ahead else "late"
         if self.pending > 0:
             return "late" if ahead else "dead"

@@ -2,7 +2,7 @@
 
 The backlog (entries after the group's last-delivered id) is counted where that is cheap (see
 :func:`count_backlog`); the re-queued copies are counted among the newest waiting entries; every
-consumer of the group or of the deadline index gets its state from its deadline and its marker.
+consumer of the group or of the deadline index gets its state from its deadline and its lease.
 Also the reply readers every round shares (text, counters, reply maps, errors).
 """
 

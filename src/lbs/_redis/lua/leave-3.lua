@@ -18,6 +18,8 @@
   ARGV[3]  the closing consumer's id; "": a sweep of every consumer
   ARGV[4]  a sweep's grace (ms): only consumers idle at least this long
            (since their last read or claim) are deleted
+  ARGV[5]  optional: the tokens hashes' prefix, {<service>-input}:tokens:
+           (see read-3.lua's ARGV[11]): a deleted consumer's is deleted too
 
   Output: {lease deleted (1 or 0), consumers deleted (a count)}. The lease
   is deleted only when it holds ARGV[1] (a newer process with the same
@@ -28,13 +30,15 @@
   DELCONSUMER (or XINFO CONSUMERS, for a sweep) deletes no consumer; no
   group or no stream: nothing to delete.
 
-  Events: del on the lease (when deleted); zrem on the deadline index.
+  Events: del on the lease (when deleted) and a deleted consumer's tokens;
+  zrem on the deadline index.
 ]]
 local function nothing_pending(consumer)
   local p = redis.pcall('XPENDING', KEYS[2], ARGV[2], '-', '+', 1, consumer)
   return type(p) == 'table' and #p == 0
 end
 
+local records = ARGV[5] ~= nil and ARGV[5] ~= '' and ARGV[5] or nil
 local marker = 0
 if ARGV[1] ~= '' and redis.pcall('GET', KEYS[1]) == ARGV[1] and nothing_pending(ARGV[3]) then
   marker = redis.call('DEL', KEYS[1])
@@ -50,6 +54,7 @@ if ARGV[3] ~= '' then
     if type(r) == 'number' then
       deleted = 1
       redis.pcall('ZREM', KEYS[3], ARGV[3])
+      if records then redis.pcall('DEL', records .. ARGV[3]) end
     end
   end
   return {marker, deleted}
@@ -66,6 +71,7 @@ for _, c in ipairs(consumers) do
   if info['pending'] == 0 and tonumber(info['idle']) >= grace and nothing_pending(info['name']) then
     redis.call('XGROUP', 'DELCONSUMER', KEYS[2], ARGV[2], info['name'])
     redis.pcall('ZREM', KEYS[3], info['name'])
+    if records then redis.pcall('DEL', records .. info['name']) end
     deleted = deleted + 1
   end
 end

@@ -76,6 +76,14 @@
            most one per entry left, is added to it (XADD MAXLEN ~ 100):
            each wakes one peer waiting in the wake group. A drained read
            moves the wake group to its end too. "" or absent: no nudge.
+  ARGV[11] optional: the consumer's tokens, {<service>-input}:tokens:
+           <consumer id> (a hash; same slot, not declared), for `lbs status`:
+           each batch's token as a field, its value "<first id>..<last
+           id>" for a read (a read delivers a range of the stream, in
+           order), the ids themselves for a re-read's entries no record
+           covers. The client deletes a field once it finished every entry
+           of its batch; leave-3.lua and reap-4.lua delete the hash of a
+           consumer that left or died with nothing pending. "": none kept.
 
   Preconditions, checked before the XREADGROUP (its first write: it
   delivers entries), on both paths; a violation writes nothing:
@@ -85,7 +93,8 @@
       own first check: its WRONGTYPE becomes "LBSKEY <key> ...");
     * KEYS[2] does not exist, or is a string holding a plain decimal
       integer whose value + COUNT stays below 2^53 ("LBSKEY <key> ...");
-    * ARGV[6], when given, does not exist or is a set.
+    * ARGV[6], when given, does not exist or is a set; ARGV[11], when
+      given, does not exist or is a hash.
   A name's holder key, waiting list or the waiting index of another type
   (only looked at once an entry must wait) makes that entry's token
   "WRONGTYPE <type> <key>": nothing of its name is written, it stays
@@ -96,11 +105,11 @@
     entries  {{id, {field, value, ...}}, ...} as XREADGROUP returns them (a
              pending entry deleted from the stream comes back with no fields)
     tokens   one per entry: its fencing token (an integer: the entry is
-             held by this consumer's lease), "WAIT <entry id>" (its name is
-             held by that entry; it waits in the name's list) or
-             "WRONGTYPE <type> <key>". A re-read ("0") gives every entry a
-             fresh token: they are pending to this consumer, under the lease
-             it still holds.
+             held by this consumer's lease; one per batch, shared by its
+             entries), "WAIT <entry id>" (its name is held by that entry;
+             it waits in the name's list) or "WRONGTYPE <type> <key>". A
+             re-read ("0") gives each entry the token its lost read
+             recorded (ARGV[11]), or a new one.
     state    what the reader does next:
                * "" (a ">" read of COUNT entries, or a re-read): read again
                  at once, more may wait;
@@ -116,9 +125,8 @@
   wake group (XREADGROUP GROUP <wake> ... COUNT 1 BLOCK <ms> NOACK STREAMS
   <LBS> <nudge> > >) and then this script, which Redis runs the moment the
   blocking read returns. Tokens come from one counter step per batch, so
-  they are unique and only grow across every consumer: a later holder of a
-  data stream reads it after the earlier one released it, so its token is
-  larger.
+  they only grow across every consumer: a later holder of a data stream
+  reads it after the earlier one let it go, so its token is larger.
 
   Events: none besides the keys it writes.
 ]]
@@ -129,6 +137,14 @@
 
 local function key_type(key)
   return redis.call('TYPE', key)['ok']
+end
+
+-- a < b, for two entry ids ("<ms>-<seq>").
+local function id_below(a, b)
+  local ams, aseq = string.match(a, '^(%d+)%-(%d+)$')
+  local bms, bseq = string.match(b, '^(%d+)%-(%d+)$')
+  ams, bms = tonumber(ams) or 0, tonumber(bms) or 0
+  return ams < bms or (ams == bms and (tonumber(aseq) or 0) < (tonumber(bseq) or 0))
 end
 
 -- Preconditions: nothing below this block fails part-way.
@@ -149,6 +165,7 @@ if lease ~= ARGV[4] then
   return redis.error_reply('LEASE ' .. (lease or ''))
 end
 local queued = new and arg(6) or nil  -- only new entries are ever queued
+local record = arg(11)  -- the consumer's tokens hash
 local prefix = new and arg(7) or nil  -- one holder per name
 local index = prefix and prefix .. 'waiting'
 local fair = new and arg(8) and tonumber(ARGV[8])
@@ -161,7 +178,7 @@ if not new then
 end
 local fence_error, fence_value = fence_check(KEYS[2], count)
 if fence_error then return fence_error end
-misfits = misfit(queued, 'set', 'a queued set')
+misfits = misfit(queued, 'set', 'a queued set') or misfit(record, 'hash', "a consumer's tokens")
 if misfits then return redis.error_reply(misfits) end
 
 -- Permissions: a user allowed to read but not to write what a read writes would get entries
@@ -171,6 +188,7 @@ local function denied(what)
 end
 if not redis.acl_check_cmd('TIME') then return denied('TIME') end
 if not redis.acl_check_cmd('SET', KEYS[2], '1') then return denied('SET on ' .. KEYS[2]) end
+if record and not redis.acl_check_cmd('HSET', record, '1', 'x') then return denied('HSET on ' .. record) end
 if new then
   if queued and not redis.acl_check_cmd('SADD', queued, '0-1') then return denied('SADD on ' .. queued) end
   if wake and not redis.acl_check_cmd('XGROUP', 'SETID', KEYS[1], wake, '$') then
@@ -383,19 +401,52 @@ if prefix and not names_at_once() then
     end
   end
 end
--- Tokens for what is held: one counter step for the batch.
-local first = fence_take(KEYS[2], fence_value, n, t)
-local held = {}
+-- Tokens: one counter step per batch, shared by the entries it holds (a later holder of a data
+-- stream reads it after this one let it go, so its token is larger), recorded in the tokens hash
+-- (ARGV[11]). A re-read finds the tokens its lost read recorded; what no record covers gets a new one.
+local held, fresh = {}, {}
 for i = 1, n do
-  if not tokens[i] then
-    tokens[i] = first + i
-    held[#held + 1] = entries[i][1]
+  if not tokens[i] then held[#held + 1] = i end
+end
+if not new and record then
+  local found = redis.pcall('HGETALL', record)
+  if type(found) ~= 'table' or found.err then found = {} end
+  local listed = {}  -- entry id -> token, from records that list their ids
+  local ranges = {}  -- {token, first id, last id}
+  for j = 1, #found - 1, 2 do
+    local tok, v = tonumber(found[j]), found[j + 1]
+    local lo, hi = string.match(v, '^(%S+)%.%.(%S+)$')
+    if tok and lo then
+      ranges[#ranges + 1] = {tok, lo, hi}
+    elseif tok then
+      for id in string.gmatch(v, '%S+') do listed[id] = tok end
+    end
+  end
+  for _, i in ipairs(held) do
+    local id = entries[i][1]
+    tokens[i] = listed[id]
+    for _, r in ipairs(ranges) do
+      if not tokens[i] and not id_below(id, r[2]) and not id_below(r[3], id) then tokens[i] = r[1] end
+    end
+  end
+end
+for _, i in ipairs(held) do
+  if not tokens[i] then fresh[#fresh + 1] = entries[i][1] end
+end
+if #fresh > 0 then
+  local token = fence_take(KEYS[2], fence_value, 1, t) + 1
+  for _, i in ipairs(held) do
+    if not tokens[i] then tokens[i] = token end
+  end
+  if record then
+    redis.call('HSET', record, string.format(fence_digits, token),
+               new and (fresh[1] .. '..' .. fresh[#fresh]) or table.concat(fresh, ' '))
   end
 end
 if queued then
   -- Queued, not running: new entries held go into the consumer's queued set.
-  for s = 1, #held, 500 do
-    redis.call('SADD', queued, unpack(held, s, math.min(s + 499, #held)))
+  for s = 1, #fresh, 500 do
+    redis.call('SADD', queued, unpack(fresh, s, math.min(s + 499, #fresh)))
   end
 end
 return {entries, tokens, state()}

@@ -29,6 +29,11 @@
            held (see read-3.lua, ARGV[6])
   ARGV[10] "1" when the caller queues what it takes (the notification API):
            adopted entries go into its own queued set, merely held
+  ARGV[11] optional: the tokens hashes' prefix, {<service>-input}:tokens:
+           (a consumer's is this plus its id; same slot, not declared; see
+           read-3.lua's ARGV[11]): adopted entries are recorded in the
+           adopter's under their token; a dead consumer removed from the
+           index with nothing pending loses its hash. "": none kept
 
   Output: {adopted, tokens, gone, trimmed, next[, holders, deadlines]}
     adopted  the entries adopted, {{id, fields, idle ms, deaths}, ...} (the
@@ -36,7 +41,8 @@
              caller, held by its lease, as a read leaves it. deaths: the
              deaths counted against the entry while it was pending, its
              delivery count less one.
-    tokens   one per adopted entry: its fencing token (an integer)
+    tokens   one per adopted entry: its fencing token (an integer; one for
+             the call, shared by what it adopts)
     gone     ids of dead holders' entries that were not adopted (no room, or
              no adoption asked): requeue-6.lua puts them back into the LBS
     trimmed  how many adoptable entries had been deleted from the stream:
@@ -117,6 +123,7 @@ if not head[2] or tonumber(head[2]) > now then
 end
 
 local adopter = ARGV[6] ~= nil and ARGV[6] ~= '' and ARGV[6] or nil
+local records = ARGV[11] ~= nil and ARGV[11] ~= '' and ARGV[11] or nil
 local room = adopter and tonumber(ARGV[7]) or 0
 local mine = adopter and ARGV[10] == '1' and (ARGV[9] .. adopter) or nil
 local fence_value = false
@@ -184,6 +191,7 @@ for i = 1, #due do
       deadlines[#deadlines + 1] = redis.call('ZSCORE', KEYS[1], consumer)
     else
       redis.call('ZREM', KEYS[1], consumer)
+      if records then redis.call('DEL', records .. consumer) end
     end
   end
 end
@@ -224,9 +232,15 @@ if n == 0 then
   return {{}, {}, gone, #take, next_due(), gone_by, deadlines}
 end
 for i = 1, #gone_by do holders[#holders + 1] = gone_by[i] end
-local first = fence_take(KEYS[4], fence_value, n, t)
-local tokens = {}
-for i = 1, n do tokens[i] = first + i end
+local token = fence_take(KEYS[4], fence_value, 1, t) + 1
+local tokens, ids = {}, {}
+for i = 1, n do
+  tokens[i] = token
+  ids[i] = adopted[i][1]
+end
+if records then
+  redis.pcall('HSET', records .. adopter, string.format(fence_digits, token), table.concat(ids, ' '))
+end
 redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[5]), adopter)
 if mine then
   for s = 1, n, 500 do
