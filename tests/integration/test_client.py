@@ -12,7 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._keys import consumers_key, lease_key
+from lbs._keys import consumers_key, lease_key, tokens_prefix
 from lbs._redis.scripts import source
 from lbs.embedded import RedisServer, find_redis_server
 from lbs.testing import abandon, probe
@@ -608,9 +608,10 @@ async def test_entries_of_a_read_whose_reply_was_lost_are_adopted(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:
     # A read whose reply is lost with the connection has already delivered its
-    # entries, pending to the reader under its lease. Play that read by hand, under
-    # the client's id and lease, then set the lost-reply flag: the client adopts
-    # those entries (fresh tokens) instead of leaving them pending to nobody's work.
+    # entries, pending to the reader under its lease, and recorded its token. Play
+    # that read by hand, under the client's id and lease, then set the lost-reply
+    # flag: the client adopts those entries (the recorded tokens) instead of leaving
+    # them pending to nobody's work.
     c = client(any_server.url, service, recovery=False)
     await c.start()
     try:
@@ -631,14 +632,21 @@ async def test_entries_of_a_read_whose_reply_was_lost_are_adopted(
             10,
             c.instance,
             ">",
+            "",  # not queued
+            "",  # names not held
+            "",  # no fair dispatch
+            "",  # no wake group
+            "",  # no nudge
+            tokens_prefix(service) + c.id,  # the consumer's token records
         )
         *_, (entries, tokens, _) = await pipe.execute()
         assert len(entries) == 2 and all(isinstance(t, int) for t in tokens)
         probe(c).lose_read_reply()
         notes = await take(c, 2)
         assert sorted(n.stream for n in notes) == ["a", "b"]
-        assert {n.entry_id for n in notes} == {e[0].decode() for e in entries}
-        assert all(n.token > max(tokens) for n in notes)  # a re-read gives fresh tokens
+        assert sorted((n.entry_id, n.token) for n in notes) == sorted(
+            (e[0].decode(), t) for e, t in zip(entries, tokens)
+        )  # the tokens the lost read recorded
         assert c.held == 2
         assert [await c.done_stream(n.stream) for n in notes] == [lbs.DoneStatus.DONE] * 2
     finally:
@@ -866,6 +874,12 @@ async def test_abandon_leaves_in_redis_what_a_killed_process_leaves(
     assert p.reader.task is not None and p.reader.task.done()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="issue 44: the tick keeps a settling stream held, then _retake's Holdings.renew refuses "
+    "a non-empty table (RuntimeError): the lease is not taken again and the lost streams not put back",
+)
 async def test_a_stream_let_go_by_a_keyed_commit_in_flight_is_not_reported_lost(
     redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:
