@@ -46,6 +46,10 @@ def test_the_entry_point_is_published() -> None:
     assert ep.load() is plugin
 
 
+@pytest.mark.skip(
+    reason="issue 44: lbs no longer reads with XREADGROUP ... CLAIM (an entry is held by its consumer's "
+    "lease, however idle); recovery follows the lease, and lbs-claim is being retired"
+)
 async def test_a_stopped_consumers_work_comes_back_with_new_work(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
