@@ -1,16 +1,18 @@
 """Recovery through the CLAIM reader beside the XPENDING scan, in one run (Redis >= 8.4).
 
-20,000 assignments pending: 19,000 held by a live consumer (locked, idle time
-just refreshed, as lbs's heartbeat keeps it) and 1,000 delivered to a
-consumer that stopped (no locks, idle past the threshold). Timed end to end,
-from a fresh consumer's ``start()`` until the 1,000 have been delivered to it
-again:
+20,000 assignments pending, every one idle past the threshold: 19,000 held by
+a live consumer (pending to it, its lease alive; the heartbeat extends the
+lease only, so their idle time grows), then 1,000 delivered to a consumer that
+stopped (its lease gone). Timed end to end, from a fresh consumer's
+``start()`` until the 1,000 have been delivered to it again:
 
-* ``claim reader``: ``lbs-claim``'s XREADGROUP ... CLAIM (one read claims and
-  locks the idle entries, with their delivery counts);
+* ``claim reader``: ``lbs-claim``'s XREADGROUP ... CLAIM (one read claims the
+  idle entries, with their delivery counts). Skipped: ``read-3.lua`` no longer
+  makes CLAIM reads (issue 44);
 * ``scan``: the default reader with the scan at start (XPENDING IDLE pages,
-  an EXISTS round trip per page, ``requeue-6.lua`` for the dead ones, which
-  the reader then reads as fresh entries).
+  an EXISTS round trip per page on the leases of the page's consumers,
+  ``requeue-6.lua`` for the dead ones, which the reader then reads as fresh
+  entries).
 
 With ``--benchmark-disable`` (``make test``): a tenth of each, once.
 """
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 LIVE, DEAD = 19_000, 1_000
 #: Divides ``LIVE`` and ``DEAD`` with ``--benchmark-disable`` (``make test``).
 SMOKE_DIVISOR = 10
-MIN_IDLE = 2.0  # the threshold; lock_ttl 0.5 s keeps live entries far below it
+MIN_IDLE = 2.0  # the threshold (above twice lock_ttl 0.5 s); every entry is idle past it
 CHUNK = 1_000
 
 
@@ -44,16 +46,11 @@ async def _pending(bench: Bench, live: int, dead: int) -> tuple[aioredis.Redis, 
     async with lbs.Producer(r, service) as p:
         for i in range(0, live + dead, CHUNK):
             await p.add_streams([f"s{j}" for j in range(i, min(live + dead, i + CHUNK))])
+    # The live holder's first, so recovery looks past all of them (idle too) before it finds the dead.
+    await r.xreadgroup(group, "alive", {stream: ">"}, count=live)
     await r.xreadgroup(group, "stopped", {stream: ">"}, count=dead)
-    read = await r.xreadgroup(group, "alive", {stream: ">"}, count=live)
-    live_ids = [e[0] for e in (read[stream.encode()][0] if isinstance(read, dict) else read[0][1])]
-    pipe = r.pipeline(transaction=False)
-    for entry_id in live_ids:
-        pipe.set(lbs.lock_key(service, entry_id.decode()), "1:alive", px=600_000)
-    await pipe.execute()
-    await asyncio.sleep(MIN_IDLE + 0.1)  # every entry is now idle past the threshold...
-    for i in range(0, live, CHUNK):  # ...and the live holder's heartbeat refreshes its own
-        await r.xclaim(stream, group, "alive", 0, live_ids[i : i + CHUNK], justid=True)
+    await r.set(lbs.lease_key(service, "alive"), "0123456789ab", px=600_000)  # the live holder's
+    await asyncio.sleep(MIN_IDLE + 0.1)  # every entry is now idle past the threshold
     return r, service, dead
 
 
@@ -106,18 +103,25 @@ async def recover_scan(r: aioredis.Redis, service: str, dead: int) -> list[lbs.N
 
 
 PATHS = {"claim reader": recover_claim, "scan": recover_scan}
+#: Rows not run, and why.
+SKIPPED = {"claim reader": "issue 44: CLAIM reads are being redesigned for the lease"}
 
 
 @pytest.mark.benchmark(group=f"recover {DEAD} idle among {LIVE + DEAD} pending, end to end")
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.skip(reason=SKIPPED[p])) if p in SKIPPED else p
+        for p in PATHS
+    ],
+)
 def bench_recover_idle(bench: Bench, path: str) -> None:
     live, dead = bench.size(LIVE, LIVE // SMOKE_DIVISOR), bench.size(DEAD, DEAD // SMOKE_DIVISOR)
     notes = bench(PATHS[path], setup=lambda: _pending(bench, live, dead))
-    assert len(notes) == dead and all(n.retry_count == 1 for n in notes)
+    assert all(n.retry_count == 1 for n in notes)
+    # the stopped consumer's streams (registered after the live holder's), each once
+    assert sorted(n.stream for n in notes) == sorted(f"s{j}" for j in range(live, live + dead))
     r, service, _ = bench.inputs[-1]
-    pending = bench.run(
-        r.xpending_range(
-            lbs.input_stream(service), lbs.group_name(service), "-", "+", 10, consumername="alive"
-        )
-    )
-    assert len(pending) == 10  # the live holder kept its entries
+    pending = bench.run(r.xpending(lbs.input_stream(service), lbs.group_name(service)))
+    by_consumer = {c["name"].decode(): c["pending"] for c in pending["consumers"]}
+    assert by_consumer.get("alive") == live  # the live holder kept every one of its entries

@@ -176,9 +176,9 @@ def bench_parse_xreadgroup(benchmark: Any, impl: str) -> None:
     assert _summary(result) == _summary(_parse_redis_py(raw, parser)) and len(result) == 256
 
 
-# The consumer's hot paths in the core: one EVALSHA over many locks (finish
-# and hand back: evalsha_locks; heartbeat: HeldTable.encode_extend, written
-# from the held records), and holding, finding and dropping streams.
+# The consumer's hot paths in the core: one EVALSHA over many entries, written
+# straight into the buffer (CommandBatch.evalsha_locks), and holding, finding
+# and dropping streams.
 
 _LOCK_PREFIX = "lock:{bench-input}:"
 _HELD = 100
@@ -206,8 +206,7 @@ def _held_table(n: int) -> Any:
     return table
 
 
-def _evalsha_redis_py(table: Any, held: list[Any], extend: bool = False) -> bytes:
-    # extend: extend-n.lua's layout, the refresh flags ("": every entry) between values and ids.
+def _evalsha_redis_py(table: Any, held: list[Any]) -> bytes:
     return _redis_py_pack_commands(
         [
             (
@@ -218,7 +217,6 @@ def _evalsha_redis_py(table: Any, held: list[Any], extend: bool = False) -> byte
                 *(h.lock_key for h in held),
                 *_ARGS,
                 *(h.value for h in held),
-                *([""] if extend else []),
                 *(h.entry_id for h in held),
             )
         ]
@@ -240,16 +238,7 @@ def _evalsha_locks(table: Any, held: list[Any]) -> bytes:
     return batch.getvalue()
 
 
-def _encode_extend(table: Any, held: list[Any]) -> bytes:
-    from _lbscore import CommandBatch
-
-    batch = CommandBatch()
-    table.encode_extend(batch, "f" * 40, _KEYS, _ARGS, held, 0, len(held))
-    return batch.getvalue()
-
-
 EVALSHA_WRITERS = {
-    "lbs encode_extend": _encode_extend,
     "lbs evalsha_locks": _evalsha_locks,
     "redis-py": _evalsha_redis_py,
 }
@@ -261,7 +250,7 @@ def bench_evalsha_over_locks(benchmark: Any, impl: str) -> None:
     table = _held_table(_HELD)
     held = table.values()
     benchmark.extra_info["baseline"] = impl == "redis-py"
-    expected = _evalsha_redis_py(table, held, extend=impl == "lbs encode_extend")
+    expected = _evalsha_redis_py(table, held)
     assert benchmark(EVALSHA_WRITERS[impl], table, held) == expected
 
 

@@ -20,6 +20,7 @@ import pytest
 
 import lbs
 from _lbscore import EntryParser, HeldTable, encode_input
+from lbs._keys import lock_key
 
 if TYPE_CHECKING:
     from .conftest import Bench
@@ -51,7 +52,9 @@ def _new() -> tuple[HeldTable, EntryParser]:
         config.field_prefix + "original_id",
         config.max_input_bytes,
     )
-    return HeldTable("redis-consumer-bench", lbs.lock_key("bench-memory", "")), parser
+    # As the client builds it (lbs._consumer.state.Holdings): the hold's owner "<consumer id>:<instance
+    # nonce>" and the key prefix every record shares.
+    return HeldTable("redis-consumer-bench:0123456789ab", lock_key("bench-memory", "")), parser
 
 
 def bytes_per_held_stream(n: int) -> float:

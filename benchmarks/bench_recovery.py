@@ -1,14 +1,19 @@
 """Recovery's scan beside plain redis-py doing the same work, in one run.
 
-10,000 pending entries, half of them with a live lock: one full pass that
-checks every lock and re-queues the dead half.
+10,000 pending entries, half of them held by a live consumer: one full pass
+that tells the live from the dead and re-queues the dead half. The live half
+is pending to consumer "alive", whose lease lives (and each entry has the
+RFC's lock key too, which the plain scans check); the dead half is pending to
+consumer "dead", whose lease is gone (and no locks). The two alternate, so
+every page holds both.
 
 * ``lbs scan``: :meth:`lbs._consumer.recovery.Recovery.scan` (XPENDING pages by cursor,
-  one EXISTS round trip per page, one pipelined ``requeue-6.lua`` round trip
-  for the page's dead entries: atomic, exactly once under racing recoverers);
+  one EXISTS round trip per page on the lease of each consumer the page's entries
+  are pending to, one pipelined ``requeue-6.lua`` round trip for the page's dead
+  entries: atomic, exactly once under racing recoverers);
 * ``redis-py pipelines``: the RFC's steps per page with redis-py pipelines
-  (XPENDING, EXISTS for the page, then XACK + XRANGE, XADD, XDEL for the dead
-  ones): the same round trips, but not atomic;
+  (XPENDING, EXISTS of each entry's lock for the page, then XACK + XRANGE, XADD,
+  XDEL for the dead ones): the same round trips, but not atomic;
 * ``redis-py one per round trip``: the RFC's sample code, one command per
   round trip.
 
@@ -16,7 +21,7 @@ Recovery latency (kill -9 to re-queued, per path) is measured by
 ``python -m benchmarks.recovery_latency``, and recovery at scale (one process
 holding 100,000 streams killed -9: p50 / p99 / max to re-delivery, Redis CPU
 per stream) by ``python -m benchmarks.recovery_scale``: scripts rather than
-benchmarks, because each waits out a lock TTL.
+benchmarks, because each waits out a lease TTL.
 
 With ``--benchmark-disable`` (``make test``): 1,000 pending entries, and each
 script once, small.
@@ -32,6 +37,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
+from lbs._keys import lock_key
 
 if TYPE_CHECKING:
     from .conftest import Bench
@@ -40,10 +46,14 @@ PENDING = 10_000
 #: ``PENDING`` with ``--benchmark-disable`` (``make test``): still 20 pages of the scan.
 SMOKE_PENDING = 1_000
 PAGE = 50
+#: Entry ids per XCLAIM of the set-up.
+CLAIM_CHUNK = 1_000
 
 
 async def _pending(bench: Bench, pending: int) -> tuple[aioredis.Redis, str]:
-    """A service whose consumer "dead" has ``pending`` entries pending, the even ones locked."""
+    """A service with ``pending`` entries pending: the even ones to consumer "alive", whose lease
+    lives (each with the RFC's lock as well, for the plain scans), the odd ones to "dead", whose lease
+    is gone."""
     service = bench.service("scan")
     r = bench.redis()
     stream, group = lbs.input_stream(service), lbs.group_name(service)
@@ -53,9 +63,13 @@ async def _pending(bench: Bench, pending: int) -> tuple[aioredis.Redis, str]:
         pipe.xadd(stream, {"lbs-input": lbs.encode_input(f"s{i}")})
     ids = [i.decode() for i in await pipe.execute()]
     await r.xreadgroup(group, "dead", {stream: ">"}, count=pending)
+    live = ids[::2]
     pipe = r.pipeline(transaction=False)
-    for entry_id in ids[::2]:
-        pipe.set(lbs.lock_key(service, entry_id), "1:alive", px=600_000)
+    for i in range(0, len(live), CLAIM_CHUNK):
+        pipe.xclaim(stream, group, "alive", 0, live[i : i + CLAIM_CHUNK], justid=True)
+    pipe.set(lbs.lease_key(service, "alive"), "0123456789ab", px=600_000)
+    for entry_id in live:
+        pipe.set(lock_key(service, entry_id), "1:alive", px=600_000)
     await pipe.execute()
     return r, service
 
@@ -100,7 +114,7 @@ async def scan_redis_py_pipelines(r: aioredis.Redis, service: str, pending: int)
     async for ids in _pending_pages(r, stream, group):
         pipe = r.pipeline(transaction=False)
         for entry_id in ids:
-            pipe.exists(lbs.lock_key(service, entry_id))
+            pipe.exists(lock_key(service, entry_id))
         dead = [i for i, e in zip(ids, await pipe.execute()) if not e]
         pipe = r.pipeline(transaction=False)
         for entry_id in dead:
@@ -121,7 +135,7 @@ async def scan_redis_py_one_by_one(r: aioredis.Redis, service: str, pending: int
     requeued = 0
     async for ids in _pending_pages(r, stream, group):
         for entry_id in ids:
-            if await r.exists(lbs.lock_key(service, entry_id)):
+            if await r.exists(lock_key(service, entry_id)):
                 continue
             await r.xack(stream, group, entry_id)
             ((_, fields),) = await r.xrange(stream, entry_id, entry_id)

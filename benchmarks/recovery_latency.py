@@ -9,9 +9,10 @@ measured on a rescuer that runs one recovery path only:
 * ``deadline``: the deadline poller (keyspace listener off);
 * ``keyspace``: the keyspace listener (deadline poller off).
 
-The database holds ``--noise`` (10,000) unrelated keys with TTLs and as many
-locks held by a live consumer, as in the issue's target (p99 <= TTL + 1 s).
-Latency from the kill includes the lock's remaining TTL, at most TTL.
+The database holds ``--noise`` (10,000) unrelated keys with TTLs and a live
+consumer holding as many streams (under its one lease: no key per stream), as
+in the issue's target (p99 <= TTL + 1 s). Latency from the kill includes the
+dead holder's remaining lease TTL, at most TTL.
 ``--cluster`` runs it on a 3-master Redis Cluster (the noise spread over the
 masters; every client reaches the service's slot owner through a URL of
 another node). ``bench_recovery.py`` runs it once, small, so it cannot rot.
@@ -120,7 +121,7 @@ async def main(
             await asyncio.sleep(0.05)
         print(
             f"Redis {'.'.join(map(str, version))}{' Cluster, 3 masters' if cluster else ''}; {noise:,} volatile "
-            f"keys, {noise:,} live locks; lock TTL {ttl} s; {trials} trials per path"
+            f"keys, {noise:,} streams held by a live consumer; lease TTL {ttl} s; {trials} trials per path"
         )
         for path in paths:
             lat = sorted([await trial(url, f"lat-{path}-{i}", ttl, path) for i in range(trials)])
@@ -140,7 +141,10 @@ if __name__ == "__main__":
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--ttl", type=float, default=1.0)
     ap.add_argument(
-        "--noise", type=int, default=10_000, help="volatile keys and live locks beside the victim"
+        "--noise",
+        type=int,
+        default=10_000,
+        help="volatile keys, and streams held by a live consumer, beside the victim",
     )
     ap.add_argument("--cluster", action="store_true", help="on a 3-master Redis Cluster")
     ap.add_argument(

@@ -4,9 +4,9 @@ One process holds ``--streams`` data streams (read and queued by a client of the
 and is killed with SIGKILL. ``--rescuers`` consumers with the default ``Config`` (but the TTL, and
 room to hold everything) run in this process: their recovery finds the dead holder's work and
 their readers take it again. For every stream the time from the kill to its re-delivery (the
-STREAM_ADDED a rescuer hands out) is recorded; the script prints p50 / p99 / max beside the lock
+STREAM_ADDED a rescuer hands out) is recorded; the script prints p50 / p99 / max beside the lease
 TTL (the target: p99 <= TTL + 1 s), how many came back, twice, or with a retry counted, and the p99
-counted from the moment the locks expired (the holder's last heartbeat + TTL: up to one heartbeat
+counted from the moment the holder's lease expired (its last heartbeat + TTL: up to one heartbeat
 interval before kill + TTL), which does not depend on when in its heartbeat cycle the holder died.
 
 ``bench_recovery.py`` runs it once, small, so it cannot rot.
@@ -113,7 +113,7 @@ async def main(streams: int, ttl: float, rescuers: int, quiet: bool = False) -> 
             own0 = time.process_time()
             proc.kill()
             killed = time.monotonic()
-            # When the dead holder's locks expire: its last heartbeat's deadline, against the server's clock.
+            # When the dead holder's lease expires: its last heartbeat's deadline, against the server's clock.
             server_now, deadline_ms = await r.time(), await r.zscore(consumers_key(service), doomed)
             expiry = (
                 (deadline_ms - (server_now[0] * 1000 + server_now[1] / 1000)) / 1000
@@ -160,7 +160,7 @@ async def main(streams: int, ttl: float, rescuers: int, quiet: bool = False) -> 
     if not quiet:
         print(
             f"Redis {'.'.join(map(str, server.version))}; one process held {streams:,} streams, killed -9; "
-            f"{rescuers} rescuers (default Config, lock TTL {ttl:g} s)"
+            f"{rescuers} rescuers (default Config, lock_ttl {ttl:g} s)"
         )
         print(
             f"back {out['back']:,}/{streams:,}, twice {twice}, with a retry counted {retried}; from the kill: "
@@ -168,8 +168,8 @@ async def main(streams: int, ttl: float, rescuers: int, quiet: bool = False) -> 
             f"(target p99 <= {ttl + 1:g} s)"
         )
         print(
-            f"the locks expired {expiry:.2f} s after the kill (the holder's last heartbeat + TTL); first back "
-            f"{out['first']:.2f} s after the kill; p99 {out['p99_after_expiry']:.2f} s after the locks expired; "
+            f"the lease expired {expiry:.2f} s after the kill (the holder's last heartbeat + TTL); first back "
+            f"{out['first']:.2f} s after the kill; p99 {out['p99_after_expiry']:.2f} s after the lease expired; "
             f"CPU of the rescuers' process {out['client_cpu_s']:.2f} s"
         )
         print(
