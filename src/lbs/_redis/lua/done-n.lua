@@ -28,7 +28,8 @@
                    tag: single Redis only, as the Go client is)
 
   An entry is ours while it is pending to ARGV[5] and KEYS[2] holds ARGV[6]:
-  recovery takes a consumer's entries only once its lease is gone. So the
+  recovery takes a consumer's entries only once its lease is gone, so the
+  lease alone says it. So the
   lease is read first: when it does not hold ARGV[6] every entry is lost
   (3) and nothing is written. Otherwise each entry is acked (XACKDEL, or
   XACK then XDEL of those acked, in slices of 500, through pcall: a vanished
@@ -36,9 +37,12 @@
   handed on (an operator's claim, a re-queue) and is left alone. Only
   entries this call acks are deleted (XACKDEL does the same): one that is
   not pending was handed on, or requeue-6.lua kept it in the LBS as the
-  record of a dead letter. Beside a Go fleet an entry whose Go-style lock
-  holds another name is a Go consumer's (5, nothing acked) and one holding
-  ours is deleted with the ack.
+  record of a dead letter. An entry moved to another consumer by hand (an
+  XCLAIM while our lease lives) is acked all the same: move entries only
+  from consumers whose lease is gone. Beside a Go fleet, whose consumers
+  XCLAIM live entries, an entry pending to another consumer or whose
+  Go-style lock holds another name is a Go consumer's (5, nothing acked),
+  and a Go-style lock holding our name is deleted with the ack.
 
   A wrong argument count is an "ERR lbs done-n: ..." error, with nothing
   written. A name's holder key or waiting list of another type is left
@@ -53,8 +57,9 @@
        stream may be processed twice.
     4  only when ARGV[3] is "1": the entry is no longer pending: the call
        being retried already finished it (reported instead of 3).
-    5  only beside a Go fleet: its Go-style lock holds another name: a Go
-       consumer took it; nothing was acked or deleted.
+    5  only beside a Go fleet: it is pending to another consumer, or its
+       Go-style lock holds another name: a Go consumer took it; nothing was
+       acked or deleted.
 
   Events: del on a released name's holder key and on our Go-style locks,
   and lpop, xadd, xdel for a waiting registration put back.
@@ -83,8 +88,15 @@ local go_dels = {}
 for i = 1, n do
   local id = ARGV[I + i]
   if go then
+    -- A Go consumer's Claim (XCLAIM) and start-up XAUTOCLAIM move an entry whatever our lease says:
+    -- ours only while still pending to us and not under another name's Go-style lock.
     local g = redis.pcall('GET', ARGV[G + i])
-    if g and g ~= me then out[i] = 5 elseif g == me then go_dels[#go_dels + 1] = ARGV[G + i] end
+    local p = redis.pcall('XPENDING', lbs, group, id, id, 1)
+    if (g and g ~= me) or (type(p) == 'table' and p[1] and p[1][2] ~= me) then
+      out[i] = 5
+    elseif g == me then
+      go_dels[#go_dels + 1] = ARGV[G + i]
+    end
   end
   if out[i] == nil then
     nids = nids + 1
