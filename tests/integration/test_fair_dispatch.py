@@ -1,4 +1,4 @@
-"""Fair dispatch (``Config.fair_dispatch``, read-3.lua's ARGV[13]): while peers of the group are live,
+"""Fair dispatch (``Config.fair_dispatch``, read-3.lua's ARGV[8]): while peers of the group are live,
 a read takes no more than the reading consumer's share of the work, so a few long registrations
 spread over idle consumers instead of going to the first that reads."""
 
@@ -18,13 +18,11 @@ import redis.asyncio as aioredis
 
 import lbs
 from lbs._keys import (
-    consumers_key,
     fence_key,
     group_name,
     input_stream,
-    lease_key,
     key_prefix,
-    lock_key,
+    lease_key,
     nudge_stream,
     wake_group,
 )
@@ -33,6 +31,9 @@ from lbs._redis.scripts import source
 from _helpers import client, eventually
 
 pytestmark = pytest.mark.timeout(90)
+
+#: The lease value of every consumer the script tests make (what their lease keys hold).
+NONCE = "nonce"
 
 
 async def register(r: aioredis.Redis, service: str, n: int) -> None:
@@ -54,24 +55,21 @@ async def read(
     window: int | str,
     nudge: str = "",
 ) -> list[Any]:
-    """One read-3.lua call (names locked, fair dispatch with ``window`` ms; "" off; idle peers left a
-    share nudged in ``nudge``): the entries read."""
+    """One read-3.lua call by ``consumer`` under its lease, taken (or renewed) first (one holder per
+    name, fair dispatch with ``window`` ms; "" off; idle peers left a share nudged in ``nudge``): the
+    entries read."""
+    await r.set(lease_key(service, consumer), NONCE, px=60_000)
     entries, _tokens, _ = await r.eval(
         source("read-3"),
         3,
         input_stream(service),
         fence_key(service),
-        consumers_key(service),
+        lease_key(service, consumer),
         group_name(service),
         consumer,
         count,
-        60_000,
-        lock_key(service, ""),
+        NONCE,
         ">",
-        "",
-        consumer,
-        "",
-        "",
         "",
         key_prefix(service),
         window,
@@ -274,10 +272,9 @@ async def test_a_share_left_to_idle_peers_nudges_one_per_peer(
     assert len(await read(rr, service, "peer2", 1, 60_000, nudge)) == 1
     assert len(await read(rr, service, "me", 50, 60_000, nudge)) == 4
     assert await rr.xlen(nudge) == 2
-    # Without the nudge stream (ARGV[15] ""): a share is left, nobody is nudged.
+    # Without the nudge stream (ARGV[10] ""): a share is left, nobody is nudged.
     await rr.delete(nudge)
-    await rr.set(lease_key(service, "idle"), "nonce", px=60_000)
-    await rr.xgroup_createconsumer(input_stream(service), group_name(service), "idle")
+    await peer(rr, service, name="idle")
     await register(rr, service, 4)
     assert len(await read(rr, service, "fresh", 50, 60_000)) == 2  # half: one idle peer
     assert await rr.exists(nudge) == 0
@@ -286,8 +283,8 @@ async def test_a_share_left_to_idle_peers_nudges_one_per_peer(
 @pytest.mark.usefixtures("redis_server")
 async def test_a_peer_whose_process_is_gone_is_no_peer(rr: aioredis.Redis, service: str) -> None:
     await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    # It read a moment ago and holds nothing, but its instance marker lapsed (the process died, and
-    # what it held was re-queued): the work is not left for it.
+    # It read a moment ago and holds nothing, but its lease lapsed (the process died, and what it held
+    # was re-queued): the work is not left for it.
     await peer(rr, service, alive=False)
     await register(rr, service, 9)
     assert len(await read(rr, service, "me", 50, 60_000)) == 9
@@ -314,10 +311,10 @@ async def test_the_share_is_counted_without_the_lag_too(rr: aioredis.Redis, serv
 
 
 async def peer(r: aioredis.Redis, service: str, alive: bool = True, name: str = "peer") -> None:
-    """A consumer ``name`` in the group holding nothing; ``alive``: with its process's instance marker."""
+    """A consumer ``name`` in the group holding nothing; ``alive``: with its lease (its process lives)."""
     await r.xgroup_createconsumer(input_stream(service), group_name(service), name)
     if alive:
-        await r.set(lease_key(service, name), "nonce", px=60_000)
+        await r.set(lease_key(service, name), NONCE, px=60_000)
 
 
 async def _consumers(r: aioredis.Redis, service: str, n: int) -> bool:

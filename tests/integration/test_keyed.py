@@ -40,12 +40,12 @@ def keyed_client(url: str, service: str, consumer: str = "c1", **kw: Any) -> lbs
 
 
 async def leftovers(r: aioredis.Redis, service: str) -> list[bytes]:
-    """Keys of the service besides the LBS and the bookkeeping every consumer keeps."""
+    """Keys of the service besides the LBS and the bookkeeping every consumer keeps: keys' data
+    streams and states, and consumers' leases and token records (a closed consumer keeps none)."""
     tag = _keys.hash_tag(service)
     found = [k async for k in r.scan_iter(match=f"*{tag}*")]
-    return sorted(
-        k for k in found if k.decode().startswith((f"{tag}:k:", f"{tag}:m:", f"lock:{tag}"))
-    )
+    kinds = (f"{tag}:k:", f"{tag}:m:", _keys.lease_prefix(service), _keys.tokens_prefix(service))
+    return sorted(k for k in found if k.decode().startswith(kinds))
 
 
 async def test_messages_of_each_key_are_processed_in_order_and_leave_nothing(
@@ -241,19 +241,24 @@ async def _xackdel(r: aioredis.Redis) -> int:
 
 
 async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredis.Redis) -> None:
-    """A holder whose lock expired (stalled past its TTL) is refused; the new holder resumes at the position."""
+    """A holder whose lease lapsed (stalled past its TTL) is refused, whether its lease is gone or taken
+    again under a new value; the position never moves."""
     from lbs._redis.scripts import source
 
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([("t", {"n": i}) for i in range(3)])
-    stream, prefix = _keys.input_stream(service), _keys.key_prefix(service)
-    lock_prefix = _keys.lock_key(service, "")
-    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
-    ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "zombie", {stream: ">"})
+    stream, prefix, group = (
+        _keys.input_stream(service),
+        _keys.key_prefix(service),
+        _keys.group_name(service),
+    )
+    leases, lease = _keys.lease_prefix(service), _keys.lease_key(service, "zombie")
+    await rr.xgroup_create(stream, group, id="0")
+    ((_, ((entry, _),)),) = await rr.xreadgroup(group, "zombie", {stream: ">"})
     entry = entry.decode()
-    await rr.set(lock_prefix + entry, "7:zombie", px=60_000)
+    await rr.set(lease, "n1", px=60_000)
     (ours,) = await rr.eval(
-        source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "7:zombie"
+        source("fetch-1"), 1, stream, prefix, leases, 10, group, "t", entry, "7:zombie:n1"
     )
     assert ours == [
         1,
@@ -264,15 +269,14 @@ async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredi
         b"",
     ]  # ours, first try, nothing committed yet, no failure isolated
     first = (await rr.xrange(_keys.keyed_stream(service, "t"), count=1))[0][0].decode()
-    await rr.delete(lock_prefix + entry)  # the lock expired: the zombie's hold is over
     out = _keys.hash_tag(service) + ":out"
-    (refused,) = await rr.eval(
+    commit = (
         source("commit-1"),
         1,
         stream,
         prefix,
-        lock_prefix,
-        _keys.group_name(service),
+        leases,
+        group,
         await _xackdel(rr),
         _keys.dead_letter_stream(service),
         "_",
@@ -280,7 +284,7 @@ async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredi
         "zombie",
         "t",
         entry,
-        "7:zombie",
+        "7:zombie:n1",
         first,
         "go",
         "{}",
@@ -292,7 +296,10 @@ async def test_a_zombie_holder_cannot_commit(url: str, service: str, rr: aioredi
         "n",
         "0",
     )
-    assert refused == [2]
+    await rr.delete(lease)  # the lease lapsed: the zombie's hold is over
+    assert await rr.eval(*commit) == [[2]]
+    await rr.set(lease, "n1.2", px=60_000)  # taken again by the zombie's process, under a new value
+    assert await rr.eval(*commit) == [[2]]
     assert await rr.hget(_keys.key_state(service, "t"), "pos") is None  # the position never moved
     assert await rr.xlen(_keys.keyed_stream(service, "t")) == 3
     assert await rr.exists(out) == 0  # and its effect was not written
@@ -437,18 +444,17 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
     refused with nothing of it written, the other key of the same call goes through."""
     from lbs._redis.scripts import source
 
-    stream, prefix, lock_prefix = (
+    stream, prefix, leases = (
         _keys.input_stream(service),
         _keys.key_prefix(service),
-        _keys.lock_key(service, ""),
+        _keys.lease_prefix(service),
     )
     async with lbs.Publisher(url, service) as pub:
         await pub.publish_many([("good", {"n": 1}), ("bad", {"n": 1})])
     await rr.xgroup_create(stream, _keys.group_name(service), id="0")
     ((_, entries),) = await rr.xreadgroup(_keys.group_name(service), "c", {stream: ">"})
     (good, _), (bad, _) = [(e.decode(), f) for e, f in entries]
-    for entry in (good, bad):
-        await rr.set(lock_prefix + entry, "5:c", px=60_000)
+    await rr.set(_keys.lease_key(service, "c"), "n", px=60_000)  # both held under c's lease
     await rr.delete(_keys.key_state(service, "bad"))
     await rr.rpush(_keys.key_state(service, "bad"), "garbage")
     out = await rr.eval(
@@ -456,14 +462,15 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
         1,
         stream,
         prefix,
-        lock_prefix,
+        leases,
         10,
+        _keys.group_name(service),
         "good",
         good,
-        "5:c",
+        "5:c:n",
         "bad",
         bad,
-        "5:c",
+        "5:c:n",
     )
     assert out[0][0] == 1 and out[1] == [
         4,
@@ -480,7 +487,7 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
         1,
         stream,
         prefix,
-        lock_prefix,
+        leases,
         _keys.group_name(service),
         await _xackdel(rr),
         _keys.dead_letter_stream(service),
@@ -489,7 +496,7 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
         "c",
         "good",
         good,
-        "5:c",
+        "5:c:n",
         first,
         "go",
         "{}",
@@ -499,7 +506,10 @@ async def test_keys_of_the_wrong_type_are_refused_whole_and_the_others_go_on(
     )
     assert refused == [2]
     assert await rr.hgetall(_keys.key_state(service, "good")) == before
-    assert await rr.get(lock_prefix + good) == b"5:c"
+    # Still held: pending to c, whose lease holds its nonce.
+    pending = await rr.xpending_range(stream, _keys.group_name(service), good, good, 1)
+    assert [p["consumer"] for p in pending] == [b"c"]
+    assert await rr.get(_keys.lease_key(service, "c")) == b"n"
 
 
 # -- the promises users rely on: ids that only grow, effects once, poison costs one message ---------
@@ -662,23 +672,24 @@ async def test_a_commit_sent_again_after_its_reply_was_lost_writes_its_effects_o
     position moved already and writes no effect again; a failure sent twice is counted once."""
     from lbs._redis.scripts import source
 
-    stream, prefix, lock_prefix = (
+    stream, prefix, leases, group = (
         _keys.input_stream(service),
         _keys.key_prefix(service),
-        _keys.lock_key(service, ""),
+        _keys.lease_prefix(service),
+        _keys.group_name(service),
     )
     out = _keys.hash_tag(service) + ":out"
     async with lbs.Publisher(url, service) as pub:
         ids = await pub.publish_many([("t", {"n": i}) for i in range(4)])
-    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
-    ((_, ((entry, _),)),) = await rr.xreadgroup(_keys.group_name(service), "c", {stream: ">"})
+    await rr.xgroup_create(stream, group, id="0")
+    ((_, ((entry, _),)),) = await rr.xreadgroup(group, "c", {stream: ">"})
     entry = entry.decode()
-    await rr.set(lock_prefix + entry, "5:c", px=60_000)
-    await rr.eval(source("fetch-1"), 1, stream, prefix, lock_prefix, 10, "t", entry, "5:c")
+    await rr.set(_keys.lease_key(service, "c"), "n", px=60_000)
+    await rr.eval(source("fetch-1"), 1, stream, prefix, leases, 10, group, "t", entry, "5:c:n")
     head = (
         stream,
         prefix,
-        lock_prefix,
+        leases,
         _keys.group_name(service),
         await _xackdel(rr),
         _keys.dead_letter_stream(service),
@@ -686,7 +697,7 @@ async def test_a_commit_sent_again_after_its_reply_was_lost_writes_its_effects_o
         3,
         "c",
     )
-    go = ("t", entry, "5:c", ids[0], "go", "", "", "", 1, out, 2, "n", "0")
+    go = ("t", entry, "5:c:n", ids[0], "go", "", "", "", 1, out, 2, "n", "0")
     for _ in range(2):
         (reply,) = await rr.eval(source("commit-1"), 1, *head, *go)
         assert reply == [1, 0, 0, b""]
@@ -694,7 +705,7 @@ async def test_a_commit_sent_again_after_its_reply_was_lost_writes_its_effects_o
     fail = (
         "t",
         entry,
-        "5:c",
+        "5:c:n",
         "",
         f"fail:0:1:{ids[1]}:10",
         '{"DataStreamName":"t","Info":{}}',
@@ -718,28 +729,39 @@ async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_messag
     reaches the limit); a live holder's second registration is neither."""
     from lbs._redis.scripts import source
 
-    stream, prefix, lock_prefix = (
+    stream, prefix, leases, group = (
         _keys.input_stream(service),
         _keys.key_prefix(service),
-        _keys.lock_key(service, ""),
+        _keys.lease_prefix(service),
+        _keys.group_name(service),
     )
     async with lbs.Publisher(url, service) as pub:
         ids = await pub.publish_many([("t", {"n": i}) for i in range(5)])
-    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
+    await rr.xgroup_create(stream, group, id="0")
     registration = '{"DataStreamName":"t","Info":{}}'
 
     async def hold(token: int) -> tuple[str, list[Any]]:
+        """Hold number ``token``: consumer c<token> reads the key's registration under its lease,
+        fetches, and dies (its lease is gone; its entry stays pending to it)."""
+        holder = f"c{token}"
         if token > 1:
             await rr.xadd(stream, {"lbs-input": registration, "lbs-keyed": "1"})
-        ((_, ((entry, _),)),) = await rr.xreadgroup(
-            _keys.group_name(service), "c", {stream: ">"}, count=1
-        )
+        ((_, ((entry, _),)),) = await rr.xreadgroup(group, holder, {stream: ">"}, count=1)
         entry = entry.decode()
-        await rr.set(lock_prefix + entry, f"{token}:c", px=60_000)
+        await rr.set(leases + holder, "n", px=60_000)
         (reply,) = await rr.eval(
-            source("fetch-1"), 1, stream, prefix, lock_prefix, 3, "t", entry, f"{token}:c"
+            source("fetch-1"),
+            1,
+            stream,
+            prefix,
+            leases,
+            3,
+            group,
+            "t",
+            entry,
+            f"{token}:{holder}:n",
         )
-        await rr.delete(lock_prefix + entry)  # ... and the holder dies
+        await rr.delete(leases + holder)  # ... and the holder dies
         return entry, reply
 
     _, first = await hold(1)
@@ -755,41 +777,57 @@ async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_messag
 async def test_a_key_adopted_from_a_dead_holder_with_its_entry_counts_the_death_against_its_message(
     url: str, service: str, rr: aioredis.Redis
 ) -> None:
-    """Recovery moves a dead holder's entry to the next holder with its id under a new lock
-    (reap-4.lua's adoption, XREADGROUP CLAIM): fetch-1 counts the dead hold as failed, as it does
-    under another entry, so a message whose holders keep dying reaches the limit alone; a fetch
-    sent again under the same lock (its reply lost) counts nothing."""
+    """Recovery moves a dead holder's entry to the next holder with its id (reap-4.lua's adoption:
+    XCLAIM to the adopter, a new token): fetch-1 counts the dead hold as failed, as it does under
+    another entry, so a message whose holders keep dying reaches the limit alone; a fetch sent again
+    under the same hold (its reply lost) counts nothing."""
     from lbs._redis.scripts import source
 
-    stream, prefix, lock_prefix = (
+    stream, prefix, leases, group = (
         _keys.input_stream(service),
         _keys.key_prefix(service),
-        _keys.lock_key(service, ""),
+        _keys.lease_prefix(service),
+        _keys.group_name(service),
     )
     async with lbs.Publisher(url, service) as pub:
         ids = await pub.publish_many([("t", {"n": i}) for i in range(5)])
-    await rr.xgroup_create(stream, _keys.group_name(service), id="0")
-    ((_, ((raw, _),)),) = await rr.xreadgroup(
-        _keys.group_name(service), "c", {stream: ">"}, count=1
-    )
+    await rr.xgroup_create(stream, group, id="0")
+    ((_, ((raw, _),)),) = await rr.xreadgroup(group, "c1", {stream: ">"}, count=1)
     entry = raw.decode()
+    await rr.set(leases + "c1", "n", px=60_000)
+
+    async def adopt(token: int) -> None:
+        """Holder c<token - 1> dies (its lease is gone); c<token> adopts its entry under its lease."""
+        await rr.delete(leases + f"c{token - 1}")
+        await rr.set(leases + f"c{token}", "n", px=60_000)
+        await rr.xclaim(stream, group, f"c{token}", 0, [entry])
 
     async def fetch(token: int) -> list[Any]:
-        await rr.set(lock_prefix + entry, f"{token}:c", px=60_000)
         (reply,) = await rr.eval(
-            source("fetch-1"), 1, stream, prefix, lock_prefix, 3, "t", entry, f"{token}:c"
+            source("fetch-1"),
+            1,
+            stream,
+            prefix,
+            leases,
+            3,
+            group,
+            "t",
+            entry,
+            f"{token}:c{token}:n",
         )
         assert reply[0] == 1, reply
         return list(reply[3:])  # fails, unblamed, until
 
     until = ids[2].encode()
     assert await fetch(1) == [0, 0, b""]
-    # The holder of lock 1 died; the entry is adopted under lock 2: it had up to 3 messages.
+    # c1 died; c2 adopts the entry under token 2: c1 had up to 3 messages.
+    await adopt(2)
     assert await fetch(2) == [0, 1, until]
     assert await fetch(2) == [0, 1, until]  # sent again: the same hold, nothing counted
-    assert await fetch(3) == [2, 0, until]  # died with the first message alone: blamed
-    assert await fetch(4) == [3, 0, until]
-    assert await fetch(5) == [4, 0, until]  # 1 + max_retries (3): the runner dead-letters it
+    for token, fails in ((3, 2), (4, 3), (5, 4)):
+        await adopt(token)
+        # Died with the first message alone: blamed; at 1 + max_retries (3) the runner dead-letters it.
+        assert await fetch(token) == [fails, 0, until]
 
 
 async def test_a_handler_cut_short_by_close_counts_no_failure(

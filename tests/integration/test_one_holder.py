@@ -1,9 +1,10 @@
 """One holder per data stream name, whatever the registrations (``_names.lua``).
 
 A data stream registered again while it is held waits: read, acked (it stays
-in the LBS as its own record) and parked in the name's waiting list, with no
-lock and no retry counted; the holder's release (done, re-queue, dead letter)
-puts the oldest waiter back into the LBS. The script tests run on Redis 8.x
+in the LBS as its own record, pending to nobody, so held under no consumer's
+lease) and parked in the name's waiting list, with no retry counted; the
+holder's release (done, re-queue, dead letter) puts the oldest waiter back into
+the LBS. The script tests run on Redis 8.x
 and 7.0 (``rr``); the client tests show two handlers of one name never run at
 once, and every registration runs.
 """
@@ -19,12 +20,15 @@ import redis.asyncio as aioredis
 
 import lbs
 from lbs._keys import (
-    consumers_key,
+    dead_letter_stream,
+    delayed_stream,
+    due_key,
     fence_key,
     group_name,
     input_stream,
     key_prefix,
-    lock_key,
+    lease_key,
+    lease_prefix,
     name_holder,
     waiting_key,
     waiting_list,
@@ -35,7 +39,8 @@ from _helpers import client, eventually, is_true, produce, take
 
 pytestmark = pytest.mark.timeout(90)
 
-TTL = 60_000
+#: The lease value c1's calls are made under (its process's instance nonce).
+NONCE = "n1"
 
 
 def reg(name: str, n: int = 0) -> dict[str, str]:
@@ -46,30 +51,27 @@ def reg(name: str, n: int = 0) -> dict[str, str]:
 
 
 async def setup(r: aioredis.Redis, service: str, *regs: dict[str, str]) -> list[str]:
+    """The group, c1's lease (holding ``NONCE``) and ``regs`` added to the LBS: their entry ids."""
     await r.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
+    await r.set(lease_key(service, "c1"), NONCE)
     return [(await r.xadd(input_stream(service), f)).decode() for f in regs]
 
 
 async def read(
     r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10
 ) -> tuple[list[str], list[Any]]:
-    """One read-3.lua call with names locked: (entry ids, tokens)."""
+    """One read-3.lua call under c1's lease with one holder per name: (entry ids, tokens)."""
     entries, tokens, _ = await r.eval(
         source("read-3"),
         3,
         input_stream(service),
         fence_key(service),
-        consumers_key(service),
+        lease_key(service, consumer),
         group_name(service),
         consumer,
         count,
-        TTL,
-        lock_key(service, ""),
+        NONCE,
         ">",
-        "",
-        consumer,
-        "",
-        "",
         "",
         key_prefix(service),
     )
@@ -79,34 +81,36 @@ async def read(
 
 
 async def done(r: aioredis.Redis, service: str, held: list[tuple[str, int, str]]) -> list[int]:
-    """One done-n.lua call over (entry id, token, name) held by c1."""
-    keys = [input_stream(service)] + [lock_key(service, i) for i, _, _ in held]
+    """One done-n.lua call over (entry id, token, name) held by c1 under its lease."""
+    keys = [input_stream(service), lease_key(service, "c1")]
     args = [
         group_name(service),
         "0",
         "0",
         key_prefix(service),
-        "",
-        *(f"{t}:c1" for _, t, _ in held),
+        "c1",
+        NONCE,
+        "0",
         *(i for i, _, _ in held),
         *(name_holder(service, n) if n else "" for _, _, n in held),
     ]
     return done_codes(await r.eval(source("done-n"), len(keys), *keys, *args))
 
 
-async def requeue(r: aioredis.Redis, service: str, entry_id: str, value: str) -> list[Any]:
+async def requeue(r: aioredis.Redis, service: str, entry_id: str) -> list[Any]:
+    """One requeue-6.lua call: c1 hands ``entry_id`` back under its lease, a retry counted."""
     keys = [
         input_stream(service),
-        f"{{{input_stream(service)}}}:dlq",
-        lock_key(service, entry_id),
-        f"{{{input_stream(service)}}}:delayed",
-        f"{{{input_stream(service)}}}:due",
+        dead_letter_stream(service),
+        lease_prefix(service),
+        delayed_stream(service),
+        due_key(service),
     ]
     args = [
         group_name(service),
         entry_id,
         "owned",
-        value,
+        NONCE,
         "1",
         "5",
         "_retry_count",
@@ -168,8 +172,8 @@ async def test_a_second_registration_waits_and_comes_back_when_the_holder_is_don
     assert ids == [a1, b1, a2, a3]
     assert isinstance(tokens[0], int) and isinstance(tokens[1], int)
     assert tokens[2:] == [f"WAIT {a1}", f"WAIT {a1}"]
-    assert not await rr.exists(lock_key(service, a2), lock_key(service, a3))
-    assert await pending_ids(rr, service) == [a1, b1]  # the waiters are acked ...
+    # The waiters are acked (pending to nobody: held under no lease) ...
+    assert await pending_ids(rr, service) == [a1, b1]
     assert await fields_of(rr, service, a2) == reg(
         "a", 2
     )  # ... and kept in the LBS as their record
@@ -256,8 +260,8 @@ async def test_requeue_releases_the_name_and_puts_the_waiter_back_after_the_copy
     rr: aioredis.Redis, service: str
 ) -> None:
     a1, a2 = await setup(rr, service, reg("a", 1), reg("a", 2))
-    _, tokens = await read(rr, service)
-    out = await requeue(rr, service, a1, f"{tokens[0]}:c1")
+    await read(rr, service)
+    out = await requeue(rr, service, a1)
     assert out[0] == 1
     (copy, cf), (_waiter, wf) = await rr.xrange(input_stream(service), f"({a2}", "+")
     assert copy.decode() == out[1].decode() and cf[b"_retry_count"] == b"1"
@@ -293,10 +297,9 @@ async def test_name_keys_of_another_type_touch_nothing_of_the_name(
     await rr.hset(name_holder(service, "a"), "x", "1")
     _ids, tokens = await read(rr, service)
     assert tokens == [f"WRONGTYPE hash {name_holder(service, 'a')}"]
-    assert await pending_ids(rr, service) == [
-        a1
-    ]  # left pending: the scan brings it back once fixed
-    assert not await rr.exists(lock_key(service, a1), waiting_list(service, "a"))
+    # Left pending to c1 (held under its lease), which hands it back; no waiter recorded.
+    assert await pending_ids(rr, service) == [a1]
+    assert not await rr.exists(waiting_list(service, "a"))
 
     # The waiting index is looked at only once an entry must wait: of another type, the
     # registration that would wait is left pending as above; one whose name is free is read.
@@ -308,7 +311,7 @@ async def test_name_keys_of_another_type_touch_nothing_of_the_name(
     assert ids == [b1, b2]
     assert isinstance(tokens[0], int) and tokens[1] == f"WRONGTYPE string {waiting_key(service)}"
     assert await rr.get(name_holder(service, "b")) == b1.encode()  # no waiter recorded
-    assert not await rr.exists(lock_key(service, b2), waiting_list(service, "b"))
+    assert not await rr.exists(waiting_list(service, "b"))
     assert await pending_ids(rr, service) == [a1, b1, b2]
 
 
@@ -321,9 +324,9 @@ async def test_a_waiting_list_of_another_type_leaves_the_second_registration_pen
     assert (
         isinstance(tokens[0], int) and tokens[1] == f"WRONGTYPE hash {waiting_list(service, 'a')}"
     )
-    assert await pending_ids(rr, service) == [a1, a2]
+    assert await pending_ids(rr, service) == [a1, a2]  # a2 stays pending to c1, which hands it back
     assert await rr.get(name_holder(service, "a")) == a1.encode()  # no waiter recorded
-    assert not await rr.exists(lock_key(service, a2))
+    assert await rr.hgetall(waiting_list(service, "a")) == {b"x": b"1"}  # left alone
 
 
 # -- clients -----------------------------------------------------------------------
