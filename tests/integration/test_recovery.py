@@ -220,7 +220,8 @@ async def test_a_live_consumer_puts_back_what_it_held_when_its_lease_is_lost(
         assert await c.heartbeat() == 2
         disowned = await take(c, 2, kind=lbs.NotificationType.STREAM_DISOWNED)
         assert {n.stream for n in disowned} == {"evicted", "kept"}
-        assert await rr.get(c.lease_key) == c.instance.encode()
+        # Taken again, under a value of its own: a write built under the lapsed one is refused.
+        assert await rr.get(c.lease_key) == f"{c.instance}.2".encode()
         again = {n.stream: n for n in await take(c, 2)}  # back in circulation, and read again
         assert set(again) == {"evicted", "kept"}
         for name, note in again.items():
@@ -424,23 +425,24 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
     lbs_key = lbs.input_stream(service)
 
     async def attempts() -> dict[str, dict[str, str]]:
-        """Every attempt that reached done_stream, by token. A worker writes
-        CALLING, then the result; CALLING alone means it was killed inside
-        done_stream, outcome unknown (UNKNOWN)."""
+        """Every attempt that reached done_stream, by token and stream (a read's entries share
+        its token). A worker writes CALLING, then the result; CALLING alone means it was killed
+        inside done_stream, outcome unknown (UNKNOWN)."""
         out: dict[str, dict[str, str]] = {}
         for _, f in await rr.xrange(audit):
             r = {k.decode(): v.decode() for k, v in f.items()}
-            if r["status"] != "CALLING" or r["token"] not in out:
-                out[r["token"]] = r
+            attempt = f"{r['token']} {r['stream']}"
+            if r["status"] != "CALLING" or attempt not in out:
+                out[attempt] = r
         return {
             t: ({**r, "status": "UNKNOWN"} if r["status"] == "CALLING" else r)
             for t, r in out.items()
         }
 
     def completions(by_token: dict[str, dict[str, str]]) -> dict[str, list[dict[str, str]]]:
-        # DONE: released our lock, acked and deleted. LOCK_EXPIRED: our lock
-        # had expired but nobody had taken the entry over, so ours was the
-        # only attempt; acked and deleted. UNKNOWN counts only for a stream
+        # DONE: acked and deleted under our lease. (LOCK_EXPIRED, which the
+        # lease never answers, would say: our lease had lapsed but nobody had
+        # taken the entry over, so ours was the only attempt; acked and deleted.) UNKNOWN counts only for a stream
         # with no other completion, once the LBS is empty (nothing re-queued
         # it, so its done_stream did run).
         done: dict[str, list[dict[str, str]]] = {}
@@ -508,9 +510,9 @@ async def test_chaos_every_stream_done_exactly_once_by_a_lock_holder(
     assert not twice, f"done twice: {list(twice.items())[:3]}"
     # No two consumers held one stream at the same time. The attempt that
     # completed held the stream from its start to its end (DONE: under its
-    # lock; LOCK_EXPIRED: nobody took it over), so no other attempt on that
-    # stream may start inside that interval, nor span its start. Tokens are
-    # unique per attempt.
+    # lease; LOCK_EXPIRED: nobody took it over), so no other attempt on that
+    # stream may start inside that interval, nor span its start. A token and
+    # a stream name are unique per attempt.
     per_stream: dict[str, list[dict[str, str]]] = {}
     for r in records:
         per_stream.setdefault(r["stream"], []).append(r)
