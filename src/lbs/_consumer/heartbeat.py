@@ -58,6 +58,8 @@ __all__ = ["Heartbeat"]
 
 #: Entry ids per SREM that takes streams out of the queued set.
 MARK_SLICE = 5_000
+#: Pending entries per XPENDING page when the lease lapsed (what is put back before it is taken again).
+OWN_PAGE = 1_000
 
 
 class Heartbeat(Activity, kind="heartbeat"):
@@ -227,6 +229,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         s.stats.heartbeat_at = time.monotonic()
         await self.mark_running(snapshot)  # marks a take could not send (none, nearly always)
         lost: list[Held] = []
+        lost_back = False  # the lease was taken again, and what it held put back first
         holder: str | None = None  # what the lease key holds when it is not ours
         for p in positions:
             if not isinstance(p, int):
@@ -244,7 +247,8 @@ class Heartbeat(Activity, kind="heartbeat"):
             lost = [h for h in snapshot if h.entry_id not in settling and s.holdings.drop(h)]
             for h in lost:
                 self._disown(h, "lease lost while held (heartbeat missed)")
-            await self._retake(holder)
+            if await self._retake(holder):
+                lost_back = True
         if held:  # a tick holding nothing only kept the lease alive
             s.hooks.notify(
                 "lbs_locks_extended",
@@ -254,7 +258,11 @@ class Heartbeat(Activity, kind="heartbeat"):
             )
         # Kept until they are put back: a tick cut short (no answer in time) leaves them to the next.
         orphans = self._orphans[:]
-        if lost or orphans:
+        if lost_back:
+            lost_ids: list[Held] = []
+        else:
+            lost_ids = lost
+        if lost_ids or orphans:
             # We live, so the consumer deadline index will not send anyone for
             # these: put back the ones still pending to us ourselves. The loss
             # was not the stream's fault (a stall, an eviction, a partition):
@@ -262,7 +270,7 @@ class Heartbeat(Activity, kind="heartbeat"):
             # meanwhile are pardoned.
             try:
                 await self.requeue.lost_while_alive(
-                    [h.entry_id for h in (*lost, *orphans)],
+                    [h.entry_id for h in (*lost_ids, *orphans)],
                     "lease lost while held (heartbeat missed)",
                 )
                 del self._orphans[: len(orphans)]
@@ -270,7 +278,7 @@ class Heartbeat(Activity, kind="heartbeat"):
                 s.log.warning(
                     "re-queue of %d lost assignments failed (%s); the next tick tries the ones lost "
                     "to the lease again, the scan the others",
-                    len(lost) + len(orphans),
+                    len(lost_ids) + len(orphans),
                     exc,
                 )
         if cfg.hold_warning is not None:
@@ -278,12 +286,17 @@ class Heartbeat(Activity, kind="heartbeat"):
         await self.requeue.malformed.retry_undead()
         return len(lost)
 
-    async def _retake(self, holder: str) -> None:
-        """The lease was gone (``holder`` "") or held by another process: take it again, with a new value.
+    async def _retake(self, holder: str) -> bool:
+        """The lease was gone (``holder`` "") or held by another process: take it again, with a new value;
+        True when it was taken (and what was pending to this consumer put back first).
 
-        Every stream held is disowned by the caller and put back: they were read under the lease
-        that lapsed, and recovery may already have handed them to another consumer. Another live
-        process with our consumer id keeps the lease; this one is told loudly and tries again next tick.
+        Every stream held was disowned by the caller: they were read under the lease that lapsed, and
+        recovery may already have handed them to another consumer. What is still pending to this
+        consumer (those streams, replies refused as late, dones that came back LOCK_LOST) is put back
+        while the lease is gone (mode ``absent``, no retry counted: reads are refused meanwhile, so
+        nothing read since is among it), before the lease is taken again; otherwise it would stay
+        pending under the new lease, held by nobody. Another live process with our consumer id keeps
+        the lease; this one is told loudly and tries again next tick.
         """
         s = self.state
         n = s.names
@@ -297,21 +310,45 @@ class Heartbeat(Activity, kind="heartbeat"):
                 s.lease.value,
                 n.lease_key,
             )
-            return
+            return False
         if holder:
             s.hooks.metric("wrong_type_keys_total", 1)
             s.log.error("heartbeat: %s holds a value of the wrong type, not a lease", n.lease_key)
-            return
+            return False
+        self.finisher.lease_lost()
+        pending = await self._own_pending()
+        if pending:
+            await self.requeue.lost_while_alive(
+                pending, "lease lost while held (heartbeat missed)", mode="absent"
+            )
+        self._orphans.clear()
         # A new value: a write still in flight under the lapsed one (a read, a done) is refused.
         value = s.lease.next()
         s.holdings.renew(value)
-        self.finisher.lease_lost()
         s.log.warning(
-            "this consumer's lease %s lapsed (a stall, a partition); taking it again (%s)",
+            "this consumer's lease %s lapsed (a stall, a partition): %d streams put back; taking it "
+            "again (%s)",
             n.lease_key,
+            len(pending),
             value,
         )
         await s.link.redis.set(n.lease_key, value, nx=True, px=s.config.lock_ttl_ms)
+        return True
+
+    async def _own_pending(self) -> list[str]:
+        """The ids of every entry pending to this consumer (XPENDING by consumer, a page at a time)."""
+        s = self.state
+        n = s.names
+        ids: list[str] = []
+        cursor = "-"
+        while True:
+            page = await s.link.redis.xpending_range(
+                n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id
+            )
+            ids += [text(p["message_id"]) for p in page]
+            if len(page) < OWN_PAGE:
+                return ids
+            cursor = "(" + ids[-1]
 
     async def mark_running(self, records: list[Held]) -> None:
         """Tell Redis that those of ``records`` the application took from the notification queue

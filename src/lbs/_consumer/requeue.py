@@ -322,12 +322,13 @@ class Requeue:
         codes = await self._recover(list(entry_ids), path, reason, count_retry, entry_ids, mode)
         return sum(1 for code in codes if code == RequeueCode.REQUEUED)
 
-    async def lost_while_alive(self, entry_ids: list[str], reason: str) -> int:
+    async def lost_while_alive(self, entry_ids: list[str], reason: str, mode: str = "owned") -> int:
         """Streams this living client lost (its lease lapsed: a stall, an eviction, a partition): re-queue
-        those still pending to it (under its lease, taken again) with no retry counted, and pardon the rest:
-        another consumer's recovery took them and may have counted a death, which ``requeue-6.lua`` takes
-        back when the copy next goes back. How many went back to the LBS."""
-        codes = await self._recover(entry_ids, "heartbeat", reason, False, mode="owned")
+        those still pending to it with no retry counted (``mode`` "owned": under its lease; "absent":
+        while the lease is gone, before it is taken again), and pardon the rest: another consumer's
+        recovery took them and may have counted a death, which ``requeue-6.lua`` takes back when the
+        copy next goes back. How many went back to the LBS."""
+        codes = await self._recover(entry_ids, "heartbeat", reason, False, mode=mode)
         taken = [i for i, code in zip(entry_ids, codes) if code != RequeueCode.REQUEUED]
         if taken:
             await self.pardon(taken)
