@@ -29,10 +29,9 @@
   A hold that ended without a commit saying so (its holder died, stalled
   past its lease TTL or was cut off: "holder" names an entry no longer held
   (not pending, or pending to a consumer whose lease is gone), or our own
-  entry with another "token", an entry that recovery
-  moved to us from its dead holder with its id, reap-4.lua's adoption or
-  XREADGROUP CLAIM) counts as a failed hold against the messages it was
-  running: while one message at a time is being
+  entry with another "token", an entry that recovery moved to us from its
+  dead holder with its id, reap-4.lua's adoption) counts as a failed hold
+  against the messages it was running: while one message at a time is being
   tried ("until" or "fails" set) the dead holder had the head, whose
   "fails" grows by 1 + "unblamed"; otherwise it had up to ARGV[3] messages,
   which are taken apart like a failed batch ("until" the ARGV[3]-th message
