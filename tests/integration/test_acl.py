@@ -22,10 +22,10 @@ from _helpers import eventually, take
 #: The documented list (docs/operations.md, Minimal ACL): every command lbs sends, scripts' inner commands included.
 COMMANDS = (
     "+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xadd +xack +xackdel "
-    "+xdel +xclaim +xpending +xrange +get +mget +set +del +pexpire +pttl +exists +incrby +type "
+    "+xdel +xclaim +xpending +xrange +get +mget +set +del +pexpire +pttl +exists +type "
     "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
     "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
-    "+sismember +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen +xgroup|setid"
+    "+sismember +hset +hdel +hgetall +xinfo|consumers +xgroup|delconsumer +rpush +lpop +llen +xgroup|setid"
 )
 
 #: What the operator's tools (lbs status, lbs dlq and their library calls) add to it (the docs say so).
@@ -43,14 +43,15 @@ def _acl(service: str, user: str, password: str, commands: str) -> list[str]:
         "-@all",
         *commands.split(),
         f"~{_keys.input_stream(service)}",
-        f"~{tag}:*",
-        f"~lock:{tag}:*",
-        f"&__keyspace@0__:lock:{tag}:*",
+        f"~{tag}:*",  # the leases {tag}:lease:<id> among the rest
+        f"&__keyspace@0__:{_keys.lease_prefix(service)}*",  # the leases' expired events
     ]
 
 
 async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
-    """Register, take, finish; then a consumer dies holding one and another recovers it."""
+    """Register, take, finish; then a consumer dies holding one and another recovers it (its keyspace
+    listener subscribed to the leases' expired events), finishes all and ticks (the finished batches'
+    token records deleted)."""
     cfg = lbs.Config(
         lock_ttl=lock_ttl,
         read_block=0.1,
@@ -68,36 +69,34 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
         url, service, consumer_id="survivor", config=cfg, load_entrypoint_plugins=False
     )
     await survivor.start()
+    # The channel rule: its PSUBSCRIBE pattern is the leases' (denied, it would retry for ever).
+    await asyncio.wait_for(probe(survivor).recovery.listening.wait(), 10)
     notes = await take(survivor, 3, timeout=20)  # two fresh, one recovered from "dying"
     assert sorted(n.stream for n in notes) == ["a", "b", "c"]
     assert await survivor.done_streams(notes) == [lbs.DoneStatus.DONE] * 3
+    assert await survivor.heartbeat() == 0  # HDELs the finished batches' token records
     await survivor.close()
     return survivor
 
 
 def _on(server: Any, commands: str) -> str:
     """``commands`` without those ``server`` lacks (ACL SETUSER refuses a command it does not know), as
-    docs/operations.md says: +xackdel before Redis 8.2 and on Valkey 9.1, +msetex before Redis 8.4,
-    +client|setinfo before 7.2."""
+    docs/operations.md says: +xackdel before Redis 8.2 and on Valkey 9.1, +client|setinfo before 7.2."""
     lacks = {"+xackdel"} if not server.xackdel else set()
-    lacks |= {"+msetex"} if not server.msetex else set()
     lacks |= {"+client|setinfo"} if server.version < (7, 2) else set()
     return " ".join(c for c in commands.split() if c not in lacks)
 
 
-@pytest.mark.parametrize("msetex", ["", " +msetex +msetnx"], ids=["without-msetex", "with-msetex"])
+@pytest.mark.parametrize("msetnx", ["", " +msetnx"], ids=["without-msetnx", "with-msetnx"])
 async def test_the_documented_acl_runs_the_whole_cycle(
-    any_server: Any, service: str, rr: aioredis.Redis, msetex: str
+    any_server: Any, service: str, rr: aioredis.Redis, msetnx: str
 ) -> None:
     """On every server, with what it lacks left out of the list (Redis 7.0 and Valkey 9.1 included)."""
-    # +msetex (Redis >= 8.4, Valkey >= 9.1) and +msetnx are optional: reads lock and take names one SET
-    # at a time without them.
-    if msetex and not any_server.msetex:
-        pytest.skip(f"{any_server.name} has no MSETEX")
+    # +msetnx is optional: reads take their batch's names one SET at a time without it.
     r = rr
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await r.execute_command(
-        "ACL", *_acl(service, user, password, _on(any_server, COMMANDS + msetex))
+        "ACL", *_acl(service, user, password, _on(any_server, COMMANDS + msetnx))
     )
     url = any_server.url.replace("redis://", f"redis://{user}:{password}@")
     try:
@@ -114,8 +113,9 @@ async def test_the_documented_acl_runs_the_whole_cycle(
         await r.execute_command("ACL", "DELUSER", user)
 
 
-#: What keyed processing (Publisher, run_keyed) adds to the list (docs/operations.md says so).
-KEYED = " +hget +hmget +hset +hdel +xtrim"
+#: What keyed processing (Publisher, run_keyed) adds to the list (docs/operations.md says so); its
+#: scripts call +hset +hdel too, which the list has for the consumers' token records.
+KEYED = " +hget +hmget +xtrim"
 
 
 async def test_the_documented_acl_runs_keyed_processing(
@@ -124,9 +124,7 @@ async def test_the_documented_acl_runs_keyed_processing(
     """Publish, process in order, retry a failing message (parked, promoted) until it is
     dead-lettered, as a user with the documented list plus the keyed commands."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command(
-        "ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED)
-    )
+    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetnx" + KEYED))
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     seen: list[str] = []
     c = lbs.Client(
@@ -169,15 +167,20 @@ async def test_the_documented_acl_runs_keyed_processing(
         await r.execute_command("ACL", "DELUSER", user)
 
 
-@pytest.mark.parametrize("missing", ["+type", "+incrby", "+time"])
+def _without(commands: str, missing: str) -> str:
+    """``commands`` less ``missing`` (a whole rule: taking +hget away leaves +hgetall)."""
+    return " ".join(c for c in commands.split() if c != missing)
+
+
+@pytest.mark.parametrize("missing", ["+type", "+time", "+hset"])
 async def test_without_a_command_of_the_list_the_reader_is_refused(
     redis_server: Any, service: str, r: aioredis.Redis, missing: str
 ) -> None:
-    # The list is not padded: a command the scripts call inside, taken away, stops the reads.
+    # The list is not padded: a command the scripts call inside, taken away, stops the reads
+    # (+hset: a read records its batch's token in {<service>-input}:tokens:<id>). The start's
+    # first heartbeat (extend-n.lua: TYPE, TIME) may refuse first: then start() raises, naming it.
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command(
-        "ACL", *_acl(service, user, password, COMMANDS.replace(missing + " ", ""))
-    )
+    await r.execute_command("ACL", *_acl(service, user, password, _without(COMMANDS, missing)))
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     await r.xadd(lbs.input_stream(service), {"lbs-input": '{"DataStreamName":"x","Info":{}}'})
     c = lbs.Client(
@@ -188,14 +191,52 @@ async def test_without_a_command_of_the_list_the_reader_is_refused(
         config=lbs.Config(read_block=0.1, configure_keyspace_events=False, read_max_retries=0),
     )
     try:
-        await c.start()
-        note = await asyncio.wait_for(c.next_notification(), 10)
-        assert note is not None and note.type is lbs.NotificationType.STREAM_TERMINATED
-        assert "NOPERM" in note.reason or "permission" in note.reason.lower()
+        try:
+            await c.start()
+        except lbs.RedisOperationError as exc:
+            why = str(exc)
+        else:
+            note = await asyncio.wait_for(c.next_notification(), 10)
+            assert note is not None and note.type is lbs.NotificationType.STREAM_TERMINATED
+            why = note.reason
+        assert "NOPERM" in why or "permission" in why.lower(), why
+        assert missing.lstrip("+").upper() in why.upper(), why
     finally:
         await c.close()
         await r.execute_command("ACL", "DELUSER", user)
     await eventually(lambda: _pending_is(r, service, 0))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 44: the token records' HDEL rides in the heartbeat's batch: denied, it fails every "
+    "tick though extend-n extended the lease, so the local lease runs out and every held stream is "
+    "disowned (a denied background command is logged once elsewhere)",
+)
+async def test_a_denied_token_record_cleanup_does_not_fail_the_heartbeat(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
+    user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await r.execute_command("ACL", *_acl(service, user, password, _without(COMMANDS, "+hdel")))
+    url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
+    await r.xadd(lbs.input_stream(service), {"lbs-input": '{"DataStreamName":"a","Info":{}}'})
+    await r.xadd(lbs.input_stream(service), {"lbs-input": '{"DataStreamName":"b","Info":{}}'})
+    c = lbs.Client(
+        url,
+        service,
+        consumer_id="c",
+        load_entrypoint_plugins=False,
+        config=lbs.Config(read_block=0.1, configure_keyspace_events=False, max_streams=2),
+    )
+    try:
+        await c.start()
+        await take(c, 2)
+        assert await c.done_stream("a") is lbs.DoneStatus.DONE  # its batch's record is to go
+        assert await c.heartbeat() == 0  # "b" is still held, its lease extended
+        assert [h.stream for h in c.held_streams()] == ["b"]
+    finally:
+        await c.close()
+        await r.execute_command("ACL", "DELUSER", user)
 
 
 async def _pending_is(r: aioredis.Redis, service: str, n: int) -> bool:
@@ -204,7 +245,7 @@ async def _pending_is(r: aioredis.Redis, service: str, n: int) -> bool:
     )
 
 
-@pytest.mark.parametrize("missing", KEYED.split())
+@pytest.mark.parametrize("missing", [*KEYED.split(), "+hset", "+hdel"])
 async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
     redis_server: Any,
     service: str,
@@ -221,7 +262,7 @@ async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
             service,
             user,
             password,
-            (COMMANDS + " +msetex +msetnx" + KEYED).replace(f" {missing}", ""),
+            _without(COMMANDS + " +msetnx" + KEYED, missing),
         ),
     )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
@@ -291,7 +332,7 @@ async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
     dead-letter tools (a keyed letter's replay included) and the lbs command all work."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await r.execute_command(
-        "ACL", *_acl(service, user, password, COMMANDS + " +msetex +msetnx" + KEYED + OPERATOR)
+        "ACL", *_acl(service, user, password, COMMANDS + " +msetnx" + KEYED + OPERATOR)
     )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     gauges = _Gauges()
