@@ -207,12 +207,6 @@ async def test_without_a_command_of_the_list_the_reader_is_refused(
     await eventually(lambda: _pending_is(r, service, 0))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 44: the token records' HDEL rides in the heartbeat's batch: denied, it fails every "
-    "tick though extend-n extended the lease, so the local lease runs out and every held stream is "
-    "disowned (a denied background command is logged once elsewhere)",
-)
 async def test_a_denied_token_record_cleanup_does_not_fail_the_heartbeat(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:

@@ -221,9 +221,17 @@ class Heartbeat(Activity, kind="heartbeat"):
 
         try:
             # Extending the lease checks its value first: sending a tick twice is harmless.
-            positions = first_error(await s.link.beat.execute(build, retry_safe=True))[0]
+            replies = await s.link.beat.execute(build, retry_safe=True)
+            positions = first_error(replies[:1])[0]
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
+        # The records' HDEL is bookkeeping for `lbs status`: its failure (an ACL without +hdel, a key of
+        # another type) is reported and never fails the tick that keeps the lease.
+        failed = replies[1] if finished and isinstance(replies[1], Exception) else None
+        if failed is not None and not s.denied(
+            failed, f"deleting finished records from {n.tokens_key}"
+        ):
+            s.log.warning("deleting finished batches' records failed: %s", failed)
         del s.holdings.finished_batches[: len(finished)]
         s.stats.heartbeats += 1
         s.stats.heartbeat_at = time.monotonic()
