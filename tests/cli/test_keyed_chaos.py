@@ -55,10 +55,7 @@ async def test_killed_and_stalled_holders_lose_reorder_and_duplicate_nothing(
 
     async def all_up() -> bool:  # each worker is reading before any message is published
         return all(
-            [
-                await r.get(_keys.lease_key(service, f"redis-consumer-w{i}"))
-                for i in range(3)
-            ]
+            [await r.get(_keys.lease_key(service, f"redis-consumer-w{i}")) for i in range(3)]
         )
 
     await eventually(all_up, "the workers running")
@@ -107,10 +104,7 @@ async def test_killed_and_stalled_holders_lose_reorder_and_duplicate_nothing(
         bool
     ):  # a worker takes SIGTERM as a drain only once run_keyed() routes it
         return all(
-            [
-                await r.get(_keys.lease_key(service, f"redis-consumer-{w}"))
-                for w in ("w1", "w3")
-            ]
+            [await r.get(_keys.lease_key(service, f"redis-consumer-{w}")) for w in ("w1", "w3")]
         )
 
     await eventually(inside_run, "the live workers running")

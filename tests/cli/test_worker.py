@@ -40,9 +40,7 @@ StartWorker = Callable[..., Proc]
 
 async def _markers(r: aioredis.Redis, service: str, *ids: str) -> list[bytes | None]:
     """The instance markers (this process's nonce) of the consumer ids: set once a worker is inside run()."""
-    return [
-        await r.get(lbs.lease_key(service, f"redis-consumer-{i}")) for i in ids
-    ]
+    return [await r.get(lbs.lease_key(service, f"redis-consumer-{i}")) for i in ids]
 
 
 @pytest.mark.parametrize("shards", [1, 2])

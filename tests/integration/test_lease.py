@@ -47,9 +47,13 @@ async def test_a_tick_extends_one_key_however_many_streams_are_held(
         assert after.get("evalsha", 0) - before.get("evalsha", 0) == 1
         assert after.get("pexpire", 0) - before.get("pexpire", 0) == 1
         assert after.get("xclaim", 0) == before.get("xclaim", 0)
-        assert after.get("pexpire", 0) + after.get("set", 0) - before.get("pexpire", 0) - before.get(
-            "set", 0
-        ) == 1  # one key written per tick: the lease
+        assert (
+            after.get("pexpire", 0)
+            + after.get("set", 0)
+            - before.get("pexpire", 0)
+            - before.get("set", 0)
+            == 1
+        )  # one key written per tick: the lease
         assert await rr.pttl(key) > 55_000
         pending = await rr.xpending(input_stream(service), group_name(service))
         assert pending["pending"] == 200
@@ -169,7 +173,12 @@ async def test_a_done_built_under_a_lapsed_lease_cannot_ack_what_another_consume
         await r.set(c2, "n2")
         await r.xclaim(input_stream(service), group_name(service), "c2", 0, [entry_id])
         await r.set(c1, "n1.2")  # c1 takes its lease again, under a new value
-        done = [input_stream(service), c1, group_name(service), 1 if any_server.version >= (8, 2) else 0]
+        done = [
+            input_stream(service),
+            c1,
+            group_name(service),
+            1 if any_server.version >= (8, 2) else 0,
+        ]
         reply = await r.eval(source("done-n"), 2, *done, 0, "", "c1", "n1", 0, entry_id, "")
         assert reply == b"3"
         pending = await r.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
