@@ -55,17 +55,20 @@ class Config:
     the closest field's name, for a typo) and positional arguments.
     """
 
-    # -- locks and the heartbeat ----------------------------------------------
+    # -- the lease and the heartbeat ------------------------------------------
 
-    #: Lock expiry. A consumer that stops heartbeating loses its streams after this long.
+    #: The TTL of the consumer's lease, ``{<service>-input}:lease:<consumer id>`` (the name is
+    #: from when lbs took a lock per entry): every entry pending to the consumer is held while
+    #: the lease lives. A consumer that stops heartbeating loses its lease, and with it every
+    #: stream it holds, after this long; recovery then takes them.
     lock_ttl: float = 10.0
     #: Seconds between heartbeats; ``None`` means ``lock_ttl / 3``, which leaves room for
-    #: one failed tick (a dropped connection) before any lock can expire.
+    #: one failed tick (a dropped connection) before the lease can expire.
     heartbeat_interval: float | None = None
-    #: Locks extended per script call. A tick sends all its calls in one round
-    #: trip; slicing keeps each script short so Redis can serve others between them
-    #: (and small calls cost Redis less per lock than big ones: about 13 % less
-    #: at 1,000 than at 10,000 in the heartbeat benchmark).
+    #: No longer used since the consumer lease: a tick extends one key, the lease, whatever is
+    #: held (beside a Go fleet, every held entry's Go-style lock goes in that same call). It
+    #: sliced the locks a tick extended per script call when lbs took a lock per entry; it is
+    #: still accepted (and checked), to no effect.
     heartbeat_chunk: int = 1_000
     # -- reading --------------------------------------------------------------
 
@@ -149,13 +152,14 @@ class Config:
     #: Run recovery in this client (every client does by default; any number of
     #: recoverers re-queue an entry exactly once).
     recovery: bool = True
-    #: Fast path 1: re-queue when a lock's keyspace ``expired`` event arrives.
+    #: Fast path 1: poll the deadline index at once when a lease's keyspace ``expired`` event
+    #: arrives.
     keyspace_recovery: bool = True
     #: Fast path 2: the deadline index is polled at its earliest deadline, and assignments
     #: whose holder's deadline passed are adopted or re-queued (independent of when Redis
     #: expires keys). This is the shortest pause between two polls; an idle client polls
     #: only every ``max(0.5 s, lock_ttl / 4, 2 x this)`` (half the gap its stall test allows;
-    #: 2.5 s by default), the keyspace listener waking it at once when a lock expires.
+    #: 2.5 s by default), the keyspace listener waking it at once when a lease expires.
     deadline_poll_interval: float = 0.25
     #: Overdue entries looked at per deadline poll.
     deadline_batch: int = 500
@@ -164,7 +168,7 @@ class Config:
     #: Only entries pending at least this long are scanned. ``None``: 30 s, or
     #: 3 x ``lock_ttl`` if that is longer. Must exceed 2 x ``lock_ttl``.
     min_idle: float | None = None
-    #: Pending entries per XPENDING page (and per lock-check round trip).
+    #: Pending entries per XPENDING page (one round trip checks the page's holders' leases).
     scan_batch: int = 50
     #: With each scan, consumers of the group with nothing pending that have not read for this
     #: long (seconds) are deleted from it (a consumer that closes cleanly leaves at once); ``0``
@@ -308,12 +312,14 @@ class Config:
 
     @property
     def pel_refresh_every(self) -> int:
-        """Heartbeat ticks between two refreshes of one entry's pending idle time.
+        """No longer used by lbs since the consumer lease (the retired lbs-claim plugin still reads
+        it): a held entry's pending idle time does not matter, since the entry is held while its
+        consumer's lease lives, and the heartbeat no longer refreshes it (beside a Go fleet every
+        tick refreshes every held entry).
 
-        Each tick extends every lock but refreshes the idle time of a rotating
-        1/N of the entries, N chosen so that a live entry's idle time stays
-        under half of :attr:`scan_min_idle`: the scan (and XREADGROUP CLAIM)
-        never sees live work as idle, and Redis skips most of the XCLAIM work.
+        It was the number of heartbeat ticks between two refreshes of one entry's idle time, when
+        each tick extended every lock but refreshed a rotating 1/N of the entries, N chosen so
+        that a live entry's idle time stayed under half of :attr:`scan_min_idle`.
         """
         keep_under = (
             min(self.scan_min_idle, GO_MIN_IDLE) if self.go_compatible else self.scan_min_idle
