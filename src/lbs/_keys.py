@@ -205,8 +205,9 @@ def tokens_prefix(service: str) -> str:
     consumer id.
 
     A hash per consumer, for ``lbs status``: each batch it read or adopted (one fencing token each,
-    shared by the batch's entries) as a field, its value ``<first id>..<last id>`` (a read: a range
-    of the stream) or the entry ids; the consumer deletes a field once it finished the batch.
+    shared by the batch's entries) as a field, its value the lease value it was taken under, then
+    ``|<first id>..<last id>`` (a read: a range of the stream) or ``|<id> <id> ...``; the consumer
+    deletes a field once it finished the batch.
     """
     return f"{hash_tag(service)}:tokens:"
 

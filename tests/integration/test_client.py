@@ -874,12 +874,6 @@ async def test_abandon_leaves_in_redis_what_a_killed_process_leaves(
     assert p.reader.task is not None and p.reader.task.done()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="issue 44: the tick keeps a settling stream held, then _retake's Holdings.renew refuses "
-    "a non-empty table (RuntimeError): the lease is not taken again and the lost streams not put back",
-)
 async def test_a_stream_let_go_by_a_keyed_commit_in_flight_is_not_reported_lost(
     redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:

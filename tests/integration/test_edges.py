@@ -153,11 +153,6 @@ async def test_a_second_process_that_takes_a_lost_lease_over_leaves_the_first_no
         await first.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 44: a re-read reuses the tokens recorded under the consumer id ({..}:tokens:<id>) "
-    "even when another process (another lease value) read them: two holders, one token",
-)
 async def test_a_second_process_that_takes_a_lost_lease_over_gets_tokens_of_its_own(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:

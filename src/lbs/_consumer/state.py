@@ -273,11 +273,12 @@ class Holdings:
         return len(self.table)
 
     def renew(self, lease: str) -> None:
-        """The lease was taken again with value ``lease``: what is held from now on is held under it (every
-        stream held under the lapsed one was dropped first)."""
-        if len(self.table):
-            raise RuntimeError(f"{len(self.table)} streams still held under the lapsed lease")
-        self.table = HeldTable(f"{self.consumer}:{lease}", self._prefix)
+        """The lease was taken again with value ``lease``: what is taken from now on is held under it.
+        What is still held (a keyed commit in flight, :attr:`settling`) keeps the lapsed lease's value,
+        so that commit is refused unless it ran before the lease lapsed; its reply drops it."""
+        old, self.table = self.table, HeldTable(f"{self.consumer}:{lease}", self._prefix)
+        for h in old.values():
+            self.table.add(h)
 
     def take(
         self, entry: Entry, token: int, retry_count: int, taken_at: float, queued: bool

@@ -135,8 +135,9 @@ async def holdings(
 
 
 class _Records:
-    """A consumer's token records (``{<service>-input}:tokens:<id>``): each batch's token, and the range
-    of entry ids it read (``<first>..<last>``) or the ids it took. A record of another shape, or a key of
+    """A consumer's token records (``{<service>-input}:tokens:<id>``): each batch's token, and the lease
+    value it was taken under and the range of entry ids it read (``<lease>|<first>..<last>``) or the
+    ids it took (``<lease>|<id> <id> ...``). A record of another shape, or a key of
     another type, knows no token."""
 
     def __init__(self, reply: object) -> None:
@@ -148,11 +149,12 @@ class _Records:
             token = s(field)
             if not token.isdigit():
                 continue
-            first, dots, last = s(value).partition("..")
+            _, _, ids = s(value).rpartition("|")  # "<lease value>|<ids>"
+            first, dots, last = ids.partition("..")
             if dots and _id(first) and _id(last):
                 self.ranges.append((_id(first), _id(last), int(token)))  # type: ignore[arg-type]
             else:
-                self.listed.update(dict.fromkeys(s(value).split(), int(token)))
+                self.listed.update(dict.fromkeys(ids.split(), int(token)))
 
     def token(self, entry_id: str) -> int | None:
         if entry_id in self.listed:

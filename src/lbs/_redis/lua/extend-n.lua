@@ -97,10 +97,13 @@ for i = 1, n do
   end
 end
 
+-- The deadline's time is read before the first write (TIME, like every call, may be denied).
+local deadline = not bad and time_ms() + tonumber(ttl)
+
 -- Writes.
 redis.call('PEXPIRE', KEYS[3], ttl)
-if not bad then
-  redis.call('ZADD', KEYS[2], time_ms() + tonumber(ttl), me)
+if deadline then
+  redis.call('ZADD', KEYS[2], deadline, me)
 end
 for _, lock in ipairs(keep) do
   redis.call('SET', lock, me, 'PX', go_ttl)

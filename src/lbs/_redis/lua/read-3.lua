@@ -78,10 +78,10 @@
            moves the wake group to its end too. "" or absent: no nudge.
   ARGV[11] optional: the consumer's tokens, {<service>-input}:tokens:
            <consumer id> (a hash; same slot, not declared), for `lbs status`:
-           each batch's token as a field, its value "<first id>..<last
-           id>" for a read (a read delivers a range of the stream, in
-           order), the ids themselves for a re-read's entries no record
-           covers. The client deletes a field once it finished every entry
+           each batch's token as a field, its value "<lease value>|<first
+           id>..<last id>" for a read (a read delivers a range of the
+           stream, in order), "<lease value>|<id> <id> ..." for a re-read's
+           entries no record of this lease covers. The client deletes a field once it finished every entry
            of its batch; leave-3.lua and reap-4.lua delete the hash of a
            consumer that left or died with nothing pending. "": none kept.
 
@@ -414,11 +414,13 @@ if not new and record then
   local listed = {}  -- entry id -> token, from records that list their ids
   local ranges = {}  -- {token, first id, last id}
   for j = 1, #found - 1, 2 do
-    local tok, v = tonumber(found[j]), found[j + 1]
-    local lo, hi = string.match(v, '^(%S+)%.%.(%S+)$')
-    if tok and lo then
+    -- Only what this very lease recorded: another process under this consumer id (it took the lease
+    -- over) held those entries under its own token, and this one's must be larger.
+    local tok, lease_of, v = tonumber(found[j]), string.match(found[j + 1], '^([^|]*)|(.*)$')
+    local lo, hi = string.match(v or '', '^(%S+)%.%.(%S+)$')
+    if tok and lease_of == ARGV[4] and lo then
       ranges[#ranges + 1] = {tok, lo, hi}
-    elseif tok then
+    elseif tok and lease_of == ARGV[4] then
       for id in string.gmatch(v, '%S+') do listed[id] = tok end
     end
   end
@@ -440,7 +442,7 @@ if #fresh > 0 then
   end
   if record then
     redis.call('HSET', record, string.format(fence_digits, token),
-               new and (fresh[1] .. '..' .. fresh[#fresh]) or table.concat(fresh, ' '))
+               ARGV[4] .. '|' .. (new and (fresh[1] .. '..' .. fresh[#fresh]) or table.concat(fresh, ' ')))
   end
 end
 if queued then

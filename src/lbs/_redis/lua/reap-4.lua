@@ -32,7 +32,7 @@
   ARGV[11] optional: the tokens hashes' prefix, {<service>-input}:tokens:
            (a consumer's is this plus its id; same slot, not declared; see
            read-3.lua's ARGV[11]): adopted entries are recorded in the
-           adopter's under their token; a dead consumer removed from the
+           adopter's under their token ("<ARGV[8]>|<id> <id> ..."); a dead consumer removed from the
            index with nothing pending loses its hash. "": none kept
 
   Output: {adopted, tokens, gone, trimmed, next[, holders, deadlines]}
@@ -239,7 +239,8 @@ for i = 1, n do
   ids[i] = adopted[i][1]
 end
 if records then
-  redis.pcall('HSET', records .. adopter, string.format(fence_digits, token), table.concat(ids, ' '))
+  redis.pcall('HSET', records .. adopter, string.format(fence_digits, token),
+              ARGV[8] .. '|' .. table.concat(ids, ' '))
 end
 redis.call('ZADD', KEYS[1], 'NX', now + tonumber(ARGV[5]), adopter)
 if mine then
