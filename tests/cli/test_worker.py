@@ -130,7 +130,8 @@ async def test_sigterm_drains_then_hands_back_without_a_retry(
 async def test_on_valkey_the_banner_names_it_and_lbs_claim_steps_aside(
     valkey_server: Any, service: str, log: Path, start_worker: StartWorker
 ) -> None:
-    """Valkey answers INFO as Redis 7.2.4: the banner and lbs-claim's one line name Valkey and its own version."""
+    """Valkey answers INFO as Redis 7.2.4: the banner names Valkey and its own version; the retired
+    lbs-claim, installed, steps aside with its one line."""
     async with lbs.Producer(valkey_server.url, service) as producer:
         await producer.add_streams(["v-1", "v-2"])
     claim = (
@@ -154,10 +155,7 @@ async def test_on_valkey_the_banner_names_it_and_lbs_claim_steps_aside(
     err = flat(worker.err())
     assert valkey_server.name in err and "Redis 7.2" not in err, err
     if claim:
-        assert (
-            f"lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is {valkey_server.name}:"
-            in err
-        )
+        assert "lbs-claim is retired" in err
     async with aioredis.Redis.from_url(valkey_server.url) as r:
         assert await leftovers(r, service) == (0, 0)
 

@@ -1,30 +1,11 @@
-"""lbs plugin: the XREADGROUP ... CLAIM reader (Redis >= 8.4).
+"""lbs plugin, retired: the XREADGROUP ... CLAIM reader (Redis >= 8.4).
 
-Every read also claims pending assignments idle for at least ``min_idle``:
-the work of consumers that stopped comes back in the same round trip as
-new work, with its delivery count, instead of waiting for the periodic
-scan. ``read-3.lua`` locks a claimed entry like a new one, so a live holder
-(its lock still set) keeps its stream, and earlier deliveries count as
-failed attempts towards ``Config.max_retries`` (then: dead letter).
-
-Why the threshold is safe: lbs's heartbeat refreshes the pending idle time
-of every held entry at least every ``Config.pel_refresh_every`` ticks, so a
-live lbs holder's entries never get near ``min_idle`` (the plugin refuses a
-threshold that is not above that bound), and a holder that keeps its lock
-but not the idle time (a Go client) still keeps its stream, because the
-lock is checked.
-
-Why the scan can run less often (``reconciliation_interval``, default
-600 s instead of 60 s): whenever any consumer reads, every pending entry
-idle past ``min_idle`` is claimed by that read; the scan is left for what
-no read reaches (every consumer at capacity for a long time) and stays on
-as the backstop, beside the deadline poller and the keyspace listener.
-
-Installed, it is enabled for every client (entry point ``claim``); turn it
-off with ``lbs.Config(disabled_plugins=("claim",))``. Settings, in order:
-the constructor's arguments, then ``LBS_CLAIM_MIN_IDLE`` and
-``LBS_CLAIM_SCAN_INTERVAL`` (seconds), then the defaults
-(``Config.scan_min_idle``; 600 s).
+It made every read also claim pending assignments idle for at least ``min_idle``, when lbs held each
+entry by a lock of its own. lbs now holds what a consumer reads by the consumer's lease, however long
+it stays idle, and recovery takes a dead consumer's work as soon as its lease is gone: an idle-time
+claim would take live work, and the fast recovery it gave is what the lease does. Installed, it steps
+aside with one warning (``lbs_reader`` answers nothing); :meth:`ClaimReader.strategy` still builds the
+strategy it used to answer, which lbs ignores (``ReadStrategy.claim_min_idle`` is deprecated).
 """
 
 from __future__ import annotations
@@ -88,19 +69,18 @@ class ClaimReader:
     def lbs_reader(
         self, client: lbs.Client, server_version: tuple[int, ...]
     ) -> lbs.ReadStrategy | None:
-        if server_version < MIN_SERVER:
-            # Installing an extra must never break a server lbs supports: step aside, say so once.
-            if not self._warned:
-                self._warned = True
-                shown = client.server_name or ".".join(map(str, server_version)) or "unknown"
-                _log.warning(
-                    "lbs-claim needs Redis >= 8.4 (XREADGROUP ... CLAIM); this server is %s: reading "
-                    "without CLAIM (the scan and the deadline poller recover, as without the plugin). "
-                    "Disable it with lbs.Config(disabled_plugins=('claim',)) to silence this.",
-                    shown,
-                )
-            return None
-        return self.strategy(client.config)
+        # Retired (issue 44): lbs holds what a consumer reads by its lease, however idle, and recovery
+        # takes a dead consumer's work as soon as its lease is gone; claiming idle entries would take
+        # live work. Installed, it steps aside: say so once, and leave the default reader in place.
+        if not self._warned:
+            self._warned = True
+            _log.warning(
+                "lbs-claim is retired: lbs holds what a consumer reads by the consumer's lease, and "
+                "recovery takes a dead consumer's streams as soon as its lease is gone, so reads no "
+                "longer claim idle entries (that would take live work). Reading as without the plugin; "
+                "uninstall it, or lbs.Config(disabled_plugins=('claim',)) to silence this."
+            )
+        return None
 
 
 #: The instance the entry point registers.
