@@ -13,11 +13,12 @@ import pytest
 import redis.asyncio as aioredis
 
 import lbs
+import lbs._keys
 from lbs._keys import fence_key, group_name, input_stream
 from lbs._redis.scripts import source
 from lbs.testing import abandon
 
-from _helpers import client, produce, take
+from _helpers import client, eventually, produce, take
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -187,3 +188,27 @@ async def test_a_done_built_under_a_lapsed_lease_cannot_ack_what_another_consume
         ]
     finally:
         await r.aclose()
+
+
+async def test_an_entry_whose_name_key_is_garbage_goes_back_and_runs_once_the_key_is_removed(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    """Held by nobody otherwise (its consumer's lease lives, so no recovery takes it): it is parked for
+    a retry delay, no retry counted, and read again until the key is gone."""
+    garbage = lbs._keys.name_holder(service, "g")
+    await rr.hset(garbage, "x", "1")
+    await produce(any_server.url, service, "g")
+    c = client(any_server.url, service, retry_delay=0.2, lock_ttl=30)
+    await c.start()
+    try:
+        await eventually(lambda: _parked(rr, service))
+        await rr.delete(garbage)
+        (note,) = await take(c, 1, timeout=20)
+        assert note.stream == "g" and note.retry_count == 0
+        assert await c.done_stream("g") is lbs.DoneStatus.DONE
+    finally:
+        await c.close()
+
+
+async def _parked(rr: aioredis.Redis, service: str) -> bool:
+    return bool(await rr.zcard(lbs._keys.due_key(service)))

@@ -90,6 +90,7 @@ class Intake:
         taken_at = time.monotonic()
         queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
         waiting = 0
+        garbage: list[str] = []  # entries whose name's keys are of another type: put back, parked
         for e, tok in zip(raw_entries, tokens):
             tok = self._own_token(tok, owner)
             if not isinstance(tok, int):
@@ -104,20 +105,20 @@ class Intake:
                         tok[5:],
                     )
                 elif tok.startswith("WRONGTYPE"):
-                    # Not a lock at all: the entry stays pending, and the scan
-                    # brings it back once the key is removed.
+                    # Its name's holder key (or waiting list) is garbage of another type: the entry
+                    # cannot be held by name. It goes back, parked for a retry delay (no retry
+                    # counted), and is read again then: it runs once the key is removed.
                     kind, _, key = tok[10:].partition(" ")
+                    s.hooks.metric("wrong_type_keys_total", 1)
                     s.log.error(
-                        "entry %s: %s holds a value of the wrong type (%s); leaving the entry pending "
-                        "until the key is removed",
+                        "entry %s: %s holds a value of the wrong type (%s); the entry goes back and "
+                        "is tried again after %gs, until the key is removed",
                         e.id,
-                        key or f"its lock key {s.names.lock_key_prefix + e.id}",
+                        key,
                         kind,
+                        self.parked_for,
                     )
-                elif start == ">":
-                    # Someone holds this entry's lock (a slow holder whose entry
-                    # was claimed away): leave it pending; it is theirs.
-                    s.log.warning("entry %s is locked by %r; leaving it to its holder", e.id, tok)
+                    garbage.append(e.id)
                 continue
             if e.id in table or e.id in skipped:
                 continue  # re-read: already ours, or being finished or handed back
@@ -180,8 +181,31 @@ class Intake:
             hooks.notify("lbs_streams_started", notifications=batch)
         if bad:
             await self.requeue.malformed.dead_letter(bad)
+        if garbage:
+            await self._park(garbage)
         if refused:
             await self._refuse(refused, time.monotonic() - sent)
+
+    @property
+    def parked_for(self) -> float:
+        """How long an entry whose name's keys are of another type is parked before it is read again."""
+        return max(self.state.config.retry_delay, 1.0)
+
+    async def _park(self, entry_ids: list[str]) -> None:
+        """Put back entries this consumer cannot hold by name (a key of another type), parked for
+        :attr:`parked_for`, no retry counted; a failure leaves them pending (handed back at close)."""
+        s = self.state
+        n = s.names
+        calls = [
+            (i, n.lease_prefix, "owned", s.lease.value, "name key of the wrong type")
+            for i in entry_ids
+        ]
+        try:
+            await self.requeue.send(calls, count_retry=False, delay=self.parked_for)
+        except (RedisError, OSError) as exc:
+            s.log.error(
+                "putting back %d entries failed (%s); they stay pending", len(entry_ids), exc
+            )
 
     async def _refuse(self, refused: list[Held], age: float) -> None:
         """Streams whose reply was read ``age`` seconds after its write was sent, too late to start them:
