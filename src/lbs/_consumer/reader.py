@@ -1,31 +1,29 @@
-"""The reader: read and lock assignments in one ``read-3.lua`` call, and hand them out.
+"""The reader: read assignments under this consumer's lease in one ``read-3.lua`` call, and hand them out.
 
-Delivery and locking are one atomic script, so no entry is ever pending
-without a lock, nor a lock without this consumer's place in the deadline
-index: whenever this consumer dies, the deadline poller brings its work back
-within the lock TTL. Each batch is parsed in the compiled core (entries come
-back as ``Entry`` objects); good entries become held streams and go to the
-runner (under ``run()``) or the mailbox as STREAM_ADDED; malformed ones are
-dead-lettered.
+What the reader reads is pending to this consumer in the group, and held exactly while its lease
+(``{<service>-input}:lease:<id>``) lives: ``read-3.lua`` reads only under the lease it holds (a
+lapsed lease refuses the read, ``LeaseLostError``, and the reader tries again once the heartbeat
+took it back), with one fencing token per batch. Each batch is parsed in the compiled core (entries
+come back as ``Entry`` objects); good entries become held streams and go to the runner (under
+``run()``) or the mailbox as STREAM_ADDED; malformed ones are dead-lettered.
 
 After a full batch the next read is sent before the batch is handed out
-(when capacity allows both), so Redis reads and locks the next batch while
-this one is dispatched. A read that drained the group is followed by a wait
-and a read in one write: a blocking ``XREADGROUP`` of the wake group
-(``<service>-wake``, NOACK, one entry) and the ``read-3.lua`` call behind it,
-which Redis runs the moment the wait returns. So an XADD wakes one consumer,
-which reads and locks in the same turn of the server's loop: one round trip
-per wake-up, as a plain ``XREADGROUP BLOCK`` loop has, and no read just to
-learn where the stream ends. A read that fair dispatch left short (its share
+(when capacity allows both), so Redis reads the next batch while this one is
+dispatched. A read that drained the group is followed by a wait and a read in
+one write: a blocking ``XREADGROUP`` of the wake group (``<service>-wake``,
+NOACK, one entry) and the ``read-3.lua`` call behind it, which Redis runs the
+moment the wait returns. So an XADD wakes one consumer, which reads in the same
+turn of the server's loop: one round trip per wake-up, as a plain
+``XREADGROUP BLOCK`` loop has. A read that fair dispatch left short (its share
 taken) waits the same way: the script nudged the idle peers it left the rest
 to (an entry each in ``{<service>-input}:nudge``, which every wait reads
 beside the LBS). ``CLIENT UNBLOCK`` wakes the wait at shutdown
 (the read behind it still runs, and what it takes is handed back).
 
-Each reply goes to :class:`~lbs._consumer.intake.Intake` with the send time
-of its write (a re-read's: the lost reply's), which refuses a reply read too
-late to start its entries (a frozen process). The wait is capped at half the
-local lease so that a reply read on time always passes.
+Each reply goes to :class:`~lbs._consumer.intake.Intake`, which refuses a
+reply read too late to start its entries (a frozen process: the local lease
+ran out). The wait is capped at half the local lease so that a reply read on
+time always passes.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ from _lbscore import CommandBatch, Entry
 
 from .._redis import scripts
 from .._redis.connection import cancel_and_wait
-from .._redis.errors import NoGroupError, classify
+from .._redis.errors import LeaseLostError, NoGroupError, classify
 from .._redis.wire import REPLY_TIMEOUT
 from .._waits import wait_set
 from ..notifications import Notification, NotificationType
@@ -90,8 +88,8 @@ class Reader(Activity, kind="reader"):
         self.blocked = False
         #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
         self.reply_lost = False
-        #: The send time (monotonic) of the earliest write whose reply was lost: the locks a re-read
-        #: adopts were set no earlier (inf: not known, the re-read's own send time stands).
+        #: The send time (monotonic) of the earliest write whose reply was lost (inf: not known, the
+        #: re-read's own send time stands).
         self._lost_sent = math.inf
         self._sent_at: dict[asyncio.Task[list[Any]], float] = {}  # each read in flight: when sent
         self._reads: dict[
@@ -106,7 +104,7 @@ class Reader(Activity, kind="reader"):
         failures = 0
         backoff = Backoff(cfg.read_retry_initial, cfg.read_retry_max)
         # Within the wire's reply watchdog, with room for the read behind the wait, and within half the
-        # local lease: the locks the read behind the wait takes are covered from the write's send time.
+        # local lease: a reply read on time always finds the local lease with room to start its entries.
         lease = cfg.lock_ttl - min(0.05 * cfg.lock_ttl, 1.0)
         block_ms = max(1, int(min(cfg.read_block, REPLY_TIMEOUT / 2, lease / 2) * 1000))
         then = scripts.READ_AGAIN  # what the last read said to do next
@@ -139,8 +137,8 @@ class Reader(Activity, kind="reader"):
                             continue
                         if self.reply_lost:
                             # The last read's reply never arrived: the entries it
-                            # delivered are in our pending list under locks with our
-                            # id. Adopt them before reading more.
+                            # delivered are in our pending list, held by our lease.
+                            # Take them (with their recorded token) before reading more.
                             await self._take(self._send(s.capacity + s.read_count, "0"), "0")
                             self.reply_lost, self._lost_sent = False, math.inf
                         if self._idle_nudges >= IDLE_NUDGES:
@@ -158,6 +156,12 @@ class Reader(Activity, kind="reader"):
                 except asyncio.CancelledError:
                     raise
                 except ResponseError as exc:
+                    if isinstance(classify(exc), LeaseLostError):
+                        # The lease lapsed (a stall, a partition): nothing was read. The heartbeat's
+                        # next tick takes it again; read again soon, not counted as a failed read.
+                        s.log.debug("read refused: %s; reading again once the lease is back", exc)
+                        await wait_set(s.stopping, cfg.heartbeat_every / 4)
+                        continue
                     if isinstance(classify(exc), NoGroupError):
                         s.log.warning(
                             "group %s or stream %s vanished; recreating it",
