@@ -11,25 +11,36 @@ retry on a fresh connection, the ``expect``-ed entry shapes) runs as it does in 
 ``script_load`` (what the Wire calls after a NOSCRIPT) and ``pipeline`` (``Requeue.pardon``)
 are the only redis-py calls made on the client itself.
 
-What it answers, and from where. A small keyspace (:attr:`FakeRedis.strings` for locks,
-:attr:`streams`, :attr:`hashes`, :attr:`zsets`, the group's :attr:`pending` entries) and one
-handler per command or script, each answering with the reply shape of the script's header
-(``src/lbs/_redis/lua/<name>.lua``, "Output") and the decisions its code makes:
+What it answers, and from where. A small keyspace (:attr:`FakeRedis.strings` for the consumers'
+leases, Go-style locks and name holders, :attr:`streams`, :attr:`hashes`, :attr:`zsets`,
+:attr:`sets`, the group's :attr:`pending` entries and their :attr:`deliveries`) and one handler
+per command or script, each answering with the reply shape of the script's header
+(``src/lbs/_redis/lua/<name>.lua``, "Output") and the decisions its code makes, in its order. An
+entry is held while it is pending to a consumer whose lease (``{<service>-input}:lease:<id>``)
+holds the value it was read under: :class:`Harness` takes its consumer's lease at start, as
+``lbs.Client`` does, and a test takes it away by deleting (or overwriting) that key.
 
-* ``done-n``: one digit per lock, 1 (ours: released, acked, deleted), 2 (no lock, still pending: acked),
-  3 (someone else's lock, or gone and not pending), 4 (as 3 when ARGV[3] says it is a retry);
-  not modelled: the Go fleet (code 5), names released.
-* ``requeue-6``: ``{0, "lock"}``, ``{0, "acked"}``, ``{-1, "trimmed"}``, ``{-2, "LBSKEY ..."}``
-  (dead-letter or parking key of another type), ``{1, new id, lbs-input, retries}``,
-  ``{2, dlq id, ...}``, ``{3, "", ...}`` (no dead-letter stream), ``{4, parked id, ..., delay}``;
-  the retry count is the entry's field plus ARGV[5]; not modelled: deaths carried from the
-  delivery count, pardons, queued sets, the Go fleet, names, oversized copies.
-* ``fetch-1``: ``{1, tries, pos, fails, unblamed, until}``, ``{2}``, ``{3, holder}``,
-  ``{4, what}``, with the dead holder's failed hold as the script counts it.
+* ``done-n``: the lease first (gone, or holding another value than the call's: ``"3"`` for
+  every entry, nothing written); then per entry 1 (was pending, to anyone: acked and deleted) or 3 (not
+  pending; 4 when ARGV[3] says it is a retry); beside a Go fleet 5 (pending to another consumer,
+  or its Go-style lock holds another name) and our Go-style locks deleted; a released name's
+  holder key deleted. Not modelled (an error reply): a name with waiters to put back.
+* ``requeue-6``: the modes ``owned``/``restart`` (our lease holds ARGV[4], pending to ARGV[10]),
+  ``absent`` (the holder's lease does not exist), ``any``; ``{0, "lock"}``, ``{0, "go lock"}``,
+  ``{0, "acked"}``, ``{-1, "trimmed"}``, ``{-2, "LBSKEY ..."}`` (dead-letter or parking key of
+  another type), ``{1, new id, lbs-input, retries}``, ``{2, dlq id, ...}``, ``{3, "", ...}`` (no
+  dead-letter stream), ``{4, parked id, ..., delay}``; the retry count with the deaths carried
+  in the delivery count (:attr:`FakeRedis.deliveries`) and the copy's ``<prefix>deaths``, the
+  pardons taken back, the holder's queued set, the fields set on the copy, oversized copies, the
+  Go-style locks, names released. Not modelled (an error reply): mode ``absent``'s idle check
+  beside a Go fleet (ARGV[22]), a name with waiters to put back.
+* ``fetch-1``: ``{1, tries, pos, fails, unblamed, until}``, ``{2}`` (the lease does not hold
+  the hold's nonce), ``{3, holder}`` (pending to a consumer whose lease exists), ``{4, what}``,
+  with the dead holder's failed hold as the script counts it; not modelled: the ACL.
 * ``commit-1``: ``{1, fails, unblamed, until[, messages]}``, ``{2}``, ``{5}``, ``{6, id}``,
-  ``{7, why}`` (an effect stream of another type), with the script's modes (go, last:n, yield,
-  skip, fail:ms:blame:last:n) and failure isolation; effects are XADDed; not modelled: the ACL,
-  the id floor.
+  ``{7, why}`` (an effect stream of another type), with the script's two passes (every check
+  before the first write), modes (go, last:n, yield, skip, fail:ms:blame:last:n) and failure
+  isolation; effects are XADDed, the id floor raised; not modelled: the ACL.
 * ``XRANGE key - + COUNT n``: a stream's first n entries (what KeyedRunner sends behind
   fetch-1 and commit-1).
 * the pipeline ``Requeue.pardon`` sends: ``ZADD``, ``ZREMRANGEBYSCORE``, ``ZREMRANGEBYRANK``
@@ -53,8 +64,10 @@ builds it (Names, Hooks with a recording plugin, ConsumerLog, Link), on a FakeRe
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -333,14 +346,18 @@ class FakeRedis:
 
     def __init__(self) -> None:
         self.connection_pool = _Pool(self)
-        #: String keys (locks): key -> value.
+        #: String keys (leases, Go-style locks, name holders): key -> value.
         self.strings: dict[str, str] = {}
         #: Streams: key -> [(id, [field, value, ...]), ...], oldest first.
         self.streams: dict[str, list[tuple[str, list[str]]]] = {}
         self.hashes: dict[str, dict[str, str]] = {}
         self.zsets: dict[str, dict[str, float]] = {}
+        #: Sets (the consumers' queued sets): key -> members.
+        self.sets: dict[str, set[str]] = {}
         #: The group's pending entries of the LBS: entry id -> consumer.
         self.pending: dict[str, str] = {}
+        #: Their delivery counts (XPENDING's fourth field), where not 1.
+        self.deliveries: dict[str, int] = {}
         #: Every command received, in order.
         self.sent: list[Call] = []
         #: The SHAs in the script cache (all at first; see fail(..., "noscript")).
@@ -411,6 +428,7 @@ class FakeRedis:
             ("stream", self.streams),
             ("hash", self.hashes),
             ("zset", self.zsets),
+            ("set", self.sets),
         ):
             if key in space:
                 return kind
@@ -461,11 +479,38 @@ class FakeRedis:
             return Err(f"ERR the fake wire does not model {call.name}")
         return handler(call.keys, call.args)
 
-    def _ack(self, entry_id: str, stream: str) -> bool:
-        """XACK + XDEL of an LBS entry: whether it was pending."""
-        if self.pending.pop(entry_id, None) is None:
-            return False
+    def _get(self, key: str) -> str | None:
+        """GET through pcall, as the scripts read a lease: None for a key absent or of another type."""
+        return self.strings.get(key)
+
+    def _fields(self, key: str, entry_id: str) -> list[str] | None:
+        """XRANGE key id id: the entry's flat field list, or None."""
+        for i, fields in self.streams.get(key, []):
+            if i == entry_id:
+                return list(fields)
+        return None
+
+    def _xack(self, entry_id: str) -> bool:
+        """XACK of an LBS entry: whether it was pending."""
+        self.deliveries.pop(entry_id, None)
+        return self.pending.pop(entry_id, None) is not None
+
+    def _zrem(self, key: str, member: str) -> None:
+        """ZREM: a sorted set left empty is gone, as in Redis."""
+        zset = self.zsets.get(key)
+        if zset is not None:
+            zset.pop(member, None)
+            if not zset:
+                del self.zsets[key]
+
+    def _xdel(self, stream: str, entry_id: str) -> None:
         self.streams[stream] = [e for e in self.streams.get(stream, []) if e[0] != entry_id]
+
+    def _ack(self, entry_id: str, stream: str) -> bool:
+        """XACK + XDEL of what it acked (or XACKDEL): whether it was pending."""
+        if not self._xack(entry_id):
+            return False
+        self._xdel(stream, entry_id)
         return True
 
     def _misfit(self, key: str, want: str, what: str) -> str | None:
@@ -497,7 +542,7 @@ class FakeRedis:
         low, high = (-math.inf if a == "-inf" else float(a) for a in args[1:3])
         gone = [m for m, s in zset.items() if low <= s <= high]
         for m in gone:
-            del zset[m]
+            self._zrem(args[0], m)
         return len(gone)
 
     def _cmd_zremrangebyrank(self, keys: list[str], args: list[str]) -> Any:
@@ -508,76 +553,195 @@ class FakeRedis:
         stop = stop + len(ranked) if stop < 0 else stop
         gone = ranked[start : stop + 1]
         for m in gone:
-            del zset[m]
+            self._zrem(args[0], m)
         return len(gone)
 
     # -- done-n.lua ------------------------------------------------------------------
 
     def _script_done_n(self, keys: list[str], args: list[str]) -> Any:
-        n = len(keys) - 1
-        if args[4]:
-            return Err("ERR the fake wire does not model done-n beside a Go fleet")
-        if len(args) != 3 * n + 5:
-            return Err(f"ERR lbs done-n: got {len(keys)} keys and {len(args)} arguments")
-        retry = args[2] == "1"
-        values, ids = args[5 : 5 + n], args[5 + n : 5 + 2 * n]
-        out = []
-        for lock, value, entry_id in zip(keys[1:], values, ids):
-            holder = self.strings.get(lock)
-            if holder is not None:
-                if holder == value:
-                    del self.strings[lock]
-                    self._ack(entry_id, keys[0])
-                    out.append(1)
-                else:
-                    out.append(3)
-            elif self.type_of(lock) != "none":
-                out.append(3)
-            elif self._ack(entry_id, keys[0]):
-                out.append(2)
-            else:
-                out.append(4 if retry else 3)
-        return "".join(map(str, out))  # one digit per lock, as the script replies
+        go = len(args) >= 7 and args[6] == "1"
+        count, per = len(args) - 7, 3 if go else 2
+        if len(keys) != 2 or count < 0 or count % per:
+            return Err(
+                "ERR lbs done-n: expected 2 keys and 2n + 7 (3n + 7 beside a Go fleet) arguments, "
+                f"got {len(keys)} keys and {len(args)} arguments"
+            )
+        n = count // per
+        lbs_key, retry, prefix, me = keys[0], args[2] == "1", args[3], args[4]
+        ids, names, go_keys = args[7 : 7 + n], args[7 + n : 7 + 2 * n], args[7 + 2 * n :]
+        if self._get(keys[1]) != args[5]:
+            return "3" * n  # not under the lease it was read under: nothing is ours
+        out: list[int | None] = [None] * n
+        go_dels = []
+        for i, entry_id in enumerate(ids):
+            if go:
+                # GET through pcall: a key of another type is an error table, someone else's.
+                kind, g = self.type_of(go_keys[i]), self.strings.get(go_keys[i])
+                holder = self.pending.get(entry_id)
+                if (kind not in ("none", "string") or (g is not None and g != me)) or (
+                    holder is not None and holder != me
+                ):
+                    out[i] = 5
+                elif g == me:
+                    go_dels.append(go_keys[i])
+        # Names: checked before the first write (a name with waiters is not modelled).
+        waiters = [
+            i
+            for i, entry_id in enumerate(ids)
+            if prefix
+            and out[i] is None
+            and entry_id in self.pending
+            and names[i]
+            and self.strings.get(names[i]) == entry_id + "+"
+        ]
+        if waiters:
+            return Err("ERR the fake wire does not model a name's waiters (done-n)")
+        for key in go_dels:
+            self.strings.pop(key, None)
+        lost = 4 if retry else 3
+        for i, entry_id in enumerate(ids):
+            if out[i] is None:
+                out[i] = 1 if self._ack(entry_id, lbs_key) else lost
+        if prefix:
+            for i, entry_id in enumerate(ids):
+                # MGET: a holder key of another type reads as nil and is left alone.
+                if out[i] == 1 and names[i] and self.strings.get(names[i]) == entry_id:
+                    del self.strings[names[i]]
+        return "".join(map(str, out))  # one digit per entry, as the script replies
 
     # -- requeue-6.lua --------------------------------------------------------------
 
     def _script_requeue_6(self, keys: list[str], args: list[str]) -> Any:
-        lbs_key, dlq, lock, parked, due = keys[:5]
-        args = args + [""] * (22 - len(args))
-        entry_id, mode, value = args[1], args[2], args[3]
-        retry_field, original_field, fp = args[6], args[7], args[12]
-        holder, foreign = self.strings.get(lock), self.type_of(lock) not in ("none", "string")
-        if mode == "owned" and (foreign or holder != value):
+        """requeue-6.lua, step by step in its order (its header's "Order")."""
+        lbs_key, dlq, leases, parked, due = keys[:5]
+        pardons = keys[5] if len(keys) > 5 else None
+        a = args + [""] * (23 - len(args))  # ARGV[k] is a[k - 1]; "" where absent
+        entry_id, mode, value, me = a[1], a[2], a[3], a[9]
+        set_n = max(int(_lua_number(a[22]) or 0), 0)
+        setting = {args[21 + 2 * j] for j in range(1, set_n + 1) if 21 + 2 * j < len(args)}
+
+        # 1. Our lease (modes "owned", "restart"): GET through pcall, another type is not ours.
+        ours = mode in ("owned", "restart")
+        if ours and self._get(leases + me) != value:
             return [0, "lock"]
-        if mode == "absent" and (foreign or holder is not None):
+        go_sep = a[16]
+        go_lock = mode == "owned" and go_sep and len(args) >= 18 and a[17] + go_sep + entry_id
+        if go_lock:
+            kind = self.type_of(go_lock)
+            if kind not in ("none", "string") or (kind == "string" and self.strings[go_lock] != me):
+                return [0, "go lock"]
+            if kind == "none":
+                go_lock = ""
+
+        # 2. Still pending, and to whom?
+        holder = self.pending.get(entry_id)
+        if holder is None:
+            return [0, "acked"]
+        if ours and holder != me:
             return [0, "lock"]
+        if mode == "absent" and self.type_of(leases + holder) != "none":
+            return [0, "lock"]
+        if mode == "absent" and a[21]:
+            return Err("ERR the fake wire does not model requeue-6's idle check beside a Go fleet")
+        qkey = a[18] + holder if a[18] else ""
+        queued = bool(qkey) and self.type_of(qkey) == "set" and entry_id in self.sets[qkey]
 
         def release() -> None:
-            if mode == "owned":
-                self.strings.pop(lock, None)
+            if go_lock:
+                self.strings.pop(go_lock, None)
+            if queued:
+                self.sets[qkey].discard(entry_id)
+                if not self.sets[qkey]:
+                    del self.sets[qkey]
 
-        if entry_id not in self.pending:
-            release()
-            return [0, "acked"]
-        fields = self.entry(lbs_key, entry_id)
+        # 3. The entry.
+        fields = self._fields(lbs_key, entry_id)
         if fields is None:
-            self.pending.pop(entry_id)
+            self._xack(entry_id)
             release()
             return [-1, "trimmed"]
-        retries = int(fields.pop(retry_field, 0) or 0) + int(args[4])
-        original = fields.pop(original_field, entry_id)
-        copy = [x for kv in fields.items() for x in kv]
-        copy += [retry_field, str(retries), original_field, original]
-        max_retries = int(args[5])
-        dead = args[10] == "1" or (
-            max_retries >= 0 and retries > max_retries and "lbs-keyed" not in fields
+        increment = _lua_number(a[4]) or 0
+        died = mode in ("absent", "restart") and increment > 0
+        if died and queued:
+            increment, died = 0, False
+        name = _name_of(fields)
+        # (A name "" is a name, as in Lua.)
+        if (
+            mode == "absent"
+            and go_sep
+            and name is not None
+            and self.type_of(name + go_sep + entry_id) != "none"
+        ):
+            return [0, "go lock"]
+        holder_key = a[20] + "name:" + name if name is not None and a[20] else ""
+        if holder_key and self.strings.get(holder_key) == entry_id + "+":
+            return Err("ERR the fake wire does not model a name's waiters (requeue-6)")
+
+        # 4. The copy and its target.
+        retry_field, original_field, fp = a[6], a[7], a[12]
+        deaths_field = fp + "deaths"
+        out: list[str] = []
+        retries: float = 0
+        original, lbs_input, keyed, deaths = entry_id, None, None, None
+        for k, v in zip(fields[::2], fields[1::2]):
+            if k == "lbs-input":
+                lbs_input = v
+            if k == "lbs-keyed":
+                keyed = v
+            if k == retry_field:
+                retries = _lua_number(v) or 0
+            elif k == original_field:
+                original = v
+            elif k == deaths_field:
+                deaths = v
+            elif k not in setting:
+                out += [k, v]
+        before = min(max(self.deliveries.get(entry_id, 1) - 1, 0), 32)
+        retries += before
+        counted = (deaths.split() if deaths else []) + [entry_id] * before
+        kept: list[str] = []
+        used: list[str] = []
+        pardoned = (
+            self.zsets.get(pardons, {}) if pardons and self.type_of(pardons) == "zset" else {}
         )
+        for d in counted:
+            if d not in used and d in pardoned:
+                retries = max(retries - 1, 0)
+                used.append(d)
+            else:
+                kept.append(d)
+        if died:
+            kept.append(entry_id)
+        kept = kept[-32:]
+        retries += increment
+        traced = a[19] != ""
+        oversized = len(out) + 10 + 2 * set_n + (2 if kept else 0) + (2 if traced else 0) > 7000
+        if oversized:
+            out = ["lbs-input", lbs_input] if lbs_input is not None else []
+        else:
+            for j in range(1, set_n + 1):
+                if 22 + 2 * j < len(args):
+                    out += [args[21 + 2 * j], args[22 + 2 * j]]
+        out += [retry_field, _lua_string(retries), original_field, original]
+        if kept and not oversized:
+            out += [deaths_field, " ".join(kept)]
+        most = _lua_number(a[5])
+        assert most is not None
+        dead = oversized or a[10] == "1" or (most >= 0 and retries > most and keyed is None)
+        reason = a[8]
+        if oversized:
+            why = (
+                f"entry has {len(fields) // 2} fields, too many to copy; kept in {lbs_key} as "
+                f"{entry_id}"
+            )
+            reason = f"{why}; {reason}" if reason else why
         delay = 0
-        if not dead and int(args[13]) > 0:
-            d = min(int(args[13]) * 2 ** max(retries - 1, 0), int(args[14]))
-            delay = math.floor(d * float(args[15]))
+        first = _lua_number(a[13]) or 0
+        if not dead and first > 0:
+            longest = min(first * 2 ** max(retries - 1, 0), _lua_number(a[14]) or 0)
+            delay = math.floor(longest * (_lua_number(a[15]) or 0))
         bad = None
-        if dead and args[11] == "1":
+        if dead and a[11] == "1":
             bad = self._misfit(dlq, "stream", "a stream")
         elif delay > 0:
             bad = self._misfit(parked, "stream", "a stream") or self._misfit(
@@ -585,100 +749,203 @@ class FakeRedis:
             )
         if bad:
             return [-2, bad]
-        if dead and args[11] == "1":
-            copy += [fp + "reason", args[8], fp + "consumer", args[9], fp + "failed_id", entry_id]
-            if args[19]:
-                copy += [fp + "traceback", args[19]]
-            code, new = 2, self.add(dlq, copy)
+
+        # 5. Writes: add, then ack, delete, unlock.
+        if dead and a[11] == "1":
+            out += [fp + "reason", reason, fp + "consumer", me, fp + "failed_id", entry_id]
+            if traced:
+                out += [fp + "traceback", a[19]]
+            code, new = 2, self.add(dlq, out)
         elif dead:
             code, new = 3, ""
         elif delay > 0:
-            code, new = 4, self.add(parked, copy)
+            code, new = 4, self.add(parked, out)
             self.zsets.setdefault(due, {})[new] = int(new.split("-")[0]) + delay
         else:
-            code, new = 1, self.add(lbs_key, copy)
-        self._ack(entry_id, lbs_key)
+            code, new = 1, self.add(lbs_key, out)
+        self._xack(entry_id)
+        if not oversized:
+            self._xdel(lbs_key, entry_id)
         release()
-        reply = [code, new, fields.get("lbs-input", ""), retries]
+        for d in used:
+            self._zrem(pardons, d)  # type: ignore[arg-type]
+        if holder_key and self.strings.get(holder_key) == entry_id:
+            del self.strings[holder_key]
+        reply = [code, new, lbs_input or "", int(retries)]
         return [*reply, delay] if code == 4 else reply
 
     # -- fetch-1.lua and commit-1.lua (keyed) -------------------------------------
 
+    def _keyed_state(self, leases: str, value: str, state_key: str) -> dict[str, str] | Err | None:
+        """_keyed.lua's keyed_state: None when the lease does not hold the hold's nonce; an Err for a
+        state of another type; else the state's fields (empty when it does not exist)."""
+        m = re.fullmatch(r"[0-9]+:(.*):([^:]*)", value, re.DOTALL)
+        if m is None or self._get(leases + m.group(1)) != m.group(2):
+            return None
+        if self.type_of(state_key) not in ("none", "hash"):
+            return Err(f"{state_key} holds a {self.type_of(state_key)}")
+        return self.hashes.get(state_key, {})
+
+    def _keyed_alive(self, leases: str, entry_id: str) -> bool:
+        """_keyed.lua's keyed_alive: pending to a consumer whose lease exists."""
+        holder = self.pending.get(entry_id)
+        return holder is not None and self.type_of(leases + holder) != "none"
+
     def _script_fetch_1(self, keys: list[str], args: list[str]) -> Any:
-        prefix, lock_prefix, batch = args[0], args[1], int(args[2])
+        prefix, leases = args[0], args[1]
+        batch = _lua_number(args[2]) if len(args) > 2 else None
+        if (len(args) - 4) % 3 or batch is None or batch < 1 or batch != int(batch):
+            return Err(
+                "ERR lbs fetch-1: expected 4 arguments (the batch an integer >= 1), then 3 per key"
+            )
         out: list[Any] = []
-        for at in range(3, len(args), 3):
+        for at in range(4, len(args), 3):
             key, entry, value = args[at : at + 3]
             state_key, data = prefix + "m:" + key, prefix + "k:" + key
-            if self.strings.get(lock_prefix + entry) != value:
+            got = self._keyed_state(leases, value, state_key)
+            if got is None:
                 out.append([2])
                 continue
-            if self.type_of(state_key) not in ("none", "hash"):
-                out.append([4, f"{state_key} holds a {self.type_of(state_key)}"])
+            if isinstance(got, Err):
+                out.append([4, str(got)])
                 continue
-            st = self.hashes.setdefault(state_key, {})
-            holder, pos = st.get("holder"), st.get("pos", "")
-            token = value.split(":")[0]
-            # Gone: another entry's holder (if its lock is gone), or this entry's under an earlier lock.
+            holder, pos, tries = got.get("holder"), got.get("pos", ""), got.get("tries")
+            fails, unblamed, until = got.get("fails"), got.get("unblamed"), got.get("until", "")
+            m = re.match(r"[0-9]+:", value)
+            token = value[: m.end() - 1] if m else ""
+            # Gone: another entry's holder (if it is not alive), or this entry's under an earlier token.
             other = holder is not None and holder != entry
-            dead = other or (holder == entry and st.get("token", token) != token)
-            if other and lock_prefix + holder in self.strings:
+            dead = other or (holder == entry and "token" in got and got["token"] != token)
+            if other and self._keyed_alive(leases, holder):  # type: ignore[arg-type]
                 out.append([3, holder])
                 continue
-            fails, unblamed, until = (
-                int(st.get("fails", 0)),
-                int(st.get("unblamed", 0)),
-                st.get("until", ""),
-            )
-            tries = int(st.get("tries", 0)) + 1
-            rest = self._after(data, pos, batch if until == "" and fails == 0 else 1)
-            if dead and rest:  # the last hold ended with its holder: a failed hold
-                if until or fails > 0 or len(rest) == 1:
-                    fails, unblamed = fails + 1 + unblamed, 0
+            if (
+                (pos != "" and not _split_id(pos))
+                or (tries is not None and not re.fullmatch("[0-9]+", tries))
+                or (fails is not None and not re.fullmatch("[0-9]+", fails))
+                or (unblamed is not None and not re.fullmatch("[01]", unblamed))
+                or (until != "" and not _split_id(until))
+            ):
+                why = " holds a pos, tries, fails, unblamed or until that is not one"
+                out.append([4, state_key + why])
+                continue
+            n_fails, n_unblamed = int(fails or 0), int(unblamed or 0)
+            rest = None
+            if dead:
+                if self.type_of(data) not in ("none", "stream"):
+                    out.append([4, f"{data} holds a {self.type_of(data)}"])
+                    continue
+                rest = self._after(data, pos, int(batch) if until == "" and n_fails == 0 else 1)
+            n_tries = int(tries or 0) + 1
+            st = self.hashes.setdefault(state_key, {})
+            if rest:  # the last hold ended with its holder: a failed hold
+                if until != "" or n_fails > 0 or len(rest) == 1:
+                    n_fails, n_unblamed = n_fails + 1 + n_unblamed, 0
                 else:
-                    until, unblamed = rest[-1][0], 1
-                st.update(fails=str(fails), unblamed=str(unblamed), until=until)
-            st.update(holder=entry, token=token, reg=entry, tries=str(tries))
-            out.append([1, tries, pos, fails, unblamed, until])
+                    until, n_unblamed = rest[-1][0], 1
+                st.update(fails=str(n_fails), unblamed=str(n_unblamed), until=until)
+            st.update(holder=entry, token=token, reg=entry, tries=str(n_tries))
+            out.append([1, n_tries, pos, n_fails, n_unblamed, until])
         return out
 
     def _after(self, data: str, pos: str, count: int) -> list[tuple[str, list[str]]]:
         return [e for e in self.streams.get(data, []) if not pos or _id_below(pos, e[0])][:count]
 
     def _script_commit_1(self, keys: list[str], args: list[str]) -> Any:
-        prefix, lock_prefix, dlq, fp = args[0], args[1], args[4], args[5]
-        max_retries, consumer = int(args[6]), args[7]
-        out: list[Any] = []
-        finished: list[str] = []
+        prefix, leases, dlq, fp = args[0], args[1], args[4], args[5]
+        max_retries, consumer = _lua_number(args[6]), args[7]
+        if max_retries is None or max_retries < -1 or max_retries != int(max_retries):
+            return Err("ERR lbs commit-1: max retries (ARGV[7]) must be an integer >= -1")
+        # Pass 1, reads only: every argument and each key's hold; a bad argument fails the call whole.
+        steps: list[tuple[_Step, dict[str, str] | None, list[Any] | None]] = []
+        parking_checked = False
+        checked: dict[str, str] = {}
         at = 8
         while at < len(args):
+            if at + 8 >= len(args):
+                return Err(f"ERR lbs commit-1: key {len(steps) + 1} has fewer than 9 arguments")
             key, entry, value, pos, mode, reg, reason, trace, count = args[at : at + 9]
-            effects, nxt = [], at + 9
-            for _ in range(int(count)):
-                f = int(args[nxt + 1])
-                effects.append((args[nxt], args[nxt + 2 : nxt + 2 + f]))
-                nxt += 2 + f
-            at = nxt
-            state_key = prefix + "m:" + key
-            st = self.hashes.get(state_key)
+            if pos != "" and not _split_id(pos):
+                return Err(f"ERR lbs commit-1: position {pos} is not an entry id")
+            fail = _parse_fail(mode)
             if (
-                self.strings.get(lock_prefix + entry) != value
-                or st is None
-                or st.get("holder") != entry
+                fail is None
+                and mode not in ("go", "yield", "skip")
+                and not re.fullmatch("last:[0-9]+", mode)
             ):
-                out.append([2])
-                continue
-            refused = next((s for s, _ in effects if self.type_of(s) not in ("none", "stream")), "")
-            if refused:
-                why = f"{refused} holds a {self.type_of(refused)}, not a stream"
-                out.append([7, "an effect cannot be written: " + why])
-                continue
-            step = _Step(key, entry, pos, mode, reg, reason, trace, effects)
-            out.append(
-                self._commit(
-                    keys[0], prefix, lock_prefix, st, step, finished, dlq, fp, max_retries, consumer
+                return Err(
+                    f"ERR lbs commit-1: mode {mode} is not go, last:<n>, yield, skip or "
+                    "fail:<ms>:<blame>:<last>:<n>"
                 )
-            )
+            if fail and fail.delay > 0 and not parking_checked:
+                bad = self._misfit(prefix + "delayed", "stream", "a stream") or self._misfit(
+                    prefix + "due", "zset", "a zset"
+                )
+                if bad:
+                    return Err(bad)
+                parking_checked = True
+            e = _lua_number(count)
+            if e is None or e < 0 or e != int(e):
+                return Err(
+                    f"ERR lbs commit-1: the effect count of key {key} is not an integer >= 0"
+                )
+            effects, nxt = [], at + 9
+            for k in range(1, int(e) + 1):
+                f = _lua_number(args[nxt + 1]) if nxt + 1 < len(args) else None
+                if f is None or f < 2 or f % 2 or nxt + 2 + f > len(args):
+                    return Err(f"ERR lbs commit-1: effect {k} of key {key} is malformed")
+                effects.append((args[nxt], args[nxt + 2 : nxt + 2 + int(f)]))
+                nxt += 2 + int(f)
+            got = self._keyed_state(leases, value, prefix + "m:" + key)
+            st: dict[str, str] | None = None
+            if isinstance(got, dict) and got.get("holder") == entry:
+                c = got.get("pos", "")
+                if c == "" or _split_id(c):
+                    if pos != "" and c != "" and pos != c and _id_below(pos, c):
+                        return Err(
+                            f"ERR lbs commit-1: position {pos} of {key} is below the committed {c}"
+                        )
+                    st = got
+            refusal = None
+            if st is not None:
+                for stream, _ in effects:
+                    if stream not in checked:
+                        kind = self.type_of(stream)
+                        ok = kind in ("none", "stream")
+                        checked[stream] = "" if ok else f"{stream} holds a {kind}, not a stream"
+                    if checked[stream]:
+                        refusal = [7, "an effect cannot be written: " + checked[stream]]
+                        break
+            steps.append((_Step(key, entry, pos, mode, reg, reason, trace, effects), st, refusal))
+            at = nxt
+        # Pass 2: writes, key by key; the entries let go are acked together at the end.
+        out: list[Any] = []
+        finished: list[str] = []
+        floor = [-1]
+        for step, st, refusal in steps:
+            if st is None:
+                out.append([2])
+            elif refusal is not None:
+                out.append(refusal)
+            else:
+                out.append(
+                    self._commit(
+                        keys[0],
+                        prefix,
+                        st,
+                        step,
+                        finished,
+                        floor,
+                        dlq,
+                        fp,
+                        int(max_retries),
+                        consumer,
+                    )
+                )
+        floor_key = prefix + "idfloor"
+        if floor[0] >= 0 and self.type_of(floor_key) in ("none", "zset"):
+            zset = self.zsets.setdefault(floor_key, {})
+            zset["ms"] = max(zset.get("ms", floor[0]), floor[0])
         for entry in finished:
             self._ack(entry, keys[0])
         return out
@@ -687,46 +954,47 @@ class FakeRedis:
         self,
         lbs_key: str,
         prefix: str,
-        lock_prefix: str,
         st: dict[str, str],
         step: _Step,
         finished: list[str],
+        floor: list[int],
         dlq: str,
         fp: str,
         max_retries: int,
         consumer: str,
     ) -> Any:
         """One key's step, as commit-1.lua's ``commit(i)``."""
-        data, state_key, lock = (
-            prefix + "k:" + step.key,
-            prefix + "m:" + step.key,
-            lock_prefix + step.entry,
-        )
+        data, state_key = prefix + "k:" + step.key, prefix + "m:" + step.key
         position = st.get("pos", "")
         moved = step.pos != "" and step.pos != position
         if moved:
             position = step.pos
+        if self.type_of(data) not in ("none", "stream"):
+            return [2]
         rest = self._after(data, position, 1)
         if moved:
             for stream, fields in step.effects:
                 self.add(stream, fields)
 
         def release() -> Any:
-            self.strings.pop(lock, None)
+            if position:
+                floor[0] = max(floor[0], int(position.split("-")[0]))
             self.hashes.pop(state_key, None)
             self.streams.pop(data, None)
             finished.append(step.entry)
             return [5]
 
         fail = _parse_fail(step.mode)
-        last_n = step.mode.startswith("last:") and int(step.mode[5:])
+        last_n = int(step.mode[5:]) if step.mode.startswith("last:") else None
         if not rest and fail is None and step.mode != "skip":
             return release()
-        was_fails, was_unblamed = int(st.get("fails", 0)), int(st.get("unblamed", 0))
-        fails, unblamed, until = was_fails, was_unblamed, st.get("until", "")
+        was_fails = int(_lua_number(st.get("fails", "")) or 0)
+        was_unblamed = int(_lua_number(st.get("unblamed", "")) or 0)
+        was_until = st.get("until", "") if _split_id(st.get("until", "")) else ""
+        fails, unblamed, until = was_fails, was_unblamed, was_until
         if moved:
             fails = 0
-        going, count = ("last", last_n) if last_n else (step.mode, 0)
+        going, count = ("last", last_n) if last_n is not None else (step.mode, 0)
         if fail and (not rest or _id_below(fail.last, rest[0][0])):
             going, count, fail = "last", fail.n, None
         if step.mode == "skip" or (fail and fail.blame):
@@ -774,15 +1042,25 @@ class FakeRedis:
             self.streams[data] = [
                 e for e in self.streams.get(data, []) if _id_below(position, e[0])
             ]
-        st.update(fails=str(fails), unblamed=str(unblamed), until=until)
+        # A count of 0 (or no until) is no field: HDEL where the state had one, as the script does.
+        for field, now, was in (("fails", fails, was_fails), ("unblamed", unblamed, was_unblamed)):
+            if now != 0:
+                st[field] = str(now)
+            elif was != 0:
+                st.pop(field, None)
+        if until:
+            st["until"] = until
+        elif was_until:
+            st.pop("until", None)
         if registers:
             delay = fail.delay if going == "park" and fail else 0
             target = prefix + "delayed" if delay > 0 else lbs_key
             reg = self.add(target, ["lbs-input", step.registration, "lbs-keyed", "1"])
+            if delay > 0:
+                self.zsets.setdefault(prefix + "due", {})[reg] = self._ms + delay
             st["reg"] = reg
             st.pop("holder", None)
             st.pop("token", None)
-            self.strings.pop(lock, None)
             finished.append(step.entry)
             return [6, reg]
         if going == "last":
@@ -817,10 +1095,50 @@ class _Fail:
 
 
 def _parse_fail(mode: str) -> _Fail | None:
-    if not mode.startswith("fail:"):
+    m = re.fullmatch(r"fail:([0-9]+):([01]):([0-9]+-[0-9]+):([0-9]+)", mode)
+    if m is None:
         return None
-    _, ms, blame, last, n = mode.split(":")
-    return _Fail(int(ms), blame == "1", last, int(n))
+    return _Fail(int(m.group(1)), m.group(2) == "1", m.group(3), int(m.group(4)))
+
+
+def _split_id(entry_id: str) -> bool:
+    """_keyed.lua's split_id, as a test: whether ``entry_id`` is "<digits>-<digits>"."""
+    return re.fullmatch(r"[0-9]+-[0-9]+", entry_id) is not None
+
+
+_NUMBER = re.compile(r"\s*[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\s*")
+
+
+def _lua_number(text: str) -> float | None:
+    """Lua's ``tonumber`` of a decimal string (None where it gives nil); integral values as int."""
+    if not _NUMBER.fullmatch(text):
+        return None
+    x = float(text)
+    return int(x) if x.is_integer() else x
+
+
+def _lua_string(x: float) -> str:
+    """Lua 5.1's ``tostring`` of a number (``%.14g``)."""
+    return format(float(x), ".14g")
+
+
+_NAME_FAST = re.compile(r'\{\s*"DataStreamName"\s*:\s*"([^"\\]*)"\s*[,}]')
+
+
+def _name_of(fields: list[str]) -> str | None:
+    """_names.lua's name_of: the DataStreamName of an entry's first lbs-input field, or None."""
+    for k, v in zip(fields[::2], fields[1::2]):
+        if k == "lbs-input":
+            fast = _NAME_FAST.match(v)
+            if fast:
+                return fast.group(1)
+            try:
+                doc = json.loads(v)
+            except ValueError:
+                return None
+            name = doc.get("DataStreamName") if isinstance(doc, dict) else None
+            return name if isinstance(name, str) else None
+    return None
 
 
 def _id_below(a: str, b: str) -> bool:
@@ -907,7 +1225,8 @@ FAST = dict(read_retry_initial=0.001, read_retry_max=0.002)
 class Harness:
     """One consumer's :class:`ClientState` on a :class:`FakeRedis`, built as ``lbs.Client`` builds it
     (``Names.of``, ``Hooks`` over a plugin manager holding a :class:`Recorder`, ``ConsumerLog``, a
-    ``Link`` on the client), and the server's version set as ``Topology.start`` would."""
+    ``Link`` on the client), the server's version set as ``Topology.start`` would, and the consumer's
+    lease taken (``{svc-input}:lease:<id>`` holding ``state.lease.value``) as ``Instance.take`` does."""
 
     def __init__(self, fake: FakeRedis, config: Config | None = None, service: str = "svc") -> None:
         self.fake = fake
@@ -920,32 +1239,47 @@ class Harness:
         self.hooks = Hooks(pm, None, labels, self.log)
         self.state = ClientState(self.config, self.names, self.hooks, self.log, Link(fake), None)  # type: ignore[arg-type]
         self.state.server.version = (8, 6, 3)
+        fake.strings[self.names.lease_key] = self.state.lease.value
         self._token = 100
 
     @property
     def metrics(self) -> Mapping[str, float]:
         return self.hooks.counts
 
-    def deliver(self, stream: str, fields: Mapping[str, Any] | None = None) -> str:
-        """An LBS entry for ``stream``, delivered to this consumer (pending, not locked); its id."""
+    @property
+    def lease(self) -> str | None:
+        """What this consumer's lease key holds (None: gone)."""
+        return self.fake.strings.get(self.names.lease_key)
+
+    def deliver(
+        self, stream: str, fields: Mapping[str, Any] | None = None, consumer: str | None = None
+    ) -> str:
+        """An LBS entry for ``stream``, delivered (pending) to ``consumer`` (default: this one) and not
+        in any holdings; its id. Another consumer holds it while its lease, ``lease_of(consumer)``,
+        exists in :attr:`FakeRedis.strings`."""
         n = self.names
         entry_id = self.fake.add(
             n.stream_key, {"lbs-input": encode_input(stream).decode(), **(fields or {})}
         )
-        self.fake.pending[entry_id] = n.id
+        self.fake.pending[entry_id] = n.id if consumer is None else consumer
         return entry_id
+
+    def lease_of(self, consumer: str) -> str:
+        """Consumer ``consumer``'s lease key (in this harness's service)."""
+        return self.names.lease_prefix + consumer
 
     def take(
         self, stream: str, fields: Mapping[str, Any] | None = None, retry_count: int = 0
     ) -> Held:
-        """A stream taken as the reader takes one: delivered, locked with our value, in the holdings."""
+        """A stream taken as the reader takes one: delivered to us under our lease (its value
+        ``<token>:<consumer id>:<lease value>``), in the holdings."""
         n = self.names
         entry_id = self.deliver(stream, fields)
         self._token += 1
-        value = f"{self._token}:{n.lock_owner}"
+        value = f"{self._token}:{n.id}:{self.state.lease.value}"
+        # The core's record still computes a lock key from the table's prefix; nothing writes it.
         h = Held(
             entry_id, stream, {}, retry_count, self._token, value, n.lock_key_prefix + entry_id
         )
-        self.fake.strings[h.lock_key] = value
         self.state.holdings.table.add(h)
         return h

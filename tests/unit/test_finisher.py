@@ -1,6 +1,6 @@
-"""Finisher against a fake wire: batching into one done-n.lua call, each reply code's status,
-the retry flag after a lost reply, retries until Redis answers, failures reaching the waiters,
-drain and stop."""
+"""Finisher against a fake wire: batching into one done-n.lua call under the consumer's lease, each
+reply code's status, the retry flag after a lost reply, retries until Redis answers, failures
+reaching the waiters, drain and stop."""
 
 from __future__ import annotations
 
@@ -37,11 +37,14 @@ async def test_concurrent_finishes_go_in_one_done_call(
     assert statuses == [[DoneStatus.DONE]] * 3
     (call,) = fake.calls("done-n")
     n = h.names
-    assert call.keys == [n.stream_key, *(x.lock_key for x in held)]
-    assert call.args[:5] == [n.group, "1", "0", n.key_prefix, ""]  # XACKDEL on 8.6, no retry
+    assert call.keys == [n.stream_key, n.lease_key]
+    lease = h.state.lease.value
+    # XACKDEL on 8.6, no retry, names released, our name and lease, not beside a Go fleet.
+    assert call.args[:7] == [n.group, "1", "0", n.key_prefix, n.id, lease, "0"]
     names = [f"{n.key_prefix}name:{x.stream}" for x in held]  # their name holder keys
-    assert call.args[5:] == [x.value for x in held] + [x.entry_id for x in held] + names
-    assert not fake.pending and not fake.strings  # acked and released
+    assert call.args[7:] == [x.entry_id for x in held] + names
+    assert not fake.pending and fake.strings == {n.lease_key: lease}  # acked; the lease stays
+    assert all(fake.entry(n.stream_key, x.entry_id) is None for x in held)  # and deleted
     assert finisher.finishing() == []
 
 
@@ -49,19 +52,66 @@ async def test_each_reply_code_is_a_status_counted_and_reported(
     env: tuple[Harness, Finisher], fake: FakeRedis
 ) -> None:
     h, finisher = env
-    ours, expired, lost = h.take("ours"), h.take("expired"), h.take("lost")
-    del fake.strings[expired.lock_key]  # gone, still pending: 2
-    fake.strings[lost.lock_key] = "999:someone-else"  # another holder's: 3
-    statuses = await within(finisher.finish([ours, expired, lost]), 5)
-    assert statuses == [DoneStatus.DONE, DoneStatus.LOCK_EXPIRED, DoneStatus.LOCK_LOST]
+    ours, lost = h.take("ours"), h.take("lost")
+    del fake.pending[lost.entry_id]  # handed on meanwhile (no longer pending): 3
+    statuses = await within(finisher.finish([ours, lost]), 5)
+    assert statuses == [DoneStatus.DONE, DoneStatus.LOCK_LOST]
     stats = h.state.stats
-    assert (stats.finished, stats.done, stats.lock_expired, stats.lock_lost) == (3, 1, 1, 1)
+    assert (stats.finished, stats.done, stats.lock_expired, stats.lock_lost) == (2, 1, 0, 1)
     assert [e["status"] for e in h.recorder.of("lbs_lock_released")] == statuses
     (batch,) = h.recorder.of("lbs_locks_released")
     assert [(x.entry_id, s) for x, s in batch["released"]] == [
-        (x.entry_id, s) for x, s in zip((ours, expired, lost), statuses)
+        (x.entry_id, s) for x, s in zip((ours, lost), statuses)
     ]
-    assert fake.strings == {lost.lock_key: "999:someone-else"}  # another's lock is untouched
+    # What was not pending is not ours to delete (requeue-6 may keep it as a dead letter's record).
+    assert fake.entry(h.names.stream_key, lost.entry_id) is not None
+
+
+@pytest.mark.parametrize("lease", [None, "0123456789ab.2"])
+async def test_a_done_under_a_lapsed_lease_loses_every_stream_and_writes_nothing(
+    env: tuple[Harness, Finisher], fake: FakeRedis, lease: str | None
+) -> None:
+    """The lease gone, or taken again by this process (a new value) after it lapsed: what was read
+    under the old one may be another consumer's by now, so none of it is acked."""
+    h, finisher = env
+    a, b = h.take("a"), h.take("b")
+    if lease is None:
+        del fake.strings[h.names.lease_key]
+    else:
+        fake.strings[h.names.lease_key] = lease
+    statuses = await within(finisher.finish([a, b]), 5)
+    assert statuses == [DoneStatus.LOCK_LOST] * 2
+    assert h.state.stats.lock_lost == 2 and h.state.stats.done == 0
+    assert set(fake.pending) == {a.entry_id, b.entry_id}  # still pending: recovery's
+    assert all(fake.entry(h.names.stream_key, x.entry_id) for x in (a, b))
+    assert h.lease == lease
+
+
+async def test_a_lapsed_lease_fails_what_waits_and_leaves_the_call_in_flight(
+    env: tuple[Harness, Finisher], fake: FakeRedis
+) -> None:
+    """The heartbeat found the lease lapsed (``lease_lost``): what waits to be finished was read under
+    it and is never sent (LOCK_LOST); the call already in flight gets Redis's own answer."""
+    h, finisher = env
+    a, b, c = h.take("a"), h.take("b"), h.take("c")
+    gate = fake.hold("done-n")
+    first = asyncio.ensure_future(finisher.finish([a]))
+    await within(gate.arrived.wait(), 5)
+    second = asyncio.ensure_future(finisher.finish([b]))  # queued behind the call in flight
+    finisher.queue(c)  # queued, nobody waiting: logged
+    await eventually(lambda: len(finisher.finishing()) == 3, "b and c queued")
+    finisher.lease_lost()
+    assert await within(second, 5) == [DoneStatus.LOCK_LOST]
+    assert finisher.finishing() == [a]
+    gate.release()
+    assert await within(first, 5) == [DoneStatus.DONE]
+    assert len(fake.calls("done-n")) == 1 and set(fake.pending) == {b.entry_id, c.entry_id}
+    assert [(e["stream"], e["status"]) for e in h.recorder.of("lbs_lock_released")] == [
+        ("c", DoneStatus.LOCK_LOST),
+        ("b", DoneStatus.LOCK_LOST),
+        ("a", DoneStatus.DONE),
+    ]
+    assert (h.state.stats.done, h.state.stats.lock_lost) == (1, 2)
 
 
 async def test_a_lost_reply_is_sent_again_flagged_and_reads_already_done(
@@ -91,7 +141,7 @@ async def test_noscript_or_loading_on_the_first_try_is_answered_by_the_wire(
     assert "done_failures_total" not in h.metrics
 
 
-async def test_redis_unreachable_is_retried_with_the_locks_kept_alive(
+async def test_redis_unreachable_is_retried_with_the_lease_kept_alive(
     env: tuple[Harness, Finisher], fake: FakeRedis
 ) -> None:
     h, finisher = env
@@ -100,7 +150,7 @@ async def test_redis_unreachable_is_retried_with_the_locks_kept_alive(
     gate = fake.hold("done-n")  # the retry after the back-off: held in flight
     waiter = asyncio.ensure_future(finisher.finish([x]))
     await within(gate.arrived.wait(), 5)
-    assert finisher.finishing() == [x]  # the heartbeat keeps extending it meanwhile
+    assert finisher.finishing() == [x]  # the heartbeat keeps extending the lease meanwhile
     assert h.metrics["done_failures_total"] == 1
     gate.release()
     assert await within(waiter, 5) == [DoneStatus.DONE]
@@ -150,7 +200,7 @@ async def test_queue_without_a_waiter_logs_and_reports_the_batch(
 ) -> None:
     h, finisher = env
     a, b = h.take("a"), h.take("b")
-    fake.strings[b.lock_key] = "1:another"
+    del fake.pending[b.entry_id]  # handed on meanwhile
     finisher.queue(a)
     finisher.queue(b)
     (event,) = await h.recorder.wait("lbs_locks_released")

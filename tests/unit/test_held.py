@@ -1,5 +1,4 @@
-"""The held table of the core: records by entry id and by stream, computed lock values and keys,
-and the heartbeat's EVALSHA written straight from the records."""
+"""The held table of the core: records by entry id and by stream, their computed values and keys."""
 
 from __future__ import annotations
 
@@ -8,13 +7,11 @@ import pickle
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 import lbs
-from _lbscore import CommandBatch, Entry, EntryParser, Held, HeldTable, encode_input
+from _lbscore import Entry, EntryParser, Held, HeldTable, encode_input
 
-from _corehelpers import held_streams, pack_command
+from _corehelpers import held_streams
 
 PREFIX = "lock:{svc-input}:"
 CONSUMER = "redis-consumer-a"
@@ -93,7 +90,6 @@ def test_value_and_lock_key_are_computed_from_token_consumer_and_prefix() -> Non
     t = table()
     h = take(t, "1700000000000-3", "orders-7", {"user": "u1"}, 2, 41)
     assert h.value == f"41:{CONSUMER}"
-    assert h.lock_key == lbs.lock_key("svc", "1700000000000-3")
     assert h.lock_key == PREFIX + h.entry_id  # the table's consumer id and lock prefix
 
 
@@ -197,118 +193,3 @@ def test_a_record_built_by_hand_can_be_added() -> None:
     h = Held("7-0", "s", {}, 0, 3, "3:redis-consumer-z", PREFIX + "7-0")
     t.add(h)
     assert t.find("s") is h and h.value == "3:redis-consumer-z"
-
-
-def _expected(
-    records: list[Held], start: int, stop: int, refresh_every: int = 1, phase: int = 0
-) -> bytes:
-    # Packed argument by argument, apart from the EVALSHA writer that
-    # encode_extend and evalsha_locks share: the flags ("" for all), then
-    # the flagged records' ids only.
-    part = records[start:stop]
-    flagged = [h for h in part if h.token % refresh_every == phase]
-    flags = "".join("1" if h in flagged else "0" for h in part) if refresh_every > 1 else ""
-    return pack_command(
-        "EVALSHA",
-        "f" * 40,
-        2 + len(part),
-        "lbs",
-        "{lbs}:consumers",
-        *(h.lock_key for h in part),
-        600_000,
-        "group",
-        CONSUMER,
-        1,
-        *(h.value for h in part),
-        flags,
-        *(h.entry_id for h in flagged),
-    )
-
-
-def _locks_batch(records: list[Held], start: int, stop: int) -> bytes:
-    b = CommandBatch()
-    part = records[start:stop]
-    b.evalsha_locks(
-        "f" * 40,
-        ("lbs", "{lbs}:consumers"),
-        PREFIX.encode(),
-        [h.entry_id for h in part],
-        (600_000, "group", CONSUMER, 1),
-        [h.value for h in part],
-    )
-    return b.getvalue()
-
-
-@given(
-    st.lists(
-        st.tuples(st.integers(0, 2**48), st.integers(0, 2**20), st.integers(-(2**63), 2**63 - 1)),
-        min_size=1,
-        max_size=40,
-        unique_by=lambda x: (x[0], x[1]),
-    ),
-    st.data(),
-)
-def test_encode_extend_writes_the_lock_keys_values_ids_and_refresh_flags(
-    entries: list[tuple[int, int, int]], data: st.DataObject
-) -> None:
-    t = table()
-    for ms, seq, token in entries:
-        take(t, f"{ms}-{seq}", f"s{ms}é", {}, 0, token)
-    records = t.values()
-    start = data.draw(st.integers(0, len(records)))
-    stop = data.draw(st.integers(start, len(records)))
-    b = CommandBatch()
-    t.encode_extend(
-        b,
-        "f" * 40,
-        ("lbs", "{lbs}:consumers"),
-        (600_000, "group", CONSUMER, 1),
-        records,
-        start,
-        stop,
-    )
-    assert len(b) == 1
-    # The same KEYS as evalsha_locks writes (same writer), up to the ARGV.
-    assert b.getvalue() == _expected(records, start, stop)
-    ours, theirs = b.getvalue(), _locks_batch(records, start, stop)
-    ttl = b"$6\r\n600000\r\n"  # the first ARGV
-    assert (
-        ours[ours.index(b"\r\n") : ours.index(ttl)]
-        == theirs[theirs.index(b"\r\n") : theirs.index(ttl)]
-    )
-    every = data.draw(st.integers(2, 5))
-    phase = data.draw(st.integers(0, every - 1))
-    b.clear()
-    t.encode_extend(
-        b,
-        "f" * 40,
-        ("lbs", "{lbs}:consumers"),
-        (600_000, "group", CONSUMER, 1),
-        records,
-        start,
-        stop,
-        every,
-        phase,
-    )
-    assert b.getvalue() == _expected(records, start, stop, every, phase)
-
-
-def test_encode_extend_uses_each_records_own_keys() -> None:
-    t = table()
-    take(t, "1-0", "s", {}, 0, 1)
-    t.add(Held("2-0", "s", {}, 0, 2, "2:redis-consumer-a", PREFIX + "2-0"))
-    b = CommandBatch()
-    records = t.values()
-    t.encode_extend(
-        b, "f" * 40, ("lbs", "{lbs}:consumers"), (600_000, "group", CONSUMER, 1), records, 0, 2
-    )
-    assert b.getvalue() == _expected(records, 0, 2)
-
-
-def test_encode_extend_refuses_a_slice_outside_the_snapshot() -> None:
-    t = table()
-    take(t, "1-0", "s", {}, 0, 1)
-    with pytest.raises(lbs.DataError):
-        t.encode_extend(CommandBatch(), "sha", (), (), t.values(), 0, 2)
-    with pytest.raises(TypeError):
-        t.encode_extend(CommandBatch(), "sha", (), (), ["1-0"], 0, 1)

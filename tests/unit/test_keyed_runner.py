@@ -96,7 +96,9 @@ async def test_a_key_is_fetched_handled_in_order_and_released_when_drained(
     assert _seen(batches) == [["a", "b"], ["c"]]
     assert batches[0].token == x.token and batches[0].entry_id == x.entry_id
     (fetch,) = fake.calls("fetch-1")
-    assert fetch.args == [env.prefix, env.h.names.lock_key_prefix, "2", "k", x.entry_id, x.value]
+    n = env.h.names
+    assert fetch.args == [env.prefix, n.lease_prefix, "2", n.group, "k", x.entry_id, x.value]
+    assert x.value == f"{x.token}:{n.id}:{env.state.lease.value}"  # ours while the lease holds it
     xrange = fake.calls("XRANGE")[0]
     assert xrange.args == [env.prefix + "k:k", "-", "+", "COUNT", "2"]
     first, second = fake.calls("commit-1")
@@ -105,7 +107,8 @@ async def test_a_key_is_fetched_handled_in_order_and_released_when_drained(
     assert [f for _, f in fake.streams[env.prefix + "out"]] == [["sum", "2"], ["sum", "1"]]
     assert (env.state.stats.done, env.state.stats.keyed_messages) == (1, 3)
     assert len(env.state.holdings) == 0 and x.entry_id not in fake.pending
-    assert env.prefix + "k:k" not in fake.streams and x.lock_key not in fake.strings
+    assert env.prefix + "k:k" not in fake.streams and env.prefix + "m:k" not in fake.hashes
+    assert fake.zsets[env.prefix + "idfloor"] == {"ms": int(ids[2].split("-")[0])}
 
 
 async def test_a_handler_that_raises_hands_the_key_back_parked_with_its_position(
@@ -147,12 +150,15 @@ async def test_a_key_held_elsewhere_is_finished_unprocessed_and_a_lost_one_dropp
     envs.append(env)
     env.publish("busy", "a")
     env.publish("lost", "a")
-    other = env.h.deliver("busy")
-    fake.strings[env.h.names.lock_key_prefix + other] = "1:other-holder"
+    other = env.h.deliver("busy", consumer="redis-consumer-other")
+    fake.strings[env.h.lease_of("redis-consumer-other")] = "nonce"
     fake.hashes[env.prefix + "m:busy"] = {"holder": other}  # another live holder has the key
+    # Read under the lease's first take; the lease lapsed and this process took it again since.
+    lost = env.h.take("lost", {"lbs-keyed": "1"})
+    fake.strings[env.h.names.lease_key] = env.state.lease.next()
     busy = env.take("busy")
-    lost = env.take("lost")
-    fake.strings[lost.lock_key] = "5:someone"  # our lock expired and was taken meanwhile
+    note = Notification(NotificationType.STREAM_ADDED, "lost", lost.entry_id, {}, 0, lost.token)
+    env.runner.dispatch(lost, note)
     await within(env.state.wait_finished(1), 5)
     assert calls == []
     (done,) = fake.calls("done-n")
@@ -160,6 +166,7 @@ async def test_a_key_held_elsewhere_is_finished_unprocessed_and_a_lost_one_dropp
     assert done.args[-1] == name_holder and busy.entry_id not in fake.pending  # finished, not run
     assert env.state.stats.lock_lost == 1 and len(env.state.holdings) == 0
     assert fake.calls("commit-1") == []
+    assert env.prefix + "m:lost" not in fake.hashes and lost.entry_id in fake.pending  # untouched
 
 
 async def test_an_effect_that_cannot_be_written_fails_the_batch(
@@ -237,4 +244,4 @@ async def test_close_stops_the_sender_with_a_round_trip_in_flight(
     gate.release()
     await asyncio.sleep(0)
     assert fake.calls("commit-1") == [] and len(fake.calls("fetch-1")) == 1
-    assert env.state.holdings.table.get(x.entry_id) is x  # left to the lock's expiry
+    assert env.state.holdings.table.get(x.entry_id) is x  # left to the lease's expiry

@@ -9,7 +9,7 @@ import lbs
 def test_names_follow_the_go_wire_format() -> None:
     assert lbs.input_stream("svc") == "svc-input"
     assert lbs.group_name("svc") == "svc-group"
-    assert lbs.lock_key("svc", "1-0") == "lock:{svc-input}:1-0"
+    assert lbs.lease_key("svc", "redis-consumer-a") == "{svc-input}:lease:redis-consumer-a"
     assert lbs.dead_letter_stream("svc") == "{svc-input}:dlq"
 
 
@@ -19,7 +19,7 @@ def test_every_key_of_a_service_shares_one_slot(service: str) -> None:
         key_slot(k.encode())
         for k in (
             lbs.input_stream(service),
-            lbs.lock_key(service, "1700000000000-5"),
+            lbs.lease_key(service, "redis-consumer-a"),
             lbs.dead_letter_stream(service),
         )
     }

@@ -20,20 +20,21 @@ def _requeue(fake: FakeRedis, **config: object) -> tuple[Harness, Requeue]:
     return h, Requeue(h.state)
 
 
-async def test_hand_back_re_queues_with_our_lock_and_reports_it(fake: FakeRedis) -> None:
+async def test_hand_back_re_queues_under_our_lease_and_reports_it(fake: FakeRedis) -> None:
     h, requeue = _requeue(fake)
     x = h.take("s", {"payload": "p"}, retry_count=1)
     h.state.holdings.drop(x)
     (new_id,) = await requeue.hand_back([x], count_retry=True, reason="boom")
     (call,) = fake.calls("requeue-6")
     n = h.names
-    assert call.keys[:3] == [n.stream_key, n.dead_letter_key, x.lock_key]
-    assert call.args[1:5] == [x.entry_id, "owned", x.value, "1"]
-    assert call.args[8] == "boom" and call.args[13] == "0"  # delay 0: at once
+    assert call.keys[:3] == [n.stream_key, n.dead_letter_key, n.lease_prefix]
+    assert call.args[1:5] == [x.entry_id, "owned", h.state.lease.value, "1"]
+    assert call.args[8] == "boom" and call.args[9] == n.id and call.args[13] == "0"  # at once
     copy = fake.entry(n.stream_key, new_id)
     assert copy is not None and copy["payload"] == "p" and copy[n.original_field] == x.entry_id
     assert copy[n.retry_field] == "1"
-    assert fake.entry(n.stream_key, x.entry_id) is None and x.lock_key not in fake.strings
+    assert fake.entry(n.stream_key, x.entry_id) is None and x.entry_id not in fake.pending
+    assert h.lease == h.state.lease.value  # the lease holds what else is pending to us
     assert h.state.stats.handed_back == 1 and requeue.handing_back == set()
     assert h.recorder.of("lbs_stream_handed_back") == [
         dict(stream="s", entry_id=x.entry_id, new_entry_id=new_id, retry_counted=True)
@@ -76,15 +77,21 @@ async def test_a_park_refused_for_a_wrong_type_key_re_queues_at_once(fake: FakeR
     assert h.state.stats.handed_back == 2 and h.state.stats.retries_delayed == 1
 
 
-async def test_hand_back_of_a_lost_lock_returns_nothing_and_counts_nothing(
-    fake: FakeRedis,
+@pytest.mark.parametrize("lost", ["lease gone", "lease taken again", "adopted"])
+async def test_hand_back_of_a_lost_stream_returns_nothing_and_counts_nothing(
+    fake: FakeRedis, lost: str
 ) -> None:
     h, requeue = _requeue(fake)
     x = h.take("s")
-    fake.strings[x.lock_key] = "7:another"
+    if lost == "lease gone":
+        del fake.strings[h.names.lease_key]
+    elif lost == "lease taken again":  # by this process, after it lapsed: a new value
+        fake.strings[h.names.lease_key] = h.state.lease.value + ".2"
+    else:  # our lease lapsed and another consumer's recovery took the entry
+        fake.pending[x.entry_id] = "redis-consumer-other"
     assert await requeue.hand_back([x], count_retry=False, reason="close") == [""]
     assert h.state.stats.handed_back == 0 and h.recorder.events == {}
-    assert x.entry_id in fake.pending  # left to its holder
+    assert x.entry_id in fake.pending and fake.entry(h.names.stream_key, x.entry_id)  # untouched
 
 
 async def test_a_hand_back_the_connection_drops_raises_and_forgets_the_ids(
@@ -102,15 +109,18 @@ async def test_a_hand_back_the_connection_drops_raises_and_forgets_the_ids(
 async def test_recover_reports_each_outcome_by_path(fake: FakeRedis) -> None:
     h, requeue = _requeue(fake, max_retries=1)
     n = h.names
-    back = h.deliver("back")  # lock gone, pending: re-queued, a retry counted
-    dead = h.deliver("dead", {n.retry_field: "5"})  # past max_retries: dead-lettered
-    trimmed = h.deliver("trimmed")
+    # Pending to a consumer whose lease is gone: re-queued, a retry counted.
+    back = h.deliver("back", consumer="redis-consumer-dead")
+    dead = h.deliver("dead", {n.retry_field: "5"}, consumer="redis-consumer-dead")  # out of retries
+    trimmed = h.deliver("trimmed", consumer="redis-consumer-dead")
     fake.streams[n.stream_key] = [e for e in fake.streams[n.stream_key] if e[0] != trimmed]
-    held = h.deliver("held")
-    fake.strings[n.lock_key_prefix + held] = "1:alive"  # its holder lives
-    ids = [back, dead, trimmed, held]
+    held = h.deliver("held", consumer="redis-consumer-alive")
+    fake.strings[h.lease_of("redis-consumer-alive")] = "nonce"  # its holder lives
+    ours = h.deliver("ours")  # pending to us, under our lease: held
+    ids = [back, dead, trimmed, held, ours]
     assert await requeue.recover(ids, "keyspace", "expired") == 1
     assert [c.args[1:5] for c in fake.calls("requeue-6")] == [[i, "absent", "", "1"] for i in ids]
+    assert all(c.keys[2] == n.lease_prefix for c in fake.calls("requeue-6"))
     assert h.metrics["recovery_keyspace_requeued_total"] == 1
     assert h.metrics["recovery_dlq_total"] == 1 and h.metrics["recovery_trimmed_total"] == 1
     assert h.hooks.series["recovery_dlq_total"] == {("keyspace",): 1}
@@ -121,7 +131,8 @@ async def test_recover_reports_each_outcome_by_path(fake: FakeRedis) -> None:
     assert note.type is NotificationType.STREAM_EXPIRED and note.stream == "back"
     assert note.entry_id == back and expired["new_entry_id"] in note.reason
     assert [e["entry_id"] for e in h.recorder.of("lbs_stream_dead_lettered")] == [dead]
-    assert n.lock_key_prefix + held in fake.strings and held in fake.pending  # untouched
+    for alive in (held, ours):  # untouched
+        assert alive in fake.pending and fake.entry(n.stream_key, alive) is not None
     assert trimmed not in fake.pending  # its pending reference cleaned
 
 
@@ -138,31 +149,36 @@ async def test_a_dead_letter_that_cannot_be_written_is_kept_and_tried_again(
     del fake.hashes[h.names.dead_letter_key]
     await requeue.malformed.retry_undead()
     assert requeue.malformed.undead == []
-    assert fake.calls("requeue-6")[1].args[2] == "any"  # the entry is ours; the lock need not be
+    assert fake.calls("requeue-6")[1].args[2] == "any"  # the entry is ours; the lease need not be
     assert fake.calls("requeue-6")[1].args[10] == "1"  # dead-lettered whatever its retries
     (event,) = h.recorder.of("lbs_stream_dead_lettered")
     assert event["reason"] == "malformed" and event["dead_letter_id"]
     assert h.state.stats.dead_lettered == 1
 
 
+@pytest.mark.parametrize("mode", ["owned", "absent"])
 async def test_lost_while_alive_re_queues_what_it_can_and_pardons_the_rest(
-    fake: FakeRedis,
+    fake: FakeRedis, mode: str
 ) -> None:
+    """ "owned": under the lease taken again (a late reply's entries); "absent": while it is gone,
+    before it is taken again (the heartbeat's retake). No retry counted either way."""
     h, requeue = _requeue(fake)
-    gone = h.deliver("gone")  # our lock expired, nobody took it
+    gone = h.deliver("gone")  # read under the lease that lapsed, nobody took it
     taken = h.deliver("taken")
-    fake.strings[h.names.lock_key_prefix + taken] = (
-        "9:another"  # another consumer's recovery took it
-    )
-    assert await requeue.lost_while_alive([gone, taken], "lock lost") == 1
-    assert [c.args[4] for c in fake.calls("requeue-6")] == ["0", "0"]  # no retry counted
+    fake.pending[taken] = "redis-consumer-other"  # another consumer's recovery adopted it
+    fake.strings[h.lease_of("redis-consumer-other")] = "nonce"
+    if mode == "absent":
+        del fake.strings[h.names.lease_key]
+    assert await requeue.lost_while_alive([gone, taken], "lease lost", mode=mode) == 1
+    value = h.state.lease.value if mode == "owned" else ""
+    assert [c.args[2:5] for c in fake.calls("requeue-6")] == [[mode, value, "0"]] * 2
+    assert fake.entry(h.names.stream_key, gone) is None and taken in fake.pending
     assert list(fake.zsets[requeue.pardons_key]) == [taken]
     assert [c.name for c in fake.sent[-3:]] == ["ZADD", "ZREMRANGEBYSCORE", "ZREMRANGEBYRANK"]
     assert h.metrics["pardoned_total"] == 1
     assert h.metrics["recovery_heartbeat_requeued_total"] == 1
     fake.streams[requeue.pardons_key] = []  # a pardons key of another type: reported, not raised
     fake.zsets.pop(requeue.pardons_key)
-    other = h.deliver("other")
-    fake.strings[h.names.lock_key_prefix + other] = "9:another"
-    assert await requeue.lost_while_alive([other], "lock lost") == 0
+    other = h.deliver("other", consumer="redis-consumer-other")
+    assert await requeue.lost_while_alive([other], "lease lost", mode=mode) == 0
     assert h.metrics["wrong_type_keys_total"] == 1 and h.metrics["pardoned_total"] == 1

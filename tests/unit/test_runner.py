@@ -85,7 +85,7 @@ async def test_a_handler_that_raises_is_handed_back_with_a_retry_and_its_traceba
     (event,) = await env.h.recorder.wait("lbs_stream_handed_back")
     assert event["entry_id"] == x.entry_id and event["retry_counted"] is True
     (call,) = fake.calls("requeue-6")
-    assert call.args[2:5] == ["owned", x.value, "1"]
+    assert call.args[2:5] == ["owned", env.state.lease.value, "1"]
     assert call.args[8] == "handler raised ValueError: boom"
     assert call.args[13] == "500"  # parked for Config.retry_delay
     assert "ValueError: boom" in call.args[19] and "Traceback" in call.args[19]
@@ -127,7 +127,7 @@ async def test_a_stream_disowned_while_its_handler_ran_is_not_finished(
     stopper.append(env)
     x = env.dispatch("a")
     (task,) = env.state.handlers
-    env.state.holdings.drop(x)  # the heartbeat lost its lock meanwhile
+    env.state.holdings.drop(x)  # the heartbeat found the lease lost meanwhile: disowned
     go.set()
     await within(asyncio.wait([task]), 5)
     assert env.finisher.finishing() == [] and env.state.handlers == set()
@@ -170,7 +170,7 @@ async def test_a_hand_back_redis_did_not_answer_is_tried_again(
     x = env.dispatch("a")
     await eventually(lambda: len(fake.calls("requeue-6")) == 2, "the hand-back sent again")
     await eventually(lambda: not env.state.handlers, "the hand-back over")
-    # The first call handed it back; the second found our lock gone and changed nothing.
+    # The first call handed it back; the second found it no longer pending and changed nothing.
     parked = fake.streams[env.requeue.delays.parked_key]
     assert len(parked) == 1 and x.entry_id not in fake.pending
     assert env.h.recorder.of("lbs_stream_handed_back") == []  # its reply never came
@@ -188,4 +188,5 @@ async def test_a_hand_back_refused_for_good_is_not_tried_again(
     x = env.dispatch("a")
     await eventually(lambda: not env.state.handlers, "the hand-back over")
     assert len(fake.calls("requeue-6")) == 1
-    assert x.entry_id in fake.pending and fake.strings[x.lock_key] == x.value  # left to expire
+    # Left pending to us under our lease: handed back at close, or recovered once the lease is gone.
+    assert fake.pending[x.entry_id] == env.state.names.id and env.h.lease == env.state.lease.value

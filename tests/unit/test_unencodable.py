@@ -29,7 +29,7 @@ BAD_NAME = "bad\ud800name"
 
 
 def unencodable(h: Harness) -> Held:
-    """A stream held under a name UTF-8 cannot encode (delivered and locked as any other)."""
+    """A stream held under a name UTF-8 cannot encode (delivered under our lease as any other)."""
     x = h.take("placeholder")
     h.state.holdings.drop(x)
     bad = Held(x.entry_id, BAD_NAME, {}, 0, x.token, x.value, x.lock_key)
@@ -59,10 +59,8 @@ async def test_done_sets_an_unencodable_stream_aside_and_finishes_its_neighbours
         assert isinstance(failed, DataError) and "bad\\ud800name" in str(failed)
         assert "surrogates not allowed" in str(failed)
         (call,) = fake.calls("done-n")  # the neighbours, in one call
-        assert call.keys[1:] == [a.lock_key, b.lock_key]
-        assert (
-            bad.lock_key in fake.strings and bad.entry_id in fake.pending
-        )  # untouched: it expires
+        assert call.args[7:9] == [a.entry_id, b.entry_id]
+        assert bad.entry_id in fake.pending  # untouched: recovered once the lease is gone
         assert h.metrics["done_failures_total"] == 1
         assert finisher.finishing() == []
     finally:
@@ -108,7 +106,7 @@ async def test_a_queued_unencodable_stream_is_logged_alone(
 
 async def test_a_requeue_call_that_cannot_be_encoded_is_set_aside(fake: FakeRedis) -> None:
     """Beside a Go fleet a hand-back carries each stream's name: the one UTF-8 cannot encode is
-    refused alone (it stays pending, its lock expires), the others go back."""
+    refused alone (it stays pending to us), the others go back."""
     h = Harness(fake, Config(read_retry_initial=0.001, read_retry_max=0.002, go_compatible=True))
     requeue = Requeue(h.state)
     a, bad, b = h.take("a"), unencodable(h), h.take("b")
@@ -117,7 +115,7 @@ async def test_a_requeue_call_that_cannot_be_encoded_is_set_aside(fake: FakeRedi
     new_a, none, new_b = await requeue.hand_back([a, bad, b], count_retry=False, reason="r")
     assert new_a and new_b and none == ""
     assert [c.args[1] for c in fake.calls("requeue-6")] == [a.entry_id, b.entry_id]
-    assert bad.entry_id in fake.pending and bad.lock_key in fake.strings
+    assert bad.entry_id in fake.pending and fake.entry(h.names.stream_key, bad.entry_id)
     assert h.state.stats.handed_back == 2
     assert "wrong_type_keys_total" not in h.metrics
 
