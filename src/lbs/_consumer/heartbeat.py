@@ -69,7 +69,8 @@ class Heartbeat(Activity, kind="heartbeat"):
         self, state: ClientState, finisher: Finisher, requeue: Requeue, topology: Topology
     ) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
-        #: Ticks so far: picks which entries refresh their pending idle time.
+        #: Unused since the consumer lease, never counted up (it picked which entries refreshed their
+        #: pending idle time); ``stats.heartbeats`` counts the ticks.
         self.beats = 0
         self._overdue_warned: set[str] = set()  # entry ids reported as held past hold_warning
         self._overdue_next = 0.0  # when the tick looks for them again (monotonic)
@@ -255,8 +256,11 @@ class Heartbeat(Activity, kind="heartbeat"):
             lost = [h for h in snapshot if h.entry_id not in settling and s.holdings.drop(h)]
             for h in lost:
                 self._disown(h, "lease lost while held (heartbeat missed)")
-            if await self._retake(holder):
-                lost_back = True
+            # Taken again: what it held was put back first. Not taken (another live process runs
+            # with this consumer id, or the key is garbage): that one holds what is pending to the id,
+            # and nothing is put back or pardoned here.
+            await self._retake(holder)
+            lost_back = True
         if held:  # a tick holding nothing only kept the lease alive
             s.hooks.notify(
                 "lbs_locks_extended",
