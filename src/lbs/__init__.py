@@ -1,7 +1,8 @@
 """lbs: spread work over Redis Streams with exclusive per-stream locks, and never lose it.
 
 Producers register *data streams* in a load-balancer stream (LBS); consumers
-of the service's group take them round-robin, each under an exclusive lock.
+of the service's group take them round-robin, each held by one consumer at a time (under that
+consumer's lease).
 The documentation starts with the guide, ``docs/index.md``.
 """
 

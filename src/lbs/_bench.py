@@ -1,6 +1,6 @@
 """The assignment cycle, measured: shared by ``benchmarks/bench_client.py`` and ``lbs bench``.
 
-One cycle consumes ``n`` registered data streams (read, lock, a no-op
+One cycle consumes ``n`` registered data streams (read and take, a no-op
 handler, done); registering them (:func:`register`, one pipelined producer,
 the same for every side) is set-up, outside the timing. :func:`measure` runs
 one cycle and takes the client's CPU time (this process) and Redis's (its
@@ -59,7 +59,7 @@ Cycle = Callable[[aioredis.Redis, str, int], Awaitable[int]]
 
 
 def config(**kw: Any) -> Config:
-    """The benchmarks' Config: short blocking reads, no keyspace events, locks that outlive any round."""
+    """The benchmarks' Config: short blocking reads, no keyspace events, a lease TTL that outlives any round."""
     base: dict[str, Any] = dict(read_block=0.05, configure_keyspace_events=False, lock_ttl=60.0)
     base.update(kw)
     return Config(**base)

@@ -18,28 +18,31 @@
    The sink registers a stream with an empty ``Info``, so the handler reads
    the user from the stream's events.
 2. Two :class:`lbs.Client` consumers ``run()`` a handler: they take streams
-   round-robin under fenced locks, finish each one (lock released, entry acked
-   and deleted in one step); the malformed entry lands in the dead-letter
+   round-robin, each held under its consumer's lease with a fencing token,
+   and finish each one (entry acked and deleted, name released, in one step); the malformed entry lands in the dead-letter
    stream with its reason, and nobody's reader dies. With the lbs-prometheus
    plugin installed (``make setup`` installs it) the consumers' metrics are
    served on a free port and scraped over HTTP.
 3. One consumer shuts down while holding streams: ``close()`` hands them back
-   at once and the other consumer takes them without waiting for a lock TTL.
+   at once and the other consumer takes them without waiting for a lease TTL.
 4. A consumer in another process takes a stream and is killed with SIGKILL:
-   recovery (the deadline index) puts the stream back once its lock's TTL has
-   passed, and a live consumer finishes it, with the retry counted.
+   recovery (the deadline index) puts the stream back once the dead
+   consumer's lease has expired, and a live consumer finishes it, with the
+   retry counted.
 5. A poison pill: a stream whose handler fails every time is retried
    ``max_retries`` times and then lands in the dead-letter stream with its
    retry count, reason and original entry id.
-6. It checks that nothing is left: no pending entries, no LBS entries, no locks.
+6. It checks that nothing is left: no pending entries, no LBS entries, no leases.
 7. Keyed, ordered processing (:mod:`lbs._demo_keyed`): support tickets whose
    events are handled one by one, in order, by one desk at a time, across a
    desk killed in the middle of a ticket.
 
 Every key the demo writes is one of its service's (:func:`demo_keys`): the
 LBS ``<service>-input``, the keys under its hash tag ``{<service>-input}:``
-(the data streams among them, ``{<service>-input}:session-1`` ...) and its
-locks ``lock:{<service>-input}:*``, and the same for the keyed scenario's
+(the data streams among them, ``{<service>-input}:session-1`` ... and the
+consumers' leases) and ``lock:{<service>-input}:*`` (the lock per entry's
+pattern, still counted as the demo's: lbs writes no such key under the
+consumer lease), and the same for the keyed scenario's
 service ``<service>-tickets``. :func:`run_demo` refuses to start
 (:class:`ServiceInUseError`) when any such key exists, so it never writes
 into, or deletes, anyone else's data, and deletes every one of them at the
@@ -370,7 +373,7 @@ class _Demo:
         ) * 1000
         out(
             f"consumer-b finished them {result.hand_back_pickup_ms:.0f} ms later "
-            f"(the lock TTL is {self.config.lock_ttl:.0f} s: nobody waited for it)"
+            f"(the lease TTL is {self.config.lock_ttl:.0f} s: nobody waited for it)"
         )
 
         for each in clients:
@@ -381,7 +384,7 @@ class _Demo:
 
     async def crash(self) -> None:
         """Step 4: a consumer in another process takes a stream, then dies with SIGKILL; consumer-c's
-        recovery puts it back once its lock expired."""
+        recovery puts it back once the dead consumer's lease expired."""
         out, result, crash = self.out, self.result, self.crash_stream
         self.all_done.clear()
         result.registered += 1
@@ -397,7 +400,7 @@ class _Demo:
             if k.endswith("_requeued_total") and v
         }
         out(
-            f"consumer-c's recovery re-queued {crash} once its lock had expired ({paths}); consumer-c "
+            f"consumer-c's recovery re-queued {crash} once its holder's lease had expired ({paths}); consumer-c "
             f"finished it {result.crash_recovery_s:.2f} s after the kill"
         )
 

@@ -16,7 +16,7 @@ from .config import Config
 
 __all__ = ["CRASH_LOCK_TTL", "kill_a_consumer", "kill_after_first_line"]
 
-#: The killed consumer's lock TTL: how long its stream stays locked after SIGKILL.
+#: The killed consumer's lease TTL (``Config.lock_ttl``): how long its stream stays held after SIGKILL.
 CRASH_LOCK_TTL = 1.0
 
 
@@ -52,7 +52,7 @@ async def kill_a_consumer(url: str, service: str, out: Callable[[str], None]) ->
     held_note = json.loads(line)
     out(
         f"consumer-x (pid {pid}) took {held_note['stream']} (token {held_note['token']}, "
-        f"lock TTL {CRASH_LOCK_TTL:.0f} s) and was killed with SIGKILL"
+        f"lease TTL {CRASH_LOCK_TTL:.0f} s) and was killed with SIGKILL"
     )
     return killed_at
 

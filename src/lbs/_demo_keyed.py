@@ -6,7 +6,7 @@
 2. ``desk-x``, a consumer in another process (``python -m lbs._demo_keyed
    doomed URL SERVICE``), takes tickets and handles their events; it is killed
    with SIGKILL in the middle of a ticket, after committing part of it.
-3. ``desk-b`` (here) takes over once the dead desk's locks have expired and
+3. ``desk-b`` (here) takes over once the dead desk's lease has expired and
    finishes every ticket after its committed position.
 4. Each handled event writes one line to the ticket's timeline stream with
    ``KeyedBatch.emit`` (written by the fenced commit, so once); the demo reads the
@@ -38,7 +38,7 @@ Printer = Callable[[str], None]
 
 TICKETS = 4
 EVENTS = ("opened", "replied", "escalated", "replied", "solved", "closed")
-#: The killed desk's lock TTL: how long its tickets stay locked after SIGKILL.
+#: The killed desk's lease TTL (``Config.lock_ttl``): how long its tickets stay held after SIGKILL.
 LOCK_TTL = 1.0
 
 
@@ -136,7 +136,7 @@ async def _kill_desk_x(
 
 
 async def _take_over(r: aioredis.Redis, service: str, killed_at: float, out: Printer) -> None:
-    """Step 3: desk-b finishes every ticket once desk-x's locks expired, each after its position."""
+    """Step 3: desk-b finishes every ticket once desk-x's lease expired, each after its position."""
     b = Client(
         r,
         service,
@@ -155,7 +155,7 @@ async def _take_over(r: aioredis.Redis, service: str, killed_at: float, out: Pri
         await b.close()
         await runner
     out(
-        f"tickets: desk-b took over once desk-x's locks expired and finished all {TICKETS} tickets "
+        f"tickets: desk-b took over once desk-x's lease expired and finished all {TICKETS} tickets "
         f"{time.perf_counter() - killed_at:.2f} s after the kill, each after its committed position"
     )
 

@@ -30,8 +30,10 @@ def demo_keys(service: str) -> tuple[list[str], list[str]]:
     """What the demo writes with ``service``: ``(names, prefixes)``.
 
     Every key it writes is one of ``names`` (the two LBS streams) or starts
-    with one of ``prefixes`` (the services' hash tags and locks), for
-    ``service`` and for the keyed scenario's ``<service>-tickets``.
+    with one of ``prefixes`` (the services' hash tags, and the lock per
+    entry's ``lock:{...}:``, which lbs no longer writes but the demo still
+    counts as its own), for ``service`` and for the keyed scenario's
+    ``<service>-tickets``.
     """
     services = [service, keyed_service(service)]
     names = [_keys.input_stream(s) for s in services]

@@ -1,8 +1,8 @@
 """Key and field names of the wire format, shared with the Go client.
 
 Every key of one service carries the hash tag ``{<service>-input}``, so the
-load-balancer stream, its locks and its bookkeeping live in one cluster slot
-and multi-key scripts stay legal on Redis Cluster.
+load-balancer stream, the consumers' leases and its bookkeeping live in one
+cluster slot and multi-key scripts stay legal on Redis Cluster.
 """
 
 from __future__ import annotations
@@ -57,7 +57,12 @@ def hash_tag(service: str) -> str:
 
 
 def lock_key(service: str, entry_id: str) -> str:
-    """The exclusive lock of one assignment: ``lock:{<service>-input}:<entry id>``."""
+    """The per-entry lock key of the protocol before the consumer lease: ``lock:{<service>-input}:<entry id>``.
+
+    lbs no longer writes such a key (an entry pending to a consumer is held by that consumer's
+    lease, :func:`lease_key`). The name is kept for what still builds it: the core's ``Held``
+    records, the demo's key sweep and the benchmark's plain baseline.
+    """
     return f"lock:{hash_tag(service)}:{entry_id}"
 
 
@@ -89,9 +94,10 @@ def fence_key(service: str) -> str:
 def consumers_key(service: str) -> str:
     """The consumer deadline index: ``{<service>-input}:consumers``.
 
-    A sorted set of the consumer ids that hold locks, each scored by the
-    server time (ms) by which it must have heartbeated again, or its locks
-    have expired. Recovery's deadline poller looks only at consumers past it.
+    A sorted set of the consumer ids with a lease, each scored by the server
+    time (ms) by which it must have heartbeated again (the heartbeat moves it
+    with the lease's TTL). Recovery's deadline poller looks only at consumers
+    past it, and judges each by its lease (gone: its entries are recovered).
     """
     return f"{hash_tag(service)}:consumers"
 
@@ -165,8 +171,8 @@ def pardons_key(service: str) -> str:
     """Deaths that were no one's fault: ``{<service>-input}:pardons``.
 
     A sorted set of entry ids, scored by the server time (ms) they were added:
-    a holder that lost them while it lived (a partition, a stall past the lock
-    TTL) adds them once it reaches Redis again, and ``requeue-6.lua`` takes
+    a holder that lost them while it lived (a partition, a stall past the
+    lease's TTL) adds them once it reaches Redis again, and ``requeue-6.lua`` takes
     back the retry another consumer's recovery counted for them. Trimmed to a
     day and to 100,000 members by the holder that adds.
     """

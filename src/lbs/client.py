@@ -2,10 +2,11 @@
 
 Per client, whatever the number of held streams (see lbs._consumer):
 
-* the **reader** reads and locks batches (``read-3.lua``) up to the free
-  capacity and hands each stream to ``run()``'s handlers or the
-  notification mailbox;
-* the **heartbeat** extends every held lock in one round trip per tick;
+* the **reader** reads batches (``read-3.lua``) up to the free capacity,
+  held by the consumer's lease, and hands each stream to ``run()``'s
+  handlers or the notification mailbox;
+* the **heartbeat** extends the consumer's lease in one round trip per tick,
+  whatever it holds;
 * the **finisher** batches every ``done_stream`` into one ``done-n.lua`` call;
 * **recovery** brings dead consumers' streams back (deadline poller,
   keyspace listener, scan); **requeue** is every hand-back and re-queue.
@@ -206,12 +207,14 @@ class Client:
         return await self._life.topology.reset()
 
     async def heartbeat(self) -> int:
-        """Extend every held lock now, in one round trip; return how many were lost.
+        """Extend this consumer's lease now, in one round trip; return how many held streams were lost.
 
-        Every lock is extended; the pending idle time is refreshed for a
-        rotating share of the entries (``Config.pel_refresh_every``). The
-        locks go in script calls of ``Config.heartbeat_chunk``, each written
-        as soon as it is encoded. The heartbeat task calls this every
+        One call extends the lease ``{<service>-input}:lease:<consumer id>``
+        and moves the consumer's deadline, however many streams it holds.
+        A lease found lapsed (a stall, an eviction, a partition) loses every
+        held stream (each disowned: STREAM_DISOWNED); it is taken again, and
+        what is still pending to this consumer is put back with no retry
+        counted. The heartbeat task calls this every
         ``Config.heartbeat_every`` seconds.
         """
         return await self._heartbeat.tick()
@@ -219,17 +222,18 @@ class Client:
     # --------------------------------------------------------------- done ---
 
     async def done_stream(self, stream: str, entry_id: str | None = None) -> DoneStatus:
-        """Finish a data stream: release its lock, ack and delete its entry, in one call.
+        """Finish a data stream: ack and delete its entry and release its name, in one call.
 
         With several assignments of one name held, ``entry_id`` picks one (the
-        oldest otherwise). Returns :class:`lbs.DoneStatus`: ``DONE``, or a lost
-        lock (``LOCK_EXPIRED``: acked now, no duplicate; ``LOCK_LOST``: the
-        stream was handed on and may be processed twice). Raises
-        :class:`lbs.NotHeldError` for a stream this client never held (or
-        already finished). While Redis is unreachable (a dropped connection,
-        a restart, a failover) the call is sent again with back-off, the lock
-        kept alive meanwhile, until Redis answers; :class:`lbs.RedisOperationError`
-        when Redis refuses it, or when the client closes first.
+        oldest otherwise). Returns :class:`lbs.DoneStatus`: ``DONE``, or
+        ``LOCK_LOST`` when the lease it was read under had lapsed (or the
+        entry was no longer pending to this consumer): nothing was acked, and
+        the stream may be processed twice. Raises :class:`lbs.NotHeldError`
+        for a stream this client never held (or already finished). While
+        Redis is unreachable (a dropped connection, a restart, a failover)
+        the call is sent again with back-off, the lease kept alive meanwhile,
+        until Redis answers; :class:`lbs.RedisOperationError` when Redis
+        refuses it, or when the client closes first.
         """
         (h,) = self._state.holdings.to_finish([(stream, entry_id)])
         if h.start():  # finished without its notification ever taken: out of the queued set first
@@ -287,8 +291,8 @@ class Client:
         (``{<service>-input}:delayed``, due times in ``{<service>-input}:due``)
         and any started client brings it back when it is due, so it survives
         restarts. Returns the new entry id (for a parked stream, its id in
-        the parking stream; "" when dead-lettered, dropped or the lock was
-        already lost). Under :meth:`run`, the stream's handler is
+        the parking stream; "" when dead-lettered, dropped or already lost
+        with the lease it was read under). Under :meth:`run`, the stream's handler is
         cancelled, and has ended, before the stream goes back (unless the
         handler itself is the caller), so this process never runs two
         handlers for one stream. Raises :class:`lbs.ConfigurationError` for
@@ -311,13 +315,13 @@ class Client:
         )[0]
 
     async def claim(self, entry: str | Notification) -> bool:
-        """Recover one assignment now if its lock is gone (Go parity).
+        """Recover one assignment now if its holder's lease is gone (Go parity).
 
         ``entry`` is an LBS entry id or a notification carrying one. The
         assignment goes back to the LBS with one more retry counted (or to
         the dead-letter stream past ``max_retries``). Returns True if this
-        call did it; False if its lock is alive (the holder keeps it) or
-        someone else already recovered it.
+        call did it; False if the lease of the consumer it is pending to
+        lives (the holder keeps it) or someone else already recovered it.
         """
         entry_id = entry.entry_id if isinstance(entry, Notification) else entry
         try:
@@ -441,7 +445,7 @@ class Client:
         to the dead-letter stream once it has failed in 1 +
         ``Config.max_retries`` holds (at least one of them alone), with its
         fields, the reason, the exception and its traceback; the key goes on
-        after it. A holder that dies (or stalls past its lock TTL) leaves its
+        after it. A holder that dies (or stalls past its lease's TTL) leaves its
         key to recovery like any assignment, counted as a failed hold: the
         next holder resumes after the last committed message and writes its
         effects; the stalled one, if it comes back, writes none. At most
@@ -466,8 +470,9 @@ class Client:
     async def close(self) -> None:
         """Stop reading, hand every held stream back to the LBS at once, and stop.
 
-        Handed-back streams become fresh entries (no retry counted, lock
-        released), so another consumer gets them without waiting for a TTL.
+        Handed-back streams become fresh entries (no retry counted, names
+        released), so another consumer gets them without waiting for the
+        lease's TTL.
         Running ``run()`` handlers get ``Config.drain_timeout`` seconds to
         finish first. Idempotent and safe from any task: every call returns
         once the one shutdown has finished (cancelling a caller does not stop

@@ -219,7 +219,7 @@ class Config:
             if self.heartbeat_interval >= self.lock_ttl:
                 raise ConfigurationError(
                     f"Config.heartbeat_interval ({self.heartbeat_interval}) must be shorter than "
-                    f"lock_ttl ({self.lock_ttl}), or every lock expires between heartbeats"
+                    f"lock_ttl ({self.lock_ttl}), or the lease expires between heartbeats"
                 )
         if self.go_compatible and self.heartbeat_every >= GO_MIN_IDLE:
             raise ConfigurationError(

@@ -32,7 +32,7 @@ and ``consumer`` (who wrote it), then the kind's own, all text:
 ``retaken``               the writer took a re-queued copy (a retry, or a dead holder's
                           stream): ``stream``, ``entry_id`` (the copy's), ``original_id``
                           (the registration's first entry), ``retry_count``, ``token``
-``disowned``              the writer lost a lock it held: ``stream``, ``entry_id``,
+``disowned``              the writer lost a stream it held: ``stream``, ``entry_id``,
                           ``token``, ``reason``
 ========================  ===============================================================
 

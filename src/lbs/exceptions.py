@@ -7,7 +7,7 @@
     │   ├── ConfigurationError   a setting or argument is invalid (also ValueError)
     │   └── DataError            a value cannot be sent to Redis (also TypeError)
     ├── InvalidInputError        an lbs-input value breaks the wire format (also ValueError)
-    ├── LockError                an assignment's lock is not (or no longer) ours
+    ├── LockError                an assignment is not (or no longer) held by this client
     │   └── NotHeldError         done/hand-back for a stream this client never held
     ├── RedisOperationError      a Redis command of lbs failed (carries operation and cause)
     │   └── BatchError           part of a batch failed: which entries were written, which are unknown
@@ -67,7 +67,11 @@ class InvalidInputError(LbsError, ValueError):
 
 
 class LockError(LbsError):
-    """Raised when an assignment's lock is not, or no longer, held by this client."""
+    """Raised when an assignment is not, or no longer, held by this client (under its lease).
+
+    The name is the Go client's (its sentinel lock error); lbs holds assignments by the consumer's
+    lease, not by a lock per entry.
+    """
 
 
 class NotHeldError(LockError, InterfaceError):

@@ -86,19 +86,19 @@ def lbs_reader_terminated(client: Client, error: BaseException) -> None:
     """
 
 
-# ------------------------------------------------------------------- locks ---
+# ----------------------------------------------- taken, extended, finished ---
 
 
 @hookspec
 def lbs_lock_acquired(client: Client, stream: str, entry_id: str, token: int) -> None:
-    """Called when the reader took an assignment's lock, before STREAM_ADDED
-    (per event: one call per stream; :func:`lbs_streams_started` is the
-    batched form, and cheaper).
+    """Called when the reader took an assignment (held under the consumer's lease), before
+    STREAM_ADDED (per event: one call per stream; :func:`lbs_streams_started` is the batched form,
+    and cheaper). The name stays from the lock per entry, which the lease replaced.
 
     :param client: the client.
     :param stream: the data stream's name.
     :param entry_id: the LBS entry id.
-    :param token: the lock's fencing token.
+    :param token: the fencing token of the read (or adoption) that took it, shared by its batch.
 
     .. versionadded:: 0.1
     """
@@ -106,14 +106,14 @@ def lbs_lock_acquired(client: Client, stream: str, entry_id: str, token: int) ->
 
 @hookspec
 def lbs_locks_extended(client: Client, extended: int, lost: int, seconds: float) -> None:
-    """Called after each heartbeat tick that went through and held at least
-    one lock (once per tick, not per lock).
+    """Called after each heartbeat tick that went through while at least one
+    stream was held (once per tick: the tick extends the consumer's one
+    lease, however many streams it holds).
 
     :param client: the client.
-    :param extended: locks extended (pending idle times are refreshed for a
-        rotating share of them, see ``Config.pel_refresh_every``).
-    :param lost: locks found no longer ours; each also gets
-        :func:`lbs_stream_disowned`.
+    :param extended: the streams held at the tick, less ``lost``.
+    :param lost: the streams lost with the lease: all of them when the tick
+        found it lapsed, else 0; each also gets :func:`lbs_stream_disowned`.
     :param seconds: how long the tick's round trip took.
 
     .. versionadded:: 0.1
@@ -131,9 +131,9 @@ def lbs_lock_released(
     :param client: the client.
     :param stream: the data stream's name.
     :param entry_id: the LBS entry id.
-    :param token: the fencing token the lock had.
-    :param status: what finishing found: ``DONE``, or a lost lock
-        (``LOCK_EXPIRED``, ``LOCK_LOST``).
+    :param token: the stream's fencing token.
+    :param status: what finishing found: ``DONE``, or ``LOCK_LOST`` (the lease it was read under
+        had lapsed, or the entry was handed on).
 
     .. versionadded:: 0.1
     """
@@ -150,7 +150,8 @@ def lbs_locks_released(client: Client, released: Sequence[tuple[Held, DoneStatus
     :param client: the client.
     :param released: ``(held, status)`` per finished assignment, in order: the :class:`lbs.Held`
         record (``stream``, ``entry_id``, ``token``, ``retry_count``, ...) and what finishing
-        found, ``DONE`` or a lost lock (``LOCK_EXPIRED``, ``LOCK_LOST``).
+        found, ``DONE`` or ``LOCK_LOST`` (the lease it was read under had lapsed, or the entry
+        was handed on).
 
     .. versionadded:: 0.1
     """
@@ -224,7 +225,7 @@ def lbs_streams_started(client: Client, notifications: Sequence[Notification]) -
     handed out (to :meth:`lbs.Client.run`'s handlers or the notification buffer).
 
     The batched form of :func:`lbs_lock_acquired` and :func:`lbs_stream_started` (each notification
-    carries the stream, the entry id and the lock's token); prefer it. Called only when some plugin
+    carries the stream, the entry id and its fencing token); prefer it. Called only when some plugin
     implements it. When the notification buffer was full, the application may already have
     finished some of the batch's streams by then.
 
@@ -237,12 +238,14 @@ def lbs_streams_started(client: Client, notifications: Sequence[Notification]) -
 
 @hookspec
 def lbs_stream_disowned(client: Client, stream: str, entry_id: str, token: int) -> None:
-    """Called when the heartbeat found a held lock no longer ours, before STREAM_DISOWNED is sent.
+    """Called when this client lost a held stream, before STREAM_DISOWNED is sent: the heartbeat
+    found the consumer's lease lapsed (or no tick confirmed it for a lease TTL), or, beside a Go
+    fleet, a Go consumer took the stream.
 
     :param client: the client.
     :param stream: the data stream's name.
     :param entry_id: the LBS entry id.
-    :param token: the fencing token the lock had.
+    :param token: the stream's fencing token.
 
     .. versionadded:: 0.1
     """
@@ -394,12 +397,12 @@ def lbs_stream_expired(
 ) -> None:
     """Called when this client's recovery put a stream back into circulation.
 
-    The stream's holder lost its lock (it died, stalled or was evicted); the
+    The stream's holder lost its lease (it died, stalled or was evicted); the
     entry was re-queued as ``new_entry_id`` with ``retry_count`` failed
     attempts. ``stream`` is ``""`` when the entry's ``lbs-input`` could not
     be decoded. ``path`` says who found it: ``deadline``, ``keyspace``,
-    ``scan``, ``startup``, ``claim`` or ``heartbeat`` (this client's own
-    lost lock). Called before STREAM_EXPIRED is sent.
+    ``scan``, ``startup``, ``claim`` or ``heartbeat`` (what this client
+    lost with its own lease). Called before STREAM_EXPIRED is sent.
 
     :param client: the client whose recovery did it.
     :param stream: the data stream's name, or ``""``.

@@ -74,7 +74,7 @@ class KeyedBatch:
         The entry is added (``XADD <stream> * <fields>``) only by the commit
         that moves the key's position past this batch, and only while this
         hold still owns the key: exactly once per successful batch, and
-        never by a holder that lost the key (stalled past its lock TTL, cut
+        never by a holder that lost the key (stalled past its lease TTL, cut
         off). When the handler raises, the batch's effects are dropped.
         ``message`` (default: the batch's last) names the source message
         (:attr:`Effect.message_id`). On a cluster ``stream`` must hash to the

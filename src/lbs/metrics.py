@@ -75,7 +75,7 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "recovery_keyspace_requeued_total",
         "counter",
-        "Entries re-queued by the deadline poll that a lock's expiry keyspace event started.",
+        "Entries re-queued by the deadline poll that a lease's expiry keyspace event started.",
     ),
     Metric(
         "recovery_deadline_requeued_total",
@@ -85,29 +85,30 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "recovery_scan_requeued_total",
         "counter",
-        "Entries re-queued by the pending-list scan because their lock was gone.",
+        "Entries re-queued by the pending-list scan because their holder's lease was gone.",
     ),
     Metric(
         "recovery_startup_requeued_total",
         "counter",
-        "Entries of this consumer id re-queued by start-up recovery because their lock was gone.",
+        "Entries of this consumer id re-queued by start-up recovery: what an earlier process under this id "
+        "left pending.",
     ),
     Metric(
         "recovery_claim_requeued_total",
         "counter",
-        "Entries re-queued through Client.claim() because their lock was gone.",
+        "Entries re-queued through Client.claim() because their holder's lease was gone.",
     ),
     Metric(
         "recovery_heartbeat_requeued_total",
         "counter",
-        "Entries this client's heartbeat re-queued, without a retry counted, after finding their locks lost "
+        "Entries this client's heartbeat re-queued, without a retry counted, after finding its lease lost "
         "while it held them.",
     ),
     Metric(
         "recovery_adopted_total",
         "counter",
-        "Dead holders' entries the deadline poll adopted: moved to this client under fresh locks in the same "
-        "step that found them, with no copy and no second read.",
+        "Dead holders' entries the deadline poll adopted: moved to this client, held by its lease with a "
+        "fresh token, in the same step that found them, with no copy and no second read.",
         ("path",),
     ),
     Metric(
@@ -138,7 +139,7 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "recovery_scan_skipped_alive_total",
         "counter",
-        "Pending entries the scan left alone because their lock was alive.",
+        "Pending entries the scan left alone because their holder's lease was alive.",
     ),
     Metric(
         "recovery_scan_duration_seconds",
@@ -149,7 +150,7 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "recovery_expiry_lag_seconds",
         "histogram",
-        "How long after the holder's heartbeat deadline a lock's expiry keyspace event led to a re-queue.",
+        "How long after the holder's heartbeat deadline a lease's expiry keyspace event led to a re-queue.",
     ),
     Metric(
         "keyspace_listener_reconnects_total",
@@ -187,7 +188,7 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "heartbeat_failures_total",
         "counter",
-        "Heartbeat ticks that failed (the next is tried soon, before the locks can expire).",
+        "Heartbeat ticks that failed (the next is tried soon, before the lease can expire).",
     ),
     Metric(
         "late_replies_total",
@@ -198,7 +199,7 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "lease_expired_total",
         "counter",
-        "Streams disowned locally because no heartbeat confirmed their locks for a lock TTL (a partition).",
+        "Streams disowned locally because no heartbeat confirmed the lease for a lease TTL (a partition).",
     ),
     Metric(
         "pardoned_total",
@@ -224,7 +225,8 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "hand_back_failures_total",
         "counter",
-        "Held streams whose hand-back in close() failed, so their locks expire instead.",
+        "Held streams whose hand-back in close() failed: they stay pending until the lease expires, and "
+        "recovery brings them back.",
     ),
     Metric(
         "wrong_type_keys_total",

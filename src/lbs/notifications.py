@@ -17,11 +17,11 @@ __all__ = ["DoneStatus", "Notification", "NotificationType"]
 class NotificationType(enum.Enum):
     """The kinds of :class:`Notification` (the Go client's names)."""
 
-    #: A data stream was assigned to this consumer; its lock is held.
+    #: A data stream was assigned to this consumer; it is held while the consumer's lease lives.
     STREAM_ADDED = "StreamAdded"
-    #: A stream's lock expired and recovery put it back in circulation (informational).
+    #: A stream's holder lost its lease and recovery put it back in circulation (informational).
     STREAM_EXPIRED = "StreamExpired"
-    #: This consumer lost a stream's lock (it stalled past the TTL): stop working on it.
+    #: This consumer lost a stream (its lease lapsed: it stalled past the TTL): stop working on it.
     STREAM_DISOWNED = "StreamDisowned"
     #: The reader gave up (read retries exhausted); no more streams will come.
     STREAM_TERMINATED = "StreamTerminated"
@@ -31,9 +31,10 @@ class NotificationType(enum.Enum):
 class Notification:
     """One event for the application.
 
-    ``token`` is the fencing token of the lock (it only grows across the
-    service), so downstream systems can refuse writes from a holder that lost
-    its lock. ``reason`` explains STREAM_DISOWNED and STREAM_TERMINATED.
+    ``token`` is the fencing token of the read that took the stream (one per
+    read batch, shared by its entries; it only grows per data stream across
+    holders), so downstream systems can refuse writes from a holder that lost
+    it. ``reason`` explains STREAM_DISOWNED and STREAM_TERMINATED.
 
     A STREAM_ADDED notification is also an ``async with`` block over its
     stream: leaving it normally finishes the stream (``done_stream``),
@@ -57,7 +58,7 @@ class Notification:
     info: dict[str, Any] = field(default_factory=dict)
     #: Failed attempts so far (``_retry_count``).
     retry_count: int = 0
-    #: The lock's fencing token.
+    #: The fencing token of the read that took the stream.
     token: int = 0
     #: Why, for STREAM_DISOWNED and STREAM_TERMINATED.
     reason: str = ""
@@ -96,18 +97,19 @@ class Notification:
 class DoneStatus(enum.Enum):
     """What :meth:`lbs.Client.done_stream` found."""
 
-    #: The lock was ours: released, and the entry acked and deleted in one step.
+    #: The stream was ours (pending to us, our lease holding the value it was read under):
+    #: the entry acked and deleted, its name released, in one step.
     DONE = "done"
-    #: Our lock had expired, but nobody else had the stream: the entry is now
-    #: acked and deleted, so it will not be processed again.
+    #: Never reported under the consumer lease (kept for compatibility): once the lease a
+    #: stream was read under lapsed, finishing it reads ``LOCK_LOST``.
     LOCK_EXPIRED = "lock_expired"
-    #: Our lock had expired and the stream was handed on (re-queued, or locked
-    #: by someone else): nothing was acked, and the stream may be processed twice.
+    #: The lease the stream was read under had lapsed (recovery may have handed it on), or the
+    #: entry was no longer pending to us: nothing was acked, and the stream may be processed twice.
     LOCK_LOST = "lock_lost"
 
     @property
     def lost(self) -> bool:
-        """True when the lock was no longer ours at the end."""
+        """True when the stream was no longer ours at the end."""
         return self is not DoneStatus.DONE
 
 

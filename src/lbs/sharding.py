@@ -7,7 +7,7 @@ over its masters:
 
 * shard ``i`` of service ``s`` is the service ``s.i`` (``s.0`` ... ``s.N-1``),
   except that with one shard it is ``s`` itself, the unsharded wire format;
-  each shard has its own locks, pending list, deadline index and dead-letter
+  each shard has its own leases, pending list, deadline index and dead-letter
   stream, all under its own tag;
 * a producer sends a data stream to shard ``crc32(name) % N``, so the same
   name always lands in the same shard (and any client, in any language, can

@@ -6,11 +6,12 @@ deliberately lacks:
 * :func:`abandon` ends a client **as if its process were killed** (kill -9):
   its tasks stop, its connections close, and nothing is handed back,
   finished, acknowledged or released. Redis keeps what a dead consumer
-  leaves: locks that lapse, pending entries, its place in the deadline index,
-  its instance marker. Other consumers recover its streams as they would a
-  dead process's. ``close()`` afterwards does nothing.
+  leaves: its lease, which lapses after ``Config.lock_ttl``, its pending
+  entries, its place in the deadline index. Other consumers recover its
+  streams once the lease is gone, as they would a dead process's.
+  ``close()`` afterwards does nothing.
 * :func:`freeze` stops a client's reading and heartbeat only: a stalled
-  process, or one cut off from Redis. Its locks lapse while it lives on (it
+  process, or one cut off from Redis. Its lease lapses while it lives on (it
   can still be closed, and its connections still work).
 * :func:`probe` gives documented access to a client's activities and state
   (:class:`Probe`), for tests that check how lbs works inside.
@@ -51,7 +52,7 @@ async def abandon(client: Client) -> None:
 
 
 async def freeze(client: Client) -> None:
-    """Stop ``client``'s reading and heartbeat, nothing more: a stalled process (its locks lapse)."""
+    """Stop ``client``'s reading and heartbeat, nothing more: a stalled process (its lease lapses)."""
     await client._life.freeze()
 
 
@@ -73,7 +74,7 @@ class Probe:
         self.state: ClientState = life.state
         #: The reading task (``task``, ``blocked`` waiting in the wake group, ``reply_lost``).
         self.reader: Reader = life.reader
-        #: The heartbeat task (``task``, ``beats``: ticks so far).
+        #: The heartbeat task (``task``, ``tick``, ``lease_until``: the local lease).
         self.heartbeat: Heartbeat = life.heartbeat
         #: Every hand-back and re-queue (``pardon``, ``send``: one batch of ``requeue-6.lua`` calls).
         self.requeue: Requeue = life.requeue

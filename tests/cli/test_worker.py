@@ -336,7 +336,7 @@ def test_settings_precedence_flags_over_env_over_file(tmp_path: Path, log: Path)
         (
             ["--lock-ttl", "3", "--set", "heartbeat_interval=5"],
             {},
-            "must be shorter than lock_ttl (3.0), or every lock expires between heartbeats "
+            "must be shorter than lock_ttl (3.0), or the lease expires between heartbeats "
             "(heartbeat_interval from --set heartbeat_interval; lock_ttl from --lock-ttl)",
         ),
         (["--config", "{tmp}/missing.toml"], {}, "cannot read the config file"),

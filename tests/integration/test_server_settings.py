@@ -16,7 +16,7 @@ pytestmark = pytest.mark.timeout(60)
     "policy, level, says",
     [
         ("allkeys-lru", logging.WARNING, "may evict the LBS itself"),
-        ("volatile-ttl", logging.INFO, "may evict live locks"),
+        ("volatile-ttl", logging.INFO, "may evict live consumers' leases"),
         ("noeviction", None, None),
     ],
 )

@@ -50,7 +50,7 @@ DONE_BATCH = 1_000
 LINGER = 0.01
 #: A queue this long goes at once, however soon after the last call.
 LINGER_MOST = 128
-# done-n.lua's codes as the statuses done_stream reports; anything else is a lost lock.
+# done-n.lua's codes as the statuses done_stream reports; anything else is a lost stream (LOCK_LOST).
 # ALREADY_DONE: a retried call whose first reply was lost found its own work finished.
 _DONE_STATUS = {
     int(DoneCode.DONE): DoneStatus.DONE,

@@ -2,16 +2,16 @@
 
 The reader (``read-3.lua``'s replies) and recovery's adoptions (``reap-4.lua``)
 hand each batch here. Each entry's token says what Redis did with it: an
-integer is our new lock (the stream is taken: a held record, a handler
-started under ``run()`` or a STREAM_ADDED notification queued); a lock value
-of another holder, ``WAIT <entry id>`` (its data stream is held under another
-registration) or ``WRONGTYPE`` leaves it alone. Malformed entries and claimed
-ones out of retries are dead-lettered.
+integer is the batch's fencing token (the entry is pending to us, held by our
+lease: a held record, a handler started under ``run()`` or a STREAM_ADDED
+notification queued); ``WAIT <entry id>`` (its data stream is held under
+another registration) leaves it alone, ``WRONGTYPE`` puts it back. Malformed
+entries and adopted ones out of retries are dead-lettered.
 
 **Late replies.** A reply read long after it was sent (the process was
 frozen, SIGSTOP or a pause, while its blocking read waited in Redis, and
-Redis read and locked entries for it meanwhile) may hold entries whose locks
-expired and which another consumer runs now. Every batch is checked against
+Redis read entries for it meanwhile) may hold entries whose lease lapsed and
+which another consumer runs now. Every batch is checked against
 the local lease before any handler starts: the heartbeat's
 :meth:`~lbs._consumer.heartbeat.Heartbeat.cover` takes it under the lease
 from the send time of the write that took it, or refuses it when too little
@@ -71,12 +71,12 @@ class Intake:
         re-read's, already ours) are left alone. A reply read too late (:meth:`Heartbeat.cover`
         refuses it) starts nothing: see :meth:`_refuse`."""
         s = self.state
-        # inf: the send time is not known (a test's lost reply); the locks are as fresh as this take.
+        # inf: the send time is not known (a test's lost reply); the lease is as fresh as this take.
         late = not self.cover(time.monotonic() if sent == math.inf else sent)
         refused: list[Held] = []
         owner = s.names.lock_owner
         table = s.holdings.table
-        bad: list[tuple[Entry, str, str]] = []  # (entry, our lock value, reason): to dead-letter
+        bad: list[tuple[Entry, str, str]] = []  # (entry, our held value, reason): to dead-letter
         max_retries = s.config.max_retries
         hooks = s.hooks
         acquired, started = (
@@ -127,8 +127,8 @@ class Intake:
                 continue
             retry_count = e.retry_count
             if e.claimed:
-                # Claimed (XREADGROUP CLAIM) from holders that stopped: the
-                # count of earlier deliveries is the count of failed attempts.
+                # Adopted from holders that died (reap-4.lua's entries have XREADGROUP CLAIM's
+                # shape): the count of earlier deliveries is the count of failed attempts.
                 retry_count += e.delivery_count
                 # Never a key's registration (lbs-keyed): its holders' deaths count against the message
                 # they ran (fetch-1.lua), which goes to the dead letters alone; the key goes on.
@@ -138,16 +138,13 @@ class Intake:
                             e,
                             f"{tok}:{owner}",
                             f"out of retries: {e.retry_count} re-queued, "
-                            + (
-                                f"{e.delivery_count} holders died running it (adopted once their locks expired)"
-                                if adopted
-                                else f"{e.delivery_count} deliveries (claimed)"
-                            ),
+                            f"{e.delivery_count} holders died running it (adopted once their leases "
+                            "expired)",
                         )
                     )
                     continue
             # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
-            # read-3 never queues a claimed entry (it counts as running from delivery); reap-4 queues all it adopts.
+            # Only reap-4's adoptions come claimed (read-3 reads no CLAIM); reap-4 queues all it adopts.
             h = s.holdings.take(
                 e, tok, retry_count, taken_at, queued and (adopted or not e.claimed)
             )
@@ -209,14 +206,15 @@ class Intake:
 
     async def _refuse(self, refused: list[Held], age: float) -> None:
         """Streams whose reply was read ``age`` seconds after its write was sent, too late to start them:
-        their locks may have expired and another consumer may run them now. Handed back where the lock
-        is still ours, put back (or pardoned, when another consumer took them) where it is not; no
-        retry counted either way. A failure leaves them to recovery once their locks expire."""
+        the lease they were read under may have lapsed and another consumer may run them now. Handed
+        back where they are still ours, put back (or pardoned, when another consumer took them) where
+        they are not; no retry counted either way. A failure leaves them pending to this consumer,
+        to recovery once its lease is gone."""
         s = self.state
         s.hooks.metric("late_replies_total", len(refused))
         s.log.warning(
             "a read's reply came %.2fs after it was sent (this process was frozen or starved?), too late "
-            "to run its %d streams safely (their locks may have expired and been taken over): handing "
+            "to run its %d streams safely (the lease may have lapsed and another consumer taken them): handing "
             "them back, no retry counted",
             age,
             len(refused),
@@ -229,21 +227,20 @@ class Intake:
                 await self.requeue.lost_while_alive(lost, reason)
         except (RedisError, OSError, RedisOperationError) as exc:
             s.log.error(
-                "handing back %d streams read too late failed (%s); recovery brings them back once "
-                "their locks expire",
+                "handing back %d streams read too late failed (%s); they stay pending to this consumer "
+                "until its lease is gone",
                 len(refused),
                 exc,
             )
 
     @staticmethod
     def _own_token(tok: Any, owner: str) -> int | str:
-        """The token of a lock that is ours, else the lock's value as text.
+        """The token as an int when it is one, or a held value ``"<token>:<our id>:<our instance>"``
+        of this very process's; else the reply as text (``WAIT ...``, ``WRONGTYPE ...``).
 
-        A retried take (its first reply was lost with the connection) finds
-        the locks the first attempt set: "<token>:<our id>:<our instance>".
-        Only this very process's locks are adopted: another process started
-        with the same consumer id (refused at start, but possible by hand)
-        reads from the same pending list, and its locks stay its own.
+        ``read-3.lua`` and ``reap-4.lua`` give integer tokens for what they deliver (a re-read too:
+        the token its lost read recorded); the held-value form is what a take answered under the lock
+        per entry, and is still accepted.
         """
         if isinstance(tok, int):
             return tok

@@ -9,8 +9,8 @@ link's two keyed connections:
   (a second registration of a key someone else holds is finished unprocessed)
   and the first messages after the committed position come back;
 * ``commit-1.lua`` for finished batches: the batch's effects are written and
-  the position moves past the batch in one atomic step, fenced by the lock
-  (a holder that lost the key writes nothing), and the key's next messages
+  the position moves past the batch in one atomic step, fenced by the hold
+  (a holder that lost the key, its lease lapsed, writes nothing), and the key's next messages
   come back, or the key is released when drained, or yielded (registered
   again at the back of the LBS) once it has been held for
   ``max_hold_messages`` messages or ``max_hold_seconds``.
@@ -137,7 +137,7 @@ class KeyedRunner(Activity, kind="keyed"):
         if limit >= 0 and hold.fails >= 1 + limit and messages:
             # The holders that had this message died (or were cut off) until its limit: fetch-1.lua counted them.
             reason = (
-                f"failed in {hold.fails} holds, the last lost with its holder (died, stalled past the lock "
+                f"failed in {hold.fails} holds, the last lost with its holder (died, stalled past the lease "
                 "TTL or cut off)"
             )
             s.log.on(h, keyed=True).warning(
@@ -264,8 +264,9 @@ class KeyedRunner(Activity, kind="keyed"):
     ) -> None:
         """One batch on the link's keyed wire ``k`` (read again on each try: the slot may move).
 
-        Its commits may let their keys go (the lock deleted): until the replies are in, a heartbeat
-        that finds those locks gone leaves them to the replies (``Holdings.settling``)."""
+        Its commits may let their keys go (the LBS entry acked and deleted): until the replies are
+        in, a heartbeat that finds the lease lapsed does not count those keys lost but leaves them to
+        the replies (``Holdings.settling``)."""
         s = self.state
         ids = [hold.held.entry_id for hold, _ in commit]
         s.holdings.settling.update(ids)
@@ -286,7 +287,7 @@ class KeyedRunner(Activity, kind="keyed"):
                 s.log.warning("keyed batch failed (%s); trying again", exc)
                 await self._backoff.sleep(s.stopping)
                 if s.stopping.is_set():
-                    return  # the locks expire; recovery brings the keys back
+                    return  # the keys stay held: close() hands them back
                 continue
             self._backoff.reset()
             if any(isinstance(r, NoScriptError) for r in replies):
@@ -359,7 +360,12 @@ class KeyedRunner(Activity, kind="keyed"):
             out, reads = replies[at], replies[at + 1 : at + 1 + len(fetch)]
             at += 1 + len(fetch)
             if isinstance(out, Exception):
-                s.log.error("fetching %d keys failed: %s; their locks will expire", len(fetch), out)
+                s.log.error(
+                    "fetching %d keys failed: %s; their entries stay pending to this consumer "
+                    "until its lease is gone",
+                    len(fetch),
+                    out,
+                )
                 for hold in fetch:
                     s.holdings.drop(hold.held)
             else:
@@ -370,7 +376,10 @@ class KeyedRunner(Activity, kind="keyed"):
             after = iter(replies[at + 1 :])
             if isinstance(out, Exception):
                 s.log.error(
-                    "committing %d keys failed: %s; their locks will expire", len(commit), out
+                    "committing %d keys failed: %s; their entries stay pending to this consumer "
+                    "until its lease is gone",
+                    len(commit),
+                    out,
                 )
                 for hold, _ in commit:
                     s.holdings.drop(hold.held)
@@ -454,7 +463,7 @@ class KeyedRunner(Activity, kind="keyed"):
             s.stats.lock_lost += 1
             if step.effects:
                 s.log.info(
-                    "key %s: lost before its commit (its lock expired or another holder took it over): "
+                    "key %s: lost before its commit (its lease lapsed or another holder took it over): "
                     "its %d effect(s) were not written",
                     h.stream,
                     len(step.effects),
@@ -466,8 +475,9 @@ class KeyedRunner(Activity, kind="keyed"):
             await asyncio.wait((self.task,), timeout=timeout)
 
     async def stop(self) -> None:
-        """Stop the sender, cancelled once so its cleanup runs to its end (what it had queued is left
-        to the locks' expiry; the link keeps the connections)."""
+        """Stop the sender, cancelled once so its cleanup runs to its end (what it had queued stays
+        pending to this consumer, left to the hand-back at close or to recovery once the lease is
+        gone; the link keeps the connections)."""
         if self.task is not None and not self.task.done():
             self.task.cancel()
             await asyncio.wait((self.task,))

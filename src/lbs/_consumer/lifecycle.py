@@ -2,12 +2,13 @@
 
 :class:`lbs.Client` holds one :class:`Lifecycle` and asks it to start, close
 and (for tests, :func:`lbs.testing.abandon`) die. Start: the topology (route,
-group, server), the instance marker, the read strategy and dead-letter backend
+group, server), the consumer's lease, the read strategy and dead-letter backend
 from plugins, keyspace events, start-up recovery; then the activities. The
 shutdown's order is the contract of ``close()``: stop reading and everything
 that could take or move work, let handlers drain, send what keyed runners
 committed, hand every held stream back, send queued finishes, stop the
-heartbeat and the finisher, release the instance marker, close the connections.
+heartbeat and the finisher, release the lease (and leave the group when nothing
+is pending), close the connections.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ class Lifecycle:
         await self.heartbeat.stop()
         await self.finisher.stop()
         await s.journal.close(handed_back)
-        if self.took_instance:  # leave-3.lua deletes the marker only if it is this process's
+        if self.took_instance:  # leave-3.lua deletes the lease only if it is this process's
             await self.instance.release()
         await s.link.close(s.log)
         s.log.info("closed; handed back %d streams", handed_back)
@@ -220,7 +221,10 @@ class Lifecycle:
         except RedisOperationError as exc:
             s.hooks.metric("hand_back_failures_total", len(handed))
             s.log.error(
-                "hand-back on close failed (%s); %d locks will expire instead", exc, len(handed)
+                "hand-back on close failed (%s); %d streams stay pending to this consumer and go "
+                "back once its lease expires",
+                exc,
+                len(handed),
             )
             return 0
 
@@ -235,8 +239,8 @@ class Lifecycle:
 
     async def abandon(self) -> None:
         """End as if the process were killed: every task stops, the connections close, and nothing
-        is handed back, finished or released (the locks, pending entries, deadline and instance
-        marker stay in Redis until they expire or recovery takes them). ``close()`` then does no more."""
+        is handed back, finished or released (the lease, pending entries and deadline stay in Redis
+        until the lease expires and recovery takes them). ``close()`` then does no more."""
         s = self.state
         s.stopping.set()  # a handler that ends now leaves its stream as it is (see Runner._ended)
         if self.closing is None:
@@ -250,6 +254,6 @@ class Lifecycle:
 
     async def freeze(self) -> None:
         """Stop reading and heartbeating, nothing more: a stalled process, or one cut off from Redis
-        (its locks lapse; its connections stay open, so it can still be closed)."""
+        (its lease lapses; its connections stay open, so it can still be closed)."""
         await self.heartbeat.stop()
         await cancel_and_wait([self.reader.task])

@@ -1,5 +1,5 @@
 """Entries a consumer was delivered that go straight to the dead-letter stream: malformed ones (the core
-judged them), and claimed or adopted ones past ``Config.max_retries``. One ``requeue-6.lua`` round trip
+judged them), and adopted ones past ``Config.max_retries``. One ``requeue-6.lua`` round trip
 (through :class:`~lbs._consumer.requeue.Requeue`) dead-letters a batch; what could not be written (a
 dead-letter key of the wrong type, a lost connection) stays pending to this live consumer, where no
 recovery path looks, so the heartbeat tries it again every tick until it goes through."""
@@ -27,13 +27,13 @@ class Malformed:
 
     def __init__(self, state: ClientState, requeue: Requeue) -> None:
         self.state, self.requeue = state, requeue
-        #: Dead letters that could not be written yet: (entry, our lock value, reason).
+        #: Dead letters that could not be written yet: (entry, our held value, reason).
         self.undead: list[tuple[Entry, str, str]] = []
 
     async def dead_letter(self, bad: list[tuple[Entry, str, str]], *, again: bool = False) -> None:
-        """Dead-letter entries we were delivered (malformed, or claimed past max_retries): one round trip.
+        """Dead-letter entries we were delivered (malformed, or adopted past max_retries): one round trip.
 
-        ``bad`` holds (entry, our lock value, reason). The first try needs
+        ``bad`` holds (entry, our held value, reason). The first try needs
         our lease (mode ``owned``). What could not be dead-lettered stays
         pending to this live consumer, where no recovery path looks, so
         :meth:`retry_undead` tries it again every heartbeat tick (``again``:

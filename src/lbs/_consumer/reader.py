@@ -144,7 +144,7 @@ class Reader(Activity, kind="reader"):
                         if self._idle_nudges >= IDLE_NUDGES:
                             # Nudge after nudge woke it to find its share still taken: its own
                             # nudges, perhaps, left for a peer that counts as idle but waits nowhere
-                            # (one that just died, until its instance marker lapses). No busy loop.
+                            # (one that just died, until its lease lapses). No busy loop.
                             await wait_set(s.stopping, SHARE_PAUSE)
                         asked = min(s.read_count, free)
                         # Drained, or fair dispatch left what waits to the idle peers it nudged:
@@ -185,20 +185,20 @@ class Reader(Activity, kind="reader"):
                 failures = 0
                 backoff.reset()
             if ahead is not None:
-                # Stopped with a read in flight: its entries are locked for us.
-                # Take them (so close() hands them back) rather than leave their
-                # locks to expire.
+                # Stopped with a read in flight: its entries are pending to us, held
+                # by our lease. Take them (so close() hands them back) rather than
+                # leave them to recovery once the lease expires.
                 sent, ahead = ahead[0], None
                 await self._take(sent, ">")
         finally:
             if ahead is not None:
-                # Cancelled or given up with a read in flight: recovery brings
-                # its entries back once their locks expire.
+                # Cancelled or given up with a read in flight: its entries are
+                # pending to us; recovery brings them back once our lease expires.
                 self.lose_reply(self._sent_at.pop(ahead[0], math.inf))
                 ahead[0].cancel()
 
     def _send(self, count: int, start: str, wait_ms: int = 0) -> asyncio.Task[list[Any]]:
-        """Send one ``read-3.lua`` call: read up to ``count`` entries and lock them.
+        """Send one ``read-3.lua`` call: read up to ``count`` entries, held under our lease.
 
         With ``wait_ms``, a wait in the wake group (up to that long) goes
         first in the same write, and the read runs when it returns. The
@@ -275,13 +275,13 @@ class Reader(Activity, kind="reader"):
         waited = False
         sent_at = self._sent_at.get(sent, math.inf)
         if start != ">":
-            sent_at = min(sent_at, self._lost_sent)  # a re-read adopts the lost reply's locks
+            sent_at = min(sent_at, self._lost_sent)  # a re-read takes what the lost reply held
         try:
             try:
                 replies = await sent
             except BaseException:
                 # Wire returns server errors as values: anything raised here (I/O,
-                # cancellation) may have lost a reply whose locks are now ours.
+                # cancellation) may have lost a reply whose entries are now pending to us.
                 self.lose_reply(sent_at)
                 raise
             finally:
@@ -314,7 +314,7 @@ class Reader(Activity, kind="reader"):
 
     def lose_reply(self, sent: float = math.inf) -> None:
         """A reply to a write sent at ``sent`` (monotonic; inf: unknown) was lost: the next read re-reads
-        and takes what it had taken, as far as its locks last."""
+        and takes what it had taken, as far as the lease it was read under lasts."""
         self.reply_lost = True
         self._lost_sent = min(self._lost_sent, sent)
 
@@ -338,12 +338,12 @@ class Reader(Activity, kind="reader"):
 
     async def adopt(self, entries: list[Entry], tokens: list[Any], sent: float) -> None:
         """Take entries recovery adopted from a dead holder (``reap-4.lua``, sent at ``sent``, monotonic):
-        pending to this consumer under fresh locks of ours, handed out as a read's are."""
+        pending to this consumer, held by our lease with a fresh token, handed out as a read's are."""
         await self.intake.hand_out(entries, tokens, ">", sent, self.dispatch, (), adopted=True)
 
     def adoption_lost(self, sent: float) -> None:
-        """An adoption's reply (sent at ``sent``) was lost: what it adopted is pending to us under our
-        locks; the next read re-reads and takes it, as after a lost read reply."""
+        """An adoption's reply (sent at ``sent``) was lost: what it adopted is pending to us, held by
+        our lease; the next read re-reads and takes it, as after a lost read reply."""
         self.lose_reply(sent)
 
     async def _failed(self, exc: BaseException, failures: int, backoff: Backoff) -> bool:
@@ -368,9 +368,9 @@ class Reader(Activity, kind="reader"):
         """End the reader without losing a read batch (``state.stopping`` must be set).
 
         A wait in the wake group is woken with CLIENT UNBLOCK (it returns as
-        if it timed out; the read behind it runs), and a reader busy taking
-        locks finishes that batch, so every entry it read is either held (and
-        handed back) or untouched. Cancelling is the last resort, after one
+        if it timed out; the read behind it runs), and a reader busy taking a
+        batch finishes it, so every entry it read is either held (and handed
+        back) or untouched. Cancelling is the last resort, after one
         more read_block.
         """
         task = self.task

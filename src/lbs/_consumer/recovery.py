@@ -102,7 +102,7 @@ class Recovery(Activity):
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
         self._wake = asyncio.Event()  # set: the deadline loop polls now, not at its next interval
-        self._heard = False  # the keyspace listener heard a lock expire since the last poll
+        self._heard = False  # the keyspace listener heard a lease expire since the last poll
         self._go_catch_up: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -123,7 +123,7 @@ class Recovery(Activity):
     # ------------------------------------------------------------ deadlines ---
 
     async def _deadline_loop(self) -> None:
-        """Poll at the earliest deadline, at once when the keyspace listener hears a lock expire, and
+        """Poll at the earliest deadline, at once when the keyspace listener hears a lease expire, and
         again at once after a poll that re-queued something: a dead holder of 100,000 streams is
         emptied ``deadline_batch`` at a time back to back, not one batch per interval."""
         every = self.config.deadline_poll_interval
@@ -161,9 +161,10 @@ class Recovery(Activity):
         """One poll of the deadline index; returns how many entries it adopted or re-queued.
 
         The one judge of "this consumer is dead": the keyspace listener calls
-        it too (``path="keyspace"``) when a lock expires, so a lock that
-        lapsed while its holder lives (a stall of the server) is never taken
-        from it here; the holder's heartbeat puts it back, without a retry.
+        it too (``path="keyspace"``) when a lease expires, so a lease that
+        lapsed while its holder lives (a stall of the server) never has its
+        entries taken here; the holder's heartbeat puts them back, without a
+        retry.
         """
         s = self.state
         n, cfg = s.names, self.config
@@ -342,7 +343,8 @@ class Recovery(Activity):
 
     async def _on_go_expired(self, entry_id: str) -> None:
         """A Go consumer's lock expired (``Config.go_compatible``): its holder stopped extending it.
-        If the entry is pending in our LBS, recover it (requeue-6 checks both locks first)."""
+        If the entry is pending in our LBS, recover it (requeue-6 checks its holder's lease and the
+        Go-style lock first)."""
         s = self.state
         n = s.names
         try:

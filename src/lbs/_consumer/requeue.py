@@ -10,7 +10,7 @@ Three kinds of caller, one script, each with its holder mode:
   is gone (deadline poller, keyspace listener, scan, startup, ``claim``),
   always at once;
 * **dead-letter** (``owned``, then ``any``): a malformed entry, or one
-  claimed past ``max_retries``, goes to the dead-letter stream. What cannot
+  adopted past ``max_retries``, goes to the dead-letter stream. What cannot
   be written yet (a dead-letter key of the wrong type, a lost connection)
   is kept and tried again on every heartbeat tick (:mod:`lbs._consumer.malformed`).
 
@@ -108,7 +108,7 @@ class Requeue:
 
         Reasons and the traceback are sent as :func:`lbs._redis.wire.sendable` text. A call the core
         cannot encode (a value UTF-8 cannot encode) is set aside and fails alone: its reply is
-        ``[REFUSED, "not sent: <why>"]`` (nothing touched: it stays pending, its lock expires) and the
+        ``[REFUSED, "not sent: <why>"]`` (nothing touched: it stays pending to its holder) and the
         other calls are sent."""
         s = self.state
         n, cfg = s.names, s.config
@@ -197,17 +197,17 @@ class Requeue:
         delay: float | None = 0.0,
         traceback: str = "",
     ) -> list[str]:
-        """Give held streams back (lock mode ``owned``); per stream its new entry id, or "".
+        """Give held streams back (holder mode ``owned``); per stream its new entry id, or "".
 
         ``delay`` None parks each for the configured back-off (none when
         ``Config.retry_delay`` is 0), a number of seconds parks it that long,
         0 re-queues it at once; a parked stream's id is its id in the parking
         stream (a parking key of the wrong type: re-queued at once instead).
         "" means dead-lettered (out of retries), dropped, refused (a
-        dead-letter key of the wrong type: it stays pending, and recovery
-        retries it once its lock expires) or already lost. ``traceback``:
-        the failure's, kept in a dead letter (``_traceback``). Raises
-        :class:`lbs.RedisOperationError`.
+        dead-letter key of the wrong type: it stays pending to us, and
+        recovery retries it once our lease is gone) or already lost.
+        ``traceback``: the failure's, kept in a dead letter (``_traceback``).
+        Raises :class:`lbs.RedisOperationError`.
         """
         if not items:
             return []
@@ -269,8 +269,8 @@ class Requeue:
                 self.dead_lettered(h.entry_id, reason, code, detail, h.stream)
             elif code == RequeueCode.REFUSED:
                 s.log.on(h).error(
-                    "could not hand back %s (entry %s): %s; it stays pending and is handed back at "
-                    "close, or recovered once the lease is gone",
+                    "could not hand back %s (entry %s): %s; it stays pending to this consumer, "
+                    "recovered once its lease is gone",
                     h.stream,
                     h.entry_id,
                     detail.removeprefix("LBSKEY "),
@@ -363,8 +363,8 @@ class Requeue:
         )
 
     async def claim(self, entry_id: str) -> bool:
-        """Recover one assignment if its lock is gone (``Client.claim``): whether this call took it out
-        of its holder's hands (re-queued, or dead-lettered past ``max_retries``)."""
+        """Recover one assignment if its holder's lease is gone (``Client.claim``): whether this call took
+        it out of its holder's hands (re-queued, or dead-lettered past ``max_retries``)."""
         (code,) = await self._recover(
             [entry_id], "claim", f"claimed by {self.state.names.id}", True
         )
@@ -448,7 +448,7 @@ class Requeue:
                 s.hooks.metric("recovery_duplicate_ack_total", 1, path=path)
             elif detail == "go lock":
                 s.log.debug(
-                    "entry %s is held by a Go consumer (its lock exists): left to it", entry_id
+                    "entry %s is held by a Go consumer (its Go lock exists): left to it", entry_id
                 )
             elif detail == "claimed":
                 s.log.debug(

@@ -216,9 +216,11 @@ class Runner:
 
     async def _hand_back(self, h: Held, reason: str, trace: str = "") -> None:
         """Hand a failed stream back; a failure that means "not now" (a dropped connection, a
-        restarting or loading Redis, a moved slot) is tried again with a back-off for as long as
-        the stream's lock lasts (requeue-6.lua checks the lock: a call that ran twice hands back
-        once). After that the lock has expired and recovery brings the stream back."""
+        restarting or loading Redis, a moved slot) is tried again with a back-off for up to a lease
+        TTL (requeue-6.lua checks the entry is pending to us under our lease: a call that ran twice
+        hands back once). After that, or after any other failure, the stream stays pending to this
+        consumer, and recovery brings it back only once the lease is gone (this process closed or
+        died)."""
         s = self.state
         backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)
         until = time.monotonic() + s.config.lock_ttl
@@ -236,7 +238,10 @@ class Runner:
                     or time.monotonic() + wait > until
                 ):
                     s.log.on(h).error(
-                        "hand-back of %s failed (%s); its lock will expire", h.stream, err
+                        "hand-back of %s failed (%s); it stays pending to this consumer until "
+                        "its lease is gone",
+                        h.stream,
+                        err,
                     )
                     return
                 s.log.warning(

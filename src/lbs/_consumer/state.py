@@ -73,14 +73,16 @@ class Names:
     reaped_key: str
     #: The dead-letter stream; "" when dead letters are dropped (``Config.dead_letter_stream=""``).
     dead_letter_key: str
-    #: ``lock:{<service>-input}:``; a lock key is this plus the entry id.
+    #: ``lock:{<service>-input}:``: what the core's held records build ``Held.lock_key`` from (the
+    #: lock per entry's key; lbs writes no such key under the consumer lease).
     lock_key_prefix: str
     retry_field: str
     original_field: str
     field_prefix: str
-    #: ``<consumer id>:<instance>``: lock values are ``<token>:<lock owner>``.
+    #: ``<consumer id>:<instance>``: a held value is ``<token>:<lock owner>`` while the lease holds
+    #: its first value (taken again, the lease's value is ``<instance>.<n>``).
     lock_owner: str
-    #: :attr:`lock_key_prefix` as bytes (what the core writes lock keys with).
+    #: :attr:`lock_key_prefix` as bytes.
     lock_prefix: bytes
     #: ``{<service>-input}:``: keyed processing's data streams and key states start with it.
     key_prefix: str
@@ -143,7 +145,7 @@ class Link:
         #: ``host:port`` of the slot's owner (cluster only).
         self.node = node
         sources = scripts.sources()
-        #: The hot paths' own held connections: read-and-lock, finish, heartbeat.
+        #: The hot paths' own held connections: read, finish, heartbeat.
         self.read = Wire(redis, sources, track_id=True)
         self.done = Wire(redis, sources)
         self.beat = Wire(redis, sources)
@@ -194,15 +196,15 @@ class ClientStats:
     them costs an integer add, and nothing is called per assignment.
     """
 
-    #: Streams taken (locked and handed to the application).
+    #: Streams taken (held under the lease and handed to the application).
     taken: int = 0
     #: Streams finished (``done_stream`` or a returning ``run()`` handler), whatever the outcome.
     finished: int = 0
-    #: ... of which with the lock still ours (``DoneStatus.DONE``).
+    #: ... of which still ours (``DoneStatus.DONE``).
     done: int = 0
-    #: ... of which after the lock expired, nobody else having the stream (``LOCK_EXPIRED``).
+    #: ... of which ``LOCK_EXPIRED``: never under the consumer lease (stays 0; kept for compatibility).
     lock_expired: int = 0
-    #: ... of which after the stream was handed on (``LOCK_LOST``).
+    #: ... of which lost: the lease they were read under had lapsed, or they were handed on (``LOCK_LOST``).
     lock_lost: int = 0
     #: ``run()`` handlers that raised (or were cancelled by someone else) ...
     handler_failures: int = 0
@@ -256,7 +258,8 @@ class Holdings:
         self.consumer = names.id
         self._prefix = names.lock_key_prefix
         self.table = HeldTable(f"{names.id}:{lease}", self._prefix)
-        #: Disowned streams by name, newest last: done_stream still finishes them (LOCK_EXPIRED/LOST).
+        #: Disowned streams by name, newest last: done_stream still finishes them (LOCK_LOST, or DONE
+        #: where the entry was still pending to us under the lease it was read under).
         self.tombstones: OrderedDict[str, Held] = OrderedDict()
         #: Set when a slot frees (a stream dropped, or the client closing): the reader reads again.
         self.freed = asyncio.Event()
@@ -316,7 +319,7 @@ class Holdings:
 
     def to_finish(self, items: Iterable[tuple[str, str | None]]) -> list[Held]:
         """What ``done_stream(s)`` finishes: per (stream, entry id), a held assignment or a recently
-        disowned one (then LOCK_EXPIRED or LOCK_LOST); all dropped, or :class:`lbs.NotHeldError` for any
+        disowned one (then mostly LOCK_LOST); all dropped, or :class:`lbs.NotHeldError` for any
         not held, with nothing dropped. A name given twice takes its next held assignment."""
         picked: list[Held] = []
         for stream, entry_id in items:

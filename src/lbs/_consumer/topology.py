@@ -36,9 +36,9 @@ from .state import ClientState, Link
 __all__ = ["KEYSPACE_FLAGS", "Topology"]
 
 #: Keyspace-event flags recovery needs: K (keyspace channel) and x (expired keys).
-# Not g (generic commands, del among them): with it, every lock released by
-# done_stream would also publish a del event to every listener of the service
-# (one message per finished stream).
+# Not g (generic commands, del among them): with it, every name released by
+# done_stream (its holder key deleted) would also publish a del event to every
+# listener of the service (one message per finished stream).
 KEYSPACE_FLAGS = "Kx"
 
 
@@ -180,8 +180,9 @@ class Topology:
             )
         elif policy.startswith("volatile-"):
             s.log.info(
-                "the server's maxmemory-policy is %s: when memory is full Redis may evict live locks "
-                "(their streams are re-queued, nothing is lost); noeviction is the safe policy",
+                "the server's maxmemory-policy is %s: when memory is full Redis may evict live "
+                "consumers' leases (their streams are disowned and put back, nothing is lost); "
+                "noeviction is the safe policy",
                 policy,
             )
 

@@ -6,7 +6,7 @@ Cluster lbs therefore talks to that master through a plain
 ``redis.asyncio.Redis`` built from the cluster node's own connection
 settings (TLS, AUTH and RESP version stay what the application gave the
 cluster client): scripts, batches, blocking reads and the keyspace
-subscription all land on the owner, where the lock keys expire.
+subscription all land on the owner, where the consumers' leases expire.
 """
 
 from __future__ import annotations

@@ -144,8 +144,8 @@ def wake_read(b: CommandBatch, stream: str, wake: str, block_ms: int, nudge: str
 
     One blocking ``XREADGROUP`` of the wake group, COUNT 1 and NOACK (it delivers nothing anyone
     holds: the group only wakes). Redis runs the read-3 behind it the moment it returns (a blocked
-    client's later commands wait), so each XADD wakes one consumer, which reads and locks in the
-    same turn of the server's loop. With ``nudge`` it reads the nudge stream too, where a read that
+    client's later commands wait), so each XADD wakes one consumer, which reads (and holds what it
+    reads) in the same turn of the server's loop. With ``nudge`` it reads the nudge stream too, where a read that
     left entries to idle peers (fair dispatch) wakes them. Its reply (an entry, or nil after
     ``block_ms``) is ignored.
     """
@@ -259,10 +259,13 @@ class DoneCode(enum.IntEnum):
     """Per-entry outputs of ``done-n.lua``."""
 
     DONE = 1
+    #: The lease the entry was read under is gone, or the entry is no longer pending to us: nothing
+    #: acked (the stream may run twice).
     LOCK_LOST = 3
     #: A retried call (its first reply was lost) found the entry already finished.
     ALREADY_DONE = 4
-    #: Beside a Go fleet: our lock (released), but a Go consumer took the entry; nothing acked.
+    #: Beside a Go fleet: a Go consumer took the entry (pending to another consumer, or its Go-style
+    #: lock holds another name); nothing acked.
     TAKEN = 5
 
 
@@ -323,8 +326,9 @@ def requeue(
     ``fields``: names and values, flat, set on the copy (a plugin's, hook ``lbs_hand_back_fields``).
 
     Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
-    DataStreamName) names our Go-style lock, released with ours, and ``min_idle_ms`` (mode "absent":
-    the lock TTL) leaves an entry idle less than that to the Go consumer that just claimed it."""
+    DataStreamName) names our Go-style lock, released with the hand-back, and ``min_idle_ms`` (mode
+    "absent": 1 s, or the lease TTL when shorter) leaves an entry idle less than that to the Go
+    consumer that just claimed it."""
     b.command(
         "EVALSHA",
         REQUEUE.sha,

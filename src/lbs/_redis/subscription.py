@@ -2,9 +2,11 @@
 
 redis-py's ``PubSub`` reads one message per call, each under its own
 timeout, and wraps, routes and logs it: about 40 µs of the client a message.
-Lock expiries come in bursts (a dead holder of 100,000 streams sends 100,000
-``expired`` events within a second or two, to every listening client), and
-at that price the listener alone kept a client's core busy for seconds. Here
+Expiry events can come in bursts (many consumers' leases lapsing at once, or
+beside a Go fleet its Go-style locks, one per held entry: a dead Go holder of
+100,000 streams sends 100,000 ``expired`` events within a second or two, to
+every listening client), and at that price the listener alone would keep a
+client's core busy for seconds. Here
 a subscription is one connection from the pool, opened by redis-py (TLS,
 AUTH, the RESP2/RESP3 handshake), whose bytes are parsed by the core: a read
 of up to 64 KiB yields every message in it as a list, for about 1 µs each.

@@ -46,8 +46,9 @@ __all__ = ["Wire", "fields_text", "first_error", "text"]
 #: The first pause before a batch that met LOADING is sent again (seconds; doubling up to 1).
 LOADING_PAUSE = 0.05
 #: Longest wait for a batch's replies (seconds) before its connection is taken for dead. Far above
-#: what any lbs batch takes (a heartbeat over 100,000 locks: about 0.1 s), so only a connection
-#: that delivers nothing (half-open, a server stopped for that long) reaches it.
+#: what any lbs batch takes (a batch over 100,000 keys, as a heartbeat was under the lock per entry:
+#: about 0.1 s), so only a connection that delivers nothing (half-open, a server stopped for that
+#: long) reaches it.
 REPLY_TIMEOUT = 30.0
 
 

@@ -10,8 +10,8 @@ Exit codes of ``status``, ``claim`` and ``dlq``:
   ACL), or no such service (``status``: its load-balancer stream does not
   exist; ``--json`` still prints the document, with ``"exists": false``);
 * 2: the command line is wrong;
-* 3: done in part (``claim``: some assignment is still locked by a live
-  holder, or could not be claimed; ``dlq``: letters refused, not found, or a
+* 3: done in part (``claim``: some assignment is still held by a live
+  holder, its lease alive, or could not be claimed; ``dlq``: letters refused, not found, or a
   purge not confirmed);
 * 78: a setting is invalid (a Redis URL redis-py cannot use).
 """
@@ -63,7 +63,7 @@ EXIT_USAGE = 2
 #: A setting is invalid, wherever it came from (a file, LBS_<FIELD>, --set, a flag): sysexits' EX_CONFIG.
 EXIT_CONFIG = 78
 
-#: The command ran but did not do all it was asked: a stream still locked, a letter refused or missing.
+#: The command ran but did not do all it was asked: a stream still held, a letter refused or missing.
 EXIT_INCOMPLETE = 3
 
 #: Messages, banners and logs go to stderr; stdout carries only what a command is asked to print.

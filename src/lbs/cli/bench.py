@@ -167,8 +167,9 @@ def bench(
         ),
     ] = False,
 ) -> None:
-    """Time the assignment cycle (read, lock, no-op handler, done): lbs run() against the plain redis-py
-    batched + Lua loop, as make bench does (benchmarks/bench_client.py::bench_assignment_cycle).
+    """Time the assignment cycle (read and take, no-op handler, done): lbs run() against the plain
+    redis-py batched + Lua loop (a lock key per entry), as make bench does
+    (benchmarks/bench_client.py::bench_assignment_cycle).
 
     Each round registers --streams data streams (set-up, not timed) and consumes them. Prints the
     timings per side (the columns of pytest-benchmark's table), client and Redis CPU per assignment

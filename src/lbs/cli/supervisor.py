@@ -6,8 +6,8 @@
   ``<id>-<slot>``; its environment adds ``LBS_WORKER_SLOT`` and
   ``LBS_WORKER_PROCESSES`` (:func:`lbs.plugins.worker_slot`), so a plugin
   serving a port per process offsets it (lbs-prometheus: its port + slot). A restarted child keeps its slot's id, so it re-queues
-  what its predecessor left pending (once the dead one's instance marker has
-  expired, within ``lock_ttl``).
+  what its predecessor left pending (once the dead one's lease has expired,
+  within ``lock_ttl``).
 * Children run in their own session: a terminal's Ctrl-C reaches only the
   supervisor, which forwards it once (a second signal, forwarded too, cuts
   the children's drain short). A child gets SIGTERM if the supervisor dies

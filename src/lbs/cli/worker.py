@@ -327,7 +327,8 @@ def worker(
         typer.Option(
             show_default=False,
             rich_help_panel=_SETTINGS,
-            help="Config.lock_ttl: lock expiry, seconds.",
+            help="Config.lock_ttl: the TTL of the consumer's lease, seconds (a dead consumer's "
+            "streams are recovered after it).",
         ),
     ] = None,
     max_streams: Annotated[

@@ -119,7 +119,7 @@ class Retake:
     #: How it went back (the journal's ``path``: adopted, re-queued, dead-lettered ...).
     path: str
     recovered_ms: int
-    #: The holder's deadline (its lock's expiry, ms of the server's clock); None when not recorded.
+    #: The holder's deadline (its lease's expiry, ms of the server's clock); None when not recorded.
     deadline_ms: int | None
     #: The consumer that recovered it.
     recoverer: str

@@ -46,8 +46,8 @@ class DeadLetter:
 
     @property
     def traceback(self) -> str:
-        """The failure's traceback (its last 8,192 characters), "" when the failure had none (a lost lock,
-        a malformed entry)."""
+        """The failure's traceback (its last 8,192 characters), "" when the failure had none (a holder
+        that died, a malformed entry)."""
         return self.fields.get(self.prefix + "traceback", "")
 
     @property

@@ -22,7 +22,8 @@ from ..exceptions import ServerNotFoundError
 
 Version = tuple[int, ...]
 
-#: Oldest server lbs's own features are built for (XREADGROUP CLAIM).
+#: Oldest server lbs's own features are built for (8.4 brought XREADGROUP CLAIM, which lbs no longer
+#: reads with since the consumer lease).
 MIN_VERSION: Version = (8, 4)
 
 _VERSION_RE = re.compile(rb"v=(\d+(?:\.\d+)*)")

@@ -34,15 +34,15 @@ def _env_seconds(name: str) -> float | None:
 
 
 class ClaimReader:
-    """Answers ``lbs_reader`` with a CLAIM strategy; on a server without CLAIM (Redis < 8.4, Valkey) it steps
-    aside (one warning)."""
+    """Retired: answers ``lbs_reader`` with nothing, whatever the server, after one warning that says so
+    (it answered a CLAIM strategy when lbs held each entry by a lock of its own)."""
 
     def __init__(
         self, min_idle: float | None = None, reconciliation_interval: float | None = None
     ) -> None:
         self.min_idle = min_idle
         self.reconciliation_interval = reconciliation_interval
-        self._warned = False  # the one warning on a server without CLAIM
+        self._warned = False  # the one warning that it is retired
 
     def strategy(self, config: lbs.Config) -> lbs.ReadStrategy:
         """The strategy for a client with ``config`` (validated against its heartbeat)."""

@@ -6,8 +6,8 @@ metric event by label values). Nothing here runs per assignment: the plugin
 registers a started client (a weak reference, so a client dropped by the
 application disappears from the scrape), and :meth:`LbsCollector.collect`
 turns what the clients counted into metric families on the scraping
-thread. The few numbers no client keeps (heartbeat ticks' locks and round
-trips, reader terminations, running or not) the plugin keeps in a
+thread. The few numbers no client keeps (the streams heartbeat ticks kept
+or lost and their round trips, reader terminations, running or not) the plugin keeps in a
 :class:`ClientRecord` from hooks called once per tick or per lifetime.
 
 Two checks read the same records: :meth:`LbsCollector.readiness` (can the
@@ -58,13 +58,15 @@ OWN: Final[tuple[Metric, ...]] = (
     Metric(
         "locks_acquired_total",
         "counter",
-        "Assignment locks the reader took (streams handed to the application).",
+        "Assignments the reader took, held under the consumer's lease (streams handed to the "
+        "application).",
     ),
     Metric(
         "locks_released_total",
         "counter",
         "Assignments finished by done_stream(s) or a returning run() handler, by outcome "
-        "(DONE, LOCK_EXPIRED, LOCK_LOST).",
+        "(DONE, LOCK_LOST: the lease they were read under had lapsed, or they were handed on; "
+        "LOCK_EXPIRED is no longer produced and stays 0).",
         ("status",),
     ),
     Metric(
@@ -80,7 +82,7 @@ OWN: Final[tuple[Metric, ...]] = (
     Metric(
         "streams_disowned_total",
         "counter",
-        "Held streams whose lock the heartbeat found no longer ours.",
+        "Held streams a heartbeat tick found lost with the consumer's lease.",
     ),
     Metric(
         "handler_failures_total",
@@ -108,12 +110,22 @@ OWN: Final[tuple[Metric, ...]] = (
         "gauge",
         "Seconds since the last heartbeat tick went through (since the client started, before the first).",
     ),
-    Metric("heartbeat_locks_extended_total", "counter", "Locks extended by heartbeat ticks."),
-    Metric("heartbeat_locks_lost_total", "counter", "Locks heartbeat ticks found no longer ours."),
+    Metric(
+        "heartbeat_locks_extended_total",
+        "counter",
+        "Held streams kept by heartbeat ticks: each tick that extends the lease adds the streams it "
+        "held (less those lost).",
+    ),
+    Metric(
+        "heartbeat_locks_lost_total",
+        "counter",
+        "Held streams heartbeat ticks found lost with the consumer's lease.",
+    ),
     Metric(
         "heartbeat_tick_seconds",
         "histogram",
-        "Round-trip time of one heartbeat tick holding at least one lock.",
+        "Round-trip time of one heartbeat tick while streams were held (one key, the lease, however "
+        "many).",
     ),
     Metric("held_streams", "gauge", "Data streams the client holds, at scrape time."),
     Metric("client_running", "gauge", "1 between the client's start and close, then 0."),

@@ -9,10 +9,10 @@
 --                         (held, registrations wait) or "+<entry id>" (nobody
 --                         holds it, registrations wait: the oldest of them is
 --                         back in the LBS as that entry). No TTL: a holder is
---                         valid while its entry is pending in the group (the
---                         entry's own lock says by whom); one that is not
---                         pending is stale, and the next registration read
---                         takes the name over.
+--                         valid while its entry is pending in the group (held
+--                         by the lease of the consumer it is pending to); one
+--                         that is not pending is stale, and the next
+--                         registration read takes the name over.
 --   P .. "waiting:" .. N  the registrations waiting for N, a list of LBS entry
 --                         ids, oldest first: each was read while N was held,
 --                         acked without deletion (it stays in the LBS as its

@@ -76,7 +76,7 @@
             the copy). "" or absent: names untouched
   ARGV[22]  optional, beside a Go fleet in mode "absent": the least idle
             time (ms) of an entry it re-queues (the client passes 1 s, or
-            the lock TTL when shorter). The Go
+            the lease TTL when shorter). The Go
             client's Claim moves an entry (XCLAIM, idle reset to 0) and takes
             its Go-style lock one round trip later; an entry of a dead holder
             has been idle at least its lock's TTL (it expired). An entry
@@ -319,7 +319,7 @@ elseif delay > 0 then
 end
 if bad then return {-2, bad} end
 
--- 5. Writes: add, then ack, delete, unlock.
+-- 5. Writes: add, then ack, delete, release (the name, our Go-style lock).
 local code, id
 if dead then
   if ARGV[12] == '1' then
