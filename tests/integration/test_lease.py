@@ -212,3 +212,32 @@ async def test_an_entry_whose_name_key_is_garbage_goes_back_and_runs_once_the_ke
 
 async def _parked(rr: aioredis.Redis, service: str) -> bool:
     return bool(await rr.zcard(lbs._keys.due_key(service)))
+
+
+async def test_an_entry_pending_to_a_live_consumer_that_no_longer_tracks_it_goes_back(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    """A stray (here: read by hand under the consumer's id; in life, a hand-back or a done Redis
+    refused) is held by nobody while the lease lives, and no recovery takes it: the heartbeat puts it
+    back once per reconciliation_interval, no retry counted, and it runs."""
+    c = client(
+        any_server.url,
+        service,
+        lock_ttl=0.5,
+        reconciliation_interval=1.0,
+        recovery=False,
+        max_streams=1,
+    )
+    await c.start()
+    try:
+        await produce(any_server.url, service, "busy")
+        await take(c, 1)  # full: it reads no more till this is done
+        (stray,) = await produce(any_server.url, service, "stray")
+        got = await rr.xreadgroup(group_name(service), c.id, {input_stream(service): ">"}, count=1)
+        assert got and got[0][1][0][0].decode() == stray
+        assert await c.done_stream("busy") is lbs.DoneStatus.DONE
+        (note,) = await take(c, 1, timeout=20)
+        assert (note.stream, note.retry_count) == ("stray", 0) and note.entry_id != stray
+        assert await c.done_stream("stray") is lbs.DoneStatus.DONE
+    finally:
+        await c.close()

@@ -81,6 +81,8 @@ class Heartbeat(Activity, kind="heartbeat"):
         #: Streams disowned when the lease ran out, put back (no retry counted) by the next tick that
         #: reaches Redis: their holder lives, so no deadline will send anyone for them soon.
         self._orphans: list[Held] = []
+        #: When the tick looks again for entries pending to this consumer that it no longer tracks.
+        self._strays_next = time.monotonic() + state.config.reconciliation_interval
         #: Fires at ``lease_until`` whatever the ticks are doing (a cut-off round trip may take long to give up).
         self._lease_timer: asyncio.TimerHandle | None = None
 
@@ -296,7 +298,52 @@ class Heartbeat(Activity, kind="heartbeat"):
         if cfg.hold_warning is not None:
             self._report_overdue(cfg.hold_warning)
         await self.requeue.malformed.retry_undead()
+        if time.monotonic() >= self._strays_next:
+            await self._put_back_strays()
         return len(lost)
+
+    async def _put_back_strays(self) -> None:
+        """Entries pending to this consumer that it no longer tracks (a hand-back or a done Redis
+        refused, a keyed hold dropped after a failure) are held by nobody while its lease lives: no
+        recovery takes them. Once per ``reconciliation_interval``, those idle at least a lease TTL (a
+        read in flight is younger) and neither held, nor being finished or handed back, go back with
+        no retry counted. A failure waits for the next round."""
+        s = self.state
+        n, cfg = s.names, s.config
+        self._strays_next = time.monotonic() + cfg.reconciliation_interval
+        stale: list[str] = []
+        cursor = "-"
+        try:
+            while True:
+                page = await s.link.redis.xpending_range(
+                    n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id,
+                    idle=cfg.lock_ttl_ms,
+                )  # fmt: skip
+                ids = [text(p["message_id"]) for p in page]
+                tracked = self._tracked()
+                stale += [i for i in ids if i not in tracked]
+                if len(page) < OWN_PAGE:
+                    break
+                cursor = "(" + ids[-1]
+            if stale:
+                reason = "pending to this consumer, which no longer held it"
+                back = await self.requeue.recover(
+                    stale, "heartbeat", reason, count_retry=False, mode="owned"
+                )
+                s.log.warning("put back %d of %d streams %s", back, len(stale), reason)
+        except RedisError as exc:
+            s.log.warning(
+                "looking for streams pending to this consumer failed (%s); next round", exc
+            )
+
+    def _tracked(self) -> set[str]:
+        """Entry ids this client tracks: held, being finished, being handed back."""
+        s = self.state
+        return (
+            {h.entry_id for h in s.holdings.table.values()}
+            | {h.entry_id for h in self.finisher.finishing()}
+            | self.requeue.handing_back
+        )
 
     async def _retake(self, holder: str) -> bool:
         """The lease was gone (``holder`` "") or held by another process: take it again, with a new value;
