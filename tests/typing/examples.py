@@ -22,7 +22,7 @@ def codec_example(raw: bytes) -> None:
     name, _info, reason = lbs.try_decode_input(raw)
     if reason is None:
         assert_type(name, str | None)
-    assert_type(lbs.lock_key("svc", "1-0"), str)
+    assert_type(lbs.lease_key("svc", "1-0"), str)
 
 
 def errors_example() -> None:

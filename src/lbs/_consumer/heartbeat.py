@@ -37,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from _lbscore import CommandBatch, Held, HeldTable
 
 from .. import _keys
 from .._redis import scripts
+from .._redis.errors import NoGroupError, classify
 from .._redis.wire import first_error, text
 from .._waits import within
 from ..config import GO_MIN_IDLE
@@ -261,7 +262,7 @@ class Heartbeat(Activity, kind="heartbeat"):
             # Taken again: what it held was put back first. Not taken (another live process runs
             # with this consumer id, or the key is garbage): that one holds what is pending to the id,
             # and nothing is put back or pardoned here.
-            await self._retake(holder)
+            await self._retake(holder, [h.entry_id for h in lost])
             lost_back = True
         if held:  # a tick holding nothing only kept the lease alive
             s.hooks.notify(
@@ -345,12 +346,13 @@ class Heartbeat(Activity, kind="heartbeat"):
             | self.requeue.handing_back
         )
 
-    async def _retake(self, holder: str) -> bool:
+    async def _retake(self, holder: str, disowned: list[str]) -> bool:
         """The lease was gone (``holder`` "") or held by another process: take it again, with a new value;
         True when it was taken (and what was pending to this consumer put back first).
 
-        Every stream held was disowned by the caller: they were read under the lease that lapsed, and
-        recovery may already have handed them to another consumer. What is still pending to this
+        Every stream held was disowned by the caller (``disowned``): they were read under the lease that
+        lapsed, and recovery may already have handed them to another consumer (then it counted a death:
+        pardoned, as the holder lived). What is still pending to this
         consumer (those streams, replies refused as late, dones that came back LOCK_LOST) is put back
         while the lease is gone (mode ``absent``, no retry counted: reads are refused meanwhile, so
         nothing read since is among it), before the lease is taken again; otherwise it would stay
@@ -380,6 +382,12 @@ class Heartbeat(Activity, kind="heartbeat"):
             await self.requeue.lost_while_alive(
                 pending, "lease lost while held (heartbeat missed)", mode="absent"
             )
+        # What it held that is no longer pending to it was taken over by another consumer's recovery,
+        # which counted a death this living holder did not die: pardoned.
+        still = set(pending)
+        taken = [i for i in (*disowned, *(h.entry_id for h in self._orphans)) if i not in still]
+        if taken:
+            await self.requeue.pardon(taken)
         self._orphans.clear()
         # A new value: a write still in flight under the lapsed one (a read, a done) is refused.
         value = s.lease.next()
@@ -401,9 +409,14 @@ class Heartbeat(Activity, kind="heartbeat"):
         ids: list[str] = []
         cursor = "-"
         while True:
-            page = await s.link.redis.xpending_range(
-                n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id
-            )
+            try:
+                page = await s.link.redis.xpending_range(
+                    n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id
+                )
+            except ResponseError as exc:
+                if isinstance(classify(exc), NoGroupError):
+                    return ids  # no group (a restart without persistence): nothing is pending
+                raise
             ids += [text(p["message_id"]) for p in page]
             if len(page) < OWN_PAGE:
                 return ids
