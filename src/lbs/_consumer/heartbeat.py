@@ -273,10 +273,7 @@ class Heartbeat(Activity, kind="heartbeat"):
             )
         # Kept until they are put back: a tick cut short (no answer in time) leaves them to the next.
         orphans = self._orphans[:]
-        if lost_back:
-            lost_ids: list[Held] = []
-        else:
-            lost_ids = lost
+        lost_ids: list[Held] = [] if lost_back else lost
         if lost_ids or orphans:
             # We live, so the consumer deadline index will not send anyone for
             # these: put back the ones still pending to us ourselves. The loss
