@@ -307,22 +307,12 @@ class Heartbeat(Activity, kind="heartbeat"):
         read in flight is younger) and neither held, nor being finished or handed back, go back with
         no retry counted. A failure waits for the next round."""
         s = self.state
-        n, cfg = s.names, s.config
+        cfg = s.config
         self._strays_next = time.monotonic() + cfg.reconciliation_interval
-        stale: list[str] = []
-        cursor = "-"
         try:
-            while True:
-                page = await s.link.redis.xpending_range(
-                    n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id,
-                    idle=cfg.lock_ttl_ms,
-                )  # fmt: skip
-                ids = [text(p["message_id"]) for p in page]
-                tracked = self._tracked()
-                stale += [i for i in ids if i not in tracked]
-                if len(page) < OWN_PAGE:
-                    break
-                cursor = "(" + ids[-1]
+            idle = await self._own_pending(idle_ms=cfg.lock_ttl_ms)
+            tracked = self._tracked()
+            stale = [i for i in idle if i not in tracked]
             if stale:
                 reason = "pending to this consumer, which no longer held it"
                 back = await self.requeue.recover(
@@ -399,8 +389,9 @@ class Heartbeat(Activity, kind="heartbeat"):
         await s.link.redis.set(n.lease_key, value, nx=True, px=s.config.lock_ttl_ms)
         return True
 
-    async def _own_pending(self) -> list[str]:
-        """The ids of every entry pending to this consumer (XPENDING by consumer, a page at a time)."""
+    async def _own_pending(self, idle_ms: int | None = None) -> list[str]:
+        """The ids of every entry pending to this consumer (XPENDING by consumer, a page at a time), or of
+        those idle at least ``idle_ms``."""
         s = self.state
         n = s.names
         ids: list[str] = []
@@ -408,7 +399,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         while True:
             try:
                 page = await s.link.redis.xpending_range(
-                    n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id
+                    n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id, idle=idle_ms
                 )
             except ResponseError as exc:
                 if isinstance(classify(exc), NoGroupError):
