@@ -21,7 +21,7 @@ from _helpers import eventually, take
 
 #: The documented list (docs/operations.md, Minimal ACL): every command lbs sends, scripts' inner commands included.
 COMMANDS = (
-    "+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xadd +xack +xackdel "
+    "+evalsha +script|load +script|exists +xgroup|create +xreadgroup +xadd +xack +xackdel +delex "
     "+xdel +xclaim +xpending +xrange +get +mget +set +del +pexpire +pttl +exists +type "
     "+zadd +zrange +zrem +zscore +time +info +multi +exec +client|id +client|unblock +client|setinfo "
     "+hello +ping +psubscribe +punsubscribe +xlen +xinfo|groups +zremrangebyscore +zremrangebyrank +sadd +srem "
@@ -81,8 +81,10 @@ async def _cycle(url: str, service: str, lock_ttl: float) -> lbs.Client:
 
 def _on(server: Any, commands: str) -> str:
     """``commands`` without those ``server`` lacks (ACL SETUSER refuses a command it does not know), as
-    docs/operations.md says: +xackdel before Redis 8.2 and on Valkey 9.1, +client|setinfo before 7.2."""
+    docs/operations.md says: +xackdel before Redis 8.2 and on Valkey 9.1, +delex before 8.4 and on
+    Valkey 9.1, +client|setinfo before 7.2."""
     lacks = {"+xackdel"} if not server.xackdel else set()
+    lacks |= {"+delex"} if server.version < (8, 4) else set()
     lacks |= {"+client|setinfo"} if server.version < (7, 2) else set()
     return " ".join(c for c in commands.split() if c not in lacks)
 

@@ -41,6 +41,9 @@ holds the value it was read under: :class:`Harness` takes its consumer's lease a
   ``{7, why}`` (an effect stream of another type), with the script's two passes (every check
   before the first write), modes (go, last:n, yield, skip, fail:ms:blame:last:n) and failure
   isolation; effects are XADDed, the id floor raised; not modelled: the ACL.
+* the Lua-free done (Redis >= 8.4, the harness's version): ``XACKDEL`` (1 acked and deleted, -1
+  not pending) and ``DELEX key IFEQ value`` (1, 0, or an error off strings); ``release-1`` but a
+  name with waiters.
 * ``XRANGE key - + COUNT n``: a stream's first n entries (what KeyedRunner sends behind
   fetch-1 and commit-1).
 * the pipeline ``Requeue.pardon`` sends: ``ZADD``, ``ZREMRANGEBYSCORE``, ``ZREMRANGEBYRANK``
@@ -555,6 +558,33 @@ class FakeRedis:
         for m in gone:
             self._zrem(args[0], m)
         return len(gone)
+
+    def _cmd_xackdel(self, keys: list[str], args: list[str]) -> Any:
+        """XACKDEL key group IDS n id...: 1 per id acked (and deleted), -1 per id not pending."""
+        stream, n = args[0], int(args[3])
+        return [1 if self._ack(entry_id, stream) else -1 for entry_id in args[4 : 4 + n]]
+
+    def _cmd_delex(self, keys: list[str], args: list[str]) -> Any:
+        """DELEX key IFEQ value: 1 when the key held value (deleted), else 0; WRONGTYPE off strings."""
+        key, value = args[0], args[2]
+        if self.type_of(key) not in ("none", "string"):
+            return Err("ERR Key should be of string type if conditions are specified")
+        if self.strings.get(key) != value:
+            return 0
+        del self.strings[key]
+        return 1
+
+    def _script_release_1(self, keys: list[str], args: list[str]) -> Any:
+        """release-1.lua: a holder key holding the id is deleted, any other value left alone (a name
+        with waiters to put back is not modelled)."""
+        prefix = args[0]
+        for name, entry_id in zip(args[1::2], args[2::2]):
+            key = f"{prefix}name:{name}"
+            if self.strings.get(key) == entry_id + "+":
+                return Err("ERR the fake wire does not model a name's waiters (release-1)")
+            if self.strings.get(key) == entry_id:
+                del self.strings[key]
+        return 0
 
     # -- done-n.lua ------------------------------------------------------------------
 

@@ -20,7 +20,10 @@ from _fakewire import FakeRedis, Harness, eventually
 
 @pytest.fixture
 async def env(fake: FakeRedis) -> AsyncIterator[tuple[Harness, Finisher]]:
+    """A finisher calling done-n.lua (Redis 8.2: XACKDEL, no DELEX), the contract these tests check;
+    test_done_plain.py checks the Lua-free pipeline against Redis 8.6."""
     h = Harness(fake)
+    h.state.server.version = (8, 2, 0)
     finisher = Finisher(h.state, Topology(h.state, None))
     yield h, finisher
     await finisher.stop()

@@ -161,9 +161,11 @@ async def test_a_key_held_elsewhere_is_finished_unprocessed_and_a_lost_one_dropp
     env.runner.dispatch(lost, note)
     await within(env.state.wait_finished(1), 5)
     assert calls == []
-    (done,) = fake.calls("done-n")
+    (done,) = fake.calls("XACKDEL")
+    assert done.args[4:] == [busy.entry_id]
     name_holder = f"{env.h.names.key_prefix}name:busy"  # the name goes as its holder key
-    assert done.args[-1] == name_holder and busy.entry_id not in fake.pending  # finished, not run
+    assert [c.args[0] for c in fake.calls("DELEX")] == [name_holder]
+    assert busy.entry_id not in fake.pending  # finished, not run
     assert env.state.stats.lock_lost == 1 and len(env.state.holdings) == 0
     assert fake.calls("commit-1") == []
     assert env.prefix + "m:lost" not in fake.hashes and lost.entry_id in fake.pending  # untouched

@@ -44,10 +44,10 @@ def test_every_script_file_is_registered() -> None:
     ("part", "users"),
     [
         ("_fence", {"read-3", "reap-4"}),
-        ("_names", {"read-3", "done-n", "requeue-6", "promote-4"}),
+        ("_names", {"read-3", "done-n", "release-1", "requeue-6", "promote-4"}),
         ("_acl", {"publish-1", "fetch-1", "commit-1"}),
         ("_keyed", {"fetch-1", "commit-1"}),
-        ("_checks", set(NAMES) - {"done-n", "leave-3", "fetch-1"}),
+        ("_checks", set(NAMES) - {"done-n", "release-1", "leave-3", "fetch-1"}),
         ("_time", set(NAMES) - {"fetch-1", "leave-3"}),
     ],
 )
@@ -194,6 +194,7 @@ _CALLS = {
     "read-3": "scripts.read(",
     "extend-n": "scripts.extend(",
     "done-n": "scripts.done(",
+    "release-1": "scripts.release(",
     "requeue-6": "scripts.requeue(",
     "promote-4": "scripts.promote(",
     "reap-4": "scripts.reap(",

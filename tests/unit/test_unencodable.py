@@ -58,8 +58,8 @@ async def test_done_sets_an_unencodable_stream_aside_and_finishes_its_neighbours
         assert one == two == [DoneStatus.DONE]
         assert isinstance(failed, DataError) and "bad\\ud800name" in str(failed)
         assert "surrogates not allowed" in str(failed)
-        (call,) = fake.calls("done-n")  # the neighbours, in one call
-        assert call.args[7:9] == [a.entry_id, b.entry_id]
+        (call,) = fake.calls("XACKDEL")  # the neighbours, in one call
+        assert call.args[4:] == [a.entry_id, b.entry_id]
         assert bad.entry_id in fake.pending  # untouched: recovered once the lease is gone
         assert h.metrics["done_failures_total"] == 1
         assert finisher.finishing() == []

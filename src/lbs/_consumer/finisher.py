@@ -1,8 +1,12 @@
-"""Finishing streams: ack + delete + release the name, batched into one ``done-n.lua`` call, retried until answered.
+"""Finishing streams: ack + delete + release the name, batched into one round trip, retried until answered.
 
 Every concurrent ``done_stream`` (a ``run()`` with many handlers) joins the
 next batch: one round trip per batch on the link's ``done`` wire, however
-many streams finish at once. A done is a commitment: if the connection or
+many streams finish at once. On Redis >= 8.4 the batch is a pipeline of plain
+commands (``XACKDEL`` and a ``DELEX ... IFEQ`` per name; a name registrations
+wait for takes a second, rare round trip to ``release-1.lua``); on 7.x, Valkey
+and beside a Go fleet it is one ``done-n.lua`` call (:mod:`lbs._redis.done`).
+A done is a commitment: if the connection or
 the server fails, the batch is sent again (flagged as a retry, so an entry
 a lost call finished reads ALREADY_DONE) with back-off until Redis
 answers, while the heartbeat keeps the lease alive (the client stays up until
@@ -14,8 +18,8 @@ At steady rates the calls are paced: while what waits is short
 without waiting for Redis), a call follows the previous one no sooner than
 :data:`LINGER` later, so a stream that finishes alone goes at once but a
 steady flow of finishes shares one call per ``LINGER`` instead of paying one
-each (a ``done-n.lua`` call costs Redis about as much for one entry as for
-ten). An awaited finish (``done_stream``), a long queue or a stop goes at once.
+each (a call costs Redis about as much for one entry as for ten). An awaited
+finish (``done_stream``), a long queue or a stop goes at once.
 """
 
 from __future__ import annotations
@@ -116,7 +120,9 @@ class Finisher(Activity, kind="finisher"):
     def lease_lost(self) -> None:
         """The lease lapsed while this process lived: what waits to be finished (queued, or waiting to be
         sent again) was read under it, and may be another consumer's by now; none of it is sent (each
-        reads LOCK_LOST). A call already sent carries the lapsed lease's value: Redis refuses it."""
+        reads LOCK_LOST). A call already sent finishes what is still pending to us (nobody else has it:
+        recovery re-queues a copy under a new id), or reads LOCK_LOST where a re-queue came first
+        (``done-n.lua`` refuses it whole: it carries the lapsed lease's value)."""
         waiting, self._queue, self._retry = [*self._retry, *self._queue], [], []
         for h, fut in waiting:
             if fut is None:
@@ -132,7 +138,6 @@ class Finisher(Activity, kind="finisher"):
 
     async def _main(self) -> None:
         s = self.state
-        n = s.names
         backoff = Backoff(s.config.read_retry_initial, s.config.read_retry_max)
         while True:
             if not self._queue and not self._retry:
@@ -148,27 +153,20 @@ class Finisher(Activity, kind="finisher"):
             del queue[:DONE_BATCH]
             ids = [h.entry_id for h, _ in batch]
             streams = [h.stream for h, _ in batch]
-            lease = s.lease.value  # what they were read under (lease_lost() fails what was not)
-            xackdel = s.server.xackdel
-
             go = (
                 [_keys.go_lock_key(h.stream, h.entry_id) for h, _ in batch]
                 if s.config.go_compatible
                 else None
             )
-
-            wire = s.link.done
+            plain = go is None and s.server.plain_done
             try:
                 try:
-                    build = _done(n, lease, ids, streams, xackdel, retrying, go)
-                    (reply,) = first_error(await wire.execute(build))
+                    codes = await self._send(ids, streams, retrying, go, plain)
                 except RedisConnectionError:
                     # The connection failed with the call in flight: it may have
                     # run. Send it once more on a fresh connection, saying so.
                     retrying = True
-                    build = _done(n, lease, ids, streams, xackdel, retrying, go)
-                    (reply,) = first_error(await wire.execute(build))
-                codes = scripts.done_codes(reply)
+                    codes = await self._send(ids, streams, retrying, go, plain)
             except asyncio.CancelledError:
                 self._inflight = []
                 for _, fut in batch:
@@ -179,7 +177,7 @@ class Finisher(Activity, kind="finisher"):
                 # The core could not encode the call, so nothing was sent: what cannot be encoded alone
                 # is set aside and fails alone, the rest goes in the next call at once.
                 self._inflight = []
-                kept = self._set_aside(batch, xackdel, go is not None)
+                kept = self._set_aside(batch, go is not None, plain)
                 if len(kept) < len(batch):
                     queue[:0] = kept
                     continue
@@ -240,17 +238,16 @@ class Finisher(Activity, kind="finisher"):
             elif not fut.done():
                 fut.set_exception(err)
 
-    def _set_aside(self, batch: list[_Item], xackdel: bool, go: bool) -> list[_Item]:
+    def _set_aside(self, batch: list[_Item], go: bool, plain: bool) -> list[_Item]:
         """The items of a call the core could not encode that it encodes alone, to be sent again; each
         other one fails alone, with the reason (logged, or its waiter gets a :class:`lbs.DataError`):
         it stays pending (the entry judge keeps such names out, so this is a second wall)."""
         s = self.state
-        n = s.names
 
         def call(b: CommandBatch, i: int) -> None:
             h = batch[i][0]
             go_keys = [_keys.go_lock_key(h.stream, h.entry_id)] if go else None
-            _done(n, s.lease.value, [h.entry_id], [h.stream], xackdel, False, go_keys)(b)
+            self._writer([h.entry_id], [h.stream], False, go_keys, plain)(b)
 
         bad = unencodable(len(batch), call)
         for i, why in bad.items():
@@ -271,6 +268,60 @@ class Finisher(Activity, kind="finisher"):
                     )
                 )
         return [item for i, item in enumerate(batch) if i not in bad]
+
+    async def _send(
+        self, ids: list[str], streams: list[str], retrying: bool, go: list[str] | None, plain: bool
+    ) -> list[int]:
+        """Finish one batch in Redis (``retrying``: a call for it may have run already); a code each."""
+        s = self.state
+        n = s.names
+        replies = await s.link.done.execute(self._writer(ids, streams, retrying, go, plain))
+        if not plain:
+            (reply,) = first_error(replies)
+            return scripts.done_codes(reply)
+        codes, waited, refused = scripts.plain_codes(replies, _name_keys(n, streams), retrying)
+        if refused:
+            i, exc = next(iter(refused.items()))
+            # Finished all the same; the name's next registration takes it over (its holder is no
+            # longer pending), at the cost of a script call.
+            s.log.warning(
+                "releasing %d names failed (%s: %s, for %r); they are taken over when registered "
+                "again",
+                len(refused),
+                type(exc).__name__,
+                exc,
+                streams[i],
+            )
+        if waited:
+            # Registrations wait for these names: hand each on to its oldest waiter (the rare path).
+            pairs = [(streams[i], ids[i]) for i in waited]
+            try:
+                first_error(
+                    await s.link.done.execute(
+                        lambda b: scripts.release(b, n.stream_key, n.key_prefix, pairs)
+                    )
+                )
+            except (RedisError, OSError) as exc:
+                # Finished all the same; promote-4.lua's sweep hands the names on within its recheck.
+                s.log.warning(
+                    "handing on %d names registrations wait for failed (%s); the waiting sweep "
+                    "will",
+                    len(pairs),
+                    exc,
+                )
+        return codes
+
+    def _writer(
+        self, ids: list[str], streams: list[str], retrying: bool, go: list[str] | None, plain: bool
+    ) -> Callable[[CommandBatch], None]:
+        """What finishes ``ids``: the Lua-free pipeline (``plain``) or one ``done-n.lua`` call."""
+        s = self.state
+        n = s.names
+        if plain:
+            keys = _name_keys(n, streams)
+            return lambda b: scripts.plain_done(b, n.stream_key, n.group, ids, keys)
+        # Under the lease they were read under (lease_lost() fails what was not).
+        return _done(n, s.lease.value, ids, streams, s.server.xackdel, retrying, go)
 
     async def _linger(self) -> bool:
         """Wait (True) when the queue may join the next call: too soon after the last one, short,
@@ -330,6 +381,12 @@ class Finisher(Activity, kind="finisher"):
         for _, fut in unsent:
             if fut is not None and not fut.done():
                 fut.set_exception(gone)
+
+
+def _name_keys(n: Names, streams: list[str]) -> list[str]:
+    """The name holder key of each stream's DataStreamName ("" where names are not held)."""
+    prefix = f"{n.key_prefix}name:" if n.key_prefix else ""
+    return [f"{prefix}{name}" if prefix and name else "" for name in streams]
 
 
 def _done(

@@ -386,7 +386,8 @@ class Heartbeat(Activity, kind="heartbeat"):
             len(pending),
             value,
         )
-        await s.link.redis.set(n.lease_key, value, nx=True, px=s.config.lock_ttl_ms)
+        if await s.link.redis.set(n.lease_key, value, nx=True, px=s.config.lock_ttl_ms):
+            s.lease.took()
         return True
 
     async def _own_pending(self, idle_ms: int | None = None) -> list[str]:

@@ -152,6 +152,7 @@ class Reader(Activity, kind="reader"):
                         wait = block_ms if then in (scripts.DRAINED, scripts.SHARE_TAKEN) else 0
                         sent = self._send(asked, ">", wait)
                     then = scripts.READ_AGAIN  # what a take that fails leaves: read again
+                    refused_under = s.lease.takes  # the take a refused read was sent under, at most
                     then = await self._take(sent, ">", partial(read_ahead, asked=asked))
                 except asyncio.CancelledError:
                     raise
@@ -160,7 +161,7 @@ class Reader(Activity, kind="reader"):
                         # The lease lapsed (a stall, a partition): nothing was read. The heartbeat's
                         # next tick takes it again; read again soon, not counted as a failed read.
                         s.log.debug("read refused: %s; reading again once the lease is back", exc)
-                        await wait_set(s.stopping, cfg.heartbeat_every / 4)
+                        await s.lease.taken_after(refused_under, cfg.heartbeat_every / 4)
                         continue
                     if isinstance(classify(exc), NoGroupError):
                         s.log.warning(

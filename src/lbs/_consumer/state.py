@@ -32,6 +32,7 @@ from ..notifications import Mailbox, Notification
 from ..plugins import Hooks
 from ..strategy import ReadStrategy
 from .journal import Journal
+from .lease import Lease
 
 __all__ = [
     "ClientState",
@@ -183,6 +184,11 @@ class Server:
         return self.version >= (8, 2)
 
     @property
+    def plain_done(self) -> bool:
+        """XACKDEL and ``DELEX ... IFEQ`` exist (Redis >= 8.4; not Valkey 9.1): done needs no Lua."""
+        return self.version >= (8, 4)
+
+    @property
     def msetex(self) -> bool:
         """MSETEX exists, with Redis 8.4's syntax and all-or-none NX (Redis >= 8.4, Valkey >= 9.1)."""
         return self.version >= (8, 4) or self.valkey >= (9, 1)
@@ -223,27 +229,6 @@ class ClientStats:
     handler_seconds: Histogram = field(default_factory=Histogram)
     #: Messages committed by ``run_keyed()`` handlers.
     keyed_messages: int = 0
-
-
-class Lease:
-    """This process's lease value: what ``{<service>-input}:lease:<id>`` holds while the process holds
-    it, its instance nonce at start, ``<instance nonce>.<n>`` when it takes the lease an n-th time
-    (after it lapsed while the process lived). Each take has its own value, so a write built under a
-    lapsed take (a read, a done, a hand-back still in flight) is refused by the scripts: what was
-    read under it may be another consumer's by now."""
-
-    def __init__(self, instance: str) -> None:
-        self.instance = instance
-        self.takes = 1
-
-    @property
-    def value(self) -> str:
-        return self.instance if self.takes == 1 else f"{self.instance}.{self.takes}"
-
-    def next(self) -> str:
-        """The value of the next take."""
-        self.takes += 1
-        return self.value
 
 
 class Holdings:

@@ -6,7 +6,8 @@ contract (its source as sent, with the shared parts included:
 :mod:`lbs._redis.sources`). Here each script has one builder that writes its
 ``EVALSHA`` into a :class:`_lbscore.CommandBatch` (KEYS and ARGV in the
 header's order, commented per position) and, where its output is coded, the
-enum of those codes; the keyed API's three (``publish-1``, ``fetch-1``,
+enum of those codes; the done path's (``done-n``, ``release-1`` and the Lua-free pipeline) are in
+:mod:`lbs._redis.done`, the keyed API's three (``publish-1``, ``fetch-1``,
 ``commit-1``) are in :mod:`lbs._redis.keyed_scripts` and named here too. Every
 script has exactly one caller module in ``lbs._consumer`` (named on its
 builder), but ``publish-1``, which ``lbs.publisher`` calls through redis-py
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 from _lbscore import CommandBatch, Shape
 
+from .done import DONE, RELEASE, DoneCode, done, done_codes, plain_codes, plain_done, release
 from .keyed_scripts import (
     COMMIT,
     FETCH,
@@ -40,9 +42,11 @@ from .sources import Script, load, source
 
 __all__ = [
     "COMMIT",
+    "DONE",
     "FETCH",
     "NO_DELAY",
     "PUBLISH",
+    "RELEASE",
     "SCRIPTS",
     "CommitCode",
     "DoneCode",
@@ -52,24 +56,27 @@ __all__ = [
     "RetryDelay",
     "Script",
     "commit",
+    "done",
     "done_codes",
     "fail_delay",
     "fail_mode",
     "fetch",
+    "plain_codes",
+    "plain_done",
     "publish",
     "publish_args",
+    "release",
     "source",
     "sources",
 ]
 
 READ = load("read-3")
 EXTEND = load("extend-n")
-DONE = load("done-n")
 REQUEUE = load("requeue-6")
 PROMOTE = load("promote-4")
 REAP = load("reap-4")
 LEAVE = load("leave-3")
-SCRIPTS = (READ, EXTEND, DONE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT)
+SCRIPTS = (READ, EXTEND, DONE, RELEASE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT)
 
 
 def sources() -> list[str]:
@@ -195,78 +202,6 @@ def extend(
         lease,  # ARGV[4] the lease's value
         *go_args,  # ARGV[5..] beside a Go fleet
     )
-
-
-# ------------------------------------------------------------------ done-n ---
-# Caller: lbs._consumer.finisher.
-
-
-def done(
-    b: CommandBatch,
-    stream: str,
-    lease_key: str,
-    entry_ids: list[str],
-    names: list[str],
-    group: str,
-    consumer: str,
-    lease: str,
-    key_prefix: str,
-    xackdel: bool,
-    retrying: bool,
-    go_keys: list[str] | None = None,
-) -> None:
-    """Finish a batch held under ``lease``: KEYS the LBS and this consumer's lease; ARGV: group, the XACKDEL
-    flag, the retry flag, the key prefix (names released; "": untouched), our consumer name, the lease
-    value, the Go flag, the entry ids, the name holder keys of their DataStreamNames (``<key
-    prefix>name:<name>``, written by the core; "" for an entry without a name), and beside a Go fleet
-    each entry's Go-style lock key (``go_keys``; an entry a Go consumer took is ``DoneCode.TAKEN``). The
-    reply is one digit per entry: :func:`done_codes` reads it."""
-    head = (
-        group,
-        1 if xackdel else 0,
-        1 if retrying else 0,
-        key_prefix,
-        consumer,
-        lease,
-        0 if go_keys is None else 1,
-    )
-    b.evalsha_locks(
-        DONE.sha,
-        (stream, lease_key),
-        b"",
-        entry_ids,
-        head,
-        tail=go_keys,
-        names=names,
-        name_prefix=f"{key_prefix}name:".encode() if key_prefix else b"",
-        lock_keys=False,
-    )
-
-
-#: done-n.lua's digits ("0" .. "9") as the codes 0 .. 9.
-_DIGITS = bytes.maketrans(b"0123456789", bytes(range(10)))
-
-
-def done_codes(reply: bytes | str) -> list[int]:
-    """``done-n.lua``'s reply, one digit per entry in the call's order, as a ``DoneCode`` value each."""
-    raw = reply.encode() if isinstance(reply, str) else reply
-    if not isinstance(raw, bytes) or (raw and not raw.isdigit()):
-        raise TypeError(f"done-n replied {reply!r}, not one digit per entry")
-    return list(raw.translate(_DIGITS))
-
-
-class DoneCode(enum.IntEnum):
-    """Per-entry outputs of ``done-n.lua``."""
-
-    DONE = 1
-    #: The lease the entry was read under is gone, or the entry is no longer pending to us: nothing
-    #: acked (the stream may run twice).
-    LOCK_LOST = 3
-    #: A retried call (its first reply was lost) found the entry already finished.
-    ALREADY_DONE = 4
-    #: Beside a Go fleet: a Go consumer took the entry (pending to another consumer, or its Go-style
-    #: lock holds another name); nothing acked.
-    TAKEN = 5
 
 
 # --------------------------------------------------------------- requeue-6 ---
