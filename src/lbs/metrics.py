@@ -107,8 +107,8 @@ METRICS: Final[Mapping[str, Metric]] = _table(
     Metric(
         "recovery_adopted_total",
         "counter",
-        "Dead holders' entries the deadline poll adopted: moved to this client, held by its lease with a "
-        "fresh token, in the same step that found them, with no copy and no second read.",
+        "No longer incremented: recovery re-queues dead holders' entries under new ids instead of "
+        "adopting them (issue 44); kept until the metric is removed.",
         ("path",),
     ),
     Metric(

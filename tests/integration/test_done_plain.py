@@ -153,7 +153,7 @@ def test_plain_codes_reads_a_retry_and_the_names_left_to_release() -> None:
     keys = ["{s-input}:name:a", "", "{s-input}:name:c"]
     replies: list[Any] = [[1, -1, 1], 0, 1]
     assert scripts.plain_codes(replies, keys, retrying=False) == ([1, 3, 1], [0], {})
-    assert scripts.plain_codes([[-1, -1, 1], 0, 0], keys, retrying=True) == ([4, 4, 1], [0, 2], {})
+    assert scripts.plain_codes([[-1, -1, 1], 0, 0], keys, retrying=True) == ([4, 4, 1], [2], {})
     with pytest.raises(TypeError):
         scripts.plain_codes([[1], 1], keys, retrying=False)
     refused = ResponseError("NOGROUP")

@@ -159,6 +159,18 @@ class Finisher(Activity, kind="finisher"):
                 else None
             )
             plain = go is None and s.server.plain_done
+            if plain and any(_read_under(h) != s.lease.value for h, _ in batch):
+                # Read under a lapsed take of the lease (disowned since): lost without a word to Redis
+                # (the Lua-free done checks no lease; what such an entry was is put back or taken).
+                self._inflight = []
+                gone = [item for item in batch if _read_under(item[0]) != s.lease.value]
+                queue[:0] = [item for item in batch if _read_under(item[0]) == s.lease.value]
+                for h, fut in gone:
+                    if fut is None:
+                        self._finished_one(h, DoneCode.LOCK_LOST)
+                    elif not fut.done():
+                        fut.set_result(int(DoneCode.LOCK_LOST))
+                continue
             try:
                 try:
                     codes = await self._send(ids, streams, retrying, go, plain)
@@ -381,6 +393,11 @@ class Finisher(Activity, kind="finisher"):
         for _, fut in unsent:
             if fut is not None and not fut.done():
                 fut.set_exception(gone)
+
+
+def _read_under(h: Held) -> str:
+    """The lease value the stream was read under (its held value is ``<token>:<id>:<lease value>``)."""
+    return h.value.rpartition(":")[2]
 
 
 def _name_keys(n: Names, streams: list[str]) -> list[str]:

@@ -341,9 +341,9 @@ class Heartbeat(Activity, kind="heartbeat"):
         lapsed, and recovery may already have handed them to another consumer (then it counted a death:
         pardoned, as the holder lived). What is still pending to this
         consumer (those streams, replies refused as late, dones that came back LOCK_LOST) is put back
-        while the lease is gone (mode ``absent``, no retry counted: reads are refused meanwhile, so
-        nothing read since is among it), before the lease is taken again; otherwise it would stay
-        pending under the new lease, held by nobody. Another live process with our consumer id keeps
+        while the lease is gone (mode ``absent``, no retry counted; a read's take is refused meanwhile,
+        and what it read is put back by the reader once the lease is back), before the lease is taken
+        again; otherwise it would stay pending under the new lease, held by nobody. Another live process with our consumer id keeps
         the lease; this one is told loudly and tries again next tick.
         """
         s = self.state
@@ -358,6 +358,11 @@ class Heartbeat(Activity, kind="heartbeat"):
                 s.lease.value,
                 n.lease_key,
             )
+            if s.lease.held == s.lease.takes:
+                # What it held (disowned) and what waits to be finished are not its own: a done of them
+                # is refused here (the Lua-free done checks no lease), and reads wait for a take.
+                self.finisher.lease_lost()
+                s.holdings.renew(s.lease.next())
             return False
         if holder:
             s.hooks.metric("wrong_type_keys_total", 1)

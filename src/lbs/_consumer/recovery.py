@@ -173,11 +173,7 @@ class Recovery(Activity):
 
         adopter = self.adopter
         # Beside a Go fleet every entry goes back through requeue-6.lua, which checks Go-style locks.
-        room = (
-            0
-            if adopter is None or cfg.go_compatible
-            else min(cfg.deadline_batch, adopter.adoption_room())
-        )
+        room = 0  # no adoption: an id stays pending to its reader alone (Lua-free done)
 
         def build(b: CommandBatch) -> None:
             scripts.reap(
@@ -224,8 +220,16 @@ class Recovery(Activity):
                 await adopter.adopt(entries, tokens, sent)
         finally:
             s.adopting -= room
-        requeued = await self.requeue.recover(
-            s.journal.holders(gone, found, len(entries)),  # the ids, and who held them
+        held = s.journal.holders(gone, found, len(entries))  # the ids, and who held them
+        # Our own, found while this process lives (its lease lapsed in a stall): not a death.
+        own = {i: v for i, v in held.items() if v[0] == n.id}
+        requeued = 0
+        if own:
+            requeued += await self.requeue.recover(
+                own, path, f"this consumer's lease lapsed ({path})", count_retry=False
+            )
+        requeued += await self.requeue.recover(
+            {i: v for i, v in held.items() if v[0] != n.id},
             path,
             f"lease expired ({path}: deadline passed)",
         )

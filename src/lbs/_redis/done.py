@@ -100,9 +100,10 @@ def plain_codes(
             freed = next(dels, None)
             if isinstance(freed, Exception):
                 refused[i] = freed
-            # 0: the key held another value. After our ack (or a retry's) that is "<id>+", someone
-            # waits: release-1.lua hands the name on (it leaves any other value alone).
-            if freed == 0 and codes[i] != DoneCode.LOCK_LOST:
+            # 0: the key held another value. After our ack that is "<id>+", someone waits:
+            # release-1.lua hands the name on (it leaves any other value alone). A retry that finds
+            # the entry already finished finds its name released by the call it retries.
+            if freed == 0 and codes[i] == DoneCode.DONE:
                 held.append(i)
     return codes, held, refused
 
