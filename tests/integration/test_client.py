@@ -15,7 +15,7 @@ import lbs
 from lbs._keys import consumers_key, lease_key, tokens_prefix
 from lbs._redis.scripts import source
 from lbs.embedded import RedisServer, find_redis_server
-from lbs.testing import abandon, probe
+from lbs.testing import abandon, freeze, probe
 
 from _helpers import client, eventually, is_true, produce, take
 
@@ -183,6 +183,7 @@ async def test_same_consumer_id_cannot_touch_what_another_process_holds(
     await first.start()
     try:
         (old,) = await take(first, 1)
+        await freeze(first)  # a stalled process: its lease lapses, it reads nothing meanwhile
         await rr.delete(first.lease_key)
         await second.start()
         # Its startup recovery put back what was pending to "pod" (its lease was gone); it reads it.

@@ -1,29 +1,26 @@
-"""The reader: read assignments under this consumer's lease in one ``read-3.lua`` call, and hand them out.
+"""The reader: read assignments under this consumer's lease with plain commands, and hand them out.
 
 What the reader reads is pending to this consumer in the group, and held exactly while its lease
-(``{<service>-input}:lease:<id>``) lives: ``read-3.lua`` reads only under the lease it holds (a
-lapsed lease refuses the read, ``LeaseLostError``, and the reader tries again once the heartbeat
-took it back), with one fencing token per batch. Each batch is parsed in the compiled core (entries
-come back as ``Entry`` objects); good entries become held streams and go to the runner (under
-``run()``) or the mailbox as STREAM_ADDED; malformed ones are dead-lettered.
+(``{<service>-input}:lease:<id>``) lives. A read is an ``XREADGROUP`` (blocking in Redis when the
+last one drained the group: one XADD wakes one waiting reader, which reads in the same turn of the
+server's loop) and the take (:class:`~lbs._consumer.take.Taker`: one ``MULTI`` that checks the lease,
+takes the batch's fencing token and its names). A take under a lease not this process's holds
+nothing (``LeaseLostError``): the reader reads again once the heartbeat took the lease back. Each
+batch is parsed in the compiled core (entries come back as ``Entry`` objects); good entries become
+held streams and go to the runner (under ``run()``) or the mailbox as STREAM_ADDED; malformed ones are
+dead-lettered.
 
-After a full batch the next read is sent before the batch is handed out
-(when capacity allows both), so Redis reads the next batch while this one is
-dispatched. A read that drained the group is followed by a wait and a read in
-one write: a blocking ``XREADGROUP`` of the wake group (``<service>-wake``,
-NOACK, one entry) and the ``read-3.lua`` call behind it, which Redis runs the
-moment the wait returns. So an XADD wakes one consumer, which reads in the same
-turn of the server's loop: one round trip per wake-up, as a plain
-``XREADGROUP BLOCK`` loop has. A read that fair dispatch left short (its share
-taken) waits the same way: the script nudged the idle peers it left the rest
-to (an entry each in ``{<service>-input}:nudge``, which every wait reads
-beside the LBS). ``CLIENT UNBLOCK`` wakes the wait at shutdown
-(the read behind it still runs, and what it takes is handed back).
+After a full batch the next read is sent before the batch is handed out (when capacity allows
+both), so Redis reads the next batch while this one is dispatched. Fair dispatch
+(``Config.fair_dispatch``): a blocking read takes two (a trickle's read looks at nobody), and a read
+after a full one first asks for this consumer's share (:meth:`Taker.share`); a share taken waits for
+one of its own slots to free, or :data:`SHARE_RECHECK`. ``CLIENT UNBLOCK`` wakes a blocking read at
+shutdown. A reply whose connection failed may have delivered entries: the next read re-reads this
+consumer's pending entries (``read-3.lua``) and takes them.
 
-Each reply goes to :class:`~lbs._consumer.intake.Intake`, which refuses a
-reply read too late to start its entries (a frozen process: the local lease
-ran out). The wait is capped at half the local lease so that a reply read on
-time always passes.
+Each batch goes to :class:`~lbs._consumer.intake.Intake`, which refuses a batch read too late to
+start its entries (a frozen process: the local lease ran out). The wait is capped at half the local
+lease so that a reply read on time always passes.
 """
 
 from __future__ import annotations
@@ -35,11 +32,11 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from _lbscore import CommandBatch, Entry
 
-from .._redis import scripts
+from .._redis import reads, scripts
 from .._redis.connection import cancel_and_wait
 from .._redis.errors import LeaseLostError, NoGroupError, classify
 from .._redis.wire import REPLY_TIMEOUT
@@ -52,20 +49,20 @@ from .intake import Dispatch, Intake
 from .requeue import Requeue
 from .runner import start_task
 from .state import ClientState
+from .take import Taker
 from .topology import Topology
 
 __all__ = ["Reader"]
 
-#: How long a reader that nudges woke IDLE_NUDGES times in a row to find its share still taken (and
-#: nothing to take) pauses before it waits again.
-SHARE_PAUSE, IDLE_NUDGES = 0.01, 3
+#: How long a reader whose fair share is taken waits (for a slot of its own to free) before it looks
+#: at its peers again (seconds).
+SHARE_RECHECK = 0.05
+#: What a blocking read asks for under fair dispatch: one more than a trickle brings, so that a
+#: reply of two says more waits (and the next read looks at the peers first).
+FAIR_WAKE = 2
 
-
-def _nudge_in(woke: Any, nudge: str) -> bool:
-    """Whether a wait's reply (``XREADGROUP``'s, read generically) is an entry of the nudge stream."""
-    key = nudge.encode()
-    streams = woke.keys() if isinstance(woke, dict) else woke if isinstance(woke, list) else ()
-    return any((s[0] if isinstance(s, (list, tuple)) and s else s) == key for s in streams)
+#: What a read's task gives: its entries, one token each, and what to do next.
+_Batch = tuple[list[Entry], list[Any], bytes]
 
 
 class Reader(Activity, kind="reader"):
@@ -91,12 +88,11 @@ class Reader(Activity, kind="reader"):
         #: The send time (monotonic) of the earliest write whose reply was lost (inf: not known, the
         #: re-read's own send time stands).
         self._lost_sent = math.inf
-        self._sent_at: dict[asyncio.Task[list[Any]], float] = {}  # each read in flight: when sent
-        self._reads: dict[
-            asyncio.Task[list[Any]], int
-        ] = {}  # reads of new entries in flight: how many each asked
+        #: Makes each batch ours: the lease, the token, the names (plain commands).
+        self.taker = Taker(state, requeue)
+        self._sent_at: dict[asyncio.Task[_Batch], float] = {}  # each read in flight: when sent
+        self._reads: dict[asyncio.Task[_Batch], int] = {}  # reads of new entries in flight: asked
         self._tracked: set[str] = set()  # what was ours when the last re-read was sent
-        self._idle_nudges = 0  # reads in a row a nudge woke that took nothing, their share taken
 
     async def _main(self) -> None:
         s = self.state
@@ -109,7 +105,7 @@ class Reader(Activity, kind="reader"):
         block_ms = max(1, int(min(cfg.read_block, REPLY_TIMEOUT / 2, lease / 2) * 1000))
         then = scripts.READ_AGAIN  # what the last read said to do next
         # A read sent ahead, before the previous batch was dispatched: (reply task, count asked).
-        ahead: tuple[asyncio.Task[list[Any]], int] | None = None
+        ahead: tuple[asyncio.Task[_Batch], int] | None = None
 
         def read_ahead(got: int, asked: int) -> None:
             nonlocal ahead
@@ -133,23 +129,29 @@ class Reader(Activity, kind="reader"):
                             freed = s.holdings.freed
                             freed.clear()
                             if s.free_slots() <= 0:
+                                await self.taker.flush_record()
                                 await wait_set(freed, cfg.read_block)
                             continue
+                        if self.taker.stranded and s.lease.held == s.lease.takes:
+                            # A refused take left these pending to us, held by nobody: back, now
+                            # that the lease is ours.
+                            await self.taker.put_back_stranded()
                         if self.reply_lost:
                             # The last read's reply never arrived: the entries it
                             # delivered are in our pending list, held by our lease.
                             # Take them (with their recorded token) before reading more.
                             await self._take(self._send(s.capacity + s.read_count, "0"), "0")
                             self.reply_lost, self._lost_sent = False, math.inf
-                        if self._idle_nudges >= IDLE_NUDGES:
-                            # Nudge after nudge woke it to find its share still taken: its own
-                            # nudges, perhaps, left for a peer that counts as idle but waits nowhere
-                            # (one that just died, until its lease lapses). No busy loop.
-                            await wait_set(s.stopping, SHARE_PAUSE)
+                        if then == scripts.SHARE_TAKEN:
+                            # Fair dispatch left what waits to idle peers: look again once a
+                            # slot of ours frees, or soon (a peer that looked idle may not read).
+                            freed = s.holdings.freed
+                            freed.clear()
+                            await self.taker.flush_record()
+                            await wait_set(freed, SHARE_RECHECK)
                         asked = min(s.read_count, free)
-                        # Drained, or fair dispatch left what waits to the idle peers it nudged:
-                        # wait in the wake group, which an XADD or a nudge wakes.
-                        wait = block_ms if then in (scripts.DRAINED, scripts.SHARE_TAKEN) else 0
+                        # Drained: wait in Redis (a blocking XREADGROUP) for the next XADD.
+                        wait = block_ms if then == scripts.DRAINED else 0
                         sent = self._send(asked, ">", wait)
                     then = scripts.READ_AGAIN  # what a take that fails leaves: read again
                     refused_under = s.lease.takes  # the take a refused read was sent under, at most
@@ -161,7 +163,11 @@ class Reader(Activity, kind="reader"):
                         # The lease lapsed (a stall, a partition): nothing was read. The heartbeat's
                         # next tick takes it again; read again soon, not counted as a failed read.
                         s.log.debug("read refused: %s; reading again once the lease is back", exc)
-                        await s.lease.taken_after(refused_under, cfg.heartbeat_every / 4)
+                        # Held by another process under our id (a duplicate): until its lease lapses.
+                        other = str(exc).strip() not in ("LEASE", "")
+                        await s.lease.taken_after(
+                            refused_under, cfg.lock_ttl if other else cfg.heartbeat_every / 4
+                        )
                         continue
                     if isinstance(classify(exc), NoGroupError):
                         s.log.warning(
@@ -174,6 +180,10 @@ class Reader(Activity, kind="reader"):
                             continue
                         except RedisError as again:
                             exc = again  # type: ignore[assignment]
+                    if s.lease.held == s.lease.takes:
+                        await (
+                            self.taker.put_back_stranded()
+                        )  # a refused take: nothing of it is held
                     failures += 1
                     if not await self._failed(exc, failures, backoff):
                         return
@@ -198,56 +208,81 @@ class Reader(Activity, kind="reader"):
                 self.lose_reply(self._sent_at.pop(ahead[0], math.inf))
                 ahead[0].cancel()
 
-    def _send(self, count: int, start: str, wait_ms: int = 0) -> asyncio.Task[list[Any]]:
-        """Send one ``read-3.lua`` call: read up to ``count`` entries, held under our lease.
-
-        With ``wait_ms``, a wait in the wake group (up to that long) goes
-        first in the same write, and the read runs when it returns. The
-        request is written before this returns (the task's first step runs at
-        once); the task's result is the batch's replies.
-        """
-        s = self.state
-        n = s.names
-        args = (
-            n.stream_key,
-            n.fence_key,
-            n.lease_key,
-            n.group,
-            n.id,
-            count,
-            s.lease.value,
-            start,
-            n.queued_key if self.dispatch is None else "",
-            n.key_prefix,
-            s.config.fair_window_ms,
-            n.wake_group if start == ">" else "",
-            n.nudge_key if start == ">" and s.config.fair_dispatch else "",
-            n.tokens_key,
-        )
-
-        def build(b: CommandBatch) -> None:
-            if wait_ms:
-                scripts.wake_read(b, n.stream_key, n.wake_group, wait_ms, n.nudge_key)
-            scripts.read(b, *args)
-
+    def _send(self, count: int, start: str, wait_ms: int = 0) -> asyncio.Task[_Batch]:
+        """Start reading up to ``count`` entries: new ones (">", with plain commands: an ``XREADGROUP``
+        that waits up to ``wait_ms`` in Redis for one, then the take), or our own pending ones again
+        ("0", after a lost reply: ``read-3.lua``). The first write goes out before this returns (the
+        task's first step runs at once); the task's result is the batch."""
         # Before sending: sending can yield, and stop() must see that a wait is under way.
         self.blocked = wait_ms > 0
         sent = time.monotonic()
-        # Re-reading our own pending entries ("0") takes nothing: safe to send twice.
-        task = start_task(
-            asyncio.get_running_loop(),
-            s.link.read.execute(build, s.parser, retry_safe=start != ">"),
-            "lbs-read",
-        )
+        coro = self._read_new(count, wait_ms) if start == ">" else self._reread(count)
+        task = start_task(asyncio.get_running_loop(), coro, "lbs-read")
         self._sent_at[task] = sent
         if start == ">":
-            self._reads[task] = count  # until taken: not room for an adoption
+            self._reads[task] = count
         else:
             # What is ours now (held, being finished or handed back) is not the lost reply's: a
             # stream finished while the re-read is under way is gone from all three by the time
-            # its reply is read, though the re-read may still list it.
+            # its reply is read, though the re-read may still list it. Stranded entries are re-read.
             self._tracked = self._ours()
+            self.taker.stranded.clear()
         return task
+
+    async def _read_new(self, count: int, wait_ms: int) -> _Batch:
+        """One read of new entries and its take (see :mod:`lbs._consumer.take`)."""
+        s = self.state
+        n = s.names
+        cfg = s.config
+        then_if_full = scripts.READ_AGAIN
+        if wait_ms:
+            if cfg.fair_dispatch:
+                count = min(count, FAIR_WAKE)  # a trickle: no look at the peers
+        elif cfg.fair_dispatch:
+            share = await self.taker.share(count)
+            if share <= 0:
+                return [], [], scripts.SHARE_TAKEN
+            if share < count:
+                count, then_if_full = share, scripts.SHARE_TAKEN
+        recorded = False
+
+        def build(b: CommandBatch) -> None:
+            nonlocal recorded
+            recorded = self.taker.record(b)
+            reads.read(b, n.stream_key, n.group, n.id, count, wait_ms)
+
+        try:
+            replies = await s.link.read.execute(build, s.parser)
+        finally:
+            self.blocked = False
+        if recorded:
+            self.taker.recorded(replies[0])
+        entries = replies[-1]
+        if isinstance(entries, Exception):
+            raise entries
+        then = scripts.DRAINED if len(entries) < count else then_if_full
+        if not entries:
+            return [], [], then
+        return entries, await self.taker.take(entries, self.dispatch is None), then
+
+    async def _reread(self, count: int) -> _Batch:
+        """Our own pending entries again (a read's reply was lost): ``read-3.lua`` lists them with the
+        tokens their reads recorded (fresh ones where none did), then their names are taken one by
+        one (the lost take may not have taken them)."""
+        s = self.state
+        n = s.names
+        args = (n.stream_key, n.fence_key, n.lease_key, n.group, n.id, count, s.lease.value, "0")
+        replies = await s.link.read.execute(
+            lambda b: scripts.read(b, *args, tokens=n.tokens_key), s.parser, retry_safe=True
+        )
+        reply = replies[-1]
+        if isinstance(reply, Exception):
+            raise reply
+        entries, tokens, _ = reply
+        tokens = list(tokens)
+        if entries:
+            await self.taker.names_of(entries, tokens)
+        return entries, tokens, scripts.READ_AGAIN
 
     def _skipped(self, start: str) -> set[str] | tuple[()]:
         """What a take must not take again: on a re-read ("0"), what we track now or did when it was sent."""
@@ -263,52 +298,37 @@ class Reader(Activity, kind="reader"):
 
     async def _take(
         self,
-        sent: asyncio.Task[list[Any]],
+        sent: asyncio.Task[_Batch],
         start: str,
         before_dispatch: Callable[[int], None] | None = None,
     ) -> bytes:
-        """Take the replies of a :meth:`_send`: its entries become held streams.
+        """Take the batch of a :meth:`_send`: its entries become held streams.
 
         Returns what to do next (``scripts.READ_AGAIN``, ``DRAINED``,
         ``SHARE_TAKEN``). ``before_dispatch(n)`` runs once ``n`` entries are
         in, before they are handed out (to send the next read).
         """
-        waited = False
         sent_at = self._sent_at.get(sent, math.inf)
         if start != ">":
             sent_at = min(sent_at, self._lost_sent)  # a re-read takes what the lost reply held
         try:
             try:
-                replies = await sent
+                entries, tokens, then = await sent
+            except ResponseError:
+                raise  # Redis answered: nothing was lost (a take's refusal strands its entries)
             except BaseException:
-                # Wire returns server errors as values: anything raised here (I/O,
-                # cancellation) may have lost a reply whose entries are now pending to us.
+                # I/O or cancellation: a reply may be lost whose entries are now pending to us.
                 self.lose_reply(sent_at)
                 raise
             finally:
                 self.blocked = False
-            reply = replies[-1]
-            waited = len(replies) > 1
-            nudged = waited and _nudge_in(replies[0], self.state.names.nudge_key)
-            if isinstance(reply, NoScriptError) and waited:
-                # The wait ran, the read did not (a SCRIPT FLUSH, a failover): load and read again.
-                await self.state.link.read.load_scripts()
-                return scripts.READ_AGAIN
-            if isinstance(reply, Exception):
-                raise reply
-            raw_entries, tokens, then = reply
-            idle = nudged and not raw_entries and bytes(then) == scripts.SHARE_TAKEN
-            self._idle_nudges = self._idle_nudges + 1 if idle else 0
-            if raw_entries:
+            if entries:
                 if before_dispatch is not None:
-                    before_dispatch(len(raw_entries))
+                    before_dispatch(len(entries))
                 await self.intake.hand_out(
-                    raw_entries, tokens, start, sent_at, self.dispatch, self._skipped(start)
+                    entries, tokens, start, sent_at, self.dispatch, self._skipped(start)
                 )
-            if waited and isinstance(replies[0], Exception):
-                # The wait failed (NOGROUP: the wake group is gone), the read did not.
-                raise replies[0]
-            return bytes(then)
+            return then
         finally:
             self._reads.pop(sent, None)
             self._sent_at.pop(sent, None)

@@ -38,6 +38,7 @@ from .keyed_scripts import (
     publish,
     publish_args,
 )
+from .reads import FENCE, NAMES
 from .sources import Script, load, source
 
 __all__ = [
@@ -76,7 +77,21 @@ REQUEUE = load("requeue-6")
 PROMOTE = load("promote-4")
 REAP = load("reap-4")
 LEAVE = load("leave-3")
-SCRIPTS = (READ, EXTEND, DONE, RELEASE, REQUEUE, PROMOTE, REAP, LEAVE, PUBLISH, FETCH, COMMIT)
+SCRIPTS = (
+    READ,
+    EXTEND,
+    DONE,
+    RELEASE,
+    NAMES,
+    FENCE,
+    REQUEUE,
+    PROMOTE,
+    REAP,
+    LEAVE,
+    PUBLISH,
+    FETCH,
+    COMMIT,
+)
 
 
 def sources() -> list[str]:

@@ -152,6 +152,9 @@ class Wire:
         self._track_id = track_id
         #: The CLIENT ID of the connection batches go out on (``track_id``), None before the first.
         self.client_id: int | None = None
+        #: How many connections this wire opened: a caller that must do something once per
+        #: connection (the reader floors the fencing counter) compares it with the count it saw.
+        self.connects = 0
         self._redis = redis
         self._scripts = list(scripts)
         self._conn: Any = None
@@ -257,6 +260,7 @@ class Wire:
             if not conn.is_connected or self._reader is None:
                 self.client_id = None
                 await conn.connect()
+                self.connects += 1
                 if self._track_id:
                     await conn.send_command("CLIENT", "ID")
                     self.client_id = int(await conn.read_response())
