@@ -182,11 +182,18 @@ class Taker:
             self.stranded += ids
             raise LeaseLostError(f"LEASE {held or ''}".rstrip())
         token = took.token
-        if isinstance(token, Exception):
-            self.stranded += ids
-            raise token
-        if token < reads.TOKEN_FLOOR or (floor and took.error is not None):
-            token = await self._floor_and_take()
+        if (
+            isinstance(token, Exception)
+            or not reads.TOKEN_FLOOR <= token < reads.TOKEN_CEILING
+            or (floor and took.error is not None)
+        ):
+            # The counter was lost, is of another type or past 2^53, or the floor failed: fence-1.lua
+            # floors it, or says what is wrong with it ("LBSKEY <key> ...").
+            try:
+                token = await self._floor_and_take()
+            except ResponseError:
+                self.stranded += ids
+                raise
         tokens: list[Any] = [token] * len(entries)
         if named and not (at_once and took.names):
             try:
@@ -206,7 +213,9 @@ class Taker:
         (floored,) = first_error(await wire.execute(lambda b: reads.floor(b, n.fence_key)))
         self._floored = wire.connects
         (token,) = first_error(await wire.execute(lambda b: b.command("INCRBY", n.fence_key, 1)))
-        s.log.warning("the fencing counter %s was lost; floored at %s", n.fence_key, floored)
+        s.log.warning(
+            "the fencing counter %s was floored at %s (lost, or behind)", n.fence_key, floored
+        )
         return int(token)
 
     async def names_of(self, entries: Sequence[Entry], tokens: list[Any]) -> None:

@@ -30,7 +30,18 @@ from _lbscore import CommandBatch, Shape
 
 from .sources import load
 
-__all__ = ["FENCE", "NAMES", "TOKEN_FLOOR", "Take", "floor", "names", "read", "take", "take_reply"]
+__all__ = [
+    "FENCE",
+    "NAMES",
+    "TOKEN_CEILING",
+    "TOKEN_FLOOR",
+    "Take",
+    "floor",
+    "names",
+    "read",
+    "take",
+    "take_reply",
+]
 
 NAMES = load("names-1")
 FENCE = load("fence-1")
@@ -38,6 +49,8 @@ FENCE = load("fence-1")
 #: Every token is at least the server time in microseconds when its counter was floored (10^15 is
 #: 2001): a smaller one means the counter was lost.
 TOKEN_FLOOR = 10**15
+#: Tokens stay below 2^53, exact in a double (Lua's numbers, JSON's).
+TOKEN_CEILING = 2**53
 
 
 def read(
