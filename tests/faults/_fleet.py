@@ -138,8 +138,9 @@ class Recorder:
     def __init__(self) -> None:
         self.runs: list[Run] = []
         self.labels: dict[int, str] = {}  # id(client) -> label
-        self.done: dict[tuple[str, int], lbs.DoneStatus] = {}  # (label, token) -> status
-        self.disowned: set[tuple[str, int]] = set()
+        # Keyed by (label, entry id): a hold (a batch shares its token among its streams).
+        self.done: dict[tuple[str, str], lbs.DoneStatus] = {}  # (label, entry id) -> status
+        self.disowned: set[tuple[str, str]] = set()
         self.dead_lettered: list[tuple[str, str, str]] = []  # (label, entry id, reason)
         self.handed_back: list[
             tuple[str, str, str, bool, float]
@@ -162,12 +163,12 @@ class Recorder:
         self.closed[self.label(client)] = time.monotonic()
 
     @lbs.hookimpl
-    def lbs_lock_released(self, client: Any, token: int, status: lbs.DoneStatus) -> None:
-        self.done[(self.label(client), token)] = status
+    def lbs_lock_released(self, client: Any, entry_id: str, status: lbs.DoneStatus) -> None:
+        self.done[(self.label(client), entry_id)] = status
 
     @lbs.hookimpl
-    def lbs_stream_disowned(self, client: Any, token: int) -> None:
-        self.disowned.add((self.label(client), token))
+    def lbs_stream_disowned(self, client: Any, entry_id: str) -> None:
+        self.disowned.add((self.label(client), entry_id))
 
     @lbs.hookimpl
     def lbs_stream_dead_lettered(self, client: Any, entry_id: str, reason: str) -> None:
@@ -210,7 +211,7 @@ class Recorder:
     # -- judging -------------------------------------------------------------------
 
     def status(self, run: Run) -> lbs.DoneStatus | None:
-        return self.done.get((run.consumer, run.token))
+        return self.done.get((run.consumer, run.entry_id))
 
     def completed(self, run: Run) -> bool:
         """The run returned and was not told it lost its hold (its done said DONE, LOCK_EXPIRED, or nothing)."""
@@ -220,7 +221,7 @@ class Recorder:
         """The run was told it lost the lock (cancelled, disowned, or done said LOCK_LOST)."""
         return (
             run.outcome == "cancelled"
-            or (run.consumer, run.token) in self.disowned
+            or (run.consumer, run.entry_id) in self.disowned
             or self.status(run) is lbs.DoneStatus.LOCK_LOST
         )
 
@@ -604,7 +605,7 @@ class Fleet:
         return (
             f"[{r.consumer} token {r.token} retry {r.retry_count} {r.outcome} "
             f"{status.name if status else 'no-done'}"
-            f"{' disowned' if (r.consumer, r.token) in self.rec.disowned else ''}]"
+            f"{' disowned' if (r.consumer, r.entry_id) in self.rec.disowned else ''}]"
         )
 
 

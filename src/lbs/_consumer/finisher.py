@@ -118,13 +118,42 @@ class Finisher(Activity, kind="finisher"):
         return statuses
 
     def lease_lost(self) -> None:
-        """The lease lapsed while this process lived: what waits to be finished (queued, or waiting to be
-        sent again) was read under it, and may be another consumer's by now; none of it is sent (each
-        reads LOCK_LOST). A call already sent finishes what is still pending to us (nobody else has it:
-        recovery re-queues a copy under a new id), or reads LOCK_LOST where a re-queue came first
-        (``done-n.lua`` refuses it whole: it carries the lapsed lease's value)."""
-        waiting, self._queue, self._retry = [*self._retry, *self._queue], [], []
-        for h, fut in waiting:
+        """The lease lapsed while this process lived: what waits to be finished was read under it, and
+        may be another consumer's by now, so none of it is sent. What was never sent reads LOCK_LOST
+        (nothing was acked; recovery or the heartbeat puts it back). A batch sent whose reply was lost
+        (waiting to be sent again) may have run before the lease lapsed, or a re-queue came first: no
+        call can tell which now (the entry is gone either way), so its outcome is unknown: its waiter
+        gets a :class:`lbs.RedisOperationError` saying so, a handler's stream is logged and reported
+        to no hook. A call in flight finishes what is still pending to us (nobody else has it:
+        recovery re-queues a copy under a new id), or reads LOCK_LOST where a re-queue came first."""
+        sent, unsent = self._retry, self._queue
+        self._queue, self._retry = [], []
+        self._lose(unsent)
+        if not sent:
+            return
+        s = self.state
+        s.log.warning(
+            "the lease lapsed while Redis had not answered the done of %d streams: each was finished, "
+            "or put back for another consumer (which, no call can tell now): %s",
+            len(sent),
+            ", ".join(h.stream for h, _ in sent[:10]) + (" ..." if len(sent) > 10 else ""),
+        )
+        unknown = RedisOperationError(
+            "done_stream",
+            RedisConnectionError(
+                "Redis did not answer and the lease lapsed: the stream was finished, or put back for "
+                "another consumer"
+            ),
+        )
+        for h, fut in sent:
+            if fut is None:
+                s.count_finished()
+            elif not fut.done():
+                fut.set_exception(unknown)
+
+    def _lose(self, items: list[_Item]) -> None:
+        """Each item reads LOCK_LOST (its waiter's result, or a handler's stream reported so)."""
+        for h, fut in items:
             if fut is None:
                 self._finished_one(h, DoneCode.LOCK_LOST)
             elif not fut.done():
@@ -165,11 +194,7 @@ class Finisher(Activity, kind="finisher"):
                 self._inflight = []
                 gone = [item for item in batch if _read_under(item[0]) != s.lease.value]
                 queue[:0] = [item for item in batch if _read_under(item[0]) == s.lease.value]
-                for h, fut in gone:
-                    if fut is None:
-                        self._finished_one(h, DoneCode.LOCK_LOST)
-                    elif not fut.done():
-                        fut.set_result(int(DoneCode.LOCK_LOST))
+                self._lose(gone)
                 continue
             try:
                 try:
