@@ -145,7 +145,7 @@ class Finisher(Activity, kind="finisher"):
                 "another consumer"
             ),
         )
-        for h, fut in sent:
+        for _, fut in sent:
             if fut is None:
                 s.count_finished()
             elif not fut.done():
