@@ -2,8 +2,9 @@
 [--cluster] [--paths deadline,keyspace]``.
 
 For each trial a consumer process takes a stream and is killed with SIGKILL;
-the time from the kill to the stream being back (the rescuer's STREAM_ADDED
-when it adopts it, or STREAM_EXPIRED when it re-queues it into the LBS) is
+the time from the kill to the stream being back (the rescuer's STREAM_EXPIRED
+when it re-queues it into the LBS under a new id, or STREAM_ADDED when it takes
+the copy, whichever it hears first) is
 measured on a rescuer that runs one recovery path only:
 
 * ``deadline``: the deadline poller (keyspace listener off);

@@ -229,9 +229,8 @@ cdef class HeldTable:
         are the record's), ``token`` the lock's fencing token,
         ``retry_count`` the failed attempts so far and ``taken_at`` when it
         was taken (a monotonic time). ``queued``: it waits for the
-        application and the script that delivered it put it in the
-        consumer's queued set (``read-3.lua`` never puts a claimed entry
-        there, ``reap-4.lua`` puts every adopted one: the caller says).
+        application and the read that delivered it put it in the
+        consumer's queued set (the caller says).
         """
         cdef Held h
         if entry.error is not None or entry.stream is None:

@@ -210,8 +210,8 @@ def tokens_prefix(service: str) -> str:
     """The prefix of the consumers' token records, ``{<service>-input}:tokens:``; one is this plus a
     consumer id.
 
-    A hash per consumer, for ``lbs status``: each batch it read or adopted (one fencing token each,
-    shared by the batch's entries) as a field, its value the lease value it was taken under, then
+    A hash per consumer, for ``lbs status``: each batch it read (one fencing token each, shared by the
+    batch's entries) as a field, its value the lease value it was taken under, then
     ``|<first id>..<last id>`` (a read: a range of the stream) or ``|<id> <id> ...``; the consumer
     deletes a field once it finished the batch.
     """

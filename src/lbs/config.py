@@ -156,7 +156,7 @@ class Config:
     #: arrives.
     keyspace_recovery: bool = True
     #: Fast path 2: the deadline index is polled at its earliest deadline, and assignments
-    #: whose holder's deadline passed are adopted or re-queued (independent of when Redis
+    #: whose holder's deadline passed are re-queued (independent of when Redis
     #: expires keys). This is the shortest pause between two polls; an idle client polls
     #: only every ``max(0.5 s, lock_ttl / 4, 2 x this)`` (half the gap its stall test allows;
     #: 2.5 s by default), the keyspace listener waking it at once when a lease expires.

@@ -14,7 +14,7 @@ and ``consumer`` (who wrote it), then the kind's own, all text:
                           ``Config.journal_interval`` while one is not zero): ``done``
                           (streams finished), ``failed`` (handlers that raised or timed
                           out), ``dead_lettered``, ``recovered`` (streams its recovery
-                          put back or adopted), ``keyed`` (keyed messages committed),
+                          put back), ``keyed`` (keyed messages committed),
                           ``unlisted`` (failures past the per-flush bound, counted only
                           here), ``dropped`` (events it could not write), ``interval_ms``
 ``failed``                a handler raised or timed out: ``stream``, ``entry_id``,
@@ -27,8 +27,7 @@ and ``consumer`` (who wrote it), then the kind's own, all text:
                           ``new_entry_id``, ``retry_count``, ``path`` (``deadline``,
                           ``keyspace``, ``scan``, ``startup``, ``claim``, ``heartbeat``),
                           ``deadline_ms`` (the holder's deadline, server ms; empty when
-                          unknown), ``adopted`` (``1``: the writer took the entry over itself,
-                          ``new_entry_id`` is ``entry_id``; ``0``: re-queued as a fresh entry)
+                          unknown)
 ``retaken``               the writer took a re-queued copy (a retry, or a dead holder's
                           stream): ``stream``, ``entry_id`` (the copy's), ``original_id``
                           (the registration's first entry), ``retry_count``, ``token``
@@ -38,8 +37,8 @@ and ``consumer`` (who wrote it), then the kind's own, all text:
 
 An event's time is its id's (the server's clock). A recovery's story: the
 ``recovered`` events name the holder and its deadline; the ``retaken`` event
-whose ``entry_id`` is a ``recovered`` event's ``new_entry_id`` (or, for an
-``adopted`` one, its writer) names who took the stream over, and when.
+whose ``entry_id`` is a ``recovered`` event's ``new_entry_id`` names who took
+the stream over, and when.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ def lbs_lock_acquired(client: Client, stream: str, entry_id: str, token: int) ->
     :param client: the client.
     :param stream: the data stream's name.
     :param entry_id: the LBS entry id.
-    :param token: the fencing token of the read (or adoption) that took it, shared by its batch.
+    :param token: the fencing token of the read that took it, shared by its batch.
 
     .. versionadded:: 0.1
     """

@@ -105,13 +105,6 @@ METRICS: Final[Mapping[str, Metric]] = _table(
         "while it held them.",
     ),
     Metric(
-        "recovery_adopted_total",
-        "counter",
-        "No longer incremented: recovery re-queues dead holders' entries under new ids instead of "
-        "adopting them (issue 44); kept until the metric is removed.",
-        ("path",),
-    ),
-    Metric(
         "consumers_forgotten_total",
         "counter",
         "Departed consumers (nothing pending, idle past Config.forget_consumers_after) deleted from the group.",

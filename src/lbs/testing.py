@@ -97,7 +97,7 @@ class Probe:
 
     def lose_read_reply(self) -> None:
         """As if the last read's reply were lost: the next read re-reads this consumer's pending
-        entries first (and adopts them)."""
+        entries first (and takes them again)."""
         self.reader.lose_reply()
 
     def stop_reading(self) -> None:

@@ -16,7 +16,6 @@ from lbs._keys import (
     group_name,
     input_stream,
     lease_prefix,
-    queued_prefix,
     reaped_key,
 )
 from lbs._redis.scripts import source
@@ -37,12 +36,9 @@ async def eventually(
         await asyncio.sleep(every)
 
 
-async def reap(
-    r: Any, service: str, adopter: str = "", room: int = 0, queues: str = "0", lease: str = "n"
-) -> list[Any]:
+async def reap(r: Any, service: str, tokens_prefix: str = "") -> list[Any]:
     """One ``reap-4.lua`` call by its source (100 entries at most, stall threshold 60 s, grace 1 s):
-    adoption by ``adopter`` ("": none) with ``room`` when its lease holds ``lease`` (set it first),
-    ``queues`` "1" when the adopter queues what it takes."""
+    ``[gone, next_ms]``, plus ``holders, deadlines`` once some consumer was due."""
     return await r.eval(  # type: ignore[no-any-return]
         source("reap-4"),
         4,
@@ -55,11 +51,7 @@ async def reap(
         100,
         60_000,
         1_000,
-        adopter,
-        room,
-        lease,
-        queued_prefix(service),
-        queues,
+        tokens_prefix,
     )
 
 

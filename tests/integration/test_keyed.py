@@ -774,13 +774,13 @@ async def test_a_holder_that_died_counts_as_a_failed_hold_blamed_once_its_messag
     assert fourth == [1, 4, b"", 3, 0, ids[2].encode()]
 
 
-async def test_a_key_adopted_from_a_dead_holder_with_its_entry_counts_the_death_against_its_message(
+async def test_a_key_whose_entry_moved_under_its_id_counts_the_death_against_its_message(
     url: str, service: str, rr: aioredis.Redis
 ) -> None:
-    """Recovery moves a dead holder's entry to the next holder with its id (reap-4.lua's adoption:
-    XCLAIM to the adopter, a new token): fetch-1 counts the dead hold as failed, as it does under
-    another entry, so a message whose holders keep dying reaches the limit alone; a fetch sent again
-    under the same hold (its reply lost) counts nothing."""
+    """An entry moved from a dead holder to the next with its id (XCLAIM, a new token; lbs's own
+    recovery re-queues under a new id instead): fetch-1 counts the dead hold as failed, as it does
+    under another entry, so a message whose holders keep dying reaches the limit alone; a fetch sent
+    again under the same hold (its reply lost) counts nothing."""
     from lbs._redis.scripts import source
 
     stream, prefix, leases, group = (
@@ -796,8 +796,8 @@ async def test_a_key_adopted_from_a_dead_holder_with_its_entry_counts_the_death_
     entry = raw.decode()
     await rr.set(leases + "c1", "n", px=60_000)
 
-    async def adopt(token: int) -> None:
-        """Holder c<token - 1> dies (its lease is gone); c<token> adopts its entry under its lease."""
+    async def move(token: int) -> None:
+        """Holder c<token - 1> dies (its lease is gone); its entry moves to c<token>, under its lease."""
         await rr.delete(leases + f"c{token - 1}")
         await rr.set(leases + f"c{token}", "n", px=60_000)
         await rr.xclaim(stream, group, f"c{token}", 0, [entry])
@@ -820,12 +820,12 @@ async def test_a_key_adopted_from_a_dead_holder_with_its_entry_counts_the_death_
 
     until = ids[2].encode()
     assert await fetch(1) == [0, 0, b""]
-    # c1 died; c2 adopts the entry under token 2: c1 had up to 3 messages.
-    await adopt(2)
+    # c1 died; the entry moves to c2 under token 2: c1 had up to 3 messages.
+    await move(2)
     assert await fetch(2) == [0, 1, until]
     assert await fetch(2) == [0, 1, until]  # sent again: the same hold, nothing counted
     for token, fails in ((3, 2), (4, 3), (5, 4)):
-        await adopt(token)
+        await move(token)
         # Died with the first message alone: blamed; at 1 + max_retries (3) the runner dead-letters it.
         assert await fetch(token) == [fails, 0, until]
 

@@ -14,9 +14,9 @@ import redis.asyncio as aioredis
 
 import lbs
 import lbs._keys
-from lbs._keys import fence_key, group_name, input_stream
+from lbs._keys import consumers_key, fence_key, group_name, input_stream, name_holder
 from lbs._redis.scripts import source
-from lbs.testing import abandon
+from lbs.testing import abandon, freeze
 
 from _helpers import client, eventually, produce, take
 
@@ -165,37 +165,43 @@ async def test_a_clean_close_deletes_the_lease(
     assert await rr.exists(key) == 0
 
 
-async def test_a_done_built_under_a_lapsed_lease_cannot_ack_what_another_consumer_adopted(
-    any_server: Any, service: str, rr: aioredis.Redis
+async def test_a_zombies_ack_of_its_old_id_leaves_the_copy_a_live_peer_recovered(
+    redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    """c1's lease lapses, c2 adopts its entry; c1 takes its lease again. A done c1 built before (in
-    flight, say) carries the lapsed lease's value: Redis acks nothing of c2's."""
-    await produce(any_server.url, service, "x")
-    r = aioredis.from_url(any_server.url)
+    """c1 stalls (nothing of it reaches Redis) and its lease lapses; c2's recovery puts its entry back
+    under a NEW id and c2 takes the copy. What c1's Lua-free done sends once it wakes, XACKDEL of its
+    old id and DELEX of the name IFEQ that id, neither acks nor deletes c2's entry, which stays pending
+    to c2, nor frees the name c2 holds."""
+    url = redis_server.url
+    await produce(url, service, "x")
+    # Its own recovery off: the peer's alone finds the entry.
+    zombie = client(url, service, "c1", lock_ttl=60, heartbeat_interval=50, recovery=False)
+    peer = client(url, service, "c2", lock_ttl=60, heartbeat_interval=50)
+    await zombie.start()
     try:
-        await r.xgroup_create(input_stream(service), group_name(service), "0", mkstream=True)
-        c1, c2 = lbs.lease_key(service, "c1"), lbs.lease_key(service, "c2")
-        await r.set(c1, "n1")
-        read = [input_stream(service), fence_key(service), c1, group_name(service), "c1", 10]
-        ((entry_id, _),), _, _ = await r.eval(source("read-3"), 3, *read, "n1", ">")
-        await r.delete(c1)  # lapsed: c2 adopts (XCLAIM, as reap-4 does)
-        await r.set(c2, "n2")
-        await r.xclaim(input_stream(service), group_name(service), "c2", 0, [entry_id])
-        await r.set(c1, "n1.2")  # c1 takes its lease again, under a new value
-        done = [
-            input_stream(service),
-            c1,
-            group_name(service),
-            1 if any_server.version >= (8, 2) else 0,
-        ]
-        reply = await r.eval(source("done-n"), 2, *done, 0, "", "c1", "n1", 0, entry_id, "")
-        assert reply == b"3"
-        pending = await r.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
+        (old,) = await take(zombie, 1)
+        await freeze(zombie)  # SIGSTOP-like: no heartbeat, no reads
+        await r.delete(lbs.lease_key(service, zombie.id))  # its lease lapsed
+        await r.zadd(consumers_key(service), {zombie.id: 1})  # and its deadline passed
+        await peer.start()  # room for many: it would take the entry over under its id if it adopted
+        (copy,) = await take(peer, 1, timeout=20)
+        assert copy.stream == "x" and copy.entry_id != old.entry_id  # a new id
+        assert (
+            copy.retry_count == 1
+        )  # taken by the application (running): a death counted, as before
+        stream, group, name = input_stream(service), group_name(service), name_holder(service, "x")
+        assert await r.execute_command("XACKDEL", stream, group, "IDS", 1, old.entry_id) == [-1]
+        assert await r.execute_command("DELEX", name, "IFEQ", old.entry_id) == 0
+        pending = await r.xpending_range(stream, group, "-", "+", 10)
         assert [(p["message_id"].decode(), p["consumer"].decode()) for p in pending] == [
-            (entry_id.decode(), "c2")
+            (copy.entry_id, peer.id)
         ]
+        assert len(await r.xrange(stream, copy.entry_id, copy.entry_id)) == 1
+        assert await r.get(name) == copy.entry_id.encode()
+        assert await peer.done_stream("x") is lbs.DoneStatus.DONE
     finally:
-        await r.aclose()
+        await peer.close()
+        await zombie.close()
 
 
 async def test_an_entry_whose_name_key_is_garbage_goes_back_and_runs_once_the_key_is_removed(

@@ -524,11 +524,11 @@ async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery
     ]  # a second delivery would read as a death
 
 
-async def test_acl_denials_refuse_a_read_whole_and_leave_an_adoption_undone(
+async def test_acl_denials_refuse_a_read_whole_but_not_a_reap(
     any_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
     """A user the ACL denies a write of the read (SADD into its queued set) is refused before anything
-    is delivered; the same user's reap-4 adopts nothing (every entry found goes back in gone)."""
+    is delivered; the same user's reap-4 needs no SADD: it lists every entry found for a re-queue."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await rr.execute_command(
         "ACL", "SETUSER", user, "reset", "on", f">{password}", "+@all", "-sadd", "~*"
@@ -545,18 +545,13 @@ async def test_acl_denials_refuse_a_read_whole_and_leave_an_adoption_undone(
                 f"lbs read-3: this user may not run SADD on {queued}; nothing was read"
             )
             assert await snapshot(rr, service) == before and await pending(rr, service) == 0
-            # c1 reads them (as a user allowed to), then dies; c2 may not queue what it would adopt.
+            # c1 reads them (as a user allowed to), then dies.
             await read(rr, service, queued=queued)
             await set_lease(rr, service, "absent")
             await rr.zadd(consumers_key(service), {"c1": 1})
-            await set_lease(rr, service, consumer="c2")
-            entries, tokens, gone, trimmed, *_ = await reap(
-                denied, service, "c2", 10, queues="1", lease=NONCE
-            )
-            assert (entries, tokens, trimmed) == ([], [], 0)
-            assert gone == [i.encode() for i in ids]
+            gone, _next, holders, _deadlines = await reap(denied, service)
+            assert gone == [i.encode() for i in ids] and holders == [b"c1"] * 2
             assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
-            assert not await rr.exists(queued_prefix(service) + "c2")
     finally:
         await rr.execute_command("ACL", "DELUSER", user)
 
@@ -1092,57 +1087,41 @@ async def test_promote_leaves_an_entry_too_wide_to_copy_parked(
 
 
 async def dead(r: aioredis.Redis, service: str, n: int) -> list[str]:
-    """``n`` entries c1 read under its lease, then c1 dead: its lease gone, its deadline passed; c2, the
-    adopter, alive (its lease holds :data:`NONCE`)."""
+    """``n`` entries c1 read under its lease, then c1 dead: its lease gone, its deadline passed."""
     ids = await taken(r, service, n)
     await set_lease(r, service, "absent")
     await r.zadd(consumers_key(service), {"c1": 1})
-    await set_lease(r, service, consumer="c2")
     return ids
 
 
-@pytest.mark.parametrize(
-    "key, kind, what",
-    [
-        (fence_key, "hash", "not the fencing counter"),
-        (lambda service: queued_prefix(service) + "c2", "hash", "not a queued set"),
-    ],
-)
-async def test_reap_refuses_an_adoption_key_of_another_type(
-    rr: aioredis.Redis, service: str, key: Any, kind: str, what: str
+async def test_reap_lists_a_dead_holders_entries_and_requeue_puts_them_back_under_new_ids(
+    rr: aioredis.Redis, service: str
 ) -> None:
-    await dead(rr, service, 2)
-    name = key(service)
-    await rr.delete(name)
-    await rr.hset(name, "x", "1")
-    before = await snapshot(rr, service)
-    await refused(reap(rr, service, "c2", 10, queues="1", lease=NONCE), name, what)
-    assert await snapshot(rr, service) == before
-
-
-@pytest.mark.parametrize(("state", "_words"), LEASE_LOST)
-async def test_reap_adopts_nothing_unless_the_adopters_lease_holds_its_value(
-    rr: aioredis.Redis, service: str, state: str, _words: str
-) -> None:
-    """Adopted entries are held by the adopter's lease: one that does not hold ARGV[8] (lapsed, taken
-    by another process) may hold nothing, so every entry found goes back in gone, for requeue-6."""
+    """reap-4 takes nothing over: every entry of a holder whose lease is gone stays pending to it,
+    listed in gone with its holder and the holder's deadline (for the journal), and no token is taken;
+    requeue-6 (mode "absent") then writes each back as a fresh entry, its death counted."""
     ids = await dead(rr, service, 3)
-    await set_lease(rr, service, state, consumer="c2")
     fence = await rr.get(fence_key(service))
     before = await snapshot(rr, service)
-    entries, tokens, gone, trimmed, _next, holders, deadlines = await reap(
-        rr, service, "c2", 10, queues="1", lease=NONCE
-    )
-    assert (entries, tokens, trimmed) == ([], [], 0)
+    gone, _next, holders, deadlines = await reap(rr, service)
     assert gone == [i.encode() for i in ids] and holders == [b"c1"] * 3
     assert deadlines == [b"c1", b"1"]
-    # Nothing claimed, no token taken, c2 neither in the index nor queuing: only the reap's time written.
+    # Nothing claimed, no token taken, c1 still due: only the reap's time written.
     after = await snapshot(rr, service)
     del after[reaped_key(service).encode()]
     before.pop(reaped_key(service).encode(), None)
     assert after == before
     assert await rr.get(fence_key(service)) == fence
     assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
+    copies = []
+    for i in ids:
+        code, new, _input, retries = await requeue(rr, service, i)
+        assert (code, retries) == (1, 1)
+        copies.append(new)
+    assert not set(copies) & set(gone) and await pending(rr, service) == 0
+    # c1 has nothing pending now: the next call drops it from the index.
+    assert await reap(rr, service) == [[], -1, [], []]
+    assert await rr.zscore(consumers_key(service), "c1") is None
 
 
 @pytest.mark.parametrize("lease", ["alive", "without a ttl", "list"])
@@ -1160,8 +1139,8 @@ async def test_reap_takes_nothing_from_a_consumer_whose_lease_is_there(
     else:
         await rr.rpush(key, "n0")
     at_call = us(await rr.time()) // 1000
-    entries, tokens, gone, trimmed, *_ = await reap(rr, service, "c2", 10, lease=NONCE)
-    assert (entries, tokens, gone, trimmed) == ([], [], [], 0)
+    gone, *_ = await reap(rr, service)
+    assert gone == []
     assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
     score = await rr.zscore(consumers_key(service), "c1")
     if lease == "alive":
@@ -1169,44 +1148,6 @@ async def test_reap_takes_nothing_from_a_consumer_whose_lease_is_there(
     else:
         assert score is None
     assert await rr.exists(key)
-
-
-async def test_reap_adopts_under_fresh_tokens_and_counts_a_death_only_against_what_was_running(
-    rr: aioredis.Redis, service: str
-) -> None:
-    ids = await dead(rr, service, 5)
-    await rr.sadd(
-        queued_prefix(service) + "c1", ids[0], ids[1]
-    )  # merely held by c1: no death counted
-    fence = int(await rr.get(fence_key(service)))
-    entries, tokens, gone, trimmed, _next, holders, deadlines = await reap(
-        rr, service, "c2", 4, queues="1", lease=NONCE
-    )
-    assert len(entries) == 4 and gone == [ids[4].encode()] and trimmed == 0  # no room for the fifth
-    assert holders == [b"c1"] * 5 and deadlines == [b"c1", b"1"]  # for the journal
-    first = min(tokens)  # above the counter, and the clock (the counter never stays behind it)
-    assert first > fence and tokens == [first] * 4  # one token for what one call adopts
-    deaths = {e[0].decode(): e[3] for e in entries}
-    assert deaths == {ids[0]: 0, ids[1]: 0, ids[2]: 1, ids[3]: 1}
-    # Held by c2's lease now: pending to c2, its lease as it was (adoption writes no key per entry).
-    info = {
-        p["message_id"].decode(): p
-        for p in await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
-    }
-    assert [info[i]["consumer"] for i in ids] == [b"c2"] * 4 + [b"c1"]
-    assert [info[i]["times_delivered"] for i in ids[:4]] == [1, 1, 2, 2]
-    assert await rr.get(lease_key(service, "c2")) == NONCE.encode()
-    assert await rr.smembers(queued_prefix(service) + "c2") == {i.encode() for i in ids[:4]}
-    assert not await rr.exists(queued_prefix(service) + "c1")
-    assert await rr.zscore(consumers_key(service), "c2") is not None
-    # The death counted in the delivery count goes into the copy when the entry is re-queued later
-    # (c2 gone in turn).
-    await set_lease(rr, service, "absent", consumer="c2")
-    code, _new, _input, retries = await requeue(rr, service, ids[2], inc="0")
-    assert (code, retries) == (1, 1)
-
-
-# -- reap-4.lua, without adoption ------------------------------------------------
 
 
 async def test_reap_refuses_a_deadline_index_of_another_type(

@@ -1,12 +1,12 @@
-"""Intake: the entries a read or an adoption took, and their tokens, become held streams.
+"""Intake: the entries a read took, and their tokens, become held streams.
 
-The reader (``read-3.lua``'s replies) and recovery's adoptions (``reap-4.lua``)
-hand each batch here. Each entry's token says what Redis did with it: an
+The reader hands each batch here (a read's, or ``read-3.lua``'s re-read after a
+lost reply). Each entry's token says what Redis did with it: an
 integer is the batch's fencing token (the entry is pending to us, held by our
 lease: a held record, a handler started under ``run()`` or a STREAM_ADDED
 notification queued); ``WAIT <entry id>`` (its data stream is held under
 another registration) leaves it alone, ``WRONGTYPE`` puts it back. Malformed
-entries and adopted ones out of retries are dead-lettered.
+entries are dead-lettered.
 
 **Late replies.** A reply read long after it was sent (the process was
 frozen, SIGSTOP or a pause, while its blocking read waited in Redis, and
@@ -46,7 +46,7 @@ class Dispatch(Protocol):
 
 
 class Intake:
-    """Turns one client's read and adopted batches into held streams; the late ones it refuses."""
+    """Turns one client's read batches into held streams; the late ones it refuses."""
 
     def __init__(
         self, state: ClientState, requeue: Requeue, cover: Callable[[float], bool]
@@ -63,11 +63,10 @@ class Intake:
         sent: float,
         dispatch: Dispatch | None,
         skipped: Container[str],
-        adopted: bool = False,
     ) -> None:
-        """Entries read (``start`` ">" new, "0" a re-read) or adopted by a write sent at ``sent`` and
-        their tokens become held streams, handed to ``dispatch`` (``run()``'s runner) or, with None, the
-        mailbox; the malformed and those out of retries are dead-lettered; those in ``skipped`` (a
+        """Entries read (``start`` ">" new, "0" a re-read) by a write sent at ``sent`` and their tokens
+        become held streams, handed to ``dispatch`` (``run()``'s runner) or, with None, the mailbox;
+        the malformed are dead-lettered; those in ``skipped`` (a
         re-read's, already ours) are left alone. A reply read too late (:meth:`Heartbeat.cover`
         refuses it) starts nothing: see :meth:`_refuse`."""
         s = self.state
@@ -77,7 +76,6 @@ class Intake:
         owner = s.names.lock_owner
         table = s.holdings.table
         bad: list[tuple[Entry, str, str]] = []  # (entry, our held value, reason): to dead-letter
-        max_retries = s.config.max_retries
         hooks = s.hooks
         acquired, started = (
             hooks.listening("lbs_lock_acquired"),
@@ -85,8 +83,8 @@ class Intake:
         )
         batch: list[Notification] | None = [] if hooks.listening("lbs_streams_started") else None
         stats, holder = s.stats, s.owner
-        # The journal's "retaken": a re-queued copy taken (an adopted entry is journalled as recovered).
-        retaken = s.journal.retaken if s.journal.on and not adopted else None
+        # The journal's "retaken": a re-queued copy taken.
+        retaken = s.journal.retaken if s.journal.on else None
         taken_at = time.monotonic()
         queued = dispatch is None and start == ">"  # a re-read ("0") adds nothing to the queued set
         waiting = 0
@@ -126,28 +124,8 @@ class Intake:
                 bad.append((e, f"{tok}:{owner}", str(e.error)))
                 continue
             retry_count = e.retry_count
-            if e.claimed:
-                # Adopted from holders that died (reap-4.lua's entries have XREADGROUP CLAIM's
-                # shape): the count of earlier deliveries is the count of failed attempts.
-                retry_count += e.delivery_count
-                # Never a key's registration (lbs-keyed): its holders' deaths count against the message
-                # they ran (fetch-1.lua), which goes to the dead letters alone; the key goes on.
-                if 0 <= max_retries < retry_count and e.fields.get(b"lbs-keyed") != b"1":
-                    bad.append(
-                        (
-                            e,
-                            f"{tok}:{owner}",
-                            f"out of retries: {e.retry_count} re-queued, "
-                            f"{e.delivery_count} holders died running it (adopted once their leases "
-                            "expired)",
-                        )
-                    )
-                    continue
-            # Queued for the application (no run()): read-3 put it in our queued set until it is taken.
-            # Only reap-4's adoptions come claimed (read-3 reads no CLAIM); reap-4 queues all it adopts.
-            h = s.holdings.take(
-                e, tok, retry_count, taken_at, queued and (adopted or not e.claimed)
-            )
+            # Queued for the application (no run()): the read put it in our queued set until it is taken.
+            h = s.holdings.take(e, tok, retry_count, taken_at, queued)
             if late:
                 s.holdings.drop(h)
                 refused.append(h)
@@ -238,7 +216,7 @@ class Intake:
         """The token as an int when it is one, or a held value ``"<token>:<our id>:<our instance>"``
         of this very process's; else the reply as text (``WAIT ...``, ``WRONGTYPE ...``).
 
-        ``read-3.lua`` and ``reap-4.lua`` give integer tokens for what they deliver (a re-read too:
+        A read and ``read-3.lua`` give integer tokens for what they deliver (a re-read too:
         the token its lost read recorded); the held-value form is what a take answered under the lock
         per entry, and is still accepted.
         """

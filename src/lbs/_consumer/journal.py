@@ -42,7 +42,7 @@ from .._waits import within
 from .activity import Activity
 
 if TYPE_CHECKING:
-    from _lbscore import Entry, Held
+    from _lbscore import Held
 
     from .state import ClientState, Link
 
@@ -68,12 +68,9 @@ LOG_EVERY = 60.0
 #: The most of a traceback an event keeps (its end: the innermost frames and the error).
 TRACEBACK_CHARS = 8192
 #: The metric counters whose sum is the tally's ``recovered``.
-RECOVERED_METRICS = (
-    "recovery_adopted_total",
-    *(
-        f"recovery_{path}_requeued_total"
-        for path in ("keyspace", "deadline", "scan", "startup", "claim", "heartbeat")
-    ),
+RECOVERED_METRICS = tuple(
+    f"recovery_{path}_requeued_total"
+    for path in ("keyspace", "deadline", "scan", "startup", "claim", "heartbeat")
 )
 #: Paths on which the holder of a recovered stream is this consumer.
 OWN_PATHS = ("heartbeat", "startup")
@@ -162,7 +159,6 @@ class Journal(Activity, kind="journal"):
         retry_count: int,
         path: str,
         holders: object = None,
-        adopted: int = 0,
     ) -> None:
         """Recovery put ``entry_id`` back as ``new_id``; ``holders``, when a :data:`Holders`: who held it."""
         if not self.on:
@@ -181,26 +177,13 @@ class Journal(Activity, kind="journal"):
             retry_count=retry_count,
             path=path,
             deadline_ms=deadline,
-            adopted=adopted,
         )
 
-    def adopted(self, entries: Sequence[Entry], found: Sequence[Any], path: str) -> None:
-        """Recovery adopted ``entries`` (``reap-4.lua``; ``found``: its holders and deadlines)."""
-        if not self.on:
-            return
-        holders = self.holders([e.id for e in entries], found)
-        for e in entries:
-            retry_count = e.retry_count + e.delivery_count
-            self.recovered(e.stream or "", e.id, e.id, retry_count, path, holders, adopted=1)
-
     @staticmethod
-    def holders(
-        ids: Sequence[Any], found: Sequence[Any], skip: int = 0
-    ) -> dict[str, tuple[str, str]]:
+    def holders(ids: Sequence[Any], found: Sequence[Any]) -> dict[str, tuple[str, str]]:
         """Every one of ``ids`` (as text) with its holder and the holder's deadline from ``reap-4.lua``'s
-        ``found`` (holders, deadlines), in which ``ids``' holders come after the first ``skip`` (the
-        adopted entries'); ``("", "")`` where not told."""
-        names = [text(h) for h in found[0][skip:]] if found else []
+        ``found`` (holders, in ``ids``' order, and deadlines); ``("", "")`` where not told."""
+        names = [text(h) for h in found[0]] if found else []
         pairs = found[1] if len(found) > 1 else []
         when = {text(pairs[i]): _ms(pairs[i + 1]) for i in range(0, len(pairs) - 1, 2)}
         out = {}

@@ -58,9 +58,7 @@ class Lifecycle:
         self.reader = Reader(s, self.finisher, self.requeue, self.topology, self.heartbeat.cover)
         self.instance = Instance(s)
         self.observer = Observer(s)
-        self.recovery = Recovery(
-            s, self.requeue, self.topology, self.reader, self.instance.forget_departed
-        )
+        self.recovery = Recovery(s, self.requeue, self.topology, self.instance.forget_departed)
         #: Dead letters to a plugin's backend (started when a plugin provides one).
         self.forwarder: Forwarder | None = None
         #: Under ``run_keyed()``: its runner, whose finished keys commit at shutdown.

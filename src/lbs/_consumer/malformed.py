@@ -1,5 +1,5 @@
 """Entries a consumer was delivered that go straight to the dead-letter stream: malformed ones (the core
-judged them), and adopted ones past ``Config.max_retries``. One ``requeue-6.lua`` round trip
+judged them). One ``requeue-6.lua`` round trip
 (through :class:`~lbs._consumer.requeue.Requeue`) dead-letters a batch; what could not be written (a
 dead-letter key of the wrong type, a lost connection) stays pending to this live consumer, where no
 recovery path looks, so the heartbeat tries it again every tick until it goes through."""
@@ -31,7 +31,7 @@ class Malformed:
         self.undead: list[tuple[Entry, str, str]] = []
 
     async def dead_letter(self, bad: list[tuple[Entry, str, str]], *, again: bool = False) -> None:
-        """Dead-letter entries we were delivered (malformed, or adopted past max_retries): one round trip.
+        """Dead-letter entries we were delivered (malformed): one round trip.
 
         ``bad`` holds (entry, our held value, reason). The first try needs
         our lease (mode ``owned``). What could not be dead-lettered stays

@@ -83,7 +83,7 @@ class Reader(Activity, kind="reader"):
         self.dispatch: Dispatch | None = None
         #: In a wait of the wake group now (CLIENT UNBLOCK wakes it).
         self.blocked = False
-        #: A read's reply was lost: re-read (and adopt) our own pending entries before reading more.
+        #: A read's reply was lost: re-read (and take) our own pending entries before reading more.
         self.reply_lost = False
         #: The send time (monotonic) of the earliest write whose reply was lost (inf: not known, the
         #: re-read's own send time stands).
@@ -338,34 +338,6 @@ class Reader(Activity, kind="reader"):
         and takes what it had taken, as far as the lease it was read under lasts."""
         self.reply_lost = True
         self._lost_sent = min(self._lost_sent, sent)
-
-    @property
-    def queues(self) -> bool:
-        """Whether what this client takes waits for the application (the notification API) rather than
-        starting a handler at once (``run()``)."""
-        return self.dispatch is None
-
-    def adoption_room(self) -> int:
-        """How many streams recovery may adopt for this client now: its free slots less what its reads in
-        flight may take, and under the notification API no more than its mailbox has room for."""
-        s = self.state
-        if s.stopping.is_set() or self.task is None:
-            return 0
-        reads = sum(self._reads.values())  # what the reads in flight may bring
-        free = s.free_slots() - reads
-        if self.dispatch is None:
-            free = min(free, s.mailbox.room - reads)
-        return max(0, free)
-
-    async def adopt(self, entries: list[Entry], tokens: list[Any], sent: float) -> None:
-        """Take entries recovery adopted from a dead holder (``reap-4.lua``, sent at ``sent``, monotonic):
-        pending to this consumer, held by our lease with a fresh token, handed out as a read's are."""
-        await self.intake.hand_out(entries, tokens, ">", sent, self.dispatch, (), adopted=True)
-
-    def adoption_lost(self, sent: float) -> None:
-        """An adoption's reply (sent at ``sent``) was lost: what it adopted is pending to us, held by
-        our lease; the next read re-reads and takes it, as after a lost read reply."""
-        self.lose_reply(sent)
 
     async def _failed(self, exc: BaseException, failures: int, backoff: Backoff) -> bool:
         """Back off after a failed read; False when the reader gives up."""

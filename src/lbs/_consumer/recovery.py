@@ -10,9 +10,11 @@ Any number of recoverers re-queue an entry exactly once. Three paths find the en
   deadline in the sorted set ``{<service>-input}:consumers``, moved by each heartbeat tick; at the
   earliest deadline in the index (``reap-4.lua`` returns it), never twice within
   ``deadline_poll_interval``, the script looks at each overdue consumer's lease (its PTTL expires an
-  overdue lease on the spot) and, where it is gone, **adopts** as many of its pending entries as this
-  client has room for (XCLAIM, no copy, no second read: the reader hands them out as a read's). The
-  rest are re-queued. A live consumer whose lease lapsed puts its own streams back (its heartbeat).
+  overdue lease on the spot) and, where it is gone, lists its pending entries, which are re-queued
+  under new ids: recovery never takes an entry over under its id (no XCLAIM), so an id is only ever
+  pending to the consumer that read it, which the Lua-free done relies on (a holder that wakes from a
+  stall acks its old id, which the re-queue has made moot). A live consumer whose lease lapsed puts
+  its own streams back (its heartbeat; its own recovery, when it finds them first, with no retry).
   Sleeping until the earliest deadline is exact (deadlines only move forward), and the stall test
   (below) bounds the sleep (:meth:`Recovery.stall_ms`);
 * **keyspace listener** (fast, when Redis delivers): ``expired`` events of this service's leases, on
@@ -36,11 +38,11 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from redis.exceptions import RedisError
 
-from _lbscore import CommandBatch, Entry
+from _lbscore import CommandBatch
 
 from .. import _keys
 from .._redis import scripts
@@ -55,7 +57,7 @@ from .requeue import Requeue
 from .state import ClientState
 from .topology import Topology
 
-__all__ = ["Adopter", "Recovery", "poll_wait"]
+__all__ = ["Recovery", "poll_wait"]
 
 _GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
 
@@ -66,35 +68,19 @@ def poll_wait(due: float | None, every: float, cap: float) -> float:
     return max(every, cap if due is None else min(cap, due + 0.002))
 
 
-class Adopter(Protocol):
-    """What takes the streams recovery adopts (the client's :class:`lbs._consumer.reader.Reader`)."""
-
-    @property
-    def queues(self) -> bool: ...
-
-    def adoption_room(self) -> int: ...
-
-    async def adopt(self, entries: list[Entry], tokens: list[Any], sent: float) -> None: ...
-
-    def adoption_lost(self, sent: float) -> None: ...
-
-
 class Recovery(Activity):
-    """The recovery tasks of one client; the one caller of ``reap-4.lua``. Re-queues go through :class:`Requeue`,
-    adopted streams to the ``adopter``."""
+    """The recovery tasks of one client; the one caller of ``reap-4.lua``. Re-queues go through :class:`Requeue`."""
 
     def __init__(
         self,
         state: ClientState,
         requeue: Requeue,
         topology: Topology,
-        adopter: Adopter | None = None,
         sweep: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         self.state = state
         self.requeue = requeue
         self.topology = topology
-        self.adopter = adopter
         #: Housekeeping that runs with each scan: departed consumers forgotten (``Instance.forget_departed``).
         self.sweep = sweep
         self._next_due: float | None = None  # seconds to the earliest deadline, after a poll
@@ -158,7 +144,7 @@ class Recovery(Activity):
         return max(1000, cfg.lock_ttl_ms // 2, int(4000 * cfg.deadline_poll_interval))
 
     async def poll_deadlines(self, path: str = "deadline") -> int:
-        """One poll of the deadline index; returns how many entries it adopted or re-queued.
+        """One poll of the deadline index; returns how many entries it re-queued.
 
         The one judge of "this consumer is dead": the keyspace listener calls
         it too (``path="keyspace"``) when a lease expires, so a lease that
@@ -170,10 +156,6 @@ class Recovery(Activity):
         n, cfg = s.names, self.config
         ttl_ms = cfg.lock_ttl_ms
         stall_ms = self.stall_ms()
-
-        adopter = self.adopter
-        # Beside a Go fleet every entry goes back through requeue-6.lua, which checks Go-style locks.
-        room = 0  # no adoption: an id stays pending to its reader alone (Lua-free done)
 
         def build(b: CommandBatch) -> None:
             scripts.reap(
@@ -187,40 +169,15 @@ class Recovery(Activity):
                 batch=cfg.deadline_batch,
                 stall_ms=stall_ms,
                 grace_ms=ttl_ms,
-                adopter=n.id if room else "",
-                room=room,
-                lease=s.lease.value,
-                queued_prefix=n.queued_prefix,
-                queues=adopter is not None and adopter.queues,
                 tokens_prefix=n.tokens_prefix,
             )
 
-        s.adopting += (
-            room  # promised: the reader leaves these slots alone till the adopted are held
-        )
-        sent = time.monotonic()  # what reap-4 adopts is held from then on, under our lease
-        try:
-            try:
-                (reply,) = await s.link.pool.execute(build, s.parser)
-            except BaseException:
-                if room and adopter is not None:
-                    # What it adopted is ours, pending to us: the reader re-reads it.
-                    adopter.adoption_lost(sent)
-                raise
-            if isinstance(reply, Exception):
-                raise reply
-            entries, tokens, gone, trimmed, next_ms, *found = reply  # found: holders, deadlines
-            self._next_due = None if int(next_ms) < 0 else int(next_ms) / 1000
-            if trimmed:
-                s.hooks.metric("recovery_trimmed_total", int(trimmed), path=path)
-            if entries and adopter is not None:
-                s.hooks.metric("recovery_adopted_total", len(entries), path=path)
-                s.log.info("adopted %d streams of dead consumers (%s recovery)", len(entries), path)
-                s.journal.adopted(entries, found, path)
-                await adopter.adopt(entries, tokens, sent)
-        finally:
-            s.adopting -= room
-        held = s.journal.holders(gone, found, len(entries))  # the ids, and who held them
+        (reply,) = await s.link.pool.execute(build, s.parser)
+        if isinstance(reply, Exception):
+            raise reply
+        gone, next_ms, *found = reply  # found: holders, deadlines
+        self._next_due = None if int(next_ms) < 0 else int(next_ms) / 1000
+        held = s.journal.holders(gone, found)  # the ids, and who held them
         # Our own, found while this process lives (its lease lapsed in a stall): not a death.
         own = {i: v for i, v in held.items() if v[0] == n.id}
         requeued = 0
@@ -233,7 +190,7 @@ class Recovery(Activity):
             path,
             f"lease expired ({path}: deadline passed)",
         )
-        return len(entries) + requeued
+        return requeued
 
     # ------------------------------------------------------------- keyspace ---
 

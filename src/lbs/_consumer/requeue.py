@@ -9,8 +9,8 @@ Three kinds of caller, one script, each with its holder mode:
 * **recover** (``absent``): recovery re-queues an entry whose holder's lease
   is gone (deadline poller, keyspace listener, scan, startup, ``claim``),
   always at once;
-* **dead-letter** (``owned``, then ``any``): a malformed entry, or one
-  adopted past ``max_retries``, goes to the dead-letter stream. What cannot
+* **dead-letter** (``owned``, then ``any``): a malformed entry goes to the
+  dead-letter stream. What cannot
   be written yet (a dead-letter key of the wrong type, a lost connection)
   is kept and tried again on every heartbeat tick (:mod:`lbs._consumer.malformed`).
 

@@ -251,7 +251,7 @@ class Holdings:
         #: Held entries whose keyed commit is in flight: it may let the key go, so a heartbeat that
         #: finds the lease gone meanwhile leaves them to the commit's reply instead of disowning them.
         self.settling: set[str] = set()
-        #: Held streams per batch token (read-3 and reap-4 record each batch in the consumer's token
+        #: Held streams per batch token (a read records each batch in the consumer's token
         #: records for `lbs status`), and the tokens of batches finished since the last tick: the
         #: heartbeat deletes their records.
         self._batches: dict[int, int] = {}
@@ -411,8 +411,6 @@ class ClientState:
         self.run_limit = 0
         #: What ``run()`` died of (see :meth:`fail`); None while it lives, or when it ended normally.
         self.failure: BaseException | None = None
-        #: Slots promised to an adoption in flight (recovery's ``reap-4.lua`` call): not free for reads.
-        self.adopting = 0
         self.handlers: set[asyncio.Task[Any]] = set()
         #: The ACL rules found missing so far (each logged once).
         self._denied: set[str] = set()
@@ -465,7 +463,7 @@ class ClientState:
 
     def free_slots(self, taking: int = 0) -> int:
         """How many more streams may be taken now (the capacity, and under run() its handlers)."""
-        free = self.capacity - len(self.holdings) - taking - self.adopting
+        free = self.capacity - len(self.holdings) - taking
         if self.run_limit:
-            free = min(free, self.run_limit - len(self.handlers) - taking - self.adopting)
+            free = min(free, self.run_limit - len(self.handlers) - taking)
         return free

@@ -377,16 +377,10 @@ def reap(
     batch: int,
     stall_ms: int,
     grace_ms: int,
-    adopter: str = "",
-    room: int = 0,
-    lease: str = "",
-    queued_prefix: str = "",
-    queues: bool = False,
     tokens_prefix: str = "",
 ) -> None:
-    """Find the pending entries of overdue consumers whose lease is gone; ``adopter`` (a consumer id) takes
-    up to ``room`` of them on the spot (the reply's entries come back as ``Entry`` objects), the rest are
-    listed for a re-queue."""
+    """Find the pending entries of overdue consumers whose lease is gone: the reply lists their ids, their
+    holders and the holders' deadlines, for a re-queue under new ids (nothing is taken over)."""
     b.command(
         "EVALSHA",
         REAP.sha,
@@ -394,20 +388,14 @@ def reap(
         consumers,  # KEYS[1] the consumer deadline index
         stream,  # KEYS[2] the LBS
         reaped,  # KEYS[3] when the last call ran (server ms)
-        fence,  # KEYS[4] the fencing counter (adoption's tokens)
+        fence,  # KEYS[4] the fencing counter (not used; keeps the script's key count)
         group,  # ARGV[1]
         lease_prefix,  # ARGV[2] the lease key prefix
         batch,  # ARGV[3] most pending entries looked at
         stall_ms,  # ARGV[4] a longer gap since the last call is a stall
         grace_ms,  # ARGV[5] after a stall, each overdue consumer's grace
-        adopter,  # ARGV[6] the adopting consumer ("": none)
-        room,  # ARGV[7] most entries it adopts
-        lease,  # ARGV[8] the adopter's lease value (adopted entries are held by it)
-        queued_prefix,  # ARGV[9] the queued sets' prefix
-        1 if queues else 0,  # ARGV[10] "1": adopted entries go into the adopter's queued set
         tokens_prefix,
-    )  # ARGV[11] the token records' prefix ("": none kept)
-    b.expect(Shape.SCRIPT_ENTRIES)
+    )  # ARGV[6] the token records' prefix ("": none kept)
 
 
 # ------------------------------------------------------------------ leave-3 ---

@@ -116,7 +116,7 @@ class Retake:
     stream: str
     entry_id: str
     new_entry_id: str
-    #: How it went back (the journal's ``path``: adopted, re-queued, dead-lettered ...).
+    #: Which recovery path found it (the journal's ``path``: deadline, keyspace, scan ...).
     path: str
     recovered_ms: int
     #: The holder's deadline (its lease's expiry, ms of the server's clock); None when not recorded.
@@ -169,7 +169,8 @@ class Moment:
 
 def recovery_timeline(events: Iterable[Event]) -> list[Incident | Moment]:
     """Incidents (``recovered`` events by holder, each stream joined to the ``retaken`` event whose
-    ``original_id`` (or ``entry_id``) is its ``new_entry_id``; an ``adopted`` one taken by its recoverer) and the ``started``/``stopped``/``disowned`` moments, newest first."""
+    ``original_id`` (or ``entry_id``) is its ``new_entry_id``) and the ``started``/``stopped``/``disowned``
+    moments, newest first."""
     events = list(events)
     taken: dict[str, Event] = {}
     for ev in events:
@@ -201,8 +202,6 @@ def recovery_timeline(events: Iterable[Event]) -> list[Incident | Moment]:
             got = taken.get(row.new_entry_id) if row.new_entry_id else None
             if got is not None:
                 row.taken_by, row.taken_ms = got.consumer, got.time_ms
-            elif f.get("adopted") == "1":  # the recoverer took it over itself, there and then
-                row.taken_by, row.taken_ms = ev.consumer, ev.time_ms
             inc.streams.append(row)
         elif ev.kind in ("started", "stopped", "disowned"):
             detail = f.get("stream", "") if ev.kind == "disowned" else ""

@@ -40,7 +40,7 @@ class HeldStream(_Record):
     token: int | None
     #: ms since it was registered (its entry id's time against the server's TIME).
     age_ms: int
-    #: ms since it was last delivered, adopted or refreshed by its holder's heartbeat.
+    #: ms since it was last delivered or refreshed by its holder's heartbeat.
     idle_ms: int
 
 

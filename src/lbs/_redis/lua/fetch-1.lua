@@ -29,10 +29,11 @@
   A hold that ended without a commit saying so (its holder died, stalled
   past its lease TTL or was cut off: "holder" names an entry no longer held
   (not pending, or pending to a consumer whose lease is gone), or our own
-  entry with another "token", an entry that recovery moved to us from its
-  dead holder with its id, reap-4.lua's adoption) counts as a failed hold
-  against the messages it was running: while one message at a time is being
-  tried ("until" or "fails" set) the dead holder had the head, whose
+  entry with another "token", held before under an earlier one: lbs's
+  recovery re-queues under a new id, so only a move under the same id, by
+  XCLAIM, leaves that) counts as a failed hold against the messages it was
+  running: while one message at a time is being tried ("until" or "fails"
+  set) the dead holder had the head, whose
   "fails" grows by 1 + "unblamed"; otherwise it had up to ARGV[3] messages,
   which are taken apart like a failed batch ("until" the ARGV[3]-th message
   after the position, "unblamed" 1), or, when only one message is left, the
@@ -88,7 +89,7 @@ for at = 5, #ARGV, 3 do
     local fails, unblamed, untl = got[4], got[5], got[6] or ''
     local token = match(value, '^(%d+):') or ''
     -- The last hold's holder is gone: another entry's (its holder is checked next), or this entry's
-    -- under an earlier token (adopted from a dead holder: that hold is gone).
+    -- under an earlier token (held before under its id: that hold is gone).
     local other = holder and holder ~= entry
     local dead = other or (holder == entry and got[7] and got[7] ~= token)
     if other and keyed_alive(KEYS[1], group, leases, holder) then

@@ -246,8 +246,9 @@ for i = 1, #fields, 2 do
     out[#out + 1] = v
   end
 end
--- Deaths counted while the entry was pending: its delivery count less one (reap-4.lua's adoption and
--- XREADGROUP CLAIM count them there), carried into the copy like those of earlier copies.
+-- Deaths counted while the entry was pending: its delivery count less one (an XCLAIM or XREADGROUP
+-- CLAIM that moved it under its id counted one there; lbs's own recovery no longer does), carried
+-- into the copy like those of earlier copies.
 local before = math.min(math.max(tonumber(p[1][4]) - 1, 0), 32)
 retries = retries + before
 local counted = {}
