@@ -1,5 +1,5 @@
 """The journal's reductions, without a server: per-minute tallies, and the recovery timeline's
-joins (a re-queued copy to the consumer that took it, an adopted entry to its adopter)."""
+joins (a re-queued copy to the consumer that took it)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,6 @@ def test_the_timeline_joins_each_recovered_stream_to_who_took_it() -> None:
             new_entry_id="9-0",
             path="deadline",
             deadline_ms=str(deadline),
-            adopted="0",
         ),
         ev(
             T0 + 2_000,
@@ -54,11 +53,11 @@ def test_the_timeline_joins_each_recovered_stream_to_who_took_it() -> None:
             holder="w1",
             stream="b",
             entry_id="2-0",
-            new_entry_id="2-0",
+            new_entry_id="12-0",
             path="deadline",
             deadline_ms=str(deadline),
-            adopted="1",
         ),
+        ev(T0 + 2_000, "retaken", "w2", stream="b", entry_id="12-0", original_id="2-0"),
         ev(
             T0 + 2_500,
             "recovered",
@@ -69,7 +68,6 @@ def test_the_timeline_joins_each_recovered_stream_to_who_took_it() -> None:
             new_entry_id="10-0",
             path="scan",
             deadline_ms="",
-            adopted="0",
         ),
         ev(T0 + 3_000, "retaken", "w3", stream="a", entry_id="9-0", original_id="1-0"),
         ev(
@@ -82,7 +80,6 @@ def test_the_timeline_joins_each_recovered_stream_to_who_took_it() -> None:
             new_entry_id="11-0",
             path="startup",
             deadline_ms="",
-            adopted="0",
         ),
     ]
     later, first, start = recovery_timeline(events)
@@ -91,7 +88,7 @@ def test_the_timeline_joins_each_recovered_stream_to_who_took_it() -> None:
     assert first.holder == "w1" and first.recoverers == ["w2"]
     rows = {r.stream: r for r in first.streams}
     assert (rows["a"].taken_by, rows["a"].took_ms) == ("w3", 2_000)  # from the holder's deadline
-    assert (rows["b"].taken_by, rows["b"].took_ms) == ("w2", 1_000)  # adopted, there and then
+    assert (rows["b"].taken_by, rows["b"].took_ms) == ("w2", 1_000)  # its recoverer took the copy
     assert rows["c"].taken_by == "" and rows["c"].took_ms is None and rows["c"].deadline_ms is None
     assert first.retaken == 2 and first.slowest_ms == 2_000
     assert [r.stream for r in later.streams] == ["d"]  # 90 s later: another incident

@@ -1,7 +1,7 @@
 """A keyed consumer process whose handler hangs on one message: ``python _keyed_worker.py URL SERVICE CONSUMER TTL OUT``.
 
-It runs ``client.run_keyed(handler, batch=10)`` with its own recovery on (so it adopts the key of a
-holder that was killed before it). The handler prints ``{"running": n, "id": ..., "token": ...,
+It runs ``client.run_keyed(handler, batch=10)`` with its own recovery on (so it re-queues, then
+takes, the key of a holder that was killed before it). The handler prints ``{"running": n, "id": ..., "token": ...,
 "retry_count": ...}`` for each message it starts (field ``n``), hangs on the message whose ``n`` is 0
 (the test kills the process there with ``kill -9``) and emits every other one to the stream OUT, an
 effect written with the commit that moves the key past the message.

@@ -1,6 +1,7 @@
 """Fault 12: a keyed message whose holders keep dying (issue 42). A key's handler hangs on its first
 message and its holder, a real process (``_keyed_worker.py``), is killed with ``kill -9`` there, again
-and again; each next process adopts the key through its own recovery. A holder's death counts as a
+and again; each next process takes the key over through its own recovery (which re-queues the
+registration under a new id) and reads it. A holder's death counts as a
 failed hold against the message it was running: after 1 + ``max_retries`` such holds that message
 alone goes to the dead letters, with its fields and the reason, and the next holder goes on with the
 key's other messages, each processed once, in order. The key's registration itself never goes to

@@ -612,13 +612,13 @@ async def test_an_idle_reader_wakes_for_a_new_entry_at_once(any_server: Any, ser
         await c.close()
 
 
-async def test_entries_of_a_read_whose_reply_was_lost_are_adopted(
+async def test_entries_of_a_read_whose_reply_was_lost_are_taken_again(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:
     # A read whose reply is lost with the connection has already delivered its
     # entries, pending to the reader under its lease, and recorded its token. Play
     # that read by hand, under the client's id and lease, then set the lost-reply
-    # flag: the client adopts those entries (the recorded tokens) instead of leaving
+    # flag: the client takes those entries again (the recorded tokens) instead of leaving
     # them pending to nobody's work.
     c = client(any_server.url, service, recovery=False)
     await c.start()

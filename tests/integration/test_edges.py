@@ -125,7 +125,7 @@ async def test_a_second_process_that_takes_a_lost_lease_over_leaves_the_first_no
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
     # A process whose read reply was lost re-reads its consumer's pending
-    # entries and adopts them: they are held by the consumer's lease. Another
+    # entries and takes them again: they are held by the consumer's lease. Another
     # process with the same id (the first one's lease lost, so not refused)
     # takes the lease, and with it everything pending to the consumer: the
     # first can neither keep nor finish any of it, so each is finished once.

@@ -105,7 +105,7 @@ async def test_a_tally_only_when_a_count_moved(fake: FakeRedis, sent: list[dict[
     h.state.stats.finished += 3
     h.state.stats.dead_lettered += 1
     h.hooks.metric("recovery_scan_requeued_total", 2)
-    h.hooks.metric("recovery_adopted_total", 1)
+    h.hooks.metric("recovery_deadline_requeued_total", 1)
     j.tally()
     j.tally()  # nothing more since
     await j.flush()
@@ -166,9 +166,9 @@ async def test_a_failed_write_is_dropped_counted_and_logged_once(
 
 
 def test_reap_holders_are_matched_to_the_entries_they_held() -> None:
-    found = [[b"dead-1", b"dead-1", b"dead-2"], [b"dead-1", b"1700000000123", b"dead-2", b"17e11"]]
-    # One adopted entry (its holder first in found), then two gone ones.
-    assert Journal.holders([b"1-0", b"2-0"], found, skip=1) == {
+    found = [[b"dead-1", b"dead-2"], [b"dead-1", b"1700000000123", b"dead-2", b"17e11"]]
+    # Each gone entry's holder, in their order, then each holder's deadline.
+    assert Journal.holders([b"1-0", b"2-0"], found) == {
         "1-0": ("dead-1", "1700000000123"),
         "2-0": ("dead-2", "1700000000000"),
     }

@@ -43,7 +43,7 @@ def test_every_script_file_is_registered() -> None:
 @pytest.mark.parametrize(
     ("part", "users"),
     [
-        ("_fence", {"read-3", "reap-4", "fence-1"}),
+        ("_fence", {"read-3", "fence-1"}),
         ("_names", {"read-3", "done-n", "release-1", "names-1", "requeue-6", "promote-4"}),
         ("_acl", {"publish-1", "fetch-1", "commit-1"}),
         ("_keyed", {"fetch-1", "commit-1"}),
@@ -116,11 +116,6 @@ _FIXED = {
         batch=10,
         stall_ms=1000,
         grace_ms=1000,
-        adopter="me",
-        room=5,
-        lease="x",
-        queued_prefix="q:",
-        queues=True,
         tokens_prefix="{s}:tokens:",
     ),
     "leave-3": lambda b: scripts.leave(

@@ -77,7 +77,7 @@ async def test_a_park_refused_for_a_wrong_type_key_re_queues_at_once(fake: FakeR
     assert h.state.stats.handed_back == 2 and h.state.stats.retries_delayed == 1
 
 
-@pytest.mark.parametrize("lost", ["lease gone", "lease taken again", "adopted"])
+@pytest.mark.parametrize("lost", ["lease gone", "lease taken again", "taken elsewhere"])
 async def test_hand_back_of_a_lost_stream_returns_nothing_and_counts_nothing(
     fake: FakeRedis, lost: str
 ) -> None:
@@ -87,7 +87,7 @@ async def test_hand_back_of_a_lost_stream_returns_nothing_and_counts_nothing(
         del fake.strings[h.names.lease_key]
     elif lost == "lease taken again":  # by this process, after it lapsed: a new value
         fake.strings[h.names.lease_key] = h.state.lease.value + ".2"
-    else:  # our lease lapsed and another consumer's recovery took the entry
+    else:  # pending to another consumer (lbs's recovery re-queues instead; XCLAIM by hand does this)
         fake.pending[x.entry_id] = "redis-consumer-other"
     assert await requeue.hand_back([x], count_retry=False, reason="close") == [""]
     assert h.state.stats.handed_back == 0 and h.recorder.events == {}
@@ -165,7 +165,7 @@ async def test_lost_while_alive_re_queues_what_it_can_and_pardons_the_rest(
     h, requeue = _requeue(fake)
     gone = h.deliver("gone")  # read under the lease that lapsed, nobody took it
     taken = h.deliver("taken")
-    fake.pending[taken] = "redis-consumer-other"  # another consumer's recovery adopted it
+    fake.pending[taken] = "redis-consumer-other"  # moved to another consumer under its id (XCLAIM)
     fake.strings[h.lease_of("redis-consumer-other")] = "nonce"
     if mode == "absent":
         del fake.strings[h.names.lease_key]
