@@ -107,11 +107,16 @@ class Reader(Activity, kind="reader"):
         # A read sent ahead, before the previous batch was dispatched: (reply task, count asked).
         ahead: tuple[asyncio.Task[_Batch], int] | None = None
 
+        # Slots freed (Holdings.frees) when the last read of new entries was sent: fair dispatch
+        # looked at the shares then, so a slot freed since is a reason to look again at once.
+        looked = s.holdings.frees
+
         def read_ahead(got: int, asked: int) -> None:
-            nonlocal ahead
+            nonlocal ahead, looked
             free = s.free_slots(got)
             if got >= asked and free > 0 and not s.stopping.is_set():
                 count = min(s.read_count, free)
+                looked = s.holdings.frees
                 ahead = (self._send(count, ">"), count)
 
         try:
@@ -148,10 +153,12 @@ class Reader(Activity, kind="reader"):
                             freed = s.holdings.freed
                             freed.clear()
                             await self.taker.flush_record()
-                            await wait_set(freed, SHARE_RECHECK)
+                            if s.holdings.frees == looked:  # none freed since the look
+                                await wait_set(freed, SHARE_RECHECK)
                         asked = min(s.read_count, free)
                         # Drained: wait in Redis (a blocking XREADGROUP) for the next XADD.
                         wait = block_ms if then == scripts.DRAINED else 0
+                        looked = s.holdings.frees
                         sent = self._send(asked, ">", wait)
                     then = scripts.READ_AGAIN  # what a take that fails leaves: read again
                     refused_under = s.lease.takes  # the take a refused read was sent under, at most

@@ -171,7 +171,7 @@ class Runner:
         h.task = None
         s.handlers.discard(task)
         if s.run_limit:
-            s.holdings.freed.set()
+            s.holdings.free()
         if s.holdings.table.get(h.entry_id) is not h:
             return  # disowned or handed back while it ran: the stream is not ours to finish
         exc: BaseException | None

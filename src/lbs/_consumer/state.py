@@ -248,6 +248,9 @@ class Holdings:
         self.tombstones: OrderedDict[str, Held] = OrderedDict()
         #: Set when a slot frees (a stream dropped, or the client closing): the reader reads again.
         self.freed = asyncio.Event()
+        #: Slots freed so far (:meth:`free`): a reader that looked before compares, since the event may
+        #: have been set and cleared meanwhile.
+        self.frees = 0
         #: Held entries whose keyed commit is in flight: it may let the key go, so a heartbeat that
         #: finds the lease gone meanwhile leaves them to the commit's reply instead of disowning them.
         self.settling: set[str] = set()
@@ -291,8 +294,13 @@ class Holdings:
             self._batches[h.token] = left
         else:
             self.finished_batches.append(h.token)
-        self.freed.set()
+        self.free()
         return True
+
+    def free(self) -> None:
+        """A slot freed (a stream dropped, a handler ended): the reader may read again."""
+        self.frees += 1
+        self.freed.set()
 
     def find(self, stream: str, entry_id: str | None = None) -> Held:
         """The held assignment of ``stream`` (``entry_id`` picks one, else the oldest); :class:`lbs.NotHeldError`."""

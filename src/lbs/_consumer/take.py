@@ -102,7 +102,8 @@ class Taker:
     async def share(self, count: int) -> int:
         """Fair dispatch: how many of ``count`` this consumer takes now. The live consumers (this one
         and every peer that read within ``Config.fair_window``) split what waits and what they hold
-        evenly: this one's share is ``ceil((waiting + held by them) / live) - held by it``. ``count``
+        evenly: this one's share is ``ceil((waiting + held by them) / live) - held by it`` (its peers'
+        holdings as Redis counts them, pending; its own as it counts them, its busy slots). ``count``
         when nothing waits or the share is no limit (then not looked at again for
         :data:`NO_PEER_FOR`). Two XINFO replies in one round trip."""
         s = self.state
@@ -125,15 +126,18 @@ class Taker:
         if lag == 0 or lag is None:  # nothing waits, or Redis cannot tell: a full read
             return count
         window = s.config.fair_window_ms or 0
-        live, held, mine = 1, 0, 0
+        # What this consumer holds, as it knows it: its pending count in Redis still includes the
+        # streams whose handler returned and whose done is not sent yet (a slot already free here),
+        # and a share judged by it waits for a slot that freed before the look.
+        mine = len(s.handlers) if s.run_limit else len(s.holdings)
+        live, held = 1, 0
         for c in consumers:
             f = _fields(c)
-            pending = int(f.get("pending") or 0)
             if text(f.get("name", b""), "replace") == n.id:
-                mine = pending
-            elif int(f.get("idle") or window) < window:  # it reads: alive
+                continue
+            if int(f.get("idle") or window) < window:  # it reads: alive
                 live += 1
-                held += pending
+                held += int(f.get("pending") or 0)
         share = max(0, math.ceil((int(lag) + held + mine) / live) - mine)
         if share >= count:
             self._no_peer_until = time.monotonic() + NO_PEER_FOR
