@@ -119,3 +119,9 @@ async def next_line(proc: subprocess.Popen[str], timeout: float = 20) -> dict[st
     line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
     assert line, f"the process ended early (exit code {proc.poll()})"
     return json.loads(line)  # type: ignore[no-any-return]
+
+
+async def command_calls(r: Any) -> dict[str, int]:
+    """Calls per command so far on ``r``'s server (``INFO commandstats``), by lower-case name."""
+    stats = await r.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}

@@ -20,14 +20,9 @@ from lbs._keys import group_name, input_stream, key_prefix, name_holder, waiting
 from lbs._redis import scripts
 from lbs._redis.scripts import DoneCode
 
-from _helpers import client, eventually, produce, take
+from _helpers import client, command_calls, eventually, produce, take
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def _calls(rr: aioredis.Redis) -> dict[str, int]:
-    stats = await rr.info("commandstats")
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
 async def test_a_batch_finishes_with_xackdel_and_delex_and_no_name_script(
@@ -38,9 +33,9 @@ async def test_a_batch_finishes_with_xackdel_and_delex_and_no_name_script(
     await c.start()
     try:
         notes = await take(c, 3)
-        before = await _calls(r)
+        before = await command_calls(r)
         statuses = await c.done_streams([n.stream for n in notes])
-        after = await _calls(r)
+        after = await command_calls(r)
         assert statuses == [lbs.DoneStatus.DONE] * 3
         # One XACKDEL for the batch and a compare-and-delete per name; done-n.lua (which releases
         # names with MGET + DEL) did not run.

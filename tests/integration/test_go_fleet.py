@@ -33,7 +33,7 @@ from lbs.embedded import (
 from lbs.testing import abandon
 
 from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
-from _helpers import eventually
+from _helpers import command_calls, eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -276,7 +276,7 @@ async def test_go_compatible_recovery_never_robs_a_slow_live_go_holder(
     try:
 
         async def scans() -> int:
-            return int((await r.info("commandstats")).get("cmdstat_xpending", {}).get("calls", 0))
+            return (await command_calls(r)).get("xpending", 0)
 
         async def idle_enough() -> bool:
             assert ran == [], "lbs took a stream a live Go consumer holds"
@@ -338,7 +338,7 @@ async def test_a_scan_that_looked_before_a_go_done_streams_unlock_re_queues_noth
     async with _one_go_held_entry(server, service) as (go, _id, r, c):
 
         async def lock_looks() -> int:
-            return int((await r.info("commandstats")).get("cmdstat_exists", {}).get("calls", 0))
+            return (await command_calls(r)).get("exists", 0)
 
         before = await lock_looks()
         scan = asyncio.create_task(c.recovery.scan(min_idle=0))
@@ -677,7 +677,7 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
             return
 
         async def reads() -> int:
-            return int((await r.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
+            return (await command_calls(r)).get("evalsha", 0)
 
         async def claimed_by_lbs() -> (
             bool

@@ -18,15 +18,9 @@ from lbs._keys import consumers_key, fence_key, group_name, input_stream, name_h
 from lbs._redis.scripts import source
 from lbs.testing import abandon, freeze
 
-from _helpers import client, eventually, produce, take
+from _helpers import client, command_calls, eventually, produce, take
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def _calls(rr: aioredis.Redis) -> dict[str, int]:
-    """Calls per command so far (INFO commandstats)."""
-    stats = await rr.info("commandstats")
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
 async def test_a_tick_extends_one_key_however_many_streams_are_held(
@@ -41,9 +35,9 @@ async def test_a_tick_extends_one_key_however_many_streams_are_held(
         key = lbs.lease_key(service, c.id)
         assert await rr.get(key) == c.instance.encode()
         await rr.pexpire(key, 5_000)  # shortened by hand: the tick sets it back to the TTL
-        before = await _calls(rr)
+        before = await command_calls(rr)
         assert await c.heartbeat() == 0
-        after = await _calls(rr)
+        after = await command_calls(rr)
         # One script call for the tick, whatever is held, and no command per stream.
         assert after.get("evalsha", 0) - before.get("evalsha", 0) == 1
         assert after.get("pexpire", 0) - before.get("pexpire", 0) == 1
