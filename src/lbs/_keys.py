@@ -92,14 +92,28 @@ def fence_key(service: str) -> str:
 
 
 def consumers_key(service: str) -> str:
-    """The consumer deadline index: ``{<service>-input}:consumers``.
+    """The consumer deadline index: ``{<service>-input}:deadlines``.
 
     A sorted set of the consumer ids with a lease, each scored by the server
     time (ms) by which it must have heartbeated again (the heartbeat moves it
     with the lease's TTL). Recovery's deadline poller looks only at consumers
     past it, and judges each by its lease (gone: its entries are recovered).
+    (The per-entry lock protocol kept its index at :func:`lock_protocol_index`.)
     """
+    return f"{hash_tag(service)}:deadlines"
+
+
+def lock_protocol_index(service: str) -> str:
+    """Where consumers of the per-entry lock protocol (lbs before the consumer lease) keep their
+    deadline index, ``{<service>-input}:consumers``. Under the consumer lease it holds a string, the
+    tripwire that refuses such a consumer's reads (:mod:`lbs._consumer.protocol`)."""
     return f"{hash_tag(service)}:consumers"
+
+
+def lock_protocol_marker(service: str, consumer_id: str) -> str:
+    """The per-entry lock protocol's marker of a live process running as ``consumer_id``,
+    ``{<service>-input}:instance:<consumer id>`` (refreshed by its heartbeat, with its lock TTL)."""
+    return f"{hash_tag(service)}:instance:{consumer_id}"
 
 
 def reaped_key(service: str) -> str:

@@ -28,6 +28,7 @@ from .handover import Handover
 from .heartbeat import Heartbeat
 from .instance import Instance
 from .observer import Observer
+from .protocol import refuse_lock_protocol
 from .reader import Reader
 from .recovery import Recovery
 from .requeue import Requeue
@@ -106,6 +107,7 @@ class Lifecycle:
         s = self.state
         cfg = s.config
         await self.topology.start()
+        await refuse_lock_protocol(s)
         self.took_instance = True
         await self.instance.take()
         # Which reader: a plugin may answer (and may refuse this server by raising).

@@ -7,7 +7,7 @@ recoverer won), then writes the fresh entry (or the dead letter) and deletes the
 Any number of recoverers re-queue an entry exactly once. Three paths find the entries:
 
 * **deadline poller** (fast, does not depend on Redis's expiry timing): every consumer has a
-  deadline in the sorted set ``{<service>-input}:consumers``, moved by each heartbeat tick; at the
+  deadline in the sorted set ``{<service>-input}:deadlines``, moved by each heartbeat tick; at the
   earliest deadline in the index (``reap-4.lua`` returns it), never twice within
   ``deadline_poll_interval``, the script looks at each overdue consumer's lease (its PTTL expires an
   overdue lease on the spot) and, where it is gone, lists its pending entries, which are re-queued

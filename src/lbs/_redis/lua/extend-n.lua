@@ -4,7 +4,7 @@
   entry and refresh those entries' pending idle time.
 
   KEYS[1]        the load-balancer stream, <service>-input
-  KEYS[2]        the consumer deadline index, {<service>-input}:consumers
+  KEYS[2]        the consumer deadline index, {<service>-input}:deadlines
   KEYS[3]        this consumer's lease, {<service>-input}:lease:<consumer id>
 
   ARGV[1]        lease TTL in milliseconds, an integer >= 1

@@ -8,7 +8,7 @@
   KEYS[1]  the closing consumer's lease, {<service>-input}:lease:<consumer
            id> (ignored when ARGV[1] is "")
   KEYS[2]  the load-balancer stream, <service>-input
-  KEYS[3]  the consumer deadline index, {<service>-input}:consumers: a
+  KEYS[3]  the consumer deadline index, {<service>-input}:deadlines: a
            deleted consumer leaves it too (ZREM; a key of another type is
            left alone)
 

@@ -5,7 +5,7 @@
   "absent"), which writes a fresh entry under a new id, so an entry id is
   only ever pending to the consumer that read it.
 
-  KEYS[1]  the consumer deadline index, {<service>-input}:consumers (consumer
+  KEYS[1]  the consumer deadline index, {<service>-input}:deadlines (consumer
            id scored by the server time, ms, by which it heartbeats again)
   KEYS[2]  the load-balancer stream, <service>-input
   KEYS[3]  {<service>-input}:reaped: the server time (ms) of the last call,
