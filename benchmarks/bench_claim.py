@@ -7,7 +7,7 @@ stopped (its lease gone). Timed end to end, from a fresh consumer's
 ``start()`` until the 1,000 have been delivered to it again:
 
 * ``claim reader``: ``lbs-claim``'s XREADGROUP ... CLAIM (one read claims the
-  idle entries, with their delivery counts). Skipped: ``read-3.lua`` no longer
+  idle entries, with their delivery counts). Skipped: the reader no longer
   makes CLAIM reads (issue 44);
 * ``scan``: the default reader with the scan at start (XPENDING IDLE pages,
   an EXISTS round trip per page on the leases of the page's consumers,

@@ -1,6 +1,6 @@
 """Client memory per held stream: the held table with 100,000 held streams.
 
-The table is filled the way the reader fills it: entries as ``read-3.lua``
+The table is filled the way the reader fills it: entries as a read's XREADGROUP
 returns them (``[id, [field, value, ...]]``) are parsed by the client's
 ``EntryParser`` and each becomes a record with ``HeldTable.take``; the
 parsed entries are then dropped, as they are after a read. What stays is

@@ -43,15 +43,6 @@ def group_name(service: str) -> str:
     return f"{service}-group"
 
 
-def wake_group(service: str) -> str:
-    """The group a consumer waits in between reads: ``<service>-wake``.
-
-    Read only with NOACK, one entry at a time: it holds nothing, it only wakes one waiting consumer
-    per XADD (read-3.lua moves it to the stream's end whenever a read drains ``<service>-group``).
-    """
-    return f"{service}-wake"
-
-
 def hash_tag(service: str) -> str:
     return "{" + input_stream(service) + "}"
 
@@ -230,16 +221,6 @@ def tokens_prefix(service: str) -> str:
     deletes a field once it finished the batch.
     """
     return f"{hash_tag(service)}:tokens:"
-
-
-def nudge_stream(service: str) -> str:
-    """Where fair dispatch wakes idle peers: ``{<service>-input}:nudge``.
-
-    A short stream (``MAXLEN ~ 100``) that :func:`wake_group` is also created on and that every wait
-    in it reads beside the LBS: a read that leaves entries to idle peers (read-3.lua's "share")
-    adds one entry per peer it counted, and each wakes one of them.
-    """
-    return f"{hash_tag(service)}:nudge"
 
 
 def dead_letter_group(service: str) -> str:

@@ -2,9 +2,10 @@
 
 Per client, whatever the number of held streams (see lbs._consumer):
 
-* the **reader** reads batches (``read-3.lua``) up to the free capacity,
-  held by the consumer's lease, and hands each stream to ``run()``'s
-  handlers or the notification mailbox;
+* the **reader** reads batches up to the free capacity (a plain ``XREADGROUP``,
+  then one ``MULTI`` that takes the batch's token and names; ``read-3.lua`` only
+  re-reads after a read whose reply was lost), held by the consumer's lease,
+  and hands each stream to ``run()``'s handlers or the notification mailbox;
 * the **heartbeat** extends the consumer's lease in one round trip per tick,
   whatever it holds;
 * the **finisher** batches every ``done_stream`` into one ``done-n.lua`` call;

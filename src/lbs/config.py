@@ -74,22 +74,23 @@ class Config:
 
     #: Most data streams this consumer holds at once; reads never exceed the free capacity.
     max_streams: int = 100
-    #: Most entries one read (``read-3.lua``'s XREADGROUP) asks for, capped by the free capacity.
+    #: Most entries one read (its XREADGROUP) asks for, capped by the free capacity.
     #: After a full read the next one is sent before the batch is dispatched, when the
     #: capacity left allows it. ``None``: half the capacity (``max_streams``, or ``run()``'s
     #: ``concurrency``), at most 500, so Redis reads the next batch while this one is handed out.
     read_count: int | None = None
-    #: Fair dispatch: while other consumers of the group hold nothing and read in the last
-    #: ``max(5 s, 3 x read_block)`` (idle peers), a read takes no more than this consumer's
-    #: share of what waits (``ceil((waiting + held) / (idle peers + 1)) - held``), so a few long
+    #: Fair dispatch: while other consumers of the group read in the last
+    #: ``max(5 s, 3 x read_block)`` (live peers), a read takes no more than this consumer's
+    #: share of what waits and what the live consumers hold
+    #: (``ceil((waiting + held) / (live peers + 1)) - held by it``), so a few long
     #: registrations spread over idle consumers instead of going to the first that reads. A
-    #: consumer that has taken its share reads again after ``read_block`` or when more arrives.
-    #: Costs one ``XINFO GROUPS`` per read, and ``XINFO CONSUMERS`` (an ``EXISTS`` per idle peer)
-    #: only when entries wait; a consumer with nothing pending reads one entry first and counts
-    #: its share only when more wait.
+    #: consumer that has taken its share looks again once a slot of its own frees, or soon.
+    #: Costs one ``XINFO GROUPS`` and one ``XINFO CONSUMERS`` (one round trip) per read after a
+    #: full one, fewer while no peer limits the share; a blocking read (after the group drained)
+    #: takes at most two entries and looks at nobody.
     #: ``False``: every read takes up to ``read_count``.
     fair_dispatch: bool = True
-    #: How long the reader waits for new entries (in the wake group) after a read that drained
+    #: How long the reader waits for new entries (a blocking XREADGROUP) after a read that drained
     #: the group, before it reads again anyway.
     #: Bounded, so shutdown is prompt even without cancellation.
     read_block: float = 1.0

@@ -2,9 +2,9 @@
 re-run always carries a greater fencing token, and a killed consumer's work is back within the
 lock TTL + 1 s.
 
-The read loop waits in the wake group and reads and locks in one write (``read-3.lua`` runs the
-moment the wait returns), so there is no moment at which an entry is delivered without its lock;
-this kills worker processes (``_audit_worker.py``: each run's start and end in an audit stream, 10-60
+The read loop reads with a plain XREADGROUP (blocking in Redis once the group is drained) and takes
+the batch with one MULTI; what it read is pending to it and held by its lease from the moment it is
+delivered, so there is no moment at which an entry is delivered and held by nobody; this kills worker processes (``_audit_worker.py``: each run's start and end in an audit stream, 10-60
 ms of work between) at random moments of a steady feed (waiting, reading, in a handler, finishing)
 and checks what a user relies on. A consumer in this process
 (recovery on, as every lbs consumer has it) survives and takes the work back.

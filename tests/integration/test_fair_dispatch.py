@@ -1,6 +1,6 @@
-"""Fair dispatch (``Config.fair_dispatch``, read-3.lua's ARGV[8]): while peers of the group are live,
-a read takes no more than the reading consumer's share of the work, so a few long registrations
-spread over idle consumers instead of going to the first that reads."""
+"""Fair dispatch (``Config.fair_dispatch``, :meth:`lbs._consumer.take.Taker.share`): while peers of the
+group are live, a read takes no more than the reading consumer's share of the work, so a few long
+registrations spread over idle consumers instead of going to the first that reads."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,23 +18,11 @@ import redis
 import redis.asyncio as aioredis
 
 import lbs
-from lbs._keys import (
-    fence_key,
-    group_name,
-    input_stream,
-    key_prefix,
-    lease_key,
-    nudge_stream,
-    wake_group,
-)
-from lbs._redis.scripts import source
+from lbs._keys import group_name, input_stream
 
 from _helpers import client, eventually
 
 pytestmark = pytest.mark.timeout(90)
-
-#: The lease value of every consumer the script tests make (what their lease keys hold).
-NONCE = "nonce"
 
 
 async def register(r: aioredis.Redis, service: str, n: int) -> None:
@@ -45,38 +34,6 @@ async def register(r: aioredis.Redis, service: str, n: int) -> None:
                 {"lbs-input": json.dumps({"DataStreamName": f"long-{i}", "Info": {}})},
             )
         await pipe.execute()
-
-
-async def read(
-    r: aioredis.Redis,
-    service: str,
-    consumer: str,
-    count: int,
-    window: int | str,
-    nudge: str = "",
-) -> list[Any]:
-    """One read-3.lua call by ``consumer`` under its lease, taken (or renewed) first (one holder per
-    name, fair dispatch with ``window`` ms; "" off; idle peers left a share nudged in ``nudge``): the
-    entries read."""
-    await r.set(lease_key(service, consumer), NONCE, px=60_000)
-    entries, _tokens, _ = await r.eval(
-        source("read-3"),
-        3,
-        input_stream(service),
-        fence_key(service),
-        lease_key(service, consumer),
-        group_name(service),
-        consumer,
-        count,
-        NONCE,
-        ">",
-        "",
-        key_prefix(service),
-        window,
-        wake_group(service),
-        nudge,
-    )
-    return list(entries)
 
 
 async def test_long_registrations_spread_over_idle_consumers(
@@ -157,7 +114,7 @@ async def trickle(
 
     readers = [asyncio.create_task(collect(p)) for p in procs]
     try:
-        # Every consumer has read (and found nothing): each waits in the wake group, a live peer.
+        # Every consumer has read (and found nothing): each waits in a blocking read, a live peer.
         await eventually(lambda: _consumers(r, service, consumers), timeout=30)
         await asyncio.sleep(0.5)
         # From a thread of its own, as a producer elsewhere registers: not in step with the consumers.
@@ -241,80 +198,79 @@ async def test_a_lone_consumer_takes_what_it_can(
         await run
 
 
-@pytest.mark.usefixtures("redis_server")
-async def test_the_share_counts_only_live_peers(rr: aioredis.Redis, service: str) -> None:
-    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    await peer(rr, service)
-    await register(rr, service, 9)
-    # One live peer holding nothing: half of the 9 waiting, rounded up.
-    assert len(await read(rr, service, "me", 50, 60_000)) == 5
-    # My share is taken (5 of 4 waiting + 5 held, over two): the next read takes nothing.
-    assert await read(rr, service, "me", 50, 60_000) == []
-    # The peer goes quiet past the window: not live, so the rest is mine.
-    await asyncio.sleep(0.05)
-    assert len(await read(rr, service, "me", 50, 20)) == 4
-
-
-@pytest.mark.usefixtures("redis_server")
-async def test_a_share_left_to_idle_peers_nudges_one_per_peer(
-    rr: aioredis.Redis, service: str
+async def test_the_share_counts_only_live_peers(
+    redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:
-    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    nudge = nudge_stream(service)
-    await peer(rr, service)
-    await peer(rr, service, name="peer2")
-    await register(rr, service, 9)
-    # A third of the 9 is mine; 6 are left to the two idle peers: one nudge each wakes them.
-    assert len(await read(rr, service, "me", 50, 60_000, nudge)) == 3
-    assert await rr.xlen(nudge) == 2
-    # Each takes one (its own share first): 4 left to nobody idle now, no nudge.
-    assert len(await read(rr, service, "peer", 1, 60_000, nudge)) == 1
-    assert len(await read(rr, service, "peer2", 1, 60_000, nudge)) == 1
-    assert len(await read(rr, service, "me", 50, 60_000, nudge)) == 4
-    assert await rr.xlen(nudge) == 2
-    # Without the nudge stream (ARGV[10] ""): a share is left, nobody is nudged.
-    await rr.delete(nudge)
-    await peer(rr, service, name="idle")
-    await register(rr, service, 4)
-    assert len(await read(rr, service, "fresh", 50, 60_000)) == 2  # half: one idle peer
-    assert await rr.exists(nudge) == 0
+    # A peer that reads (XINFO idle within fair_window_ms) and holds nothing: half of the 9 waiting
+    # is this consumer's, rounded up. Once the peer is quiet past the window it is no peer, and the
+    # rest is this consumer's too.
+    running = 0
+    release = asyncio.Event()
+
+    async def handler(note: lbs.Notification) -> None:
+        nonlocal running
+        running += 1
+        await release.wait()
+
+    c = client(redis_server.url, service)
+    async with live_peer(r, service) as keeper:
+        await register(r, service, 9)
+        run = asyncio.create_task(c.run(handler))
+        try:
+            await eventually(lambda: _is(running, 5))
+            await asyncio.sleep(0.5)  # reads that would take more than the share: none does
+            assert running == 5
+            keeper.cancel()  # the peer goes quiet: past the window (5 s) it is no peer
+            await eventually(lambda: _is(running, 9), timeout=60)
+        finally:
+            release.set()
+            await c.close()
+            await run
 
 
-@pytest.mark.usefixtures("redis_server")
-async def test_a_peer_whose_process_is_gone_is_no_peer(rr: aioredis.Redis, service: str) -> None:
-    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    # It read a moment ago and holds nothing, but its lease lapsed (the process died, and what it held
-    # was re-queued): the work is not left for it.
-    await peer(rr, service, alive=False)
-    await register(rr, service, 9)
-    assert len(await read(rr, service, "me", 50, 60_000)) == 9
+async def test_off_reads_up_to_count_whatever_the_peers(
+    redis_server: Any, r: aioredis.Redis, service: str
+) -> None:
+    release = asyncio.Event()
+    running = 0
+
+    async def handler(note: lbs.Notification) -> None:
+        nonlocal running
+        running += 1
+        await release.wait()
+
+    c = client(redis_server.url, service, fair_dispatch=False, read_count=50)
+    async with live_peer(r, service):
+        await register(r, service, 9)
+        run = asyncio.create_task(c.run(handler))
+        try:
+            # All nine while the peer lives (with fair dispatch, five: test above).
+            await eventually(lambda: _is(running, 9))
+        finally:
+            release.set()
+            await c.close()
+            await run
 
 
-@pytest.mark.usefixtures("redis_server")
-async def test_off_reads_up_to_count_whatever_the_peers(rr: aioredis.Redis, service: str) -> None:
-    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    await peer(rr, service)
-    await register(rr, service, 9)
-    assert len(await read(rr, service, "me", 50, "")) == 9
+@contextlib.asynccontextmanager
+async def live_peer(r: aioredis.Redis, service: str) -> AsyncIterator[asyncio.Task[None]]:
+    """The group, and a consumer "peer" in it that holds nothing and reads every 0.1 s (an XREADGROUP
+    of its own history: it delivers nothing) while the yielded task runs."""
+    await r.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
 
+    async def keep() -> None:
+        while True:
+            await r.xreadgroup(group_name(service), "peer", {input_stream(service): "0"})
+            await asyncio.sleep(0.1)
 
-@pytest.mark.usefixtures("redis_server")
-async def test_the_share_is_counted_without_the_lag_too(rr: aioredis.Redis, service: str) -> None:
-    await rr.xgroup_create(input_stream(service), group_name(service), id="0", mkstream=True)
-    await peer(rr, service)
-    await register(rr, service, 10)
-    # An entry not yet read deleted: Redis cannot tell the lag; the script counts what waits instead.
-    middle = (await rr.xrange(input_stream(service)))[5][0]
-    await rr.xdel(input_stream(service), middle)
-    assert (await rr.xinfo_groups(input_stream(service)))[0]["lag"] is None
-    assert len(await read(rr, service, "me", 50, 60_000)) == 5
-
-
-async def peer(r: aioredis.Redis, service: str, alive: bool = True, name: str = "peer") -> None:
-    """A consumer ``name`` in the group holding nothing; ``alive``: with its lease (its process lives)."""
-    await r.xgroup_createconsumer(input_stream(service), group_name(service), name)
-    if alive:
-        await r.set(lease_key(service, name), NONCE, px=60_000)
+    await r.xgroup_createconsumer(input_stream(service), group_name(service), "peer")
+    keeper = asyncio.create_task(keep())
+    try:
+        yield keeper
+    finally:
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
 
 
 async def _consumers(r: aioredis.Redis, service: str, n: int) -> bool:

@@ -642,7 +642,7 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
     server: RedisServer, service: str, compatible: bool
 ) -> None:
     """lbs-claim's XREADGROUP ... CLAIM hands over whatever is idle, and Go never refreshes idle times:
-    with go_compatible read-3 leaves a claimed entry whose Go-style lock exists to its Go holder."""
+    with go_compatible the reader leaves a claimed entry whose Go-style lock exists to its Go holder."""
     lbs_claim = pytest.importorskip("lbs_claim")
     product, version = server_product(server.binary), ".".join(map(str, server.version))
     if server.version < (8, 4) or product == "Valkey":
@@ -681,7 +681,7 @@ async def test_the_claim_reader_takes_a_live_go_holders_entries_only_by_default(
 
         async def claimed_by_lbs() -> (
             bool
-        ):  # CLAIM moved them to lbs's pending list; read-3 locked nothing
+        ):  # CLAIM moved them to lbs's pending list; the read locked nothing
             pending = await r.xpending_range(
                 lbs.input_stream(service), lbs.group_name(service), "-", "+", 10
             )

@@ -4,8 +4,8 @@ A data stream registered again while it is held waits: read, acked (it stays
 in the LBS as its own record, pending to nobody, so held under no consumer's
 lease) and parked in the name's waiting list, with no retry counted; the
 holder's release (done, re-queue, dead letter) puts the oldest waiter back into
-the LBS. The script tests run on Redis 8.x
-and 7.0 (``rr``); the client tests show two handlers of one name never run at
+the LBS. The script tests (a read as the client's take makes it: MSETNX, else ``names-1.lua``)
+run on Redis 8.x and 7.0 (``rr``); the client tests show two handlers of one name never run at
 once, and every registration runs.
 """
 
@@ -60,24 +60,34 @@ async def setup(r: aioredis.Redis, service: str, *regs: dict[str, str]) -> list[
 async def read(
     r: aioredis.Redis, service: str, consumer: str = "c1", count: int = 10
 ) -> tuple[list[str], list[Any]]:
-    """One read-3.lua call under c1's lease with one holder per name: (entry ids, tokens)."""
-    entries, tokens, _ = await r.eval(
-        source("read-3"),
-        3,
-        input_stream(service),
-        fence_key(service),
-        lease_key(service, consumer),
-        group_name(service),
-        consumer,
-        count,
-        NONCE,
-        ">",
-        "",
-        key_prefix(service),
+    """What c1's Lua-free read does (lbs._consumer.take): XREADGROUP >, one token for the batch
+    (fence-1.lua's floor, then INCRBY) and the names: at once with one MSETNX when the batch's names
+    are distinct, else (or when it set none) one by one with names-1.lua. (entry ids, tokens): an
+    int, or names-1.lua's "WAIT <holder id>" / "WRONGTYPE <type> <key>"."""
+    reply = await r.xreadgroup(
+        group_name(service), consumer, {input_stream(service): ">"}, count=count
     )
-    return [e[0].decode() for e in entries], [
-        t.decode() if isinstance(t, bytes) else t for t in tokens
-    ]
+    entries = reply[0][1] if reply else []
+    ids = [e[0].decode() for e in entries]
+    if not ids:
+        return [], []
+    await r.eval(source("fence-1"), 1, fence_key(service))
+    tokens: list[Any] = [await r.incrby(fence_key(service), 1)] * len(ids)
+    names = [json.loads(f[b"lbs-input"])["DataStreamName"] for _, f in entries]
+    if len(set(names)) == len(names) and await r.msetnx(
+        {name_holder(service, n): i for n, i in zip(names, ids, strict=True)}
+    ):
+        return ids, tokens
+    pairs = [x for n, i in zip(names, ids, strict=True) for x in (n, i)]
+    held = await r.eval(
+        source("names-1"),
+        1,
+        input_stream(service),
+        group_name(service),
+        key_prefix(service),
+        *pairs,
+    )
+    return ids, [t if h == b"" else h.decode() for t, h in zip(tokens, held, strict=True)]
 
 
 async def done(r: aioredis.Redis, service: str, held: list[tuple[str, int, str]]) -> list[int]:

@@ -1,4 +1,4 @@
-"""The reader strategy hook: XREADGROUP ... CLAIM through read-3.lua (Redis >= 8.4), and refusals."""
+"""The reader strategy hook: XREADGROUP ... CLAIM (Redis >= 8.4), and refusals."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from _helpers import client, eventually, produce, take
 
 IDLE = 0.2  # the claim threshold in these tests; waits past it are what the tests are about
 
-#: read-3.lua no longer does XREADGROUP ... CLAIM under the consumer lease (issue 44, stage 1).
+#: The reader no longer does XREADGROUP ... CLAIM under the consumer lease (issue 44, stage 1).
 claim_reads = pytest.mark.skip(reason="issue 44: CLAIM reads are being redesigned for the lease")
 
 

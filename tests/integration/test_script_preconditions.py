@@ -11,6 +11,7 @@ roll back a script that fails part-way, so "refused" must mean "untouched".
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from typing import Any
@@ -33,11 +34,9 @@ from lbs._keys import (
     lease_key,
     lease_prefix,
     name_holder,
-    nudge_stream,
-    queued_prefix,
     reaped_key,
+    tokens_prefix,
     waiting_key,
-    wake_group,
 )
 from lbs._redis.scripts import done_codes, source
 
@@ -78,15 +77,11 @@ async def read(
     service: str,
     consumer: str = "c1",
     count: int | str = 10,
-    start: str = ">",
     lease: str = NONCE,
-    queued: str = "",
-    prefix: str = "",
-    fair_ms: int | None = None,
-    wake: str = "",
-    nudge: str = "",
+    tokens: str = "",
 ) -> Any:
-    """One read-3.lua call by ``consumer`` under ``lease`` (its lease key must hold it)."""
+    """One read-3.lua call (the re-read of ``consumer``'s own pending entries after a lost reply) under
+    ``lease`` (its lease key must hold it): [entries, tokens]."""
     return await r.eval(
         source("read-3"),
         3,
@@ -97,13 +92,43 @@ async def read(
         consumer,
         count,
         lease,
-        start,
-        queued,
-        prefix,
-        "" if fair_ms is None else fair_ms,
-        wake,
-        nudge,
+        tokens,
     )
+
+
+async def deliver(
+    r: aioredis.Redis, service: str, consumer: str = "c1", names: bool = False
+) -> tuple[list[Any], list[int]]:
+    """What the Lua-free read does: new entries delivered to ``consumer`` (XREADGROUP >), one token
+    for the batch (fence-1.lua's floor, then INCRBY) and, with ``names``, their names taken
+    (names-1.lua): (entries, one token per entry)."""
+    reply = await r.xreadgroup(
+        group_name(service), consumer, {input_stream(service): ">"}, count=100
+    )
+    entries = reply[0][1] if reply else []
+    if not entries:
+        return [], []
+    await r.eval(source("fence-1"), 1, fence_key(service))
+    token = await r.incrby(fence_key(service), 1)
+    if names:
+        pairs = []
+        for entry_id, fields in entries:
+            pairs += [json.loads(fields[b"lbs-input"])["DataStreamName"], entry_id]
+        held = await r.eval(
+            source("names-1"),
+            1,
+            input_stream(service),
+            group_name(service),
+            key_prefix(service),
+            *pairs,
+        )
+        assert all(h == b"" for h in held), held
+    return entries, [token] * len(entries)
+
+
+def tokens_key(service: str, consumer: str = "c1") -> str:
+    """``consumer``'s token records."""
+    return tokens_prefix(service) + consumer
 
 
 async def done(
@@ -233,8 +258,7 @@ async def lbs_with(r: aioredis.Redis, service: str, n: int, consumer: str = "c1"
 async def taken(r: aioredis.Redis, service: str, n: int, consumer: str = "c1") -> list[str]:
     """``n`` entries read by ``consumer`` under its lease (:data:`NONCE`): their ids."""
     await lbs_with(r, service, n, consumer)
-    entries, tokens, _ = await read(r, service, consumer)
-    assert all(isinstance(t, int) for t in tokens)
+    entries, _ = await deliver(r, service, consumer)
     return [e[0].decode() for e in entries]
 
 
@@ -249,8 +273,7 @@ async def named(r: aioredis.Redis, service: str, names: list[str]) -> list[str]:
         ).decode()
         for n in names
     ]
-    _, tokens, _ = await read(r, service, prefix=key_prefix(service))
-    assert all(isinstance(t, int) for t in tokens)
+    await deliver(r, service, names=True)
     return ids
 
 
@@ -285,52 +308,41 @@ async def refused(call: Any, *names: str) -> str:
     return message
 
 
-# -- read-3.lua ---------------------------------------------------------------
+# -- read-3.lua (the re-read after a lost reply) ------------------------------
 
 
 @pytest.mark.parametrize(("state", "words"), LEASE_LOST)
 async def test_read_refuses_under_a_lease_it_does_not_hold_and_writes_nothing(
     rr: aioredis.Redis, service: str, state: str, words: str
 ) -> None:
-    """The lease is checked first, on both paths and whatever else is asked (queued set, names, fair
-    dispatch, wake group, nudges): an entry delivered under a lease that does not hold ARGV[4] would
-    be pending to a consumer whose entries recovery may take at any moment."""
+    """The lease is checked first: entries listed under a lease that does not hold ARGV[4] would be
+    held by nobody (recovery may take them at any moment)."""
     ids = await lbs_with(rr, service, 4)
-    await read(rr, service, count=2)  # two pending to c1 under its lease, two waiting
+    await deliver(rr, service)  # four pending to c1
     await set_lease(rr, service, state)
+    tokens = tokens_key(service)
     before = await snapshot(rr, service)
-    for start in (">", "0"):
-        with pytest.raises(ResponseError) as info:
-            await read(
-                rr,
-                service,
-                start=start,
-                queued=queued_prefix(service) + "c1",
-                prefix=key_prefix(service),
-                fair_ms=5_000,
-                wake=wake_group(service),
-                nudge=nudge_stream(service),
-            )
-        assert str(info.value) == words
+    with pytest.raises(ResponseError) as info:
+        await read(rr, service, tokens=tokens)
+    assert str(info.value) == words
     assert await snapshot(rr, service) == before
-    assert await pending_to(rr, service) == {ids[0]: b"c1", ids[1]: b"c1"}
     if state == "absent":  # an empty value is no lease either
         with pytest.raises(ResponseError, match=r"^LEASE $"):
             await read(rr, service, lease="")
         assert await snapshot(rr, service) == before
-    # The same call under the lease it holds reads.
+    # The same call under the lease it holds re-reads.
     await set_lease(rr, service)
-    entries, tokens, _ = await read(rr, service)
-    assert [e[0].decode() for e in entries] == ids[2:] and all(isinstance(t, int) for t in tokens)
+    entries, got = await read(rr, service, tokens=tokens)
+    assert [e[0].decode() for e in entries] == ids and all(isinstance(t, int) for t in got)
 
 
 @pytest.mark.parametrize("count", ["0", "-1", "abc", "1.5", "", "1" * 16])
 async def test_read_refuses_a_malformed_count(rr: aioredis.Redis, service: str, count: str) -> None:
-    await lbs_with(rr, service, 2)
+    await taken(rr, service, 2)
     before = await snapshot(rr, service)
     with pytest.raises(ResponseError, match=r"^lbs read-3: COUNT \(ARGV\[3\]\)"):
         await read(rr, service, count=count)
-    assert await snapshot(rr, service) == before and await pending(rr, service) == 0
+    assert await snapshot(rr, service) == before
 
 
 @pytest.mark.parametrize(
@@ -345,23 +357,22 @@ async def test_read_refuses_a_malformed_count(rr: aioredis.Redis, service: str, 
         ("1.5", "not a plain decimal integer"),
     ],
 )
-async def test_read_refuses_a_bad_fence_before_delivering(
+async def test_read_refuses_a_bad_fence_before_writing(
     rr: aioredis.Redis, service: str, fence: str, what: str
 ) -> None:
-    await lbs_with(rr, service, 3)
+    await taken(rr, service, 3)
     await rr.set(fence_key(service), fence)
     before = await snapshot(rr, service)
-    message = await refused(read(rr, service), fence_key(service), what)
+    message = await refused(read(rr, service, tokens=tokens_key(service)), fence_key(service), what)
     assert "fencing counter" in message
-    assert await pending(rr, service) == 0
     assert await snapshot(rr, service) == before
     assert await rr.get(fence_key(service)) == fence.encode()
 
 
 async def test_read_takes_a_fence_just_below_2_53(rr: aioredis.Redis, service: str) -> None:
-    await lbs_with(rr, service, 2)
+    await taken(rr, service, 2)
     await rr.set(fence_key(service), str(2**53 - 11))  # + COUNT 10 = 2^53 - 1
-    _, tokens, _ = await read(rr, service)
+    _, tokens = await read(rr, service)
     assert tokens == [2**53 - 10, 2**53 - 10]  # one token per batch
 
 
@@ -375,69 +386,59 @@ async def test_read_takes_a_fence_just_below_2_53(rr: aioredis.Redis, service: s
 async def test_read_refuses_a_fence_of_the_wrong_type(
     rr: aioredis.Redis, service: str, setup: str, what: str
 ) -> None:
-    await lbs_with(rr, service, 3)
+    await taken(rr, service, 3)
     name = fence_key(service)
+    await rr.delete(name)
     await (rr.rpush(name, "x") if setup == "rpush" else rr.hset(name, "x", "1"))
     before = await snapshot(rr, service)
     await refused(read(rr, service), name, what)
-    await refused(read(rr, service, start="0"), name, what)
-    assert await pending(rr, service) == 0
     assert await snapshot(rr, service) == before
 
 
-@pytest.mark.parametrize(("start", "fair_ms"), [(">", None), (">", 5_000), ("0", None)])
-async def test_read_refuses_an_lbs_of_the_wrong_type(
-    rr: aioredis.Redis, service: str, start: str, fair_ms: int | None
-) -> None:
+async def test_read_refuses_an_lbs_of_the_wrong_type(rr: aioredis.Redis, service: str) -> None:
     await rr.hset(input_stream(service), "lbs-input", "{}")
     await set_lease(rr, service)
     before = await snapshot(rr, service)
     await refused(
-        read(rr, service, start=start, fair_ms=fair_ms),
-        input_stream(service),
-        "holds a hash, not the load-balancer stream",
+        read(rr, service), input_stream(service), "holds a hash, not the load-balancer stream"
     )
     assert await snapshot(rr, service) == before
     assert not await rr.exists(fence_key(service), consumers_key(service))
 
 
-async def test_read_refuses_a_queued_set_of_the_wrong_type_before_delivering(
+async def test_read_refuses_token_records_of_the_wrong_type(
     rr: aioredis.Redis, service: str
 ) -> None:
-    await lbs_with(rr, service, 2)
-    queued = queued_prefix(service) + "c1"
-    await rr.set(queued, "x")
+    await taken(rr, service, 2)
+    tokens = tokens_key(service)
+    await rr.set(tokens, "x")
     before = await snapshot(rr, service)
     with pytest.raises(
-        ResponseError, match=f"LBSKEY {re.escape(queued)} holds a string, not a queued set"
+        ResponseError, match=f"LBSKEY {re.escape(tokens)} holds a string, not a consumer's tokens"
     ):
-        await read(rr, service, queued=queued)
-    assert await snapshot(rr, service) == before  # nothing delivered, nothing queued
-    await rr.delete(queued)
-    reply = await read(rr, service, queued=queued)
-    assert len(reply[0]) == 2 and await rr.scard(queued) == 2  # queued: merely held
+        await read(rr, service, tokens=tokens)
+    assert await snapshot(rr, service) == before
 
 
 async def test_a_lost_fence_is_seeded_from_the_clock_and_never_goes_back(
     rr: aioredis.Redis, service: str
 ) -> None:
-    await lbs_with(rr, service, 3)
+    ids = await taken(rr, service, 3)
+    await rr.delete(fence_key(service))  # what the take left: the re-read starts with none
     at_call = us(await rr.time())
-    entries, tokens, _ = await read(rr, service, count=3)
+    entries, tokens = await read(rr, service, count=3)
     assert len(tokens) == 3 and tokens[0] > at_call
     assert tokens == [tokens[0]] * 3  # one token per batch, shared by its entries
     assert await rr.get(fence_key(service)) == str(tokens[0]).encode()  # 16 digits, printed in full
-    assert await pending_to(rr, service) == {e[0].decode(): b"c1" for e in entries}
+    assert [e[0].decode() for e in entries] == ids
     # The counter is lost (eviction, restart without persistence).
     await rr.delete(fence_key(service))
     # The seed is the clock; wait (without sleeping) until the server's clock
     # is past the tokens handed out, which a real loss always is by far.
     while us(await rr.time()) <= tokens[-1]:
         pass
-    for _ in range(2):
-        await rr.xadd(input_stream(service), {"lbs-input": "{}"})
-    _, again, _ = await read(rr, service)
-    assert len(again) == 2 and min(again) > max(tokens)
+    _, again = await read(rr, service)
+    assert len(again) == 3 and min(again) > max(tokens)
 
 
 async def test_a_fence_that_went_back_moves_up_to_the_clock(
@@ -445,108 +446,121 @@ async def test_a_fence_that_went_back_moves_up_to_the_clock(
 ) -> None:
     # A failover to a replica that missed the last tokens (asynchronous replication) leaves the
     # counter below tokens already handed out: the next take starts at the server time, above them.
-    await lbs_with(rr, service, 2)
-    _, tokens, _ = await read(rr, service)
+    await taken(rr, service, 2)
+    _, tokens = await read(rr, service)
     await rr.set(fence_key(service), str(tokens[0] - 1000))  # what the replica had
     while us(await rr.time()) <= tokens[-1]:
         pass
-    await rr.xadd(input_stream(service), {"lbs-input": "{}"})
-    _, again, _ = await read(rr, service)
-    assert len(again) == 1 and again[0] > max(tokens)
+    _, again = await read(rr, service)
+    assert len(again) == 2 and again[0] > max(tokens)
 
 
-async def test_read_holds_a_free_batch_under_the_lease_with_no_key_per_entry(
+async def test_a_re_read_without_records_writes_one_counter_step(
     rr: aioredis.Redis, service: str
 ) -> None:
-    ids = await lbs_with(rr, service, 3)
+    ids = await taken(rr, service, 3)
     lease = lease_key(service, "c1")
     await rr.pexpire(lease, 5_000)
-    keys = set(await snapshot(rr, service))
-    entries, tokens, then = await read(rr, service)
-    assert [e[0].decode() for e in entries] == ids and then == b"drained"
-    assert tokens == [tokens[0]] * 3  # one token per batch
+    before = await snapshot(rr, service)
+    entries, tokens = await read(rr, service)
+    assert [e[0].decode() for e in entries] == ids and tokens == [tokens[0]] * 3
     assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
-    # One counter step is all a read writes: no lock, no deadline (the heartbeat's), the lease as it was.
-    assert set(await snapshot(rr, service)) == keys | {fence_key(service).encode()}
+    # The counter is all it wrote: no lock, no deadline (the heartbeat's), the lease as it was.
+    after = await snapshot(rr, service)
+    del before[fence_key(service).encode()], after[fence_key(service).encode()]
+    assert after == before
     assert await rr.get(lease) == NONCE.encode() and await rr.pttl(lease) <= 5_000
 
 
-async def test_a_name_holder_of_another_type_is_reported_and_the_read_goes_on(
+async def test_a_re_read_finds_the_tokens_its_lease_recorded(
     rr: aioredis.Redis, service: str
 ) -> None:
+    ids = await taken(rr, service, 4)
+    tokens = tokens_key(service)
+    # The lost read's record (a range, by this lease), another process's under this id (ignored).
+    await rr.hset(tokens, mapping={"1000": f"{NONCE}|{ids[0]}..{ids[1]}", "999": f"n0|{ids[2]}"})
+    _, got = await read(rr, service, tokens=tokens)
+    assert got[:2] == [1000, 1000] and got[2] == got[3] > 1000  # no record of ours: a new token
+    assert await rr.hget(tokens, str(got[2])) == f"{NONCE}|{ids[2]} {ids[3]}".encode()
+    # A second re-read finds both records (the list of ids one too): no new token.
+    fence = await rr.get(fence_key(service))
+    _, again = await read(rr, service, tokens=tokens)
+    assert again == got and await rr.get(fence_key(service)) == fence
+
+
+async def test_a_name_holder_of_another_type_is_reported_and_the_names_go_on(
+    rr: aioredis.Redis, service: str
+) -> None:
+    """names-1.lua (the take's names when its MSETNX set none) reports a holder key of another type
+    for that entry alone: nothing of its name is written, the others are taken."""
     await lbs_with(rr, service, 0)
-    ids = [
-        (
-            await rr.xadd(
-                input_stream(service), {"lbs-input": f'{{"DataStreamName":"{n}","Info":{{}}}}'}
-            )
-        ).decode()
-        for n in "abc"
-    ]
+    for n in "abc":
+        await rr.xadd(
+            input_stream(service), {"lbs-input": f'{{"DataStreamName":"{n}","Info":{{}}}}'}
+        )
+    entries, _ = await deliver(rr, service)
+    ids = [e[0].decode() for e in entries]
     bad = name_holder(service, "b")
     await rr.rpush(bad, "garbage")
-    entries, tokens, then = await read(rr, service, prefix=key_prefix(service))
-    assert [e[0].decode() for e in entries] == ids and then == b"drained"  # fewer than COUNT
-    assert isinstance(tokens[0], int) and isinstance(tokens[2], int)
-    assert tokens[1] == f"WRONGTYPE list {bad}".encode()
+    pairs = [x for n, i in zip("abc", ids, strict=True) for x in (n, i)]
+    held = await rr.eval(
+        source("names-1"),
+        1,
+        input_stream(service),
+        group_name(service),
+        key_prefix(service),
+        *pairs,
+    )
+    assert held == [b"", f"WRONGTYPE list {bad}".encode(), b""]
     # Nothing of its name written; it stays pending to c1, which hands it back.
     assert await rr.lrange(bad, 0, -1) == [b"garbage"]
     assert not await rr.exists(key_prefix(service) + "waiting:b", waiting_key(service))
     assert await pending_to(rr, service) == dict.fromkeys(ids, b"c1")
     assert await rr.get(name_holder(service, "a")) == ids[0].encode()
     assert await rr.get(name_holder(service, "c")) == ids[2].encode()
-    # The re-read after a lost reply holds all three under the lease (names are not looked at again).
-    _, again, _ = await read(rr, service, start="0", prefix=key_prefix(service))
-    assert again == [again[0]] * 3 and again[0] > tokens[2]  # no record kept: a new token
 
 
 async def test_the_re_read_lists_our_pending_entries_without_counting_a_delivery(
     rr: aioredis.Redis, service: str
 ) -> None:
-    ids = await lbs_with(rr, service, 3)
-    entries, tokens, _ = await read(rr, service)
-    await rr.xdel(
-        input_stream(service), ids[1]
-    )  # a pending entry deleted: it comes back with no fields
-    again, fresh, _ = await read(rr, service, start="0")
-    assert (
-        [e[0].decode() for e in again] == ids
-        and again[1][1] is None
-        and again[0][1] == entries[0][1]
-    )
+    await lbs_with(rr, service, 3)
+    entries, tokens = await deliver(rr, service)
+    ids = [e[0].decode() for e in entries]
+    # A pending entry deleted: it comes back with no fields.
+    await rr.xdel(input_stream(service), ids[1])
+    again, fresh = await read(rr, service)
+    assert [e[0].decode() for e in again] == ids
+    assert again[1][1] is None and again[0][1] == [x for kv in entries[0][1].items() for x in kv]
     # Fresh tokens, all three held under the lease still ours.
     assert fresh == [fresh[0]] * 3 and fresh[0] > tokens[2]  # no record kept: a new token
     rows = await rr.xpending_range(input_stream(service), group_name(service), "-", "+", 10)
-    assert [row["times_delivered"] for row in rows] == [
-        1,
-        1,
-        1,
-    ]  # a second delivery would read as a death
+    # A second delivery would read as a death.
+    assert [row["times_delivered"] for row in rows] == [1, 1, 1]
 
 
-async def test_acl_denials_refuse_a_read_whole_but_not_a_reap(
+async def test_acl_denials_refuse_a_re_read_whole_but_not_a_reap(
     any_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
-    """A user the ACL denies a write of the read (SADD into its queued set) is refused before anything
-    is delivered; the same user's reap-4 needs no SADD: it lists every entry found for a re-queue."""
+    """A user the ACL denies a write of the re-read (HSET on its token records) is refused before
+    anything is written; the same user's reap-4 needs no HSET: it lists every entry found for a
+    re-queue."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await rr.execute_command(
-        "ACL", "SETUSER", user, "reset", "on", f">{password}", "+@all", "-sadd", "~*"
+        "ACL", "SETUSER", user, "reset", "on", f">{password}", "+@all", "-hset", "~*"
     )
     url = any_server.url.replace("redis://", f"redis://{user}:{password}@")
     try:
         async with aioredis.Redis.from_url(url) as denied:
-            ids = await lbs_with(rr, service, 2)
-            queued = queued_prefix(service) + "c1"
+            ids = await taken(rr, service, 2)
+            tokens = tokens_key(service)
             before = await snapshot(rr, service)
             with pytest.raises(NoPermissionError) as info:  # NOPERM (redis-py drops the code)
-                await read(denied, service, queued=queued)
+                await read(denied, service, tokens=tokens)
             assert str(info.value) == (
-                f"lbs read-3: this user may not run SADD on {queued}; nothing was read"
+                f"lbs read-3: this user may not run HSET on {tokens}; nothing was read"
             )
-            assert await snapshot(rr, service) == before and await pending(rr, service) == 0
-            # c1 reads them (as a user allowed to), then dies.
-            await read(rr, service, queued=queued)
+            assert await snapshot(rr, service) == before
+            # c1 dies with them pending.
             await set_lease(rr, service, "absent")
             await rr.zadd(consumers_key(service), {"c1": 1})
             gone, _next, holders, _deadlines = await reap(denied, service)
@@ -806,11 +820,11 @@ async def test_requeue_never_dead_letters_a_keys_registration_for_its_retries(
 async def delivered_wide_entry(
     rr: aioredis.Redis, service: str, fields: dict[str, str]
 ) -> tuple[str, int]:
-    """XADD one entry with ``fields`` into a fresh LBS and deliver it to c1 under its lease (read-3.lua):
+    """XADD one entry with ``fields`` into a fresh LBS and deliver it to c1 under its lease (as a read does):
     its id and token."""
     await lbs_with(rr, service, 0)
     entry_id = (await rr.xadd(input_stream(service), fields)).decode()  # type: ignore[arg-type]
-    _, (token,), _ = await read(rr, service)
+    _, (token,) = await deliver(rr, service)
     return entry_id, token
 
 
@@ -1000,7 +1014,7 @@ async def test_requeue_delay_doubles_per_retry_up_to_the_cap(
     await rr.xadd(
         input_stream(service), {"lbs-input": '{"stream":"s"}', "_retry_count": str(retries)}
     )
-    ((entry_id, _),), _, _ = await read(rr, service)
+    ((entry_id, _),), _ = await deliver(rr, service)
     out = await requeue(
         rr, service, entry_id.decode(), mode="any", max_retries="-1", delay=(first, most, jitter)
     )

@@ -61,12 +61,19 @@ SHARE_RECHECK = 0.05
 #: reply of two says more waits (and the next read looks at the peers first).
 FAIR_WAKE = 2
 
+#: What a read says to do next: more may wait, read again at once.
+READ_AGAIN = b""
+#: Nothing more to deliver: the next read blocks in Redis until an XADD.
+DRAINED = b"drained"
+#: Fair dispatch left what waits to idle peers: look again once a slot of ours frees (or soon).
+SHARE_TAKEN = b"share"
+
 #: What a read's task gives: its entries, one token each, and what to do next.
 _Batch = tuple[list[Entry], list[Any], bytes]
 
 
 class Reader(Activity, kind="reader"):
-    """The reading task of one client; the one caller of ``read-3.lua``."""
+    """The reading task of one client; the one caller of ``read-3.lua`` (its re-read after a lost reply)."""
 
     def __init__(
         self,
@@ -81,7 +88,7 @@ class Reader(Activity, kind="reader"):
         self.intake = Intake(state, requeue, cover)
         #: Under run(): the runner's dispatch, which starts a handler per taken stream.
         self.dispatch: Dispatch | None = None
-        #: In a wait of the wake group now (CLIENT UNBLOCK wakes it).
+        #: In a blocking read now (CLIENT UNBLOCK wakes it).
         self.blocked = False
         #: A read's reply was lost: re-read (and take) our own pending entries before reading more.
         self.reply_lost = False
@@ -103,7 +110,7 @@ class Reader(Activity, kind="reader"):
         # local lease: a reply read on time always finds the local lease with room to start its entries.
         lease = cfg.lock_ttl - min(0.05 * cfg.lock_ttl, 1.0)
         block_ms = max(1, int(min(cfg.read_block, REPLY_TIMEOUT / 2, lease / 2) * 1000))
-        then = scripts.READ_AGAIN  # what the last read said to do next
+        then = READ_AGAIN  # what the last read said to do next
         # A read sent ahead, before the previous batch was dispatched: (reply task, count asked).
         ahead: tuple[asyncio.Task[_Batch], int] | None = None
 
@@ -130,7 +137,7 @@ class Reader(Activity, kind="reader"):
                         if free <= 0:
                             # Full: read again once a slot is freed (or after read_block). Cleared
                             # before looking again, so a slot freed in between is not missed.
-                            then = scripts.READ_AGAIN
+                            then = READ_AGAIN
                             freed = s.holdings.freed
                             freed.clear()
                             if s.free_slots() <= 0:
@@ -147,7 +154,7 @@ class Reader(Activity, kind="reader"):
                             # Take them (with their recorded token) before reading more.
                             await self._take(self._send(s.capacity + s.read_count, "0"), "0")
                             self.reply_lost, self._lost_sent = False, math.inf
-                        if then == scripts.SHARE_TAKEN:
+                        if then == SHARE_TAKEN:
                             # Fair dispatch left what waits to idle peers: look again once a
                             # slot of ours frees, or soon (a peer that looked idle may not read).
                             freed = s.holdings.freed
@@ -157,10 +164,10 @@ class Reader(Activity, kind="reader"):
                                 await wait_set(freed, SHARE_RECHECK)
                         asked = min(s.read_count, free)
                         # Drained: wait in Redis (a blocking XREADGROUP) for the next XADD.
-                        wait = block_ms if then == scripts.DRAINED else 0
+                        wait = block_ms if then == DRAINED else 0
                         looked = s.holdings.frees
                         sent = self._send(asked, ">", wait)
-                    then = scripts.READ_AGAIN  # what a take that fails leaves: read again
+                    then = READ_AGAIN  # what a take that fails leaves: read again
                     refused_under = s.lease.takes  # the take a refused read was sent under, at most
                     then = await self._take(sent, ">", partial(read_ahead, asked=asked))
                 except asyncio.CancelledError:
@@ -241,16 +248,16 @@ class Reader(Activity, kind="reader"):
         s = self.state
         n = s.names
         cfg = s.config
-        then_if_full = scripts.READ_AGAIN
+        then_if_full = READ_AGAIN
         if wait_ms:
             if cfg.fair_dispatch:
                 count = min(count, FAIR_WAKE)  # a trickle: no look at the peers
         elif cfg.fair_dispatch:
             share = await self.taker.share(count)
             if share <= 0:
-                return [], [], scripts.SHARE_TAKEN
+                return [], [], SHARE_TAKEN
             if share < count:
-                count, then_if_full = share, scripts.SHARE_TAKEN
+                count, then_if_full = share, SHARE_TAKEN
         recorded = False
 
         def build(b: CommandBatch) -> None:
@@ -267,7 +274,7 @@ class Reader(Activity, kind="reader"):
         entries = replies[-1]
         if isinstance(entries, Exception):
             raise entries
-        then = scripts.DRAINED if len(entries) < count else then_if_full
+        then = DRAINED if len(entries) < count else then_if_full
         if not entries:
             return [], [], then
         return entries, await self.taker.take(entries, self.dispatch is None), then
@@ -278,18 +285,18 @@ class Reader(Activity, kind="reader"):
         one (the lost take may not have taken them)."""
         s = self.state
         n = s.names
-        args = (n.stream_key, n.fence_key, n.lease_key, n.group, n.id, count, s.lease.value, "0")
+        args = (n.stream_key, n.fence_key, n.lease_key, n.group, n.id, count, s.lease.value)
         replies = await s.link.read.execute(
             lambda b: scripts.read(b, *args, tokens=n.tokens_key), s.parser, retry_safe=True
         )
         reply = replies[-1]
         if isinstance(reply, Exception):
             raise reply
-        entries, tokens, _ = reply
+        entries, tokens = reply
         tokens = list(tokens)
         if entries:
             await self.taker.names_of(entries, tokens)
-        return entries, tokens, scripts.READ_AGAIN
+        return entries, tokens, READ_AGAIN
 
     def _skipped(self, start: str) -> set[str] | tuple[()]:
         """What a take must not take again: on a re-read ("0"), what we track now or did when it was sent."""
@@ -311,8 +318,8 @@ class Reader(Activity, kind="reader"):
     ) -> bytes:
         """Take the batch of a :meth:`_send`: its entries become held streams.
 
-        Returns what to do next (``scripts.READ_AGAIN``, ``DRAINED``,
-        ``SHARE_TAKEN``). ``before_dispatch(n)`` runs once ``n`` entries are
+        Returns what to do next (:data:`READ_AGAIN`, :data:`DRAINED`,
+        :data:`SHARE_TAKEN`). ``before_dispatch(n)`` runs once ``n`` entries are
         in, before they are handed out (to send the next read).
         """
         sent_at = self._sent_at.get(sent, math.inf)
@@ -367,8 +374,8 @@ class Reader(Activity, kind="reader"):
     async def stop(self) -> None:
         """End the reader without losing a read batch (``state.stopping`` must be set).
 
-        A wait in the wake group is woken with CLIENT UNBLOCK (it returns as
-        if it timed out; the read behind it runs), and a reader busy taking a
+        A blocking read is woken with CLIENT UNBLOCK (it returns as if it
+        timed out, with nothing), and a reader busy taking a
         batch finishes it, so every entry it read is either held (and handed
         back) or untouched. Cancelling is the last resort, after one
         more read_block.

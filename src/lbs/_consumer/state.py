@@ -89,10 +89,6 @@ class Names:
     key_prefix: str
     #: ``{<service>-input}:queued:``; a consumer's queued set is this plus its id.
     queued_prefix: str
-    #: ``<service>-wake``: the group the reader waits in between reads (lbs._keys.wake_group).
-    wake_group: str
-    #: ``{<service>-input}:nudge``: where fair dispatch wakes idle peers (lbs._keys.nudge_stream).
-    nudge_key: str
 
     @property
     def tokens_key(self) -> str:
@@ -129,8 +125,6 @@ class Names:
             _keys.lock_key(service, "").encode(),
             _keys.key_prefix(service),
             _keys.queued_prefix(service),
-            _keys.wake_group(service),
-            _keys.nudge_stream(service),
         )
 
 

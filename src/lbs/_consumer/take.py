@@ -135,7 +135,8 @@ class Taker:
             f = _fields(c)
             if text(f.get("name", b""), "replace") == n.id:
                 continue
-            if int(f.get("idle") or window) < window:  # it reads: alive
+            idle = f.get("idle")
+            if idle is not None and int(idle) < window:  # it reads: alive (0: it just read)
                 live += 1
                 held += int(f.get("pending") or 0)
         share = max(0, math.ceil((int(lag) + held + mine) / live) - mine)

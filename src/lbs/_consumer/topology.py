@@ -76,11 +76,8 @@ class Topology:
                 await asyncio.sleep(cfg.read_retry_initial * 2**attempt)
 
     async def ensure_group(self) -> None:
-        """Create the group at 0 and the wake group at $ (on the LBS and the nudge stream) unless they
-        exist; if the group does, warn about entries it skips."""
+        """Create the group at 0 unless it exists; if it does, warn about entries it skips."""
         s = self.state
-        await ensure_group(s.link.redis, s.names.stream_key, s.names.wake_group, at="$")
-        await ensure_group(s.link.redis, s.names.nudge_key, s.names.wake_group, at="$")
         if await ensure_group(s.link.redis, s.names.stream_key, s.names.group):
             return
         try:

@@ -93,7 +93,7 @@ REPLY_ERRORS: Final[Mapping[str, type[RedisError]]] = {
     "NOPERM": NoPermissionError,
     # lbs's scripts and readers: a key of the service holds another type
     "LBSKEY": KeyTypeError,
-    # read-3: the consumer's lease does not hold its nonce (the heartbeat takes it again)
+    # the take and read-3: the consumer's lease does not hold its nonce (the heartbeat takes it again)
     "LEASE": LeaseLostError,
     "WRONGTYPE": WrongTypeError,
     "NOGROUP": NoGroupError,

@@ -112,24 +112,12 @@ def read(
     consumer: str,
     count: int,
     lease: str,
-    start: str,
-    queued: str = "",
-    key_prefix: str = "",
-    fair_ms: int | None = None,
-    wake: str = "",
-    nudge: str = "",
     tokens: str = "",
 ) -> None:
-    """Read up to ``count`` entries under this consumer's lease (``lease_key`` must hold ``lease``, else the
-    error "LEASE ..."); the reply's entries come back as ``Entry`` objects, each with its fencing token.
-
-    ``queued``: what is read waits for the application (the notification API): new entries go into
-    this consumer's queued set (merely held) until it takes them. ``fair_ms``: fair dispatch, peers
-    idle less than this many ms are live (None: off). ``wake``: the wake group, moved to the
-    stream's end when the read drains the group (see :func:`wake_read`). ``nudge``: the nudge stream,
-    where a read that leaves entries to idle peers (fair dispatch) wakes them. ``tokens``: the consumer's
-    token records (each batch's token and range, for ``lbs status``). The reply's third element is
-    :data:`READ_AGAIN`, :data:`DRAINED` or :data:`SHARE_TAKEN`.
+    """Re-read up to ``count`` of this consumer's own pending entries (a read's reply was lost) under
+    its lease (``lease_key`` must hold ``lease``, else the error "LEASE ..."); the reply is
+    ``[entries, tokens]``, the entries as ``Entry`` objects, each with the fencing token its lost read
+    recorded in ``tokens`` (the consumer's token records, for ``lbs status``) or a fresh one.
     """
     b.command(
         "EVALSHA",
@@ -142,45 +130,9 @@ def read(
         consumer,  # ARGV[2] consumer name in the group
         count,  # ARGV[3] COUNT
         lease,  # ARGV[4] the lease's value
-        start,  # ARGV[5] ">" new entries, "0" our own pending ones
-        queued,  # ARGV[6] the consumer's queued set ("": nothing queued)
-        key_prefix,  # ARGV[7] {<service>-input}: one holder per name ("": names not held)
-        "" if fair_ms is None else fair_ms,  # ARGV[8] fair dispatch: live peers' window ("": off)
-        wake,  # ARGV[9] the wake group, set to $ when drained ("": untouched)
-        nudge,  # ARGV[10] the nudge stream: idle peers left a share are woken ("": none)
-        tokens,  # ARGV[11] the consumer's token records ("": none kept)
+        tokens,  # ARGV[5] the consumer's token records ("": none kept)
     )
     b.expect(Shape.SCRIPT_ENTRIES)
-
-
-#: read-3's third reply element: more may wait, read again at once.
-READ_AGAIN = b""
-#: Nothing more to deliver: wait in the wake group (:func:`wake_read`) before reading again.
-DRAINED = b"drained"
-#: Fair dispatch left what waits to idle peers (and nudged them): wait in the wake group, the LBS only.
-SHARE_TAKEN = b"share"
-
-
-def wake_read(b: CommandBatch, stream: str, wake: str, block_ms: int, nudge: str = "") -> None:
-    """Wait for the next XADD in the wake group: put right before a :func:`read` in the same write.
-
-    One blocking ``XREADGROUP`` of the wake group, COUNT 1 and NOACK (it delivers nothing anyone
-    holds: the group only wakes). Redis runs the read-3 behind it the moment it returns (a blocked
-    client's later commands wait), so each XADD wakes one consumer, which reads (and holds what it
-    reads) in the same turn of the server's loop. With ``nudge`` it reads the nudge stream too, where a read that
-    left entries to idle peers (fair dispatch) wakes them. Its reply (an entry, or nil after
-    ``block_ms``) is ignored.
-    """
-    if nudge:
-        b.command(
-            "XREADGROUP", "GROUP", wake, "lbs", "COUNT", 1, "BLOCK", block_ms, "NOACK",
-            "STREAMS", stream, nudge, ">", ">",
-        )  # fmt: skip
-    else:
-        b.command(
-            "XREADGROUP", "GROUP", wake, "lbs", "COUNT", 1, "BLOCK", block_ms, "NOACK",
-            "STREAMS", stream, ">",
-        )  # fmt: skip
 
 
 # ---------------------------------------------------------------- extend-n ---

@@ -1,5 +1,5 @@
 -- One holder per data stream name, shared by the scripts that take, release
--- and hand on a name (read-3.lua, done-n.lua, requeue-6.lua, promote-4.lua;
+-- and hand on a name (names-1.lua, done-n.lua, requeue-6.lua, promote-4.lua;
 -- included where they say "--#include _names").
 --
 -- Keys, under the service's key prefix P = "{<service>-input}:" (the LBS's

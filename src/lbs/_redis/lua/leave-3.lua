@@ -19,7 +19,7 @@
   ARGV[4]  a sweep's grace (ms): only consumers idle at least this long
            (since their last read or claim) are deleted
   ARGV[5]  optional: the tokens hashes' prefix, {<service>-input}:tokens:
-           (see read-3.lua's ARGV[11]): a deleted consumer's is deleted too
+           (see read-3.lua's ARGV[5]): a deleted consumer's is deleted too
 
   Output: {lease deleted (1 or 0), consumers deleted (a count)}. The lease
   is deleted only when it holds ARGV[1] (a newer process with the same

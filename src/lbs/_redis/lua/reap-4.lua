@@ -24,7 +24,7 @@
            consumer gets this long to heartbeat again before it is judged
   ARGV[6]  optional: the tokens hashes' prefix, {<service>-input}:tokens:
            (a consumer's is this plus its id; same slot, not declared; see
-           read-3.lua's ARGV[11]): a dead consumer removed from the index
+           read-3.lua's ARGV[5]): a dead consumer removed from the index
            with nothing pending loses its hash. "" or absent: none kept
 
   Output: {gone, next[, holders, deadlines]}

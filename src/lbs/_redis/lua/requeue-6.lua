@@ -28,8 +28,8 @@
   ARGV[4]   our lease value, for mode "owned"
   ARGV[5]   retry increment: "0" (hand-back on shutdown) or "1" (a failure).
             In mode "absent" (its holder is gone) a "1" counts only when the
-            entry is not in its holder's queued set (ARGV[19]): read-3.lua
-            adds what a client merely holds (queued for its application),
+            entry is not in its holder's queued set (ARGV[19]): the take
+            (lbs._consumer.take) adds what a client merely holds (queued for its application),
             and the client takes it out once the application takes it. A death
             counted so also appends the entry id to the copy's
             <prefix>deaths (space-separated, the latest 32 kept): when a
