@@ -56,6 +56,30 @@ async def test_a_tick_extends_one_key_however_many_streams_are_held(
         await c.close()
 
 
+async def test_a_close_puts_back_what_is_pending_to_it_and_no_longer_held(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    """An entry pending to the consumer that it does not track (a read the stop cut between its
+    XREADGROUP and its take, a disowned stream whose put-back the heartbeat had not sent) goes back
+    at close, no retry counted: nothing stays pending to a consumer that closed cleanly."""
+    await produce(any_server.url, service, "held", "stray")
+    c = client(any_server.url, service, max_streams=1, lock_ttl=30)
+    await c.start()
+    try:
+        (note,) = await take(c, 1)
+        # The stray: delivered to this consumer by a read whose take never happened.
+        reply = await rr.xreadgroup(
+            group_name(service), c.id, {input_stream(service): ">"}, count=1
+        )
+        ((_, ((stray_id, _),)),) = reply
+    finally:
+        await c.close()
+    assert (await rr.xpending(input_stream(service), group_name(service)))["pending"] == 0
+    left = {f[b"_original_id"]: f for _, f in await rr.xrange(input_stream(service))}
+    assert set(left) == {stray_id, note.entry_id.encode()}  # both back, under new ids
+    assert all(f[b"_retry_count"] == b"0" for f in left.values())
+
+
 async def test_a_lease_lost_while_its_holder_lives_puts_its_streams_back_without_a_retry(
     any_server: Any, service: str, rr: aioredis.Redis
 ) -> None:

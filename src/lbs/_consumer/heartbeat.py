@@ -310,8 +310,8 @@ class Heartbeat(Activity, kind="heartbeat"):
         cfg = s.config
         self._strays_next = time.monotonic() + cfg.reconciliation_interval
         try:
-            idle = await self._own_pending(idle_ms=cfg.lock_ttl_ms)
-            tracked = self._tracked()
+            idle = await self.own_pending(idle_ms=cfg.lock_ttl_ms)
+            tracked = self.tracked()
             stale = [i for i in idle if i not in tracked]
             if stale:
                 reason = "pending to this consumer, which no longer held it"
@@ -324,7 +324,7 @@ class Heartbeat(Activity, kind="heartbeat"):
                 "looking for streams pending to this consumer failed (%s); next round", exc
             )
 
-    def _tracked(self) -> set[str]:
+    def tracked(self) -> set[str]:
         """Entry ids this client tracks: held, being finished, being handed back."""
         s = self.state
         return (
@@ -369,7 +369,7 @@ class Heartbeat(Activity, kind="heartbeat"):
             s.log.error("heartbeat: %s holds a value of the wrong type, not a lease", n.lease_key)
             return False
         self.finisher.lease_lost()
-        pending = await self._own_pending()
+        pending = await self.own_pending()
         if pending:
             await self.requeue.lost_while_alive(
                 pending, "lease lost while held (heartbeat missed)", mode="absent"
@@ -395,7 +395,7 @@ class Heartbeat(Activity, kind="heartbeat"):
             s.lease.took()
         return True
 
-    async def _own_pending(self, idle_ms: int | None = None) -> list[str]:
+    async def own_pending(self, idle_ms: int | None = None) -> list[str]:
         """The ids of every entry pending to this consumer (XPENDING by consumer, a page at a time), or of
         those idle at least ``idle_ms``."""
         s = self.state

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from .._redis.connection import cancel_and_wait
+from .._redis.wire import text
 from ..exceptions import RedisOperationError
 from ..strategy import ReadStrategy
 from .activity import Activity
@@ -201,6 +202,7 @@ class Lifecycle:
         handed_back = await self._hand_back(handed)
         # Streams whose handlers finished are queued for done-n.lua: send them.
         await self.finisher.drain(cfg.read_block + 5.0)
+        await self._put_back_untracked()
         await self.heartbeat.stop()
         await self.finisher.stop()
         await s.journal.close(handed_back)
@@ -227,6 +229,34 @@ class Lifecycle:
                 len(handed),
             )
             return 0
+
+    async def _put_back_untracked(self) -> None:
+        """At close, once handed back and drained: what is still pending to this consumer and no longer
+        tracked (a read the stop cut between its ``XREADGROUP`` and its take; streams disowned when
+        the lease lapsed whose put-back the heartbeat had not sent) goes back now, no retry counted,
+        rather than wait for another consumer's recovery once the lease expires. Under the lease
+        while it holds this process's value, else only while it is gone (never under another
+        process's lease on the same consumer id)."""
+        s = self.state
+        try:
+            tracked = self.heartbeat.tracked()
+            stray = [i for i in await self.heartbeat.own_pending() if i not in tracked]
+            if not stray:
+                return
+            held = await s.link.redis.get(s.names.lease_key)
+            mode = "owned" if held is not None and text(held) == s.lease.value else "absent"
+            back = await self.requeue.lost_while_alive(stray, f"{s.names.id} shut down", mode=mode)
+            s.log.info(
+                "closing: put back %d of %d streams pending to this consumer and no longer held",
+                back,
+                len(stray),
+            )
+        except (RedisError, RedisOperationError) as exc:
+            s.log.warning(
+                "closing: looking for streams still pending to this consumer failed (%s); they go "
+                "back once its lease expires",
+                exc,
+            )
 
     async def _close_clients(self) -> None:
         s = self.state
