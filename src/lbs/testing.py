@@ -72,7 +72,7 @@ class Probe:
         life = self._life = client._life
         #: What the client's activities share; build an activity under test from it.
         self.state: ClientState = life.state
-        #: The reading task (``task``, ``blocked`` waiting in the wake group, ``reply_lost``).
+        #: The reading task (``task``, ``blocked`` waiting in a blocking XREADGROUP, ``reply_lost``).
         self.reader: Reader = life.reader
         #: The heartbeat task (``task``, ``tick``, ``lease_until``: the local lease).
         self.heartbeat: Heartbeat = life.heartbeat

@@ -136,7 +136,7 @@ class Wire:
     With ``track_id`` the wire asks each connection it opens for its
     ``CLIENT ID`` (before any batch is written on it), kept in
     :attr:`client_id`: what ``CLIENT UNBLOCK`` needs to wake a batch that
-    blocks (the reader's wait in the wake group).
+    blocks (the reader's blocking XREADGROUP of the LBS).
     """
 
     def __init__(
