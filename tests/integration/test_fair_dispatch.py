@@ -178,22 +178,16 @@ async def test_long_handlers_under_a_trickle_spread_without_stalling(
 async def test_a_lone_consumer_takes_what_it_can(
     redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:
-    release = asyncio.Event()
-    running = 0
-
-    async def handler(note: lbs.Notification) -> None:
-        nonlocal running
-        running += 1
-        await release.wait()
+    held = Holding()
 
     c = client(redis_server.url, service)
-    run = asyncio.create_task(c.run(handler))
+    run = asyncio.create_task(c.run(held.handler))
     try:
         await eventually(lambda: _consumers(r, service, 1))
         await register(r, service, 12)
-        await eventually(lambda: _is(running, 12))
+        await eventually(lambda: _is(held.running, 12))
     finally:
-        release.set()
+        held.release.set()
         await c.close()
         await run
 
@@ -204,26 +198,20 @@ async def test_the_share_counts_only_live_peers(
     # A peer that reads (XINFO idle within fair_window_ms) and holds nothing: half of the 9 waiting
     # is this consumer's, rounded up. Once the peer is quiet past the window it is no peer, and the
     # rest is this consumer's too.
-    running = 0
-    release = asyncio.Event()
-
-    async def handler(note: lbs.Notification) -> None:
-        nonlocal running
-        running += 1
-        await release.wait()
+    held = Holding()
 
     c = client(redis_server.url, service)
     async with live_peer(r, service) as keeper:
         await register(r, service, 9)
-        run = asyncio.create_task(c.run(handler))
+        run = asyncio.create_task(c.run(held.handler))
         try:
-            await eventually(lambda: _is(running, 5))
+            await eventually(lambda: _is(held.running, 5))
             await asyncio.sleep(0.5)  # reads that would take more than the share: none does
-            assert running == 5
+            assert held.running == 5
             keeper.cancel()  # the peer goes quiet: past the window (5 s) it is no peer
-            await eventually(lambda: _is(running, 9), timeout=60)
+            await eventually(lambda: _is(held.running, 9), timeout=60)
         finally:
-            release.set()
+            held.release.set()
             await c.close()
             await run
 
@@ -231,25 +219,32 @@ async def test_the_share_counts_only_live_peers(
 async def test_off_reads_up_to_count_whatever_the_peers(
     redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:
-    release = asyncio.Event()
-    running = 0
-
-    async def handler(note: lbs.Notification) -> None:
-        nonlocal running
-        running += 1
-        await release.wait()
+    held = Holding()
 
     c = client(redis_server.url, service, fair_dispatch=False, read_count=50)
     async with live_peer(r, service):
         await register(r, service, 9)
-        run = asyncio.create_task(c.run(handler))
+        run = asyncio.create_task(c.run(held.handler))
         try:
             # All nine while the peer lives (with fair dispatch, five: test above).
-            await eventually(lambda: _is(running, 9))
+            await eventually(lambda: _is(held.running, 9))
         finally:
-            release.set()
+            held.release.set()
             await c.close()
             await run
+
+
+class Holding:
+    """A handler that holds every stream it starts until :attr:`release` is set (minutes of work, as
+    far as dispatch can tell), counting them in :attr:`running`."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.release = asyncio.Event()
+
+    async def handler(self, note: lbs.Notification) -> None:
+        self.running += 1
+        await self.release.wait()
 
 
 @contextlib.asynccontextmanager
