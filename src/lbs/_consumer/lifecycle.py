@@ -244,7 +244,9 @@ class Lifecycle:
             if not stray:
                 return
             held = await s.link.redis.get(s.names.lease_key)
-            mode = "owned" if held is not None and text(held) == s.lease.value else "absent"
+            if held is not None and text(held) != s.lease.value:
+                return  # another process runs under this consumer id: they are its streams
+            mode = "absent" if held is None else "owned"
             back = await self.requeue.lost_while_alive(stray, f"{s.names.id} shut down", mode=mode)
             s.log.info(
                 "closing: put back %d of %d streams pending to this consumer and no longer held",
