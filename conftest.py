@@ -134,6 +134,11 @@ class ServerInfo:
         own = tuple(int(p) for p in self.name.split()[-1].split(".")) if self.valkey else ()
         return self.version >= (8, 4) or own >= (9, 1)
 
+    @property
+    def set_ifeq(self) -> bool:
+        """``SET ... IFEQ ... GET``: where MSETEX is (Redis >= 8.4, Valkey >= 9.1)."""
+        return self.msetex
+
 
 def _dotted(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))

@@ -8,6 +8,10 @@ what holding costs: the record, its entry id, stream name and Info, and the
 table's two indexes. tracemalloc counts it; ``extra_info`` has bytes per
 held stream (the Go reference client documents about 2.5 KB). The timing is
 of the fill itself, without tracemalloc.
+
+What a whole process holding a million streams costs (its resident memory per held stream, its
+tick's Redis cost beside one held stream's) is ``python -m benchmarks.hold_scale``: a script, as
+it takes minutes; ``bench_hold_scale_script_runs`` runs it once, small.
 """
 
 from __future__ import annotations
@@ -84,3 +88,16 @@ def bench_held_table_memory(bench: Bench) -> None:
     # Loose: the figure is ~280 bytes on CPython 3.11; the old layout (a
     # dataclass with value and lock key strings, a list per stream) was ~650.
     assert per_stream < 512
+
+
+def bench_hold_scale_script_runs() -> None:
+    """``python -m benchmarks.hold_scale`` (one process holding a million streams: its memory per held
+    stream and its tick's Redis cost beside one held stream's), once and small, so it cannot rot."""
+    import asyncio
+
+    from .hold_scale import main
+
+    out = asyncio.run(main(streams=500))
+    assert out["streams"] == 500 and out["rss_bytes_per_held_stream"] > 0
+    for row in ("tick_holding_all", "tick_holding_one"):
+        assert out[row]["redis_cpu_us_per_tick"] > 0, out

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from lbs._consumer.recovery import Recovery
 from lbs._keys import consumers_key, fence_key, reaped_key
 
-from _helpers import client, reap
+from _helpers import client, command_calls, reap
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,3 +53,34 @@ async def test_an_idle_client_polls_the_deadline_index_rarely(
     async with c:
         await asyncio.sleep(3.0)
     assert len(polls) <= 3, polls  # a loaded machine only makes them fewer
+
+
+async def test_an_idle_fleets_timed_polls_send_no_script(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    """Recovery's deadline poll and the delayed retries' promotion look first with plain reads (TIME,
+    the earliest due): on an idle fleet neither calls its script, and the last poll's time (the stall
+    test's) keeps moving. Where the server has SET ... IFEQ the heartbeat sends no script either;
+    elsewhere the tick and the poll time's refresh stay scripts."""
+    # lock_ttl 2 s: a stall is a gap of 1 s, so each poller looks every 0.5 s and refreshes the
+    # poll time when it is 0.25 s old; the heartbeat ticks every 0.67 s.
+    clients = [client(any_server.url, service, f"idle-{i}", lock_ttl=2.0) for i in range(2)]
+    for c in clients:
+        await c.start()
+    try:
+        # Every client ticked twice (the second tick knows the server's clock) and polled once.
+        await asyncio.sleep(2.0)
+        before = await command_calls(rr)
+        (seconds, micros), last = await rr.time(), int(await rr.get(reaped_key(service)))
+        await asyncio.sleep(2.0)
+        after = await command_calls(rr)
+        sent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+        assert sent.get("zrange", 0) >= 4, sent  # the pollers looked (at least once a second each)
+        if any_server.set_ifeq:
+            assert "evalsha" not in sent, sent
+        # The stall test's time moved on: a poll now would not take the fleet for stalled.
+        assert int(await rr.get(reaped_key(service))) > last
+        assert int(await rr.get(reaped_key(service))) > seconds * 1000 + micros // 1000 - 1000
+    finally:
+        for c in clients:
+            await c.close()

@@ -188,7 +188,7 @@ def test_done_codes_reads_one_digit_per_entry() -> None:
 #: How the code names each script's builder.
 _CALLS = {
     "read-3": "scripts.read(",
-    "extend-n": "scripts.extend(",
+    "extend-n": "beat.extend(",
     "done-n": "scripts.done(",
     "release-1": "scripts.release(",
     "names-1": "reads.names(",

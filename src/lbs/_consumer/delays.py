@@ -27,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import math
 
+from redis.exceptions import RedisError
+
 from _lbscore import CommandBatch
 
 from .. import _keys
-from .._redis import scripts
+from .._redis import peek, scripts
 from .._redis.errors import KeyTypeError
 from .._redis.wire import first_error
 from .._waits import wait_set
@@ -119,6 +121,22 @@ class Delays(Activity, kind="delays"):
             s.log.debug("%d delayed retries are back in %s", moved, n.stream_key)
         return moved, None if next_ms < 0 else next_ms / 1000
 
+    async def nothing_due(self) -> tuple[bool, float | None]:
+        """A look without Lua (:mod:`lbs._redis.peek`: ``TIME`` and the earliest of the due index and
+        of the waiting index) before the script: ``(True, seconds until the earliest is due, None when
+        both are empty)`` when nothing is due now, so the poll costs Redis three reads and not a script
+        call; ``(False, None)`` when something is, or a reply is not what it should be (a key of another
+        type: the script names it)."""
+        s = self.state
+        try:
+            replies = await s.link.pool.execute(
+                lambda b: peek.peek(b, [self.due_key, self.waiting_key]), retry_safe=True
+            )
+            due = peek.peek_reply(replies, zsets=2).due_in()
+        except (RedisError, ValueError, TypeError):
+            return False, None
+        return (False, None) if due == 0 else (True, due)
+
     async def _main(self) -> None:
         loop = asyncio.get_running_loop()
         s = self.state
@@ -126,7 +144,9 @@ class Delays(Activity, kind="delays"):
             wait = self.interval
             self._next_poll = math.inf  # a copy parked while the call runs may be after its look
             try:
-                _, next_due = await self.promote()
+                quiet, next_due = await self.nothing_due()
+                if not quiet:
+                    _, next_due = await self.promote()
                 self._refused = ""
                 if next_due is None:
                     wait = max(wait, IDLE_POLL)  # nothing parked: see the module's docstring

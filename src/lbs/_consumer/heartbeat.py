@@ -2,9 +2,10 @@
 
 Each tick (every ``Config.heartbeat_every``, a quarter of that after a
 failed one) extends the consumer's lease ``{<service>-input}:lease:<id>`` and
-moves its deadline in the index (``extend-n.lua``): every entry pending to
-this consumer is held by that one key, so a tick costs Redis the same for
-one held stream or a million. A lease found lost while its holder lives (a
+moves its deadline in the index, without Lua where the server has ``SET ...
+IFEQ`` (one ``MULTI``, :mod:`lbs._redis.beat`), else ``extend-n.lua``: every
+entry pending to this consumer is held by that one key, so a tick costs Redis
+the same for one held stream or a million. A lease found lost while its holder lives (a
 stall, an eviction, a partition) disowns every held stream; the lease is
 taken again and what is still pending to this consumer is put back with no
 retry counted. The tick also warns of streams held past
@@ -42,7 +43,7 @@ from redis.exceptions import RedisError, ResponseError
 from _lbscore import CommandBatch, Held, HeldTable
 
 from .. import _keys
-from .._redis import scripts
+from .._redis import beat, pending
 from .._redis.errors import NoGroupError, classify
 from .._redis.wire import first_error, text
 from .._waits import within
@@ -82,6 +83,8 @@ class Heartbeat(Activity, kind="heartbeat"):
         #: Streams disowned when the lease ran out, put back (no retry counted) by the next tick that
         #: reaches Redis: their holder lives, so no deadline will send anyone for them soon.
         self._orphans: list[Held] = []
+        #: The server's clock, from each tick's TIME: what a Lua-free tick dates the deadline by.
+        self.clock = beat.ServerClock()
         #: When the tick looks again for entries pending to this consumer that it no longer tracks.
         self._strays_next = time.monotonic() + state.config.reconciliation_interval
         #: Fires at ``lease_until`` whatever the ticks are doing (a cut-off round trip may take long to give up).
@@ -207,9 +210,14 @@ class Heartbeat(Activity, kind="heartbeat"):
 
         # The token records of batches finished since the last tick (`lbs status` reads them).
         finished = s.holdings.finished_batches[:]
+        lease = s.lease.value
+        # Without Lua where the server can (SET ... IFEQ) and the deadline can be told from its clock.
+        sent = time.monotonic()
+        now_ms = self.clock.now_ms(sent) if s.server.set_ifeq and go is None else None
+        plain = now_ms is not None
 
         def build(b: CommandBatch) -> None:
-            scripts.extend(
+            beat.extend(
                 b,
                 n.stream_key,
                 n.consumers_key,
@@ -217,7 +225,8 @@ class Heartbeat(Activity, kind="heartbeat"):
                 ttl_ms=ttl,
                 group=n.group,
                 consumer=n.id,
-                lease=s.lease.value,
+                lease=lease,
+                deadline_ms=None if now_ms is None else now_ms + ttl,
                 go=go,
             )
             if finished:
@@ -226,12 +235,13 @@ class Heartbeat(Activity, kind="heartbeat"):
         try:
             # Extending the lease checks its value first: sending a tick twice is harmless.
             replies = await s.link.beat.execute(build, retry_safe=True)
-            positions = first_error(replies[:1])[0]
+            positions, now, rest = beat.extend_reply(replies, plain, lease, n.consumers_key)
         except RedisError as exc:
             raise RedisOperationError("heartbeat", exc) from exc
+        self.clock.note(now, sent, time.monotonic())
         # The records' HDEL is bookkeeping for `lbs status`: its failure (an ACL without +hdel, a key of
         # another type) is reported and never fails the tick that keeps the lease.
-        failed = replies[1] if finished and isinstance(replies[1], Exception) else None
+        failed = rest[0] if finished and isinstance(rest[0], Exception) else None
         if failed is not None and not s.denied(
             failed, f"deleting finished records from {n.tokens_key}"
         ):
@@ -401,20 +411,15 @@ class Heartbeat(Activity, kind="heartbeat"):
         s = self.state
         n = s.names
         ids: list[str] = []
-        cursor = "-"
-        while True:
-            try:
-                page = await s.link.redis.xpending_range(
-                    n.stream_key, n.group, cursor, "+", OWN_PAGE, consumername=n.id, idle=idle_ms
-                )
-            except ResponseError as exc:
-                if isinstance(classify(exc), NoGroupError):
-                    return ids  # no group (a restart without persistence): nothing is pending
-                raise
-            ids += [text(p["message_id"]) for p in page]
-            if len(page) < OWN_PAGE:
-                return ids
-            cursor = "(" + ids[-1]
+        try:
+            async for page in pending.pages(
+                s.link.redis, n.stream_key, n.group, OWN_PAGE, idle_ms=idle_ms, consumer=n.id
+            ):
+                ids += [text(p["message_id"]) for p in page]
+        except ResponseError as exc:
+            if not isinstance(classify(exc), NoGroupError):
+                raise  # no group (a restart without persistence): nothing is pending
+        return ids
 
     async def mark_running(self, records: list[Held]) -> None:
         """Tell Redis that those of ``records`` the application took from the notification queue

@@ -45,7 +45,7 @@ from redis.exceptions import RedisError
 from _lbscore import CommandBatch
 
 from .. import _keys
-from .._redis import scripts
+from .._redis import peek, pending, scripts
 from .._redis.connection import execute
 from .._redis.subscription import Subscription
 from .._redis.wire import text
@@ -84,6 +84,8 @@ class Recovery(Activity):
         #: Housekeeping that runs with each scan: departed consumers forgotten (``Instance.forget_departed``).
         self.sweep = sweep
         self._next_due: float | None = None  # seconds to the earliest deadline, after a poll
+        #: The last look without Lua: the poll time it read, when (monotonic), the server's time then.
+        self._look: tuple[bytes, float, int] | None = None
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
@@ -121,11 +123,14 @@ class Recovery(Activity):
                 await wait_set(wake, every if soon else poll_wait(self._next_due, every, cap))
             if self.state.stopping.is_set():
                 return
+            timed = not wake.is_set() and not soon  # the timer's poll, not a wake or a retry
             path = "keyspace" if self._heard else "deadline"
             self._heard = False
             wake.clear()
             soon = False
             try:
+                if timed and await self.nothing_due():
+                    continue
                 if await self.poll_deadlines(path):
                     wake.set()  # more may be due: poll again at once
             except asyncio.CancelledError:
@@ -142,6 +147,51 @@ class Recovery(Activity):
         death the keyspace events miss is judged at its deadline, not one grace later."""
         cfg = self.config
         return max(1000, cfg.lock_ttl_ms // 2, int(4000 * cfg.deadline_poll_interval))
+
+    async def nothing_due(self) -> bool:
+        """The timer's poll on an idle fleet, without Lua: True when no consumer is past its deadline
+        and the last poll's time (``{<service>-input}:reaped``, the stall test's) is recent, so
+        ``reap-4.lua`` would only have written that time. One pipeline of ``TIME``, ``GET`` of the
+        time and the earliest deadline (:mod:`lbs._redis.peek`). Where the server has ``SET ...
+        IFEQ`` the same pipeline first moves the time on, when a quarter of the stall threshold has
+        gone by since the value this poller's previous look read, and only if no poller wrote it
+        since; the value is the server's time as that look's ``TIME`` tells it, at the moment the
+        pipeline is sent: a stall of the server after that still reads as one.
+        False (call the script) when anything is due, the time is old or missing, or a reply is not
+        what it should be: the script judges, and names what is wrong."""
+        s = self.state
+        n = s.names
+        stall_ms = self.stall_ms()
+        sent = time.monotonic()
+        move: tuple[str, bytes] | None = None
+        if self._look is not None and s.server.set_ifeq:
+            seen, at, now_ms = self._look
+            moved_on = now_ms + int((sent - at) * 1000) - int(seen)
+            if stall_ms // 4 <= moved_on <= stall_ms:
+                move = (str(int(seen) + moved_on), seen)
+
+        def build(b: CommandBatch) -> None:
+            if move is not None:
+                b.command("SET", n.reaped_key, move[0], "IFEQ", move[1])
+            peek.peek(b, [n.consumers_key], [n.reaped_key])
+
+        self._look = None
+        try:
+            replies = await s.link.pool.execute(build, retry_safe=True)
+            look = peek.peek_reply(replies[1:] if move else replies, zsets=1, gets=1)
+            (last_raw,) = look.values
+            last = int(last_raw) if last_raw is not None else None
+        except (RedisError, ValueError, TypeError):
+            return False
+        if last_raw is None or last is None:
+            return False
+        self._look = (last_raw, (sent + time.monotonic()) / 2, look.now_ms)
+        due = look.due_in()
+        if due == 0 or look.now_ms - last > stall_ms:
+            return False
+        self._next_due = due
+        # Without SET ... IFEQ the script writes the time, atomically with its look.
+        return s.server.set_ifeq or look.now_ms - last < stall_ms // 4
 
     async def poll_deadlines(self, path: str = "deadline") -> int:
         """One poll of the deadline index; returns how many entries it re-queued.
@@ -379,25 +429,16 @@ class Recovery(Activity):
         """The pending list (or one consumer's part of it), page by page (entry id: holder, ""), with an
         exclusive cursor."""
         s = self.state
-        n, batch = s.names, self.config.scan_batch
-        cursor = "-"
-        while True:
-            page = await s.link.redis.xpending_range(
-                n.stream_key,
-                n.group,
-                min=cursor,
-                max="+",
-                count=batch,
-                idle=idle_ms,
-                consumername=consumer,
-            )
-            if not page:
-                return
-            ids = _holders(page)
-            yield ids
-            if len(page) < batch:
-                return
-            cursor = "(" + text(page[-1]["message_id"])
+        n = s.names
+        async for page in pending.pages(
+            s.link.redis,
+            n.stream_key,
+            n.group,
+            self.config.scan_batch,
+            idle_ms=idle_ms,
+            consumer=consumer,
+        ):
+            yield _holders(page)
 
     async def scan(self, min_idle: float | None = None) -> dict[str, int]:
         """One full pass over the pending list; returns counts (requeued, alive, pending).

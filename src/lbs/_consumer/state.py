@@ -183,6 +183,11 @@ class Server:
         return self.version >= (8, 4)
 
     @property
+    def set_ifeq(self) -> bool:
+        """``SET ... IFEQ`` (with ``GET``) exists (Redis >= 8.4, Valkey >= 9.1): a tick needs no Lua."""
+        return self.version >= (8, 4) or self.valkey >= (9, 1)
+
+    @property
     def msetex(self) -> bool:
         """MSETEX exists, with Redis 8.4's syntax and all-or-none NX (Redis >= 8.4, Valkey >= 9.1)."""
         return self.version >= (8, 4) or self.valkey >= (9, 1)

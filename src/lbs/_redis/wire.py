@@ -127,7 +127,8 @@ class Wire:
     ``scripts`` are the Lua sources a batch may call by SHA: after a
     NOSCRIPT (a restart, a failover) they are loaded and the batch is sent
     again, which is safe because a batch that got NOSCRIPT for every command
-    ran none of them. A batch that got LOADING for every command (a restarted
+    ran none of them (one sent ``retry_safe`` is sent again after a NOSCRIPT
+    among other replies too: it may run twice). A batch that got LOADING for every command (a restarted
     Redis loading its data set) ran none of them either: it is sent again,
     with a doubling pause up to a second, until Redis has loaded. A LOADING
     reply among others is a ``redis.exceptions.BusyLoadingError``, a
@@ -219,7 +220,9 @@ class Wire:
                     await asyncio.sleep(pause)
                     pause = min(2 * pause, 1.0)
                     replies = await self._stream(count, build, parser)
-                if replies and all(isinstance(r, NoScriptError) for r in replies):
+                noscript = [isinstance(r, NoScriptError) for r in replies]
+                # All NOSCRIPT: nothing ran. Some: the others ran, so only a batch that may run twice.
+                if replies and (all(noscript) or (retry_safe and any(noscript))):
                     await self.load_scripts()
                     replies = await self._stream(count, build, parser)
                 if any(type(r) is ReadOnlyError for r in replies):
