@@ -111,7 +111,7 @@ def reaped_key(service: str) -> str:
     """When the deadline index was last polled (server ms): ``{<service>-input}:reaped``.
 
     A poll that finds it further back than a stall threshold gives every
-    overdue consumer a grace period instead of judging it (reap-4.lua).
+    overdue consumer a grace period instead of judging it (reap-3.lua).
     """
     return f"{hash_tag(service)}:reaped"
 

@@ -5,7 +5,7 @@ merely held (read by a client of the notification API and queued for the applica
 come back with no retry counted, however many times it dies.
 
 Each worker is a real process (``_crash_worker.py``), killed by the poison pill it takes; this process
-recovers its streams as another consumer of the fleet would (the deadline poller, ``reap-4.lua`` and
+recovers its streams as another consumer of the fleet would (the deadline poller, ``reap-3.lua`` and
 ``requeue-6.lua``).
 """
 

@@ -12,7 +12,6 @@ from typing import Any
 import lbs
 from lbs._keys import (
     consumers_key,
-    fence_key,
     group_name,
     input_stream,
     lease_prefix,
@@ -37,15 +36,14 @@ async def eventually(
 
 
 async def reap(r: Any, service: str, tokens_prefix: str = "") -> list[Any]:
-    """One ``reap-4.lua`` call by its source (100 entries at most, stall threshold 60 s, grace 1 s):
+    """One ``reap-3.lua`` call by its source (100 entries at most, stall threshold 60 s, grace 1 s):
     ``[gone, next_ms]``, plus ``holders, deadlines`` once some consumer was due."""
     return await r.eval(  # type: ignore[no-any-return]
-        source("reap-4"),
-        4,
+        source("reap-3"),
+        3,
         consumers_key(service),
         input_stream(service),
         reaped_key(service),
-        fence_key(service),
         group_name(service),
         lease_prefix(service),
         100,

@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from lbs._consumer.recovery import Recovery
-from lbs._keys import consumers_key, fence_key, reaped_key
+from lbs._keys import consumers_key, reaped_key
 
 from _helpers import client, command_calls, reap
 
@@ -19,9 +19,6 @@ pytestmark = pytest.mark.timeout(60)
 async def test_a_reap_that_finds_nothing_due_writes_only_the_time_of_the_call(
     r: aioredis.Redis, service: str
 ) -> None:
-    # The fencing counter (KEYS[4]) is declared but never read or written, due or not: a hash there
-    # is left alone.
-    await r.hset(fence_key(service), "x", "1")
     assert await reap(r, service) == [[], -1]  # the index empty
     assert await r.exists(reaped_key(service))
     now_ms = int(await r.get(reaped_key(service)))
@@ -34,7 +31,6 @@ async def test_a_reap_that_finds_nothing_due_writes_only_the_time_of_the_call(
     await r.zadd(consumers_key(service), {"c1": 1})
     assert await reap(r, service) == [[], -1, [], []]
     assert await r.zscore(consumers_key(service), "c1") is None
-    assert await r.hgetall(fence_key(service)) == {b"x": b"1"}
 
 
 async def test_an_idle_client_polls_the_deadline_index_rarely(

@@ -542,7 +542,7 @@ async def test_acl_denials_refuse_a_re_read_whole_but_not_a_reap(
     any_server: Any, rr: aioredis.Redis, service: str
 ) -> None:
     """A user the ACL denies a write of the re-read (HSET on its token records) is refused before
-    anything is written; the same user's reap-4 needs no HSET: it lists every entry found for a
+    anything is written; the same user's reap-3 needs no HSET: it lists every entry found for a
     re-queue."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await rr.execute_command(
@@ -1097,7 +1097,7 @@ async def test_promote_leaves_an_entry_too_wide_to_copy_parked(
     assert await rr.xlen(delayed_stream(service)) == 1 and await rr.xlen(input_stream(service)) == 0
 
 
-# -- reap-4.lua ---------------------------------------------------------------
+# -- reap-3.lua ---------------------------------------------------------------
 
 
 async def dead(r: aioredis.Redis, service: str, n: int) -> list[str]:
@@ -1111,7 +1111,7 @@ async def dead(r: aioredis.Redis, service: str, n: int) -> list[str]:
 async def test_reap_lists_a_dead_holders_entries_and_requeue_puts_them_back_under_new_ids(
     rr: aioredis.Redis, service: str
 ) -> None:
-    """reap-4 takes nothing over: every entry of a holder whose lease is gone stays pending to it,
+    """reap-3 takes nothing over: every entry of a holder whose lease is gone stays pending to it,
     listed in gone with its holder and the holder's deadline (for the journal), and no token is taken;
     requeue-6 (mode "absent") then writes each back as a fresh entry, its death counted."""
     ids = await dead(rr, service, 3)

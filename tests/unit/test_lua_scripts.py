@@ -103,12 +103,11 @@ _FIXED = {
     "promote-4": lambda b: scripts.promote(
         b, "z", "p", "s", "w", batch=100, group="g", key_prefix="{s}:"
     ),
-    "reap-4": lambda b: scripts.reap(
+    "reap-3": lambda b: scripts.reap(
         b,
         "c",
         "s",
         "r",
-        "f",
         group="g",
         lease_prefix="{s}:lease:",
         batch=10,
@@ -195,7 +194,7 @@ _CALLS = {
     "fence-1": "reads.floor(",
     "requeue-6": "scripts.requeue(",
     "promote-4": "scripts.promote(",
-    "reap-4": "scripts.reap(",
+    "reap-3": "scripts.reap(",
     "leave-3": "scripts.leave(",
     "publish-1": "scripts.publish_args(",
     "fetch-1": "scripts.fetch(",

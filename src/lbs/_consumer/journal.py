@@ -181,7 +181,7 @@ class Journal(Activity, kind="journal"):
 
     @staticmethod
     def holders(ids: Sequence[Any], found: Sequence[Any]) -> dict[str, tuple[str, str]]:
-        """Every one of ``ids`` (as text) with its holder and the holder's deadline from ``reap-4.lua``'s
+        """Every one of ``ids`` (as text) with its holder and the holder's deadline from ``reap-3.lua``'s
         ``found`` (holders, in ``ids``' order, and deadlines); ``("", "")`` where not told."""
         names = [text(h) for h in found[0]] if found else []
         pairs = found[1] if len(found) > 1 else []

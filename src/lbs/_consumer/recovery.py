@@ -8,7 +8,7 @@ Any number of recoverers re-queue an entry exactly once. Three paths find the en
 
 * **deadline poller** (fast, does not depend on Redis's expiry timing): every consumer has a
   deadline in the sorted set ``{<service>-input}:deadlines``, moved by each heartbeat tick; at the
-  earliest deadline in the index (``reap-4.lua`` returns it), never twice within
+  earliest deadline in the index (``reap-3.lua`` returns it), never twice within
   ``deadline_poll_interval``, the script looks at each overdue consumer's lease (its PTTL expires an
   overdue lease on the spot) and, where it is gone, lists its pending entries, which are re-queued
   under new ids: recovery never takes an entry over under its id (no XCLAIM), so an id is only ever
@@ -27,7 +27,7 @@ Any number of recoverers re-queue an entry exactly once. Three paths find the en
   ``GO_DONE_GAP`` after that look: ``Requeue.go_unlocked``).
 
 After a stall of the server every deadline and lease lapses at once although the holders live;
-``reap-4.lua`` notices the gap since its last call and gives every overdue consumer a grace of one
+``reap-3.lua`` notices the gap since its last call and gives every overdue consumer a grace of one
 lease TTL instead. At start the client re-queues what an earlier process under its consumer id left.
 """
 
@@ -69,7 +69,7 @@ def poll_wait(due: float | None, every: float, cap: float) -> float:
 
 
 class Recovery(Activity):
-    """The recovery tasks of one client; the one caller of ``reap-4.lua``. Re-queues go through :class:`Requeue`."""
+    """The recovery tasks of one client; the one caller of ``reap-3.lua``. Re-queues go through :class:`Requeue`."""
 
     def __init__(
         self,
@@ -151,7 +151,7 @@ class Recovery(Activity):
     async def nothing_due(self) -> bool:
         """The timer's poll on an idle fleet, without Lua: True when no consumer is past its deadline
         and the last poll's time (``{<service>-input}:reaped``, the stall test's) is recent, so
-        ``reap-4.lua`` would only have written that time. One pipeline of ``TIME``, ``GET`` of the
+        ``reap-3.lua`` would only have written that time. One pipeline of ``TIME``, ``GET`` of the
         time and the earliest deadline (:mod:`lbs._redis.peek`). Where the server has ``SET ...
         IFEQ`` the same pipeline first moves the time on, when a quarter of the stall threshold has
         gone by since the value this poller's previous look read, and only if no poller wrote it
@@ -213,7 +213,6 @@ class Recovery(Activity):
                 n.consumers_key,
                 n.stream_key,
                 n.reaped_key,
-                n.fence_key,
                 group=n.group,
                 lease_prefix=n.lease_prefix,
                 batch=cfg.deadline_batch,

@@ -1,6 +1,6 @@
 """A look, without Lua, at whether a poller's script has anything to do.
 
-Recovery's deadline poll (``reap-4.lua``) and the delayed retries' promotion (``promote-4.lua``)
+Recovery's deadline poll (``reap-3.lua``) and the delayed retries' promotion (``promote-4.lua``)
 run on timers, and on an idle fleet nearly every call finds nothing due. A script call costs
 Redis far more than the few reads that tell so, so each poller first reads, in one pipeline,
 ``TIME``, the strings it needs (``GET``) and the earliest member of each sorted set it is due by

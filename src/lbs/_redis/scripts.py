@@ -75,7 +75,7 @@ READ = load("read-3")
 EXTEND = load("extend-n")
 REQUEUE = load("requeue-6")
 PROMOTE = load("promote-4")
-REAP = load("reap-4")
+REAP = load("reap-3")
 LEAVE = load("leave-3")
 SCRIPTS = (
     READ,
@@ -313,7 +313,7 @@ def promote(
     )  # ARGV[3] {<service>-input}: (names' holders and waiting lists)
 
 
-# ------------------------------------------------------------------- reap-4 ---
+# ------------------------------------------------------------------- reap-3 ---
 # Caller: lbs._consumer.recovery.
 
 
@@ -322,7 +322,6 @@ def reap(
     consumers: str,
     stream: str,
     reaped: str,
-    fence: str,
     *,
     group: str,
     lease_prefix: str,
@@ -340,7 +339,6 @@ def reap(
         consumers,  # KEYS[1] the consumer deadline index
         stream,  # KEYS[2] the LBS
         reaped,  # KEYS[3] when the last call ran (server ms)
-        fence,  # KEYS[4] the fencing counter (not used; keeps the script's key count)
         group,  # ARGV[1]
         lease_prefix,  # ARGV[2] the lease key prefix
         batch,  # ARGV[3] most pending entries looked at

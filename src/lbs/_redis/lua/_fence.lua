@@ -1,5 +1,5 @@
 -- The service's fencing counter, shared by the scripts that hand out tokens
--- (read-3.lua, reap-4.lua; included where they say "--#include _fence").
+-- (read-3.lua, reap-3.lua; included where they say "--#include _fence").
 --
 -- fence_check(key, count): before any write. nil and the counter's value (false
 -- when it does not exist) when `count` more tokens can be taken; otherwise the error

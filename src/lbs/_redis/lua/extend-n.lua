@@ -45,7 +45,7 @@
     "LBSKEY <KEYS[2]> holds a <type>, not the consumer deadline index"
 
   One deadline per consumer: a consumer that stops heartbeating is found
-  by recovery's deadline poller (reap-4.lua) once its deadline passes and
+  by recovery's deadline poller (reap-3.lua) once its deadline passes and
   its lease is gone.
 
   Events: none besides the keys it writes.

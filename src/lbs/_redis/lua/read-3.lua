@@ -29,7 +29,7 @@
            stream, in order), "<lease value>|<id> <id> ..." for a re-read's
            entries no record of this lease covers. The client deletes a field
            once it finished every entry of its batch; leave-3.lua and
-           reap-4.lua delete the hash of a consumer that left or died with
+           reap-3.lua delete the hash of a consumer that left or died with
            nothing pending. "" or absent: none kept (every entry gets a
            fresh token).
 

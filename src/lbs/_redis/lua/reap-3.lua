@@ -10,9 +10,6 @@
   KEYS[2]  the load-balancer stream, <service>-input
   KEYS[3]  {<service>-input}:reaped: the server time (ms) of the last call,
            by any recoverer
-  KEYS[4]  the service's fencing counter, {<service>-input}:fence: not read
-           or written (adoption's tokens came from it); declared so the
-           script's name, reap-4, and its callers stay as they were
 
   ARGV[1]  consumer group
   ARGV[2]  the lease key prefix, {<service>-input}:lease: (a consumer's
