@@ -41,16 +41,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     legs = ["redis8"]
     if FULL or metafunc.definition.get_closest_marker("valkey_smoke"):
         legs.append("valkey")
+    if FULL:
+        legs.append("redis7")  # the scripts' paths the Lua-free ones replace on 8.4+
     metafunc.parametrize("server_kind", legs, indirect=True)
 
 
 @pytest.fixture(autouse=True)
 def server_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which server ``_fleet.server`` starts for this test: ``redis8`` or ``valkey``."""
+    """Which server ``_fleet.server`` starts for this test: ``redis8``, ``valkey`` or ``redis7``."""
     kind: str = getattr(request, "param", "redis8")
-    if kind == "valkey":
+    if kind in ("valkey", "redis7"):
         monkeypatch.setattr(
-            _fleet, "BINARY", request.getfixturevalue("valkey_server").server.binary
+            _fleet, "BINARY", request.getfixturevalue(f"{kind}_server").server.binary
         )
     return kind
 

@@ -366,7 +366,12 @@ class Reader(Activity, kind="reader"):
             return False
         wait = backoff.next()
         s.log.warning(
-            "read failed (%s: %s); retry %d in %.2fs", type(exc).__name__, exc, failures, wait
+            "read of %s failed (%s: %s); retry %d in %.2fs",
+            s.names.stream_key,
+            type(exc).__name__,
+            exc,
+            failures,
+            wait,
         )
         await backoff.sleep(s.stopping, wait)
         return True
