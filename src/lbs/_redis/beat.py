@@ -24,7 +24,7 @@ from typing import Any
 from _lbscore import CommandBatch
 
 from . import scripts
-from .wire import first_error, text
+from .wire import exec_replies, first_error, text
 
 __all__ = ["ServerClock", "extend", "extend_reply", "tick", "tick_notes"]
 
@@ -83,13 +83,8 @@ def tick_notes(replies: list[Any], lease: str, deadlines: str) -> tuple[list[str
     lease is not ours; "LBSKEY ..." when the deadline could not be written) and the ``TIME`` reply. A
     refused transaction (EXECABORT: the ACL, a command the server does not know) is raised: nothing of
     it ran."""
-    for r in replies[:-1]:
-        if isinstance(r, Exception):  # refused when queued (NOPERM, ...): EXEC aborted, its cause
-            raise r
-    done = replies[-1]
-    if isinstance(done, Exception):
-        raise done
-    if not isinstance(done, list) or len(done) != 3:
+    done = exec_replies(replies)
+    if len(done) != 3:
         raise TypeError(f"EXEC replied {done!r}, not the tick's three replies")
     held, moved, now = done
     notes: list[str] = []

@@ -29,6 +29,7 @@ from typing import Any
 from _lbscore import CommandBatch, Shape
 
 from .sources import load
+from .wire import exec_replies
 
 __all__ = [
     "FENCE",
@@ -114,15 +115,7 @@ class Take:
 def take_reply(replies: list[Any], floored: bool, with_names: bool) -> Take:
     """The replies of a :func:`take` (every command's, EXEC's last). A refused transaction (EXECABORT:
     the ACL, a command Redis does not know) is raised: nothing of it ran."""
-    for r in replies[:-1]:
-        if isinstance(r, Exception):  # refused when queued (NOPERM, ...): EXEC aborted, its cause
-            raise r
-    done = replies[-1]
-    if isinstance(done, Exception):
-        raise done
-    if not isinstance(done, list):
-        raise TypeError(f"EXEC replied {done!r}, not the transaction's replies")
-    out = iter(done)
+    out = iter(exec_replies(replies))
     error: Exception | None = None
     if floored:
         f = next(out)

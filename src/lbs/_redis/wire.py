@@ -41,7 +41,7 @@ from _lbscore import NEED_MORE, CommandBatch, EntryParser, RespReader, Shape
 from ..exceptions import DataError
 from .errors import reply_error
 
-__all__ = ["Wire", "fields_text", "first_error", "text"]
+__all__ = ["Wire", "exec_replies", "fields_text", "first_error", "text"]
 
 #: The first pause before a batch that met LOADING is sent again (seconds; doubling up to 1).
 LOADING_PAUSE = 0.05
@@ -115,6 +115,20 @@ def first_error(replies: list[Any]) -> list[Any]:
         if isinstance(reply, Exception):
             raise reply
     return replies
+
+
+def exec_replies(replies: list[Any]) -> list[Any]:
+    """The queued commands' replies of a ``MULTI`` ... ``EXEC`` batch (``replies``: every command's,
+    ``EXEC``'s last). A refused transaction (EXECABORT: the ACL, a command the server does not know)
+    is raised, with its cause where a command was refused when queued: nothing of it ran. Errors of
+    commands that ran stay in the list."""
+    first_error(replies[:-1])  # refused when queued (NOPERM, ...): EXEC aborted, its cause
+    done = replies[-1]
+    if isinstance(done, Exception):
+        raise done
+    if not isinstance(done, list):
+        raise TypeError(f"EXEC replied {done!r}, not the transaction's replies")
+    return done
 
 
 class Wire:
