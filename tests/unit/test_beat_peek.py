@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ResponseError
 
-from lbs._redis.beat import ServerClock, tick_notes
+from lbs._redis.beat import tick_notes
+from lbs._redis.clock import ServerClock
 from lbs._redis.peek import peek_reply
 
 

@@ -43,7 +43,7 @@ from redis.exceptions import RedisError, ResponseError
 from _lbscore import CommandBatch, Held, HeldTable
 
 from .. import _keys
-from .._redis import beat, pending
+from .._redis import beat, clock, pending
 from .._redis.errors import NoGroupError, classify
 from .._redis.wire import first_error, text
 from .._waits import within
@@ -84,7 +84,7 @@ class Heartbeat(Activity, kind="heartbeat"):
         #: reaches Redis: their holder lives, so no deadline will send anyone for them soon.
         self._orphans: list[Held] = []
         #: The server's clock, from each tick's TIME: what a Lua-free tick dates the deadline by.
-        self.clock = beat.ServerClock()
+        self.clock = clock.ServerClock()
         #: When the tick looks again for entries pending to this consumer that it no longer tracks.
         self._strays_next = time.monotonic() + state.config.reconciliation_interval
         #: Fires at ``lease_until`` whatever the ticks are doing (a cut-off round trip may take long to give up).

@@ -45,7 +45,7 @@ from redis.exceptions import RedisError
 from _lbscore import CommandBatch
 
 from .. import _keys
-from .._redis import peek, pending, scripts
+from .._redis import clock, peek, pending, scripts
 from .._redis.connection import execute
 from .._redis.subscription import Subscription
 from .._redis.wire import text
@@ -84,8 +84,9 @@ class Recovery(Activity):
         #: Housekeeping that runs with each scan: departed consumers forgotten (``Instance.forget_departed``).
         self.sweep = sweep
         self._next_due: float | None = None  # seconds to the earliest deadline, after a poll
-        #: The last look without Lua: the poll time it read, when (monotonic), the server's time then.
-        self._look: tuple[bytes, float, int] | None = None
+        #: The poll time the last look without Lua read (None: none, or it failed); its TIME's clock.
+        self._seen: bytes | None = None
+        self._clock = clock.ServerClock()
         self.config = state.config
         self.tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()  # set while the keyspace listener is subscribed
@@ -163,29 +164,28 @@ class Recovery(Activity):
         n = s.names
         stall_ms = self.stall_ms()
         sent = time.monotonic()
-        move: tuple[str, bytes] | None = None
-        if self._look is not None and s.server.set_ifeq:
-            seen, at, now_ms = self._look
-            moved_on = now_ms + int((sent - at) * 1000) - int(seen)
-            if stall_ms // 4 <= moved_on <= stall_ms:
-                move = (str(int(seen) + moved_on), seen)
+        seen, self._seen = self._seen, None
+        now_ms = self._clock.now_ms(sent)
+        move: tuple[int, bytes] | None = None  # (the time to write, the value it replaces)
+        if seen is not None and now_ms is not None and s.server.set_ifeq:
+            move = (now_ms, seen) if stall_ms // 4 <= now_ms - int(seen) <= stall_ms else None
 
         def build(b: CommandBatch) -> None:
             if move is not None:
                 b.command("SET", n.reaped_key, move[0], "IFEQ", move[1])
             peek.peek(b, [n.consumers_key], [n.reaped_key])
 
-        self._look = None
         try:
             replies = await s.link.pool.execute(build, retry_safe=True)
             look = peek.peek_reply(replies[1:] if move else replies, zsets=1, gets=1)
             (last_raw,) = look.values
-            last = int(last_raw) if last_raw is not None else None
+            if last_raw is None:
+                return False
+            last = int(last_raw)
         except (RedisError, ValueError, TypeError):
             return False
-        if last_raw is None or last is None:
-            return False
-        self._look = (last_raw, (sent + time.monotonic()) / 2, look.now_ms)
+        self._seen = last_raw
+        self._clock.pin(look.now_ms, sent, time.monotonic())
         due = look.due_in()
         if due == 0 or look.now_ms - last > stall_ms:
             return False

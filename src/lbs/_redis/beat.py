@@ -6,7 +6,7 @@ One ``MULTI``:
   take's value, and replies what it held: the value (extended), nil (gone), another value (another
   process took it), or WRONGTYPE (a key of another type): the same diagnosis ``extend-n.lua`` gives;
 * ``ZADD <deadlines> <deadline> <consumer>`` moves the consumer's deadline to ``deadline``, the
-  server's time plus the TTL as the client estimates it (:class:`ServerClock`, from the previous
+  server's time plus the TTL as the client estimates it (:class:`lbs._redis.clock.ServerClock`, from the previous
   tick's ``TIME``). Unlike the script it is written whether or not the lease was extended: a lost
   lease's holder lives (it is the one ticking) and puts its streams back itself, and a deadline a
   little ahead only sends recovery's poll later to a consumer that is alive;
@@ -26,37 +26,7 @@ from _lbscore import CommandBatch
 from . import scripts
 from .wire import exec_replies, first_error, text
 
-__all__ = ["ServerClock", "extend", "extend_reply", "tick", "tick_notes"]
-
-
-class ServerClock:
-    """The server's clock as seen from this client's monotonic clock: each ``TIME`` reply is pinned to
-    the middle of the round trip that read it, so an estimate is off by at most half that round trip
-    (plus the clocks' drift since, microseconds a tick). A failover to a server whose clock differs is
-    corrected by the next ``TIME``."""
-
-    __slots__ = ("_at", "_ms")
-
-    def __init__(self) -> None:
-        self._ms: float | None = None  # the server's time (ms) at ...
-        self._at = 0.0  # ... this monotonic time (s)
-
-    def note(self, reply: Any, sent: float, received: float) -> bool:
-        """Record a ``TIME`` reply (``[seconds, microseconds]``) read by a round trip sent at ``sent``
-        and answered at ``received`` (monotonic seconds); False when it is not one."""
-        try:
-            seconds, micros = (int(text(v)) for v in reply)
-        except (TypeError, ValueError):
-            return False
-        self._ms = seconds * 1000 + micros / 1000
-        self._at = (sent + received) / 2
-        return True
-
-    def now_ms(self, at: float) -> int | None:
-        """The server's time (ms) at monotonic time ``at``; None before the first :meth:`note`."""
-        if self._ms is None:
-            return None
-        return int(self._ms + (at - self._at) * 1000)
+__all__ = ["extend", "extend_reply", "tick", "tick_notes"]
 
 
 def tick(
