@@ -908,26 +908,27 @@ async def test_done_beside_a_go_fleet_releases_our_go_style_locks_and_leaves_a_g
     )  # done never ends the lease
 
 
-def _requeue(service: str, entry_id: str, mode: str, **kw: Any) -> list[bytes | str]:
-    """One requeue-6 call beside a Go fleet (no retry delay, five retries, a dead-letter stream)."""
+def _requeue(
+    service: str,
+    entry_id: str,
+    mode: str,
+    value: str = "",
+    count_retry: bool = False,
+    stream_name: str = "",
+) -> list[bytes | str]:
+    """One requeue-6 call of one entry beside a Go fleet (no retry delay, five retries, a dead-letter
+    stream); its reply is a list of that one entry's."""
     b = CommandBatch()
-    args: dict[str, Any] = dict(
+    options = scripts.requeue_options(
         group=lbs.group_name(service),
-        entry_id=entry_id,
-        mode=mode,
-        value="",
-        count_retry=False,
         max_retries=5,
         retry_field="_retry_count",
         original_field="_original_id",
-        reason="",
         consumer="c1",
-        force_dead_letter=False,
         dead_letter_on=True,
         field_prefix="_",
         go_lock_sep=_keys.GO_MUTEX_KEY_SEP,
     )
-    args.update(kw)
     scripts.requeue(
         b,
         lbs.input_stream(service),
@@ -936,7 +937,12 @@ def _requeue(service: str, entry_id: str, mode: str, **kw: Any) -> list[bytes | 
         _keys.delayed_stream(service),
         _keys.due_key(service),
         _keys.pardons_key(service),
-        **args,
+        options=options,
+        mode=mode,
+        value=value,
+        count_retry=count_retry,
+        force_dead_letter=False,
+        entries=[scripts.RequeueEntry(entry_id, stream_name=stream_name)],
     )
     return _command(b, "requeue-6")
 
@@ -949,7 +955,11 @@ async def test_hand_back_beside_a_go_fleet_releases_our_go_style_lock_and_refuse
     await r.set(go_b, "redis-consumer-go-1", px=60_000)
     names = {ours: "a", taken: "b"}
     replies = [
-        await r.execute_command(*_requeue(service, i, "owned", value=LEASE, stream_name=names[i]))
+        (
+            await r.execute_command(
+                *_requeue(service, i, "owned", value=LEASE, stream_name=names[i])
+            )
+        )[0]
         for i in (ours, taken)
     ]
     assert replies[0][0] == RequeueCode.REQUEUED and replies[1][:2] == [0, b"go lock"]
@@ -973,7 +983,7 @@ async def test_recovery_beside_a_go_fleet_re_queues_what_a_go_holder_left_only_w
     await r.set(go_a, "redis-consumer-go-1", px=60_000)  # a live Go holder's; b's holder died
 
     async def recover(entry_id: str) -> list[Any]:
-        reply = await r.execute_command(*_requeue(service, entry_id, "absent", count_retry=True))
+        (reply,) = await r.execute_command(*_requeue(service, entry_id, "absent", count_retry=True))
         return list(reply)
 
     assert (await recover(alive))[:2] == [0, b"go lock"]

@@ -33,6 +33,7 @@ from lbs._keys import (
     waiting_key,
     waiting_list,
 )
+from lbs._redis import scripts
 from lbs._redis.scripts import done_codes, source
 
 from _helpers import client, command_calls, eventually, is_true, produce, take
@@ -116,30 +117,19 @@ async def requeue(r: aioredis.Redis, service: str, entry_id: str) -> list[Any]:
         delayed_stream(service),
         due_key(service),
     ]
-    args = [
-        group_name(service),
-        entry_id,
-        "owned",
-        NONCE,
-        "1",
-        "5",
-        "_retry_count",
-        "_original_id",
-        "boom",
-        "c1",
-        "0",
-        "1",
-        "_",
-        0,
-        0,
-        1.0,
-        "",
-        "",
-        "",
-        "",
-        key_prefix(service),
-    ]
-    return await r.eval(source("requeue-6"), 5, *keys, *args)
+    options = scripts.requeue_options(
+        group=group_name(service),
+        max_retries=5,
+        retry_field="_retry_count",
+        original_field="_original_id",
+        consumer="c1",
+        dead_letter_on=True,
+        field_prefix="_",
+        key_prefix=key_prefix(service),
+    )
+    args = [options, "owned", NONCE, "1", "0", "", 0, 0, entry_id, "boom", 1.0, "", 0]
+    (reply,) = await r.eval(source("requeue-6"), 5, *keys, *args)
+    return reply
 
 
 async def promote(r: aioredis.Redis, service: str) -> list[int]:

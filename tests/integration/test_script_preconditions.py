@@ -38,6 +38,7 @@ from lbs._keys import (
     tokens_prefix,
     waiting_key,
 )
+from lbs._redis import scripts
 from lbs._redis.scripts import done_codes, source
 
 from _helpers import reap
@@ -190,23 +191,32 @@ async def requeue(
         delayed_stream(service),
         due_key(service),
     ]
+    options = scripts.requeue_options(
+        group=group_name(service),
+        max_retries=int(max_retries),
+        retry_field="_retry_count",
+        original_field="_original_id",
+        consumer=consumer,
+        dead_letter_on=dlq == "1",
+        field_prefix="_",
+    )
     args = [
-        group_name(service),
-        entry_id,
+        options,
         mode,
         value,
         inc,
-        max_retries,
-        "_retry_count",
-        "_original_id",
-        reason,
-        consumer,
         force,
-        dlq,
-        "_",
-        *delay,
+        "",
+        delay[0],
+        delay[1],
+        entry_id,
+        reason,
+        delay[2],
+        "",
+        0,
     ]
-    return await r.eval(source("requeue-6"), 5, *keys, *args)
+    (reply,) = await r.eval(source("requeue-6"), 5, *keys, *args)
+    return reply
 
 
 async def promote(r: aioredis.Redis, service: str, batch: int = 100) -> list[int]:
@@ -765,6 +775,63 @@ async def test_extend_beside_a_go_fleet_refreshes_only_the_entries_whose_go_lock
 
 
 # -- requeue-6.lua ------------------------------------------------------------
+
+
+async def test_requeue_answers_each_entry_of_a_call_alone(rr: aioredis.Redis, service: str) -> None:
+    """One call, many entries: each has its own outcome (re-queued, trimmed, held by a live holder, not
+    pending), an id named twice goes back once, and a call cut short is an error that touches nothing."""
+    dead = await taken(rr, service, 3)  # c1's
+    await rr.xadd(input_stream(service), {"lbs-input": '{"stream":"s3"}'})
+    ((alive, _),), _ = await deliver(rr, service, "c2")
+    alive = alive.decode()
+    await set_lease(rr, service, "absent")
+    await set_lease(rr, service, "ours", consumer="c2")
+    await rr.xdel(input_stream(service), dead[1])  # trimmed while pending
+    keys = [
+        input_stream(service),
+        dead_letter_stream(service),
+        lease_prefix(service),
+        delayed_stream(service),
+        due_key(service),
+    ]
+    options = scripts.requeue_options(
+        group=group_name(service),
+        max_retries=5,
+        retry_field="_retry_count",
+        original_field="_original_id",
+        consumer="c3",
+        dead_letter_on=True,
+        field_prefix="_",
+    )
+
+    def entry(entry_id: str) -> list[str | int]:
+        return [entry_id, "lease gone", "1", "", 0]
+
+    head = [options, "absent", "", "1", "0", "", 0, 0]
+    before = await snapshot(rr, service)
+    with pytest.raises(ResponseError, match="entry 2 is cut short"):
+        await rr.eval(source("requeue-6"), 5, *keys, *head, *entry(dead[0]), dead[2], "x", "1", "")
+    assert await snapshot(rr, service) == before
+    order = [dead[0], dead[1], alive, dead[0], "1-1", dead[2]]
+    replies = await rr.eval(
+        source("requeue-6"), 5, *keys, *head, *(a for i in order for a in entry(i))
+    )
+    assert [r[:1] if r[0] in (1, -1) else r for r in replies] == [
+        [1],
+        [-1],
+        [0, b"lock"],
+        [0, b"acked"],
+        [0, b"acked"],
+        [1],
+    ]
+    assert await pending_to(rr, service) == {alive: b"c2"}
+    copies = await rr.xrange(input_stream(service))
+    assert [i.decode() for i, _ in copies] == [
+        alive,
+        replies[0][1].decode(),
+        replies[5][1].decode(),
+    ]
+    assert [f[b"_original_id"].decode() for _, f in copies[1:]] == [dead[0], dead[2]]
 
 
 async def test_requeue_with_a_dead_letter_key_of_another_type_touches_nothing(

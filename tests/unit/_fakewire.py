@@ -25,15 +25,15 @@ holds the value it was read under: :class:`Harness` takes its consumer's lease a
   pending; 4 when ARGV[3] says it is a retry); beside a Go fleet 5 (pending to another consumer,
   or its Go-style lock holds another name) and our Go-style locks deleted; a released name's
   holder key deleted. Not modelled (an error reply): a name with waiters to put back.
-* ``requeue-6``: the modes ``owned``/``restart`` (our lease holds ARGV[4], pending to ARGV[10]),
+* ``requeue-6``: per entry, the modes ``owned``/``restart`` (our lease holds ARGV[3], pending to us),
   ``absent`` (the holder's lease does not exist), ``any``; ``{0, "lock"}``, ``{0, "go lock"}``,
   ``{0, "acked"}``, ``{-1, "trimmed"}``, ``{-2, "LBSKEY ..."}`` (dead-letter or parking key of
   another type), ``{1, new id, lbs-input, retries}``, ``{2, dlq id, ...}``, ``{3, "", ...}`` (no
   dead-letter stream), ``{4, parked id, ..., delay}``; the retry count with the deaths carried
   in the delivery count (:attr:`FakeRedis.deliveries`) and the copy's ``<prefix>deaths``, the
   pardons taken back, the holder's queued set, the fields set on the copy, oversized copies, the
-  Go-style locks, names released. Not modelled (an error reply): mode ``absent``'s idle check
-  beside a Go fleet (ARGV[22]), a name with waiters to put back.
+  Go-style locks, names released, the acks and deletes at the call's end. Not modelled (an error
+  reply): mode ``absent``'s idle check beside a Go fleet, a name with waiters to put back.
 * ``fetch-1``: ``{1, tries, pos, fails, unblamed, until}``, ``{2}`` (the lease does not hold
   the hold's nonce), ``{3, holder}`` (pending to a consumer whose lease exists), ``{4, what}``,
   with the dead holder's failed hold as the script counts it; not modelled: the ACL.
@@ -94,6 +94,27 @@ WAIT = 5.0
 _BY_SHA = {s.sha: s.name for s in scripts.SCRIPTS}
 _NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 _LOADING = "LOADING Redis is loading the dataset in memory"
+
+
+@dataclass
+class Requeued:
+    """One entry of a requeue-6.lua call: the call's KEYS, packed options (a list) and per-call ARGV,
+    then the entry's own."""
+
+    keys: list[str]
+    options: list[Any]
+    mode: str
+    value: str
+    increment: str
+    force: str
+    traceback: str
+    first_ms: str
+    max_ms: str
+    entry_id: str
+    reason: str
+    jitter: str
+    name: str
+    fields: list[str]
 
 
 class Err(str):
@@ -404,6 +425,18 @@ class FakeRedis:
     def calls(self, name: str) -> list[Call]:
         return [c for c in self.sent if c.name == name]
 
+    def requeued(self) -> list[Requeued]:
+        """Every entry sent in a requeue-6.lua call, in order, read as the script reads its ARGV."""
+        out = []
+        for c in self.calls("requeue-6"):
+            a, at = c.args, 8
+            while at + 4 < len(a):
+                n = int(a[at + 4])
+                e = a[at : at + 5 + 2 * n]
+                out.append(Requeued(c.keys, json.loads(a[0]), *a[1:8], *e[:4], e[5:]))
+                at += 5 + 2 * n
+        return out
+
     def new_id(self) -> str:
         self._ms += 1
         return f"{self._ms}-0"
@@ -642,20 +675,50 @@ class FakeRedis:
     # -- requeue-6.lua --------------------------------------------------------------
 
     def _script_requeue_6(self, keys: list[str], args: list[str]) -> Any:
-        """requeue-6.lua, step by step in its order (its header's "Order")."""
+        """requeue-6.lua: the entries in their order, each step by step (its header's "Order"); the acks
+        and deletes of the call at its end."""
+        o = json.loads(args[0])
+        mode, value, me = args[1], args[2], o[4]
+        entries, at = [], 8
+        while at < len(args):
+            n = _lua_number(args[at + 4]) if at + 4 < len(args) else None
+            if n is None or n < 0 or at + 4 + 2 * n >= len(args):
+                return Err(f"ERR lbs requeue-6: entry {len(entries) + 1} is cut short")
+            entries.append(args[at : at + 5 + 2 * int(n)])
+            at += 5 + 2 * int(n)
+        # 1. Our lease (modes "owned", "restart"), once: GET through pcall, another type is not ours.
+        ours = mode in ("owned", "restart")
+        lease_ok = not ours or self._get(keys[2] + me) == value
+        acks: list[str] = []
+        dels: list[str] = []
+        replies = [
+            self._requeue_one(keys, o, args, e, acks, dels) if lease_ok else [0, "lock"]
+            for e in entries
+        ]
+        failed = next((r for r in replies if isinstance(r, Err)), None)
+        if failed is not None:
+            return failed  # (what the fake does not model fails the call)
+        for entry_id in acks:
+            self._xack(entry_id)
+        for entry_id in dels:
+            self._xdel(keys[0], entry_id)
+        return replies
+
+    def _requeue_one(
+        self,
+        keys: list[str],
+        o: list[Any],
+        args: list[str],
+        e: list[str],
+        acks: list[str],
+        dels: list[str],
+    ) -> Any:
         lbs_key, dlq, leases, parked, due = keys[:5]
         pardons = keys[5] if len(keys) > 5 else None
-        a = args + [""] * (23 - len(args))  # ARGV[k] is a[k - 1]; "" where absent
-        entry_id, mode, value, me = a[1], a[2], a[3], a[9]
-        set_n = max(int(_lua_number(a[22]) or 0), 0)
-        setting = {args[21 + 2 * j] for j in range(1, set_n + 1) if 21 + 2 * j < len(args)}
-
-        # 1. Our lease (modes "owned", "restart"): GET through pcall, another type is not ours.
-        ours = mode in ("owned", "restart")
-        if ours and self._get(leases + me) != value:
-            return [0, "lock"]
-        go_sep = a[16]
-        go_lock = mode == "owned" and go_sep and len(args) >= 18 and a[17] + go_sep + entry_id
+        mode, me, go_sep = args[1], o[4], o[7]
+        entry_id, reason, jitter, name_arg = e[0], e[1], e[2], e[3]
+        setting = dict(zip(e[5::2], e[6::2]))
+        go_lock = mode == "owned" and go_sep and name_arg and name_arg + go_sep + entry_id
         if go_lock:
             kind = self.type_of(go_lock)
             if kind not in ("none", "string") or (kind == "string" and self.strings[go_lock] != me):
@@ -665,18 +728,21 @@ class FakeRedis:
 
         # 2. Still pending, and to whom?
         holder = self.pending.get(entry_id)
-        if holder is None:
+        if holder is None or entry_id in acks:
             return [0, "acked"]
-        if ours and holder != me:
+        if mode in ("owned", "restart") and holder != me:
             return [0, "lock"]
         if mode == "absent" and self.type_of(leases + holder) != "none":
             return [0, "lock"]
-        if mode == "absent" and a[21]:
+        if mode == "absent" and go_sep and o[10]:
             return Err("ERR the fake wire does not model requeue-6's idle check beside a Go fleet")
-        qkey = a[18] + holder if a[18] else ""
+        qkey = o[8] + holder if o[8] else ""
         queued = bool(qkey) and self.type_of(qkey) == "set" and entry_id in self.sets[qkey]
 
-        def release() -> None:
+        def done_with(delete: bool) -> None:
+            acks.append(entry_id)
+            if delete:
+                dels.append(entry_id)
             if go_lock:
                 self.strings.pop(go_lock, None)
             if queued:
@@ -687,10 +753,9 @@ class FakeRedis:
         # 3. The entry.
         fields = self._fields(lbs_key, entry_id)
         if fields is None:
-            self._xack(entry_id)
-            release()
+            done_with(False)
             return [-1, "trimmed"]
-        increment = _lua_number(a[4]) or 0
+        increment = _lua_number(args[3]) or 0
         died = mode in ("absent", "restart") and increment > 0
         if died and queued:
             increment, died = 0, False
@@ -703,12 +768,12 @@ class FakeRedis:
             and self.type_of(name + go_sep + entry_id) != "none"
         ):
             return [0, "go lock"]
-        holder_key = a[20] + "name:" + name if name is not None and a[20] else ""
+        holder_key = o[9] + "name:" + name if name is not None and o[9] else ""
         if holder_key and self.strings.get(holder_key) == entry_id + "+":
             return Err("ERR the fake wire does not model a name's waiters (requeue-6)")
 
         # 4. The copy and its target.
-        retry_field, original_field, fp = a[6], a[7], a[12]
+        retry_field, original_field, fp = o[2], o[3], o[6]
         deaths_field = fp + "deaths"
         out: list[str] = []
         retries: float = 0
@@ -744,21 +809,18 @@ class FakeRedis:
             kept.append(entry_id)
         kept = kept[-32:]
         retries += increment
-        traced = a[19] != ""
-        oversized = len(out) + 10 + 2 * set_n + (2 if kept else 0) + (2 if traced else 0) > 7000
+        trace = args[5]
+        n_set = len(e[5:]) // 2
+        oversized = len(out) + 10 + 2 * n_set + (2 if kept else 0) + (2 if trace else 0) > 7000
         if oversized:
             out = ["lbs-input", lbs_input] if lbs_input is not None else []
         else:
-            for j in range(1, set_n + 1):
-                if 22 + 2 * j < len(args):
-                    out += [args[21 + 2 * j], args[22 + 2 * j]]
+            out += e[5:]
         out += [retry_field, _lua_string(retries), original_field, original]
         if kept and not oversized:
             out += [deaths_field, " ".join(kept)]
-        most = _lua_number(a[5])
-        assert most is not None
-        dead = oversized or a[10] == "1" or (most >= 0 and retries > most and keyed is None)
-        reason = a[8]
+        most = o[1]
+        dead = oversized or args[4] == "1" or (most >= 0 and retries > most and keyed is None)
         if oversized:
             why = (
                 f"entry has {len(fields) // 2} fields, too many to copy; kept in {lbs_key} as "
@@ -766,12 +828,12 @@ class FakeRedis:
             )
             reason = f"{why}; {reason}" if reason else why
         delay = 0
-        first = _lua_number(a[13]) or 0
+        first = _lua_number(args[6]) or 0
         if not dead and first > 0:
-            longest = min(first * 2 ** max(retries - 1, 0), _lua_number(a[14]) or 0)
-            delay = math.floor(longest * (_lua_number(a[15]) or 0))
+            longest = min(first * 2 ** max(retries - 1, 0), _lua_number(args[7]) or 0)
+            delay = math.floor(longest * (_lua_number(jitter) or 0))
         bad = None
-        if dead and a[11] == "1":
+        if dead and o[5] == 1:
             bad = self._misfit(dlq, "stream", "a stream")
         elif delay > 0:
             bad = self._misfit(parked, "stream", "a stream") or self._misfit(
@@ -780,11 +842,11 @@ class FakeRedis:
         if bad:
             return [-2, bad]
 
-        # 5. Writes: add, then ack, delete, unlock.
-        if dead and a[11] == "1":
+        # 5. Writes: add, release; the ack and delete at the call's end.
+        if dead and o[5] == 1:
             out += [fp + "reason", reason, fp + "consumer", me, fp + "failed_id", entry_id]
-            if traced:
-                out += [fp + "traceback", a[19]]
+            if trace:
+                out += [fp + "traceback", trace]
             code, new = 2, self.add(dlq, out)
         elif dead:
             code, new = 3, ""
@@ -793,10 +855,7 @@ class FakeRedis:
             self.zsets.setdefault(due, {})[new] = int(new.split("-")[0]) + delay
         else:
             code, new = 1, self.add(lbs_key, out)
-        self._xack(entry_id)
-        if not oversized:
-            self._xdel(lbs_key, entry_id)
-        release()
+        done_with(not oversized)
         for d in used:
             self._zrem(pardons, d)  # type: ignore[arg-type]
         if holder_key and self.strings.get(holder_key) == entry_id:

@@ -3,6 +3,7 @@ keys or arguments); each has one builder and one caller."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -76,30 +77,6 @@ def _args(build: object) -> list[bytes]:
 
 _FIXED = {
     "read-3": lambda b: scripts.read(b, "s", "f", "{s}:lease:me", "g", "me", 10, "x", "t"),
-    "requeue-6": lambda b: scripts.requeue(
-        b,
-        "s",
-        "d",
-        "l",
-        "p",
-        "z",
-        "q",
-        group="g",
-        entry_id="1-1",
-        mode="owned",
-        value="v",
-        count_retry=True,
-        max_retries=3,
-        retry_field="_r",
-        original_field="_o",
-        reason="why",
-        consumer="me",
-        force_dead_letter=False,
-        dead_letter_on=True,
-        field_prefix="_",
-        delay=scripts.RetryDelay(1000, 300_000, 0.75),
-        key_prefix="{s}:",
-    ),
     "promote-4": lambda b: scripts.promote(
         b, "z", "p", "s", "w", batch=100, group="g", key_prefix="{s}:"
     ),
@@ -131,6 +108,52 @@ def test_a_builder_writes_what_the_header_documents(name: str) -> None:
     # Another script's argument named in passing ("read-3.lua's ARGV[5]") is not this one's.
     documented = max(int(n) for n in re.findall(r"(?<!'s )ARGV\[(\d+)\]", _header(name)))
     assert len(args) - 3 - int(args[2]) == documented
+
+
+def test_requeue_writes_its_options_once_and_five_args_per_entry_then_its_fields() -> None:
+    """ARGV[1] the packed switches (the header's eleven, in its order), ARGV[2..8] per call (the
+    header's last fixed ARGV is 8), then per entry: id, reason, jitter, name, n and n field pairs."""
+    options = scripts.requeue_options(
+        group="g",
+        max_retries=3,
+        retry_field="_r",
+        original_field="_o",
+        consumer="mé",
+        dead_letter_on=True,
+        field_prefix="_",
+        key_prefix="{s}:",
+    )
+    assert json.loads(options) == ["g", 3, "_r", "_o", "mé", 1, "_", "", "", "{s}:", 0]
+    header = _header("requeue-6")
+    assert len(re.findall(r"^ {13}\[(\d+)\]", header, re.MULTILINE)) == 11
+    args = _args(
+        lambda b: scripts.requeue(
+            b,
+            "s",
+            "d",
+            "l",
+            "p",
+            "z",
+            "q",
+            options=options,
+            mode="owned",
+            value="v",
+            count_retry=True,
+            force_dead_letter=False,
+            delay=scripts.RetryDelay(1000, 300_000),
+            entries=[
+                scripts.RequeueEntry("1-1", "why", 0.75),
+                scripts.RequeueEntry("2-2", "", 1.0, "name", ("k", "v")),
+            ],
+        )
+    )
+    assert args[1].decode() == scripts.REQUEUE.sha and args[2] == b"6"
+    fixed = max(int(n) for n in re.findall(r"ARGV\[(\d+)\](?!…)", header))
+    assert fixed == 8 and args[9] == options.encode()
+    assert args[9 + fixed :] == [
+        *(b"1-1", b"why", b"0.75", b"", b"0"),
+        *(b"2-2", b"", b"1.0", b"name", b"1", b"k", b"v"),
+    ]
 
 
 def test_done_writes_the_lease_and_args_per_entry() -> None:

@@ -25,11 +25,16 @@ async def test_hand_back_re_queues_under_our_lease_and_reports_it(fake: FakeRedi
     x = h.take("s", {"payload": "p"}, retry_count=1)
     h.state.holdings.drop(x)
     (new_id,) = await requeue.hand_back([x], count_retry=True, reason="boom")
-    (call,) = fake.calls("requeue-6")
+    (call,) = fake.requeued()
     n = h.names
     assert call.keys[:3] == [n.stream_key, n.dead_letter_key, n.lease_prefix]
-    assert call.args[1:5] == [x.entry_id, "owned", h.state.lease.value, "1"]
-    assert call.args[8] == "boom" and call.args[9] == n.id and call.args[13] == "0"  # at once
+    assert [call.entry_id, call.mode, call.value, call.increment] == [
+        x.entry_id,
+        "owned",
+        h.state.lease.value,
+        "1",
+    ]
+    assert call.reason == "boom" and call.options[4] == n.id and call.first_ms == "0"  # at once
     copy = fake.entry(n.stream_key, new_id)
     assert copy is not None and copy["payload"] == "p" and copy[n.original_field] == x.entry_id
     assert copy[n.retry_field] == "1"
@@ -63,18 +68,29 @@ async def test_a_park_refused_for_a_wrong_type_key_re_queues_at_once(fake: FakeR
     h, requeue = _requeue(fake, retry_delay=1.0, retry_delay_max=4.0)
     x, y = h.take("x"), h.take("y")
     ids = await requeue.hand_back([x], count_retry=True, reason="r", delay=None)
-    first = fake.calls("requeue-6")[-1]
-    assert first.args[13:15] == ["1000", "4000"] and 0.5 <= float(first.args[15]) <= 1.0
+    first = fake.requeued()[-1]
+    assert [first.first_ms, first.max_ms] == ["1000", "4000"] and 0.5 <= float(first.jitter) <= 1.0
     assert ids[0] in fake.zsets[requeue.delays.due_key]  # parked, due after its delay
     assert h.state.stats.retries_delayed == 1
     fake.streams.pop(requeue.delays.parked_key)
     fake.hashes[requeue.delays.parked_key] = {"x": "1"}  # the parking stream is a hash now
     (again,) = await requeue.hand_back([y], count_retry=True, reason="r", delay=None)
-    *_, refused, at_once = fake.calls("requeue-6")
-    assert refused.args[13] == "1000" and at_once.args[13] == "0"
+    *_, refused, at_once = fake.requeued()
+    assert refused.first_ms == "1000" and at_once.first_ms == "0"
     assert fake.entry(h.names.stream_key, again) is not None  # in the LBS, not parked
     assert h.metrics["wrong_type_keys_total"] == 1
     assert h.state.stats.handed_back == 2 and h.state.stats.retries_delayed == 1
+
+
+async def test_a_fixed_delay_parks_each_stream_that_long(fake: FakeRedis) -> None:
+    h, requeue = _requeue(fake, retry_delay=1.0, retry_delay_max=4.0)
+    x, y = h.take("x"), h.take("y")
+    ids = await requeue.hand_back([x, y], count_retry=True, reason="r", delay=2.5)
+    assert [(c.first_ms, c.max_ms, c.jitter) for c in fake.requeued()] == [
+        ("2500", "2500", "1.0")
+    ] * 2
+    due = fake.zsets[requeue.delays.due_key]
+    assert [due[i] - int(i.split("-")[0]) for i in ids] == [2500, 2500]
 
 
 @pytest.mark.parametrize("lost", ["lease gone", "lease taken again", "taken elsewhere"])
@@ -119,7 +135,10 @@ async def test_recover_reports_each_outcome_by_path(fake: FakeRedis) -> None:
     ours = h.deliver("ours")  # pending to us, under our lease: held
     ids = [back, dead, trimmed, held, ours]
     assert await requeue.recover(ids, "keyspace", "expired") == 1
-    assert [c.args[1:5] for c in fake.calls("requeue-6")] == [[i, "absent", "", "1"] for i in ids]
+    assert [(c.entry_id, c.mode, c.value, c.increment) for c in fake.requeued()] == [
+        (i, "absent", "", "1") for i in ids
+    ]
+    assert len(fake.calls("requeue-6")) == 1  # one call for them all
     assert all(c.keys[2] == n.lease_prefix for c in fake.calls("requeue-6"))
     assert h.metrics["recovery_keyspace_requeued_total"] == 1
     assert h.metrics["recovery_dlq_total"] == 1 and h.metrics["recovery_trimmed_total"] == 1
@@ -145,12 +164,12 @@ async def test_a_dead_letter_that_cannot_be_written_is_kept_and_tried_again(
     fake.hashes[h.names.dead_letter_key] = {"oops": "1"}  # the dead-letter key is a hash
     await requeue.malformed.dead_letter([(entry, x.value, "malformed")])
     assert requeue.malformed.undead == [(entry, x.value, "malformed")]
-    assert fake.calls("requeue-6")[0].args[2] == "owned" and h.state.stats.dead_lettered == 0
+    assert fake.requeued()[0].mode == "owned" and h.state.stats.dead_lettered == 0
     del fake.hashes[h.names.dead_letter_key]
     await requeue.malformed.retry_undead()
     assert requeue.malformed.undead == []
-    assert fake.calls("requeue-6")[1].args[2] == "any"  # the entry is ours; the lease need not be
-    assert fake.calls("requeue-6")[1].args[10] == "1"  # dead-lettered whatever its retries
+    assert fake.requeued()[1].mode == "any"  # the entry is ours; the lease need not be
+    assert fake.requeued()[1].force == "1"  # dead-lettered whatever its retries
     (event,) = h.recorder.of("lbs_stream_dead_lettered")
     assert event["reason"] == "malformed" and event["dead_letter_id"]
     assert h.state.stats.dead_lettered == 1
@@ -171,7 +190,7 @@ async def test_lost_while_alive_re_queues_what_it_can_and_pardons_the_rest(
         del fake.strings[h.names.lease_key]
     assert await requeue.lost_while_alive([gone, taken], "lease lost", mode=mode) == 1
     value = h.state.lease.value if mode == "owned" else ""
-    assert [c.args[2:5] for c in fake.calls("requeue-6")] == [[mode, value, "0"]] * 2
+    assert [[c.mode, c.value, c.increment] for c in fake.requeued()] == [[mode, value, "0"]] * 2
     assert fake.entry(h.names.stream_key, gone) is None and taken in fake.pending
     assert list(fake.zsets[requeue.pardons_key]) == [taken]
     assert [c.name for c in fake.sent[-3:]] == ["ZADD", "ZREMRANGEBYSCORE", "ZREMRANGEBYRANK"]

@@ -86,11 +86,11 @@ async def test_a_handler_that_raises_is_handed_back_with_a_retry_and_its_traceba
     assert env.state.handlers  # it suspended: a task runs it
     (event,) = await env.h.recorder.wait("lbs_stream_handed_back")
     assert event["entry_id"] == x.entry_id and event["retry_counted"] is True
-    (call,) = fake.calls("requeue-6")
-    assert call.args[2:5] == ["owned", env.state.lease.value, "1"]
-    assert call.args[8] == "handler raised ValueError: boom"
-    assert call.args[13] == "500"  # parked for Config.retry_delay
-    assert "ValueError: boom" in call.args[19] and "Traceback" in call.args[19]
+    (call,) = fake.requeued()
+    assert [call.mode, call.value, call.increment] == ["owned", env.state.lease.value, "1"]
+    assert call.reason == "handler raised ValueError: boom"
+    assert call.first_ms == "500"  # parked for Config.retry_delay
+    assert "ValueError: boom" in call.traceback and "Traceback" in call.traceback
     stats = env.state.stats
     assert (stats.handler_failures, stats.handler_timeouts, stats.retries_delayed) == (1, 0, 1)
     assert fake.calls("done-n") == [] and len(env.state.holdings) == 0
@@ -112,8 +112,8 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_handed_back(
     env.dispatch("a")
     await within(cancelled.wait(), 5)
     await env.h.recorder.wait("lbs_stream_handed_back")
-    (call,) = fake.calls("requeue-6")
-    assert call.args[8] == "handler timed out after 0.01s" and call.args[19] == ""
+    (call,) = fake.requeued()
+    assert call.reason == "handler timed out after 0.01s" and call.traceback == ""
     assert (env.state.stats.handler_timeouts, env.state.stats.handler_failures) == (1, 0)
 
 
@@ -156,8 +156,8 @@ async def test_a_handler_cancelled_from_outside(
         assert fake.calls("requeue-6") == []
     else:
         await env.h.recorder.wait("lbs_stream_handed_back")
-        (call,) = fake.calls("requeue-6")
-        assert call.args[8] == "handler raised CancelledError: the handler was cancelled"
+        (call,) = fake.requeued()
+        assert call.reason == "handler raised CancelledError: the handler was cancelled"
 
 
 async def test_a_hand_back_redis_did_not_answer_is_tried_again(

@@ -114,7 +114,7 @@ async def test_a_requeue_call_that_cannot_be_encoded_is_set_aside(fake: FakeRedi
         h.state.holdings.drop(x)
     new_a, none, new_b = await requeue.hand_back([a, bad, b], count_retry=False, reason="r")
     assert new_a and new_b and none == ""
-    assert [c.args[1] for c in fake.calls("requeue-6")] == [a.entry_id, b.entry_id]
+    assert [c.entry_id for c in fake.requeued()] == [a.entry_id, b.entry_id]
     assert bad.entry_id in fake.pending and fake.entry(h.names.stream_key, bad.entry_id)
     assert h.state.stats.handed_back == 2
     assert "wrong_type_keys_total" not in h.metrics

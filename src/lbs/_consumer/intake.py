@@ -170,13 +170,9 @@ class Intake:
         """Put back entries this consumer cannot hold by name (a key of another type), parked for
         :attr:`parked_for`, no retry counted; a failure leaves them pending (handed back at close)."""
         s = self.state
-        n = s.names
-        calls = [
-            (i, n.lease_prefix, "owned", s.lease.value, "name key of the wrong type")
-            for i in entry_ids
-        ]
+        calls = [(i, "name key of the wrong type") for i in entry_ids]
         try:
-            await self.requeue.send(calls, count_retry=False, delay=self.parked_for)
+            await self.requeue.send(calls, mode="owned", count_retry=False, delay=self.parked_for)
         except (RedisError, OSError) as exc:
             s.log.error(
                 "putting back %d entries failed (%s); they stay pending", len(entry_ids), exc

@@ -41,11 +41,10 @@ class Malformed:
         only while it is pending) until it goes through.
         """
         s = self.state
-        mode = "any" if again else "owned"
-        n = s.names
         try:
             results = await self.requeue.send(
-                [(e.id, n.lease_prefix, mode, s.lease.value, reason) for e, _, reason in bad],
+                [(e.id, reason) for e, _, reason in bad],
+                mode="any" if again else "owned",
                 count_retry=False,
                 force_dead_letter=True,
             )

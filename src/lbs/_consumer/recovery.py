@@ -24,7 +24,7 @@ Any number of recoverers re-queue an entry exactly once. Three paths find the en
 * **scan** (the backstop: missed events, consumers not in the index, restarts): at start and every
   ``reconciliation_interval``, XPENDING ``IDLE min_idle`` paged by cursor, one EXISTS per holder's
   lease per page, re-queue only where it is gone (beside a Go fleet, the Go-style lock too, and
-  ``GO_DONE_GAP`` after that look: ``Requeue.go_unlocked``).
+  ``GO_DONE_GAP`` after that look: ``golocks.go_unlocked``).
 
 After a stall of the server every deadline and lease lapses at once although the holders live;
 ``reap-3.lua`` notices the gap since its last call and gives every overdue consumer a grace of one
@@ -53,6 +53,7 @@ from .._waits import wait_set
 from ..config import GO_CLAIM_IDLE
 from .activity import Activity
 from .backoff import Backoff
+from .golocks import go_unlocked
 from .requeue import Requeue
 from .state import ClientState
 from .topology import Topology
@@ -454,7 +455,7 @@ class Recovery(Activity):
             seen += len(ids)
             dead = await self._dead_of(held)
             if dead and self.config.go_compatible:  # no Go-style lock either, GO_DONE_GAP ago
-                dead = await self.requeue.go_unlocked(dead)
+                dead = await go_unlocked(self.state, dead)
             alive += len(ids) - len(dead)
             if dead:
                 gone = {i: held[i] for i in dead}  # and who held them

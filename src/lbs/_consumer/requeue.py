@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from _lbscore import CommandBatch, Held, try_decode_input
+from _lbscore import CommandBatch, Held
 
 from .. import _keys
 from .._redis import scripts
@@ -35,8 +35,6 @@ from .._redis.connection import execute
 from .._redis.errors import WrongTypeError
 from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
 from .._redis.wire import UNENCODABLE, first_error, sendable, text, unencodable
-from .._waits import wait_set
-from ..config import GO_DONE_GAP
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
@@ -50,17 +48,25 @@ __all__ = ["Requeue"]
 PARDON_KEEP_MS = 86_400_000
 PARDON_KEEP = 100_000
 
-#: One call: (entry id, the lease key prefix, holder mode, our lease value, reason).
-_Call = tuple[str, str, str, str, str]
+#: One entry to send: (entry id, the reason kept in a dead letter).
+_Call = tuple[str, str]
 
-#: The detail of a call set aside because the core could not encode it (its code is ``REFUSED``).
+#: The detail of an entry set aside because the core could not encode it (its code is ``REFUSED``).
 NOT_SENT = "not sent: "
+
+#: Entries per ``requeue-6.lua`` call: a dead holder's 100,000 streams are 1,000 calls, each short.
+PER_CALL = 100
 
 
 #: Beside a Go fleet: a dead holder's entry idle less than this (ms; or the lease TTL, when shorter) was
 #: just claimed by a Go consumer, whose Claim moves the entry first and takes its lock one round trip
 #: later; re-queue leaves it alone (a dead Go holder's entry has been idle at least Go's 2-s lock TTL).
 GO_CLAIM_WINDOW_MS = 1000
+
+
+def _no_jitter() -> float:
+    """The jitter of a fixed delay (none)."""
+    return 1.0
 
 
 class Requeue:
@@ -77,24 +83,41 @@ class Requeue:
         #: Entry ids of hand-backs sent and not answered yet (a re-read of our pending entries after a
         #: lost reply leaves them alone: they are no longer held, only not yet back in the LBS).
         self.handing_back: set[str] = set()
+        n, cfg = state.names, state.config
+        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else ""
+        #: The script's per-client switches, packed once.
+        self.options = scripts.requeue_options(
+            group=n.group,
+            max_retries=cfg.max_retries,
+            retry_field=n.retry_field,
+            original_field=n.original_field,
+            consumer=n.id,
+            dead_letter_on=bool(n.dead_letter_key),
+            field_prefix=n.field_prefix,
+            go_lock_sep=go_sep,
+            queued_prefix=n.queued_prefix,
+            key_prefix=n.key_prefix,
+            min_idle_ms=min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS) if go_sep else 0,
+        )
 
-    def _delays(self, count: int, delay: float | None) -> list[RetryDelay]:
-        """Per call, how long its copy is parked: ``delay`` None is the configured back-off
-        (``Config.retry_delay``, doubling per retry up to ``retry_delay_max``, jittered in [d/2, d]);
+    def _delay(self, delay: float | None) -> tuple[RetryDelay, Callable[[], float]]:
+        """How long a copy is parked: ``delay`` None is the configured back-off (``Config.retry_delay``,
+        doubling per retry up to ``retry_delay_max``), each entry's jittered in [d/2, d] (the draw);
         a number is that many seconds (0: at once)."""
         if delay is None:
             cfg = self.state.config
             first, most = round(cfg.retry_delay * 1000), round(cfg.retry_delay_max * 1000)
-            if first <= 0:
-                return [NO_DELAY] * count
-            return [RetryDelay(first, most, random.uniform(0.5, 1.0)) for _ in range(count)]
+            if first > 0:
+                return RetryDelay(first, most), partial(random.uniform, 0.5, 1.0)
+            return NO_DELAY, _no_jitter
         fixed = round(delay * 1000)
-        return [RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY] * count
+        return (RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY), _no_jitter
 
     async def send(
         self,
         calls: Sequence[_Call],
         *,
+        mode: str,
         count_retry: bool,
         force_dead_letter: bool = False,
         delay: float | None = 0.0,
@@ -102,70 +125,76 @@ class Requeue:
         traceback: str = "",
         fields: Sequence[Sequence[str]] = (),
     ) -> list[Any]:
-        """One batch of requeue-6.lua calls; one reply (or server error) per call. ``names``: mode
-        "owned", each call's DataStreamName (``Config.go_compatible``: its Go-style lock is released
-        with ours). ``fields``: each call's fields set on the copy (flat names and values).
+        """``requeue-6.lua`` for every entry of ``calls`` (``PER_CALL`` a call, one round trip); one reply
+        (or server error) per entry. ``mode``: the holder mode (``owned``, ``restart``, ``any``: under
+        our lease; ``absent``). ``names``: mode "owned", each entry's DataStreamName
+        (``Config.go_compatible``: its Go-style lock is released with ours). ``fields``: each entry's
+        fields set on the copy (flat names and values).
 
-        Reasons and the traceback are sent as :func:`lbs._redis.wire.sendable` text. A call the core
+        Reasons and the traceback are sent as :func:`lbs._redis.wire.sendable` text. An entry the core
         cannot encode (a value UTF-8 cannot encode) is set aside and fails alone: its reply is
         ``[REFUSED, "not sent: <why>"]`` (nothing touched: it stays pending to its holder) and the
-        other calls are sent."""
+        other entries are sent."""
         s = self.state
-        n, cfg = s.names, s.config
+        n = s.names
         # Without a dead-letter stream the key is only a name in the same slot: nothing is written to it.
         dead_letters = n.dead_letter_key or _keys.dead_letter_stream(n.service)
-        parked, due = self.delays.parked_key, self.delays.due_key
-        delays = self._delays(len(calls), delay)
-        go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else ""
+        retry_delay, jitter = self._delay(delay)
+        entries = [
+            scripts.RequeueEntry(
+                entry_id,
+                sendable(reason),
+                jitter(),
+                names[i] if names else "",
+                fields[i] if fields else (),
+            )
+            for i, (entry_id, reason) in enumerate(calls)
+        ]
         trace = sendable(traceback)
 
-        def call(b: CommandBatch, i: int) -> None:
-            entry_id, lease_prefix, mode, value, reason = calls[i]
+        def call(b: CommandBatch, some: Sequence[scripts.RequeueEntry]) -> None:
             scripts.requeue(
                 b,
                 n.stream_key,
                 dead_letters,
-                lease_prefix,
-                parked,
-                due,
+                n.lease_prefix,
+                self.delays.parked_key,
+                self.delays.due_key,
                 self.pardons_key,
-                group=n.group,
-                entry_id=entry_id,
+                options=self.options,
                 mode=mode,
-                value=value,
+                value=s.lease.value if mode != "absent" else "",
                 count_retry=count_retry,
-                max_retries=cfg.max_retries,
-                retry_field=n.retry_field,
-                original_field=n.original_field,
-                reason=sendable(reason),
-                consumer=n.id,
                 force_dead_letter=force_dead_letter,
-                dead_letter_on=bool(n.dead_letter_key),
-                field_prefix=n.field_prefix,
-                delay=delays[i],
-                go_lock_sep=go_sep,
-                stream_name=names[i] if names else "",
-                queued_prefix=n.queued_prefix,
                 traceback=trace,
-                key_prefix=n.key_prefix,
-                min_idle_ms=str(min(cfg.lock_ttl_ms, GO_CLAIM_WINDOW_MS))
-                if go_sep and mode == "absent"
-                else "",
-                fields=fields[i] if fields else (),
+                delay=retry_delay,
+                entries=some,
             )
 
-        def build(b: CommandBatch, only: Sequence[int] = range(len(calls))) -> None:
-            for i in only:
-                call(b, i)
+        async def sent(some: list[int]) -> list[Any]:
+            if not some:
+                return []
+            chunks = [some[i : i + PER_CALL] for i in range(0, len(some), PER_CALL)]
+
+            def build(b: CommandBatch) -> None:
+                for chunk in chunks:
+                    call(b, [entries[i] for i in chunk])
+
+            out: list[Any] = []
+            for chunk, reply in zip(chunks, await s.link.pool.execute(build)):
+                out += [reply] * len(chunk) if isinstance(reply, Exception) else reply
+            return out
 
         try:
-            return (await s.link.pool.execute(build))[: len(calls)]
+            return await sent(list(range(len(calls))))
         except UNENCODABLE:
-            # Nothing was sent. Each call alone: those the core cannot encode are set aside.
-            unsent = {i: NOT_SENT + why for i, why in unencodable(len(calls), call).items()}
+            # Nothing was sent. Each entry alone: those the core cannot encode are set aside.
+            unsent = {
+                i: NOT_SENT + why
+                for i, why in unencodable(len(calls), lambda b, i: call(b, [entries[i]])).items()
+            }
             if not unsent:
                 raise
-        sent = [i for i in range(len(calls)) if i not in unsent]
         s.log.error(
             "%d of %d re-queue calls cannot be sent to Redis, set aside (the first: entry %s, %s); "
             "the others are sent",
@@ -174,17 +203,12 @@ class Requeue:
             calls[min(unsent)][0],
             unsent[min(unsent)],
         )
-
-        replies = (
-            (await s.link.pool.execute(partial(build, only=sent)))[: len(sent)] if sent else []
-        )
-        results: list[Any] = [
-            [int(RequeueCode.REFUSED), unsent[i]] if i in unsent else None
+        rest = [i for i in range(len(calls)) if i not in unsent]
+        replies = iter(await sent(rest))
+        return [
+            [int(RequeueCode.REFUSED), unsent[i]] if i in unsent else next(replies)
             for i in range(len(calls))
         ]
-        for i, reply in zip(sent, replies):
-            results[i] = reply
-        return results
 
     # ----------------------------------------------------------- hand back ---
 
@@ -212,14 +236,14 @@ class Requeue:
         if not items:
             return []
         s = self.state
-        n = s.names
-        calls = [(h.entry_id, n.lease_prefix, "owned", s.lease.value, reason) for h in items]
+        calls = [(h.entry_id, reason) for h in items]
         ids = {h.entry_id for h in items} - self.handing_back
         self.handing_back |= ids
         try:
             results = first_error(
                 await self.send(
                     calls,
+                    mode="owned",
                     count_retry=count_retry,
                     delay=delay,
                     names=[h.stream for h in items],
@@ -300,7 +324,9 @@ class Requeue:
             len(refused),
             text(results[refused[0]][1]).removeprefix("LBSKEY "),
         )
-        again = first_error(await self.send([calls[i] for i in refused], count_retry=count_retry))
+        again = first_error(
+            await self.send([calls[i] for i in refused], mode="owned", count_retry=count_retry)
+        )
         for i, res in zip(refused, again):
             results[i] = res
 
@@ -370,31 +396,6 @@ class Requeue:
         )
         return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
 
-    async def go_unlocked(self, entry_ids: list[str]) -> list[str]:
-        """Beside a Go fleet: those of ``entry_ids`` (pending, our lock gone) with no Go-style lock
-        either, returned ``GO_DONE_GAP`` after this look (two round trips: the entries' names, their
-        locks). Go's ``DoneStream`` deletes its lock, then XACKs in a second round trip: one that deleted
-        it before the look has acked by the re-queue, one after it is seen alive. Empty when the client
-        stops during the gap (another recoverer's scan takes them)."""
-        s = self.state
-        pipe = s.link.redis.pipeline(transaction=False)
-        for entry_id in entry_ids:
-            pipe.xrange(s.names.stream_key, entry_id, entry_id, count=1)
-        keys: dict[str, str] = {}  # entry id: its Go-style lock (none: gone, or no DataStreamName)
-        for entry_id, found in zip(entry_ids, await execute(pipe)):
-            fields = found[0][1] if found else {}  # (a client may decode replies: str keys)
-            raw = fields.get(_keys.INPUT_FIELD.encode()) or fields.get(_keys.INPUT_FIELD)
-            name = try_decode_input(raw)[0]
-            if name is not None:
-                keys[entry_id] = _keys.go_lock_key(name, entry_id)
-        for key in keys.values():
-            pipe.exists(key)
-        held = {i for i, e in zip(keys, await execute(pipe) if keys else []) if e}
-        unlocked = [i for i in entry_ids if i not in held]
-        if unlocked and await wait_set(s.stopping, GO_DONE_GAP):
-            return []
-        return unlocked
-
     async def _recover(
         self,
         ids: list[str],
@@ -407,12 +408,8 @@ class Requeue:
         if not ids:
             return []
         s = self.state
-        n = s.names
-        value = s.lease.value if mode != "absent" else ""
         results = first_error(
-            await self.send(
-                [(i, n.lease_prefix, mode, value, reason) for i in ids], count_retry=count_retry
-            )
+            await self.send([(i, reason) for i in ids], mode=mode, count_retry=count_retry)
         )
         codes = []
         requeued = 0

@@ -269,10 +269,8 @@ class Taker:
         if not ids:
             return
         try:
-            s = self.state
             reason = "read under a lease not this process's"
-            calls = [(i, s.names.lease_prefix, "owned", s.lease.value, reason) for i in ids]
-            await self.requeue.send(calls, count_retry=False)
+            await self.requeue.send([(i, reason) for i in ids], mode="owned", count_retry=False)
         except (RedisError, OSError) as exc:
             self.state.log.warning(
                 "putting back %d entries read under a lapsed lease failed (%s); the heartbeat's "

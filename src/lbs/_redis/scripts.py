@@ -18,6 +18,7 @@ loads the sources again after a NOSCRIPT (a restart, a failover).
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,7 @@ __all__ = [
     "FetchCode",
     "KeyCommit",
     "RequeueCode",
+    "RequeueEntry",
     "RetryDelay",
     "Script",
     "commit",
@@ -67,6 +69,7 @@ __all__ = [
     "publish",
     "publish_args",
     "release",
+    "requeue_options",
     "source",
     "sources",
 ]
@@ -192,6 +195,55 @@ class RetryDelay:
 NO_DELAY = RetryDelay()
 
 
+def requeue_options(
+    *,
+    group: str,
+    max_retries: int,
+    retry_field: str,
+    original_field: str,
+    consumer: str,
+    dead_letter_on: bool,
+    field_prefix: str,
+    go_lock_sep: str = "",
+    queued_prefix: str = "",
+    key_prefix: str = "",
+    min_idle_ms: int = 0,
+) -> str:
+    """A client's switches for ``requeue-6.lua`` (its ARGV[1]), packed once per client as the header's
+    JSON array. ``min_idle_ms`` (beside a Go fleet, 1 s or the lease TTL when shorter): mode "absent"
+    leaves an entry idle less than that to the Go consumer that just claimed it."""
+    return json.dumps(
+        [
+            group,  # [1]
+            max_retries,  # [2] past it: dead-lettered
+            retry_field,  # [3]
+            original_field,  # [4]
+            consumer,  # [5] our consumer id (the holder in modes "owned"/"restart"; in dead letters)
+            1 if dead_letter_on else 0,  # [6] a dead-letter stream is configured
+            field_prefix,  # [7] the managed-field prefix
+            go_lock_sep,  # [8] Go-style lock separator ("": not checked)
+            queued_prefix,  # [9] queued sets: what a holder merely held counts no death
+            key_prefix,  # [10] names released ("": untouched)
+            min_idle_ms,  # [11] mode "absent" beside Go: idle less is just claimed
+        ],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+@dataclass(frozen=True)
+class RequeueEntry:
+    """One entry of a ``requeue-6.lua`` call: its id, the reason kept in a dead letter, the jitter of its
+    retry delay, (mode "owned" beside a Go fleet) its DataStreamName, whose Go-style lock is released
+    with it, and the fields set on its copy (names and values, flat: hook ``lbs_hand_back_fields``)."""
+
+    entry_id: str
+    reason: str = ""
+    jitter: float = 1.0
+    stream_name: str = ""
+    fields: Sequence[str] = ()
+
+
 def requeue(
     b: CommandBatch,
     stream: str,
@@ -201,36 +253,21 @@ def requeue(
     due: str,
     pardons: str,
     *,
-    group: str,
-    entry_id: str,
+    options: str,
     mode: str,
     value: str,
     count_retry: bool,
-    max_retries: int,
-    retry_field: str,
-    original_field: str,
-    reason: str,
-    consumer: str,
     force_dead_letter: bool,
-    dead_letter_on: bool,
-    field_prefix: str,
-    delay: RetryDelay = NO_DELAY,
-    go_lock_sep: str = "",
-    stream_name: str = "",
-    queued_prefix: str = "",
     traceback: str = "",
-    key_prefix: str = "",
-    min_idle_ms: str = "",
-    fields: Sequence[str] = (),
+    delay: RetryDelay = NO_DELAY,
+    entries: Sequence[RequeueEntry],
 ) -> None:
-    """Put one assignment back as a fresh entry, park it for ``delay``, or put it into the dead-letter stream.
-
-    ``fields``: names and values, flat, set on the copy (a plugin's, hook ``lbs_hand_back_fields``).
-
-    Beside a Go fleet (``go_lock_sep``), ``stream_name`` (mode "owned": the assignment's
-    DataStreamName) names our Go-style lock, released with the hand-back, and ``min_idle_ms`` (mode
-    "absent": 1 s, or the lease TTL when shorter) leaves an entry idle less than that to the Go
-    consumer that just claimed it."""
+    """Put assignments back as fresh entries, park them for ``delay`` (its jitter: each entry's), or put
+    them into the dead-letter stream; the reply is one ``[code, detail, ...]`` per entry (codes:
+    :class:`RequeueCode`). ``options``: :func:`requeue_options`, packed once per client."""
+    args: list[str | int] = []
+    for e in entries:
+        args += [e.entry_id, e.reason, repr(e.jitter), e.stream_name, len(e.fields) // 2, *e.fields]
     b.command(
         "EVALSHA",
         REQUEUE.sha,
@@ -241,30 +278,15 @@ def requeue(
         parked,  # KEYS[4] the parking stream
         due,  # KEYS[5] the due index
         pardons,  # KEYS[6] deaths taken back (a holder that lived)
-        group,  # ARGV[1]
-        entry_id,  # ARGV[2]
-        mode,  # ARGV[3] "owned", "absent" or "any"
-        value,  # ARGV[4] our lease value (mode "owned")
-        1 if count_retry else 0,  # ARGV[5] retry increment
-        max_retries,  # ARGV[6] past it: dead-lettered
-        retry_field,  # ARGV[7]
-        original_field,  # ARGV[8]
-        reason,  # ARGV[9] recorded in dead letters
-        consumer,  # ARGV[10] recorded in dead letters
-        1 if force_dead_letter else 0,  # ARGV[11] dead-letter unconditionally
-        1 if dead_letter_on else 0,  # ARGV[12] a dead-letter stream is configured
-        field_prefix,  # ARGV[13] the managed-field prefix
-        delay.first_ms,  # ARGV[14] delay at retry 1 (ms); 0: at once
-        delay.max_ms,  # ARGV[15] longest delay (ms)
-        repr(delay.jitter),  # ARGV[16] jitter factor in [0.5, 1]
-        go_lock_sep,  # ARGV[17] Go-style lock separator ("": not checked)
-        stream_name,  # ARGV[18] mode "owned": its Go-style lock is released
-        queued_prefix,  # ARGV[19] queued sets: what a holder merely held counts no death
-        traceback,  # ARGV[20] recorded in dead letters ("": none)
-        key_prefix,  # ARGV[21] names released ("": untouched)
-        min_idle_ms,  # ARGV[22] mode "absent" beside Go: idle less is just claimed
-        len(fields) // 2,  # ARGV[23] pairs of fields set on the copy; they follow
-        *fields,
+        options,  # ARGV[1] the client's switches
+        mode,  # ARGV[2] "owned", "absent", "restart" or "any"
+        value,  # ARGV[3] our lease value (modes "owned", "restart")
+        1 if count_retry else 0,  # ARGV[4] retry increment
+        1 if force_dead_letter else 0,  # ARGV[5] dead-letter unconditionally
+        traceback,  # ARGV[6] recorded in dead letters ("": none)
+        delay.first_ms,  # ARGV[7] delay at retry 1 (ms); 0: at once
+        delay.max_ms,  # ARGV[8] longest delay (ms)
+        *args,  # ARGV[9]... per entry: id, reason, jitter, name, n, n field pairs
     )
 
 
