@@ -37,8 +37,9 @@ async def eventually(
 
 async def reap(r: Any, service: str, tokens_prefix: str = "") -> list[Any]:
     """One ``reap-3.lua`` call by its source (100 entries at most, stall threshold 60 s, grace 1 s):
-    ``[gone, next_ms]``, plus ``holders, deadlines`` once some consumer was due."""
-    return await r.eval(  # type: ignore[no-any-return]
+    ``[gone, next_ms]``, plus ``holders, deadlines`` once some consumer was due (the stamp it wrote,
+    its reply's third element, checked against the key and left out)."""
+    reply = await r.eval(
         source("reap-3"),
         3,
         consumers_key(service),
@@ -51,6 +52,10 @@ async def reap(r: Any, service: str, tokens_prefix: str = "") -> list[Any]:
         1_000,
         tokens_prefix,
     )
+    if isinstance(reply, list) and len(reply) >= 3:
+        assert reply[2] == await r.get(reaped_key(service))
+        del reply[2]
+    return reply  # type: ignore[no-any-return]
 
 
 async def is_true(value: bool) -> bool:

@@ -85,7 +85,7 @@ class Recovery(Activity):
         #: Housekeeping that runs with each scan: departed consumers forgotten (``Instance.forget_departed``).
         self.sweep = sweep
         self._next_due: float | None = None  # seconds to the earliest deadline, after a poll
-        #: The poll time the last look without Lua read (None: none, or it failed); its TIME's clock.
+        #: The poll time the last look without Lua read or reap-3.lua wrote (None: none, or it failed).
         self._seen: bytes | None = None
         self._clock = clock.ServerClock()
         self.config = state.config
@@ -225,7 +225,7 @@ class Recovery(Activity):
         (reply,) = await s.link.pool.execute(build, s.parser)
         if isinstance(reply, Exception):
             raise reply
-        gone, next_ms, *found = reply  # found: holders, deadlines
+        gone, next_ms, self._seen, *found = reply  # found: holders, deadlines
         self._next_due = None if int(next_ms) < 0 else int(next_ms) / 1000
         held = s.journal.holders(gone, found)  # the ids, and who held them
         # Our own, found while this process lives (its lease lapsed in a stall): not a death.

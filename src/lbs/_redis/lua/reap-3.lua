@@ -24,11 +24,14 @@
            read-3.lua's ARGV[5]): a dead consumer removed from the index
            with nothing pending loses its hash. "" or absent: none kept
 
-  Output: {gone, next[, holders, deadlines]}
+  Output: {gone, next, stamp[, holders, deadlines]}
     gone     ids of the entries pending to dead holders (within the budget),
              oldest deadline's holder first: requeue-6.lua puts them back
              into the LBS
     next     ms until the earliest deadline left in KEYS[1]; -1 when empty
+    stamp    what this call wrote to KEYS[3] (the server time, ms, as text):
+             a caller that moves KEYS[3] on without the script (SET ...
+             IFEQ) compares with it
     holders  (when some consumer was due and not after a stall) each gone
              entry's holder, in gone's order
     deadlines  {consumer, deadline ms, ...}: the KEYS[1] score of each holder
@@ -78,12 +81,13 @@ if kind ~= 'none' and not last then
   return redis.error_reply('LBSKEY ' .. KEYS[3] .. ' holds a ' .. kind .. ' that is not a time, not the last reap')
 end
 local now = time_ms()
+local stamp = string.format('%.0f', now)
 -- The idle case, one read: nothing due (the index empty or its earliest deadline ahead). Only
 -- KEYS[3] is written.
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if not head[2] or tonumber(head[2]) > now then
-  redis.call('SET', KEYS[3], string.format('%.0f', now))
-  return {{}, head[2] and tonumber(head[2]) - now or -1}
+  redis.call('SET', KEYS[3], stamp)
+  return {{}, head[2] and tonumber(head[2]) - now or -1, stamp}
 end
 
 local records = ARGV[6] ~= nil and ARGV[6] ~= '' and ARGV[6] or nil
@@ -95,12 +99,12 @@ end
 
 local budget = tonumber(ARGV[3])
 local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, budget)
-redis.call('SET', KEYS[3], string.format('%.0f', now))
+redis.call('SET', KEYS[3], stamp)
 if last and now - last > tonumber(ARGV[4]) then
   for i = 1, #due do
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), due[i])
   end
-  return {{}, next_due()}
+  return {{}, next_due(), stamp}
 end
 local gone, holders, deadlines = {}, {}, {}
 for i = 1, #due do
@@ -128,4 +132,4 @@ for i = 1, #due do
     end
   end
 end
-return {gone, next_due(), holders, deadlines}
+return {gone, next_due(), stamp, holders, deadlines}
