@@ -1,10 +1,10 @@
 """The unit tests' fake wire checked against the real scripts on a real server.
 
-``tests/unit/_fakewire.py`` models ``requeue-6.lua`` step by step, and the unit tests of the
-re-queue, the runner and the hand-back rely on it. Here one state is built twice, on a real server
-(Redis 8.x, 7.0, Valkey) and on the fake, the same call (written by the real builder,
-:func:`lbs._redis.scripts.requeue`) goes to both, and their replies and what they leave behind
-must agree: the LBS, the dead letters, the parking stream and due index (each delay), the pending
+``tests/unit/_fakewire.py`` models ``requeue-6.lua`` and ``done-n.lua`` step by step, and the unit
+tests of the re-queue, the runner, the finisher and the hand-back rely on it. Here one state is
+built twice, on a real server (Redis 8.x, 7.0, Valkey) and on the fake, the same call (written by
+the real builder: :func:`lbs._redis.scripts.requeue`, :func:`lbs._redis.scripts.done`) goes to
+both, and their replies and what they leave behind must agree: the LBS, the dead letters, the parking stream and due index (each delay), the pending
 entries, the name holders, the queued set and the pardons. New entry ids differ (the server's clock,
 the fake's counter) and are compared as ``<new>``.
 """
@@ -134,6 +134,27 @@ class Both:
         )
         raw = _words(b.getvalue())
         await self.r.script_load(scripts.REQUEUE.source)
+        real = await self.r.execute_command(*raw)
+        fake = self.fake.execute(raw, self.fake.record(raw))
+        return self.normal(real), self.normal(fake)
+
+    async def done(self, ids: list[str], names: list[str], **kw: Any) -> tuple[Any, Any]:
+        """One done-n.lua call of c1's, on both: (the real reply, the fake's), as text."""
+        b = CommandBatch()
+        s = self.service
+        scripts.done(
+            b,
+            self.lbs,
+            lease_prefix(s) + "c1",
+            ids,
+            names,
+            group_name(s),
+            "c1",
+            key_prefix=key_prefix(s),
+            **kw,
+        )
+        raw = _words(b.getvalue())
+        await self.r.script_load(scripts.DONE.source)
         real = await self.r.execute_command(*raw)
         fake = self.fake.execute(raw, self.fake.record(raw))
         return self.normal(real), self.normal(fake)
@@ -311,3 +332,29 @@ async def test_a_dead_letter_key_of_another_type_refuses_only_what_goes_there(
         entries=[scripts.RequeueEntry(ids[0], "malformed")],
     )
     assert [x[0] for x in reply] == [3]
+
+
+@pytest.mark.parametrize("retrying", [False, True])
+async def test_done_acks_ours_releases_names_and_reports_the_rest(
+    rr: aioredis.Redis, any_server: Any, service: str, retrying: bool
+) -> None:
+    """done-n.lua under c1's lease: pending to c1 (done, its name released when it holds it),
+    trimmed while pending (done), not pending (lost; "finished" when the call is a retry); and under
+    a lease c1 no longer holds: every entry lost, nothing written."""
+    both = Both(rr, service)
+    ids = await both.entries(Entry("a"), Entry("b", trimmed=True), Entry("c"), Entry("d"))
+    await both.string(lease_prefix(service) + "c1", "v1")
+    await both.string(key_prefix(service) + "name:a", ids[0])
+    await both.string(key_prefix(service) + "name:c", "1000-99")  # another holder's: left alone
+    names = [key_prefix(service) + f"name:{x}" for x in "abc"] + [""]
+    xackdel = any_server.xackdel
+    real, fake = await both.done(
+        [*ids[:3], "1-1"], names, lease="v1", xackdel=xackdel, retrying=retrying
+    )
+    assert fake == real == ("1114" if retrying else "1113")
+    after_real, after_fake = await both.state()
+    assert after_fake == after_real
+    real, fake = await both.done([ids[3]], [""], lease="v0", xackdel=xackdel, retrying=False)
+    assert fake == real == "3"
+    after_real, after_fake = await both.state()
+    assert after_fake == after_real
