@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import lbs
 from _lbscore import CommandBatch
 from lbs._redis import scripts
 
@@ -273,3 +274,21 @@ def test_done_beside_a_go_fleet_sets_the_go_flag_and_puts_the_go_lock_keys_last(
         b"a<MUTEX_KEY_SEP>1-1",
         b"b<MUTEX_KEY_SEP>2-2",
     ]
+
+
+def test_requeue_replies_reads_each_entry_and_fails_only_a_misshapen_one() -> None:
+    replies = scripts.requeue_replies(
+        [
+            [1, b"2-2", b'{"DataStreamName":"a","Info":{}}', 3],
+            [4, b"3-3", b"not json", 1, 1500],
+            [0, b"lock"],
+            [9, b"what"],
+            [1],
+        ]
+    )
+    assert replies[:3] == [
+        scripts.Requeued(scripts.RequeueCode.REQUEUED, "2-2", "a", 3),
+        scripts.Requeued(scripts.RequeueCode.PARKED, "3-3", "", 1, 1500),
+        scripts.Requeued(scripts.RequeueCode.SKIPPED, "lock"),
+    ]
+    assert all(isinstance(r, lbs.InternalError) for r in replies[3:])

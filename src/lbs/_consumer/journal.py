@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from _lbscore import CommandBatch, try_decode_input
+from _lbscore import CommandBatch
 
 from .. import _keys
 from .._redis.errors import WrongTypeError
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from .state import ClientState, Link
 
-__all__ = ["Holders", "Journal", "stream_of"]
+__all__ = ["Holders", "Journal"]
 
 #: Events waiting for the next flush at most (more are dropped and counted).
 BUFFER = 1000
@@ -329,11 +329,6 @@ class Journal(Activity, kind="journal"):
                 exc,
                 LOG_EVERY,
             )
-
-
-def stream_of(res: Any) -> str:
-    """The data stream's name in a ``requeue-6.lua`` reply ("" when it has none or is undecodable)."""
-    return (try_decode_input(res[2])[0] or "") if len(res) >= 3 else ""
 
 
 def _ms(score: Any) -> str:

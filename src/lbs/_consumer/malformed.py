@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from .._redis.scripts import RequeueCode
-from .._redis.wire import text
 
 if TYPE_CHECKING:
     from _lbscore import Entry
@@ -53,10 +52,8 @@ class Malformed:
         log = s.log.debug if again else s.log.error
         for item, res in zip(bad, results):
             e, _, reason = item
-            if isinstance(res, Exception) or int(res[0]) == RequeueCode.REFUSED:
-                why = (
-                    str(res) if isinstance(res, Exception) else text(res[1]).removeprefix("LBSKEY ")
-                )
+            if isinstance(res, Exception) or res.code == RequeueCode.REFUSED:
+                why = str(res) if isinstance(res, Exception) else res.detail.removeprefix("LBSKEY ")
                 log(
                     "entry %s: %s; cannot dead-letter it (%s): it stays pending and is tried again every "
                     "heartbeat",
@@ -66,7 +63,7 @@ class Malformed:
                 )
                 self.undead.append(item)
                 continue
-            code, detail = int(res[0]), text(res[1])
+            code, detail = res.code, res.detail
             s.log.warning(
                 "entry %s: %s: %s",
                 e.id,

@@ -33,12 +33,11 @@ from .. import _keys
 from .._redis import scripts
 from .._redis.connection import execute
 from .._redis.errors import WrongTypeError
-from .._redis.scripts import NO_DELAY, RequeueCode, RetryDelay
-from .._redis.wire import UNENCODABLE, first_error, sendable, text, unencodable
+from .._redis.scripts import NO_DELAY, RequeueCode, Requeued, RetryDelay
+from .._redis.wire import UNENCODABLE, first_error, sendable, unencodable
 from ..exceptions import RedisOperationError
 from ..notifications import Notification, NotificationType
 from .delays import Delays
-from .journal import stream_of
 from .malformed import Malformed
 from .state import ClientState
 
@@ -54,6 +53,9 @@ _Call = tuple[str, str]
 #: The detail of an entry set aside because the core could not encode it (its code is ``REFUSED``).
 NOT_SENT = "not sent: "
 
+#: The jitter of a fixed delay: none.
+_NO_JITTER = partial(float, 1.0)
+
 #: Entries per ``requeue-6.lua`` call: a dead holder's 100,000 streams are 1,000 calls, each short.
 PER_CALL = 100
 
@@ -62,11 +64,6 @@ PER_CALL = 100
 #: just claimed by a Go consumer, whose Claim moves the entry first and takes its lock one round trip
 #: later; re-queue leaves it alone (a dead Go holder's entry has been idle at least Go's 2-s lock TTL).
 GO_CLAIM_WINDOW_MS = 1000
-
-
-def _no_jitter() -> float:
-    """The jitter of a fixed delay (none)."""
-    return 1.0
 
 
 class Requeue:
@@ -109,9 +106,9 @@ class Requeue:
             first, most = round(cfg.retry_delay * 1000), round(cfg.retry_delay_max * 1000)
             if first > 0:
                 return RetryDelay(first, most), partial(random.uniform, 0.5, 1.0)
-            return NO_DELAY, _no_jitter
+            return NO_DELAY, _NO_JITTER
         fixed = round(delay * 1000)
-        return (RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY), _no_jitter
+        return (RetryDelay(fixed, fixed) if fixed > 0 else NO_DELAY), _NO_JITTER
 
     async def send(
         self,
@@ -124,7 +121,7 @@ class Requeue:
         names: Sequence[str] = (),
         traceback: str = "",
         fields: Sequence[Sequence[str]] = (),
-    ) -> list[Any]:
+    ) -> list[Requeued | Exception]:
         """``requeue-6.lua`` for every entry of ``calls`` (``PER_CALL`` a call, one round trip); one reply
         (or server error) per entry. ``mode``: the holder mode (``owned``, ``restart``, ``any``: under
         our lease; ``absent``). ``names``: mode "owned", each entry's DataStreamName
@@ -171,7 +168,7 @@ class Requeue:
                 entries=some,
             )
 
-        async def sent(some: list[int]) -> list[Any]:
+        async def sent(some: list[int]) -> list[Requeued | Exception]:
             if not some:
                 return []
             chunks = [some[i : i + PER_CALL] for i in range(0, len(some), PER_CALL)]
@@ -180,9 +177,13 @@ class Requeue:
                 for chunk in chunks:
                     call(b, [entries[i] for i in chunk])
 
-            out: list[Any] = []
+            out: list[Requeued | Exception] = []
             for chunk, reply in zip(chunks, await s.link.pool.execute(build)):
-                out += [reply] * len(chunk) if isinstance(reply, Exception) else reply
+                out += (
+                    [reply] * len(chunk)
+                    if isinstance(reply, Exception)
+                    else scripts.requeue_replies(reply)
+                )
             return out
 
         try:
@@ -206,7 +207,7 @@ class Requeue:
         rest = [i for i in range(len(calls)) if i not in unsent]
         replies = iter(await sent(rest))
         return [
-            [int(RequeueCode.REFUSED), unsent[i]] if i in unsent else next(replies)
+            Requeued(RequeueCode.REFUSED, unsent[i]) if i in unsent else next(replies)
             for i in range(len(calls))
         ]
 
@@ -259,18 +260,18 @@ class Requeue:
             self.handing_back -= ids
         out = []
         for h, res in zip(items, results):
-            code, detail = int(res[0]), text(res[1])
+            code, detail = res.code, res.detail
             if code in (RequeueCode.REQUEUED, RequeueCode.PARKED):
                 s.stats.handed_back += 1
                 if code == RequeueCode.PARKED:
                     s.stats.retries_delayed += 1
-                    wait = int(res[4]) / 1000
+                    wait = res.delay_ms / 1000
                     s.log.debug(
                         "%s (entry %s) comes back in %.3fs (retry %d; parked as %s)",
                         h.stream,
                         h.entry_id,
                         wait,
-                        int(res[3]),
+                        res.retries,
                         detail,
                     )
                     self.delays.soon(wait)
@@ -306,14 +307,16 @@ class Requeue:
             out.append("")
         return out
 
-    async def _unparked(self, calls: list[_Call], results: list[Any], count_retry: bool) -> None:
+    async def _unparked(
+        self, calls: list[_Call], results: list[Requeued], count_retry: bool
+    ) -> None:
         """Re-queue at once (in ``results``' place) what could not be parked: a parking key of the wrong
         type refuses the park with nothing written; a delay is not worth leaving the stream pending for."""
         keys = (f"LBSKEY {self.delays.parked_key} ", f"LBSKEY {self.delays.due_key} ")
         refused = [
             i
             for i, res in enumerate(results)
-            if int(res[0]) == RequeueCode.REFUSED and text(res[1]).startswith(keys)
+            if res.code == RequeueCode.REFUSED and res.detail.startswith(keys)
         ]
         if not refused:
             return
@@ -322,7 +325,7 @@ class Requeue:
         s.log.error(
             "cannot park %d failed streams for their retry delay: %s; re-queued at once instead",
             len(refused),
-            text(results[refused[0]][1]).removeprefix("LBSKEY "),
+            results[refused[0]].detail.removeprefix("LBSKEY "),
         )
         again = first_error(
             await self.send([calls[i] for i in refused], mode="owned", count_retry=count_retry)
@@ -414,17 +417,17 @@ class Requeue:
         codes = []
         requeued = 0
         for entry_id, res in zip(ids, results):
-            code, detail = int(res[0]), text(res[1])
+            code, detail = res.code, res.detail
             codes.append(code)
             if code == RequeueCode.REQUEUED:
                 requeued += 1
-                self._announce(entry_id, res, detail, path, who)
+                self._announce(entry_id, res, path, who)
             elif code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
                 s.hooks.metric("recovery_dlq_total", 1, path=path)
                 s.log.warning(
                     "entry %s out of retries after %s recovery: dead-lettered", entry_id, path
                 )
-                self.dead_lettered(entry_id, reason, code, detail, stream_of(res))
+                self.dead_lettered(entry_id, reason, code, detail, res.stream)
             elif code == RequeueCode.REFUSED:
                 if not detail.startswith(NOT_SENT):
                     s.hooks.metric("wrong_type_keys_total", 1)
@@ -459,9 +462,9 @@ class Requeue:
             )
         return codes
 
-    def _announce(self, entry_id: str, res: Any, new_id: str, path: str, who: object) -> None:
+    def _announce(self, entry_id: str, res: Requeued, path: str, who: object) -> None:
         """STREAM_EXPIRED, informational: a stream came back into circulation."""
-        stream, retry_count = stream_of(res), int(res[3]) if len(res) >= 4 else 0
+        stream, retry_count, new_id = res.stream, res.retries, res.detail
         s = self.state
         s.journal.recovered(stream, entry_id, new_id, retry_count, path, who)
         s.log.debug(

@@ -21,9 +21,11 @@ import enum
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from _lbscore import CommandBatch, Shape
+from _lbscore import CommandBatch, Shape, try_decode_input
 
+from ..exceptions import InternalError
 from .done import DONE, RELEASE, DoneCode, done, done_codes, plain_codes, plain_done, release
 from .keyed_scripts import (
     COMMIT,
@@ -41,6 +43,7 @@ from .keyed_scripts import (
 )
 from .reads import FENCE, NAMES
 from .sources import Script, load, source
+from .wire import text
 
 __all__ = [
     "COMMIT",
@@ -56,6 +59,7 @@ __all__ = [
     "KeyCommit",
     "RequeueCode",
     "RequeueEntry",
+    "Requeued",
     "RetryDelay",
     "Script",
     "commit",
@@ -70,6 +74,8 @@ __all__ = [
     "publish_args",
     "release",
     "requeue_options",
+    "requeue_replies",
+    "requeue_reply",
     "source",
     "sources",
 ]
@@ -302,6 +308,46 @@ class RequeueCode(enum.IntEnum):
     DROPPED = 3
     #: Parked: the detail is its id in the parking stream, the fifth element its delay (ms).
     PARKED = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """One entry's reply of ``requeue-6.lua``, read (:func:`requeue_reply`)."""
+
+    code: RequeueCode
+    #: The copy's id (re-queued, parked: in the parking stream), the dead letter's, why it was skipped
+    #: (``lock``, ``acked``, ...) or the refusal (``LBSKEY <key> holds ...``).
+    detail: str
+    #: Its DataStreamName ("": none, undecodable, or the entry was not read).
+    stream: str = ""
+    #: The copy's retry count.
+    retries: int = 0
+    #: How long it is parked (ms; code PARKED).
+    delay_ms: int = 0
+
+
+def requeue_reply(raw: Sequence[Any]) -> Requeued:
+    """One entry's ``{code, detail[, lbs-input, retries[, delay]]}``, read; a reply of another shape
+    raises :class:`ValueError`."""
+    if not 2 <= len(raw) <= 5:
+        raise ValueError(f"requeue-6.lua replied {raw!r} for an entry")
+    code = RequeueCode(int(raw[0]))
+    stream = (try_decode_input(raw[2])[0] or "") if len(raw) >= 3 else ""
+    retries = int(raw[3]) if len(raw) >= 4 else 0
+    delay = int(raw[4]) if len(raw) == 5 else 0
+    return Requeued(code, text(raw[1]), stream, retries, delay)
+
+
+def requeue_replies(raw: Sequence[Any]) -> list[Requeued | Exception]:
+    """A call's reply, one :class:`Requeued` per entry; an entry's reply of another shape is that
+    entry's error alone (:class:`lbs.InternalError`)."""
+    out: list[Requeued | Exception] = []
+    for one in raw:
+        try:
+            out.append(requeue_reply(one))
+        except (ValueError, TypeError) as exc:
+            out.append(InternalError(f"requeue-6.lua replied what it never does: {exc}"))
+    return out
 
 
 # --------------------------------------------------------------- promote-4 ---
