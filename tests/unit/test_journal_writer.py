@@ -163,14 +163,3 @@ async def test_a_failed_write_is_dropped_counted_and_logged_once(
     assert await j.flush() == 0
     (record,) = [r for r in caplog.records if "journal" in r.getMessage()]
     assert j.key in record.getMessage() and "another type" in record.getMessage()
-
-
-def test_reap_holders_are_matched_to_the_entries_they_held() -> None:
-    found = [[b"dead-1", b"dead-2"], [b"dead-1", b"1700000000123", b"dead-2", b"17e11"]]
-    # Each gone entry's holder, in their order, then each holder's deadline.
-    assert Journal.holders([b"1-0", b"2-0"], found) == {
-        "1-0": ("dead-1", "1700000000123"),
-        "2-0": ("dead-2", "1700000000000"),
-    }
-    # An older reply without them: every id is kept, its holder unknown.
-    assert Journal.holders([b"1-0"], []) == {"1-0": ("", "")}

@@ -292,3 +292,15 @@ def test_requeue_replies_reads_each_entry_and_fails_only_a_misshapen_one() -> No
         scripts.Requeued(scripts.RequeueCode.SKIPPED, "lock"),
     ]
     assert all(isinstance(r, lbs.InternalError) for r in replies[3:])
+
+
+def test_reap_reply_matches_holders_to_the_entries_they_held() -> None:
+    found = [[b"dead-1", b"dead-2"], [b"dead-1", b"1700000000123", b"dead-2", b"17e11"]]
+    # Each gone entry's holder, in their order, then each holder's deadline.
+    reaped = scripts.reap_reply([[b"1-0", b"2-0"], 1500, b"1700000000999", *found])
+    assert reaped.held == {"1-0": ("dead-1", "1700000000123"), "2-0": ("dead-2", "1700000000000")}
+    assert (reaped.next_due, reaped.stamp) == (1.5, b"1700000000999")
+    # The idle reply (nothing due, the index empty): no holders.
+    assert scripts.reap_reply([[], -1, b"1"]) == scripts.Reaped({}, None, b"1")
+    with pytest.raises(ValueError):
+        scripts.reap_reply([[], -1])

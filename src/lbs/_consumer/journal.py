@@ -30,14 +30,14 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from _lbscore import CommandBatch
 
 from .. import _keys
 from .._redis.errors import WrongTypeError
-from .._redis.wire import Wire, sendable, text
+from .._redis.wire import Wire, sendable
 from .._waits import within
 from .activity import Activity
 
@@ -179,19 +179,6 @@ class Journal(Activity, kind="journal"):
             deadline_ms=deadline,
         )
 
-    @staticmethod
-    def holders(ids: Sequence[Any], found: Sequence[Any]) -> dict[str, tuple[str, str]]:
-        """Every one of ``ids`` (as text) with its holder and the holder's deadline from ``reap-3.lua``'s
-        ``found`` (holders, in ``ids``' order, and deadlines); ``("", "")`` where not told."""
-        names = [text(h) for h in found[0]] if found else []
-        pairs = found[1] if len(found) > 1 else []
-        when = {text(pairs[i]): _ms(pairs[i + 1]) for i in range(0, len(pairs) - 1, 2)}
-        out = {}
-        for k, entry_id in enumerate(ids):
-            holder = names[k] if k < len(names) else ""
-            out[text(entry_id)] = (holder, when.get(holder, ""))
-        return out
-
     # ---------------------------------------------------------------- task ---
 
     def start(self) -> None:
@@ -329,11 +316,3 @@ class Journal(Activity, kind="journal"):
                 exc,
                 LOG_EVERY,
             )
-
-
-def _ms(score: Any) -> str:
-    """A deadline index score as whole ms (text)."""
-    try:
-        return str(int(float(text(score))))
-    except ValueError:
-        return ""

@@ -225,9 +225,9 @@ class Recovery(Activity):
         (reply,) = await s.link.pool.execute(build, s.parser)
         if isinstance(reply, Exception):
             raise reply
-        gone, next_ms, self._seen, *found = reply  # found: holders, deadlines
-        self._next_due = None if int(next_ms) < 0 else int(next_ms) / 1000
-        held = s.journal.holders(gone, found)  # the ids, and who held them
+        reaped = scripts.reap_reply(reply)
+        self._seen, self._next_due = reaped.stamp, reaped.next_due
+        held = reaped.held  # the ids, and who held them
         # Our own, found while this process lives (its lease lapsed in a stall): not a death.
         own = {i: v for i, v in held.items() if v[0] == n.id}
         requeued = 0

@@ -57,6 +57,7 @@ __all__ = [
     "DoneCode",
     "FetchCode",
     "KeyCommit",
+    "Reaped",
     "RequeueCode",
     "RequeueEntry",
     "Requeued",
@@ -72,6 +73,7 @@ __all__ = [
     "plain_done",
     "publish",
     "publish_args",
+    "reap_reply",
     "release",
     "requeue_options",
     "requeue_replies",
@@ -414,6 +416,42 @@ def reap(
         grace_ms,  # ARGV[5] after a stall, each overdue consumer's grace
         tokens_prefix,
     )  # ARGV[6] the token records' prefix ("": none kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """``reap-3.lua``'s reply, read (:func:`reap_reply`)."""
+
+    #: Each gone entry's id (text) with its holder and the holder's deadline (ms, text; "" when the
+    #: reply does not say), oldest deadline's holder first.
+    held: dict[str, tuple[str, str]]
+    #: Seconds until the earliest deadline left in the index; None when it is empty.
+    next_due: float | None
+    #: The poll time this call wrote, as stored.
+    stamp: bytes
+
+
+def reap_reply(raw: Sequence[Any]) -> Reaped:
+    """``{gone, next, stamp[, holders, deadlines]}`` read; another shape raises :class:`ValueError`."""
+    if not 3 <= len(raw) <= 5:
+        raise ValueError(f"reap-3.lua replied {raw!r}")
+    gone, next_ms, stamp = raw[0], int(raw[1]), raw[2]
+    names = [text(h) for h in raw[3]] if len(raw) > 3 else []
+    pairs = raw[4] if len(raw) > 4 else []
+    when = {text(pairs[i]): _whole_ms(pairs[i + 1]) for i in range(0, len(pairs) - 1, 2)}
+    held = {}
+    for k, entry_id in enumerate(gone):
+        holder = names[k] if k < len(names) else ""
+        held[text(entry_id)] = (holder, when.get(holder, ""))
+    return Reaped(held, None if next_ms < 0 else next_ms / 1000, bytes(stamp))
+
+
+def _whole_ms(score: Any) -> str:
+    """A deadline index score as whole ms (text; "" when it is not a number)."""
+    try:
+        return str(int(float(text(score))))
+    except ValueError:
+        return ""
 
 
 # ------------------------------------------------------------------ leave-3 ---
