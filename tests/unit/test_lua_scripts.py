@@ -304,3 +304,14 @@ def test_reap_reply_matches_holders_to_the_entries_they_held() -> None:
     assert scripts.reap_reply([[], -1, b"1"]) == scripts.Reaped({}, None, b"1")
     with pytest.raises(ValueError):
         scripts.reap_reply([[], -1])
+
+
+def test_promote_and_leave_replies_are_read_by_their_readers() -> None:
+    assert scripts.promote_reply([3, 1, 250, 0, 2]) == scripts.Promoted(3, 1, 0.25, 0, 2)
+    assert scripts.promote_reply([0, 0, -1, 0, 0]).next_due is None
+    assert scripts.leave_reply([1, 0]) == scripts.Left(True, 0)
+    for bad in ([1, 2, 3], [1]):
+        with pytest.raises(ValueError):
+            scripts.promote_reply(bad)
+        with pytest.raises(ValueError):
+            scripts.leave_reply(bad)

@@ -93,7 +93,8 @@ class Delays(Activity, kind="delays"):
             )
 
         (out,) = first_error(await s.link.pool.execute(build, retry_safe=True))
-        moved, vanished, next_ms, stuck, waiters = (int(v) for v in out)
+        p = scripts.promote_reply(out)
+        moved, vanished, stuck, waiters = p.moved, p.vanished, p.stuck, p.waiters
         if waiters:
             s.log.warning(
                 "%d registrations waited for data streams whose holder vanished without releasing "
@@ -119,7 +120,7 @@ class Delays(Activity, kind="delays"):
             )
         if moved:
             s.log.debug("%d delayed retries are back in %s", moved, n.stream_key)
-        return moved, None if next_ms < 0 else next_ms / 1000
+        return moved, p.next_due
 
     async def nothing_due(self) -> tuple[bool, float | None]:
         """A look without Lua (:mod:`lbs._redis.peek`: ``TIME`` and the earliest of the due index and

@@ -109,7 +109,7 @@ class Instance:
             (reply,) = await s.link.pool.execute(build)
             if isinstance(reply, Exception):
                 raise reply
-            if int(reply[1]):
+            if scripts.leave_reply(reply).consumers_deleted:
                 s.log.debug("left the group %s (nothing pending)", n.group)
         except RedisError as exc:
             if not s.denied(exc, f"deleting the lease {key}"):
@@ -141,7 +141,7 @@ class Instance:
         (reply,) = await s.link.pool.execute(build)
         if isinstance(reply, Exception):
             raise reply
-        gone = int(reply[1])
+        gone = scripts.leave_reply(reply).consumers_deleted
         if gone:
             s.hooks.metric("consumers_forgotten_total", gone)
             s.log.info(

@@ -6,8 +6,9 @@ contract (its source as sent, with the shared parts included:
 :mod:`lbs._redis.sources`). Here each script has one builder that writes its
 ``EVALSHA`` into a :class:`_lbscore.CommandBatch` (KEYS and ARGV in the
 header's order, commented per position) and, where its output is coded, the
-enum of those codes; the done path's (``done-n``, ``release-1`` and the Lua-free pipeline) are in
-:mod:`lbs._redis.done`, the keyed API's three (``publish-1``, ``fetch-1``,
+enum of those codes and the typed reader of its reply; the done path's (``done-n``, ``release-1`` and the Lua-free pipeline) are in
+:mod:`lbs._redis.done`, ``requeue-6``'s (its builder, packed switches, codes and reply reader) in
+:mod:`lbs._redis.requeues`, the keyed API's three (``publish-1``, ``fetch-1``,
 ``commit-1``) are in :mod:`lbs._redis.keyed_scripts` and named here too. Every
 script has exactly one caller module in ``lbs._consumer`` (named on its
 builder), but ``publish-1``, which ``lbs.publisher`` calls through redis-py
@@ -17,15 +18,12 @@ loads the sources again after a NOSCRIPT (a restart, a failover).
 
 from __future__ import annotations
 
-import enum
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from _lbscore import CommandBatch, Shape, try_decode_input
+from _lbscore import CommandBatch, Shape
 
-from ..exceptions import InternalError
 from .done import DONE, RELEASE, DoneCode, done, done_codes, plain_codes, plain_done, release
 from .keyed_scripts import (
     COMMIT,
@@ -42,6 +40,18 @@ from .keyed_scripts import (
     publish_args,
 )
 from .reads import FENCE, NAMES
+from .requeues import (
+    NO_DELAY,
+    REQUEUE,
+    RequeueCode,
+    Requeued,
+    RequeueEntry,
+    RetryDelay,
+    requeue,
+    requeue_options,
+    requeue_replies,
+    requeue_reply,
+)
 from .sources import Script, load, source
 from .wire import text
 
@@ -57,6 +67,8 @@ __all__ = [
     "DoneCode",
     "FetchCode",
     "KeyCommit",
+    "Left",
+    "Promoted",
     "Reaped",
     "RequeueCode",
     "RequeueEntry",
@@ -69,12 +81,15 @@ __all__ = [
     "fail_delay",
     "fail_mode",
     "fetch",
+    "leave_reply",
     "plain_codes",
     "plain_done",
+    "promote_reply",
     "publish",
     "publish_args",
     "reap_reply",
     "release",
+    "requeue",
     "requeue_options",
     "requeue_replies",
     "requeue_reply",
@@ -84,7 +99,6 @@ __all__ = [
 
 READ = load("read-3")
 EXTEND = load("extend-n")
-REQUEUE = load("requeue-6")
 PROMOTE = load("promote-4")
 REAP = load("reap-3")
 LEAVE = load("leave-3")
@@ -182,176 +196,6 @@ def extend(
     )
 
 
-# --------------------------------------------------------------- requeue-6 ---
-# Caller: lbs._consumer.requeue.
-
-
-@dataclass(frozen=True, slots=True)
-class RetryDelay:
-    """How long a re-queued copy stays parked: ``min(first_ms * 2**(n-1), max_ms) * jitter`` at retry count n.
-
-    ``first_ms`` 0 re-queues at once; ``jitter`` is the caller's draw in
-    [0.5, 1] (1 for a fixed delay: ``first_ms == max_ms``).
-    """
-
-    first_ms: int = 0
-    max_ms: int = 0
-    jitter: float = 1.0
-
-
-#: Re-queue at once.
-NO_DELAY = RetryDelay()
-
-
-def requeue_options(
-    *,
-    group: str,
-    max_retries: int,
-    retry_field: str,
-    original_field: str,
-    consumer: str,
-    dead_letter_on: bool,
-    field_prefix: str,
-    go_lock_sep: str = "",
-    queued_prefix: str = "",
-    key_prefix: str = "",
-    min_idle_ms: int = 0,
-) -> str:
-    """A client's switches for ``requeue-6.lua`` (its ARGV[1]), packed once per client as the header's
-    JSON array. ``min_idle_ms`` (beside a Go fleet, 1 s or the lease TTL when shorter): mode "absent"
-    leaves an entry idle less than that to the Go consumer that just claimed it."""
-    return json.dumps(
-        [
-            group,  # [1]
-            max_retries,  # [2] past it: dead-lettered
-            retry_field,  # [3]
-            original_field,  # [4]
-            consumer,  # [5] our consumer id (the holder in modes "owned"/"restart"; in dead letters)
-            1 if dead_letter_on else 0,  # [6] a dead-letter stream is configured
-            field_prefix,  # [7] the managed-field prefix
-            go_lock_sep,  # [8] Go-style lock separator ("": not checked)
-            queued_prefix,  # [9] queued sets: what a holder merely held counts no death
-            key_prefix,  # [10] names released ("": untouched)
-            min_idle_ms,  # [11] mode "absent" beside Go: idle less is just claimed
-        ],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-
-
-@dataclass(frozen=True)
-class RequeueEntry:
-    """One entry of a ``requeue-6.lua`` call: its id, the reason kept in a dead letter, the jitter of its
-    retry delay, (mode "owned" beside a Go fleet) its DataStreamName, whose Go-style lock is released
-    with it, and the fields set on its copy (names and values, flat: hook ``lbs_hand_back_fields``)."""
-
-    entry_id: str
-    reason: str = ""
-    jitter: float = 1.0
-    stream_name: str = ""
-    fields: Sequence[str] = ()
-
-
-def requeue(
-    b: CommandBatch,
-    stream: str,
-    dead_letters: str,
-    lease_prefix: str,
-    parked: str,
-    due: str,
-    pardons: str,
-    *,
-    options: str,
-    mode: str,
-    value: str,
-    count_retry: bool,
-    force_dead_letter: bool,
-    traceback: str = "",
-    delay: RetryDelay = NO_DELAY,
-    entries: Sequence[RequeueEntry],
-) -> None:
-    """Put assignments back as fresh entries, park them for ``delay`` (its jitter: each entry's), or put
-    them into the dead-letter stream; the reply is one ``[code, detail, ...]`` per entry (codes:
-    :class:`RequeueCode`). ``options``: :func:`requeue_options`, packed once per client."""
-    args: list[str | int] = []
-    for e in entries:
-        args += [e.entry_id, e.reason, repr(e.jitter), e.stream_name, len(e.fields) // 2, *e.fields]
-    b.command(
-        "EVALSHA",
-        REQUEUE.sha,
-        REQUEUE.fixed_keys,
-        stream,  # KEYS[1] the LBS
-        dead_letters,  # KEYS[2] the dead-letter stream
-        lease_prefix,  # KEYS[3] the lease key prefix (declared for its slot)
-        parked,  # KEYS[4] the parking stream
-        due,  # KEYS[5] the due index
-        pardons,  # KEYS[6] deaths taken back (a holder that lived)
-        options,  # ARGV[1] the client's switches
-        mode,  # ARGV[2] "owned", "absent", "restart" or "any"
-        value,  # ARGV[3] our lease value (modes "owned", "restart")
-        1 if count_retry else 0,  # ARGV[4] retry increment
-        1 if force_dead_letter else 0,  # ARGV[5] dead-letter unconditionally
-        traceback,  # ARGV[6] recorded in dead letters ("": none)
-        delay.first_ms,  # ARGV[7] delay at retry 1 (ms); 0: at once
-        delay.max_ms,  # ARGV[8] longest delay (ms)
-        *args,  # ARGV[9]... per entry: id, reason, jitter, name, n, n field pairs
-    )
-
-
-class RequeueCode(enum.IntEnum):
-    """First element of the output of ``requeue-6.lua``."""
-
-    #: A key had the wrong type (the detail names it): nothing was touched.
-    REFUSED = -2
-    TRIMMED = -1
-    SKIPPED = 0
-    REQUEUED = 1
-    DEAD_LETTERED = 2
-    DROPPED = 3
-    #: Parked: the detail is its id in the parking stream, the fifth element its delay (ms).
-    PARKED = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Requeued:
-    """One entry's reply of ``requeue-6.lua``, read (:func:`requeue_reply`)."""
-
-    code: RequeueCode
-    #: The copy's id (re-queued, parked: in the parking stream), the dead letter's, why it was skipped
-    #: (``lock``, ``acked``, ...) or the refusal (``LBSKEY <key> holds ...``).
-    detail: str
-    #: Its DataStreamName ("": none, undecodable, or the entry was not read).
-    stream: str = ""
-    #: The copy's retry count.
-    retries: int = 0
-    #: How long it is parked (ms; code PARKED).
-    delay_ms: int = 0
-
-
-def requeue_reply(raw: Sequence[Any]) -> Requeued:
-    """One entry's ``{code, detail[, lbs-input, retries[, delay]]}``, read; a reply of another shape
-    raises :class:`ValueError`."""
-    if not 2 <= len(raw) <= 5:
-        raise ValueError(f"requeue-6.lua replied {raw!r} for an entry")
-    code = RequeueCode(int(raw[0]))
-    stream = (try_decode_input(raw[2])[0] or "") if len(raw) >= 3 else ""
-    retries = int(raw[3]) if len(raw) >= 4 else 0
-    delay = int(raw[4]) if len(raw) == 5 else 0
-    return Requeued(code, text(raw[1]), stream, retries, delay)
-
-
-def requeue_replies(raw: Sequence[Any]) -> list[Requeued | Exception]:
-    """A call's reply, one :class:`Requeued` per entry; an entry's reply of another shape is that
-    entry's error alone (:class:`lbs.InternalError`)."""
-    out: list[Requeued | Exception] = []
-    for one in raw:
-        try:
-            out.append(requeue_reply(one))
-        except (ValueError, TypeError) as exc:
-            out.append(InternalError(f"requeue-6.lua replied what it never does: {exc}"))
-    return out
-
-
 # --------------------------------------------------------------- promote-4 ---
 # Caller: lbs._consumer.delays.
 
@@ -381,6 +225,30 @@ def promote(
         group,  # ARGV[2]
         key_prefix,
     )  # ARGV[3] {<service>-input}: (names' holders and waiting lists)
+
+
+@dataclass(frozen=True, slots=True)
+class Promoted:
+    """``promote-4.lua``'s reply, read (:func:`promote_reply`)."""
+
+    #: Copies put back into the LBS.
+    moved: int
+    #: Due ids whose parked entry was gone (dropped from the due index).
+    vanished: int
+    #: Seconds until the next copy is due (0: more are due now); None when nothing more is parked.
+    next_due: float | None
+    #: Copies too wide to move (rescored to +inf).
+    stuck: int
+    #: Waiting registrations put back by the sweep of names whose holder vanished.
+    waiters: int
+
+
+def promote_reply(raw: Sequence[Any]) -> Promoted:
+    """``{moved, vanished, next, stuck, names}`` read; another shape raises :class:`ValueError`."""
+    if len(raw) != 5:
+        raise ValueError(f"promote-4.lua replied {raw!r}")
+    moved, vanished, next_ms, stuck, waiters = (int(v) for v in raw)
+    return Promoted(moved, vanished, None if next_ms < 0 else next_ms / 1000, stuck, waiters)
 
 
 # ------------------------------------------------------------------- reap-3 ---
@@ -486,3 +354,20 @@ def leave(
         grace_ms,  # ARGV[4] a sweep's grace
         tokens_prefix,
     )  # ARGV[5] the token records' prefix: a deleted consumer's go too
+
+
+@dataclass(frozen=True, slots=True)
+class Left:
+    """``leave-3.lua``'s reply, read (:func:`leave_reply`)."""
+
+    #: Whether the lease was deleted (it held this process's value and nothing was pending).
+    lease_deleted: bool
+    #: Consumers deleted from the group.
+    consumers_deleted: int
+
+
+def leave_reply(raw: Sequence[Any]) -> Left:
+    """``{lease deleted, consumers deleted}`` read; another shape raises :class:`ValueError`."""
+    if len(raw) != 2:
+        raise ValueError(f"leave-3.lua replied {raw!r}")
+    return Left(bool(int(raw[0])), int(raw[1]))
