@@ -36,15 +36,14 @@ REQUEUE = load("requeue-6")
 
 @dataclass(frozen=True, slots=True)
 class RetryDelay:
-    """How long a re-queued copy stays parked: ``min(first_ms * 2**(n-1), max_ms) * jitter`` at retry count n.
+    """How long a call's re-queued copies stay parked: ``min(first_ms * 2**(n-1), max_ms) * jitter`` at
+    retry count n, the jitter each entry's own (:attr:`RequeueEntry.jitter`).
 
-    ``first_ms`` 0 re-queues at once; ``jitter`` is the caller's draw in
-    [0.5, 1] (1 for a fixed delay: ``first_ms == max_ms``).
+    ``first_ms`` 0 re-queues at once.
     """
 
     first_ms: int = 0
     max_ms: int = 0
-    jitter: float = 1.0
 
 
 #: Re-queue at once.
