@@ -12,11 +12,15 @@ from typing import Any
 import lbs
 from lbs._keys import (
     consumers_key,
+    dead_letter_stream,
+    delayed_stream,
+    due_key,
     group_name,
     input_stream,
     lease_prefix,
     reaped_key,
 )
+from lbs._redis import scripts
 from lbs._redis.scripts import source
 
 
@@ -33,6 +37,34 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {check}")
         await asyncio.sleep(every)
+
+
+def requeue_keys(service: str) -> list[str]:
+    """``requeue-6.lua``'s KEYS[1..5] for ``service`` (no pardons: KEYS[6] left out)."""
+    return [
+        input_stream(service),
+        dead_letter_stream(service),
+        lease_prefix(service),
+        delayed_stream(service),
+        due_key(service),
+    ]
+
+
+def requeue_switches(
+    service: str, consumer: str, max_retries: int = 5, dead_letter_on: bool = True, **more: Any
+) -> str:
+    """``requeue-6.lua``'s packed switches (ARGV[1]) for ``consumer`` of ``service``: lbs's default
+    field names; ``more``: the other :func:`lbs._redis.scripts.requeue_options` (key prefixes, Go)."""
+    return scripts.requeue_options(
+        group=group_name(service),
+        max_retries=max_retries,
+        retry_field="_retry_count",
+        original_field="_original_id",
+        consumer=consumer,
+        dead_letter_on=dead_letter_on,
+        field_prefix="_",
+        **more,
+    )
 
 
 async def reap(r: Any, service: str, tokens_prefix: str = "") -> list[Any]:

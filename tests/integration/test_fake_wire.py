@@ -36,6 +36,7 @@ from lbs._redis import scripts
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from _fakewire import FakeRedis
+from _helpers import requeue_keys, requeue_switches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -110,24 +111,17 @@ class Both:
         """One requeue-6.lua call, on both: (the real reply, the fake's), normalized."""
         b = CommandBatch()
         s = self.service
-        options = scripts.requeue_options(
-            group=group_name(s),
-            max_retries=kw.pop("max_retries", 3),
-            retry_field="_retry_count",
-            original_field="_original_id",
-            consumer="c1",
-            dead_letter_on=kw.pop("dead_letter_on", True),
-            field_prefix="_",
+        options = requeue_switches(
+            s,
+            "c1",
+            kw.pop("max_retries", 3),
+            kw.pop("dead_letter_on", True),
             queued_prefix=queued_prefix(s),
             key_prefix=key_prefix(s),
         )
         scripts.requeue(
             b,
-            self.lbs,
-            dead_letter_stream(s),
-            lease_prefix(s),
-            delayed_stream(s),
-            due_key(s),
+            *requeue_keys(s),
             pardons_key(s),
             options=options,
             **kw,

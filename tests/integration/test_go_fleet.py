@@ -33,7 +33,7 @@ from lbs.embedded import (
 from lbs.testing import abandon
 
 from _goclient import ConfigRefused, GoConsumer, GoStream, go_lock_key
-from _helpers import command_calls, eventually
+from _helpers import command_calls, eventually, requeue_keys, requeue_switches
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -919,25 +919,11 @@ def _requeue(
     """One requeue-6 call of one entry beside a Go fleet (no retry delay, five retries, a dead-letter
     stream); its reply is a list of that one entry's."""
     b = CommandBatch()
-    options = scripts.requeue_options(
-        group=lbs.group_name(service),
-        max_retries=5,
-        retry_field="_retry_count",
-        original_field="_original_id",
-        consumer="c1",
-        dead_letter_on=True,
-        field_prefix="_",
-        go_lock_sep=_keys.GO_MUTEX_KEY_SEP,
-    )
     scripts.requeue(
         b,
-        lbs.input_stream(service),
-        _keys.dead_letter_stream(service),
-        _keys.lease_prefix(service),
-        _keys.delayed_stream(service),
-        _keys.due_key(service),
+        *requeue_keys(service),
         _keys.pardons_key(service),
-        options=options,
+        options=requeue_switches(service, "c1", go_lock_sep=_keys.GO_MUTEX_KEY_SEP),
         mode=mode,
         value=value,
         count_retry=count_retry,

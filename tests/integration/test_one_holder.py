@@ -20,23 +20,27 @@ import redis.asyncio as aioredis
 
 import lbs
 from lbs._keys import (
-    dead_letter_stream,
-    delayed_stream,
-    due_key,
     fence_key,
     group_name,
     input_stream,
     key_prefix,
     lease_key,
-    lease_prefix,
     name_holder,
     waiting_key,
     waiting_list,
 )
-from lbs._redis import scripts
 from lbs._redis.scripts import done_codes, source
 
-from _helpers import client, command_calls, eventually, is_true, produce, take
+from _helpers import (
+    client,
+    command_calls,
+    eventually,
+    is_true,
+    produce,
+    requeue_keys,
+    requeue_switches,
+    take,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -110,25 +114,9 @@ async def done(r: aioredis.Redis, service: str, held: list[tuple[str, int, str]]
 
 async def requeue(r: aioredis.Redis, service: str, entry_id: str) -> list[Any]:
     """One requeue-6.lua call: c1 hands ``entry_id`` back under its lease, a retry counted."""
-    keys = [
-        input_stream(service),
-        dead_letter_stream(service),
-        lease_prefix(service),
-        delayed_stream(service),
-        due_key(service),
-    ]
-    options = scripts.requeue_options(
-        group=group_name(service),
-        max_retries=5,
-        retry_field="_retry_count",
-        original_field="_original_id",
-        consumer="c1",
-        dead_letter_on=True,
-        field_prefix="_",
-        key_prefix=key_prefix(service),
-    )
+    options = requeue_switches(service, "c1", key_prefix=key_prefix(service))
     args = [options, "owned", NONCE, "1", "0", "", 0, 0, entry_id, "boom", 1.0, "", 0]
-    (reply,) = await r.eval(source("requeue-6"), 5, *keys, *args)
+    (reply,) = await r.eval(source("requeue-6"), 5, *requeue_keys(service), *args)
     return reply
 
 

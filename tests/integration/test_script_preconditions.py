@@ -32,16 +32,14 @@ from lbs._keys import (
     input_stream,
     key_prefix,
     lease_key,
-    lease_prefix,
     name_holder,
     reaped_key,
     tokens_prefix,
     waiting_key,
 )
-from lbs._redis import scripts
 from lbs._redis.scripts import done_codes, source
 
-from _helpers import reap
+from _helpers import reap, requeue_keys, requeue_switches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -184,22 +182,8 @@ async def requeue(
     """One requeue-6.lua call (no pardons: KEYS[6] left out); ``value`` is ``consumer``'s lease value
     (modes "owned" and "restart"); ``delay`` is (ms at retry 1, longest ms, jitter): (0, ...) re-queues
     at once."""
-    keys = [
-        input_stream(service),
-        dead_letter_stream(service),
-        lease_prefix(service),
-        delayed_stream(service),
-        due_key(service),
-    ]
-    options = scripts.requeue_options(
-        group=group_name(service),
-        max_retries=int(max_retries),
-        retry_field="_retry_count",
-        original_field="_original_id",
-        consumer=consumer,
-        dead_letter_on=dlq == "1",
-        field_prefix="_",
-    )
+    keys = requeue_keys(service)
+    options = requeue_switches(service, consumer, int(max_retries), dlq == "1")
     args = [
         options,
         mode,
@@ -787,22 +771,7 @@ async def test_requeue_answers_each_entry_of_a_call_alone(rr: aioredis.Redis, se
     await set_lease(rr, service, "absent")
     await set_lease(rr, service, "ours", consumer="c2")
     await rr.xdel(input_stream(service), dead[1])  # trimmed while pending
-    keys = [
-        input_stream(service),
-        dead_letter_stream(service),
-        lease_prefix(service),
-        delayed_stream(service),
-        due_key(service),
-    ]
-    options = scripts.requeue_options(
-        group=group_name(service),
-        max_retries=5,
-        retry_field="_retry_count",
-        original_field="_original_id",
-        consumer="c3",
-        dead_letter_on=True,
-        field_prefix="_",
-    )
+    keys, options = requeue_keys(service), requeue_switches(service, "c3")
 
     def entry(entry_id: str) -> list[str | int]:
         return [entry_id, "lease gone", "1", "", 0]
