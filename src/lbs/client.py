@@ -423,6 +423,7 @@ class Client:
         batch: int = 100,
         max_hold_messages: int = 1000,
         max_hold_seconds: float = 5.0,
+        linger: float = 5.0,
         handle_signals: bool = True,
     ) -> None:
         """Process keys published by :class:`lbs.Publisher`: each key's messages in order, one holder at a time.
@@ -433,11 +434,16 @@ class Client:
         retry count. When the handler returns, the position moves past the
         batch (fenced: a holder that lost the key cannot move it) together
         with the batch's effects (:meth:`lbs.KeyedBatch.emit`), and the next
-        messages come in the same round trip; when none are left the key is
-        let go, atomically with that check, so a message published at that
-        moment registers it again. After ``max_hold_messages`` messages or
-        ``max_hold_seconds`` a key that still has messages is yielded: it goes
-        to the back of the LBS, so one hot key cannot starve the others.
+        messages come in the same round trip. A key found drained lingers,
+        held and running nothing, for ``linger`` seconds (taking no slot of
+        ``concurrency``): a message published meanwhile wakes this consumer
+        (``SPUBLISH``), which runs it with no new registration, read or
+        fetch, so quiet keys stay with their holders. Then (at once with
+        ``linger=0``) it is let go, atomically with the check that none is
+        left, so a message published at that moment registers it again.
+        After ``max_hold_messages`` messages or ``max_hold_seconds`` a key
+        that still has messages is yielded: it goes to the back of the LBS,
+        so one hot key cannot starve the others.
 
         A handler that raises hands the key back with its position (its
         effects dropped), parked for the retry back-off; the failed batch is
@@ -457,7 +463,7 @@ class Client:
         """
         self._not_serving()
         keyed = serving.keyed_runner(
-            self._life, handler, batch, max_hold_messages, max_hold_seconds
+            self._life, handler, batch, max_hold_messages, max_hold_seconds, linger
         )
         self._life.keyed = keyed
         try:

@@ -34,6 +34,8 @@ OPERATOR = " +zcard +watch +unwatch +eval +xrevrange"
 
 def _acl(service: str, user: str, password: str, commands: str) -> list[str]:
     tag = _keys.hash_tag(service)
+    # Keyed processing's wakes (publish-1.lua SPUBLISHes, run_keyed SSUBSCRIBEs): its channel.
+    wakes = [f"&{tag}:wake:*"] if "+spublish" in commands else []
     return [
         "SETUSER",
         user,
@@ -45,6 +47,7 @@ def _acl(service: str, user: str, password: str, commands: str) -> list[str]:
         f"~{_keys.input_stream(service)}",
         f"~{tag}:*",  # the leases {tag}:lease:<id> among the rest
         f"&__keyspace@0__:{_keys.lease_prefix(service)}*",  # the leases' expired events
+        *wakes,
     ]
 
 
@@ -115,9 +118,11 @@ async def test_the_documented_acl_runs_the_whole_cycle(
         await r.execute_command("ACL", "DELUSER", user)
 
 
-#: What keyed processing (Publisher, run_keyed) adds to the list (docs/operations.md says so); its
-#: scripts call +hset +hdel too, which the list has for the consumers' token records.
-KEYED = " +hget +hmget +xtrim"
+#: What keyed processing (Publisher, run_keyed) adds to the list (docs/operations.md says so): its
+#: scripts' commands (+hset +hdel too, which the list has for the consumers' token records), then the
+#: wake listener's +ssubscribe (with the channel ``&{<service>-input}:wake:*``, see ``_acl``).
+KEYED = " +hmget +xtrim +hexists +spublish"
+WAKES = " +ssubscribe"
 
 
 async def test_the_documented_acl_runs_keyed_processing(
@@ -126,7 +131,9 @@ async def test_the_documented_acl_runs_keyed_processing(
     """Publish, process in order, retry a failing message (parked, promoted) until it is
     dead-lettered, as a user with the documented list plus the keyed commands."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await r.execute_command("ACL", *_acl(service, user, password, COMMANDS + " +msetnx" + KEYED))
+    await r.execute_command(
+        "ACL", *_acl(service, user, password, COMMANDS + " +msetnx" + KEYED + WAKES)
+    )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     seen: list[str] = []
     c = lbs.Client(
@@ -258,7 +265,7 @@ async def test_without_a_keyed_command_the_scripts_refuse_before_writing(
             service,
             user,
             password,
-            _without(COMMANDS + " +msetnx" + KEYED, missing),
+            _without(COMMANDS + " +msetnx" + KEYED + WAKES, missing),
         ),
     )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
@@ -328,7 +335,7 @@ async def test_the_documented_acl_runs_metrics_status_and_the_dead_letter_tools(
     dead-letter tools (a keyed letter's replay included) and the lbs command all work."""
     user, password = f"lbs-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
     await r.execute_command(
-        "ACL", *_acl(service, user, password, COMMANDS + " +msetnx" + KEYED + OPERATOR)
+        "ACL", *_acl(service, user, password, COMMANDS + " +msetnx" + KEYED + WAKES + OPERATOR)
     )
     url = redis_server.url.replace("redis://", f"redis://{user}:{password}@")
     gauges = _Gauges()

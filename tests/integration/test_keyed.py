@@ -545,7 +545,7 @@ async def test_ids_only_grow_and_no_effect_is_lost_when_a_key_is_published_as_so
         for m in batch.messages:
             batch.emit(out, {"n": m.fields["n"], "id": m.id}, m)
 
-    runner = asyncio.create_task(c.run_keyed(handle))
+    runner = asyncio.create_task(c.run_keyed(handle, linger=0))  # each message after a let-go
     ids: list[str] = []
     try:
         async with lbs.Publisher(url, service) as pub:

@@ -13,7 +13,9 @@ link's two keyed connections:
   (a holder that lost the key, its lease lapsed, writes nothing), and the key's next messages
   come back, or the key is released when drained, or yielded (registered
   again at the back of the LBS) once it has been held for
-  ``max_hold_messages`` messages or ``max_hold_seconds``.
+  ``max_hold_messages`` messages or ``max_hold_seconds``; with ``linger`` a drained key
+  stays held, running nothing, until a message wakes it (``commit-1.lua`` ``stay:<n>``,
+  :mod:`lbs._consumer.linger`), then ``HDEL idle:<token>`` and ``XRANGE`` read its messages.
 
 A handler that raises (or whose effect cannot be written) hands the key back
 with its position, parked for the retry back-off (``Config.retry_delay``;
@@ -33,7 +35,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError
 
 from _lbscore import CommandBatch, Held, Shape, encode_input, messages_of
 
@@ -44,9 +45,10 @@ from ..exceptions import ProtocolError
 from ..keyed import Effect, KeyedBatch, KeyedHandler, Message
 from ..notifications import Notification
 from .activity import Activity
-from .backoff import Backoff
 from .finisher import Finisher
+from .keyedsend import Round, Sender
 from .keyhold import KeyHold
+from .linger import Lingering
 from .runner import failure_traceback, handler_coroutine, start_task
 from .state import ClientState
 
@@ -66,6 +68,7 @@ class KeyedRunner(Activity, kind="keyed"):
         batch: int,
         max_hold_messages: int,
         max_hold_seconds: float,
+        linger: float = 0.0,
     ) -> None:
         self.state, self.finisher, self.handler = state, finisher, handler
         #: Told how long a failed key is parked for, so the delays task polls by then.
@@ -76,20 +79,43 @@ class KeyedRunner(Activity, kind="keyed"):
         #: Each key's next step for commit-1.lua.
         self._commit: list[tuple[KeyHold, KeyCommit]] = []
         self._wake = asyncio.Event()
-        self._backoff = Backoff(state.config.read_retry_initial, state.config.read_retry_max)
+        self._sender = Sender(state, self._wake, self._take, self._build, self._replies)
         self._loop = asyncio.get_running_loop()
         self._prefix = state.names.key_prefix
         self._lease_prefix = state.names.lease_prefix
         self._last = f"last:{batch}"
+        #: Lingering keys (None: ``linger`` 0, a drained key is let go at once).
+        self.lingering = (
+            Lingering(state, linger, self._resumed, self._linger_end) if linger > 0 else None
+        )
+        #: After its handler, a key that looks drained stays (lingering) or is let go.
+        self._drained = f"stay:{batch}" if self.lingering is not None else self._last
+        #: Lingering keys woken: their messages are read in the next round trip.
+        self._resume: list[KeyHold] = []
         # On a cluster every effect's stream must hash to the LBS's slot (the script's): fixed per service.
         self._slot = key_slot(state.names.stream_key.encode())
+
+    def running(self) -> list[asyncio.Task[Any] | None]:
+        return [self.task, *(self.lingering.tasks if self.lingering is not None else ())]
 
     # -- from the reader and the handlers ------------------------------------
 
     def dispatch(self, h: Held, note: Notification) -> None:
         """A key was taken: fetch its first messages with the next batch."""
         self._fetch.append(KeyHold(h))
+        if self.lingering is not None:
+            self.lingering.start()
         self._kick()
+
+    def _resumed(self, hold: KeyHold) -> None:
+        """A lingering key was woken: read its messages with the next batch."""
+        hold.resumed()
+        self._resume.append(hold)
+        self._kick()
+
+    def _linger_end(self, hold: KeyHold) -> None:
+        """A key lingered ``linger`` seconds: let it go (the commit hands over what came meanwhile)."""
+        self._step(hold, "", self._last)
 
     def _kick(self) -> None:
         self._wake.set()
@@ -146,7 +172,7 @@ class KeyedRunner(Activity, kind="keyed"):
             self._step(hold, "", "skip", reason=reason)
             return
         if not messages:
-            self._step(hold, "", self._last)  # nothing to do: let it go (or go on, if one came)
+            self._step(hold, "", self._drained)  # nothing to do: linger or let go (or go on)
             return
         if hold.isolating:
             messages = messages[:1]
@@ -206,7 +232,7 @@ class KeyedRunner(Activity, kind="keyed"):
             elif len(batch.messages) >= self.batch or hold.isolating:
                 mode = "go"  # more likely follow: read them right behind the commit
             else:
-                mode = self._last  # the key looked drained: the commit says if more came
+                mode = self._drained  # the key looked drained: the commit says if more came
             self._step(hold, batch.messages[-1].id, mode, effects=batch.effects)
 
     def _failed(self, hold: KeyHold, batch: KeyedBatch, reason: str, trace: str) -> None:
@@ -219,97 +245,31 @@ class KeyedRunner(Activity, kind="keyed"):
         mode = scripts.fail_mode(ms, len(batch.messages) == 1, batch.messages[-1].id, self.batch)
         self._step(hold, "", mode, reason=reason[:1000], trace=trace)
 
-    # -- the sender ----------------------------------------------------------
+    # -- the sender's rounds -------------------------------------------------
 
     async def _main(self) -> None:
-        """Send what is queued, a round trip on each of the link's keyed wires at once (two
-        connections): Redis works on one batch while the client dispatches the replies of another.
-        A key has at most one step queued or in flight, so batches in flight never share a key."""
-        inflight: dict[asyncio.Task[None], int] = {}  # round trip -> the keyed wire it uses
-        free = list(range(len(self.state.link.keyed)))
-        try:
-            await self._send(inflight, free)
-        finally:
-            for t in inflight:  # cancelled (close): the round trips in flight end with it
-                t.cancel()
-            if inflight:
-                await asyncio.wait(inflight)
+        await self._sender.run()
 
-    async def _send(self, inflight: dict[asyncio.Task[None], int], free: list[int]) -> None:
-        while True:
-            if (self._fetch or self._commit) and free:
-                fetch, self._fetch = self._fetch, []
-                commit, self._commit = self._commit, []
-                k = free.pop()
-                inflight[asyncio.create_task(self._round_trip(k, fetch, commit))] = k
-                # Its request goes out; handlers that finish at once queue more.
-                await asyncio.sleep(0)
-                continue
-            if not inflight:
-                return
-            self._wake.clear()
-            woken = asyncio.ensure_future(self._wake.wait())
-            try:
-                done, _ = await asyncio.wait(
-                    (*inflight, woken), return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                woken.cancel()
-            for t in list(inflight):
-                if t in done:
-                    free.append(inflight.pop(t))
+    def _take(self) -> Round | None:
+        """What is queued, as one round (None: nothing)."""
+        if not (self._fetch or self._commit or self._resume):
+            return None
+        rnd = Round(self._fetch, self._commit, self._resume)
+        self._fetch, self._commit, self._resume = [], [], []
+        return rnd
 
-    async def _round_trip(
-        self, k: int, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]]
-    ) -> None:
-        """One batch on the link's keyed wire ``k`` (read again on each try: the slot may move).
-
-        Its commits may let their keys go (the LBS entry acked and deleted): until the replies are
-        in, a heartbeat that finds the lease lapsed does not count those keys lost but leaves them to
-        the replies (``Holdings.settling``)."""
-        s = self.state
-        ids = [hold.held.entry_id for hold, _ in commit]
-        s.holdings.settling.update(ids)
-        try:
-            await self._attempts(k, fetch, commit)
-        finally:
-            s.holdings.settling.difference_update(ids)
-
-    async def _attempts(
-        self, k: int, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]]
-    ) -> None:
-        s = self.state
-        while True:
-            wire = s.link.keyed[k]
-            try:
-                replies = await wire.execute(lambda b: self._build(b, fetch, commit))
-            except Exception as exc:
-                s.log.warning("keyed batch failed (%s); trying again", exc)
-                await self._backoff.sleep(s.stopping)
-                if s.stopping.is_set():
-                    return  # the keys stay held: close() hands them back
-                continue
-            self._backoff.reset()
-            if any(isinstance(r, NoScriptError) for r in replies):
-                # A restart or a failover emptied the script cache: the scripts ran nowhere (and wrote no
-                # effect: they are commit-1.lua's).
-                s.log.info("Redis lost the scripts (restarted or failed over); loading them again")
-                try:
-                    await wire.load_scripts()
-                except Exception as exc:
-                    s.log.warning("loading the scripts failed (%s); trying again", exc)
-                    await self._backoff.sleep(s.stopping)
-                continue
-            self._replies(fetch, commit, replies)
-            return
-
-    def _build(
-        self, b: CommandBatch, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]]
-    ) -> None:
+    def _build(self, b: CommandBatch, rnd: Round) -> None:
         # Each key's messages come from a plain XRANGE behind the script (no Lua in between):
         # every message up to a key's position is trimmed, so "-" starts right after it.
         s = self.state
         n = s.names
+        fetch, commit, resume = rnd
+        for hold in resume:
+            # Running again: a death from now on is counted (fetch-1.lua), then its messages.
+            h = hold.held
+            b.command("HDEL", self._prefix + "m:" + h.stream, f"idle:{h.token}")
+            b.command("XRANGE", self._prefix + "k:" + h.stream, "-", "+", "COUNT", self.batch)
+            b.expect(Shape.MESSAGES)
         if fetch:
             scripts.fetch(
                 b,
@@ -351,11 +311,14 @@ class KeyedRunner(Activity, kind="keyed"):
                     )
                     b.expect(Shape.MESSAGES)
 
-    def _replies(
-        self, fetch: list[KeyHold], commit: list[tuple[KeyHold, KeyCommit]], replies: list[Any]
-    ) -> None:
+    def _replies(self, rnd: Round, replies: list[Any]) -> None:
         s = self.state
-        at = 0
+        fetch, commit, resume = rnd
+        at = 2 * len(resume)
+        for hold, unidle, messages in zip(resume, replies[0:at:2], replies[1:at:2]):
+            if isinstance(unidle, Exception):
+                s.log.error("key %s: its state cannot be written (%s)", hold.held.stream, unidle)
+            self._start(hold, _read(s, hold.held.stream, messages))
         if fetch:
             out, reads = replies[at], replies[at + 1 : at + 1 + len(fetch)]
             at += 1 + len(fetch)
@@ -435,7 +398,12 @@ class KeyedRunner(Activity, kind="keyed"):
                     messages = messages_of(reply[4]) if len(reply) > 4 else []
                 except ProtocolError as exc:
                     messages = exc
-            self._start(hold, _read(s, h.stream, messages))
+            read = _read(s, h.stream, messages)
+            if not read and self.lingering is not None and step.mode == self._drained:
+                if s.holdings.table.get(h.entry_id) is h:
+                    self.lingering.enter(hold, hold.sent_at)
+                return
+            self._start(hold, read)
             return
         if code == CommitCode.EFFECT_REFUSED and batch is not None:
             # Nothing was written and the key is still ours: the batch failed.
@@ -470,7 +438,12 @@ class KeyedRunner(Activity, kind="keyed"):
                 )
 
     async def flush(self, timeout: float) -> None:
-        """Send what is queued (at shutdown, after the handlers ended), for up to ``timeout`` seconds."""
+        """Let go the lingering keys and send what is queued (at shutdown, after the handlers ended),
+        for up to ``timeout`` seconds."""
+        if self.lingering is not None:
+            for hold in self.lingering.close():
+                self._step(hold, "", "yield")  # drained: released; else registered again
+            await self.lingering.wait_closed()
         if self.task is not None and not self.task.done():
             await asyncio.wait((self.task,), timeout=timeout)
 
@@ -478,6 +451,9 @@ class KeyedRunner(Activity, kind="keyed"):
         """Stop the sender, cancelled once so its cleanup runs to its end (what it had queued stays
         pending to this consumer, left to the hand-back at close or to recovery once the lease is
         gone; the link keeps the connections)."""
+        if self.lingering is not None:
+            self.lingering.close()
+            await self.lingering.wait_closed()
         if self.task is not None and not self.task.done():
             self.task.cancel()
             await asyncio.wait((self.task,))

@@ -19,7 +19,17 @@ class KeyHold:
     """One held key: when the hold started, messages processed in it, its last batch, and where a
     failure is being isolated (from the key's state: ``fetch-1.lua`` and ``commit-1.lua`` replies)."""
 
-    __slots__ = ("batch", "fails", "held", "processed", "started", "unblamed", "until")
+    __slots__ = (
+        "batch",
+        "fails",
+        "held",
+        "lingering",
+        "processed",
+        "sent_at",
+        "started",
+        "unblamed",
+        "until",
+    )
 
     def __init__(self, held: Held) -> None:
         self.held = held
@@ -32,9 +42,17 @@ class KeyHold:
         self.unblamed = 0
         #: The last message of the failed batch being taken apart ("" when none).
         self.until = ""
+        #: Since when the key lingers, drained (monotonic; 0.0: it does not).
+        self.lingering = 0.0
+        #: When its last step was sent (monotonic): a wake after it may concern what it found.
+        self.sent_at = 0.0
 
     def state(self, fails: Any, unblamed: Any, until: Any) -> None:
         self.fails, self.unblamed, self.until = int(fails), int(unblamed), text(until)
+
+    def resumed(self) -> None:
+        """The key woke from lingering: a new stretch of the hold for ``max_hold_*``."""
+        self.started, self.processed = time.monotonic(), 0
 
     @property
     def isolating(self) -> bool:

@@ -162,6 +162,7 @@ def keyed_runner(
     batch: int,
     max_hold_messages: int,
     max_hold_seconds: float,
+    linger: float,
 ) -> KeyedRunner:
     """``run_keyed()``'s runner, its arguments checked."""
     if not callable(handler):
@@ -171,6 +172,9 @@ def keyed_runner(
     for name, value in (("batch", batch), ("max_hold_messages", max_hold_messages)):
         require_number(value, f"{name} must be an integer of at least 1", integer=True, low=1)
     require_number(max_hold_seconds, "max_hold_seconds must be a number > 0", above=True)
+    require_number(
+        linger, "linger must be a finite number >= 0 (0: let a drained key go at once)", finite=True
+    )
     handler = life.state.hooks.wrap_handler(handler, "lbs_wrap_keyed_handler")
     return KeyedRunner(
         life.state,
@@ -180,4 +184,5 @@ def keyed_runner(
         batch=batch,
         max_hold_messages=max_hold_messages,
         max_hold_seconds=float(max_hold_seconds),
+        linger=float(linger),
     )

@@ -253,6 +253,8 @@ class Holdings:
         #: Held entries whose keyed commit is in flight: it may let the key go, so a heartbeat that
         #: finds the lease gone meanwhile leaves them to the commit's reply instead of disowning them.
         self.settling: set[str] = set()
+        #: Held keys kept drained under ``run_keyed(linger=...)`` (entry ids): they take no slot.
+        self.lingering: set[str] = set()
         #: Held streams per batch token (a read records each batch in the consumer's token
         #: records for `lbs status`), and the tokens of batches finished since the last tick: the
         #: heartbeat deletes their records.
@@ -288,6 +290,7 @@ class Holdings:
         """Forget ``h``; False if it was not (or no longer) held."""
         if not self.table.drop(h):
             return False
+        self.lingering.discard(h.entry_id)
         left = self._batches.pop(h.token, 0) - 1
         if left > 0:
             self._batches[h.token] = left
@@ -470,7 +473,7 @@ class ClientState:
 
     def free_slots(self, taking: int = 0) -> int:
         """How many more streams may be taken now (the capacity, and under run() its handlers)."""
-        free = self.capacity - len(self.holdings) - taking
+        free = self.capacity - len(self.holdings) + len(self.holdings.lingering) - taking
         if self.run_limit:
             free = min(free, self.run_limit - len(self.handlers) - taking)
         return free

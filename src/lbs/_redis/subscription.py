@@ -32,24 +32,26 @@ __all__ = ["Subscription"]
 
 
 class Subscription:
-    """PSUBSCRIBE on one connection of ``redis``'s pool; messages come back as lists of bytes
-    (``[b"pmessage", pattern, channel, data]``, a PING's reply, ...)."""
+    """PSUBSCRIBE (or SSUBSCRIBE) on one connection of ``redis``'s pool; messages come back as lists
+    of bytes (``[b"pmessage", pattern, channel, data]``, ``[b"smessage", channel, data]``, a PING's
+    reply, ...)."""
 
     def __init__(self, redis: aioredis.Redis) -> None:
         self._pool = redis.connection_pool
         self._conn: Any = None
         self._reader = RespReader(reply_error)
 
-    async def open(self, *patterns: str) -> None:
-        """Connect and subscribe to ``patterns``; returns once the server confirmed every one."""
+    async def open(self, *patterns: str, command: str = "PSUBSCRIBE") -> None:
+        """Connect and subscribe to ``patterns`` (``command``: ``PSUBSCRIBE``, or ``SSUBSCRIBE`` for
+        shard channels); returns once the server confirmed every one."""
         conn = self._conn = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         if not conn.is_connected:
             await conn.connect()
-        self._send("PSUBSCRIBE", *patterns)
-        confirmed = 0
+        self._send(command, *patterns)
+        confirmed, kind = 0, command.lower().encode()
         while confirmed < len(patterns):
             for message in await self.messages(None):
-                if isinstance(message, list) and message and message[0] == b"psubscribe":
+                if isinstance(message, list) and message and message[0] == kind:
                     confirmed += 1
                 elif isinstance(message, Exception):
                     raise message

@@ -32,7 +32,10 @@
              with the reason and commit past it, then as "go"), "last:<n>"
              (as "go" for a holder that expects the key drained, so reads
              nothing behind this call: the next <n> messages, if any came,
-             are in the reply), "fail:<ms>:<blame>:<last>:<n>" (the hold's
+             are in the reply), "stay:<n>" (as "last:<n>", but a key
+             found drained stays ours, running nothing: "idle:<token>" is
+             set in its state, see fetch-1.lua, and publish-1.lua wakes us
+             when a message comes), "fail:<ms>:<blame>:<last>:<n>" (the hold's
              batch failed after the position; <last> is its last message;
              <blame> "1" when it held one message, which is then the
              culprit, "0" for several: see Failures; a "fail" whose batch
@@ -86,9 +89,12 @@
   (its failed holds after the first), <prefix>consumer (ARGV[8]) and, when
   given, <prefix>traceback. A commit that moves the position sets "tries"
   (holds that started at the position, counted by fetch-1.lua) to 1 with
-  "go", "last" or "skip" (this hold is the first try there) and 0 when the
-  key is registered again. Trimming is exact (XTRIM MINID): every message
-  up to the position is deleted. A drained key's data stream is deleted;
+  "go", "last", "stay" or "skip" (this hold is the first try there) and 0
+  when the key is registered again. Every step of a key that stays ours
+  deletes the hold's "idle:<token>", except a "stay" that finds the key
+  drained, which sets it; registering again deletes it and "who" with
+  "holder". Trimming is exact (XTRIM MINID): every message up to the
+  position is deleted. A drained key's data stream is deleted;
   the milliseconds of its last id (the position) go into the sorted set
   "<prefix>idfloor" (member "ms", ZADD GT: the highest so far), and
   publish-1.lua starts a new data stream after that millisecond, so a key's
@@ -96,7 +102,9 @@
 
   Output: one reply per key, in order:
     {1, fails, unblamed, until}            still ours: messages remain
-    {1, fails, unblamed, until, messages}  the same for "last:<n>" and a
+    {1, fails, unblamed, until, messages}  the same for "last:<n>",
+                                           "stay:<n>" (messages empty: the
+                                           key stays, drained) and a
                                            "fail" that dead-lettered: the
                                            next messages (XRANGE's reply)
     {2}            not ours (lease lost, or another holder): nothing written
@@ -128,7 +136,7 @@ if #ARGV >= 17 then
                  {'HSET', state, 'pos', 'v'}, {'XTRIM', data, 'MINID', '0'}, {'HDEL', state, 'holder'},
                  {'XADD', KEYS[1], '*', 'f', 'v'}, {'XADD', prefix .. 'delayed', '*', 'f', 'v'},
                  {'ZADD', prefix .. 'due', '0', 'm'}, {'TYPE', prefix .. 'due'}, {'TIME'},
-                 {'ZADD', floor_key, 'GT', '0', 'ms'}}
+                 {'ZADD', floor_key, 'GT', '0', 'ms'}, {'HDEL', state, 'f'}}
   if dlq ~= '' then calls[#calls + 1] = {'XADD', dlq, '*', 'f', 'v'} end
   if xackdel then
     calls[#calls + 1] = {'XACKDEL', KEYS[1], group, 'IDS', '1', '0-1'}
@@ -145,6 +153,7 @@ end
 -- nothing written. Per key i: where its arguments start, ours[i] (or a
 -- refusal), and for ours its state key name and state.
 local starts, ours, refusals, states, st, fails_of, lasts, effects = {}, {}, {}, {}, {}, {}, {}, {}
+local stays = {}
 local parking_checked = false
 local streams_checked = {}
 local NONE = {}
@@ -162,14 +171,17 @@ while at <= last do
     return redis.error_reply('ERR lbs commit-1: position ' .. pos .. ' is not an entry id')
   end
   local n_last = mode ~= 'go' and tonumber(match(mode, '^last:(%d+)$'))
+  local n_stay = not n_last and mode ~= 'go' and tonumber(match(mode, '^stay:(%d+)$'))
   local delay
   if n_last then
     lasts[i] = n_last
+  elseif n_stay then
+    lasts[i], stays[i] = n_stay, true
   elseif mode ~= 'go' and mode ~= 'yield' and mode ~= 'skip' then
     local ms, blame, fl, n = match(mode, '^fail:(%d+):([01]):(%d+%-%d+):(%d+)$')
     if not ms then
       return redis.error_reply('ERR lbs commit-1: mode ' .. mode ..
-                               ' is not go, last:<n>, yield, skip or fail:<ms>:<blame>:<last>:<n>')
+                               ' is not go, last:<n>, stay:<n>, yield, skip or fail:<ms>:<blame>:<last>:<n>')
     end
     delay = tonumber(ms)
     fails_of[i] = {delay = delay, blame = blame == '1', last = fl, n = tonumber(n)}
@@ -288,7 +300,11 @@ local function commit(i)
     end
   end
   local fail = fails_of[i]
-  if #rest == 0 and not fail and mode ~= 'skip' then return release(i, position, data, state, entry) end
+  local idle = 'idle:' .. (match(ARGV[at + 2], '^(%d+):') or '')
+  local staying = stays[i] and #rest == 0
+  if #rest == 0 and not fail and mode ~= 'skip' and not staying then
+    return release(i, position, data, state, entry)
+  end
   -- The state as read, and as this step leaves it.
   local was_fails, was_unblamed = tonumber(got[4]) or 0, tonumber(got[5]) or 0
   local was_until = got[6] and split_id(got[6]) and got[6] or ''
@@ -328,7 +344,7 @@ local function commit(i)
   end
   if untl ~= '' and (position ~= '' and not id_below(position, untl)) then untl, unblamed = '', 0 end
   -- Every message up to the old position is trimmed: what follows the new one is what is left.
-  if #rest == 0 then return release(i, position, data, state, entry) end
+  if #rest == 0 and not staying then return release(i, position, data, state, entry) end
   local registers = going == 'yield' or going == 'park'
   local set = {}
   if moved then
@@ -366,11 +382,16 @@ local function commit(i)
       id = redis.call('XADD', KEYS[1], '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
     end
     set[#set + 1], set[#set + 2] = 'reg', id
-    del[#del + 1], del[#del + 2] = 'holder', 'token'
+    del[#del + 1], del[#del + 2], del[#del + 3], del[#del + 4] = 'holder', 'token', 'who', idle
     redis.call('HSET', state, unpack(set))
     redis.call('HDEL', state, unpack(del))
     finished[#finished + 1] = entry
     return {6, id}
+  end
+  if staying then
+    set[#set + 1], set[#set + 2] = idle, '1'
+  else
+    del[#del + 1] = idle
   end
   if #set > 0 then redis.call('HSET', state, unpack(set)) end
   if #del > 0 then redis.call('HDEL', state, unpack(del)) end

@@ -20,7 +20,11 @@
 
   The key's state is a hash: "pos" (the last committed message id; absent:
   none), "holder" (the LBS entry whose holder processes the key), "token"
-  (that holder's fencing token), "reg" (the latest registration, see
+  (that holder's fencing token), "who" (that holder's consumer id: where
+  publish-1.lua sends wakes), "idle:<token>" (set by commit-1.lua "stay"
+  while the hold of that token keeps the key drained, running nothing;
+  deleted by the holder before it runs messages again), "reg" (the latest
+  registration, see
   publish-1.lua), "tries" (holds that tried "pos" without committing past
   it, this one included: fetch adds one, see commit-1.lua), and while a
   failure is being isolated "fails", "unblamed" and "until" (commit-1.lua,
@@ -32,7 +36,9 @@
   entry with another "token", held before under an earlier one: lbs's
   recovery re-queues under a new id, so only a move under the same id, by
   XCLAIM, leaves that) counts as a failed hold against the messages it was
-  running: while one message at a time is being tried ("until" or "fails"
+  running, unless its "idle:<token>" says it ran none (it kept the key
+  drained: messages published since were never its): while one message at
+  a time is being tried ("until" or "fails"
   set) the dead holder had the head, whose
   "fails" grows by 1 + "unblamed"; otherwise it had up to ARGV[3] messages,
   which are taken apart like a failed batch ("until" the ARGV[3]-th message
@@ -69,7 +75,8 @@ if #ARGV >= 7 then
   local state, lease = prefix .. 'm:' .. ARGV[5], leases .. 'x'
   local err = refused_by_acl('fetch-1', {{'GET', lease}, {'HMGET', state, 'holder'}, {'TYPE', state},
                                           {'EXISTS', lease}, {'XPENDING', KEYS[1], group, '0-1', '0-1', '1'},
-                                          {'HSET', state, 'holder', 'v'},
+                                          {'HSET', state, 'holder', 'v'}, {'HEXISTS', state, 'f'},
+                                          {'HDEL', state, 'f'},
                                           {'XRANGE', prefix .. 'k:' .. ARGV[5], '-', '+'}})
   if err then return err end
 end
@@ -87,11 +94,19 @@ for at = 5, #ARGV, 3 do
   else
     local holder, pos, tries = got[1], got[2] or '', got[3]
     local fails, unblamed, untl = got[4], got[5], got[6] or ''
-    local token = match(value, '^(%d+):') or ''
+    local token, who = match(value, '^(%d+):(.*):[^:]*$')
+    token, who = token or '', who or ''
     -- The last hold's holder is gone: another entry's (its holder is checked next), or this entry's
     -- under an earlier token (held before under its id: that hold is gone).
     local other = holder and holder ~= entry
     local dead = other or (holder == entry and got[7] and got[7] ~= token)
+    -- A dead holder that kept the key drained (commit-1.lua "stay") ran nothing: not a failed hold.
+    local idle = dead and got[7] and 'idle:' .. got[7]
+    if idle and redis.call('HEXISTS', state, idle) == 1 then
+      dead = false
+    else
+      idle = nil
+    end
     if other and keyed_alive(KEYS[1], group, leases, holder) then
       out[#out + 1] = {3, holder}
     elseif (pos ~= '' and not split_id(pos)) or (tries and not match(tries, '^%d+$'))
@@ -113,11 +128,12 @@ for at = 5, #ARGV, 3 do
           else
             untl, unblamed = rest[#rest][1], 1
           end
-          redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries,
-                     'fails', fails, 'unblamed', unblamed, 'until', untl)
+          redis.call('HSET', state, 'holder', entry, 'token', token, 'who', who, 'reg', entry,
+                     'tries', tries, 'fails', fails, 'unblamed', unblamed, 'until', untl)
         else
-          redis.call('HSET', state, 'holder', entry, 'token', token, 'reg', entry, 'tries', tries)
+          redis.call('HSET', state, 'holder', entry, 'token', token, 'who', who, 'reg', entry, 'tries', tries)
         end
+        if idle then redis.call('HDEL', state, idle) end
         out[#out + 1] = {1, tries, pos, fails, unblamed, untl}
       end
     end

@@ -51,7 +51,14 @@
     ids         the message ids, in order
     registered  how many keys this call registered
 
-  Events: none besides the keys it writes.
+  A key whose registration is in force and held (its state's "who" names
+  the holding consumer, written by fetch-1.lua) gets a wake: SPUBLISH
+  "<prefix>wake:<who>" <key>, once per key per call. A holder keeps a
+  drained key for a while (commit-1.lua "stay") and reads its messages when
+  woken; a wake lost is a latency, never a loss (the holder lets the key go
+  with a commit that returns what came).
+
+  Events: none besides the keys it writes and the wakes.
 ]]
 --#include _acl
 --#include _checks
@@ -65,9 +72,10 @@ end
 do
   local data, state = prefix .. 'k:' .. (ARGV[3] or ''), prefix .. 'm:' .. (ARGV[3] or '')
   local err = refused_by_acl('publish-1', {
-    {'TYPE', KEYS[1]}, {'TYPE', data}, {'TYPE', state}, {'XADD', data, '*', 'f', 'v'}, {'HGET', state, 'reg'},
+    {'TYPE', KEYS[1]}, {'TYPE', data}, {'TYPE', state}, {'XADD', data, '*', 'f', 'v'}, {'HMGET', state, 'reg'},
     {'XRANGE', KEYS[1], '-', '+'}, {'XRANGE', prefix .. 'delayed', '-', '+'},
-    {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}, {'ZSCORE', prefix .. 'idfloor', 'ms'}, {'TIME'}})
+    {'XADD', KEYS[1], '*', 'f', 'v'}, {'HSET', state, 'reg', 'v'}, {'ZSCORE', prefix .. 'idfloor', 'ms'}, {'TIME'},
+    {'SPUBLISH', prefix .. 'wake:x', 'k'}})
   if err then return err end
 end
 local bad = misfit(KEYS[1], 'stream', 'the load-balancer stream')
@@ -126,9 +134,13 @@ end
 local registered = 0
 for _, key in ipairs(order) do
   local state = prefix .. 'm:' .. key
-  local reg = redis.call('HGET', state, 'reg')
+  local got = redis.call('HMGET', state, 'reg', 'who')
+  local reg, who = got[1], got[2]
   -- pcall: a "reg" that is not an entry id (garbage) means not registered.
   local found = reg and redis.pcall('XRANGE', KEYS[1], reg, reg, 'COUNT', 1)
+  if who and found and not found.err and #found > 0 then
+    redis.call('SPUBLISH', prefix .. 'wake:' .. who, key)
+  end
   if reg and (not found or found.err or #found == 0) then
     -- Or parked for a retry delay (commit-1.lua "retry:<ms>"), in the parking stream.
     found = redis.pcall('XRANGE', prefix .. 'delayed', reg, reg, 'COUNT', 1)
