@@ -14,7 +14,8 @@ serial loop cannot keep up by design (handlers that await).
 * **Steady** (``bench_fleet_steady``): producer processes (one per 20,000/s) send ``rate``
   registrations a second for :data:`SECONDS` (ticks of 5 ms); the window closes when every one has
   started, or 1 s after the last send; handlers do nothing. Sides: plain, Go, lbs ``run()``,
-  ``run()`` with fair dispatch off, and ``run_keyed()`` with a ``Publisher`` over 1,000 keys.
+  ``run()`` with fair dispatch off, and ``run_keyed()`` with a ``Publisher`` over 1,000 keys
+  (defaults, and ``linger=0``) and over 100,000 keys (:data:`benchmarks.fleet.KEYED`).
 * **Backlog** (``bench_fleet_drain``): :data:`BACKLOG` registrations (keyed: messages over 1,000
   keys) are waiting when the fleet starts; the window closes when every one has started, so
   ``handled_per_s`` is the fleet's drain rate.
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .fleet import KEYS, Result, cores, publisher, run_fleet
+from .fleet import KEYED, Result, cores, publisher, run_fleet
 
 if TYPE_CHECKING:
     from .conftest import Bench
@@ -49,9 +50,13 @@ LABELS = {
     "go": "Go client's commands: SET mutex NX PX, DEL + XACK",
     "lbs": "lbs run() defaults",
     "lbs-fair-off": "lbs run() fair_dispatch=False",
-    "keyed": f"lbs run_keyed(), Publisher over {KEYS:,} keys",
+    **{
+        side: f"lbs run_keyed({'' if linger is None else f'linger={linger:g}'}), Publisher over "
+        f"{keys:,} keys"
+        for side, (keys, linger) in KEYED.items()
+    },
 }
-STEADY_SIDES = ("plain", "go", "lbs", "lbs-fair-off", "keyed")
+STEADY_SIDES = ("plain", "go", "lbs", "lbs-fair-off", *KEYED)
 #: Handler: registrations a second per consumer, the producer's tick (1 s: a burst once a second),
 #: the sides (a baseline first where there is one).
 FAIR = {

@@ -14,7 +14,9 @@ The consumers (``SIDES``), each as its users run it:
 * ``lbs``: ``lbs.Client(url, service, "c<i>", lbs.Config())`` with the installed plugins, and
   ``run(handler)``; ``lbs-fair-off``: the same with ``Config(fair_dispatch=False)``.
 * ``keyed``: ``run_keyed(handler)`` with ``Config()``; its producer is ``lbs.Publisher.publish_many``
-  spread over :data:`KEYS` keys.
+  spread over 1,000 keys; ``keyed-linger-0``: the same with ``run_keyed(linger=0)`` (a drained key
+  let go at once, as before keys lingered); ``keyed-100k``: defaults, over 100,000 keys
+  (:data:`KEYED`).
 * ``plain``: ``XREADGROUP GROUP g c<i> COUNT 50 BLOCK 1000`` (50: what lbs reads at most with the
   defaults), the handler for each entry, one ``XACK`` of the batch, again.
 * ``go``: the Go reference client's per-stream commands done plainly (docs/../GO-CLIENT.md): the same
@@ -53,15 +55,20 @@ from lbs._bench import plain_group
 from .cost import Cost, Window, percentile
 from .data import steady
 
-#: Keys the keyed side's producer spreads its messages over.
-KEYS = 1_000
+#: The keyed sides: the keys their producer spreads its messages over, and ``run_keyed``'s
+#: ``linger`` (None: its default).
+KEYED: dict[str, tuple[int, float | None]] = {
+    "keyed": (1_000, None),
+    "keyed-linger-0": (1_000, 0.0),
+    "keyed-100k": (100_000, None),
+}
 #: What the plain and Go loops read at most: lbs's default read size (half of ``Config().max_streams``).
 COUNT = lbs.Config().max_streams // 2
 #: How long the fleet may take to start, and to finish a backlog, before the run fails.
 SLACK = 120.0
 #: One producer process per this many registrations a second.
 PER_PRODUCER = 20_000
-SIDES = ("plain", "go", "lbs", "lbs-fair-off", "keyed")
+SIDES = ("plain", "go", "lbs", "lbs-fair-off", *KEYED)
 #: Processes fork from a server that has imported lbs, redis-py and the plugins once (a spawned
 #: process would import them again, a second or two per process on a small machine).
 _CTX = mp.get_context("forkserver")
@@ -143,8 +150,11 @@ async def _lbs(url: str, service: str, i: int, kind: str, sh: Shared, fair: bool
     return seen
 
 
-async def _keyed(url: str, service: str, i: int, kind: str, sh: Shared) -> Seen:
+async def _keyed(
+    url: str, service: str, i: int, kind: str, sh: Shared, linger: float | None
+) -> Seen:
     seen, work = Seen(), handler_for(kind)
+    options = {} if linger is None else {"linger": linger}
 
     async def handle(batch: lbs.KeyedBatch) -> None:
         for m in batch.messages:
@@ -154,7 +164,7 @@ async def _keyed(url: str, service: str, i: int, kind: str, sh: Shared) -> Seen:
                 await work()
 
     c = lbs.Client(url, service, f"c{i}", lbs.Config())
-    await _serve(url, i, sh, c, lambda: c.run_keyed(handle, handle_signals=False))
+    await _serve(url, i, sh, c, lambda: c.run_keyed(handle, handle_signals=False, **options))
     return seen
 
 
@@ -240,7 +250,7 @@ def _consumer_main(side: str, url: str, service: str, i: int, kind: str, sh: Sha
     runs: dict[str, Callable[[], Awaitable[Seen]]] = {
         "lbs": lambda: _lbs(url, service, i, kind, sh, True),
         "lbs-fair-off": lambda: _lbs(url, service, i, kind, sh, False),
-        "keyed": lambda: _keyed(url, service, i, kind, sh),
+        **{k: (lambda k=k: _keyed(url, service, i, kind, sh, KEYED[k][1])) for k in KEYED},
         "plain": lambda: _loop(url, service, i, kind, sh, False),
         "go": lambda: _loop(url, service, i, kind, sh, True),
     }
@@ -260,11 +270,11 @@ def publisher(side: str, url: str, service: str) -> tuple[Any, Callable[[Any], A
     if side in ("lbs", "lbs-fair-off"):
         p = lbs.Producer(url, service)
         return p, p.add_streams
-    if side == "keyed":
-        pub = lbs.Publisher(url, service)
+    if side in KEYED:
+        pub, keys = lbs.Publisher(url, service), KEYED[side][0]
 
         async def publish_keyed(batch: list[tuple[str, dict[str, Any]]]) -> Any:
-            return await pub.publish_many([(f"key-{int(n[1:]) % KEYS}", i) for n, i in batch])
+            return await pub.publish_many([(f"key-{int(n[1:]) % keys}", i) for n, i in batch])
 
         return pub, publish_keyed
     r = aioredis.Redis.from_url(url)

@@ -82,7 +82,12 @@ def banner_rows(
         ("LBS", lbs_keys),
         ("Redis", f"{mask_url(s.url)}  ({server})"),
         ("consumer id", ids),
-        ("handler", f"{s.target} (keyed: run_keyed, batch {s.batch})" if s.keyed else s.target),
+        (
+            "handler",
+            f"{s.target} (keyed: run_keyed, batch {s.batch}, linger {s.linger:g} s)"
+            if s.keyed
+            else s.target,
+        ),
         (
             "concurrency",
             f"{concurrency} per process · processes {s.processes}"

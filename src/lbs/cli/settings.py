@@ -354,6 +354,8 @@ class WorkerSettings:
     keyed: bool = False
     #: ``run_keyed()``'s most messages per handler call.
     batch: int = 100
+    #: ``run_keyed()``'s linger: seconds a drained key stays held, woken by publish.
+    linger: float = 5.0
     #: A supervisor's child: its slot, and the supervisor's pid (the child stops when it dies).
     slot: int | None = None
     parent_pid: int | None = None

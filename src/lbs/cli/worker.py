@@ -81,7 +81,12 @@ async def serve(s: WorkerSettings, handler: Handler) -> None:
         client = Client(s.url, s.service, s.consumer_id, config, plugins=plugins)
     try:
         if s.keyed:
-            await client.run_keyed(handler, s.concurrency, batch=s.batch)  # type: ignore[arg-type]
+            await client.run_keyed(
+                handler,  # type: ignore[arg-type]
+                s.concurrency,
+                batch=s.batch,
+                linger=s.linger,
+            )
         else:
             await client.run(handler, s.concurrency)
     finally:
@@ -372,6 +377,15 @@ def worker(
             min=1, envvar="LBS_BATCH", help="With --keyed: most messages of a key per handler call."
         ),
     ] = 100,
+    linger: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            envvar="LBS_LINGER",
+            help="With --keyed: seconds a drained key stays with this worker, woken by the next "
+            "message published for it (0: let it go at once).",
+        ),
+    ] = 5.0,
     app_dir: Annotated[
         str, typer.Option(help="Directory put first on sys.path to import MODULE from.")
     ] = ".",
@@ -451,6 +465,7 @@ def worker(
         log_format=log_format.value,
         keyed=takes_keyed_batch(handler) if keyed is None else keyed,
         batch=batch,
+        linger=linger,
     )
     if check:
         sys.stdout.write(settings_toml(config, s.sources))
