@@ -36,16 +36,18 @@ holds the value it was read under: :class:`Harness` takes its consumer's lease a
   reply): mode ``absent``'s idle check beside a Go fleet, a name with waiters to put back.
 * ``fetch-1``: ``{1, tries, pos, fails, unblamed, until}``, ``{2}`` (the lease does not hold
   the hold's nonce), ``{3, holder}`` (pending to a consumer whose lease exists), ``{4, what}``,
-  with the dead holder's failed hold as the script counts it; not modelled: the ACL.
+  with the dead holder's failed hold as the script counts it (none for one whose ``idle:<token>``
+  says it kept the key drained), the holder's ``who``; not modelled: the ACL.
 * ``commit-1``: ``{1, fails, unblamed, until[, messages]}``, ``{2}``, ``{5}``, ``{6, id}``,
   ``{7, why}`` (an effect stream of another type), with the script's two passes (every check
-  before the first write), modes (go, last:n, yield, skip, fail:ms:blame:last:n) and failure
-  isolation; effects are XADDed, the id floor raised; not modelled: the ACL.
+  before the first write), modes (go, last:n, stay:n, yield, skip, fail:ms:blame:last:n) and
+  failure isolation; ``idle:<token>`` set by a stay that finds the key drained, deleted otherwise;
+  effects are XADDed, the id floor raised; not modelled: the ACL.
 * the Lua-free done (Redis >= 8.4, the harness's version): ``XACKDEL`` (1 acked and deleted, -1
   not pending) and ``DELEX key IFEQ value`` (1, 0, or an error off strings); ``release-1`` but a
   name with waiters.
 * ``XRANGE key - + COUNT n``: a stream's first n entries (what KeyedRunner sends behind
-  fetch-1 and commit-1).
+  fetch-1 and commit-1, and after ``HDEL <state> idle:<token>`` for a lingering key woken).
 * the pipeline ``Requeue.pardon`` sends: ``ZADD``, ``ZREMRANGEBYSCORE``, ``ZREMRANGEBYRANK``
   (run in order; its MULTI/EXEC is not modelled).
 
@@ -563,6 +565,13 @@ class FakeRedis:
         count = int(args[4]) if len(args) > 4 else None
         return [[i, f] for i, f in self.streams.get(key, [])[:count]]
 
+    def _cmd_hdel(self, keys: list[str], args: list[str]) -> Any:
+        key = args[0]
+        if self.type_of(key) not in ("none", "hash"):
+            return Err("WRONGTYPE Operation against a key holding the wrong kind of value")
+        h = self.hashes.get(key, {})
+        return sum(h.pop(f, None) is not None for f in args[1:])
+
     def _cmd_zadd(self, keys: list[str], args: list[str]) -> Any:
         key = args[0]
         if self.type_of(key) not in ("none", "zset"):
@@ -900,11 +909,17 @@ class FakeRedis:
                 continue
             holder, pos, tries = got.get("holder"), got.get("pos", ""), got.get("tries")
             fails, unblamed, until = got.get("fails"), got.get("unblamed"), got.get("until", "")
-            m = re.match(r"[0-9]+:", value)
-            token = value[: m.end() - 1] if m else ""
+            m = re.fullmatch(r"([0-9]+):(.*):[^:]*", value, re.DOTALL)
+            token, who = (m.group(1), m.group(2)) if m else ("", "")
             # Gone: another entry's holder (if it is not alive), or this entry's under an earlier token.
             other = holder is not None and holder != entry
             dead = other or (holder == entry and "token" in got and got["token"] != token)
+            # A dead holder that kept the key drained (commit-1 "stay") ran nothing.
+            idle = f"idle:{got['token']}" if dead and "token" in got else None
+            if idle is not None and idle in got:
+                dead = False
+            else:
+                idle = None
             if other and self._keyed_alive(leases, holder):  # type: ignore[arg-type]
                 out.append([3, holder])
                 continue
@@ -933,7 +948,9 @@ class FakeRedis:
                 else:
                     until, n_unblamed = rest[-1][0], 1
                 st.update(fails=str(n_fails), unblamed=str(n_unblamed), until=until)
-            st.update(holder=entry, token=token, reg=entry, tries=str(n_tries))
+            st.update(holder=entry, token=token, who=who, reg=entry, tries=str(n_tries))
+            if idle is not None:
+                st.pop(idle, None)
             out.append([1, n_tries, pos, n_fails, n_unblamed, until])
         return out
 
@@ -960,10 +977,10 @@ class FakeRedis:
             if (
                 fail is None
                 and mode not in ("go", "yield", "skip")
-                and not re.fullmatch("last:[0-9]+", mode)
+                and not re.fullmatch("(last|stay):[0-9]+", mode)
             ):
                 return Err(
-                    f"ERR lbs commit-1: mode {mode} is not go, last:<n>, yield, skip or "
+                    f"ERR lbs commit-1: mode {mode} is not go, last:<n>, stay:<n>, yield, skip or "
                     "fail:<ms>:<blame>:<last>:<n>"
                 )
             if fail and fail.delay > 0 and not parking_checked:
@@ -1005,7 +1022,8 @@ class FakeRedis:
                     if checked[stream]:
                         refusal = [7, "an effect cannot be written: " + checked[stream]]
                         break
-            steps.append((_Step(key, entry, pos, mode, reg, reason, trace, effects), st, refusal))
+            step = _Step(key, entry, pos, mode, reg, reason, trace, effects, value.split(":")[0])
+            steps.append((step, st, refusal))
             at = nxt
         # Pass 2: writes, key by key; the entries let go are acked together at the end.
         out: list[Any] = []
@@ -1074,8 +1092,10 @@ class FakeRedis:
             return [5]
 
         fail = _parse_fail(step.mode)
-        last_n = int(step.mode[5:]) if step.mode.startswith("last:") else None
-        if not rest and fail is None and step.mode != "skip":
+        last_n = int(step.mode[5:]) if step.mode.startswith(("last:", "stay:")) else None
+        staying = step.mode.startswith("stay:") and not rest
+        idle = "idle:" + step.token
+        if not rest and fail is None and step.mode != "skip" and not staying:
             return release()
         was_fails = int(_lua_number(st.get("fails", "")) or 0)
         was_unblamed = int(_lua_number(st.get("unblamed", "")) or 0)
@@ -1123,7 +1143,7 @@ class FakeRedis:
             unblamed, going = 1, "park"
         if until and position and not _id_below(position, until):
             until, unblamed = "", 0
-        if not rest:
+        if not rest and not staying:
             return release()
         registers = going in ("yield", "park")
         if moved:
@@ -1148,10 +1168,14 @@ class FakeRedis:
             if delay > 0:
                 self.zsets.setdefault(prefix + "due", {})[reg] = self._ms + delay
             st["reg"] = reg
-            st.pop("holder", None)
-            st.pop("token", None)
+            for field in ("holder", "token", "who", idle):
+                st.pop(field, None)
             finished.append(step.entry)
             return [6, reg]
+        if staying:
+            st[idle] = "1"
+        else:
+            st.pop(idle, None)
         if going == "last":
             return [
                 1,
@@ -1173,6 +1197,8 @@ class _Step:
     reason: str
     trace: str
     effects: list[tuple[str, list[str]]]
+    #: The hold's fencing token (its value's first part).
+    token: str
 
 
 @dataclass
