@@ -61,6 +61,7 @@ KEYED: dict[str, tuple[int, float | None]] = {
     "keyed": (1_000, None),
     "keyed-linger-0": (1_000, 0.0),
     "keyed-100k": (100_000, None),
+    "keyed-100k-linger-0": (100_000, 0.0),
 }
 #: What the plain and Go loops read at most: lbs's default read size (half of ``Config().max_streams``).
 COUNT = lbs.Config().max_streams // 2

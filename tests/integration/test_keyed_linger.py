@@ -26,9 +26,13 @@ def url(any_server: Any) -> str:
     return str(any_server.url)
 
 
-def client(url: str, service: str, consumer: str = "c1") -> lbs.Client:
+def client(url: str, service: str, consumer: str = "c1", **kw: Any) -> lbs.Client:
     return lbs.Client(
-        url, service, consumer_id=consumer, config=lbs.Config(**CFG), load_entrypoint_plugins=False
+        url,
+        service,
+        consumer_id=consumer,
+        config=lbs.Config(**{**CFG, **kw}),
+        load_entrypoint_plugins=False,
     )
 
 
@@ -127,6 +131,23 @@ async def test_lingering_keys_take_no_slot(url: str, service: str, rr: aioredis.
     assert (seen.of("a"), seen.of("b"), seen.of("c")) == ([0, 1], [0], [0])
 
 
+async def test_a_key_that_starts_lingering_frees_its_slot_for_the_reader_at_once(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
+    """A full reader waits for a slot to free (up to ``read_block``, long here): a key that lingers
+    frees one, so the next key is read at once, not after ``read_block`` or the linger."""
+    seen, c = Seen(), client(url, service, read_block=30.0)
+    runner = asyncio.create_task(c.run_keyed(seen.handle, 1, linger=LONG))
+    try:
+        async with lbs.Publisher(url, service) as pub:
+            await pub.publish_many([("a", {"n": 0}), ("b", {"n": 0})])
+            await eventually(lambda: seen.count(2), timeout=10)
+    finally:
+        await c.close()
+        await runner
+    assert (seen.of("a"), seen.of("b")) == ([0], [0])
+
+
 async def test_a_wake_lost_with_its_connection_is_made_up_when_the_listener_is_back(
     url: str, service: str, rr: aioredis.Redis
 ) -> None:
@@ -204,3 +225,26 @@ async def test_a_holder_that_dies_running_a_message_it_was_woken_for_is_counted(
         await abandon(c1)
         await runner
     assert [(k, n, r) for k, n, _, _, r in second.rows] == [("k", 1, 1)]
+
+
+async def test_keys_woken_beyond_the_consumers_slots_are_yielded_and_still_run_in_order(
+    url: str, service: str, rr: aioredis.Redis
+) -> None:
+    """Lingering keys take no slot, so more may wake than ``concurrency`` allows: those beyond it go
+    to the back of the LBS (a consumer with a free slot takes them), none is lost or reordered."""
+    seen, c = Seen(), client(url, service)
+    runner = asyncio.create_task(c.run_keyed(seen.handle, 1, linger=LONG))
+    keys = [f"k{i}" for i in range(5)]
+    try:
+        async with lbs.Publisher(url, service) as pub:
+            for i, key in enumerate(keys):
+                await pub.publish(key, {"n": 0})
+                await eventually(lambda i=i: seen.count(i + 1))
+                await eventually(lambda key=key: lingering(rr, service, key))
+            for n in (1, 2):
+                await pub.publish_many([(key, {"n": n}) for key in keys])  # all wake at once
+            await eventually(lambda: seen.count(3 * len(keys)), timeout=60)
+    finally:
+        await c.close()
+        await runner
+    assert all(seen.of(key) == [0, 1, 2] for key in keys)

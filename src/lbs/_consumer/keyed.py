@@ -108,7 +108,12 @@ class KeyedRunner(Activity, kind="keyed"):
         self._kick()
 
     def _resumed(self, hold: KeyHold) -> None:
-        """A lingering key was woken: read its messages with the next batch."""
+        """A lingering key was woken: read its messages with the next batch, or, with every slot
+        taken (``concurrency``: lingering keys take none, so those woken may outnumber them), yield
+        it to the back of the LBS, where a consumer with a free slot takes it."""
+        if self.state.free_slots() < 0:
+            self._step(hold, "", "yield")
+            return
         hold.resumed()
         self._resume.append(hold)
         self._kick()

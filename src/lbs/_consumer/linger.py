@@ -85,7 +85,9 @@ class Lingering:
         hold.lingering = time.monotonic()
         self.holds[key] = hold
         self.state.holdings.lingering.add(hold.held.entry_id)
-        self._changed.set()
+        self.state.holdings.free()  # its slot: the reader reads again
+        if len(self.holds) == 1:
+            self._changed.set()  # the first: the timer waits for nothing earlier
 
     def leave(self, key: str) -> KeyHold | None:
         """Stop keeping ``key``; its hold, or None when it was not lingering."""
@@ -121,12 +123,15 @@ class Lingering:
     # -- the tasks ---------------------------------------------------------------------------
 
     async def _expire(self) -> None:
-        """Let go the keys that lingered ``linger`` seconds, oldest first; forget old wakes."""
+        """Let go the keys that lingered ``linger`` seconds, oldest first (they linger in the order
+        they came, so it waits for the first alone); forget old wakes every :data:`RECENT` seconds."""
+        prune_at = time.monotonic() + RECENT
         while True:
             now = time.monotonic()
-            for key in [k for k, t in self._recent.items() if now - t > RECENT]:
-                del self._recent[key]
-            wait = RECENT
+            if now >= prune_at:
+                self._recent = {k: t for k, t in self._recent.items() if now - t <= RECENT}
+                prune_at = now + RECENT
+            wait = prune_at - now
             while self.holds:
                 key, hold = next(iter(self.holds.items()))
                 due = hold.lingering + self.linger

@@ -3,14 +3,14 @@
 -- The key's state is the hash "<prefix>m:<key>", its messages the data
 -- stream "<prefix>k:<key>" (fetch-1.lua's header has their fields).
 --
--- keyed_state(leases, value, state): the hold, checked before any write: our
--- hold `value` is "<token>:<consumer id>:<instance nonce>" (an LBS entry is
--- held while it is pending to its consumer and that consumer's lease
--- `leases` .. <consumer id> holds the nonce); false when the lease does not
--- hold it; else the state's fields {holder, pos, tries, fails, unblamed,
--- until, token} (HMGET's reply, false for a field that is absent), or, for a
--- state of another type than hash, an error reply (a table with `err`:
--- pcall, nothing stops).
+-- keyed_state(leases, value, state[, extra]): the hold, checked before any
+-- write: our hold `value` is "<token>:<consumer id>:<instance nonce>" (an LBS
+-- entry is held while it is pending to its consumer and that consumer's
+-- lease `leases` .. <consumer id> holds the nonce; each lease is read once a
+-- call); false when the lease does not hold it; else the state's fields
+-- {holder, pos, tries, fails, unblamed, until, token[, extra]} (HMGET's
+-- reply, false for a field that is absent), or, for a state of another type
+-- than hash, an error reply (a table with `err`: pcall, nothing stops).
 --
 -- keyed_alive(lbs, group, leases, id): whether LBS entry `id` is pending in
 -- the group to a consumer whose lease exists (a live holder).
@@ -22,9 +22,19 @@
 -- split_id(id): an entry id's milliseconds and sequence, as numbers; nil
 -- for a string that is not "<digits>-<digits>".
 -- id_below(a, b): a < b, for two entry ids.
-local function keyed_state(leases, value, state)
+local leases_read = {}
+local function keyed_state(leases, value, state, extra)
   local consumer, nonce = string.match(value, '^%d+:(.*):([^:]*)$')
-  if not consumer or redis.pcall('GET', leases .. consumer) ~= nonce then return false end
+  if not consumer then return false end
+  local held = leases_read[consumer]
+  if held == nil then
+    held = redis.pcall('GET', leases .. consumer)
+    leases_read[consumer] = held
+  end
+  if held ~= nonce then return false end
+  if extra then
+    return redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until', 'token', extra)
+  end
   return redis.pcall('HMGET', state, 'holder', 'pos', 'tries', 'fails', 'unblamed', 'until', 'token')
 end
 

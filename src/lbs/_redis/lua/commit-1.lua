@@ -212,7 +212,8 @@ while at <= last do
   local entry, state = ARGV[at + 1], prefix .. 'm:' .. ARGV[at]
   local mine = false
   -- A state of another type than hash (an error reply): not ours.
-  local got = keyed_state(leases, ARGV[at + 2], state)
+  -- The hold's "idle:<token>" too: a step that keeps the key deletes it only where it is.
+  local got = keyed_state(leases, ARGV[at + 2], state, 'idle:' .. (match(ARGV[at + 2], '^(%d+):') or ''))
   if got and not got.err and got[1] == entry then
     local c = got[2] or ''
     if c == '' or split_id(c) then
@@ -291,8 +292,11 @@ local function commit(i)
   local position = got[2] or ''
   local moved = pos ~= '' and pos ~= position
   if moved then position = pos end
-  local rest = keyed_after(data, position, 1)
+  -- What follows the position; for "last"/"stay" as many as the reply carries (read once).
+  local read_n = lasts[i] or 1
+  local rest = keyed_after(data, position, read_n)
   if rest.err then return {2} end
+  local rest_at = position
   -- The batch's effects, with the commit that moves the position past it.
   if moved then
     for _, eff in ipairs(effects[i]) do
@@ -301,6 +305,7 @@ local function commit(i)
   end
   local fail = fails_of[i]
   local idle = 'idle:' .. (match(ARGV[at + 2], '^(%d+):') or '')
+  local was_idle = got[8]
   local staying = stays[i] and #rest == 0
   if #rest == 0 and not fail and mode ~= 'skip' and not staying then
     return release(i, position, data, state, entry)
@@ -389,13 +394,16 @@ local function commit(i)
     return {6, id}
   end
   if staying then
-    set[#set + 1], set[#set + 2] = idle, '1'
-  else
+    if not was_idle then set[#set + 1], set[#set + 2] = idle, '1' end
+  elseif was_idle then
     del[#del + 1] = idle
   end
   if #set > 0 then redis.call('HSET', state, unpack(set)) end
   if #del > 0 then redis.call('HDEL', state, unpack(del)) end
-  if going == 'last' then return {1, fails, unblamed, untl, keyed_after(data, position, count)} end
+  if going == 'last' then
+    if rest_at ~= position or read_n < count then rest = keyed_after(data, position, count) end
+    return {1, fails, unblamed, untl, rest}
+  end
   return {1, fails, unblamed, untl}
 end
 

@@ -82,7 +82,7 @@ local bad = misfit(KEYS[1], 'stream', 'the load-balancer stream')
 if bad then return redis.error_reply(bad) end
 
 -- Parse and check everything first.
-local msgs, seen, order, created = {}, {}, {}, {}
+local msgs, seen, order, created, states = {}, {}, {}, {}, {}
 local at = 3
 for i = 1, m do
   local key, reg, f = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
@@ -100,8 +100,14 @@ for i = 1, m do
     bad, kind = misfit(prefix .. 'k:' .. key, 'stream', 'a data stream')
     if bad then return redis.error_reply(bad) end
     if kind == 'none' then created[key] = true end
-    bad = misfit(prefix .. 'm:' .. key, 'hash', 'a key state')
-    if bad then return redis.error_reply(bad) end
+    -- The state's registration and holder, read now (a state of another type: HMGET's error).
+    local state = prefix .. 'm:' .. key
+    local got = redis.pcall('HMGET', state, 'reg', 'who')
+    if got.err then
+      bad = misfit(state, 'hash', 'a key state')
+      return redis.error_reply(bad or got.err)
+    end
+    states[key] = got
   end
   at = at + 3 + f
 end
@@ -134,8 +140,7 @@ end
 local registered = 0
 for _, key in ipairs(order) do
   local state = prefix .. 'm:' .. key
-  local got = redis.call('HMGET', state, 'reg', 'who')
-  local reg, who = got[1], got[2]
+  local reg, who = states[key][1], states[key][2]
   -- pcall: a "reg" that is not an entry id (garbage) means not registered.
   local found = reg and redis.pcall('XRANGE', KEYS[1], reg, reg, 'COUNT', 1)
   if who and found and not found.err and #found > 0 then
