@@ -951,6 +951,7 @@ class FakeRedis:
             st.update(holder=entry, token=token, who=who, reg=entry, tries=str(n_tries))
             if idle is not None:
                 st.pop(idle, None)
+                st.pop("lingers", None)
             out.append([1, n_tries, pos, n_fails, n_unblamed, until])
         return out
 
@@ -1168,14 +1169,15 @@ class FakeRedis:
             if delay > 0:
                 self.zsets.setdefault(prefix + "due", {})[reg] = self._ms + delay
             st["reg"] = reg
-            for field in ("holder", "token", "who", idle):
+            for field in ("holder", "token", "who", idle, "lingers"):
                 st.pop(field, None)
             finished.append(step.entry)
             return [6, reg]
         if staying:
-            st[idle] = "1"
+            st[idle] = st["lingers"] = "1"
         else:
             st.pop(idle, None)
+            st.pop("lingers", None)
         if going == "last":
             return [
                 1,

@@ -236,6 +236,8 @@ class KeyedRunner(Activity, kind="keyed"):
                 mode = "yield"
             elif len(batch.messages) >= self.batch or hold.isolating:
                 mode = "go"  # more likely follow: read them right behind the commit
+            elif self.lingering is not None and not self.lingering.worth():
+                mode = self._last  # keys do not come back in time: let it go if drained
             else:
                 mode = self._drained  # the key looked drained: the commit says if more came
             self._step(hold, batch.messages[-1].id, mode, effects=batch.effects)
@@ -272,7 +274,7 @@ class KeyedRunner(Activity, kind="keyed"):
         for hold in resume:
             # Running again: a death from now on is counted (fetch-1.lua), then its messages.
             h = hold.held
-            b.command("HDEL", self._prefix + "m:" + h.stream, f"idle:{h.token}")
+            b.command("HDEL", self._prefix + "m:" + h.stream, f"idle:{h.token}", "lingers")
             b.command("XRANGE", self._prefix + "k:" + h.stream, "-", "+", "COUNT", self.batch)
             b.expect(Shape.MESSAGES)
         if fetch:

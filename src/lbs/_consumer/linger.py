@@ -2,9 +2,10 @@
 
 A key whose messages are all processed is kept, running nothing, instead of being let go at once
 (``commit-1.lua`` ``stay:<n>``: the key's state says ``idle:<token>``, so a death meanwhile is not
-counted against messages published later). ``publish-1.lua`` sends a wake, ``SPUBLISH
-{<service>-input}:wake:<consumer id> <key>``, for every message of a key held by a consumer: the
-holder reads the key's messages in its next round trip (``HDEL idle:<token>`` first, then ``XRANGE``)
+counted against messages published later; ``lingers`` is set with it). ``publish-1.lua`` sends a
+wake, ``SPUBLISH {<service>-input}:wake:<consumer id> <key>``, for every message of a key that
+lingers: the holder reads the key's messages in its next round trip (``HDEL idle:<token> lingers``
+first, then ``XRANGE``)
 and runs them, with no registration, read, take or fetch. A quiet key that gets a message every
 second or so stays with its holder; a key that gets none for ``linger`` seconds is let go with a
 ``last:<n>`` commit, which also hands over any message whose wake was lost (a wake is a hint: losing
@@ -15,6 +16,13 @@ on the LBS slot's owner), PINGed every ``Config.pubsub_ping_interval`` and opene
 or goes half-open; after each (re)subscription every lingering key is woken once (wakes sent while
 it was away were lost). A wake that arrives while its key's commit is in flight is remembered
 (:meth:`Lingering.woke`) and acted on if that commit leaves the key lingering.
+
+Lingering pays when keys come back: a key woken saves a registration, a read, a take, a fetch and
+a let-go (about three scripts' worth of Redis), one let go unwoken costs one more commit step than
+letting it go at once. So :meth:`Lingering.worth` keeps count of the last keys that lingered: while
+fewer than :data:`WORTH` of them were woken before their linger ended (keys too many and too quiet
+to come back in time, e.g. 100,000 keys each with a message a minute), drained keys are let go at
+once, except one in :data:`PROBE`, which lingers to keep the count current.
 """
 
 from __future__ import annotations
@@ -35,6 +43,12 @@ __all__ = ["Lingering"]
 #: How long a wake for a key that was not lingering is remembered (seconds): longer than any commit
 #: round trip that may still leave its key lingering.
 RECENT = 30.0
+#: Lingering is kept up while at least this share of the keys that lingered were woken in time.
+WORTH = 0.3
+#: While it is not, one drained key in this many lingers all the same (the count stays current).
+PROBE = 10
+#: The count covers about this many of the last keys that lingered (older ones weigh half, ...).
+WINDOW = 200
 
 
 class Lingering:
@@ -62,9 +76,26 @@ class Lingering:
         self.channel = f"{state.names.key_prefix}wake:{state.names.id}"
         #: Set while the wake subscription is open (tests wait for it).
         self.listening = asyncio.Event()
+        #: Keys whose linger ended, and those of them woken first (halved every WINDOW endings).
+        self.ended = self.woken = 0.0
+        self._skipped = 0
 
     def __len__(self) -> int:
         return len(self.holds)
+
+    def worth(self) -> bool:
+        """Whether a key found drained should linger (see the module): yes while enough of the keys
+        that lingered came back in time, or for too few keys to tell; else one in :data:`PROBE`."""
+        if self.ended < PROBE or self.woken >= WORTH * self.ended:
+            return True
+        self._skipped += 1
+        return self._skipped % PROBE == 0
+
+    def _count(self, woken: bool) -> None:
+        self.ended += 1
+        self.woken += woken
+        if self.ended >= WINDOW:
+            self.ended, self.woken = self.ended / 2, self.woken / 2
 
     def start(self) -> None:
         if not self.tasks:
@@ -97,12 +128,16 @@ class Lingering:
             self.state.holdings.lingering.discard(hold.held.entry_id)
         return hold
 
-    def woke(self, key: str) -> None:
-        """A wake for ``key``: resume it when it lingers, else remember it (its commit may be in flight)."""
+    def woke(self, key: str, *, counted: bool = True) -> None:
+        """A wake for ``key``: resume it when it lingers, else remember it (its commit may be in flight).
+        ``counted``: a wake from publish (not the catch-up after a reconnection) counts for
+        :meth:`worth`."""
         hold = self.leave(key)
         if hold is None:
             self._recent[key] = time.monotonic()
         elif self._held(hold):
+            if counted:
+                self._count(True)
             self.resume(hold)
 
     def _held(self, hold: KeyHold) -> bool:
@@ -140,6 +175,7 @@ class Lingering:
                     break
                 self.leave(key)
                 if self._held(hold):
+                    self._count(False)
                     self.let_go(hold)
             self._changed.clear()
             await wait_set(self._changed, wait)
@@ -159,7 +195,7 @@ class Lingering:
                 backoff.reset()
                 # Wakes sent while nobody listened were lost: look at every lingering key once.
                 for key in list(self.holds):
-                    self.woke(key)
+                    self.woke(key, counted=False)
                 last_pong = last_ping = time.monotonic()
                 while True:
                     messages = await sub.messages(min(1.0, ping_every))

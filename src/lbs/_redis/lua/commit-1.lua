@@ -33,9 +33,9 @@
              (as "go" for a holder that expects the key drained, so reads
              nothing behind this call: the next <n> messages, if any came,
              are in the reply), "stay:<n>" (as "last:<n>", but a key
-             found drained stays ours, running nothing: "idle:<token>" is
-             set in its state, see fetch-1.lua, and publish-1.lua wakes us
-             when a message comes), "fail:<ms>:<blame>:<last>:<n>" (the hold's
+             found drained stays ours, running nothing: "idle:<token>" and
+             "lingers" are set in its state, see fetch-1.lua, and
+             publish-1.lua wakes us when a message comes), "fail:<ms>:<blame>:<last>:<n>" (the hold's
              batch failed after the position; <last> is its last message;
              <blame> "1" when it held one message, which is then the
              culprit, "0" for several: see Failures; a "fail" whose batch
@@ -91,9 +91,9 @@
   (holds that started at the position, counted by fetch-1.lua) to 1 with
   "go", "last", "stay" or "skip" (this hold is the first try there) and 0
   when the key is registered again. Every step of a key that stays ours
-  deletes the hold's "idle:<token>", except a "stay" that finds the key
-  drained, which sets it; registering again deletes it and "who" with
-  "holder". Trimming is exact (XTRIM MINID): every message up to the
+  deletes the hold's "idle:<token>" and "lingers", except a "stay" that
+  finds the key drained, which sets them; registering again deletes them
+  and "who" with "holder". Trimming is exact (XTRIM MINID): every message up to the
   position is deleted. A drained key's data stream is deleted;
   the milliseconds of its last id (the position) go into the sorted set
   "<prefix>idfloor" (member "ms", ZADD GT: the highest so far), and
@@ -387,16 +387,19 @@ local function commit(i)
       id = redis.call('XADD', KEYS[1], '*', 'lbs-input', ARGV[at + 5], 'lbs-keyed', '1')
     end
     set[#set + 1], set[#set + 2] = 'reg', id
-    del[#del + 1], del[#del + 2], del[#del + 3], del[#del + 4] = 'holder', 'token', 'who', idle
+    for _, f in ipairs({'holder', 'token', 'who', idle, 'lingers'}) do del[#del + 1] = f end
     redis.call('HSET', state, unpack(set))
     redis.call('HDEL', state, unpack(del))
     finished[#finished + 1] = entry
     return {6, id}
   end
   if staying then
-    if not was_idle then set[#set + 1], set[#set + 2] = idle, '1' end
+    if not was_idle then
+      set[#set + 1], set[#set + 2] = idle, '1'
+      set[#set + 1], set[#set + 2] = 'lingers', '1'
+    end
   elseif was_idle then
-    del[#del + 1] = idle
+    del[#del + 1], del[#del + 2] = idle, 'lingers'
   end
   if #set > 0 then redis.call('HSET', state, unpack(set)) end
   if #del > 0 then redis.call('HDEL', state, unpack(del)) end

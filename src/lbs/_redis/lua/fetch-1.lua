@@ -23,7 +23,8 @@
   (that holder's fencing token), "who" (that holder's consumer id: where
   publish-1.lua sends wakes), "idle:<token>" (set by commit-1.lua "stay"
   while the hold of that token keeps the key drained, running nothing;
-  deleted by the holder before it runs messages again), "reg" (the latest
+  deleted by the holder before it runs messages again), "lingers" (set and
+  deleted with it: publish-1.lua wakes the holder only then), "reg" (the latest
   registration, see
   publish-1.lua), "tries" (holds that tried "pos" without committing past
   it, this one included: fetch adds one, see commit-1.lua), and while a
@@ -133,7 +134,7 @@ for at = 5, #ARGV, 3 do
         else
           redis.call('HSET', state, 'holder', entry, 'token', token, 'who', who, 'reg', entry, 'tries', tries)
         end
-        if idle then redis.call('HDEL', state, idle) end
+        if idle then redis.call('HDEL', state, idle, 'lingers') end
         out[#out + 1] = {1, tries, pos, fails, unblamed, untl}
       end
     end

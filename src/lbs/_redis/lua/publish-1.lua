@@ -51,12 +51,13 @@
     ids         the message ids, in order
     registered  how many keys this call registered
 
-  A key whose registration is in force and held (its state's "who" names
-  the holding consumer, written by fetch-1.lua) gets a wake: SPUBLISH
-  "<prefix>wake:<who>" <key>, once per key per call. A holder keeps a
-  drained key for a while (commit-1.lua "stay") and reads its messages when
-  woken; a wake lost is a latency, never a loss (the holder lets the key go
-  with a commit that returns what came).
+  A key whose registration is in force and whose holder keeps it drained
+  (its state's "lingers", set by commit-1.lua "stay"; "who" names the
+  holding consumer, written by fetch-1.lua) gets a wake: SPUBLISH
+  "<prefix>wake:<who>" <key>, once per key per call. A key being processed
+  gets none: its holder's next commit reads what came. A wake lost is a
+  latency, never a loss (the holder lets the key go with a commit that
+  returns what came).
 
   Events: none besides the keys it writes and the wakes.
 ]]
@@ -102,7 +103,7 @@ for i = 1, m do
     if kind == 'none' then created[key] = true end
     -- The state's registration and holder, read now (a state of another type: HMGET's error).
     local state = prefix .. 'm:' .. key
-    local got = redis.pcall('HMGET', state, 'reg', 'who')
+    local got = redis.pcall('HMGET', state, 'reg', 'who', 'lingers')
     if got.err then
       bad = misfit(state, 'hash', 'a key state')
       return redis.error_reply(bad or got.err)
@@ -140,10 +141,10 @@ end
 local registered = 0
 for _, key in ipairs(order) do
   local state = prefix .. 'm:' .. key
-  local reg, who = states[key][1], states[key][2]
+  local reg, who, lingers = states[key][1], states[key][2], states[key][3]
   -- pcall: a "reg" that is not an entry id (garbage) means not registered.
   local found = reg and redis.pcall('XRANGE', KEYS[1], reg, reg, 'COUNT', 1)
-  if who and found and not found.err and #found > 0 then
+  if who and lingers and found and not found.err and #found > 0 then
     redis.call('SPUBLISH', prefix .. 'wake:' .. who, key)
   end
   if reg and (not found or found.err or #found == 0) then
