@@ -110,6 +110,7 @@ async def keyed_lbs(
     n: int,
     handler: lbs.KeyedHandler = _noop,
     more: tuple[object, ...] = (),
+    **options: Any,
 ) -> int:
     """run_keyed() as an application gets it: Config() defaults, concurrency=1024, lbs-prometheus
     loaded (and the plugins in ``more``); ``n`` messages, ``PER_KEY`` a key."""
@@ -121,13 +122,15 @@ async def keyed_lbs(
         plugins=[PrometheusPlugin(registry=CollectorRegistry()), *more],
         load_entrypoint_plugins=False,
     )
-    runner = asyncio.create_task(c.run_keyed(handler, CONCURRENCY))
+    runner = asyncio.create_task(c.run_keyed(handler, CONCURRENCY, **options))
     try:
-        while c.stats.keyed_messages < n or c.stats.done < n // PER_KEY:
+        # Every message handled; the drained keys that linger are let go by close(), timed too.
+        while c.stats.keyed_messages < n:
             await asyncio.sleep(0.005)
     finally:
         await c.close()
         await runner
+    assert c.stats.done == n // PER_KEY, c.stats.done  # every key let go, drained
     return c.stats.keyed_messages
 
 
@@ -187,6 +190,10 @@ async def keyed_plain_ahead(r: aioredis.Redis, service: str, n: int, effects: bo
     return done
 
 
+async def keyed_lbs_no_linger(r: aioredis.Redis, service: str, n: int) -> int:
+    return await keyed_lbs(r, service, n, linger=0)
+
+
 async def keyed_plain_ahead_effects(r: aioredis.Redis, service: str, n: int) -> int:
     return await keyed_plain_ahead(r, service, n, effects=True)
 
@@ -196,6 +203,12 @@ EFFECTS = f"keyed throughput, one effect per message, {KEYS} keys x {PER_KEY} me
 #: impl: (cycle, set-up, group, is the group's baseline)
 SIDES = {
     "lbs run_keyed() defaults+prometheus": (keyed_lbs, _published, THROUGHPUT, False),
+    "lbs run_keyed(linger=0) defaults+prometheus": (
+        keyed_lbs_no_linger,
+        _published,
+        THROUGHPUT,
+        False,
+    ),
     "lbs run_keyed() defaults+prometheus+otel (SDK, spans dropped)": (
         keyed_lbs_otel,
         _published_traced,

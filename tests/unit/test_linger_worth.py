@@ -16,14 +16,14 @@ def lingering() -> Lingering:
 def test_keys_linger_until_there_are_enough_endings_to_tell() -> None:
     ling = lingering()
     for _ in range(PROBE - 1):
-        ling._count(False)
+        ling.count(False)
     assert ling.worth()
 
 
 def test_keys_that_never_come_back_stop_lingering_but_one_in_probe_still_does() -> None:
     ling = lingering()
     for _ in range(50):
-        ling._count(False)
+        ling.count(False)
     asked = [ling.worth() for _ in range(10 * PROBE)]
     assert asked.count(True) == 10  # one in PROBE, to keep the count current
 
@@ -31,16 +31,16 @@ def test_keys_that_never_come_back_stop_lingering_but_one_in_probe_still_does() 
 def test_keys_that_come_back_often_enough_linger() -> None:
     ling = lingering()
     for i in range(100):
-        ling._count(i % 3 == 0)  # a third woken: above WORTH
-    assert WORTH < 1 / 3 and all(ling.worth() for _ in range(20))
+        ling.count(i % 3 != 0)  # two thirds woken: above WORTH
+    assert WORTH < 2 / 3 and all(ling.worth() for _ in range(20))
 
 
 def test_the_count_follows_the_recent_keys() -> None:
     """After a run of keys that never came back, keys that do make lingering worth it again."""
     ling = lingering()
     for _ in range(WINDOW):
-        ling._count(False)
+        ling.count(False)
     assert not all(ling.worth() for _ in range(PROBE))
     for _ in range(WINDOW):
-        ling._count(True)
+        ling.count(True)
     assert ling.worth() and ling.ended < WINDOW

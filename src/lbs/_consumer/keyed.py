@@ -236,8 +236,9 @@ class KeyedRunner(Activity, kind="keyed"):
                 mode = "yield"
             elif len(batch.messages) >= self.batch or hold.isolating:
                 mode = "go"  # more likely follow: read them right behind the commit
-            elif self.lingering is not None and not self.lingering.worth():
-                mode = self._last  # keys do not come back in time: let it go if drained
+            elif self.lingering is not None and (s.backlog or not self.lingering.worth()):
+                # New keys wait (a backlog), or keys do not come back in time: let it go if drained.
+                mode = self._last
             else:
                 mode = self._drained  # the key looked drained: the commit says if more came
             self._step(hold, batch.messages[-1].id, mode, effects=batch.effects)
@@ -407,7 +408,11 @@ class KeyedRunner(Activity, kind="keyed"):
                     messages = exc
             read = _read(s, h.stream, messages)
             if not read and self.lingering is not None and step.mode == self._drained:
-                if s.holdings.table.get(h.entry_id) is h:
+                if s.holdings.table.get(h.entry_id) is not h:
+                    return
+                if self.lingering.closed:  # closing: let it go (drained: released)
+                    self._step(hold, "", "yield")
+                else:
                     self.lingering.enter(hold, hold.sent_at)
                 return
             self._start(hold, read)

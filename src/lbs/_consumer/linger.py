@@ -22,7 +22,9 @@ a let-go (about three scripts' worth of Redis), one let go unwoken costs one mor
 letting it go at once. So :meth:`Lingering.worth` keeps count of the last keys that lingered: while
 fewer than :data:`WORTH` of them were woken before their linger ended (keys too many and too quiet
 to come back in time, e.g. 100,000 keys each with a message a minute), drained keys are let go at
-once, except one in :data:`PROBE`, which lingers to keep the count current.
+once, except one in :data:`PROBE`, which lingers to keep the count current. Nor does a key linger
+while the consumer drains a backlog (its last read got all the several entries it asked for): new
+keys wait for it anyway.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = ["Lingering"]
 #: round trip that may still leave its key lingering.
 RECENT = 30.0
 #: Lingering is kept up while at least this share of the keys that lingered were woken in time.
-WORTH = 0.3
+WORTH = 0.5
 #: While it is not, one drained key in this many lingers all the same (the count stays current).
 PROBE = 10
 #: The count covers about this many of the last keys that lingered (older ones weigh half, ...).
@@ -79,6 +81,8 @@ class Lingering:
         #: Keys whose linger ended, and those of them woken first (halved every WINDOW endings).
         self.ended = self.woken = 0.0
         self._skipped = 0
+        #: Set by :meth:`close`: a key found drained from then on is let go, not kept.
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self.holds)
@@ -91,7 +95,8 @@ class Lingering:
         self._skipped += 1
         return self._skipped % PROBE == 0
 
-    def _count(self, woken: bool) -> None:
+    def count(self, woken: bool) -> None:
+        """A key's linger ended: ``woken`` by a message, or not (let go)."""
         self.ended += 1
         self.woken += woken
         if self.ended >= WINDOW:
@@ -137,7 +142,7 @@ class Lingering:
             self._recent[key] = time.monotonic()
         elif self._held(hold):
             if counted:
-                self._count(True)
+                self.count(True)
             self.resume(hold)
 
     def _held(self, hold: KeyHold) -> bool:
@@ -145,6 +150,7 @@ class Lingering:
 
     def close(self) -> list[KeyHold]:
         """Stop listening and expiring; the keys still lingering (and held), to be let go."""
+        self.closed = True
         for t in self.tasks:
             t.cancel()
         holds = [h for h in (self.leave(k) for k in list(self.holds)) if h is not None]
@@ -175,7 +181,7 @@ class Lingering:
                     break
                 self.leave(key)
                 if self._held(hold):
-                    self._count(False)
+                    self.count(False)
                     self.let_go(hold)
             self._changed.clear()
             await wait_set(self._changed, wait)

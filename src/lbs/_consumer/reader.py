@@ -275,6 +275,9 @@ class Reader(Activity, kind="reader"):
         if isinstance(entries, Exception):
             raise entries
         then = DRAINED if len(entries) < count else then_if_full
+        # A backlog: a read of several that got all it asked for, neither waiting (a trickle) nor
+        # cut to a fair share (a read of one tells nothing).
+        s.backlog = not wait_ms and then_if_full == READ_AGAIN and 2 <= count <= len(entries)
         if not entries:
             return [], [], then
         return entries, await self.taker.take(entries, self.dispatch is None), then

@@ -419,6 +419,9 @@ class ClientState:
         self.capacity = config.max_streams
         #: Under run(): its concurrency (0: not running), and its running handler tasks.
         self.run_limit = 0
+        #: Whether the last read of new entries got all the several it asked for, without waiting:
+        #: a backlog is being drained.
+        self.backlog = False
         #: What ``run()`` died of (see :meth:`fail`); None while it lives, or when it ended normally.
         self.failure: BaseException | None = None
         self.handlers: set[asyncio.Task[Any]] = set()
