@@ -12,6 +12,7 @@ import lbs
 from lbs import _keys
 from lbs.testing import abandon, freeze
 
+import _helpers
 from _helpers import eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,13 +28,7 @@ def url(any_server: Any) -> str:
 
 
 def client(url: str, service: str, consumer: str = "c1", **kw: Any) -> lbs.Client:
-    return lbs.Client(
-        url,
-        service,
-        consumer_id=consumer,
-        config=lbs.Config(**{**CFG, **kw}),
-        load_entrypoint_plugins=False,
-    )
+    return _helpers.client(url, service, consumer, **{**CFG, **kw})
 
 
 class Seen:
@@ -65,6 +60,16 @@ async def lingering(r: aioredis.Redis, service: str, key: str) -> bool:
     return any(f.startswith(b"idle:") for f in fields)
 
 
+async def handled_then_lingering(
+    pub: lbs.Publisher, rr: aioredis.Redis, service: str, seen: Seen, key: str, n: int, total: int
+) -> None:
+    """Publish message ``n`` of ``key``; wait until ``total`` messages were handled and ``key``
+    lingers again."""
+    await pub.publish(key, {"n": n})
+    await eventually(lambda: seen.count(total))
+    await eventually(lambda: lingering(rr, service, key))
+
+
 async def test_a_quiet_key_stays_with_its_holder_and_each_message_wakes_it(
     url: str, service: str, rr: aioredis.Redis
 ) -> None:
@@ -72,16 +77,11 @@ async def test_a_quiet_key_stays_with_its_holder_and_each_message_wakes_it(
     runner = asyncio.create_task(c.run_keyed(seen.handle, linger=LONG))
     try:
         async with lbs.Publisher(url, service) as pub:
-            await pub.publish("k", {"n": 0})
-            await eventually(lambda: seen.count(1))
-            await eventually(lambda: lingering(rr, service, "k"))
+            await handled_then_lingering(pub, rr, service, seen, "k", 0, 1)
             added = await registrations(rr, service)
             for i in range(1, 6):
-                await pub.publish("k", {"n": i})
-                await eventually(
-                    lambda i=i: seen.count(i + 1)
-                )  # woken: long before the linger ends
-                await eventually(lambda: lingering(rr, service, "k"))
+                # Woken: handled long before the linger ends.
+                await handled_then_lingering(pub, rr, service, seen, "k", i, i + 1)
             assert await registrations(rr, service) == added  # never registered again
     finally:
         await c.close()
@@ -120,9 +120,7 @@ async def test_lingering_keys_take_no_slot(url: str, service: str, rr: aioredis.
     try:
         async with lbs.Publisher(url, service) as pub:
             for i, key in enumerate(("a", "b", "c")):
-                await pub.publish(key, {"n": 0})
-                await eventually(lambda i=i: seen.count(i + 1))
-                await eventually(lambda key=key: lingering(rr, service, key))
+                await handled_then_lingering(pub, rr, service, seen, key, 0, i + 1)
             await pub.publish("a", {"n": 1})
             await eventually(lambda: seen.count(4))
     finally:
@@ -155,9 +153,7 @@ async def test_a_wake_lost_with_its_connection_is_made_up_when_the_listener_is_b
     runner = asyncio.create_task(c.run_keyed(seen.handle, linger=LONG))
     try:
         async with lbs.Publisher(url, service) as pub:
-            await pub.publish("k", {"n": 0})
-            await eventually(lambda: seen.count(1))
-            await eventually(lambda: lingering(rr, service, "k"))
+            await handled_then_lingering(pub, rr, service, seen, "k", 0, 1)
             await rr.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
             await pub.publish("k", {"n": 1})  # its wake may find nobody subscribed
             await eventually(lambda: seen.count(2), timeout=30)
@@ -175,9 +171,7 @@ async def test_a_holder_that_dies_while_its_key_lingers_costs_the_next_message_n
     first, c1 = Seen(), client(url, service, "c1")
     runner = asyncio.create_task(c1.run_keyed(first.handle, linger=LONG))
     async with lbs.Publisher(url, service) as pub:
-        await pub.publish("k", {"n": 0})
-        await eventually(lambda: first.count(1))
-        await eventually(lambda: lingering(rr, service, "k"))
+        await handled_then_lingering(pub, rr, service, first, "k", 0, 1)
         await abandon(c1)  # killed: its lease expires, recovery re-queues the key's entry
         await runner
         await pub.publish("k", {"n": 1})
@@ -209,9 +203,7 @@ async def test_a_holder_that_dies_running_a_message_it_was_woken_for_is_counted(
 
     runner = asyncio.create_task(c1.run_keyed(stuck, linger=LONG))
     async with lbs.Publisher(url, service) as pub:
-        await pub.publish("k", {"n": 0})
-        await eventually(lambda: first.count(1))
-        await eventually(lambda: lingering(rr, service, "k"))
+        await handled_then_lingering(pub, rr, service, first, "k", 0, 1)
         await pub.publish("k", {"n": 1})
         await asyncio.wait_for(running.wait(), 30)
         await freeze(c1)  # stalled in the handler: its lease lapses, as a dead process's would
@@ -238,9 +230,7 @@ async def test_keys_woken_beyond_the_consumers_slots_are_yielded_and_still_run_i
     try:
         async with lbs.Publisher(url, service) as pub:
             for i, key in enumerate(keys):
-                await pub.publish(key, {"n": 0})
-                await eventually(lambda i=i: seen.count(i + 1))
-                await eventually(lambda key=key: lingering(rr, service, key))
+                await handled_then_lingering(pub, rr, service, seen, key, 0, i + 1)
             for n in (1, 2):
                 await pub.publish_many([(key, {"n": n}) for key in keys])  # all wake at once
             await eventually(lambda: seen.count(3 * len(keys)), timeout=60)
