@@ -266,3 +266,33 @@ async def test_a_subscription_whose_connection_is_killed_raises(
                 await sub.messages(0.1)
     finally:
         await sub.close()
+
+
+async def test_heard_pings_a_quiet_link_and_finds_a_stopped_server_half_open() -> None:
+    """``Subscription.heard``: on a live quiet link its PINGs come back (no error for many times the
+    interval); with the server stopped nothing comes back and it raises within about twice it."""
+    import signal
+    import time
+
+    from lbs.embedded import RedisServer
+
+    with RedisServer() as srv:
+        r = aioredis.Redis.from_url(srv.url)
+        sub = Subscription(r)
+        try:
+            await sub.open("{s}:wake:c1", command="SSUBSCRIBE")
+            until = time.monotonic() + 1.0
+            while time.monotonic() < until:  # 10 intervals of quiet: each PING answered
+                await sub.heard(0.1)
+            assert srv.process is not None
+            srv.process.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(ConnectionError, match="half-open"):  # noqa: PT012
+                    while time.monotonic() - started < 10:
+                        await sub.heard(0.1)
+            finally:
+                srv.process.send_signal(signal.SIGCONT)
+        finally:
+            await sub.close()
+            await r.aclose()

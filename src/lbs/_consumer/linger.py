@@ -202,20 +202,10 @@ class Lingering:
                 # Wakes sent while nobody listened were lost: look at every lingering key once.
                 for key in list(self.holds):
                     self.woke(key, counted=False)
-                last_pong = last_ping = time.monotonic()
                 while True:
-                    messages = await sub.messages(min(1.0, ping_every))
-                    now = time.monotonic()
-                    if messages:
-                        last_pong = now
-                    for msg in messages:
+                    for msg in await sub.heard(ping_every):
                         if type(msg) is list and len(msg) == 3 and msg[0] == b"smessage":
                             self.woke(text(msg[2], "replace"))
-                    if now - last_ping >= ping_every:
-                        sub.ping()
-                        last_ping = now
-                    if now - last_pong > 2 * ping_every:
-                        raise ConnectionError("no PONG on the wake subscription: it is half-open")
                     if s.link is not link:
                         raise ConnectionError(f"the slot moved to {s.link.node}: resubscribing")
             except asyncio.CancelledError:

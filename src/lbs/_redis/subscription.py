@@ -18,6 +18,7 @@ disconnects it first.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -40,6 +41,8 @@ class Subscription:
         self._pool = redis.connection_pool
         self._conn: Any = None
         self._reader = RespReader(reply_error)
+        # When a PING was last sent and anything last arrived (monotonic): see heard().
+        self._pinged = self._heard = 0.0
 
     async def open(self, *patterns: str, command: str = "PSUBSCRIBE") -> None:
         """Connect and subscribe to ``patterns`` (``command``: ``PSUBSCRIBE``, or ``SSUBSCRIBE`` for
@@ -55,6 +58,22 @@ class Subscription:
                     confirmed += 1
                 elif isinstance(message, Exception):
                     raise message
+        self._pinged = self._heard = time.monotonic()
+
+    async def heard(self, ping_every: float) -> list[Any]:
+        """:meth:`messages`, waiting up to ``min(1, ping_every)`` seconds, on a link kept honest: a
+        PING every ``ping_every`` seconds (about 1 µs of Redis), and ``ConnectionError`` when nothing,
+        not even a PONG, arrived for twice that (the link is half-open)."""
+        messages = await self.messages(min(1.0, ping_every))
+        now = time.monotonic()
+        if messages:
+            self._heard = now  # anything arriving proves the link is alive
+        if now - self._pinged >= ping_every:
+            self.ping()
+            self._pinged = now
+        if now - self._heard > 2 * ping_every:
+            raise ConnectionError("no PONG on the subscription: it is half-open")
+        return messages
 
     def ping(self) -> None:
         """Send a PING; its reply comes back among the messages (the proof the link is alive)."""
