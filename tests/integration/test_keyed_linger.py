@@ -238,3 +238,46 @@ async def test_keys_woken_beyond_the_consumers_slots_are_yielded_and_still_run_i
         await c.close()
         await runner
     assert all(seen.of(key) == [0, 1, 2] for key in keys)
+
+
+async def test_one_publish_call_wakes_each_holder_once_for_all_its_lingering_keys(
+    url: str, service: str, rr: aioredis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """publish-1.lua sends one wake per consumer per call, a JSON array of its keys; a message on the
+    channel that is not one is logged and wakes nothing."""
+    seen, c = Seen(), client(url, service)
+    runner = asyncio.create_task(c.run_keyed(seen.handle, linger=LONG))
+    keys = ["a", "b", "c"]
+    try:
+        async with lbs.Publisher(url, service) as pub:
+            for i, key in enumerate(keys):
+                await handled_then_lingering(pub, rr, service, seen, key, 0, i + 1)
+            who = (await rr.hget(_keys.key_prefix(service) + "m:a", "who")).decode()
+            channel = f"{_keys.key_prefix(service)}wake:{who}"
+            listener = aioredis.Redis.from_url(url)
+            sub = listener.pubsub()
+            await sub.ssubscribe(channel)
+            try:
+                await rr.execute_command("SPUBLISH", channel, "not a wake")
+                await rr.execute_command("SPUBLISH", channel, '["a", 1]')
+                await pub.publish_many([(key, {"n": 1}) for key in keys])
+                heard: list[bytes] = []
+
+                async def three() -> bool:
+                    msg = await sub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+                    if msg is not None:
+                        heard.append(msg["data"])
+                    return len(heard) >= 3
+
+                await eventually(three)
+                await eventually(lambda: seen.count(6))
+            finally:
+                await sub.aclose()
+                await listener.aclose()
+    finally:
+        await c.close()
+        await runner
+    assert heard == [b"not a wake", b'["a", 1]', b'["a","b","c"]']
+    assert [seen.of(key) for key in keys] == [[0, 1]] * 3
+    warned = [r.getMessage() for r in caplog.records if "that is not a wake" in r.getMessage()]
+    assert len(warned) == 2, warned

@@ -2,12 +2,12 @@
 
 A key whose messages are all processed is kept, running nothing, instead of being let go at once
 (``commit-1.lua`` ``stay:<n>``: the key's state says ``idle:<token>``, so a death meanwhile is not
-counted against messages published later; ``lingers`` is set with it). ``publish-1.lua`` sends a
-wake, ``SPUBLISH {<service>-input}:wake:<consumer id> <key>``, for every message of a key that
-lingers: the holder reads the key's messages in its next round trip (``HDEL idle:<token> lingers``
-first, then ``XRANGE``)
-and runs them, with no registration, read, take or fetch. A quiet key that gets a message every
-second or so stays with its holder; a key that gets none for ``linger`` seconds is let go with a
+counted against messages published later; ``lingers`` is set with it). ``publish-1.lua`` wakes
+the holder of every lingering key it appends to, one ``SPUBLISH {<service>-input}:wake:<consumer
+id> <JSON array of keys>`` per consumer per call: the holder reads each key's messages in its next
+round trip (``HDEL idle:<token> lingers`` first, then ``XRANGE``) and runs them, with no
+registration, read, take or fetch. A quiet key that gets a message every second or so stays with
+its holder; a key that gets none for ``linger`` seconds is let go with a
 ``last:<n>`` commit, which also hands over any message whose wake was lost (a wake is a hint: losing
 one costs latency up to ``linger``, never a message).
 
@@ -30,11 +30,11 @@ keys wait for it anyway.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
 from .._redis.subscription import Subscription
-from .._redis.wire import text
 from .._waits import wait_set
 from .backoff import Backoff
 from .keyhold import KeyHold
@@ -205,7 +205,16 @@ class Lingering:
                 while True:
                     for msg in await sub.heard(ping_every):
                         if type(msg) is list and len(msg) == 3 and msg[0] == b"smessage":
-                            self.woke(text(msg[2], "replace"))
+                            keys = _keys(msg[2])
+                            if keys is None:
+                                s.log.warning(
+                                    "a message on %s that is not a wake (a JSON array of keys): "
+                                    "%.200r; ignored",
+                                    self.channel,
+                                    msg[2],
+                                )
+                            for key in keys or ():
+                                self.woke(key)
                     if s.link is not link:
                         raise ConnectionError(f"the slot moved to {s.link.node}: resubscribing")
             except asyncio.CancelledError:
@@ -230,3 +239,15 @@ class Lingering:
                     await sub.close()
                 except Exception:
                     pass
+
+
+def _keys(payload: bytes) -> list[str] | None:
+    """The keys of a wake (``publish-1.lua``: a JSON array of strings); None for a payload that is
+    not one."""
+    try:
+        keys = json.loads(payload)
+    except ValueError:
+        return None
+    if type(keys) is not list or any(type(k) is not str for k in keys):
+        return None
+    return keys

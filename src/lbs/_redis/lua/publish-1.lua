@@ -51,11 +51,19 @@
     ids         the message ids, in order
     registered  how many keys this call registered
 
+  A held key's registration is in force without a look in the LBS: its
+  state's "holder" (fetch-1.lua) is its "reg", an entry pending to the
+  holder until a commit lets the key go (deleting the state, or moving
+  "reg" and deleting "holder", atomically with the entry) or recovery
+  re-queues it under a new id (the copy is a registration in force: it
+  leads to the key, whose next fetch-1.lua sets both again).
+
   A key whose registration is in force and whose holder keeps it drained
   (its state's "lingers", set by commit-1.lua "stay"; "who" names the
-  holding consumer, written by fetch-1.lua) gets a wake: SPUBLISH
-  "<prefix>wake:<who>" <key>, once per key per call. A key being processed
-  gets none: its holder's next commit reads what came. A wake lost is a
+  holding consumer, written by fetch-1.lua) gets a wake: one SPUBLISH
+  "<prefix>wake:<who>" per consumer per call, its message the JSON array
+  of that consumer's keys woken (each once). A key being processed gets
+  none: its holder's next commit reads what came. A wake lost is a
   latency, never a loss (the holder lets the key go with a commit that
   returns what came).
 
@@ -103,7 +111,7 @@ for i = 1, m do
     if kind == 'none' then created[key] = true end
     -- The state's registration and holder, read now (a state of another type: HMGET's error).
     local state = prefix .. 'm:' .. key
-    local got = redis.pcall('HMGET', state, 'reg', 'who', 'lingers')
+    local got = redis.pcall('HMGET', state, 'reg', 'who', 'lingers', 'holder')
     if got.err then
       bad = misfit(state, 'hash', 'a key state')
       return redis.error_reply(bad or got.err)
@@ -139,22 +147,35 @@ for i = 1, m do
   ids[i] = redis.call('XADD', prefix .. 'k:' .. key, id, unpack(ARGV, msg[2], msg[3]))
 end
 local registered = 0
+local wakes, woken = {}, {}  -- consumer id -> the keys to wake; the consumers in order
 for _, key in ipairs(order) do
   local state = prefix .. 'm:' .. key
-  local reg, who, lingers = states[key][1], states[key][2], states[key][3]
-  -- pcall: a "reg" that is not an entry id (garbage) means not registered.
-  local found = reg and redis.pcall('XRANGE', KEYS[1], reg, reg, 'COUNT', 1)
-  if who and lingers and found and not found.err and #found > 0 then
-    redis.call('SPUBLISH', prefix .. 'wake:' .. who, key)
+  local reg, who, lingers, holder = states[key][1], states[key][2], states[key][3], states[key][4]
+  -- Held: in force (see above), and woken if it lingers.
+  local in_force = reg and holder == reg
+  if in_force and who and lingers then
+    local keys = wakes[who]
+    if not keys then
+      keys = {}
+      wakes[who], woken[#woken + 1] = keys, who
+    end
+    keys[#keys + 1] = key
   end
-  if reg and (not found or found.err or #found == 0) then
-    -- Or parked for a retry delay (commit-1.lua "retry:<ms>"), in the parking stream.
-    found = redis.pcall('XRANGE', prefix .. 'delayed', reg, reg, 'COUNT', 1)
+  -- Else in the LBS, or parked for a retry delay (commit-1.lua "fail:<ms>...") in the parking
+  -- stream. pcall: a "reg" that is not an entry id (garbage) means not registered.
+  local places = (in_force or not reg) and {} or {KEYS[1], prefix .. 'delayed'}
+  for _, where in ipairs(places) do
+    local found = redis.pcall('XRANGE', where, reg, reg, 'COUNT', 1)
+    in_force = not found.err and #found > 0
+    if in_force then break end
   end
-  if not found or found.err or #found == 0 then
+  if not in_force then
     local id = redis.call('XADD', KEYS[1], '*', 'lbs-input', seen[key], 'lbs-keyed', '1')
     redis.call('HSET', state, 'reg', id)
     registered = registered + 1
   end
+end
+for _, who in ipairs(woken) do
+  redis.call('SPUBLISH', prefix .. 'wake:' .. who, cjson.encode(wakes[who]))
 end
 return {ids, registered}
