@@ -346,12 +346,26 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         return self._client
 
     def _delivered(self, name: str) -> str:
-        for g in self._redis().xinfo_groups(name):
+        """Where the query starts reading ``name``: after the group's last delivered entry, or before
+        the consumer's oldest pending one (a query that died in its first batch delivered entries it
+        never committed: Spark asks again for the initial offset, and the batch run again must read
+        them)."""
+        r = self._redis()
+        last = _FIRST
+        for g in r.xinfo_groups(name):
             group_name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
             if group_name == self.group:
-                last = g["last-delivered-id"]
-                return last.decode() if isinstance(last, bytes) else str(last)
-        return _FIRST
+                raw = g["last-delivered-id"]
+                last = raw.decode() if isinstance(raw, bytes) else str(raw)
+        oldest = r.xpending_range(
+            name, self.group, min="-", max="+", count=1, consumername=CONSUMER
+        )
+        if oldest:
+            first = oldest[0]["message_id"]
+            before = _before(first.decode() if isinstance(first, bytes) else str(first))
+            if id_key(before) < id_key(last):
+                return before
+        return last
 
     def initialOffset(self) -> dict[str, str]:
         """Create the group on every stream (idempotent: Spark calls this twice) and start where it is."""
@@ -464,3 +478,11 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _before(entry_id: str) -> str:
+    """The greatest id below ``entry_id`` (an offset is the last id included)."""
+    ms, seq = id_key(entry_id)
+    if seq > 0:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{2**64 - 1}" if ms > 0 else _FIRST

@@ -5,17 +5,21 @@ Arrow columns (``_lbscore.encode_xadds``); the driver's commit registers each
 data stream the job touched in the service's LBS, once. On Redis >= 8.6
 every row carries XADD IDMP ids derived from (run tag, batch, partition,
 chunk) and its index in the chunk, so a retried task adds nothing twice.
+A streaming query also keeps what each batch wrote and committed in Redis
+(:mod:`lbs.spark._ledger`), so a batch Spark runs again after a restart, however
+late, writes nothing twice.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -23,20 +27,16 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
-from redis.cluster import RedisCluster
 
 from .. import _keys
-from .._redis.connection import redirected
-from ..exceptions import ConfigurationError, RedisOperationError
-from ._options import Connection, RawConnection, flag, lowered, node_of, number, server_version
+from ..exceptions import ConfigurationError
+from ._append import IDMP_MAX_SIZE, Appender
+from ._ledger import Ledger
+from ._options import Connection, flag, lowered, number, server_version
 
 log = logging.getLogger("lbs.spark")
 
-#: Rows encoded per pipeline round: one buffer per node, sent while the previous round's replies come back.
-FLUSH_ROWS = 2_000
 IDMP_SERVER = (8, 6)
-#: The server's defaults for a stream's IDMP settings (``stream-idmp-maxsize`` / ``-duration``).
-IDMP_DEFAULT_SIZE, IDMP_DEFAULT_DURATION, IDMP_MAX_SIZE = 100, 100, 10_000
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class SinkOptions:
     idmp_max_size: int | None = None
     idmp_duration: int | None = None
     fail_after_rows: int | None = None  # tests: raise in a partition's first attempt after N rows
+    pause_at: str | None = None  # tests: "commit-start:<file>" / "commit-end:<file>", see _pause
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -78,6 +79,7 @@ class SinkOptions:
             idmp_max_size=size,
             idmp_duration=number(opts, "idmpDuration"),
             fail_after_rows=number(opts, "_failAfterRows"),
+            pause_at=opts.get("_pauseat") or None,
         )
 
 
@@ -95,174 +97,16 @@ def _commits(messages: list[WriterCommitMessage | None]) -> list[SinkCommit | No
     return [m if isinstance(m, SinkCommit) else None for m in messages]
 
 
-def _info_dict(reply: Any) -> dict[str, Any]:
-    if isinstance(reply, list):
-        reply = dict(zip(reply[::2], reply[1::2]))
-    if not isinstance(reply, dict):
-        return {}
-    return {(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in reply.items()}
-
-
-class _NodePipe:
-    """One node's XADDs: encoded rounds go out in one write, replies are read by the core.
-
-    A round is sent while the previous one's replies are still on their way;
-    ``drain`` reads them. Server errors come back as values, so every failed
-    command is counted and the first ones kept for the report.
-    """
-
-    def __init__(self, client: redis.Redis) -> None:
-        from _lbscore import CommandBatch
-
-        self.raw = RawConnection(client)
-        self.batch = CommandBatch(1 << 17)
-        self.in_flight = 0
-        self.errors: list[Exception] = []
-        self.failed = 0
-
-    def send(self) -> None:
-        if len(self.batch):
-            self.raw.send(self.batch.getvalue())
-            self.in_flight += len(self.batch)
-            self.batch.clear()
-
-    def drain(self) -> None:
-        from _lbscore import NEED_MORE
-
-        while self.in_flight:
-            reply = self.raw.reader.gets()
-            if reply is NEED_MORE:
-                self.raw.receive()
-                continue
-            self.in_flight -= 1
-            if isinstance(reply, Exception):
-                self.failed += 1
-                if len(self.errors) < 3:
-                    self.errors.append(reply)
-
-    def close(self, ok: bool) -> None:
-        self.raw.close(ok and not self.in_flight)
-
-
-class _Appender:
-    """XADDs to many streams: one :class:`_NodePipe` per node that owns one of them.
-
-    Every stream gets an :class:`_lbscore.XaddRoute` on first sight: its
-    node's batch and, with ``pid_head`` (``"<run tag>:<batch>:<part>:"``;
-    None: no IDMP), its IDMP chunk size.
-    """
-
-    def __init__(self, client: Any, opts: SinkOptions, pid_head: str | None) -> None:
-        self.client = client
-        self.opts = opts
-        self.pid_head = pid_head
-        self.routes: dict[str, Any] = {}
-        self.pipes: dict[str, _NodePipe] = {}
-
-    def route(self, streams: set[str]) -> None:
-        """Make routes for streams seen for the first time (their IDMP max size read in one round)."""
-        from _lbscore import XaddRoute
-
-        new = sorted(streams - self.routes.keys())
-        if not new:
-            return
-        sizes = _idmp_sizes(self.client, new, self.opts) if self.pid_head is not None else {}
-        for name in new:
-            node, client = node_of(self.client, name)
-            pipe = self.pipes.get(node)
-            if pipe is None:
-                pipe = self.pipes[node] = _NodePipe(client)
-            self.routes[name] = XaddRoute(
-                pipe.batch, name, sizes.get(name, 0), (self.pid_head or "").encode()
-            )
-
-    def append(
-        self,
-        streams: list[Any],
-        names: list[str],
-        columns: list[list[Any]],
-        stop: int | None = None,
-    ) -> int:
-        """Encode and send ``streams[:stop]``'s rows in rounds (see ``encode_xadds``); returns the rows sent."""
-        from _lbscore import encode_xadds
-
-        names_seen = set(streams[:stop])
-        names_seen.discard(None)
-        self.route(names_seen)
-        end = len(streams) if stop is None else stop
-        rows = 0
-        for start in range(0, end, FLUSH_ROWS):
-            rows += encode_xadds(
-                streams, names, columns, self.routes, start, min(start + FLUSH_ROWS, end)
-            )
-            self.round()
-        return rows
-
-    def round(self) -> None:
-        """Send what was encoded; read the previous round's replies meanwhile."""
-        for pipe in self.pipes.values():
-            pipe.drain()
-            pipe.send()
-        self._check()
-
-    def finish(self) -> None:
-        for pipe in self.pipes.values():
-            pipe.send()
-            pipe.drain()
-        self._check()
-
-    def _check(self) -> None:
-        failed = sum(p.failed for p in self.pipes.values())
-        if not failed:
-            return
-        first = next(e for p in self.pipes.values() for e in p.errors)
-        if isinstance(self.client, RedisCluster) and any(
-            redirected(e) for p in self.pipes.values() for e in p.errors
-        ):
-            self.client.nodes_manager.initialize()  # the retried task routes by the new slot map
-            raise RedisOperationError(
-                "XADD (a slot moved during the write; Spark retries the task)", first
-            )
-        raise RedisOperationError(f"XADD ({failed} rows refused)", first)
-
-    def close(self, ok: bool) -> None:
-        for pipe in self.pipes.values():
-            pipe.close(ok)
-
-
-def _idmp_sizes(client: Any, streams: list[str], opts: SinkOptions) -> dict[str, int]:
-    """Each stream's IDMP max size, after XCFGSET where the options ask for other settings.
-
-    XCFGSET clears the ids a stream tracks, so it only runs when the settings
-    differ: the first attempt sets them and a retry finds them in place.
-    """
-    pipe = client.pipeline(transaction=False)
-    for name in streams:
-        pipe.execute_command("XINFO", "STREAM", name)
-    replies = pipe.execute(raise_on_error=False)
-    sizes: dict[str, int] = {}
-    for name, reply in zip(streams, replies):
-        info = {} if isinstance(reply, Exception) else _info_dict(reply)
-        size = int(info.get("idmp-maxsize") or IDMP_DEFAULT_SIZE)
-        duration = int(info.get("idmp-duration") or IDMP_DEFAULT_DURATION)
-        want = (opts.idmp_max_size or size, opts.idmp_duration or duration)
-        if want != (size, duration) or (not info and (opts.idmp_max_size or opts.idmp_duration)):
-            if not info:  # XCFGSET needs the stream: create it empty
-                client.execute_command("XADD", name, "MAXLEN", "0", "*", "_init", "")
-            # raw: redis-py's xcfgset refuses durations over 300 s that the server accepts
-            client.execute_command(
-                "XCFGSET", name, "IDMP-DURATION", want[1], "IDMP-MAXSIZE", want[0]
-            )
-        sizes[name] = max(1, min(want[0], IDMP_MAX_SIZE))
-    return sizes
-
-
 class _SinkCore:
     """The write path shared by the batch and the streaming writer."""
 
-    def __init__(self, opts: SinkOptions, schema: StructType, run_tag: str) -> None:
+    def __init__(
+        self, opts: SinkOptions, schema: StructType, run_tag: str, *, streaming: bool = False
+    ) -> None:
         self.opts = opts
         self.run_tag = run_tag
+        #: A streaming query's batches are recorded (:mod:`lbs.spark._ledger`); a batch job's are not.
+        self.streaming = streaming
         names = [f.name for f in schema.fields]
         if opts.stream_column not in names:
             raise ConfigurationError(
@@ -279,7 +123,7 @@ class _SinkCore:
         first_attempt = ctx is None or ctx.attemptNumber() == 0
         fail_at = self.opts.fail_after_rows if first_attempt else None
         client = self.opts.connection.client()
-        appender: _Appender | None = None
+        appender: Appender | None = None
         ok = False
         try:
             exactly_once = self.opts.idmp and server_version(client) >= IDMP_SERVER
@@ -288,13 +132,26 @@ class _SinkCore:
                     "lbs sink: Redis without XADD IDMP (needs 8.6) or idmp=false: at-least-once; "
                     "a retried task appends its rows again"
                 )
-            appender = _Appender(
+            ledger = self._ledger(batch_id)
+            done = (
+                ledger.written(client, partition) if ledger is not None and self.opts.append else 0
+            )
+            if done:
+                log.info(
+                    "lbs sink: batch %s partition %d: %d rows written by an earlier run of the batch "
+                    "are skipped",
+                    batch_id,
+                    partition,
+                    done,
+                )
+            appender = Appender(
                 client,
                 self.opts,
                 f"{self.run_tag}:{batch_id}:{partition}:" if exactly_once else None,
+                (ledger, partition) if ledger is not None else None,
             )
             touched: set[str] = set()
-            rows = unnamed = 0
+            rows = unnamed = seen = 0
             for batch in batches:
                 column = batch.column(self.opts.stream_column)
                 if not pa.types.is_string(column.type) and not pa.types.is_large_string(
@@ -312,7 +169,15 @@ class _SinkCore:
                     if fail_at is not None and fail_at - rows <= len(streams)
                     else None
                 )
-                rows += appender.append(streams, self.payload_columns, columns, stop)
+                rows += appender.append(
+                    streams,
+                    self.payload_columns,
+                    columns,
+                    stop,
+                    offset=seen,
+                    skip=max(0, done - seen),
+                )
+                seen += len(streams)
                 if stop is not None:
                     appender.finish()
                     raise RuntimeError(
@@ -336,10 +201,16 @@ class _SinkCore:
                 appender.close(ok)
             client.close()
 
+    def _ledger(self, batch_id: str) -> Ledger | None:
+        if not self.streaming or not self.run_tag:
+            return None
+        return Ledger(self.opts.service, self.run_tag, int(batch_id))
+
     def register(
         self, messages: list[SinkCommit | None], batch_id: str, *, idmp: bool = True
     ) -> None:
-        """On the driver: register every data stream the job touched in the LBS, once."""
+        """On the driver: register every data stream the job touched in the LBS, once (a streaming
+        batch: once whatever the restarts, recorded with its registrations)."""
         skipped = sum(m.skipped for m in messages if m is not None)
         if skipped:
             log.warning(
@@ -347,20 +218,24 @@ class _SinkCore:
                 skipped,
                 self.opts.stream_column,
             )
-        if not self.opts.register:
-            return
         streams = sorted({s for m in messages if m is not None for s in m.streams})
+        if not self.opts.register:
+            streams = []
+        ledger = self._ledger(batch_id)
+        if ledger is not None:
+            self._commit(ledger, streams)
+            return
         if not streams:
             return
         from _lbscore import encode_input
 
         client = self.opts.connection.client()
-        appender: _Appender | None = None
+        appender: Appender | None = None
         ok = False
         try:
             lbs_stream = _keys.input_stream(self.opts.service)
             exactly_once = idmp and self.opts.idmp and server_version(client) >= IDMP_SERVER
-            appender = _Appender(
+            appender = Appender(
                 client, self.opts, f"{self.run_tag}:{batch_id}:register:" if exactly_once else None
             )
             appender.append(
@@ -374,6 +249,39 @@ class _SinkCore:
             if appender is not None:
                 appender.close(ok)
             client.close()
+
+    def _commit(self, ledger: Ledger, streams: list[str]) -> None:
+        from _lbscore import encode_input
+
+        _pause(self.opts.pause_at, "commit-start", streams)
+        client = self.opts.connection.client()
+        try:
+            if ledger.committed(client):
+                log.info(
+                    "lbs sink: batch %d of query %s was committed by an earlier run: nothing to register",
+                    ledger.batch,
+                    ledger.query,
+                )
+                return
+            lbs_stream = _keys.input_stream(self.opts.service)
+            ledger.commit(client, lbs_stream, [encode_input(n, None) for n in streams])
+        finally:
+            client.close()
+        _pause(self.opts.pause_at, "commit-end", streams)
+
+
+def _pause(pause_at: str | None, where: str, streams: list[str]) -> None:
+    """Tests (option ``_pauseAt`` = ``<where>:<file>``): at ``where`` of a commit that registers
+    something, create the file and stop there: the test kills the driver meanwhile. Fails the commit
+    if nobody has after 2 minutes, or as soon as this process is orphaned (the driver died)."""
+    if not pause_at or not streams or not pause_at.startswith(where + ":"):
+        return
+    with open(pause_at[len(where) + 1 :], "w") as f:
+        f.write(str(os.getpid()))
+    parent, deadline = os.getppid(), time.monotonic() + 120
+    while time.monotonic() < deadline and os.getppid() == parent:
+        time.sleep(0.05)
+    raise RuntimeError(f"lbs sink: paused at {where} (option _pauseAt) and not killed")
 
 
 class LbsWriter(DataSourceArrowWriter):
@@ -394,7 +302,7 @@ class LbsStreamWriter(DataSourceStreamArrowWriter):
     """Streaming sink: the query's id is the run tag, each micro-batch's id is part of the producer ids."""
 
     def __init__(self, opts: SinkOptions, schema: StructType) -> None:
-        self.core = _SinkCore(opts, schema, opts.run_tag or "")
+        self.core = _SinkCore(opts, schema, opts.run_tag or "", streaming=True)
 
     def write(self, iterator: Iterator[Any]) -> SinkCommit:
         ctx = TaskContext.get()
