@@ -39,8 +39,8 @@ range ends at the newest id when the read was planned.
 **Streaming reader** (``spark.readStream``): the same sources and rows, plus
 ``group`` (required: a consumer group of its own per query),
 ``startingOffsets`` (``earliest``, the default, or ``latest``) and
-``maxEntriesPerTrigger``. Offsets are ``{stream: last id}``; a restarted
-query replays its batch from the group's pending entries. Acknowledgement
+``maxEntriesPerTrigger`` (a total over the streams). Offsets are ``{stream: last id}``; a
+restarted query replays its batch from the group's pending entries. Acknowledgement
 (XACK in ``commit``) lags one batch; end-to-end exactly-once needs the IDMP
 sink (or another idempotent one).
 

@@ -339,6 +339,8 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         self.max_entries = number(opts, "maxEntriesPerTrigger")
         self._client: Any = None  # the driver side's connection, opened on first use
         self._latest: dict[str, str] = {}
+        #: Where the streams' round starts this trigger (a cap below the stream count moves on).
+        self._turn = -1
 
     def _redis(self) -> Any:
         if self._client is None:
@@ -381,7 +383,8 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
     def latestOffset(
         self, start: dict[str, str] | None = None, limit: Any = None
     ) -> dict[str, str]:
-        """Each stream's newest id (capped per stream by ``maxEntriesPerTrigger`` or Spark's read limit)."""
+        """Each stream's newest id, or, capped by ``maxEntriesPerTrigger`` or Spark's read limit (a
+        total over the streams), the ids that take that many entries in all (:func:`_capped`)."""
         r = self._redis()
         # Spark < 4.2 calls latestOffset() without the start: this run's previous answer is it.
         start = dict(start if start is not None else self._latest)
@@ -398,15 +401,17 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             ):  # a stream the pattern found since the query started: read it whole
                 ensure_group_sync(r, name, self.group)
                 start[name] = _FIRST
-        per_stream = max(1, cap // max(1, len(names))) if cap else None
         out = dict(start)
-        for name in names:
-            if per_stream is None:
-                newest = r.xrevrange(name, "+", "-", count=1)
-            else:
-                newest = r.xrange(name, "(" + start[name], "+", count=per_stream)[-1:]
-            if newest:
-                out[name] = newest[-1][0].decode()
+        if cap is None:
+            pipe = r.pipeline(transaction=False)
+            for name in names:
+                pipe.xrevrange(name, "+", "-", count=1)
+            for name, newest in zip(names, pipe.execute()):
+                if newest:
+                    out[name] = newest[-1][0].decode()
+        else:
+            self._turn = (self._turn + 1) % max(1, len(names))
+            out.update(_capped(r, names[self._turn :] + names[: self._turn], start, cap))
         self._latest = out
         return out
 
@@ -486,3 +491,32 @@ def _before(entry_id: str) -> str:
     if seq > 0:
         return f"{ms}-{seq - 1}"
     return f"{ms - 1}-{2**64 - 1}" if ms > 0 else _FIRST
+
+
+def _capped(r: Any, names: list[str], start: Mapping[str, str], cap: int) -> dict[str, str]:
+    """The end offsets of at most ``cap`` new entries in all: an equal share per stream first (one
+    pipelined XRANGE each; with more streams than ``cap``, one entry for each of the first ``cap``
+    streams that have one, in the order given, which the caller turns each trigger), then what the
+    streams with less left over goes to those that had more, in order."""
+    share = max(1, cap // max(1, len(names)))
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.xrange(name, "(" + start[name], "+", count=share)
+    out: dict[str, str] = {}
+    left, full = cap, []
+    for name, entries in zip(names, pipe.execute()):
+        if not entries or left <= 0:
+            continue
+        entries = entries[:left]
+        out[name] = entries[-1][0].decode()
+        left -= len(entries)
+        if len(entries) == share:
+            full.append(name)
+    for name in full:
+        if left <= 0:
+            break
+        more = r.xrange(name, "(" + out[name], "+", count=left)
+        if more:
+            out[name] = more[-1][0].decode()
+            left -= len(more)
+    return out
