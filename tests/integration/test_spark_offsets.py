@@ -10,7 +10,7 @@ import redis
 
 pytest.importorskip("pyspark", reason="the Spark tests need the lbs-streams[spark] extra")
 
-from lbs.spark._read import LbsStreamReader
+from lbs.spark._readstream import LbsStreamReader
 
 
 def _reader(url: str, streams: list[str], group: str, cap: int) -> Any:

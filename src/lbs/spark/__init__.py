@@ -58,13 +58,22 @@ import os
 import sys
 from typing import Any
 
+import pyspark
+
+if int(pyspark.__version__.split(".")[0]) < 4:  # before the Python Data Source API
+    raise ImportError(
+        f"lbs.spark needs PySpark >= 4.0 (the Python Data Source API); this is {pyspark.__version__}"
+    )
+
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from ..exceptions import ConfigurationError
+from . import _optionlist
 from ._options import Connection
-from ._read import LbsReader, LbsStreamReader, default_schema
+from ._read import LbsReader, default_schema
+from ._readstream import LbsStreamReader
 from ._sink import LbsStreamWriter, LbsWriter, SinkOptions
 
 __all__ = ["Connection", "LbsDataSource", "default_schema", "local_session"]
@@ -81,12 +90,15 @@ class LbsDataSource(DataSource):
         return default_schema()
 
     def reader(self, schema: StructType) -> LbsReader:
+        _optionlist.check(self.options, "read")
         return LbsReader(self.options, schema)
 
     def streamReader(self, schema: StructType) -> LbsStreamReader:
+        _optionlist.check(self.options, "readStream")
         return LbsStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        _optionlist.check(self.options, "write")
         if overwrite:
             raise ConfigurationError(
                 "the lbs sink is append-only: mode('overwrite') is not supported; "
@@ -95,6 +107,7 @@ class LbsDataSource(DataSource):
         return LbsWriter(SinkOptions.parse(self.options), schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LbsStreamWriter:
+        _optionlist.check(self.options, "writeStream")
         if overwrite:
             raise ConfigurationError(
                 "the lbs sink is append-only: outputMode('complete') is not supported"
