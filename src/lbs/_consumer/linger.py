@@ -205,7 +205,7 @@ class Lingering:
                 while True:
                     for msg in await sub.heard(ping_every):
                         if type(msg) is list and len(msg) == 3 and msg[0] == b"smessage":
-                            keys = _keys(msg[2])
+                            keys = _wake_keys(msg[2])
                             if keys is None:
                                 s.log.warning(
                                     "a message on %s that is not a wake (a JSON array of keys): "
@@ -241,7 +241,7 @@ class Lingering:
                     pass
 
 
-def _keys(payload: bytes) -> list[str] | None:
+def _wake_keys(payload: bytes) -> list[str] | None:
     """The keys of a wake (``publish-1.lua``: a JSON array of strings); None for a payload that is
     not one."""
     try:

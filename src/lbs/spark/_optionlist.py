@@ -92,6 +92,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 
+#: The options by lowercased name (Spark hands them over lowercased).
+_BY_NAME = {o.name.lower(): o for o in OPTIONS}
 #: What Spark itself adds to a data source's options.
 _SPARKS = {"checkpointlocation", "queryname"}
 #: Test hooks (not documented): raise after N rows, stop at a point of the commit.
@@ -100,7 +102,6 @@ _HOOKS = {"_failafterrows", "_pauseat"}
 
 def check(options: Mapping[str, str], mode: str) -> None:
     """Refuse an option that no mode knows (naming the close ones) or that ``mode`` does not take."""
-    known = {o.name.lower(): o for o in OPTIONS}
     for key in options:
         k = key.lower()
         if k in _SPARKS or k in _HOOKS:
@@ -110,11 +111,13 @@ def check(options: Mapping[str, str], mode: str) -> None:
                 "the lbs source takes no path (load(path) / save(path)): name the streams with "
                 "option 'streams', 'pattern' or 'source', the service with 'service'"
             )
-        option = known.get(k)
+        option = _BY_NAME.get(k)
         if option is None:
-            close = difflib.get_close_matches(k, list(known), n=3, cutoff=0.6)
+            close = difflib.get_close_matches(k, list(_BY_NAME), n=3, cutoff=0.6)
             hint = (
-                f"; did you mean {', '.join(repr(known[c].name) for c in close)}?" if close else ""
+                f"; did you mean {', '.join(repr(_BY_NAME[c].name) for c in close)}?"
+                if close
+                else ""
             )
             raise ConfigurationError(f"unknown option {key!r} of the lbs source{hint}")
         if mode not in option.modes:

@@ -163,11 +163,12 @@ for _, key in ipairs(order) do
   end
   -- Else in the LBS, or parked for a retry delay (commit-1.lua "fail:<ms>...") in the parking
   -- stream. pcall: a "reg" that is not an entry id (garbage) means not registered.
-  local places = (in_force or not reg) and {} or {KEYS[1], prefix .. 'delayed'}
-  for _, where in ipairs(places) do
-    local found = redis.pcall('XRANGE', where, reg, reg, 'COUNT', 1)
-    in_force = not found.err and #found > 0
-    if in_force then break end
+  if reg and not in_force then
+    for _, where in ipairs({KEYS[1], prefix .. 'delayed'}) do
+      local found = redis.pcall('XRANGE', where, reg, reg, 'COUNT', 1)
+      in_force = not found.err and #found > 0
+      if in_force then break end
+    end
   end
   if not in_force then
     local id = redis.call('XADD', KEYS[1], '*', 'lbs-input', seen[key], 'lbs-keyed', '1')
