@@ -1,12 +1,22 @@
 """The Spark data source beside plain redis-py, in one run: 1,000,000 small rows, 2 partitions.
 
 * **sink**: ``df.write.format("lbs")`` (XADD IDMP on, so exactly-once; and
-  with ``idmp=false``) against a plain redis-py pipeline of XADD outside
-  Spark (one process, ``execute()`` every 1,000 rows), same rows, same server;
+  with ``idmp=false``) against what a Spark job writes without lbs, redis-py
+  pipelines of XADD in ``foreachPartition`` (at least once: a retried task
+  writes its rows again), and against a plain redis-py pipeline of XADD
+  outside Spark (one process, the baseline), all ``execute()`` every 1,000
+  rows, same rows, same server;
 * **reader**: ``spark.read.format("lbs")`` of the two streams, counted by
   Spark (a Python source cannot prune columns, so every row is read and
   converted to Arrow) against plain redis-py XRANGE pages of 1,000 outside
   Spark.
+
+* **many streams**: a batch read of 10,000 streams of 10 entries found by a
+  pattern (lbs packs them into a few partitions), beside a redis-py SCAN and
+  pipelined XRANGE in one process; and a streaming trigger's planning in the
+  driver over those streams (which moved, their ends, the tasks, the commit),
+  beside a SCAN and a pipelined XREVRANGE per stream, with Redis's CPU and
+  commands per trigger.
 
 Each row is ``stream`` (``<service>-s0`` or ``-s1``), ``n`` (a long) and
 ``body`` (a short string). The figure to read is ``extra_info.rows_per_s``
@@ -87,7 +97,13 @@ def _report(bench: Bench, rows: int, baseline: bool) -> None:
 
 @pytest.mark.benchmark(group="spark sink: 1M rows, 2 partitions")
 @pytest.mark.parametrize(
-    "impl", ["lbs sink, IDMP (exactly-once)", "lbs sink, idmp=false", "redis-py pipeline XADD"]
+    "impl",
+    [
+        "lbs sink, IDMP (exactly-once)",
+        "lbs sink, idmp=false",
+        "redis-py XADD in foreachPartition",
+        "redis-py pipeline XADD",
+    ],
 )
 def bench_spark_sink(bench: Bench, spark: Any, impl: str) -> None:
     rows = _rows(bench)
@@ -112,7 +128,26 @@ def bench_spark_sink(bench: Bench, spark: Any, impl: str) -> None:
     def plain() -> None:
         _append(r, streams, rows, 1_000)
 
-    fn = plain if impl.startswith("redis-py") else with_lbs
+    def for_each_partition() -> None:
+        url = bench.url
+
+        def write(rows: Any) -> None:  # what a Spark job writes without lbs: at least once
+            import redis as redis_py
+
+            with redis_py.Redis.from_url(url) as client:
+                pipe = client.pipeline(transaction=False)
+                for row in rows:
+                    pipe.xadd(row.stream, {"n": row.n, "body": row.body})
+                    if len(pipe) == 1_000:
+                        pipe.execute()
+                pipe.execute()
+
+        df.foreachPartition(write)
+
+    fn = {
+        "redis-py pipeline XADD": plain,
+        "redis-py XADD in foreachPartition": for_each_partition,
+    }.get(impl, with_lbs)
     bench(fn, setup=clean, warmup_rounds=1)
     assert r.xlen(streams[0]) + r.xlen(streams[1]) == rows
     _report(bench, rows, baseline=fn is plain)
@@ -151,3 +186,132 @@ def bench_spark_reader(bench: Bench, spark: Any, impl: str) -> None:
     fn = plain if impl.startswith("redis-py") else with_lbs
     assert bench(fn, warmup_rounds=1) == rows
     _report(bench, rows, baseline=fn is plain)
+
+
+# ------------------------------------------------------------ many streams ---
+
+STREAMS, SMOKE_STREAMS = 10_000, 300
+PER_STREAM = 10
+
+
+def _many(bench: Bench, r: redis.Redis, prefix: str) -> list[str]:
+    """``STREAMS`` streams of ``PER_STREAM`` entries: per-session streams, as lbs sees them."""
+    names = [f"{prefix}:{i}" for i in range(SMOKE_STREAMS if bench.benchmark.disabled else STREAMS)]
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        for n in range(PER_STREAM):
+            pipe.xadd(name, {"n": n})
+        if len(pipe) >= 10_000:
+            pipe.execute()
+    pipe.execute()
+    bench.defer(lambda: [r.delete(*names[i : i + 1_000]) for i in range(0, len(names), 1_000)])
+    return names
+
+
+def _redis_paid(r: redis.Redis) -> tuple[float, int]:
+    """Redis's CPU seconds and commands so far (INFO cpu, commandstats)."""
+    cpu = r.info("cpu")
+    calls = sum(v["calls"] for v in r.info("commandstats").values())
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]), int(calls)
+
+
+@pytest.mark.benchmark(group="spark reader: 10,000 streams of 10 entries (pattern)")
+@pytest.mark.parametrize("impl", ["lbs reader (Spark)", "redis-py SCAN + XRANGE per stream"])
+def bench_spark_many_streams(bench: Bench, spark: Any, impl: str) -> None:
+    """A batch read of many small streams found by a pattern: lbs packs them into partitions of
+    about 10,000 entries (``tasks``); the baseline reads them in one process, 1,000 a round trip."""
+    r = _redis(bench)
+    prefix = bench.service("spark-many")
+    names = _many(bench, r, prefix)
+
+    def with_lbs() -> int:
+        df = spark.read.format("lbs").option("url", bench.url).option("pattern", f"{prefix}:*")
+        loaded = df.load()
+        bench.extra_info["tasks"] = loaded.rdd.getNumPartitions()
+        return int(loaded.count())
+
+    def plain() -> int:
+        found = sorted(k.decode() for k in r.scan_iter(match=f"{prefix}:*", count=1_000))
+        n = 0
+        for i in range(0, len(found), 1_000):
+            pipe = r.pipeline(transaction=False)
+            for name in found[i : i + 1_000]:
+                pipe.xrange(name, "-", "+")
+            n += sum(len(entries) for entries in pipe.execute())
+        return n
+
+    fn = plain if impl.startswith("redis-py") else with_lbs
+    assert bench(fn, warmup_rounds=1) == len(names) * PER_STREAM
+    _report(bench, len(names) * PER_STREAM, baseline=fn is plain)
+
+
+@pytest.mark.benchmark(group="spark streaming trigger over 10,000 streams: the driver's planning")
+@pytest.mark.parametrize(
+    "case",
+    [
+        "lbs, 10 streams moved",
+        "redis-py SCAN + XREVRANGE per stream, 10 moved",
+        "lbs, every stream moved",
+        "redis-py SCAN + XREVRANGE per stream, every one moved",
+    ],
+)
+def bench_spark_trigger(bench: Bench, case: str) -> None:
+    """One micro-batch's planning in the driver, without a Spark job: the streaming reader's
+    ``latestOffset`` (which streams moved, their new ends), ``partitions`` (tasks) and the previous
+    batch's ``commit``, after one new entry in 10 streams or in every stream; the baseline finds
+    the streams and their ends the plain way (what lbs did before issue 46): a SCAN and a pipelined
+    XREVRANGE per stream. ``redis_cpu_ms`` and ``redis_commands`` are Redis's, per trigger."""
+    from pyspark.sql.types import StructType
+
+    from lbs.spark._readstream import LbsStreamReader
+
+    r = _redis(bench)
+    prefix = bench.service("spark-trigger")
+    names = _many(bench, r, prefix)
+    moving = names if "every" in case else names[:: max(1, len(names) // 10)][:10]
+    reader = LbsStreamReader(
+        {"url": bench.url, "pattern": f"{prefix}:*", "group": "bench"}, StructType()
+    )
+    bench.defer(reader.stop)
+    state = {"end": reader.initialOffset()}
+    state["end"] = reader.latestOffset(state["end"], None)
+    paid = {"cpu": 0.0, "calls": 0, "tasks": 0, "triggers": 0}
+
+    def move() -> None:
+        pipe = r.pipeline(transaction=False)
+        for name in moving:
+            pipe.xadd(name, {"n": "new"})
+        pipe.execute()
+
+    def with_lbs() -> None:
+        cpu, calls = _redis_paid(r)
+        reader.commit(state["end"])
+        end = reader.latestOffset(state["end"], None)
+        paid["tasks"] += len(reader.partitions(state["end"], end))
+        state["end"] = end
+        _count(cpu, calls)
+
+    def plain() -> None:
+        cpu, calls = _redis_paid(r)
+        found = sorted(k.decode() for k in r.scan_iter(match=f"{prefix}:*", count=1_000))
+        pipe = r.pipeline(transaction=False)
+        for name in found:
+            pipe.xrevrange(name, "+", "-", count=1)
+        paid["tasks"] += sum(1 for newest in pipe.execute() if newest)
+        _count(cpu, calls)
+
+    def _count(cpu: float, calls: int) -> None:
+        cpu_after, calls_after = _redis_paid(r)
+        paid["cpu"] += cpu_after - cpu
+        paid["calls"] += calls_after - calls - 2  # the two INFO calls of the second look
+        paid["triggers"] += 1
+
+    fn = plain if case.startswith("redis-py") else with_lbs
+    bench(fn, setup=move, warmup_rounds=1)
+    n = paid["triggers"]
+    bench.extra_info.update(
+        baseline=fn is plain,
+        redis_cpu_ms=round(1_000 * paid["cpu"] / n, 1),
+        redis_commands=round(paid["calls"] / n),
+        tasks=round(paid["tasks"] / n),
+    )

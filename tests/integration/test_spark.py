@@ -124,15 +124,15 @@ def test_the_reader_gives_exact_rows_for_a_list_and_a_pattern(
     spark: Any, redis_server: Any, service: str
 ) -> None:
     names = _seed(redis_server.url, service)
-    df = (
-        spark.read.format("lbs")
-        .option("url", redis_server.url)
-        .option("streams", ",".join(names))
-        .load()
+    reader = (
+        spark.read.format("lbs").option("url", redis_server.url).option("streams", ",".join(names))
     )
+    df = reader.load()
     assert df.schema.names == ["stream", "id", "fields"]
     rows = df.collect()
-    assert len(rows) == 10 + 20 + 30 and df.rdd.getNumPartitions() == 3
+    # Small streams share a partition; one of about maxEntriesPerPartition entries each otherwise.
+    assert len(rows) == 10 + 20 + 30 and df.rdd.getNumPartitions() == 1
+    assert reader.option("maxEntriesPerPartition", "25").load().rdd.getNumPartitions() == 3
     with redis.Redis.from_url(redis_server.url) as r:
         expected = {
             (name, i.decode(), f[b"n"].decode()) for name in names for i, f in r.xrange(name)

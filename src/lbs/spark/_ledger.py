@@ -20,10 +20,17 @@ query's id) in the service's slot (``{<service>-input}``, beside the LBS):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+import redis
 
 from .. import _keys
+from .._redis.errors import WrongTypeError, classify
+from ..exceptions import ConfigurationError
+
+T = TypeVar("T")
 
 __all__ = ["Ledger"]
 
@@ -45,7 +52,8 @@ class Ledger:
 
     def written(self, client: Any, partition: int) -> int:
         """How many rows of ``partition`` an earlier run of this batch had acknowledged (0: none)."""
-        score = client.zscore(self.batch_key(), str(partition))
+        key = self.batch_key()
+        score = self._checked(key, lambda: client.zscore(key, str(partition)))
         return int(score or 0)
 
     def mark(self, batch: Any, partition: int, rows: int) -> None:
@@ -55,7 +63,9 @@ class Ledger:
 
     def committed(self, client: Any) -> bool:
         """Whether this batch's commit already ran (in an earlier run of the query)."""
-        last = client.hget(self.query_key, "committed")
+        last = self._checked(self.query_key, lambda: client.hget(self.query_key, "committed"))
+        if last is not None and not last.isdigit():
+            raise self._foreign(self.query_key, f"its field 'committed' holds {last!r}")
         return last is not None and int(last) >= self.batch
 
     def commit(self, client: Any, lbs_stream: str, registrations: list[bytes]) -> None:
@@ -68,3 +78,18 @@ class Ledger:
         if self.batch > 0:
             pipe.delete(self.batch_key(self.batch - 1))
         pipe.execute()
+
+    def _checked(self, key: str, read: Callable[[], T]) -> T:
+        """``read()``, a key of the record that holds another type being the caller's error."""
+        try:
+            return read()
+        except redis.ResponseError as exc:
+            if isinstance(classify(exc), WrongTypeError):
+                raise self._foreign(key, str(exc)) from exc
+            raise
+
+    def _foreign(self, key: str, what: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"{key!r} is not the lbs sink's record of query {self.query!r} ({what}): delete it, "
+            "or give the query another runTag"
+        )

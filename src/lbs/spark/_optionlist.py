@@ -54,7 +54,21 @@ OPTIONS: tuple[Option, ...] = (
         "(required to write)",
         "the service: where the sink registers the data streams; what `source` reads",
     ),
-    Option("splitEntries", ("read",), "none", "split a stream into ID ranges of this many entries"),
+    Option(
+        "splitEntries",
+        ("read",),
+        "none",
+        "cut a longer stream into ID ranges of this many entries, each a partition (the driver "
+        "reads its ids once)",
+    ),
+    Option(
+        "maxEntriesPerPartition",
+        _READ,
+        "10,000",
+        "a partition reads streams of one node until the next would take it past this many "
+        "entries (by estimate: the stream's length, or its growth since the last trigger); a "
+        "bigger stream is a partition of its own",
+    ),
     Option(
         "group",
         ("readStream",),
@@ -62,6 +76,13 @@ OPTIONS: tuple[Option, ...] = (
         "the query's own consumer group (its pending entries are what a restart replays)",
     ),
     Option("startingOffsets", ("readStream",), "`earliest`", "`earliest` or `latest`"),
+    Option(
+        "patternRefreshSeconds",
+        ("readStream",),
+        "60",
+        "with `pattern`: SCAN for new streams at the first trigger and then at most this often "
+        "(0: every trigger); a new stream waits for the next SCAN",
+    ),
     Option(
         "maxEntriesPerTrigger",
         ("readStream",),

@@ -4,9 +4,9 @@ Both read raw replies (no redis-py per-entry dicts) and hand Spark Arrow
 record batches: ``stream``, ``id`` and the fields as a map, or the fields a
 schema names as typed columns.
 
-The batch reader plans one partition per stream (or per ID range of a big
-one), each ending at the stream's newest id at planning time, so a retried
-task reads the same rows.
+The batch reader plans partitions of many streams, or of one big stream, or
+of an ID range of one (:mod:`lbs.spark._plan`), each range ending at its
+stream's newest id at planning time, so a retried task reads the same rows.
 The streaming reader is :mod:`lbs.spark._readstream`.
 """
 
@@ -22,6 +22,7 @@ from pyspark.sql.types import MapType, StringType, StructField, StructType
 from .. import _keys
 from ..exceptions import ConfigurationError
 from ._options import Connection, RawConnection, lowered, node_of, number
+from ._plan import DEFAULT_PARTITION_ENTRIES, Ranges, newest, pack
 
 #: Entries per XRANGE / XREADGROUP page.
 PAGE = 2_000
@@ -39,18 +40,6 @@ def default_schema() -> StructType:
             StructField("fields", MapType(StringType(), StringType()), True),
         ]
     )
-
-
-@dataclass(frozen=True)
-class StreamRange(InputPartition):
-    """One stream's entries after ``start`` up to ``end`` (inclusive), fixed when the read was planned.
-
-    ``start`` is an XRANGE bound (``-``, ``<id>`` or ``(<id>`` for exclusive).
-    """
-
-    stream: str
-    start: str
-    end: str
 
 
 @dataclass(frozen=True)
@@ -94,18 +83,40 @@ class Sources:
 # --------------------------------------------------------------- raw replies ---
 
 
-class _Fetcher:
-    """A connection to the node owning one stream; replies go straight into the core's column buffers."""
+class _Links:
+    """A task's connections, one per node it reads from; replies go straight into the core's buffers."""
 
-    def __init__(self, client: Any, stream: str, schema: StructType) -> None:
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._raw: dict[str, RawConnection] = {}
+        self.ok = False
+
+    def to(self, stream: str) -> RawConnection:
+        name, node = node_of(self.client, stream)
+        raw = self._raw.get(name)
+        if raw is None:
+            raw = self._raw[name] = RawConnection(node)
+        return raw
+
+    def close(self) -> None:
+        for raw in self._raw.values():
+            raw.close(self.ok)
+        self.client.close()
+
+
+class _Fetcher:
+    """One stream's reads on its node's connection, into the core's column buffers."""
+
+    def __init__(
+        self, raw: RawConnection, stream: str, schema: StructType, arrow_schema: Any
+    ) -> None:
         from _lbscore import EntryColumns
 
-        self.raw = RawConnection(node_of(client, stream)[1])
+        self.raw = raw
         self.columns = EntryColumns()
         self.stream = stream
         self.schema = schema
-        self.arrow_schema = _arrow_schema(schema)
-        self.ok = False
+        self.arrow_schema = arrow_schema
 
     def fetch(self, shape: int, *args: Any) -> int:
         """Send one command; its reply's entries join the columns. Returns the entries it held."""
@@ -125,8 +136,28 @@ class _Fetcher:
             return None
         return _arrow(self.schema, self.arrow_schema, self.stream, self.columns.take())
 
-    def close(self) -> None:
-        self.raw.close(self.ok)
+
+def combined(batches: Iterator[Any], rows: int = PAGE) -> Iterator[Any]:
+    """Record batches of at least ``rows`` rows (but the last) from smaller ones: a partition of many
+    small streams hands Spark a few big batches, not one per stream."""
+    import pyarrow as pa
+
+    held: list[Any] = []
+    count = 0
+    for batch in batches:
+        held.append(batch)
+        count += batch.num_rows
+        if count >= rows:
+            yield _one(pa, held)
+            held, count = [], 0
+    if held:
+        yield _one(pa, held)
+
+
+def _one(pa: Any, batches: list[Any]) -> Any:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def _strings(count: int, offsets: bytes, data: bytes) -> Any:
@@ -211,6 +242,9 @@ class _Options:
         self.opts = lowered(options)
         self.connection = Connection.parse(self.opts)
         self.sources = Sources.parse(self.opts)
+        self.partition_entries = (
+            number(self.opts, "maxEntriesPerPartition") or DEFAULT_PARTITION_ENTRIES
+        )
         _check_schema(schema)
         self.schema = schema
 
@@ -233,61 +267,62 @@ def _check_schema(schema: StructType) -> None:
 
 
 class LbsReader(_Options, DataSourceReader):
-    """Batch reader: one partition per stream (or per ID range of a big one), ends fixed at planning."""
+    """Batch reader: streams packed into partitions of about ``maxEntriesPerPartition`` entries (a big
+    stream alone, or cut into ID ranges by ``splitEntries``), ends fixed at planning."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         super().__init__(options, schema)
         self.split_entries = number(self.opts, "splitEntries") or 0
 
-    def partitions(self) -> list[StreamRange]:
+    def partitions(self) -> list[Ranges]:
         client: Any = self.connection.client()
         try:
-            out: list[StreamRange] = []
-            for name in self.sources.names(client):
-                newest = client.xrevrange(name, "+", "-", count=1)
-                if not newest:
-                    continue  # no such stream, or empty: nothing to read
-                end = newest[0][0].decode()
-                if self.split_entries > 0 and client.xlen(name) > self.split_entries:
-                    out += self._split(client, name, end)
+            ranges: list[tuple[str, str, str, int]] = []
+            for name, end, length in newest(client, self.sources.names(client)):
+                if self.split_entries > 0 and length > self.split_entries:
+                    ranges += self._split(client, name, end)
                 else:
-                    out.append(StreamRange(name, "-", end))
-            return out
+                    ranges.append((name, "-", end, length))
+            target = self.partition_entries
+            if self.split_entries > 0:  # asked for ranges of that size: partitions no bigger
+                target = min(target, self.split_entries)
+            return pack(ranges, lambda s: node_of(client, s)[0], target)
         finally:
             client.close()
 
-    def _split(self, client: Any, name: str, end: str) -> list[StreamRange]:
+    def _split(self, client: Any, name: str, end: str) -> list[tuple[str, str, str, int]]:
         """ID ranges of about ``splitEntries`` entries each (the driver reads the ids once)."""
         bounds, start = [], "-"
         while True:
             page = client.xrange(name, start, end, count=self.split_entries + 1)
             if len(page) <= self.split_entries:
-                bounds.append((start, end))
-                return [StreamRange(name, a, b) for a, b in bounds]
+                bounds.append((name, start, end, len(page)))
+                return bounds
             last = page[self.split_entries - 1][0].decode()
-            bounds.append((start, last))
+            bounds.append((name, start, last, self.split_entries))
             start = "(" + last
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, Ranges):
+            return  # no stream to read: Spark plans one empty InputPartition of its own
+        yield from combined(self._read(partition))
+
+    def _read(self, partition: Ranges) -> Iterator[Any]:
         from _lbscore import Shape
 
-        if not isinstance(partition, StreamRange):
-            return  # no stream to read: Spark plans one empty InputPartition of its own
-        client = self.connection.client()
-        fetcher = _Fetcher(client, partition.stream, self.schema)
+        links = _Links(self.connection.client())
+        arrow_schema = _arrow_schema(self.schema)
         try:
-            start = partition.start
-            while True:
-                seen = fetcher.fetch(
-                    Shape.ENTRIES, "XRANGE", partition.stream, start, partition.end, "COUNT", PAGE
-                )
-                batch = fetcher.batch()
-                if batch is not None:
-                    yield batch
-                if seen < PAGE or fetcher.columns.last_id is None:
-                    break
-                start = "(" + fetcher.columns.last_id.decode()
-            fetcher.ok = True
+            for stream, start, end in partition.ranges:
+                fetcher = _Fetcher(links.to(stream), stream, self.schema, arrow_schema)
+                while True:
+                    seen = fetcher.fetch(Shape.ENTRIES, "XRANGE", stream, start, end, "COUNT", PAGE)
+                    batch = fetcher.batch()
+                    if batch is not None:
+                        yield batch
+                    if seen < PAGE or fetcher.columns.last_id is None:
+                        break
+                    start = "(" + fetcher.columns.last_id.decode()
+            links.ok = True
         finally:
-            fetcher.close()
-            client.close()
+            links.close()

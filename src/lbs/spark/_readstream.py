@@ -2,7 +2,8 @@
 
 The streaming reader keeps one consumer group per query (option ``group``)
 with one consumer, ``spark``. Offsets are ``{stream: last id included}``. A
-partition reads its stream from the start offset: first the consumer's own
+partition (:mod:`lbs.spark._plan`: many small streams, or one big one) reads
+each of its streams from the start offset: first the consumer's own
 pending entries after it (``XREADGROUP ... <start>``: what a replayed batch
 needs), then new ones (``>``) until it passes the end offset; entries read
 past the end stay pending and the next batch reads them in its first pass.
@@ -15,28 +16,28 @@ decides where a restarted query resumes.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from .._redis.connection import ensure_group_sync
+from .._redis.errors import BusyGroupError, NoGroupError, WrongTypeError, classify
 from .._streamids import id_key
 from ..exceptions import ConfigurationError
-from ._options import number
-from ._read import _FIRST, CONSUMER, PAGE, _Fetcher, _Options
+from ._options import node_of, number
+from ._plan import DEFAULT_REFRESH_S, Discovery, Ranges, chunks, lengths, moved, newest, pack
+from ._read import (
+    _FIRST,
+    CONSUMER,
+    PAGE,
+    _arrow_schema,
+    _Fetcher,
+    _Links,
+    _Options,
+    combined,
+)
 
-__all__ = ["GroupRange", "LbsStreamReader"]
-
-
-@dataclass(frozen=True)
-class GroupRange(InputPartition):
-    """One stream's entries after ``start`` up to ``end`` (ids), read through the query's group."""
-
-    stream: str
-    start: str
-    end: str
+__all__ = ["LbsStreamReader"]
 
 
 class LbsStreamReader(_Options, DataSourceStreamReader):
@@ -59,46 +60,34 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             )
         self.starting = starting
         self.max_entries = number(opts, "maxEntriesPerTrigger")
+        refresh = number(opts, "patternRefreshSeconds", minimum=0)
+        self._discovery = Discovery(
+            self.sources.names, DEFAULT_REFRESH_S if refresh is None else refresh
+        )
         self._client: Any = None  # the driver side's connection, opened on first use
         self._latest: dict[str, str] = {}
         #: Where the streams' round starts this trigger (a cap below the stream count moves on).
         self._turn = -1
+        #: Each stream's length at the last trigger, and the entries its next range holds by estimate.
+        self._lengths: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}
+        #: The offsets acknowledged up to, per stream (a commit skips the streams that did not move).
+        self._acked: dict[str, str] = {}
 
     def _redis(self) -> Any:
         if self._client is None:
             self._client = self.connection.client()
         return self._client
 
-    def _delivered(self, name: str) -> str:
-        """Where the query starts reading ``name``: after the group's last delivered entry, or before
-        the consumer's oldest pending one (a query that died in its first batch delivered entries it
-        never committed: Spark asks again for the initial offset, and the batch run again must read
-        them)."""
-        r = self._redis()
-        last = _FIRST
-        for g in r.xinfo_groups(name):
-            group_name = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
-            if group_name == self.group:
-                raw = g["last-delivered-id"]
-                last = raw.decode() if isinstance(raw, bytes) else str(raw)
-        oldest = r.xpending_range(
-            name, self.group, min="-", max="+", count=1, consumername=CONSUMER
-        )
-        if oldest:
-            first = oldest[0]["message_id"]
-            before = _before(first.decode() if isinstance(first, bytes) else str(first))
-            if id_key(before) < id_key(last):
-                return before
-        return last
-
     def initialOffset(self) -> dict[str, str]:
-        """Create the group on every stream (idempotent: Spark calls this twice) and start where it is."""
-        offsets = {}
-        for name in self.sources.names(self._redis()):
-            ensure_group_sync(
-                self._redis(), name, self.group, at="0" if self.starting == "earliest" else "$"
-            )
-            offsets[name] = self._delivered(name)
+        """Create the group on every stream (idempotent: Spark calls this twice) and start where it is:
+        after the group's last delivered entry, or before the consumer's oldest pending one (a query
+        that died in its first batch delivered entries it never committed: Spark asks again for the
+        initial offset, and the batch run again must read them)."""
+        r = self._redis()
+        names = self._discovery.names(r)
+        _ensure_groups(r, names, self.group, "0" if self.starting == "earliest" else "$")
+        offsets = _delivered(r, names, self.group)
         self._latest = offsets
         return offsets
 
@@ -116,24 +105,24 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             cap = None
         elif max_rows is not None:
             cap = int(max_rows)
-        names = self.sources.names(r)
-        for name in names:
-            if (
-                name not in start
-            ):  # a stream the pattern found since the query started: read it whole
-                ensure_group_sync(r, name, self.group)
-                start[name] = _FIRST
+        names = self._discovery.names(r)
+        found = [name for name in names if name not in start]
+        if found:  # streams the pattern found since the query started: read them whole
+            _ensure_groups(r, found, self.group, "0")
+            start.update(dict.fromkeys(found, _FIRST))
         out = dict(start)
+        names = moved(r, {name: start[name] for name in names})
         if cap is None:
-            pipe = r.pipeline(transaction=False)
-            for name in names:
-                pipe.xrevrange(name, "+", "-", count=1)
-            for name, newest in zip(names, pipe.execute()):
-                if newest:
-                    out[name] = newest[-1][0].decode()
+            self._sizes = {}
+            for name, last, length in newest(r, names):
+                out[name] = last
+                before = self._lengths.get(name)
+                self._sizes[name] = length if before is None else length - before
+                self._lengths[name] = length
         else:
             self._turn = (self._turn + 1) % max(1, len(names))
-            out.update(_capped(r, names[self._turn :] + names[: self._turn], start, cap))
+            ends, self._sizes = _capped(r, names[self._turn :] + names[: self._turn], start, cap)
+            out.update(ends)
         self._latest = out
         return out
 
@@ -142,69 +131,163 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
 
         return ReadMaxRows(self.max_entries) if self.max_entries else ReadAllAvailable()
 
-    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[GroupRange]:
-        return [
-            GroupRange(name, start.get(name, _FIRST), last)
+    def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[Ranges]:
+        """The streams that moved, packed into partitions of about ``maxEntriesPerPartition`` entries
+        (sizes as the trigger estimated them; a batch replayed after a restart uses the streams'
+        lengths, an upper bound)."""
+        moved = [
+            (name, start.get(name, _FIRST), last)
             for name, last in end.items()
             if id_key(last) > id_key(start.get(name, _FIRST))
         ]
+        sizes = dict(self._sizes)
+        unknown = [name for name, _, _ in moved if name not in sizes]
+        if unknown:
+            sizes.update(lengths(self._redis(), unknown))
+        r = self._redis()
+        return pack(
+            [(name, a, b, sizes.get(name, 1)) for name, a, b in moved],
+            lambda s: node_of(r, s)[0],
+            self.partition_entries,
+        )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, Ranges):
+            return
+        yield from combined(self._read(partition))
+
+    def _read(self, partition: Ranges) -> Iterator[Any]:
         from _lbscore import Shape
 
-        if not isinstance(partition, GroupRange):
-            return
-        client = self.connection.client()
-        fetcher = _Fetcher(client, partition.stream, self.schema)
-        columns = fetcher.columns
-        columns.bound(partition.end)
+        links = _Links(self.connection.client())
+        arrow_schema = _arrow_schema(self.schema)
         try:
-            # 1. This consumer's pending entries after start: a replayed or retried batch reads them again.
-            # 2. New entries (">"), until one passes the end: those stay pending for the next batch.
-            for after in (partition.start, ">"):
-                while not columns.passed:
-                    seen = fetcher.fetch(
-                        Shape.XREAD,
-                        "XREADGROUP",
-                        "GROUP",
-                        self.group,
-                        CONSUMER,
-                        "COUNT",
-                        PAGE,
-                        "STREAMS",
-                        partition.stream,
-                        after,
-                    )
-                    batch = fetcher.batch()
-                    if batch is not None:
-                        yield batch
-                    if not seen:
-                        break  # pending: no more; new: none yet (or trimmed away)
-                    if after != ">":
-                        after = columns.last_id.decode() if columns.last_id else after
-            fetcher.ok = True
+            for stream, start, end in partition.ranges:
+                fetcher = _Fetcher(links.to(stream), stream, self.schema, arrow_schema)
+                columns = fetcher.columns
+                columns.bound(end)
+                # 1. This consumer's pending entries after start: a replayed or retried batch reads
+                #    them again.
+                # 2. New entries (">"), until one passes the end: those stay pending for the next
+                #    batch.
+                for after in (start, ">"):
+                    while not columns.passed:
+                        seen = fetcher.fetch(
+                            Shape.XREAD,
+                            "XREADGROUP",
+                            "GROUP",
+                            self.group,
+                            CONSUMER,
+                            "COUNT",
+                            PAGE,
+                            "STREAMS",
+                            stream,
+                            after,
+                        )
+                        batch = fetcher.batch()
+                        if batch is not None:
+                            yield batch
+                        if not seen:
+                            break  # pending: no more; new: none yet (or trimmed away)
+                        if after != ">":
+                            after = columns.last_id.decode() if columns.last_id else after
+            links.ok = True
         finally:
-            fetcher.close()
-            client.close()
+            links.close()
 
     def commit(self, end: dict[str, str]) -> None:
-        """Acknowledge the consumer's pending entries up to ``end`` (what Spark has finished)."""
+        """Acknowledge the consumer's pending entries up to ``end`` (what Spark has finished), for the
+        streams that moved since the last commit, pipelined (XPENDING, then XACK). A stream deleted
+        since, or its group, has nothing left to acknowledge."""
         r = self._redis()
-        for name, last in end.items():
-            while True:
-                pending = r.xpending_range(
-                    name, self.group, min="-", max=last, count=10_000, consumername=CONSUMER
-                )
-                if not pending:
-                    break
-                r.xack(name, self.group, *[p["message_id"] for p in pending])
-                if len(pending) < 10_000:
-                    break
+        todo = [name for name, last in end.items() if self._acked.get(name) != last]
+        while todo:
+            again: list[str] = []
+            for chunk in chunks(todo):
+                pipe = r.pipeline(transaction=False)
+                for name in chunk:
+                    pipe.xpending_range(
+                        name,
+                        self.group,
+                        min="-",
+                        max=end[name],
+                        count=ACK_PAGE,
+                        consumername=CONSUMER,
+                    )
+                pendings = pipe.execute(raise_on_error=False)
+                pipe = r.pipeline(transaction=False)
+                for name, pending in zip(chunk, pendings):
+                    if isinstance(pending, Exception):
+                        _gone_or_raise(name, pending)
+                        continue
+                    if pending:
+                        pipe.xack(name, self.group, *[p["message_id"] for p in pending])
+                    if len(pending) == ACK_PAGE:
+                        again.append(name)
+                    else:
+                        self._acked[name] = end[name]
+                pipe.execute()
+            todo = again
 
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+#: Pending entries a commit reads and acknowledges at most per stream and round.
+ACK_PAGE = 10_000
+
+
+def _gone_or_raise(name: str, error: Exception) -> None:
+    """A stream or group that is gone has nothing to acknowledge; a key that is not a stream is the
+    caller's error, and anything else is raised."""
+    typed = classify(error)
+    if isinstance(typed, NoGroupError):
+        return
+    if isinstance(typed, WrongTypeError):
+        raise ConfigurationError(f"{name!r} is not a stream: {typed}") from typed
+    raise typed
+
+
+def _ensure_groups(r: Any, names: list[str], group: str, at: str) -> None:
+    """The query's group on each stream, from id ``at`` (a stream that does not exist is made
+    empty; a group that exists stays as it is), pipelined."""
+    for chunk in chunks(names):
+        pipe = r.pipeline(transaction=False)
+        for name in chunk:
+            pipe.xgroup_create(name, group, id=at, mkstream=True)
+        for name, reply in zip(chunk, pipe.execute(raise_on_error=False)):
+            if isinstance(reply, Exception) and not isinstance(classify(reply), BusyGroupError):
+                _gone_or_raise(name, reply)
+
+
+def _delivered(r: Any, names: list[str], group: str) -> dict[str, str]:
+    """Where the query starts each stream: after its group's last delivered entry, or before the
+    consumer's oldest pending one where that is earlier (pipelined XINFO GROUPS and XPENDING)."""
+    out: dict[str, str] = {}
+    for chunk in chunks(names):
+        pipe = r.pipeline(transaction=False)
+        for name in chunk:
+            pipe.xinfo_groups(name)
+            pipe.xpending_range(name, group, min="-", max="+", count=1, consumername=CONSUMER)
+        replies = pipe.execute()
+        for k, name in enumerate(chunk):
+            groups, oldest = replies[2 * k], replies[2 * k + 1]
+            last = _FIRST
+            for g in groups:
+                if _text(g["name"]) == group:
+                    last = _text(g["last-delivered-id"])
+            if oldest:
+                before = _before(_text(oldest[0]["message_id"]))
+                if id_key(before) < id_key(last):
+                    last = before
+            out[name] = last
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _before(entry_id: str) -> str:
@@ -215,22 +298,27 @@ def _before(entry_id: str) -> str:
     return f"{ms - 1}-{2**64 - 1}" if ms > 0 else _FIRST
 
 
-def _capped(r: Any, names: list[str], start: Mapping[str, str], cap: int) -> dict[str, str]:
-    """The end offsets of at most ``cap`` new entries in all: an equal share per stream first (one
-    pipelined XRANGE each; with more streams than ``cap``, one entry for each of the first ``cap``
-    streams that have one, in the order given, which the caller turns each trigger), then what the
-    streams with less left over goes to those that had more, in order."""
+def _capped(
+    r: Any, names: list[str], start: Mapping[str, str], cap: int
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The end offsets of at most ``cap`` new entries in all, and how many each stream's range holds:
+    an equal share per stream first (one pipelined XRANGE each; with more streams than ``cap``, one
+    entry for each of the first ``cap`` streams that have one, in the order given, which the caller
+    turns each trigger), then what the streams with less left over goes to those that had more, in
+    order."""
     share = max(1, cap // max(1, len(names)))
     pipe = r.pipeline(transaction=False)
     for name in names:
         pipe.xrange(name, "(" + start[name], "+", count=share)
     out: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     left, full = cap, []
     for name, entries in zip(names, pipe.execute()):
         if not entries or left <= 0:
             continue
         entries = entries[:left]
         out[name] = entries[-1][0].decode()
+        sizes[name] = len(entries)
         left -= len(entries)
         if len(entries) == share:
             full.append(name)
@@ -240,5 +328,6 @@ def _capped(r: Any, names: list[str], start: Mapping[str, str], cap: int) -> dic
         more = r.xrange(name, "(" + out[name], "+", count=left)
         if more:
             out[name] = more[-1][0].decode()
+            sizes[name] += len(more)
             left -= len(more)
-    return out
+    return out, sizes

@@ -1,0 +1,188 @@
+"""How a read over many streams becomes Spark partitions, and how a streaming query finds its streams.
+
+Thousands of per-session streams of a few entries each are what lbs exists
+for; one Spark task per stream would be thousands of tiny tasks, each paying
+a task's start. A plan packs the streams' ranges, grouped by the node that
+owns them (one connection a task), into partitions of about
+``maxEntriesPerPartition`` entries by an estimate of each range's size; a
+range bigger than that is a partition of its own.
+
+A streaming query with a ``pattern`` SCANs the keyspace for its streams at
+its first trigger and again at most every ``patternRefreshSeconds``, not at
+every trigger: a SCAN walks every key of every node. A trigger asks which
+streams moved with one multi-stream XREAD per thousand streams, then the
+newest id and length of those alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pyspark.sql.datasource import InputPartition
+from redis.cluster import RedisCluster
+
+from ..exceptions import ConfigurationError
+
+__all__ = [
+    "DEFAULT_PARTITION_ENTRIES",
+    "DEFAULT_REFRESH_S",
+    "Discovery",
+    "Ranges",
+    "chunks",
+    "lengths",
+    "moved",
+    "newest",
+    "pack",
+]
+
+#: Entries a partition reads at most, by estimate, before the next stream starts another.
+DEFAULT_PARTITION_ENTRIES = 10_000
+#: Seconds between a streaming query's SCANs for new streams of its pattern.
+DEFAULT_REFRESH_S = 60.0
+#: Streams one pipeline asks about at once while planning.
+PLAN_CHUNK = 1_000
+
+
+@dataclass(frozen=True)
+class Ranges(InputPartition):
+    """Streams on one node, each read after ``start`` up to ``end`` (inclusive), fixed when planned.
+
+    Each range is ``(stream, start, end)``; ``start`` is an XRANGE bound (``-``,
+    ``<id>`` or ``(<id>``) for the batch reader, the last id of the previous
+    batch for the streaming one.
+    """
+
+    ranges: tuple[tuple[str, str, str], ...]
+
+
+def pack(
+    ranges: Iterable[tuple[str, str, str, int]],
+    node: Callable[[str], str],
+    target: int,
+) -> list[Ranges]:
+    """Partitions of ``(stream, start, end, estimated entries)`` ranges: the streams of one node in
+    the order given, a new partition when the next range would take one past ``target`` entries
+    (a range counts at least one), so a big stream is alone and small ones share."""
+    by_node: dict[str, list[tuple[str, str, str, int]]] = {}
+    for r in ranges:
+        by_node.setdefault(node(r[0]), []).append(r)
+    out: list[Ranges] = []
+    for group in by_node.values():
+        current: list[tuple[str, str, str]] = []
+        size = 0
+        for stream, start, end, estimate in group:
+            estimate = max(1, estimate)
+            if current and size + estimate > target:
+                out.append(Ranges(tuple(current)))
+                current, size = [], 0
+            current.append((stream, start, end))
+            size += estimate
+        if current:
+            out.append(Ranges(tuple(current)))
+    return out
+
+
+class Discovery:
+    """The streams a read covers, the pattern's SCANned again only when ``every`` seconds have passed.
+
+    ``every`` = 0 SCANs at every call. Named streams are always there; a
+    stream the pattern finds joins at the next SCAN.
+    """
+
+    def __init__(
+        self,
+        scan: Callable[[Any], list[str]],
+        every: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._scan = scan
+        self._every = every
+        self._clock = clock
+        self._names: list[str] | None = None
+        self._at = 0.0
+
+    def names(self, client: Any) -> list[str]:
+        now = self._clock()
+        if self._names is None or now - self._at >= self._every:
+            self._names = self._scan(client)
+            self._at = now
+        return list(self._names)
+
+
+def chunks(names: list[str]) -> Iterator[list[str]]:
+    """``names`` a pipeline's worth at a time."""
+    for at in range(0, len(names), PLAN_CHUNK):
+        yield names[at : at + PLAN_CHUNK]
+
+
+def newest(client: Any, names: list[str]) -> Iterator[tuple[str, str, int]]:
+    """``(stream, newest id, length)`` of each stream that has an entry (no such stream, or an empty
+    one, has nothing to read), pipelined."""
+    for chunk in chunks(names):
+        pipe = client.pipeline(transaction=False)
+        for name in chunk:
+            pipe.xrevrange(name, "+", "-", count=1)
+            pipe.xlen(name)
+        replies = pipe.execute()
+        for k, name in enumerate(chunk):
+            last, length = replies[2 * k], replies[2 * k + 1]
+            if last:
+                yield name, last[0][0].decode(), int(length)
+
+
+def lengths(client: Any, names: list[str]) -> dict[str, int]:
+    """Each stream's length (XLEN, pipelined)."""
+    out: dict[str, int] = {}
+    for chunk in chunks(names):
+        pipe = client.pipeline(transaction=False)
+        for name in chunk:
+            pipe.xlen(name)
+        out.update((name, int(n)) for name, n in zip(chunk, pipe.execute()))
+    return out
+
+
+def moved(client: Any, start: Mapping[str, str]) -> list[str]:
+    """The streams with an entry after their ``start`` id: one multi-stream ``XREAD COUNT 1`` per
+    chunk of streams (per hash slot on a cluster), so a trigger where few streams moved costs a few
+    commands, not one a stream. A key that is not a stream is named in the error."""
+    out: list[str] = []
+    for group in _by_slot(client, list(start)):
+        for chunk in chunks(group):
+            try:
+                reply = client.xread({name: start[name] for name in chunk}, count=1)
+            except redis.ResponseError as exc:
+                raise _which(client, chunk, exc) from exc
+            out += _names(reply)
+    return out
+
+
+def _by_slot(client: Any, names: list[str]) -> list[list[str]]:
+    """``names`` as one group, or on a cluster, a group per hash slot (a command's keys share one)."""
+    if not isinstance(client, RedisCluster):
+        return [names]
+    slots: dict[int, list[str]] = {}
+    for name in names:
+        slots.setdefault(client.keyslot(name), []).append(name)  # type: ignore[no-untyped-call]
+    return list(slots.values())
+
+
+def _names(reply: Any) -> list[str]:
+    """The stream names of an XREAD reply (RESP2: pairs; RESP3: a map)."""
+    keys = reply.keys() if isinstance(reply, dict) else [pair[0] for pair in reply or ()]
+    return [k.decode() if isinstance(k, bytes) else str(k) for k in keys]
+
+
+def _which(client: Any, chunk: list[str], exc: redis.ResponseError) -> Exception:
+    """The error of a multi-stream read, naming the key that is not a stream where one is not."""
+    pipe = client.pipeline(transaction=False)
+    for name in chunk:
+        pipe.type(name)
+    for name, kind in zip(chunk, pipe.execute()):
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        if kind not in ("stream", "none"):
+            return ConfigurationError(f"{name!r} is not a stream (it holds a {kind})")
+    return exc
