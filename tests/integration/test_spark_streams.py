@@ -82,7 +82,8 @@ def test_a_quiet_trigger_asks_a_few_questions_not_one_a_stream(own: RedisServer)
         try:
             start = reader.initialOffset()
             end = reader.latestOffset(start, None)
-            assert len(reader.partitions(start, end)) == 1  # 5,000 entries
+            parts = reader.partitions(start, end)
+            assert len(parts) == 1 and len(_rows(reader, list(parts))) == 5_000
             reader.commit(end)
             r.config_resetstat()
             assert reader.latestOffset(end, None) == end  # nothing moved
@@ -90,15 +91,21 @@ def test_a_quiet_trigger_asks_a_few_questions_not_one_a_stream(own: RedisServer)
             # One multi-stream XREAD per 1,000 streams; no SCAN (within patternRefreshSeconds),
             # no per-stream read.
             assert calls.get("xread") == 3 and "scan" not in calls and "xrevrange" not in calls
-            r.xadd(names[7], {"n": 2})
+            # A stream with a few new entries is planned from that look alone; one with more than
+            # it reads (10) is asked its newest id and length.
+            _seed(r, [names[7]], 3)
+            _seed(r, [names[8]], 12)
             r.config_resetstat()
             later = reader.latestOffset(end, None)
-            assert {k for k in later if later[k] != end[k]} == {names[7]}
-            assert _calls(r).get("xrevrange") == 1
+            assert {k for k in later if later[k] != end[k]} == {names[7], names[8]}
+            calls = _calls(r)
+            assert calls.get("xread") == 3 and calls.get("xrevrange") == calls.get("xlen") == 1
+            assert later[names[8]] == r.xrevrange(names[8], count=1)[0][0].decode()
             (part,) = reader.partitions(end, later)
-            assert [s for s, _, _ in part.ranges] == [names[7]]
+            assert [s for s, _, _ in part.ranges] == [names[7], names[8]]
+            assert len(_rows(reader, [part])) == 15
             reader.commit(later)
-            assert r.xpending(names[7], "g")["pending"] == 0
+            assert r.xpending(names[7], "g")["pending"] == r.xpending(names[8], "g")["pending"] == 0
         finally:
             reader.stop()
 
@@ -131,8 +138,10 @@ def test_a_key_that_is_not_a_stream_is_named(own: RedisServer) -> None:
         _seed(r, ["sess:a", "sess:b"], 1)
         r.set("sess:text", "x")
         options = {"url": own.url, "streams": "sess:a,sess:text", "group": "g"}
+        wrong = LbsStreamReader(options, default_schema())
         with pytest.raises(ConfigurationError, match="'sess:text' is not a stream"):
-            LbsStreamReader(options, default_schema()).initialOffset()
+            wrong.initialOffset()
+        wrong.stop()
         reader = LbsStreamReader({**options, "streams": "sess:a,sess:b"}, default_schema())
         try:
             start = reader.initialOffset()

@@ -10,8 +10,8 @@ range bigger than that is a partition of its own.
 A streaming query with a ``pattern`` SCANs the keyspace for its streams at
 its first trigger and again at most every ``patternRefreshSeconds``, not at
 every trigger: a SCAN walks every key of every node. A trigger asks which
-streams moved with one multi-stream XREAD per thousand streams, then the
-newest id and length of those alone.
+streams moved with one multi-stream XREAD of up to ten entries a stream per
+thousand streams, then the newest id and length of those with more alone.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import redis
 from pyspark.sql.datasource import InputPartition
 from redis.cluster import RedisCluster
 
+from .._redis.wire import text
 from ..exceptions import ConfigurationError
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "lengths",
     "moved",
     "newest",
+    "node_name",
     "pack",
 ]
 
@@ -45,6 +47,9 @@ DEFAULT_PARTITION_ENTRIES = 10_000
 DEFAULT_REFRESH_S = 60.0
 #: Streams one pipeline asks about at once while planning.
 PLAN_CHUNK = 1_000
+#: New entries a trigger's look at each stream reads at most: a stream with fewer is planned from
+#: them alone (its end and size); one with more is asked its newest id and length.
+PEEK = 10
 
 
 @dataclass(frozen=True)
@@ -61,15 +66,19 @@ class Ranges(InputPartition):
 
 def pack(
     ranges: Iterable[tuple[str, str, str, int]],
-    node: Callable[[str], str],
+    node: Callable[[str], str] | None,
     target: int,
 ) -> list[Ranges]:
-    """Partitions of ``(stream, start, end, estimated entries)`` ranges: the streams of one node in
+    """Partitions of ``(stream, start, end, estimated entries)`` ranges: the streams of one node
+    (``node(stream)``; ``None``: one node) in
     the order given, a new partition when the next range would take one past ``target`` entries
     (a range counts at least one), so a big stream is alone and small ones share."""
     by_node: dict[str, list[tuple[str, str, str, int]]] = {}
-    for r in ranges:
-        by_node.setdefault(node(r[0]), []).append(r)
+    if node is None:
+        by_node[""] = list(ranges)
+    else:
+        for r in ranges:
+            by_node.setdefault(node(r[0]), []).append(r)
     out: list[Ranges] = []
     for group in by_node.values():
         current: list[tuple[str, str, str]] = []
@@ -145,19 +154,30 @@ def lengths(client: Any, names: list[str]) -> dict[str, int]:
     return out
 
 
-def moved(client: Any, start: Mapping[str, str]) -> list[str]:
-    """The streams with an entry after their ``start`` id: one multi-stream ``XREAD COUNT 1`` per
-    chunk of streams (per hash slot on a cluster), so a trigger where few streams moved costs a few
-    commands, not one a stream. A key that is not a stream is named in the error."""
-    out: list[str] = []
+def moved(client: Any, start: Mapping[str, str]) -> dict[str, tuple[int, str]]:
+    """The streams with an entry after their ``start`` id, each with how many it has there (up to
+    :data:`PEEK`) and the last of those: one multi-stream ``XREAD COUNT PEEK`` per chunk of streams
+    (per hash slot on a cluster), so a trigger where few streams moved costs a few commands, not
+    one a stream, and a stream with fewer than ``PEEK`` new entries needs no other question. A key
+    that is not a stream is named in the error."""
+    out: dict[str, tuple[int, str]] = {}
     for group in _by_slot(client, list(start)):
         for chunk in chunks(group):
             try:
-                reply = client.xread({name: start[name] for name in chunk}, count=1)
+                reply = client.xread({name: start[name] for name in chunk}, count=PEEK)
             except redis.ResponseError as exc:
                 raise _which(client, chunk, exc) from exc
-            out += _names(reply)
+            for name, entries in _streams(reply):
+                if entries:
+                    out[name] = (len(entries), text(entries[-1][0]))
     return out
+
+
+def node_name(client: Any) -> Callable[[str], str] | None:
+    """What :func:`pack` groups by: the name of the node owning a stream, on a cluster (None off one)."""
+    if not isinstance(client, RedisCluster):
+        return None
+    return lambda stream: str(client.get_node_from_key(stream).name)  # type: ignore[no-untyped-call]
 
 
 def _by_slot(client: Any, names: list[str]) -> list[list[str]]:
@@ -170,10 +190,10 @@ def _by_slot(client: Any, names: list[str]) -> list[list[str]]:
     return list(slots.values())
 
 
-def _names(reply: Any) -> list[str]:
-    """The stream names of an XREAD reply (RESP2: pairs; RESP3: a map)."""
-    keys = reply.keys() if isinstance(reply, dict) else [pair[0] for pair in reply or ()]
-    return [k.decode() if isinstance(k, bytes) else str(k) for k in keys]
+def _streams(reply: Any) -> list[tuple[str, Any]]:
+    """``(stream, entries)`` of an XREAD reply (RESP2: pairs; RESP3: a map)."""
+    pairs = reply.items() if isinstance(reply, dict) else (reply or ())
+    return [(text(name), entries) for name, entries in pairs]
 
 
 def _which(client: Any, chunk: list[str], exc: redis.ResponseError) -> Exception:

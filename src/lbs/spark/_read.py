@@ -22,7 +22,7 @@ from pyspark.sql.types import MapType, StringType, StructField, StructType
 from .. import _keys
 from ..exceptions import ConfigurationError
 from ._options import Connection, RawConnection, lowered, node_of, number
-from ._plan import DEFAULT_PARTITION_ENTRIES, Ranges, newest, pack
+from ._plan import DEFAULT_PARTITION_ENTRIES, Ranges, newest, node_name, pack
 
 #: Entries per XRANGE / XREADGROUP page.
 PAGE = 2_000
@@ -286,7 +286,7 @@ class LbsReader(_Options, DataSourceReader):
             target = self.partition_entries
             if self.split_entries > 0:  # asked for ranges of that size: partitions no bigger
                 target = min(target, self.split_entries)
-            return pack(ranges, lambda s: node_of(client, s)[0], target)
+            return pack(ranges, node_name(client), target)
         finally:
             client.close()
 

@@ -22,10 +22,22 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from .._redis.errors import BusyGroupError, NoGroupError, WrongTypeError, classify
+from .._redis.wire import text
 from .._streamids import id_key
 from ..exceptions import ConfigurationError
-from ._options import node_of, number
-from ._plan import DEFAULT_REFRESH_S, Discovery, Ranges, chunks, lengths, moved, newest, pack
+from ._options import number
+from ._plan import (
+    DEFAULT_REFRESH_S,
+    PEEK,
+    Discovery,
+    Ranges,
+    chunks,
+    lengths,
+    moved,
+    newest,
+    node_name,
+    pack,
+)
 from ._read import (
     _FIRST,
     CONSUMER,
@@ -111,15 +123,20 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             _ensure_groups(r, found, self.group, "0")
             start.update(dict.fromkeys(found, _FIRST))
         out = dict(start)
-        names = moved(r, {name: start[name] for name in names})
+        seen = moved(r, {name: start[name] for name in names})
         if cap is None:
             self._sizes = {}
-            for name, last, length in newest(r, names):
+            for name, (count, last) in seen.items():
+                if count < PEEK:  # all its new entries were in the look
+                    out[name], self._sizes[name] = last, count
+            more = [name for name, (count, _) in seen.items() if count >= PEEK]
+            for name, last, length in newest(r, more):
                 out[name] = last
                 before = self._lengths.get(name)
-                self._sizes[name] = length if before is None else length - before
+                self._sizes[name] = length if before is None else max(PEEK, length - before)
                 self._lengths[name] = length
         else:
+            names = [name for name in names if name in seen]
             self._turn = (self._turn + 1) % max(1, len(names))
             ends, self._sizes = _capped(r, names[self._turn :] + names[: self._turn], start, cap)
             out.update(ends)
@@ -136,9 +153,9 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         (sizes as the trigger estimated them; a batch replayed after a restart uses the streams'
         lengths, an upper bound)."""
         moved = [
-            (name, start.get(name, _FIRST), last)
+            (name, first, last)
             for name, last in end.items()
-            if id_key(last) > id_key(start.get(name, _FIRST))
+            if last != (first := start.get(name, _FIRST)) and id_key(last) > id_key(first)
         ]
         sizes = dict(self._sizes)
         unknown = [name for name, _, _ in moved if name not in sizes]
@@ -147,7 +164,7 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         r = self._redis()
         return pack(
             [(name, a, b, sizes.get(name, 1)) for name, a, b in moved],
-            lambda s: node_of(r, s)[0],
+            node_name(r),
             self.partition_entries,
         )
 
@@ -276,18 +293,14 @@ def _delivered(r: Any, names: list[str], group: str) -> dict[str, str]:
             groups, oldest = replies[2 * k], replies[2 * k + 1]
             last = _FIRST
             for g in groups:
-                if _text(g["name"]) == group:
-                    last = _text(g["last-delivered-id"])
+                if text(g["name"]) == group:
+                    last = text(g["last-delivered-id"])
             if oldest:
-                before = _before(_text(oldest[0]["message_id"]))
+                before = _before(text(oldest[0]["message_id"]))
                 if id_key(before) < id_key(last):
                     last = before
             out[name] = last
     return out
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _before(entry_id: str) -> str:
