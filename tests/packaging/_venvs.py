@@ -89,7 +89,16 @@ class Started:
         output = self._out.read().decode(errors="replace")
         assert code == 0, f"{self.argv} exited {code}\n{output[-8000:]}"
 
+    def running(self) -> bool:
+        return self._proc.poll() is None
+
+    def output(self) -> str:
+        """What it has written so far (read without moving the offset it writes at)."""
+        fd = self._out.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
     def stop(self) -> None:
+        """Kill its process group (SIGKILL) if it is still running."""
         if self._proc.poll() is None:
             os.killpg(self._proc.pid, signal.SIGKILL)
             self._proc.wait()
