@@ -51,8 +51,8 @@ def main(url: str, checkpoint: str) -> None:
     print("dead letters:", dead.count())
 
     # 3. Stream: results written by the workers, read as they come, written on exactly once.
-    #    availableNow: take what is there now, in as many batches as it needs, then stop (a
-    #    job that runs for ever leaves it out and keeps awaiting).
+    #    availableNow: take what is there now, in as many batches as it needs (PySpark >= 4.2;
+    #    one batch before), then stop (a job that runs for ever leaves it out and keeps awaiting).
     query = (
         spark.readStream.format("lbs")
         .option("url", url)

@@ -114,9 +114,10 @@ class Discovery:
         self._names: list[str] | None = None
         self._at = 0.0
 
-    def names(self, client: Any) -> list[str]:
+    def names(self, client: Any, *, fresh: bool = False) -> list[str]:
+        """The streams: SCANned again if ``fresh``, at the first call, or once ``every`` has passed."""
         now = self._clock()
-        if self._names is None or now - self._at >= self._every:
+        if fresh or self._names is None or now - self._at >= self._every:
             self._names = self._scan(client)
             self._at = now
         return list(self._names)

@@ -51,8 +51,15 @@ from ._read import (
 
 __all__ = ["LbsStreamReader"]
 
+try:  # PySpark >= 4.2: Trigger.AvailableNow in as many batches as the read limit needs
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow as _AvailableNow
+except ImportError:  # PySpark 4.0 and 4.1 run an availableNow query as one batch of everything
 
-class LbsStreamReader(_Options, DataSourceStreamReader):
+    class _AvailableNow:  # type: ignore[no-redef]
+        pass
+
+
+class LbsStreamReader(_Options, DataSourceStreamReader, _AvailableNow):
     """Streaming reader: offsets are ``{stream: last id included}``, one consumer group per query."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
@@ -85,6 +92,8 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         self._sizes: dict[str, int] = {}
         #: The offsets acknowledged up to, per stream (a commit skips the streams that did not move).
         self._acked: dict[str, str] = {}
+        #: An availableNow query's end: each stream's newest id when it started (None: no end).
+        self._target: dict[str, str] | None = None
 
     def _redis(self) -> Any:
         if self._client is None:
@@ -102,6 +111,14 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         offsets = _delivered(r, names, self.group)
         self._latest = offsets
         return offsets
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: read up to each stream's newest entry now (a fresh SCAN of the
+        pattern), in as many batches as the read limit needs, then stop; a stream or an entry that
+        comes later waits for the next run."""
+        r = self._redis()
+        names = self._discovery.names(r, fresh=True)
+        self._target = {name: last for name, last, _ in newest(r, names)}
 
     def latestOffset(
         self, start: dict[str, str] | None = None, limit: Any = None
@@ -123,6 +140,9 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
             _ensure_groups(r, found, self.group, "0")
             start.update(dict.fromkeys(found, _FIRST))
         out = dict(start)
+        target = self._target
+        if target is not None:  # availableNow: only the streams short of their end
+            names = [n for n in names if n in target and id_key(start[n]) < id_key(target[n])]
         seen = moved(r, {name: start[name] for name in names})
         if cap is None:
             self._sizes = {}
@@ -138,8 +158,14 @@ class LbsStreamReader(_Options, DataSourceStreamReader):
         else:
             names = [name for name in names if name in seen]
             self._turn = (self._turn + 1) % max(1, len(names))
-            ends, self._sizes = _capped(r, names[self._turn :] + names[: self._turn], start, cap)
+            turned = names[self._turn :] + names[: self._turn]
+            ends, self._sizes = _capped(r, turned, start, cap, target or {})
             out.update(ends)
+        if target is not None:
+            out = {
+                n: _earlier(last, _later(target.get(n, start[n]), start[n]))
+                for n, last in out.items()
+            }
         self._latest = out
         return out
 
@@ -303,6 +329,14 @@ def _delivered(r: Any, names: list[str], group: str) -> dict[str, str]:
     return out
 
 
+def _earlier(a: str, b: str) -> str:
+    return a if id_key(a) <= id_key(b) else b
+
+
+def _later(a: str, b: str) -> str:
+    return a if id_key(a) >= id_key(b) else b
+
+
 def _before(entry_id: str) -> str:
     """The greatest id below ``entry_id`` (an offset is the last id included)."""
     ms, seq = id_key(entry_id)
@@ -312,17 +346,17 @@ def _before(entry_id: str) -> str:
 
 
 def _capped(
-    r: Any, names: list[str], start: Mapping[str, str], cap: int
+    r: Any, names: list[str], start: Mapping[str, str], cap: int, until: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, int]]:
     """The end offsets of at most ``cap`` new entries in all, and how many each stream's range holds:
     an equal share per stream first (one pipelined XRANGE each; with more streams than ``cap``, one
     entry for each of the first ``cap`` streams that have one, in the order given, which the caller
     turns each trigger), then what the streams with less left over goes to those that had more, in
-    order."""
+    order; none past its ``until`` id (an availableNow query's end), where it has one."""
     share = max(1, cap // max(1, len(names)))
     pipe = r.pipeline(transaction=False)
     for name in names:
-        pipe.xrange(name, "(" + start[name], "+", count=share)
+        pipe.xrange(name, "(" + start[name], until.get(name, "+"), count=share)
     out: dict[str, str] = {}
     sizes: dict[str, int] = {}
     left, full = cap, []
@@ -338,7 +372,7 @@ def _capped(
     for name in full:
         if left <= 0:
             break
-        more = r.xrange(name, "(" + out[name], "+", count=left)
+        more = r.xrange(name, "(" + out[name], until.get(name, "+"), count=left)
         if more:
             out[name] = more[-1][0].decode()
             sizes[name] += len(more)
