@@ -38,6 +38,16 @@ class Worker:
         return spec
 
     @property
+    def labels(self) -> dict[str, str]:
+        """The pod template's labels (what a selector must match)."""
+        return dict(self.deployment["spec"]["template"]["metadata"]["labels"])
+
+    @property
+    def annotations(self) -> dict[str, Any]:
+        """The pod template's annotations."""
+        return dict(self.deployment["spec"]["template"]["metadata"].get("annotations") or {})
+
+    @property
     def container(self) -> dict[str, Any]:
         (container,) = self.pod["containers"]
         return dict(container)
@@ -73,6 +83,19 @@ class Worker:
 
 def worker() -> Worker:
     return Worker(one("worker.yaml", "Deployment"))
+
+
+def kustomization() -> dict[str, Any]:
+    """``deploy/k8s/kustomization.yaml``: what ``kubectl apply -k deploy/k8s`` applies."""
+    (doc,) = documents("kustomization.yaml")
+    return doc
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a ``matchLabels`` selector (the only form deploy/ uses) selects ``labels``."""
+    assert set(selector) == {"matchLabels"}, selector
+    match: dict[str, str] = selector["matchLabels"]
+    return bool(match) and match.items() <= labels.items()
 
 
 def scaled_object() -> dict[str, Any]:

@@ -16,6 +16,9 @@ The relations asserted, in every state (docs/deployment.md#keda):
   trigger, exact even when the lag is NULL;
 * a retry parked for its back-off is in none of them, only in ``{<service>-input}:delayed``
   (``delayed.parked``): the ``parked-retries`` trigger.
+
+And KEDA's connection as the Secret's ``username`` (keda.yaml's TriggerAuthentication): the
+read-only ACL user docs/deployment.md gives KEDA reads what the triggers read, and writes nothing.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 import lbs
@@ -228,3 +235,79 @@ async def test_keda_lag_matches_lbs_status_through_retries_and_recovery(
         )
         print("\n".join(FIGURES))
         FIGURES.clear()
+
+
+#: The read-only user docs/deployment.md gives KEDA, for the service "orders".
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "deployment.md"
+
+
+def documented_keda_acl(service: str, password: str) -> list[str]:
+    """The documented ``ACL SETUSER orders-keda ...`` rules, for ``service`` and ``password``."""
+    found = re.search(r"^ACL SETUSER orders-keda (.+)$", DOCS.read_text(), re.M)
+    assert found, "docs/deployment.md gives no ACL for KEDA's user"
+    keys = {
+        f"~{lbs.input_stream('orders')}": f"~{lbs.input_stream(service)}",
+        f"~{_keys.delayed_stream('orders')}": f"~{_keys.delayed_stream(service)}",
+    }
+    rules = found.group(1).split()
+    assert {r for r in rules if r.startswith("~")} == set(keys), "the LBS and the parked retries"
+    return [keys.get(r, f">{password}" if r.startswith(">") else r) for r in rules]
+
+
+async def keda_reads(r: aioredis.Redis, service: str) -> dict[str, int]:
+    """What keda.yaml's three triggers read, command for command as the scaler sends them (go-redis
+    opens with HELLO, or AUTH where HELLO is refused; the scaler PINGs once; ``lagCount`` asks INFO
+    for the version, then XINFO GROUPS: 0 for "no such key", XLEN while the group is missing)."""
+    assert await r.ping()
+    major = int(str((await r.info())["redis_version"]).split(".")[0])
+    assert major >= 7, "lagCount needs Redis 7"
+    stream, group = lbs.input_stream(service), lbs.group_name(service)
+    try:
+        groups = await r.xinfo_groups(stream)
+    except redis.exceptions.ResponseError as exc:
+        assert "no such key" in str(exc), exc
+        lag = 0
+    else:
+        mine = [g for g in groups if g["name"].decode() == group]
+        raw = mine[0]["lag"] if mine else await r.xlen(stream)
+        lag = -1 if raw is None else int(raw)
+    return {
+        "backlog": lag,
+        "unfinished": await r.xlen(stream),
+        "parked-retries": await r.xlen(_keys.delayed_stream(service)),
+    }
+
+
+async def test_keda_reads_as_the_documented_read_only_user(any_server: Any, service: str) -> None:
+    """The ACL user of the Secret's `username` (keda.yaml): KEDA's reads need only the rules
+    docs/deployment.md gives its user, on every server; that user writes nothing."""
+    admin = aioredis.Redis.from_url(any_server.url)
+    user, password = f"keda-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    await admin.execute_command(
+        "ACL", "SETUSER", user, "reset", *documented_keda_acl(service, password)
+    )
+    keda = aioredis.Redis.from_url(any_server.url, username=user, password=password, protocol=3)
+    try:
+
+        async def same(label: str) -> None:
+            view, reads = await keda_view(admin, service), await keda_reads(keda, service)
+            assert reads == {
+                "backlog": view.lag,
+                "unfinished": view.length,
+                "parked-retries": view.parked,
+            }, label
+
+        await same("nothing registered (no such key)")
+        async with lbs.Producer(any_server.url, service) as producer:
+            await producer.add_streams(["a", "b", "c"])
+        await same("3 registered, no group yet")
+        # The group as a consumer's start creates it (from id 0), nothing read yet.
+        await admin.xgroup_create(lbs.input_stream(service), lbs.group_name(service), id="0")
+        assert (await keda_reads(keda, service))["backlog"] == 3
+        await same("the group's lag")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await keda.xadd(lbs.input_stream(service), {"x": "1"})
+    finally:
+        await keda.aclose()
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()

@@ -5,11 +5,14 @@ The args and every variable of the worker's container are ones ``lbs worker`` (o
 loads) reads; ``lbs worker ... --check`` resolves them; the startup and liveness probes ask
 lbs-prometheus's liveness path and the readiness probe its readiness path, on the port it serves;
 the grace period covers drain_timeout and the hand-back; the KEDA triggers name the service's LBS,
-group and parked-retry stream. Then the container's command runs for real against a Redis:
-/livez and /readyz answer 200, the consumer id is the pod's name, and SIGTERM ends it cleanly
-within the grace period; with Redis stopped it stays alive (/livez 200) and unready (/readyz 503),
-and both are 200 again once Redis is back. The image is built only where a container
-engine runs (skipped otherwise, saying so).
+group and parked-retry stream, and KEDA connects with the Secret's user, password and TLS settings;
+evictions take one pod at a time (pdb.yaml); the pod mounts no API token and is annotated for a
+scrape of the metrics port (monitoring/, optional, scrapes it for the Prometheus Operator);
+`kubectl kustomize` builds the kit where kubectl is installed. Then the container's command runs
+for real against a Redis: /livez and /readyz answer 200, /metrics serves lbs's metrics, the
+consumer id is the pod's name, and SIGTERM ends it cleanly within the grace period; with Redis
+stopped it stays alive (/livez 200) and unready (/readyz 503), and both are 200 again once Redis
+is back. The image is built only where a container engine runs (skipped otherwise, saying so).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,18 @@ import pytest
 import redis
 import typer
 import yaml
-from _manifests import DEPLOY, K8S, ROOT, documents, scaled_object, trigger, worker
+from _manifests import (
+    DEPLOY,
+    K8S,
+    ROOT,
+    documents,
+    kustomization,
+    one,
+    scaled_object,
+    selects,
+    trigger,
+    worker,
+)
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -75,12 +90,12 @@ def _config() -> Config:
 
 
 def test_kustomization_lists_the_manifests_and_every_file_parses() -> None:
-    (kustomization,) = documents("kustomization.yaml")
-    assert kustomization["resources"] == ["worker.yaml", "keda.yaml"]
-    for path in K8S.glob("*.yaml"):
-        assert documents(path.name), path
+    kit = kustomization()
+    assert kit["resources"] == ["worker.yaml", "pdb.yaml", "keda.yaml"]
+    for path in K8S.rglob("*.yaml"):
+        assert documents(str(path.relative_to(K8S))), path
     # The example Secret stays out of `kubectl apply -k`: a real password never sits in the repository.
-    assert "secret.example.yaml" not in kustomization["resources"]
+    assert "secret.example.yaml" not in kit["resources"]
 
 
 def test_the_args_are_worker_options() -> None:
@@ -251,6 +266,144 @@ def test_the_trigger_authentication_reads_the_worker_s_secret() -> None:
     assert worker().secret_of("REDIS_ADDRESS") == (secret, "address")
 
 
+#: Where the pod's scrape annotations point: lbs-prometheus answers /metrics with the exposition.
+METRICS_PATH = "/metrics"
+
+
+def test_a_disruption_budget_lets_evictions_take_one_worker_at_a_time() -> None:
+    """pdb.yaml: node drains evict one worker at a time (each drains and hands back on SIGTERM like
+    any stop), whatever KEDA's replica count, and never wait on Redis."""
+    assert "pdb.yaml" in kustomization()["resources"]
+    pdb = one("pdb.yaml", "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    spec = pdb["spec"]
+    assert selects(spec["selector"], worker().labels), "the budget selects the worker's pods"
+    assert spec["selector"] == worker().deployment["spec"]["selector"], "and only them"
+    # One at a time, however many pods KEDA runs: a fixed minAvailable would refuse every eviction
+    # while it runs a single pod (minReplicaCount 0, so often one), and a drain would hang on it.
+    assert spec["maxUnavailable"] == 1 and "minAvailable" not in spec
+    assert scaled_object()["spec"]["minReplicaCount"] <= 1
+    # An evicted pod stops like any other: the grace period covers its drain and hand-back
+    # (test_grace_period_covers_the_drain_and_the_hand_back), so a budget of one loses nothing.
+    assert worker().pod["terminationGracePeriodSeconds"] >= _config().drain_timeout
+    # Readiness waits on Redis (/readyz): in an outage every pod is unready, and only AlwaysAllow
+    # keeps unready pods evictable (the default, IfHealthyBudget, would block every drain).
+    assert worker().container["readinessProbe"]["httpGet"]["path"] == lbs_prometheus.READY_PATH
+    assert spec["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_the_pod_is_annotated_for_a_scrape_of_the_port_lbs_prometheus_serves() -> None:
+    """prometheus.io/* annotations name the port lbs-prometheus opens (LBS_PROMETHEUS_PORT, set:
+    without it the plugin opens none) on an address Prometheus reaches, and its metrics path."""
+    w = worker()
+    annotations = w.annotations
+    assert all(isinstance(v, str) for v in annotations.values()), "annotation values are strings"
+    assert annotations["prometheus.io/scrape"] == "true"
+    port = int(w.values()[lbs_prometheus.PORT_ENV])
+    assert int(annotations["prometheus.io/port"]) == port == w.port("metrics")
+    assert annotations["prometheus.io/path"] == METRICS_PATH
+    assert w.values()[lbs_prometheus.ADDR_ENV] not in ("127.0.0.1", "localhost", "::1")
+
+
+def test_the_optional_service_monitor_scrapes_every_worker_ready_or_not() -> None:
+    """monitoring/: a Service of the worker pods (unready ones too: a Redis outage makes them all
+    unready) and a ServiceMonitor of its metrics port; a kustomize component, not applied by
+    default (its kind needs the Prometheus Operator's CRDs)."""
+    (component,) = documents("monitoring/kustomization.yaml")
+    assert component["kind"] == "Component"
+    assert component["resources"] == ["servicemonitor.yaml"]
+    kit = kustomization()
+    assert "monitoring" not in kit["resources"] and "components" not in kit
+    assert "#   - monitoring" in (K8S / "kustomization.yaml").read_text(), "says how to add it"
+    w = worker()
+    service = one("monitoring/servicemonitor.yaml", "Service")
+    assert selects({"matchLabels": service["spec"]["selector"]}, w.labels)
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["clusterIP"] == "None", "headless: a worker receives no traffic"
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] in ("metrics", w.port("metrics"))
+    monitor = one("monitoring/servicemonitor.yaml", "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert selects(monitor["spec"]["selector"], service["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == port["name"]
+    assert endpoint["path"] == w.annotations["prometheus.io/path"] == METRICS_PATH
+
+
+def test_the_pod_mounts_no_service_account_token() -> None:
+    """Nothing in the pod calls the Kubernetes API: its own ServiceAccount, and no token mounted."""
+    pod = worker().pod
+    assert pod["automountServiceAccountToken"] is False
+    (account,) = [d for d in documents("worker.yaml") if d["kind"] == "ServiceAccount"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+    volumes = json.dumps(pod.get("volumes", []))
+    assert "serviceAccountToken" not in volumes, "no projected token either"
+
+
+#: What keda.yaml's TriggerAuthentication passes to the redis-streams scaler (KEDA's parameter
+#: names: the ACL user, TLS "enable"/"disable", and the PEM of a CA and of a client certificate).
+KEDA_AUTH = {"username", "password", "tls", "ca", "cert", "key"}
+
+
+def test_keda_reads_the_acl_user_and_tls_from_the_secret() -> None:
+    """KEDA reaches what `url` may name, a TLS-only or ACL-protected Redis: every connection
+    parameter comes from the worker's Secret, and the example Secret has each key."""
+    auth = one("keda.yaml", "TriggerAuthentication")
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    assert set(refs) == KEDA_AUTH
+    secret, _ = worker().secret_of("LBS_URL")
+    assert {name for name, _ in refs.values()} == {secret}
+    (example,) = documents("secret.example.yaml")
+    assert {key for _, key in refs.values()} <= set(example["stringData"])
+    assert example["stringData"][refs["tls"][1]] in ("enable", "disable")
+    for t in scaled_object()["spec"]["triggers"]:
+        meta = t["metadata"]
+        # KEDA refuses `tls` in both the TriggerAuthentication and the metadata (enableTLS), and
+        # credentials written in the metadata would bypass the Secret.
+        assert not {"enableTLS", "unsafeSsl"} & set(meta), t["name"]
+        assert not {k for k in meta if k.startswith(("username", "password"))}, t["name"]
+        assert t["authenticationRef"]["name"] == auth["metadata"]["name"]
+
+
+def test_the_example_secret_gives_keda_the_server_of_its_url() -> None:
+    """secret.example.yaml: KEDA's keys name the server, user, password and TLS of `url`, and the
+    example is the case KEDA could not reach before (rediss:// with an ACL user)."""
+    (example,) = documents("secret.example.yaml")
+    data = example["stringData"]
+    url = urllib.parse.urlsplit(data["url"])
+    assert url.scheme == "rediss" and url.username, "the example is a TLS-only, ACL-protected Redis"
+    assert data["address"] == f"{url.hostname}:{url.port or 6379}"
+    assert data["username"] == urllib.parse.unquote(url.username or "")
+    assert data["password"] == urllib.parse.unquote(url.password or "")
+    assert data["tls"] == ("enable" if url.scheme.startswith("rediss") else "disable")
+    assert worker().secret_of("REDIS_ADDRESS") == (example["metadata"]["name"], "address")
+
+
+def _kustomize(path: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize path``: the documents `kubectl apply -k` would send."""
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d is not None]
+
+
+def test_kustomize_builds_the_kit_and_the_monitoring_component(tmp_path: Path) -> None:
+    """`kubectl apply -k deploy/k8s` sends the worker, its account, its budget and KEDA's objects
+    (no Secret); with the monitoring component, the Service and ServiceMonitor as well."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("no kubectl on this machine; the manifests' contents are tested above")
+    kinds = sorted(d["kind"] for d in _kustomize(K8S))
+    expected = ["Deployment", "PodDisruptionBudget", "ScaledObject", "ServiceAccount"]
+    assert kinds == sorted([*expected, "TriggerAuthentication"])
+    kit = os.path.relpath(K8S, tmp_path)  # kustomize takes no absolute paths
+    overlay = {"resources": [kit], "components": [f"{kit}/monitoring"]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    kinds = sorted(d["kind"] for d in _kustomize(tmp_path))
+    assert kinds == sorted([*expected, "TriggerAuthentication", "Service", "ServiceMonitor"])
+
+
 def test_the_dockerfile() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     assert "ARG PYTHON_IMAGE=python:3.11-slim" in text
@@ -318,6 +471,12 @@ def _probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
             return exc.code, json.loads(exc.read())
 
 
+def _scrape(port: int, path: str) -> tuple[int, str, str]:
+    """GET ``path`` as Prometheus does: (status, content type, body)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+        return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+
+
 async def _until(port: int, path: str, status: int, timeout: float, log: Path) -> dict[str, Any]:
     """Poll ``path`` until it answers ``status`` (bounded); its body."""
     deadline = time.monotonic() + timeout
@@ -377,8 +536,8 @@ async def test_the_container_runs_livez_readyz_and_stops_within_its_grace(
     redis_server: Any, tmp_path: Path
 ) -> None:
     """The container's command and environment (the pod name, the settings, lbs-prometheus on
-    0.0.0.0) against a real Redis: alive and ready, named after its pod, and gone within the grace
-    period."""
+    0.0.0.0) against a real Redis: alive and ready, named after its pod, its metrics where the scrape
+    annotations say, and gone within the grace period."""
     pod = _Pod(redis_server.url, tmp_path)
     try:
         ready = await pod.until(PROBE_PATHS["readinessProbe"], 200)
@@ -388,6 +547,11 @@ async def test_the_container_runs_livez_readyz_and_stops_within_its_grace(
         live = await pod.until(PROBE_PATHS["livenessProbe"], 200, timeout=10)
         assert [c["consumer"] for c in live["clients"]] == [client["consumer"]]
         await pod.until(lbs_prometheus.HEALTH_PATH, 200, timeout=10)  # the old name still answers
+        # What the scrape annotations promise: the exposition, lbs's metrics in it, on their path.
+        path = worker().annotations["prometheus.io/path"]
+        status, content_type, body = await asyncio.to_thread(_scrape, pod.port, path)
+        assert status == 200 and content_type.startswith("text/plain"), (status, content_type)
+        assert re.search(rf"^{lbs_prometheus.PREFIX}\w+", body, re.M), body[:2000]
         pod.stop_within_grace()
     finally:
         pod.kill()
@@ -441,7 +605,7 @@ async def test_a_redis_outage_leaves_the_pod_alive_and_unready(tmp_path: Path) -
 
 
 def test_manifests_are_plain_yaml_without_templating() -> None:
-    for path in K8S.glob("*.yaml"):
+    for path in K8S.rglob("*.yaml"):
         text = path.read_text()
         assert "{{" not in text, f"{path.name}: plain YAML, no templating"
         yaml.safe_load_all(text)
