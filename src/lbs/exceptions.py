@@ -5,7 +5,8 @@
     LbsError
     ├── InterfaceError           the API was used wrongly
     │   ├── ConfigurationError   a setting or argument is invalid (also ValueError)
-    │   └── DataError            a value cannot be sent to Redis (also TypeError)
+    │   ├── DataError            a value cannot be sent to Redis (also TypeError)
+    │   └── NoSuchServiceError   an operator's tool was given a service Redis does not have (also LookupError)
     ├── InvalidInputError        an lbs-input value breaks the wire format (also ValueError)
     ├── LockError                an assignment is not (or no longer) held by this client
     │   └── NotHeldError         done/hand-back for a stream this client never held
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidInputError",
     "LbsError",
     "LockError",
+    "NoSuchServiceError",
     "NotHeldError",
     "ProtocolError",
     "RedisOperationError",
@@ -60,6 +62,23 @@ class ConfigurationError(InterfaceError, ValueError):
 
 class DataError(InterfaceError, TypeError):
     """Raised when a command argument cannot be encoded for Redis."""
+
+
+class NoSuchServiceError(InterfaceError, LookupError):
+    """Raised when an operator's tool (``lbs status``, ``lbs dlq``, ``lbs claim``, the dashboard) is
+    given a service whose load-balancer stream does not exist on that Redis: a mistyped name.
+
+    The message names the Redis (its URL masked) and the closest existing services
+    (:attr:`suggestions`), or those there are; :attr:`service` is the name given.
+    """
+
+    def __init__(self, message: str, service: str = "", suggestions: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.service = service
+        self.suggestions = tuple(suggestions)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.service, self.suggestions))
 
 
 class InvalidInputError(LbsError, ValueError):

@@ -34,8 +34,20 @@ from typing import IO, Any, Literal
 
 __all__ = ["FIELDS", "JsonFormatter", "about", "configure"]
 
-#: The record attributes written as fields when a record has them (lbs sets them through ``extra``).
-FIELDS = ("service", "consumer", "stream", "key", "entry_id", "token", "retry_count", "banner")
+#: The record attributes written as fields when a record has them (lbs sets them through ``extra``);
+#: ``who`` and ``action``: the dashboard's action log (``lbs.dashboard``).
+FIELDS = (
+    "service",
+    "consumer",
+    "stream",
+    "key",
+    "entry_id",
+    "token",
+    "retry_count",
+    "banner",
+    "who",
+    "action",
+)
 
 
 def about(held: Any, *, keyed: bool = False) -> dict[str, Any]:

@@ -68,6 +68,12 @@ def test_live_counters_move_while_work_is_done(
     expect(counter(page, service, "waiting")).to_have_text(str(len(jobs)))
     expect(counter(page, other, "waiting")).to_have_text("7")
     expect(counter(page, service, "alive")).to_have_text("0")
+    # The home page lists the services on this Redis, each linked to its pages.
+    listed = page.locator(f'#services-list tr[data-listed="{other}"]')
+    expect(listed.locator('[data-col="waiting"]')).to_have_text("7")
+    expect(listed.get_by_role("link", name=other)).to_have_attribute(
+        "href", f"/s/{other}/consumers"
+    )
     page.evaluate("window.__sameDocument = true")  # gone if the page were reloaded
     worker = lbs_proc(
         "worker",
@@ -179,6 +185,8 @@ def test_a_dead_letter_is_replayed_from_the_page_and_processed(
     url, service = redis_server.url, names("emails")
     flag = tmp_path / "fail.flag"
     flag.touch()
+    # Before the dashboard starts: it refuses a service that is not there.
+    produce(url, service, "poison-1")
     dash = start_dashboard(url, service)
     lbs_proc(
         "worker",
@@ -196,7 +204,6 @@ def test_a_dead_letter_is_replayed_from_the_page_and_processed(
         *WORKER,
         LBS_TEST_FAIL_FLAG=str(flag),
     )
-    produce(url, service, "poison-1")
     sign_in(page, dash.base, dash.token)
     page.goto(dash.base + "/")
     expect(counter(page, service, "dead_letters")).to_have_text("1", timeout=60_000)

@@ -104,6 +104,7 @@ def test_bench_on_an_unreachable_redis_is_exit_1(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert (
-        "lbs bench: error: redis://:***@127.0.0.1" in flat(proc.stderr) and "pw@" not in proc.stderr
+        "lbs bench: error: cannot connect to Redis at redis://:***@127.0.0.1" in flat(proc.stderr)
+        and "pw@" not in proc.stderr
     )
     assert "Traceback" not in proc.stderr

@@ -244,6 +244,7 @@ async def test_a_dead_letter_key_of_the_wrong_type_is_named(
 
 
 async def test_an_empty_dead_letter_stream_lists_nothing(redis_server: Any, service: str) -> None:
+    await produce(redis_server.url, service, "a")  # the service exists; no dead letter yet
     result = await invoke("dlq", "list", service, "--url", redis_server.url)
     assert result.exit_code == 0 and "No dead letters (0 in the stream)" in result.stdout
     result = await invoke("dlq", "replay", service, "--url", redis_server.url, "--all")

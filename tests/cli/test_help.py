@@ -118,3 +118,26 @@ def test_main_returns_the_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out == f"lbs {lbs.__version__}\n"
     assert main(["worker"]) == 2  # MODULE:HANDLER missing
+
+
+def test_help_shows_what_to_type_not_python_types() -> None:
+    """Every ``--help`` names values as man pages do (``--url URL``, a flag takes none, ``SERVICE``),
+    never typer's ``<str>``, ``<bool>``, ``<list[str]>``, nor a required argument in braces."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"})
+    for path, _ in COMMANDS:
+        result = runner.invoke(app, [*path, "--help"], prog_name="lbs")
+        assert result.exit_code == 0, (path, result.output)
+        out = result.output
+        typed = re.findall(r"<(?:bool|str|int|float|list\[[^>]*\]|file|path|\w+ range)>", out)
+        assert not typed, (path, typed)
+        usage = next(line for line in out.splitlines() if "Usage:" in line)
+        assert "{" not in usage and "......" not in usage, (path, usage)
+    status = flat(runner.invoke(app, ["status", "--help"], prog_name="lbs").output)
+    assert "--url URL " in status and "Usage: lbs status [OPTIONS] SERVICE " in status
+    assert re.search(r"--json +Print", status), status  # a flag: no value between it and its help
+    claim = flat(runner.invoke(app, ["claim", "--help"], prog_name="lbs").output)
+    assert "Usage: lbs claim [OPTIONS] SERVICE ENTRY_ID... " in claim
+    purge = flat(runner.invoke(app, ["dlq", "purge", "--help"], prog_name="lbs").output)
+    assert "Usage: lbs dlq purge [OPTIONS] SERVICE [ID]... " in purge

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from lbs.embedded import RedisServer
+from lbs.embedded import RedisServer, free_port
 
 from _cli_helpers import cli_env, run_lbs
 from _pty import flat, invoke
@@ -84,3 +84,29 @@ def test_a_bad_service_name_exits_78_in_the_worker_too(tmp_path: Path) -> None:
     )
     assert proc.returncode == 78, (proc.returncode, proc.stderr)
     assert "service must not contain" in flat(proc.stderr)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status", "svc"],
+        ["dlq", "list", "svc"],
+        ["claim", "svc", "1-1"],
+        ["worker", "tests.cli._handlers:ok", "--service", "svc"],
+        ["dashboard", "svc"],
+    ],
+    ids=["status", "dlq list", "claim", "worker", "dashboard"],
+)
+def test_a_refused_connection_is_one_line_naming_the_url_and_the_fix(
+    command: list[str], tmp_path: Path
+) -> None:
+    """Nothing listens on the port: one line naming the (masked) URL, why, and --url / LBS_URL; exit 1."""
+    port = free_port()
+    proc = run_lbs([*command, "--url", f"redis://:pw-secret@127.0.0.1:{port}"], cli_env(tmp_path))
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    said = flat(lines[0])
+    assert f"cannot connect to Redis at redis://:***@127.0.0.1:{port} (connection refused)" in said
+    assert "--url" in said and "LBS_URL" in said, said
+    assert "pw-secret" not in proc.stderr + proc.stdout

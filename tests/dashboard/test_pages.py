@@ -174,6 +174,41 @@ async def test_an_unknown_service_is_404(redis_server: Any, service: str, dashbo
         assert (await http.get("/no/such/page")).status_code == 404
 
 
+def _listed_row(page: str, service: str) -> str:
+    """The row of ``service`` in the home page's list of the services on the Redis."""
+    listing = page.split('id="services-list"', 1)[1]
+    m = re.search(rf'<tr data-listed="{re.escape(service)}">(.*?)</tr>', listing, re.S)
+    assert m, listing
+    return m.group(1)
+
+
+async def test_the_home_page_lists_the_services_on_the_redis(
+    redis_server: Any, r: aioredis.Redis, service: str, dashboard: Any
+) -> None:
+    """Every service there is, with its waiting, held, consumers and dead letters; the ones this
+    dashboard shows linked to their pages, the others with the command that shows them."""
+    url = redis_server.url
+    shown, other = service + "-shown", service + "-other"
+    await produce(url, shown, "s1")
+    await produce(url, other, "o1", "o2")
+    await r.xadd(lbs.dead_letter_stream(other), {"lbs-input": "{bad", "_reason": "test"})
+    c = client(url, other, "w1", max_streams=1)
+    await c.start()
+    try:
+        await take(c, 1)
+        async with dashboard(url, [shown]) as (http, _):
+            page = (await http.get("/")).text
+    finally:
+        await c.close()
+    row = _listed_row(page, shown)
+    assert f'<a href="/s/{shown}/consumers">{shown}</a>' in row
+    assert re.search(r'data-col="waiting">1<', row) and re.search(r'data-col="held">0<', row)
+    row = _listed_row(page, other)
+    assert f"lbs dashboard {other}" in row and f"/s/{other}/" not in row
+    assert re.search(r'data-col="waiting">1<', row) and re.search(r'data-col="held">1<', row)
+    assert "1 alive" in row and re.search(r'data-col="dead_letters">1<', row)
+
+
 @pytest.mark.cluster
 async def _every_page_with_a_dead_letter(url: str, service: str, dashboard: Any, why: str) -> str:
     """One stream handled, one dead-lettered with ``why``: every page answers; the overview's text."""

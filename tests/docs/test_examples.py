@@ -166,3 +166,34 @@ def test_the_example_runs(block: Block, server: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, (
         f"{block.id} failed (exit code {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )
+
+
+def test_the_quickstart_runs_twice_on_one_redis(tmp_path: Path) -> None:
+    """A reader follows the quickstart's examples top to bottom, then again, on the same Redis (the
+    page's one on port 6380): each passes both times, none counts on a Redis nothing else wrote."""
+    page = "docs/quickstart.md"
+    blocks = [b for b in BLOCKS if b.page == page and not b.skip_reason]
+    assert any("collect_status" in b.code for b in blocks), [b.id for b in blocks]
+    with RedisServer(config={"notify-keyspace-events": "Kx"}) as server:
+        for block in blocks:
+            if block.filename:
+                target = tmp_path / block.filename
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(_program(block, server.url))
+        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        for round_ in (1, 2):
+            for block in blocks:
+                script = tmp_path / "example.py"
+                script.write_text(_program(block, server.url))
+                proc = subprocess.run(
+                    [sys.executable, "-W", "error", str(script)],
+                    cwd=tmp_path,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=TIMEOUT,
+                )
+                assert proc.returncode == 0, (
+                    f"{block.id}, round {round_} (exit code {proc.returncode}):\n"
+                    f"{proc.stdout}\n{proc.stderr}"
+                )

@@ -2,6 +2,7 @@
 
 Commands: ``demo`` (:mod:`lbs.cli.demo`), ``worker`` (:mod:`lbs.cli.worker`,
 its supervisor in :mod:`lbs.cli.supervisor`), ``bench`` (:mod:`lbs.cli.bench`),
+``services`` (:mod:`lbs.cli.services`),
 and, where their modules are present, ``status`` and ``claim``
 (:mod:`lbs.cli.status`), the ``dlq`` group (:mod:`lbs.cli.dlq`) and ``dashboard``
 (:mod:`lbs.cli.dashboard`, the web dashboard of the ``[dashboard]`` extra).
@@ -20,11 +21,16 @@ from typing import Annotated
 import typer
 
 from .. import __version__
+from ._help import readable_values
 from .bench import bench
 from .demo import demo
+from .services import services
 from .worker import worker
 
 __all__ = ["app", "main"]
+
+# `--url URL`, `--json`, `SERVICE`: not typer's `<str>`, `<bool>`, `<list[str]>` (lbs.cli._help).
+readable_values()
 
 app = typer.Typer(
     name="lbs",
@@ -59,6 +65,7 @@ def _main(
 app.command("demo")(demo)
 app.command("worker")(worker)
 app.command("bench")(bench)
+app.command("services")(services)
 
 
 def _optional(name: str) -> ModuleType | None:

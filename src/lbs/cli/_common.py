@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-from redis.exceptions import AuthenticationError, RedisError
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rich.console import Console
@@ -50,6 +51,7 @@ __all__ = [
     "explain",
     "fail",
     "mask_url",
+    "ping",
     "run",
     "setup_logging",
 ]
@@ -124,7 +126,31 @@ def explain(exc: BaseException, url: str = "") -> str:
         and ("closed by server" in text or "Connection reset" in text)
     ):
         return f"{exc} (if the server speaks TLS on that port, use rediss://)"
+    why = _unreachable(chain)
+    if why is not None:
+        return (
+            f"cannot connect to Redis at {shown} ({why}): is Redis running there? "
+            "Give its URL with --url (or the LBS_URL environment variable)"
+        )
     return str(exc)
+
+
+def _unreachable(chain: list[BaseException]) -> str | None:
+    """Why no connection could be made (``connection refused``, ``host not found``, ...), or None
+    when ``chain`` is about something else (a dropped connection, a reply)."""
+    for e in chain:
+        if isinstance(e, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(e, socket.gaierror):
+            return f"host not found: {e.strerror or e}"
+    for e in chain:
+        said = str(e)
+        if isinstance(e, RedisTimeoutError) and "connecting" in said.lower():
+            return "timed out connecting"
+        if isinstance(e, RedisConnectionError) and " connecting to " in said:
+            # "Error 113 connecting to HOST:PORT. No route to host.": what follows the address
+            return said.partition(". ")[2].rstrip(".") or said
+    return None
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:
@@ -177,14 +203,26 @@ def run(command: str, work: Callable[[], Coroutine[Any, Any, T]], url: str = "")
 
     A bad setting (a URL redis-py cannot use, a service name with braces)
     exits 78, any other lbs or Redis error 1 (with the fix, for a password
-    or TLS mistake in ``url``). Ctrl-C is not caught here.
+    or TLS mistake in ``url`` or a Redis it cannot connect to). Ctrl-C is not caught here.
     """
     try:
         return asyncio.run(work())
     except ConfigurationError as exc:
         fail(command, str(exc), EXIT_CONFIG)
-    except (LbsError, RedisError, OSError) as exc:
+    except (LbsError, RedisError, RedisClusterException, OSError) as exc:
         fail(command, explain(exc, url), EXIT_FAILURE)
+
+
+async def ping(url: str) -> None:
+    """PING Redis at ``url``: a command checks it can connect before it starts anything that logs
+    (what connecting raised is :func:`explain`'s to put in one line)."""
+    from .._redis.connection import resolve_client
+
+    client, _ = resolve_client(url)
+    try:
+        await client.ping()
+    finally:
+        await client.aclose()
 
 
 def check_service(command: str, service: str) -> None:

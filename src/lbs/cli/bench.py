@@ -23,7 +23,7 @@ from .. import __version__, _bench
 from .._admin import glob_escape
 from .._redis.connection import open_plain, server_name
 from ..exceptions import LbsError
-from ._common import EXIT_FAILURE, err_console, fail, mask_url
+from ._common import EXIT_FAILURE, err_console, explain, fail, mask_url
 
 __all__ = ["bench"]
 
@@ -180,7 +180,9 @@ def bench(
     try:
         sides, server = asyncio.run(_run(url, service, streams, rounds, force))
     except (RedisError, OSError, LbsError) as exc:
-        fail("bench", f"{mask_url(url)}: {type(exc).__name__}: {exc}", EXIT_FAILURE)
+        said = explain(exc, url)  # cannot connect, a password, TLS: with the fix
+        shown = said if said != str(exc) else f"{mask_url(url)}: {type(exc).__name__}: {exc}"
+        fail("bench", shown, EXIT_FAILURE)
     console = Console()
     result = table(sides, streams)
     wide = console.measure(result, options=console.options.update(max_width=1_000)).maximum

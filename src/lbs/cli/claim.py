@@ -25,7 +25,8 @@ from .._streamids import NOT_AN_ID, bad_ids
 from ..client import Client
 from ..config import Config
 from ..hookspecs import hookimpl
-from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, run
+from ..status import require_service
+from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, ping, run
 
 __all__ = ["ClaimOutcome", "claim"]
 
@@ -100,9 +101,10 @@ def claim(
     live holder keeps its stream), by a short-lived consumer
     `lbs-cli-HOST-PID` that reads nothing. Exit code 0 when every id was
     re-queued, dead-lettered or is not pending; 3 when some is still held
-    (or could not be claimed); 1 when Redis fails.
+    (or could not be claimed); 1 when Redis fails or the service is not there.
     """
     check_service("claim", service)
+    run("claim", lambda: require_service(url, service), url)  # a mistyped name: exit 1, say so
     results = run("claim", lambda: _claim(url, service, entry_ids, max_retries), url)
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")
@@ -122,6 +124,7 @@ def claim(
 async def _claim(
     url: str, service: str, entry_ids: list[str], max_retries: int
 ) -> list[ClaimOutcome]:
+    await ping(url)  # an unreachable Redis is one line, not also the client's closing warning
     outcomes = _Outcomes()
     # No reader, recovery or heartbeat is ever started: the client only runs requeue-6.lua through claim().
     # retry_delay 0: what is claimed comes back at once, not parked for a delay.

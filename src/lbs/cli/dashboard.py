@@ -2,12 +2,16 @@
 
 A plain typer command function; the ``lbs`` app registers it when the ``[dashboard]`` extra is
 installed (else ``lbs dashboard`` says how to install it). Exit codes are those of
-:mod:`lbs.cli._common`: 0 a clean stop (Ctrl-C, SIGTERM), 1 Redis unreachable at start, 2 a usage
-error (a non-loopback host without a token), 78 an invalid setting.
+:mod:`lbs.cli._common`: 0 a clean stop (Ctrl-C, SIGTERM), 1 Redis unreachable at start, the
+port taken (the line names --port), or a service that is not there (neither its load-balancer
+stream nor its dead letters), 2 a usage error (a non-loopback host without a token), 78 an invalid
+setting.
 """
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Annotated
 
 import typer
@@ -25,7 +29,10 @@ from ._common import (
     fail,
     mask_url,
     run,
+    setup_logging,
 )
+from .services import require_services
+from .worker import LogFormat
 
 __all__ = ["dashboard"]
 
@@ -74,6 +81,16 @@ def dashboard(
     shards: Annotated[
         int, typer.Option(min=1, help="Shards of each service (the workers' --shards).")
     ] = 1,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            envvar="LBS_LOG_FORMAT",
+            case_sensitive=False,
+            help="The action log on stderr (sign-in and out, replay, purge: who, what, the result): "
+            "text, a line per record; json, one JSON object per line (lbs.logs), with `who`, "
+            "`action` and `service` as fields.",
+        ),
+    ] = LogFormat.text,
 ) -> None:
     """Serve a web dashboard of SERVICE... on http://HOST:PORT until Ctrl-C or SIGTERM.
 
@@ -82,7 +99,9 @@ def dashboard(
     recovery timeline, the last hour's failed attempts and the dead letters with their tracebacks
     (replay and purge with --actions).
     Read-only and bound to 127.0.0.1 unless told otherwise; a URL's password is never shown.
+    Every action is logged to stderr.
     """
+    setup_logging("INFO", log_format.value)  # the action log (lbs.dashboard), uvicorn's warnings
     try:
         import uvicorn
 
@@ -110,6 +129,9 @@ def dashboard(
         code = EXIT_USAGE if "not loopback" in str(exc) or "token" in str(exc) else EXIT_CONFIG
         fail("dashboard", str(exc), code)
     run("dashboard", lambda: _ping(url), url)
+    run("dashboard", lambda: require_services(url, services, shards), url)  # exit 1 on a typo
+    listening = _listen(host, port)  # before the banner: a taken port is one line naming --port
+    port = listening.getsockname()[1]  # --port 0: the one the system chose
     shown = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     err_console.print(
         f"lbs dashboard: {shown} · {', '.join(settings.shown_services)} on {mask_url(url)} · "
@@ -130,16 +152,39 @@ def dashboard(
         host=host,
         port=port,
         log_level="warning",
+        log_config=None,  # uvicorn's records go to the handler setup_logging put on the root
         access_log=False,
         # Open live streams never end by themselves: a stop waits this long for them.
         timeout_graceful_shutdown=2,
         lifespan="on",
     )
     try:
-        uvicorn.Server(config).run()
-    except OSError as exc:  # the port is taken
+        uvicorn.Server(config).run(sockets=[listening])
+    except OSError as exc:
         fail("dashboard", explain(exc), EXIT_FAILURE)
     raise typer.Exit(EXIT_OK)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT for uvicorn to serve on, else exit 1 with the fix (--port)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: past TIME_WAIT
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            fail(
+                "dashboard",
+                f"port {port} on {host} is in use by another program: stop it, or pick another "
+                "port with --port",
+            )
+        fail(
+            "dashboard",
+            f"cannot listen on {host} port {port} ({exc.strerror or exc}): pick another port "
+            "with --port, or another address with --host",
+        )
+    return sock
 
 
 async def _ping(url: str) -> None:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.status import Status
 
 from ..exceptions import LbsError
-from ._common import EXIT_FAILURE, EXIT_OK, fail, mask_url
+from ._common import EXIT_FAILURE, EXIT_OK, explain, fail, mask_url
 
 __all__ = ["demo"]
 
@@ -109,7 +109,7 @@ def demo(
                 out(f"lbs demo: embedded Redis {v} at {server.url} (pid {server.pid})")
                 result = run(server.url)
     except LbsError as exc:
-        fail("demo", str(exc))
+        fail("demo", explain(exc, redis_url or ""))
     finally:
         progress(None)
     out("lbs demo: OK" if result.ok else "lbs demo: FAILED")

@@ -3,7 +3,8 @@
 The ``lbs`` app mounts :data:`app` (``app.add_typer(dlq.app, name="dlq")``).
 The library side is :class:`lbs.deadletters.DeadLetters`; what a replay
 writes is described there. Exit codes are those of ``lbs status``
-(:mod:`lbs.cli._common`): 0 done, 1 a failure (Redis, or ``show`` of a letter
+(:mod:`lbs.cli._common`): 0 done, 1 a failure (Redis, a service that is not there: neither its
+load-balancer stream nor its dead-letter stream exists, or ``show`` of a letter
 that is not there), 2 a wrong command line, 3 done in part (a letter refused
 or not found, a purge not confirmed), 78 an invalid setting (the URL).
 """
@@ -22,6 +23,7 @@ from rich.text import Text
 
 from .._streamids import NOT_AN_ID, bad_ids
 from ..deadletters import DeadLetter, DeadLetters, Replay, letter_time_ms
+from ..status import require_service
 from ._common import (
     EXIT_FAILURE,
     EXIT_INCOMPLETE,
@@ -115,6 +117,7 @@ def list_letters(
     check_service("dlq list", service)
 
     async def work() -> tuple[list[DeadLetter], int, int]:
+        await require_service(url, service, dead_letters=True)
         async with DeadLetters(url, service) as dlq:
             letters = await dlq.list(limit, reason)
             return letters, await dlq.count(), await dlq.server_time_ms()
@@ -179,6 +182,7 @@ def show(
     _selection("dlq show", [letter_id], None, False)
 
     async def work() -> tuple[DeadLetter | None, int, str]:
+        await require_service(url, service, dead_letters=True)
         async with DeadLetters(url, service) as dlq:
             return await dlq.get(letter_id), await dlq.server_time_ms(), dlq.key
 
@@ -258,6 +262,7 @@ def replay(
     ids = _selection("dlq replay", letter_ids, reason, every)
 
     async def work() -> tuple[list[Replay], str]:
+        await require_service(url, service, dead_letters=True)
         async with DeadLetters(url, service) as dlq:
             return await dlq.replay(ids, reason=reason, all=every, force=force), dlq.stream
 
@@ -325,6 +330,7 @@ def purge(
     ids = _selection("dlq purge", letter_ids, reason, every)
 
     async def count() -> tuple[int, str, str]:
+        await require_service(url, service, dead_letters=True)
         async with DeadLetters(url, service) as dlq:
             n, newest = await dlq.matching(ids, reason=reason, all=every)
             return n, newest, dlq.key

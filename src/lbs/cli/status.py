@@ -23,14 +23,14 @@ from rich.text import Text
 
 from .._redis.connection import resolve_client
 from ..exceptions import LbsError
-from ..status import ServiceStatus, collect_status
+from ..status import ServiceStatus, collect_status, require_service
 from ._common import (
-    EXIT_FAILURE,
     EXIT_OK,
     ServiceArgument,
     UrlOption,
     check_service,
     err_console,
+    fail,
     mask_url,
     run,
 )
@@ -81,7 +81,8 @@ def status(
 
     Two round trips to the master that owns the service; every age and
     deadline is the server's clock against itself. Exit code 0 when the
-    service exists, 1 when it does not (no `SERVICE-input`) or Redis fails.
+    service exists, 1 when it does not (no `SERVICE-input`: the closest services there are named)
+    or Redis fails.
     """
     check_service("status", service)
     if watch:
@@ -93,16 +94,12 @@ def status(
     st = run("status", lambda: collect_status(url, service, letters=letters), url)
     if json_out:
         sys.stdout.write(json.dumps(st.to_dict()) + "\n")
-    else:
+    elif st.exists:
         Console().print(render_status(st, url=mask_url(url)))
     if not st.exists:
-        if json_out:
-            err_console.print(
-                f"lbs status: no service {service!r}: {st.stream} does not exist",
-                markup=False,
-                highlight=False,
-            )
-        raise typer.Exit(EXIT_FAILURE)
+        # Exits 1 naming the closest services there are (or all of them, or none).
+        run("status", lambda: require_service(url, service), url)
+        fail("status", f"no service {service!r}: {st.stream} did not exist when read")
 
 
 async def _watch(url: str, service: str, interval: float, json_out: bool, letters: int) -> None:

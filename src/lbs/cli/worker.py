@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from redis.exceptions import RedisClusterException, RedisError
 from rich.markup import escape
 
 from .._keys import validate_service
@@ -44,9 +45,11 @@ from ._common import (
     explain,
     fail,
     mask_url,
+    ping,
     setup_logging,
 )
 from .banner import StartBanner, banner, plugin_names
+from .services import warn_if_new
 from .settings import (
     HandlerError,
     WorkerSettings,
@@ -70,6 +73,7 @@ DEFAULT_URL = "redis://localhost:6379/0"
 
 async def serve(s: WorkerSettings, handler: Handler) -> None:
     """Run ``handler`` until a signal (or the client's close) ends it; a signal's drain and hand-back included."""
+    await ping(s.url)  # an unreachable Redis is one line (run_in_process), not the client's three
     config = Config(**s.config)
     plugins = [StartBanner(s, config)] if s.banner else []
     client: Client | ShardedClient
@@ -127,6 +131,9 @@ def run_in_process(s: WorkerSettings, handler: Handler | None = None) -> int:
         return EXIT_CONFIG
     except RedisOperationError as exc:
         log.error("cannot run against %s: %s", mask_url(s.url), explain(exc, s.url))
+        return EXIT_FAILURE
+    except (RedisError, RedisClusterException, OSError) as exc:  # ping(): Redis unreachable
+        log.error("%s", explain(exc, s.url))
         return EXIT_FAILURE
     except LbsError as exc:
         log.error("%s: %s", type(exc).__name__, exc)
@@ -424,6 +431,11 @@ def worker(
     without a retry counted, and exits 0. Exit codes: 0 a clean stop; 1 a failure at run time
     (Redis unreachable at start, a supervisor's child that keeps crashing); 2 a usage error
     (options, MODULE:HANDLER); 78 an invalid setting (EX_CONFIG).
+
+    Metrics: with lbs-prometheus installed (the prometheus extra), /metrics, /livez and /readyz are
+    served only once LBS_PROMETHEUS_PORT is set (e.g. 9464: http://127.0.0.1:9464/metrics; the
+    address is LBS_PROMETHEUS_ADDR, default 127.0.0.1; with --processes N, ports PORT to PORT+N-1).
+    Without it no port is opened.
     """
     level = log_level.value.upper()
     setup_logging(level, log_format.value)
@@ -474,6 +486,7 @@ def worker(
             banner(s, config, plugins=plugin_names(pm), server="not connected: --check")
         )
         raise typer.Exit(EXIT_OK)
+    warn_if_new(s.url, s.service, s.shards)  # a mistyped --service starts a new service: say so
     if processes == 1:
         raise typer.Exit(run_in_process(s, handler))
     raise typer.Exit(supervise(s))

@@ -1,13 +1,16 @@
 """The dashboard's actions: signing in and out, and replaying or purging dead letters, one or all
 those of a reason. Each action is a GET that only shows what it will do and asks to confirm, then a
 POST (CSRF-checked, signed in, actions on: :class:`~lbs.dashboard.security.Guard`) that does it and
-writes one line to the action log."""
+writes one line to the action log (:func:`~lbs.dashboard.security.log_action`): a sign-in or
+sign-out, a wrong token, an action done, refused or failed."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 from urllib.parse import quote
 
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -15,9 +18,10 @@ from starlette.routing import Route
 
 from .._streamids import is_stream_id
 from ..deadletters import DeadLetters
+from ..exceptions import LbsError
 from .app import Dashboard, dash, page
 from .pages import one_letter
-from .security import action_log, read_form, who
+from .security import log_action, read_form
 
 __all__ = ["routes"]
 
@@ -37,16 +41,19 @@ async def login(request: Request) -> Response:
     token = request.query_params.get("token")  # the link printed at start (as Jupyter's)
     if token is not None:
         if d.guard.sign_in(request, token):
-            action_log.info("lbs dashboard: %s signed in (link)", who(request))
+            log_action(request, "signed in (link)", action="sign-in")
             return RedirectResponse(nxt, status_code=303)
+        log_action(
+            request, "a wrong token (link): not signed in", level=logging.WARNING, action="sign-in"
+        )
         return d.render(request, "login.html", {"next": nxt, "wrong": True}, status=403)
     if request.method == "POST":
         form = await read_form(request)
         d.guard.check_post(request, form)
         if d.guard.sign_in(request, str(form.get("token", ""))):
-            action_log.info("lbs dashboard: %s signed in", who(request))
+            log_action(request, "signed in", action="sign-in")
             return RedirectResponse(_safe_next(str(form.get("next", "/"))), status_code=303)
-        action_log.warning("lbs dashboard: a wrong token from %s", who(request))
+        log_action(request, "a wrong token: not signed in", level=logging.WARNING, action="sign-in")
         return d.render(request, "login.html", {"next": nxt, "wrong": True}, status=403)
     return d.render(request, "login.html", {"next": nxt, "wrong": False})
 
@@ -65,6 +72,8 @@ async def logout(request: Request) -> Response:
         d.guard.check_post(request, form)
     except HTTPException as exc:
         return d.error(request, exc.status_code, str(exc.detail))
+    if request.session.get("auth"):
+        log_action(request, "signed out", action="sign-out")
     request.session.clear()
     return RedirectResponse("/login" if d.guard.token else "/", status_code=303)
 
@@ -73,11 +82,61 @@ def _flash(request: Request, text: str, kind: str = "ok") -> None:
     request.session["flash"] = [*request.session.get("flash", []), {"text": text, "kind": kind}]
 
 
+async def _may_act(d: Dashboard, request: Request, action: str, what: str) -> dict[str, str]:
+    """The form of a POST that may act (actions on, signed in, CSRF and origin checked); a refusal
+    is logged (``what``: the action as the log says it) and raised."""
+    try:
+        d.guard.check_action(request)
+        form = await read_form(request)
+        d.guard.check_post(request, form)
+    except HTTPException as exc:
+        service = request.path_params["service"]
+        log_action(
+            request,
+            "%s refused: %s",
+            what,
+            str(exc.detail).removeprefix("refused: "),
+            level=logging.WARNING,
+            action=action,
+            service=service,
+        )
+        raise
+    return form
+
+
 async def _act(
-    d: Dashboard, request: Request, action: str, *, ids: list[str] | None, reason: str, until: str
+    d: Dashboard,
+    request: Request,
+    action: str,
+    what: str,
+    *,
+    ids: list[str] | None,
+    reason: str,
+    until: str,
 ) -> str:
-    """Do ``action`` on the selected letters; one line for the flash message and the log."""
+    """Do ``action`` on the selected letters; one line for the flash message, logged after ``what``
+    (its failure too)."""
     service = request.path_params["service"]
+    try:
+        text = await _do(d, service, action, ids=ids, reason=reason, until=until)
+    except (LbsError, RedisError, OSError) as exc:
+        log_action(
+            request,
+            "%s failed: %s",
+            what,
+            d.masked(exc),
+            level=logging.WARNING,
+            action=action,
+            service=service,
+        )
+        raise
+    log_action(request, "%s: %s", what, text, action=action, service=service)
+    return text
+
+
+async def _do(
+    d: Dashboard, service: str, action: str, *, ids: list[str] | None, reason: str, until: str
+) -> str:
     async with DeadLetters(d.fleet.client, service, config=d.fleet.config) as dlq:
         selection: dict[str, Any] = {"reason": reason or None, "until": until or None}
         if not ids:
@@ -100,8 +159,9 @@ async def act_on_letter(request: Request) -> Response:
     service, lid, action = (request.path_params[k] for k in ("service", "letter", "action"))
     if action not in ACTIONS or not is_stream_id(lid):
         raise HTTPException(404, "no such action")
-    d.guard.check_action(request)
+    what = f"{action} {service} letter {lid}"
     if request.method == "GET":
+        d.guard.check_action(request)
         found, _ = await one_letter(d, service, lid)
         ctx = {
             "service": service,
@@ -112,12 +172,8 @@ async def act_on_letter(request: Request) -> Response:
             "ids": lid,
         }
         return d.render(request, "confirm.html", ctx)
-    form = await read_form(request)
-    d.guard.check_post(request, form)
-    result = await _act(d, request, action, ids=[lid], reason="", until="")
-    action_log.info(
-        "lbs dashboard: %s: %s %s letter %s: %s", who(request), action, service, lid, result
-    )
+    await _may_act(d, request, action, what)
+    result = await _act(d, request, action, what, ids=[lid], reason="", until="")
     _flash(request, f"{service}: {result}")
     return RedirectResponse(f"/s/{service}/dead-letters", status_code=303)
 
@@ -130,8 +186,8 @@ async def by_reason(request: Request) -> Response:
     service, action = request.path_params["service"], request.path_params["action"]
     if action not in ACTIONS:
         raise HTTPException(404, "no such action")
-    d.guard.check_action(request)
     if request.method == "GET":
+        d.guard.check_action(request)
         reason = request.query_params.get("reason", "").strip()
         async with DeadLetters(d.fleet.client, service, config=d.fleet.config) as dlq:
             count, newest = await dlq.matching(reason=reason or None, all=not reason)
@@ -146,23 +202,16 @@ async def by_reason(request: Request) -> Response:
             "until": newest,
         }
         return d.render(request, "confirm.html", ctx)
-    form = await read_form(request)
-    d.guard.check_post(request, form)
+    form = await _may_act(d, request, action, f"{action} {service} letters")
     reason, until = str(form.get("reason", "")), str(form.get("until", ""))
+    which = f"reason {reason!r}" if reason else "all"
     if not until:
+        what = f"{action} {service} letters ({which})"
+        log_action(request, "%s: nothing to %s", what, action, action=action, service=service)
         _flash(request, f"{service}: nothing to {action}", "warn")
     else:
-        result = await _act(d, request, action, ids=None, reason=reason, until=until)
-        what = f"reason {reason!r}" if reason else "all"
-        action_log.info(
-            "lbs dashboard: %s: %s %s letters (%s, until %s): %s",
-            who(request),
-            action,
-            service,
-            what,
-            until,
-            result,
-        )
+        what = f"{action} {service} letters ({which}, until {until})"
+        result = await _act(d, request, action, what, ids=None, reason=reason, until=until)
         _flash(request, f"{service}: {result}")
     back = f"/s/{service}/dead-letters" + (f"?reason={quote(reason)}" if reason else "")
     return RedirectResponse(back, status_code=303)

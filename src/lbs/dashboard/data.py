@@ -1,5 +1,6 @@
 """Everything the dashboard reads from Redis, async, on the operator's API: a service's status
-(:func:`lbs.status.collect_status`), its dead letters (:class:`lbs.deadletters.DeadLetters`), its
+(:func:`lbs.status.collect_status`), the services there are (:func:`lbs.status.service_summaries`),
+its dead letters (:class:`lbs.deadletters.DeadLetters`), its
 journal (``lbs.events.read_events``: tallies, recoveries) and the streams matching a search.
 
 No I/O outside the functions that take a client; the journal's reductions (:func:`tally_series`,
@@ -24,15 +25,18 @@ from .._redis.wire import fields_text, text
 from .._streamids import id_ms
 from ..config import Config
 from ..events import Event, read_events
-from ..status import ServiceStatus, collect_status
+from ..status import ServiceStatus, ServiceSummary, collect_status
+from ..status.services import list_services, service_summaries
 
 __all__ = [
     "NO_HISTORY",
+    "SERVICES_LISTED",
     "Incident",
     "Retake",
     "Series",
     "StreamRow",
     "read_journal",
+    "read_services",
     "read_status",
     "recovery_timeline",
     "search_streams",
@@ -53,6 +57,19 @@ async def read_status(
 ) -> ServiceStatus:
     """The service's status (:func:`lbs.status.collect_status`, two round trips and more when held)."""
     return await collect_status(client, service, config=config, letters=letters, sample=sample)
+
+
+#: Services the home page lists with their counts (the first, by name; the others are counted).
+SERVICES_LISTED = 50
+
+
+async def read_services(
+    client: Client, config: Config, *, limit: int = SERVICES_LISTED
+) -> tuple[list[ServiceSummary], int]:
+    """The services on the dashboard's Redis (every master of a cluster), the first ``limit`` by name
+    with their counts (:func:`lbs.status.service_summaries`), and how many there are."""
+    names = await list_services(client)
+    return await service_summaries(client, config=config, names=names[:limit]), len(names)
 
 
 async def read_journal(

@@ -1,6 +1,7 @@
-"""The dashboard's read-only pages: the overview, consumers, streams, recovery, failures, dead letters, the
-live stream (``/events``) and ``/api/status.json``. Each reads Redis through :mod:`.data` when it is
-asked for; only ``/events`` repeats, through the shared :class:`~lbs.dashboard.live.Hub`."""
+"""The dashboard's read-only pages: the overview (with every service on the Redis listed), consumers,
+streams, recovery, failures, dead letters, the live stream (``/events``) and ``/api/status.json``.
+Each reads Redis through :mod:`.data` when it is asked for; only ``/events`` repeats, through the
+shared :class:`~lbs.dashboard.live.Hub`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import json
 from typing import Any
 
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -15,6 +17,7 @@ from starlette.routing import Route
 
 from .._streamids import is_stream_id
 from ..deadletters import DeadLetter, DeadLetters, letter_time_ms
+from ..exceptions import LbsError
 from ..status import ServiceStatus
 from .app import Dashboard, dash, page
 from .charts import bar_chart
@@ -22,6 +25,7 @@ from .data import (
     NO_HISTORY,
     Series,
     read_journal,
+    read_services,
     read_status,
     recovery_timeline,
     search_streams,
@@ -68,7 +72,12 @@ async def overview(request: Request) -> Response:
     for service in d.fleet.services:
         st = await read_status(d.fleet.client, service, d.fleet.config, letters=100)
         cards.append({"st": st, "charts": _charts(await _series(d, service, st.time_ms))})
-    return d.render(request, "overview.html", {"cards": cards, "tab": "overview"})
+    ctx: dict[str, Any] = {"cards": cards, "tab": "overview", "listed_error": ""}
+    try:  # every service on this Redis, the shown ones linked (a SCAN refused: said, not a 503)
+        ctx["listed"], ctx["listed_count"] = await read_services(d.fleet.client, d.fleet.config)
+    except (LbsError, RedisError) as exc:
+        ctx["listed"], ctx["listed_count"], ctx["listed_error"] = [], 0, d.masked(exc)
+    return d.render(request, "overview.html", ctx)
 
 
 @page

@@ -6,8 +6,10 @@ CSRF token of each session checked on every POST with the request's Origin, and 
 * A POST carries the session's CSRF token (form field ``csrf`` or header ``X-CSRF-Token``) and, when
   the browser sends an ``Origin``, it is this dashboard's own. A Bearer request carries no cookie a
   third site could borrow, so it needs no CSRF token.
-* Every action is logged on the ``lbs.dashboard`` logger: who (the session's short id, or
-  ``bearer``, and the peer's address), what, on which service and letters, and the result.
+* Every action is logged on the ``lbs.dashboard`` logger (:func:`log_action`; ``lbs dashboard``
+  writes it to stderr, as JSON with ``--log-format json``): who (the session's short id, or
+  ``bearer``, and the peer's address), what, on which service and letters, and the result; a
+  sign-in, a sign-out, a wrong token, an action refused or failed alike.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from urllib.parse import parse_qsl
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-__all__ = ["Guard", "action_log", "csrf_token", "read_form", "who"]
+__all__ = ["Guard", "action_log", "csrf_token", "log_action", "read_form", "who"]
 
 action_log = logging.getLogger("lbs.dashboard")
 
@@ -61,6 +63,21 @@ def who(request: Request) -> str:
         return f"bearer from {peer}"
     sid = request.session.get("sid", "anonymous")
     return f"session {sid} from {peer}"
+
+
+def log_action(
+    request: Request,
+    what: str,
+    *args: Any,
+    level: int = logging.INFO,
+    action: str | None = None,
+    service: str | None = None,
+) -> None:
+    """One line of the action log, ``WHO: WHAT`` (``what % args``); who, the action and the service
+    are also the record's ``who``, ``action`` and ``service`` (fields of a JSON log: :mod:`lbs.logs`)."""
+    actor = who(request)
+    extra = {"who": actor, "action": action, "service": service}
+    action_log.log(level, "%s: " + what, actor, *args, extra=extra)
 
 
 def _bearer(request: Request) -> str | None:

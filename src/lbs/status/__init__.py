@@ -20,6 +20,11 @@ a frozen :class:`ServiceStatus` (``to_dict()`` is JSON-ready):
   name): how many names have waiters and, for the first of them, the holding
   entry and how many wait (rounds 5 and 6, only when some do).
 
+:func:`list_services` names the services on a Redis (every master of a cluster: each stream
+``<service>-input``), :func:`service_summaries` counts each one (``lbs services``), and
+:func:`require_service` is the operator's tools' check of a service's name
+(:class:`lbs.NoSuchServiceError`, with the closest names there are): :mod:`lbs.status.services`.
+
 Round trip 1 is one MULTI/EXEC (a consistent snapshot, with the server's
 ``TIME``): key types, lengths, the group, its consumers, the pending summary,
 the deadline index, the newest dead letters, the parked retries. Round trip 2,
@@ -58,6 +63,7 @@ from .records import (
     ServiceStatus,
     WaitingEntry,
 )
+from .services import ServiceSummary, list_services, require_service, service_summaries
 
 __all__ = [
     "WAITING_NAMES_SHOWN",
@@ -71,6 +77,10 @@ __all__ = [
     "ReasonCount",
     "Requeued",
     "ServiceStatus",
+    "ServiceSummary",
     "WaitingEntry",
     "collect_status",
+    "list_services",
+    "require_service",
+    "service_summaries",
 ]
