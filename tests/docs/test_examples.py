@@ -141,30 +141,41 @@ def test_the_example_runs(block: Block, server: str, tmp_path: Path) -> None:
         f"{block.id} uses {others}: examples connect to {DOC_URL} (the test replaces it)"
     )
     with RedisServer(_binary(server), config={"notify-keyspace-events": "Kx"}) as server_:
-        for other in BLOCKS:  # the page's named files, for its blocks to import
-            if other.page == block.page and other.filename:
-                target = tmp_path / other.filename
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(_program(other, server_.url))
-        script = tmp_path / (block.filename or "example.py")
-        script.write_text(_program(block, server_.url))
-        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-W", "error", str(script)],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=TIMEOUT,
-            )
-        except subprocess.TimeoutExpired as exc:
-            pytest.fail(
-                f"{block.id} did not end within {TIMEOUT:.0f} s (an example must stop by itself)\n"
-                f"{exc.stdout!r}\n{exc.stderr!r}"
-            )
+        _write_named_files(block.page, server_.url, tmp_path)
+        _run(block, server_.url, tmp_path, block.filename or "example.py", block.id)
+
+
+def _write_named_files(page: str, url: str, tmp_path: Path) -> None:
+    """The page's named files, in ``tmp_path``, for its blocks to import."""
+    for other in BLOCKS:
+        if other.page == page and other.filename:
+            target = tmp_path / other.filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(_program(other, url))
+
+
+def _run(block: Block, url: str, tmp_path: Path, filename: str, what: str) -> None:
+    """Run ``block`` against ``url`` as ``tmp_path / filename``; fail naming ``what`` unless it
+    exits 0 within :data:`TIMEOUT`."""
+    script = tmp_path / filename
+    script.write_text(_program(block, url))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-W", "error", str(script)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"{what} did not end within {TIMEOUT:.0f} s (an example must stop by itself)\n"
+            f"{exc.stdout!r}\n{exc.stderr!r}"
+        )
     assert proc.returncode == 0, (
-        f"{block.id} failed (exit code {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        f"{what} failed (exit code {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     )
 
 
@@ -175,25 +186,7 @@ def test_the_quickstart_runs_twice_on_one_redis(tmp_path: Path) -> None:
     blocks = [b for b in BLOCKS if b.page == page and not b.skip_reason]
     assert any("collect_status" in b.code for b in blocks), [b.id for b in blocks]
     with RedisServer(config={"notify-keyspace-events": "Kx"}) as server:
-        for block in blocks:
-            if block.filename:
-                target = tmp_path / block.filename
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(_program(block, server.url))
-        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        _write_named_files(page, server.url, tmp_path)
         for round_ in (1, 2):
             for block in blocks:
-                script = tmp_path / "example.py"
-                script.write_text(_program(block, server.url))
-                proc = subprocess.run(
-                    [sys.executable, "-W", "error", str(script)],
-                    cwd=tmp_path,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=TIMEOUT,
-                )
-                assert proc.returncode == 0, (
-                    f"{block.id}, round {round_} (exit code {proc.returncode}):\n"
-                    f"{proc.stdout}\n{proc.stderr}"
-                )
+                _run(block, server.url, tmp_path, "example.py", f"{block.id}, round {round_}")
