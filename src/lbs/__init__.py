@@ -24,6 +24,7 @@ from ._keys import INPUT_FIELD, dead_letter_stream, fence_key, group_name, input
 from ._redis.connection import ClusterMode
 from .client import Client, ClientStats, Held, consumer_id_from_env
 from .config import Config
+from .controls import ControlOutcome, PauseState, ServiceControls
 from .deadletters import DeadLetter, DeadLetterBackend, DeadLetters
 from .exceptions import (
     BatchError,
@@ -67,6 +68,7 @@ __all__ = [
     "ClusterMode",
     "Config",
     "ConfigurationError",
+    "ControlOutcome",
     "DataError",
     "DeadLetter",
     "DeadLetterBackend",
@@ -85,6 +87,7 @@ __all__ = [
     "NotHeldError",
     "Notification",
     "NotificationType",
+    "PauseState",
     "Producer",
     "ProtocolError",
     "Publisher",
@@ -93,6 +96,7 @@ __all__ = [
     "ServerError",
     "ServerNotFoundError",
     "ServerStartError",
+    "ServiceControls",
     "ShardedClient",
     "SyncClient",
     "__version__",

@@ -82,6 +82,13 @@ def fence_key(service: str) -> str:
     return f"{hash_tag(service)}:fence"
 
 
+def rate_prefix(service: str) -> str:
+    """The service's rate limit (``Config.rate_limit``): ``{<service>-input}:rate:``; window ``k``'s
+    count is this plus ``k`` (server ms // window ms), a hash (field ``taken``, and one per consumer
+    that asked in the window) that expires two windows and a second after its last ask."""
+    return f"{hash_tag(service)}:rate:"
+
+
 def consumers_key(service: str) -> str:
     """The consumer deadline index: ``{<service>-input}:deadlines``.
 
@@ -170,6 +177,26 @@ def queued_prefix(service: str) -> str:
     running, so its death counts no retry against them (``requeue-6.lua``).
     """
     return f"{hash_tag(service)}:queued:"
+
+
+def paused_key(service: str) -> str:
+    """The service's pause: ``{<service>-input}:paused``, a hash (``by``, ``reason``, ``since_ms``)
+    that exists while the service is paused (:mod:`lbs.controls`).
+
+    Every consumer's take checks it in its ``MULTI`` (a batch read while it exists goes back, no
+    retry counted), and its control task reads it once a second (:mod:`lbs._consumer.control`).
+    """
+    return f"{hash_tag(service)}:paused"
+
+
+def orders_key(service: str, consumer_id: str) -> str:
+    """What operators asked a consumer to do with streams it holds: ``{<service>-input}:orders:<id>``.
+
+    A hash: entry id -> JSON ``{"action": "release" | "cancel" | "drop", "by", "reason", "at"}``,
+    which the consumer's control task replaces with its outcome (``"state": "done"``) once it acted;
+    the operator's tool reads the outcome and deletes the field (:mod:`lbs.controls`).
+    """
+    return f"{hash_tag(service)}:orders:{consumer_id}"
 
 
 def pardons_key(service: str) -> str:

@@ -6,11 +6,10 @@ Per client, whatever the number of held streams (see lbs._consumer):
   then one ``MULTI`` that takes the batch's token and names; ``read-3.lua`` only
   re-reads after a read whose reply was lost), held by the consumer's lease,
   and hands each stream to ``run()``'s handlers or the notification mailbox;
-* the **heartbeat** extends the consumer's lease in one round trip per tick,
-  whatever it holds;
-* the **finisher** batches every ``done_stream`` into one ``done-n.lua`` call;
-* **recovery** brings dead consumers' streams back (deadline poller,
-  keyspace listener, scan); **requeue** is every hand-back and re-queue.
+* the **heartbeat** extends the lease in one round trip per tick, whatever it holds;
+* the **finisher** batches every ``done_stream`` into one round trip;
+* **recovery** brings dead consumers' streams back (poller, listener, scan);
+  **requeue** is every hand-back and re-queue; **controls** obey operators.
 """
 
 from __future__ import annotations
@@ -315,7 +314,9 @@ class Client:
             await self._requeue.hand_back([h], count_retry=count_retry, reason=reason, delay=wait)
         )[0]
 
-    async def claim(self, entry: str | Notification) -> bool:
+    async def claim(
+        self, entry: str | Notification, *, force: bool = False, reason: str = ""
+    ) -> bool:
         """Recover one assignment now if its holder's lease is gone (Go parity).
 
         ``entry`` is an LBS entry id or a notification carrying one. The
@@ -323,10 +324,11 @@ class Client:
         the dead-letter stream past ``max_retries``). Returns True if this
         call did it; False if the lease of the consumer it is pending to
         lives (the holder keeps it) or someone else already recovered it.
+        ``force``: whatever its holder (``ServiceControls.force_claim``).
         """
         entry_id = entry.entry_id if isinstance(entry, Notification) else entry
         try:
-            return await self._requeue.claim(entry_id)
+            return await self._requeue.claim(entry_id, "any" if force else "absent", reason)
         except RedisError as exc:
             raise RedisOperationError("claim", exc) from exc
 

@@ -200,7 +200,46 @@ class Config:
     #: (its lock keys have no hash tag).
     go_compatible: bool = False
 
+    # -- the service's rate limit, shared by the fleet ---------------------------
+    #: Most assignments the whole fleet of the service takes a second (every consumer of the
+    #: service must set the same). ``None``: no limit, and nothing is sent for it. Counted in
+    #: fixed windows of ``rate_limit_window`` on the server's clock, each giving
+    #: ``rate_limit x rate_limit_window`` (its burst; fractions carry over to the next windows),
+    #: so over any span of T seconds the fleet takes at most ``rate_limit x T`` plus two windows'
+    #: worth (and what a read's round trip lags behind its grant). Costs one more round trip per
+    #: read (a ``MULTI`` on ``{<service>-input}:rate:<window>``). A consumer that finds its window
+    #: given out reads nothing until the next one; what it holds runs on untouched. While Redis
+    #: fails, the reader backs off as for any failed read. ``run_keyed()`` is not limited.
+    rate_limit: float | None = None
+    #: The rate limit's window (its resolution), seconds: between 0.01 and 3600.
+    rate_limit_window: float = 1.0
+
     def __post_init__(self) -> None:
+        if self.rate_limit is not None:
+            hint = (
+                " (e.g. 10/minute is rate_limit=10 / 60)"
+                if isinstance(self.rate_limit, str)
+                else ""
+            )
+            require_number(
+                self.rate_limit,
+                "Config.rate_limit must be a positive number of assignments a second across the "
+                f"fleet, or None{hint}",
+                above=True,
+                finite=True,
+            )
+        require_number(
+            self.rate_limit_window,
+            "Config.rate_limit_window must be a number of seconds from 0.01 to 3600",
+            low=0.01,
+            finite=True,
+        )
+        if self.rate_limit_window > 3600:
+            raise ConfigurationError(
+                "Config.rate_limit_window must be a number of seconds from 0.01 to 3600, "
+                f"got {self.rate_limit_window!r}"
+            )
+
         def positive(name: str) -> None:
             v = getattr(self, name)
             require_number(v, f"Config.{name} must be a positive number", above=True, finite=True)

@@ -33,6 +33,18 @@ and ``consumer`` (who wrote it), then the kind's own, all text:
                           (the registration's first entry), ``retry_count``, ``token``
 ``disowned``              the writer lost a stream it held: ``stream``, ``entry_id``,
                           ``token``, ``reason``
+``paused``                an operator paused the service (:class:`lbs.ServiceControls`;
+                          ``consumer`` and ``by`` name the operator): ``reason``
+``resumed``               ... and resumed it: ``by``
+``released``              the writer handed a stream back at an operator's order (its
+                          handler cancelled, no retry counted): ``stream``, ``entry_id``,
+                          ``token``, ``by``, ``reason``, ``new_entry_id``
+``cancelled``             ... or dead-lettered it: the same, ``dead_letter_id`` for
+                          ``new_entry_id``
+``force_claimed``         an operator re-queued a held stream whatever its holder:
+                          ``by``, ``reason``, ``entry_id``, ``holder``, ``outcome``, ``detail``
+``dropped``               the writer let go of a stream an operator force-claimed (its
+                          handler cancelled): ``stream``, ``entry_id``, ``token``, ``by``
 ========================  ===============================================================
 
 An event's time is its id's (the server's clock). A recovery's story: the
@@ -69,6 +81,12 @@ KINDS = (
     "recovered",
     "retaken",
     "disowned",
+    "paused",
+    "resumed",
+    "released",
+    "cancelled",
+    "force_claimed",
+    "dropped",
 )
 
 #: Entries read per XREVRANGE while a kind filter skips some.

@@ -179,6 +179,12 @@ METRICS: Final[Mapping[str, Metric]] = _table(
         "Reads of new work that failed (each is retried with back-off until Config.read_max_retries).",
     ),
     Metric(
+        "rate_limit_waits_total",
+        "counter",
+        "Times the reader waited for the next window of the service's rate limit (Config.rate_limit): "
+        "its window given out, or this consumer's slice of it taken.",
+    ),
+    Metric(
         "heartbeat_failures_total",
         "counter",
         "Heartbeat ticks that failed (the next is tried soon, before the lease can expire).",

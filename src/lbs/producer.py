@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any, Union
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError, RedisClusterException, RedisError, ResponseError
 
 from _lbscore import CommandBatch
 from _lbscore import encode_input as _core_encode
 
-from . import _keys
+from . import _keys, _schedule
 from ._keys import shard_of
 from ._redis.connection import redirected
 from ._redis.routes import Sender
@@ -63,17 +65,38 @@ class Producer(Sender):
                     "a consumer would dead-letter it"
                 )
 
-    async def add_stream(self, name: str, info: Mapping[str, Any] | None = None) -> str:
+    async def add_stream(
+        self,
+        name: str,
+        info: Mapping[str, Any] | None = None,
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+    ) -> str:
         """Register data stream ``name``; return the LBS entry id.
+
+        ``delay`` (seconds, or a :class:`~datetime.timedelta`) or ``at`` (a
+        :class:`~datetime.datetime` with a time zone) schedule it: the entry
+        is parked in ``{<service>-input}:delayed`` as a failed stream's retry
+        is, due at the Redis server's time plus ``delay`` (or at ``at``), and
+        any running consumer moves it into the LBS within a second of that
+        (docs/producing.md, "Scheduled registrations"); the id returned is
+        then its parked id. A delay of 0, or an ``at`` already past, registers
+        it now.
 
         Raises :class:`lbs.InvalidInputError`, before sending anything, if
         ``name`` is not a non-empty str, ``info`` is not a mapping (or None),
         either cannot be encoded (JSON, UTF-8: a lone surrogate), or the value
         is bigger than ``max_input_bytes``: whatever a consumer would
-        dead-letter. :class:`lbs.RedisOperationError` if Redis fails.
+        dead-letter; :class:`lbs.ConfigurationError` for both ``delay`` and
+        ``at``, a negative delay, a naive ``at``. :class:`lbs.RedisOperationError` if Redis fails.
         """
+        due = _schedule.due_ms(delay, at)
         payload = _encode(name, info, "")
         self._check([payload], [name], single=True)
+        if due is not None:
+            (parked_id,) = await self._park(self._shard_of(name), [payload], due, "add_stream")
+            return parked_id
         fields: dict[Any, Any] = {_keys.INPUT_FIELD: payload}
         extra = self._message_fields()
         if extra:
@@ -84,8 +107,45 @@ class Producer(Sender):
             raise RedisOperationError("add_stream", exc) from exc
         return _as_str(entry_id)
 
-    async def add_streams(self, streams: Iterable[StreamSpec]) -> list[str]:
+    def _shard_of(self, name: str) -> str:
+        """The service (its shard's) whose keys a registration of ``name`` goes to."""
+        return self.services[shard_of(name, self.shards)] if self.shards > 1 else self.service
+
+    async def _park(
+        self, service: str, payloads: list[bytes], due: tuple[bool, int], operation: str
+    ) -> list[str]:
+        """Park ``payloads`` due at ``due`` in ``service``'s parking stream (:mod:`lbs._schedule`);
+        their parked ids. A redirect (the slot moved) or a demoted master ran nothing: sent once more."""
+        extra = [x.encode() for x in self._message_fields()]
+        entries = [[_FIELD, p, *extra] for p in payloads]
+        parked, due_key = _keys.delayed_stream(service), _keys.due_key(service)
+        for attempt in range(2):
+            try:
+                client = await self._routes.client_for(parked)
+                return await _schedule.park(client, parked, due_key, entries, due)
+            except (RedisError, RedisClusterException, OSError, TypeError, ValueError) as exc:
+                if attempt == 0 and (redirected(exc) or isinstance(exc, ReadOnlyError)):
+                    try:
+                        if self._routes.cluster:
+                            await self._routes.forget()
+                    except (RedisError, RedisClusterException) as again:
+                        raise RedisOperationError(operation, again) from again
+                    continue
+                raise RedisOperationError(operation, exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def add_streams(
+        self,
+        streams: Iterable[StreamSpec],
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+    ) -> list[str]:
         """Register many data streams in one round trip; return their entry ids in order.
+
+        ``delay`` or ``at`` schedule every one of them, as for :meth:`add_stream` (their parked ids
+        are returned): each shard's are parked in one transaction (two round trips); a shard that
+        failed raises :class:`lbs.BatchError` as below.
 
         Every value is encoded and judged before anything is sent, so a bad
         one (see :meth:`add_stream`) raises :class:`lbs.InvalidInputError`
@@ -104,6 +164,7 @@ class Producer(Sender):
         node refused with a redirect (the slot moved) ran nowhere, and is
         sent once more to the slot's new owner.
         """
+        due = _schedule.due_ms(delay, at)
         if isinstance(streams, (str, bytes)):
             raise InvalidInputError(
                 f"add_streams takes an iterable of names or (name, info) pairs, not one {type(streams).__name__}"
@@ -141,6 +202,8 @@ class Producer(Sender):
         if not payloads:
             return []
         self._check(payloads, names, single=False)
+        if due is not None:
+            return await self._park_many(names, payloads, due)
         # The positions of each shard's LBS, in input order: one transaction each.
         shards: dict[str, list[int]] = {}
         if self.shards == 1:
@@ -170,6 +233,39 @@ class Producer(Sender):
                 await self._send_shards(
                     stale, payloads, ids, unknown, failures, retry_redirects=False, extra=extra
                 )
+        if failures:
+            cause = min(failures, key=lambda f: f[0])[1]
+            raise BatchError("add_streams", cause, ids, sorted(unknown)) from cause
+        return ids  # type: ignore[return-value]  # no failure: every one is an id
+
+    async def _park_many(
+        self, names: list[str], payloads: list[bytes], due: tuple[bool, int]
+    ) -> list[str]:
+        """``add_streams`` scheduled: each shard's part parked in one transaction (:meth:`_park`)."""
+        shards: dict[str, list[int]] = {}
+        for k, name in enumerate(names):
+            shards.setdefault(self._shard_of(name), []).append(k)
+        results = await asyncio.gather(
+            *(
+                self._park(svc, [payloads[k] for k in ks], due, "add_streams")
+                for svc, ks in shards.items()
+            ),
+            return_exceptions=True,
+        )
+        ids: list[str | None] = [None] * len(payloads)
+        failures: list[tuple[int, BaseException]] = []
+        unknown: list[int] = []
+        for ks, result in zip(shards.values(), results):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                cause = result.cause if isinstance(result, RedisOperationError) else result
+                if isinstance(cause, (ConnectionError, OSError, RedisConnectionError)):
+                    unknown.extend(ks)
+                failures.append((ks[0], cause))
+                continue
+            for k, entry_id in zip(ks, result):
+                ids[k] = entry_id
         if failures:
             cause = min(failures, key=lambda f: f[0])[1]
             raise BatchError("add_streams", cause, ids, sorted(unknown)) from cause

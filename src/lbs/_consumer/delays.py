@@ -1,4 +1,5 @@
-"""Delayed retries: parked copies go back into the LBS when they are due; the one caller of ``promote-4.lua``.
+"""Delayed retries and scheduled registrations: parked entries go back into the LBS when they are
+due; the one caller of ``promote-4.lua``.
 
 A failed stream (a ``run()`` handler that raised or timed out, a
 ``hand_back`` with a retry counted or a delay) is not re-queued at once:
@@ -16,10 +17,13 @@ client that died comes back through the others. The task polls every
 ``min(1 s, retry_delay / 2)`` (at least 50 ms) while anything is parked,
 sooner when the script reports the next due time, and at once when this
 client parks a copy due before its next poll. When nothing is parked (nor
-waiting for its name) it polls every :data:`IDLE_POLL` only: what this client
-parks it promotes itself, so the idle poll is only for a copy parked by a
-client that died before it was due (back at most that much later), and an
-idle fleet costs Redis one call per client every few seconds, not two a second.
+waiting for its name) it polls every :data:`IDLE_POLL`: a producer parks
+scheduled registrations (``Producer.add_stream(..., delay=)``,
+:mod:`lbs._schedule`) in the same keys without telling any consumer, so the
+idle poll bounds how late one is promoted: within a second of its due time
+(to the millisecond when a poll already saw it parked). Each poll is the
+Lua-free look of :mod:`lbs._redis.peek` (``TIME`` and two ``ZRANGE``, one
+round trip): an idle consumer costs Redis three cheap reads a second.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ __all__ = ["Delays"]
 PROMOTE_BATCH = 500
 #: The shortest and longest wait between two polls (seconds).
 MIN_POLL, MAX_POLL = 0.05, 1.0
-#: The wait between two polls when nothing is parked nor waiting (seconds).
-IDLE_POLL = 5.0
+#: The wait between two polls when nothing is parked nor waiting (seconds): the most a scheduled
+#: registration parked by a producer is promoted after its due time.
+IDLE_POLL = 1.0
 
 
 class Delays(Activity, kind="delays"):

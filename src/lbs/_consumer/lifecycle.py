@@ -23,6 +23,7 @@ from .._redis.wire import text
 from ..exceptions import RedisOperationError
 from ..strategy import ReadStrategy
 from .activity import Activity
+from .control import Controls
 from .finisher import Finisher
 from .forwarder import Forwarder
 from .handover import Handover
@@ -57,7 +58,11 @@ class Lifecycle:
         self.requeue = Requeue(s)
         self.finisher = Finisher(s, self.topology)
         self.heartbeat = Heartbeat(s, self.finisher, self.requeue, self.topology)
-        self.reader = Reader(s, self.finisher, self.requeue, self.topology, self.heartbeat.cover)
+        #: The service's pause and the operators' orders about held streams.
+        self.controls = Controls(s, self.requeue)
+        self.reader = Reader(
+            s, self.finisher, self.requeue, self.topology, self.heartbeat.cover, self.controls
+        )
         self.instance = Instance(s)
         self.observer = Observer(s)
         self.recovery = Recovery(s, self.requeue, self.topology, self.instance.forget_departed)
@@ -81,6 +86,7 @@ class Lifecycle:
         found: list[Activity | None] = [
             self.reader,
             self.heartbeat,
+            self.controls,
             self.observer,
             self.recovery,
             self.requeue.delays,
@@ -135,8 +141,10 @@ class Lifecycle:
         # The first tick puts this consumer in the deadline index before it reads anything: a death
         # from here on is found by the deadline poller, not only by the scan.
         await self.heartbeat.tick()
+        await self.controls.look()  # a paused service: the reader waits from its first read
         self.reader.start()
         self.heartbeat.start()
+        self.controls.start()
         self.observer.start()
         if cfg.recovery:
             self.recovery.start()
@@ -175,6 +183,7 @@ class Lifecycle:
         # is released at once.
         s.mailbox.close(discard=True)
         await self.reader.stop()
+        await self.controls.stop()
         await self.observer.stop()
         await self.recovery.stop()
         await self.requeue.delays.stop()

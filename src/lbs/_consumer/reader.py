@@ -15,7 +15,7 @@ both), so Redis reads the next batch while this one is dispatched. Fair dispatch
 (``Config.fair_dispatch``): a blocking read takes two (a trickle's read looks at nobody), and a read
 after a full one first asks for this consumer's share (:meth:`Taker.share`); a share taken waits for
 one of its own slots to free, or :data:`SHARE_RECHECK`. ``CLIENT UNBLOCK`` wakes a blocking read at
-shutdown. A reply whose connection failed may have delivered entries: the next read re-reads this
+shutdown. While the service is paused (:mod:`lbs._consumer.control`) it reads nothing. A reply whose connection failed may have delivered entries: the next read re-reads this
 consumer's pending entries (``read-3.lua``) and takes them.
 
 Each batch goes to :class:`~lbs._consumer.intake.Intake`, which refuses a batch read too late to
@@ -44,8 +44,10 @@ from .._waits import wait_set
 from ..notifications import Notification, NotificationType
 from .activity import Activity
 from .backoff import Backoff
+from .control import Controls
 from .finisher import Finisher
 from .intake import Dispatch, Intake
+from .ratelimit import RateLimiter
 from .requeue import Requeue
 from .runner import start_task
 from .state import ClientState
@@ -82,8 +84,11 @@ class Reader(Activity, kind="reader"):
         requeue: Requeue,
         topology: Topology,
         cover: Callable[[float], bool],
+        controls: Controls,
     ) -> None:
         self.state, self.finisher, self.requeue, self.topology = state, finisher, requeue, topology
+        #: The service's pause (the reader waits while it lasts).
+        self.controls = controls
         #: Turns each reply's entries into held streams (checked against the heartbeat's lease).
         self.intake = Intake(state, requeue, cover)
         #: Under run(): the runner's dispatch, which starts a handler per taken stream.
@@ -97,6 +102,8 @@ class Reader(Activity, kind="reader"):
         self._lost_sent = math.inf
         #: Makes each batch ours: the lease, the token, the names (plain commands).
         self.taker = Taker(state, requeue)
+        #: The service's rate limit (``Config.rate_limit``): what each read of new entries may take.
+        self.limiter = RateLimiter(state) if state.config.rate_limit is not None else None
         self._sent_at: dict[asyncio.Task[_Batch], float] = {}  # each read in flight: when sent
         self._reads: dict[asyncio.Task[_Batch], int] = {}  # reads of new entries in flight: asked
         self._tracked: set[str] = set()  # what was ours when the last re-read was sent
@@ -143,6 +150,17 @@ class Reader(Activity, kind="reader"):
                             if s.free_slots() <= 0:
                                 await self.taker.flush_record()
                                 await wait_set(freed, cfg.read_block)
+                            continue
+                        if self.taker.paused or self.controls.paused:
+                            # Paused: what a take found paused goes back (no retry counted),
+                            # then nothing is read until the resume.
+                            if self.taker.paused:
+                                self.taker.paused = False
+                                self.controls.found_paused()
+                            if self.taker.stranded and s.lease.held == s.lease.takes:
+                                await self.taker.put_back_stranded("the service is paused")
+                            await self.controls.wait_resumed()
+                            then = READ_AGAIN
                             continue
                         if self.taker.stranded and s.lease.held == s.lease.takes:
                             # A refused take left these pending to us, held by nobody: back, now
@@ -258,6 +276,10 @@ class Reader(Activity, kind="reader"):
                 return [], [], SHARE_TAKEN
             if share < count:
                 count, then_if_full = share, SHARE_TAKEN
+        if self.limiter is not None:  # the fleet's rate limit: ask its window first (it may wait)
+            count, wait_ms = await self.limiter.grant(count, wait_ms)
+            if count <= 0:
+                return [], [], READ_AGAIN
         recorded = False
 
         def build(b: CommandBatch) -> None:
@@ -274,13 +296,18 @@ class Reader(Activity, kind="reader"):
         entries = replies[-1]
         if isinstance(entries, Exception):
             raise entries
+        if self.limiter is not None:
+            self.limiter.got(len(entries))
         then = DRAINED if len(entries) < count else then_if_full
         # A backlog: a read of several that got all it asked for, neither waiting (a trickle) nor
         # cut to a fair share (a read of one tells nothing).
         s.backlog = not wait_ms and then_if_full == READ_AGAIN and 2 <= count <= len(entries)
         if not entries:
             return [], [], then
-        return entries, await self.taker.take(entries, self.dispatch is None), then
+        tokens = await self.taker.take(entries, self.dispatch is None)
+        if self.taker.paused:
+            return [], [], READ_AGAIN  # stranded: back to the LBS while the reader waits
+        return entries, tokens, then
 
     async def _reread(self, count: int) -> _Batch:
         """Our own pending entries again (a read's reply was lost): ``read-3.lua`` lists them with the

@@ -60,9 +60,8 @@ _NO_JITTER = partial(float, 1.0)
 PER_CALL = 100
 
 
-#: Beside a Go fleet: a dead holder's entry idle less than this (ms; or the lease TTL, when shorter) was
-#: just claimed by a Go consumer, whose Claim moves the entry first and takes its lock one round trip
-#: later; re-queue leaves it alone (a dead Go holder's entry has been idle at least Go's 2-s lock TTL).
+#: Beside a Go fleet: a dead holder's entry idle less than this (ms; or the lease TTL, when shorter) was just
+#: claimed by a Go consumer (Claim moves it, then locks it): left alone (a dead Go holder's idled >= 2 s).
 GO_CLAIM_WINDOW_MS = 1000
 
 
@@ -77,8 +76,7 @@ class Requeue:
         self.malformed = Malformed(state, self)
         #: Entry ids whose counted death was no one's fault (see :meth:`lost_while_alive`).
         self.pardons_key = _keys.pardons_key(state.names.service)
-        #: Entry ids of hand-backs sent and not answered yet (a re-read of our pending entries after a
-        #: lost reply leaves them alone: they are no longer held, only not yet back in the LBS).
+        #: Entry ids of hand-backs not answered yet (no longer held: a re-read leaves them alone).
         self.handing_back: set[str] = set()
         n, cfg = state.names, state.config
         go_sep = _keys.GO_MUTEX_KEY_SEP if cfg.go_compatible else ""
@@ -221,8 +219,10 @@ class Requeue:
         reason: str,
         delay: float | None = 0.0,
         traceback: str = "",
+        force_dead_letter: bool = False,
     ) -> list[str]:
-        """Give held streams back (holder mode ``owned``); per stream its new entry id, or "".
+        """Give held streams back (holder mode ``owned``); per stream its new entry id, or "" (with
+        ``force_dead_letter``, an operator's cancel: each goes to the dead letters, its letter's id).
 
         ``delay`` None parks each for the configured back-off (none when
         ``Config.retry_delay`` is 0), a number of seconds parks it that long,
@@ -246,6 +246,7 @@ class Requeue:
                     calls,
                     mode="owned",
                     count_retry=count_retry,
+                    force_dead_letter=force_dead_letter,
                     delay=delay,
                     names=[h.stream for h in items],
                     traceback=traceback,
@@ -285,13 +286,12 @@ class Requeue:
                 out.append(detail)
                 continue
             if code in (RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED):
-                s.log.on(h).warning(
-                    "%s (entry %s) is out of retries: dead-lettered (%s)",
-                    h.stream,
-                    h.entry_id,
-                    reason,
-                )
+                why = "dead-lettered" if force_dead_letter else "is out of retries: dead-lettered"
+                s.log.on(h).warning("%s (entry %s) %s (%s)", h.stream, h.entry_id, why, reason)
                 self.dead_lettered(h.entry_id, reason, code, detail, h.stream)
+                if force_dead_letter:
+                    out.append(detail if code == RequeueCode.DEAD_LETTERED else "")
+                    continue
             elif code == RequeueCode.REFUSED:
                 s.log.on(h).error(
                     "could not hand back %s (entry %s): %s; it stays pending to this consumer, "
@@ -391,12 +391,11 @@ class Requeue:
             len(entry_ids),
         )
 
-    async def claim(self, entry_id: str) -> bool:
-        """Recover one assignment if its holder's lease is gone (``Client.claim``): whether this call took
-        it out of its holder's hands (re-queued, or dead-lettered past ``max_retries``)."""
-        (code,) = await self._recover(
-            [entry_id], "claim", f"claimed by {self.state.names.id}", True
-        )
+    async def claim(self, entry_id: str, mode: str = "absent", reason: str = "") -> bool:
+        """Recover one assignment if its holder's lease is gone (``Client.claim``; mode "any": whatever its
+        holder): whether this call took it out of its holder's hands (re-queued, or dead-lettered)."""
+        why = reason or f"claimed by {self.state.names.id}"
+        (code,) = await self._recover([entry_id], "claim", why, True, mode=mode)
         return code in (RequeueCode.REQUEUED, RequeueCode.DEAD_LETTERED, RequeueCode.DROPPED)
 
     async def _recover(

@@ -96,6 +96,16 @@ class Names:
         return self.tokens_prefix + self.id
 
     @property
+    def paused_key(self) -> str:
+        """The service's pause (lbs._keys.paused_key)."""
+        return _keys.paused_key(self.service)
+
+    @property
+    def orders_key(self) -> str:
+        """What operators asked this consumer to do with streams it holds (lbs._keys.orders_key)."""
+        return _keys.orders_key(self.service, self.id)
+
+    @property
     def queued_key(self) -> str:
         """This consumer's queued set: what it read for the application that the application has not taken."""
         return self.queued_prefix + self.id

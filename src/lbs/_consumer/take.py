@@ -10,7 +10,9 @@ held, ``WAIT <holder id>`` or ``WRONGTYPE <type> <key>`` for one that is not.
 A take under a lease that is not this process's (it lapsed, and the heartbeat takes it back; or
 another process runs under the same consumer id) holds nothing: its entries are *stranded*, pending
 to this consumer and held by nobody, and go back (no retry counted) once the lease is this
-process's again: :meth:`Taker.put_back_stranded`. Each batch's token is
+process's again: :meth:`Taker.put_back_stranded`. So does a batch taken while the service is paused
+(the ``MULTI`` reads its pause key, :func:`lbs._keys.paused_key`): nothing of it starts, and
+:attr:`Taker.paused` tells the reader to wait for the resume. Each batch's token is
 recorded in the consumer's tokens hash for ``lbs status`` (``HSET``, sent with the next read:
 :meth:`Taker.record`).
 """
@@ -58,8 +60,11 @@ class Taker:
         )
         self._record_failed = False
         self._no_peer_until = -math.inf
-        #: Entries read under a lease that was not ours: put back once it is.
+        #: Entries read under a lease that was not ours, or while the service was paused: put back
+        #: (once the lease is ours).
         self.stranded: list[str] = []
+        #: The last take found the service paused (its batch was stranded); the reader clears it.
+        self.paused = False
 
     # -- the token record ------------------------------------------------------------------
 
@@ -149,7 +154,8 @@ class Taker:
 
     async def take(self, entries: Sequence[Entry], queues: bool) -> list[Any]:
         """Make a read batch ours (see the module); one token per entry. Raises ``LeaseLostError``
-        when the lease is not this process's (the entries are stranded)."""
+        when the lease is not this process's (the entries are stranded); ``[]`` when the service
+        was paused (stranded too, :attr:`paused` set)."""
         s = self.state
         n = s.names
         wire = s.link.read
@@ -162,11 +168,13 @@ class Taker:
         lease = s.lease.value
         floor = wire.connects != self._floored
 
+        paused_key = n.paused_key
+
         def build(b: CommandBatch) -> None:
-            reads.take(b, n.fence_key, n.lease_key, at_once, queued, ids, floor)
+            reads.take(b, n.fence_key, n.lease_key, at_once, queued, ids, floor, paused_key)
 
         try:
-            took = reads.take_reply(await wire.execute(build), floor, bool(at_once))
+            took = reads.take_reply(await wire.execute(build), floor, bool(at_once), True)
         except NoPermissionError as exc:
             if not at_once or "msetnx" not in str(exc).lower():
                 self.stranded += ids
@@ -174,7 +182,7 @@ class Taker:
             self._msetnx = False  # the ACL has no +msetnx: names one by one from now on
             s.log.info("the ACL refuses MSETNX (%s); data stream names are taken one by one", exc)
             at_once = []
-            took = reads.take_reply(await wire.execute(build), floor, False)
+            took = reads.take_reply(await wire.execute(build), floor, False, True)
         except ResponseError:
             self.stranded += ids  # the transaction was refused whole: nothing of it ran
             raise
@@ -186,6 +194,12 @@ class Taker:
         if held != lease:
             self.stranded += ids
             raise LeaseLostError(f"LEASE {held or ''}".rstrip())
+        if took.paused:
+            # Paused while this batch was read: nothing of it starts. Its names (taken by this
+            # MULTI) are released when the entries go back (put_back_stranded, no retry counted).
+            self.paused = True
+            self.stranded += ids
+            return []
         token = took.token
         if (
             isinstance(token, Exception)
@@ -260,7 +274,9 @@ class Taker:
             except (RedisError, OSError) as exc:
                 s.log.debug("SREM of parked entries from %s failed: %s", queued, exc)
 
-    async def put_back_stranded(self) -> None:
+    async def put_back_stranded(
+        self, reason: str = "read under a lease not this process's"
+    ) -> None:
         """Put back what a refused take left pending to this consumer, held by nobody (no retry counted),
         once the lease holds this process's value again (requeue-6.lua's mode "owned"). Under a lease of
         another process (a duplicate consumer id) they are left to that process's look for strays;
@@ -269,12 +285,11 @@ class Taker:
         if not ids:
             return
         try:
-            reason = "read under a lease not this process's"
             await self.requeue.send([(i, reason) for i in ids], mode="owned", count_retry=False)
         except (RedisError, OSError) as exc:
             self.state.log.warning(
-                "putting back %d entries read under a lapsed lease failed (%s); the heartbeat's "
-                "look for strays will",
+                "putting back %d entries (%s) failed (%s); the heartbeat's look for strays will",
                 len(ids),
+                reason,
                 exc,
             )

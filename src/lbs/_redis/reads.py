@@ -6,7 +6,8 @@ A batch is taken in two writes on the reader's wire, both plain commands:
    entries are delivered, pending to this consumer, parsed by the core (``Shape.XREAD``). A blocking
    read waits in Redis, which serves blocked readers one XADD at a time.
 2. The take (:func:`take`), one ``MULTI``/``EXEC``: ``GET`` of the consumer's lease (the entries are
-   held only while it holds the process's value: :class:`Take`), ``INCRBY`` of the service's fencing
+   held only while it holds the process's value: :class:`Take`), ``EXISTS`` of the service's pause
+   (a batch taken while the service is paused goes back, no retry counted), ``INCRBY`` of the service's fencing
    counter (one token for the batch: a later holder of a data stream reads it after this one let it
    go, so its token is larger), ``MSETNX`` of the batch's data stream names (all or none; one holder
    per name, :mod:`lbs._redis.lua._names`), and under the notification API ``SADD`` of the ids to the
@@ -74,14 +75,18 @@ def take(
     queued: str = "",
     ids: Sequence[str] = (),
     floor_first: bool = False,
+    paused_key: str = "",
 ) -> None:
     """The take of a batch (see the module): ``name_pairs`` holds ``(name holder key, entry id)`` for
     each entry with a name; ``queued`` (the notification API): the consumer's queued set, which
-    ``ids`` join. :func:`take_reply` reads the replies."""
+    ``ids`` join; ``paused_key``: the service's pause (``EXISTS``). :func:`take_reply` reads the
+    replies."""
     b.command("MULTI")
     if floor_first:
         b.command("EVALSHA", FENCE.sha, FENCE.fixed_keys, fence)
     b.command("GET", lease_key)
+    if paused_key:
+        b.command("EXISTS", paused_key)
     b.command("INCRBY", fence, 1)
     if name_pairs:
         flat: list[str] = []
@@ -110,9 +115,13 @@ class Take:
     names: bool | None
     #: MSETNX's error (a holder key of another type makes it fail whole), or the floor's.
     error: Exception | None = None
+    #: The service was paused when the batch was taken (its pause key existed).
+    paused: bool = False
 
 
-def take_reply(replies: list[Any], floored: bool, with_names: bool) -> Take:
+def take_reply(
+    replies: list[Any], floored: bool, with_names: bool, with_pause: bool = False
+) -> Take:
     """The replies of a :func:`take` (every command's, EXEC's last). A refused transaction (EXECABORT:
     the ACL, a command Redis does not know) is raised: nothing of it ran."""
     out = iter(exec_replies(replies))
@@ -122,6 +131,7 @@ def take_reply(replies: list[Any], floored: bool, with_names: bool) -> Take:
         if isinstance(f, Exception):
             error = f
     lease = next(out)
+    paused = next(out) == 1 if with_pause else False
     token = next(out)
     names: bool | None = None
     if with_names:
@@ -132,7 +142,7 @@ def take_reply(replies: list[Any], floored: bool, with_names: bool) -> Take:
             names = got == 1
     if not isinstance(token, (int, Exception)):
         token = TypeError(f"INCRBY replied {token!r}")
-    return Take(lease, token, names, error)
+    return Take(lease, token, names, error, paused)
 
 
 def names(

@@ -59,6 +59,15 @@ class Routes:
             self._nodes[node.name] = (client, Wire(client, self._scripts))
         return node.name, self._nodes[node.name][1]
 
+    async def client_for(self, key: str) -> aioredis.Redis:
+        """The plain client of the Redis serving ``key`` (its pool gives a connection of its own to a
+        caller that must hold one across round trips: a scheduled registration's ``WATCH``)."""
+        if self._plain is not None:
+            assert not isinstance(self._redis, RedisCluster)
+            return self._redis
+        node, _ = await self.wire_for(key)
+        return self._nodes[node][0]
+
     async def forget(self) -> None:
         """After a redirect: drop the masters' wires and read the slot map again."""
         await self._close_nodes()

@@ -2,7 +2,7 @@
 
 Commands: ``demo`` (:mod:`lbs.cli.demo`), ``worker`` (:mod:`lbs.cli.worker`,
 its supervisor in :mod:`lbs.cli.supervisor`), ``bench`` (:mod:`lbs.cli.bench`),
-``services`` (:mod:`lbs.cli.services`),
+``services`` (:mod:`lbs.cli.services`), ``register`` (:mod:`lbs.cli.register`),
 and, where their modules are present, ``status`` and ``claim``
 (:mod:`lbs.cli.status`), the ``dlq`` group (:mod:`lbs.cli.dlq`) and ``dashboard``
 (:mod:`lbs.cli.dashboard`, the web dashboard of the ``[dashboard]`` extra).
@@ -21,9 +21,11 @@ from typing import Annotated
 import typer
 
 from .. import __version__
+from . import control
 from ._help import readable_values
 from .bench import bench
 from .demo import demo
+from .register import register
 from .services import services
 from .worker import worker
 
@@ -66,6 +68,11 @@ app.command("demo")(demo)
 app.command("worker")(worker)
 app.command("bench")(bench)
 app.command("services")(services)
+app.command("register")(register)
+app.command("pause")(control.pause)
+app.command("resume")(control.resume)
+app.command("release")(control.release)
+app.command("cancel")(control.cancel)
 
 
 def _optional(name: str) -> ModuleType | None:

@@ -24,9 +24,11 @@ from .._redis.wire import text as reply_text
 from .._streamids import NOT_AN_ID, bad_ids
 from ..client import Client
 from ..config import Config
+from ..controls import ControlOutcome, ServiceControls, operator_name
 from ..hookspecs import hookimpl
 from ..status import require_service
 from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, ping, run
+from .control import ByOption, ReasonOption, print_outcomes
 
 __all__ = ["ClaimOutcome", "claim"]
 
@@ -94,17 +96,37 @@ def claim(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON array of `{entry_id, outcome, detail}`.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Whatever the holder (alive but stuck): re-queue now, one retry counted, and tell "
+            "the holder to drop it (its handler is cancelled when it next looks, within a second).",
+        ),
+    ] = False,
+    reason: ReasonOption = "",
+    by: ByOption = "",
 ) -> None:
     """Re-queue assignments now if their holder's lease is gone (it died), with one retry counted.
 
     The same atomic re-queue recovery does (the holder's lease must be gone: a
-    live holder keeps its stream), by a short-lived consumer
+    live holder keeps its stream, unless --force), by a short-lived consumer
     `lbs-cli-HOST-PID` that reads nothing. Exit code 0 when every id was
     re-queued, dead-lettered or is not pending; 3 when some is still held
     (or could not be claimed); 1 when Redis fails or the service is not there.
     """
     check_service("claim", service)
     run("claim", lambda: require_service(url, service), url)  # a mistyped name: exit 1, say so
+    if force:
+        who = by or operator_name()
+
+        async def forced() -> list[ControlOutcome]:
+            config = Config(max_retries=max_retries)
+            async with ServiceControls(url, service, config=config) as controls:
+                return await controls.force_claim(entry_ids, who, reason)
+
+        print_outcomes(run("claim", forced, url), json_out)
+        return
     results = run("claim", lambda: _claim(url, service, entry_ids, max_retries), url)
     if json_out:
         sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")

@@ -32,7 +32,7 @@ def render_status(
     )
     title = f"[bold]lbs status {st.service}[/] · {where}"
     subtitle = f"server time {_server_clock(st.time_ms)}" + (f" · {footer}" if footer else "")
-    if not st.exists:
+    if not st.exists and not st.delayed:
         body = Text(
             f"No such service: {st.stream} does not exist" + (f" on {url}" if url else "") + ".",
             style="bold red",
@@ -48,6 +48,17 @@ def render_status(
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
+    if st.paused:
+        pz = st.paused
+        grid.add_row(
+            Text("PAUSED", style="bold yellow"),
+            Text(
+                f"by {pz.by}"
+                + (f" {duration(pz.age_ms)} ago" if pz.since_ms else "")
+                + (f": {pz.reason}" if pz.reason else "")
+                + "; consumers take nothing new (lbs resume)"
+            ),
+        )
     how = {"lag": "", "counted": "", "no group": " (no group yet)", "estimated": " (estimated)"}
     backlog = ("~" if not st.backlog_exact else "") + f"{st.backlog:,}"
     grid.add_row(
@@ -91,7 +102,7 @@ def render_status(
     if st.delayed:
         d = st.delayed
         due = f", next due in {duration(d.next_due_ms)}" if d.next_due_ms is not None else ""
-        grid.add_row("delayed retries", f"{d.parked:,} parked{due}")
+        grid.add_row("parked", f"{d.parked:,} (retries and scheduled registrations){due}")
     dl_style = "bold red" if st.dead_letters else ""
     grid.add_row(
         "dead letters",

@@ -94,9 +94,9 @@ def status(
     st = run("status", lambda: collect_status(url, service, letters=letters), url)
     if json_out:
         sys.stdout.write(json.dumps(st.to_dict()) + "\n")
-    elif st.exists:
+    elif st.exists or st.delayed:  # registrations still scheduled make a service too
         Console().print(render_status(st, url=mask_url(url)))
-    if not st.exists:
+    if not st.exists and not st.delayed:
         # Exits 1 naming the closest services there are (or all of them, or none).
         run("status", lambda: require_service(url, service), url)
         fail("status", f"no service {service!r}: {st.stream} did not exist when read")

@@ -26,7 +26,7 @@ from .._streamids import id_ms
 from ..config import Config
 from ..exceptions import ConfigurationError, LbsError, RedisOperationError
 from .held import holdings, names_waiting
-from .records import DelayedRetries, PendingEntry, ServiceStatus, WaitingEntry
+from .records import DelayedRetries, Pause, PendingEntry, ServiceStatus, WaitingEntry
 from .snapshot import First, Second, Target, assemble, check, keyed, s
 
 __all__ = ["collect_status"]
@@ -163,6 +163,7 @@ class _Reader(Target):
         pipe.zcard(self.keys["due"])
         pipe.zrange(self.keys["due"], 0, 0, withscores=True)
         pipe.zcard(self.keys["waiting"])
+        pipe.hgetall(_keys.paused_key(self.service))
         it = iter(await execute(pipe, raise_on_error=False))
         now = time_ms(check("TIME", next(it)))
         info = next(it)
@@ -181,6 +182,7 @@ class _Reader(Target):
         newest_letters = check("XREVRANGE", next(it)) if self.dlq and self.letters else []
         parked, scheduled, first_due = (check("delayed retries", next(it)) for _ in range(3))
         names_waiting = int(check("ZCARD", next(it)))
+        paused = pause_of(next(it), now)
 
         exists = types["stream"] == "stream"
         group = next(
@@ -232,6 +234,7 @@ class _Reader(Target):
             newest_letters,
             delayed,
             names_waiting,
+            paused,
         )
 
     async def _second(self, first: First) -> Second:
@@ -274,3 +277,15 @@ class _Reader(Target):
             if count_delivered:
                 out.delivered = check("XRANGE", next(it))
         return out
+
+
+def pause_of(reply: Any, now: int) -> Pause | None:
+    """The pause key's ``HGETALL`` as a :class:`Pause` (a key of another type is a pause too: the
+    consumers take nothing while it exists)."""
+    if isinstance(reply, Exception):
+        return Pause("?", f"the pause key is not a hash ({reply}): lbs resume deletes it", 0, 0)
+    if not reply:
+        return None
+    f = {s(k): s(v) for k, v in reply.items()}
+    since = int(f["since_ms"]) if f.get("since_ms", "").isdigit() else 0
+    return Pause(f.get("by", "?"), f.get("reason", ""), since, max(0, now - since) if since else 0)

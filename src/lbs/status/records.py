@@ -154,8 +154,20 @@ class ReasonCount(_Record):
 
 
 @dataclass(frozen=True)
+class Pause(_Record):
+    """A service's pause: consumers take nothing new (``lbs pause``, :class:`lbs.ServiceControls`)."""
+
+    by: str
+    reason: str
+    #: When it was paused (server ms; 0 when unknown) and for how long (ms).
+    since_ms: int
+    age_ms: int
+
+
+@dataclass(frozen=True)
 class DelayedRetries(_Record):
-    """Failed streams parked until their retry delay is over."""
+    """Entries parked in Redis until due: failed streams waiting out their retry delay, and
+    scheduled registrations (``Producer.add_stream(..., delay=, at=)``, ``lbs register --in/--at``)."""
 
     #: The parking stream (``{<service>-input}:delayed``) and its length.
     stream: str
@@ -243,6 +255,8 @@ class ServiceStatus(_Record):
     names_waiting: int = 0
     #: The first of them (by when the sweep looks at them again), with their holders and waiters.
     waiting_names: tuple[NameWait, ...] = ()
+    #: The service's pause (``lbs pause``), or None when it is not paused.
+    paused: Pause | None = None
 
     def count(self, state: ConsumerState) -> int:
         """How many consumers are in ``state``."""

@@ -259,14 +259,17 @@ def _where(redis: RedisLike, where: str | None) -> str:
 async def _lookup(
     redis: RedisLike, service: str, shards: int, dead_letters: bool, cluster: bool | ClusterMode
 ) -> tuple[bool, list[str] | None]:
-    """``(True, None)`` when ``service`` exists (one ``EXISTS`` per shard); else ``(False, the
-    services there)`` (a SCAN; None when the ACL refuses it)."""
+    """``(True, None)`` when ``service`` exists (one ``EXISTS`` per shard: its LBS, or its parking
+    stream, where registrations still scheduled wait); else ``(False, the services there)`` (a SCAN;
+    None when the ACL refuses it)."""
     _keys.validate_service(service)
     client, owned = resolve_client(redis, cluster=cluster)
     try:
         for name in _keys.shard_services(service, shards):
             stream = _keys.input_stream(name)
-            keys = [stream, _keys.dead_letter_stream(name)] if dead_letters else [stream]
+            keys = [stream, _keys.delayed_stream(name)]
+            if dead_letters:
+                keys.append(_keys.dead_letter_stream(name))
             async with owner(client, stream) as r:
                 if await r.exists(*keys):
                     return True, None

@@ -20,6 +20,7 @@ from ..exceptions import RedisOperationError
 from .records import (
     ConsumerStatus,
     DelayedRetries,
+    Pause,
     PendingEntry,
     ReasonCount,
     Requeued,
@@ -106,6 +107,7 @@ class First:
     newest_letters: list[Any]
     delayed: DelayedRetries | None
     names_waiting: int
+    paused: Pause | None = None
 
 
 @dataclass
@@ -228,4 +230,5 @@ def assemble(t: Target, first: First, second: Second) -> ServiceStatus:
         delayed=first.delayed,
         notes=tuple(notes),
         names_waiting=first.names_waiting,
+        paused=first.paused,
     )

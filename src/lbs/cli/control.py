@@ -1,0 +1,204 @@
+"""``lbs pause``, ``lbs resume``, ``lbs release``, ``lbs cancel``: an operator's hands on live work.
+
+Plain typer command functions over :class:`lbs.ServiceControls`; the ``lbs`` app registers them
+(``lbs claim --force`` is the force-claim, :mod:`lbs.cli.claim`). Each action is written to the
+service's journal under ``--by`` (default ``$USER@host``). Exit codes are those of
+:mod:`lbs.cli._common`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from .._streamids import NOT_AN_ID, bad_ids
+from ..controls import ControlOutcome, ServiceControls, operator_name
+from ..status import require_service
+from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, duration, run
+
+__all__ = ["cancel", "pause", "print_outcomes", "release", "resume"]
+
+ByOption = Annotated[
+    str,
+    typer.Option(
+        "--by",
+        metavar="NAME",
+        help="Who acts, as the journal and the logs name them (default: $USER@host).",
+        show_default=False,
+    ),
+]
+ReasonOption = Annotated[
+    str,
+    typer.Option("--reason", metavar="TEXT", help="Why, kept in the journal (and a dead letter)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+WaitOption = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        min=0.0,
+        metavar="SECONDS",
+        help="How long to wait for each holder to act (it looks once a second).",
+    ),
+]
+
+
+def _entry_ids(values: list[str]) -> list[str]:
+    bad = bad_ids(values)
+    if bad:
+        raise typer.BadParameter(f"{NOT_AN_ID}: {', '.join(bad)}")
+    return list(dict.fromkeys(values))
+
+
+EntryIds = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="ENTRY_ID...",
+        help="Entry ids of held streams in the load-balancer stream, as `lbs status` shows them.",
+        callback=_entry_ids,
+        show_default=False,
+    ),
+]
+
+
+def pause(
+    service: ServiceArgument,
+    url: UrlOption,
+    reason: ReasonOption = "",
+    by: ByOption = "",
+    json_out: JsonOption = False,
+) -> None:
+    """Pause a service: its consumers take nothing new; what they hold runs on and finishes.
+
+    Within a second every consumer stops reading; a batch a read took after
+    the pause goes back with no retry counted, so nothing starts once this
+    returns. New registrations, streams recovered from dead consumers and
+    retries coming due wait in the load-balancer stream. `lbs resume` ends it.
+    """
+    check_service("pause", service)
+    run("pause", lambda: require_service(url, service), url)
+    who = by or operator_name()
+
+    async def act() -> dict[str, object]:
+        async with ServiceControls(url, service) as controls:
+            state = await controls.pause(who, reason)
+            return state.to_dict()
+
+    state = run("pause", act, url)
+    if json_out:
+        sys.stdout.write(json.dumps({"service": service, "paused": state}) + "\n")
+    else:
+        Console().print(
+            Text(f"{service} ")
+            + Text("paused", style="bold yellow")
+            + Text(f" by {who}" + (f": {reason}" if reason else ""))
+        )
+
+
+def resume(
+    service: ServiceArgument, url: UrlOption, by: ByOption = "", json_out: JsonOption = False
+) -> None:
+    """Resume a paused service: its consumers take new work again within a second."""
+    check_service("resume", service)
+    run("resume", lambda: require_service(url, service), url)
+    who = by or operator_name()
+
+    async def act() -> tuple[dict[str, object] | None, int]:
+        async with ServiceControls(url, service) as controls:
+            was = await controls.resume(who)
+            return (was.to_dict() if was else None), await controls.server_time_ms()
+
+    was, now = run("resume", act, url)
+    if json_out:
+        sys.stdout.write(json.dumps({"service": service, "was": was}) + "\n")
+    elif was is None:
+        Console().print(Text(f"{service} was not paused", style="dim"))
+    else:
+        since = int(str(was["since_ms"]))
+        Console().print(
+            Text(f"{service} ")
+            + Text("resumed", style="bold green")
+            + Text(f" by {who} (paused by {was['by']} for {duration(now - since)})")
+        )
+
+
+def release(
+    service: ServiceArgument,
+    entry_ids: EntryIds,
+    url: UrlOption,
+    reason: ReasonOption = "",
+    wait: WaitOption = 10.0,
+    by: ByOption = "",
+    json_out: JsonOption = False,
+) -> None:
+    """Hand held streams back now: each holder cancels the handler, no retry counted.
+
+    The stream goes back into the load-balancer stream under a new entry id
+    and is taken again (by any consumer). Exit 0 when every one was released
+    or is not held; 3 when a holder did not act within --wait.
+    """
+    _order("release", service, entry_ids, url, reason, wait, by, json_out)
+
+
+def cancel(
+    service: ServiceArgument,
+    entry_ids: EntryIds,
+    url: UrlOption,
+    reason: ReasonOption = "",
+    wait: WaitOption = 10.0,
+    by: ByOption = "",
+    json_out: JsonOption = False,
+) -> None:
+    """Cancel running handlers: each holder cancels it and dead-letters the stream with the reason.
+
+    `lbs dlq replay` brings it back. Exit 0 when every one was cancelled or
+    is not held; 3 when a holder did not act within --wait.
+    """
+    _order("cancel", service, entry_ids, url, reason, wait, by, json_out)
+
+
+def _order(
+    action: str,
+    service: str,
+    entry_ids: list[str],
+    url: str,
+    reason: str,
+    wait: float,
+    by: str,
+    json_out: bool,
+) -> None:
+    check_service(action, service)
+    run(action, lambda: require_service(url, service), url)
+    who = by or operator_name()
+
+    async def act() -> list[ControlOutcome]:
+        async with ServiceControls(url, service) as controls:
+            method = controls.release if action == "release" else controls.cancel
+            return await method(entry_ids, who, reason, wait=wait)
+
+    print_outcomes(run(action, act, url), json_out)
+
+
+def print_outcomes(results: list[ControlOutcome], json_out: bool) -> None:
+    """Each outcome on a line (or one JSON array); exit 3 when some holder did not act."""
+    if json_out:
+        sys.stdout.write(json.dumps([r.to_dict() for r in results]) + "\n")
+    else:
+        console = Console()
+        good = {"released", "cancelled", "force-claimed", "dead-lettered"}
+        for r in results:
+            style = "green" if r.outcome in good else ("dim" if r.outcome == "not held" else "red")
+            detail = f"as {r.detail}" if r.outcome in ("released", "cancelled") else r.detail
+            holder = f" (held by {r.holder})" if r.holder else ""
+            console.print(
+                Text(r.entry_id + "  ")
+                + Text(r.outcome, style=style)
+                + Text(f"  {detail}{holder}" if detail else holder)
+            )
+    if any(r.outcome in ("no answer", "not acted") for r in results):
+        raise typer.Exit(EXIT_INCOMPLETE)
