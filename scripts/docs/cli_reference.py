@@ -72,6 +72,8 @@ def _value(param: Any, ctx: Any) -> str:
     if param.multiple:
         shown = shown.removeprefix("list[").removesuffix("]") + " (repeatable)"
     shown = re.sub(r"\bstr\b", "text", shown)
+    if shown == "text":  # as --help names it (lbs.cli._help): what to type, --url URL
+        shown = (param.name or "value").upper()
     return shown.upper() if "|" not in shown else shown
 
 

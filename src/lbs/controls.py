@@ -25,6 +25,7 @@ side is :mod:`lbs._consumer.control`.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import logging
 import os
@@ -94,7 +95,10 @@ class ControlOutcome:
 
 def operator_name() -> str:
     """``user@host`` of this process: who an action is logged as when the caller says nothing."""
-    user = os.environ.get("USER") or os.environ.get("USERNAME") or "?"
+    try:
+        user = getpass.getuser()  # $LOGNAME, $USER, ..., then the password database
+    except (KeyError, OSError):
+        user = "?"
     return f"{user}@{socket.gethostname()}"
 
 

@@ -30,6 +30,20 @@ async def slow(note: lbs.Notification) -> None:
     await asyncio.sleep(3600)
 
 
+async def mixed(note: lbs.Notification) -> None:
+    """Streams named ``hold*`` say they started, then wait until cancelled (``cancelled`` logged);
+    the others are done at once."""
+    if not note.stream.startswith("hold"):
+        _log("done", note)
+        return
+    _log("started", note)
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        _log("cancelled", note)
+        raise
+
+
 def sync(note: lbs.Notification) -> None:
     """Not async: refused by ``lbs worker``."""
 

@@ -71,7 +71,7 @@ async def test_every_action_is_logged_to_stderr_with_who(
         assert csrf, page
         assert (await http.post("/logout", data={"csrf": csrf.group(1)})).status_code == 303
     proc.signal(signal.SIGTERM)
-    await proc.wait()
+    assert await proc.wait() == 0, proc.err()  # a clean stop
     err = proc.err()
     session = r"session [0-9a-f]+ from 127\.0\.0\.1"
     if fmt == "text":

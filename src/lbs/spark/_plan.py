@@ -129,19 +129,23 @@ def chunks(names: list[str]) -> Iterator[list[str]]:
         yield names[at : at + PLAN_CHUNK]
 
 
-def newest(client: Any, names: list[str]) -> Iterator[tuple[str, str, int]]:
+def newest(
+    client: Any, names: list[str], with_length: bool = True
+) -> Iterator[tuple[str, str, int]]:
     """``(stream, newest id, length)`` of each stream that has an entry (no such stream, or an empty
-    one, has nothing to read), pipelined."""
+    one, has nothing to read), pipelined; ``with_length`` False: no XLEN, the length 0."""
+    per = 2 if with_length else 1
     for chunk in chunks(names):
         pipe = client.pipeline(transaction=False)
         for name in chunk:
             pipe.xrevrange(name, "+", "-", count=1)
-            pipe.xlen(name)
+            if with_length:
+                pipe.xlen(name)
         replies = pipe.execute()
         for k, name in enumerate(chunk):
-            last, length = replies[2 * k], replies[2 * k + 1]
+            last = replies[per * k]
             if last:
-                yield name, last[0][0].decode(), int(length)
+                yield name, last[0][0].decode(), int(replies[per * k + 1]) if with_length else 0
 
 
 def lengths(client: Any, names: list[str]) -> dict[str, int]:

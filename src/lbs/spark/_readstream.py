@@ -118,7 +118,7 @@ class LbsStreamReader(_Options, DataSourceStreamReader, _AvailableNow):
         comes later waits for the next run."""
         r = self._redis()
         names = self._discovery.names(r, fresh=True)
-        self._target = {name: last for name, last, _ in newest(r, names)}
+        self._target = {name: last for name, last, _ in newest(r, names, with_length=False)}
 
     def latestOffset(
         self, start: dict[str, str] | None = None, limit: Any = None
