@@ -223,3 +223,68 @@ def test_a_dead_letter_is_replayed_from_the_page_and_processed(
     wait_until(lambda: handled(log) == ["poison-1"], "the replayed stream handled", 60)
     page.goto(dash.base + "/")
     expect(counter(page, service, "dead_letters")).to_have_text("0")
+
+
+def test_a_service_is_paused_and_resumed_from_the_page(
+    page: Any, redis_server: Any, names: Any, start_dashboard: Any
+) -> None:
+    url, service = redis_server.url, names("billing")
+    produce(url, service, "bill-1")
+    dash = start_dashboard(url, service)
+    sign_in(page, dash.base, dash.token)
+    page.goto(f"{dash.base}/s/{service}/consumers")
+    banner = page.locator(".paused-banner")
+    expect(banner).to_have_count(0)
+    page.get_by_role("link", name="pause…").click()
+    expect(page.locator("h1")).to_have_text(f"Pause {service}?", timeout=20_000)
+    page.get_by_label("reason (optional)").fill("migrating the database")
+    page.get_by_role("button", name=f"pause {service}").click()
+    expect(page.locator(".flash")).to_have_text(
+        f"{service}: paused: migrating the database", timeout=20_000
+    )
+    expect(banner).to_contain_text("paused (by dashboard (session ", timeout=20_000)
+    expect(banner).to_contain_text(": migrating the database)")
+    assert page.url.endswith(f"/s/{service}/consumers")
+    banner.get_by_role("link", name="resume…").click()
+    expect(page.locator("h1")).to_have_text(f"Resume {service}?", timeout=20_000)
+    page.get_by_role("button", name=f"resume {service}").click()
+    expect(page.locator(".flash")).to_contain_text(f"{service}: resumed (paused by dashboard")
+    expect(banner).to_have_count(0, timeout=20_000)
+    expect(page.get_by_role("link", name="pause…")).to_be_visible()
+
+
+def test_a_held_stream_is_released_from_the_streams_page(
+    page: Any, redis_server: Any, names: Any, start_dashboard: Any, lbs_proc: Any, log: Path
+) -> None:
+    url, service = redis_server.url, names("exports")
+    produce(url, service, "export-42")
+    dash = start_dashboard(url, service)
+    lbs_proc(
+        "worker",
+        f"{HANDLERS}:hold",
+        "--service",
+        service,
+        "--url",
+        url,
+        "--consumer-id",
+        "exp-1",
+        *WORKER,
+    )
+    wait_until(lambda: handled(log, "started") == ["export-42"], "the holder holds the stream")
+    sign_in(page, dash.base, dash.token)
+    page.goto(f"{dash.base}/s/{service}/streams")
+    row = page.locator("tr[data-held]", has_text="export-42")
+    expect(row).to_have_count(1, timeout=20_000)
+    entry_id = row.get_attribute("data-held")
+    row.get_by_role("link", name="release").click()
+    expect(page.locator("h1")).to_have_text(f"Release entry {entry_id}?", timeout=20_000)
+    expect(page.locator("table.grid")).to_contain_text("redis-consumer-exp-1")
+    page.get_by_role("button", name=f"release {entry_id}").click()
+    expect(page.locator(".flash")).to_contain_text(
+        f"{service}: released {entry_id} as ", timeout=20_000
+    )
+    # Handed back with no retry counted: the only consumer takes it again, under a new entry.
+    wait_until(
+        lambda: handled(log, "started") == ["export-42", "export-42"], "the stream taken again", 20
+    )
+    assert log.read_text().splitlines()[-1].endswith(" export-42 0"), log.read_text()

@@ -57,8 +57,9 @@ def dashboard(
         bool,
         typer.Option(
             "--actions",
-            help="Allow replaying and purging dead letters from the pages (signed in with the token; "
-            "one is generated and printed when none is given). Off: read-only.",
+            help="Allow acting from the pages: replay and purge dead letters, pause and resume the "
+            "service, release, cancel or force-claim a held stream (signed in with the token; one "
+            "is generated and printed when none is given). Off: read-only.",
         ),
     ] = False,
     token: Annotated[
@@ -98,7 +99,8 @@ def dashboard(
     Pages: an overview of each service (waiting, held, parked, dead letters, consumers, the last
     hour's throughput and failures), its consumers and what they hold, a stream search, the
     recovery timeline, the last hour's failed attempts and the dead letters with their tracebacks
-    (replay and purge with --actions).
+    (with --actions: replay and purge letters, pause and resume, release, cancel and force-claim
+    held streams).
     Read-only and bound to 127.0.0.1 unless told otherwise; a URL's password is never shown.
     Every action is logged to stderr.
     """

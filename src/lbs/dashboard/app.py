@@ -2,9 +2,10 @@
 :class:`DashboardSettings` (routes, session cookie, templates, static files, the live hub).
 
 The read-only pages are :mod:`lbs.dashboard.pages`, the actions (sign-in, replay, purge)
-:mod:`lbs.dashboard.actions`, the live stream :mod:`lbs.dashboard.live`. Every page is rendered on
-the server and works without JavaScript; the script only applies the live snapshots and asks before
-an action.
+:mod:`lbs.dashboard.actions`, an operator's hands on live work (pause, resume, release, cancel,
+force-claim) :mod:`lbs.dashboard.controls`, the live stream :mod:`lbs.dashboard.live`. Every page
+is rendered on the server and works without JavaScript; the script only applies the live snapshots
+and asks before an action.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .. import __version__
 from .._urlmask import mask_secrets
 from ..cli._common import duration
 from ..exceptions import LbsError
-from .data import Fleet
+from .data import Fleet, read_pause
 from .live import Hub, TallyWindow, live_snapshot
 from .security import Guard, csrf_token
 from .settings import DashboardSettings
@@ -85,6 +86,7 @@ class Dashboard:
             "can_act": self.guard.actions and bool(self.guard.token),
             "flash": flash,
             "refresh_ms": int(self.settings.refresh * 1000),
+            "paused": getattr(request.state, "paused", None),
             **context,
         }
         response = self.templates.TemplateResponse(request, name, ctx, status_code=status)
@@ -107,8 +109,9 @@ def dash(request: Request) -> Dashboard:
 
 
 def page(endpoint: Endpoint) -> Endpoint:
-    """A route of the dashboard: signed in (else to the login form), a known service (else 404),
-    and a Redis failure shown as a page saying so (503), its URL's password masked."""
+    """A route of the dashboard: signed in (else to the login form), a known service (else 404; a
+    GET reads its pause, for the banner), and a Redis failure shown as a page saying so (503), its
+    URL's password masked."""
 
     @functools.wraps(endpoint)
     async def wrapped(request: Request) -> Response:
@@ -121,6 +124,8 @@ def page(endpoint: Endpoint) -> Endpoint:
         service = request.path_params.get("service")
         if service is not None and service not in d.fleet.services:
             return d.error(request, 404, f"this dashboard does not show a service {service!r}")
+        if service is not None and request.method == "GET":  # a service's page: its pause banner
+            request.state.paused = await read_pause(d.fleet.client, service)
         try:
             return await endpoint(request)
         except HTTPException as exc:
@@ -133,7 +138,7 @@ def page(endpoint: Endpoint) -> Endpoint:
 
 def create_app(settings: DashboardSettings) -> Starlette:
     """The Starlette application of ``settings`` (serve it with uvicorn; ``lbs dashboard`` does)."""
-    from . import actions, pages
+    from . import actions, controls, pages
 
     d = Dashboard(settings)
 
@@ -148,6 +153,7 @@ def create_app(settings: DashboardSettings) -> Starlette:
     routes = [
         *pages.routes(),
         *actions.routes(),
+        *controls.routes(),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(

@@ -1,7 +1,8 @@
 """Everything the dashboard reads from Redis, async, on the operator's API: a service's status
 (:func:`lbs.status.collect_status`), the services there are (:func:`lbs.status.service_summaries`),
 its dead letters (:class:`lbs.deadletters.DeadLetters`), its
-journal (``lbs.events.read_events``: tallies, recoveries) and the streams matching a search.
+journal (``lbs.events.read_events``: tallies, recoveries), the streams matching a search, its pause
+(:func:`read_pause`) and who holds an entry (:func:`held_entry`).
 
 No I/O outside the functions that take a client; the journal's reductions (:func:`tally_series`,
 :func:`recovery_timeline`) are pure. A journal that is off or empty is not an error: the pages say
@@ -16,6 +17,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from _lbscore import try_decode_input
 
@@ -24,7 +26,9 @@ from .._admin import on_owner
 from .._redis.wire import fields_text, text
 from .._streamids import id_ms
 from ..config import Config
+from ..controls import PauseState
 from ..events import Event, read_events
+from ..exceptions import LbsError
 from ..status import ServiceStatus, ServiceSummary, collect_status
 from ..status.services import list_services, service_summaries
 
@@ -35,7 +39,9 @@ __all__ = [
     "Retake",
     "Series",
     "StreamRow",
+    "held_entry",
     "read_journal",
+    "read_pause",
     "read_services",
     "read_status",
     "recovery_timeline",
@@ -307,6 +313,46 @@ async def search_streams(
                 scanned += len(reply)
                 rows += _names(reply, config.field_prefix, st.time_ms, where)
     return [row for row in rows if q in row.name.casefold()], scanned
+
+
+async def read_pause(client: Client, service: str) -> PauseState | None:
+    """The service's pause (:meth:`lbs.ServiceControls.paused`, in one round trip), or None: not
+    paused, or not readable now (a page shows no banner rather than fail)."""
+    key = _keys.paused_key(service)
+    try:
+        async with on_owner(client, key) as (r, _):
+            pipe = r.pipeline(transaction=False)
+            pipe.type(key)
+            pipe.hgetall(key)
+            kind, raw = await pipe.execute(raise_on_error=False)
+    except (LbsError, RedisError, OSError):
+        return None
+    if isinstance(kind, Exception) or text(kind, "replace") == "none":
+        return None
+    if isinstance(raw, Exception) or not isinstance(raw, dict):  # consumers count it as a pause
+        return PauseState("?", f"{key} holds a {text(kind, 'replace')} (resume deletes it)", 0)
+    fields = {text(k, "replace"): text(v, "replace") for k, v in raw.items()}
+    since = fields.get("since_ms", "0")
+    return PauseState(
+        fields.get("by", "?"), fields.get("reason", ""), int(since) if since.isdigit() else 0
+    )
+
+
+async def held_entry(client: Client, service: str, entry_id: str) -> tuple[str, str] | None:
+    """The data stream of the LBS entry ``entry_id`` and the consumer it is pending to (XPENDING and
+    XRANGE in one round trip); None when it is not pending."""
+    stream = _keys.input_stream(service)
+    async with on_owner(client, stream) as (r, _):
+        pipe = r.pipeline(transaction=False)
+        pipe.xpending_range(stream, _keys.group_name(service), entry_id, entry_id, 1)
+        pipe.xrange(stream, entry_id, entry_id, count=1)
+        pending, found = await pipe.execute(raise_on_error=False)
+    if isinstance(pending, Exception) or not pending:
+        return None
+    name = None
+    if not isinstance(found, Exception) and found:
+        name, _, _ = try_decode_input(fields_text(found[0][1]).get(_keys.INPUT_FIELD))
+    return (name if name is not None else "(malformed)"), text(pending[0]["consumer"], "replace")
 
 
 class Fleet:
