@@ -96,7 +96,7 @@ async def park(
     client: aioredis.Redis,
     parked_key: str,
     due_key: str,
-    entries: Sequence[Sequence[bytes | str]],
+    entries: Sequence[Sequence[Any]],
     due: tuple[bool, int],
 ) -> list[str]:
     """Park ``entries`` (each an entry's flat fields) in ``parked_key``, scored in ``due_key`` by

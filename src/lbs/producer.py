@@ -9,7 +9,7 @@ from typing import Any, Union
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from _lbscore import CommandBatch
 from _lbscore import encode_input as _core_encode
@@ -117,22 +117,9 @@ class Producer(Sender):
         """Park ``payloads`` due at ``due`` in ``service``'s parking stream (:mod:`lbs._schedule`);
         their parked ids. A redirect (the slot moved) or a demoted master ran nothing: sent once more."""
         extra = [x.encode() for x in self._message_fields()]
-        entries = [[_FIELD, p, *extra] for p in payloads]
-        parked, due_key = _keys.delayed_stream(service), _keys.due_key(service)
-        for attempt in range(2):
-            try:
-                client = await self._routes.client_for(parked)
-                return await _schedule.park(client, parked, due_key, entries, due)
-            except (RedisError, RedisClusterException, OSError, TypeError, ValueError) as exc:
-                if attempt == 0 and (redirected(exc) or isinstance(exc, ReadOnlyError)):
-                    try:
-                        if self._routes.cluster:
-                            await self._routes.forget()
-                    except (RedisError, RedisClusterException) as again:
-                        raise RedisOperationError(operation, again) from again
-                    continue
-                raise RedisOperationError(operation, exc) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self._park_entries(
+            service, [[_FIELD, p, *extra] for p in payloads], due, operation
+        )
 
     async def add_streams(
         self,

@@ -13,19 +13,26 @@ data stream nobody will be assigned.
 Keys are routed to shards like :class:`lbs.Producer` routes data streams
 (``shards=N``: the key's shard is ``crc32(key) % N``); a key's data stream
 and state carry its shard's hash tag, so every step is one call in one slot.
+
+A delayed publish (``delay=`` or ``at=``) is parked as a scheduled registration is
+(:mod:`lbs._schedule`): one entry per call and shard in ``{<service>-input}:delayed``, its fields
+``lbs-publish``, the message count, then ``publish-1.lua``'s arguments per message; its id scored in
+``{<service>-input}:due``. Every consumer's promotion task (``promote-4.lua``) publishes it when
+due, as one ``publish-1.lua`` call with those messages would, atomically with its removal.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
 from _lbscore import encode_input as _core_encode
 
-from . import _keys
+from . import _keys, _schedule
 from ._keys import shard_of
 from ._redis import scripts
 from ._redis.connection import redirected
@@ -35,6 +42,9 @@ from .keyed import Fields, flatten_fields
 from .producer import encode_input
 
 __all__ = ["Fields", "Publisher"]
+
+#: The first field of a delayed publish's parked entry (its value: the message count).
+_PUBLISH_FIELD = "lbs-publish"
 
 
 class Publisher(Sender):
@@ -61,11 +71,25 @@ class Publisher(Sender):
     # nowhere) or, on a cluster, a redirect (the slot moved: it ran nowhere).
     _scripts = (scripts.PUBLISH.source,)
 
-    async def publish(self, key: str, fields: Fields) -> str:
-        """Append one message to ``key``'s data stream (registering the key if nobody has it); its id."""
-        return (await self.publish_many([(key, fields)]))[0]
+    async def publish(
+        self,
+        key: str,
+        fields: Fields,
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+    ) -> str:
+        """Append one message to ``key``'s data stream (registering the key if nobody has it); its
+        id, or, with ``delay`` or ``at``, its parked id (see :meth:`publish_many`)."""
+        return (await self.publish_many([(key, fields)], delay=delay, at=at))[0]
 
-    async def publish_many(self, messages: Iterable[tuple[str, Fields]]) -> list[str]:
+    async def publish_many(
+        self,
+        messages: Iterable[tuple[str, Fields]],
+        *,
+        delay: float | timedelta | None = None,
+        at: datetime | None = None,
+    ) -> list[str]:
         """Publish ``(key, fields)`` messages, in order per key; their ids, in input order.
 
         One atomic call per shard (all shards at once): a shard's messages
@@ -79,7 +103,22 @@ class Publisher(Sender):
         when Redis fails. A call whose connection failed is not sent again (it
         may have published: sending it again could publish twice); one that
         met NOSCRIPT or, on a cluster, a redirect ran nowhere and is.
+
+        ``delay`` (seconds, or a :class:`~datetime.timedelta`) or ``at`` (a
+        :class:`~datetime.datetime` with a time zone) publish them later: each
+        shard's messages are parked whole, as one entry of
+        ``{<service>-input}:delayed`` due at the Redis server's time plus
+        ``delay`` (or at ``at``), and a running consumer publishes them, all
+        at once and exactly as this call would have, within a second of that
+        (never before; with no consumer running they wait for the first one).
+        A key's messages are in the order they reach its data stream: a
+        delayed message comes after every message published before it was due.
+        The ids returned are then the parked entries' (the same for every
+        message of a shard). A delay of 0, or an ``at`` already past,
+        publishes now. :class:`lbs.ConfigurationError` for both ``delay`` and
+        ``at``, a negative delay, a naive ``at`` (before anything is sent).
         """
+        due = _schedule.due_ms(delay, at)
         per_shard: dict[int, list[tuple[int, str, list[Any]]]] = {}
         first: dict[str, int] = {}  # each key's first message
         n = 0
@@ -93,6 +132,8 @@ class Publisher(Sender):
             return ids
         registrations = self._registrations(first)
         extra = self._message_fields()  # the plugins' fields, added to every message
+        if due is not None:
+            return await self._park(per_shard, registrations, extra, due, ids)
         calls = []
         for shard, items in per_shard.items():
             seen: set[str] = set()
@@ -115,6 +156,42 @@ class Publisher(Sender):
                 raise reply
             for (k, *_), message_id in zip(items, reply[0]):
                 ids[k] = message_id.decode() if isinstance(message_id, bytes) else str(message_id)
+        return ids
+
+    async def _park(
+        self,
+        per_shard: dict[int, list[tuple[int, str, list[Any]]]],
+        registrations: dict[str, str],
+        extra: list[str],
+        due: tuple[bool, int],
+        ids: list[str],
+    ) -> list[str]:
+        """Park each shard's messages as one delayed publish (``promote-4.lua``'s header has its
+        fields), all shards at once; ``ids`` filled with each message's parked id."""
+        shards = list(per_shard.items())
+        entries = []
+        for _shard, items in shards:
+            entry: list[Any] = [_PUBLISH_FIELD, len(items)]
+            seen: set[str] = set()
+            for _, key, fields in items:
+                flat = fields + extra if extra else fields
+                entry += (key, "" if key in seen else registrations[key], len(flat), *flat)
+                seen.add(key)
+            if len(items) % 2:
+                entry.append("")  # name-value pairs: an even count
+            entries.append(entry)
+        replies = await asyncio.gather(
+            *(
+                self._park_entries(self.services[shard], [entry], due, "publish")
+                for (shard, _), entry in zip(shards, entries)
+            ),
+            return_exceptions=True,
+        )
+        for (_shard, items), reply in zip(shards, replies):
+            if isinstance(reply, BaseException):
+                raise reply
+            for k, *_ in items:
+                ids[k] = reply[0]
         return ids
 
     def _registrations(self, first: dict[str, int]) -> dict[str, str]:

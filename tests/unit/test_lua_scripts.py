@@ -47,8 +47,9 @@ def test_every_script_file_is_registered() -> None:
     [
         ("_fence", {"read-3", "fence-1"}),
         ("_names", {"done-n", "release-1", "names-1", "requeue-6", "promote-4"}),
-        ("_acl", {"publish-1", "fetch-1", "commit-1"}),
+        ("_acl", {"publish-1", "fetch-1", "commit-1", "promote-4"}),
         ("_keyed", {"fetch-1", "commit-1"}),
+        ("_publish", {"publish-1", "promote-4"}),
         (
             "_checks",
             set(NAMES) - {"done-n", "release-1", "names-1", "fence-1", "leave-3", "fetch-1"},

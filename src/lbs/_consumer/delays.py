@@ -19,7 +19,8 @@ sooner when the script reports the next due time, and at once when this
 client parks a copy due before its next poll. When nothing is parked (nor
 waiting for its name) it polls every :data:`IDLE_POLL`: a producer parks
 scheduled registrations (``Producer.add_stream(..., delay=)``,
-:mod:`lbs._schedule`) in the same keys without telling any consumer, so the
+:mod:`lbs._schedule`) and a publisher delayed keyed messages (``Publisher.publish(..., delay=)``:
+``promote-4.lua`` publishes them to their keys) in the same keys without telling any consumer, so the
 idle poll bounds how late one is promoted: within a second of its due time
 (to the millisecond when a poll already saw it parked). Each poll is the
 Lua-free look of :mod:`lbs._redis.peek` (``TIME`` and two ``ZRANGE``, one
@@ -116,8 +117,8 @@ class Delays(Activity, kind="delays"):
             )
         if stuck:
             s.log.error(
-                "%d parked entries in %s have too many fields to move back into %s; left there "
-                "(scored +inf in %s)",
+                "%d parked entries in %s have too many fields to move back into %s, or are "
+                "malformed delayed publishes; left there (scored +inf in %s)",
                 stuck,
                 self.parked_key,
                 n.stream_key,

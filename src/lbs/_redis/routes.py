@@ -16,16 +16,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ReadOnlyError, RedisClusterException, RedisError
 
 from _lbscore import EntryParser
 
-from .. import _keys
+from .. import _keys, _schedule
+from ..exceptions import RedisOperationError
 from ..plugins import make_plugin_manager, merged_fields
-from .connection import ClusterMode, RedisLike, node_client, owner_node, resolve_client
+from .connection import (
+    ClusterMode,
+    RedisLike,
+    node_client,
+    owner_node,
+    redirected,
+    resolve_client,
+)
 from .wire import Wire
 
 __all__ = ["Routes", "Sender"]
@@ -137,6 +146,32 @@ class Sender:
         kwargs = {"sender": self, "service": self.service}
         merged = merged_fields(impls, "lbs_message_fields", kwargs, log)
         return [x for kv in merged.items() for x in kv]
+
+    async def _park_entries(
+        self,
+        service: str,
+        entries: Sequence[Sequence[Any]],
+        due: tuple[bool, int],
+        operation: str,
+    ) -> list[str]:
+        """Park ``entries`` (each an entry's flat fields) due at ``due`` in ``service``'s parking
+        stream, in one transaction (:mod:`lbs._schedule`); their parked ids. A redirect (the slot
+        moved) or a demoted master ran nothing: sent once more. Raises RedisOperationError."""
+        parked, due_key = _keys.delayed_stream(service), _keys.due_key(service)
+        for attempt in range(2):
+            try:
+                client = await self._routes.client_for(parked)
+                return await _schedule.park(client, parked, due_key, entries, due)
+            except (RedisError, RedisClusterException, OSError, TypeError, ValueError) as exc:
+                if attempt == 0 and (redirected(exc) or isinstance(exc, ReadOnlyError)):
+                    try:
+                        if self._routes.cluster:
+                            await self._routes.forget()
+                    except (RedisError, RedisClusterException) as again:
+                        raise RedisOperationError(operation, again) from again
+                    continue
+                raise RedisOperationError(operation, exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
         """Give the connections back; close the Redis client if lbs opened it from a URL."""

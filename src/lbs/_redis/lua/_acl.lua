@@ -1,6 +1,6 @@
 -- The ACL checked before a script's first write, shared by the scripts that
--- process keys (publish-1.lua, fetch-1.lua, commit-1.lua; included where
--- they say "--#include _acl").
+-- process keys (publish-1.lua, fetch-1.lua, commit-1.lua; promote-4.lua for
+-- a delayed publish; included where they say "--#include _acl").
 --
 -- refused_by_acl(script, calls): every command a script may call (each
 -- `calls` item a command and its arguments, on the keys it will touch) is

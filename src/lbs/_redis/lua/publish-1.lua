@@ -67,11 +67,16 @@
   latency, never a loss (the holder lets the key go with a commit that
   returns what came).
 
+  The appending, registering and waking are _publish.lua's, shared with
+  promote-4.lua, which publishes a delayed call (lbs.Publisher's delay= or
+  at=, parked in "<prefix>delayed") as this script would, when it is due.
+
   Events: none besides the keys it writes and the wakes.
 ]]
 --#include _acl
 --#include _checks
 --#include _time
+--#include _publish
 
 local prefix, m = ARGV[1], tonumber(ARGV[2])
 if not m or m < 1 or m ~= math.floor(m) then
@@ -105,18 +110,10 @@ for i = 1, m do
     end
     seen[key] = reg
     order[#order + 1] = key
-    local kind
-    bad, kind = misfit(prefix .. 'k:' .. key, 'stream', 'a data stream')
+    local create
+    bad, create, states[key] = publish_look(prefix, key)
     if bad then return redis.error_reply(bad) end
-    if kind == 'none' then created[key] = true end
-    -- The state's registration and holder, read now (a state of another type: HMGET's error).
-    local state = prefix .. 'm:' .. key
-    local got = redis.pcall('HMGET', state, 'reg', 'who', 'lingers', 'holder')
-    if got.err then
-      bad = misfit(state, 'hash', 'a key state')
-      return redis.error_reply(bad or got.err)
-    end
-    states[key] = got
+    created[key] = create or nil
   end
   at = at + 3 + f
 end
@@ -127,12 +124,8 @@ end
 -- The first id of each data stream created here: above every id a deleted one had.
 local first
 if next(created) then
-  local floor = prefix .. 'idfloor'
-  local kind
-  bad, kind = misfit(floor, 'zset', 'a sorted set')
+  bad, first = publish_first(prefix)
   if bad then return redis.error_reply(bad) end
-  local after = kind == 'zset' and tonumber(redis.call('ZSCORE', floor, 'ms')) or -1
-  first = string.format('%d-0', math.max(time_ms(), after + 1))
 end
 
 -- Writes.
@@ -147,36 +140,9 @@ for i = 1, m do
   ids[i] = redis.call('XADD', prefix .. 'k:' .. key, id, unpack(ARGV, msg[2], msg[3]))
 end
 local registered = 0
-local wakes, woken = {}, {}  -- consumer id -> the keys to wake; the consumers in order
+local wakes = {}  -- the consumers to wake, in order, and each one's keys
 for _, key in ipairs(order) do
-  local state = prefix .. 'm:' .. key
-  local reg, who, lingers, holder = states[key][1], states[key][2], states[key][3], states[key][4]
-  -- Held: in force (see above), and woken if it lingers.
-  local in_force = reg and holder == reg
-  if in_force and who and lingers then
-    local keys = wakes[who]
-    if not keys then
-      keys = {}
-      wakes[who], woken[#woken + 1] = keys, who
-    end
-    keys[#keys + 1] = key
-  end
-  -- Else in the LBS, or parked for a retry delay (commit-1.lua "fail:<ms>...") in the parking
-  -- stream. pcall: a "reg" that is not an entry id (garbage) means not registered.
-  if reg and not in_force then
-    for _, where in ipairs({KEYS[1], prefix .. 'delayed'}) do
-      local found = redis.pcall('XRANGE', where, reg, reg, 'COUNT', 1)
-      in_force = not found.err and #found > 0
-      if in_force then break end
-    end
-  end
-  if not in_force then
-    local id = redis.call('XADD', KEYS[1], '*', 'lbs-input', seen[key], 'lbs-keyed', '1')
-    redis.call('HSET', state, 'reg', id)
-    registered = registered + 1
-  end
+  registered = registered + publish_register(KEYS[1], prefix, key, seen[key], states[key], wakes)
 end
-for _, who in ipairs(woken) do
-  redis.call('SPUBLISH', prefix .. 'wake:' .. who, cjson.encode(wakes[who]))
-end
+publish_wake(prefix, wakes)
 return {ids, registered}
