@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 
+from ._placement import SLOTS, shard_name
 from .exceptions import ConfigurationError, InvalidInputError
 
 #: The field of an LBS entry that holds the JSON assignment.
@@ -273,14 +274,19 @@ def check_max_input_bytes(max_input_bytes: int) -> int:
 
 def check_shards(shards: int) -> int:
     """``shards`` if it is a shard count (an int >= 1), else ConfigurationError."""
-    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
-        raise ConfigurationError(f"shards must be an integer >= 1, got {shards!r}")
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= SLOTS:
+        raise ConfigurationError(
+            f"shards must be an integer from 1 to {SLOTS} (a cluster's slots), got {shards!r}"
+        )
     return shards
 
 
 def shard_services(service: str, shards: int) -> list[str]:
-    """The service name of each shard: ``[service]`` for one shard, else ``service.0`` ... ``service.N-1``."""
-    return [service] if check_shards(shards) == 1 else [f"{service}.{i}" for i in range(shards)]
+    """The service name of each shard: ``[service]`` for one shard, else shard ``i``'s name, placed
+    in the ``i``-th of N equal slot ranges (``service.i``, or ``service.i~j``: :mod:`lbs._placement`)."""
+    if check_shards(shards) == 1:
+        return [service]
+    return [shard_name(service, i, shards) for i in range(shards)]
 
 
 def shard_of(name: str, shards: int) -> int:

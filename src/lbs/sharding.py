@@ -5,39 +5,50 @@ one service's throughput is capped by one master. With ``shards=N`` a
 service has N LBS streams with distinct tags, which Redis Cluster spreads
 over its masters:
 
-* shard ``i`` of service ``s`` is the service ``s.i`` (``s.0`` ... ``s.N-1``),
-  except that with one shard it is ``s`` itself, the unsharded wire format;
-  each shard has its own leases, pending list, deadline index and dead-letter
-  stream, all under its own tag;
+* shard ``i`` of ``N`` of service ``s`` is the service ``s.i`` or ``s.i~j``, named so that its
+  hash slot lies in the middle of the ``i``-th of N equal slot ranges (:mod:`lbs._placement`):
+  masters owning equal ranges each carry N / M shards, whatever the service's name. With one
+  shard it is ``s`` itself, the unsharded wire format. Each shard has its own leases, pending
+  list, deadline index and dead-letter stream, all under its own tag;
 * a producer sends a data stream to shard ``crc32(name) % N``, so the same
   name always lands in the same shard (and any client, in any language, can
   compute it);
 * a consumer (:class:`ShardedClient`) runs one :class:`lbs.Client` per shard
   (reader, heartbeat, recovery each) and merges their notifications.
 
-Changing N loses nothing if done in this order: start consumers with
-``shards=max(old, new)``, so every shard that can hold work is read; switch
-the producers to the new N; once the shards past the new N are empty
-(XLEN and XPENDING 0), consumers may drop to the new N. While both layouts
-hold work, one data stream's assignments may sit in two shards at once.
+A shard's name depends on N. Changing N loses nothing if done in this order: start consumers with
+``shards=new, previous_shards=[old]`` (``lbs worker --shards new --previous-shards old``), so
+every shard that can hold work is read; switch the producers to the new N; once the old layout's
+shards are empty (``lbs status``: XLEN and XPENDING 0), restart the consumers without
+``previous_shards`` and delete the old shards' keys. While both layouts hold work, one data
+stream's assignments may sit in two shards at once. Upgrading from an lbs that named every shard
+``s.i``: consumers first (they read the shards of the earlier names while their LBS exists, and say
+so), then producers; then delete the earlier shards' keys once empty.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Any
 
+from redis.exceptions import RedisError
+
+from . import _keys
 from ._keys import check_shards, shard_of, shard_services
+from ._placement import legacy_names
 from ._redis.connection import ClusterMode, RedisLike, resolve_client
 from .client import Client, Handler
 from .config import Config
-from .exceptions import NotHeldError
+from .exceptions import NotHeldError, RedisOperationError
 from .keyed import KeyedHandler
 from .notifications import DoneStatus, Notification
 
 __all__ = ["ShardedClient", "shard_of", "shard_services"]
+
+log = logging.getLogger("lbs.sharding")
 
 
 class ShardedClient:
@@ -46,7 +57,9 @@ class ShardedClient:
     ``max_streams`` (and ``read_count``) of ``config`` are split over the
     shards. Notifications of all shards come through :meth:`notifications`;
     :meth:`done_stream` finds the shard holding the stream. Plugins are
-    registered in every shard's client.
+    registered in every shard's client. ``previous_shards``: the shard counts
+    of layouts being left (a change of N); their shards, and those an earlier
+    lbs named otherwise, are read too while their LBS exists (found at start).
     """
 
     def __init__(
@@ -57,12 +70,14 @@ class ShardedClient:
         config: Config | None = None,
         *,
         shards: int,
+        previous_shards: Iterable[int] = (),
         plugins: Iterable[object] = (),
         load_entrypoint_plugins: bool = True,
         cluster: bool | ClusterMode = ClusterMode.NONE,
     ) -> None:
         self.service = service
         self.shards = check_shards(shards)
+        previous = [check_shards(n) for n in previous_shards]
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
         cfg = config if config is not None else Config()
         per = max(1, -(-cfg.max_streams // self.shards))
@@ -70,20 +85,19 @@ class ShardedClient:
             cfg = replace(cfg, read_count=max(1, min(cfg.read_count, per // 2 or 1)))
         cfg = replace(cfg, max_streams=per)
         plugins = list(plugins)
-        #: One :class:`lbs.Client` per shard, in shard order (``<service>.0`` first).
-        self.clients = [
-            Client(
-                self._redis,
-                svc,
-                consumer_id,
-                cfg,
-                plugins=plugins,
-                load_entrypoint_plugins=load_entrypoint_plugins,
-            )
-            for svc in shard_services(service, self.shards)
-        ]
+        self._args = (consumer_id, cfg, plugins, load_entrypoint_plugins)
+        #: One :class:`lbs.Client` per shard, in shard order, then one per legacy shard found at start.
+        self.clients = [self._client(svc) for svc in shard_services(service, self.shards)]
         self._merged: asyncio.Queue[Notification | None] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
+        # Read too while their LBS exists: shards an earlier lbs named otherwise (lbs._placement), and
+        # those of the layouts being left (previous_shards).
+        now = set(shard_services(service, self.shards))
+        others = [*legacy_names(service, self.shards)]
+        for n in previous:
+            others += [*shard_services(service, n), *legacy_names(service, n)]
+        self._legacy = [svc for svc in dict.fromkeys(others) if svc not in now]
+        self._looked = False
 
     @property
     def held(self) -> int:
@@ -92,7 +106,41 @@ class ShardedClient:
 
     async def start(self) -> None:
         """Start every shard's client (:meth:`lbs.Client.start`)."""
+        await self._add_legacy()
         await asyncio.gather(*(c.start() for c in self.clients))
+
+    async def _add_legacy(self) -> None:
+        """A client for each legacy shard whose LBS exists (what producers of an earlier lbs wrote
+        there is served: see :mod:`lbs._placement`), once."""
+        if self._looked or not self._legacy:
+            return
+        self._looked = True
+        try:
+            found = [
+                svc
+                for svc in self._legacy
+                if await self._redis.exists(_keys.input_stream(svc))
+            ]
+        except RedisError as exc:
+            raise RedisOperationError("look for legacy shards", exc) from exc
+        for svc in found:
+            log.warning(
+                "%s: the shard %s (named by an earlier lbs) still exists: reading it too. Once every "
+                "producer runs this lbs and it is empty (lbs status %s), delete its keys: "
+                "%s and {%s}:*",
+                self.service,
+                svc,
+                svc,
+                _keys.input_stream(svc),
+                _keys.input_stream(svc),
+            )
+            self.clients.append(self._client(svc))
+
+    def _client(self, svc: str) -> Client:
+        consumer_id, cfg, plugins, load = self._args
+        return Client(
+            self._redis, svc, consumer_id, cfg, plugins=plugins, load_entrypoint_plugins=load
+        )
 
     async def _pump(self, c: Client) -> None:
         async for note in c.notifications():
@@ -124,6 +172,7 @@ class ShardedClient:
 
     async def run(self, handler: Handler | None = None, concurrency: int | None = None) -> None:
         """:meth:`lbs.Client.run` on every shard; returns once all are closed."""
+        await self._add_legacy()
         per = None if concurrency is None else max(1, -(-concurrency // self.shards))
         await asyncio.gather(*(c.run(handler, per) for c in self.clients))
 
@@ -133,6 +182,7 @@ class ShardedClient:
         """:meth:`lbs.Client.run_keyed` on every shard (``options`` as there); returns once all are closed.
 
         Publish with ``lbs.Publisher(..., shards=N)``: a key's messages go to its shard."""
+        await self._add_legacy()
         per = None if concurrency is None else max(1, -(-concurrency // self.shards))
         await asyncio.gather(*(c.run_keyed(handler, per, **options) for c in self.clients))
 

@@ -180,8 +180,7 @@ async def test_lone_surrogates_are_refused_naming_the_part(r: aioredis.Redis, se
     assert (
         await r.exists(
             lbs.input_stream(service),
-            lbs.input_stream(f"{service}.0"),
-            lbs.input_stream(f"{service}.1"),
+            *map(lbs.input_stream, lbs.shard_services(service, 2)),
         )
         == 0
     )
@@ -236,8 +235,7 @@ async def test_bad_arguments_are_invalid_input_errors(
     assert (
         await r.exists(
             lbs.input_stream(service),
-            lbs.input_stream(f"{service}.0"),
-            lbs.input_stream(f"{service}.1"),
+            *map(lbs.input_stream, lbs.shard_services(service, 2)),
         )
         == 0
     )
@@ -269,7 +267,7 @@ async def test_a_shard_that_fails_leaves_the_other_written_and_says_so(
 ) -> None:
     good, bad = _names_by_shard(2, 3)
     names = [good[0], bad[0], bad[1], good[1], good[2], bad[2]]
-    bad_stream = lbs.input_stream(f"{service}.1")
+    bad_stream = lbs.input_stream(lbs.shard_services(service, 2)[1])
     await r.set(bad_stream, "x")  # the shard's LBS key has the wrong type: every XADD to it fails
     async with lbs.Producer(r, service, shards=2) as producer:
         with pytest.raises(lbs.BatchError) as info:
@@ -280,7 +278,7 @@ async def test_a_shard_that_fails_leaves_the_other_written_and_says_so(
     assert "3 of 6 registered" in str(err)
     assert [i is None for i in err.entry_ids] == [False, True, True, False, False, True]
     assert err.unknown == []
-    entries = await r.xrange(lbs.input_stream(f"{service}.0"))
+    entries = await r.xrange(lbs.input_stream(lbs.shard_services(service, 2)[0]))
     assert [i.decode() for i, _ in entries] == [err.entry_ids[k] for k in (0, 3, 4)]
     assert [lbs.decode_input(f[b"lbs-input"])[0] for _, f in entries] == [good[0], good[1], good[2]]
 

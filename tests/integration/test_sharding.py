@@ -17,7 +17,11 @@ from lbs.embedded import RedisClusterServers
 
 def test_shard_names_and_routing_are_stable() -> None:
     assert lbs.shard_services("svc", 1) == ["svc"]  # one shard: the unsharded wire format
-    assert lbs.shard_services("svc", 3) == ["svc.0", "svc.1", "svc.2"]
+    assert lbs.shard_services("svc", 3) == [
+        "svc.0~1339",
+        "svc.1~1533",
+        "svc.2~543",
+    ]  # lbs._placement
     assert lbs.shard_of("session-42", 6) == zlib.crc32(b"session-42") % 6
     assert all(lbs.shard_of(f"n{i}", 1) == 0 for i in range(10))
     with pytest.raises(lbs.ConfigurationError, match="shards"):
@@ -68,18 +72,13 @@ async def test_three_shards_on_one_redis(redis_server: Any, service: str, r: Any
         assert await r.xlen(lbs.input_stream(svc)) == 0
 
 
-def _spread_service(cluster: RedisClusterServers, base: str, shards: int) -> str:
-    """A service name whose shards' slots fall on every master."""
+def _owners(cluster: RedisClusterServers, service: str, shards: int) -> Counter[str]:
+    """How many of the service's shards each master owns."""
     with cluster.client() as c:
-        for attempt in range(100):
-            service = f"{base}-{attempt}"
-            owners = {
-                c.get_node_from_key(lbs.input_stream(svc)).name
-                for svc in lbs.shard_services(service, shards)
-            }
-            if len(owners) == len(cluster.masters):
-                return service
-    raise AssertionError("no spread service name found")
+        return Counter(
+            c.get_node_from_key(lbs.input_stream(svc)).name
+            for svc in lbs.shard_services(service, shards)
+        )
 
 
 def _evalsha_calls(cluster: RedisClusterServers) -> dict[str, int]:
@@ -94,7 +93,8 @@ def _evalsha_calls(cluster: RedisClusterServers) -> dict[str, int]:
 async def test_six_shards_on_three_masters_deliver_exactly_once_and_spread(
     redis_cluster: RedisClusterServers, service: str
 ) -> None:
-    service = _spread_service(redis_cluster, service, 6)
+    # The test's own service name, not one chosen: every master gets two of the six (lbs._placement).
+    assert sorted(_owners(redis_cluster, service, 6).values()) == [2, 2, 2]
     url = f"redis+cluster://{redis_cluster.nodes[0].host}:{redis_cluster.nodes[0].port}"
     names = [f"d{i}" for i in range(120)]
     before = _evalsha_calls(redis_cluster)
@@ -146,7 +146,7 @@ async def test_keyed_processing_with_six_shards_on_three_masters_keeps_each_keys
 ) -> None:
     """Publisher(shards=6) and ShardedClient.run_keyed on a cluster: each key's four steps run in its
     shard's slot; every message is processed once, in its key's order; nothing is left behind."""
-    service = _spread_service(redis_cluster, service, 6)
+    assert sorted(_owners(redis_cluster, service, 6).values()) == [2, 2, 2]
     url = f"redis+cluster://{redis_cluster.nodes[0].host}:{redis_cluster.nodes[0].port}"
     keys, per_key = 36, 8
     seen: dict[str, list[int]] = {}
@@ -190,3 +190,31 @@ async def test_keyed_processing_with_six_shards_on_three_masters_keeps_each_keys
                 elif b"}:k:" in k or b"}:m:" in k or k.startswith(b"lock:"):
                     left.append(k)
     assert left == [] and outs >= keys  # an effect per batch, at least one batch per key
+
+
+async def test_shards_an_earlier_lbs_named_are_read_while_they_exist(
+    redis_server: Any, service: str, r: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upgrade: producers of an earlier lbs wrote shard i as ``<service>.i``; this lbs's consumers
+    read those shards too (and say so), and the earlier shards of a layout being left as well."""
+    from lbs._placement import legacy_names
+
+    legacy = legacy_names(service, 2)[0]  # an earlier name of one of the shards
+    await r.xadd(lbs.input_stream(legacy), {"lbs-input": lbs.encode_input("old-1")})
+    async with lbs.Producer(r, service, shards=3) as p3:  # a layout being left
+        await p3.add_streams(["three-a", "three-b"])
+    async with lbs.Producer(r, service, shards=2) as producer:
+        await producer.add_streams(["new-1", "new-2"])
+    c = lbs.ShardedClient(
+        redis_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.1),
+        shards=2,
+        previous_shards=[3],
+        load_entrypoint_plugins=False,
+    )
+    with caplog.at_level("WARNING", logger="lbs.sharding"):
+        seen = await _drain(c, 5)
+    assert seen == Counter(dict.fromkeys(["old-1", "three-a", "three-b", "new-1", "new-2"], 1))
+    assert any(legacy in rec.getMessage() for rec in caplog.records)

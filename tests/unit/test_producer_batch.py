@@ -77,14 +77,16 @@ async def test_each_shard_is_one_transaction_in_one_batch() -> None:
             shards[-1] = (key, shards[-1][1] + [payload])
         else:
             assert cmd == [b"EXEC"]
-    assert sorted(k for k, _ in shards) == [f"svc.{i}-input".encode() for i in range(3)]  # one each
+    assert sorted(k for k, _ in shards) == sorted(
+        lbs.input_stream(svc).encode() for svc in lbs.shard_services("svc", 3)
+    )  # one each
     for key, payloads in shards:
         in_shard = [n for n in names if producer.streams[lbs.shard_of(n, 3)].encode() == key]
         assert [lbs.decode_input(p)[0] for p in payloads] == in_shard  # input order kept
 
 
 async def test_a_failed_shard_is_reported_by_position() -> None:
-    producer = _producer(2, _FakeWire(fail_shard="svc.1-input"))
+    producer = _producer(2, _FakeWire(fail_shard=lbs.input_stream(lbs.shard_services("svc", 2)[1])))
     names = [f"n{i}" for i in range(8)]
     with pytest.raises(lbs.BatchError, match="WRONGTYPE") as info:
         await producer.add_streams(names)

@@ -65,7 +65,7 @@ def test_names_the_acl_does_not_let_list_are_not_guessed() -> None:
 
 
 def test_a_sharded_name_is_compared_with_the_sharded_services() -> None:
-    names = ["orders.0", "orders.1", "emails"]
+    names = ["orders.0~3", "orders.1", "emails"]  # lbs._placement's names
     assert missing_message("ordres", names, WHERE, shards=2).endswith("did you mean 'orders'?")
     said = new_service_message("ordres", names, WHERE, shards=2)
     assert said.endswith("starting it (did you mean 'orders'?)")

@@ -25,8 +25,8 @@ def _stop_with_supervisor(supervisor: int | None) -> None:
 
 def main() -> int:
     from ._common import setup_logging
+    from .serving import run_in_process
     from .settings import WorkerSettings
-    from .worker import run_in_process
 
     settings = WorkerSettings.from_json(sys.stdin.readline())
     _stop_with_supervisor(settings.parent_pid)

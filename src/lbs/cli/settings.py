@@ -356,6 +356,8 @@ class WorkerSettings:
     batch: int = 100
     #: ``run_keyed()``'s linger: seconds a drained key stays held, woken by publish.
     linger: float = 5.0
+    #: Shard counts of layouts being left (``--previous-shards``): their shards are read too.
+    previous_shards: list[int] = field(default_factory=list)
     #: A supervisor's child: its slot, and the supervisor's pid (the child stops when it dies).
     slot: int | None = None
     parent_pid: int | None = None

@@ -2,7 +2,7 @@
 
 * Each child is ``python -m lbs.cli._child`` (the same interpreter), given its
   settings as JSON on stdin (so a password in the URL shows in no process
-  list), and runs :func:`lbs.cli.worker.run_in_process` with consumer id
+  list), and runs :func:`lbs.cli.serving.run_in_process` with consumer id
   ``<id>-<slot>``; its environment adds ``LBS_WORKER_SLOT`` and
   ``LBS_WORKER_PROCESSES`` (:func:`lbs.plugins.worker_slot`), so a plugin
   serving a port per process offsets it (lbs-prometheus: its port + slot). A restarted child keeps its slot's id, so it re-queues

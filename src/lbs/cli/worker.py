@@ -9,47 +9,35 @@ process is a supervisor (:mod:`lbs.cli.supervisor`) of N such workers.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import enum
-import inspect
 import json
 import logging
 import os
-import signal
 import socket
 import sys
-import traceback
-import typing
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from redis.exceptions import RedisClusterException, RedisError
-from rich.markup import escape
 
 from .._keys import validate_service
 from .._redis.connection import resolve_client
-from ..client import Client, Handler, consumer_id_from_env
+from ..client import consumer_id_from_env
 from ..config import Config
-from ..exceptions import ConfigurationError, LbsError, RedisOperationError
-from ..keyed import KeyedBatch
+from ..exceptions import ConfigurationError
 from ..plugins import make_plugin_manager
-from ..sharding import ShardedClient
 from ._common import (
     EXIT_CONFIG,
-    EXIT_FAILURE,
     EXIT_OK,
-    EXIT_USAGE,
     err_console,
-    explain,
     fail,
     mask_url,
-    ping,
     setup_logging,
 )
-from .banner import StartBanner, banner, plugin_names
+from .banner import banner, plugin_names
 from .services import warn_if_new
+from .serving import handler_failed, run_in_process, takes_keyed_batch
 from .settings import (
     HandlerError,
     WorkerSettings,
@@ -66,110 +54,6 @@ log = logging.getLogger("lbs.worker")
 
 #: Where ``lbs worker`` connects without ``--url`` or ``$LBS_URL``.
 DEFAULT_URL = "redis://localhost:6379/0"
-
-
-# ------------------------------------------------------------------ serving ---
-
-
-async def serve(s: WorkerSettings, handler: Handler) -> None:
-    """Run ``handler`` until a signal (or the client's close) ends it; a signal's drain and hand-back included."""
-    await ping(s.url)  # an unreachable Redis is one line (run_in_process), not the client's three
-    config = Config(**s.config)
-    plugins = [StartBanner(s, config)] if s.banner else []
-    client: Client | ShardedClient
-    if s.shards > 1:
-        client = ShardedClient(
-            s.url, s.service, s.consumer_id, config, shards=s.shards, plugins=plugins
-        )
-    else:
-        client = Client(s.url, s.service, s.consumer_id, config, plugins=plugins)
-    try:
-        if s.keyed:
-            await client.run_keyed(
-                handler,  # type: ignore[arg-type]
-                s.concurrency,
-                batch=s.batch,
-                linger=s.linger,
-            )
-        else:
-            await client.run(handler, s.concurrency)
-    finally:
-        await client.close()
-
-
-def takes_keyed_batch(handler: Any) -> bool:
-    """Whether ``handler``'s first parameter is annotated :class:`lbs.KeyedBatch` (a keyed handler)."""
-    try:
-        params = list(inspect.signature(handler).parameters.values())
-        hints = typing.get_type_hints(handler)
-    except (TypeError, ValueError, NameError):
-        return False
-    return bool(params) and hints.get(params[0].name) is KeyedBatch
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def run_in_process(s: WorkerSettings, handler: Handler | None = None) -> int:
-    """Serve in this process; the exit code (see the command's help)."""
-    # Until run() routes them (and after it returns), SIGTERM and SIGINT stop the
-    # process at once: nothing is held then. During run() they drain and hand back.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _interrupt)
-    try:
-        if handler is None:
-            handler = load_handler(s.target, s.app_dir)
-        asyncio.run(serve(s, handler))
-    except KeyboardInterrupt:
-        log.info("stopped before the worker had started")
-        return EXIT_OK
-    except HandlerError as exc:
-        return _handler_failed(exc, s.log_format)
-    except ConfigurationError as exc:
-        log.error("%s", exc)
-        return EXIT_CONFIG
-    except RedisOperationError as exc:
-        log.error("cannot run against %s: %s", mask_url(s.url), explain(exc, s.url))
-        return EXIT_FAILURE
-    except (RedisError, RedisClusterException, OSError) as exc:  # ping(): Redis unreachable
-        log.error("%s", explain(exc, s.url))
-        return EXIT_FAILURE
-    except LbsError as exc:
-        log.error("%s: %s", type(exc).__name__, exc)
-        return EXIT_FAILURE
-    log.info("stopped")
-    return EXIT_OK
-
-
-def _handler_failed(exc: HandlerError, log_format: str = "text") -> int:
-    """Report a handler that cannot be loaded: a wrong name is a usage error; an import that raised shows its traceback
-    (with ``--log-format json``, as one record's ``traceback`` field)."""
-    if log_format == "json":
-        cause = exc.__cause__
-        info = (type(cause), cause, cause.__traceback__) if cause is not None else None
-        log.error("%s", exc, exc_info=info)
-        return EXIT_USAGE if exc.usage else EXIT_FAILURE
-    if exc.usage:
-        err_console.print(
-            f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
-        )
-        return EXIT_USAGE
-    cause = exc.__cause__
-    if cause is not None:
-        # The application's own frames: the traceback is about its code, not lbs's.
-        here = os.path.dirname(__file__)
-        tb = cause.__traceback__
-        while tb is not None and (
-            tb.tb_frame.f_code.co_filename.startswith((here, "<frozen"))
-            or "importlib" in tb.tb_frame.f_code.co_filename
-        ):
-            tb = tb.tb_next
-        sys.stderr.write("".join(traceback.format_exception(type(cause), cause, tb)))
-    err_console.print(
-        f"[bold red]lbs worker: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True
-    )
-    return EXIT_FAILURE
 
 
 # ----------------------------------------------------------------- command ---
@@ -303,6 +187,17 @@ def worker(
             min=1, envvar="LBS_SHARDS", help="Shards of the service (lbs.ShardedClient above 1)."
         ),
     ] = 1,
+    previous_shards: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--previous-shards",
+            min=1,
+            metavar="N",
+            help="While changing --shards: the old count, whose shards are read too while they "
+            "exist (repeatable). Drop it once they are empty (lbs status).",
+            show_default=False,
+        ),
+    ] = None,
     config_file: Annotated[
         Path | None,
         typer.Option(
@@ -444,7 +339,7 @@ def worker(
     except HandlerError as exc:
         if exc.usage:
             raise typer.BadParameter(str(exc), param_hint="'MODULE:HANDLER'") from None
-        raise typer.Exit(_handler_failed(exc, log_format.value)) from None
+        raise typer.Exit(handler_failed(exc, log_format.value)) from None
     flags = {
         "handler_timeout": ("--timeout", timeout),
         "lock_ttl": ("--lock-ttl", lock_ttl),
@@ -471,6 +366,7 @@ def worker(
         concurrency=concurrency,
         processes=processes,
         shards=shards,
+        previous_shards=list(previous_shards or []),
         config=dataclasses.asdict(config),
         sources={name: layers.sources.get(name, "?") for name in changed_fields(config)},
         log_level=level,

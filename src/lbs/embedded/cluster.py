@@ -89,10 +89,9 @@ class RedisClusterServers:
         clients = [n.client(decode_responses=True) for n in self.nodes]
         try:
             ids = [_cmd(c, "CLUSTER", "MYID") for c in clients]
-            per = self.SLOTS // self.masters_count
-            for i, c in enumerate(clients[: self.masters_count]):
-                first = i * per
-                last = self.SLOTS - 1 if i == self.masters_count - 1 else first + per - 1
+            m = self.masters_count
+            for i, c in enumerate(clients[:m]):  # equal ranges: [i x 16384 // m, (i + 1) x ...)
+                first, last = i * self.SLOTS // m, (i + 1) * self.SLOTS // m - 1
                 _cmd(c, "CLUSTER", "ADDSLOTSRANGE", first, last)
             first_node = self.nodes[0]
             for c in clients[1:]:

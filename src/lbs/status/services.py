@@ -200,7 +200,7 @@ def _candidates(names: Sequence[str], shards: int) -> list[str]:
     """What a name given with ``shards`` is compared with: the names, or their sharded bases."""
     if shards == 1:
         return list(names)
-    return sorted({m.group(1) for n in names if (m := re.fullmatch(r"(.+)\.\d+", n))})
+    return sorted({m.group(1) for n in names if (m := re.fullmatch(r"(.+)\.\d+(?:~\d+)?", n))})
 
 
 def _close(service: str, names: Sequence[str]) -> list[str]:
