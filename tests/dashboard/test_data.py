@@ -3,6 +3,7 @@ joins (a re-queued copy to the consumer that took it)."""
 
 from __future__ import annotations
 
+from lbs import shard_services
 from lbs.dashboard import DashboardSettings
 from lbs.dashboard.data import Incident, Moment, recovery_timeline, tally_series
 from lbs.events import Event
@@ -96,7 +97,10 @@ def test_the_timeline_joins_each_recovered_stream_to_who_took_it() -> None:
 
 def test_a_sharded_service_is_shown_as_its_shards() -> None:
     settings = DashboardSettings.make("redis://127.0.0.1:1", ["orders", "mail"], shards=2)
-    assert settings.shown_services == ("orders.0", "orders.1", "mail.0", "mail.1")
+    # Each shard named by its place in the slots (lbs._placement): orders.0~j or orders.0, ...
+    expected = (*shard_services("orders", 2), *shard_services("mail", 2))
+    assert settings.shown_services == expected and len(set(expected)) == 4
+    assert all(s.startswith(("orders.", "mail.")) for s in expected)
     assert not settings.guarded and settings.masked_url == "redis://127.0.0.1:1"
 
 

@@ -74,6 +74,24 @@ async def test_streams_search_finds_held_and_waiting_names(
         await c.close()
 
 
+async def test_streams_search_shows_a_delayed_publish_by_its_key(
+    redis_server: Any, service: str, dashboard: Any
+) -> None:
+    """A Publisher's delay= parks its messages in the parking stream: searched by key, not shown
+    as a malformed registration."""
+    url = redis_server.url
+    await produce(url, service, "order-1")
+    async with lbs.Publisher(url, service) as publisher:
+        await publisher.publish("ticket-7", {"n": "1"}, delay=3600)
+    async with dashboard(url, [service]) as (http, _):
+        page = (await http.get(f"/s/{service}/streams", params={"q": "ticket"})).text
+        rows = re.findall(
+            r'<td class="name">([^<]+)</td><td><span class="badge[^"]*">([^<]+)<', page
+        )
+        assert rows == [("ticket-7", "parked (delayed messages)")]
+        assert "(malformed)" not in page
+
+
 async def test_dead_letters_list_filter_and_traceback(
     redis_server: Any, service: str, dashboard: Any
 ) -> None:

@@ -10,10 +10,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..status import ConsumerStatus, ServiceStatus
+from ..status import ConsumerStatus, ServiceStatus, ShardedStatus, ShardStatus
 from ._common import duration
 
-__all__ = ["HOLDS_SHOWN", "render_status"]
+__all__ = ["HOLDS_SHOWN", "render_shards", "render_status", "uneven_warning"]
 
 _STATE_STYLE = {"alive": "green", "late": "yellow", "dead": "bold red", "departed": "dim"}
 
@@ -102,7 +102,9 @@ def render_status(
     if st.delayed:
         d = st.delayed
         due = f", next due in {duration(d.next_due_ms)}" if d.next_due_ms is not None else ""
-        grid.add_row("parked", f"{d.parked:,} (retries and scheduled registrations){due}")
+        grid.add_row(
+            "parked", f"{d.parked:,} (retries, scheduled registrations, delayed messages){due}"
+        )
     dl_style = "bold red" if st.dead_letters else ""
     grid.add_row(
         "dead letters",
@@ -222,3 +224,84 @@ def _marker(c: ConsumerStatus) -> str:
     if c.lease_ttl_ms is None:
         return "none"
     return "no TTL" if c.lease_ttl_ms < 0 else duration(c.lease_ttl_ms)
+
+
+def uneven_warning(sh: ShardedStatus) -> str:
+    """What to do when the masters' shard counts differ by more than one ("" when they do not)."""
+    if sh.balanced:
+        return ""
+    counts = sorted(sh.masters.values(), reverse=True)
+    return (
+        f"uneven: the {len(counts)} masters own {', '.join(map(str, counts))} of the "
+        f"{sh.shard_count} shards; the busiest master caps the service. Move a shard's slot from a "
+        "master with more to one with fewer (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE, "
+        "CLUSTER SETSLOT NODE), or even out the masters' slots (redis-cli --cluster rebalance) "
+        "and look again: docs/operations.md, Sharded LBS."
+    )
+
+
+def _consumers(st: ServiceStatus) -> Text:
+    counts = [(s, st.count(s)) for s in ("alive", "late", "dead")]
+    out = Text(f"{counts[0][1]} alive", style=_STATE_STYLE["alive"] if counts[0][1] else "")
+    for state, n in counts[1:]:
+        if n:
+            out.append(f", {n} {state}", style=_STATE_STYLE[state])
+    return out
+
+
+def _legacy_note(shard: ShardStatus) -> Text:
+    st = shard.status
+    head = Text(f"legacy {shard.name}", style="yellow")
+    if not shard.empty:
+        return head + Text(f" ({shard.why}): holds work; consumers read it while its LBS exists")
+    letters = f" (its {st.dead_letters:,} dead letters with them)" if st.dead_letters else ""
+    return head + Text(
+        f" ({shard.why}): empty; delete {st.stream} and {{{st.stream}}}:*{letters}", style="dim"
+    )
+
+
+def render_shards(sh: ShardedStatus, *, url: str = "", footer: str = "") -> RenderableType:
+    """A sharded service's placement as one screen: a row per shard (slot, master, backlog,
+    pending, consumers, dead letters), the legacy shards flagged (with what to do with each), and
+    how many shards each master owns (a warning with the fix when they differ by more than one)."""
+    kind = "cluster" if sh.cluster else "single Redis"
+    title = f"[bold]lbs status {sh.service}[/] · {sh.shard_count} shards · {kind}" + (
+        f" · {url}" if url and not sh.cluster else ""
+    )
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    table.add_column("shard", no_wrap=True)
+    table.add_column("slot", justify="right")
+    table.add_column("master", no_wrap=True)
+    table.add_column("waiting", justify="right")
+    table.add_column("pending", justify="right")
+    table.add_column("consumers", no_wrap=True)
+    table.add_column("dead letters", justify="right")
+    table.add_column("", no_wrap=True)
+    for shard in sh.shards:
+        st = shard.status
+        backlog = ("~" if not st.backlog_exact else "") + f"{st.backlog:,}"
+        mark = "legacy" if shard.legacy else ("no LBS yet" if not st.exists else "")
+        table.add_row(
+            Text(shard.name, style="yellow" if shard.legacy else "bold"),
+            f"{shard.slot}",
+            shard.node,
+            backlog,
+            f"{st.pending:,}",
+            _consumers(st),
+            Text(f"{st.dead_letters:,}", style="bold red" if st.dead_letters else ""),
+            Text(mark, style="yellow" if shard.legacy else "dim"),
+        )
+    lines = [_legacy_note(shard) for shard in sh.shards if shard.legacy]
+    owned = ", ".join(f"{node} {n}" for node, n in sh.masters.items())
+    lines.append(Text(f"shards per master: {owned}"))
+    warning = uneven_warning(sh)
+    if warning:
+        lines.append(Text(warning, style="bold yellow"))
+    return Panel(
+        Group(table, *lines),
+        title=title,
+        subtitle=footer or None,
+        title_align="left",
+        subtitle_align="left",
+        box=box.ROUNDED,
+    )

@@ -1,4 +1,5 @@
-"""``lbs status SERVICE``: one screen of a service's state, ``--watch`` to keep it live.
+"""``lbs status SERVICE``: one screen of a service's state, ``--watch`` to keep it live; with
+``--shards N`` a sharded service's shards (slot, master, counts; legacy shards; shards per master).
 
 A plain typer command function; the ``lbs`` app registers it (``app.command("status")(status)``,
 and ``claim`` from here too: :mod:`lbs.cli.claim`). The screen is :mod:`lbs.cli.render`; exit
@@ -11,7 +12,8 @@ import asyncio
 import json
 import sys
 import time
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 import redis.asyncio as aioredis
 import typer
@@ -23,7 +25,7 @@ from rich.text import Text
 
 from .._redis.connection import resolve_client
 from ..exceptions import LbsError
-from ..status import ServiceStatus, collect_status, require_service
+from ..status import ServiceStatus, ShardedStatus, collect_shards, collect_status, require_service
 from ._common import (
     EXIT_OK,
     ServiceArgument,
@@ -35,7 +37,7 @@ from ._common import (
     run,
 )
 from .claim import claim
-from .render import render_status
+from .render import render_shards, render_status
 
 __all__ = ["claim", "status"]
 
@@ -76,15 +78,50 @@ def status(
             min=0, metavar="N", help="Count the dead-letter reasons over the newest N letters."
         ),
     ] = 100,
+    shards: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="The service is sharded in N (the workers' --shards): one row per shard (its hash "
+            "slot, the master owning it, backlog, pending, consumers, dead letters), the legacy "
+            "shards that still exist, and how many shards each master owns. --json: "
+            "`ShardedStatus.to_dict()`.",
+            show_default=False,
+        ),
+    ] = None,
+    previous_shards: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--previous-shards",
+            min=1,
+            metavar="N",
+            help="With --shards: a shard count being left (the workers' --previous-shards); its "
+            "shards are listed as legacy while they exist (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Show a service's state: backlog, pending, consumers (alive, late, dead, departed), dead letters.
 
     Two round trips to the master that owns the service; every age and
     deadline is the server's clock against itself. Exit code 0 when the
     service exists, 1 when it does not (no `SERVICE-input`: the closest services there are named)
-    or Redis fails.
+    or Redis fails. With --shards: each shard read from the master owning its slot; exit code 0
+    when any shard exists.
     """
     check_service("status", service)
+    if shards is not None or previous_shards:
+        _sharded(
+            url,
+            service,
+            shards or 1,
+            list(previous_shards or []),
+            watch,
+            interval,
+            json_out,
+            letters,
+        )
     if watch:
         try:
             run("status", lambda: _watch(url, service, interval, json_out, letters), url)
@@ -102,7 +139,47 @@ def status(
         fail("status", f"no service {service!r}: {st.stream} did not exist when read")
 
 
-async def _watch(url: str, service: str, interval: float, json_out: bool, letters: int) -> None:
+def _sharded(
+    url: str,
+    service: str,
+    shards: int,
+    previous: list[int],
+    watch: bool,
+    interval: float,
+    json_out: bool,
+    letters: int,
+) -> None:
+    """``lbs status SERVICE --shards N``: every shard, the legacy ones, the shards per master."""
+
+    async def read(client: Any) -> ShardedStatus:
+        return await collect_shards(
+            client, service, shards, previous_shards=previous, letters=letters
+        )
+
+    if watch:
+        try:
+            run("status", lambda: _watch(url, service, interval, json_out, letters, read), url)
+        except KeyboardInterrupt:
+            pass
+        raise typer.Exit(EXIT_OK)
+    sh = run("status", lambda: read(url), url)
+    if json_out:
+        sys.stdout.write(json.dumps(sh.to_dict()) + "\n")
+    elif sh.exists:
+        Console().print(render_shards(sh, url=mask_url(url)))
+    if not sh.exists:
+        fail("status", f"no shard of service {service!r} in {shards} shards exists")
+    raise typer.Exit(EXIT_OK)
+
+
+async def _watch(
+    url: str,
+    service: str,
+    interval: float,
+    json_out: bool,
+    letters: int,
+    read: Callable[[Any], Awaitable[ServiceStatus | ShardedStatus]] | None = None,
+) -> None:
     from rich.live import Live
 
     client, owned = resolve_client(url)
@@ -110,8 +187,8 @@ async def _watch(url: str, service: str, interval: float, json_out: bool, letter
     try:
         if json_out:
             while True:
-                st = await _read_or_error(client, service, letters)
-                if isinstance(st, ServiceStatus):
+                st = await _read_or_error(client, service, letters, read)
+                if isinstance(st, (ServiceStatus, ShardedStatus)):
                     sys.stdout.write(json.dumps(st.to_dict()) + "\n")
                     sys.stdout.flush()
                 else:
@@ -119,15 +196,14 @@ async def _watch(url: str, service: str, interval: float, json_out: bool, letter
                 await asyncio.sleep(interval)
         with Live(console=console, auto_refresh=False, transient=False) as live:
             while True:
-                st = await _read_or_error(client, service, letters)
+                st = await _read_or_error(client, service, letters, read)
                 rows = max(3, console.size.height - 20)
-                if isinstance(st, ServiceStatus):
-                    screen = render_status(
-                        st,
-                        url=mask_url(url),
-                        max_rows=rows,
-                        footer=f"every {interval:g} s, Ctrl-C to stop",
-                    )
+                footer = f"every {interval:g} s, Ctrl-C to stop"
+                screen: Any
+                if isinstance(st, ShardedStatus):
+                    screen = render_shards(st, url=mask_url(url), footer=footer)
+                elif isinstance(st, ServiceStatus):
+                    screen = render_status(st, url=mask_url(url), max_rows=rows, footer=footer)
                 else:
                     screen = Panel(
                         Text(st, style="red"),
@@ -142,10 +218,15 @@ async def _watch(url: str, service: str, interval: float, json_out: bool, letter
 
 
 async def _read_or_error(
-    client: aioredis.Redis | RedisCluster, service: str, letters: int
-) -> ServiceStatus | str:
+    client: aioredis.Redis | RedisCluster,
+    service: str,
+    letters: int,
+    read: Callable[[Any], Awaitable[ServiceStatus | ShardedStatus]] | None = None,
+) -> ServiceStatus | ShardedStatus | str:
     """A status, or what kept it from being read (the watch goes on: Redis may come back)."""
     try:
+        if read is not None:
+            return await read(client)
         return await collect_status(client, service, letters=letters)
     except (LbsError, RedisError, OSError) as exc:
         return str(exc)

@@ -1,5 +1,6 @@
 """Everything the dashboard reads from Redis, async, on the operator's API: a service's status
-(:func:`lbs.status.collect_status`), the services there are (:func:`lbs.status.service_summaries`),
+(:func:`lbs.status.collect_status`), a sharded service's shards with their slots and masters
+(:func:`lbs.status.collect_shards`), the services there are (:func:`lbs.status.service_summaries`),
 its dead letters (:class:`lbs.deadletters.DeadLetters`), its
 journal (``lbs.events.read_events``: tallies, recoveries), the streams matching a search, its pause
 (:func:`read_pause`) and who holds an entry (:func:`held_entry`).
@@ -29,7 +30,7 @@ from ..config import Config
 from ..controls import PauseState
 from ..events import Event, read_events
 from ..exceptions import LbsError
-from ..status import ServiceStatus, ServiceSummary, collect_status
+from ..status import ServiceStatus, ServiceSummary, ShardedStatus, collect_shards, collect_status
 from ..status.services import list_services, service_summaries
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "read_journal",
     "read_pause",
     "read_services",
+    "read_shards",
     "read_status",
     "recovery_timeline",
     "search_streams",
@@ -63,6 +65,14 @@ async def read_status(
 ) -> ServiceStatus:
     """The service's status (:func:`lbs.status.collect_status`, two round trips and more when held)."""
     return await collect_status(client, service, config=config, letters=letters, sample=sample)
+
+
+async def read_shards(
+    client: Client, service: str, shards: int, config: Config, *, letters: int = 100
+) -> ShardedStatus:
+    """Every shard of ``service`` (its status, slot and master) and the legacy shards that still
+    exist (:func:`lbs.status.collect_shards`)."""
+    return await collect_shards(client, service, shards, config=config, letters=letters)
 
 
 #: Services the home page lists with their counts (the first, by name; the others are counted).
@@ -260,10 +270,16 @@ def _names(rows: Any, prefix: str, now_ms: int, where: str) -> list[StreamRow]:
         eid, ftext = text(entry_id, "replace"), fields_text(fields)
         name, _, _ = try_decode_input(ftext.get(_keys.INPUT_FIELD))
         retry = ftext.get(prefix + "retry_count", "0")
+        shown = where
+        if name is None and "lbs-publish" in ftext:
+            # Publisher's delay=: one parked entry per call and shard, its keys' messages in it
+            # (promote-4.lua's layout: lbs-publish <count>, then <key> <registration>, ...).
+            pairs = list(ftext)
+            name, shown = (pairs[1] if len(pairs) > 1 else "?"), f"{where} (delayed messages)"
         out.append(
             StreamRow(
                 name if name is not None else "(malformed)",
-                where,
+                shown,
                 eid,
                 age_ms=max(0, now_ms - id_ms(eid)),
                 retry_count=int(retry) if retry.isdigit() else 0,

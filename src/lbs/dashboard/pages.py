@@ -26,6 +26,7 @@ from .data import (
     Series,
     read_journal,
     read_services,
+    read_shards,
     read_status,
     recovery_timeline,
     search_streams,
@@ -68,11 +69,22 @@ def _charts(series: Series) -> dict[str, Any]:
 @page
 async def overview(request: Request) -> Response:
     d = dash(request)
-    cards = []
-    for service in d.fleet.services:
-        st = await read_status(d.fleet.client, service, d.fleet.config, letters=100)
-        cards.append({"st": st, "charts": _charts(await _series(d, service, st.time_ms))})
-    ctx: dict[str, Any] = {"cards": cards, "tab": "overview", "listed_error": ""}
+    cards, placements = [], []
+    for base in d.settings.services:
+        if d.settings.shards > 1:  # each shard a card; the shards' slots and masters in one table
+            sh = await read_shards(d.fleet.client, base, d.settings.shards, d.fleet.config)
+            placements.append(sh)
+            found = [s.status for s in sh.shards if not s.legacy]
+        else:
+            found = [await read_status(d.fleet.client, base, d.fleet.config, letters=100)]
+        for st in found:
+            cards.append({"st": st, "charts": _charts(await _series(d, st.service, st.time_ms))})
+    ctx: dict[str, Any] = {
+        "cards": cards,
+        "placements": placements,
+        "tab": "overview",
+        "listed_error": "",
+    }
     try:  # every service on this Redis, the shown ones linked (a SCAN refused: said, not a 503)
         ctx["listed"], ctx["listed_count"] = await read_services(d.fleet.client, d.fleet.config)
     except (LbsError, RedisError) as exc:

@@ -37,7 +37,8 @@ class DashboardSettings:
     """One dashboard: checked when made (a bad setting raises :class:`lbs.ConfigurationError`).
 
     ``services`` are service names as the workers were given them; with ``shards`` above 1 each is
-    shown as its shards (``orders.0`` ...). A ``token`` guards every page and action (a login form
+    shown as its shards (``orders.0~j`` ...: :func:`lbs.shard_services`), the overview with each
+    shard's slot and master and the legacy shards that still exist. A ``token`` guards every page and action (a login form
     sets a signed session cookie; scripts send ``Authorization: Bearer TOKEN``); ``actions`` without
     a token gets a fresh one (:attr:`token_generated`). A host that is not loopback needs a token.
     """

@@ -24,6 +24,8 @@ a frozen :class:`ServiceStatus` (``to_dict()`` is JSON-ready):
 ``<service>-input``), :func:`service_summaries` counts each one (``lbs services``), and
 :func:`require_service` is the operator's tools' check of a service's name
 (:class:`lbs.NoSuchServiceError`, with the closest names there are): :mod:`lbs.status.services`.
+:func:`collect_shards` reads a sharded service's shards (each one's slot, the master owning it, its
+status; the legacy shards that still exist; how many shards each master owns): :mod:`lbs.status.shards`.
 
 Round trip 1 is one MULTI/EXEC (a consistent snapshot, with the server's
 ``TIME``): key types, lengths, the group, its consumers, the pending summary,
@@ -64,6 +66,7 @@ from .records import (
     WaitingEntry,
 )
 from .services import ServiceSummary, list_services, require_service, service_summaries
+from .shards import ShardedStatus, ShardStatus, collect_shards
 
 __all__ = [
     "WAITING_NAMES_SHOWN",
@@ -78,7 +81,10 @@ __all__ = [
     "Requeued",
     "ServiceStatus",
     "ServiceSummary",
+    "ShardStatus",
+    "ShardedStatus",
     "WaitingEntry",
+    "collect_shards",
     "collect_status",
     "list_services",
     "require_service",
