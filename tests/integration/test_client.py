@@ -891,3 +891,29 @@ async def test_a_stream_let_go_by_a_keyed_commit_in_flight_is_not_reported_lost(
         assert disowned.entry_id == lost.entry_id
     finally:
         await c.close()
+
+
+async def test_run_after_start_runs_what_was_read_before_it(
+    any_server: Any, service: str, rr: aioredis.Redis
+) -> None:
+    """``await client.start()`` (or ``async with client``) then ``run()``: the streams the reader took
+    before run() took over went to the notification box; run() runs them (they were dropped,
+    held until close)."""
+    names = [f"early-{i}" for i in range(6)]
+    await lbs.Producer(rr, service).add_streams(names)
+    c = client(any_server.url, service)
+    await c.start()
+    seen: list[str] = []
+    try:
+        await eventually(lambda: is_true(c.held == 6))  # read into the box, no handler yet
+        runner = asyncio.create_task(c.run(lambda note: _seen(seen, note)))
+        await eventually(lambda: is_true(sorted(seen) == names))
+        await eventually(lambda: is_true(c.stats.finished == 6))
+    finally:
+        await c.close()
+    await runner
+    assert await rr.xlen(lbs.input_stream(service)) == 0
+
+
+async def _seen(seen: list[str], note: lbs.Notification) -> None:
+    seen.append(note.stream)

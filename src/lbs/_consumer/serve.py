@@ -20,6 +20,7 @@ from typing import Any
 from ..config import require_number
 from ..exceptions import ConfigurationError, LbsError
 from ..keyed import KeyedHandler
+from ..notifications import NotificationType
 from .intake import Dispatch
 from .keyed import KeyedRunner
 from .lifecycle import Lifecycle
@@ -113,9 +114,13 @@ async def serve(
     try:
         await start()
         # STREAM_ADDED goes straight to the runner; the other notifications
-        # (disowned, expired, terminated) are drained so they never fill the box.
-        async for _ in notifications():
-            pass
+        # (disowned, expired, terminated) are drained so they never fill the box. A STREAM_ADDED in
+        # the box was read before run() took over (the client was started first): it runs now.
+        async for note in notifications():
+            if note.type is NotificationType.STREAM_ADDED:
+                h = s.holdings.table.get(note.entry_id)
+                if h is not None and h.task is None:
+                    dispatch(h, note)
         if s.handlers:
             await asyncio.gather(*s.handlers, return_exceptions=True)
         if life.closing is not None:
