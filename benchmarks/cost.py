@@ -88,3 +88,13 @@ def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * q))]
+
+
+def combined(costs: list[Cost]) -> Cost:
+    """Several servers' costs over one window (a cluster's masters) as one: CPU and calls added up."""
+    commands: dict[str, tuple[int, int]] = {}
+    for c in costs:
+        for cmd, (calls, usec) in c.commands.items():
+            calls0, usec0 = commands.get(cmd, (0, 0))
+            commands[cmd] = (calls0 + calls, usec0 + usec)
+    return Cost(max(c.seconds for c in costs), sum(c.cpu for c in costs), commands)

@@ -26,6 +26,17 @@ async def cleanup(r: aioredis.Redis, service: str) -> None:
         await r.unlink(*keys[i : i + 10_000])
 
 
+async def cleanup_node(r: aioredis.Redis, service: str) -> None:
+    """Delete every key of ``service`` on one node of a cluster (each key alone: they live in
+    several slots)."""
+    keys = [k async for k in r.scan_iter(match=f"*{service}*", count=10_000)]
+    for i in range(0, len(keys), 1_000):
+        pipe = r.pipeline(transaction=False)
+        for k in keys[i : i + 1_000]:
+            pipe.unlink(k)
+        await pipe.execute()
+
+
 def stream_specs(n: int) -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"session-{i}", {"user": f"u{i}", "shard": i % 7, "tags": ["a", "b"]}) for i in range(n)

@@ -12,7 +12,9 @@ it started and the time since the producer sent it (``time.perf_counter``, which
 The consumers (``SIDES``), each as its users run it:
 
 * ``lbs``: ``lbs.Client(url, service, "c<i>", lbs.Config())`` with the installed plugins, and
-  ``run(handler)``; ``lbs-fair-off``: the same with ``Config(fair_dispatch=False)``.
+  ``run(handler)``; ``lbs-fair-off``: the same with ``Config(fair_dispatch=False)``; ``sharded-<n>``:
+  ``lbs.ShardedClient(url, service, "c<i>", lbs.Config(), shards=n)`` (a cluster URL spreads its
+  shards over the masters), its producer ``lbs.Producer(url, service, shards=n)``.
 * ``keyed``: ``run_keyed(handler)`` with ``Config()``; its producer is ``lbs.Publisher.publish_many``
   spread over 1,000 keys; ``keyed-linger-0``: the same with ``run_keyed(linger=0)`` (a drained key
   let go at once, as before keys lingered); ``keyed-100k``: defaults, over 100,000 keys
@@ -51,8 +53,9 @@ import redis.asyncio as aioredis
 
 import lbs
 from lbs._bench import plain_group
+from lbs._redis.connection import resolve_client
 
-from .cost import Cost, Window, percentile
+from .cost import Cost, Window, combined, percentile
 from .data import steady
 
 #: The keyed sides: the keys their producer spreads its messages over, and ``run_keyed``'s
@@ -137,7 +140,9 @@ class Seen:
 # -- consumers ------------------------------------------------------------------------------------
 
 
-async def _lbs(url: str, service: str, i: int, kind: str, sh: Shared, fair: bool) -> Seen:
+async def _lbs(
+    url: str, service: str, i: int, kind: str, sh: Shared, fair: bool, shards: int = 0
+) -> Seen:
     seen, work = Seen(), handler_for(kind)
 
     async def handle(note: lbs.Notification) -> None:
@@ -146,6 +151,10 @@ async def _lbs(url: str, service: str, i: int, kind: str, sh: Shared, fair: bool
         if work is not None:
             await work()
 
+    if shards:
+        sc = lbs.ShardedClient(url, service, f"c{i}", lbs.Config(), shards=shards)
+        await _serve(url, i, sh, sc, lambda: sc.run(handle))
+        return seen
     c = lbs.Client(url, service, f"c{i}", lbs.Config(fair_dispatch=fair))
     await _serve(url, i, sh, c, lambda: c.run(handle, handle_signals=False))
     return seen
@@ -170,7 +179,11 @@ async def _keyed(
 
 
 async def _serve(
-    url: str, i: int, sh: Shared, c: lbs.Client, run: Callable[[], Awaitable[None]]
+    url: str,
+    i: int,
+    sh: Shared,
+    c: lbs.Client | lbs.ShardedClient,
+    run: Callable[[], Awaitable[None]],
 ) -> None:
     """Start ``c``, ``run()`` it until the parent says stop, then close it."""
     await _ready(url, i, sh, c.start)
@@ -228,7 +241,7 @@ async def _ready(url: str, i: int, sh: Shared, start: Callable[[], Awaitable[Any
     """Start (connect, create the group, start reading) and say so. With a backlog waiting, say so
     once connected and start when the window opens instead: nothing is read before it."""
     if sh.backlog:
-        r = aioredis.Redis.from_url(url)
+        r, _ = resolve_client(url)  # a redis+cluster:// URL too
         await r.ping()
         await r.aclose()
         sh.ready.put(i)
@@ -248,10 +261,12 @@ async def _until_stopped(sh: Shared, task: asyncio.Task[Any]) -> None:
 
 
 def _consumer_main(side: str, url: str, service: str, i: int, kind: str, sh: Shared) -> None:
+    sharded = {side: lambda: _lbs(url, service, i, kind, sh, True, shards_of(side))}
     runs: dict[str, Callable[[], Awaitable[Seen]]] = {
         "lbs": lambda: _lbs(url, service, i, kind, sh, True),
         "lbs-fair-off": lambda: _lbs(url, service, i, kind, sh, False),
         **{k: (lambda k=k: _keyed(url, service, i, kind, sh, KEYED[k][1])) for k in KEYED},
+        **(sharded if side.startswith("sharded-") else {}),
         "plain": lambda: _loop(url, service, i, kind, sh, False),
         "go": lambda: _loop(url, service, i, kind, sh, True),
     }
@@ -266,10 +281,15 @@ def _consumer_main(side: str, url: str, service: str, i: int, kind: str, sh: Sha
 # -- producers ------------------------------------------------------------------------------------
 
 
+def shards_of(side: str) -> int:
+    """A ``sharded-<n>`` side's shard count (1 for the unsharded ``lbs`` sides)."""
+    return int(side.removeprefix("sharded-")) if side.startswith("sharded-") else 1
+
+
 def publisher(side: str, url: str, service: str) -> tuple[Any, Callable[[Any], Awaitable[Any]]]:
     """``(closeable, publish)``: how ``side``'s producer sends a batch of ``(name, info)``."""
-    if side in ("lbs", "lbs-fair-off"):
-        p = lbs.Producer(url, service)
+    if side in ("lbs", "lbs-fair-off") or side.startswith("sharded-"):
+        p = lbs.Producer(url, service, shards=shards_of(side))
         return p, p.add_streams
     if side in KEYED:
         pub, keys = lbs.Publisher(url, service), KEYED[side][0]
@@ -331,10 +351,12 @@ class Result:
     offered: int
     #: Started by the consumers when the window closed.
     handled: int
-    #: Redis's cost over the window.
+    #: Redis's cost over the window (every server measured, together).
     cost: Cost
     #: The latencies (seconds) of the entries started in the window, sorted.
     latencies: list[float]
+    #: Each measured server's own cost (``run_fleet``'s ``servers``, in order).
+    costs: list[Cost] = field(default_factory=list)
 
     def figures(self) -> dict[str, Any]:
         """The row's ``extra_info`` (see ``bench_fleet``)."""
@@ -369,11 +391,13 @@ async def run_fleet(
     backlog: int = 0,
     settle: float = 0.5,
     grace: float = 1.0,
+    servers: Sequence[str] = (),
 ) -> Result:
     """Run ``consumers`` processes of ``side``: either producers send ``rate`` a second for
-    ``seconds`` in ticks of ``tick`` seconds (1 s: a burst of ``rate`` once a second), and the window
-    closes when all is started or ``grace`` seconds after the last send; or a ``backlog`` is already
-    registered, and the window closes when all of it is started."""
+        ``seconds`` in ticks of ``tick`` seconds (1 s: a burst of ``rate`` once a second), and the window
+        closes when all is started or ``grace`` seconds after the last send; or a ``backlog`` is already
+        registered, and the window closes when all of it is started. ``servers``: the URLs of the servers
+    whose cost is taken (every master of a cluster; default ``url``)."""
     sh = Shared(
         _CTX.Array("q", consumers, lock=False),
         _CTX.Queue(),
@@ -396,14 +420,14 @@ async def run_fleet(
         )
         for _ in range(producers)
     ]
-    admin = aioredis.Redis.from_url(url)
+    admins = [aioredis.Redis.from_url(u) for u in servers or [url]]
     try:
         for p in procs:
             p.start()
         for _ in range(consumers):
             await _get(sh.ready, "a consumer to connect", procs)
         await asyncio.sleep(settle)  # every lbs consumer has read and waits in its read_block
-        window = await Window.open(admin)
+        windows = [await Window.open(admin) for admin in admins]
         sh.go.set()
         if backlog:
             offered = backlog
@@ -417,7 +441,7 @@ async def run_fleet(
                 offered += sent
             with contextlib.suppress(TimeoutError):
                 await _wait(lambda: sum(sh.handled) >= offered, grace, procs, "")
-        cost = await window.close()
+        costs = [await window.close() for window in windows]
         handled = sum(sh.handled)
         closed_at = time.perf_counter()
         sh.stop.set()
@@ -433,7 +457,7 @@ async def run_fleet(
                 lat for at, lat in zip(values[:half], values[half:]) if at <= closed_at
             )
         latencies.sort()
-        return Result(consumers, offered, min(handled, offered), cost, latencies)
+        return Result(consumers, offered, min(handled, offered), combined(costs), latencies, costs)
     finally:
         sh.go.set()
         sh.stop.set()
@@ -441,7 +465,8 @@ async def run_fleet(
             await asyncio.get_running_loop().run_in_executor(None, p.join, 30)
             if p.is_alive():
                 p.kill()
-        await admin.aclose()
+        for admin in admins:
+            await admin.aclose()
 
 
 async def _get(q: Any, what: str, procs: Sequence[Any]) -> Any:

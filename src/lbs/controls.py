@@ -7,11 +7,12 @@ does the dashboard (behind ``--actions``). Each action is written to the service
 side is :mod:`lbs._consumer.control`.
 
 - **Pause** (``{<service>-input}:paused``, a hash: ``by``, ``reason``, ``since_ms``): consumers take
-  nothing new within a second (their control task's look); a batch a read took after the pause is
-  put back with no retry counted (every take checks the key in its ``MULTI``), so nothing *starts*
-  once :meth:`ServiceControls.pause` returned. Held streams run on and finish. Registrations wait
-  in the LBS, as do the streams recovery brings back from dead consumers and retries coming due.
-  ``run_keyed()`` is not paused. **Resume** deletes the key.
+  nothing new. Every take checks the key in its ``MULTI`` (a batch a read took after the pause is
+  put back with no retry counted), so nothing *starts* once :meth:`ServiceControls.pause` returned,
+  and each consumer stops reading at its next look (once a second while it holds work, every five
+  seconds while idle). Held streams run on and finish. Registrations wait in the LBS, as do the
+  streams recovery brings back from dead consumers and retries coming due. ``run_keyed()`` is not
+  paused. **Resume** deletes the key.
 - **Release** (hand back) and **cancel** go to the holder (its orders hash,
   ``{<service>-input}:orders:<consumer>``), which acts within a second: it cancels the handler, then
   hands the stream back to the LBS with no retry counted (release) or dead-letters it with the

@@ -86,6 +86,11 @@ class ShardedClient:
         cfg = replace(cfg, max_streams=per)
         plugins = list(plugins)
         self._args = (consumer_id, cfg, plugins, load_entrypoint_plugins)
+        # From a URL each shard's client opens its own (a pool of its own: one shared pool of
+        # redis-py's default 100 connections runs out at about 16 shards, six connections each).
+        self._shared = redis if not isinstance(redis, str) else None
+        self._url = redis if isinstance(redis, str) else ""
+        self._cluster = cluster
         #: One :class:`lbs.Client` per shard, in shard order, then one per legacy shard found at start.
         self.clients = [self._client(svc) for svc in shard_services(service, self.shards)]
         self._merged: asyncio.Queue[Notification | None] = asyncio.Queue()
@@ -117,9 +122,7 @@ class ShardedClient:
         self._looked = True
         try:
             found = [
-                svc
-                for svc in self._legacy
-                if await self._redis.exists(_keys.input_stream(svc))
+                svc for svc in self._legacy if await self._redis.exists(_keys.input_stream(svc))
             ]
         except RedisError as exc:
             raise RedisOperationError("look for legacy shards", exc) from exc
@@ -138,8 +141,18 @@ class ShardedClient:
 
     def _client(self, svc: str) -> Client:
         consumer_id, cfg, plugins, load = self._args
+        if self._shared is not None:
+            return Client(
+                self._shared, svc, consumer_id, cfg, plugins=plugins, load_entrypoint_plugins=load
+            )
         return Client(
-            self._redis, svc, consumer_id, cfg, plugins=plugins, load_entrypoint_plugins=load
+            self._url,
+            svc,
+            consumer_id,
+            cfg,
+            plugins=plugins,
+            load_entrypoint_plugins=load,
+            cluster=self._cluster,
         )
 
     async def _pump(self, c: Client) -> None:

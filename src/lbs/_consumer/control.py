@@ -1,7 +1,8 @@
 """An operator's controls as one consumer obeys them: the service's pause, and orders about streams it holds.
 
 The operator's side is :mod:`lbs.controls` (``lbs pause``, ``lbs release`` ..., the dashboard). Here,
-once every :data:`CONTROL_POLL` (and once before the reader starts), one round trip of plain reads:
+once every :data:`CONTROL_POLL` while it holds work or the service is paused, every :data:`IDLE_LOOK`
+otherwise (and once before the reader starts), one round trip of plain reads:
 ``HGETALL`` of the service's pause (:func:`lbs._keys.paused_key`) and of this consumer's orders
 (:func:`lbs._keys.orders_key`).
 
@@ -21,13 +22,14 @@ once every :data:`CONTROL_POLL` (and once before the reader starts), one round t
   logged at WARNING (who asked, what became of the stream) and journaled (``released``,
   ``cancelled``, ``dropped``). A hand-back Redis refuses is tried again at the next look.
 
-An idle consumer's share of Redis: two plain reads a second.
+An idle consumer's share of Redis: two plain reads every five seconds (a second while it holds work).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -45,10 +47,12 @@ if TYPE_CHECKING:
     from .requeue import Requeue
     from .state import ClientState
 
-__all__ = ["ACTIONS", "CONTROL_POLL", "Controls"]
+__all__ = ["ACTIONS", "CONTROL_POLL", "IDLE_LOOK", "Controls"]
 
 #: Seconds between two looks at the pause and the orders.
 CONTROL_POLL = 1.0
+#: ... while this consumer holds nothing and the service is not paused.
+IDLE_LOOK = 5.0
 #: What an operator may order a holder to do with a stream it holds.
 ACTIONS = ("release", "cancel", "drop")
 #: Each action as the log and the dead letter's reason say it.
@@ -72,10 +76,16 @@ class Controls(Activity, kind="controls"):
 
     async def _main(self) -> None:
         s = self.state
+        looked = time.monotonic()
         while not s.stopping.is_set():
             await wait_set(s.stopping, CONTROL_POLL)
-            if not s.stopping.is_set():
-                await self.look()
+            # Holding nothing, not paused, nothing left to finish: no order can concern it, and a
+            # pause is caught by the take's MULTI anyway. Such an idle consumer looks less often.
+            idle = not (self.paused or self._unfinished or len(s.holdings))
+            if s.stopping.is_set() or (idle and time.monotonic() - looked < IDLE_LOOK):
+                continue
+            looked = time.monotonic()
+            await self.look()
 
     async def wait_resumed(self) -> None:
         """Return once the service is no longer paused, or the client stops."""

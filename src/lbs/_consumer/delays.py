@@ -72,6 +72,9 @@ class Delays(Activity, kind="delays"):
         self._wake = asyncio.Event()
         self._next_poll = math.inf  # loop time of the next poll (inf while a call runs)
         self._refused = ""  # the last precondition error logged (logged again only when it changes)
+        self._empty = (
+            False  # the last look found nothing parked nor waiting: the next sends no TIME
+        )
 
     def soon(self, seconds: float) -> None:
         """A copy was parked for ``seconds``: poll by then if the next poll comes later."""
@@ -130,18 +133,23 @@ class Delays(Activity, kind="delays"):
 
     async def nothing_due(self) -> tuple[bool, float | None]:
         """A look without Lua (:mod:`lbs._redis.peek`: ``TIME`` and the earliest of the due index and
-        of the waiting index) before the script: ``(True, seconds until the earliest is due, None when
+        of the waiting index; no ``TIME`` while both were empty at the last look, and a head found so
+        goes to the script, which judges it) before the script: ``(True, seconds until the earliest is due, None when
         both are empty)`` when nothing is due now, so the poll costs Redis three reads and not a script
         call; ``(False, None)`` when something is, or a reply is not what it should be (a key of another
         type: the script names it)."""
         s = self.state
+        timed = not self._empty  # both were empty at the last look: is anything there at all?
         try:
             replies = await s.link.pool.execute(
-                lambda b: peek.peek(b, [self.due_key, self.waiting_key]), retry_safe=True
+                lambda b: peek.peek(b, [self.due_key, self.waiting_key], with_time=timed),
+                retry_safe=True,
             )
-            due = peek.peek_reply(replies, zsets=2).due_in()
+            due = peek.peek_reply(replies, zsets=2, with_time=timed).due_in()
         except (RedisError, ValueError, TypeError):
+            self._empty = False
             return False, None
+        self._empty = due is None
         return (False, None) if due == 0 else (True, due)
 
     async def _main(self) -> None:

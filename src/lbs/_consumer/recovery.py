@@ -180,19 +180,20 @@ class Recovery(Activity):
             replies = await s.link.pool.execute(build, retry_safe=True)
             look = peek.peek_reply(replies[1:] if move else replies, zsets=1, gets=1)
             (last_raw,) = look.values
-            if last_raw is None:
+            now = look.now_ms
+            if last_raw is None or now is None:  # (a timed peek always has the time)
                 return False
             last = int(last_raw)
         except (RedisError, ValueError, TypeError):
             return False
         self._seen = last_raw
-        self._clock.pin(look.now_ms, sent, time.monotonic())
+        self._clock.pin(now, sent, time.monotonic())
         due = look.due_in()
-        if due == 0 or look.now_ms - last > stall_ms:
+        if due == 0 or now - last > stall_ms:
             return False
         self._next_due = due
         # Without SET ... IFEQ the script writes the time, atomically with its look.
-        return s.server.set_ifeq or look.now_ms - last < stall_ms // 4
+        return s.server.set_ifeq or now - last < stall_ms // 4
 
     async def poll_deadlines(self, path: str = "deadline") -> int:
         """One poll of the deadline index; returns how many entries it re-queued.

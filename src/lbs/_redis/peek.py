@@ -27,8 +27,8 @@ __all__ = ["Peek", "peek", "peek_reply"]
 class Peek:
     """What a :func:`peek` read."""
 
-    #: The server's time, ms.
-    now_ms: int
+    #: The server's time, ms (None: not asked, a look at whether anything is there at all).
+    now_ms: int | None
     #: Each string's value (None: no such key), in the order asked.
     values: tuple[bytes | None, ...]
     #: Each sorted set's earliest score (None: empty or no such key), in the order asked.
@@ -39,34 +39,45 @@ class Peek:
         heads = [h for h in self.heads if h is not None]
         if not heads:
             return None
+        if self.now_ms is None:
+            return 0.0  # something is there, and no clock to judge it by: the script judges
         return max(0.0, (min(heads) - self.now_ms) / 1000)
 
 
-def peek(b: CommandBatch, zsets: Sequence[str], gets: Sequence[str] = ()) -> None:
-    """``TIME``, a ``GET`` of each of ``gets``, the earliest member of each of ``zsets``."""
-    b.command("TIME")
+def peek(
+    b: CommandBatch, zsets: Sequence[str], gets: Sequence[str] = (), with_time: bool = True
+) -> None:
+    """``TIME`` (unless ``with_time`` is False: a poller whose sets were empty at its last look
+    only asks whether they still are), a ``GET`` of each of ``gets``, the earliest member of each
+    of ``zsets``."""
+    if with_time:
+        b.command("TIME")
     for key in gets:
         b.command("GET", key)
     for key in zsets:
         b.command("ZRANGE", key, 0, 0, "WITHSCORES")
 
 
-def peek_reply(replies: list[Any], zsets: int, gets: int = 0) -> Peek:
+def peek_reply(replies: list[Any], zsets: int, gets: int = 0, with_time: bool = True) -> Peek:
     """The replies of a :func:`peek` of ``zsets`` sorted sets and ``gets`` strings. The first error
     among them is raised (the caller then leaves the diagnosis to its script), as is a reply of
     another shape (:class:`ValueError`)."""
-    if len(replies) != 1 + gets + zsets:
-        raise ValueError(f"{len(replies)} replies to a peek of {1 + gets + zsets} commands")
+    t = 1 if with_time else 0
+    if len(replies) != t + gets + zsets:
+        raise ValueError(f"{len(replies)} replies to a peek of {t + gets + zsets} commands")
     for r in replies:
         if isinstance(r, Exception):
             raise r
-    seconds, micros = (int(text(v)) for v in replies[0])
-    values = tuple(None if v is None else bytes(v) for v in replies[1 : 1 + gets])
+    now: int | None = None
+    if with_time:
+        seconds, micros = (int(text(v)) for v in replies[0])
+        now = seconds * 1000 + micros // 1000
+    values = tuple(None if v is None else bytes(v) for v in replies[t : t + gets])
     heads: list[float | None] = []
-    for head in replies[1 + gets :]:
+    for head in replies[t + gets :]:
         if not head:
             heads.append(None)
             continue
         score = head[1] if len(head) == 2 and not isinstance(head[0], list) else head[0][1]
         heads.append(float(text(score)))
-    return Peek(seconds * 1000 + micros // 1000, values, tuple(heads))
+    return Peek(now, values, tuple(heads))

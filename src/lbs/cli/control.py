@@ -75,9 +75,9 @@ def pause(
 ) -> None:
     """Pause a service: its consumers take nothing new; what they hold runs on and finishes.
 
-    Within a second every consumer stops reading; a batch a read took after
-    the pause goes back with no retry counted, so nothing starts once this
-    returns. New registrations, streams recovered from dead consumers and
+    Every take checks the pause, so nothing starts once this returns (a
+    batch read meanwhile goes back, no retry counted); each consumer stops
+    reading at its next look (a second while it holds work, five idle). New registrations, streams recovered from dead consumers and
     retries coming due wait in the load-balancer stream. `lbs resume` ends it.
     """
     check_service("pause", service)
