@@ -69,7 +69,9 @@ async def test_register_in_ten_minutes_is_parked_and_status_shows_it(
     assert st.delayed.next_due_ms is not None and 0 < st.delayed.next_due_ms <= 600_000
     shown = await invoke("status", service, "--url", any_server.url)
     assert shown.exit_code == 0, shown.output
-    assert "parked 2 (retries, scheduled registrations, delayed messages), next due in" in flat(shown.stdout)
+    assert "parked 2 (retries, scheduled registrations, delayed messages), next due in" in flat(
+        shown.stdout
+    )
 
 
 @pytest.mark.parametrize(
