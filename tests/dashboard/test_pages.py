@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 import lbs
 import lbs.events
+from lbs.embedded import RedisServer
 from lbs.testing import abandon
 
 from _dash import live
@@ -200,12 +201,34 @@ def _listed_row(page: str, service: str) -> str:
     return m.group(1)
 
 
-async def test_the_home_page_lists_the_services_on_the_redis(
-    redis_server: Any, r: aioredis.Redis, service: str, dashboard: Any
-) -> None:
+async def test_the_home_page_lists_the_services_on_the_redis(service: str, dashboard: Any) -> None:
     """Every service there is, with its waiting, held, consumers and dead letters; the ones this
-    dashboard shows linked to their pages, the others with the command that shows them."""
-    url = redis_server.url
+    dashboard shows linked to their pages, the others with the command that shows them. On a Redis
+    of its own: the session's shared one holds more services than the page lists."""
+    with RedisServer() as own:
+        await _home_page_lists(own.url, service, dashboard)
+
+
+async def test_the_home_page_lists_the_dashboards_own_services_first(
+    service: str, dashboard: Any
+) -> None:
+    """Past the first 50 services by name, the dashboard's own are still listed (first)."""
+    with RedisServer() as own:
+        r = aioredis.Redis.from_url(own.url)
+        for i in range(55):
+            await r.xadd(lbs.input_stream(f"a{i:02d}"), {"lbs-input": lbs.encode_input("x")})
+        await produce(own.url, "zz-" + service, "s1")
+        async with dashboard(own.url, ["zz-" + service]) as (http, _):
+            page = (await http.get("/")).text
+        await r.aclose()
+    listing = page.split('id="services-list"', 1)[1]
+    listed = re.findall(r'<tr data-listed="([^"]+)">', listing)
+    assert listed[0] == "zz-" + service and len(listed) == 50
+    assert "the first 50 of 56" in listing
+
+
+async def _home_page_lists(url: str, service: str, dashboard: Any) -> None:
+    r = aioredis.Redis.from_url(url)
     shown, other = service + "-shown", service + "-other"
     await produce(url, shown, "s1")
     await produce(url, other, "o1", "o2")
@@ -225,6 +248,7 @@ async def test_the_home_page_lists_the_services_on_the_redis(
     assert f"lbs dashboard {other}" in row and f"/s/{other}/" not in row
     assert re.search(r'data-col="waiting">1<', row) and re.search(r'data-col="held">1<', row)
     assert "1 alive" in row and re.search(r'data-col="dead_letters">1<', row)
+    await r.aclose()
 
 
 @pytest.mark.cluster

@@ -80,12 +80,20 @@ SERVICES_LISTED = 50
 
 
 async def read_services(
-    client: Client, config: Config, *, limit: int = SERVICES_LISTED
+    client: Client,
+    config: Config,
+    *,
+    limit: int = SERVICES_LISTED,
+    first: Sequence[str] = (),
 ) -> tuple[list[ServiceSummary], int]:
-    """The services on the dashboard's Redis (every master of a cluster), the first ``limit`` by name
-    with their counts (:func:`lbs.status.service_summaries`), and how many there are."""
+    """The services on the dashboard's Redis (every master of a cluster), the first ``limit`` with
+    their counts (:func:`lbs.status.service_summaries`): those of ``first`` (the dashboard's own)
+    that exist, then the others by name; and how many there are."""
     names = await list_services(client)
-    return await service_summaries(client, config=config, names=names[:limit]), len(names)
+    present = set(names)
+    mine = [n for n in dict.fromkeys(first) if n in present]
+    ordered = mine + [n for n in names if n not in set(mine)]
+    return await service_summaries(client, config=config, names=ordered[:limit]), len(names)
 
 
 async def read_journal(

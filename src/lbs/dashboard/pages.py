@@ -86,7 +86,9 @@ async def overview(request: Request) -> Response:
         "listed_error": "",
     }
     try:  # every service on this Redis, the shown ones linked (a SCAN refused: said, not a 503)
-        ctx["listed"], ctx["listed_count"] = await read_services(d.fleet.client, d.fleet.config)
+        ctx["listed"], ctx["listed_count"] = await read_services(
+            d.fleet.client, d.fleet.config, first=d.settings.shown_services
+        )
     except (LbsError, RedisError) as exc:
         ctx["listed"], ctx["listed_count"], ctx["listed_error"] = [], 0, d.masked(exc)
     return d.render(request, "overview.html", ctx)
