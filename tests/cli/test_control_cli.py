@@ -4,9 +4,7 @@ against consumers running ``run()`` in the test's loop (the command runs in a th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ import lbs
 from lbs.cli import app
 from lbs.events import read_events
 
-from _helpers import client, eventually, is_true
+from _helpers import Hold, eventually, is_true, running
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -26,35 +24,6 @@ pytestmark = pytest.mark.timeout(120)
 async def lbs_cli(*args: str) -> Result:
     runner = CliRunner(env={"COLUMNS": "200", "LINES": "100"})
     return await asyncio.to_thread(runner.invoke, app, list(args), catch_exceptions=False)
-
-
-class Hold:
-    """A handler whose calls wait until released (or cancelled)."""
-
-    def __init__(self) -> None:
-        self.calls: list[lbs.Notification] = []
-        self.cancelled: list[str] = []
-        self.go = asyncio.Event()
-
-    async def __call__(self, note: lbs.Notification) -> None:
-        self.calls.append(note)
-        try:
-            await self.go.wait()
-        except asyncio.CancelledError:
-            self.cancelled.append(note.entry_id)
-            raise
-
-
-@contextlib.asynccontextmanager
-async def running(url: str, service: str, handler: Hold) -> AsyncIterator[lbs.Client]:
-    c = client(url, service, "w1")
-    task = asyncio.create_task(c.run(handler))
-    try:
-        yield c
-    finally:
-        await c.close()
-        with contextlib.suppress(BaseException):
-            await task
 
 
 async def test_pause_and_resume_from_the_cli(

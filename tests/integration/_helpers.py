@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import lbs
@@ -160,3 +161,41 @@ async def command_calls(r: Any) -> dict[str, int]:
     """Calls per command so far on ``r``'s server (``INFO commandstats``), by lower-case name."""
     stats = await r.info("commandstats")
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+class Hold:
+    """A ``run()`` handler that records each call's notification; streams whose name starts with
+    ``prefix`` ("": every one) wait until :attr:`go` is set, or their handler is cancelled
+    (:attr:`cancelled`: their entry ids)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.calls: list[lbs.Notification] = []
+        self.cancelled: list[str] = []
+        self.go = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def __call__(self, note: lbs.Notification) -> None:
+        self.calls.append(note)
+        self.started.set()
+        if note.stream.startswith(self.prefix):
+            try:
+                await self.go.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(note.entry_id)
+                raise
+
+
+@contextlib.asynccontextmanager
+async def running(
+    url: str, service: str, handler: Hold, consumer: str = "w1"
+) -> AsyncIterator[lbs.Client]:
+    """A client of ``service`` running ``handler`` (``run()``) for the block; closed after it."""
+    c = client(url, service, consumer)
+    task = asyncio.create_task(c.run(handler))
+    try:
+        yield c
+    finally:
+        await c.close()
+        with contextlib.suppress(BaseException):
+            await task

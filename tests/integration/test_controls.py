@@ -4,8 +4,6 @@ and force-claim a held stream, on running consumers (run()), with the default Co
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -14,49 +12,15 @@ import redis.asyncio as aioredis
 import lbs
 from lbs.events import read_events
 
-from _helpers import client, eventually, is_true
+from _helpers import Hold, eventually, is_true, running
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Handler:
-    """Records each call; streams named ``hold*`` wait until released (or cancelled)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, int]] = []  # stream, entry id, retry count
-        self.cancelled: list[str] = []
-        self.release = asyncio.Event()
-        self.started = asyncio.Event()
-
-    async def __call__(self, note: lbs.Notification) -> None:
-        self.calls.append((note.stream, note.entry_id, note.retry_count))
-        self.started.set()
-        if note.stream.startswith("hold"):
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                self.cancelled.append(note.entry_id)
-                raise
-
-
-@contextlib.asynccontextmanager
-async def running(
-    url: str, service: str, handler: Handler, consumer: str
-) -> AsyncIterator[lbs.Client]:
-    c = client(url, service, consumer)
-    task = asyncio.create_task(c.run(handler))
-    try:
-        yield c
-    finally:
-        await c.close()
-        with contextlib.suppress(BaseException):
-            await task
 
 
 async def test_a_paused_service_starts_nothing_new_while_held_work_finishes(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    h = Handler()
+    h = Hold("hold")
     producer = lbs.Producer(r, service)
     async with (
         running(redis_server.url, service, h, "c1"),
@@ -71,8 +35,8 @@ async def test_a_paused_service_starts_nothing_new_while_held_work_finishes(
             ids = await producer.add_streams([f"new-{i}" for i in range(5)])
             # Every consumer's look comes within a second; each take checks the pause in its MULTI.
             await asyncio.sleep(2.5)
-            assert [c[0] for c in h.calls] == ["hold-1"]
-            h.release.set()  # held work finishes while paused: acked, nothing new taken
+            assert [n.stream for n in h.calls] == ["hold-1"]
+            h.go.set()  # held work finishes while paused: acked, nothing new taken
             await eventually(lambda: _pending_is(r, service, 0), timeout=10)
             # What waits is what was registered, no retry counted (a batch put back has none).
             entries = await r.xrange(lbs.input_stream(service))
@@ -81,7 +45,7 @@ async def test_a_paused_service_starts_nothing_new_while_held_work_finishes(
             assert await controls.resume(by="ana") == state
             assert await controls.paused() is None
         await eventually(lambda: is_true(len(h.calls) == 6), timeout=15)
-        assert sorted(c[0] for c in h.calls[1:]) == [f"new-{i}" for i in range(5)]
+        assert sorted(n.stream for n in h.calls[1:]) == [f"new-{i}" for i in range(5)]
         assert len(ids) == 5
     kinds = [e.kind for e in await read_events(r, service)]
     assert "paused" in kinds and "resumed" in kinds
@@ -98,7 +62,7 @@ async def test_a_consumer_started_while_paused_takes_nothing(
     await lbs.Producer(r, service).add_streams(["a", "b"])
     async with lbs.ServiceControls(r, service) as controls:
         await controls.pause(by="ana")
-        h = Handler()
+        h = Hold("hold")
         async with running(redis_server.url, service, h, "c1"):
             await asyncio.sleep(1.5)
             assert h.calls == []
@@ -109,7 +73,7 @@ async def test_a_consumer_started_while_paused_takes_nothing(
 async def test_release_hands_a_held_stream_back_with_no_retry_and_it_runs_again(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    h = Handler()
+    h = Hold("hold")
     (entry_id,) = await lbs.Producer(r, service).add_streams(["hold-r"])
     async with running(redis_server.url, service, h, "c1"):
         await asyncio.wait_for(h.started.wait(), 10)
@@ -119,8 +83,9 @@ async def test_release_hands_a_held_stream_back_with_no_retry_and_it_runs_again(
         assert h.cancelled == [entry_id]
         # Back in the LBS under a new id, no retry counted; taken again.
         await eventually(lambda: is_true(len(h.calls) == 2), timeout=15)
-        assert h.calls[1][0] == "hold-r" and h.calls[1][1] == o.detail and h.calls[1][2] == 0
-        h.release.set()
+        again = h.calls[1]
+        assert (again.stream, again.entry_id, again.retry_count) == ("hold-r", o.detail, 0)
+        h.go.set()
     events = await read_events(r, service, kinds=["released"])
     assert events and events[-1].fields["by"] == "ana"
     assert events[-1].fields["new_entry_id"] == o.detail
@@ -130,7 +95,7 @@ async def test_release_hands_a_held_stream_back_with_no_retry_and_it_runs_again(
 async def test_cancel_dead_letters_a_held_stream_with_the_operators_reason(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    h = Handler()
+    h = Hold("hold")
     (entry_id,) = await lbs.Producer(r, service).add_streams(["hold-c"])
     async with running(redis_server.url, service, h, "c1"):
         await asyncio.wait_for(h.started.wait(), 10)
@@ -151,7 +116,7 @@ async def test_cancel_dead_letters_a_held_stream_with_the_operators_reason(
 async def test_force_claim_requeues_a_stuck_holders_stream_and_the_holder_drops_it(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    h1, h2 = Handler(), Handler()
+    h1, h2 = Hold("hold"), Hold("hold")
     (entry_id,) = await lbs.Producer(r, service).add_streams(["hold-f"])
     async with running(redis_server.url, service, h1, "c1"):
         await asyncio.wait_for(h1.started.wait(), 10)
@@ -162,10 +127,10 @@ async def test_force_claim_requeues_a_stuck_holders_stream_and_the_holder_drops_
         assert gone.outcome == "not held"
         await eventually(lambda: is_true(h1.cancelled == [entry_id]), timeout=10)
         async with running(redis_server.url, service, h2, "c2"):
-            h1.release.set()
-            h2.release.set()
+            h1.go.set()
+            h2.go.set()
             await eventually(lambda: is_true(len(h1.calls) + len(h2.calls) == 2), timeout=15)
-    (retry,) = [c[2] for c in (h1.calls + h2.calls)[1:]]
+    (retry,) = [n.retry_count for n in (h1.calls + h2.calls)[1:]]
     assert retry == 1
     kinds = [e.kind for e in await read_events(r, service)]
     assert "force_claimed" in kinds and "dropped" in kinds

@@ -38,7 +38,6 @@ from .._redis.connection import execute
 from .._redis.wire import text
 from .._waits import wait_set
 from ..exceptions import RedisOperationError
-from ..notifications import Notification, NotificationType
 from .activity import Activity
 
 if TYPE_CHECKING:
@@ -176,7 +175,6 @@ class Controls(Activity, kind="controls"):
             await self._answer(entry_id, order, "not held", f"{s.names.id} does not hold it")
             return
         s.holdings.drop(h)
-        s.holdings.tombstone(h)  # a done_stream of it after this says LOCK_LOST
         by, reason = order.get("by") or "an operator", order.get("reason") or ""
         said = f"{DONE[action]} by {by}"
         s.log.on(h).warning(
@@ -187,19 +185,7 @@ class Controls(Activity, kind="controls"):
             said,
             f": {reason}" if reason else "",
         )
-        if h.task is not None and not h.task.done():
-            h.task.cancel(said)
-        s.mailbox.put_nowait(
-            Notification(
-                NotificationType.STREAM_DISOWNED,
-                h.stream,
-                h.entry_id,
-                h.info,
-                h.retry_count,
-                h.token,
-                said,
-            )
-        )
+        s.let_go(h, said)
         if action == "drop":
             s.journal.record("dropped", stream=h.stream, entry_id=entry_id, token=h.token, by=by)
             try:  # nobody waits for the answer: the order goes

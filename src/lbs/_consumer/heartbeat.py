@@ -49,7 +49,6 @@ from .._redis.wire import first_error, text
 from .._waits import within
 from ..config import GO_MIN_IDLE
 from ..exceptions import RedisOperationError
-from ..notifications import Notification, NotificationType
 from .activity import Activity
 from .finisher import Finisher
 from .requeue import Requeue
@@ -479,22 +478,9 @@ class Heartbeat(Activity, kind="heartbeat"):
 
     def _disown(self, h: Held, reason: str) -> None:
         s = self.state
-        s.holdings.tombstone(h)
         s.log.warning("lost %s (entry %s, token %d): %s", h.stream, h.entry_id, h.token, reason)
         s.hooks.notify("lbs_stream_disowned", stream=h.stream, entry_id=h.entry_id, token=h.token)
         s.journal.record(
             "disowned", stream=h.stream, entry_id=h.entry_id, token=h.token, reason=reason
         )
-        if h.task is not None and not h.task.done():
-            h.task.cancel()
-        s.mailbox.put_nowait(
-            Notification(
-                NotificationType.STREAM_DISOWNED,
-                h.stream,
-                h.entry_id,
-                h.info,
-                h.retry_count,
-                h.token,
-                reason,
-            )
-        )
+        s.let_go(h, reason)

@@ -1,9 +1,8 @@
 """What a consumer's activities share: its names, its link to Redis, its holdings, its signals.
 
-One :class:`ClientState` per :class:`lbs.Client`, handed to every
-activity (reader, heartbeat, finisher, runner, requeue, recovery, topology,
-instance, forwarder). Each activity owns its own state; here lives only
-what two or more of them read or change.
+One :class:`ClientState` per :class:`lbs.Client`, handed to every activity (reader, heartbeat,
+finisher, runner, requeue, recovery, topology, instance, forwarder, controls). Each activity owns
+its own state; here lives only what two or more of them read or change.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from ..config import Config
 from ..exceptions import ConfigurationError, NotHeldError
 from ..logs import about
 from ..metrics import Histogram
-from ..notifications import Mailbox, Notification
+from ..notifications import Mailbox, Notification, NotificationType
 from ..plugins import Hooks
 from ..strategy import ReadStrategy
 from .journal import Journal
@@ -469,6 +468,15 @@ class ClientState:
                 raise self.failure
             self._finished.clear()
             await self._finished.wait()
+
+    def let_go(self, h: Held, reason: str) -> None:
+        """``h`` is no longer this client's (its lease lost, an operator's order; dropped from the table
+        by the caller): a done of it says LOCK_LOST, its handler is cancelled, STREAM_DISOWNED sent."""
+        self.holdings.tombstone(h)
+        if h.task is not None and not h.task.done():
+            h.task.cancel(reason)
+        note = (h.stream, h.entry_id, h.info, h.retry_count, h.token, reason)
+        self.mailbox.put_nowait(Notification(NotificationType.STREAM_DISOWNED, *note))
 
     def fail(self, exc: BaseException) -> None:
         """``run()`` (or ``run_keyed()``) died of ``exc``: every waiter raises it now, none waits forever
