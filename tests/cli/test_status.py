@@ -196,6 +196,20 @@ async def test_the_screen_names_what_matters(redis_server: Any, service: str) ->
     assert "b (token" in screen and "c (token" in screen  # what each consumer holds
 
 
+async def test_a_parked_entry_that_is_never_due_is_counted_not_a_crash(
+    redis_server: Any, r: aioredis.Redis, service: str
+) -> None:
+    """promote-4.lua scores an entry it cannot move +inf (never due): status counts it, with no next
+    due time (it raised OverflowError, and the dashboard's home page with it)."""
+    await produce(redis_server.url, service, "a")
+    await r.xadd(_keys.delayed_stream(service), {"junk": "x"}, id="5-1")
+    await r.zadd(_keys.due_key(service), {"5-1": float("inf")})
+    st = await collect_status(r, service)
+    assert st.delayed is not None and st.delayed.parked == 1 and st.delayed.next_due_ms is None
+    result = await invoke("status", service, "--url", redis_server.url)
+    assert result.exit_code == 0 and "parked" in result.stdout
+
+
 async def test_a_missing_service_says_so(any_server: Any, service: str) -> None:
     st = await collect_status(any_server.url, service)
     assert not st.exists and (st.length, st.backlog, st.pending, st.consumers) == (0, 0, 0, ())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -139,7 +140,23 @@ class Venv:
 
     @classmethod
     def create(cls, path: Path) -> Venv:
-        venv.create(path, with_pip=True)
+        venv.create(path, with_pip=False)
+        # ensurepip runs the interpreter venv just copied. A process forked elsewhere in this one
+        # while the copy was open for writing holds that file open a moment: ETXTBSY ("Text file
+        # busy") until it execs. Wait it out (bounded) rather than fail the test on it.
+        for attempt in range(20):
+            try:
+                subprocess.run(
+                    [str(path / "bin" / "python"), "-m", "ensurepip", "--default-pip"],
+                    check=True,
+                    capture_output=True,
+                    timeout=300,
+                )
+                break
+            except OSError as exc:
+                if exc.errno != errno.ETXTBSY or attempt == 19:
+                    raise
+                time.sleep(0.25)
         return cls(path)
 
     def pip_install(self, *requirements: str | Path, find_links: Path | None = None) -> None:

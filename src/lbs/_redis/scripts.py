@@ -318,7 +318,7 @@ def _whole_ms(score: Any) -> str:
     """A deadline index score as whole ms (text; "" when it is not a number)."""
     try:
         return str(int(float(text(score))))
-    except ValueError:
+    except (ValueError, OverflowError):
         return ""
 
 

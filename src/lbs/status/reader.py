@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -217,7 +218,7 @@ class _Reader(Target):
                 int(parked),
                 self.keys["due"],
                 int(scheduled),
-                int(float(first_due[0][1])) - now if first_due else None,
+                _due_in(first_due, now),
             )
         return First(
             now,
@@ -289,3 +290,12 @@ def pause_of(reply: Any, now: int) -> Pause | None:
     f = {s(k): s(v) for k, v in reply.items()}
     since = int(f["since_ms"]) if f.get("since_ms", "").isdigit() else 0
     return Pause(f.get("by", "?"), f.get("reason", ""), since, max(0, now - since) if since else 0)
+
+
+def _due_in(first: Any, now: int) -> int | None:
+    """Ms until the earliest parked entry is due (``ZRANGE ... 0 0 WITHSCORES``); None when nothing is
+    parked or the earliest is never due (scored +inf: an entry promote-4.lua could not move)."""
+    if not first:
+        return None
+    score = float(first[0][1])
+    return int(score) - now if math.isfinite(score) else None
