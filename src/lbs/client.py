@@ -30,6 +30,7 @@ from ._consumer import serve as serving
 from ._consumer.intake import Dispatch
 from ._consumer.lifecycle import Lifecycle
 from ._consumer.runner import Handler
+from ._consumer.slots import SharedSlots
 from ._consumer.state import ClientState, ClientStats, ConsumerLog, Names, consumer_id_from_env
 from ._consumer.topology import Topology
 from ._redis.connection import ClusterMode, RedisLike, cancel_and_wait, resolve_client
@@ -74,6 +75,7 @@ class Client:
         plugins: Iterable[object] = (),
         load_entrypoint_plugins: bool = True,
         cluster: bool | ClusterMode = ClusterMode.NONE,
+        _slots: SharedSlots | None = None,  # a ShardedClient's: its shards' capacity is one
     ) -> None:
         #: The service's name: its LBS is ``<service>-input``.
         self.service = _keys.validate_service(service)
@@ -110,9 +112,8 @@ class Client:
             )
         self.log = ConsumerLog(log, {"consumer_id": self.id, "service": self.service})
         self._hooks = Hooks(self.pm, self, {"service": self.service, "consumer": self.id}, self.log)
-        self._state = s = ClientState(
-            self.config, names, self._hooks, self.log, Topology.first_link(source), self
-        )
+        link = Topology.first_link(source)
+        self._state = s = ClientState(self.config, names, self._hooks, self.log, link, self, _slots)
         self._life = life = Lifecycle(s, cluster_client, owned)
         self._requeue, self._finisher, self._heartbeat = life.requeue, life.finisher, life.heartbeat
         self._handover = life.handover
@@ -413,9 +414,8 @@ class Client:
             raise ConfigurationError("run() is already running on this client")
 
     async def _serve(self, dispatch: Dispatch, concurrency: int | None, signals: bool) -> None:
-        await serving.serve(
-            self._life, dispatch, concurrency, signals, self.start, self.notifications
-        )
+        life = self._life
+        await serving.serve(life, dispatch, concurrency, signals, self.start, self.notifications)
 
     async def run_keyed(
         self,

@@ -31,12 +31,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from . import _keys
+from ._consumer.slots import SharedSlots
 from ._keys import check_shards, shard_of, shard_services
 from ._placement import legacy_names
 from ._redis.connection import ClusterMode, RedisLike, resolve_client
@@ -54,8 +54,9 @@ log = logging.getLogger("lbs.sharding")
 class ShardedClient:
     """A consumer of every shard of a sharded service: one :class:`lbs.Client` per shard.
 
-    ``max_streams`` (and ``read_count``) of ``config`` are split over the
-    shards. Notifications of all shards come through :meth:`notifications`;
+    ``max_streams`` of ``config`` (or :meth:`run`'s ``concurrency``) is the process's: the shards'
+    clients share it (:mod:`lbs._consumer.slots`), so each read asks for what the whole process has
+    free, in whichever shard the work is. Notifications of all shards come through :meth:`notifications`;
     :meth:`done_stream` finds the shard holding the stream. Plugins are
     registered in every shard's client. ``previous_shards``: the shard counts
     of layouts being left (a change of N); their shards, and those an earlier
@@ -80,10 +81,7 @@ class ShardedClient:
         previous = [check_shards(n) for n in previous_shards]
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
         cfg = config if config is not None else Config()
-        per = max(1, -(-cfg.max_streams // self.shards))
-        if cfg.read_count is not None:
-            cfg = replace(cfg, read_count=max(1, min(cfg.read_count, per // 2 or 1)))
-        cfg = replace(cfg, max_streams=per)
+        self._slots = SharedSlots()
         plugins = list(plugins)
         self._args = (consumer_id, cfg, plugins, load_entrypoint_plugins)
         # From a URL each shard's client opens its own (a pool of its own: one shared pool of
@@ -141,18 +139,15 @@ class ShardedClient:
 
     def _client(self, svc: str) -> Client:
         consumer_id, cfg, plugins, load = self._args
-        if self._shared is not None:
-            return Client(
-                self._shared, svc, consumer_id, cfg, plugins=plugins, load_entrypoint_plugins=load
-            )
         return Client(
-            self._url,
+            self._shared if self._shared is not None else self._url,
             svc,
             consumer_id,
             cfg,
             plugins=plugins,
             load_entrypoint_plugins=load,
-            cluster=self._cluster,
+            cluster=self._cluster if self._shared is None else ClusterMode.NONE,
+            _slots=self._slots,
         )
 
     async def _pump(self, c: Client) -> None:
@@ -186,8 +181,7 @@ class ShardedClient:
     async def run(self, handler: Handler | None = None, concurrency: int | None = None) -> None:
         """:meth:`lbs.Client.run` on every shard; returns once all are closed."""
         await self._add_legacy()
-        per = None if concurrency is None else max(1, -(-concurrency // self.shards))
-        await asyncio.gather(*(c.run(handler, per) for c in self.clients))
+        await asyncio.gather(*(c.run(handler, concurrency) for c in self.clients))
 
     async def run_keyed(
         self, handler: KeyedHandler, concurrency: int | None = None, **options: Any
@@ -196,8 +190,7 @@ class ShardedClient:
 
         Publish with ``lbs.Publisher(..., shards=N)``: a key's messages go to its shard."""
         await self._add_legacy()
-        per = None if concurrency is None else max(1, -(-concurrency // self.shards))
-        await asyncio.gather(*(c.run_keyed(handler, per, **options) for c in self.clients))
+        await asyncio.gather(*(c.run_keyed(handler, concurrency, **options) for c in self.clients))
 
     async def close(self) -> None:
         """Close every shard's client (each hands its streams back); then the Redis client, if lbs opened it."""

@@ -218,3 +218,143 @@ async def test_shards_an_earlier_lbs_named_are_read_while_they_exist(
         seen = await _drain(c, 5)
     assert seen == Counter(dict.fromkeys(["old-1", "three-a", "three-b", "new-1", "new-2"], 1))
     assert any(legacy in rec.getMessage() for rec in caplog.records)
+
+
+def _in_shard(shard: int, shards: int, count: int) -> list[str]:
+    """``count`` data stream names that all route to ``shard``."""
+    return [
+        n for n in (f"w{i}" for i in range(count * shards * 4)) if lbs.shard_of(n, shards) == shard
+    ][:count]
+
+
+async def _until(check: Any, what: str, timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not check():
+            await asyncio.sleep(0.01)  # held counts across shards have no event to await
+
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout}s: {what}") from None
+
+
+async def test_max_streams_is_the_processes_whichever_shard_holds_the_work(
+    redis_server: Any, service: str
+) -> None:
+    # Every registration in one shard of four: the process takes max_streams of them, not a
+    # quarter (each shard's reads ask for what the process has free), and never more.
+    names = _in_shard(2, 4, 30)
+    async with lbs.Producer(redis_server.url, service, shards=4) as producer:
+        await producer.add_streams(names)
+    cfg = lbs.Config(max_streams=8, read_block=0.2)
+    async with lbs.ShardedClient(
+        redis_server.url, service, "c", cfg, shards=4, load_entrypoint_plugins=False
+    ) as c:
+        got: list[str] = []
+
+        async def take() -> None:
+            async for note in c.notifications():
+                if note.type is lbs.NotificationType.STREAM_ADDED:
+                    got.append(note.stream)
+
+        taker = asyncio.create_task(take())
+        try:
+            await _until(lambda: len(got) == 8, "8 streams taken")
+            await asyncio.sleep(3 * cfg.read_block)  # every shard's reader has read again meanwhile
+            assert c.held == 8 and len(got) == 8
+            for stream in got[:3]:  # three slots free: three more come, from the same shard
+                assert await c.done_stream(stream) is lbs.DoneStatus.DONE
+            await _until(lambda: len(got) == 11, "3 more taken")
+            await asyncio.sleep(3 * cfg.read_block)
+            assert c.held == 8 and len(got) == 11 and len(set(got)) == 11
+        finally:
+            taker.cancel()
+
+
+async def test_run_concurrency_is_the_processes_over_every_shard(
+    redis_server: Any, service: str
+) -> None:
+    # Work in one shard, then in every shard: run(concurrency=6) runs six handlers at once, never more.
+    async with lbs.Producer(redis_server.url, service, shards=3) as producer:
+        await producer.add_streams(_in_shard(0, 3, 10))
+        await producer.add_streams([f"x{i}" for i in range(30)])
+    release = asyncio.Event()
+    running: set[str] = set()
+    peak = 0
+    finished = 0
+
+    async def handle(note: lbs.Notification) -> None:
+        nonlocal peak, finished
+        running.add(note.stream)
+        peak = max(peak, len(running))
+        await release.wait()
+        running.discard(note.stream)
+        finished += 1
+
+    c = lbs.ShardedClient(
+        redis_server.url,
+        service,
+        "c",
+        lbs.Config(read_block=0.2),
+        shards=3,
+        load_entrypoint_plugins=False,
+    )
+    runner = asyncio.create_task(c.run(handle, concurrency=6))
+    try:
+        await _until(lambda: len(running) == 6, "six handlers running")
+        await asyncio.sleep(0.6)  # every shard's reader has looked again
+        assert peak == 6
+        release.set()
+        await _until(lambda: finished == 40, "all 40 handled", timeout=20.0)
+        assert peak == 6
+    finally:
+        await c.close()
+        await runner
+
+
+async def test_a_waiting_read_that_finds_no_slot_free_puts_its_entry_back(
+    redis_server: Any, service: str, r: Any
+) -> None:
+    # Two shards, one slot: both readers wait in Redis (a waiting read reserves no slot), one
+    # registration comes to each; the second reply finds the slot taken and puts its entry back,
+    # no retry counted, and it is taken once the slot frees.
+    a, b = _in_shard(0, 2, 1)[0], _in_shard(1, 2, 1)[0]
+    cfg = lbs.Config(max_streams=1, read_block=5.0)
+    async with lbs.ShardedClient(
+        redis_server.url, service, "c", cfg, shards=2, load_entrypoint_plugins=False
+    ) as c:
+
+        async def waiting_reads() -> int:
+            return sum(
+                1
+                for cl in await r.client_list()
+                if cl["cmd"] == "xreadgroup" and "b" in cl["flags"]
+            )
+
+        async def until_both_wait() -> None:
+            while await waiting_reads() < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(until_both_wait(), 10.0)
+        async with lbs.Producer(redis_server.url, service, shards=2) as producer:
+            await producer.add_streams([a, b])
+        notes = c.notifications()
+        first = await asyncio.wait_for(anext(notes), 10.0)
+        assert first.type is lbs.NotificationType.STREAM_ADDED and first.stream in (a, b)
+        other = b if first.stream == a else a
+        shard = lbs.shard_services(service, 2)[lbs.shard_of(other, 2)]
+        other_lbs, group = lbs.input_stream(shard), f"{shard}-group"
+
+        async def until_put_back() -> None:  # read, then back: none pending in its shard, one there
+            while (await r.xpending(other_lbs, group))["pending"] or await r.xlen(other_lbs) != 1:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(until_put_back(), 10.0)
+        assert c.held == 1
+        assert await c.done_stream(first.stream) is lbs.DoneStatus.DONE
+        second = await asyncio.wait_for(anext(notes), 10.0)
+        assert (second.type, second.stream, second.retry_count) == (
+            lbs.NotificationType.STREAM_ADDED,
+            other,
+            0,
+        )

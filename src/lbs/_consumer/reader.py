@@ -50,6 +50,7 @@ from .intake import Dispatch, Intake
 from .ratelimit import RateLimiter
 from .requeue import Requeue
 from .runner import start_task
+from .slots import WAITING_READ
 from .state import ClientState
 from .take import Taker
 from .topology import Topology
@@ -238,6 +239,7 @@ class Reader(Activity, kind="reader"):
                 # Cancelled or given up with a read in flight: its entries are
                 # pending to us; recovery brings them back once our lease expires.
                 self.lose_reply(self._sent_at.pop(ahead[0], math.inf))
+                self._settled(ahead[0])
                 ahead[0].cancel()
 
     def _send(self, count: int, start: str, wait_ms: int = 0) -> asyncio.Task[_Batch]:
@@ -247,12 +249,17 @@ class Reader(Activity, kind="reader"):
         task's first step runs at once); the task's result is the batch."""
         # Before sending: sending can yield, and stop() must see that a wait is under way.
         self.blocked = wait_ms > 0
+        if wait_ms and self.state.slots is not None:
+            count = min(
+                count, WAITING_READ
+            )  # shared slots: a waiting read keeps few (lbs._consumer.slots)
         sent = time.monotonic()
         coro = self._read_new(count, wait_ms) if start == ">" else self._reread(count)
         task = start_task(asyncio.get_running_loop(), coro, "lbs-read")
         self._sent_at[task] = sent
-        if start == ">":
+        if start == ">" and not wait_ms:  # a waiting read reserves no shared slot (see _read_new)
             self._reads[task] = count
+            self.state.reading += count
         else:
             # What is ours now (held, being finished or handed back) is not the lost reply's: a
             # stream finished while the re-read is under way is gone from all three by the time
@@ -296,6 +303,19 @@ class Reader(Activity, kind="reader"):
         entries = replies[-1]
         if isinstance(entries, Exception):
             raise entries
+        if wait_ms and s.slots is not None:
+            # A waiting read reserves no shared slot (lbs._consumer.slots): what finds none free now
+            # goes back to the LBS, no retry counted (or, the lease lapsed, once it is back). What it
+            # keeps counts as being read until it is held (_settled), as a reserved read's does, so
+            # another member's reply meanwhile finds those slots taken.
+            keep = max(0, min(len(entries), s.free_slots()))
+            self._reads[asyncio.current_task()] = keep  # type: ignore[index]
+            s.reading += keep
+            if keep < len(entries):
+                self.taker.stranded += [e.id for e in entries[keep:]]
+                entries = entries[:keep]
+                if s.lease.held == s.lease.takes:
+                    await self.taker.put_back_stranded("no slot free in this process")
         if self.limiter is not None:
             self.limiter.got(len(entries))
         then = DRAINED if len(entries) < count else then_if_full
@@ -374,8 +394,18 @@ class Reader(Activity, kind="reader"):
                 )
             return then
         finally:
-            self._reads.pop(sent, None)
+            self._settled(sent)
             self._sent_at.pop(sent, None)
+
+    def _settled(self, sent: asyncio.Task[_Batch]) -> None:
+        """A read of new entries is taken (or abandoned): what it asked for no longer counts as being
+        read; clients sharing the slots look again (it may have taken less)."""
+        asked = self._reads.pop(sent, 0)
+        if asked:
+            s = self.state
+            s.reading -= asked
+            if s.slots is not None:
+                s.slots.wake(s)
 
     def lose_reply(self, sent: float = math.inf) -> None:
         """A reply to a write sent at ``sent`` (monotonic; inf: unknown) was lost: the next read re-reads

@@ -11,8 +11,9 @@ import asyncio
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,12 +27,13 @@ from .._redis.wire import Wire
 from ..config import Config
 from ..exceptions import ConfigurationError, NotHeldError
 from ..logs import about
-from ..metrics import Histogram
 from ..notifications import Mailbox, Notification, NotificationType
 from ..plugins import Hooks
 from ..strategy import ReadStrategy
 from .journal import Journal
 from .lease import Lease
+from .slots import SharedSlots
+from .stats import ClientStats, Histogram
 
 __all__ = [
     "ClientState",
@@ -202,43 +204,6 @@ class Server:
         return self.version >= (8, 4) or self.valkey >= (9, 1)
 
 
-@dataclass(slots=True)
-class ClientStats:
-    """What a client did since it started: plain counters, updated as it goes.
-
-    These are what metrics read (``lbs-prometheus`` at scrape time): keeping
-    them costs an integer add, and nothing is called per assignment.
-    """
-
-    #: Streams taken (held under the lease and handed to the application).
-    taken: int = 0
-    #: Streams finished (``done_stream`` or a returning ``run()`` handler), whatever the outcome.
-    finished: int = 0
-    #: ... of which still ours (``DoneStatus.DONE``).
-    done: int = 0
-    #: ... of which ``LOCK_EXPIRED``: never under the consumer lease (stays 0; kept for compatibility).
-    lock_expired: int = 0
-    #: ... of which lost: the lease they were read under had lapsed, or they were handed on (``LOCK_LOST``).
-    lock_lost: int = 0
-    #: ``run()`` handlers that raised (or were cancelled by someone else) ...
-    handler_failures: int = 0
-    #: ... and those that ran past their timeout (counted apart, not in handler_failures).
-    handler_timeouts: int = 0
-    #: Streams handed back to the LBS (``hand_back``, failed handlers, shutdown).
-    handed_back: int = 0
-    #: Assignments this client sent to the dead-letter stream (or dropped, without one).
-    dead_lettered: int = 0
-    #: Failed streams parked to come back after their retry delay (``Config.retry_delay``).
-    retries_delayed: int = 0
-    #: Heartbeat ticks that went through, and when the last one did (``time.monotonic()``; 0: none yet).
-    heartbeats: int = 0
-    heartbeat_at: float = 0.0
-    #: How long ``run()`` handlers ran, returned or raised (seconds).
-    handler_seconds: Histogram = field(default_factory=Histogram)
-    #: Messages committed by ``run_keyed()`` handlers.
-    keyed_messages: int = 0
-
-
 class Holdings:
     """The held streams (the core's :class:`HeldTable`) and the recently disowned ones.
 
@@ -259,6 +224,8 @@ class Holdings:
         #: Slots freed so far (:meth:`free`): a reader that looked before compares, since the event may
         #: have been set and cleared meanwhile.
         self.frees = 0
+        #: Called on each freed slot besides (the shared slots waking the other clients' readers).
+        self.on_free: Callable[[], None] | None = None
         #: Held entries whose keyed commit is in flight: it may let the key go, so a heartbeat that
         #: finds the lease gone meanwhile leaves them to the commit's reply instead of disowning them.
         self.settling: set[str] = set()
@@ -309,9 +276,12 @@ class Holdings:
         return True
 
     def free(self) -> None:
-        """A slot freed (a stream dropped, a handler ended): the reader may read again."""
+        """A slot freed (a stream dropped, a handler ended): the reader (and those sharing the slots,
+        :mod:`lbs._consumer.slots`) may read again."""
         self.frees += 1
         self.freed.set()
+        if self.on_free is not None:
+            self.on_free()
 
     def find(self, stream: str, entry_id: str | None = None) -> Held:
         """The held assignment of ``stream`` (``entry_id`` picks one, else the oldest); :class:`lbs.NotHeldError`."""
@@ -401,6 +371,7 @@ class ClientState:
         log: ConsumerLog,
         link: Link,
         owner: Any,
+        slots: SharedSlots | None = None,
     ) -> None:
         self.config = config
         self.names = names
@@ -426,6 +397,13 @@ class ClientState:
         self.strategy = ReadStrategy(name="default")
         #: How many streams this client holds at most: ``max_streams``, or run()'s ``concurrency``.
         self.capacity = config.max_streams
+        #: The slots shared with other clients of the process (a ShardedClient's shards), or None.
+        self.slots = slots
+        #: What this client's reads of new entries in flight asked for (counted by the other members).
+        self.reading = 0
+        if slots is not None:
+            slots.join(self)
+            self.holdings.on_free = partial(slots.wake, self)
         #: Under run(): its concurrency (0: not running), and its running handler tasks.
         self.run_limit = 0
         #: Whether the last read of new entries got all the several it asked for, without waiting:
@@ -493,7 +471,10 @@ class ClientState:
         return count if count is not None else max(1, min(self.capacity // 2, 500))
 
     def free_slots(self, taking: int = 0) -> int:
-        """How many more streams may be taken now (the capacity, and under run() its handlers)."""
+        """How many more streams may be taken now (the capacity, and under run() its handlers; shared
+        slots count the other clients' too)."""
+        if self.slots is not None:
+            return self.slots.free(self, taking)
         free = self.capacity - len(self.holdings) + len(self.holdings.lingering) - taking
         if self.run_limit:
             free = min(free, self.run_limit - len(self.handlers) - taking)
