@@ -22,7 +22,7 @@ every shard that can hold work is read; switch the producers to the new N; once 
 shards are empty (``lbs status``: XLEN and XPENDING 0), restart the consumers without
 ``previous_shards`` and delete the old shards' keys. While both layouts hold work, one data
 stream's assignments may sit in two shards at once. Upgrading from an lbs that named every shard
-``s.i``: consumers first (they read the shards of the earlier names while their LBS exists, and say
+``s.i``: consumers first (they read the shards of the earlier names that a producer wrote to, and say
 so), then producers; then delete the earlier shards' keys once empty.
 """
 
@@ -33,13 +33,14 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from . import _keys
 from ._consumer.slots import SharedSlots
 from ._keys import check_shards, shard_of, shard_services
 from ._placement import legacy_names
 from ._redis.connection import ClusterMode, RedisLike, resolve_client
+from ._redis.wire import text
 from .client import Client, Handler
 from .config import Config
 from .exceptions import NotHeldError, RedisOperationError
@@ -60,7 +61,7 @@ class ShardedClient:
     :meth:`done_stream` finds the shard holding the stream. Plugins are
     registered in every shard's client. ``previous_shards``: the shard counts
     of layouts being left (a change of N); their shards, and those an earlier
-    lbs named otherwise, are read too while their LBS exists (found at start).
+    lbs named otherwise, are read too where a producer wrote to their LBS (found at start).
     """
 
     def __init__(
@@ -93,7 +94,7 @@ class ShardedClient:
         self.clients = [self._client(svc) for svc in shard_services(service, self.shards)]
         self._merged: asyncio.Queue[Notification | None] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
-        # Read too while their LBS exists: shards an earlier lbs named otherwise (lbs._placement), and
+        # Read too where a producer wrote to their LBS: shards an earlier lbs named otherwise (lbs._placement), and
         # those of the layouts being left (previous_shards).
         now = set(shard_services(service, self.shards))
         others = [*legacy_names(service, self.shards)]
@@ -118,12 +119,7 @@ class ShardedClient:
         if self._looked or not self._legacy:
             return
         self._looked = True
-        try:
-            found = [
-                svc for svc in self._legacy if await self._redis.exists(_keys.input_stream(svc))
-            ]
-        except RedisError as exc:
-            raise RedisOperationError("look for legacy shards", exc) from exc
+        found = [svc for svc in self._legacy if await self._written(svc)]
         for svc in found:
             log.warning(
                 "%s: the shard %s (named by an earlier lbs) still exists: reading it too. Once every "
@@ -136,6 +132,22 @@ class ShardedClient:
                 _keys.input_stream(svc),
             )
             self.clients.append(self._client(svc))
+
+    async def _written(self, svc: str) -> bool:
+        """Whether a producer ever wrote to the shard ``svc``'s LBS (``entries-added`` of XINFO STREAM):
+        one that a consumer recreated, empty, when its keys were deleted under it (a reader recreates
+        a group that vanished, with its stream) is not read, so deleting it once every consumer
+        runs this lbs is for good."""
+        try:
+            info = await self._redis.xinfo_stream(_keys.input_stream(svc))
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return False
+            raise RedisOperationError(f"look for the legacy shard {svc}", exc) from exc
+        except RedisError as exc:
+            raise RedisOperationError(f"look for the legacy shard {svc}", exc) from exc
+        added = {text(k): v for k, v in info.items()}.get("entries-added")
+        return int(added or 0) > 0
 
     def _client(self, svc: str) -> Client:
         consumer_id, cfg, plugins, load = self._args

@@ -28,6 +28,12 @@ def test_shard_names_and_routing_are_stable() -> None:
         lbs.shard_services("svc", 0)
 
 
+def _sharded(url: str, service: str, shards: int, **config: Any) -> lbs.ShardedClient:
+    """The consumer "c" of every shard, without entry-point plugins."""
+    cfg = lbs.Config(**{"read_block": 0.1, **config})
+    return lbs.ShardedClient(url, service, "c", cfg, shards=shards, load_entrypoint_plugins=False)
+
+
 async def _drain(client: lbs.ShardedClient, n: int, timeout: float = 20.0) -> Counter[str]:
     seen: Counter[str] = Counter()
 
@@ -58,14 +64,7 @@ async def test_three_shards_on_one_redis(redis_server: Any, service: str, r: Any
         for _, fields in await r.xrange(lbs.input_stream(svc)):
             (name, _info, _) = lbs.try_decode_input(fields[b"lbs-input"])
             assert lbs.shard_of(name, 3) == i
-    c = lbs.ShardedClient(
-        redis_server.url,
-        service,
-        "c",
-        lbs.Config(read_block=0.1),
-        shards=3,
-        load_entrypoint_plugins=False,
-    )
+    c = _sharded(redis_server.url, service, 3)
     seen = await _drain(c, 60)  # run() starts the shards' clients
     assert seen == Counter(dict.fromkeys(names, 1))
     for svc in lbs.shard_services(service, 3):
@@ -102,9 +101,7 @@ async def test_six_shards_on_three_masters_deliver_exactly_once_and_spread(
         await producer.add_streams(names)
     slots = {key_slot(lbs.input_stream(svc).encode()) for svc in lbs.shard_services(service, 6)}
     assert len(slots) == 6
-    c = lbs.ShardedClient(
-        url, service, "c", lbs.Config(read_block=0.1), shards=6, load_entrypoint_plugins=False
-    )
+    c = _sharded(url, service, 6)
     seen = await _drain(c, 120)
     assert seen == Counter(dict.fromkeys(names, 1))
     assert len({sub.node for sub in c.clients}) == 3  # the shards' owners: every master
@@ -121,14 +118,7 @@ async def test_notifications_of_every_shard_and_done_in_the_right_one(
     async with lbs.Producer(redis_server.url, service, shards=2) as producer:
         await producer.add_streams(names)
     assert {lbs.shard_of(n, 2) for n in names} == {0, 1}  # both shards hold work
-    async with lbs.ShardedClient(
-        redis_server.url,
-        service,
-        "c",
-        lbs.Config(read_block=0.1),
-        shards=2,
-        load_entrypoint_plugins=False,
-    ) as c:
+    async with _sharded(redis_server.url, service, 2) as c:
         got = []
         async for note in c.notifications():
             if note.type is lbs.NotificationType.STREAM_ADDED:
@@ -160,9 +150,7 @@ async def test_keyed_processing_with_six_shards_on_three_masters_keeps_each_keys
         # An effect in the key's slot: the data stream's hash tag.
         batch.emit(batch.data_stream.partition("}:")[0] + "}:out", {"key": batch.key})
 
-    c = lbs.ShardedClient(
-        url, service, "c", lbs.Config(read_block=0.1), shards=6, load_entrypoint_plugins=False
-    )
+    c = _sharded(url, service, 6)
     runner = asyncio.create_task(c.run_keyed(handle, batch=3))
     try:
 
@@ -199,25 +187,24 @@ async def test_shards_an_earlier_lbs_named_are_read_while_they_exist(
     read those shards too (and say so), and the earlier shards of a layout being left as well."""
     from lbs._placement import legacy_names
 
-    legacy = legacy_names(service, 2)[0]  # an earlier name of one of the shards
+    legacy, emptied = legacy_names(service, 2)  # the earlier names of the two shards
     await r.xadd(lbs.input_stream(legacy), {"lbs-input": lbs.encode_input("old-1")})
+    # Deleted under a running consumer, which recreated it empty with its group: not read again.
+    await r.xgroup_create(lbs.input_stream(emptied), f"{emptied}-group", id="0", mkstream=True)
     async with lbs.Producer(r, service, shards=3) as p3:  # a layout being left
         await p3.add_streams(["three-a", "three-b"])
     async with lbs.Producer(r, service, shards=2) as producer:
         await producer.add_streams(["new-1", "new-2"])
     c = lbs.ShardedClient(
-        redis_server.url,
-        service,
-        "c",
-        lbs.Config(read_block=0.1),
-        shards=2,
-        previous_shards=[3],
-        load_entrypoint_plugins=False,
+        redis_server.url, service, "c", shards=2, previous_shards=[3], load_entrypoint_plugins=False
     )
     with caplog.at_level("WARNING", logger="lbs.sharding"):
         seen = await _drain(c, 5)
     assert seen == Counter(dict.fromkeys(["old-1", "three-a", "three-b", "new-1", "new-2"], 1))
     assert any(legacy in rec.getMessage() for rec in caplog.records)
+    assert legacy in {x.service for x in c.clients} and emptied not in {
+        x.service for x in c.clients
+    }
 
 
 def _in_shard(shard: int, shards: int, count: int) -> list[str]:
@@ -229,8 +216,8 @@ def _in_shard(shard: int, shards: int, count: int) -> list[str]:
 
 async def _until(check: Any, what: str, timeout: float = 10.0) -> None:
     async def poll() -> None:
-        while not check():
-            await asyncio.sleep(0.01)  # held counts across shards have no event to await
+        while not (await check() if asyncio.iscoroutinefunction(check) else check()):
+            await asyncio.sleep(0.01)  # what is polled (counts across shards, Redis) has no event
 
     try:
         await asyncio.wait_for(poll(), timeout)
@@ -246,10 +233,7 @@ async def test_max_streams_is_the_processes_whichever_shard_holds_the_work(
     names = _in_shard(2, 4, 30)
     async with lbs.Producer(redis_server.url, service, shards=4) as producer:
         await producer.add_streams(names)
-    cfg = lbs.Config(max_streams=8, read_block=0.2)
-    async with lbs.ShardedClient(
-        redis_server.url, service, "c", cfg, shards=4, load_entrypoint_plugins=False
-    ) as c:
+    async with _sharded(redis_server.url, service, 4, max_streams=8, read_block=0.2) as c:
         got: list[str] = []
 
         async def take() -> None:
@@ -260,12 +244,12 @@ async def test_max_streams_is_the_processes_whichever_shard_holds_the_work(
         taker = asyncio.create_task(take())
         try:
             await _until(lambda: len(got) == 8, "8 streams taken")
-            await asyncio.sleep(3 * cfg.read_block)  # every shard's reader has read again meanwhile
+            await asyncio.sleep(0.6)  # every shard's reader has read again meanwhile
             assert c.held == 8 and len(got) == 8
             for stream in got[:3]:  # three slots free: three more come, from the same shard
                 assert await c.done_stream(stream) is lbs.DoneStatus.DONE
-            await _until(lambda: len(got) == 11, "3 more taken")
-            await asyncio.sleep(3 * cfg.read_block)
+            await _until(lambda: len(got) == 11, f"3 more taken ({c.held} held, {len(got)} taken)")
+            await asyncio.sleep(0.6)
             assert c.held == 8 and len(got) == 11 and len(set(got)) == 11
         finally:
             taker.cancel()
@@ -291,14 +275,7 @@ async def test_run_concurrency_is_the_processes_over_every_shard(
         running.discard(note.stream)
         finished += 1
 
-    c = lbs.ShardedClient(
-        redis_server.url,
-        service,
-        "c",
-        lbs.Config(read_block=0.2),
-        shards=3,
-        load_entrypoint_plugins=False,
-    )
+    c = _sharded(redis_server.url, service, 3, read_block=0.2)
     runner = asyncio.create_task(c.run(handle, concurrency=6))
     try:
         await _until(lambda: len(running) == 6, "six handlers running")
@@ -319,37 +296,29 @@ async def test_a_waiting_read_that_finds_no_slot_free_puts_its_entry_back(
     # registration comes to each; the second reply finds the slot taken and puts its entry back,
     # no retry counted, and it is taken once the slot frees.
     a, b = _in_shard(0, 2, 1)[0], _in_shard(1, 2, 1)[0]
-    cfg = lbs.Config(max_streams=1, read_block=5.0)
-    async with lbs.ShardedClient(
-        redis_server.url, service, "c", cfg, shards=2, load_entrypoint_plugins=False
-    ) as c:
+    async with _sharded(redis_server.url, service, 2, max_streams=1, read_block=5.0) as c:
 
-        async def waiting_reads() -> int:
-            return sum(
-                1
-                for cl in await r.client_list()
-                if cl["cmd"] == "xreadgroup" and "b" in cl["flags"]
-            )
+        async def both_wait() -> bool:
+            reads = [cl for cl in await r.client_list() if cl["cmd"] == "xreadgroup"]
+            return sum("b" in cl["flags"] for cl in reads) == 2
 
-        async def until_both_wait() -> None:
-            while await waiting_reads() < 2:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(until_both_wait(), 10.0)
+        await _until(both_wait, "both shards' readers waiting in Redis")
         async with lbs.Producer(redis_server.url, service, shards=2) as producer:
-            await producer.add_streams([a, b])
+            ids = dict(zip([a, b], await producer.add_streams([a, b])))
         notes = c.notifications()
         first = await asyncio.wait_for(anext(notes), 10.0)
         assert first.type is lbs.NotificationType.STREAM_ADDED and first.stream in (a, b)
         other = b if first.stream == a else a
         shard = lbs.shard_services(service, 2)[lbs.shard_of(other, 2)]
-        other_lbs, group = lbs.input_stream(shard), f"{shard}-group"
 
-        async def until_put_back() -> None:  # read, then back: none pending in its shard, one there
-            while (await r.xpending(other_lbs, group))["pending"] or await r.xlen(other_lbs) != 1:
-                await asyncio.sleep(0.01)
+        async def put_back() -> bool:  # read, then back as a new entry: none pending in its shard
+            pending = (await r.xpending(lbs.input_stream(shard), f"{shard}-group"))["pending"]
+            return not pending and [i for i, _ in await r.xrange(lbs.input_stream(shard))] not in (
+                [],
+                [ids[other].encode()],
+            )
 
-        await asyncio.wait_for(until_put_back(), 10.0)
+        await _until(put_back, "the entry no slot was free for put back")
         assert c.held == 1
         assert await c.done_stream(first.stream) is lbs.DoneStatus.DONE
         second = await asyncio.wait_for(anext(notes), 10.0)

@@ -50,7 +50,7 @@ from .intake import Dispatch, Intake
 from .ratelimit import RateLimiter
 from .requeue import Requeue
 from .runner import start_task
-from .slots import WAITING_READ
+from .slots import RAMP_FROM, WAITING_READ
 from .state import ClientState
 from .take import Taker
 from .topology import Topology
@@ -108,6 +108,7 @@ class Reader(Activity, kind="reader"):
         self._sent_at: dict[asyncio.Task[_Batch], float] = {}  # each read in flight: when sent
         self._reads: dict[asyncio.Task[_Batch], int] = {}  # reads of new entries in flight: asked
         self._tracked: set[str] = set()  # what was ours when the last re-read was sent
+        self._ramp = RAMP_FROM  # shared slots: what a read not waiting in Redis asks for (_room)
 
     async def _main(self) -> None:
         s = self.state
@@ -128,9 +129,10 @@ class Reader(Activity, kind="reader"):
 
         def read_ahead(got: int, asked: int) -> None:
             nonlocal ahead, looked
-            free = s.free_slots(got)
-            if got >= asked and free > 0 and not s.stopping.is_set():
-                count = min(s.read_count, free)
+            if got >= asked:
+                self._ramp = min(2 * self._ramp, s.read_count)
+            count = self._room(READ_AGAIN, got)
+            if got >= asked and count > 0 and not s.stopping.is_set():
                 looked = s.holdings.frees
                 ahead = (self._send(count, ">"), count)
 
@@ -141,14 +143,14 @@ class Reader(Activity, kind="reader"):
                         sent, asked = ahead
                         ahead = None
                     else:
-                        free = s.free_slots()
-                        if free <= 0:
+                        room = self._room(then)
+                        if room <= 0:
                             # Full: read again once a slot is freed (or after read_block). Cleared
                             # before looking again, so a slot freed in between is not missed.
                             then = READ_AGAIN
                             freed = s.holdings.freed
                             freed.clear()
-                            if s.free_slots() <= 0:
+                            if self._room(then) <= 0:
                                 await self.taker.flush_record()
                                 await wait_set(freed, cfg.read_block)
                             continue
@@ -181,7 +183,7 @@ class Reader(Activity, kind="reader"):
                             await self.taker.flush_record()
                             if s.holdings.frees == looked:  # none freed since the look
                                 await wait_set(freed, SHARE_RECHECK)
-                        asked = min(s.read_count, free)
+                        asked = room
                         # Drained: wait in Redis (a blocking XREADGROUP) for the next XADD.
                         wait = block_ms if then == DRAINED else 0
                         looked = s.holdings.frees
@@ -189,6 +191,8 @@ class Reader(Activity, kind="reader"):
                     then = READ_AGAIN  # what a take that fails leaves: read again
                     refused_under = s.lease.takes  # the take a refused read was sent under, at most
                     then = await self._take(sent, ">", partial(read_ahead, asked=asked))
+                    if then == DRAINED:
+                        self._ramp = RAMP_FROM
                 except asyncio.CancelledError:
                     raise
                 except ResponseError as exc:
@@ -241,6 +245,22 @@ class Reader(Activity, kind="reader"):
                 self.lose_reply(self._sent_at.pop(ahead[0], math.inf))
                 self._settled(ahead[0])
                 ahead[0].cancel()
+
+    def _room(self, then: bytes, taking: int = 0) -> int:
+        """What the next read of new entries asks for (``taking`` being taken already); 0: wait for a
+        slot. Shared slots (:mod:`lbs._consumer.slots`): a read not waiting in Redis asks for the
+        ramp (from :data:`RAMP_FROM`, doubled by each read that gets all it asked for, up to
+        ``read_count``), and none is sent for less than half of it while another shard's read is in
+        flight (its reply frees what it does not take), so shards with a backlog read in turns, in
+        batches, rather than all at once in slivers, and a trickle reserves few slots."""
+        s = self.state
+        free = s.free_slots(taking)
+        if s.slots is None or then == DRAINED:
+            return max(0, min(s.read_count, free))
+        ask = min(s.read_count, self._ramp)
+        if free >= max(1, ask // 2) or (free > 0 and not s.slots.read_elsewhere(s)):
+            return min(ask, free)
+        return 0
 
     def _send(self, count: int, start: str, wait_ms: int = 0) -> asyncio.Task[_Batch]:
         """Start reading up to ``count`` entries: new ones (">", with plain commands: an ``XREADGROUP``

@@ -16,7 +16,12 @@ less than it asked, wakes every member's reader (each waits on its own
 
 A member's waiting read (the LBS drained, a blocking ``XREADGROUP``) asks for at most
 :data:`WAITING_READ` entries: a blocked read is served by the first ``XADD``, with the one entry
-there is then, and a larger ask would only keep slots from the shards that have a backlog.
+there is then, and a larger ask would only keep slots from the shards that have a backlog. A read
+that does not wait asks for a ramp (:data:`RAMP_FROM` after a drained read, doubled by each full
+one, up to ``read_count``) and, while another member's read is in flight, is not sent for less
+than half of it: shards with a backlog take
+the free slots in turns, in batches (Redis pays per read, not per entry), not all in slivers, and a
+trickle keeps few slots reserved (a waiting read's reply that finds no slot free goes back).
 """
 
 from __future__ import annotations
@@ -26,10 +31,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .state import ClientState
 
-__all__ = ["WAITING_READ", "SharedSlots"]
+__all__ = ["RAMP_FROM", "WAITING_READ", "SharedSlots"]
 
 #: Most entries a member's blocking read asks for.
 WAITING_READ = 2
+#: What a member's read not waiting in Redis asks for after a read that drained its LBS (doubled by
+#: each read that gets all it asked for, up to ``read_count``; no read is sent for less than half).
+RAMP_FROM = 4
 
 
 class SharedSlots:
@@ -51,6 +59,10 @@ class SharedSlots:
             if m is not member:
                 used += m.reading
         return member.capacity - used - taking
+
+    def read_elsewhere(self, member: ClientState) -> bool:
+        """Whether a member other than ``member`` has a read of new entries in flight."""
+        return any(m.reading for m in self._members if m is not member)
 
     def wake(self, member: ClientState) -> None:
         """``member`` freed a slot, or a read of it took less than it asked: the others look again."""
