@@ -93,6 +93,7 @@ class Deploy:
     tmp: Path
     processes: int = 1
     keyed: bool = False
+    shards: int = 1
     workers: list[Worker] = field(default_factory=list)
     n: int = 0
 
@@ -110,6 +111,7 @@ class Deploy:
         )
         # One worker of each round runs --processes 2 (a supervisor and its children) where asked.
         extra = ["--processes", str(self.processes)] if self.processes > 1 else []
+        extra += ["--shards", str(self.shards)] if self.shards > 1 else []
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [
@@ -137,7 +139,7 @@ class Deploy:
         return w
 
     async def started(self, w: Worker, timeout: float = 60.0) -> None:
-        want = max(1, self.processes)
+        want = max(1, self.processes) * self.shards  # a shard's client says it started, each
 
         async def up() -> bool:
             if w.proc.poll() is not None:
@@ -181,27 +183,29 @@ def audit(events: list[dict[str, str]]) -> tuple[list[str], list[str], set[str]]
 
 
 @pytest.mark.parametrize(
-    ("processes", "keyed", "rounds"),
+    ("processes", "keyed", "rounds", "shards"),
     [
-        (1, False, ROUNDS),
-        (2, False, 1 if not FULL else ROUNDS),
-        (1, True, 1 if not FULL else ROUNDS),
+        (1, False, ROUNDS, 1),
+        (2, False, 1 if not FULL else ROUNDS, 1),
+        (1, True, 1 if not FULL else ROUNDS, 1),
+        (1, False, 1 if not FULL else ROUNDS, 4),
     ],
-    ids=["processes-1", "processes-2", "run_keyed"],
+    ids=["processes-1", "processes-2", "run_keyed", "shards-4"],
 )
 async def test_rolling_deploys_keep_every_stream_in_one_process(
-    service: str, report: Report, processes: int, keyed: bool, rounds: int
+    service: str, report: Report, processes: int, keyed: bool, rounds: int, shards: int
 ) -> None:
     """``processes-2``: each worker a supervisor of two (``--processes 2``); ``run_keyed``: keys
-    published with ``lbs.Publisher``, a message each, audited per key."""
+    published with ``lbs.Publisher``, a message each, audited per key; ``shards-4``: a sharded LBS
+    (``--shards 4``: the four shards' clients of a worker share its slots)."""
     rng = random.Random(42)
     k = workers_for_this_machine() if processes == 1 else 2
     names: list[str] = []
     with server() as srv, tempfile.TemporaryDirectory() as tmp:
         r = aioredis.Redis.from_url(srv.url)
-        producer = lbs.Producer(srv.url, service)
+        producer = lbs.Producer(srv.url, service, shards=shards)
         publisher = lbs.Publisher(srv.url, service)
-        deploy = Deploy(srv.url, service, Path(tmp), processes, keyed)
+        deploy = Deploy(srv.url, service, Path(tmp), processes, keyed, shards)
         stop = asyncio.Event()
 
         async def produce() -> None:
@@ -249,7 +253,9 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
                 w.proc.send_signal(signal.SIGTERM)
             await asyncio.gather(*(exited(w) for w in old))
             events = await read_audit(r, f"{service}-audit")
-            lbs_left = await r.xlen(lbs.input_stream(service))
+            lbs_left = sum(
+                [await r.xlen(lbs.input_stream(svc)) for svc in lbs.shard_services(service, shards)]
+            )
         finally:
             stop.set()
             if feeder is not None:
@@ -271,7 +277,8 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
             if "lock_lost" in line or "lost the lock" in line
         ]
         fig = Figures(
-            f"rolling-deploy-{'keyed' if keyed else f'{processes}p'}",
+            f"rolling-deploy-{'keyed' if keyed else f'{processes}p'}"
+            + (f"-{shards}shards" if shards > 1 else ""),
             registered=len(names),
             handled=starts,
             finished=len(ended),
