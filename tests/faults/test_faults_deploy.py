@@ -162,6 +162,8 @@ def audit(events: list[dict[str, str]]) -> tuple[list[str], list[str], set[str]]
     overlaps: list[str] = []
     again: list[str] = []
     for ev in events:
+        if ev["ev"] not in ("start", "end", "cancelled"):
+            continue  # the test's own markers (paused, resumed)
         name = ev["name"]
         runs = running.setdefault(name, [])
         key = (ev["pid"], ev["token"], ev["entry"])
@@ -182,25 +184,52 @@ def audit(events: list[dict[str, str]]) -> tuple[list[str], list[str], set[str]]
     return overlaps, again, ended
 
 
+def started_while_paused(events: list[dict[str, str]], fence: int) -> list[str]:
+    """The runs started between the pause and resume markers on a take after the pause (a fencing
+    token above ``fence``, the counter when the pause returned)."""
+    out: list[str] = []
+    pausing = False
+    for ev in events:
+        if ev["ev"] in ("paused", "resumed"):
+            pausing = ev["ev"] == "paused"
+        elif pausing and ev["ev"] == "start" and int(ev["token"]) > fence:
+            out.append(
+                f"{ev['name']}: {ev['worker']} started it with token {ev['token']} > {fence}"
+            )
+    return out
+
+
 @pytest.mark.parametrize(
-    ("processes", "keyed", "rounds", "shards"),
+    ("processes", "keyed", "rounds", "shards", "paused"),
     [
-        (1, False, ROUNDS, 1),
-        (2, False, 1 if not FULL else ROUNDS, 1),
-        (1, True, 1 if not FULL else ROUNDS, 1),
-        (1, False, 1 if not FULL else ROUNDS, 4),
+        (1, False, ROUNDS, 1, False),
+        (2, False, 1 if not FULL else ROUNDS, 1, False),
+        (1, True, 1 if not FULL else ROUNDS, 1, False),
+        (1, False, 1 if not FULL else ROUNDS, 4, False),
+        (1, False, 1, 1, True),
     ],
-    ids=["processes-1", "processes-2", "run_keyed", "shards-4"],
+    ids=["processes-1", "processes-2", "run_keyed", "shards-4", "paused"],
 )
 async def test_rolling_deploys_keep_every_stream_in_one_process(
-    service: str, report: Report, processes: int, keyed: bool, rounds: int, shards: int
+    service: str,
+    report: Report,
+    processes: int,
+    keyed: bool,
+    rounds: int,
+    shards: int,
+    paused: bool,
 ) -> None:
     """``processes-2``: each worker a supervisor of two (``--processes 2``); ``run_keyed``: keys
     published with ``lbs.Publisher``, a message each, audited per key; ``shards-4``: a sharded LBS
-    (``--shards 4``: the four shards' clients of a worker share its slots)."""
+    (``--shards 4``: the four shards' clients of a worker share its slots); ``paused``: the service
+    is paused (``lbs.ServiceControls``) for the whole deploy, then resumed: no handler starts on a
+    take after the pause (every start between the pause and the resume has a fencing token the
+    counter had reached when the pause returned), the producer's registrations and what the
+    drains hand back wait in the LBS, and all of it runs once resumed."""
     rng = random.Random(42)
     k = workers_for_this_machine() if processes == 1 else 2
     names: list[str] = []
+    fence = 0
     with server() as srv, tempfile.TemporaryDirectory() as tmp:
         r = aioredis.Redis.from_url(srv.url)
         producer = lbs.Producer(srv.url, service, shards=shards)
@@ -227,6 +256,11 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
                 await deploy.started(w)
             feeder = asyncio.create_task(produce())
             await asyncio.sleep(3 * LOCK_TTL)  # long handlers under way before the first SIGTERM
+            controls = lbs.ServiceControls(r, service)
+            if paused:
+                await controls.pause("test_faults_deploy", "the whole deploy")
+                fence = int(await r.get(lbs.fence_key(service)) or 0)
+                await r.xadd(f"{service}-audit", {"ev": "paused"})
             for _ in range(rounds):
                 for i, w in enumerate(old):
                     new = deploy.start()
@@ -234,6 +268,9 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
                     w.proc.send_signal(signal.SIGTERM)
                     old[i] = new
                     await asyncio.sleep(LOCK_TTL / 2)  # the next step while this one drains
+            if paused:
+                await r.xadd(f"{service}-audit", {"ev": "resumed"})
+                await controls.resume("test_faults_deploy")
             stop.set()
             await feeder
             feeder = None
@@ -265,6 +302,7 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
             await publisher.close()
             await r.aclose()
         overlaps, again, ended = audit(events)
+        while_paused = started_while_paused(events, fence) if paused else []
         lost = [n for n in names if n not in ended]
         starts = sum(1 for e in events if e["ev"] == "start")
         cancelled = sum(1 for e in events if e["ev"] == "cancelled")
@@ -278,7 +316,8 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
         ]
         fig = Figures(
             f"rolling-deploy-{'keyed' if keyed else f'{processes}p'}"
-            + (f"-{shards}shards" if shards > 1 else ""),
+            + (f"-{shards}shards" if shards > 1 else "")
+            + ("-paused" if paused else ""),
             registered=len(names),
             handled=starts,
             finished=len(ended),
@@ -305,6 +344,8 @@ async def test_rolling_deploys_keep_every_stream_in_one_process(
         problems.append(f"a stream ran in two processes at once: {overlaps[:5]}")
     if again:
         problems.append(f"a stream that ended ran again: {again[:5]}")
+    if while_paused:
+        problems.append(f"a take after the pause started a handler: {while_paused[:5]}")
     if bad_exits:
         problems.append(f"workers that did not exit 0: {bad_exits}")
     if lock_lost:
