@@ -5,7 +5,8 @@ its hash tag: on Redis Cluster they talk to the master owning that slot through 
 from the node's own settings (:func:`lbs._redis.connection.slot_owner`), so pipelines and MULTI/EXEC
 land where the keys are. Elsewhere the client given is used as it is. Also what these tools share
 on that client: the server's clock from ``TIME`` (every age is measured by it) and key names made
-safe for a ``SCAN MATCH`` pattern.
+safe for a ``SCAN MATCH`` pattern; and :class:`ServiceHandle`, what :class:`lbs.ServiceControls` and
+:class:`lbs.DeadLetters` are made from.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+from . import _keys
 from ._redis.connection import ClusterMode, RedisLike, resolve_client, slot_owner
+from .config import Config
+from .exceptions import ConfigurationError
 
-__all__ = ["glob_escape", "on_owner", "owner", "time_ms"]
+__all__ = ["ServiceHandle", "glob_escape", "on_owner", "owner", "time_ms"]
 
 
 @asynccontextmanager
@@ -53,6 +57,32 @@ async def owner(
     finally:
         if owned:
             await client.aclose()
+
+
+class ServiceHandle:
+    """One service as an operator's API reaches it: its name (checked), its :class:`lbs.Config`
+    (the defaults when none), its load-balancer stream, and the client from ``redis`` (a client is
+    left open, a URL opened here: ``_owned``) that reaches them."""
+
+    def __init__(
+        self,
+        redis: RedisLike,
+        service: str,
+        *,
+        config: Config | None = None,
+        cluster: bool | ClusterMode = ClusterMode.NONE,
+    ) -> None:
+        self.service = _keys.validate_service(service)
+        if config is not None and not isinstance(config, Config):
+            raise ConfigurationError(f"config must be an lbs.Config, got {type(config).__name__}")
+        self.config = config or Config()
+        self.stream = _keys.input_stream(service)
+        self._configured()
+        self._client, self._owned = resolve_client(redis, cluster=cluster)
+
+    def _configured(self) -> None:
+        """A subclass's own checks and settings, once ``config`` is known and before the client is
+        made (none here)."""
 
 
 def time_ms(reply: Any) -> int:

@@ -40,10 +40,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from . import _keys
-from ._admin import on_owner, time_ms
-from ._redis.connection import ClusterMode, RedisLike, execute, resolve_client
+from ._admin import ServiceHandle, on_owner, time_ms
+from ._redis.connection import RedisLike, execute
 from ._redis.wire import text
-from ._streamids import NOT_AN_ID, bad_ids
+from ._streamids import checked_ids
 from .config import Config
 from .exceptions import ConfigurationError, RedisOperationError
 from .hookspecs import hookimpl
@@ -104,11 +104,7 @@ def operator_name() -> str:
 
 
 def _ids(entry_ids: str | Iterable[str]) -> list[str]:
-    ids = [entry_ids] if isinstance(entry_ids, str) else list(entry_ids)
-    bad = bad_ids(ids)
-    if bad:
-        raise ConfigurationError(f"{NOT_AN_ID}: {', '.join(bad)}")
-    return list(dict.fromkeys(ids))
+    return checked_ids([entry_ids] if isinstance(entry_ids, str) else entry_ids, ConfigurationError)
 
 
 def _who(by: str) -> str:
@@ -117,7 +113,7 @@ def _who(by: str) -> str:
     return by.strip()
 
 
-class ServiceControls:
+class ServiceControls(ServiceHandle):
     """Pause, resume, release, cancel and force-claim in one service (see the module).
 
     ::
@@ -133,21 +129,6 @@ class ServiceControls:
     force-claim, the journal's bound). Redis failures raise :class:`lbs.RedisOperationError`; bad
     arguments :class:`lbs.ConfigurationError`.
     """
-
-    def __init__(
-        self,
-        redis: RedisLike,
-        service: str,
-        *,
-        config: Config | None = None,
-        cluster: bool | ClusterMode = ClusterMode.NONE,
-    ) -> None:
-        self.service = _keys.validate_service(service)
-        if config is not None and not isinstance(config, Config):
-            raise ConfigurationError(f"config must be an lbs.Config, got {type(config).__name__}")
-        self.config = config or Config()
-        self.stream = _keys.input_stream(service)
-        self._client, self._owned = resolve_client(redis, cluster=cluster)
 
     async def __aenter__(self) -> ServiceControls:
         return self

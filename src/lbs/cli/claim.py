@@ -21,23 +21,15 @@ from .. import _keys
 from .._admin import owner
 from .._redis.connection import execute
 from .._redis.wire import text as reply_text
-from .._streamids import NOT_AN_ID, bad_ids
 from ..client import Client
 from ..config import Config
 from ..controls import ControlOutcome, ServiceControls, operator_name
 from ..hookspecs import hookimpl
 from ..status import require_service
 from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, ping, run
-from .control import ByOption, ReasonOption, print_outcomes
+from .control import ByOption, ReasonOption, entry_ids_checked, print_outcomes
 
 __all__ = ["ClaimOutcome", "claim"]
-
-
-def _entry_ids(values: list[str]) -> list[str]:
-    bad = bad_ids(values)
-    if bad:
-        raise typer.BadParameter(f"{NOT_AN_ID}: {', '.join(bad)}")
-    return list(dict.fromkeys(values))
 
 
 @dataclass(frozen=True)
@@ -79,7 +71,7 @@ def claim(
             metavar="ENTRY_ID...",
             help="Entry ids of the load-balancer stream (`MILLISECONDS-SEQUENCE`), as "
             "`lbs status` or XPENDING show them.",
-            callback=_entry_ids,
+            callback=entry_ids_checked,
             show_default=False,
         ),
     ],

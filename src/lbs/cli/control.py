@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
-from .._streamids import NOT_AN_ID, bad_ids
+from .._streamids import checked_ids
 from ..controls import ControlOutcome, ServiceControls, operator_name
 from ..status import require_service
 from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, duration, run
@@ -48,11 +49,10 @@ WaitOption = Annotated[
 ]
 
 
-def _entry_ids(values: list[str]) -> list[str]:
-    bad = bad_ids(values)
-    if bad:
-        raise typer.BadParameter(f"{NOT_AN_ID}: {', '.join(bad)}")
-    return list(dict.fromkeys(values))
+def entry_ids_checked(values: list[str]) -> list[str]:
+    """An ``ENTRY_ID...`` argument's callback: the ids, each once; a usage error (exit 2) naming
+    those that are not stream ids."""
+    return checked_ids(values, typer.BadParameter)
 
 
 EntryIds = Annotated[
@@ -60,7 +60,7 @@ EntryIds = Annotated[
     typer.Argument(
         metavar="ENTRY_ID...",
         help="Entry ids of held streams in the load-balancer stream, as `lbs status` shows them.",
-        callback=_entry_ids,
+        callback=entry_ids_checked,
         show_default=False,
     ),
 ]
@@ -127,61 +127,52 @@ def resume(
         )
 
 
-def release(
-    service: ServiceArgument,
-    entry_ids: EntryIds,
-    url: UrlOption,
-    reason: ReasonOption = "",
-    wait: WaitOption = 10.0,
-    by: ByOption = "",
-    json_out: JsonOption = False,
-) -> None:
+def _order_command(action: str, doc: str) -> Callable[..., None]:
+    """The command ``lbs <action>`` (release or cancel): the action asked of each held stream's
+    holder, its outcomes printed; its help ``doc``."""
+
+    def command(
+        service: ServiceArgument,
+        entry_ids: EntryIds,
+        url: UrlOption,
+        reason: ReasonOption = "",
+        wait: WaitOption = 10.0,
+        by: ByOption = "",
+        json_out: JsonOption = False,
+    ) -> None:
+        check_service(action, service)
+        run(action, lambda: require_service(url, service), url)
+        who = by or operator_name()
+
+        async def act() -> list[ControlOutcome]:
+            async with ServiceControls(url, service) as controls:
+                method = controls.release if action == "release" else controls.cancel
+                return await method(entry_ids, who, reason, wait=wait)
+
+        print_outcomes(run(action, act, url), json_out)
+
+    command.__name__ = command.__qualname__ = action
+    command.__doc__ = doc
+    return command
+
+
+release = _order_command(
+    "release",
     """Hand held streams back now: each holder cancels the handler, no retry counted.
 
     The stream goes back into the load-balancer stream under a new entry id
     and is taken again (by any consumer). Exit 0 when every one was released
     or is not held; 3 when a holder did not act within --wait.
-    """
-    _order("release", service, entry_ids, url, reason, wait, by, json_out)
-
-
-def cancel(
-    service: ServiceArgument,
-    entry_ids: EntryIds,
-    url: UrlOption,
-    reason: ReasonOption = "",
-    wait: WaitOption = 10.0,
-    by: ByOption = "",
-    json_out: JsonOption = False,
-) -> None:
+    """,
+)
+cancel = _order_command(
+    "cancel",
     """Cancel running handlers: each holder cancels it and dead-letters the stream with the reason.
 
     `lbs dlq replay` brings it back. Exit 0 when every one was cancelled or
     is not held; 3 when a holder did not act within --wait.
-    """
-    _order("cancel", service, entry_ids, url, reason, wait, by, json_out)
-
-
-def _order(
-    action: str,
-    service: str,
-    entry_ids: list[str],
-    url: str,
-    reason: str,
-    wait: float,
-    by: str,
-    json_out: bool,
-) -> None:
-    check_service(action, service)
-    run(action, lambda: require_service(url, service), url)
-    who = by or operator_name()
-
-    async def act() -> list[ControlOutcome]:
-        async with ServiceControls(url, service) as controls:
-            method = controls.release if action == "release" else controls.cancel
-            return await method(entry_ids, who, reason, wait=wait)
-
-    print_outcomes(run(action, act, url), json_out)
+    """,
+)
 
 
 def print_outcomes(results: list[ControlOutcome], json_out: bool) -> None:

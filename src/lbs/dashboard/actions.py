@@ -7,6 +7,7 @@ sign-out, a wrong token, an action done, refused or failed."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -104,6 +105,34 @@ async def _may_act(d: Dashboard, request: Request, action: str, what: str) -> di
     return form
 
 
+async def _logged(
+    d: Dashboard,
+    request: Request,
+    action: str,
+    what: str,
+    doing: Callable[[], Awaitable[tuple[str, bool]]],
+) -> tuple[str, bool]:
+    """Do ``doing``: its line (and whether it did what was asked) logged after ``what``, at WARNING
+    when it did not, its failure too (at WARNING, the error's URLs masked, then raised)."""
+    service = request.path_params["service"]
+    try:
+        text, ok = await doing()
+    except (LbsError, RedisError, OSError) as exc:
+        log_action(
+            request,
+            "%s failed: %s",
+            what,
+            d.masked(exc),
+            level=logging.WARNING,
+            action=action,
+            service=service,
+        )
+        raise
+    level = logging.INFO if ok else logging.WARNING
+    log_action(request, "%s: %s", what, text, level=level, action=action, service=service)
+    return text, ok
+
+
 async def _act(
     d: Dashboard,
     request: Request,
@@ -117,20 +146,11 @@ async def _act(
     """Do ``action`` on the selected letters; one line for the flash message, logged after ``what``
     (its failure too)."""
     service = request.path_params["service"]
-    try:
-        text = await _do(d, service, action, ids=ids, reason=reason, until=until)
-    except (LbsError, RedisError, OSError) as exc:
-        log_action(
-            request,
-            "%s failed: %s",
-            what,
-            d.masked(exc),
-            level=logging.WARNING,
-            action=action,
-            service=service,
-        )
-        raise
-    log_action(request, "%s: %s", what, text, action=action, service=service)
+
+    async def doing() -> tuple[str, bool]:
+        return await _do(d, service, action, ids=ids, reason=reason, until=until), True
+
+    text, _ = await _logged(d, request, action, what, doing)
     return text
 
 

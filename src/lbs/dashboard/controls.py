@@ -10,11 +10,9 @@ log's own :func:`~lbs.dashboard.security.who`.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -22,11 +20,10 @@ from starlette.routing import Route
 
 from .._streamids import is_stream_id
 from ..controls import ControlOutcome, ServiceControls
-from ..exceptions import LbsError
-from .actions import _flash, _may_act, _safe_next
+from .actions import _flash, _logged, _may_act, _safe_next
 from .app import Dashboard, dash, page
 from .data import held_entry, read_pause
-from .security import log_action, who
+from .security import who
 
 __all__ = ["routes"]
 
@@ -77,26 +74,15 @@ async def _acted(
     what: str,
     doing: Callable[[ServiceControls], Awaitable[tuple[str, bool]]],
 ) -> tuple[str, bool]:
-    """Do ``doing``; its line (and whether it did what was asked) logged after ``what``, its
-    failure too."""
+    """Do ``doing`` on the service's :class:`lbs.ServiceControls`; its line (and whether it did
+    what was asked) logged after ``what``, its failure too."""
     service = request.path_params["service"]
-    try:
+
+    async def controlled() -> tuple[str, bool]:
         async with ServiceControls(d.fleet.client, service, config=d.fleet.config) as controls:
-            text, ok = await doing(controls)
-    except (LbsError, RedisError, OSError) as exc:
-        log_action(
-            request,
-            "%s failed: %s",
-            what,
-            d.masked(exc),
-            level=logging.WARNING,
-            action=action,
-            service=service,
-        )
-        raise
-    level = logging.INFO if ok else logging.WARNING
-    log_action(request, "%s: %s", what, text, level=level, action=action, service=service)
-    return text, ok
+            return await doing(controls)
+
+    return await _logged(d, request, action, what, controlled)
 
 
 def _with(what: str, reason: str) -> str:

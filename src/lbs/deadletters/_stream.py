@@ -13,12 +13,11 @@ from redis.exceptions import RedisError
 from _lbscore import EntryParser
 
 from .. import _keys
-from .._admin import on_owner
-from .._redis.connection import ClusterMode, RedisLike, execute, resolve_client
+from .._admin import ServiceHandle, on_owner
+from .._redis.connection import execute
 from .._redis.errors import KeyTypeError
 from .._redis.wire import fields_text, text
 from .._streamids import NOT_AN_ID, id_key, is_stream_id
-from ..config import Config
 from ..exceptions import ConfigurationError, LbsError, RedisOperationError
 from .letters import DeadLetter
 
@@ -42,32 +41,19 @@ def as_text(value: Any) -> str:
     return text(value, "replace")
 
 
-class LetterStream:
+class LetterStream(ServiceHandle):
     """A service's dead-letter stream, its load-balancer stream and the client that reaches them."""
 
-    def __init__(
-        self,
-        redis: RedisLike,
-        service: str,
-        *,
-        config: Config | None = None,
-        cluster: bool | ClusterMode = ClusterMode.NONE,
-    ) -> None:
-        self.service = _keys.validate_service(service)
-        if config is not None and not isinstance(config, Config):
-            raise ConfigurationError(f"config must be an lbs.Config, got {type(config).__name__}")
-        self.config = config or Config()
+    def _configured(self) -> None:
         if self.config.dead_letter_stream == "":
             raise ConfigurationError(
                 'Config.dead_letter_stream is "": this service\'s dead letters are dropped, '
                 "there is no dead-letter stream to read"
             )
         self.prefix = self.config.field_prefix
-        #: The dead-letter stream and the load-balancer stream.
-        self.key = self.config.dead_letter_stream or _keys.dead_letter_stream(service)
-        self.stream = _keys.input_stream(service)
-        self._forwarders = _keys.dead_letter_group(service)
-        self._client, self._owned = resolve_client(redis, cluster=cluster)
+        #: The dead-letter stream (the load-balancer stream is ``stream``).
+        self.key = self.config.dead_letter_stream or _keys.dead_letter_stream(self.service)
+        self._forwarders = _keys.dead_letter_group(self.service)
         # A replayed entry is judged by the consumers' own parser, as the producer judges new ones.
         self._judge = EntryParser(
             _keys.INPUT_FIELD,
