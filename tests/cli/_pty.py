@@ -156,3 +156,17 @@ class Terminal:
             self.proc.kill()
             self.proc.wait(10)
         os.close(self.master)
+
+
+async def watched(
+    argv: Sequence[str], until: Callable[[str], bool], cols: int = 120
+) -> tuple[str, int]:
+    """``argv`` run in a :class:`Terminal` (``cols`` wide) until its screen is ``until`` (60 s at
+    most), then interrupted (Ctrl-C): the screen and the exit code. The terminal is closed after."""
+    term = Terminal(argv, cols=cols)
+    try:
+        screen = await asyncio.to_thread(term.read_until, until, 60)
+        code = await asyncio.to_thread(term.interrupt)
+    finally:
+        term.close()
+    return screen, code

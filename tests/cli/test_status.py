@@ -19,7 +19,7 @@ from lbs.testing import abandon
 from _helpers import client, eventually, produce, take
 
 # rr is a fixture.
-from _pty import Terminal, app_argv, flat, invoke, rr  # noqa: F401
+from _pty import app_argv, flat, invoke, rr, watched  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -346,16 +346,12 @@ async def test_status_on_a_cluster(redis_cluster: Any, service: str) -> None:
 
 async def test_watch_redraws_until_ctrl_c(any_server: Any, service: str) -> None:
     await produce(any_server.url, service, "a")
-    term = Terminal(
-        app_argv("status", service, "--url", any_server.url, "--watch", "--interval", "0.2")
+    title = f"lbs status {service}"
+    screen, code = await watched(
+        app_argv("status", service, "--url", any_server.url, "--watch", "--interval", "0.2"),
+        lambda s: s.count(title) >= 2,
     )
-    try:
-        title = f"lbs status {service}"
-        screen = await asyncio.to_thread(term.read_until, lambda s: s.count(title) >= 2, 60)
-        assert "1 entries: 1 waiting" in screen
-        code = await asyncio.to_thread(term.interrupt)
-    finally:
-        term.close()
+    assert "1 entries: 1 waiting" in screen
     assert code == 0
 
 
@@ -363,14 +359,10 @@ async def test_watch_with_json_prints_one_document_per_line(
     redis_server: Any, service: str
 ) -> None:
     await produce(redis_server.url, service, "a")
-    term = Terminal(
-        app_argv("status", service, "--url", redis_server.url, "--watch", "-n", "0.1", "--json")
+    screen, code = await watched(
+        app_argv("status", service, "--url", redis_server.url, "--watch", "-n", "0.1", "--json"),
+        lambda s: s.count('"service"') >= 3,
     )
-    try:
-        screen = await asyncio.to_thread(term.read_until, lambda s: s.count('"service"') >= 3, 60)
-        code = await asyncio.to_thread(term.interrupt)
-    finally:
-        term.close()
     docs = [json.loads(line) for line in screen.splitlines() if line.startswith("{")][:3]
     assert [d["backlog"] for d in docs] == [1, 1, 1] and code == 0
 

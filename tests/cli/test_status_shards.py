@@ -4,7 +4,6 @@ and on a single Redis."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -19,7 +18,7 @@ from lbs.cli.render import render_shards
 from lbs.status import ShardedStatus, collect_shards
 
 from _helpers import eventually, produce
-from _pty import Terminal, app_argv, flat, invoke
+from _pty import app_argv, flat, invoke, watched
 
 pytestmark = pytest.mark.integration
 
@@ -164,14 +163,9 @@ async def test_watch_redraws_the_shards(redis_server: Any, service: str) -> None
     argv = app_argv(
         "status", service, "--shards", "2", "--url", redis_server.url, "-w", "-n", "0.2"
     )
-    term = Terminal(argv, cols=200)
-    try:
-        title = f"lbs status {service} · 2 shards"
-        screen = await asyncio.to_thread(term.read_until, lambda s: s.count(title) >= 2, 60)
-        assert "shards per master:" in screen
-        code = await asyncio.to_thread(term.interrupt)
-    finally:
-        term.close()
+    title = f"lbs status {service} · 2 shards"
+    screen, code = await watched(argv, lambda s: s.count(title) >= 2, cols=200)
+    assert "shards per master:" in screen
     assert code == 0
 
 

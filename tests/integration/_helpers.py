@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
@@ -155,6 +156,53 @@ async def next_line(proc: subprocess.Popen[str], timeout: float = 20) -> dict[st
     line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
     assert line, f"the process ended early (exit code {proc.poll()})"
     return json.loads(line)  # type: ignore[no-any-return]
+
+
+async def group_has(r: Any, service: str, n: int) -> bool:
+    """Whether ``service``'s group has ``n`` consumers (False while the group does not exist)."""
+    try:
+        return len(await r.xinfo_consumers(input_stream(service), group_name(service))) == n
+    except Exception:
+        return False
+
+
+@contextlib.asynccontextmanager
+async def consumer_processes(
+    script: str,
+    url: str,
+    service: str,
+    n: int,
+    seen: Callable[[dict[str, Any]], None],
+    *more: str,
+) -> AsyncIterator[None]:
+    """``n`` processes ``python -c SCRIPT URL SERVICE c<i> MORE...`` (``i`` from 0) for the block,
+    each JSON line they print handed to ``seen``. On the way out their stdin is closed (a consumer
+    process closes its client and ends then), each is waited for (60 s at most) and its output read
+    to the end."""
+    procs = [
+        await asyncio.create_subprocess_exec(
+            *(sys.executable, "-c", script, url, service, f"c{i}", *more),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(n)
+    ]
+
+    async def collect(proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        async for line in proc.stdout:
+            seen(json.loads(line))
+
+    readers = [asyncio.create_task(collect(p)) for p in procs]
+    try:
+        yield
+    finally:
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.close()
+        for p in procs:
+            await asyncio.wait_for(p.wait(), 60)
+        await asyncio.gather(*readers)
 
 
 async def command_calls(r: Any) -> dict[str, int]:

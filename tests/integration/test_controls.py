@@ -4,6 +4,8 @@ and force-claim a held stream, on running consumers (run()), with the default Co
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -70,15 +72,25 @@ async def test_a_consumer_started_while_paused_takes_nothing(
             await eventually(lambda: is_true(len(h.calls) == 2), timeout=15)
 
 
+@contextlib.asynccontextmanager
+async def held_by_c1(
+    url: str, r: aioredis.Redis, service: str, stream: str
+) -> AsyncIterator[tuple[Hold, str, lbs.ServiceControls]]:
+    """``stream`` registered and held, for the block, by consumer c1 running a ``Hold("hold")``:
+    that handler, the stream's entry id and the service's controls (on ``r``)."""
+    h = Hold("hold")
+    (entry_id,) = await lbs.Producer(r, service).add_streams([stream])
+    async with running(url, service, h, "c1"):
+        await asyncio.wait_for(h.started.wait(), 10)
+        async with lbs.ServiceControls(r, service) as controls:
+            yield h, entry_id, controls
+
+
 async def test_release_hands_a_held_stream_back_with_no_retry_and_it_runs_again(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    h = Hold("hold")
-    (entry_id,) = await lbs.Producer(r, service).add_streams(["hold-r"])
-    async with running(redis_server.url, service, h, "c1"):
-        await asyncio.wait_for(h.started.wait(), 10)
-        async with lbs.ServiceControls(r, service) as controls:
-            (o,) = await controls.release([entry_id], by="ana", reason="rebalance")
+    async with held_by_c1(redis_server.url, r, service, "hold-r") as (h, entry_id, controls):
+        (o,) = await controls.release([entry_id], by="ana", reason="rebalance")
         assert o.outcome == "released" and o.holder.endswith("c1"), o
         assert h.cancelled == [entry_id]
         # Back in the LBS under a new id, no retry counted; taken again.
@@ -95,13 +107,9 @@ async def test_release_hands_a_held_stream_back_with_no_retry_and_it_runs_again(
 async def test_cancel_dead_letters_a_held_stream_with_the_operators_reason(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    h = Hold("hold")
-    (entry_id,) = await lbs.Producer(r, service).add_streams(["hold-c"])
-    async with running(redis_server.url, service, h, "c1"):
-        await asyncio.wait_for(h.started.wait(), 10)
-        async with lbs.ServiceControls(r, service) as controls:
-            (o,) = await controls.cancel(entry_id, by="ana", reason="poison")
-            (again,) = await controls.cancel(entry_id, by="ana")
+    async with held_by_c1(redis_server.url, r, service, "hold-c") as (h, entry_id, controls):
+        (o,) = await controls.cancel(entry_id, by="ana", reason="poison")
+        (again,) = await controls.cancel(entry_id, by="ana")
         assert o.outcome == "cancelled", o
         assert again.outcome == "not held"
         assert h.cancelled == [entry_id]
@@ -116,13 +124,10 @@ async def test_cancel_dead_letters_a_held_stream_with_the_operators_reason(
 async def test_force_claim_requeues_a_stuck_holders_stream_and_the_holder_drops_it(
     redis_server: Any, service: str, r: aioredis.Redis
 ) -> None:
-    h1, h2 = Hold("hold"), Hold("hold")
-    (entry_id,) = await lbs.Producer(r, service).add_streams(["hold-f"])
-    async with running(redis_server.url, service, h1, "c1"):
-        await asyncio.wait_for(h1.started.wait(), 10)
-        async with lbs.ServiceControls(r, service) as controls:
-            (o,) = await controls.force_claim([entry_id], by="ana", reason="stuck")
-            (gone,) = await controls.force_claim(["1-1"], by="ana")
+    h2 = Hold("hold")
+    async with held_by_c1(redis_server.url, r, service, "hold-f") as (h1, entry_id, controls):
+        (o,) = await controls.force_claim([entry_id], by="ana", reason="stuck")
+        (gone,) = await controls.force_claim(["1-1"], by="ana")
         assert o.outcome == "force-claimed" and o.holder.endswith("c1"), o
         assert gone.outcome == "not held"
         await eventually(lambda: is_true(h1.cancelled == [entry_id]), timeout=10)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ import redis.asyncio as aioredis
 import lbs
 from lbs._keys import group_name, input_stream
 
-from _helpers import client, eventually
+from _helpers import client, consumer_processes, eventually, group_has
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -50,7 +49,7 @@ async def test_long_registrations_spread_over_idle_consumers(
     runs = [asyncio.create_task(c.run(lambda note, who=c.id: handler(note, who))) for c in clients]
     try:
         # Every consumer has read (and found nothing) before the work arrives: each is a live peer.
-        await eventually(lambda: _consumers(r, service, 3))
+        await eventually(lambda: group_has(r, service, 3))
         await register(r, service, 12)
         await eventually(lambda: _is(sum(running.values()), 12))
         assert sorted(running.values()) == [4, 4, 4], running
@@ -95,41 +94,26 @@ async def trickle(
     first start less its entry id's ms, in seconds) and how many each consumer started."""
     started: dict[str, float] = {}
     ran: Counter[str] = Counter()
+
+    def seen(line: dict[str, Any]) -> None:
+        started.setdefault(line["id"], line["at"])
+        ran[line["who"]] += 1
+
     r = aioredis.Redis.from_url(url)
-    procs = [
-        await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", CONSUMER, url, service, f"c{i}", str(handler_s)),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for i in range(consumers)
-    ]
-
-    async def collect(proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            seen = json.loads(line)
-            started.setdefault(seen["id"], seen["at"])
-            ran[seen["who"]] += 1
-
-    readers = [asyncio.create_task(collect(p)) for p in procs]
     try:
-        # Every consumer has read (and found nothing): each waits in a blocking read, a live peer.
-        await eventually(lambda: _consumers(r, service, consumers), timeout=30)
-        await asyncio.sleep(0.5)
-        # From a thread of its own, as a producer elsewhere registers: not in step with the consumers.
-        await asyncio.to_thread(produce_steadily, url, service, rate, n)
-        # A registration stalled behind fair dispatch waits for a read_block (30 s): give up well before
-        # (the caller says what is missing).
-        with contextlib.suppress(AssertionError):
-            await eventually(lambda: _is(len(started), n), timeout=STALLED + handler_s)
+        async with consumer_processes(CONSUMER, url, service, consumers, seen, str(handler_s)):
+            # Every consumer has read (and found nothing): each waits in a blocking read, a live
+            # peer.
+            await eventually(lambda: group_has(r, service, consumers), timeout=30)
+            await asyncio.sleep(0.5)
+            # From a thread of its own, as a producer elsewhere registers: not in step with the
+            # consumers.
+            await asyncio.to_thread(produce_steadily, url, service, rate, n)
+            # A registration stalled behind fair dispatch waits for a read_block (30 s): give up
+            # well before (the caller says what is missing).
+            with contextlib.suppress(AssertionError):
+                await eventually(lambda: _is(len(started), n), timeout=STALLED + handler_s)
     finally:
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.close()
-        for p in procs:
-            await asyncio.wait_for(p.wait(), 60)
-        await asyncio.gather(*readers)
         await r.aclose()
     return [at - int(i.split("-")[0]) / 1000 for i, at in started.items()], ran
 
@@ -178,18 +162,11 @@ async def test_long_handlers_under_a_trickle_spread_without_stalling(
 async def test_a_lone_consumer_takes_what_it_can(
     redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:
-    held = Holding()
-
     c = client(redis_server.url, service)
-    run = asyncio.create_task(c.run(held.handler))
-    try:
-        await eventually(lambda: _consumers(r, service, 1))
+    async with holding(c) as held:
+        await eventually(lambda: group_has(r, service, 1))
         await register(r, service, 12)
         await eventually(lambda: _is(held.running, 12))
-    finally:
-        held.release.set()
-        await c.close()
-        await run
 
 
 async def test_the_share_counts_only_live_peers(
@@ -198,40 +175,26 @@ async def test_the_share_counts_only_live_peers(
     # A peer that reads (XINFO idle within fair_window_ms) and holds nothing: half of the 9 waiting
     # is this consumer's, rounded up. Once the peer is quiet past the window it is no peer, and the
     # rest is this consumer's too.
-    held = Holding()
-
     c = client(redis_server.url, service)
     async with live_peer(r, service) as keeper:
         await register(r, service, 9)
-        run = asyncio.create_task(c.run(held.handler))
-        try:
+        async with holding(c) as held:
             await eventually(lambda: _is(held.running, 5))
             await asyncio.sleep(0.5)  # reads that would take more than the share: none does
             assert held.running == 5
             keeper.cancel()  # the peer goes quiet: past the window (5 s) it is no peer
             await eventually(lambda: _is(held.running, 9), timeout=60)
-        finally:
-            held.release.set()
-            await c.close()
-            await run
 
 
 async def test_off_reads_up_to_count_whatever_the_peers(
     redis_server: Any, r: aioredis.Redis, service: str
 ) -> None:
-    held = Holding()
-
     c = client(redis_server.url, service, fair_dispatch=False, read_count=50)
     async with live_peer(r, service):
         await register(r, service, 9)
-        run = asyncio.create_task(c.run(held.handler))
-        try:
+        async with holding(c) as held:
             # All nine while the peer lives (with fair dispatch, five: test above).
             await eventually(lambda: _is(held.running, 9))
-        finally:
-            held.release.set()
-            await c.close()
-            await run
 
 
 class Holding:
@@ -245,6 +208,20 @@ class Holding:
     async def handler(self, note: lbs.Notification) -> None:
         self.running += 1
         await self.release.wait()
+
+
+@contextlib.asynccontextmanager
+async def holding(c: lbs.Client) -> AsyncIterator[Holding]:
+    """``c`` running a :class:`Holding` handler for the block; after it, what the handler holds is
+    released, ``c`` closed and its run awaited."""
+    held = Holding()
+    run = asyncio.create_task(c.run(held.handler))
+    try:
+        yield held
+    finally:
+        held.release.set()
+        await c.close()
+        await run
 
 
 @contextlib.asynccontextmanager
@@ -266,13 +243,6 @@ async def live_peer(r: aioredis.Redis, service: str) -> AsyncIterator[asyncio.Ta
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keeper
-
-
-async def _consumers(r: aioredis.Redis, service: str, n: int) -> bool:
-    try:
-        return len(await r.xinfo_consumers(input_stream(service), group_name(service))) == n
-    except Exception:
-        return False
 
 
 async def _is(value: Any, expected: Any) -> bool:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import time
 from collections import Counter
 from typing import Any
@@ -20,7 +19,7 @@ import redis.asyncio as aioredis
 from lbs._keys import input_stream, rate_prefix
 from lbs.embedded import RedisServer
 
-from _helpers import client, eventually, is_true, take
+from _helpers import client, consumer_processes, eventually, group_has, is_true, take
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -79,45 +78,16 @@ async def test_a_fleet_of_processes_shares_the_limit(
     n = 80
     starts: list[float] = []
     ran: Counter[str] = Counter()
-    procs = [
-        await asyncio.create_subprocess_exec(
-            *(sys.executable, "-c", CONSUMER, redis_server.url, service, f"c{i}"),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for i in range(procs_n)
-    ]
 
-    async def collect(proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        async for line in proc.stdout:
-            seen = json.loads(line)
-            starts.append(seen["at"])
-            ran[seen["who"]] += 1
+    def seen(line: dict[str, Any]) -> None:
+        starts.append(line["at"])
+        ran[line["who"]] += 1
 
-    readers = [asyncio.create_task(collect(p)) for p in procs]
-    try:
-
-        async def joined() -> bool:
-            try:
-                return (
-                    len(await r.xinfo_consumers(input_stream(service), f"{service}-group"))
-                    == procs_n
-                )
-            except Exception:
-                return False
-
-        await eventually(joined, timeout=60)
+    async with consumer_processes(CONSUMER, redis_server.url, service, procs_n, seen):
+        await eventually(lambda: group_has(r, service, procs_n), timeout=60)
         await _backlog(r, service, n)
         # Drains (about n / RATE = 4 s unloaded); generous on a loaded machine.
         await eventually(lambda: is_true(len(starts) == n), timeout=120)
-    finally:
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.close()
-        for p in procs:
-            await asyncio.wait_for(p.wait(), 60)
-        await asyncio.gather(*readers)
     assert len(starts) == n
     # Together, over any span: at most the rate over it (with the handlers' lag) plus two bursts.
     for span in (1.0, 2.0):
