@@ -261,7 +261,6 @@ async def test_run_concurrency_is_the_processes_over_every_shard(
     # Work in one shard, then in every shard: run(concurrency=6) runs six handlers at once, never more.
     async with lbs.Producer(redis_server.url, service, shards=3) as producer:
         await producer.add_streams(_in_shard(0, 3, 10))
-        await producer.add_streams([f"x{i}" for i in range(30)])
     release = asyncio.Event()
     running: set[str] = set()
     peak = 0
@@ -278,7 +277,9 @@ async def test_run_concurrency_is_the_processes_over_every_shard(
     c = _sharded(redis_server.url, service, 3, read_block=0.2)
     runner = asyncio.create_task(c.run(handle, concurrency=6))
     try:
-        await _until(lambda: len(running) == 6, "six handlers running")
+        await _until(lambda: len(running) == 6, "six handlers running, all of one shard")
+        async with lbs.Producer(redis_server.url, service, shards=3) as producer:
+            await producer.add_streams([f"x{i}" for i in range(30)])
         await asyncio.sleep(0.6)  # every shard's reader has looked again
         assert peak == 6
         release.set()
