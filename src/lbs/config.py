@@ -209,7 +209,8 @@ class Config:
     #: worth (and what a read's round trip lags behind its grant). Costs one more round trip per
     #: read (a ``MULTI`` on ``{<service>-input}:rate:<window>``). A consumer that finds its window
     #: given out reads nothing until the next one; what it holds runs on untouched. While Redis
-    #: fails, the reader backs off as for any failed read. ``run_keyed()`` is not limited.
+    #: fails, the reader backs off as for any failed read. ``run_keyed()`` is not limited. A
+    #: ``ShardedClient`` gives each of its N shards a N-th.
     rate_limit: float | None = None
     #: The rate limit's window (its resolution), seconds: between 0.01 and 3600.
     rate_limit_window: float = 1.0

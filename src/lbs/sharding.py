@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import replace
 from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
@@ -57,11 +58,12 @@ class ShardedClient:
 
     ``max_streams`` of ``config`` (or :meth:`run`'s ``concurrency``) is the process's: the shards'
     clients share it (:mod:`lbs._consumer.slots`), so each read asks for what the whole process has
-    free, in whichever shard the work is. Notifications of all shards come through :meth:`notifications`;
-    :meth:`done_stream` finds the shard holding the stream. Plugins are
-    registered in every shard's client. ``previous_shards``: the shard counts
-    of layouts being left (a change of N); their shards, and those an earlier
-    lbs named otherwise, are read too where a producer wrote to their LBS (found at start).
+    free, in whichever shard the work is. ``Config.rate_limit`` is the service's: each shard takes a
+    N-th of it (a legacy shard read during a migration another N-th). Notifications of all shards
+    come through :meth:`notifications`; :meth:`done_stream` finds the shard holding the stream.
+    Plugins are registered in every shard's client. ``previous_shards``: the shard counts of layouts
+    being left (a change of N); their shards, and those an earlier lbs named otherwise, are read too
+    where a producer wrote to their LBS (found at start).
     """
 
     def __init__(
@@ -82,6 +84,10 @@ class ShardedClient:
         previous = [check_shards(n) for n in previous_shards]
         self._redis, self._owned = resolve_client(redis, cluster=cluster)
         cfg = config if config is not None else Config()
+        if cfg.rate_limit is not None:
+            # Each shard counts its own windows (their keys in its slot): a N-th of the limit each,
+            # so the shards together take at most the service's (their loads are even: crc32).
+            cfg = replace(cfg, rate_limit=cfg.rate_limit / self.shards)
         self._slots = SharedSlots()
         plugins = list(plugins)
         self._args = (consumer_id, cfg, plugins, load_entrypoint_plugins)

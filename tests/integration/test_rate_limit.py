@@ -152,3 +152,34 @@ async def test_a_redis_restart_does_not_stop_the_reader(service: str) -> None:
         finally:
             await c.close()
             await r.aclose()
+
+
+async def test_a_sharded_service_takes_its_limit_not_one_per_shard(
+    redis_server: Any, service: str
+) -> None:
+    # Four shards, one process: each shard counts its own windows, so each takes a quarter of the
+    # limit; together, over any span, no more than the service's limit.
+    import lbs
+
+    n = 60
+    async with lbs.Producer(redis_server.url, service, shards=4) as producer:
+        await producer.add_streams([f"s{i}" for i in range(n)])
+    starts: list[float] = []
+
+    async def handle(note: lbs.Notification) -> None:
+        starts.append(time.monotonic())
+
+    cfg = lbs.Config(rate_limit=RATE, rate_limit_window=WINDOW, read_block=0.2)
+    c = lbs.ShardedClient(
+        redis_server.url, service, "c", cfg, shards=4, load_entrypoint_plugins=False
+    )
+    runner = asyncio.create_task(c.run(handle))
+    try:
+        await eventually(lambda: is_true(len(starts) == n), timeout=120)
+    finally:
+        await c.close()
+        await runner
+    # Each shard's windows give a quarter of a burst, rounded up to one: 4 a window at most.
+    for span in (1.0, 2.0):
+        worst = _worst_span(starts, span)
+        assert worst <= RATE * (span + LAG) + 2 * 4 * max(1, BURST // 4) + 1, (span, worst)
