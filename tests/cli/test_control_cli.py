@@ -102,3 +102,44 @@ async def test_a_holder_that_does_not_answer_exits_3(
 async def test_a_mistyped_service_is_refused(redis_server: Any, service: str) -> None:
     result = await lbs_cli("pause", "nosuch-" + service, "--url", redis_server.url)
     assert result.exit_code == 1
+
+
+async def test_pause_and_resume_a_sharded_service(
+    redis_server: Any, service: str, r: aioredis.Redis
+) -> None:
+    # `--shards 3`: every shard paused, a legacy shard a producer wrote to as well; a ShardedClient
+    # then takes nothing of what waits in any of them until the resume.
+    from lbs._placement import legacy_names
+
+    url = redis_server.url
+    names = [f"n{i}" for i in range(12)]
+    async with lbs.Producer(r, service, shards=3) as producer:
+        await producer.add_streams(names)
+    legacy = legacy_names(service, 3)[0]
+    await r.xadd(lbs.input_stream(legacy), {"lbs-input": lbs.encode_input("old")})
+    result = await lbs_cli("pause", service, "--url", url, "--shards", "3", "--by", "ops", "--json")
+    assert result.exit_code == 0, result.output
+    paused = json.loads(result.stdout)["shards"]
+    assert set(paused) == {*lbs.shard_services(service, 3), legacy}
+    for name in paused:
+        assert (await lbs.ServiceControls(r, name).paused()) is not None
+    seen: list[str] = []
+
+    async def handle(note: lbs.Notification) -> None:
+        seen.append(note.stream)
+
+    c = lbs.ShardedClient(url, service, "c", shards=3, load_entrypoint_plugins=False)
+    runner = asyncio.create_task(c.run(handle))
+    try:
+        await asyncio.sleep(2)
+        assert seen == []  # paused: nothing taken from any shard
+        result = await lbs_cli("resume", service, "--url", url, "--shards", "3")
+        assert result.exit_code == 0, result.output
+        assert "resumed" in result.stdout
+        await eventually(lambda: is_true(len(seen) == 13), timeout=30)
+    finally:
+        await c.close()
+        await runner
+    assert sorted(seen) == sorted([*names, "old"])
+    missing = await lbs_cli("pause", "nosuch", "--url", url, "--shards", "3")
+    assert missing.exit_code == 1

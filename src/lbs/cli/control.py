@@ -17,9 +17,12 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from .._keys import input_stream, shard_services
+from .._redis.connection import resolve_client
 from .._streamids import checked_ids
 from ..controls import ControlOutcome, ServiceControls, operator_name
 from ..status import require_service
+from ..status.shards import legacy_candidates
 from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, duration, run
 
 __all__ = ["cancel", "pause", "print_outcomes", "release", "resume"]
@@ -66,11 +69,56 @@ EntryIds = Annotated[
 ]
 
 
+ShardsOption = Annotated[
+    int,
+    typer.Option(
+        "--shards",
+        min=1,
+        metavar="N",
+        help="The service is sharded in N (the workers' --shards): every shard, and the legacy "
+        "shards a producer wrote to that the workers read too.",
+    ),
+]
+PreviousOption = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--previous-shards",
+        min=1,
+        metavar="M",
+        help="With --shards: a shard count being left (the workers' --previous-shards; repeatable).",
+        show_default=False,
+    ),
+]
+
+
+def _targets(command: str, url: str, service: str, shards: int, previous: list[int]) -> list[str]:
+    """The services a pause or resume acts on: ``service``, or with ``shards`` its shards and the
+    legacy ones whose LBS exists (what the workers read); exits 1 when none of them exists."""
+    if shards == 1 and not previous:
+        run(command, lambda: require_service(url, service), url)
+        return [service]
+    run(command, lambda: require_service(url, service, shards=shards), url)
+    layout = shard_services(service, shards)
+
+    async def existing() -> list[str]:
+        client, owned = resolve_client(url)
+        try:
+            names = [c[0] for c in legacy_candidates(service, shards, tuple(previous))]
+            return [n for n in names if await client.exists(input_stream(n))]
+        finally:
+            if owned:
+                await client.aclose()
+
+    return layout + run(command, existing, url)
+
+
 def pause(
     service: ServiceArgument,
     url: UrlOption,
     reason: ReasonOption = "",
     by: ByOption = "",
+    shards: ShardsOption = 1,
+    previous_shards: PreviousOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Pause a service: its consumers take nothing new; what they hold runs on and finishes.
@@ -79,43 +127,61 @@ def pause(
     batch read meanwhile goes back, no retry counted); each consumer stops
     reading at its next look (a second while it holds work, five idle). New registrations, streams recovered from dead consumers and
     retries coming due wait in the load-balancer stream. `lbs resume` ends it.
+    A sharded service (--shards) is paused shard by shard.
     """
     check_service("pause", service)
-    run("pause", lambda: require_service(url, service), url)
+    targets = _targets("pause", url, service, shards, previous_shards or [])
     who = by or operator_name()
 
-    async def act() -> dict[str, object]:
-        async with ServiceControls(url, service) as controls:
-            state = await controls.pause(who, reason)
-            return state.to_dict()
+    async def act() -> dict[str, dict[str, object]]:
+        out = {}
+        for name in targets:
+            async with ServiceControls(url, name) as controls:
+                out[name] = (await controls.pause(who, reason)).to_dict()
+        return out
 
-    state = run("pause", act, url)
+    states = run("pause", act, url)
     if json_out:
-        sys.stdout.write(json.dumps({"service": service, "paused": state}) + "\n")
+        doc = {"service": service, "paused": states[targets[0]]}
+        sys.stdout.write(json.dumps(doc | ({"shards": states} if len(targets) > 1 else {})) + "\n")
     else:
         Console().print(
             Text(f"{service} ")
             + Text("paused", style="bold yellow")
             + Text(f" by {who}" + (f": {reason}" if reason else ""))
+            + Text(f" ({len(targets)} shards: {', '.join(targets)})" if len(targets) > 1 else "")
         )
 
 
 def resume(
-    service: ServiceArgument, url: UrlOption, by: ByOption = "", json_out: JsonOption = False
+    service: ServiceArgument,
+    url: UrlOption,
+    by: ByOption = "",
+    shards: ShardsOption = 1,
+    previous_shards: PreviousOption = None,
+    json_out: JsonOption = False,
 ) -> None:
-    """Resume a paused service: its consumers take new work again within a second."""
+    """Resume a paused service: its consumers take new work again within a second.
+
+    A sharded service (--shards) is resumed shard by shard."""
     check_service("resume", service)
-    run("resume", lambda: require_service(url, service), url)
+    targets = _targets("resume", url, service, shards, previous_shards or [])
     who = by or operator_name()
 
-    async def act() -> tuple[dict[str, object] | None, int]:
-        async with ServiceControls(url, service) as controls:
-            was = await controls.resume(who)
-            return (was.to_dict() if was else None), await controls.server_time_ms()
+    async def act() -> tuple[dict[str, dict[str, object] | None], int]:
+        out: dict[str, dict[str, object] | None] = {}
+        now = 0
+        for name in targets:
+            async with ServiceControls(url, name) as controls:
+                was = await controls.resume(who)
+                out[name], now = (was.to_dict() if was else None), await controls.server_time_ms()
+        return out, now
 
-    was, now = run("resume", act, url)
+    each, now = run("resume", act, url)
+    was = next((w for w in each.values() if w is not None), None)
     if json_out:
-        sys.stdout.write(json.dumps({"service": service, "was": was}) + "\n")
+        doc = {"service": service, "was": was}
+        sys.stdout.write(json.dumps(doc | ({"shards": each} if len(targets) > 1 else {})) + "\n")
     elif was is None:
         Console().print(Text(f"{service} was not paused", style="dim"))
     else:
