@@ -270,16 +270,16 @@ class Reader(Activity, kind="reader"):
         # Before sending: sending can yield, and stop() must see that a wait is under way.
         self.blocked = wait_ms > 0
         if wait_ms and self.state.slots is not None:
-            count = min(
-                count, WAITING_READ
-            )  # shared slots: a waiting read keeps few (lbs._consumer.slots)
+            # Shared slots: a waiting read asks for few, and reserves none (lbs._consumer.slots).
+            count = min(count, WAITING_READ)
         sent = time.monotonic()
         coro = self._read_new(count, wait_ms) if start == ">" else self._reread(count)
         task = start_task(asyncio.get_running_loop(), coro, "lbs-read")
         self._sent_at[task] = sent
-        if start == ">" and not wait_ms:  # a waiting read reserves no shared slot (see _read_new)
-            self._reads[task] = count
-            self.state.reading += count
+        if start == ">":
+            if not wait_ms:  # a waiting read reserves no shared slot (see _read_new)
+                self._reads[task] = count
+                self.state.reading += count
         else:
             # What is ours now (held, being finished or handed back) is not the lost reply's: a
             # stream finished while the re-read is under way is gone from all three by the time
