@@ -100,8 +100,8 @@ class ShardedClient:
         self.clients = [self._client(svc) for svc in shard_services(service, self.shards)]
         self._merged: asyncio.Queue[Notification | None] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
-        # Read too where a producer wrote to their LBS: shards an earlier lbs named otherwise (lbs._placement), and
-        # those of the layouts being left (previous_shards).
+        # Read too where a producer wrote to their LBS: shards an earlier lbs named otherwise
+        # (lbs._placement), and those of the layouts being left (previous_shards).
         now = set(shard_services(service, self.shards))
         others = [*legacy_names(service, self.shards)]
         for n in previous:

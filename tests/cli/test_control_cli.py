@@ -123,6 +123,8 @@ async def test_pause_and_resume_a_sharded_service(
     assert set(paused) == {*lbs.shard_services(service, 3), legacy}
     for name in paused:
         assert (await lbs.ServiceControls(r, name).paused()) is not None
+    status = await lbs_cli("status", service, "--url", url, "--shards", "3")
+    assert status.stdout.count("PAUSED") == 4, status.stdout  # three shards and the legacy one
     seen: list[str] = []
 
     async def handle(note: lbs.Notification) -> None:

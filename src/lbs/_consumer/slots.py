@@ -19,9 +19,9 @@ A member's waiting read (the LBS drained, a blocking ``XREADGROUP``) asks for at
 there is then, and a larger ask would only keep slots from the shards that have a backlog. A read
 that does not wait asks for a ramp (:data:`RAMP_FROM` after a drained read, doubled by each full
 one, up to ``read_count``) and, while another member's read is in flight, is not sent for less
-than half of it: shards with a backlog take
-the free slots in turns, in batches (Redis pays per read, not per entry), not all in slivers, and a
-trickle keeps few slots reserved (a waiting read's reply that finds no slot free goes back).
+than half of it: shards with a backlog take the free slots in turns, in batches (Redis pays per
+read, not per entry), not all in slivers, and a trickle keeps few slots reserved (a waiting read's
+reply that finds no slot free goes back).
 """
 
 from __future__ import annotations

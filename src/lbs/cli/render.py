@@ -262,7 +262,7 @@ def _legacy_note(shard: ShardStatus) -> Text:
 
 def render_shards(sh: ShardedStatus, *, url: str = "", footer: str = "") -> RenderableType:
     """A sharded service's placement as one screen: a row per shard (slot, master, backlog,
-    pending, consumers, dead letters), the legacy shards flagged (with what to do with each), and
+    pending, consumers, dead letters; PAUSED), the legacy shards flagged (with what to do with each), and
     how many shards each master owns (a warning with the fix when they differ by more than one)."""
     kind = "cluster" if sh.cluster else "single Redis"
     title = f"[bold]lbs status {sh.service}[/] · {sh.shard_count} shards · {kind}" + (
@@ -281,6 +281,8 @@ def render_shards(sh: ShardedStatus, *, url: str = "", footer: str = "") -> Rend
         st = shard.status
         backlog = ("~" if not st.backlog_exact else "") + f"{st.backlog:,}"
         mark = "legacy" if shard.legacy else ("no LBS yet" if not st.exists else "")
+        if st.paused:
+            mark = f"{mark} PAUSED".strip()
         table.add_row(
             Text(shard.name, style="yellow" if shard.legacy else "bold"),
             f"{shard.slot}",
@@ -289,7 +291,7 @@ def render_shards(sh: ShardedStatus, *, url: str = "", footer: str = "") -> Rend
             f"{st.pending:,}",
             _consumers(st),
             Text(f"{st.dead_letters:,}", style="bold red" if st.dead_letters else ""),
-            Text(mark, style="yellow" if shard.legacy else "dim"),
+            Text(mark, style="yellow" if shard.legacy or st.paused else "dim"),
         )
     lines = [_legacy_note(shard) for shard in sh.shards if shard.legacy]
     owned = ", ".join(f"{node} {n}" for node, n in sh.masters.items())
