@@ -39,7 +39,6 @@ from redis.exceptions import RedisError, ResponseError
 from . import _keys
 from ._consumer.slots import SharedSlots
 from ._keys import check_shards, shard_of, shard_services
-from ._placement import legacy_names
 from ._redis.connection import ClusterMode, RedisLike, resolve_client
 from ._redis.wire import text
 from .client import Client, Handler
@@ -47,8 +46,9 @@ from .config import Config
 from .exceptions import NotHeldError, RedisOperationError
 from .keyed import KeyedHandler
 from .notifications import DoneStatus, Notification
+from .status.shards import legacy_candidates
 
-__all__ = ["ShardedClient", "shard_of", "shard_services"]
+__all__ = ["ShardedClient", "producer_wrote", "shard_of", "shard_services"]
 
 log = logging.getLogger("lbs.sharding")
 
@@ -102,11 +102,7 @@ class ShardedClient:
         self._pumps: list[asyncio.Task[None]] = []
         # Read too where a producer wrote to their LBS: shards an earlier lbs named otherwise
         # (lbs._placement), and those of the layouts being left (previous_shards).
-        now = set(shard_services(service, self.shards))
-        others = [*legacy_names(service, self.shards)]
-        for n in previous:
-            others += [*shard_services(service, n), *legacy_names(service, n)]
-        self._legacy = [svc for svc in dict.fromkeys(others) if svc not in now]
+        self._legacy = [c[0] for c in legacy_candidates(service, self.shards, tuple(previous))]
         self._looked = False
 
     @property
@@ -125,7 +121,7 @@ class ShardedClient:
         if self._looked or not self._legacy:
             return
         self._looked = True
-        found = [svc for svc in self._legacy if await self._written(svc)]
+        found = [svc for svc in self._legacy if await producer_wrote(self._redis, svc)]
         for svc in found:
             log.warning(
                 "%s: the shard %s (named by an earlier lbs) still exists: reading it too. Once every "
@@ -138,22 +134,6 @@ class ShardedClient:
                 _keys.input_stream(svc),
             )
             self.clients.append(self._client(svc))
-
-    async def _written(self, svc: str) -> bool:
-        """Whether a producer ever wrote to the shard ``svc``'s LBS (``entries-added`` of XINFO STREAM):
-        one that a consumer recreated, empty, when its keys were deleted under it (a reader recreates
-        a group that vanished, with its stream) is not read, so deleting it once every consumer
-        runs this lbs is for good."""
-        try:
-            info = await self._redis.xinfo_stream(_keys.input_stream(svc))
-        except ResponseError as exc:
-            if "no such key" in str(exc).lower():
-                return False
-            raise RedisOperationError(f"look for the legacy shard {svc}", exc) from exc
-        except RedisError as exc:
-            raise RedisOperationError(f"look for the legacy shard {svc}", exc) from exc
-        added = {text(k): v for k, v in info.items()}.get("entries-added")
-        return int(added or 0) > 0
 
     def _client(self, svc: str) -> Client:
         consumer_id, cfg, plugins, load = self._args
@@ -225,3 +205,20 @@ class ShardedClient:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
+
+
+async def producer_wrote(redis: Any, svc: str) -> bool:
+    """Whether a producer ever wrote to the shard ``svc``'s LBS (``entries-added`` of XINFO STREAM),
+    what makes a legacy shard worth reading (or pausing): one that a consumer recreated, empty, when
+    its keys were deleted under it (a reader recreates a group that vanished, with its stream) is
+    not, so deleting it once every consumer runs this lbs is for good."""
+    try:
+        info = await redis.xinfo_stream(_keys.input_stream(svc))
+    except ResponseError as exc:
+        if "no such key" in str(exc).lower():
+            return False
+        raise RedisOperationError(f"look for the legacy shard {svc}", exc) from exc
+    except RedisError as exc:
+        raise RedisOperationError(f"look for the legacy shard {svc}", exc) from exc
+    added = {text(k): v for k, v in info.items()}.get("entries-added")
+    return int(added or 0) > 0

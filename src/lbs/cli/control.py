@@ -17,10 +17,11 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from .._keys import input_stream, shard_services
+from .._keys import shard_services
 from .._redis.connection import resolve_client
 from .._streamids import checked_ids
 from ..controls import ControlOutcome, ServiceControls, operator_name
+from ..sharding import producer_wrote
 from ..status import require_service
 from ..status.shards import legacy_candidates
 from ._common import EXIT_INCOMPLETE, ServiceArgument, UrlOption, check_service, duration, run
@@ -93,7 +94,7 @@ PreviousOption = Annotated[
 
 def _targets(command: str, url: str, service: str, shards: int, previous: list[int]) -> list[str]:
     """The services a pause or resume acts on: ``service``, or with ``shards`` its shards and the
-    legacy ones whose LBS exists (what the workers read); exits 1 when none of them exists."""
+    legacy ones a producer wrote to (what the workers read); exits 1 when none of them exists."""
     if shards == 1 and not previous:
         run(command, lambda: require_service(url, service), url)
         return [service]
@@ -104,7 +105,7 @@ def _targets(command: str, url: str, service: str, shards: int, previous: list[i
         client, owned = resolve_client(url)
         try:
             names = [c[0] for c in legacy_candidates(service, shards, tuple(previous))]
-            return [n for n in names if await client.exists(input_stream(n))]
+            return [n for n in names if await producer_wrote(client, n)]
         finally:
             if owned:
                 await client.aclose()
